@@ -1,0 +1,196 @@
+"""Dense GEMM kernels: C (M, N) = A (M, K) @ B (K, N), fp16/bf16 in, fp32 accumulate, C in the input dtype.
+
+Three kernels, one per dispatch path (``gemmlab.paths()``); launchers and the dispatcher live in
+``gemmlab.ops.gemm``. C is always row-major here (the launcher swaps operands for a column-major C:
+C^T = B^T A^T). A and B may each be stored either way:
+
+    A_KMAJOR = True : a_desc covers A   (M, K), K contiguous, blocks [BLOCK_M, BLOCK_K]
+    A_KMAJOR = False: a_desc covers A^T (K, M), M contiguous, blocks [BLOCK_K, BLOCK_M]
+    B_KMAJOR = True : b_desc covers B^T (N, K), K contiguous, blocks [BLOCK_N, BLOCK_K]  (pack_b layout)
+    B_KMAJOR = False: b_desc covers B   (K, N), N contiguous, blocks [BLOCK_K, BLOCK_N]
+
+TMA clips out-of-bounds stores and zero-fills out-of-bounds loads, so the TMA kernels need no masks;
+their coordinates are int32 per dimension (fine up to 2^31 rows/cols), addresses are 64-bit in hardware.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped ("super-tile") order: GROUP_M tile rows are walked column by column, so the B columns
+    a group needs stay in L2 while its A rows are reused."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (tile_id % num_pid_in_group) % group_size_m
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_UPCAST: tl.constexpr):
+    """acc += a @ b on tensor cores. DOT_UPCAST is set only under Triton 3.6's CPU interpreter, whose dot
+    multiplies bf16 as raw uint16 bits: there the operands go to fp32 first (exact for bf16 products)."""
+    if DOT_UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _load_a(a_desc, off_m, off_k, A_KMAJOR: tl.constexpr):
+    if A_KMAJOR:
+        a = a_desc.load([off_m, off_k])  # [BLOCK_M, BLOCK_K]
+    else:
+        a = a_desc.load([off_k, off_m]).T  # [BLOCK_K, BLOCK_M] -> [BLOCK_M, BLOCK_K]
+    return a
+
+
+@triton.jit
+def _load_b(b_desc, off_k, off_n, B_KMAJOR: tl.constexpr):
+    if B_KMAJOR:
+        b = b_desc.load([off_n, off_k]).T  # [BLOCK_N, BLOCK_K] -> [BLOCK_K, BLOCK_N]
+    else:
+        b = b_desc.load([off_k, off_n])  # [BLOCK_K, BLOCK_N]
+    return b
+
+
+@triton.jit
+def _store_part(c, part, off_m, off_n, M, N, stride_cm, C_TMA: tl.constexpr):
+    if C_TMA:
+        c.store([off_m, off_n], part.to(c.dtype))
+    else:  # masked pointer store: 64-bit tile base, 32-bit offsets inside the tile
+        rows = tl.arange(0, part.shape[0])
+        cols = tl.arange(0, part.shape[1])
+        c_tile = c + off_m.to(tl.int64) * stride_cm + off_n
+        mask = (off_m + rows[:, None] < M) & (off_n + cols[None, :] < N)
+        tl.store(c_tile + rows[:, None] * stride_cm + cols[None, :], part.to(c.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_c(c, acc, off_m, off_n, M, N, stride_cm,
+             BLOCK_N: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, C_TMA: tl.constexpr):
+    """Write an fp32 [BLOCK_M, BLOCK_N] tile into C (M, N) row-major, in C's dtype. ``c`` is a descriptor
+    (C_TMA; its blocks match the parts written) or a pointer with row stride ``stride_cm`` (any alignment).
+    EPILOGUE_SUBTILE (TMA only) writes two [BLOCK_M, BLOCK_N // 2] halves: half the staging buffer. The
+    pointer store takes the whole tile: splitting it in registers costs a layout shuffle and spills."""
+    if EPILOGUE_SUBTILE and C_TMA:
+        acc = tl.reshape(acc, (acc.shape[0], 2, BLOCK_N // 2))
+        acc0, acc1 = tl.split(tl.permute(acc, (0, 2, 1)))
+        _store_part(c, acc0, off_m, off_n, M, N, stride_cm, C_TMA)
+        _store_part(c, acc1, off_m, off_n + BLOCK_N // 2, M, N, stride_cm, C_TMA)
+    else:
+        _store_part(c, acc, off_m, off_n, M, N, stride_cm, C_TMA)
+
+
+@triton.jit
+def _gemm_tma_persistent_kernel(
+    a_desc,  # A (M, K) or A^T (K, M), fp16/bf16, see A_KMAJOR
+    b_desc,  # B^T (N, K) or B (K, N), see B_KMAJOR
+    c,  # C (M, N) row-major: descriptor, blocks [BLOCK_M, BLOCK_N or BLOCK_N // 2] (C_TMA), else pointer
+    M, N, K,
+    stride_cm,  # C's row stride (pointer epilogue only)
+    A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, C_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DOT_UPCAST: tl.constexpr,
+):
+    """Hopper fast path. Grid: (min(NUM_SMS, tiles),); each program walks tiles start, start+NUM_SMS, ...
+    in grouped order, loading A/B through TMA into a multi-stage ring that feeds wgmma."""
+    start_pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=False, warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            a = _load_a(a_desc, off_m, off_k, A_KMAJOR)
+            b = _load_b(b_desc, off_k, off_n, B_KMAJOR)
+            acc = _dot(a, b, acc, DOT_UPCAST)
+        _store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+
+
+@triton.jit
+def _gemm_tma_splitk_kernel(
+    a_desc, b_desc, c,  # as in _gemm_tma_persistent_kernel
+    ws_ptr,  # (SPLIT_K, tiles, BLOCK_M * BLOCK_N) fp32 partial sums (unused when SPLIT_K == 1)
+    count_ptr,  # (tiles,) int32 arrival counters, zero between calls (the last arrival resets its own)
+    M, N, K,
+    stride_cm,
+    K_TILES_PER_SPLIT,  # BLOCK_K steps per split
+    A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, C_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, DOT_UPCAST: tl.constexpr,
+):
+    """Small-M path: small tiles, K split over SPLIT_K programs so the grid fills the GPU while streaming B.
+    Grid: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K); N varies fastest so neighbours share A in L2.
+    Each split writes its fp32 partial to ws; the last split to arrive at a tile (atomic counter) sums the
+    partials in split order 0..SPLIT_K-1, so the result is deterministic, and writes C."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    k_begin = pid_k * K_TILES_PER_SPLIT
+    k_end = min(k_begin + K_TILES_PER_SPLIT, k_tiles)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(k_begin, k_end):
+        off_k = ki * BLOCK_K
+        a = _load_a(a_desc, off_m, off_k, A_KMAJOR)
+        b = _load_b(b_desc, off_k, off_n, B_KMAJOR)
+        acc = _dot(a, b, acc, DOT_UPCAST)
+    if SPLIT_K == 1:
+        _store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+    else:
+        tile = pid_m * tl.num_programs(0) + pid_n
+        num_tiles = tl.num_programs(0) * tl.num_programs(1)
+        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        ws_tile = ws_ptr + tile.to(tl.int64) * (BLOCK_M * BLOCK_N)
+        split_stride = num_tiles.to(tl.int64) * (BLOCK_M * BLOCK_N)
+        tl.store(ws_tile + pid_k * split_stride + offs, acc, cache_modifier=".cg")
+        tl.debug_barrier()  # every thread's partial is issued before the release below
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):
+                total += tl.load(ws_tile + s * split_stride + offs, cache_modifier=".cg")
+            _store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _gemm_portable_kernel(
+    a_ptr, b_ptr, c_ptr,  # A (M, K), B (K, N), C (M, N), any strides, fp16/bf16
+    M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    """Portable path: pointer loads with masks, 64-bit offsets, any alignment, any GPU Triton supports and
+    the CPU interpreter. Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),) in grouped order."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None].to(tl.int64) * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+        acc = _dot(a, b, acc, DOT_UPCAST)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])

@@ -1,0 +1,299 @@
+"""Dense GEMM launchers: ``gemm``, ``pack_b``, ``gemm_colmajor`` and ``plan``.
+
+    C (M, N) = A (M, K) @ B (K, N)     fp16 or bf16 in, fp32 accumulation, C in the input dtype
+
+Each entry point (1) checks its operands, (2) plans (``gemmlab.ops.plan``), (3) allocates, (4) launches
+exactly the planned kernel (``gemmlab.kernels.gemm``). A column-major C is computed as C^T = B^T A^T,
+so the kernels only ever write a row-major C.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton import knobs
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from gemmlab.kernels.gemm import _gemm_portable_kernel, _gemm_tma_persistent_kernel, _gemm_tma_splitk_kernel
+from gemmlab.ops.plan import GemmConfig, Plan, choose, is_kmajor
+
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class PackedB:
+    """A weight B (K, N) packed once by ``pack_b``: stored K-major as ``data`` (N, K_pad) with K_pad a
+    multiple of 8 elements (16 bytes), so the fast paths can describe it with TMA whatever K is.
+    ``data[:, :K]`` holds B^T exactly; the padding columns are zero and never read."""
+
+    data: torch.Tensor  # (N, K_pad)
+    k: int
+    n: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.k, self.n)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.data.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def view(self) -> torch.Tensor:
+        """The logical B (K, N): a strided view (strides (1, K_pad)) of ``data``, no copy."""
+        return self.data[:, : self.k].t()
+
+
+def pack_b(b: torch.Tensor) -> PackedB:
+    """Prepack a weight B (K, N) for ``gemm(a, packed)``: an exact copy, K-major, 16-byte aligned rows.
+    Do it once, outside any timed region."""
+    _check_operand("b", b)
+    k, n = b.shape
+    k_pad = max(8, -(-k // 8) * 8)
+    data = torch.zeros((n, k_pad), dtype=b.dtype, device=b.device)
+    data[:, :k].copy_(b.t())
+    return PackedB(data, k, n)
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def _check_operand(name: str, t: object) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"gemm: {name} must be a torch.Tensor or (for b) a PackedB, got {type(t).__name__}")
+    if t.dim() != 2:
+        raise ValueError(f"gemm: {name} must be 2-D, got {t.dim()}-D with shape {tuple(t.shape)}")
+    if t.dtype not in DTYPES:
+        raise TypeError(f"gemm: {name} has dtype {t.dtype}; supported: float16, bfloat16")
+
+
+def _operands(a, b, out) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
+    """Check the caller's operands; return the kernel view (a', b', c', swap_ab) with c' row-major."""
+    if isinstance(b, PackedB):
+        b = b.view()
+    _check_operand("a", a)
+    _check_operand("b", b)
+    if a.dtype != b.dtype:
+        raise TypeError(f"gemm: a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"gemm: a and b are on different devices ({a.device} and {b.device})")
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2:
+        raise ValueError(f"gemm: inner dimensions differ: a is {m}x{k}, b is {k2}x{n}")
+    for name, t, inner in (("a", a, 1), ("b", b, 0)):
+        if is_kmajor(t, inner) is None:
+            raise ValueError(f"gemm: {name} has strides {t.stride()}: neither dimension is unit-stride; "
+                             f"pass {name}.contiguous()")
+    swap = False
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"gemm: out must be a torch.Tensor, got {type(out).__name__}")
+        if tuple(out.shape) != (m, n):
+            raise ValueError(f"gemm: out has shape {tuple(out.shape)}, expected ({m}, {n})")
+        if out.dtype != a.dtype:
+            raise TypeError(f"gemm: out has dtype {out.dtype}, expected {a.dtype}")
+        if out.device != a.device:
+            raise ValueError(f"gemm: out is on {out.device}, operands on {a.device}")
+        row = is_kmajor(out, 1)
+        if row is None or (out.numel() > 1 and _overlaps_itself(out)):
+            raise ValueError(f"gemm: out (strides {out.stride()}) needs one unit-stride dimension and "
+                             "rows or columns that do not overlap")
+        for name, t in (("a", a), ("b", b)):
+            if _overlap(out, t):
+                raise ValueError(f"gemm: out overlaps {name} in memory; results would be corrupted")
+        if not row:  # column-major C: compute C^T (N, M) = B^T (N, K) @ A^T (K, M)
+            a, b, out, swap = b.t(), a.t(), out.t(), True
+    return a, b, out, swap
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) byte addresses a strided tensor may touch."""
+    if t.numel() == 0:
+        return (t.data_ptr(), t.data_ptr())
+    last = sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
+    return (t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size())
+
+
+def _overlap(x: torch.Tensor, y: torch.Tensor) -> bool:
+    (x0, x1), (y0, y1) = _span(x), _span(y)
+    return x0 < y1 and y0 < x1
+
+
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    inner = 1 if t.stride(1) == 1 or t.shape[1] <= 1 else 0
+    outer = 1 - inner
+    return t.shape[outer] > 1 and t.stride(outer) < max(t.shape[inner], 1)
+
+
+# ------------------------------------------------------------------------------------------ public API
+
+
+def plan(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None,
+         config: GemmConfig | None = None) -> Plan:
+    """Which path and config ``gemm(a, b, out=out)`` runs. Pure and cheap: checks, no allocation.
+    ``config`` pins a config for the chosen path (the tuner's way in; run the result with ``run``)."""
+    a, b, c, swap = _operands(a, b, out)
+    return choose(a, b, c, swap, config)
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """C = A @ B with fp32 accumulation. a (M, K); b (K, N) or a PackedB; fp16 or bf16 (both the same).
+    Any strides with one unit-stride dim. ``out`` (M, N), if given, is written in place and returned."""
+    ka, kb, kc, swap = _operands(a, b, out)
+    return _execute(choose(ka, kb, kc, swap), ka, kb, kc, out)
+
+
+def run(p: Plan, a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Run a plan made by ``plan(a, b, out=out, config=...)`` for operands laid out like these: the
+    tuner's and the config sweep's way to launch a pinned config."""
+    ka, kb, kc, swap = _operands(a, b, out)
+    fresh = choose(ka, kb, kc, swap, p.config)
+    if fresh != p:
+        raise ValueError(f"run: the plan does not fit these operands (plan for them: {fresh})")
+    return _execute(p, ka, kb, kc, out)
+
+
+def _execute(p: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, out: torch.Tensor | None):
+    if out is None:
+        out = c = torch.empty((p.m, p.n), dtype=p.dtype, device=a.device)
+    LAUNCHERS[p.path](p, a, b, c)
+    return out
+
+
+def gemm_colmajor(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, M: int, N: int, K: int) -> None:
+    """The competition signature: C (M, N) = A (M, K) @ B (K, N), all column-major. Each buffer is 1-D
+    (flat column-major memory), a contiguous tensor read as such, or a 2-D (rows, cols) tensor with
+    strides (1, ld >= rows). Writes C and synchronizes the device before returning."""
+    for name, v in (("M", M), ("N", N), ("K", K)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"gemm_colmajor: {name} must be a non-negative int, got {v!r}")
+    a = _colmajor_view("A", A, M, K)
+    b = _colmajor_view("B", B, K, N)
+    c = _colmajor_view("C", C, M, N)
+    gemm(a, b, out=c)
+    if c.is_cuda:
+        torch.cuda.synchronize(c.device)
+
+
+def _colmajor_view(name: str, buf: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """(rows, cols) column-major view of a competition buffer."""
+    if not isinstance(buf, torch.Tensor):
+        raise TypeError(f"gemm_colmajor: {name} must be a torch.Tensor, got {type(buf).__name__}")
+    if (buf.dim() == 2 and tuple(buf.shape) == (rows, cols) and (buf.stride(0) == 1 or rows <= 1)
+            and (buf.stride(1) >= rows or cols <= 1)):
+        return buf  # already a column-major matrix, leading dimension buf.stride(1)
+    if buf.dim() not in (1, 2) or not buf.is_contiguous():
+        raise ValueError(f"gemm_colmajor: {name} must be a 1-D or contiguous buffer, or a ({rows}, {cols}) "
+                         f"column-major matrix; got shape {tuple(buf.shape)}, strides {buf.stride()}")
+    if buf.numel() < rows * cols:
+        raise ValueError(f"gemm_colmajor: {name} holds {buf.numel()} elements; a {rows}x{cols} matrix "
+                         f"needs {rows * cols}")
+    return buf.reshape(-1).as_strided((rows, cols), (1, max(rows, 1)))
+
+
+# ------------------------------------------------------------------------------------------- launchers
+
+
+def _desc(t: torch.Tensor, kmajor_inner: int, block: tuple[int, int]) -> TensorDescriptor:
+    """TMA descriptor over the 2-D view whose unit-stride dim is ``kmajor_inner`` of ``t``: shape
+    (outer, inner), block ``block`` = (outer, inner). A size-1 outer dim gets a canonical stride."""
+    outer = 1 - kmajor_inner
+    rows, cols = t.shape[outer], t.shape[kmajor_inner]
+    stride = t.stride(outer) if rows > 1 else -(-max(cols, 1) // 8) * 8
+    return TensorDescriptor(t, [rows, cols], [stride, 1], list(block))
+
+
+def _tma_operands(p: Plan, a, b, c):
+    cfg = p.config
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    a_desc = _desc(a, 1, (bm, bk)) if p.a_kmajor else _desc(a, 0, (bk, bm))
+    b_desc = _desc(b, 0, (bn, bk)) if p.b_kmajor else _desc(b, 1, (bk, bn))
+    c_arg = _desc(c, 1, (bm, bn // 2 if cfg.epilogue_subtile else bn)) if p.c_tma else c
+    return a_desc, b_desc, c_arg
+
+
+def constexprs(p: Plan) -> dict:
+    """The compile-time parameters the plan's kernel is specialized on (shared with the inspector)."""
+    cfg = p.config
+    upcast = bool(knobs.runtime.interpret) and p.dtype == torch.bfloat16  # see kernels.gemm._dot
+    if p.path == "portable":
+        return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                    DOT_UPCAST=upcast)
+    common = dict(A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor, C_TMA=p.c_tma, BLOCK_M=cfg.block_m,
+                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
+                  DOT_UPCAST=upcast)
+    if p.path == "tma_persistent":
+        return dict(common, GROUP_M=cfg.group_m, NUM_SMS=p.num_sms, WARP_SPECIALIZE=cfg.warp_specialize)
+    return dict(common, SPLIT_K=cfg.split_k)
+
+
+def _launch_empty(p: Plan, a, b, c) -> None:
+    if c.numel():
+        c.zero_()  # K = 0: a sum over nothing
+
+
+def _launch_tma_persistent(p: Plan, a, b, c) -> None:
+    cfg = p.config
+    tiles = triton.cdiv(p.m, cfg.block_m) * triton.cdiv(p.n, cfg.block_n)
+    _gemm_tma_persistent_kernel[(min(p.num_sms, tiles),)](
+        *_tma_operands(p, a, b, c), p.m, p.n, p.k, c.stride(0),
+        **constexprs(p), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Arrival counters for split-K, one per output tile, kept per (device, stream). Each launch leaves
+    them zero (the last split to arrive resets its tile), so they are allocated and zeroed only once."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < tiles:
+        buf = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def _launch_tma_splitk(p: Plan, a, b, c) -> None:
+    cfg = p.config
+    grid_n, grid_m = triton.cdiv(p.n, cfg.block_n), triton.cdiv(p.m, cfg.block_m)
+    per_split = triton.cdiv(triton.cdiv(p.k, cfg.block_k), cfg.split_k)
+    if cfg.split_k > 1:
+        ws = torch.empty(cfg.split_k * grid_n * grid_m * cfg.block_m * cfg.block_n, dtype=torch.float32,
+                         device=c.device)
+        counters = _split_counters(c.device, grid_n * grid_m)
+    else:
+        ws = counters = c  # unused
+    _gemm_tma_splitk_kernel[(grid_n, grid_m, cfg.split_k)](
+        *_tma_operands(p, a, b, c), ws, counters, p.m, p.n, p.k, c.stride(0), per_split,
+        **constexprs(p), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def _launch_portable(p: Plan, a, b, c) -> None:
+    cfg = p.config
+    grid = (triton.cdiv(p.m, cfg.block_m) * triton.cdiv(p.n, cfg.block_n),)
+    _gemm_portable_kernel[grid](
+        a, b, c, p.m, p.n, p.k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        **constexprs(p), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+KERNELS = {
+    "tma_persistent": _gemm_tma_persistent_kernel,
+    "tma_splitk": _gemm_tma_splitk_kernel,
+    "portable": _gemm_portable_kernel,
+}
+LAUNCHERS = {
+    "empty": _launch_empty,
+    "tma_persistent": _launch_tma_persistent,
+    "tma_splitk": _launch_tma_splitk,
+    "portable": _launch_portable,
+}

@@ -1,0 +1,210 @@
+"""The GEMM dispatcher: which kernel path and which config ``gemm`` runs for given operands.
+
+``plan`` is pure and cheap (no allocation, no launch): it reads shapes, strides, dtype, device and the
+config table, and returns a frozen ``Plan``. ``gemm`` calls ``plan`` and runs exactly that plan.
+
+Paths (``paths()``):
+    empty           M, N or K is 0: nothing to multiply (C is empty, or zeros when K = 0)
+    tma_persistent  Hopper fast path: persistent grid, TMA descriptors, grouped tile order, wgmma
+    tma_splitk      small M (<= SMALL_M): small tiles, K split across programs, deterministic reduction
+    portable        pointer loads with masks: any alignment, any layout, any GPU, the CPU interpreter
+
+Config tables are data: ``configs/<gpu-slug>.json`` (``configs/default.json`` for GPUs without one,
+``configs/interpreter.json`` under TRITON_INTERPRET=1). Each path maps to a list of rules
+``{"m": [lo, hi], "n": [lo, hi], "k": [lo, hi], "dtype": "float16", "config": {...}}``; every key but
+``config`` is optional, bounds are inclusive, the first matching rule wins.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+from triton import knobs
+
+PATHS = ("empty", "tma_persistent", "tma_splitk", "portable")
+SMALL_M = 256  # at or below this many output rows the small-M path is chosen
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+INTERPRETER_SMS = 3  # "SMs" the interpreter pretends to have: persistent programs then loop over tiles
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch parameters of one kernel path. ``split_k = 0`` means "choose from the shape" (tma_splitk)."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    split_k: int = 1
+    epilogue_subtile: bool = False
+    warp_specialize: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GemmConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown GemmConfig keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``gemm`` will run. ``m, n, k`` and the operand majors are as the kernel sees them: with
+    ``swap_ab`` (column-major C) the kernel computes C^T = B^T A^T, so m is the caller's N."""
+
+    path: str
+    config: GemmConfig | None
+    reason: str
+    m: int
+    n: int
+    k: int
+    dtype: torch.dtype
+    swap_ab: bool = False
+    a_kmajor: bool = True
+    b_kmajor: bool = False
+    c_tma: bool = False
+    num_sms: int = 0
+
+
+def paths() -> tuple[str, ...]:
+    """Every path the dispatcher can take."""
+    return PATHS
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where kernels run: a CUDA device, or the CPU under Triton's interpreter (which emulates TMA)."""
+
+    name: str  # config table slug: "nvidia-h200", "interpreter", ...
+    capability: tuple[int, int]
+    num_sms: int
+
+    @property
+    def has_tma(self) -> bool:
+        return self.capability >= (9, 0)
+
+
+def target_for(device: torch.device) -> Target:
+    if device.type == "cpu":
+        if not knobs.runtime.interpret:
+            raise RuntimeError(
+                "gemmlab: CPU tensors run only under Triton's interpreter; set TRITON_INTERPRET=1 "
+                "before importing gemmlab (the `gemmlab` command does this on machines without CUDA)"
+            )
+        return Target("interpreter", (9, 0), INTERPRETER_SMS)
+    if device.type != "cuda":
+        raise ValueError(f"gemmlab: unsupported device type {device.type!r} (need cuda, or cpu + interpreter)")
+    return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_target(index: int) -> Target:
+    props = torch.cuda.get_device_properties(index)
+    slug = re.sub(r"[^a-z0-9]+", "-", props.name.lower()).strip("-")
+    return Target(slug, (props.major, props.minor), props.multi_processor_count)
+
+
+@functools.cache
+def config_table(name: str) -> dict[str, list[dict]]:
+    """The rules for a target: its own file, else ``default.json``."""
+    path = CONFIG_DIR / f"{name}.json"
+    if not path.exists():
+        path = CONFIG_DIR / "default.json"
+    table = json.loads(path.read_text())["gemm"]
+    for rules in table.values():
+        for rule in rules:
+            rule["config"] = GemmConfig.from_dict(rule["config"])
+    return table
+
+
+def _pick(target: Target, path: str, m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
+    dname = str(dtype).removeprefix("torch.")
+    for rule in config_table(target.name)[path]:
+        if all(lo <= v <= hi for v, (lo, hi) in ((m, rule.get("m", (0, 1 << 62))),
+                                                 (n, rule.get("n", (0, 1 << 62))),
+                                                 (k, rule.get("k", (0, 1 << 62))))) and \
+                rule.get("dtype", dname) == dname:
+            return rule["config"]
+    raise LookupError(f"no {path} config for m={m} n={n} k={k} {dname} in table {target.name!r}")
+
+
+def split_k_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
+    """The split a tma_splitk launch uses. ``cfg.split_k = 0`` (auto): the smallest power of two that gives
+    at least one program per SM while every split keeps at least 4 BLOCK_K steps (below that the
+    reduction costs more than the parallelism buys). Then trimmed so no split is empty."""
+    k_tiles = -(-k // cfg.block_k)
+    split = cfg.split_k
+    if not split:
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+        split = 1
+        while tiles * split < num_sms and k_tiles >= 2 * split * 4:
+            split *= 2
+    per_split = -(-k_tiles // split)
+    return -(-k_tiles // per_split)
+
+
+def is_kmajor(t: torch.Tensor, inner_dim: int) -> bool | None:
+    """True if ``inner_dim`` is unit-stride (or of size <= 1), False if the other dim is, None if neither."""
+    if t.stride(inner_dim) == 1 or t.shape[inner_dim] <= 1:
+        return True
+    if t.stride(1 - inner_dim) == 1 or t.shape[1 - inner_dim] <= 1:
+        return False
+    return None
+
+
+def tma_ok(t: torch.Tensor, inner_dim: int) -> bool:
+    """Can a TMA descriptor cover this 2-D operand, with ``inner_dim`` unit-stride? Base 16-byte aligned;
+    the outer stride a multiple of 16 bytes that does not overlap rows (irrelevant when that dim is 1)."""
+    if t.data_ptr() % 16:
+        return False
+    outer = 1 - inner_dim
+    if t.shape[outer] <= 1:
+        return True
+    stride = t.stride(outer)
+    return (stride * t.element_size()) % 16 == 0 and stride >= max(t.shape[inner_dim], 1)
+
+
+def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bool,
+           config: GemmConfig | None = None) -> Plan:
+    """Plan for the kernel-view problem C (M, N) row-major = a (M, K) @ b (K, N); operands validated,
+    ``c`` is None when ``gemm`` will allocate a contiguous C. ``config`` pins the config (else the table's)."""
+    m, k = a.shape
+    n = b.shape[1]
+    a_kmajor = bool(is_kmajor(a, 1))
+    b_kmajor = bool(is_kmajor(b, 0))
+    common = dict(m=m, n=n, k=k, dtype=a.dtype, swap_ab=swap_ab, a_kmajor=a_kmajor, b_kmajor=b_kmajor)
+    if m == 0 or n == 0 or k == 0:
+        return Plan("empty", None, f"M={m} N={n} K={k}: nothing to multiply", **common)
+    target = target_for(a.device)
+    if c is None:  # a fresh contiguous C: its row stride is N
+        c_tma = m == 1 or (n * a.element_size()) % 16 == 0
+    else:
+        c_tma = tma_ok(c, 1)
+    common.update(c_tma=c_tma, num_sms=target.num_sms)
+    if not target.has_tma:
+        why = f"sm_{target.capability[0]}{target.capability[1]} has no TMA"
+    elif not (tma_ok(a, 1 if a_kmajor else 0) and tma_ok(b, 0 if b_kmajor else 1)):
+        why = "A or B is not 16-byte aligned for TMA (base or leading stride)"
+    else:
+        c_note = "" if c_tma else "; C stored with masked pointers (its stride is not 16-byte aligned)"
+        if m <= SMALL_M:
+            cfg = config or _pick(target, "tma_splitk", m, n, k, a.dtype)
+            split = split_k_for(cfg, m, n, k, target.num_sms)
+            cfg = GemmConfig(**{**cfg.__dict__, "split_k": split})
+            return Plan("tma_splitk", cfg, f"M={m} <= {SMALL_M}: small tiles, split-K {split}{c_note}",
+                        **common)
+        cfg = config or _pick(target, "tma_persistent", m, n, k, a.dtype)
+        if cfg.warp_specialize and c_tma:
+            # Triton 3.6's Hopper warp specialization splits the accumulator over two consumer warpgroups
+            # but not a TMA store's block; its C goes out through pointers instead.
+            common["c_tma"], c_note = False, "; warp-specialized, C stored with pointers"
+        return Plan("tma_persistent", cfg, f"TMA-aligned on sm_90+: persistent TMA kernel{c_note}", **common)
+    return Plan("portable", config or _pick(target, "portable", m, n, k, a.dtype), why, **common)

@@ -1,0 +1,41 @@
+"""Without CUDA every test runs through Triton's CPU interpreter, which must be chosen before any kernel
+module is imported. With CUDA the same tests run on the GPU, and the `gpu`-marked ones run too."""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device() -> str:
+    return DEVICE
+
+
+def rand(shape, dtype=torch.float16, device=DEVICE, *, major="row", seed=None, dist="uniform"):
+    """Random non-constant values, (rows, cols) stored row-major or column-major ("col")."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int.from_bytes(os.urandom(4), "little") if seed is None else seed)
+    rows, cols = shape
+    store = (rows, cols) if major == "row" else (cols, rows)
+    if dist == "uniform":
+        t = torch.rand(store, generator=g, device=device, dtype=torch.float32) - 0.5
+    else:
+        t = torch.randn(store, generator=g, device=device, dtype=torch.float32)
+    t = t.to(dtype)
+    return t if major == "row" else t.t()
