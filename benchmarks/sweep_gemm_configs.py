@@ -37,8 +37,8 @@ CANDIDATES = {
     "tma_persistent": [
         C(128, 256, 64, 8, 3, sub=True), C(128, 256, 64, 8, 4, sub=True), C(128, 256, 64, 8, 3),
         C(128, 256, 64, 8, 3, sub=True, g=16), C(128, 128, 64, 4, 4), C(128, 128, 64, 8, 4),
-        C(128, 128, 64, 4, 4, ws=True), C(128, 256, 64, 4, 3, ws=True), C(256, 128, 64, 8, 3, sub=True),
-        C(128, 128, 128, 8, 3),
+        C(256, 128, 64, 8, 3, sub=True), C(128, 128, 128, 8, 3),
+        C(128, 128, 64, 4, 4, ws=True), C(128, 256, 64, 4, 3, ws=True),  # last: Hopper WS is experimental
     ],
     "tma_splitk": {
         16: [C(16, 64, 128, 4, 6), C(16, 32, 128, 4, 8), C(16, 64, 256, 4, 4), C(16, 128, 128, 4, 5),
@@ -67,7 +67,8 @@ def sweep_shape(m: int, n: int, k: int, rounds: int, reps: int) -> dict:
     c_base = torch.empty((m, n), device="cuda", dtype=torch.float16)
     fns = {"cublas": lambda: torch.mm(a, b, out=c_base)}
     rows = []
-    for cfg in candidates(default.path, m):
+    for i, cfg in enumerate(candidates(default.path, m)):
+        print(f"  [{i}] {cfg}", flush=True)
         p = plan(a, b, config=cfg)
         row = {"config": p.config.__dict__, "path": p.path, "c_tma": p.c_tma}
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
@@ -102,6 +103,22 @@ def sweep_shape(m: int, n: int, k: int, rounds: int, reps: int) -> dict:
         base["median_ms"] * 1e-3) / 1e12), "clocks": clocks.summary(), "candidates": rows}
 
 
+def print_table(path: Path) -> None:
+    results = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    print("\nshape                 path            cublasTF  best  ratio  config")
+    for r in results:
+        ok = [c for c in r["candidates"] if "vs_cublas" in c]
+        for c in sorted(ok, key=lambda c: -c["vs_cublas"]["ratio"])[:3]:
+            cf = c["config"]
+            print(f"{'x'.join(map(str, r['shape'])):21s} {r['default_plan']:15s} {r['cublas']['tflops']:7.0f} "
+                  f"{c['tflops']:6.0f} {c['vs_cublas']['ratio']:6.3f}  {cf['block_m']}x{cf['block_n']}x{cf['block_k']}"
+                  f" w{cf['num_warps']} s{cf['num_stages']} k{cf['split_k']} sub{int(cf['epilogue_subtile'])}"
+                  f" ws{int(cf['warp_specialize'])} g{cf['group_m']}")
+        for c in r["candidates"]:
+            if "vs_cublas" not in c:
+                print(f"{'':21s} rejected {c['config']}: {c.get('error') or c.get('check')}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--suite", default="all")
@@ -109,35 +126,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--table", default=None, help="only print the table of a JSONL file written before")
     args = ap.parse_args()
+    if args.table:
+        print_table(Path(args.table))
+        return
     shapes = [parse_shape(s) for s in args.shapes] if args.shapes else suite(args.suite)
     info = env_info()
-    results = []
+    slug = re.sub(r"[^a-z0-9]+", "-", info.get("gpu", "cpu").lower()).strip("-")
+    path = Path(args.out) / f"{slug}-gemm-sweep.jsonl"  # one line per shape, appended as each finishes
+    path.parent.mkdir(parents=True, exist_ok=True)
     for m, n, k in shapes:
+        print(f"{m}x{n}x{k}", flush=True)
         t0 = time.perf_counter()
         r = sweep_shape(m, n, k, args.rounds, args.reps)
-        r["seconds"] = time.perf_counter() - t0
-        results.append(r)
-        ok = [c for c in r["candidates"] if "vs_cublas" in c]
-        best = max(ok, key=lambda c: c["vs_cublas"]["ratio"]) if ok else None
-        bad = [c for c in r["candidates"] if "vs_cublas" not in c]
-        print(f"{m}x{n}x{k} cublas {r['cublas']['tflops']:.0f} TF, clock {r['clocks'].get('sm_clock_mhz_mean', 0):.0f}"
-              f" MHz, {len(bad)} failed, best "
-              + (f"{best['vs_cublas']['ratio']:.3f} {best['config']}" if best else "none"), flush=True)
-    slug = re.sub(r"[^a-z0-9]+", "-", info.get("gpu", "cpu").lower()).strip("-")
-    path = Path(args.out) / f"{slug}-gemm-sweep.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"env": info, "results": results}, indent=1))
-    print("\nshape                 path            cublasTF  best  ratio  config")
-    for r in results:
-        ok = [c for c in r["candidates"] if "vs_cublas" in c]
-        for c in sorted(ok, key=lambda c: -c["vs_cublas"]["ratio"])[:2]:
-            cf = c["config"]
-            print(f"{'x'.join(map(str, r['shape'])):21s} {r['default_plan']:15s} {r['cublas']['tflops']:7.0f} "
-                  f"{c['tflops']:6.0f} {c['vs_cublas']['ratio']:6.3f}  {cf['block_m']}x{cf['block_n']}x{cf['block_k']}"
-                  f" w{cf['num_warps']} s{cf['num_stages']} k{cf['split_k']} sub{int(cf['epilogue_subtile'])}"
-                  f" ws{int(cf['warp_specialize'])} g{cf['group_m']}")
-    print(f"wrote {path}")
+        r.update(seconds=time.perf_counter() - t0, env=info)
+        with path.open("a") as f:
+            f.write(json.dumps(r) + "\n")
+    print_table(path)
 
 
 if __name__ == "__main__":
