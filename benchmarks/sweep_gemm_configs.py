@@ -58,7 +58,7 @@ def candidates(path: str, m: int) -> list[GemmConfig]:
     return space
 
 
-def sweep_shape(m: int, n: int, k: int, rounds: int, reps: int) -> dict:
+def sweep_shape(m: int, n: int, k: int, rounds: int, reps: int, ws: str = "both") -> dict:
     g = torch.Generator(device="cuda").manual_seed(m * 31 + n * 7 + k)
     a = torch.rand((m, k), device="cuda", dtype=torch.float16, generator=g) - 0.5
     b = torch.rand((k, n), device="cuda", dtype=torch.float16, generator=g) - 0.5
@@ -67,7 +67,8 @@ def sweep_shape(m: int, n: int, k: int, rounds: int, reps: int) -> dict:
     c_base = torch.empty((m, n), device="cuda", dtype=torch.float16)
     fns = {"cublas": lambda: torch.mm(a, b, out=c_base)}
     rows = []
-    for i, cfg in enumerate(candidates(default.path, m)):
+    cands = [c for c in candidates(default.path, m) if ws == "both" or (ws == "only") == c.warp_specialize]
+    for i, cfg in enumerate(cands):
         print(f"  [{i}] {cfg}", flush=True)
         p = plan(a, b, config=cfg)
         row = {"config": p.config.__dict__, "path": p.path, "c_tma": p.c_tma}
@@ -126,6 +127,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--ws", default="both", choices=["both", "skip", "only"], help="warp-specialized configs")
     ap.add_argument("--table", default=None, help="only print the table of a JSONL file written before")
     args = ap.parse_args()
     if args.table:
@@ -139,7 +141,7 @@ def main() -> None:
     for m, n, k in shapes:
         print(f"{m}x{n}x{k}", flush=True)
         t0 = time.perf_counter()
-        r = sweep_shape(m, n, k, args.rounds, args.reps)
+        r = sweep_shape(m, n, k, args.rounds, args.reps, args.ws)
         r.update(seconds=time.perf_counter() - t0, env=info)
         with path.open("a") as f:
             f.write(json.dumps(r) + "\n")
