@@ -42,11 +42,14 @@ CANDIDATES = {
     ],
     "tma_splitk": {
         16: [C(16, 64, 128, 4, 6), C(16, 32, 128, 4, 8), C(16, 64, 256, 4, 4), C(16, 128, 128, 4, 5),
-             C(16, 64, 128, 4, 6, split=1), C(16, 32, 256, 4, 4), C(16, 64, 128, 4, 6, split=2)],
+             C(16, 64, 128, 4, 6, split=1), C(16, 32, 256, 4, 4), C(16, 64, 128, 4, 6, split=2),
+             C(16, 128, 64, 4, 8), C(16, 64, 128, 4, 6, split=4)],
         64: [C(64, 64, 128, 4, 5), C(64, 128, 64, 4, 6), C(64, 32, 128, 4, 6), C(64, 64, 64, 4, 8),
-             C(64, 64, 128, 4, 5, split=1), C(64, 128, 128, 4, 4)],
+             C(64, 64, 128, 4, 5, split=1), C(64, 128, 128, 4, 4), C(64, 64, 128, 4, 5, split=2),
+             C(64, 128, 64, 4, 6, split=1)],
         256: [C(128, 128, 64, 8, 4), C(128, 128, 64, 4, 4, split=2), C(128, 256, 64, 8, 3), C(64, 128, 64, 4, 5),
-              C(128, 64, 128, 4, 4), C(256, 128, 64, 8, 3), C(128, 128, 64, 8, 4, split=1)],
+              C(128, 64, 128, 4, 4), C(256, 128, 64, 8, 3), C(128, 128, 64, 8, 4, split=1),
+              C(128, 256, 64, 8, 3, split=2), C(64, 256, 64, 4, 4), C(128, 128, 64, 4, 5, split=1)],
     },
 }
 
@@ -58,7 +61,7 @@ def candidates(path: str, m: int) -> list[GemmConfig]:
     return space
 
 
-def sweep_shape(m: int, n: int, k: int, rounds: int, reps: int, ws: str = "both") -> dict:
+def sweep_shape(m: int, n: int, k: int, rounds: int, reps: int, ws: str = "both", graph: bool = True) -> dict:
     g = torch.Generator(device="cuda").manual_seed(m * 31 + n * 7 + k)
     a = torch.rand((m, k), device="cuda", dtype=torch.float16, generator=g) - 0.5
     b = torch.rand((k, n), device="cuda", dtype=torch.float16, generator=g) - 0.5
@@ -90,7 +93,7 @@ def sweep_shape(m: int, n: int, k: int, rounds: int, reps: int, ws: str = "both"
             fns[name] = (lambda p=p, out=out: run(p, a, b, out=out))
         rows.append(row)
     with ClockSampler() as clocks:
-        times = interleave(fns, rounds=rounds, reps=reps, warmup_s=0.5)
+        times = interleave(fns, rounds=rounds, reps=reps, warmup_s=0.5, graph=graph)
     flops = 2.0 * m * n * k
     base = summarize([t for r in times["cublas"] for t in r])
     for row in rows:
@@ -100,8 +103,9 @@ def sweep_shape(m: int, n: int, k: int, rounds: int, reps: int, ws: str = "both"
                        vs_cublas=ratio_summary(times[row["name"]], times["cublas"]))
     del ref
     torch.cuda.empty_cache()
-    return {"shape": [m, n, k], "default_plan": default.path, "cublas": dict(base, tflops=flops / (
-        base["median_ms"] * 1e-3) / 1e12), "clocks": clocks.summary(), "candidates": rows}
+    return {"shape": [m, n, k], "timing": "cuda-graph replay" if graph else "eager", "default_plan": default.path,
+            "cublas": dict(base, tflops=flops / (base["median_ms"] * 1e-3) / 1e12), "clocks": clocks.summary(),
+            "candidates": rows}
 
 
 def print_table(path: Path) -> None:
@@ -128,6 +132,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--ws", default="both", choices=["both", "skip", "only"], help="warp-specialized configs")
+    ap.add_argument("--eager", action="store_true", help="time eager calls (host launch cost included) "
+                    "instead of CUDA-graph replays")
     ap.add_argument("--table", default=None, help="only print the table of a JSONL file written before")
     args = ap.parse_args()
     if args.table:
@@ -141,7 +147,7 @@ def main() -> None:
     for m, n, k in shapes:
         print(f"{m}x{n}x{k}", flush=True)
         t0 = time.perf_counter()
-        r = sweep_shape(m, n, k, args.rounds, args.reps, args.ws)
+        r = sweep_shape(m, n, k, args.rounds, args.reps, args.ws, not args.eager)
         r.update(seconds=time.perf_counter() - t0, env=info)
         with path.open("a") as f:
             f.write(json.dumps(r) + "\n")

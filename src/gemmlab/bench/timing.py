@@ -59,10 +59,28 @@ def warmup(fns: dict[str, Callable[[], object]], seconds: float) -> None:
             return
 
 
+def as_graph(fn: Callable[[], object]) -> Callable[[], object]:
+    """Capture one call of ``fn`` in a CUDA graph and return its replay: device time without the host's
+    launch overhead. ``fn`` runs once on the capture stream first (allocations, lazily made buffers)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        fn()
+    torch.cuda.synchronize()
+    return graph.replay
+
+
 def interleave(fns: dict[str, Callable[[], object]], rounds: int = 10, reps: int = 5,
-               warmup_s: float = 1.0) -> dict[str, list[list[float]]]:
+               warmup_s: float = 1.0, graph: bool = False) -> dict[str, list[list[float]]]:
     """Times per candidate per round: {name: [[ms x reps] x rounds]}. Within a round the candidates run
-    in turn, and their order alternates between rounds (A B / B A) so neither always runs first."""
+    in turn, and their order alternates between rounds (A B / B A) so neither always runs first.
+    ``graph``: time CUDA-graph replays of each candidate (device time, no host launch overhead)."""
+    if graph:
+        fns = {name: as_graph(fn) for name, fn in fns.items()}
     warmup(fns, warmup_s)
     out: dict[str, list[list[float]]] = {name: [] for name in fns}
     names = list(fns)
