@@ -138,14 +138,15 @@ def _pick(target: Target, path: str, m: int, n: int, k: int, dtype: torch.dtype)
 
 def split_k_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
     """The split a tma_splitk launch uses. ``cfg.split_k = 0`` (auto): the smallest power of two that gives
-    at least one program per SM while every split keeps at least 4 BLOCK_K steps (below that the
-    reduction costs more than the parallelism buys). Then trimmed so no split is empty."""
+    at least one program per two SMs while every split keeps at least 4 BLOCK_K steps (below that the
+    reduction costs more than the parallelism buys; measured on the H200, benchmarks/results/*-sweep.jsonl,
+    half the SMs streaming whole K beat all SMs plus a reduction). Then trimmed so no split is empty."""
     k_tiles = -(-k // cfg.block_k)
     split = cfg.split_k
     if not split:
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         split = 1
-        while tiles * split < num_sms and k_tiles >= 2 * split * 4:
+        while 2 * tiles * split < num_sms and k_tiles >= 2 * split * 4:
             split *= 2
     per_split = -(-k_tiles // split)
     return -(-k_tiles // per_split)
