@@ -111,8 +111,8 @@ def test_split_k_auto():
     a, b = operands(8, 32, 512)
     p = gemmlab.plan(a, b)
     assert p.path == "tma_splitk"
-    if DEVICE == "cpu":  # the interpreter pretends to have 3 SMs: 1 tile, so split until >= 3 programs
-        assert p.config.split_k == 4
+    if DEVICE == "cpu":  # the interpreter pretends to have 3 SMs: 1 tile, split until 2 programs per 2 SMs
+        assert p.config.split_k == 2
     assert_matches(gemmlab.gemm(a, b), a, b)
 
 
