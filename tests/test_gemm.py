@@ -293,3 +293,14 @@ def test_gemm_check_fires_on_bad_results():
     a2 = a.clone()
     a2[:, 64:] = 0  # half of K missing
     assert not gemm_check(gemmlab.gemm(a2, b), a, b)["ok"]
+
+
+def test_warp_specialization_is_refused_until_it_works(monkeypatch):
+    """Hopper WS hung on the H200 with Triton 3.6: pinning it is a clear error, not a hang."""
+    a, b = operands(300, 64, 64)
+    cfg = dataclasses.replace(gemmlab.plan(a, b).config, warp_specialize=True)
+    with pytest.raises(ValueError, match="warp_specialize"):
+        gemmlab.plan(a, b, config=cfg)
+    monkeypatch.setenv("GEMMLAB_ALLOW_WS", "1")
+    p = gemmlab.plan(a, b, config=cfg)
+    assert p.config.warp_specialize and not p.c_tma  # WS stores C through pointers

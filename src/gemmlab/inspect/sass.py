@@ -20,12 +20,28 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+import torch
+
 from gemmlab.ops.gemm import KERNELS, constexprs
-from gemmlab.ops.plan import Plan
+from gemmlab.ops.plan import Plan, Target, choose
 
 TENSOR_CORE_OPS = ("HGMMA", "HMMA", "QGMMA", "IMMA")
 WATCHED_OPS = TENSOR_CORE_OPS + ("UTMALDG", "UTMASTG", "UBLKCP", "LDGSTS", "LDG", "STG", "BAR", "SYNCS",
                                  "WARPGROUP", "LDL", "STL")
+
+
+H200 = Target("nvidia-h200", (9, 0), 132)
+
+
+def plan_for(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, layout: str = "NN",
+             target: Target = H200) -> Plan:
+    """The plan ``gemm`` makes on ``target`` for contiguous operands of this shape (A stored transposed if
+    layout[0] == "T", B if layout[1] == "T"), without a GPU: operands are "meta" tensors."""
+    a = torch.empty((m, k) if layout[0] == "N" else (k, m), dtype=dtype, device="meta")
+    b = torch.empty((k, n) if layout[1] == "N" else (n, k), dtype=dtype, device="meta")
+    a = a if layout[0] == "N" else a.t()
+    b = b if layout[1] == "N" else b.t()
+    return choose(a, b, None, False, target=target)
 
 
 def _cuobjdump() -> str:

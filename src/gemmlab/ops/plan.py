@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -174,9 +175,10 @@ def tma_ok(t: torch.Tensor, inner_dim: int) -> bool:
 
 
 def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bool,
-           config: GemmConfig | None = None) -> Plan:
+           config: GemmConfig | None = None, target: Target | None = None) -> Plan:
     """Plan for the kernel-view problem C (M, N) row-major = a (M, K) @ b (K, N); operands validated,
-    ``c`` is None when ``gemm`` will allocate a contiguous C. ``config`` pins the config (else the table's)."""
+    ``c`` is None when ``gemm`` will allocate a contiguous C. ``config`` pins the config (else the table's);
+    ``target`` overrides the operands' device (the inspector plans for an H200 from "meta" tensors)."""
     m, k = a.shape
     n = b.shape[1]
     a_kmajor = bool(is_kmajor(a, 1))
@@ -184,7 +186,7 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
     common = dict(m=m, n=n, k=k, dtype=a.dtype, swap_ab=swap_ab, a_kmajor=a_kmajor, b_kmajor=b_kmajor)
     if m == 0 or n == 0 or k == 0:
         return Plan("empty", None, f"M={m} N={n} K={k}: nothing to multiply", **common)
-    target = target_for(a.device)
+    target = target or target_for(a.device)
     if c is None:  # a fresh contiguous C: its row stride is N
         c_tma = m == 1 or (n * a.element_size()) % 16 == 0
     else:
@@ -203,6 +205,10 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
             return Plan("tma_splitk", cfg, f"M={m} <= {SMALL_M}: small tiles, split-K {split}{c_note}",
                         **common)
         cfg = config or _pick(target, "tma_persistent", m, n, k, a.dtype)
+        if cfg.warp_specialize and not os.environ.get("GEMMLAB_ALLOW_WS"):
+            raise ValueError("warp_specialize: the persistent kernel with Triton 3.6's Hopper warp "
+                             "specialization hung on the H200 (benchmarks/results/nvidia-h200-ws-probe-timeout.log); "
+                             "set GEMMLAB_ALLOW_WS=1 to try it anyway")
         if cfg.warp_specialize and c_tma:
             # Triton 3.6's Hopper warp specialization splits the accumulator over two consumer warpgroups
             # but not a TMA store's block; its C goes out through pointers instead.

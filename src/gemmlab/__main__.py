@@ -1,0 +1,3 @@
+from gemmlab.cli import main
+
+main()

@@ -1,0 +1,57 @@
+"""The Hopper paths stay on tensor cores: build the sm_90 cubins of the kernels the H200 plans for the seed
+and small-M shapes (no GPU needed) and read their SASS. Runs in a child process: the compiler, not the
+interpreter the rest of the suite may use."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = r"""
+import json, torch
+from gemmlab.inspect.sass import plan_for, report
+from gemmlab.problems import SEEDS, SMALL_M, SQUARE
+out = {}
+for (m, n, k) in SEEDS + SQUARE + SMALL_M:
+    for dtype, layout in ((torch.float16, "NN"), (torch.bfloat16, "TT")):
+        p = plan_for(m, n, k, dtype, layout)
+        out[f"{m}x{n}x{k}-{layout}-{dtype}"] = report(p)
+for (m, n, k) in ((300, 37, 64), (37, 53, 71)):  # pointer epilogue (odd N, packed B) and the portable kernel
+    out[f"{m}x{n}x{k}"] = report(plan_for(m, n, k, torch.float16, "NT" if n == 37 else "NN"))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def reports():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_hopper_paths_use_wgmma_and_tma(reports):
+    for name, r in reports.items():
+        assert r["tensor_core"], (name, r["sass"])
+        if r["path"] == "tma_persistent":
+            assert r["sass"]["HGMMA"] > 0 and r["sass"]["UTMALDG"] > 0, (name, r)
+        if r["path"] == "tma_splitk":
+            assert r["sass"]["UTMALDG"] > 0, (name, r)
+            if r["block"][0] >= 64:  # wgmma needs 64-row tiles; BLOCK_M = 16 runs on mma.sync (HMMA)
+                assert r["sass"]["HGMMA"] > 0, (name, r)
+
+
+def test_fast_paths_do_not_spill(reports):
+    for name, r in reports.items():
+        if r["path"] != "portable" and "x37x" not in name:
+            assert r["local_memory_ops"] == 0 and r["stack_bytes"] == 0, (name, r)
+        assert r["registers"] <= 255
+
+
+def test_seed_shapes_take_the_fast_path(reports):
+    assert reports["8192x8192x16384-NN-torch.float16"]["path"] == "tma_persistent"
+    assert reports["131072x2048x7168-NN-torch.float16"]["path"] == "tma_persistent"
+    assert reports["16x7168x2048-NN-torch.float16"]["path"] == "tma_splitk"
+    assert reports["37x53x71"]["path"] == "portable"
