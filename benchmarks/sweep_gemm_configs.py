@@ -38,6 +38,8 @@ CANDIDATES = {
         C(128, 256, 64, 8, 3, sub=True), C(128, 256, 64, 8, 4, sub=True), C(128, 256, 64, 8, 3),
         C(128, 256, 64, 8, 3, sub=True, g=16), C(128, 128, 64, 4, 4), C(128, 128, 64, 8, 4),
         C(256, 128, 64, 8, 3, sub=True), C(128, 128, 128, 8, 3),
+        C(128, 256, 64, 8, 3, sub=True, g=4), C(128, 256, 64, 8, 3, sub=True, g=1),
+        C(128, 256, 128, 8, 2, sub=True), C(64, 256, 64, 4, 4, sub=True), C(256, 128, 64, 8, 4, sub=True),
         C(128, 128, 64, 4, 4, ws=True), C(128, 256, 64, 4, 3, ws=True),  # last: Hopper WS is experimental
     ],
     "tma_splitk": {

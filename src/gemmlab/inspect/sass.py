@@ -16,11 +16,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-
-import torch
 
 from gemmlab.ops.gemm import KERNELS, constexprs
 from gemmlab.ops.plan import Plan, Target, choose
