@@ -304,3 +304,70 @@ def test_warp_specialization_is_refused_until_it_works(monkeypatch):
     monkeypatch.setenv("GEMMLAB_ALLOW_WS", "1")
     p = gemmlab.plan(a, b, config=cfg)
     assert p.config.warp_specialize and not p.c_tma  # WS stores C through pointers
+
+
+# --------------------------------------------------------------------------------------- gemm_colmajor
+
+
+def colmajor_buffers(m, n, k, dtype=torch.float16):
+    """Flat column-major buffers: A (M x K) stored as A^T row-major, likewise B and C (poisoned)."""
+    a, b = rand((m, k), dtype), rand((k, n), dtype)
+    A = a.t().contiguous().reshape(-1)
+    B = b.t().contiguous().reshape(-1)
+    C = torch.full((m * n,), float("nan"), dtype=dtype, device=DEVICE)
+    return a, b, A, B, C
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 48, 32), (37, 53, 71), (1, 1, 1), (300, 40, 64), (16, 24, 40)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_colmajor_flat(m, n, k, dtype):
+    a, b, A, B, C = colmajor_buffers(m, n, k, dtype)
+    A0, B0 = A.clone(), B.clone()
+    assert gemmlab.gemm_colmajor(A, B, C, m, n, k) is None
+    c = C.view(n, m).t()
+    assert_matches(c, a, b)
+    assert torch.equal(A, A0) and torch.equal(B, B0)  # inputs untouched
+
+
+def test_gemm_colmajor_2d_with_leading_dimension():
+    m, n, k = 40, 24, 32
+    a, b = rand((m, k)), rand((k, n))
+    A = torch.empty((k, m + 8), dtype=a.dtype, device=DEVICE).t()[:m]  # (M, K), strides (1, M + 8)
+    A.copy_(a)
+    B = b.t().contiguous().t()  # (K, N), strides (1, K)
+    C = torch.full((n, m), float("nan"), dtype=a.dtype, device=DEVICE).t()
+    gemmlab.gemm_colmajor(A, B, C, m, n, k)
+    assert_matches(C, a, b)
+    flat = torch.full((m * n + 5,), float("nan"), dtype=a.dtype, device=DEVICE)  # longer than needed
+    gemmlab.gemm_colmajor(A, B, flat, m, n, k)
+    assert_matches(flat[: m * n].view(n, m).t(), a, b)
+    assert torch.isnan(flat[m * n:]).all()
+
+
+def test_gemm_colmajor_numpy_sizes():
+    np = pytest.importorskip("numpy")
+    a, b, A, B, C = colmajor_buffers(16, 24, 32)
+    gemmlab.gemm_colmajor(A, B, C, np.int64(16), np.int32(24), 32)
+    assert_matches(C.view(24, 16).t(), a, b)
+
+
+def test_gemm_colmajor_errors():
+    m, n, k = 16, 24, 32
+    _, _, A, B, C = colmajor_buffers(m, n, k)
+    cases = [
+        (lambda: gemmlab.gemm_colmajor(A[:-1], B, C, m, n, k), "A holds"),
+        (lambda: gemmlab.gemm_colmajor(A, B[: k * n - 3], C, m, n, k), "B holds"),
+        (lambda: gemmlab.gemm_colmajor(A, B, C[:10], m, n, k), "C holds"),
+        (lambda: gemmlab.gemm_colmajor(A, B, C, -1, n, k), "M must be"),
+        (lambda: gemmlab.gemm_colmajor(A, B, C, m, 2.5, k), "N must be"),
+        (lambda: gemmlab.gemm_colmajor(A, B, C, m, n, True), "K must be"),
+        (lambda: gemmlab.gemm_colmajor(A.view(4, -1)[:, ::2], B, C, m, n, k), "contiguous"),
+        (lambda: gemmlab.gemm_colmajor(A, B, A, m, n, k), "overlaps a"),
+    ]
+    for fn, match in cases:
+        with pytest.raises(ValueError, match=match):
+            fn()
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        gemmlab.gemm_colmajor([0.0] * (m * k), B, C, m, n, k)
+    with pytest.raises(TypeError, match="dtype"):
+        gemmlab.gemm_colmajor(A.float(), B.float(), C.float(), m, n, k)

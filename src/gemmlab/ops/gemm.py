@@ -9,6 +9,7 @@ so the kernels only ever write a row-major C.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -125,7 +126,7 @@ def _overlap(x: torch.Tensor, y: torch.Tensor) -> bool:
 
 
 def _overlaps_itself(t: torch.Tensor) -> bool:
-    inner = 1 if t.stride(1) == 1 or t.shape[1] <= 1 else 0
+    inner = 1 if is_kmajor(t, 1) else 0
     outer = 1 - inner
     return t.shape[outer] > 1 and t.stride(outer) < max(t.shape[inner], 1)
 
@@ -169,15 +170,24 @@ def gemm_colmajor(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, M: int, N: 
     """The competition signature: C (M, N) = A (M, K) @ B (K, N), all column-major. Each buffer is 1-D
     (flat column-major memory), a contiguous tensor read as such, or a 2-D (rows, cols) tensor with
     strides (1, ld >= rows). Writes C and synchronizes the device before returning."""
-    for name, v in (("M", M), ("N", N), ("K", K)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"gemm_colmajor: {name} must be a non-negative int, got {v!r}")
+    M, N, K = (_size(name, v) for name, v in (("M", M), ("N", N), ("K", K)))
     a = _colmajor_view("A", A, M, K)
     b = _colmajor_view("B", B, K, N)
     c = _colmajor_view("C", C, M, N)
     gemm(a, b, out=c)
     if c.is_cuda:
         torch.cuda.synchronize(c.device)
+
+
+def _size(name: str, value: object) -> int:
+    """A non-negative integer (numpy integers included, bools not)."""
+    try:
+        size = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        size = None
+    if size is None or size < 0:
+        raise ValueError(f"gemm_colmajor: {name} must be a non-negative integer, got {value!r}")
+    return size
 
 
 def _colmajor_view(name: str, buf: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
