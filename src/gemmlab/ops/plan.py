@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import re
+import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -31,6 +32,7 @@ PATHS = ("empty", "tma_persistent", "tma_splitk", "portable")
 SMALL_M = 256  # at or below this many output rows the small-M path is chosen
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 INTERPRETER_SMS = 3  # "SMs" the interpreter pretends to have: persistent programs then loop over tiles
+_ANY = (0, 1 << 62)  # a rule's range when it names none
 
 
 @dataclass(frozen=True)
@@ -127,12 +129,12 @@ def config_table(name: str) -> dict[str, list[dict]]:
 
 
 def _pick(target: Target, path: str, m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
+    """The first rule of the target's table for ``path`` whose ranges hold m, n, k and whose dtype fits."""
     dname = str(dtype).removeprefix("torch.")
     for rule in config_table(target.name)[path]:
-        if all(lo <= v <= hi for v, (lo, hi) in ((m, rule.get("m", (0, 1 << 62))),
-                                                 (n, rule.get("n", (0, 1 << 62))),
-                                                 (k, rule.get("k", (0, 1 << 62))))) and \
-                rule.get("dtype", dname) == dname:
+        inside = all(lo <= v <= hi for v, (lo, hi) in
+                     ((m, rule.get("m", _ANY)), (n, rule.get("n", _ANY)), (k, rule.get("k", _ANY))))
+        if inside and rule.get("dtype", dname) == dname:
             return rule["config"]
     raise LookupError(f"no {path} config for m={m} n={n} k={k} {dname} in table {target.name!r}")
 
@@ -201,7 +203,7 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
         if m <= SMALL_M:
             cfg = config or _pick(target, "tma_splitk", m, n, k, a.dtype)
             split = split_k_for(cfg, m, n, k, target.num_sms)
-            cfg = GemmConfig(**{**cfg.__dict__, "split_k": split})
+            cfg = dataclasses.replace(cfg, split_k=split)
             return Plan("tma_splitk", cfg, f"M={m} <= {SMALL_M}: small tiles, split-K {split}{c_note}",
                         **common)
         cfg = config or _pick(target, "tma_persistent", m, n, k, a.dtype)
