@@ -17,11 +17,11 @@ Config tables are data: ``configs/<gpu-slug>.json`` (``configs/default.json`` fo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 import re
-import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
 
