@@ -82,6 +82,49 @@ def check(
 
 
 @app.command()
+def grade(
+    cases: Annotated[str | None, typer.Option(help="case file: a shipped name (competition, competition-legacy, "
+                                                   "moe, llm, cpu) or a path; default competition with CUDA, "
+                                                   "else cpu")] = None,
+    kernel: Annotated[str | None, typer.Option(help="FILE.py:FN or package.module:FN; default gemmlab's")] = None,
+    signature: Annotated[str | None, typer.Option(help="rowmajor: FN(a, b) -> c; colmajor: FN(A, B, C, M, N, K); "
+                                                       "default the case file's layout")] = None,
+    allow_vendor: Annotated[bool, typer.Option(help="allow cuBLAS/CUTLASS/aten::mm in the candidate")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds per request to the candidate's process")] = 60.0,
+    seed: Annotated[int, typer.Option(help="base seed of all inputs")] = 0,
+    rounds: Annotated[int | None, typer.Option(help="interleaved timing rounds")] = None,
+    output_dir: Annotated[str | None, typer.Option(help="write report.json and report.md here")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")] = False,
+) -> None:
+    """Grade a GEMM kernel: exact-shape verification, dispatch coverage, anti-cheat rules, isolation,
+    interleaved timing against the vendor BLAS. Exit 0: all passed; 1: a case or rule failed; 2: usage."""
+    import json
+
+    from rich.progress import Progress
+
+    from gemmlab.grade import cases as case_files
+    from gemmlab.grade import grade as run_grade
+    from gemmlab.grade import report as rep
+
+    err = Console(stderr=True, width=140)
+    try:
+        n_steps = len(case_files.load(cases or ("competition" if torch.cuda.is_available() else "cpu")).correctness)
+    except case_files.CaseError as e:
+        err.print(f"[red]{e}")
+        raise typer.Exit(2) from e
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("grading", total=n_steps + 1)
+        report = run_grade(cases, kernel, signature, allow_vendor, timeout, seed, rounds,
+                           progress=lambda msg: bar.update(task, advance=1, description=msg))
+    rep.render(report, Console(stderr=json_out, width=140))
+    if output_dir:
+        rep.write(report, output_dir)
+    if json_out:
+        print(json.dumps(report, indent=1, default=str))
+    raise typer.Exit(0 if report["verdict"] == "PASS" else 1)
+
+
+@app.command()
 def paths() -> None:
     """List the kernel paths the dispatcher can take."""
     import gemmlab

@@ -1,0 +1,66 @@
+"""Grader inputs and tolerances: seeded, never zero, in the case's layout.
+
+Distributions:
+    competition  (r % 100 - 50) / 100 from a seeded integer RNG: uniform on {-0.50, -0.49, ..., 0.49}
+    uniform      U[-1, 1)
+    normal       N(0, 1)
+
+Tolerance on max |C - C_ref|:
+    competition  base * sqrt(K / ref_k), C_ref = the float32-accumulated product (no TF32) rounded to the
+                 output dtype. This is the competition's contract and is never loosened.
+    otherwise    2 * max |C_torch - C_ref| + one ulp of max |C_ref| in the output dtype, with C_ref the
+                 float64 product and C_torch what torch.mm makes in the same dtype: a candidate may be
+                 twice as far off as the vendor library, plus one rounding step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gemmlab.ref import gemm_ref, mantissa_bits
+
+SECOND_DISTRIBUTION = {"competition": "uniform", "uniform": "normal", "normal": "uniform"}
+
+
+def random_matrix(rows: int, cols: int, dist: str, seed: int, dtype: torch.dtype, device: str,
+                  colmajor: bool) -> torch.Tensor:
+    """A (rows, cols) matrix of ``dist`` from ``seed``; stored column-major (strides (1, rows)) if asked."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    shape = (cols, rows) if colmajor else (rows, cols)
+    if dist == "competition":
+        r = torch.randint(0, 1 << 30, shape, generator=g, device=device)
+        t = ((r % 100 - 50).to(torch.float32) / 100).to(dtype)
+    elif dist == "uniform":
+        t = (torch.rand(shape, generator=g, device=device) * 2 - 1).to(dtype)
+    elif dist == "normal":
+        t = torch.randn(shape, generator=g, device=device).to(dtype)
+    else:
+        raise ValueError(f"unknown input distribution {dist!r}")
+    return t.t() if colmajor else t
+
+
+def operands(m: int, n: int, k: int, dist: str, seed: int, dtype: torch.dtype, device: str, layout: str):
+    """Logical A (M, K) and B (K, N), stored in ``layout``, from two seeds derived from ``seed``."""
+    col = layout == "colmajor"
+    a = random_matrix(m, k, dist, 2 * seed + 1, dtype, device, col)
+    b = random_matrix(k, n, dist, 2 * seed + 2, dtype, device, col)
+    return a, b
+
+
+def reference(a: torch.Tensor, b: torch.Tensor, dist: str, dtype: torch.dtype, base: float, ref_k: int) -> dict:
+    """What a correct C is compared with, and the bound on max |C - C_ref|."""
+    k = a.shape[1]
+    if dist == "competition":
+        prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            c_ref = (a.float() @ b.float()).to(dtype)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = prev
+        return {"c_ref": c_ref, "tol": base * math.sqrt(k / ref_k), "rule": f"{base}*sqrt(K/{ref_k})"}
+    c64 = gemm_ref(a, b)
+    torch_err = (torch.mm(a, b).double() - c64).abs().max().item()
+    ulp = 2.0 ** (math.floor(math.log2(max(c64.abs().max().item(), 1e-30))) - mantissa_bits(dtype))
+    return {"c_ref": c64, "tol": 2 * torch_err + ulp, "rule": "2*err(torch.mm)+1ulp"}
