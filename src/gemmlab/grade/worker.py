@@ -105,8 +105,14 @@ class _Server:
         del_me = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=a.dtype, device=a.device)
         del del_me
         out, kernels, ops = _profiled(lambda: invoke(self.fn, self.signature, self.layout, a, b, c), a.device)
+        path = _plan_path(self.spec, self.signature, a, b, out)
+        if self.signature == "colmajor":
+            out = None  # the parent reads its own C buffer (a CUDA tensor received cannot be sent back)
+        elif isinstance(out, torch.Tensor) and any(out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+                                                    for t in (a, b)):
+            out = out.clone()  # the candidate returned (a view of) an input; let the parent judge a copy
         self.keep = [out]
-        return {"out": out, "path": _plan_path(self.spec, self.signature, a, b, out), "kernels": kernels, "ops": ops}
+        return {"out": out, "path": path, "kernels": kernels, "ops": ops}
 
     def warmup(self, a, b, c, seconds):
         t0 = time.perf_counter()
