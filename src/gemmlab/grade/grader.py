@@ -178,7 +178,8 @@ class Grader:
                  progress=None, worker: Worker | None = None):
         self.cases, self.kernel, self.allow_vendor, self.seed = cases, kernel, allow_vendor, seed
         self.signature = signature or cases.layout
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
         self.dtype = getattr(torch, cases.dtype)
         self.rounds = rounds or (10 if self.device.type == "cuda" else 3)
         self.worker = worker or Worker(kernel, self.signature, cases.layout, timeout, self.device.type == "cpu")
