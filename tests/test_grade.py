@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gemmlab.grade import cases, grade
-from gemmlab.grade.grader import Grader, Worker, timing_problem
+from gemmlab.grade.grader import CaseResult, Grader, Worker, coverage_problem, timing_problem
 
 HERE = Path(__file__).resolve().parent
 BAD = str(HERE / "bad_kernels" / "kernels.py")
@@ -120,6 +120,24 @@ def test_timing_rule():
     assert "outside the timed stream" in timing_problem(0.01, 3.4, 10.0, gpu, peak=989.4)
     assert "exceeds the host time" in timing_problem(3.0, 1.0, 10.0, gpu, peak=989.4)
     assert timing_problem(5.0, 5.0, 0.001, cpu) is None
+
+
+def test_coverage_rule():
+    ok = CaseResult("a", (1, 1, 1), paths=["tma_splitk"], kernels=["_gemm_tma_splitk_kernel"])
+    failed = CaseResult("b", (2, 2, 2), status="FAIL", paths=["portable"], kernels=["_gemm_portable_kernel"])
+    assert coverage_problem("tma_splitk", {"_gemm_tma_splitk_kernel"}, [ok, failed]) is None
+    assert "never verified" in coverage_problem("portable", set(), [ok, failed])  # only a failed case ran it
+    assert "sneaky" in coverage_problem(None, {"_gemm_tma_splitk_kernel", "sneaky_fast_kernel"}, [ok])
+
+
+def test_fixed_baseline_and_module_kernel(tmp_path):
+    d = json.loads(cases.resolve("cpu").read_text())
+    d["performance"]["baseline_gflops"] = 1e-6  # a fixed baseline far below anything: full marks
+    f = tmp_path / "fixed.json"
+    f.write_text(json.dumps(d))
+    r = grade(str(f), kernel="bad_kernels.kernels:good")  # package.module:FN form
+    assert r["verdict"] == "PASS" and r["performance"]["baseline"].startswith("fixed")
+    assert r["score"]["performance"] == 70 and "honest" not in r["performance"]
 
 
 def test_case_file_errors(tmp_path):

@@ -1,5 +1,6 @@
 """The `gemmlab` command: a thin shell over the library.
 
+    gemmlab grade [--cases NAME|PATH] [--kernel FILE.py:FN] [--signature ...] [--output-dir DIR] [--json]
     gemmlab check [--shapes M,N,K ...] [--dtype float16|bfloat16|both]
     gemmlab paths
 

@@ -327,14 +327,9 @@ class Grader:
         vendor = _vendor(sorted(kernels), sorted(ops))
         if vendor and not self.allow_vendor:
             return dict(out, status="FAIL", rule="no-vendor-blas", reason=f"timed run called {', '.join(vendor[:4])}")
-        seen_paths = {p for r in verified if r.status == "PASS" for p in r.paths}
-        seen_kernels = {kn for r in verified if r.status == "PASS" for kn in r.kernels}
-        if path is not None and path not in seen_paths:
-            return dict(out, status="FAIL", rule="dispatch-coverage", reason=f"timed path {path!r} never verified")
-        unverified = sorted(kernels - seen_kernels)
-        if unverified:
-            return dict(out, status="FAIL", rule="dispatch-coverage",
-                        reason=f"timed kernels never seen in a verified call: {', '.join(unverified[:3])}")
+        problem = coverage_problem(path, kernels, verified)
+        if problem:
+            return dict(out, status="FAIL", rule="dispatch-coverage", reason=problem)
         return out
 
     # -------------------------------------------------------------------------------------- run
@@ -380,6 +375,18 @@ class Grader:
                           "rule": f["rule"] if isinstance(f, dict) else f.rule,
                           "reason": f["reason"] if isinstance(f, dict) else f.reason} for f in failed],
         }
+
+
+def coverage_problem(timed_path: str | None, timed_kernels: set[str], verified: list[CaseResult]) -> str | None:
+    """Rule 2: every plan path and GPU kernel of the timed run must have run in a verified call."""
+    seen_paths = {p for r in verified if r.status == "PASS" for p in r.paths}
+    seen_kernels = {kn for r in verified if r.status == "PASS" for kn in r.kernels}
+    if timed_path is not None and timed_path not in seen_paths:
+        return f"timed path {timed_path!r} never verified"
+    unverified = sorted(set(timed_kernels) - seen_kernels)
+    if unverified:
+        return f"timed kernels never seen in a verified call: {', '.join(unverified[:3])}"
+    return None
 
 
 def peak_tflops(device: torch.device) -> float | None:
