@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch
 
 import gemmlab
 from gemmlab.bench.timing import ClockSampler, env_info, interleave, ratio_summary, summarize
+from gemmlab.ops.plan import gpu_slug
 from gemmlab.problems import GEMM_BAR, parse_shape, suite
 from gemmlab.ref import gemm_check, gemm_ref
 
@@ -108,7 +108,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     info = env_info()
     results = [bench_shape(m, n, k, args.rounds, args.reps, dtype) for m, n, k in shapes]
-    slug = re.sub(r"[^a-z0-9]+", "-", info.get("gpu", "cpu").lower()).strip("-")
+    slug = gpu_slug(info.get("gpu", "cpu"))
     suffix = "" if args.dtype == "float16" else f"-{args.dtype}"
     path = Path(args.out) / f"{slug}-gemm{suffix}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

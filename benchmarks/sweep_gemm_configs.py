@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 
 from gemmlab.bench.timing import ClockSampler, env_info, interleave, ratio_summary, summarize
 from gemmlab.ops.gemm import plan, run
-from gemmlab.ops.plan import GemmConfig
+from gemmlab.ops.plan import GemmConfig, gpu_slug
 from gemmlab.problems import parse_shape, suite
 from gemmlab.ref import gemm_check, gemm_ref
 
@@ -144,7 +143,7 @@ def main() -> None:
         return
     shapes = [parse_shape(s) for s in args.shapes] if args.shapes else suite(args.suite)
     info = env_info()
-    slug = re.sub(r"[^a-z0-9]+", "-", info.get("gpu", "cpu").lower()).strip("-")
+    slug = gpu_slug(info.get("gpu", "cpu"))
     path = Path(args.out) / f"{slug}-gemm-sweep.jsonl"  # one line per shape, appended as each finishes
     path.parent.mkdir(parents=True, exist_ok=True)
     for m, n, k in shapes:

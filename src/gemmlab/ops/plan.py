@@ -108,11 +108,15 @@ def target_for(device: torch.device) -> Target:
     return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200': the key of config tables and results files."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
 @functools.cache
 def _cuda_target(index: int) -> Target:
     props = torch.cuda.get_device_properties(index)
-    slug = re.sub(r"[^a-z0-9]+", "-", props.name.lower()).strip("-")
-    return Target(slug, (props.major, props.minor), props.multi_processor_count)
+    return Target(gpu_slug(props.name), (props.major, props.minor), props.multi_processor_count)
 
 
 @functools.cache
