@@ -104,12 +104,13 @@ def grade(
     from rich.progress import Progress
 
     from gemmlab.grade import cases as case_files
+    from gemmlab.grade import default_cases
     from gemmlab.grade import grade as run_grade
     from gemmlab.grade import report as rep
 
     err = Console(stderr=True, width=140)
     try:
-        n_steps = len(case_files.load(cases or ("competition" if torch.cuda.is_available() else "cpu")).correctness)
+        n_steps = len(case_files.load(cases or default_cases()).correctness)
     except case_files.CaseError as e:
         err.print(f"[red]{e}")
         raise typer.Exit(2) from e

@@ -25,7 +25,8 @@ import torch
 _FLUSH: dict[int, torch.Tensor] = {}
 
 
-def _flush_buffer(device: torch.device) -> torch.Tensor:
+def l2_flush_buffer(device: torch.device) -> torch.Tensor:
+    """A buffer twice the device's L2; writing it evicts whatever the last call left in L2."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _FLUSH:
         l2 = getattr(torch.cuda.get_device_properties(idx), "L2_cache_size", 64 << 20) or (64 << 20)
@@ -36,7 +37,7 @@ def _flush_buffer(device: torch.device) -> torch.Tensor:
 def time_calls(fn: Callable[[], object], reps: int, device: torch.device | None = None) -> list[float]:
     """Milliseconds of ``reps`` calls of ``fn``, each after an L2 flush, each bracketed by events."""
     device = device or torch.device("cuda")
-    flush = _flush_buffer(device)
+    flush = l2_flush_buffer(device)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends, strict=True):

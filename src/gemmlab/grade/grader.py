@@ -358,7 +358,8 @@ class Grader:
         perf_ok = perf is not None and perf["status"] == "PASS"
         score_p = cf.score_performance * min(1.0, perf["ratio"] / cf.full_score_ratio) if perf_ok else 0.0
         # an exact-shape check that failed is reported once, as the performance case's failure
-        failed = [r for r in listed if r.status != "PASS"] + ([perf] if perf and perf["status"] != "PASS" else [])
+        failed = [r.__dict__ for r in listed if r.status != "PASS"]
+        failed += [perf] if perf and perf["status"] != "PASS" else []
         if perf and "exact_shape_check" in perf:
             perf = dict(perf, exact_shape_check=perf["exact_shape_check"].__dict__)
         return {
@@ -371,9 +372,7 @@ class Grader:
                       "max": cf.score_correctness + cf.score_performance},
             "listed_correctness_passed": n_pass == len(listed),
             "verdict": "PASS" if not failed and (cf.performance is None or perf_ok) else "FAIL",
-            "failures": [{"name": f["name"] if isinstance(f, dict) else f.name,
-                          "rule": f["rule"] if isinstance(f, dict) else f.rule,
-                          "reason": f["reason"] if isinstance(f, dict) else f.reason} for f in failed],
+            "failures": [{key: f[key] for key in ("name", "rule", "reason")} for f in failed],
         }
 
 

@@ -155,9 +155,9 @@ def timed_loop(call, reps: int, device, flush: bool, before=None, after=None) ->
 
     cuda = device.type == "cuda"
     if cuda and flush:
-        from gemmlab.bench.timing import _flush_buffer
+        from gemmlab.bench.timing import l2_flush_buffer
 
-        flusher = _flush_buffer(device)
+        flusher = l2_flush_buffer(device)
     device_ms, host_ms = [], []
     for i in range(reps):
         if before is not None:
