@@ -33,3 +33,35 @@ def test_paths():
     res = gemmlab("paths")
     assert res.returncode == 0
     assert res.stdout.split() == ["empty", "tma_persistent", "tma_splitk", "portable"]
+
+
+def test_bench_gemm_command(tmp_path):
+    res = gemmlab("bench", "gemm", "--shapes", "40,48,64", "--backend", "gemmlab", "--backend", "gemmlab-packed",
+                  "--rounds", "2", "--reps", "1", "--warmup-s", "0", "--output-dir", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "interleaved vs cuBLAS" in res.stdout and "gemmlab-packed" in res.stdout and "WRONG" not in res.stdout
+    assert {"gemm-bench.json", "gemm-bench.csv"} <= {p.name for p in tmp_path.iterdir()}
+    assert gemmlab("bench", "gemm", "--suite", "nope").returncode == 2
+    assert gemmlab("bench", "gemm", "--shapes", "8,8,8", "--backend", "cutlass").returncode == 2
+
+
+def test_bench_gemm_command_fails_on_a_wrong_backend(tmp_path):
+    kern = tmp_path / "k.py"
+    kern.write_text("def gemm(a, b):\n    return (a.float() @ b.float()).to(a.dtype) + 1\n")
+    res = gemmlab("bench", "gemm", "--shapes", "16,16,16", "--backend", f"{kern}:gemm", "--rounds", "2",
+                  "--reps", "1", "--warmup-s", "0")
+    assert res.returncode == 1 and "WRONG" in res.stdout
+
+
+def test_table_command(tmp_path):
+    res = gemmlab("table", "--batch-size", "1", "--seq-len", "8", "--top-k", "2", "--hidden-size", "32",
+                  "--intermediate-size", "24", "--warmup", "1", "--repeat", "2", "--warmup-s", "0", "--output-dir",
+                  str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "M=16 N=24 K=32" in res.stdout and "not implemented" in res.stdout
+    assert {p.name for p in tmp_path.iterdir()} == {"table.csv", "table.json", "table.md"}
+    assert gemmlab("table", "--model", "llama").returncode == 2
+
+
+def test_bench_stable_usage_error():
+    assert gemmlab("bench", "stable", "--shape", "8,8,8", "--processes", "1").returncode == 2

@@ -55,3 +55,58 @@ def test_seed_shapes_take_the_fast_path(reports):
     assert reports["131072x2048x7168-NN-torch.float16"]["path"] == "tma_persistent"
     assert reports["16x7168x2048-NN-torch.float16"]["path"] == "tma_splitk"
     assert reports["37x53x71"]["path"] == "portable"
+
+
+NO_MMA = r"""
+import json, triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from gemmlab.inspect.sass import compiled_report
+
+@triton.jit
+def _scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):  # elementwise: no tensor cores anywhere
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+src = ASTSource(_scale_kernel, {"x_ptr": "*fp16", "y_ptr": "*fp16", "n": "i32", "BLOCK": "constexpr"},
+                constexprs={"BLOCK": 256})
+print(json.dumps(compiled_report(triton.compile(src, target=GPUTarget("cuda", 90, 32)))))
+"""
+
+
+def test_a_kernel_without_tensor_cores_is_flagged(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = tmp_path / "no_mma.py"  # @triton.jit needs its source in a file
+    script.write_text(NO_MMA)
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(res.stdout.strip().splitlines()[-1])
+    assert r["tensor_core"] is False and r["tensor_core_ops"] == 0 and r["sass"]["LDG"] > 0
+    assert any("NO TENSOR-CORE INSTRUCTION" in f for f in r["flags"])
+
+
+def test_flags():
+    from gemmlab.inspect.sass import flags
+
+    assert flags({"tensor_core": True, "local_memory_ops": 0, "stack_bytes": 0}) == []
+    spill = flags({"tensor_core": True, "local_memory_ops": 6, "stack_bytes": 64})
+    assert len(spill) == 1 and "spills" in spill[0]
+    ws = flags({"tensor_core": True, "warp_specialize_requested": True, "warp_specialized": False})
+    assert len(ws) == 1 and "not applied" in ws[0]
+
+
+def test_inspect_command_reports_the_seed_kernel():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "gemmlab", "inspect", "--shape", "131072,2048,7168", "--json"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(res.stdout)
+    assert r["shape"] == [131072, 2048, 7168] and r["path"] == "tma_persistent" and r["flags"] == []
+    assert r["sass"]["HGMMA"] > 0 and r["registers"] > 0 and r["num_warps"] in (4, 8) and r["num_stages"] >= 2
+    assert r["warp_specialized"] is False and r["target"] in ("nvidia-h200", r["target"])
+    text = subprocess.run([sys.executable, "-m", "gemmlab", "inspect", "--shape", "16,7168,2048", "--packed"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert text.returncode == 0 and "tma_splitk" in text.stdout and "registers/thread" in text.stdout
+    bad = subprocess.run([sys.executable, "-m", "gemmlab", "inspect", "--layout", "NX"], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert bad.returncode == 2 and "layout" in bad.stdout + bad.stderr

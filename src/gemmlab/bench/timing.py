@@ -1,10 +1,13 @@
-"""Honest GPU timing under clock throttling.
+"""Honest timing under clock throttling.
 
 - Every timed call is preceded by an L2 flush (a write over a buffer twice the L2 size) and bracketed by
-  CUDA events; the host also waits on the end event of each round, so host wall time cross-checks it.
-- Candidates are interleaved: round r runs A, B, A, B, ... so slow clock drift hits both alike; ratios
-  are taken per round and summarized by their median and a bootstrap 95% interval.
-- A sampler thread reads NVML (SM clock, power, temperature, clock-event reasons) while timing runs.
+  CUDA events. Without CUDA (the CPU interpreter) calls are timed by the host clock and labelled so.
+- Warm-up is by time (about 1 s by default), so compilation is done and the clock has settled under load.
+- Candidates are interleaved: round r runs A, B, A, B, ... with the order alternating between rounds, so
+  slow clock drift hits all alike. ``back_to_back`` is the naive way (all of A, then all of B), kept to
+  show what it gets wrong.
+- A sampler thread reads NVML (SM clock, power, temperature, clock-event reasons) while timing runs; each
+  timed batch records its host window, so every candidate gets the clock seen while it ran.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import random
 import statistics
 import subprocess
 import threading
@@ -22,6 +24,10 @@ from pathlib import Path
 
 import torch
 
+from gemmlab.bench.stats import ratio_summary, summarize  # noqa: F401  (re-exported: timing's old home)
+
+Fn = Callable[[], object]
+Windows = dict[str, list[tuple[float, float]]]
 _FLUSH: dict[int, torch.Tensor] = {}
 
 
@@ -34,14 +40,44 @@ def l2_flush_buffer(device: torch.device) -> torch.Tensor:
     return _FLUSH[idx]
 
 
-def time_calls(fn: Callable[[], object], reps: int, device: torch.device | None = None) -> list[float]:
-    """Milliseconds of ``reps`` calls of ``fn``, each after an L2 flush, each bracketed by events."""
-    device = device or torch.device("cuda")
-    flush = l2_flush_buffer(device)
+def require_random(**tensors: torch.Tensor) -> None:
+    """Refuse timing inputs that are constant (all zeros, all ones, ...): they flatter the hardware (less
+    switching power, so higher clocks; compressible data) and hide wrong results. Raises ValueError naming
+    the tensor."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or t.numel() < 2:
+            continue
+        lo, hi = t.min(), t.max()
+        if bool(lo == hi):
+            raise ValueError(f"timing input {name!r} {tuple(t.shape)} is constant (every element {lo.item()!r}): "
+                             "zeros and constants inflate speed (power, L2) and hide wrong results; "
+                             "time random inputs")
+        if bool(torch.isnan(lo)) or bool(torch.isnan(hi)):
+            raise ValueError(f"timing input {name!r} contains NaN")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn: Fn, reps: int, device: torch.device | None = None, flush: bool = True) -> list[float]:
+    """Milliseconds of ``reps`` calls of ``fn``: on CUDA each after an L2 flush (unless ``flush=False``)
+    and bracketed by events; on the CPU by the host clock, one call at a time."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda":
+        out = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+    buf = l2_flush_buffer(device) if flush else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends, strict=True):
-        flush.zero_()
+        if buf is not None:
+            buf.zero_()
         s.record()
         fn()
         e.record()
@@ -49,18 +85,21 @@ def time_calls(fn: Callable[[], object], reps: int, device: torch.device | None 
     return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
 
-def warmup(fns: dict[str, Callable[[], object]], seconds: float) -> None:
-    """Run every candidate, round robin, for about ``seconds`` so compilation is done and clocks settle."""
-    t0 = time.perf_counter()
+def warmup(fns: dict[str, Fn], seconds: float, device: torch.device | None = None, min_calls: int = 1) -> int:
+    """Run every candidate, round robin, for about ``seconds`` (and at least ``min_calls`` times each) so
+    compilation is done and clocks settle. Returns the number of rounds run."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    t0, n = time.perf_counter(), 0
     while True:
         for fn in fns.values():
             fn()
-        torch.cuda.synchronize()
-        if time.perf_counter() - t0 >= seconds:
-            return
+        _sync(device)
+        n += 1
+        if n >= min_calls and time.perf_counter() - t0 >= seconds:
+            return n
 
 
-def as_graph(fn: Callable[[], object]) -> Callable[[], object]:
+def as_graph(fn: Fn) -> Fn:
     """Capture one call of ``fn`` in a CUDA graph and return its replay: device time without the host's
     launch overhead. ``fn`` runs once on the capture stream first (allocations, lazily made buffers)."""
     stream = torch.cuda.Stream()
@@ -75,53 +114,64 @@ def as_graph(fn: Callable[[], object]) -> Callable[[], object]:
     return graph.replay
 
 
-def interleave(fns: dict[str, Callable[[], object]], rounds: int = 10, reps: int = 5,
-               warmup_s: float = 1.0, graph: bool = False) -> dict[str, list[list[float]]]:
+def interleave(fns: dict[str, Fn], rounds: int = 10, reps: int = 5, warmup_s: float = 1.0, graph: bool = False,
+               device: torch.device | None = None, windows: Windows | None = None,
+               warmup_calls: int = 1) -> dict[str, list[list[float]]]:
     """Times per candidate per round: {name: [[ms x reps] x rounds]}. Within a round the candidates run
     in turn, and their order alternates between rounds (A B / B A) so neither always runs first.
-    ``graph``: time CUDA-graph replays of each candidate (device time, no host launch overhead)."""
+    ``graph``: time CUDA-graph replays of each candidate (device time, no host launch overhead).
+    ``windows``: filled with each candidate's host time windows (for the clock sampler). Warm-up: at least
+    ``warmup_s`` seconds and ``warmup_calls`` calls of each."""
     if graph:
         fns = {name: as_graph(fn) for name, fn in fns.items()}
-    warmup(fns, warmup_s)
+    warmup(fns, warmup_s, device, warmup_calls)
     out: dict[str, list[list[float]]] = {name: [] for name in fns}
     names = list(fns)
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
-            out[name].append(time_calls(fns[name], reps))
+            t0 = time.perf_counter()
+            out[name].append(time_calls(fns[name], reps, device))
+            if windows is not None:
+                windows.setdefault(name, []).append((t0, time.perf_counter()))
     return out
 
 
-def summarize(times_ms: list[float]) -> dict[str, float]:
-    xs = sorted(times_ms)
-    q = lambda p: xs[min(len(xs) - 1, max(0, round(p * (len(xs) - 1))))]
-    mean = statistics.fmean(xs)
-    return {"median_ms": statistics.median(xs), "p20_ms": q(0.2), "p80_ms": q(0.8), "min_ms": xs[0],
-            "max_ms": xs[-1], "cv": statistics.pstdev(xs) / mean if mean else 0.0, "n": len(xs)}
+def back_to_back(fns: dict[str, Fn], rounds: int = 10, reps: int = 5, warmup_s: float = 0.0,
+                 device: torch.device | None = None, windows: Windows | None = None,
+                 warmup_calls: int = 1) -> dict[str, list[list[float]]]:
+    """The naive measurement, for contrast: each candidate warmed up and timed on its own, one after the
+    other (all of A's rounds, then all of B's). Same return shape as ``interleave``; round i of A and round
+    i of B are minutes apart, so a clock that moves in between biases the ratio."""
+    out: dict[str, list[list[float]]] = {}
+    for name, fn in fns.items():
+        warmup({name: fn}, warmup_s, device, warmup_calls)
+        t0 = time.perf_counter()
+        out[name] = [time_calls(fn, reps, device) for _ in range(rounds)]
+        if windows is not None:
+            windows.setdefault(name, []).append((t0, time.perf_counter()))
+    return out
 
 
-def ratio_summary(cand: list[list[float]], base: list[list[float]], seed: int = 0) -> dict[str, float]:
-    """Speed ratio base_time / cand_time (> 1: candidate faster), per round from round medians; median over
-    rounds with a bootstrap 95% interval; verdict 'faster' / 'slower' / 'within noise'."""
-    per_round = [statistics.median(b) / statistics.median(c) for c, b in zip(cand, base, strict=True)]
-    rng = random.Random(seed)
-    boots = sorted(statistics.median(rng.choices(per_round, k=len(per_round))) for _ in range(2000))
-    lo, hi = boots[int(0.025 * len(boots))], boots[int(0.975 * len(boots)) - 1]
-    verdict = "faster" if lo > 1.0 else "slower" if hi < 1.0 else "within noise"
-    return {"ratio": statistics.median(per_round), "ci95": [lo, hi], "per_round": per_round,
-            "verdict": verdict}
+CLOCK_EVENT_REASONS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
+                       0x80: "hw_power_brake"}
 
 
 class ClockSampler:
     """Context manager: samples SM clock (MHz), power (W), temperature (C) and clock-event reasons every
-    ``period_s`` through NVML. Without nvidia-ml-py or a driver it records nothing and says so."""
+    ``period_s`` through NVML, with host timestamps. Without nvidia-ml-py, a driver or a GPU it records
+    nothing and says why in ``error``: results then carry no clock fields (never a crash)."""
 
-    def __init__(self, device_index: int = 0, period_s: float = 0.02):
+    def __init__(self, device_index: int = 0, period_s: float = 0.01):
         self.device_index, self.period_s = device_index, period_s
-        self.samples: list[tuple[float, float, float, int]] = []
+        self.samples: list[tuple[float, float, float, float, int]] = []  # (t, MHz, W, C, reasons)
         self.error: str | None = None
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> ClockSampler:
+        if not torch.cuda.is_available():
+            self.error = "no CUDA device: no clocks"
+            return self
         try:
             import pynvml
 
@@ -129,7 +179,7 @@ class ClockSampler:
             self._nvml = pynvml
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
         except Exception as e:  # no NVML: degrade, never crash
-            self.error = f"NVML unavailable: {e}"
+            self.error = f"NVML unavailable: {type(e).__name__}: {e}"
             return self
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -142,29 +192,43 @@ class ClockSampler:
                 reasons = nv.nvmlDeviceGetCurrentClocksEventReasons(h)
             except Exception:
                 reasons = 0
-            self.samples.append((nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-                                 nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                                 nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU), reasons))
+            try:
+                self.samples.append((time.perf_counter(), nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+                                     nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                                     nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU), reasons))
+            except Exception as e:
+                self.error = f"NVML read failed: {e}"
+                return
             time.sleep(self.period_s)
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        if self.error is None:
+        if self._thread is not None:
             self._thread.join()
 
-    def summary(self) -> dict:
-        if not self.samples:
+    def summary(self, windows: list[tuple[float, float]] | None = None, min_samples: int = 20) -> dict:
+        """Clock, power, temperature and reasons over all samples, or over those inside ``windows`` (host
+        time intervals). With fewer than ``min_samples`` inside (microsecond kernels, short runs) the whole
+        run's samples are used instead: a handful of samples would attribute noise to one candidate.
+        ``clock_scope`` says which."""
+        samples, scope = self.samples, "whole run"
+        if windows:
+            inside = [s for s in samples if any(t0 <= s[0] <= t1 for t0, t1 in windows)]
+            if len(inside) >= min_samples:
+                samples, scope = inside, "own timing windows"
+            else:
+                scope = f"whole run (only {len(inside)} samples inside its own windows)"
+        if not samples:
             return {"nvml": self.error or "no samples"}
-        clocks, power, temp, reasons = zip(*self.samples, strict=True)
+        _, clocks, power, temp, reasons = zip(*samples, strict=True)
         seen = 0
         for r in reasons:
             seen |= r
-        names = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
-                 0x80: "hw_power_brake"}
         return {"sm_clock_mhz_mean": statistics.fmean(clocks), "sm_clock_mhz_min": min(clocks),
                 "sm_clock_mhz_max": max(clocks), "power_w_mean": statistics.fmean(power),
-                "temp_c_max": max(temp), "clock_event_reasons": [n for bit, n in names.items() if seen & bit],
-                "samples": len(clocks)}
+                "temp_c_max": max(temp),
+                "clock_event_reasons": [n for bit, n in CLOCK_EVENT_REASONS.items() if seen & bit],
+                "samples": len(clocks), "clock_scope": scope}
 
 
 def git_sha() -> str:
@@ -183,22 +247,27 @@ def git_sha() -> str:
 
 
 def env_info() -> dict:
+    """Provenance: date, versions, git SHA; with CUDA the GPU, its SM count and architecture, driver, power
+    limit and maximum SM clock (NVML)."""
     import triton
 
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
             "git_sha": git_sha()}
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        info.update(gpu=props.name, sm_count=props.multi_processor_count, cuda=torch.version.cuda)
-        try:
-            import pynvml
+    if not torch.cuda.is_available():
+        info.update(gpu=None, device="cpu", timer="host clock (Triton CPU interpreter): not a GPU measurement")
+        return info
+    props = torch.cuda.get_device_properties(0)
+    info.update(gpu=props.name, device="cuda", sm_count=props.multi_processor_count, arch=[props.major, props.minor],
+                cuda=torch.version.cuda, timer="CUDA events, L2 flushed before each call")
+    try:
+        import pynvml
 
-            pynvml.nvmlInit()
-            h = pynvml.nvmlDeviceGetHandleByIndex(0)
-            info.update(driver=pynvml.nvmlSystemGetDriverVersion(),
-                        power_limit_w=pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
-                        max_sm_clock_mhz=pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM))
-        except Exception as e:
-            info["nvml"] = f"unavailable: {e}"
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        info.update(driver=pynvml.nvmlSystemGetDriverVersion(),
+                    power_limit_w=pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
+                    max_sm_clock_mhz=pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM))
+    except Exception as e:
+        info["nvml"] = f"unavailable: {e}"
     return info

@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as tmp
 
-from gemmlab.bench.timing import ClockSampler, env_info, ratio_summary
+from gemmlab.bench.stats import ratio_summary
+from gemmlab.bench.timing import ClockSampler, env_info
 from gemmlab.grade.cases import CaseFile, Shape
 from gemmlab.grade.inputs import SECOND_DISTRIBUTION, operands, reference
 from gemmlab.grade.worker import serve, timed_loop

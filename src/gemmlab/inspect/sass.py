@@ -2,17 +2,21 @@
 and read it with the ``cuobjdump`` that ships inside Triton's wheel.
 
     report(plan) -> {"registers", "stack_bytes", "local_memory_ops", "shared_bytes",
-                     "sass": {opcode: count}, "tensor_core", "warp_specialized", ...}
+                     "sass": {opcode: count}, "tensor_core", "warp_specialized", "flags", ...}
+    inspect_shape(M, N, K, dtype, layout, packed) -> the report for the plan ``gemm`` makes at that shape
 
-Needs Triton's compiler, not its interpreter: call it in a process without TRITON_INTERPRET=1.
+Needs Triton's compiler, not its interpreter: ``report`` refuses to run under TRITON_INTERPRET=1, and
+``inspect_shape`` then runs itself in a child process without it.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,25 +26,35 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from gemmlab.ops.gemm import KERNELS, constexprs
-from gemmlab.ops.plan import Plan, Target, choose
+from gemmlab.ops.plan import Plan, Target, choose, target_for
 
 TENSOR_CORE_OPS = ("HGMMA", "HMMA", "QGMMA", "IMMA")
-WATCHED_OPS = TENSOR_CORE_OPS + ("UTMALDG", "UTMASTG", "UBLKCP", "LDGSTS", "LDG", "STG", "BAR", "SYNCS",
-                                 "WARPGROUP", "LDL", "STL")
+WATCHED_OPS = TENSOR_CORE_OPS + ("UTMALDG", "UTMASTG", "UBLKCP", "LDGSTS", "LDG", "STG", "LDS", "STS", "BAR",
+                                 "SYNCS", "WARPGROUP", "LDL", "STL")
 
 
 H200 = Target("nvidia-h200", (9, 0), 132)
 
 
 def plan_for(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, layout: str = "NN",
-             target: Target = H200) -> Plan:
+             target: Target = H200, packed: bool = False) -> Plan:
     """The plan ``gemm`` makes on ``target`` for contiguous operands of this shape (A stored transposed if
-    layout[0] == "T", B if layout[1] == "T"), without a GPU: operands are "meta" tensors."""
+    layout[0] == "T", B if layout[1] == "T"; ``packed``: B as ``pack_b`` stores it, K-major with rows
+    padded to 16 bytes), without a GPU: operands are "meta" tensors."""
+    _check_layout(layout)
     a = torch.empty((m, k) if layout[0] == "N" else (k, m), dtype=dtype, device="meta")
-    b = torch.empty((k, n) if layout[1] == "N" else (n, k), dtype=dtype, device="meta")
     a = a if layout[0] == "N" else a.t()
-    b = b if layout[1] == "N" else b.t()
+    if packed:
+        b = torch.empty((n, max(8, -(-k // 8) * 8)), dtype=dtype, device="meta")[:, :k].t()
+    else:
+        b = torch.empty((k, n) if layout[1] == "N" else (n, k), dtype=dtype, device="meta")
+        b = b if layout[1] == "N" else b.t()
     return choose(a, b, None, False, target=target)
+
+
+def _check_layout(layout: str) -> None:
+    if len(layout) != 2 or set(layout) - {"N", "T"}:
+        raise ValueError(f"layout {layout!r}: two letters of N/T (A then B), e.g. NN or NT")
 
 
 def _cuobjdump() -> str:
@@ -107,23 +121,87 @@ def sass_histogram(cubin: bytes) -> tuple[collections.Counter, dict]:
     return ops, usage
 
 
-def report(plan: Plan, arch: int = 90) -> dict:
-    """Compiler report for the kernel ``plan`` would launch: resources, SASS histogram, tensor cores, WS."""
-    kernel = compile_plan(plan, arch)
+def compiled_report(kernel) -> dict:
+    """Resources and SASS of any compiled Triton kernel (``triton.compile`` result or a launched kernel)."""
     ops, usage = sass_histogram(kernel.asm["cubin"])
-    cfg = plan.config
-    return {
-        "kernel": KERNELS[plan.path].fn.__name__,
-        "arch": f"sm_{arch}",
-        "path": plan.path,
-        "block": [cfg.block_m, cfg.block_n, cfg.block_k],
-        "num_warps": cfg.num_warps,
-        "num_stages": cfg.num_stages,
+    r = {
         **usage,
         "local_memory_ops": ops.get("LDL", 0) + ops.get("STL", 0),  # spills or a stack-resident array
+        "spill_stores": ops.get("STL", 0),
         "triton_shared_bytes": kernel.metadata.shared,
         "sass": {op: ops.get(op, 0) for op in WATCHED_OPS},
         "sass_total": sum(ops.values()),
         "tensor_core": any(ops.get(op, 0) for op in TENSOR_CORE_OPS),
-        "warp_specialized": "ttg.warp_specialize" in kernel.asm["ttgir"],
+        "tensor_core_ops": sum(ops.get(op, 0) for op in TENSOR_CORE_OPS),
+        "warp_specialized": "ttg.warp_specialize" in kernel.asm.get("ttgir", ""),
     }
+    r["flags"] = flags(r)
+    return r
+
+
+def flags(r: dict) -> list[str]:
+    """What a kernel engineer must look at: no tensor-core instruction (the seed's "generated code still has
+    MMA" check), local-memory traffic (spills), warp specialization requested but not applied."""
+    out = []
+    if not r.get("tensor_core"):
+        out.append("NO TENSOR-CORE INSTRUCTION (no HGMMA/HMMA in the SASS): this GEMM runs on CUDA cores")
+    if r.get("local_memory_ops") or r.get("stack_bytes"):
+        out.append(f"local memory: {r.get('local_memory_ops')} LDL/STL, {r.get('stack_bytes')} stack bytes (spills)")
+    if r.get("warp_specialize_requested") and not r.get("warp_specialized"):
+        out.append("warp specialization requested but not applied (no ttg.warp_specialize in the TTGIR)")
+    return out
+
+
+def report(plan: Plan, arch: int = 90) -> dict:
+    """Compiler report for the kernel ``plan`` would launch: resources, SASS histogram, tensor cores, WS."""
+    kernel = compile_plan(plan, arch)
+    cfg = plan.config
+    r = {
+        "kernel": KERNELS[plan.path].fn.__name__,
+        "arch": f"sm_{arch}",
+        "path": plan.path,
+        "reason": plan.reason,
+        "block": [cfg.block_m, cfg.block_n, cfg.block_k],
+        "num_warps": cfg.num_warps,
+        "num_stages": cfg.num_stages,
+        "group_m": cfg.group_m,
+        "split_k": cfg.split_k,
+        "epilogue_subtile": cfg.epilogue_subtile,
+        "warp_specialize_requested": cfg.warp_specialize,
+        "c_tma": plan.c_tma,
+    }
+    r.update(compiled_report(kernel))
+    r["flags"] = flags(r)
+    return r
+
+
+def inspect_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, layout: str = "NN",
+                  packed: bool = False, target: Target | None = None, arch: int | None = None) -> dict:
+    """The compiler report of the kernel ``gemm`` launches for this shape on ``target`` (default: this
+    process's GPU, or the H200 without one). Under the interpreter it runs in a child process."""
+    _check_layout(layout)
+    if min(m, n, k) < 0:
+        raise ValueError(f"shape {m}x{n}x{k}: sizes must be >= 0")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+        code = ("import json, sys, torch; from gemmlab.inspect.sass import inspect_shape; "
+                "a = json.loads(sys.argv[1]); a['dtype'] = getattr(torch, a['dtype']); "
+                "print(json.dumps(inspect_shape(**a)))")
+        args = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "layout": layout,
+                "packed": packed, "arch": arch}
+        if target is not None:
+            raise ValueError("inspect_shape: pass target only outside the interpreter")
+        p = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, env=env,
+                           timeout=600)
+        if p.returncode != 0:
+            raise RuntimeError(f"inspect child failed: {p.stderr[-2000:]}")
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    if target is None:
+        target = target_for(torch.device("cuda")) if torch.cuda.is_available() else H200
+    arch = arch or target.capability[0] * 10 + target.capability[1]
+    p = plan_for(m, n, k, dtype, layout, target, packed)
+    if p.path not in KERNELS:
+        return {"path": p.path, "reason": p.reason, "target": target.name, "kernel": None,
+                "flags": ["no kernel is launched for this shape"]}
+    return {"shape": [m, n, k], "dtype": str(dtype).removeprefix("torch."), "layout": layout, "packed_b": packed,
+            "target": target.name, **report(p, arch)}

@@ -1,0 +1,203 @@
+"""``gemmlab bench gemm``: GEMM backends against cuBLAS, verified, interleaved, with clocks.
+
+    bench_gemm(shapes, dtype, backends=("gemmlab", "cublas")) -> {"env", "args", "results": [per shape]}
+
+Backends: ``cublas`` (``torch.mm``: cuBLAS on a GPU, the CPU BLAS without one), ``gemmlab`` (``gemm`` with
+the raw B), ``gemmlab-packed`` (``gemm`` with a B packed by ``pack_b`` outside the timed region; the
+one-off packing time is reported as ``pack_ms``), and any ``FILE.py:FN`` / ``package.module:FN`` taking
+(a (M, K), b (K, N)) and returning C (M, N). ``cublas`` is always the baseline.
+Per shape: A, B uniform in [-0.5, 0.5) from a seed of the shape (never constant: ``require_random``);
+every backend's output is checked against the float64 reference (``ref.gemm_check``) before timing and
+again after; then ``compare_many``. TFLOPS = 2*M*N*K / median time.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from gemmlab.bench import timing
+from gemmlab.bench.compare import compare_many
+from gemmlab.problems import Shape
+
+BASELINE = "cublas"
+BUILTIN = ("gemmlab", "gemmlab-packed", "cublas")
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def inputs(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    """A (M, K), B (K, N) uniform in [-0.5, 0.5), seeded by the shape (and ``seed``)."""
+    g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + 1009 * m + 17 * n + k)
+    a = (torch.rand((m, k), generator=g, device=device) - 0.5).to(dtype)
+    b = (torch.rand((k, n), generator=g, device=device) - 0.5).to(dtype)
+    return a, b
+
+
+def make_backend(name: str, a: torch.Tensor, b: torch.Tensor) -> tuple[Callable[[], torch.Tensor], dict]:
+    """A no-argument call computing C = A @ B with backend ``name``, and facts about it (path, pack_ms)."""
+    import gemmlab
+
+    m, n = a.shape[0], b.shape[1]
+    if name == "cublas":
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        vendor = "cuBLAS" if a.is_cuda else "CPU BLAS"
+        return (lambda: torch.mm(a, b, out=out)), {"path": f"torch.mm ({vendor})"}
+    if name == "gemmlab":
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        p = gemmlab.plan(a, b, out=out)
+        return (lambda: gemmlab.gemm(a, b, out=out)), {"path": p.path, "config": _cfg(p)}
+    if name == "gemmlab-packed":
+        packed = gemmlab.pack_b(b)  # the first call also allocates and launches cold; time warm ones
+        pack_ms = sorted(timing.time_calls(lambda: gemmlab.pack_b(b), 3, a.device))[1]
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        p = gemmlab.plan(a, packed, out=out)
+        return (lambda: gemmlab.gemm(a, packed, out=out)), {"path": p.path, "config": _cfg(p), "pack_ms": pack_ms}
+    from gemmlab.grade.worker import load_kernel
+
+    fn = load_kernel(name, "rowmajor")
+    return (lambda: fn(a, b)), {"path": name}
+
+
+def _cfg(p) -> dict | None:
+    return None if p.config is None else dict(p.config.__dict__)
+
+
+def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, backends: Sequence[str], *, rounds: int = 10,
+                reps: int = 5, warmup_s: float = 1.0, graph: bool = False, seed: int = 0) -> dict:
+    """One shape: build inputs, the backends' calls, verify, time interleaved against cuBLAS."""
+    from gemmlab.ref import gemm_check, gemm_ref
+
+    device = _device()
+    a, b = inputs(m, n, k, dtype, device, seed)
+    timing.require_random(a=a, b=b)
+    ref = gemm_ref(a, b)
+    fns, facts = {}, {}
+    for name in dict.fromkeys([*backends, BASELINE]):
+        fns[name], facts[name] = make_backend(name, a, b)
+
+    def check(out) -> dict:
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (m, n) or out.dtype != dtype:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            return {"ok": False, "error": f"returned {got}, expected a ({m}, {n}) {dtype} tensor"}
+        c = gemm_check(out, a, b, ref)
+        return {key: c[key] for key in ("ok", "max_abs_err", "worst")}
+
+    res = compare_many(fns, BASELINE, check=check, flops=2.0 * m * n * k, dtype=str(dtype).removeprefix("torch."),
+                       rounds=rounds, reps=reps, warmup_s=warmup_s, graph=graph, device=device)
+    for name, f in facts.items():
+        res["candidates"][name].update(f)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"shape": [m, n, k], "dtype": str(dtype).removeprefix("torch."), **res}
+
+
+def bench_gemm(shapes: Sequence[Shape], dtype: torch.dtype = torch.float16, backends: Sequence[str] = ("gemmlab",),
+               *, rounds: int = 10, reps: int = 5, warmup_s: float = 1.0, graph: bool = False, seed: int = 0,
+               progress: Callable[[str], None] | None = None) -> dict:
+    """Every shape with every backend (plus the cuBLAS baseline). Returns the report written by ``write``."""
+    for name in backends:
+        if name not in BUILTIN and ":" not in name:
+            raise ValueError(f"backend {name!r}: one of {', '.join(BUILTIN)} or FILE.py:FN / package.module:FN")
+    if graph and not torch.cuda.is_available():
+        raise ValueError("--graph needs CUDA")
+    results = []
+    for m, n, k in shapes:
+        if progress:
+            progress(f"{m}x{n}x{k}")
+        results.append(bench_shape(m, n, k, dtype, backends, rounds=rounds, reps=reps, warmup_s=warmup_s,
+                                   graph=graph, seed=seed))
+    args = {"dtype": str(dtype).removeprefix("torch."), "backends": list(backends), "baseline": BASELINE,
+            "rounds": rounds, "reps": reps, "warmup_s": warmup_s, "graph": graph, "seed": seed,
+            "inputs": "uniform [-0.5, 0.5)", "flops": "2*M*N*K"}
+    return {"env": timing.env_info(), "args": args, "results": results}
+
+
+CSV_FIELDS = ("shape", "m", "n", "k", "dtype", "backend", "path", "ok", "max_abs_err", "median_ms", "p20_ms",
+              "p80_ms", "min_ms", "max_ms", "cv", "tflops", "ratio_vs_cublas", "ci95_lo", "ci95_hi", "verdict",
+              "sm_clock_mhz", "power_w", "clock_event_reasons", "efficiency", "pack_ms")
+
+
+def rows(report: dict) -> list[dict]:
+    """One flat row per (shape, backend): the CSV and the printed table."""
+    out = []
+    for r in report["results"]:
+        m, n, k = r["shape"]
+        for name, c in r["candidates"].items():
+            vs = c.get("vs_baseline") or {}
+            clk = c.get("clocks") or {}
+            out.append({
+                "shape": f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "dtype": r["dtype"], "backend": name,
+                "path": c.get("path"), "ok": bool(c["check"].get("ok")) and c.get("check_after", True) is True,
+                "max_abs_err": c["check"].get("max_abs_err"), "median_ms": c.get("median_ms"),
+                "p20_ms": c.get("p20_ms"), "p80_ms": c.get("p80_ms"), "min_ms": c.get("min_ms"),
+                "max_ms": c.get("max_ms"), "cv": c.get("cv"), "tflops": c.get("tflops"),
+                "ratio_vs_cublas": vs.get("ratio"), "ci95_lo": (vs.get("ci95") or [None])[0],
+                "ci95_hi": (vs.get("ci95") or [None, None])[1], "verdict": vs.get("verdict"),
+                "sm_clock_mhz": clk.get("sm_clock_mhz_mean"), "power_w": clk.get("power_w_mean"),
+                "clock_event_reasons": " ".join(clk.get("clock_event_reasons", [])) or None,
+                "efficiency": c.get("efficiency"), "pack_ms": c.get("pack_ms"),
+                "error": c["check"].get("error") or c.get("skipped"),
+            })
+    return out
+
+
+def plot(report: dict, path: Path) -> Path | None:
+    """TFLOPS per shape for each backend (bars) and each backend's ratio to cuBLAS (markers, right axis).
+    Returns None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    table = rows(report)
+    shapes = list(dict.fromkeys(r["shape"] for r in table))
+    names = list(dict.fromkeys(r["backend"] for r in table))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(shapes) + 2), 4.5))
+    width = 0.8 / max(1, len(names))
+    ax2 = ax.twinx()
+    for i, name in enumerate(names):
+        by = {r["shape"]: r for r in table if r["backend"] == name}
+        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(shapes))]
+        ax.bar(xs, [by[s]["tflops"] or 0.0 for s in shapes], width, label=f"{name} TFLOPS")
+        if name != report["args"]["baseline"]:
+            ax2.plot(xs, [by[s]["ratio_vs_cublas"] or float("nan") for s in shapes], "o", color=f"C{i}",
+                     markeredgecolor="black", label=f"{name} / cuBLAS")
+    ax2.axhline(1.0, color="gray", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(shapes)), shapes, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("TFLOPS (median)")
+    ax2.set_ylabel("speed ratio to cuBLAS (interleaved)")
+    env = report["env"]
+    ax.set_title(f"{env.get('gpu') or 'CPU interpreter'} {report['args']['dtype']} "
+                 f"{'graph replay' if report['args']['graph'] else 'eager'} git {env['git_sha'][:8]}", fontsize=9)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write(report: dict, out_dir: str | Path, stem: str = "gemm-bench") -> list[Path]:
+    """``<stem>.json`` (everything), ``<stem>.csv`` (one row per shape and backend), ``<stem>.png``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / f"{stem}.json", out / f"{stem}.csv"]
+    written[0].write_text(json.dumps(report, indent=1, default=str))
+    with written[1].open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows(report))
+    png = plot(report, out / f"{stem}.png")
+    if png is not None:
+        written.append(png)
+    return written

@@ -1,0 +1,182 @@
+"""``gemmlab table``: the seed's collect_gemm_table. An MoE configuration in, its dense GEMM timed out.
+
+    M = batch_size * seq_len * top_k   (every routed (token, expert) pair is a row)
+    N = intermediate_size, K = hidden_size
+    moe_table(batch_size=4, seq_len=8192, top_k=4, hidden_size=7168, intermediate_size=2048)
+        -> {"env", "config", "shape", "rows": [...]}
+
+Rows: the GEMM baseline (``torch.mm``: cuBLAS, raw B); gemmlab with the raw B; gemmlab with B prepacked
+by ``pack_b`` (packing outside the timed region; its one-off cost in its own column); the fused MoE GEMM
+(not implemented yet: the row says so, never a number). All timed rows are verified against the float64
+reference first, then run interleaved (``compare_many``) with ``warmup`` calls (and about ``warmup_s``
+seconds) of warm-up and ``repeat`` timed calls each. Columns: median latency, p20/p80, TFLOPS, max_abs_error
+against the baseline's output (the seed's acceptance rule: it stayed 0) and against float64, tensor-core
+instructions in the kernel's SASS (``inspect.sass``; the vendor's binary is not inspected), mean SM clock
+while the row ran, efficiency at that clock, speed ratio to the baseline with its 95% interval.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from gemmlab.bench import timing
+from gemmlab.bench.compare import compare_many
+from gemmlab.bench.gemm import inputs, make_backend
+from gemmlab.problems import moe_gemm_shape
+
+ROWS = {  # row label -> backend of bench.gemm (None: not implemented)
+    "GEMM baseline (torch.mm, cuBLAS, raw B)": "cublas",
+    "gemmlab GEMM (raw B)": "gemmlab",
+    "gemmlab GEMM (prepacked B)": "gemmlab-packed",
+    "Fused MoE GEMM (gemmlab)": None,
+}
+NOT_IMPLEMENTED = "not implemented (gemmlab's grouped/fused MoE kernels: issue 6)"
+
+
+def _vendor_kernels(fn: Callable[[], object]) -> list[str]:
+    """Names of the GPU kernels one call launches (torch profiler)."""
+    if not torch.cuda.is_available():
+        return []
+    from torch.autograd import DeviceType
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({e.name for e in prof.events() if e.device_type == DeviceType.CUDA})
+
+
+def _tensor_cores(backend: str, m: int, n: int, k: int, dtype: torch.dtype) -> dict:
+    from gemmlab.inspect.sass import inspect_shape
+
+    try:
+        r = inspect_shape(m, n, k, dtype, "NN", packed=backend == "gemmlab-packed")
+    except Exception as e:  # the table still stands without the inspector; say why
+        return {"tensor_core": None, "inspect_error": f"{type(e).__name__}: {e}"}
+    return {"tensor_core": r.get("tensor_core"), "hgmma": r.get("sass", {}).get("HGMMA"),
+            "hmma": r.get("sass", {}).get("HMMA"), "inspected": f"{r.get('kernel')} for {r.get('target')}",
+            "inspect_flags": r.get("flags", [])}
+
+
+def moe_table(batch_size: int = 4, seq_len: int = 8192, top_k: int = 4, hidden_size: int = 7168,
+              intermediate_size: int = 2048, *, dtype: torch.dtype = torch.float16, warmup: int = 10,
+              repeat: int = 50, warmup_s: float = 1.0, reps_per_round: int = 5, inspect: bool = True,
+              model: str | None = None, seed: int = 0) -> dict:
+    """Time the dense GEMM of an MoE configuration: the rows of ``ROWS``."""
+    if warmup < 0 or repeat < 1:
+        raise ValueError(f"warmup must be >= 0 and repeat >= 1, got {warmup} and {repeat}")
+    m, n, k = moe_gemm_shape(batch_size, seq_len, top_k, hidden_size, intermediate_size)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    a, b = inputs(m, n, k, dtype, device, seed)
+    timing.require_random(a=a, b=b)
+    reps = max(1, min(reps_per_round, repeat))
+    rounds = -(-repeat // reps)
+    fns, facts = {}, {}
+    for label, backend in ROWS.items():
+        if backend is not None:
+            fns[label], facts[label] = make_backend(backend, a, b)
+    baseline = next(iter(ROWS))
+    from gemmlab.ref import gemm_check, gemm_ref
+
+    ref = gemm_ref(a, b)
+
+    def check(out) -> dict:
+        c = gemm_check(out, a, b, ref)
+        return {key: c[key] for key in ("ok", "max_abs_err", "worst")}
+
+    res = compare_many(fns, baseline, check=check, flops=2.0 * m * n * k, dtype=str(dtype).removeprefix("torch."),
+                       rounds=rounds, reps=reps, warmup_s=warmup_s, warmup_calls=warmup, device=device)
+    base_out = fns[baseline]().clone()  # max_abs_error against the baseline's own output
+    rows = []
+    for label, backend in ROWS.items():
+        if backend is None:
+            rows.append({"row": label, "backend": None, "status": NOT_IMPLEMENTED})
+            continue
+        c = res["candidates"][label]
+        row = {"row": label, "backend": backend, "path": facts[label].get("path"),
+               "config": facts[label].get("config"), "pack_ms": facts[label].get("pack_ms"),
+               "ok": bool(c["check"].get("ok")) and c.get("check_after", True) is True,
+               "max_abs_error_vs_ref": c["check"].get("max_abs_err"), "status": c.get("skipped") or "ok"}
+        if "median_ms" in c:
+            out = fns[label]()
+            row["max_abs_error"] = (out.float() - base_out.float()).abs().max().item()
+            clk = c.get("clocks", {})
+            vs = c.get("vs_baseline") or {}
+            row.update(median_ms=c["median_ms"], p20_ms=c["p20_ms"], p80_ms=c["p80_ms"], cv=c["cv"],
+                       tflops=c["tflops"], sm_clock_mhz=clk.get("sm_clock_mhz_mean"),
+                       power_w=clk.get("power_w_mean"), clock_event_reasons=clk.get("clock_event_reasons"),
+                       efficiency=c.get("efficiency"), ratio_vs_baseline=vs.get("ratio"),
+                       ci95=vs.get("ci95"), verdict=vs.get("verdict"))
+        if backend == "cublas":
+            row.update(tensor_core=None, kernels=_vendor_kernels(fns[label]),
+                       inspected="vendor binary: not inspected")
+        elif inspect:
+            row.update(_tensor_cores(backend, m, n, k, dtype))
+        rows.append(row)
+    config = {"model": model, "batch_size": batch_size, "seq_len": seq_len, "top_k": top_k,
+              "hidden_size": hidden_size, "intermediate_size": intermediate_size,
+              "dtype": str(dtype).removeprefix("torch."), "warmup": warmup, "repeat": repeat, "warmup_s": warmup_s,
+              "rounds": rounds, "reps_per_round": reps, "seed": seed, "inputs": "uniform [-0.5, 0.5)"}
+    return {"env": timing.env_info(), "config": config, "shape": {"M": m, "N": n, "K": k},
+            "timer": res.get("timer"), "clocks": res.get("clocks"), "rows": rows}
+
+
+COLUMNS = ("row", "path", "median_ms", "p20_ms", "p80_ms", "tflops", "ratio_vs_baseline", "max_abs_error",
+           "max_abs_error_vs_ref", "tensor_core", "pack_ms", "sm_clock_mhz", "efficiency", "status")
+
+
+def _fmt(key: str, v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        if key in ("median_ms", "p20_ms", "p80_ms", "pack_ms"):
+            return f"{v:.4f}"
+        if key in ("tflops", "sm_clock_mhz"):
+            return f"{v:.0f}"
+        if key == "efficiency":
+            return f"{v:.1%}"
+        if key == "ratio_vs_baseline":
+            return f"{v:.3f}"
+        return f"{v:.3g}"
+    return str(v)
+
+
+def cells(row: dict) -> list[str]:
+    """The printed cells of one row (``COLUMNS``); the not-implemented row shows its status, no numbers."""
+    return [_fmt(key, row.get(key)) for key in COLUMNS]
+
+
+def markdown(table: dict) -> str:
+    env, cfg, shp = table["env"], table["config"], table["shape"]
+    head = (f"MoE GEMM table: M = {cfg['batch_size']}*{cfg['seq_len']}*{cfg['top_k']} = {shp['M']}, "
+            f"N = intermediate {shp['N']}, K = hidden {shp['K']}, {cfg['dtype']}"
+            f"{', model ' + cfg['model'] if cfg.get('model') else ''}\n\n"
+            f"{env.get('gpu') or 'CPU (Triton interpreter; host-clock timing, not a GPU measurement)'}, "
+            f"{env['date']}, torch {env['torch']}, triton {env['triton']}, driver {env.get('driver', '-')}, "
+            f"git {env['git_sha'][:12]}; warmup {cfg['warmup']} calls and {cfg['warmup_s']} s, "
+            f"{cfg['rounds']} interleaved rounds of {cfg['reps_per_round']} calls\n\n")
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cells(r)) + " |" for r in table["rows"]]
+    return head + "\n".join(lines) + "\n"
+
+
+def write(table: dict, out_dir: str | Path) -> list[Path]:
+    """``table.json`` (everything), ``table.csv`` and ``table.md`` (the printed columns)."""
+    import csv
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "table.json", out / "table.csv", out / "table.md"]
+    paths[0].write_text(json.dumps(table, indent=1, default=str))
+    with paths[1].open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        for r in table["rows"]:
+            w.writerow(["" if r.get(key) is None else r.get(key) for key in COLUMNS])
+    paths[2].write_text(markdown(table))
+    return paths
