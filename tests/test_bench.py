@@ -200,6 +200,8 @@ def test_clock_sampler_reads_a_fake_nvml_and_attributes_windows(monkeypatch):
         "own timing windows")
     few = s.summary([(0.0, 4.0)])  # 5 samples: too few to attribute, the whole run is reported
     assert few["samples"] == 100 and "only 5 samples" in few["clock_scope"]
+    timed = s.summary([(0.0, 4.0)], fallback=[(0.0, 4.0), (50.0, 89.0)])  # ... or all timed batches
+    assert timed["samples"] == 45 and timed["clock_scope"].startswith("all timed batches")
 
 
 # ------------------------------------------------------------------------------------------ shapes

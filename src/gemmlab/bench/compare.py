@@ -94,6 +94,7 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
             times = timing.back_to_back(timed_fns, rounds, reps, warmup_s, device=device, windows=windows,
                                         warmup_calls=warmup_calls)
     arch, sms = _device_facts(device)
+    all_windows = [w for ws in windows.values() for w in ws]
     for name in timed:  # 3. verify again: what the last timed call left, or one more call
         try:
             out = poisoned[name] if name in poisoned else fns[name]()
@@ -105,7 +106,7 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
             res[name]["check_after_error"] = f"{type(e).__name__}: {e}"
         flat = [t for r in times[name] for t in r]
         s = stats.summarize(flat)
-        clocks = sampler.summary(windows.get(name))
+        clocks = sampler.summary(windows.get(name), fallback=all_windows)
         s["per_round_ms"] = times[name]
         s["clocks"] = clocks
         if flops is not None:
@@ -117,7 +118,7 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
         res[name].update(s)
     return {"candidates": res, "baseline": baseline, "mode": mode, "graph": graph, "timed": True,
             "rounds": rounds, "reps": reps, "warmup_s": warmup_s, "warmup_calls": warmup_calls,
-            "clocks": sampler.summary(),
+            "clocks": sampler.summary(all_windows, min_samples=1),  # the timed batches, not the warm-up
             "timer": "CUDA events, L2 flushed" if device.type == "cuda" else "host clock (CPU): not a GPU measurement"}
 
 

@@ -161,7 +161,7 @@ def plot(report: dict, path: Path) -> Path | None:
     table = rows(report)
     shapes = list(dict.fromkeys(r["shape"] for r in table))
     names = list(dict.fromkeys(r["backend"] for r in table))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(shapes) + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(min(16.0, max(7.0, 0.9 * len(shapes) + 3)), 6.0))
     width = 0.8 / max(1, len(names))
     ax2 = ax.twinx()
     for i, name in enumerate(names):
@@ -180,9 +180,8 @@ def plot(report: dict, path: Path) -> Path | None:
                  f"{'graph replay' if report['args']['graph'] else 'eager'} git {env['git_sha'][:8]}", fontsize=9)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 

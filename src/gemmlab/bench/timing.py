@@ -206,16 +206,22 @@ class ClockSampler:
         if self._thread is not None:
             self._thread.join()
 
-    def summary(self, windows: list[tuple[float, float]] | None = None, min_samples: int = 20) -> dict:
+    def summary(self, windows: list[tuple[float, float]] | None = None, min_samples: int = 20,
+                fallback: list[tuple[float, float]] | None = None) -> dict:
         """Clock, power, temperature and reasons over all samples, or over those inside ``windows`` (host
-        time intervals). With fewer than ``min_samples`` inside (microsecond kernels, short runs) the whole
-        run's samples are used instead: a handful of samples would attribute noise to one candidate.
-        ``clock_scope`` says which."""
+        time intervals). With fewer than ``min_samples`` inside (microsecond kernels, short runs) the
+        samples inside ``fallback`` (e.g. every candidate's timed batches) or else all are used: a handful
+        of samples would attribute noise to one candidate. ``clock_scope`` says which."""
+        def within(ws):
+            return [s for s in self.samples if any(t0 <= s[0] <= t1 for t0, t1 in ws)]
+
         samples, scope = self.samples, "whole run"
         if windows:
-            inside = [s for s in samples if any(t0 <= s[0] <= t1 for t0, t1 in windows)]
+            inside = within(windows)
             if len(inside) >= min_samples:
                 samples, scope = inside, "own timing windows"
+            elif fallback and within(fallback):
+                samples, scope = within(fallback), f"all timed batches (only {len(inside)} samples in its own)"
             else:
                 scope = f"whole run (only {len(inside)} samples inside its own windows)"
         if not samples:

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as tmp
 
-from gemmlab.bench.stats import ratio_summary
+from gemmlab.bench.stats import ratio_summary, tensor_peak_tflops
 from gemmlab.bench.timing import ClockSampler, env_info
 from gemmlab.grade.cases import CaseFile, Shape
 from gemmlab.grade.inputs import SECOND_DISTRIBUTION, operands, reference
@@ -405,7 +405,8 @@ def peak_tflops(device: torch.device) -> float | None:
                                                pynvml.NVML_CLOCK_SM)
     except Exception:
         mhz = 2000
-    return 4096 * props.multi_processor_count * mhz * 1e6 / 1e12  # sm_90 dense: 4096 FLOP/clock/SM
+    peak = tensor_peak_tflops((props.major, props.minor), "float16", props.multi_processor_count, mhz)
+    return peak if peak is not None else 4096 * props.multi_processor_count * mhz * 1e6 / 1e12  # sm_90's rate
 
 
 def timing_problem(device_ms: float, host_ms: float, tflops: float, device: torch.device,

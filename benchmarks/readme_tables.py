@@ -1,0 +1,43 @@
+"""Print the README's measured tables (markdown) from the files benchmarks/bench_suite.sh writes.
+
+    python3 benchmarks/readme_tables.py benchmarks/results/nvidia-h200-bench
+"""
+
+import json
+import sys
+from pathlib import Path
+
+
+def gemm_table(d: Path) -> None:
+    graph = json.loads((d / "bench-all-graph" / "gemm-bench.json").read_text())
+    eager = json.loads((d / "bench-all-eager" / "gemm-bench.json").read_text())
+    env = graph["env"]
+    print(f"{env['gpu']}, {graph['args']['dtype']}, {env['date'][:10]}, torch {env['torch']}, triton {env['triton']}, "
+          f"driver {env.get('driver')}, git {env['git_sha'][:12]}\n")
+    print("| M x N x K | path | cuBLAS TFLOPS | gemmlab TFLOPS | ratio (device) | 95% CI | verdict | packed B | "
+          "mean SM MHz | efficiency | ratio (eager) |")
+    print("|---|---|---:|---:|---:|---|---|---:|---:|---:|---:|")
+    for g, e in zip(graph["results"], eager["results"], strict=True):
+        c, gl, gp = g["candidates"]["cublas"], g["candidates"]["gemmlab"], g["candidates"]["gemmlab-packed"]
+        v = gl["vs_baseline"]
+        print(f"| {'x'.join(map(str, g['shape']))} | {gl['path']} | {c['tflops']:.0f} | {gl['tflops']:.0f} | "
+              f"{v['ratio']:.3f} | [{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}] | {v['verdict']} | "
+              f"{gp['vs_baseline']['ratio']:.3f} | {gl['clocks']['sm_clock_mhz_mean']:.0f} | {gl['efficiency']:.1%} | "
+              f"{e['candidates']['gemmlab']['vs_baseline']['ratio']:.3f} |")
+
+
+def clock_order(d: Path) -> None:
+    r = json.loads(next(d.glob("*-clock-order.json")).read_text())
+    print(f"\n{r['env']['gpu']}, fp16 {'x'.join(map(str, r['shape']))}, git {r['env']['git_sha'][:12]}\n")
+    print("| pair (candidate vs baseline) | timing | order | ratio | 95% CI | verdict | "
+          "mean SM MHz candidate / baseline |")
+    print("|---|---|---|---:|---|---|---|")
+    for x in r["results"]:
+        print(f"| {x['pair']} | {x['way']} | {' then '.join(x['order']) if x['way'] != 'interleaved' else 'ABAB...'} | "
+              f"{x['ratio']:.3f} | [{x['ci95'][0]:.3f}, {x['ci95'][1]:.3f}] | {x['verdict']} | "
+              f"{x['cand_mhz']:.0f} / {x['base_mhz']:.0f} |")
+
+
+if __name__ == "__main__":
+    gemm_table(Path(sys.argv[1]))
+    clock_order(Path(sys.argv[1]))
