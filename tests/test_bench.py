@@ -122,7 +122,7 @@ def _matmul_setup():
 
     def check(out):
         err = (out.double() - ref).abs().max().item()
-        return {"ok": bool(err < 1e-4), "max_abs_err": err}
+        return {"ok": bool(err < 1e-2), "max_abs_err": err}  # loose: cuBLAS may use TF32 for fp32
 
     return a, b, check
 
@@ -130,7 +130,7 @@ def _matmul_setup():
 def test_compare_verifies_first_and_never_times_a_wrong_candidate():
     a, b, check = _matmul_setup()
     out = torch.empty(16, 8)
-    fns = {"good": lambda: torch.mm(a, b, out=out), "wrong": lambda: torch.mm(a, b) * 1.001,
+    fns = {"good": lambda: torch.mm(a, b, out=out), "wrong": lambda: torch.mm(a, b) + 0.05,
            "raises": lambda: 1 / 0, "base": lambda: a @ b}
     r = compare_many(fns, "base", check=check, flops=2 * 16 * 24 * 8, dtype="float32", rounds=3, reps=2,
                      warmup_s=0.0, inputs={"a": a, "b": b})

@@ -93,7 +93,7 @@ def efficiency(flops: float, median_ms: float, clock_mhz: float | None, sm_count
 
 
 def clock_flags(clock_means: list[float], clock_mins: list[float], clock_maxs: list[float],
-                spread: float = 0.10, drift: float = 0.03) -> list[str]:
+                spread: float = 0.20, drift: float = 0.03) -> list[str]:
     """Warnings about the SM clock across runs (processes): a run whose clock moved by more than ``spread``
     of its maximum while timing (oscillation under the power cap), or run means that differ by a
     coefficient of variation above ``drift``."""
