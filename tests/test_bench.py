@@ -129,7 +129,7 @@ def _matmul_setup():
 
 def test_compare_verifies_first_and_never_times_a_wrong_candidate():
     a, b, check = _matmul_setup()
-    out = torch.empty(16, 8)
+    out = torch.empty(16, 8, device=a.device)
     fns = {"good": lambda: torch.mm(a, b, out=out), "wrong": lambda: torch.mm(a, b) + 0.05,
            "raises": lambda: 1 / 0, "base": lambda: a @ b}
     r = compare_many(fns, "base", check=check, flops=2 * 16 * 24 * 8, dtype="float32", rounds=3, reps=2,
