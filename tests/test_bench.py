@@ -299,7 +299,7 @@ def test_stable_summary_flags():
                                "cublas": {"ok": True, "median_ms": ms * ratio, "ratio": None}}}
 
     calm = summarize_processes([proc(3.30, 1.01), proc(3.31, 1.00), proc(3.29, 1.02)], ["gemmlab"])
-    assert calm["flags"] == [] and calm["backends"]["gemmlab"]["ratio"]["median_ms"] == pytest.approx(1.01)
+    assert calm["flags"] == [] and calm["backends"]["gemmlab"]["ratio"]["median"] == pytest.approx(1.01)
     rough = summarize_processes([proc(3.3, 1.0, (1700, 1200, 1980)), proc(3.9, 0.9, ok=False), {"failed": "exit 1"}],
                                 ["gemmlab"])
     text = " ".join(rough["flags"])

@@ -261,8 +261,8 @@ def bench_stable(
     for name, e in s["backends"].items():
         t, r = e.get("median_ms"), e.get("ratio")
         table.add_row(name, _num(t and t["median_ms"], ".4f"), "-" if not t else f"{t['min_ms']:.4f}-{t['max_ms']:.4f}",
-                      _num(t and t["cv"], ".2%"), _num(r and r["median_ms"], ".3f"),
-                      "-" if not r else f"{r['min_ms']:.3f}-{r['max_ms']:.3f}", str(e["wrong_in"]))
+                      _num(t and t["cv"], ".2%"), _num(r and r["median"], ".3f"),
+                      "-" if not r else f"{r['min']:.3f}-{r['max']:.3f}", str(e["wrong_in"]))
     Console().print(table)
     clk = s.get("sm_clock_mhz")
     if clk:

@@ -76,7 +76,7 @@ def summarize_processes(procs: list[dict], backends: Sequence[str]) -> dict:
                 out["flags"].append(f"{name}: per-process medians vary by cv {entry['median_ms']['cv']:.1%} "
                                     f"({min(meds):.4f}-{max(meds):.4f} ms)")
         if ratios:
-            entry["ratio"] = stats.summarize(ratios)
+            entry["ratio"] = {key.removesuffix("_ms"): v for key, v in stats.summarize(ratios).items()}
             entry["ratio"].update(ci95=list(stats.bootstrap_ci(ratios)))
         if wrong:
             out["flags"].append(f"{name}: wrong output in {wrong} process(es)")
