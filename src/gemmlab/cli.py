@@ -33,6 +33,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Time kernels against cuBLAS: verified first, interleaved, clocks logged.")
 app.add_typer(bench_app, name="bench")
+ledger_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                         help="The experiment ledger: every attempt, accepted or rejected with its reason.")
+app.add_typer(ledger_app, name="ledger")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -55,6 +58,29 @@ def _shapes(shapes: list[str] | None, suite_name: str | None, default: str) -> l
 
 def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
+
+
+RecordOpt = Annotated[str | None, typer.Option("--record", help="record this run in the ledger: what changed")]
+LedgerOpt = Annotated[str | None, typer.Option("--ledger", help="ledger file [default: $GEMMLAB_LEDGER or "
+                                                                "~/.gemmlab/ledger.db]")]
+ParentOpt = Annotated[int | None, typer.Option("--parent", help="ledger entry to decide against [default: the "
+                                                                "last accepted entry of the same shape]")]
+
+
+def _record(entries, note: str, ledger: str | None, parent: int | None) -> None:
+    """Write entries to the ledger and print each decision."""
+    from gemmlab.ledger.records import record
+
+    for e in entries:
+        e.note = note
+    try:
+        done = record(entries, ledger, parent)
+    except KeyError as e:
+        raise typer.BadParameter(str(e)) from e
+    c = Console(stderr=True, width=150)
+    for e in done:
+        color = "green" if e.decision == "accepted" else "yellow"
+        c.print(f"ledger #{e.id} {e.shape} {e.backend}: [{color}]{e.decision}[/] ({e.reason})")
 
 
 @app.command()
@@ -125,6 +151,9 @@ def grade(
     rounds: Annotated[int | None, typer.Option(help="interleaved timing rounds")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write report.json and report.md here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")] = False,
+    record_note: RecordOpt = None,
+    ledger: LedgerOpt = None,
+    parent: ParentOpt = None,
 ) -> None:
     """Grade a GEMM kernel: exact-shape verification, dispatch coverage, anti-cheat rules, isolation,
     interleaved timing against the vendor BLAS. Exit 0: all passed; 1: a case or rule failed; 2: usage."""
@@ -152,6 +181,10 @@ def grade(
         rep.write(report, output_dir)
     if json_out:
         print(json.dumps(report, indent=1, default=str))
+    if record_note is not None:
+        from gemmlab.ledger.records import from_grade
+
+        _record(from_grade(report), record_note, ledger, parent)
     raise typer.Exit(0 if report["verdict"] == "PASS" else 1)
 
 
@@ -170,6 +203,9 @@ def bench_gemm(
     seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
     output_dir: Annotated[str | None, typer.Option(help="write gemm-bench.json, .csv and .png here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")] = False,
+    record_note: RecordOpt = None,
+    ledger: LedgerOpt = None,
+    parent: ParentOpt = None,
 ) -> None:
     """GEMM backends against cuBLAS: verified against float64 first, then interleaved with the L2 flushed,
     clocks sampled. Exit 1 when any backend is wrong."""
@@ -178,6 +214,7 @@ def bench_gemm(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from gemmlab.bench import gemm as bg
+    from gemmlab.ledger.records import from_bench as bg_records
 
     todo = _shapes(shapes, suite, "all" if torch.cuda.is_available() else "cpu")
     dt = _dtype(dtype)
@@ -222,6 +259,8 @@ def bench_gemm(
             out.print(f"wrote {path}")
     if json_out:
         print(json.dumps(report, indent=1, default=str))
+    if record_note is not None:
+        _record(bg_records(report), record_note, ledger, parent)
     if wrong:
         raise typer.Exit(1)
 
@@ -294,6 +333,9 @@ def table_cmd(
     warmup_s: Annotated[float, typer.Option(help="seconds of warm-up")] = 1.0,
     inspect: Annotated[bool, typer.Option(help="read tensor-core instructions from the SASS")] = True,
     output_dir: Annotated[str | None, typer.Option(help="write table.csv, table.json, table.md here")] = None,
+    record_note: RecordOpt = None,
+    ledger: LedgerOpt = None,
+    parent: ParentOpt = None,
 ) -> None:
     """The seed's GEMM table: an MoE configuration's dense GEMM (M = batch*seq_len*top_k, N = intermediate,
     K = hidden) through cuBLAS, gemmlab and gemmlab with a prepacked B; the fused MoE row."""
@@ -320,6 +362,10 @@ def table_cmd(
     if output_dir:
         for path in bt.write(res, output_dir):
             Console().print(f"wrote {path}")
+    if record_note is not None:
+        from gemmlab.ledger.records import from_table
+
+        _record(from_table(res), record_note, ledger, parent)
     if any(r.get("ok") is False for r in res["rows"]):
         raise typer.Exit(1)
 
@@ -364,6 +410,286 @@ def inspect_cmd(
             c.print(f"[red]FLAG: {f}")
     if r.get("kernel") and not r.get("tensor_core"):
         raise typer.Exit(1)
+
+
+@app.command("tune")
+def tune_cmd(
+    shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable)")] = None,
+    suite: Annotated[list[str] | None, typer.Option(help="shape suites (repeatable) [default: seeds and small-m "
+                                                         "with CUDA, cpu without]")] = None,
+    dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
+    budget_minutes: Annotated[float, typer.Option(help="time budget for all shapes")] = 5.0,
+    session: Annotated[str | None, typer.Option(help="session name [default: tune-<date>-<time>]")] = None,
+    resume: Annotated[str | None, typer.Option(help="resume a session: skip what the ledger holds for it")] = None,
+    write: Annotated[bool, typer.Option(help="write confirmed winners to configs/<gpu>.json")] = True,
+    configs_dir: Annotated[str | None, typer.Option(help="where <gpu>.json lives [default: the package's]")] = None,
+    output_dir: Annotated[str | None, typer.Option(help="write tune-report.json here")] = None,
+    record_note: Annotated[str, typer.Option("--record", help="what this tuning run is about")] = "tune",
+    ledger: LedgerOpt = None,
+    seed: Annotated[int, typer.Option(help="seed of inputs and search order")] = 0,
+) -> None:
+    """Search each shape's config space: verify every candidate at the shape, time it against the incumbent
+    and cuBLAS, accept only what is faster beyond noise on tensor cores; every attempt goes to the ledger;
+    confirmed winners become config rules that `plan` picks."""
+    import json
+    import time
+    from pathlib import Path
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from gemmlab.ops.plan import CONFIG_DIR, target_for
+    from gemmlab.tune.tuner import tune, write_configs
+
+    todo: list = []
+    if shapes:
+        todo += _shapes(shapes, None, "cpu")
+    for name in suite or ([] if shapes else (["seeds", "small-m"] if torch.cuda.is_available() else ["cpu"])):
+        todo += _shapes(None, name, "cpu")
+    todo = list(dict.fromkeys(todo))
+    if budget_minutes <= 0:
+        raise typer.BadParameter("--budget-minutes must be > 0")
+    err = Console(stderr=True, width=150)
+    cols = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TextColumn("ETA"),
+            TimeRemainingColumn())
+    total = 60.0 * budget_minutes
+    with Progress(*cols, console=err, transient=True) as bar:
+        task = bar.add_task("tuning", total=total)
+        t0 = time.perf_counter()
+        counts: dict[str, int] = {}
+
+        def step(ev: dict) -> None:
+            counts[ev["shape"]] = ev.get("tried", counts.get(ev["shape"], 0))
+            bar.update(task, completed=min(total, time.perf_counter() - t0),
+                       description=f"{ev['shape']}: {counts[ev['shape']]} tried")
+
+        res = tune(todo, _dtype(dtype), budget_minutes=budget_minutes, ledger=ledger, session=resume or session,
+                   seed=seed, note=record_note, progress=step)
+    table = Table(title=f"tune session {res['session']} ({res['workers']} worker(s))")
+    for col in ("shape", "path", "tried", "accepted", "pruned", "default vs cuBLAS", "tuned vs cuBLAS",
+                "tuned / default [95% CI]", "confirmed"):
+        table.add_column(col)
+    for r in res["results"]:
+        conf = r["confirm"]
+        sp = conf.get("speedup")
+        dv, tv = conf.get("default_vs_cublas") or {}, conf.get("tuned_vs_cublas") or {}
+        table.add_row("x".join(map(str, r["shape"])), r["path"], str(len(r["tried"])),
+                      str(sum(t["decision"] == "accepted" for t in r["tried"][1:])), str(len(r["pruned"])),
+                      _num(dv.get("ratio"), ".3f"), _num(tv.get("ratio"), ".3f"),
+                      "-" if not sp else f"{sp['ratio']:.3f} [{sp['ci95'][0]:.3f}, {sp['ci95'][1]:.3f}]",
+                      "[green]yes" if r["confirmed"] else "no")
+    Console(width=150).print(table)
+    if write and any(r["confirmed"] for r in res["results"]):
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        path = write_configs(res["results"], target_for(device).name, configs_dir or CONFIG_DIR)
+        Console().print(f"wrote the confirmed winners to {path}")
+    if output_dir:
+        out = Path(output_dir) / "tune-report.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        from gemmlab.bench.timing import env_info
+
+        out.write_text(json.dumps({"env": env_info(), **res}, indent=1, default=str))
+        Console().print(f"wrote {out}")
+    if res.get("failed_workers"):
+        raise typer.Exit(1)
+
+
+def _ledger(path: str | None):
+    from gemmlab.ledger import Ledger
+
+    return Ledger.open(path)
+
+
+def _entry_row(e) -> list[str]:
+    ci = "-" if not e.ratio_ci else f"[{e.ratio_ci[0]:.3f}, {e.ratio_ci[1]:.3f}]"
+    return [str(e.id), (e.created or "")[:19], e.kind, e.shape, e.dtype, e.backend or "-", e.path or "-",
+            "yes" if e.correct else "NO", _num(e.median_ms, ".4f"), _num(e.ratio, ".3f"), ci,
+            _num(e.tensor_core_ops, "d"), str(e.parent_id or "-"),
+            f"[green]{e.decision}" if e.decision == "accepted" else f"[yellow]{e.decision}", (e.note or "")[:30]]
+
+
+ENTRY_COLS = ("id", "created", "kind", "shape", "dtype", "backend", "path", "correct", "median ms", "vs cuBLAS",
+              "95% CI", "TC ops", "parent", "decision", "note")
+
+
+@ledger_app.command("list")
+def ledger_list(
+    shape: Annotated[str | None, typer.Option(help="MxNxK")] = None,
+    kind: Annotated[str | None, typer.Option(help="grade, bench, table or tune")] = None,
+    session: Annotated[str | None, typer.Option(help="a tune session")] = None,
+    limit: Annotated[int, typer.Option(help="the last N entries")] = 50,
+    ledger: LedgerOpt = None,
+) -> None:
+    """The last entries, with their decisions."""
+    db = _ledger(ledger)
+    shape = shape.replace(",", "x") if shape else None
+    table = Table(title=f"ledger {db.path}")
+    for col in ENTRY_COLS:
+        table.add_column(col)
+    for e in db.list(shape=shape, kind=kind, session=session, limit=limit):
+        table.add_row(*_entry_row(e))
+    Console(width=200).print(table)
+
+
+@ledger_app.command("show")
+def ledger_show(entry_id: int, ledger: LedgerOpt = None) -> None:
+    """One entry, whole (JSON)."""
+    import dataclasses
+    import json
+
+    e = _ledger(ledger).get(entry_id)
+    if e is None:
+        raise typer.BadParameter(f"no ledger entry {entry_id}")
+    print(json.dumps(dataclasses.asdict(e), indent=1, default=str))
+
+
+@ledger_app.command("compare")
+def ledger_compare(first: int, second: int, ledger: LedgerOpt = None) -> None:
+    """The accept/reject rule applied to SECOND against FIRST, and what differs between them."""
+    from gemmlab.ledger import decide, paired_speedup
+
+    db = _ledger(ledger)
+    a, b = db.get(first), db.get(second)
+    if a is None or b is None:
+        raise typer.BadParameter(f"no ledger entry {first if a is None else second}")
+    table = Table(title=f"#{first} -> #{second}")
+    for col in ("field", f"#{first}", f"#{second}"):
+        table.add_column(col)
+    for name in ("created", "git_sha", "gpu", "kind", "shape", "dtype", "backend", "path", "config", "correct",
+                 "median_ms", "p20_ms", "p80_ms", "tflops", "ratio", "ratio_ci", "sm_clock_mhz", "tensor_core_ops",
+                 "decision", "note"):
+        va, vb = getattr(a, name), getattr(b, name)
+        mark = "" if va == vb else "[bold]"
+        table.add_row(mark + name, str(va), str(vb))
+    Console(width=200).print(table)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        Console().print("[yellow]different shapes or dtypes: not comparable")
+        raise typer.Exit(1)
+    if b.vs_parent and b.parent_id != a.id:
+        b.vs_parent = None  # its same-run comparison was with another entry
+    paired = paired_speedup(b, a)
+    decision, reason = decide(b, a)
+    if paired:
+        Console().print(f"speedup #{second} over #{first}: {paired[0]:.3f} [{paired[1][0]:.3f}, "
+                        f"{paired[1][1]:.3f}] ({paired[2]})")
+    Console().print(f"#{second} against #{first}: {decision}: {reason}")
+
+
+@ledger_app.command("history")
+def ledger_history(
+    shape: Annotated[str, typer.Option(help="M,N,K")],
+    dtype: Annotated[str | None, typer.Option(help="float16 or bfloat16")] = None,
+    plot: Annotated[str | None, typer.Option(help="write the latency curve as a PNG")] = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """The latency curve of a shape: accepted versions in order, rejected attempts as their own marks."""
+    from gemmlab.problems import parse_shape
+
+    try:
+        key = "x".join(map(str, parse_shape(shape)))
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    entries = _ledger(ledger).history(key, dtype)
+    table = Table(title=f"history of {key}")
+    for col in ENTRY_COLS:
+        table.add_column(col)
+    for e in entries:
+        table.add_row(*_entry_row(e))
+    Console(width=200).print(table)
+    accepted = [e for e in entries if e.decision == "accepted"]
+    Console().print("accepted latency: " + (" -> ".join(f"{e.median_ms:.4f}" for e in accepted) or "none") + " ms")
+    if plot:
+        from gemmlab.ledger.plot import history_png
+
+        history_png(entries, key, plot)
+        Console().print(f"wrote {plot}")
+
+
+@ledger_app.command("export")
+def ledger_export(
+    fmt: Annotated[str, typer.Option("--format", help="json or csv")] = "json",
+    output: Annotated[str | None, typer.Option(help="file [default: stdout]")] = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Every entry as JSON or CSV."""
+    try:
+        text = _ledger(ledger).export(fmt)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    if output:
+        from pathlib import Path
+
+        Path(output).write_text(text)
+    else:
+        print(text)
+
+
+@app.command("probe")
+def probe_cmd(
+    check: Annotated[bool, typer.Option("--check", help="health check: a short re-measurement against the "
+                                                        "recorded profile; exit 1 if degraded")] = False,
+    output: Annotated[str | None, typer.Option(help="profile file [default: ~/.gemmlab/device-<gpu>.json]")] = None,
+    profile: Annotated[str | None, typer.Option(help="a recorded profile to use (--check, --roofline)")] = None,
+    roofline: Annotated[str | None, typer.Option(help="a `bench gemm` JSON to place on the roofline")] = None,
+    plot: Annotated[str, typer.Option(help="roofline PNG")] = "roofline.png",
+    min_fraction: Annotated[float, typer.Option(help="--check: figures below this fraction are problems")] = 0.8,
+) -> None:
+    """Measure the GPU's constants (SMs, L2, clocks, power limit, HBM bandwidth, cuBLAS 8192^3, the attainable
+    tensor-core rate, launch overhead) and record them; or check health against them; or draw a roofline."""
+    import json
+    from pathlib import Path
+
+    from gemmlab import probe as pr
+
+    def recorded() -> dict:
+        prof = json.loads(Path(profile).read_text()) if profile else pr.load()
+        if prof is None:
+            raise typer.BadParameter("no recorded profile for this GPU: run `gemmlab probe` first (or --profile)")
+        return prof
+
+    if roofline:
+        report = json.loads(Path(roofline).read_text())
+        Console().print(f"wrote {pr.roofline_png(recorded(), report, plot)}")
+        return
+    if not torch.cuda.is_available():
+        Console(stderr=True).print("[red]gemmlab probe needs a CUDA GPU")
+        raise typer.Exit(2)
+    if check:
+        prof = recorded()
+        res = pr.health(prof)
+        res["problems"] = pr.health_problems(prof, res["now"], min_fraction)
+        now = res["now"]
+        figs = [("HBM copy GB/s", now["hbm_copy"]["gbps"], prof["hbm_copy"]["gbps"]),
+                ("cuBLAS 8192^3 TFLOPS", now["cublas_8192"]["tflops"], prof["cublas_8192"]["tflops"]),
+                ("tensor-core loop TFLOPS", now["mma_peak"]["tflops"], prof["mma_peak"]["tflops"]),
+                ("Triton launch us", now["launch"]["triton_empty_us"], prof["launch"]["triton_empty_us"])]
+        Console().print("now (recorded): " + ", ".join(f"{n} {a:.1f} ({b:.1f})" for n, a, b in figs))
+        for problem in res["problems"]:
+            Console().print(f"[red]DEGRADED: {problem}")
+        if not res["problems"]:
+            Console().print(f"[green]healthy: every figure within {min_fraction:.0%} of the profile of {prof['date']}")
+        raise typer.Exit(1 if res["problems"] else 0)
+    prof = pr.probe()
+    path = pr.save(prof, output)
+    t = Table(title=f"{prof['gpu']} (sm_{prof['capability'][0]}{prof['capability'][1]}), {prof['date']}")
+    t.add_column("constant")
+    t.add_column("value")
+    mp, cb = prof["mma_peak"], prof["cublas_8192"]
+    for name, v in (("SMs", prof["sm_count"]), ("L2", f"{(prof['l2_bytes'] or 0) / 2**20:.0f} MiB"),
+                    ("shared memory per block (opt-in)", f"{prof['smem_per_block_optin']} B"),
+                    ("max SM clock / power limit", f"{prof['max_sm_clock_mhz']} MHz / {prof['power_limit_w']} W"),
+                    ("HBM copy", f"{prof['hbm_copy']['gbps']:.0f} GB/s"),
+                    ("cuBLAS fp16 8192^3", f"{cb['tflops']:.0f} TFLOPS at "
+                                           f"{cb['clocks'].get('sm_clock_mhz_mean', 0):.0f} MHz"),
+                    ("tensor-core loop (operands on chip)", f"{mp['tflops']:.0f} TFLOPS at "
+                                                            f"{mp['clocks'].get('sm_clock_mhz_mean', 0):.0f} MHz = "
+                                                            f"{mp['flop_per_clock_per_sm'] or 0:.0f} FLOP/clock/SM"),
+                    ("nominal fp16 peak at max clock", f"{prof['nominal_tensor_tflops_at_max_clock'] or 0:.0f} TFLOPS"),
+                    ("launch: Triton empty / torch add (host)", f"{prof['launch']['triton_empty_us']:.1f} / "
+                                                                f"{prof['launch']['torch_add_us']:.1f} us"),
+                    ("empty kernel back to back (device)", f"{prof['launch']['device_per_kernel_us']:.2f} us")):
+        t.add_row(name, str(v))
+    Console().print(t)
+    Console().print(f"wrote {path}")
 
 
 @app.command()

@@ -10,7 +10,8 @@ what the last timed call left there is checked after timing; others are checked 
 Then the candidates run interleaved in rounds (``timing.interleave``) with the L2
 flushed before every call, while NVML samples the clock. Result per candidate: time statistics (median,
 p20, p80, min, max, cv), TFLOPS (= flops / median time), the mean SM clock, power and clock-event reasons
-seen while it ran, the clock-normalized efficiency, and against the baseline the per-round ratios
+seen while it ran, the clock-normalized efficiency (against the nominal tensor peak, and against the
+attainable rate ``gemmlab probe`` measured when this GPU has a profile), and against the baseline the per-round ratios
 (baseline time / candidate time), their median, a bootstrap 95% interval and a verdict.
 """
 
@@ -94,6 +95,12 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
             times = timing.back_to_back(timed_fns, rounds, reps, warmup_s, device=device, windows=windows,
                                         warmup_calls=warmup_calls)
     arch, sms = _device_facts(device)
+    measured_rate = None  # the probe's attainable FLOP/clock/SM, when this GPU has a recorded profile
+    if device.type == "cuda":
+        from gemmlab.probe import load
+
+        prof = load(torch.cuda.get_device_name(device))
+        measured_rate = ((prof or {}).get("mma_peak") or {}).get("flop_per_clock_per_sm")
     all_windows = [w for ws in windows.values() for w in ws]
     for name in timed:  # 3. verify again: what the last timed call left, or one more call
         try:
@@ -113,6 +120,9 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
             s["tflops"] = flops / (s["median_ms"] * 1e-3) / 1e12
             s["efficiency"] = stats.efficiency(flops, s["median_ms"], clocks.get("sm_clock_mhz_mean"), sms, arch,
                                                dtype)
+            if measured_rate and clocks.get("sm_clock_mhz_mean"):
+                s["efficiency_measured"] = s["tflops"] * 1e12 / (measured_rate * sms * clocks["sm_clock_mhz_mean"]
+                                                                 * 1e6)
         if name != baseline:
             s["vs_baseline"] = stats.ratio_summary(times[name], times[baseline])
         res[name].update(s)

@@ -109,7 +109,7 @@ def moe_table(batch_size: int = 4, seq_len: int = 8192, top_k: int = 4, hidden_s
                        tflops=c["tflops"], sm_clock_mhz=clk.get("sm_clock_mhz_mean"),
                        power_w=clk.get("power_w_mean"), clock_event_reasons=clk.get("clock_event_reasons"),
                        efficiency=c.get("efficiency"), ratio_vs_baseline=vs.get("ratio"),
-                       ci95=vs.get("ci95"), verdict=vs.get("verdict"))
+                       ci95=vs.get("ci95"), per_round=vs.get("per_round"), verdict=vs.get("verdict"))
         if backend == "cublas":
             row.update(tensor_core=None, kernels=_vendor_kernels(fns[label]),
                        inspected="vendor binary: not inspected")

@@ -369,6 +369,7 @@ class Grader:
             "env": env_info(), "seed": self.seed, "allow_vendor": self.allow_vendor,
             "worker_starts": self.worker.starts,
             "correctness": [r.__dict__ for r in results], "performance": perf,
+            "performance_shape": list(cf.performance.mnk) if cf.performance is not None else None,
             "score": {"correctness": score_c, "performance": score_p, "total": score_c + score_p,
                       "max": cf.score_correctness + cf.score_performance},
             "listed_correctness_passed": n_pass == len(listed),

@@ -25,7 +25,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from gemmlab.ops.gemm import KERNELS, constexprs
+from gemmlab.ops.gemm import KERNELS, constexprs, launch_options
 from gemmlab.ops.plan import Plan, Target, choose, target_for
 
 TENSOR_CORE_OPS = ("HGMMA", "HMMA", "QGMMA", "IMMA")
@@ -97,7 +97,7 @@ def compile_plan(plan: Plan, arch: int = 90):
     sig = {**signature(plan), **{name: "constexpr" for name in consts}}
     sig = {name: sig[name] for name in fn.arg_names}  # kernel argument order
     src = ASTSource(fn, sig, constexprs=consts)
-    options = {"num_warps": plan.config.num_warps, "num_stages": plan.config.num_stages}
+    options = launch_options(plan.config)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
@@ -168,6 +168,7 @@ def report(plan: Plan, arch: int = 90) -> dict:
         "split_k": cfg.split_k,
         "epilogue_subtile": cfg.epilogue_subtile,
         "warp_specialize_requested": cfg.warp_specialize,
+        "max_nreg": cfg.max_nreg,
         "c_tma": plan.c_tma,
     }
     r.update(compiled_report(kernel))

@@ -242,6 +242,23 @@ def constexprs(p: Plan) -> dict:
     return dict(common, SPLIT_K=cfg.split_k)
 
 
+def launch_options(cfg: GemmConfig) -> dict:
+    """Triton launch options of a config (shared with the inspector's compile)."""
+    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if cfg.max_nreg:
+        opts["maxnreg"] = cfg.max_nreg
+    return opts
+
+
+_LAST: dict[str, object] = {}  # path -> the CompiledKernel of its latest launch (what the tuner inspects)
+
+
+def last_kernel(path: str):
+    """The compiled kernel the latest launch of ``path`` ran (None under the interpreter or before any)."""
+    k = _LAST.get(path)
+    return k if hasattr(k, "asm") else None
+
+
 def _launch_empty(p: Plan, a, b, c) -> None:
     if c.numel():
         c.zero_()  # K = 0: a sum over nothing
@@ -250,9 +267,9 @@ def _launch_empty(p: Plan, a, b, c) -> None:
 def _launch_tma_persistent(p: Plan, a, b, c) -> None:
     cfg = p.config
     tiles = triton.cdiv(p.m, cfg.block_m) * triton.cdiv(p.n, cfg.block_n)
-    _gemm_tma_persistent_kernel[(min(p.num_sms, tiles),)](
+    _LAST[p.path] = _gemm_tma_persistent_kernel[(min(p.num_sms, tiles),)](
         *_tma_operands(p, a, b, c), p.m, p.n, p.k, c.stride(0),
-        **constexprs(p), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **constexprs(p), **launch_options(cfg),
     )
 
 
@@ -281,18 +298,18 @@ def _launch_tma_splitk(p: Plan, a, b, c) -> None:
         counters = _split_counters(c.device, grid_n * grid_m)
     else:
         ws = counters = c  # unused
-    _gemm_tma_splitk_kernel[(grid_n, grid_m, cfg.split_k)](
+    _LAST[p.path] = _gemm_tma_splitk_kernel[(grid_n, grid_m, cfg.split_k)](
         *_tma_operands(p, a, b, c), ws, counters, p.m, p.n, p.k, c.stride(0), per_split,
-        **constexprs(p), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **constexprs(p), **launch_options(cfg),
     )
 
 
 def _launch_portable(p: Plan, a, b, c) -> None:
     cfg = p.config
     grid = (triton.cdiv(p.m, cfg.block_m) * triton.cdiv(p.n, cfg.block_n),)
-    _gemm_portable_kernel[grid](
+    _LAST[p.path] = _gemm_portable_kernel[grid](
         a, b, c, p.m, p.n, p.k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        **constexprs(p), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **constexprs(p), **launch_options(cfg),
     )
 
 

@@ -48,6 +48,7 @@ class GemmConfig:
     split_k: int = 1
     epilogue_subtile: bool = False
     warp_specialize: bool = False
+    max_nreg: int = 0  # Triton's maxnreg compile option (registers per thread); 0: the compiler's choice
 
     @classmethod
     def from_dict(cls, d: dict) -> GemmConfig:

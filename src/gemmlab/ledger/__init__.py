@@ -1,0 +1,9 @@
+"""The experiment ledger (SQLite): every attempt, accepted or rejected with its reason.
+
+    from gemmlab.ledger import Ledger, Entry, decide
+"""
+
+from gemmlab.ledger.decide import decide, paired_speedup
+from gemmlab.ledger.store import Entry, Ledger, default_path
+
+__all__ = ["Entry", "Ledger", "decide", "default_path", "paired_speedup"]

@@ -1,0 +1,112 @@
+"""Ledger entries from the reports of ``grade``, ``bench gemm`` and ``table`` (``tune`` writes its own), and
+``record``: what the CLI's ``--record "what changed"`` calls. gemmlab's own kernels are inspected (SASS
+tensor-core count); a user kernel cannot be, so its entries stay unverified and are never accepted.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+from gemmlab.ledger.store import Entry, Ledger
+
+
+@functools.cache
+def tensor_core_ops(m: int, n: int, k: int, dtype: str, packed: bool = False) -> int | None:
+    """HGMMA + HMMA (+ QGMMA, IMMA) count of the kernel gemmlab launches at this shape (inspect.sass)."""
+    import torch
+
+    from gemmlab.inspect.sass import inspect_shape
+
+    try:
+        r = inspect_shape(m, n, k, getattr(torch, dtype), "NN", packed)
+    except Exception:
+        return None
+    return r.get("tensor_core_ops")
+
+
+def _shape(m: int, n: int, k: int) -> str:
+    return f"{m}x{n}x{k}"
+
+
+def _gemmlab_backend(name: str) -> bool:
+    return name in ("gemmlab", "gemmlab-packed")
+
+
+def from_bench(report: dict, note: str = "", command: str = "") -> list[Entry]:
+    """One entry per shape and non-baseline backend of a ``bench gemm`` report."""
+    out = []
+    for r in report["results"]:
+        m, n, k = r["shape"]
+        for name, c in r["candidates"].items():
+            if name == report["args"]["baseline"]:
+                continue
+            vs = c.get("vs_baseline") or {}
+            correct = bool(c["check"].get("ok")) and c.get("check_after", True) is True
+            tc = tensor_core_ops(m, n, k, r["dtype"], name == "gemmlab-packed") if _gemmlab_backend(name) else None
+            out.append(Entry(kind="bench", shape=_shape(m, n, k), dtype=r["dtype"], note=note, command=command,
+                             backend=name, path=c.get("path"), config=c.get("config"), correct=correct,
+                             error=c["check"].get("error") or c.get("skipped"), median_ms=c.get("median_ms"),
+                             p20_ms=c.get("p20_ms"), p80_ms=c.get("p80_ms"), tflops=c.get("tflops"),
+                             ratio=vs.get("ratio"), ratio_ci=vs.get("ci95"), per_round=vs.get("per_round"),
+                             sm_clock_mhz=(c.get("clocks") or {}).get("sm_clock_mhz_mean"), tensor_core_ops=tc,
+                             report={"env": report["env"], "args": report["args"], "result": {"shape": r["shape"],
+                                     "candidate": {key: v for key, v in c.items() if key != "per_round_ms"}}}))
+    return out
+
+
+def from_table(table: dict, note: str = "", command: str = "") -> list[Entry]:
+    """One entry per timed gemmlab row of a ``table`` report."""
+    shp = table["shape"]
+    m, n, k = shp["M"], shp["N"], shp["K"]
+    out = []
+    for row in table["rows"]:
+        if row.get("backend") not in ("gemmlab", "gemmlab-packed"):
+            continue
+        tc = row.get("tensor_core")
+        ops = None if tc is None else (row.get("hgmma") or 0) + (row.get("hmma") or 0)
+        if ops is None:
+            ops = tensor_core_ops(m, n, k, table["config"]["dtype"], row["backend"] == "gemmlab-packed")
+        out.append(Entry(kind="table", shape=_shape(m, n, k), dtype=table["config"]["dtype"], note=note,
+                         command=command, backend=row["backend"], path=row.get("path"), config=row.get("config"),
+                         correct=bool(row.get("ok")), error=None if row.get("ok") else row.get("status"),
+                         median_ms=row.get("median_ms"), p20_ms=row.get("p20_ms"), p80_ms=row.get("p80_ms"),
+                         tflops=row.get("tflops"), ratio=row.get("ratio_vs_baseline"), ratio_ci=row.get("ci95"),
+                         per_round=row.get("per_round"), sm_clock_mhz=row.get("sm_clock_mhz"), tensor_core_ops=ops,
+                         report={"env": table["env"], "config": table["config"], "row": row}))
+    return out
+
+
+def from_grade(report: dict, note: str = "", command: str = "") -> list[Entry]:
+    """One entry for a grade: the performance shape, correct only if the whole grade passed."""
+    perf = report.get("performance") or {}
+    shape = perf.get("shape") or report.get("performance_shape")
+    if not shape:  # a case file without a performance shape: nothing timed, nothing to compare
+        return []
+    m, n, k = shape
+    honest = perf.get("honest") or {}
+    own = report["kernel"] == "gemmlab (default)"
+    failures = "; ".join(f"{f['name']}: {f['reason']}" for f in report.get("failures", []))
+    return [Entry(kind="grade", shape=_shape(m, n, k), dtype=report["dtype"], note=note, command=command,
+                  backend=report["kernel"], path=perf.get("timed_path"), correct=report["verdict"] == "PASS",
+                  error=failures or None, median_ms=perf.get("median_ms"), tflops=perf.get("tflops"),
+                  ratio=honest.get("ratio", perf.get("ratio")), ratio_ci=honest.get("ci95"),
+                  per_round=honest.get("per_round"),
+                  sm_clock_mhz=(perf.get("clocks") or {}).get("sm_clock_mhz_mean"),
+                  tensor_core_ops=tensor_core_ops(m, n, k, report["dtype"]) if own else None,
+                  report={key: v for key, v in report.items() if key != "correctness"})]
+
+
+def record(entries: list[Entry], ledger: str | None = None, parent: int | None = None) -> list[Entry]:
+    """Write entries (each decided against ``parent`` when its shape matches, else its default parent)."""
+    db = Ledger.open(ledger)
+    try:
+        parent_shape = db.get(parent).shape if parent is not None and db.get(parent) else None
+        if parent is not None and parent_shape is None:
+            raise KeyError(f"--parent {parent}: no such ledger entry in {db.path}")
+        for e in entries:
+            e.command = e.command or " ".join(sys.argv)
+            db.record(e, parent if e.shape == parent_shape else None)
+    finally:
+        db.close()
+    return entries

@@ -1,0 +1,202 @@
+"""The experiment ledger: every measured attempt, kept or dropped, in one SQLite file.
+
+    db = Ledger.open()                      # GEMMLAB_LEDGER, else ~/.gemmlab/ledger.db
+    entry_id = db.record(Entry(...))        # decides accepted / rejected against its parent, in one transaction
+    db.get(entry_id), db.list(shape=...), db.history("8192x8192x16384"), db.export("csv")
+
+WAL journal, one transaction per write (``BEGIN IMMEDIATE``: the parent is looked up and the row inserted
+under the same write lock), a busy timeout so concurrent writers (tuner workers) wait instead of failing.
+A process killed mid-transaction leaves the file as it was before that transaction.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gemmlab.ledger.decide import decide
+
+
+def default_path() -> Path:
+    """``$GEMMLAB_LEDGER``, else ``$GEMMLAB_HOME/ledger.db``, else ``~/.gemmlab/ledger.db``."""
+    if os.environ.get("GEMMLAB_LEDGER"):
+        return Path(os.environ["GEMMLAB_LEDGER"])
+    return Path(os.environ.get("GEMMLAB_HOME", Path.home() / ".gemmlab")) / "ledger.db"
+
+
+@dataclass
+class Entry:
+    """One measured attempt at one shape. ``ratio`` is cuBLAS time / this time (interleaved, same run) with
+    ``ratio_ci``; ``per_round`` its per-round ratios; ``vs_parent`` a speedup over the parent measured in
+    the same run when there is one (the tuner's incumbent), as {"ratio", "ci95"}."""
+
+    kind: str  # grade | bench | table | tune
+    shape: str  # "MxNxK"
+    dtype: str
+    op: str = "gemm"
+    note: str = ""  # what changed
+    command: str = ""
+    backend: str = "gemmlab"
+    path: str | None = None
+    config: dict | None = None
+    correct: bool = False
+    error: str | None = None
+    median_ms: float | None = None
+    p20_ms: float | None = None
+    p80_ms: float | None = None
+    tflops: float | None = None
+    ratio: float | None = None
+    ratio_ci: list[float] | None = None
+    per_round: list[float] | None = None
+    vs_parent: dict | None = None
+    sm_clock_mhz: float | None = None
+    tensor_core_ops: int | None = None  # None: not inspected
+    session: str | None = None  # a tune run, for resuming
+    parent_id: int | None = None
+    report: dict = field(default_factory=dict)
+    # filled by record():
+    id: int | None = None
+    created: str | None = None
+    git_sha: str | None = None
+    dirty: bool | None = None
+    gpu: str | None = None
+    driver: str | None = None
+    torch: str | None = None
+    triton: str | None = None
+    decision: str | None = None
+    reason: str | None = None
+
+
+_JSON = ("config", "ratio_ci", "per_round", "vs_parent", "report")
+_COLUMNS = [f.name for f in dataclasses.fields(Entry)]
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS entries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    {", ".join(c for c in _COLUMNS if c != "id")}
+);
+CREATE INDEX IF NOT EXISTS entries_shape ON entries (op, shape, dtype, gpu, decision);
+CREATE INDEX IF NOT EXISTS entries_session ON entries (session);
+"""
+
+
+def _row(r: sqlite3.Row) -> Entry:
+    d = dict(r)
+    for key in _JSON:
+        if d.get(key) is not None:
+            d[key] = json.loads(d[key])
+    d["correct"] = bool(d["correct"])
+    d["dirty"] = None if d["dirty"] is None else bool(d["dirty"])
+    return Entry(**d)
+
+
+class Ledger:
+    """A ledger file. Cheap to open; open one per process (or thread)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)  # explicit transactions
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.executescript(_SCHEMA)
+
+    @classmethod
+    def open(cls, path: str | Path | None = None) -> Ledger:
+        return cls(path or default_path())
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any exception."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def _provenance(self, e: Entry) -> None:
+        from gemmlab.bench.timing import env_info
+
+        env = env_info()
+        sha = env.get("git_sha", "unknown")
+        e.created = e.created or env["date"]
+        e.git_sha = e.git_sha or sha.removesuffix("-dirty")
+        e.dirty = sha.endswith("-dirty") if e.dirty is None else e.dirty
+        e.gpu = e.gpu or env.get("gpu") or "cpu"
+        e.driver = e.driver or env.get("driver")
+        e.torch, e.triton = e.torch or env["torch"], e.triton or env["triton"]
+
+    def record(self, e: Entry, parent_id: int | None = None, provenance: bool = True) -> int:
+        """Insert ``e`` and decide it against ``parent_id`` (default: the last accepted entry of the same
+        op, shape, dtype and GPU). Returns the new id; ``e`` gets its id, decision and reason."""
+        if provenance:
+            self._provenance(e)
+        with self.transaction() as c:
+            parent = None
+            if parent_id is not None:
+                parent = self.get(parent_id)
+                if parent is None:
+                    raise KeyError(f"no ledger entry {parent_id}")
+            else:
+                parent = self.last_accepted(e.op, e.shape, e.dtype, e.gpu)
+            e.parent_id = parent.id if parent else None
+            e.decision, e.reason = decide(e, parent)
+            values = [getattr(e, col) for col in _COLUMNS if col != "id"]
+            values = [json.dumps(v) if col in _JSON and v is not None else v
+                      for col, v in zip([c for c in _COLUMNS if c != "id"], values, strict=True)]
+            cols = [col for col in _COLUMNS if col != "id"]
+            cur = c.execute(f"INSERT INTO entries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", values)
+            e.id = cur.lastrowid
+        return e.id
+
+    def get(self, entry_id: int) -> Entry | None:
+        r = self.conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchone()
+        return _row(r) if r else None
+
+    def last_accepted(self, op: str, shape: str, dtype: str, gpu: str | None) -> Entry | None:
+        r = self.conn.execute("SELECT * FROM entries WHERE op = ? AND shape = ? AND dtype = ? AND gpu IS ? AND "
+                              "decision = 'accepted' ORDER BY id DESC LIMIT 1", (op, shape, dtype, gpu)).fetchone()
+        return _row(r) if r else None
+
+    def list(self, shape: str | None = None, kind: str | None = None, session: str | None = None,
+             dtype: str | None = None, limit: int | None = None) -> list[Entry]:
+        where, args = [], []
+        for col, v in (("shape", shape), ("kind", kind), ("session", session), ("dtype", dtype)):
+            if v is not None:
+                where.append(f"{col} = ?")
+                args.append(v)
+        sql = "SELECT * FROM entries" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
+        if limit:
+            sql = f"SELECT * FROM ({sql} DESC LIMIT {int(limit)}) ORDER BY id"
+        return [_row(r) for r in self.conn.execute(sql, args)]
+
+    def history(self, shape: str, dtype: str | None = None, op: str = "gemm") -> list[Entry]:
+        """Every entry for a shape, in order: accepted versions make the latency curve, rejected ones are
+        the attempts around it."""
+        return [e for e in self.list(shape=shape, dtype=dtype) if e.op == op]
+
+    def export(self, fmt: str = "json", entries: list[Entry] | None = None) -> str:
+        rows = [dataclasses.asdict(e) for e in (entries if entries is not None else self.list())]
+        if fmt == "json":
+            return json.dumps(rows, indent=1, default=str)
+        if fmt != "csv":
+            raise ValueError(f"export format {fmt!r}: json or csv")
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=[c for c in _COLUMNS if c != "report"], extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: json.dumps(v) if k in _JSON and v is not None else v for k, v in r.items()})
+        return buf.getvalue()

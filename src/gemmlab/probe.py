@@ -1,0 +1,244 @@
+"""``gemmlab probe``: measure the device's constants before modelling anything, and check its health.
+
+    probe() -> profile      SM count, L2, shared memory, clocks and power limit (NVML), HBM copy bandwidth,
+                            cuBLAS fp16 at 8192^3, the attainable tensor-core rate of a Triton loop whose
+                            operands stay in shared memory, kernel launch overhead
+    save(profile) -> ~/.gemmlab/device-<gpu>.json (GEMMLAB_HOME overrides ~/.gemmlab); load(gpu)
+    health(profile) -> a short re-measurement and the problems found against the recorded profile
+    roofline_png(profile, bench_report, path): benchmark points against the measured ceilings
+
+Bandwidth counts read + write bytes of a device-to-device copy; TFLOPS = FLOPs / median time; the
+attainable rate is also given per clock per SM (``flop_per_clock_per_sm``), so efficiency at any observed
+clock can use it (``bench.compare`` reports ``efficiency_measured`` when a profile exists).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from gemmlab.bench import stats, timing
+from gemmlab.ops.plan import gpu_slug
+
+HEALTH_MIN = 0.8  # a re-measured figure below this fraction of the profile's is a problem
+
+
+@triton.jit
+def _mma_peak_kernel(a_ptr, b_ptr, c_ptr, iters,  # a (BM, BK), b (BK, BN) fp16; c (grid, BM, BN) fp16
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Grid (programs,): each loads one A and one B tile once and runs ``iters`` dots on them, so the
+    operands stay on chip and only the tensor cores are measured."""
+    rm, rn, rk = tl.arange(0, BM), tl.arange(0, BN), tl.arange(0, BK)
+    a = tl.load(a_ptr + rm[:, None] * BK + rk[None, :])
+    b = tl.load(b_ptr + rk[:, None] * BN + rn[None, :])
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(iters):
+        acc = tl.dot(a, b, acc)
+    tl.store(c_ptr + tl.program_id(0) * BM * BN + rm[:, None] * BN + rn[None, :], acc.to(tl.float16))
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    pass
+
+
+def home() -> Path:
+    return Path(os.environ.get("GEMMLAB_HOME", Path.home() / ".gemmlab"))
+
+
+def profile_path(gpu_name: str) -> Path:
+    return home() / f"device-{gpu_slug(gpu_name)}.json"
+
+
+def load(gpu_name: str | None = None) -> dict | None:
+    """The recorded profile of this GPU (or ``gpu_name``), None when there is none."""
+    if gpu_name is None:
+        if not torch.cuda.is_available():
+            return None
+        gpu_name = torch.cuda.get_device_name()
+    path = profile_path(gpu_name)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def save(profile: dict, path: str | Path | None = None) -> Path:
+    path = Path(path) if path else profile_path(profile["gpu"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile, indent=1))
+    return path
+
+
+def _timed(fn, reps: int, warmup_s: float) -> tuple[float, dict]:
+    """Median ms of ``reps`` L2-flushed calls after ``warmup_s`` of warm-up, and the clocks while timed."""
+    timing.warmup({"f": fn}, warmup_s)
+    windows: timing.Windows = {}
+    with timing.ClockSampler() as s:
+        t = timing.interleave({"f": fn}, rounds=max(1, reps // 5), reps=min(5, reps), warmup_s=0.0, windows=windows)
+    return statistics.median(x for r in t["f"] for x in r), s.summary(windows["f"], min_samples=1)
+
+
+def hbm_copy_gbps(nbytes: int = 1 << 30, reps: int = 20) -> dict:
+    src = torch.randint(0, 1 << 30, (nbytes // 4,), dtype=torch.int32, device="cuda")
+    dst = torch.empty_like(src)
+    ms, clk = _timed(lambda: dst.copy_(src), reps, 0.3)
+    return {"gbps": 2 * nbytes / (ms * 1e-3) / 1e9, "bytes_per_copy": nbytes, "median_ms": ms, "clocks": clk,
+            "note": "device-to-device copy; read + write bytes counted"}
+
+
+def cublas_tflops(n: int = 8192, reps: int = 20, dtype: torch.dtype = torch.float16) -> dict:
+    a = (torch.rand((n, n), device="cuda") - 0.5).to(dtype)
+    b = (torch.rand((n, n), device="cuda") - 0.5).to(dtype)
+    timing.require_random(a=a, b=b)
+    c = torch.empty((n, n), dtype=dtype, device="cuda")
+    ms, clk = _timed(lambda: torch.mm(a, b, out=c), reps, 1.0)
+    return {"shape": [n, n, n], "dtype": str(dtype).removeprefix("torch."), "median_ms": ms,
+            "tflops": 2.0 * n**3 / (ms * 1e-3) / 1e12, "clocks": clk}
+
+
+def mma_peak(iters: int = 4096, reps: int = 10, block: tuple[int, int, int] = (128, 256, 64)) -> dict:
+    """The attainable dense fp16 tensor-core rate: ``_mma_peak_kernel`` on every SM (one program each)."""
+    bm, bn, bk = block
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    a = (torch.rand((bm, bk), device="cuda") - 0.5).half()
+    b = (torch.rand((bk, bn), device="cuda") - 0.5).half() / iters
+    c = torch.empty((sms, bm, bn), dtype=torch.float16, device="cuda")
+    call = lambda: _mma_peak_kernel[(sms,)](a, b, c, iters, BM=bm, BN=bn, BK=bk, num_warps=8)  # noqa: E731
+    call()
+    torch.cuda.synchronize()
+    want = (a.float() @ b.float()) * iters
+    err = (c[0].float() - want).abs().max().item()
+    if not err <= 1e-2 * max(1.0, want.abs().max().item()):  # the loop really ran
+        raise RuntimeError(f"mma peak kernel is wrong: max |err| {err}")
+    ms, clk = _timed(call, reps, 1.0)
+    tflops = 2.0 * bm * bn * bk * iters * sms / (ms * 1e-3) / 1e12
+    mhz = clk.get("sm_clock_mhz_mean")
+    return {"tflops": tflops, "median_ms": ms, "block": list(block), "iters": iters, "programs": sms,
+            "clocks": clk, "flop_per_clock_per_sm": tflops * 1e12 / (sms * mhz * 1e6) if mhz else None}
+
+
+def launch_overhead(n: int = 2000) -> dict:
+    """Host microseconds per launch of an empty Triton kernel, and per torch.add of 1 element (both
+    enqueue-only, the device keeping up), and device microseconds per empty kernel back to back."""
+    x = torch.zeros(1, device="cuda")
+    _empty_kernel[(1,)](x)
+    torch.cuda.synchronize()
+    out = {}
+    for name, fn in (("triton_empty_us", lambda: _empty_kernel[(1,)](x)), ("torch_add_us", lambda: x.add_(1))):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out[name] = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(100):
+            _empty_kernel[(1,)](x)
+    g.replay()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(10):
+        g.replay()
+    e.record()
+    torch.cuda.synchronize()
+    out["device_per_kernel_us"] = s.elapsed_time(e) * 1e3 / 1000
+    return out
+
+
+def probe(quick: bool = False) -> dict:
+    """Measure this GPU (device 0). ``quick``: fewer repetitions (the health check)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("gemmlab probe needs a CUDA GPU")
+    props = torch.cuda.get_device_properties(0)
+    env = timing.env_info()
+    prof = {"gpu": props.name, "date": env["date"], "git_sha": env["git_sha"], "torch": env["torch"],
+            "triton": env["triton"], "driver": env.get("driver"), "sm_count": props.multi_processor_count,
+            "capability": [props.major, props.minor], "l2_bytes": getattr(props, "L2_cache_size", None),
+            "smem_per_block_optin": getattr(props, "shared_memory_per_block_optin", None),
+            "memory_bytes": props.total_memory, "power_limit_w": env.get("power_limit_w"),
+            "max_sm_clock_mhz": env.get("max_sm_clock_mhz")}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        prof["max_mem_clock_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM)
+        prof["idle_sm_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
+    except Exception as e:
+        prof["nvml"] = f"unavailable: {e}"
+    reps = 6 if quick else 20
+    prof["hbm_copy"] = hbm_copy_gbps(reps=reps)
+    prof["cublas_8192"] = cublas_tflops(reps=reps)
+    prof["mma_peak"] = mma_peak(reps=max(5, reps // 2))
+    prof["launch"] = launch_overhead(500 if quick else 2000)
+    nominal = stats.tensor_peak_tflops((props.major, props.minor), "float16", props.multi_processor_count,
+                                       prof.get("max_sm_clock_mhz"))
+    prof["nominal_tensor_tflops_at_max_clock"] = nominal
+    return prof
+
+
+def health_problems(profile: dict, now: dict, min_fraction: float = HEALTH_MIN) -> list[str]:
+    """Figures of ``now`` below ``min_fraction`` of the recorded ``profile`` (the competition story's "below
+    40 TFLOPS means the GPU is degraded"), and launch overhead above 1/min_fraction of it."""
+    problems = []
+    for name, get in (("HBM copy GB/s", lambda p: p["hbm_copy"]["gbps"]),
+                      ("cuBLAS 8192^3 TFLOPS", lambda p: p["cublas_8192"]["tflops"]),
+                      ("tensor-core loop TFLOPS", lambda p: p["mma_peak"]["tflops"])):
+        ref, cur = get(profile), get(now)
+        if cur < min_fraction * ref:
+            problems.append(f"{name}: {cur:.0f} is {cur / ref:.0%} of the recorded {ref:.0f}")
+    ref, cur = profile["launch"]["triton_empty_us"], now["launch"]["triton_empty_us"]
+    if cur > ref / min_fraction:
+        problems.append(f"Triton launch overhead: {cur:.1f} us against the recorded {ref:.1f} us")
+    return problems
+
+
+def health(profile: dict) -> dict:
+    now = probe(quick=True)
+    return {"profile_date": profile["date"], "now": now, "problems": health_problems(profile, now)}
+
+
+def roofline_png(profile: dict, report: dict, path: str | Path) -> Path:
+    """Each (shape, backend) of a ``bench gemm`` report at its arithmetic intensity (FLOPs / bytes of A, B
+    and C once), against the measured ceilings: HBM copy bandwidth and the tensor-core loop's rate (and the
+    nominal peak at the maximum clock, dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bw = profile["hbm_copy"]["gbps"] * 1e9
+    peak = profile["mma_peak"]["tflops"]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ai = [2 ** (i / 4) for i in range(0, 4 * 14)]
+    ax.plot(ai, [min(peak, bw * x / 1e12) for x in ai], "-", color="black",
+            label=f"measured: {bw / 1e9:.0f} GB/s, {peak:.0f} TFLOPS (tensor-core loop)")
+    if profile.get("nominal_tensor_tflops_at_max_clock"):
+        ax.axhline(profile["nominal_tensor_tflops_at_max_clock"], color="gray", linestyle="--", linewidth=0.8,
+                   label=f"nominal peak at max clock ({profile['nominal_tensor_tflops_at_max_clock']:.0f})")
+    elt = 2
+    for i, backend in enumerate(dict.fromkeys(name for r in report["results"] for name in r["candidates"])):
+        xs, ys = [], []
+        for r in report["results"]:
+            c = r["candidates"].get(backend, {})
+            if c.get("tflops") is None:
+                continue
+            m, n, k = r["shape"]
+            xs.append(2.0 * m * n * k / (elt * (m * k + k * n + m * n)))
+            ys.append(c["tflops"])
+        ax.plot(xs, ys, "o" if backend != "cublas" else "s", color=f"C{i}", label=backend, alpha=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte of A, B, C)")
+    ax.set_ylabel("TFLOPS")
+    ax.set_title(f"{profile['gpu']}: roofline from gemmlab probe ({profile['date'][:10]})", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
