@@ -119,7 +119,7 @@ def tune_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, *, bu
         if e.config and e.kind == "tune":
             done.setdefault(space.key(GemmConfig(**e.config)), e)
     evaluated: set[str] = set()  # resolved configs tried in this run (auto split-K can map two onto one)
-    smem = (torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    smem = (getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", space.SMEM_BYTES)
             if device.type == "cuda" else space.SMEM_BYTES)
     say = progress or (lambda ev: None)
 
