@@ -93,13 +93,16 @@ def tune_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, *, bu
                ledger: str | None = None, session: str = "tune", seed: int = 0, rounds: int = 6, reps: int = 3,
                confirm_rounds: int = 10, warmup_s: float = 0.2, make_runner=default_runner,
                count_tensor_cores: Callable[[Plan], int | None] = tensor_cores, progress: Progress | None = None,
-               note: str = "") -> dict:
-    """Tune one shape; returns {"shape", "path", "default", "best", "tried", "pruned", "confirm", ...}."""
+               note: str = "", graph: bool | None = None) -> dict:
+    """Tune one shape; returns {"shape", "path", "default", "best", "tried", "pruned", "confirm", ...}.
+    ``graph`` (default: on CUDA) times CUDA-graph replays: a config changes device time, and Python's launch
+    cost (100+ us per gemmlab call) would swamp small-M kernels."""
     from gemmlab.bench.gemm import inputs
     from gemmlab.ref import gemm_check, gemm_ref
 
     t_start = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    graph = device.type == "cuda" if graph is None else graph
     dname = str(dtype).removeprefix("torch.")
     shape = f"{m}x{n}x{k}"
     a, b = inputs(m, n, k, dtype, device, seed)
@@ -157,7 +160,7 @@ def tune_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, *, bu
             if inc is not None:
                 fns["incumbent"] = inc["fn"]
             r = compare_many(fns, "cublas", check=check, flops=flops, dtype=dname, rounds=rounds, reps=reps,
-                             warmup_s=warmup_s, device=device)
+                             warmup_s=warmup_s, graph=graph, device=device)
             c = r["candidates"]["candidate"]
             if "median_ms" not in c:
                 entry.correct, entry.error = False, c["check"].get("error") or c.get("skipped")
@@ -211,7 +214,7 @@ def tune_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, *, bu
                  "elapsed": time.perf_counter() - t_start, "budget": budget_s})
             if att["decision"] == "accepted":
                 inc, queue = att, []
-        result = {"shape": [m, n, k], "dtype": dname, "path": path, "session": session,
+        result = {"shape": [m, n, k], "dtype": dname, "path": path, "session": session, "graph": graph,
                   "default": dataclasses.asdict(default["config"]), "best": dataclasses.asdict(inc["config"]),
                   "best_entry": inc["entry"].id, "default_entry": default["entry"].id,
                   "tried": [{"config": dataclasses.asdict(t["config"]) if t.get("config") else None,
@@ -228,7 +231,7 @@ def tune_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, *, bu
         if inc is default:
             fns.pop("tuned")
         r = compare_many(fns, "cublas", check=lambda c: {"ok": gemm_check(c, a2, b2, ref2)["ok"]}, flops=flops,
-                         dtype=dname, rounds=confirm_rounds, reps=5, warmup_s=warmup_s, device=device)
+                         dtype=dname, rounds=confirm_rounds, reps=5, warmup_s=warmup_s, graph=graph, device=device)
         cand = r["candidates"]
         conf = {"default_vs_cublas": cand["default"].get("vs_baseline"),
                 "tuned_vs_cublas": cand.get("tuned", cand["default"]).get("vs_baseline"),
