@@ -159,8 +159,11 @@ def tune_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, *, bu
             fns = {"candidate": fn, "cublas": cublas}
             if inc is not None:
                 fns["incumbent"] = inc["fn"]
-            r = compare_many(fns, "cublas", check=check, flops=flops, dtype=dname, rounds=rounds, reps=reps,
-                             warmup_s=warmup_s, graph=graph, device=device)
+            try:
+                r = compare_many(fns, "cublas", check=check, flops=flops, dtype=dname, rounds=rounds, reps=reps,
+                                 warmup_s=warmup_s, graph=graph, device=device)
+            except Exception as e:  # e.g. a launch that cannot be captured: an attempt, rejected
+                r = {"candidates": {"candidate": {"check": {"ok": False, "error": f"timing failed: {e}"}}}}
             c = r["candidates"]["candidate"]
             if "median_ms" not in c:
                 entry.correct, entry.error = False, c["check"].get("error") or c.get("skipped")
