@@ -185,7 +185,7 @@ def probe(quick: bool = False) -> dict:
 
 def health_problems(profile: dict, now: dict, min_fraction: float = HEALTH_MIN) -> list[str]:
     """Figures of ``now`` below ``min_fraction`` of the recorded ``profile`` (the competition story's "below
-    40 TFLOPS means the GPU is degraded"), and launch overhead above 1/min_fraction of it."""
+    40 TFLOPS means the GPU is degraded"), and a launch overhead above twice the recorded one."""
     problems = []
     for name, get in (("HBM copy GB/s", lambda p: p["hbm_copy"]["gbps"]),
                       ("cuBLAS 8192^3 TFLOPS", lambda p: p["cublas_8192"]["tflops"]),
@@ -193,8 +193,9 @@ def health_problems(profile: dict, now: dict, min_fraction: float = HEALTH_MIN) 
         ref, cur = get(profile), get(now)
         if cur < min_fraction * ref:
             problems.append(f"{name}: {cur:.0f} is {cur / ref:.0%} of the recorded {ref:.0f}")
+    # host-side launch cost varies with CPU load far more than device figures: flag only a doubling
     ref, cur = profile["launch"]["triton_empty_us"], now["launch"]["triton_empty_us"]
-    if cur > ref / min_fraction:
+    if cur > 2 * ref:
         problems.append(f"Triton launch overhead: {cur:.1f} us against the recorded {ref:.1f} us")
     return problems
 

@@ -2,6 +2,7 @@
 
     SPACE[path] = {field: [values]}                 every GemmConfig field the tuner may change
     neighbours(config, path) -> [GemmConfig]        one field changed at a time (the loop's discipline)
+    sample(path, rng, base) -> GemmConfig           a random point, once no neighbour wins
     prune(config, path, m, n, k, elt, smem) -> reason or None
 """
 
@@ -41,6 +42,11 @@ def neighbours(cfg: GemmConfig, path: str) -> list[GemmConfig]:
             if getattr(cfg, name) != v:
                 out.append(dataclasses.replace(cfg, **{name: v}))
     return out
+
+
+def sample(path: str, rng, base: GemmConfig) -> GemmConfig:
+    """A random point of the path's space (fields outside the space keep ``base``'s values)."""
+    return dataclasses.replace(base, **{name: rng.choice(values) for name, values in SPACE[path].items()})
 
 
 def key(cfg: GemmConfig) -> str:

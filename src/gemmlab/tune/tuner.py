@@ -2,7 +2,8 @@
 
 Per shape (``tune_shape``), within its share of the time budget:
 1. the default config (the one ``plan`` picks today) is verified and timed against cuBLAS: the incumbent;
-2. candidates differ from the incumbent in one field at a time (``space.neighbours``, seeded order);
+2. candidates differ from the incumbent in one field at a time (``space.neighbours``, seeded order); when
+   none of them wins and budget is left, random points of the space are tried (``space.sample``);
    configs that cannot run are pruned before compiling (``space.prune``: shared memory, TMA boxes,
    registers, split-K, the warp-specialization hang);
 3. each candidate is compiled and verified at the tuned shape against float64 (a fast but wrong config is
@@ -199,6 +200,9 @@ def tune_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, *, bu
             if not queue:
                 queue = [c for c in space.neighbours(inc["config"], path) if space.key(c) not in seen]
                 rng.shuffle(queue)
+            if not queue:  # a local optimum with budget left: jump to random points of the space
+                queue = [c for c in (space.sample(path, rng, inc["config"]) for _ in range(200))
+                         if space.key(c) not in seen][:1]
                 if not queue:
                     break
             if time.perf_counter() - t_start > budget_s - reserve:
