@@ -58,7 +58,7 @@ def test_a_fast_but_wrong_config_is_rejected_and_never_chosen(tmp_path):
             return (lambda: torch.mm(a[:, : k // 2], b[: k // 2], out=out)), p
         return fn, p
 
-    r = tune_shape(48, 64, 128, budget_s=60, ledger=ledger, session="s", make_runner=runner,
+    r = tune_shape(48, 64, 128, budget_s=15, ledger=ledger, session="s", make_runner=runner,
                    count_tensor_cores=lambda p: 1, reps=1, confirm_rounds=4, warmup_s=0.0)
     wrong = [t for t in r["tried"] if t["config"] and t["config"]["block_n"] != r["default"]["block_n"]]
     assert wrong and all(t["decision"] == "rejected" and t["reason"].startswith("incorrect") for t in wrong)
@@ -71,14 +71,15 @@ def test_a_fast_but_wrong_config_is_rejected_and_never_chosen(tmp_path):
 
 def test_winners_are_written_and_picked_by_plan_and_a_session_resumes(tmp_path, monkeypatch):
     ledger = str(tmp_path / "l.db")
-    r = tune_shape(48, 64, 128, budget_s=60, ledger=ledger, session="s2", count_tensor_cores=lambda p: 1,
-                   reps=1, confirm_rounds=6, warmup_s=0.0)
+    kw = dict(ledger=ledger, session="s2", count_tensor_cores=lambda p: 1, reps=1, warmup_s=0.0)
+    r = tune_shape(48, 64, 128, budget_s=12, confirm_rounds=6, **kw)
     assert r["tried"][0]["decision"] in ("accepted", "rejected") and r["pruned"]
-    n_entries = len(Ledger.open(ledger).list(session="s2"))
-    again = tune_shape(48, 64, 128, budget_s=60, ledger=ledger, session="s2", count_tensor_cores=lambda p: 1,
-                       reps=1, confirm_rounds=2, warmup_s=0.0)
-    assert len(Ledger.open(ledger).list(session="s2")) == n_entries  # nothing re-run
-    assert again["best"] == r["best"]
+    first = {e.id: e for e in Ledger.open(ledger).list(session="s2")}
+    again = tune_shape(48, 64, 128, budget_s=12, confirm_rounds=2, **kw)  # resume: replay, then go on
+    assert [t["entry"] for t in again["tried"][: len(r["tried"])]] == [t["entry"] for t in r["tried"]]
+    new = [e for e in Ledger.open(ledger).list(session="s2") if e.id not in first]
+    old_keys = {json.dumps(e.config, sort_keys=True) for e in first.values()}
+    assert all(json.dumps(e.config, sort_keys=True) not in old_keys for e in new)  # nothing tried twice
     forced = dict(r, confirmed=True, best=dict(r["best"], block_n=32, num_stages=2),
                   confirm=dict(r["confirm"], speedup={"ratio": 1.5, "ci95": [1.4, 1.6]}))
     for name in ("interpreter.json", "default.json"):
@@ -99,6 +100,21 @@ def test_winners_are_written_and_picked_by_plan_and_a_session_resumes(tmp_path, 
         assert dataclasses.replace(outside.config, split_k=want.split_k) != want
     finally:
         plan_mod.config_table.cache_clear()
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="CPU workers")
+def test_one_worker_process_per_device_sharing_one_ledger(tmp_path):
+    from gemmlab.tune.tuner import tune
+
+    events = []
+    res = tune([(40, 48, 64), (48, 64, 128)], budget_minutes=0.25, ledger=str(tmp_path / "l.db"), session="w",
+               workers=2, progress=events.append)
+    assert res["workers"] == 2 and not res["failed_workers"] and len(res["results"]) == 2
+    assert {tuple(r["shape"]) for r in res["results"]} == {(40, 48, 64), (48, 64, 128)}
+    assert {e["shape"] for e in events} == {"40x48x64", "48x64x128"}
+    entries = Ledger.open(tmp_path / "l.db").list(session="w")
+    assert {e.shape for e in entries} == {"40x48x64", "48x64x128"}
+    assert sum(len(r["tried"]) for r in res["results"]) == len(entries)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="CPU command line")

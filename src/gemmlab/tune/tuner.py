@@ -25,6 +25,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -307,12 +308,13 @@ def _worker(args: dict) -> None:
 
 def tune(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype = torch.float16, *, budget_minutes: float = 5.0,
          ledger: str | None = None, session: str | None = None, seed: int = 0, note: str = "",
-         progress: Progress | None = None, **kw) -> dict:
+         progress: Progress | None = None, workers: int | None = None, **kw) -> dict:
     """Tune every shape within ``budget_minutes`` in all: in this process on one GPU (or the CPU), or one
-    worker process per visible GPU, shapes dealt round robin. Returns {"session", "results", "workers"}."""
+    worker process per visible GPU (``workers`` overrides the count; without GPUs the workers share the
+    CPU interpreter), shapes dealt round robin. Returns {"session", "results", "workers"}."""
     session = session or time.strftime("tune-%Y%m%d-%H%M%S")
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    workers = max(1, min(n_gpu, len(shapes)))
+    workers = max(1, min(n_gpu if workers is None else workers, len(shapes)))
     shares = [list(shapes[i::workers]) for i in range(workers)]
     per_shape = 60.0 * budget_minutes / max(len(s) for s in shares)
     if workers == 1:
@@ -323,22 +325,33 @@ def tune(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype = torch.floa
     for i, share in enumerate(shares):
         args = {"shapes": share, "dtype": str(dtype).removeprefix("torch."), "budget_s": per_shape,
                 "ledger": str(ledger or ""), "session": session, "seed": seed, "note": note}
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i))
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i % max(n_gpu, 1))) if n_gpu else dict(os.environ)
         procs.append(subprocess.Popen([sys.executable, "-m", "gemmlab.tune.tuner", "--worker", json.dumps(args)],
                                       stdout=subprocess.PIPE, text=True, env=env))
-    results = []
-    for p in procs:  # lines arrive as workers progress; each worker's stream is read in turn
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def read(p: subprocess.Popen) -> None:  # one reader per worker: progress shows as it happens
         for line in p.stdout:
-            if line.startswith("PROGRESS ") and progress:
-                progress(json.loads(line[9:]))
-            elif line.startswith("RESULT "):
-                results.append(json.loads(line[7:]))
+            with lock:
+                if line.startswith("PROGRESS ") and progress:
+                    progress(json.loads(line[9:]))
+                elif line.startswith("RESULT "):
+                    results.append(json.loads(line[7:]))
         p.wait()
+
+    readers = [threading.Thread(target=read, args=(p,)) for p in procs]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
     return {"session": session, "results": results, "workers": workers,
             "failed_workers": [i for i, p in enumerate(procs) if p.returncode]}
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available() and sys.argv[1:2] == ["--worker"]:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel is imported
     if len(sys.argv) == 3 and sys.argv[1] == "--tensor-cores":
         print(_tensor_cores_child(json.loads(sys.argv[2])))
     elif len(sys.argv) == 3 and sys.argv[1] == "--worker":
