@@ -266,7 +266,7 @@ def test_bench_gemm_end_to_end(tmp_path):
 def test_table_rows_and_rendering(tmp_path):
     from gemmlab.bench import table as bt
 
-    t = bt.moe_table(1, 8, 2, 32, 24, warmup=1, repeat=2, warmup_s=0.0, inspect=False)
+    t = bt.moe_table(1, 8, 2, 32, 24, warmup=1, repeat=2, warmup_s=0.0, inspect=False, num_experts=3)
     assert t["shape"] == {"M": 16, "N": 24, "K": 32}
     rows = {r["row"]: r for r in t["rows"]}
     assert list(rows) == list(bt.ROWS)
@@ -277,15 +277,14 @@ def test_table_rows_and_rendering(tmp_path):
         assert r["ok"] and r["median_ms"] > 0 and r["tflops"] > 0 and r["max_abs_error"] is not None
         assert r["ratio_vs_baseline"] > 0 and (r["sm_clock_mhz"] is None) == (DEVICE == "cpu")
     assert rows["gemmlab GEMM (prepacked B)"]["pack_ms"] > 0
-    fused = rows["Fused MoE GEMM (gemmlab)"]
-    assert fused["status"].startswith("not implemented") and "median_ms" not in fused
-    cells = bt.cells(fused)
-    assert all(c == "-" for c in cells[1:-1])  # never a number
+    fused = rows["Fused MoE GEMM (gemmlab grouped_gemm)"]  # 16 rows in 3 groups, every weight B^T
+    assert fused["ok"] and fused["median_ms"] > 0 and fused["path"] == "moe grouped, E=3"
+    assert fused["max_abs_error"] <= 2.0**-10 * 32 * 0.25 and fused["max_abs_error_vs_ref"] is not None
     paths = bt.write(t, tmp_path)
     assert [p.name for p in paths] == ["table.json", "table.csv", "table.md"]
     md = paths[2].read_text()
     assert "M = 1*8*2 = 16" in md and md.count("\n|") == 2 + len(bt.ROWS)
-    assert "not implemented" in md and ("host-clock timing" in md) == (DEVICE == "cpu")
+    assert "moe grouped, E=3" in md and ("host-clock timing" in md) == (DEVICE == "cpu")
     csv_lines = paths[1].read_text().splitlines()
     assert csv_lines[0].split(",") == list(bt.COLUMNS) and len(csv_lines) == 1 + len(bt.ROWS)
 

@@ -58,7 +58,7 @@ def test_table_command(tmp_path):
                   "--intermediate-size", "24", "--warmup", "1", "--repeat", "2", "--warmup-s", "0", "--output-dir",
                   str(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "M=16 N=24 K=32" in res.stdout and "not implemented" in res.stdout
+    assert "M=16 N=24 K=32" in res.stdout and "moe grouped, E=8" in res.stdout
     assert {p.name for p in tmp_path.iterdir()} == {"table.csv", "table.json", "table.md"}
     assert gemmlab("table", "--model", "llama").returncode == 2
 

@@ -110,3 +110,30 @@ def test_inspect_command_reports_the_seed_kernel():
     bad = subprocess.run([sys.executable, "-m", "gemmlab", "inspect", "--layout", "NX"], capture_output=True,
                          text=True, env=env, timeout=600)
     assert bad.returncode == 2 and "layout" in bad.stdout + bad.stderr
+
+
+MOE = r"""
+import json, torch
+from gemmlab.inspect.sass import moe_report
+out = {}
+for mode in (0, 1, 2):
+    for rows, experts in ((16 * 8, 256), (1024 * 8, 128), (4096 * 8, 256)):  # decode, Qwen3-like, DeepSeek-V3
+        out[f"{mode}-{rows}-{experts}"] = moe_report(mode, rows, experts)
+out["gather"] = moe_report(1, 4096 * 8, 256, a_tma=False, a_gather=True)
+out["pointers"] = moe_report(0, 4096, 8, a_tma=False, w_tma=False)
+print(json.dumps(out))
+"""
+
+
+def test_moe_kernels_stay_on_tensor_cores_without_spills():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", MOE], capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    reports = json.loads(res.stdout.strip().splitlines()[-1])
+    for name, r in reports.items():
+        assert r["tensor_core"] and r["local_memory_ops"] == 0 and r["stack_bytes"] == 0, (name, r)
+        if r["block"][0] >= 64:
+            assert r["sass"]["HGMMA"] > 0, (name, r)  # wgmma from 64 rows up; 16-row tiles use mma.sync
+        if r["a_tma"] or r["w_tma"]:
+            assert r["sass"]["UTMALDG"] > 0, (name, r)
+    assert reports["1-32768-256"]["block"][0] == 128 and reports["1-128-256"]["block"][0] == 16

@@ -6,6 +6,10 @@ Public API:
     gemm_colmajor(A, B, C, M, N, K)    the competition signature (column-major buffers)
     plan(a, b, *, out=None) -> Plan    which path/config gemm runs; paths() lists them all
     gemm_ref(a, b)                     the float64 reference
+    route(logits, k) -> (weights, ids) top-k routing (softmax or sigmoid scores)
+    grouped_gemm(x, w, offsets)        rows grouped by expert times each expert's weight, one launch
+    moe_forward(x, w1, w2, weights, ids)   the MoE body: grouped gate/up + SiLU*up, down, weighted combine
+    pack_moe_weights(w1, w2)           lay MoE weights out once (16-byte rows) outside timed regions
 
 Names load on first use: Triton decides at a kernel's import whether it runs compiled or under its CPU
 interpreter (TRITON_INTERPRET=1), so ``import gemmlab`` alone imports no kernel and the `gemmlab` command
@@ -21,12 +25,16 @@ _EXPORTS = {
     "PackedB": "gemmlab.ops.gemm", "gemm": "gemmlab.ops.gemm", "gemm_colmajor": "gemmlab.ops.gemm",
     "pack_b": "gemmlab.ops.gemm", "plan": "gemmlab.ops.gemm", "GemmConfig": "gemmlab.ops.plan",
     "Plan": "gemmlab.ops.plan", "paths": "gemmlab.ops.plan", "gemm_ref": "gemmlab.ref",
+    "route": "gemmlab.ops.moe", "grouped_gemm": "gemmlab.ops.moe", "moe_forward": "gemmlab.ops.moe",
+    "pack_moe_weights": "gemmlab.ops.moe", "PackedMoE": "gemmlab.ops.moe",
 }
-__all__ = ["GemmConfig", "PackedB", "Plan", "gemm", "gemm_colmajor", "gemm_ref", "pack_b", "paths", "plan"]
+__all__ = ["GemmConfig", "PackedB", "PackedMoE", "Plan", "gemm", "gemm_colmajor", "gemm_ref", "grouped_gemm",
+           "moe_forward", "pack_b", "pack_moe_weights", "paths", "plan", "route"]
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from gemmlab.ops.gemm import PackedB, gemm, gemm_colmajor, pack_b, plan
+    from gemmlab.ops.moe import PackedMoE, grouped_gemm, moe_forward, pack_moe_weights, route
     from gemmlab.ops.plan import GemmConfig, Plan, paths
     from gemmlab.ref import gemm_ref
 

@@ -265,6 +265,61 @@ def bench_gemm(
         raise typer.Exit(1)
 
 
+@bench_app.command("moe")
+def bench_moe_cmd(
+    model: Annotated[list[str] | None, typer.Option(help="deepseek-v3, mixtral-8x7b, qwen3-30b-a3b (repeatable)")]
+    = None,
+    tokens: Annotated[list[int] | None, typer.Option(help="T (repeatable) [default: 16 128 1024 4096 16384]")] = None,
+    routing: Annotated[list[str] | None, typer.Option(help="uniform or zipf (repeatable)")] = None,
+    part: Annotated[list[str] | None, typer.Option(help="grouped (first GEMM) or forward (whole body)")] = None,
+    dtype: Annotated[str, typer.Option(help="bfloat16 or float16")] = "bfloat16",
+    rounds: Annotated[int, typer.Option(help="interleaved rounds")] = 10,
+    reps: Annotated[int, typer.Option(help="timed calls per candidate per round")] = 5,
+    warmup_s: Annotated[float, typer.Option(help="seconds of warm-up")] = 1.0,
+    graph: Annotated[bool, typer.Option(help="time CUDA-graph replays")] = False,
+    custom: Annotated[str | None, typer.Option(help="H,I,E,k of a model of your own (model name: custom)")] = None,
+    output_dir: Annotated[str | None, typer.Option(help="write moe-bench.json here")] = None,
+) -> None:
+    """gemmlab's MoE kernels against torch._grouped_mm (and a per-expert loop, and the dense GEMM of the same
+    size), verified first, interleaved. Exit 1 if anything is wrong."""
+    import json
+    from pathlib import Path
+
+    from gemmlab.bench import moe as bm
+    from gemmlab.problems import MoEModel
+
+    err = Console(stderr=True)
+    try:
+        own = None
+        if custom:
+            h, i, e, k = (int(v) for v in custom.split(","))
+            own = MoEModel(hidden=h, intermediate=i, experts=e, top_k=k)
+        models = model or (["custom"] if own else ["deepseek-v3"])
+        rep = bm.bench_moe(models, tokens or [16, 128, 1024, 4096, 16384], routing or ["uniform"],
+                           part or ["grouped", "forward"], _dtype(dtype), custom=own, rounds=rounds, reps=reps,
+                           warmup_s=warmup_s, graph=graph, progress=lambda msg: err.print(msg))
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    table = Table(title=f"MoE {dtype} on {rep['env'].get('gpu') or 'CPU (interpreter; host clock)'}")
+    for col in ("model", "T", "routing", "part", "backend", "median ms", "TFLOPS", "vs baseline", "95% CI", "ok"):
+        table.add_column(col)
+    wrong = 0
+    for r in bm.rows(rep):
+        wrong += not r["ok"]
+        ci = "-" if not r["ci95"] else f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
+        table.add_row(r["model"], str(r["T"]), r["routing"], r["part"], r["backend"], _num(r["median_ms"], ".4f"),
+                      _num(r["tflops"], ".4g"), _num(r["ratio"], ".3f") if r["backend"] != r["baseline"]
+                      else "baseline", ci, "[green]ok" if r["ok"] else f"[red]WRONG {r['error'] or ''}")
+    Console(width=170).print(table)
+    if output_dir:
+        path = Path(output_dir) / "moe-bench.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rep, indent=1, default=str))
+        Console().print(f"wrote {path}")
+    if wrong:
+        raise typer.Exit(1)
+
+
 @bench_app.command("stable")
 def bench_stable(
     shape: Annotated[str, typer.Option(help="M,N,K")] = "8192,8192,16384",
@@ -332,13 +387,15 @@ def table_cmd(
     repeat: Annotated[int, typer.Option(help="timed calls per row")] = 50,
     warmup_s: Annotated[float, typer.Option(help="seconds of warm-up")] = 1.0,
     inspect: Annotated[bool, typer.Option(help="read tensor-core instructions from the SASS")] = True,
+    num_experts: Annotated[int | None, typer.Option(help="experts of the fused MoE row [default: the model's, "
+                                                         "else 8]")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write table.csv, table.json, table.md here")] = None,
     record_note: RecordOpt = None,
     ledger: LedgerOpt = None,
     parent: ParentOpt = None,
 ) -> None:
     """The seed's GEMM table: an MoE configuration's dense GEMM (M = batch*seq_len*top_k, N = intermediate,
-    K = hidden) through cuBLAS, gemmlab and gemmlab with a prepacked B; the fused MoE row."""
+    K = hidden) through cuBLAS, gemmlab, gemmlab with a prepacked B, and gemmlab's grouped MoE kernel."""
     from gemmlab.bench import table as bt
     from gemmlab.problems import resolve_moe
 
@@ -347,8 +404,12 @@ def table_cmd(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
     try:
+        from gemmlab.problems import MOE_MODELS
+
+        experts = num_experts or (MOE_MODELS[model].experts if model else 8)
         res = bt.moe_table(batch_size, seq_len, top_k, hidden_size, intermediate_size, dtype=_dtype(dtype),
-                           warmup=warmup, repeat=repeat, warmup_s=warmup_s, inspect=inspect, model=model)
+                           warmup=warmup, repeat=repeat, warmup_s=warmup_s, inspect=inspect, model=model,
+                           num_experts=experts)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
     shp = res["shape"]

@@ -7,7 +7,8 @@
 
 Rows: the GEMM baseline (``torch.mm``: cuBLAS, raw B); gemmlab with the raw B; gemmlab with B prepacked
 by ``pack_b`` (packing outside the timed region; its one-off cost in its own column); the fused MoE GEMM
-(not implemented yet: the row says so, never a number). All timed rows are verified against the float64
+(``grouped_gemm`` over ``num_experts`` contiguous groups whose weights all equal B^T: the MoE kernel's
+schedule and loads, the dense product's result). All timed rows are verified against the float64
 reference first, then run interleaved (``compare_many``) with ``warmup`` calls (and about ``warmup_s``
 seconds) of warm-up and ``repeat`` timed calls each. Columns: median latency, p20/p80, TFLOPS, max_abs_error
 against the baseline's output (the seed's acceptance rule: it stayed 0) and against float64, tensor-core
@@ -28,13 +29,25 @@ from gemmlab.bench.compare import compare_many
 from gemmlab.bench.gemm import inputs, make_backend
 from gemmlab.problems import moe_gemm_shape
 
-ROWS = {  # row label -> backend of bench.gemm (None: not implemented)
+ROWS = {  # row label -> backend (bench.gemm's, or "moe-grouped")
     "GEMM baseline (torch.mm, cuBLAS, raw B)": "cublas",
     "gemmlab GEMM (raw B)": "gemmlab",
     "gemmlab GEMM (prepacked B)": "gemmlab-packed",
-    "Fused MoE GEMM (gemmlab)": None,
+    "Fused MoE GEMM (gemmlab grouped_gemm)": "moe-grouped",
 }
-NOT_IMPLEMENTED = "not implemented (gemmlab's grouped/fused MoE kernels: issue 6)"
+
+
+def moe_grouped_backend(a: torch.Tensor, b: torch.Tensor, experts: int):
+    """The same product as the MoE kernels compute it: the M rows in ``experts`` contiguous groups (the
+    routed rows sorted by expert, uniform routing), every expert's weight equal to B^T, so the result is
+    the dense product and comparable with cuBLAS's; one persistent launch over all groups' tiles."""
+    from gemmlab.ops.moe import grouped_gemm
+
+    m, n = a.shape[0], b.shape[1]
+    w = b.t().contiguous().unsqueeze(0).expand(experts, n, b.shape[0]).contiguous()  # (E, N, K)
+    offs = torch.tensor([m * (e + 1) // experts for e in range(experts)], dtype=torch.int32, device=a.device)
+    out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    return (lambda: grouped_gemm(a, w, offs, out=out, validate=False)), {"path": f"moe grouped, E={experts}"}
 
 
 def _vendor_kernels(fn: Callable[[], object]) -> list[str]:
@@ -61,11 +74,26 @@ def _tensor_cores(backend: str, m: int, n: int, k: int, dtype: torch.dtype) -> d
             "inspect_flags": r.get("flags", [])}
 
 
+def _moe_tensor_cores() -> dict:
+    """From the SASS of the grouped kernel the timed calls launched (on a GPU; the interpreter has none)."""
+    from gemmlab.ops.moe import last_kernel
+
+    k = last_kernel()
+    if k is None:
+        return {"tensor_core": None, "inspected": "not inspected (no compiled kernel under the interpreter)"}
+    from gemmlab.inspect.sass import compiled_report
+
+    r = compiled_report(k)
+    return {"tensor_core": r["tensor_core"], "hgmma": r["sass"]["HGMMA"], "hmma": r["sass"]["HMMA"],
+            "inspected": "_moe_grouped_kernel as launched", "inspect_flags": r["flags"]}
+
+
 def moe_table(batch_size: int = 4, seq_len: int = 8192, top_k: int = 4, hidden_size: int = 7168,
               intermediate_size: int = 2048, *, dtype: torch.dtype = torch.float16, warmup: int = 10,
               repeat: int = 50, warmup_s: float = 1.0, reps_per_round: int = 5, inspect: bool = True,
-              model: str | None = None, seed: int = 0) -> dict:
-    """Time the dense GEMM of an MoE configuration: the rows of ``ROWS``."""
+              model: str | None = None, seed: int = 0, num_experts: int = 8) -> dict:
+    """Time the dense GEMM of an MoE configuration: the rows of ``ROWS`` (the grouped row over
+    ``num_experts`` experts)."""
     if warmup < 0 or repeat < 1:
         raise ValueError(f"warmup must be >= 0 and repeat >= 1, got {warmup} and {repeat}")
     m, n, k = moe_gemm_shape(batch_size, seq_len, top_k, hidden_size, intermediate_size)
@@ -76,7 +104,9 @@ def moe_table(batch_size: int = 4, seq_len: int = 8192, top_k: int = 4, hidden_s
     rounds = -(-repeat // reps)
     fns, facts = {}, {}
     for label, backend in ROWS.items():
-        if backend is not None:
+        if backend == "moe-grouped":
+            fns[label], facts[label] = moe_grouped_backend(a, b, num_experts)
+        else:
             fns[label], facts[label] = make_backend(backend, a, b)
     baseline = next(iter(ROWS))
     from gemmlab.ref import gemm_check, gemm_ref
@@ -92,9 +122,6 @@ def moe_table(batch_size: int = 4, seq_len: int = 8192, top_k: int = 4, hidden_s
     base_out = fns[baseline]().clone()  # max_abs_error against the baseline's own output
     rows = []
     for label, backend in ROWS.items():
-        if backend is None:
-            rows.append({"row": label, "backend": None, "status": NOT_IMPLEMENTED})
-            continue
         c = res["candidates"][label]
         row = {"row": label, "backend": backend, "path": facts[label].get("path"),
                "config": facts[label].get("config"), "pack_ms": facts[label].get("pack_ms"),
@@ -113,12 +140,15 @@ def moe_table(batch_size: int = 4, seq_len: int = 8192, top_k: int = 4, hidden_s
         if backend == "cublas":
             row.update(tensor_core=None, kernels=_vendor_kernels(fns[label]),
                        inspected="vendor binary: not inspected")
+        elif backend == "moe-grouped":
+            row.update(_moe_tensor_cores())
         elif inspect:
             row.update(_tensor_cores(backend, m, n, k, dtype))
         rows.append(row)
     config = {"model": model, "batch_size": batch_size, "seq_len": seq_len, "top_k": top_k,
               "hidden_size": hidden_size, "intermediate_size": intermediate_size,
               "dtype": str(dtype).removeprefix("torch."), "warmup": warmup, "repeat": repeat, "warmup_s": warmup_s,
+              "num_experts": num_experts,
               "rounds": rounds, "reps_per_round": reps, "seed": seed, "inputs": "uniform [-0.5, 0.5)"}
     return {"env": timing.env_info(), "config": config, "shape": {"M": m, "N": n, "K": k},
             "timer": res.get("timer"), "clocks": res.get("clocks"), "rows": rows}

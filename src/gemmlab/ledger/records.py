@@ -56,18 +56,19 @@ def from_bench(report: dict, note: str = "", command: str = "") -> list[Entry]:
 
 
 def from_table(table: dict, note: str = "", command: str = "") -> list[Entry]:
-    """One entry per timed gemmlab row of a ``table`` report."""
+    """One entry per timed gemmlab row of a ``table`` report (the grouped MoE row under op "moe_grouped")."""
     shp = table["shape"]
     m, n, k = shp["M"], shp["N"], shp["K"]
     out = []
     for row in table["rows"]:
-        if row.get("backend") not in ("gemmlab", "gemmlab-packed"):
+        if row.get("backend") not in ("gemmlab", "gemmlab-packed", "moe-grouped"):
             continue
         tc = row.get("tensor_core")
         ops = None if tc is None else (row.get("hgmma") or 0) + (row.get("hmma") or 0)
-        if ops is None:
+        if ops is None and row["backend"] != "moe-grouped":
             ops = tensor_core_ops(m, n, k, table["config"]["dtype"], row["backend"] == "gemmlab-packed")
-        out.append(Entry(kind="table", shape=_shape(m, n, k), dtype=table["config"]["dtype"], note=note,
+        op = "moe_grouped" if row["backend"] == "moe-grouped" else "gemm"  # its own latency curve
+        out.append(Entry(kind="table", op=op, shape=_shape(m, n, k), dtype=table["config"]["dtype"], note=note,
                          command=command, backend=row["backend"], path=row.get("path"), config=row.get("config"),
                          correct=bool(row.get("ok")), error=None if row.get("ok") else row.get("status"),
                          median_ms=row.get("median_ms"), p20_ms=row.get("p20_ms"), p80_ms=row.get("p80_ms"),

@@ -1,0 +1,166 @@
+"""``gemmlab bench moe``: gemmlab's MoE kernels against PyTorch, verified first, interleaved.
+
+Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k routed rows.
+
+    part "grouped": the first GEMM alone (gate+up, N = 2I) on rows already sorted by expert:
+        gemmlab.grouped_gemm  vs  torch._grouped_mm (the baseline)  vs  a per-expert torch.mm loop
+        and the dense torch.mm of the same total size (S, H) @ (H, 2I) as a roofline reference
+    part "forward": the whole MoE body from (x, weights, ids) to y:
+        gemmlab.moe_forward  vs  a composite of torch ops on torch._grouped_mm (the baseline): sort,
+        gather, grouped gate/up, SiLU * up, grouped down, weight, index_add back to tokens
+Routing: "uniform" (random logits) or "zipf" (expert j's logit lowered by 1.5 ln(j + 1): a few experts
+take most tokens). TFLOPS count the routed work only: 2*S*H*2I (grouped); 2*S*H*2I + 2*S*I*H (forward).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from gemmlab.bench import timing
+from gemmlab.bench.compare import compare_many
+from gemmlab.problems import MOE_MODELS, MoEModel
+
+
+def problem(model: MoEModel, tokens: int, routing: str = "uniform", dtype: torch.dtype = torch.bfloat16,
+            seed: int = 0, device: torch.device | None = None) -> dict:
+    """Random x, weights (scaled so activations stay O(1)) and a routing of ``tokens`` tokens."""
+    from gemmlab.ops.moe import route
+
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    g = torch.Generator(device=device).manual_seed(seed)
+    h, i, e, k = model.hidden, model.intermediate, model.experts, model.top_k
+
+    def rnd(*shape, scale):
+        return ((torch.rand(shape, generator=g, device=device) - 0.5) * scale).to(dtype)
+
+    x = rnd(tokens, h, scale=2.0)
+    w1 = rnd(e, 2 * i, h, scale=2.0 * math.sqrt(3.0 / h))
+    w2 = rnd(e, h, i, scale=2.0 * math.sqrt(3.0 / i))
+    logits = torch.randn((tokens, e), generator=g, device=device)
+    if routing == "zipf":
+        logits = logits - 1.5 * torch.log(torch.arange(1, e + 1, device=device, dtype=torch.float32))[None, :]
+    elif routing != "uniform":
+        raise ValueError(f"routing {routing!r}: uniform or zipf")
+    weights, ids = route(logits, k)
+    timing.require_random(x=x, w1=w1, w2=w2)
+    return {"x": x, "w1": w1, "w2": w2, "weights": weights, "ids": ids}
+
+
+def composite_forward(x, w1, w2, weights, ids) -> torch.Tensor:
+    """The MoE body from torch ops on ``torch._grouped_mm`` (the forward baseline)."""
+    t, k = ids.shape
+    e, i = w1.shape[0], w2.shape[2]
+    flat = ids.reshape(-1).long()
+    _, order = torch.sort(flat, stable=True)
+    counts = torch.zeros(e, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    token = order // k
+    h = torch._grouped_mm(x[token], w1.transpose(1, 2), offs=offs)
+    act = torch.nn.functional.silu(h[:, :i]) * h[:, i:]
+    o = torch._grouped_mm(act, w2.transpose(1, 2), offs=offs) * weights.reshape(-1)[order].to(x.dtype)[:, None]
+    return torch.zeros_like(x, dtype=torch.float32).index_add_(0, token, o.float()).to(x.dtype)
+
+
+def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, part: str, dtype: torch.dtype, *,
+               rounds: int = 10, reps: int = 5, warmup_s: float = 1.0, graph: bool = False, seed: int = 0) -> dict:
+    """One (model, T, routing, part): verify every candidate, then time them interleaved."""
+    import gemmlab
+    from gemmlab.ops.moe import sort_routes
+    from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check, moe_ref
+
+    p = problem(model, tokens, routing, dtype, seed)
+    x, w1, w2, wts, ids = p["x"], p["w1"], p["w2"], p["weights"], p["ids"]
+    s = tokens * model.top_k
+    dname = str(dtype).removeprefix("torch.")
+    if part == "grouped":
+        r = sort_routes(ids, model.experts, 16)
+        xs = x[r.token.long()].contiguous()
+        offs = r.offsets
+        ref = grouped_gemm_ref(xs, w1, offs)
+        bounds = [0] + offs.tolist()  # the loop baseline reads its group sizes once, outside timing
+        outs = {name: torch.empty((s, 2 * model.intermediate), dtype=dtype, device=x.device)
+                for name in ("gemmlab", "loop")}
+        w1t = w1.transpose(1, 2)
+        dense_b = w1[0].t().contiguous()
+
+        def loop():
+            for e in range(model.experts):
+                if bounds[e + 1] > bounds[e]:
+                    torch.mm(xs[bounds[e]:bounds[e + 1]], w1t[e], out=outs["loop"][bounds[e]:bounds[e + 1]])
+            return outs["loop"]
+
+        fns = {"gemmlab": lambda: gemmlab.grouped_gemm(xs, w1, offs, out=outs["gemmlab"], validate=False),
+               "torch._grouped_mm": lambda: torch._grouped_mm(xs, w1t, offs=offs),
+               "torch.mm loop": loop}
+        tol = 2.0 ** -(10 if dtype == torch.float16 else 7)
+
+        def check(out) -> dict:
+            if out.shape == (s, 2 * model.intermediate) and out.data_ptr() == dense_out.data_ptr():
+                return {"ok": gemm_check(out, xs, dense_b)["ok"], "note": "dense reference"}
+            err = (out.float() - ref).abs().max().item()
+            return {"ok": err <= 2 * tol * ref.abs().max().item() + 1e-3, "max_abs_err": err}
+
+        dense_out = torch.empty((s, 2 * model.intermediate), dtype=dtype, device=x.device)
+        fns["dense torch.mm (same size)"] = lambda: torch.mm(xs, dense_b, out=dense_out)
+        flops = 2.0 * s * model.hidden * 2 * model.intermediate
+        # torch._grouped_mm is the baseline in bf16; for fp16 it is not a fused kernel, so the loop is
+        baseline = "torch._grouped_mm" if dtype == torch.bfloat16 else "torch.mm loop"
+    elif part == "forward":
+        ref = moe_ref(x, w1, w2, wts, ids)
+
+        def check(out) -> dict:
+            c = moe_check(out, x, w1, w2, wts, ids, ref)
+            return {key: c[key] for key in ("ok", "max_abs_err", "allowed")}
+
+        fns = {"gemmlab": lambda: gemmlab.moe_forward(x, w1, w2, wts, ids, validate=False),
+               "torch composite (_grouped_mm)": lambda: composite_forward(x, w1, w2, wts, ids)}
+        flops = 2.0 * s * model.hidden * 2 * model.intermediate + 2.0 * s * model.intermediate * model.hidden
+        baseline = "torch composite (_grouped_mm)"
+    else:
+        raise ValueError(f"part {part!r}: grouped or forward")
+    res = compare_many(fns, baseline, check=check, flops=flops, dtype=dname, rounds=rounds, reps=reps,
+                       warmup_s=warmup_s, graph=graph)
+    counts = torch.bincount(ids.reshape(-1).long(), minlength=model.experts)
+    return {"model": model_name, "tokens": tokens, "routing": routing, "part": part, "dtype": dname,
+            "sizes": {"H": model.hidden, "I": model.intermediate, "E": model.experts, "k": model.top_k, "S": s},
+            "experts_used": int((counts > 0).sum()), "max_rows_per_expert": int(counts.max()), **res}
+
+
+def bench_moe(models: Sequence[str], tokens: Sequence[int], routings: Sequence[str] = ("uniform",),
+              parts: Sequence[str] = ("grouped", "forward"), dtype: torch.dtype = torch.bfloat16, *,
+              custom: MoEModel | None = None, progress: Callable[[str], None] | None = None, **kw) -> dict:
+    """Every (model, T, routing, part). ``custom``: a model of your own under the name "custom"."""
+    results = []
+    for name in models:
+        model = custom if name == "custom" else MOE_MODELS.get(name)
+        if model is None:
+            raise ValueError(f"model {name!r}: one of {', '.join(MOE_MODELS)} (or custom)")
+        for t in tokens:
+            for routing in routings:
+                for part in parts:
+                    if progress:
+                        progress(f"{name} T={t} {routing} {part}")
+                    results.append(bench_case(name, model, t, routing, part, dtype, **kw))
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+    return {"env": timing.env_info(), "args": {"models": list(models), "tokens": list(tokens),
+                                              "routings": list(routings), "parts": list(parts),
+                                              "dtype": str(dtype).removeprefix("torch."), **kw},
+            "results": results}
+
+
+def rows(report: dict) -> list[dict]:
+    out = []
+    for r in report["results"]:
+        base = r["baseline"]
+        for name, c in r["candidates"].items():
+            vs = c.get("vs_baseline") or {}
+            out.append({"model": r["model"], "T": r["tokens"], "routing": r["routing"], "part": r["part"],
+                        "backend": name, "baseline": base, "ok": bool(c["check"].get("ok"))
+                        and c.get("check_after", True) is True, "median_ms": c.get("median_ms"),
+                        "tflops": c.get("tflops"), "ratio": vs.get("ratio"), "ci95": vs.get("ci95"),
+                        "verdict": vs.get("verdict"), "error": c["check"].get("error") or c.get("skipped")})
+    return out

@@ -1,0 +1,140 @@
+"""MoE kernels. Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k routed rows.
+
+Rows are grouped by expert: group e holds rows [offsets[e-1], offsets[e]) (offsets are cumulative ends,
+offsets[-1] = S), and is cut into BLOCK_M-row tiles; ``tile_offsets`` (E + 1,) holds the cumulative tile
+counts, so an expert with no rows has no tiles and a small group wastes at most one partial tile (the
+decode regime never pads every expert to a full tile). One persistent launch walks all (m-tile, n-tile)
+work items of all experts; each finds its expert by binary search in ``tile_offsets``.
+
+    _moe_grouped_kernel   MODE 0: out[r] = A[r] @ W[e]^T                      (grouped GEMM)
+                          MODE 1: out[r] = silu(A[r] @ Wg[e]^T) * (A[r] @ Wu[e]^T)   W[e] = [Wg; Wu] (2N rows)
+                          MODE 2: out[r] = scale[r] * (A[r] @ W[e]^T)          (second GEMM, top-k weight)
+    _moe_combine_kernel   y[t] = sum_j o[inv[t*k + j]]   in fixed j order (deterministic)
+
+A rows come through a TMA descriptor (A_TMA) or pointers; with A_GATHER a pointer load reads row
+``a_rows[r]`` of A (the token of routed row r), so the first GEMM reads x in token order without a
+gathered copy. W (E, N_w, K) is read as a 2-D (E * N_w, K) descriptor (W_TMA) or through pointers.
+TMA zero-fills past the tensor's end; rows or columns of a tile that belong to another group or expert
+are computed and never stored (masked stores).
+"""
+
+import triton
+import triton.language as tl
+
+from gemmlab.kernels.gemm import _dot
+
+
+@triton.jit
+def _find_expert(tile_offsets, m_tile, E, LOG2_E: tl.constexpr):
+    """The e with tile_offsets[e] <= m_tile < tile_offsets[e + 1] (binary search; empty experts skipped)."""
+    lo = m_tile * 0
+    hi = lo + E  # invariant: tile_offsets[lo] <= m_tile < tile_offsets[hi] (the largest such lo is e)
+    for _ in range(LOG2_E):
+        mid = (lo + hi) // 2
+        go_right = tl.load(tile_offsets + mid) <= m_tile
+        lo = tl.where(go_right, mid, lo)
+        hi = tl.where(go_right, hi, mid)
+    return lo
+
+
+@triton.jit
+def _load_a_tile(a, a_rows, row0, rows_end, off_k, K, stride_am,
+                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr):
+    if A_TMA:
+        tile = a.load([row0, off_k])  # [BLOCK_M, BLOCK_K]
+    else:
+        r = row0 + tl.arange(0, BLOCK_M)
+        kk = off_k + tl.arange(0, BLOCK_K)
+        in_rows = r < rows_end
+        if A_GATHER:
+            src = tl.load(a_rows + r, mask=in_rows, other=0).to(tl.int64)
+        else:
+            src = r.to(tl.int64)
+        tile = tl.load(a + src[:, None] * stride_am + kk[None, :], mask=in_rows[:, None] & (kk[None, :] < K),
+                       other=0.0)
+    return tile
+
+
+@triton.jit
+def _load_w_tile(w, w_row0, n_rows_left, off_k, K, stride_wn,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_TMA: tl.constexpr):
+    """[BLOCK_K, BLOCK_N] tile of W^T from W rows w_row0 .. w_row0 + BLOCK_N (K-major)."""
+    if W_TMA:
+        tile = w.load([w_row0, off_k]).T
+    else:
+        n = tl.arange(0, BLOCK_N)
+        kk = off_k + tl.arange(0, BLOCK_K)
+        ptr = w + (w_row0 + n).to(tl.int64)[None, :] * stride_wn + kk[:, None]
+        tile = tl.load(ptr, mask=(n[None, :] < n_rows_left) & (kk[:, None] < K), other=0.0)
+    return tile
+
+
+@triton.jit
+def _moe_grouped_kernel(
+    a,  # A (rows, K) fp16/bf16: descriptor, blocks [BLOCK_M, BLOCK_K] (A_TMA), else pointer
+    a_rows,  # (S,) int32: source row of A for routed row r (A_GATHER), else unused
+    w,  # W (E * N_w, K): descriptor, blocks [BLOCK_N, BLOCK_K] (W_TMA), else pointer; N_w = N (2N in MODE 1)
+    out,  # (S, N) row-major pointer, A's dtype
+    scale,  # (S,) fp32 per-row factor (MODE 2), else unused
+    offsets,  # (E,) int32 cumulative row ends of the groups
+    tile_offsets,  # (E + 1,) int32 cumulative m-tile counts
+    N, K, E,
+    stride_am, stride_wn, stride_om,
+    MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr, W_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr, DOT_UPCAST: tl.constexpr,
+):
+    """Grid (NUM_PROGRAMS,): program p takes work items p, p + NUM_PROGRAMS, ... of the
+    tile_offsets[E] * cdiv(N, BLOCK_N) items (read on the device: no host sync)."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    total = tl.load(tile_offsets + E) * num_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    n_w = N * (2 if MODE == 1 else 1)  # rows of W per expert
+    for item in tl.range(pid, total, NUM_PROGRAMS, flatten=False):
+        m_tile = item // num_n
+        off_n = (item % num_n) * BLOCK_N
+        e = _find_expert(tile_offsets, m_tile, E, LOG2_E)
+        row_start = tl.load(offsets + e - 1, mask=e > 0, other=0)
+        rows_end = tl.load(offsets + e)
+        row0 = row_start + (m_tile - tl.load(tile_offsets + e)) * BLOCK_M
+        w_row0 = e * n_w + off_n  # int32: TMA coordinates (E * N_w < 2^31)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if MODE == 1:
+            acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            at = _load_a_tile(a, a_rows, row0, rows_end, off_k, K, stride_am, BLOCK_M, BLOCK_K, A_TMA, A_GATHER)
+            wt = _load_w_tile(w, w_row0, N - off_n, off_k, K, stride_wn, BLOCK_N, BLOCK_K, W_TMA)
+            acc = _dot(at, wt, acc, DOT_UPCAST)
+            if MODE == 1:
+                ut = _load_w_tile(w, w_row0 + N, N - off_n, off_k, K, stride_wn, BLOCK_N, BLOCK_K, W_TMA)
+                acc_up = _dot(at, ut, acc_up, DOT_UPCAST)
+        rows = row0 + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        if MODE == 1:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up, fp32
+        if MODE == 2:
+            acc = acc * tl.load(scale + rows, mask=rows < rows_end, other=0.0)[:, None]
+        mask = (rows[:, None] < rows_end) & (cols[None, :] < N)
+        ptr = out + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+        tl.store(ptr, acc.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _moe_combine_kernel(
+    o,  # (S, H) routed rows in expert order, already scaled by their top-k weight
+    inv,  # (T * k,) int32: the routed row of pair (t, j) is inv[t * k + j]
+    y,  # (T, H) output
+    H, stride_o, stride_y,
+    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Grid (T, cdiv(H, BLOCK_H)): y[t, cols] = sum over j of o[inv[t*k + j], cols], summed in fp32 in
+    j order, so the result does not depend on scheduling."""
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        r = tl.load(inv + t * TOP_K + j).to(tl.int64)
+        acc += tl.load(o + r * stride_o + cols, mask=cols < H, other=0.0).to(tl.float32)
+    tl.store(y + t.to(tl.int64) * stride_y + cols, acc.to(y.dtype.element_ty), mask=cols < H)

@@ -1,0 +1,341 @@
+"""MoE launchers: ``route``, ``grouped_gemm``, ``pack_moe_weights``, ``moe_forward``.
+
+Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k routed (token, slot) rows.
+
+    route(logits (T, E), k)                     -> weights (T, k) fp32, ids (T, k) int32
+    grouped_gemm(x (S, K), w (E, N, K), offsets) -> (S, N); rows of group e times w[e]^T
+    moe_forward(x (T, H), w1 (E, 2I, H), w2 (E, H, I), weights, ids) -> y (T, H)
+        y[t] = sum_j weights[t, j] * (silu(x[t] @ gate_e^T) * (x[t] @ up_e^T)) @ w2_e^T,  e = ids[t, j]
+
+moe_forward: (1) sort the (token, slot) pairs by expert on the GPU (torch.sort, stable; counts by
+scatter-add; no host sync), (2) first GEMM over all experts in one persistent launch on x's rows in expert
+order (gathered once, or read by token index inside the GEMM: ``gather``), SiLU(gate) * up in the
+epilogue (the 2I-wide intermediate is never written), (3) second GEMM with each row's top-k weight
+applied in its epilogue, (4) a deterministic combine back to token order (each token sums its k rows in
+slot order). fp16 and bf16, fp32 accumulation.
+``validate=True`` checks ids and offsets against E and S, which reads them on the host (one sync); pass
+``validate=False`` in CUDA graphs and hot loops.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton import knobs
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from gemmlab.kernels.moe import _moe_combine_kernel, _moe_grouped_kernel
+from gemmlab.ops.plan import Target, target_for
+
+DTYPES = (torch.float16, torch.bfloat16)
+SMEM_BYTES = 232448
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Launch parameters of the grouped kernel."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2) -> MoEConfig:
+    """BLOCK_M follows the average rows per used expert (the decode regime gets 16-row tiles, not 128);
+    the rest is a Hopper default that fits shared memory (two W tiles per step in the gate/up GEMM)."""
+    used = max(1, min(experts, rows))
+    avg = rows / used
+    if target.name == "interpreter":
+        return MoEConfig(block_m=16 if avg <= 16 else 32, block_n=32, block_k=32, num_warps=4, num_stages=1)
+    bm = 16 if avg <= 16 else 64 if avg <= 64 else 128
+    bn, bk = 128, 64
+    w_tiles = 2 if mode == 1 else 1
+    stages = 4
+    while stages > 2 and stages * (bm * bk + w_tiles * bn * bk) * elt > SMEM_BYTES - 16384:
+        stages -= 1
+    # two fp32 accumulators (gate, up) need two warpgroups from 64 rows up (sm_90 SASS: 4 warps spill there)
+    warps = 8 if bm >= 128 or (mode == 1 and bm >= 64) else 4
+    return MoEConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+
+
+@dataclass(frozen=True)
+class Routes:
+    """The (token, slot) pairs sorted by expert. ``order[r]`` is the pair (t*k + j) of routed row r;
+    ``inv`` its inverse; ``token[r] = order[r] // k``; ``offsets`` (E,) cumulative row ends per expert;
+    ``tile_offsets`` (E + 1,) cumulative BLOCK_M-tile counts; all int32 on the device."""
+
+    order: torch.Tensor
+    inv: torch.Tensor
+    token: torch.Tensor
+    offsets: torch.Tensor
+    tile_offsets: torch.Tensor
+    block_m: int
+
+
+def _tile_offsets(counts: torch.Tensor, block_m: int) -> torch.Tensor:
+    tiles = (counts + block_m - 1) // block_m
+    return torch.cat([tiles.new_zeros(1), torch.cumsum(tiles, 0)]).to(torch.int32)
+
+
+def sort_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Routes:
+    """Group the (token, slot) pairs of ``topk_ids`` (T, k) by expert, stably (token order within an
+    expert), on the ids' device, without reading them on the host."""
+    t, k = topk_ids.shape
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    _, order = torch.sort(flat, stable=True)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(order.numel(), device=order.device)
+    return Routes(order=order.to(torch.int32), inv=inv.to(torch.int32), token=(order // k).to(torch.int32),
+                  offsets=torch.cumsum(counts, 0).to(torch.int32), tile_offsets=_tile_offsets(counts, block_m),
+                  block_m=block_m)
+
+
+def route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = True,
+          scoring: str = "softmax") -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing. (T, E) logits -> (T, k) float32 weights and (T, k) int32 expert ids. ``scoring``:
+    "softmax" (probabilities over E, then top-k) or "sigmoid" (DeepSeek-V3: independent sigmoid scores,
+    top-k; no group limit). ``renormalize``: the k weights of a token sum to 1."""
+    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2:
+        raise ValueError(f"route: router_logits must be a 2-D (T, E) tensor, got "
+                         f"{getattr(router_logits, 'shape', type(router_logits).__name__)}")
+    if not router_logits.is_floating_point():
+        raise TypeError(f"route: router_logits must be floating point, got {router_logits.dtype}")
+    e = router_logits.shape[1]
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
+        raise ValueError(f"route: top_k must be an integer in [1, E={e}], got {top_k!r}")
+    logits = router_logits.float()
+    if scoring == "softmax":
+        scores = torch.softmax(logits, dim=-1)
+    elif scoring == "sigmoid":
+        scores = torch.sigmoid(logits)
+    else:
+        raise ValueError(f"route: scoring {scoring!r}: softmax or sigmoid")
+    weights, ids = torch.topk(scores, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+
+def _check(name: str, t: object, dims: int, dtypes=DTYPES) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must be {dims}-D, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(str(d) for d in dtypes)}")
+
+
+def _same_device(*named) -> None:
+    devs = {str(t.device) for _, t in named}
+    if len(devs) > 1:
+        raise ValueError("tensors on different devices: " + ", ".join(f"{n} on {t.device}" for n, t in named))
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """2-D, unit inner stride, 16-byte aligned base and row stride."""
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(-2) * t.element_size()) % 16 == 0)
+
+
+def _w2d(w: torch.Tensor) -> torch.Tensor:
+    """(E, N_w, K) with unit K stride and rows evenly spaced -> the (E * N_w, K) view the kernel reads."""
+    e, n_w, k = w.shape
+    if w.stride(2) != 1 or (e > 1 and w.stride(0) != n_w * w.stride(1)):
+        w = w.contiguous()
+    return w.as_strided((e * n_w, k), (w.stride(1), 1))
+
+
+def launch_config(cfg: MoEConfig, a_tma: bool, a_gather: bool, w_tma: bool) -> MoEConfig:
+    """The config a launch uses given how A and W are read (checked in the sm_90 SASS by
+    tests/test_inspect.py: no spills). BLOCK_M stays: the tile schedule was built with it."""
+    if not (a_tma or a_gather) or not w_tma:  # pointer loads (odd K): smaller W tiles, 2 stages
+        return MoEConfig(cfg.block_m, 64, 32, 8 if cfg.block_m >= 64 else 4, 2)
+    if a_gather:  # gathered A rows pass through registers: 4 stages spill at 128 rows
+        return MoEConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, min(cfg.num_stages, 3))
+    return cfg
+
+
+def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
+                    scale: torch.Tensor | None, offsets: torch.Tensor, tile_offsets: torch.Tensor, n: int,
+                    cfg: MoEConfig, target: Target, rows_bound: int) -> None:
+    """One persistent launch of ``_moe_grouped_kernel`` over every expert's tiles."""
+    e = offsets.numel()
+    k = a.shape[1]
+    w2d = _w2d(w)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    a_tma = a_rows is None and target.has_tma and _tma_ok(a)
+    w_tma = target.has_tma and _tma_ok(w2d)
+    cfg = launch_config(cfg, a_tma, a_rows is not None, w_tma)
+    bn, bk = cfg.block_n, cfg.block_k
+    a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma else a
+    w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else w2d
+    items_bound = (triton.cdiv(rows_bound, bm) + e) * triton.cdiv(n, bn)
+    programs = max(1, min(target.num_sms, items_bound))
+    upcast = bool(knobs.runtime.interpret) and a.dtype == torch.bfloat16
+    _LAST["grouped"] = _moe_grouped_kernel[(programs,)](
+        a_arg, a_rows if a_rows is not None else offsets, w_arg, out, scale if scale is not None else out,
+        offsets, tile_offsets, n, k, e, a.stride(0), w2d.stride(0), out.stride(0),
+        MODE=mode, A_TMA=a_tma, A_GATHER=a_rows is not None, W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        NUM_PROGRAMS=programs, LOG2_E=max(1, math.ceil(math.log2(max(e, 2)))) + 1, DOT_UPCAST=upcast,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+_LAST: dict[str, object] = {}
+
+
+def last_kernel():
+    """The compiled grouped kernel of the latest launch (None under the interpreter or before any)."""
+    k = _LAST.get("grouped")
+    return k if hasattr(k, "asm") else None
+
+
+# ------------------------------------------------------------------------------------------ public API
+
+
+def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
+                 validate: bool = True) -> torch.Tensor:
+    """out (S, N): rows offsets[e-1]:offsets[e] of x (S, K) times w[e]^T, w (E, N, K) in nn.Linear layout;
+    offsets (E,) int32 cumulative group ends, as ``torch._grouped_mm``'s ``offs`` (empty groups allowed,
+    any sizes; rows past offsets[-1] are left untouched). One persistent launch over all groups."""
+    _check("x", x, 2)
+    _check("w", w, 3)
+    _check("offsets", offsets, 1, dtypes=(torch.int32,))
+    _same_device(("x", x), ("w", w), ("offsets", offsets))
+    if x.dtype != w.dtype:
+        raise TypeError(f"grouped_gemm: x and w must have the same dtype, got {x.dtype} and {w.dtype}")
+    (s, k), (e, n, k2) = x.shape, w.shape
+    if k != k2:
+        raise ValueError(f"grouped_gemm: x has K = {k} but w has K = {k2}")
+    if offsets.numel() != e:
+        raise ValueError(f"grouped_gemm: offsets has {offsets.numel()} entries for E = {e} experts")
+    if out is None:
+        out = torch.empty((s, n), dtype=x.dtype, device=x.device)
+    else:
+        _check("out", out, 2)
+        if tuple(out.shape) != (s, n) or out.dtype != x.dtype or out.device != x.device or out.stride(1) != 1:
+            raise ValueError(f"grouped_gemm: out must be a row-major ({s}, {n}) {x.dtype} tensor on {x.device}")
+    if validate and e:
+        o = offsets.cpu()
+        if bool((o[1:] < o[:-1]).any()) or int(o[0]) < 0 or int(o[-1]) > s:
+            raise ValueError(f"grouped_gemm: offsets must be non-decreasing cumulative ends within [0, S={s}], "
+                             f"got {o.tolist()[:8]}{'...' if e > 8 else ''}")
+    if s == 0 or n == 0 or e == 0:
+        return out
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    target = target_for(x.device)
+    cfg = moe_config(target, s, e, 0, x.element_size())
+    counts = torch.diff(offsets.to(torch.int64), prepend=offsets.new_zeros(1, dtype=torch.int64))
+    if k == 0:
+        return out.zero_()
+    _launch_grouped(0, x, None, w, out, None, offsets, _tile_offsets(counts, cfg.block_m), n, cfg, target, s)
+    return out
+
+
+@dataclass(frozen=True)
+class PackedMoE:
+    """MoE weights laid out once for ``moe_forward``: contiguous, rows padded to 16 bytes (so odd H or I
+    keep TMA on the weights), gate rows [0, I) then up rows [I, 2I) as in w1."""
+
+    w1: torch.Tensor  # (E, 2I, H) view of (E, 2I, H_pad)
+    w2: torch.Tensor  # (E, H, I) view of (E, H, I_pad)
+
+
+def _pad_rows(w: torch.Tensor) -> torch.Tensor:
+    e, n, k = w.shape
+    k_pad = max(8, -(-k // 8) * 8)
+    buf = torch.zeros((e, n, k_pad), dtype=w.dtype, device=w.device)
+    buf[:, :, :k].copy_(w)
+    return buf[:, :, :k]
+
+
+def pack_moe_weights(w1: torch.Tensor, w2: torch.Tensor) -> PackedMoE:
+    """Prepack w1 (E, 2I, H) and w2 (E, H, I) once, outside any timed region (like ``pack_b``)."""
+    _check_weights(w1, w2)
+    return PackedMoE(_pad_rows(w1), _pad_rows(w2))
+
+
+def _check_weights(w1, w2) -> tuple[int, int, int]:
+    _check("w1", w1, 3)
+    _check("w2", w2, 3)
+    (e, i2, h), (e2, h2, i) = w1.shape, w2.shape
+    if e != e2:
+        raise ValueError(f"moe: w1 has E = {e} experts but w2 has {e2}")
+    if i2 != 2 * i or h2 != h:
+        raise ValueError(f"moe: w1 must be (E, 2I, H) and w2 (E, H, I); got w1 {tuple(w1.shape)}, "
+                         f"w2 {tuple(w2.shape)}")
+    if w1.dtype != w2.dtype:
+        raise TypeError(f"moe: w1 and w2 dtypes differ ({w1.dtype}, {w2.dtype})")
+    return e, h, i
+
+
+def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor | None, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, *, validate: bool = True, gather: str = "auto") -> torch.Tensor:
+    """The MoE layer body (see the module docstring). ``w1`` may be a ``PackedMoE`` (then ``w2`` is None
+    or ignored). Returns y (T, H) in x's dtype. ``gather``: how the first GEMM gets x's rows in expert
+    order: "copy" (x[token] gathered once, then read through TMA: pipelined wgmma; 2*S*H bytes of extra
+    traffic), "fused" (pointer loads of x rows by token index inside the GEMM: no copy, but on sm_90 those
+    loads are not software-pipelined), "auto" (copy when x's rows are 16-byte aligned on a TMA target)."""
+    if gather not in ("auto", "copy", "fused"):
+        raise ValueError(f"moe: gather {gather!r}: auto, copy or fused")
+    if isinstance(w1, PackedMoE):
+        w1, w2 = w1.w1, w1.w2
+    e, h, i = _check_weights(w1, w2)
+    _check("x", x, 2)
+    _check("topk_weights", topk_weights, 2, dtypes=(torch.float32, torch.float16, torch.bfloat16))
+    _check("topk_ids", topk_ids, 2, dtypes=(torch.int32, torch.int64))
+    _same_device(("x", x), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids))
+    if x.dtype != w1.dtype:
+        raise TypeError(f"moe: x has dtype {x.dtype}, the weights {w1.dtype}")
+    t, hx = x.shape
+    if hx != h:
+        raise ValueError(f"moe: x has H = {hx}, the weights H = {h}")
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != t:
+        raise ValueError(f"moe: topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
+                         f"must both be (T={t}, k)")
+    k = topk_ids.shape[1]
+    if not 1 <= k <= e:
+        raise ValueError(f"moe: top-k = {k} must be in [1, E={e}]")
+    if validate and t:
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < 0 or hi >= e:
+            raise ValueError(f"moe: topk_ids must be in [0, E={e}), got values in [{lo}, {hi}]")
+    y = torch.empty((t, h), dtype=x.dtype, device=x.device)
+    if t == 0 or h == 0:
+        return y
+    if i == 0:
+        return y.zero_()
+    s = t * k
+    target = target_for(x.device)
+    cfg1 = moe_config(target, s, e, 1, x.element_size())
+    cfg2 = moe_config(target, s, e, 2, x.element_size())
+    cfg2 = MoEConfig(cfg1.block_m, cfg2.block_n, cfg2.block_k, cfg2.num_warps, cfg2.num_stages)  # same tiles
+    r = sort_routes(topk_ids, e, cfg1.block_m)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    i_pad = max(8, -(-i // 8) * 8)
+    act = torch.empty((s, i_pad), dtype=x.dtype, device=x.device)[:, :i]  # rows 16-byte aligned for TMA
+    if gather == "auto":
+        gather = "copy" if target.has_tma and (h * x.element_size()) % 16 == 0 else "fused"
+    if gather == "copy":
+        _launch_grouped(1, x.index_select(0, r.token), None, w1, act, None, r.offsets, r.tile_offsets, i, cfg1,
+                        target, s)
+    else:
+        _launch_grouped(1, x, r.token, w1, act, None, r.offsets, r.tile_offsets, i, cfg1, target, s)
+    scale = topk_weights.reshape(-1).float()[r.order.long()]
+    o = torch.empty((s, h), dtype=x.dtype, device=x.device)
+    _launch_grouped(2, act, None, w2, o, scale, r.offsets, r.tile_offsets, h, cfg2, target, s)
+    block_h = min(1024, triton.next_power_of_2(h))
+    _moe_combine_kernel[(t, triton.cdiv(h, block_h))](o, r.inv, y, h, o.stride(0), y.stride(0), TOP_K=k,
+                                                      BLOCK_H=block_h)
+    return y
