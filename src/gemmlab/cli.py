@@ -140,11 +140,12 @@ def check(
 @app.command()
 def grade(
     cases: Annotated[str | None, typer.Option(help="case file: a shipped name (competition, competition-legacy, "
-                                                   "moe, llm, cpu) or a path; default competition with CUDA, "
-                                                   "else cpu")] = None,
+                                                   "moe, llm, cpu, moe-layer, moe-layer-cpu) or a path; default "
+                                                   "competition with CUDA, else cpu")] = None,
     kernel: Annotated[str | None, typer.Option(help="FILE.py:FN or package.module:FN; default gemmlab's")] = None,
     signature: Annotated[str | None, typer.Option(help="rowmajor: FN(a, b) -> c; colmajor: FN(A, B, C, M, N, K); "
-                                                       "default the case file's layout")] = None,
+                                                       "default the case file's layout (moe case files: "
+                                                       "FN(x, w1, w2, topk_weights, topk_ids) -> y)")] = None,
     allow_vendor: Annotated[bool, typer.Option(help="allow cuBLAS/CUTLASS/aten::mm in the candidate")] = False,
     timeout: Annotated[float, typer.Option(help="seconds per request to the candidate's process")] = 60.0,
     seed: Annotated[int, typer.Option(help="base seed of all inputs")] = 0,
@@ -162,13 +163,13 @@ def grade(
     from rich.progress import Progress
 
     from gemmlab.grade import cases as case_files
-    from gemmlab.grade import default_cases
+    from gemmlab.grade import default_cases, load_any
     from gemmlab.grade import grade as run_grade
     from gemmlab.grade import report as rep
 
     err = Console(stderr=True, width=140)
     try:
-        n_steps = len(case_files.load(cases or default_cases()).correctness)
+        n_steps = len(load_any(cases or default_cases()).correctness)
     except case_files.CaseError as e:
         err.print(f"[red]{e}")
         raise typer.Exit(2) from e

@@ -51,8 +51,9 @@ def summary_line(report: dict) -> str:
 
 def render(report: dict, console: Console) -> None:
     t = Table(title=f"gemmlab grade: {report['cases_name']} ({report['layout']}, {report['dtype']}) — "
-                    f"kernel {report['kernel']} on {report['env'].get('gpu', report['device'])}")
-    for col in ("case", "M x N x K", "status", "max |err|", "tolerance", "path / kernels", "reason"):
+                    f"kernel {report['kernel']} on {report['env'].get('gpu') or report['device']}")
+    dims = report.get("dims", "M x N x K")
+    for col in ("case", dims, "status", "max |err|", "tolerance", "path / kernels", "reason"):
         t.add_column(col)
     for c in report["correctness"]:
         t.add_row(c["name"], _shape(c["shape"]), "[green]PASS" if c["status"] == "PASS" else "[red]FAIL",
@@ -62,8 +63,7 @@ def render(report: dict, console: Console) -> None:
     perf = report["performance"]
     if perf:
         p = Table(title="performance (interleaved with the baseline, L2 flushed, device-wide sync)")
-        for col in ("case", "M x N x K", "status", "median ms", "TFLOPS", "baseline TFLOPS", "ratio", "SM MHz",
-                    "reason"):
+        for col in ("case", dims, "status", "median ms", "TFLOPS", "baseline TFLOPS", "ratio", "SM MHz", "reason"):
             p.add_column(col)
         p.add_row(perf["name"], _shape(perf["shape"]), "[green]PASS" if perf["status"] == "PASS" else "[red]FAIL",
                   _fmt(perf.get("median_ms"), ".4g"), _fmt(perf.get("tflops"), ".1f"),
@@ -89,7 +89,7 @@ def render(report: dict, console: Console) -> None:
 def markdown(report: dict) -> str:
     lines = [f"# gemmlab grade: {report['cases_name']}", "",
              f"kernel `{report['kernel']}` ({report['signature']}), {report['dtype']} {report['layout']}, "
-             f"{report['env'].get('gpu', report['device'])}, {report['env']['date']}, git {report['env']['git_sha']}",
+             f"{report['env'].get('gpu') or report['device']}, {report['env']['date']}, git {report['env']['git_sha']}",
              "", "| case | M x N x K | status | max abs err | tolerance | paths / kernels | reason |",
              "|---|---|---|---:|---:|---|---|"]
     for c in report["correctness"]:

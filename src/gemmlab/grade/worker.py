@@ -25,7 +25,7 @@ def load_kernel(spec: str | None, signature: str):
     if spec is None:
         import gemmlab
 
-        return gemmlab.gemm_colmajor if signature == "colmajor" else gemmlab.gemm
+        return {"colmajor": gemmlab.gemm_colmajor, "moe": gemmlab.moe_forward}.get(signature, gemmlab.gemm)
     target, _, name = spec.rpartition(":")
     if not target or not name:
         raise ValueError(f"--kernel {spec!r}: expected FILE.py:FN or package.module:FN")
@@ -113,6 +113,42 @@ class _Server:
             out = out.clone()  # the candidate returned (a view of) an input; let the parent judge a copy
         self.keep = [out]
         return {"out": out, "path": path, "kernels": kernels, "ops": ops}
+
+    def call_args(self, args):
+        """One call FN(*args) (the MoE signature: x, w1, w2, topk_weights, topk_ids), profiled."""
+        import torch
+
+        out, kernels, ops = _profiled(lambda: self.fn(*args), args[0].device)
+        if isinstance(out, torch.Tensor) and any(out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+                                                  for t in args):
+            out = out.clone()
+        self.keep = [out]
+        return {"out": out, "path": None, "kernels": kernels, "ops": ops}
+
+    def warmup_args(self, args, seconds):
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            self.fn(*args)
+            _sync(args[0].device)
+        return {}
+
+    def time_args(self, sets, reps, samples, sample_at, flush, profile):
+        """Like ``time`` for FN(*args): before a sampled call its set's first argument is negated in place;
+        the parent holds the references for both signs."""
+        def before(i):
+            if i in sample_at:
+                sets[i % len(sets)][0].neg_()
+
+        def after(i, out):
+            if i in sample_at:
+                samples[sample_at[i]].copy_(out)
+
+        call = lambda i: self.fn(*sets[i % len(sets)])  # noqa: E731
+        device_ms, host_ms = timed_loop(call, reps, sets[0][0].device, flush, before, after)
+        reply = {"device_ms": device_ms, "host_ms": host_ms, "kernels": [], "ops": [], "path": None}
+        if profile:
+            _, reply["kernels"], reply["ops"] = _profiled(lambda: call(0), sets[0][0].device)
+        return reply
 
     def warmup(self, a, b, c, seconds):
         t0 = time.perf_counter()

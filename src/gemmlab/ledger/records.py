@@ -84,6 +84,8 @@ def from_grade(report: dict, note: str = "", command: str = "") -> list[Entry]:
     shape = perf.get("shape") or report.get("performance_shape")
     if not shape:  # a case file without a performance shape: nothing timed, nothing to compare
         return []
+    if report.get("mode") == "moe":
+        return [_moe_grade_entry(report, perf, shape, note, command)]
     m, n, k = shape
     honest = perf.get("honest") or {}
     own = report["kernel"] == "gemmlab (default)"
@@ -96,6 +98,30 @@ def from_grade(report: dict, note: str = "", command: str = "") -> list[Entry]:
                   sm_clock_mhz=(perf.get("clocks") or {}).get("sm_clock_mhz_mean"),
                   tensor_core_ops=tensor_core_ops(m, n, k, report["dtype"]) if own else None,
                   report={key: v for key, v in report.items() if key != "correctness"})]
+
+
+def _moe_grade_entry(report: dict, perf: dict, dims, note: str, command: str) -> Entry:
+    """An MoE layer grade: its own op ("moe_forward") and shape key (T x H x I x E x k); gemmlab's own
+    kernel is inspected through the first GEMM's sm_90 SASS (``inspect.sass.moe_report``)."""
+    import os
+
+    t, h, i, e, k = dims
+    tc = None
+    if report["kernel"] == "gemmlab (default)" and os.environ.get("TRITON_INTERPRET") != "1":
+        try:
+            from gemmlab.inspect.sass import moe_report
+
+            tc = moe_report(1, t * k, e, getattr(__import__("torch"), report["dtype"]))["tensor_core_ops"]
+        except Exception:
+            tc = None
+    honest = perf.get("honest") or {}
+    failures = "; ".join(f"{f['name']}: {f['reason']}" for f in report.get("failures", []))
+    return Entry(kind="grade", op="moe_forward", shape="x".join(map(str, dims)), dtype=report["dtype"], note=note,
+                 command=command, backend=report["kernel"], correct=report["verdict"] == "PASS",
+                 error=failures or None, median_ms=perf.get("median_ms"), tflops=perf.get("tflops"),
+                 ratio=honest.get("ratio", perf.get("ratio")), ratio_ci=honest.get("ci95"),
+                 per_round=honest.get("per_round"), sm_clock_mhz=(perf.get("clocks") or {}).get("sm_clock_mhz_mean"),
+                 tensor_core_ops=tc, report={key: v for key, v in report.items() if key != "correctness"})
 
 
 def record(entries: list[Entry], ledger: str | None = None, parent: int | None = None) -> list[Entry]:
