@@ -354,13 +354,6 @@ class Grader:
 
     def _report(self, listed: list[CaseResult], results: list[CaseResult], perf: dict | None) -> dict:
         cf = self.cases
-        n_pass = sum(r.status == "PASS" for r in listed)
-        score_c = cf.score_correctness * n_pass / len(listed)
-        perf_ok = perf is not None and perf["status"] == "PASS"
-        score_p = cf.score_performance * min(1.0, perf["ratio"] / cf.full_score_ratio) if perf_ok else 0.0
-        # an exact-shape check that failed is reported once, as the performance case's failure
-        failed = [r.__dict__ for r in listed if r.status != "PASS"]
-        failed += [perf] if perf and perf["status"] != "PASS" else []
         if perf and "exact_shape_check" in perf:
             perf = dict(perf, exact_shape_check=perf["exact_shape_check"].__dict__)
         return {
@@ -370,12 +363,25 @@ class Grader:
             "worker_starts": self.worker.starts,
             "correctness": [r.__dict__ for r in results], "performance": perf,
             "performance_shape": list(cf.performance.mnk) if cf.performance is not None else None,
-            "score": {"correctness": score_c, "performance": score_p, "total": score_c + score_p,
+            **verdict(cf, listed, perf),
+        }
+
+
+def verdict(cf, listed: list[CaseResult], perf: dict | None) -> dict:
+    """Score, verdict and failures of a grade (GEMM or MoE case file): 30 correctness points split over
+    the listed cases, 70 x min(1, ratio / full_score_ratio) for a passed performance case. An exact-shape
+    check that failed is reported once, as the performance case's failure."""
+    n_pass = sum(r.status == "PASS" for r in listed)
+    score_c = cf.score_correctness * n_pass / len(listed)
+    perf_ok = perf is not None and perf["status"] == "PASS"
+    score_p = cf.score_performance * min(1.0, perf["ratio"] / cf.full_score_ratio) if perf_ok else 0.0
+    failed = [r.__dict__ for r in listed if r.status != "PASS"]
+    failed += [perf] if perf and not perf_ok else []
+    return {"score": {"correctness": score_c, "performance": score_p, "total": score_c + score_p,
                       "max": cf.score_correctness + cf.score_performance},
             "listed_correctness_passed": n_pass == len(listed),
             "verdict": "PASS" if not failed and (cf.performance is None or perf_ok) else "FAIL",
-            "failures": [{key: f[key] for key in ("name", "rule", "reason")} for f in failed],
-        }
+            "failures": [{key: f[key] for key in ("name", "rule", "reason")} for f in failed]}
 
 
 def coverage_problem(timed_path: str | None, timed_kernels: set[str], verified: list[CaseResult]) -> str | None:

@@ -27,7 +27,6 @@ Case file::
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from gemmlab.grade.grader import (
     _vendor,
     coverage_problem,
     timing_problem,
+    verdict,
 )
 from gemmlab.grade.worker import timed_loop
 
@@ -286,27 +286,11 @@ class MoEGrader:
                 perf = self.perf(cf.performance, results)
         finally:
             self.worker.close()
-        n_pass = sum(r.status == "PASS" for r in listed)
-        score_c = cf.score_correctness * n_pass / len(listed)
-        perf_ok = perf is not None and perf["status"] == "PASS"
-        score_p = cf.score_performance * min(1.0, perf["ratio"] / cf.full_score_ratio) if perf_ok else 0.0
-        failed = [r.__dict__ for r in listed if r.status != "PASS"] + ([perf] if perf and not perf_ok else [])
         return {
             "cases_file": cf.path, "cases_name": cf.name, "mode": "moe", "kernel": self.kernel or "gemmlab (default)",
             "signature": "moe", "layout": "rowmajor", "dtype": cf.dtype, "device": str(self.device),
             "dims": "T x H x I x E x k", "env": env_info(), "seed": self.seed, "allow_vendor": self.allow_vendor,
             "worker_starts": self.worker.starts, "correctness": [r.__dict__ for r in results], "performance": perf,
             "performance_shape": list(cf.performance.dims) if cf.performance else None,
-            "score": {"correctness": score_c, "performance": score_p, "total": score_c + score_p,
-                      "max": cf.score_correctness + cf.score_performance},
-            "listed_correctness_passed": n_pass == len(listed),
-            "verdict": "PASS" if not failed and (cf.performance is None or perf_ok) else "FAIL",
-            "failures": [{key: f[key] for key in ("name", "rule", "reason")} for f in failed],
+            **verdict(cf, listed, perf),
         }
-
-
-def read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CaseError(f"{path}: not JSON ({e})") from e
