@@ -322,16 +322,9 @@ class Grader:
                             reason=f"an output produced while timing (round {rr}, call {rep_i}) is wrong: "
                                    f"max err {err:.4g} > {ref['tol']:.4g}")
         out["samples_checked"] = len(sample_slots)
-        problem = timing_problem(cand_ms, host_med, tflops, self.device)
-        if problem:
-            return dict(out, status="FAIL", rule="honest-timing", reason=problem)
-        vendor = _vendor(sorted(kernels), sorted(ops))
-        if vendor and not self.allow_vendor:
-            return dict(out, status="FAIL", rule="no-vendor-blas", reason=f"timed run called {', '.join(vendor[:4])}")
-        problem = coverage_problem(path, kernels, verified)
-        if problem:
-            return dict(out, status="FAIL", rule="dispatch-coverage", reason=problem)
-        return out
+        failed = timed_run_problem(cand_ms, host_med, tflops, self.device, kernels, ops, self.allow_vendor, path,
+                                   verified)
+        return dict(out, status="FAIL", rule=failed[0], reason=failed[1]) if failed else out
 
     # -------------------------------------------------------------------------------------- run
 
@@ -382,6 +375,23 @@ def verdict(cf, listed: list[CaseResult], perf: dict | None) -> dict:
             "listed_correctness_passed": n_pass == len(listed),
             "verdict": "PASS" if not failed and (cf.performance is None or perf_ok) else "FAIL",
             "failures": [{key: f[key] for key in ("name", "rule", "reason")} for f in failed]}
+
+
+def timed_run_problem(device_ms: float, host_ms: float, tflops: float, device: torch.device, kernels: set[str],
+                      ops: set[str], allow_vendor: bool, timed_path: str | None,
+                      verified: list[CaseResult]) -> tuple[str, str] | None:
+    """Rules 5, 4 and 2 on a timed run, in that order: (rule, reason) of the first that fails, else None.
+    Shared by the GEMM and the MoE grader."""
+    problem = timing_problem(device_ms, host_ms, tflops, device)
+    if problem:
+        return "honest-timing", problem
+    vendor = _vendor(sorted(kernels), sorted(ops))
+    if vendor and not allow_vendor:
+        return "no-vendor-blas", f"timed run called {', '.join(vendor[:4])}"
+    problem = coverage_problem(timed_path, kernels, verified)
+    if problem:
+        return "dispatch-coverage", problem
+    return None
 
 
 def coverage_problem(timed_path: str | None, timed_kernels: set[str], verified: list[CaseResult]) -> str | None:

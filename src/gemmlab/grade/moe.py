@@ -44,8 +44,7 @@ from gemmlab.grade.grader import (
     WorkerFailure,
     _seed,
     _vendor,
-    coverage_problem,
-    timing_problem,
+    timed_run_problem,
     verdict,
 )
 from gemmlab.grade.worker import timed_loop
@@ -261,16 +260,9 @@ class MoEGrader:
                 return dict(out, status="FAIL", rule="exact-shape",
                             reason=f"an output produced while timing (round {rr}, call {rep_i}) is wrong: {reason}")
         out["samples_checked"] = len(slots)
-        problem = timing_problem(cand_ms, host_med, tflops, self.device)
-        if problem:
-            return dict(out, status="FAIL", rule="honest-timing", reason=problem)
-        vendor = _vendor(sorted(kernels), sorted(ops))
-        if vendor and not self.allow_vendor:
-            return dict(out, status="FAIL", rule="no-vendor-blas", reason=f"timed run called {', '.join(vendor[:4])}")
-        problem = coverage_problem(None, kernels, verified)
-        if problem:
-            return dict(out, status="FAIL", rule="dispatch-coverage", reason=problem)
-        return out
+        failed = timed_run_problem(cand_ms, host_med, tflops, self.device, kernels, ops, self.allow_vendor, None,
+                                   verified)
+        return dict(out, status="FAIL", rule=failed[0], reason=failed[1]) if failed else out
 
     def run(self) -> dict:
         cf = self.cases

@@ -171,11 +171,10 @@ def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: 
     e = offsets.numel()
     k = a.shape[1]
     w2d = _w2d(w)
-    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     a_tma = a_rows is None and target.has_tma and _tma_ok(a)
     w_tma = target.has_tma and _tma_ok(w2d)
     cfg = launch_config(cfg, a_tma, a_rows is not None, w_tma)
-    bn, bk = cfg.block_n, cfg.block_k
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma else a
     w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else w2d
     items_bound = (triton.cdiv(rows_bound, bm) + e) * triton.cdiv(n, bn)
