@@ -202,10 +202,11 @@ def last_kernel():
 
 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
-                 validate: bool = True) -> torch.Tensor:
+                 validate: bool = True, config: MoEConfig | None = None) -> torch.Tensor:
     """out (S, N): rows offsets[e-1]:offsets[e] of x (S, K) times w[e]^T, w (E, N, K) in nn.Linear layout;
     offsets (E,) int32 cumulative group ends, as ``torch._grouped_mm``'s ``offs`` (empty groups allowed,
-    any sizes; rows past offsets[-1] are left untouched). One persistent launch over all groups."""
+    any sizes; rows past offsets[-1] are left untouched). One persistent launch over all groups.
+    ``config``: launch parameters instead of ``moe_config``'s (tuning)."""
     _check("x", x, 2)
     _check("w", w, 3)
     _check("offsets", offsets, 1, dtypes=(torch.int32,))
@@ -233,7 +234,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     if x.stride(1) != 1:
         x = x.contiguous()
     target = target_for(x.device)
-    cfg = moe_config(target, s, e, 0, x.element_size())
+    cfg = config or moe_config(target, s, e, 0, x.element_size())
     counts = torch.diff(offsets.to(torch.int64), prepend=offsets.new_zeros(1, dtype=torch.int64))
     if k == 0:
         return out.zero_()
@@ -279,12 +280,15 @@ def _check_weights(w1, w2) -> tuple[int, int, int]:
 
 
 def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor | None, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, *, validate: bool = True, gather: str = "auto") -> torch.Tensor:
+                topk_ids: torch.Tensor, *, validate: bool = True, gather: str = "auto",
+                configs: tuple[MoEConfig, MoEConfig] | None = None) -> torch.Tensor:
     """The MoE layer body (see the module docstring). ``w1`` may be a ``PackedMoE`` (then ``w2`` is None
     or ignored). Returns y (T, H) in x's dtype. ``gather``: how the first GEMM gets x's rows in expert
     order: "copy" (x[token] gathered once, then read through TMA: pipelined wgmma; 2*S*H bytes of extra
     traffic), "fused" (pointer loads of x rows by token index inside the GEMM: no copy, but on sm_90 those
-    loads are not software-pipelined), "auto" (copy when x's rows are 16-byte aligned on a TMA target)."""
+    loads are not software-pipelined), "auto" (copy when x's rows are 16-byte aligned on a TMA target).
+    ``configs``: (first GEMM, second GEMM) launch parameters instead of ``moe_config``'s (tuning); the
+    second takes the first's BLOCK_M (one tile schedule)."""
     if gather not in ("auto", "copy", "fused"):
         raise ValueError(f"moe: gather {gather!r}: auto, copy or fused")
     if isinstance(w1, PackedMoE):
@@ -316,8 +320,8 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor 
         return y.zero_()
     s = t * k
     target = target_for(x.device)
-    cfg1 = moe_config(target, s, e, 1, x.element_size())
-    cfg2 = moe_config(target, s, e, 2, x.element_size())
+    elt = x.element_size()
+    cfg1, cfg2 = configs or (moe_config(target, s, e, 1, elt), moe_config(target, s, e, 2, elt))
     cfg2 = MoEConfig(cfg1.block_m, cfg2.block_n, cfg2.block_k, cfg2.num_warps, cfg2.num_stages)  # same tiles
     r = sort_routes(topk_ids, e, cfg1.block_m)
     if x.stride(1) != 1:
