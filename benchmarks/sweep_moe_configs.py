@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -29,26 +30,30 @@ from gemmlab.problems import MOE_MODELS
 from gemmlab.ref import grouped_gemm_ref, moe_check, moe_ref
 
 
-def C(bm_, bn, bk, w, s) -> MoEConfig:
-    return MoEConfig(block_m=bm_, block_n=bn, block_k=bk, num_warps=w, num_stages=s)
+def C(bm_, bn, bk, w, s, g=8, half=True) -> MoEConfig:
+    return MoEConfig(block_m=bm_, block_n=bn, block_k=bk, num_warps=w, num_stages=s, group_m=g, half_tail=half)
 
 
 # Candidate spaces, as data. "grouped": one config; "forward": (first GEMM, second GEMM) pairs.
-GROUPED = [C(128, 128, 64, 8, 4), C(128, 256, 64, 8, 3), C(64, 128, 64, 4, 4), C(64, 256, 64, 8, 3),
-           C(128, 128, 128, 8, 3), C(64, 128, 128, 4, 3), C(128, 128, 64, 4, 4), C(64, 64, 128, 4, 4),
-           C(16, 128, 128, 4, 4), C(32, 128, 64, 4, 4)]
-FORWARD = [(C(128, 128, 64, 8, 3), C(128, 128, 64, 8, 4)), (C(64, 128, 64, 8, 3), C(64, 128, 64, 4, 4)),
-           (C(128, 64, 64, 8, 4), C(128, 256, 64, 8, 3)), (C(64, 64, 64, 4, 4), C(64, 128, 64, 4, 4)),
-           (C(64, 128, 64, 4, 3), C(64, 256, 64, 8, 3)), (C(128, 128, 64, 8, 3), C(128, 256, 64, 8, 3))]
-CASES = {f"{m}:{t}:{part}": (m, t, "uniform", part)
-         for m in ("deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b") for t in (1024, 4096) for part in ("grouped",
-                                                                                                     "forward")}
+GROUPED = [C(128, 256, 64, 8, 3), C(128, 256, 64, 8, 3, half=False), C(128, 256, 64, 8, 3, g=1),
+           C(128, 256, 64, 8, 3, g=4), C(128, 128, 64, 8, 4), C(128, 128, 128, 8, 3), C(64, 256, 64, 8, 3),
+           C(64, 128, 128, 4, 3), C(64, 128, 128, 4, 3, half=False), C(64, 128, 64, 4, 4), C(256, 128, 64, 8, 3),
+           C(128, 256, 128, 8, 2)]
+FORWARD = [(C(128, 128, 64, 8, 3), C(128, 256, 64, 8, 3)), (C(128, 128, 64, 8, 3, half=False),
+                                                            C(128, 256, 64, 8, 3, half=False)),
+           (C(128, 128, 64, 8, 3, g=1), C(128, 256, 64, 8, 3, g=1)), (C(64, 128, 64, 8, 4), C(64, 256, 64, 8, 3)),
+           (C(128, 64, 64, 8, 4), C(128, 256, 64, 8, 3)), (C(128, 128, 64, 8, 3), C(128, 128, 64, 8, 3)),
+           (C(64, 128, 64, 4, 3), C(64, 128, 128, 4, 3))]
+CASES = {f"{m}:{t}:{part}{':zipf' if r == 'zipf' else ''}": (m, t, r, part)
+         for m in ("deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b") for t in (16, 128, 1024, 4096, 16384)
+         for part in ("grouped", "forward") for r in ("uniform", "zipf")}
 
 
 def name_of(cfg) -> str:
     if isinstance(cfg, tuple):
         return " + ".join(name_of(c) for c in cfg)
-    return f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
+    return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} g{cfg.group_m}"
+            f"{' half' if cfg.half_tail else ''}")
 
 
 def sweep_case(model_name: str, tokens: int, routing: str, part: str, rounds: int, reps: int) -> dict:
@@ -79,7 +84,7 @@ def sweep_case(model_name: str, tokens: int, routing: str, part: str, rounds: in
     else:
         ref = moe_ref(x, w1, w2, wts, ids)
         d1, d2 = moe_config(target, s, model.experts, 1), moe_config(target, s, model.experts, 2)
-        default = (d1, MoEConfig(d1.block_m, d2.block_n, d2.block_k, d2.num_warps, d2.num_stages))
+        default = (d1, replace(d2, block_m=d1.block_m))
         space = [default] + [c for c in FORWARD if c != default]
         fns = {f"gemmlab {name_of(c)}": (lambda c=c: moe_forward(x, w1, w2, wts, ids, validate=False, configs=c))
                for c in space}

@@ -209,7 +209,8 @@ def inspect_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, la
 
 
 def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bfloat16, a_tma: bool = True,
-               a_gather: bool = False, w_tma: bool = True, target: Target = H200, arch: int = 90) -> dict:
+               a_gather: bool = False, w_tma: bool = True, target: Target = H200, arch: int = 90,
+               config=None) -> dict:
     """Compiler report of ``_moe_grouped_kernel`` as ``ops.moe`` configures it for ``rows`` routed rows
     over ``experts`` experts (mode 0 grouped, 1 gate/up + SiLU, 2 down + weight) on ``target``."""
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -217,21 +218,23 @@ def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bf
     from gemmlab.kernels.moe import _moe_grouped_kernel
     from gemmlab.ops.moe import launch_config, moe_config
 
-    cfg = launch_config(moe_config(target, rows, experts, mode, torch.finfo(dtype).bits // 8), a_tma, a_gather,
-                        w_tma)
+    cfg = launch_config(config or moe_config(target, rows, experts, mode, torch.finfo(dtype).bits // 8), a_tma,
+                        a_gather, w_tma)
     warps, stages = cfg.num_warps, cfg.num_stages
     dt = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    sig = {"a": f"tensordesc<{dt}[{bm}, {bk}]>" if a_tma else f"*{dt}", "a_rows": "*i32",
+    half = f"tensordesc<{dt}[{bm // 2 if cfg.half_tail else bm}, {bk}]>" if a_tma else f"*{dt}"
+    sig = {"a": f"tensordesc<{dt}[{bm}, {bk}]>" if a_tma else f"*{dt}", "a_half": half, "a_rows": "*i32",
            "w": f"tensordesc<{dt}[{bn}, {bk}]>" if w_tma else f"*{dt}", "out": f"*{dt}", "scale": "*fp32",
            "offsets": "*i32", "tile_offsets": "*i32", "N": "i32", "K": "i32", "E": "i32",
            "stride_am": "i32", "stride_wn": "i32", "stride_om": "i32"}
     consts = dict(MODE=mode, A_TMA=a_tma, A_GATHER=a_gather, W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                  GROUP_M=cfg.group_m, HALF_TAIL=cfg.half_tail,
                   NUM_PROGRAMS=target.num_sms, LOG2_E=max(1, (experts - 1).bit_length()) + 1, DOT_UPCAST=False)
     sig = {name: sig.get(name, "constexpr") for name in _moe_grouped_kernel.arg_names}
     kernel = triton.compile(ASTSource(_moe_grouped_kernel, sig, constexprs=consts),
                             target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
     r = {"kernel": "_moe_grouped_kernel", "mode": mode, "block": [bm, bn, bk], "num_warps": warps,
-         "num_stages": stages, "a_tma": a_tma, "a_gather": a_gather, "w_tma": w_tma}
+         "num_stages": stages, "a_tma": a_tma, "a_gather": a_gather, "w_tma": w_tma, "half_tail": cfg.half_tail}
     r.update(compiled_report(kernel))
     return r

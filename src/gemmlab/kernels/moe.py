@@ -3,8 +3,10 @@
 Rows are grouped by expert: group e holds rows [offsets[e-1], offsets[e]) (offsets are cumulative ends,
 offsets[-1] = S), and is cut into BLOCK_M-row tiles; ``tile_offsets`` (E + 1,) holds the cumulative tile
 counts, so an expert with no rows has no tiles and a small group wastes at most one partial tile (the
-decode regime never pads every expert to a full tile). One persistent launch walks all (m-tile, n-tile)
-work items of all experts; each finds its expert by binary search in ``tile_offsets``.
+decode regime never pads every expert to a full tile; with HALF_TAIL a last tile of at most BLOCK_M / 2
+rows runs as a half-height tile, which halves the MMA spent on it). One persistent launch walks all
+(m-tile, n-tile) work items of all experts; each finds its expert by binary search in ``tile_offsets``,
+and the items of one expert are ordered in groups of GROUP_M m-tiles (W tiles reused from L2).
 
     _moe_grouped_kernel   MODE 0: out[r] = A[r] @ W[e]^T                      (grouped GEMM)
                           MODE 1: out[r] = silu(A[r] @ Wg[e]^T) * (A[r] @ Wu[e]^T)   W[e] = [Wg; Wu] (2N rows)
@@ -70,8 +72,36 @@ def _load_w_tile(w, w_row0, n_rows_left, off_k, K, stride_wn,
 
 
 @triton.jit
+def _moe_tile(a, a_rows, w, out, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn, stride_om,
+              MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr, W_TMA: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_UPCAST: tl.constexpr):
+    """One [BLOCK_M, BLOCK_N] output tile: the K loop (software-pipelined) and the masked epilogue."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if MODE == 1:
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(tl.cdiv(K, BLOCK_K)):
+        off_k = ki * BLOCK_K
+        at = _load_a_tile(a, a_rows, row0, rows_end, off_k, K, stride_am, BLOCK_M, BLOCK_K, A_TMA, A_GATHER)
+        wt = _load_w_tile(w, w_row0, N - off_n, off_k, K, stride_wn, BLOCK_N, BLOCK_K, W_TMA)
+        acc = _dot(at, wt, acc, DOT_UPCAST)
+        if MODE == 1:
+            ut = _load_w_tile(w, w_row0 + N, N - off_n, off_k, K, stride_wn, BLOCK_N, BLOCK_K, W_TMA)
+            acc_up = _dot(at, ut, acc_up, DOT_UPCAST)
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = off_n + tl.arange(0, BLOCK_N)
+    if MODE == 1:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up, fp32
+    if MODE == 2:
+        acc = acc * tl.load(scale + rows, mask=rows < rows_end, other=0.0)[:, None]
+    mask = (rows[:, None] < rows_end) & (cols[None, :] < N)
+    ptr = out + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    tl.store(ptr, acc.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _moe_grouped_kernel(
     a,  # A (rows, K) fp16/bf16: descriptor, blocks [BLOCK_M, BLOCK_K] (A_TMA), else pointer
+    a_half,  # A again: descriptor with blocks [BLOCK_M // 2, BLOCK_K] (A_TMA and HALF_TAIL), else unused
     a_rows,  # (S,) int32: source row of A for routed row r (A_GATHER), else unused
     w,  # W (E * N_w, K): descriptor, blocks [BLOCK_N, BLOCK_K] (W_TMA), else pointer; N_w = N (2N in MODE 1)
     out,  # (S, N) row-major pointer, A's dtype
@@ -81,44 +111,38 @@ def _moe_grouped_kernel(
     N, K, E,
     stride_am, stride_wn, stride_om,
     MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr, W_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    HALF_TAIL: tl.constexpr, NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
     """Grid (NUM_PROGRAMS,): program p takes work items p, p + NUM_PROGRAMS, ... of the
-    tile_offsets[E] * cdiv(N, BLOCK_N) items (read on the device: no host sync)."""
+    tile_offsets[E] * cdiv(N, BLOCK_N) items (read on the device: no host sync). Expert e owns the items
+    [tile_offsets[e] * num_n, tile_offsets[e + 1] * num_n), ordered in groups of GROUP_M m-tiles that walk
+    the n-tiles together (the W tile a group reads is shared in L2). HALF_TAIL: a tile with at most
+    BLOCK_M / 2 rows of its group (an expert's last tile) runs as a BLOCK_M / 2-row tile (half the MMA)."""
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
     total = tl.load(tile_offsets + E) * num_n
-    k_tiles = tl.cdiv(K, BLOCK_K)
     n_w = N * (2 if MODE == 1 else 1)  # rows of W per expert
     for item in tl.range(pid, total, NUM_PROGRAMS, flatten=False):
-        m_tile = item // num_n
-        off_n = (item % num_n) * BLOCK_N
-        e = _find_expert(tile_offsets, m_tile, E, LOG2_E)
+        e = _find_expert(tile_offsets, item // num_n, E, LOG2_E)
+        first_tile = tl.load(tile_offsets + e)
+        m_tiles = tl.load(tile_offsets + e + 1) - first_tile
+        local = item - first_tile * num_n  # item within expert e: swizzled in groups of GROUP_M m-tiles
+        in_group = GROUP_M * num_n
+        first_m = (local // in_group) * GROUP_M
+        group_m = tl.minimum(m_tiles - first_m, GROUP_M)
+        m_tile = first_m + (local % in_group) % group_m
+        off_n = ((local % in_group) // group_m) * BLOCK_N
         row_start = tl.load(offsets + e - 1, mask=e > 0, other=0)
         rows_end = tl.load(offsets + e)
-        row0 = row_start + (m_tile - tl.load(tile_offsets + e)) * BLOCK_M
+        row0 = row_start + m_tile * BLOCK_M
         w_row0 = e * n_w + off_n  # int32: TMA coordinates (E * N_w < 2^31)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if MODE == 1:
-            acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            off_k = ki * BLOCK_K
-            at = _load_a_tile(a, a_rows, row0, rows_end, off_k, K, stride_am, BLOCK_M, BLOCK_K, A_TMA, A_GATHER)
-            wt = _load_w_tile(w, w_row0, N - off_n, off_k, K, stride_wn, BLOCK_N, BLOCK_K, W_TMA)
-            acc = _dot(at, wt, acc, DOT_UPCAST)
-            if MODE == 1:
-                ut = _load_w_tile(w, w_row0 + N, N - off_n, off_k, K, stride_wn, BLOCK_N, BLOCK_K, W_TMA)
-                acc_up = _dot(at, ut, acc_up, DOT_UPCAST)
-        rows = row0 + tl.arange(0, BLOCK_M)
-        cols = off_n + tl.arange(0, BLOCK_N)
-        if MODE == 1:
-            acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up, fp32
-        if MODE == 2:
-            acc = acc * tl.load(scale + rows, mask=rows < rows_end, other=0.0)[:, None]
-        mask = (rows[:, None] < rows_end) & (cols[None, :] < N)
-        ptr = out + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-        tl.store(ptr, acc.to(out.dtype.element_ty), mask=mask)
+        if HALF_TAIL and rows_end - row0 <= BLOCK_M // 2:
+            _moe_tile(a_half, a_rows, w, out, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
+                      stride_om, MODE, A_TMA, A_GATHER, W_TMA, BLOCK_M // 2, BLOCK_N, BLOCK_K, DOT_UPCAST)
+        else:
+            _moe_tile(a, a_rows, w, out, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
+                      stride_om, MODE, A_TMA, A_GATHER, W_TMA, BLOCK_M, BLOCK_N, BLOCK_K, DOT_UPCAST)
 
 
 @triton.jit

@@ -20,7 +20,7 @@ slot order). fp16 and bf16, fp32 accumulation.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -43,6 +43,8 @@ class MoEConfig:
     block_k: int = 64
     num_warps: int = 8
     num_stages: int = 3
+    group_m: int = 8  # m-tiles of one expert that walk the n-tiles together (W tiles shared in L2)
+    half_tail: bool = True  # an expert's last tile with <= block_m / 2 rows runs as a block_m / 2 tile
 
 
 def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2) -> MoEConfig:
@@ -53,9 +55,10 @@ def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2)
     if target.name == "interpreter":
         return MoEConfig(block_m=16 if avg <= 16 else 32, block_n=32, block_k=32, num_warps=4, num_stages=1)
     bm = 16 if avg <= 16 else 64 if avg <= 64 else 128
-    bn, bk = 128, 64
+    bn = 256 if bm == 128 and mode != 1 else 128  # gate/up: two 128-wide W tiles per step already
+    bk = 64
     w_tiles = 2 if mode == 1 else 1
-    stages = 4
+    stages = 3 if bm == 128 else 4  # sm_90 SASS: 4 stages spill at 128 rows (half-tail path included)
     while stages > 2 and stages * (bm * bk + w_tiles * bn * bk) * elt > SMEM_BYTES - 16384:
         stages -= 1
     # two fp32 accumulators (gate, up) need two warpgroups from 64 rows up (sm_90 SASS: 4 warps spill there)
@@ -157,11 +160,13 @@ def _w2d(w: torch.Tensor) -> torch.Tensor:
 def launch_config(cfg: MoEConfig, a_tma: bool, a_gather: bool, w_tma: bool) -> MoEConfig:
     """The config a launch uses given how A and W are read (checked in the sm_90 SASS by
     tests/test_inspect.py: no spills). BLOCK_M stays: the tile schedule was built with it."""
+    half_tail = cfg.half_tail and cfg.block_m >= 32
     if not (a_tma or a_gather) or not w_tma:  # pointer loads (odd K): smaller W tiles, 2 stages
-        return MoEConfig(cfg.block_m, 64, 32, 8 if cfg.block_m >= 64 else 4, 2)
+        return replace(cfg, block_n=64, block_k=32, num_warps=8 if cfg.block_m >= 64 else 4, num_stages=2,
+                       half_tail=half_tail)
     if a_gather:  # gathered A rows pass through registers: 4 stages spill at 128 rows
-        return MoEConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, min(cfg.num_stages, 3))
-    return cfg
+        return replace(cfg, num_stages=min(cfg.num_stages, 3), half_tail=half_tail)
+    return replace(cfg, half_tail=half_tail)
 
 
 def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
@@ -176,15 +181,17 @@ def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: 
     cfg = launch_config(cfg, a_tma, a_rows is not None, w_tma)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma else a
+    a_half = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm // 2, bk]) if a_tma and cfg.half_tail else a_arg
     w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else w2d
     items_bound = (triton.cdiv(rows_bound, bm) + e) * triton.cdiv(n, bn)
+    log2_e = max(1, math.ceil(math.log2(max(e, 2)))) + 1
     programs = max(1, min(target.num_sms, items_bound))
     upcast = bool(knobs.runtime.interpret) and a.dtype == torch.bfloat16
     _LAST["grouped"] = _moe_grouped_kernel[(programs,)](
-        a_arg, a_rows if a_rows is not None else offsets, w_arg, out, scale if scale is not None else out,
+        a_arg, a_half, a_rows if a_rows is not None else offsets, w_arg, out, scale if scale is not None else out,
         offsets, tile_offsets, n, k, e, a.stride(0), w2d.stride(0), out.stride(0),
         MODE=mode, A_TMA=a_tma, A_GATHER=a_rows is not None, W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        NUM_PROGRAMS=programs, LOG2_E=max(1, math.ceil(math.log2(max(e, 2)))) + 1, DOT_UPCAST=upcast,
+        GROUP_M=cfg.group_m, HALF_TAIL=cfg.half_tail, NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -322,7 +329,7 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor 
     target = target_for(x.device)
     elt = x.element_size()
     cfg1, cfg2 = configs or (moe_config(target, s, e, 1, elt), moe_config(target, s, e, 2, elt))
-    cfg2 = MoEConfig(cfg1.block_m, cfg2.block_n, cfg2.block_k, cfg2.num_warps, cfg2.num_stages)  # same tiles
+    cfg2 = replace(cfg2, block_m=cfg1.block_m)  # one tile schedule for both GEMMs
     r = sort_routes(topk_ids, e, cfg1.block_m)
     if x.stride(1) != 1:
         x = x.contiguous()
