@@ -3,8 +3,7 @@
 Rows are grouped by expert: group e holds rows [offsets[e-1], offsets[e]) (offsets are cumulative ends,
 offsets[-1] = S), and is cut into BLOCK_M-row tiles; ``tile_offsets`` (E + 1,) holds the cumulative tile
 counts, so an expert with no rows has no tiles and a small group wastes at most one partial tile (the
-decode regime never pads every expert to a full tile; with HALF_TAIL a last tile of at most BLOCK_M / 2
-rows runs as a half-height tile, which halves the MMA spent on it). One persistent launch walks all
+decode regime never pads every expert to a full tile). One persistent launch walks all
 (m-tile, n-tile) work items of all experts; each finds its expert by binary search in ``tile_offsets``,
 and the items of one expert are ordered in groups of GROUP_M m-tiles (W tiles reused from L2).
 
@@ -101,7 +100,6 @@ def _moe_tile(a, a_rows, w, out, scale, row0, rows_end, off_n, w_row0, N, K, str
 @triton.jit
 def _moe_grouped_kernel(
     a,  # A (rows, K) fp16/bf16: descriptor, blocks [BLOCK_M, BLOCK_K] (A_TMA), else pointer
-    a_half,  # A again: descriptor with blocks [BLOCK_M // 2, BLOCK_K] (A_TMA and HALF_TAIL), else unused
     a_rows,  # (S,) int32: source row of A for routed row r (A_GATHER), else unused
     w,  # W (E * N_w, K): descriptor, blocks [BLOCK_N, BLOCK_K] (W_TMA), else pointer; N_w = N (2N in MODE 1)
     out,  # (S, N) row-major pointer, A's dtype
@@ -112,13 +110,12 @@ def _moe_grouped_kernel(
     stride_am, stride_wn, stride_om,
     MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr, W_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    HALF_TAIL: tl.constexpr, NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
     """Grid (NUM_PROGRAMS,): program p takes work items p, p + NUM_PROGRAMS, ... of the
     tile_offsets[E] * cdiv(N, BLOCK_N) items (read on the device: no host sync). Expert e owns the items
     [tile_offsets[e] * num_n, tile_offsets[e + 1] * num_n), ordered in groups of GROUP_M m-tiles that walk
-    the n-tiles together (the W tile a group reads is shared in L2). HALF_TAIL: a tile with at most
-    BLOCK_M / 2 rows of its group (an expert's last tile) runs as a BLOCK_M / 2-row tile (half the MMA)."""
+    the n-tiles together (the W tile a group reads is shared in L2)."""
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
     total = tl.load(tile_offsets + E) * num_n
@@ -137,12 +134,8 @@ def _moe_grouped_kernel(
         rows_end = tl.load(offsets + e)
         row0 = row_start + m_tile * BLOCK_M
         w_row0 = e * n_w + off_n  # int32: TMA coordinates (E * N_w < 2^31)
-        if HALF_TAIL and rows_end - row0 <= BLOCK_M // 2:
-            _moe_tile(a_half, a_rows, w, out, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
-                      stride_om, MODE, A_TMA, A_GATHER, W_TMA, BLOCK_M // 2, BLOCK_N, BLOCK_K, DOT_UPCAST)
-        else:
-            _moe_tile(a, a_rows, w, out, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
-                      stride_om, MODE, A_TMA, A_GATHER, W_TMA, BLOCK_M, BLOCK_N, BLOCK_K, DOT_UPCAST)
+        _moe_tile(a, a_rows, w, out, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn, stride_om,
+                  MODE, A_TMA, A_GATHER, W_TMA, BLOCK_M, BLOCK_N, BLOCK_K, DOT_UPCAST)
 
 
 @triton.jit

@@ -44,25 +44,26 @@ class MoEConfig:
     num_warps: int = 8
     num_stages: int = 3
     group_m: int = 8  # m-tiles of one expert that walk the n-tiles together (W tiles shared in L2)
-    half_tail: bool = True  # an expert's last tile with <= block_m / 2 rows runs as a block_m / 2 tile
 
 
 def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2) -> MoEConfig:
     """BLOCK_M follows the average rows per used expert (the decode regime gets 16-row tiles, not 128);
-    the rest is a Hopper default that fits shared memory (two W tiles per step in the gate/up GEMM)."""
+    the rest was chosen on an H200 by ``benchmarks/sweep_moe_configs.py`` (bf16, DeepSeek-V3, Qwen3 and
+    Mixtral shapes, T = 1024 to 16384): 128x256 tiles for the plain and down GEMMs, 128 x (2 x 128) for
+    gate/up, 64x128x128 with one warpgroup when groups average 48 rows or fewer."""
     used = max(1, min(experts, rows))
     avg = rows / used
     if target.name == "interpreter":
         return MoEConfig(block_m=16 if avg <= 16 else 32, block_n=32, block_k=32, num_warps=4, num_stages=1)
-    bm = 16 if avg <= 16 else 64 if avg <= 64 else 128
-    bn = 256 if bm == 128 and mode != 1 else 128  # gate/up: two 128-wide W tiles per step already
-    bk = 64
+    if avg <= 16:
+        bm, bn, bk, warps, stages = 16, 128, 64, 4, 4
+    elif avg <= 48:  # two fp32 accumulators (gate, up) need two warpgroups at 64 rows (4 warps spill)
+        bm, bn, bk, warps, stages = (64, 128, 64, 8, 4) if mode == 1 else (64, 128, 128, 4, 3)
+    else:  # sm_90 SASS: 3 stages at 128 rows (4 spill in the gate/up GEMM)
+        bm, bn, bk, warps, stages = (128, 128, 64, 8, 3) if mode == 1 else (128, 256, 64, 8, 3)
     w_tiles = 2 if mode == 1 else 1
-    stages = 3 if bm == 128 else 4  # sm_90 SASS: 4 stages spill at 128 rows (half-tail path included)
     while stages > 2 and stages * (bm * bk + w_tiles * bn * bk) * elt > SMEM_BYTES - 16384:
         stages -= 1
-    # two fp32 accumulators (gate, up) need two warpgroups from 64 rows up (sm_90 SASS: 4 warps spill there)
-    warps = 8 if bm >= 128 or (mode == 1 and bm >= 64) else 4
     return MoEConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
 
 
@@ -160,13 +161,11 @@ def _w2d(w: torch.Tensor) -> torch.Tensor:
 def launch_config(cfg: MoEConfig, a_tma: bool, a_gather: bool, w_tma: bool) -> MoEConfig:
     """The config a launch uses given how A and W are read (checked in the sm_90 SASS by
     tests/test_inspect.py: no spills). BLOCK_M stays: the tile schedule was built with it."""
-    half_tail = cfg.half_tail and cfg.block_m >= 32
     if not (a_tma or a_gather) or not w_tma:  # pointer loads (odd K): smaller W tiles, 2 stages
-        return replace(cfg, block_n=64, block_k=32, num_warps=8 if cfg.block_m >= 64 else 4, num_stages=2,
-                       half_tail=half_tail)
-    if a_gather:  # gathered A rows pass through registers: 4 stages spill at 128 rows
-        return replace(cfg, num_stages=min(cfg.num_stages, 3), half_tail=half_tail)
-    return replace(cfg, half_tail=half_tail)
+        return replace(cfg, block_n=64, block_k=32, num_warps=8 if cfg.block_m >= 64 else 4, num_stages=2)
+    if a_gather:  # gathered A rows pass through registers: 4 stages, or the GROUP_M tile order, spill at 128 rows
+        return replace(cfg, num_stages=min(cfg.num_stages, 3), group_m=1)
+    return cfg
 
 
 def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
@@ -181,17 +180,16 @@ def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: 
     cfg = launch_config(cfg, a_tma, a_rows is not None, w_tma)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma else a
-    a_half = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm // 2, bk]) if a_tma and cfg.half_tail else a_arg
     w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else w2d
     items_bound = (triton.cdiv(rows_bound, bm) + e) * triton.cdiv(n, bn)
     log2_e = max(1, math.ceil(math.log2(max(e, 2)))) + 1
     programs = max(1, min(target.num_sms, items_bound))
     upcast = bool(knobs.runtime.interpret) and a.dtype == torch.bfloat16
     _LAST["grouped"] = _moe_grouped_kernel[(programs,)](
-        a_arg, a_half, a_rows if a_rows is not None else offsets, w_arg, out, scale if scale is not None else out,
+        a_arg, a_rows if a_rows is not None else offsets, w_arg, out, scale if scale is not None else out,
         offsets, tile_offsets, n, k, e, a.stride(0), w2d.stride(0), out.stride(0),
         MODE=mode, A_TMA=a_tma, A_GATHER=a_rows is not None, W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        GROUP_M=cfg.group_m, HALF_TAIL=cfg.half_tail, NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast,
+        GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
