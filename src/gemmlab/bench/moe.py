@@ -33,8 +33,13 @@ def problem(model: MoEModel, tokens: int, routing: str = "uniform", dtype: torch
     g = torch.Generator(device=device).manual_seed(seed)
     h, i, e, k = model.hidden, model.intermediate, model.experts, model.top_k
 
-    def rnd(*shape, scale):
-        return ((torch.rand(shape, generator=g, device=device) - 0.5) * scale).to(dtype)
+    def rnd(*shape, scale):  # filled in slices of ~2^28 elements: no full-size float32 temporaries
+        out = torch.empty(shape, dtype=dtype, device=device)
+        step = max(1, (1 << 28) // max(1, math.prod(shape[1:])))
+        for j in range(0, shape[0], step):
+            part = torch.rand((min(step, shape[0] - j), *shape[1:]), generator=g, device=device)
+            out[j:j + step] = part.sub_(0.5).mul_(scale)
+        return out
 
     x = rnd(tokens, h, scale=2.0)
     w1 = rnd(e, 2 * i, h, scale=2.0 * math.sqrt(3.0 / h))

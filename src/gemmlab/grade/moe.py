@@ -156,6 +156,7 @@ class MoEGrader:
         prev = None
         for trial, routing in enumerate(ROUTINGS):
             seed = _seed(self.seed, tag, case.name, trial)
+            args = saved = reply = out = None  # free the last trial's tensors first (DeepSeek-V3: 22 GB a set)
             args = inputs(case, routing, seed, self.dtype, self.device)
             saved = [a.clone() for a in args]
             try:
