@@ -12,11 +12,12 @@ and the items of one expert are ordered in groups of GROUP_M m-tiles (W tiles re
                           MODE 2: out[r] = scale[r] * (A[r] @ W[e]^T)          (second GEMM, top-k weight)
     _moe_combine_kernel   y[t] = sum_j o[inv[t*k + j]]   in fixed j order (deterministic)
 
-A rows come through a TMA descriptor (A_TMA) or pointers; with A_GATHER a pointer load reads row
-``a_rows[r]`` of A (the token of routed row r), so the first GEMM reads x in token order without a
-gathered copy. W (E, N_w, K) is read as a 2-D (E * N_w, K) descriptor (W_TMA) or through pointers.
-TMA zero-fills past the tensor's end; rows or columns of a tile that belong to another group or expert
-are computed and never stored (masked stores).
+A rows come through a TMA descriptor (A_TMA; with CLIP one made per tile whose rows end at the group's
+end, so rows of the next group read as zeros, and the output is TMA-stored through another) or pointers;
+with A_GATHER a pointer load reads row ``a_rows[r]`` of A (the token of routed row r), so the first GEMM
+reads x in token order without a gathered copy. W (E, N_w, K) is read as a 2-D (E * N_w, K) descriptor
+(W_TMA) or through pointers. TMA zero-fills past the tensor's end; rows or columns of a tile that belong
+to another group or expert are computed and never stored (masked or clipped stores).
 """
 
 import triton
@@ -73,8 +74,14 @@ def _load_w_tile(w, w_row0, n_rows_left, off_k, K, stride_wn,
 @triton.jit
 def _moe_tile(a, a_rows, w, out, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn, stride_om,
               MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr, W_TMA: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_UPCAST: tl.constexpr):
-    """One [BLOCK_M, BLOCK_N] output tile: the K loop (software-pipelined) and the masked epilogue."""
+              CLIP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              DOT_UPCAST: tl.constexpr):
+    """One [BLOCK_M, BLOCK_N] output tile: the K loop (software-pipelined) and the epilogue. CLIP: A and
+    out are pointers, and this tile reads and writes them through descriptors made here whose row count
+    ends at the group's end: rows of the next group are loaded as zeros (the padded MMA multiplies zeros,
+    which draws less power under the cap) and the TMA store clips them."""
+    if CLIP:
+        a = tl.make_tensor_descriptor(a, shape=[rows_end, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if MODE == 1:
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -87,28 +94,35 @@ def _moe_tile(a, a_rows, w, out, scale, row0, rows_end, off_n, w_row0, N, K, str
             ut = _load_w_tile(w, w_row0 + N, N - off_n, off_k, K, stride_wn, BLOCK_N, BLOCK_K, W_TMA)
             acc_up = _dot(at, ut, acc_up, DOT_UPCAST)
     rows = row0 + tl.arange(0, BLOCK_M)
-    cols = off_n + tl.arange(0, BLOCK_N)
     if MODE == 1:
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up, fp32
     if MODE == 2:
         acc = acc * tl.load(scale + rows, mask=rows < rows_end, other=0.0)[:, None]
-    mask = (rows[:, None] < rows_end) & (cols[None, :] < N)
-    ptr = out + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-    tl.store(ptr, acc.to(out.dtype.element_ty), mask=mask)
+    if CLIP:  # TMA store, in two [BLOCK_M, BLOCK_N / 2] halves (half the staging buffer)
+        o = tl.make_tensor_descriptor(out, shape=[rows_end, N], strides=[stride_om, 1],
+                                      block_shape=[BLOCK_M, BLOCK_N // 2])
+        acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        o.store([row0, off_n], acc0.to(out.dtype.element_ty))
+        o.store([row0, off_n + BLOCK_N // 2], acc1.to(out.dtype.element_ty))
+    else:
+        cols = off_n + tl.arange(0, BLOCK_N)
+        mask = (rows[:, None] < rows_end) & (cols[None, :] < N)
+        ptr = out + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+        tl.store(ptr, acc.to(out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _moe_grouped_kernel(
-    a,  # A (rows, K) fp16/bf16: descriptor, blocks [BLOCK_M, BLOCK_K] (A_TMA), else pointer
+    a,  # A (rows, K) fp16/bf16: descriptor, blocks [BLOCK_M, BLOCK_K] (A_TMA and not CLIP), else pointer
     a_rows,  # (S,) int32: source row of A for routed row r (A_GATHER), else unused
     w,  # W (E * N_w, K): descriptor, blocks [BLOCK_N, BLOCK_K] (W_TMA), else pointer; N_w = N (2N in MODE 1)
-    out,  # (S, N) row-major pointer, A's dtype
+    out,  # (S, N) row-major pointer, A's dtype (16-byte aligned rows with CLIP)
     scale,  # (S,) fp32 per-row factor (MODE 2), else unused
     offsets,  # (E,) int32 cumulative row ends of the groups
     tile_offsets,  # (E + 1,) int32 cumulative m-tile counts
     N, K, E,
     stride_am, stride_wn, stride_om,
-    MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr, W_TMA: tl.constexpr,
+    MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr, W_TMA: tl.constexpr, CLIP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
@@ -135,7 +149,7 @@ def _moe_grouped_kernel(
         row0 = row_start + m_tile * BLOCK_M
         w_row0 = e * n_w + off_n  # int32: TMA coordinates (E * N_w < 2^31)
         _moe_tile(a, a_rows, w, out, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn, stride_om,
-                  MODE, A_TMA, A_GATHER, W_TMA, BLOCK_M, BLOCK_N, BLOCK_K, DOT_UPCAST)
+                  MODE, A_TMA, A_GATHER, W_TMA, CLIP, BLOCK_M, BLOCK_N, BLOCK_K, DOT_UPCAST)
 
 
 @triton.jit

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 from triton import knobs
+from triton.runtime._allocation import NullAllocator, _allocator
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.kernels.moe import _moe_combine_kernel, _moe_grouped_kernel
@@ -44,6 +45,7 @@ class MoEConfig:
     num_warps: int = 8
     num_stages: int = 3
     group_m: int = 8  # m-tiles of one expert that walk the n-tiles together (W tiles shared in L2)
+    clip: bool = True  # per-tile descriptors ending at the group's end: zeros past it, TMA-stored output
 
 
 def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2) -> MoEConfig:
@@ -168,6 +170,11 @@ def launch_config(cfg: MoEConfig, a_tma: bool, a_gather: bool, w_tma: bool) -> M
     return cfg
 
 
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Triton's allocator for kernels that make TMA descriptors on the device (set only when none is)."""
+    return torch.empty(size, dtype=torch.int8, device="cpu" if knobs.runtime.interpret else "cuda")
+
+
 def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
                     scale: torch.Tensor | None, offsets: torch.Tensor, tile_offsets: torch.Tensor, n: int,
                     cfg: MoEConfig, target: Target, rows_bound: int) -> None:
@@ -178,8 +185,11 @@ def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: 
     a_tma = a_rows is None and target.has_tma and _tma_ok(a)
     w_tma = target.has_tma and _tma_ok(w2d)
     cfg = launch_config(cfg, a_tma, a_rows is not None, w_tma)
+    clip = cfg.clip and a_tma and w_tma and _tma_ok(out)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma else a
+    if clip and isinstance(_allocator.get(), NullAllocator):  # scratch for the descriptors made on the device
+        triton.set_allocator(_scratch)
+    a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma and not clip else a
     w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else w2d
     items_bound = (triton.cdiv(rows_bound, bm) + e) * triton.cdiv(n, bn)
     log2_e = max(1, math.ceil(math.log2(max(e, 2)))) + 1
@@ -188,7 +198,7 @@ def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: 
     _LAST["grouped"] = _moe_grouped_kernel[(programs,)](
         a_arg, a_rows if a_rows is not None else offsets, w_arg, out, scale if scale is not None else out,
         offsets, tile_offsets, n, k, e, a.stride(0), w2d.stride(0), out.stride(0),
-        MODE=mode, A_TMA=a_tma, A_GATHER=a_rows is not None, W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        MODE=mode, A_TMA=a_tma, A_GATHER=a_rows is not None, W_TMA=w_tma, CLIP=clip, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
