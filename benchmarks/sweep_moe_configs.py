@@ -30,17 +30,19 @@ from gemmlab.problems import MOE_MODELS
 from gemmlab.ref import grouped_gemm_ref, moe_check, moe_ref
 
 
-def C(bm_, bn, bk, w, s, g=8, clip=True) -> MoEConfig:
-    return MoEConfig(block_m=bm_, block_n=bn, block_k=bk, num_warps=w, num_stages=s, group_m=g, clip=clip)
+def C(bm_, bn, bk, w, s, g=8, clip=False, ot=True) -> MoEConfig:
+    return MoEConfig(block_m=bm_, block_n=bn, block_k=bk, num_warps=w, num_stages=s, group_m=g, clip=clip,
+                     out_tma=ot)
 
 
 # Candidate spaces, as data. "grouped": one config; "forward": (first GEMM, second GEMM) pairs.
-GROUPED = [C(128, 256, 64, 8, 3), C(128, 256, 64, 8, 3, clip=False), C(128, 256, 64, 8, 4), C(128, 256, 64, 8, 3, g=16),
-           C(128, 128, 64, 8, 4), C(64, 128, 128, 4, 3), C(64, 128, 128, 4, 3, clip=False), C(256, 128, 64, 8, 3)]
+GROUPED = [C(128, 256, 64, 8, 3), C(128, 256, 64, 8, 3, ot=False), C(128, 256, 64, 8, 4),
+           C(128, 256, 64, 8, 4, ot=False), C(128, 256, 64, 8, 3, g=16), C(128, 256, 64, 8, 3, clip=True),
+           C(64, 128, 128, 4, 3), C(64, 128, 128, 4, 3, ot=False)]
 FORWARD = [(C(128, 128, 64, 8, 3), C(128, 256, 64, 8, 3)),
-           (C(128, 128, 64, 8, 3, clip=False), C(128, 256, 64, 8, 3, clip=False)),
-           (C(128, 128, 64, 8, 4), C(128, 256, 64, 8, 3)), (C(128, 128, 64, 8, 3), C(128, 128, 64, 8, 4)),
-           (C(128, 128, 64, 8, 3, g=1), C(128, 256, 64, 8, 3, g=1))]
+           (C(128, 128, 64, 8, 3, ot=False), C(128, 256, 64, 8, 3, ot=False)),
+           (C(128, 128, 64, 8, 4), C(128, 256, 64, 8, 3)), (C(128, 128, 64, 8, 4), C(128, 256, 64, 8, 4)),
+           (C(128, 128, 64, 8, 3, clip=True), C(128, 256, 64, 8, 3, clip=True))]
 CASES = {f"{m}:{t}:{part}{':zipf' if r == 'zipf' else ''}": (m, t, r, part)
          for m in ("deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b") for t in (16, 128, 1024, 4096, 16384)
          for part in ("grouped", "forward") for r in ("uniform", "zipf")}
@@ -50,7 +52,7 @@ def name_of(cfg) -> str:
     if isinstance(cfg, tuple):
         return " + ".join(name_of(c) for c in cfg)
     return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} g{cfg.group_m}"
-            f"{'' if cfg.clip else ' noclip'}")
+            f"{' clip' if cfg.clip else ''}{' tma-store' if cfg.out_tma and not cfg.clip else ''}")
 
 
 def sweep_case(model_name: str, tokens: int, routing: str, part: str, rounds: int, reps: int) -> dict:

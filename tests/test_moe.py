@@ -100,18 +100,19 @@ def test_grouped_gemm(dtype, sizes, n, k):
 
 
 @pytest.mark.parametrize("dtype", DT)
-@pytest.mark.parametrize(("group_m", "clip"), [(1, True), (2, True), (8, True), (2, False)])
+@pytest.mark.parametrize(("group_m", "clip", "out_tma"), [(1, False, True), (2, False, True), (8, False, True),
+                                                         (2, True, False), (2, False, False)])
 @pytest.mark.parametrize("k", [64, 37])  # TMA and pointer loads
-def test_grouped_gemm_tiles(dtype, group_m, clip, k):
+def test_grouped_gemm_tiles(dtype, group_m, clip, out_tma, k):
     """Partial last tiles (5, 1, 16 and 6 rows), an expert of 3 m-tiles walked in groups of ``group_m``
-    m-tiles over 3 n-tiles, and full tiles: the same answer for every tile order, with descriptors clipped
-    at each group's end or host descriptors and masked stores."""
+    m-tiles over 3 n-tiles, and full tiles: the same answer for every tile order and every epilogue (TMA
+    store of full tiles, descriptors clipped at each group's end, masked stores)."""
     sizes = [5, 0, 33, 16, 70, 64]
     s = sum(sizes)
     x, w = _r(s, k, dtype=dtype), _r(len(sizes), 80, k, dtype=dtype, seed=3)
     offs = torch.cumsum(torch.tensor(sizes), 0).int().to(DEVICE)
     cfg = moe_ops.MoEConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=1, group_m=group_m,
-                            clip=clip)
+                            clip=clip, out_tma=out_tma)
     out = grouped_gemm(x, w, offs, out=torch.full((s, 80), float("nan"), dtype=dtype, device=DEVICE), config=cfg)
     ref = grouped_gemm_ref(x, w, offs)
     tol = 2.0 ** -(10 if dtype == torch.float16 else 7) * ref.abs().max().item() + 1e-3
@@ -203,7 +204,7 @@ def test_every_kernel_variant_is_exercised(monkeypatch):
     class Spy:
         def __getitem__(self, grid):
             def launch(*args, **kw):
-                seen.add((kw["MODE"], kw["A_TMA"], kw["A_GATHER"], kw["W_TMA"], kw["CLIP"]))
+                seen.add((kw["MODE"], kw["A_TMA"], kw["A_GATHER"], kw["W_TMA"], kw["OUT_TMA"]))
                 return real[grid](*args, **kw)
             return launch
 

@@ -224,17 +224,20 @@ def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bf
     dt = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     clip = cfg.clip and a_tma and w_tma
+    out_tma = cfg.out_tma and not clip and a_tma and w_tma
     sig = {"a": f"tensordesc<{dt}[{bm}, {bk}]>" if a_tma and not clip else f"*{dt}", "a_rows": "*i32",
-           "w": f"tensordesc<{dt}[{bn}, {bk}]>" if w_tma else f"*{dt}", "out": f"*{dt}", "scale": "*fp32",
+           "w": f"tensordesc<{dt}[{bn}, {bk}]>" if w_tma else f"*{dt}", "out": f"*{dt}",
+           "out_desc": f"tensordesc<{dt}[{bm}, {bn // 2}]>" if out_tma else f"*{dt}", "scale": "*fp32",
            "offsets": "*i32", "tile_offsets": "*i32", "N": "i32", "K": "i32", "E": "i32",
            "stride_am": "i32", "stride_wn": "i32", "stride_om": "i32"}
-    consts = dict(MODE=mode, A_TMA=a_tma, A_GATHER=a_gather, W_TMA=w_tma, CLIP=clip, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+    consts = dict(MODE=mode, A_TMA=a_tma, A_GATHER=a_gather, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma,
+                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                   GROUP_M=cfg.group_m,
                   NUM_PROGRAMS=target.num_sms, LOG2_E=max(1, (experts - 1).bit_length()) + 1, DOT_UPCAST=False)
     sig = {name: sig.get(name, "constexpr") for name in _moe_grouped_kernel.arg_names}
     kernel = triton.compile(ASTSource(_moe_grouped_kernel, sig, constexprs=consts),
                             target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
     r = {"kernel": "_moe_grouped_kernel", "mode": mode, "block": [bm, bn, bk], "num_warps": warps,
-         "num_stages": stages, "a_tma": a_tma, "a_gather": a_gather, "w_tma": w_tma, "clip": clip}
+         "num_stages": stages, "a_tma": a_tma, "a_gather": a_gather, "w_tma": w_tma, "clip": clip, "out_tma": out_tma}
     r.update(compiled_report(kernel))
     return r

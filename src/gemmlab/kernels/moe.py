@@ -72,14 +72,31 @@ def _load_w_tile(w, w_row0, n_rows_left, off_k, K, stride_wn,
 
 
 @triton.jit
-def _moe_tile(a, a_rows, w, out, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn, stride_om,
-              MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr, W_TMA: tl.constexpr,
-              CLIP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              DOT_UPCAST: tl.constexpr):
-    """One [BLOCK_M, BLOCK_N] output tile: the K loop (software-pipelined) and the epilogue. CLIP: A and
-    out are pointers, and this tile reads and writes them through descriptors made here whose row count
-    ends at the group's end: rows of the next group are loaded as zeros (the padded MMA multiplies zeros,
-    which draws less power under the cap) and the TMA store clips them."""
+def _store_rows(out, acc, rows, rows_end, off_n, N, stride_om, BLOCK_N: tl.constexpr):
+    """Masked pointer store of an fp32 tile into rows ``rows`` (those below ``rows_end``) of out."""
+    cols = off_n + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < rows_end) & (cols[None, :] < N)
+    tl.store(out + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], acc.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_halves(o, acc, row0, off_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """TMA store of an fp32 tile in two [BLOCK_M, BLOCK_N / 2] halves (half the staging buffer)."""
+    acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+    o.store([row0, off_n], acc0.to(o.dtype))
+    o.store([row0, off_n + BLOCK_N // 2], acc1.to(o.dtype))
+
+
+@triton.jit
+def _moe_tile(a, a_rows, w, out, out_desc, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
+              stride_om, MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr, W_TMA: tl.constexpr,
+              CLIP: tl.constexpr, OUT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, DOT_UPCAST: tl.constexpr):
+    """One [BLOCK_M, BLOCK_N] output tile: the K loop (software-pipelined) and the epilogue.
+    CLIP: A and out are pointers, and this tile reads and writes them through descriptors made here whose
+    row count ends at the group's end: rows of the next group load as zeros and the TMA store clips them.
+    OUT_TMA: a tile whose rows all belong to its group is TMA-stored through ``out_desc`` (made on the
+    host); a group's last, partial tile takes the masked store."""
     if CLIP:
         a = tl.make_tensor_descriptor(a, shape=[rows_end, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -98,17 +115,17 @@ def _moe_tile(a, a_rows, w, out, scale, row0, rows_end, off_n, w_row0, N, K, str
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up, fp32
     if MODE == 2:
         acc = acc * tl.load(scale + rows, mask=rows < rows_end, other=0.0)[:, None]
-    if CLIP:  # TMA store, in two [BLOCK_M, BLOCK_N / 2] halves (half the staging buffer)
+    if CLIP:
         o = tl.make_tensor_descriptor(out, shape=[rows_end, N], strides=[stride_om, 1],
                                       block_shape=[BLOCK_M, BLOCK_N // 2])
-        acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-        o.store([row0, off_n], acc0.to(out.dtype.element_ty))
-        o.store([row0, off_n + BLOCK_N // 2], acc1.to(out.dtype.element_ty))
+        _store_halves(o, acc, row0, off_n, BLOCK_M, BLOCK_N)
+    elif OUT_TMA:
+        if row0 + BLOCK_M <= rows_end:
+            _store_halves(out_desc, acc, row0, off_n, BLOCK_M, BLOCK_N)
+        else:
+            _store_rows(out, acc, rows, rows_end, off_n, N, stride_om, BLOCK_N)
     else:
-        cols = off_n + tl.arange(0, BLOCK_N)
-        mask = (rows[:, None] < rows_end) & (cols[None, :] < N)
-        ptr = out + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-        tl.store(ptr, acc.to(out.dtype.element_ty), mask=mask)
+        _store_rows(out, acc, rows, rows_end, off_n, N, stride_om, BLOCK_N)
 
 
 @triton.jit
@@ -117,13 +134,14 @@ def _moe_grouped_kernel(
     a_rows,  # (S,) int32: source row of A for routed row r (A_GATHER), else unused
     w,  # W (E * N_w, K): descriptor, blocks [BLOCK_N, BLOCK_K] (W_TMA), else pointer; N_w = N (2N in MODE 1)
     out,  # (S, N) row-major pointer, A's dtype (16-byte aligned rows with CLIP)
+    out_desc,  # out again: descriptor, blocks [BLOCK_M, BLOCK_N // 2] (OUT_TMA), else unused
     scale,  # (S,) fp32 per-row factor (MODE 2), else unused
     offsets,  # (E,) int32 cumulative row ends of the groups
     tile_offsets,  # (E + 1,) int32 cumulative m-tile counts
     N, K, E,
     stride_am, stride_wn, stride_om,
     MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr, W_TMA: tl.constexpr, CLIP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    OUT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
     """Grid (NUM_PROGRAMS,): program p takes work items p, p + NUM_PROGRAMS, ... of the
@@ -148,8 +166,8 @@ def _moe_grouped_kernel(
         rows_end = tl.load(offsets + e)
         row0 = row_start + m_tile * BLOCK_M
         w_row0 = e * n_w + off_n  # int32: TMA coordinates (E * N_w < 2^31)
-        _moe_tile(a, a_rows, w, out, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn, stride_om,
-                  MODE, A_TMA, A_GATHER, W_TMA, CLIP, BLOCK_M, BLOCK_N, BLOCK_K, DOT_UPCAST)
+        _moe_tile(a, a_rows, w, out, out_desc, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
+                  stride_om, MODE, A_TMA, A_GATHER, W_TMA, CLIP, OUT_TMA, BLOCK_M, BLOCK_N, BLOCK_K, DOT_UPCAST)
 
 
 @triton.jit

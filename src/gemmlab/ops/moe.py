@@ -45,7 +45,8 @@ class MoEConfig:
     num_warps: int = 8
     num_stages: int = 3
     group_m: int = 8  # m-tiles of one expert that walk the n-tiles together (W tiles shared in L2)
-    clip: bool = True  # per-tile descriptors ending at the group's end: zeros past it, TMA-stored output
+    clip: bool = False  # per-tile descriptors ending at the group's end: zeros past it, TMA-stored output
+    out_tma: bool = True  # full tiles TMA-stored through a host descriptor (partial ones: masked stores)
 
 
 def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2) -> MoEConfig:
@@ -190,15 +191,18 @@ def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: 
     if clip and isinstance(_allocator.get(), NullAllocator):  # scratch for the descriptors made on the device
         triton.set_allocator(_scratch)
     a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma and not clip else a
+    out_tma = cfg.out_tma and not clip and a_tma and w_tma and _tma_ok(out)
+    out_desc = TensorDescriptor(out, list(out.shape), [out.stride(0), 1], [bm, bn // 2]) if out_tma else out
     w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else w2d
     items_bound = (triton.cdiv(rows_bound, bm) + e) * triton.cdiv(n, bn)
     log2_e = max(1, math.ceil(math.log2(max(e, 2)))) + 1
     programs = max(1, min(target.num_sms, items_bound))
     upcast = bool(knobs.runtime.interpret) and a.dtype == torch.bfloat16
     _LAST["grouped"] = _moe_grouped_kernel[(programs,)](
-        a_arg, a_rows if a_rows is not None else offsets, w_arg, out, scale if scale is not None else out,
+        a_arg, a_rows if a_rows is not None else offsets, w_arg, out, out_desc, scale if scale is not None else out,
         offsets, tile_offsets, n, k, e, a.stride(0), w2d.stride(0), out.stride(0),
-        MODE=mode, A_TMA=a_tma, A_GATHER=a_rows is not None, W_TMA=w_tma, CLIP=clip, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        MODE=mode, A_TMA=a_tma, A_GATHER=a_rows is not None, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
