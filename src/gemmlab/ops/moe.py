@@ -52,8 +52,9 @@ class MoEConfig:
 def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2) -> MoEConfig:
     """BLOCK_M follows the average rows per used expert (the decode regime gets 16-row tiles, not 128);
     the rest was chosen on an H200 by ``benchmarks/sweep_moe_configs.py`` (bf16, DeepSeek-V3, Qwen3 and
-    Mixtral shapes, T = 1024 to 16384): 128x256 tiles for the plain and down GEMMs, 128 x (2 x 128) for
-    gate/up, 64x128x128 with one warpgroup when groups average 48 rows or fewer."""
+    Mixtral shapes, T = 1024 to 16384; results in benchmarks/results/nvidia-h200-moe/): 128x256 tiles with
+    4 stages for the plain and down GEMMs, 128 x (2 x 128) for gate/up, 64x128x128 with one warpgroup when
+    groups average 48 rows or fewer; full tiles TMA-stored."""
     used = max(1, min(experts, rows))
     avg = rows / used
     if target.name == "interpreter":
@@ -62,10 +63,11 @@ def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2)
         bm, bn, bk, warps, stages = 16, 128, 64, 4, 4
     elif avg <= 48:  # two fp32 accumulators (gate, up) need two warpgroups at 64 rows (4 warps spill)
         bm, bn, bk, warps, stages = (64, 128, 64, 8, 4) if mode == 1 else (64, 128, 128, 4, 3)
-    else:  # sm_90 SASS: 3 stages at 128 rows (4 spill in the gate/up GEMM)
-        bm, bn, bk, warps, stages = (128, 128, 64, 8, 3) if mode == 1 else (128, 256, 64, 8, 3)
+    else:
+        bm, bn, bk, warps, stages = (128, 128, 64, 8, 4) if mode == 1 else (128, 256, 64, 8, 4)
     w_tiles = 2 if mode == 1 else 1
-    while stages > 2 and stages * (bm * bk + w_tiles * bn * bk) * elt > SMEM_BYTES - 16384:
+    staging = bm * bn // 2 * elt  # the TMA store's buffer (half a tile)
+    while stages > 2 and stages * (bm * bk + w_tiles * bn * bk) * elt + staging > SMEM_BYTES - 1024:
         stages -= 1
     return MoEConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
 
