@@ -19,6 +19,7 @@ import json
 import sys
 
 from gemmlab.bench.stats import ratio_summary
+from gemmlab.ledger.records import moe_shape
 from gemmlab.ledger.store import Entry, Ledger
 from gemmlab.ops.moe import MoEConfig
 from gemmlab.problems import MOE_MODELS
@@ -62,8 +63,8 @@ def record_sweep(ledger: Ledger, path: str, note: str) -> list[Entry]:
     for case in report["cases"]:
         model = MOE_MODELS[case["model"]]
         op = "moe_grouped" if case["part"] == "grouped" else "moe_forward"
-        shape = f"{case['tokens']}x{model.hidden}x{model.intermediate}x{model.experts}x{model.top_k}"
-        shape += " zipf" if case["routing"] == "zipf" else ""
+        shape = moe_shape(case["tokens"], model.hidden, model.intermediate, model.experts, model.top_k,
+                          case["routing"])
         cands = case["candidates"]
         clip_era = any("noclip" in n for n in cands)
         default = f"gemmlab {case['default']}"

@@ -308,6 +308,30 @@ def test_stable_summary_flags():
     assert any("no clock data" in f for f in none["flags"])
 
 
+def test_stable_report_records_one_entry_per_backend(tmp_path):
+    """Each process is a round of the entry (its ratio to cuBLAS); a wrong output in any process makes the
+    entry incorrect, so the ledger rejects it."""
+    from gemmlab.bench.stable import summarize_processes
+    from gemmlab.ledger.records import from_stable, record
+
+    def proc(ratio, ok=True):
+        return {"clocks": {"sm_clock_mhz_mean": 1400, "sm_clock_mhz_min": 1390, "sm_clock_mhz_max": 1410},
+                "candidates": {"user": {"ok": ok, "median_ms": 3.3, "ratio": ratio},
+                               "cublas": {"ok": True, "median_ms": 3.3 * ratio, "ratio": None}}}
+
+    def report(procs):
+        return {"env": {}, "args": {"shape": [64, 64, 64], "dtype": "float16", "backends": ["user"]},
+                "processes": procs, "summary": summarize_processes(procs, ["user"])}
+
+    good = from_stable(report([proc(1.01), proc(1.02), proc(1.00), proc(1.01)]))
+    assert len(good) == 1 and good[0].backend == "user" and good[0].correct
+    assert good[0].per_round == [1.01, 1.02, 1.00, 1.01] and good[0].ratio == pytest.approx(1.01)
+    bad = from_stable(report([proc(1.01), proc(1.2, ok=False), proc(1.0), proc(1.0)]))
+    assert not bad[0].correct and "wrong output" in bad[0].error
+    done = record(bad, str(tmp_path / "l.db"))
+    assert done[0].decision == "rejected" and done[0].reason.startswith("incorrect")
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU run of the stable bench")
 def test_stable_bench_runs_fresh_processes():
     from gemmlab.bench.stable import stable_bench

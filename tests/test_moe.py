@@ -233,10 +233,20 @@ def test_bench_moe_command(tmp_path):
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    db = tmp_path / "ledger.db"
     res = subprocess.run([sys.executable, "-m", "gemmlab", "bench", "moe", "--custom", "64,32,8,2", "--tokens", "16",
-                          "--routing", "zipf", "--rounds", "2", "--reps", "1", "--warmup-s", "0", "--output-dir",
-                          str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+                          "--routing", "zipf", "--rounds", "4", "--reps", "1", "--warmup-s", "0", "--output-dir",
+                          str(tmp_path), "--record", "first MoE bench", "--ledger", str(db)],
+                         capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    from gemmlab.ledger.store import Ledger
+
+    entries = Ledger.open(db).list()  # every non-baseline backend of both parts, with the note and provenance
+    assert {(e.op, e.backend) for e in entries} == {("moe_grouped", "gemmlab"), ("moe_grouped", "torch.mm loop"),
+                                                    ("moe_grouped", "dense torch.mm (same size)"),
+                                                    ("moe_forward", "gemmlab")}
+    assert all(e.shape == "16x64x32x8x2 zipf" and e.note == "first MoE bench" and e.correct and e.git_sha
+               and e.decision in ("accepted", "rejected") and e.reason for e in entries)
     rep = json.loads((tmp_path / "moe-bench.json").read_text())
     parts = {r["part"]: r for r in rep["results"]}
     assert set(parts) == {"grouped", "forward"}

@@ -280,6 +280,9 @@ def bench_moe_cmd(
     graph: Annotated[bool, typer.Option(help="time CUDA-graph replays")] = False,
     custom: Annotated[str | None, typer.Option(help="H,I,E,k of a model of your own (model name: custom)")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write moe-bench.json here")] = None,
+    record_note: RecordOpt = None,
+    ledger: LedgerOpt = None,
+    parent: ParentOpt = None,
 ) -> None:
     """gemmlab's MoE kernels against torch._grouped_mm (and a per-expert loop, and the dense GEMM of the same
     size), verified first, interleaved. Exit 1 if anything is wrong."""
@@ -317,6 +320,10 @@ def bench_moe_cmd(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(rep, indent=1, default=str))
         Console().print(f"wrote {path}")
+    if record_note is not None:
+        from gemmlab.ledger.records import from_moe_bench
+
+        _record(from_moe_bench(rep), record_note, ledger, parent)
     if wrong:
         raise typer.Exit(1)
 
@@ -331,6 +338,9 @@ def bench_stable(
     reps: Annotated[int, typer.Option(help="timed calls per candidate per round")] = 5,
     warmup_s: Annotated[float, typer.Option(help="seconds of warm-up per process")] = 1.0,
     output_dir: Annotated[str | None, typer.Option(help="write stable-bench.json here")] = None,
+    record_note: RecordOpt = None,
+    ledger: LedgerOpt = None,
+    parent: ParentOpt = None,
 ) -> None:
     """The same measurement in N fresh processes: the spread across processes, and clock warnings."""
     import json
@@ -370,6 +380,10 @@ def bench_stable(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(res, indent=1, default=str))
         Console().print(f"wrote {path}")
+    if record_note is not None:
+        from gemmlab.ledger.records import from_stable
+
+        _record(from_stable(res), record_note, ledger, parent)
     if any(e["wrong_in"] for e in s["backends"].values()) or s["processes_failed"]:
         raise typer.Exit(1)
 

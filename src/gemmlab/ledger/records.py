@@ -1,6 +1,7 @@
-"""Ledger entries from the reports of ``grade``, ``bench gemm`` and ``table`` (``tune`` writes its own), and
-``record``: what the CLI's ``--record "what changed"`` calls. gemmlab's own kernels are inspected (SASS
-tensor-core count); a user kernel cannot be, so its entries stay unverified and are never accepted.
+"""Ledger entries from the reports of ``grade``, ``bench gemm``, ``bench moe``, ``bench stable`` and
+``table`` (``tune`` writes its own), and ``record``: what the CLI's ``--record "what changed"`` calls.
+gemmlab's own kernels are inspected (SASS tensor-core count); a user kernel cannot be, so its entries stay
+unverified and are never accepted.
 """
 
 from __future__ import annotations
@@ -52,6 +53,34 @@ def from_bench(report: dict, note: str = "", command: str = "") -> list[Entry]:
                              sm_clock_mhz=(c.get("clocks") or {}).get("sm_clock_mhz_mean"), tensor_core_ops=tc,
                              report={"env": report["env"], "args": report["args"], "result": {"shape": r["shape"],
                                      "candidate": {key: v for key, v in c.items() if key != "per_round_ms"}}}))
+    return out
+
+
+def from_stable(report: dict, note: str = "", command: str = "") -> list[Entry]:
+    """One entry per non-cuBLAS backend of a ``bench stable`` report: each fresh process is one round (its
+    median ratio to cuBLAS, interleaved in that process), so the interval spans compile-to-compile and
+    process-to-process variation; correct only if no process saw a wrong output."""
+    m, n, k = report["args"]["shape"]
+    dtype = report["args"]["dtype"]
+    good = [p for p in report["processes"] if "failed" not in p]
+    out = []
+    for name, s in report["summary"]["backends"].items():
+        if name == "cublas":
+            continue
+        ratios = [p["candidates"][name]["ratio"] for p in good if p["candidates"].get(name, {}).get("ratio")]
+        med, r = s.get("median_ms") or {}, s.get("ratio") or {}
+        clocks = (report["summary"].get("sm_clock_mhz") or {}).get("mean_per_process") or []
+        out.append(Entry(kind="bench", shape=_shape(m, n, k), dtype=dtype, note=note, command=command,
+                         backend=name, correct=bool(good) and s["wrong_in"] == 0 and len(good) == len(
+                             report["processes"]),
+                         error=("; ".join(report["summary"]["flags"]) or None) if s["wrong_in"] else None,
+                         median_ms=med.get("median_ms"), p20_ms=med.get("p20_ms"), p80_ms=med.get("p80_ms"),
+                         tflops=2.0 * m * n * k / (med["median_ms"] * 1e-3) / 1e12 if med.get("median_ms") else None,
+                         ratio=r.get("median"), ratio_ci=r.get("ci95"), per_round=ratios,
+                         sm_clock_mhz=sum(clocks) / len(clocks) if clocks else None,
+                         tensor_core_ops=tensor_core_ops(m, n, k, dtype, name == "gemmlab-packed")
+                         if _gemmlab_backend(name) else None,
+                         report={"env": report["env"], "args": report["args"], "summary": report["summary"]}))
     return out
 
 
@@ -122,6 +151,59 @@ def _moe_grade_entry(report: dict, perf: dict, dims, note: str, command: str) ->
                  ratio=honest.get("ratio", perf.get("ratio")), ratio_ci=honest.get("ci95"),
                  per_round=honest.get("per_round"), sm_clock_mhz=(perf.get("clocks") or {}).get("sm_clock_mhz_mean"),
                  tensor_core_ops=tc, report={key: v for key, v in report.items() if key != "correctness"})
+
+
+def moe_shape(t: int, h: int, i: int, e: int, k: int, routing: str = "uniform") -> str:
+    """The MoE shape key "TxHxIxExk", with " zipf" for skewed routing (a different problem to time)."""
+    return f"{t}x{h}x{i}x{e}x{k}" + ("" if routing == "uniform" else f" {routing}")
+
+
+@functools.cache
+def moe_tensor_core_ops(part: str, rows: int, experts: int, dtype: str) -> int | None:
+    """HGMMA + HMMA of the grouped kernel(s) ``moe_config`` picks for ``rows`` routed rows (sm_90 SASS):
+    the first GEMM's for part "grouped", the fewer of the two GEMMs' for "forward"."""
+    import os
+
+    import torch
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    from gemmlab.inspect.sass import moe_report
+
+    try:
+        counts = [moe_report(mode, rows, experts, getattr(torch, dtype))["tensor_core_ops"]
+                  for mode in ((0,) if part == "grouped" else (1, 2))]
+    except Exception:
+        return None
+    return min(counts)
+
+
+def from_moe_bench(report: dict, note: str = "", command: str = "") -> list[Entry]:
+    """One entry per (model, T, routing, part) and non-baseline backend of a ``bench moe`` report; ops
+    "moe_grouped" (first GEMM) and "moe_forward" (whole body), baselines torch._grouped_mm / the composite."""
+    out = []
+    for r in report["results"]:
+        z = r["sizes"]
+        shape = moe_shape(r["tokens"], z["H"], z["I"], z["E"], z["k"], r["routing"])
+        op = "moe_grouped" if r["part"] == "grouped" else "moe_forward"
+        for name, c in r["candidates"].items():
+            if name == r["baseline"]:
+                continue
+            vs = c.get("vs_baseline") or {}
+            tc = moe_tensor_core_ops(r["part"], z["S"], z["E"], r["dtype"]) if name == "gemmlab" else None
+            out.append(Entry(kind="bench", op=op, shape=shape, dtype=r["dtype"], note=note, command=command,
+                             backend=name, path="moe_grouped" if name == "gemmlab" else None,
+                             correct=bool(c["check"].get("ok")) and c.get("check_after", True) is True,
+                             error=c["check"].get("error") or c.get("skipped"), median_ms=c.get("median_ms"),
+                             p20_ms=c.get("p20_ms"), p80_ms=c.get("p80_ms"), tflops=c.get("tflops"),
+                             ratio=vs.get("ratio"), ratio_ci=vs.get("ci95"), per_round=vs.get("per_round"),
+                             sm_clock_mhz=(c.get("clocks") or {}).get("sm_clock_mhz_mean"), tensor_core_ops=tc,
+                             report={"env": report["env"], "args": report["args"], "baseline": r["baseline"],
+                                     "case": {key: r[key] for key in ("model", "tokens", "routing", "part",
+                                                                      "sizes", "experts_used",
+                                                                      "max_rows_per_expert")},
+                                     "candidate": {key: v for key, v in c.items() if key != "per_round_ms"}}))
+    return out
 
 
 def record(entries: list[Entry], ledger: str | None = None, parent: int | None = None) -> list[Entry]:
