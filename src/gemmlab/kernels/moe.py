@@ -17,7 +17,9 @@ end, so rows of the next group read as zeros, and the output is TMA-stored throu
 with A_GATHER a pointer load reads row ``a_rows[r]`` of A (the token of routed row r), so the first GEMM
 reads x in token order without a gathered copy. W (E, N_w, K) is read as a 2-D (E * N_w, K) descriptor
 (W_TMA) or through pointers. TMA zero-fills past the tensor's end; rows or columns of a tile that belong
-to another group or expert are computed and never stored (masked or clipped stores).
+to another group or expert are computed and never stored (masked or clipped stores). With OUT_TMA a tile
+whose rows all belong to its group is TMA-stored through a host descriptor, a group's partial last tile
+by a masked store.
 """
 
 import triton
