@@ -112,6 +112,43 @@ def test_two_writers_at_once(tmp_path):
     assert db.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
+def test_open_retries_a_lock_sqlite_reports_without_waiting(tmp_path, monkeypatch):
+    """Tuner workers opening one new ledger at once: SQLite can answer the switch to WAL with "database is
+    locked" at once (no busy wait, to avoid a deadlock). Opening retries until its timeout, then raises."""
+    from gemmlab.ledger import store
+
+    real = sqlite3.connect
+
+    class Flaky:  # a connection whose WAL switch fails ``fails`` times first
+        def __init__(self, conn, fails):
+            self.conn, self.fails = conn, fails
+
+        def execute(self, sql, *args):
+            if sql.startswith("PRAGMA journal_mode") and self.fails > 0:
+                self.fails -= 1
+                raise sqlite3.OperationalError("database is locked")
+            return self.conn.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(self.conn, name)
+
+        def __setattr__(self, name, value):
+            if name in ("conn", "fails"):
+                object.__setattr__(self, name, value)
+            else:
+                setattr(self.conn, name, value)
+
+    monkeypatch.setattr(store.sqlite3, "connect", lambda *a, **kw: Flaky(real(*a, **kw), 3))
+    db = Ledger(tmp_path / "l.db")
+    db.record(good(), provenance=False)
+    assert len(db.list()) == 1 and db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    monkeypatch.setattr(store.sqlite3, "connect", lambda *a, **kw: Flaky(real(*a, **kw), 10**9))
+    t0 = time.monotonic()
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        Ledger(tmp_path / "m.db", timeout=0.3)
+    assert time.monotonic() - t0 < 5
+
+
 KILLED = """
 import sys, time
 from gemmlab.ledger import Entry, Ledger

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -27,6 +28,9 @@ from triton.compiler import ASTSource
 
 from gemmlab.ops.gemm import KERNELS, constexprs, launch_options
 from gemmlab.ops.plan import Plan, Target, choose, target_for
+
+if TYPE_CHECKING:
+    from gemmlab.ops.moe import MoEConfig
 
 TENSOR_CORE_OPS = ("HGMMA", "HMMA", "QGMMA", "IMMA")
 WATCHED_OPS = TENSOR_CORE_OPS + ("UTMALDG", "UTMASTG", "UBLKCP", "LDGSTS", "LDG", "STG", "LDS", "STS", "BAR",
@@ -210,21 +214,21 @@ def inspect_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, la
 
 def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bfloat16, a_tma: bool = True,
                a_gather: bool = False, w_tma: bool = True, target: Target = H200, arch: int = 90,
-               config=None) -> dict:
+               config: MoEConfig | None = None) -> dict:
     """Compiler report of ``_moe_grouped_kernel`` as ``ops.moe`` configures it for ``rows`` routed rows
-    over ``experts`` experts (mode 0 grouped, 1 gate/up + SiLU, 2 down + weight) on ``target``."""
+    over ``experts`` experts (mode 0 grouped, 1 gate/up + SiLU, 2 down + weight) on ``target``; ``config``
+    instead of ``moe_config``'s choice. The output is taken as 16-byte aligned (as ``moe_forward``'s are)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("inspect needs Triton's compiler: run without TRITON_INTERPRET=1")
     from gemmlab.kernels.moe import _moe_grouped_kernel
-    from gemmlab.ops.moe import launch_config, moe_config
+    from gemmlab.ops.moe import epilogue_flags, launch_config, moe_config
 
     cfg = launch_config(config or moe_config(target, rows, experts, mode, torch.finfo(dtype).bits // 8), a_tma,
                         a_gather, w_tma)
     warps, stages = cfg.num_warps, cfg.num_stages
     dt = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    clip = cfg.clip and a_tma and w_tma
-    out_tma = cfg.out_tma and not clip and a_tma and w_tma
+    clip, out_tma = epilogue_flags(cfg, a_tma, w_tma, True)
     sig = {"a": f"tensordesc<{dt}[{bm}, {bk}]>" if a_tma and not clip else f"*{dt}", "a_rows": "*i32",
            "w": f"tensordesc<{dt}[{bn}, {bk}]>" if w_tma else f"*{dt}", "out": f"*{dt}",
            "out_desc": f"tensordesc<{dt}[{bm}, {bn // 2}]>" if out_tma else f"*{dt}", "scale": "*fp32",

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -100,14 +101,25 @@ def _row(r: sqlite3.Row) -> Entry:
 class Ledger:
     """A ledger file. Cheap to open; open one per process (or thread)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, timeout: float = 60.0):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)  # explicit transactions
+        self.conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)  # explicit transactions
         self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.conn.executescript(_SCHEMA)
+        # Several processes opening one new file at once (tuner workers) can get "database is locked" at
+        # once, not after the busy timeout: SQLite skips its busy handler where waiting could deadlock
+        # (switching the journal to WAL, creating the schema). Retry those for up to the timeout.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute("PRAGMA synchronous=NORMAL")
+                self.conn.executescript(_SCHEMA)
+                break
+            except sqlite3.OperationalError as e:
+                if ("locked" not in str(e) and "busy" not in str(e)) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> Ledger:

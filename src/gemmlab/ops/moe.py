@@ -173,6 +173,12 @@ def launch_config(cfg: MoEConfig, a_tma: bool, a_gather: bool, w_tma: bool) -> M
     return cfg
 
 
+def epilogue_flags(cfg: MoEConfig, a_tma: bool, w_tma: bool, out_ok: bool) -> tuple[bool, bool]:
+    """(CLIP, OUT_TMA) of a launch: either needs A and W through TMA and a 16-byte aligned output."""
+    clip = cfg.clip and a_tma and w_tma and out_ok
+    return clip, cfg.out_tma and not clip and a_tma and w_tma and out_ok
+
+
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     """Triton's allocator for kernels that make TMA descriptors on the device (set only when none is)."""
     return torch.empty(size, dtype=torch.int8, device="cpu" if knobs.runtime.interpret else "cuda")
@@ -188,12 +194,11 @@ def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: 
     a_tma = a_rows is None and target.has_tma and _tma_ok(a)
     w_tma = target.has_tma and _tma_ok(w2d)
     cfg = launch_config(cfg, a_tma, a_rows is not None, w_tma)
-    clip = cfg.clip and a_tma and w_tma and _tma_ok(out)
+    clip, out_tma = epilogue_flags(cfg, a_tma, w_tma, _tma_ok(out))
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     if clip and isinstance(_allocator.get(), NullAllocator):  # scratch for the descriptors made on the device
         triton.set_allocator(_scratch)
     a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma and not clip else a
-    out_tma = cfg.out_tma and not clip and a_tma and w_tma and _tma_ok(out)
     out_desc = TensorDescriptor(out, list(out.shape), [out.stride(0), 1], [bm, bn // 2]) if out_tma else out
     w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else w2d
     items_bound = (triton.cdiv(rows_bound, bm) + e) * triton.cdiv(n, bn)

@@ -321,6 +321,7 @@ def tune(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype = torch.floa
         results = [tune_shape(m, n, k, dtype, budget_s=per_shape, ledger=ledger, session=session, seed=seed,
                               note=note, progress=progress, **kw) for m, n, k in shapes]
         return {"session": session, "results": results, "workers": 1}
+    Ledger.open(ledger).close()  # the file, its WAL journal and schema exist before the workers open it
     procs = []
     for i, share in enumerate(shares):
         args = {"shapes": share, "dtype": str(dtype).removeprefix("torch."), "budget_s": per_shape,
