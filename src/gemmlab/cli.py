@@ -67,6 +67,17 @@ ParentOpt = Annotated[int | None, typer.Option("--parent", help="ledger entry to
                                                                 "last accepted entry of the same shape]")]
 
 
+def _write_report(report: dict, output_dir: str, name: str) -> None:
+    """``--output-dir``: the whole report as OUTPUT_DIR/NAME (JSON)."""
+    import json
+    from pathlib import Path
+
+    path = Path(output_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, default=str))
+    Console().print(f"wrote {path}")
+
+
 def _record(entries, note: str, ledger: str | None, parent: int | None) -> None:
     """Write entries to the ledger and print each decision."""
     from gemmlab.ledger.records import record
@@ -286,8 +297,6 @@ def bench_moe_cmd(
 ) -> None:
     """gemmlab's MoE kernels against torch._grouped_mm (and a per-expert loop, and the dense GEMM of the same
     size), verified first, interleaved. Exit 1 if anything is wrong."""
-    import json
-    from pathlib import Path
 
     from gemmlab.bench import moe as bm
     from gemmlab.problems import MoEModel
@@ -316,10 +325,7 @@ def bench_moe_cmd(
                       else "baseline", ci, "[green]ok" if r["ok"] else f"[red]WRONG {r['error'] or ''}")
     Console(width=170).print(table)
     if output_dir:
-        path = Path(output_dir) / "moe-bench.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(rep, indent=1, default=str))
-        Console().print(f"wrote {path}")
+        _write_report(rep, output_dir, "moe-bench.json")
     if record_note is not None:
         from gemmlab.ledger.records import from_moe_bench
 
@@ -343,8 +349,6 @@ def bench_stable(
     parent: ParentOpt = None,
 ) -> None:
     """The same measurement in N fresh processes: the spread across processes, and clock warnings."""
-    import json
-    from pathlib import Path
 
     from gemmlab.bench.stable import stable_bench
     from gemmlab.problems import parse_shape
@@ -376,10 +380,7 @@ def bench_stable(
     for f in s["flags"]:
         Console().print(f"[yellow]warning: {f}")
     if output_dir:
-        path = Path(output_dir) / "stable-bench.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(res, indent=1, default=str))
-        Console().print(f"wrote {path}")
+        _write_report(res, output_dir, "stable-bench.json")
     if record_note is not None:
         from gemmlab.ledger.records import from_stable
 
@@ -507,9 +508,7 @@ def tune_cmd(
     """Search each shape's config space: verify every candidate at the shape, time it against the incumbent
     and cuBLAS, accept only what is faster beyond noise on tensor cores; every attempt goes to the ledger;
     confirmed winners become config rules that `plan` picks."""
-    import json
     import time
-    from pathlib import Path
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -559,12 +558,9 @@ def tune_cmd(
         path = write_configs(res["results"], target_for(device).name, configs_dir or CONFIG_DIR)
         Console().print(f"wrote the confirmed winners to {path}")
     if output_dir:
-        out = Path(output_dir) / "tune-report.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
         from gemmlab.bench.timing import env_info
 
-        out.write_text(json.dumps({"env": env_info(), **res}, indent=1, default=str))
-        Console().print(f"wrote {out}")
+        _write_report({"env": env_info(), **res}, output_dir, "tune-report.json")
     if res.get("failed_workers"):
         raise typer.Exit(1)
 
