@@ -14,12 +14,11 @@ routing.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 
 from gemmlab.bench.stats import ratio_summary
-from gemmlab.ledger.records import moe_shape
+from gemmlab.ledger.records import moe_shape, moe_tensor_core_ops
 from gemmlab.ledger.store import Entry, Ledger
 from gemmlab.ops.moe import MoEConfig
 from gemmlab.problems import MOE_MODELS
@@ -38,17 +37,6 @@ def parse_config(name: str, clip_era: bool = False) -> tuple[MoEConfig, bool]:
     clip = "noclip" not in rest if clip_era else "clip" in rest
     cfg = MoEConfig(block_m=bm, block_n=bn, block_k=bk, clip=clip, out_tma="tma-store" in rest, **kw)
     return cfg, "half" in rest
-
-
-@functools.cache
-def tensor_core_ops(mode: int, rows: int, experts: int, cfg: MoEConfig) -> int | None:
-    from gemmlab.inspect.sass import moe_report
-
-    try:
-        r = moe_report(mode, rows, experts, config=cfg)
-    except Exception:
-        return None
-    return sum(r["sass"].get(op, 0) for op in ("HGMMA", "HMMA"))
 
 
 def configs_of(name: str, clip_era: bool) -> tuple[list[MoEConfig], bool]:
@@ -75,8 +63,7 @@ def record_sweep(ledger: Ledger, path: str, note: str) -> list[Entry]:
             cfgs, half = configs_of(name, clip_era)
             modes = (0,) if op == "moe_grouped" else (1, 2)
             # the half-tail kernel is gone (dropped at b5823f2): its SASS cannot be inspected any more
-            tc = [None] if half else [tensor_core_ops(m, case["S"], model.experts, cfg)
-                                      for m, cfg in zip(modes, cfgs, strict=True)]
+            tc = None if half else moe_tensor_core_ops(modes, case["S"], model.experts, "bfloat16", tuple(cfgs))
             vs = c.get("vs_baseline") or {}
             e = Entry(kind="sweep", op=op, shape=shape, dtype="bfloat16", backend="gemmlab", path="moe_grouped",
                       note=note if name == default else f"{note}: candidate {name.removeprefix('gemmlab ')}",
@@ -87,7 +74,7 @@ def record_sweep(ledger: Ledger, path: str, note: str) -> list[Entry]:
                       p20_ms=c.get("p20_ms"), p80_ms=c.get("p80_ms"), tflops=c.get("tflops"), ratio=vs.get("ratio"),
                       ratio_ci=vs.get("ci95"), per_round=vs.get("per_round"),
                       sm_clock_mhz=(c.get("clocks") or {}).get("sm_clock_mhz_mean"),
-                      tensor_core_ops=None if None in tc else min(tc),
+                      tensor_core_ops=tc,
                       report={"baseline": case["baseline"], "candidate": name, "case": {k: case[k] for k in (
                           "model", "tokens", "routing", "part", "S", "max_rows_per_expert")}},
                       created=env.get("date"), git_sha=(env.get("git_sha") or "unknown").removesuffix("-dirty"),

@@ -132,17 +132,9 @@ def from_grade(report: dict, note: str = "", command: str = "") -> list[Entry]:
 def _moe_grade_entry(report: dict, perf: dict, dims, note: str, command: str) -> Entry:
     """An MoE layer grade: its own op ("moe_forward") and shape key (T x H x I x E x k); gemmlab's own
     kernel is inspected through the first GEMM's sm_90 SASS (``inspect.sass.moe_report``)."""
-    import os
-
     t, h, i, e, k = dims
-    tc = None
-    if report["kernel"] == "gemmlab (default)" and os.environ.get("TRITON_INTERPRET") != "1":
-        try:
-            from gemmlab.inspect.sass import moe_report
-
-            tc = moe_report(1, t * k, e, getattr(__import__("torch"), report["dtype"]))["tensor_core_ops"]
-        except Exception:
-            tc = None
+    own = report["kernel"] == "gemmlab (default)"
+    tc = moe_tensor_core_ops((1,), t * k, e, report["dtype"]) if own else None
     honest = perf.get("honest") or {}
     failures = "; ".join(f"{f['name']}: {f['reason']}" for f in report.get("failures", []))
     return Entry(kind="grade", op="moe_forward", shape="x".join(map(str, dims)), dtype=report["dtype"], note=note,
@@ -159,9 +151,12 @@ def moe_shape(t: int, h: int, i: int, e: int, k: int, routing: str = "uniform") 
 
 
 @functools.cache
-def moe_tensor_core_ops(part: str, rows: int, experts: int, dtype: str) -> int | None:
-    """HGMMA + HMMA of the grouped kernel(s) ``moe_config`` picks for ``rows`` routed rows (sm_90 SASS):
-    the first GEMM's for part "grouped", the fewer of the two GEMMs' for "forward"."""
+def moe_tensor_core_ops(modes: tuple[int, ...], rows: int, experts: int, dtype: str,
+                        configs: tuple | None = None) -> int | None:
+    """The fewest tensor-core instructions (sm_90 SASS, ``inspect.sass.moe_report``) among the grouped
+    kernels of ``modes`` (0 grouped, 1 gate/up, 2 down) for ``rows`` routed rows: each with the config
+    ``moe_config`` picks, or ``configs[i]`` for ``modes[i]``. None under the interpreter or when a
+    kernel does not compile."""
     import os
 
     import torch
@@ -171,11 +166,10 @@ def moe_tensor_core_ops(part: str, rows: int, experts: int, dtype: str) -> int |
     from gemmlab.inspect.sass import moe_report
 
     try:
-        counts = [moe_report(mode, rows, experts, getattr(torch, dtype))["tensor_core_ops"]
-                  for mode in ((0,) if part == "grouped" else (1, 2))]
+        return min(moe_report(mode, rows, experts, getattr(torch, dtype), config=cfg)["tensor_core_ops"]
+                   for mode, cfg in zip(modes, configs or (None,) * len(modes), strict=True))
     except Exception:
         return None
-    return min(counts)
 
 
 def from_moe_bench(report: dict, note: str = "", command: str = "") -> list[Entry]:
@@ -190,7 +184,8 @@ def from_moe_bench(report: dict, note: str = "", command: str = "") -> list[Entr
             if name == r["baseline"]:
                 continue
             vs = c.get("vs_baseline") or {}
-            tc = moe_tensor_core_ops(r["part"], z["S"], z["E"], r["dtype"]) if name == "gemmlab" else None
+            modes = (0,) if r["part"] == "grouped" else (1, 2)
+            tc = moe_tensor_core_ops(modes, z["S"], z["E"], r["dtype"]) if name == "gemmlab" else None
             out.append(Entry(kind="bench", op=op, shape=shape, dtype=r["dtype"], note=note, command=command,
                              backend=name, path="moe_grouped" if name == "gemmlab" else None,
                              correct=bool(c["check"].get("ok")) and c.get("check_after", True) is True,
