@@ -59,7 +59,7 @@ def make_backend(name: str, a: torch.Tensor, b: torch.Tensor) -> tuple[Callable[
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
         p = gemmlab.plan(a, packed, out=out)
         return (lambda: gemmlab.gemm(a, packed, out=out)), {"path": p.path, "config": _cfg(p), "pack_ms": pack_ms}
-    from gemmlab.grade.worker import load_kernel
+    from gemmlab.candidate import load_kernel
 
     fn = load_kernel(name, "rowmajor")
     return (lambda: fn(a, b)), {"path": name}

@@ -1,6 +1,8 @@
-"""Case files: which shapes are checked and timed, with what inputs, tolerance and score.
+"""Case files: which shapes are checked and timed, with what inputs, tolerance and score. Every file is
+validated against its schema before any work: an unknown or misspelt key, a wrong type, a size that is not
+a positive integer, a ratio or baseline of 0 is a ``CaseError`` naming the file, the key and the problem.
 
-Schema (JSON; shipped ones live in ``gemmlab/cases/``)::
+GEMM (JSON; shipped ones live in ``gemmlab/cases/``)::
 
     {"name": "competition", "dtype": "float16", "layout": "colmajor", "inputs": "competition",
      "tolerance": {"base": 0.01, "ref_k": 512},
@@ -10,13 +12,22 @@ Schema (JSON; shipped ones live in ``gemmlab/cases/``)::
      "score": {"correctness": 30, "performance": 70}}
 
 ``layout``: rowmajor or colmajor (operands and output). ``inputs``: competition, uniform or normal (never
-zeros). ``baseline_gflops: null`` measures cuBLAS live, interleaved; a number is a fixed baseline.
-Optional keys: ``about``; per case ``trials``.
+zeros). ``baseline_gflops: null`` measures cuBLAS live, interleaved; a number (> 0) is a fixed baseline.
+Optional: ``about``, ``mode`` ("gemm"), ``tolerance``, ``performance``, ``score``, per case ``name``.
+
+MoE (``"mode": "moe"``; T tokens, H hidden, I expert intermediate, E experts, k top-k)::
+
+    {"name": "moe-layer", "mode": "moe", "dtype": "bfloat16",
+     "correctness": [{"name": "decode", "T": 1, "H": 2048, "I": 768, "E": 128, "k": 8}, ...],
+     "performance": {"name": "deepseek_t4096", "T": 4096, "H": 7168, "I": 2048, "E": 256, "k": 8,
+                     "full_score_ratio": 2.0},
+     "score": {"correctness": 30, "performance": 70}}
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +35,10 @@ CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
 LAYOUTS = ("rowmajor", "colmajor")
 DISTRIBUTIONS = ("competition", "uniform", "normal")
 DTYPES = ("float16", "bfloat16")
+
+
+class CaseError(ValueError):
+    """A case file that does not follow the schema (a usage error: exit status 2)."""
 
 
 @dataclass(frozen=True)
@@ -37,74 +52,219 @@ class Shape:
     def mnk(self) -> tuple[int, int, int]:
         return (self.m, self.n, self.k)
 
+    dims = mnk
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+
+@dataclass(frozen=True)
+class MoECase:
+    name: str
+    t: int
+    h: int
+    i: int
+    e: int
+    k: int
+
+    @property
+    def dims(self) -> tuple[int, int, int, int, int]:
+        return (self.t, self.h, self.i, self.e, self.k)
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.t * self.k * self.h * 3 * self.i  # gate + up (2I) and down (I), per routed row
+
 
 @dataclass(frozen=True)
 class CaseFile:
     name: str
     path: str
     dtype: str
-    layout: str
-    inputs: str
-    tol_base: float
-    tol_ref_k: int
-    correctness: tuple[Shape, ...]
-    performance: Shape | None
-    baseline_gflops: float | None
+    correctness: tuple
+    performance: Shape | MoECase | None
     full_score_ratio: float
     score_correctness: float
     score_performance: float
+    mode: str = "gemm"
+    layout: str = "rowmajor"
+    inputs: str = "uniform"
+    tol_base: float = 0.01
+    tol_ref_k: int = 512
+    baseline_gflops: float | None = None
     about: str = ""
 
 
-class CaseError(ValueError):
-    """A case file that does not follow the schema (a usage error: exit status 2)."""
+MoECaseFile = CaseFile  # one case file type; ``mode`` says which op
+
+
+# ------------------------------------------------------------------------------------------ schema
+# A schema is {key: (required, check)}; a check raises _Bad(problem) or returns the value.
+
+class _Bad(Exception):
+    pass
+
+
+def _str(v):
+    if not isinstance(v, str):
+        raise _Bad(f"expected a string, got {type(v).__name__} {v!r}")
+    return v
+
+
+def _pos_int(v):
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _Bad(f"expected a positive integer, got {type(v).__name__} {v!r}")
+    if v < 1:
+        raise _Bad(f"expected a positive integer, got {v}")
+    return v
+
+
+def _number(v, positive: bool):
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise _Bad(f"expected a number, got {type(v).__name__} {v!r}")
+    if positive and not v > 0:
+        raise _Bad(f"must be > 0, got {v}")
+    if v < 0:
+        raise _Bad(f"must be >= 0, got {v}")
+    return float(v)
+
+
+def _pos(v):
+    return _number(v, True)
+
+
+def _nonneg(v):
+    return _number(v, False)
+
+
+def _one_of(*choices):
+    def check(v):
+        if v not in choices:
+            raise _Bad(f"expected one of {', '.join(choices)}, got {v!r}")
+        return v
+    return check
+
+
+def _opt_pos(v):
+    return None if v is None else _pos(v)
+
+
+def _obj(schema: dict, where: str):
+    def check(v):
+        return _validate(v, schema, where)
+    return check
+
+
+def _at(where: str, key: str) -> str:
+    """``FILE: a.b`` from ``FILE`` or ``FILE: a`` and a key."""
+    return f"{where}.{key}" if ": " in where else f"{where}: {key}"
+
+
+def _validate(d, schema: dict, where: str) -> dict:
+    if not isinstance(d, dict):
+        raise CaseError(f"{where}: expected an object, got {type(d).__name__} {str(d)[:60]}")
+    for key in d:
+        if key not in schema:
+            raise CaseError(f"{_at(where, key)}: unknown key (allowed: {', '.join(schema)})")
+    out = {}
+    for key, (required, check) in schema.items():
+        if key not in d:
+            if required:
+                raise CaseError(f"{_at(where, key)}: missing")
+            continue
+        try:
+            out[key] = d[key] if check is None else check(d[key])
+        except _Bad as e:
+            raise CaseError(f"{_at(where, key)}: {e}") from None
+    return out
+
+
+_SCORE = {"correctness": (False, _nonneg), "performance": (False, _nonneg)}
+_GEMM_CASE = {"name": (False, _str), "M": (True, _pos_int), "N": (True, _pos_int), "K": (True, _pos_int)}
+_GEMM_PERF = {**_GEMM_CASE, "baseline_gflops": (False, _opt_pos), "full_score_ratio": (False, _pos)}
+_MOE_CASE = {"name": (False, _str), **{x: (True, _pos_int) for x in ("T", "H", "I", "E", "k")}}
+_MOE_PERF = {**_MOE_CASE, "full_score_ratio": (False, _pos)}
+_COMMON = {"name": (False, _str), "about": (False, _str), "dtype": (True, _one_of(*DTYPES)),
+           "score": (False, None)}
+GEMM_SCHEMA = {**_COMMON, "mode": (False, _one_of("gemm")), "layout": (True, _one_of(*LAYOUTS)),
+               "inputs": (True, _one_of(*DISTRIBUTIONS)),
+               "tolerance": (False, None), "correctness": (True, None), "performance": (False, None)}
+MOE_SCHEMA = {**_COMMON, "mode": (True, _one_of("moe")), "correctness": (True, None), "performance": (False, None)}
+
+
+def _cases(items, schema: dict, where: str) -> list[dict]:
+    if not isinstance(items, list) or not items:
+        raise CaseError(f"{where}: expected a non-empty list of cases")
+    return [_validate(c, schema, f"{where}[{i}]") for i, c in enumerate(items)]
 
 
 def resolve(name_or_path: str) -> Path:
     """A shipped case file by name ('competition', 'cpu.json') or any path."""
     p = Path(name_or_path)
+    if p.is_dir():
+        raise CaseError(f"{p}: is a directory, not a case file")
     if p.exists():
         return p
     shipped = CASES_DIR / (name_or_path if name_or_path.endswith(".json") else f"{name_or_path}.json")
-    if shipped.exists():
+    if shipped.is_file():
         return shipped
     known = sorted(f.stem for f in CASES_DIR.glob("*.json"))
     raise CaseError(f"no case file {name_or_path!r} (shipped: {', '.join(known)})")
 
 
-def _shape(d: dict, where: str) -> Shape:
+def read(path: Path) -> dict:
     try:
-        m, n, k = (int(d[x]) for x in ("M", "N", "K"))
-    except (KeyError, TypeError, ValueError) as e:
-        raise CaseError(f"{where}: needs integer M, N, K ({e})") from e
-    if min(m, n, k) < 1:
-        raise CaseError(f"{where}: M, N, K must be >= 1")
-    return Shape(str(d.get("name", f"{m}x{n}x{k}")), m, n, k)
+        text = path.read_text()
+    except UnicodeDecodeError as e:
+        raise CaseError(f"{path}: not a text file ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise CaseError(f"{path}: cannot be read ({e.strerror})") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CaseError(f"{path}: not JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise CaseError(f"{path}: expected a JSON object at the top, got {type(d).__name__}")
+    return d
 
 
 def load(name_or_path: str) -> CaseFile:
+    """Read and validate a GEMM or MoE case file (``mode`` decides)."""
     path = resolve(name_or_path)
-    try:
-        d = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CaseError(f"{path}: not JSON ({e})") from e
-    for key in ("dtype", "layout", "inputs", "correctness"):
-        if key not in d:
-            raise CaseError(f"{path}: missing key {key!r}")
-    if d["dtype"] not in DTYPES or d["layout"] not in LAYOUTS or d["inputs"] not in DISTRIBUTIONS:
-        raise CaseError(f"{path}: dtype in {DTYPES}, layout in {LAYOUTS}, inputs in {DISTRIBUTIONS}")
-    if not d["correctness"]:
-        raise CaseError(f"{path}: no correctness cases")
-    tol = d.get("tolerance", {})
-    perf = d.get("performance")
-    score = d.get("score", {})
-    return CaseFile(
-        name=str(d.get("name", path.stem)), path=str(path), dtype=d["dtype"], layout=d["layout"],
-        inputs=d["inputs"], tol_base=float(tol.get("base", 0.01)), tol_ref_k=int(tol.get("ref_k", 512)),
-        correctness=tuple(_shape(c, f"{path}: correctness[{i}]") for i, c in enumerate(d["correctness"])),
-        performance=_shape(perf, f"{path}: performance") if perf else None,
-        baseline_gflops=None if not perf or perf.get("baseline_gflops") is None else float(perf["baseline_gflops"]),
-        full_score_ratio=float(perf.get("full_score_ratio", 1.0)) if perf else 1.0,
-        score_correctness=float(score.get("correctness", 30)), score_performance=float(score.get("performance", 70)),
-        about=str(d.get("about", "")),
-    )
+    d = read(path)
+    mode = d.get("mode", "gemm")
+    if mode not in ("gemm", "moe"):
+        raise CaseError(f"{path}: mode: expected one of gemm, moe, got {mode!r}")
+    top = _validate(d, GEMM_SCHEMA if mode == "gemm" else MOE_SCHEMA, str(path))
+    score = _validate(d.get("score", {}), _SCORE, f"{path}: score")
+    common = dict(name=top.get("name", path.stem), path=str(path), dtype=top["dtype"], about=top.get("about", ""),
+                  score_correctness=score.get("correctness", 30.0), score_performance=score.get("performance", 70.0))
+    if mode == "moe":
+        make = _moe_case
+        correctness = [make(c, f"{path}: correctness[{i}]")
+                       for i, c in enumerate(_cases(d["correctness"], _MOE_CASE, f"{path}: correctness"))]
+        perf = None if d.get("performance") is None else _validate(d["performance"], _MOE_PERF,
+                                                                    f"{path}: performance")
+        return CaseFile(mode="moe", correctness=tuple(correctness),
+                        performance=make(perf, f"{path}: performance") if perf else None,
+                        full_score_ratio=(perf or {}).get("full_score_ratio", 1.0), **common)
+    tol = _validate(d.get("tolerance", {}), {"base": (False, _pos), "ref_k": (False, _pos_int)},
+                    f"{path}: tolerance")
+    correctness = [_shape(c) for c in _cases(d["correctness"], _GEMM_CASE, f"{path}: correctness")]
+    perf = None if d.get("performance") is None else _validate(d["performance"], _GEMM_PERF, f"{path}: performance")
+    return CaseFile(mode="gemm", layout=top["layout"], inputs=top["inputs"], tol_base=tol.get("base", 0.01),
+                    tol_ref_k=tol.get("ref_k", 512), correctness=tuple(correctness),
+                    performance=_shape(perf) if perf else None,
+                    baseline_gflops=(perf or {}).get("baseline_gflops"),
+                    full_score_ratio=(perf or {}).get("full_score_ratio", 1.0), **common)
+
+
+def _shape(d: dict) -> Shape:
+    return Shape(d.get("name", f"{d['M']}x{d['N']}x{d['K']}"), d["M"], d["N"], d["K"])
+
+
+def _moe_case(d: dict, where: str) -> MoECase:
+    if d["k"] > d["E"]:
+        raise CaseError(f"{where}.k: top-k {d['k']} must be <= E = {d['E']}")
+    return MoECase(d.get("name", f"T{d['T']}"), d["T"], d["H"], d["I"], d["E"], d["k"])

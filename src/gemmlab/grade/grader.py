@@ -1,137 +1,72 @@
-"""`gemmlab grade`: the competition grader with its blind spot closed.
+"""`gemmlab grade`: one grader for every op (``op.py``: GEMM and MoE), rules as data (``rules.py``).
 
-The candidate runs in a child process (``worker.py``); inputs, references, checks, timing of the
-baseline and the verdict stay here. The rules, each with a test that fires it on a known-bad kernel
-(tests/bad_kernels/):
+The candidate is arbitrary Python and GPU code, so everything in its process is its own: gemmlab's code
+there, torch, the clock, the profiler, CUDA events. The grader decides only on what its own process
+observes: the outputs it reads, the inputs it compares, the times it takes. The candidate runs in a
+sandbox (``bench/sandbox.py``: own session, a keeper between it and the grader, output to a log, every
+process it starts killed before the report is written).
 
-1. Exact shape: the performance shape is verified through the same call before it is timed (even when
-   the case file lists no such correctness case), and outputs sampled during timing are checked again.
-2. Dispatch coverage: gemmlab's own plan path and, on CUDA, the launched kernel names are recorded per
-   case; a path or kernel name seen in the timed run but in no verified call fails.
-3. Poison and freshness: outputs start as NaN; every trial draws fresh inputs (new seeds, two
-   distributions); inputs are compared with saved copies after the call; an output equal to the previous
-   trial's, for new inputs, is a stale result.
-4. No vendor BLAS (cuBLAS/cuBLASLt/CUTLASS kernels, aten::mm and friends) unless allowed.
-5. Honest timing: generated random inputs, L2 flushed, device-wide sync inside the host clock, host time
-   cross-checks the event time, and more than the dense tensor peak is rejected as impossible.
-6. Isolation: a candidate that raises, crashes its process or exceeds the time limit gets FAIL with the
-   reason; grading goes on with a fresh process.
+Correctness: each listed case runs ``op.trials`` trials, each on fresh inputs drawn by the grader from a
+seed of ``--seed`` (reproducible); the child gets copies in shared memory (CUDA IPC on a GPU, shared CPU
+memory without), and a NaN-poisoned output buffer the grader owns. ``rules.TRIAL_RULES`` judge each.
+The timed case is verified through the same call first when no listed case has its sizes.
+
+Timing protocol (``Grader.perf``), the same for candidate and baseline, each in a worker of its own:
+1. The grader allocates N call slots (inputs and a flat output each) and shares them with both workers
+   once. N is what fits in half the free memory, at most 16 (2 on the CPU), so a batch at the seed shapes
+   lasts tens of milliseconds and the round trip is small beside it (measured, below).
+2. Before every batch, outside the timed window, the grader draws fresh inputs for every slot from a
+   secret generator (``secrets``: nothing the child can see predicts them), keeps them as its private
+   copies, copies them into the slots, fills every output with NaN, syncs its device, and flushes L2
+   from its own process. No call sees inputs another call saw, so nothing can be memoized; every call
+   reads buffers untouched since the flush, so each starts with its inputs cold, as a per-call flush
+   would give, without a flush kernel inside the window that the candidate could skip. (The MoE weights,
+   too large to redraw, are the exception: fixed for the run, as in inference.)
+3. The window: t0 = the grader's ``time.perf_counter()``; the request "run N calls" goes to the worker,
+   which syncs, runs the calls back to back (``bench.timing.time_calls``, no flush), syncs and answers;
+   the grader then reads a secret random sample of every output into its own memory and syncs; t1.
+   A child that answers before its work is done gains nothing: the sample is taken after the answer, and
+   the batch fails unless every sampled value equals the final output.
+4. After the window, with the candidate's processes stopped (SIGSTOP) and nothing reaching the child: all
+   inputs are compared with the private copies, and the calls to verify are picked (all for GEMM, a
+   random ``op.verify_per_batch`` for MoE) and checked against references computed from the private
+   copies (``rules.BATCH_RULES``).
+5. Rounds alternate candidate and baseline batches (A B / B A). The time of a call is (t1 - t0) / N, the
+   grader's clock; nothing is subtracted. The protocol's own cost is measured with an empty candidate
+   and reported. The child's clock (event times) is advisory: cross-checked, never used for the ratio.
+6. When the candidate's processes are all gone, the baseline is timed again alone; an interleaved baseline
+   clearly slower than that says the candidate slowed it down (``rules.baseline_undisturbed``).
 """
 
 from __future__ import annotations
 
 import math
-import random
-import re
+import secrets
+import shutil
 import statistics
 import tempfile
+import time
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
-import torch.multiprocessing as tmp
 
+from gemmlab.bench.sandbox import CandidateError, Sandbox, WorkerFailure
 from gemmlab.bench.stats import ratio_summary, tensor_peak_tflops
-from gemmlab.bench.timing import ClockSampler, env_info
-from gemmlab.grade.cases import CaseFile, Shape
-from gemmlab.grade.inputs import SECOND_DISTRIBUTION, operands, reference
-from gemmlab.grade.worker import serve, timed_loop
+from gemmlab.bench.timing import ClockSampler, env_info, l2_flush_buffer
+from gemmlab.grade import rules
+from gemmlab.grade.cases import CaseFile
+from gemmlab.grade.op import Op
 
-VENDOR_KERNEL = re.compile(r"cublas|cutlass|xmma|nvjet|gemv|gemmk|ampere_|volta_|turing_|cudnn", re.IGNORECASE)
-VENDOR_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::mv", "aten::addmv",
-              "aten::dot", "aten::matmul", "aten::linear", "aten::_scaled_mm", "aten::_grouped_mm",
-              "aten::_int_mm", "aten::_addmm_activation", "aten::einsum", "aten::tensordot"}
 # Dense fp16/bf16 tensor peak at the maximum boost clock, TFLOPS (vendor datasheets).
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1, "L4": 121.0}
-
-
-class WorkerFailure(RuntimeError):
-    """The candidate's process timed out, died, or could not load the kernel."""
-
-
-class CandidateError(RuntimeError):
-    """The candidate raised."""
-
-
-class Worker:
-    """The candidate's process, restarted after any failure so one bad case cannot poison the next."""
-
-    def __init__(self, spec: str | None, signature: str, layout: str, timeout: float, interpret: bool):
-        self.args = (spec, signature, layout, interpret)
-        self.timeout = timeout
-        self.proc = None
-        self.starts = 0
-
-    def _start(self) -> None:
-        ctx = tmp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.log = tempfile.NamedTemporaryFile(prefix="gemmlab-candidate-", suffix=".log", delete=False).name
-        self.proc = ctx.Process(target=serve, args=(child, *self.args, self.log), daemon=True)
-        self.proc.start()
-        child.close()
-        self.starts += 1
-        hello = self._recv(max(self.timeout, 120.0))  # importing torch + the kernel module
-        if not hello.get("ok"):
-            self.kill()
-            raise WorkerFailure(f"kernel could not be loaded: {hello.get('error')}")
-
-    def request(self, op: str, timeout: float | None = None, **req) -> dict:
-        if self.proc is None:
-            self._start()
-        self.conn.send({"op": op, **req})
-        reply = self._recv(timeout or self.timeout)
-        if torch.cuda.is_available():
-            torch.cuda.ipc_collect()
-        if "error" in reply:
-            self.kill()  # the candidate raised; its CUDA context may be unusable: start afresh next time
-            raise CandidateError(reply["error"])
-        return reply
-
-    def _recv(self, timeout: float) -> dict:
-        if not self.conn.poll(timeout):
-            self.kill()
-            raise WorkerFailure(f"no answer within {timeout:g} s (time limit); candidate process killed")
-        try:
-            return self.conn.recv()
-        except (EOFError, OSError) as e:
-            self.proc.join(5)
-            code = self.proc.exitcode
-            self.kill()
-            raise WorkerFailure(f"candidate process died (exit code {code}; e.g. an illegal memory access "
-                                f"or a crash){self.log_tail()}") from e
-
-    def log_tail(self, chars: int = 600) -> str:
-        """The end of the candidate's stderr, without the profiler's chatter."""
-        try:
-            lines = Path(self.log).read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        text = "\n".join(line for line in lines if not line.startswith("USDT:"))[-chars:].strip()
-        return f"; its stderr ends: {text}" if text else ""
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            if self.proc.is_alive():
-                self.proc.kill()
-            self.proc.join(10)
-            self.conn.close()
-        self.proc = None
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.is_alive():
-            try:
-                self.conn.send({"op": "stop"})
-                self.proc.join(10)
-            except OSError:
-                pass
-        self.kill()
+SAMPLED_PER_OUTPUT = 1024  # output elements read back at the end of every batch
 
 
 @dataclass
 class CaseResult:
     name: str
-    shape: tuple[int, int, int]
+    shape: tuple
     status: str = "PASS"
     reason: str = ""
     rule: str = ""
@@ -151,179 +86,254 @@ def _seed(base: int, *parts) -> int:
     return (zlib.crc32("/".join(map(str, parts)).encode()) + 7919 * base) % (1 << 31)
 
 
-def _logical_out(reply: dict, c: torch.Tensor | None, signature: str, layout: str, m: int, n: int):
-    if signature == "rowmajor":
-        return reply["out"]
-    return c.view(n, m).t() if layout == "colmajor" else c.view(m, n)
+def _preload(log_dir: str):
+    """The vendor-BLAS interposer (``grade/preload``), when it is built: (extra child env, reader of the
+    GEMM entry points it recorded). Without it: ({}, reader of nothing)."""
+    try:
+        from gemmlab.grade import preload
+    except ImportError:
+        return {}, lambda: [], "not available"
+    path = f"{log_dir}/preload.log"
+    try:
+        env = preload.child_env(path)
+    except Exception as e:  # not built for this machine: say so in the report, grade on
+        return {}, lambda: [], f"not active ({type(e).__name__}: {e})"
+    return env, lambda: list(preload.read_calls(path)), "active"
 
 
-def _vendor(kernels: list[str], ops: list[str]) -> list[str]:
-    return [k for k in kernels if VENDOR_KERNEL.search(k)] + [o for o in ops if o in VENDOR_OPS]
-
-
-def _output_problem(out, m: int, n: int, dtype: torch.dtype, device: torch.device) -> str | None:
-    if not isinstance(out, torch.Tensor):
-        return f"returned {type(out).__name__}, expected a torch.Tensor"
-    if tuple(out.shape) != (m, n):
-        return f"returned shape {tuple(out.shape)}, expected ({m}, {n})"
-    if out.dtype != dtype:
-        return f"returned dtype {out.dtype}, expected {dtype}"
-    if out.device != device:
-        return f"returned a tensor on {out.device}, expected {device}"
-    return None
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class Grader:
-    def __init__(self, cases: CaseFile, kernel: str | None = None, signature: str | None = None,
-                 allow_vendor: bool = False, timeout: float = 60.0, seed: int = 0, rounds: int | None = None,
-                 progress=None, worker: Worker | None = None):
-        self.cases, self.kernel, self.allow_vendor, self.seed = cases, kernel, allow_vendor, seed
-        self.signature = signature or cases.layout
+    def __init__(self, op: Op, cases: CaseFile, kernel: str | None = None, allow_vendor: bool = False,
+                 timeout: float = 120.0, seed: int = 0, rounds: int | None = None, progress=None,
+                 keep_logs: bool = False):
+        self.op, self.cases, self.kernel, self.allow_vendor, self.seed = op, cases, kernel, allow_vendor, seed
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
-        self.dtype = getattr(torch, cases.dtype)
         self.rounds = rounds or (10 if self.device.type == "cuda" else 3)
-        self.worker = worker or Worker(kernel, self.signature, cases.layout, timeout, self.device.type == "cpu")
+        self.timeout, self.keep_logs = timeout, keep_logs
         self.progress = progress or (lambda msg: None)
+        self.log_dir = tempfile.mkdtemp(prefix="gemmlab-grade-")
+        env, self.preload_calls, self.preload_state = _preload(self.log_dir)
+        self.cand = Sandbox(kernel, op.signature, op.layout, timeout, self.interpret, self.log_dir, env)
+
+    @property
+    def interpret(self) -> bool:
+        return self.device.type == "cpu"
 
     # -------------------------------------------------------------------------------- correctness
 
-    def check(self, shape: Shape, tag: str = "correctness") -> CaseResult:
-        """Rules 2-4 and 6 on one shape: three trials, fresh seeds, two distributions."""
-        cf, (m, n, k) = self.cases, shape.mnk
-        res = CaseResult(shape.name, shape.mnk)
+    def check(self, case, tag: str = "correctness") -> CaseResult:
+        """``op.trials`` trials on fresh inputs, each judged by ``rules.TRIAL_RULES``."""
+        op = self.op
+        res = CaseResult(case.name, case.dims)
         prev = None
-        for t, dist in enumerate((cf.inputs, cf.inputs, SECOND_DISTRIBUTION[cf.inputs])):
-            seed = _seed(self.seed, tag, shape.name, t)
-            a, b = operands(m, n, k, dist, seed, self.dtype, self.device.type, cf.layout)
-            a0, b0 = a.clone(), b.clone()
-            c = torch.full((m * n,), float("nan"), dtype=self.dtype, device=self.device) \
-                if self.signature == "colmajor" else None
+        for t, kind in enumerate(op.trials):
+            seed = _seed(self.seed, tag, case.name, t)
+            inputs = shared = flat = None  # free the last trial's tensors first (DeepSeek-V3: 22 GB a set)
+            inputs = op.fresh(case, kind, seed, self.device)
+            shared = tuple(x.clone() for x in inputs)
+            flat = torch.full((op.out_numel(case),), float("nan"), dtype=op.dtype, device=self.device)
             try:
-                reply = self.worker.request("call", a=a, b=b, c=c)
+                self.cand.bind([(shared, flat)])
+                reply = self.cand.request("call", slot=0, profile=True)
             except CandidateError as e:
                 return res.fail("isolation", f"raised {e}")
             except WorkerFailure as e:
                 return res.fail("isolation", str(e))
-            out = _logical_out(reply, c, self.signature, cf.layout, m, n)
-            res.paths = sorted(set(res.paths) | ({reply["path"]} if reply["path"] else set()))
-            res.kernels = sorted(set(res.kernels) | set(reply["kernels"]))
-            vendor = _vendor(reply["kernels"], reply["ops"])
-            if vendor and not self.allow_vendor:
-                return res.fail("no-vendor-blas", f"called the vendor BLAS: {', '.join(vendor[:4])}")
-            problem = _output_problem(out, m, n, self.dtype, self.device)
-            if problem:
-                return res.fail("output", problem)
-            if not (torch.equal(a, a0) and torch.equal(b, b0)):
-                return res.fail("poison-freshness", "modified an input (A or B differs from its saved copy)")
-            bad = int((~torch.isfinite(out)).sum())
-            if bad:
-                return res.fail("poison-freshness", f"{bad} NaN/Inf elements in C (unwritten or corrupted)")
-            if prev is not None and torch.equal(out, prev):
-                return res.fail("poison-freshness", "same output for new inputs: a stale or cached result")
-            ref = reference(a, b, dist, self.dtype, cf.tol_base, cf.tol_ref_k)
-            err = (out.double() - ref["c_ref"].double()).abs().max().item()
-            res.trials.append({"dist": dist, "seed": seed, "max_abs_err": err, "tolerance": ref["tol"],
-                               "rule": ref["rule"]})
-            if res.max_abs_err is None or err / ref["tol"] > res.max_abs_err / res.tolerance:
-                res.max_abs_err, res.tolerance, res.tolerance_rule = err, ref["tol"], ref["rule"]
-            if not err <= ref["tol"]:
-                return res.fail("correctness", f"max |C - C_ref| = {err:.4g} > {ref['tol']:.4g} ({dist} inputs)")
-            prev = out.clone()
-            del ref, a, b, a0, b0, c, out, reply
+            out = op.view(flat, case).clone()
+            changed = not all(torch.equal(s, x) for s, x in zip(shared, inputs, strict=True))
+            res.paths = sorted(set(res.paths) | ({reply["path"]} if reply.get("path") else set()))
+            res.kernels = sorted(set(res.kernels) | set(reply.get("kernels", [])))
+            trial = rules.Trial(reply, out, changed, prev, lambda o=out, i=inputs, k=kind: op.check(o, i, k),
+                                self.allow_vendor, kind, self.preload_calls())
+            failed = rules.first_failure(rules.TRIAL_RULES, trial)
+            if trial.result is not None:
+                err, tol, rule = trial.result
+                res.trials.append({"kind": kind, "seed": seed, "max_abs_err": err, "tolerance": tol, "rule": rule})
+                if res.max_abs_err is None or err / max(tol, 1e-30) > res.max_abs_err / max(res.tolerance, 1e-30):
+                    res.max_abs_err, res.tolerance, res.tolerance_rule = err, tol, rule
+            if failed:
+                return res.fail(*failed)
+            prev = out
         return res
 
     # -------------------------------------------------------------------------------- performance
 
-    def perf(self, shape: Shape, verified: list[CaseResult]) -> dict:
-        """Rules 1, 2, 4, 5: verify the exact shape if no passed case did, time interleaved with the
-        baseline, re-check sampled outputs, cross-check clocks, check coverage."""
-        cf, (m, n, k) = self.cases, shape.mnk
-        out = {"name": shape.name, "shape": shape.mnk, "status": "PASS", "rule": "", "reason": ""}
-        exact = [r for r in verified if r.shape == shape.mnk and r.status == "PASS"]
-        if not exact:
-            self.progress(f"exact-shape check of {shape.name} (no listed correctness case has this shape)")
-            r = self.check(shape, tag="exact-shape")
-            r.name = f"{shape.name} (exact-shape check)"
+    def calls_per_batch(self, per_call: int, fixed: int) -> int:
+        """Calls in one timed batch: as many as fit in half the free memory (each needs ``per_call`` bytes:
+        its slot, the grader's private copy, an output; ``fixed`` bytes are still to allocate once), at
+        most 16; 2 on the CPU (the interpreter is slow)."""
+        if self.device.type != "cuda":
+            return 2
+        torch.cuda.empty_cache()
+        free = torch.cuda.mem_get_info(self.device)[0]
+        return max(2, min(16, int((0.5 * free - fixed) // per_call)))
+
+    def perf(self, case, verified: list[CaseResult]) -> dict:
+        op = self.op
+        out = {"name": case.name, "shape": case.dims, "status": "PASS", "rule": "", "reason": ""}
+        if not [r for r in verified if r.shape == case.dims and r.status == "PASS"]:
+            self.progress(f"exact-shape check of {case.name} (no listed correctness case has these sizes)")
+            r = self.check(case, tag="exact-shape")
+            r.name = f"{case.name} (exact-shape check)"
             verified.append(r)
-            out["exact_shape_check"] = r
+            out["exact_shape_check"] = r.__dict__
             if r.status != "PASS":
                 return dict(out, status="FAIL", rule="exact-shape",
                             reason=f"the timed shape failed verification: {r.reason}")
-        cuda = self.device.type == "cuda"
-        n_sets = 3 if cuda else 2
-        sets, refs = [], []
-        for i in range(n_sets):
-            a, b = operands(m, n, k, cf.inputs, _seed(self.seed, "perf", shape.name, i), self.dtype,
-                            self.device.type, cf.layout)
-            c = torch.full((m * n,), float("nan"), dtype=self.dtype, device=self.device)
-            sets.append((a, b, c if self.signature == "colmajor" else None))
-            refs.append(reference(a, b, cf.inputs, self.dtype, cf.tol_base, cf.tol_ref_k))
-        base_c = torch.empty((m * n,), dtype=self.dtype, device=self.device)
-        rng = random.Random(_seed(self.seed, "samples", shape.name))
-        reps = 5 if cuda else 3
-        sample_plan = {(r, rng.randrange(reps)) for r in rng.sample(range(self.rounds), min(3, self.rounds))}
-        samples = [torch.full((m, n), float("nan"), dtype=self.dtype, device=self.device) for _ in sample_plan]
-        # (round, call) -> (sample buffer, input set that call used)
-        sample_slots = {rr: (slot, rr[1] % n_sets) for slot, rr in enumerate(sorted(sample_plan))}
+        base = Sandbox(op.baseline, op.baseline_signature, op.layout, self.timeout, self.interpret, self.log_dir,
+                       name="baseline")
+        try:
+            return self._timed(case, verified, out, base)
+        except (WorkerFailure, CandidateError) as e:  # the baseline's process failed (the candidate can reach it)
+            return dict(out, status="FAIL", rule="isolation", reason=f"baseline worker: {e}")
+        finally:
+            base.close()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.ipc_collect()
 
-        def baseline(i):
-            a, b, _ = sets[i % n_sets]
-            if cf.layout == "colmajor":  # C^T (N, M) = B^T (N, K) @ A^T (K, M), all row-major views
-                return torch.mm(b.t(), a.t(), out=base_c.view(n, m))
-            return torch.mm(a, b, out=base_c.view(m, n))
+    def _timed(self, case, verified: list[CaseResult], out: dict, base: Sandbox) -> dict:
+        op, dev, cand = self.op, self.device, self.cand
+        cuda = dev.type == "cuda"
+        secret = secrets.SystemRandom()
+        gen = torch.Generator(device=dev).manual_seed(secret.getrandbits(62))
+        keep = op.fresh(case, op.timed_kind, secret.getrandbits(62), dev) if op.fixed else None
+
+        def draw():
+            return op.fresh(case, op.timed_kind, secret.getrandbits(62), dev, keep)
+
+        first = draw()
+        per_call = sum(2 * x.numel() * x.element_size() for j, x in enumerate(first) if j not in op.fixed)
+        n = self.calls_per_batch(per_call + op.out_numel(case) * op.dtype.itemsize,
+                                 sum(keep[j].numel() * keep[j].element_size() for j in op.fixed))
+        private = [first] + [draw() for _ in range(n - 1)]
+        shared_fixed = {j: keep[j].clone() for j in op.fixed}
+        slot_in = [tuple(shared_fixed[j] if j in op.fixed else x.clone() for j, x in enumerate(p)) for p in private]
+        numel = op.out_numel(case)
+        outs = torch.full((n, numel), float("nan"), dtype=op.dtype, device=dev)
+        slots = [(slot_in[i], outs[i]) for i in range(n)]
+        flusher = l2_flush_buffer(dev) if cuda else None
+        try:
+            cand.bind(slots)
+            base.bind(slots)
+        except CandidateError as e:
+            return dict(out, status="FAIL", rule="isolation", reason=f"raised {e}")
+
+        def batch(box: Sandbox, fn: str = "kernel"):
+            for i in range(n):
+                private[i] = draw()
+                for j, (s, x) in enumerate(zip(slot_in[i], private[i], strict=True)):
+                    if j not in op.fixed:
+                        s.copy_(x)
+            outs.fill_(float("nan"))
+            idx = torch.randint(0, numel, (min(SAMPLED_PER_OUTPUT, numel),), generator=gen, device=dev)
+            _sync(dev)
+            if flusher is not None:
+                flusher.zero_()
+                _sync(dev)
+            if box is cand:
+                cand.thaw()
+            t0 = time.perf_counter()
+            reply = box.request("run", order=list(range(n)), fn=fn)
+            sample = outs[:, idx].clone()  # reading the outputs back ends the batch
+            _sync(dev)
+            wall = (time.perf_counter() - t0) * 1e3
+            if box is cand:
+                cand.freeze()
+            return wall / n, reply, sample, idx
+
+        def verify(b: int, reply, sample, idx) -> tuple[str, str] | None:
+            changed = [i for i in range(n) if not all(
+                torch.equal(s, x) for j, (s, x) in enumerate(zip(slot_in[i], private[i], strict=True))
+                if j not in op.fixed or i == 0)]
+            final = outs[:, idx]
+            same = (sample == final) | (torch.isnan(sample) & torch.isnan(final))
+            incomplete = [i for i in range(n) if not bool(same[i].all())]
+            which = range(n) if op.verify_per_batch is None else sorted(secret.sample(range(n),
+                                                                                       min(n, op.verify_per_batch)))
+            wrong = []
+            for i in which:
+                o = op.view(outs[i], case)
+                bad = int((~torch.isfinite(o)).sum())
+                if bad:
+                    wrong.append((i, f"{bad} NaN/Inf elements"))
+                    continue
+                err, tol, _ = op.check(o, private[i], op.timed_kind)
+                if not err <= tol:
+                    wrong.append((i, f"max err {err:.4g} > {tol:.4g}"))
+            evidence = rules.Batch(b, reply, changed, incomplete, wrong, len(which))
+            return rules.first_failure(rules.BATCH_RULES, evidence), len(which)
 
         try:
-            self.worker.request("warmup", a=sets[0][0], b=sets[0][1], c=sets[0][2], seconds=1.0 if cuda else 0.0)
+            self.progress(f"warm-up of {case.name} ({n} calls a batch)")
+            t_end = time.perf_counter() + (1.0 if cuda else 0.0)
+            while True:
+                for box in (cand, base):
+                    batch(box)
+                if time.perf_counter() >= t_end:
+                    break
+            overhead = statistics.median(batch(base, "empty")[0] for _ in range(3))
+            cand.thaw()
+            prof = cand.request("call", slot=0, profile=True)
+            cand.freeze()
         except (CandidateError, WorkerFailure) as e:
             return dict(out, status="FAIL", rule="isolation", reason=str(e))
-        cand, base, host, kernels, ops, path = [], [], [], set(), set(), None
+        kernels, ops, path = set(prof.get("kernels", [])), set(prof.get("ops", [])), prof.get("path")
+        fixed_baseline = getattr(self.cases, "baseline_gflops", None)
+        cand_ms, base_ms, advisory, checked = [], [], [], 0
         with ClockSampler() as clocks:
             for r in range(self.rounds):
-                at = {rep: slot for (rr, rep), (slot, _) in sample_slots.items() if rr == r}
-                order = ("cand", "base") if r % 2 == 0 else ("base", "cand")
-                for who in order:
+                for who in (("cand", "base") if r % 2 == 0 else ("base", "cand")):
                     if who == "base":
-                        if cf.baseline_gflops is None:
-                            base.append(timed_loop(baseline, reps, self.device, cuda)[0])
+                        if fixed_baseline is None:
+                            base_ms.append([batch(base)[0]])
                         continue
                     try:
-                        reply = self.worker.request("time", sets=sets, reps=reps, samples=samples, sample_at=at,
-                                                    flush=cuda, profile=(r == 0))
-                    except (CandidateError, WorkerFailure) as e:
+                        ms, reply, sample, idx = batch(cand)
+                    except CandidateError as e:
+                        return dict(out, status="FAIL", rule="isolation", reason=f"raised {e}")
+                    except WorkerFailure as e:
                         return dict(out, status="FAIL", rule="isolation", reason=str(e))
-                    cand.append(reply["device_ms"])
-                    host.append(reply["host_ms"])
-                    kernels |= set(reply["kernels"])
-                    ops |= set(reply["ops"])
-                    path = reply["path"] or path
-        flops = 2.0 * m * n * k
-        cand_ms = statistics.median(t for r in cand for t in r)
-        host_med = statistics.median(t for r in host for t in r)
-        tflops = flops / (cand_ms * 1e-3) / 1e12
-        out.update(median_ms=cand_ms, host_median_ms=host_med, tflops=tflops, clocks=clocks.summary(),
-                   timed_kernels=sorted(kernels), timed_path=path)
-        if cf.baseline_gflops is None:
-            base_ms = statistics.median(t for r in base for t in r)
-            out.update(baseline_ms=base_ms, baseline_tflops=flops / (base_ms * 1e-3) / 1e12,
-                       baseline="vendor BLAS (torch.mm), interleaved", honest=ratio_summary(cand, base))
+                    failed, nv = verify(r, reply, sample, idx)
+                    if failed:
+                        return dict(out, status="FAIL", rule=failed[0], reason=failed[1])
+                    checked += nv
+                    cand_ms.append([ms])
+                    advisory.append(sum(reply.get("ms") or [math.nan]) / n)
+        try:
+            cand.close()  # the candidate's processes are gone before the baseline is timed alone
+        except WorkerFailure as e:
+            return dict(out, status="FAIL", rule="containment", reason=str(e))
+        solo = None
+        if fixed_baseline is None and rules.BASELINE_SLACK.get(dev.type) is not None:
+            solo = statistics.median(batch(base)[0] for _ in range(max(2, self.rounds // 2)))
+        wall = statistics.median(t for rr in cand_ms for t in rr)
+        tflops = case.flops / (wall * 1e-3) / 1e12
+        out.update(median_ms=wall, tflops=tflops, clocks=clocks.summary(), timed_kernels=sorted(kernels),
+                   timed_path=path, calls_per_batch=n, samples_checked=checked, protocol_overhead_ms=overhead,
+                   advisory_median_ms=statistics.median(advisory),
+                   timer=("grader's clock around each batch of calls in the worker (device synced at both ends, "
+                          "outputs read back), per call; the worker's own clock is advisory"),
+                   preload=self.preload_state)
+        if fixed_baseline is None:
+            b_med = statistics.median(t for rr in base_ms for t in rr)
+            out.update(baseline_ms=b_med, baseline_tflops=case.flops / (b_med * 1e-3) / 1e12,
+                       baseline=f"{op.baseline_label}, interleaved, same protocol", baseline_solo_ms=solo,
+                       honest=ratio_summary(cand_ms, base_ms))
         else:
-            out.update(baseline_tflops=cf.baseline_gflops / 1e3, baseline=f"fixed {cf.baseline_gflops} GFLOPS")
+            b_med = None
+            out.update(baseline_tflops=fixed_baseline / 1e3, baseline=f"fixed {fixed_baseline} GFLOPS")
         out["ratio"] = tflops / out["baseline_tflops"]
-        # rule 1, second half: what the timed calls produced (each sampled call saw its A negated first)
-        flips = [0] * n_sets
-        for (rr, rep_i), (slot, set_i) in sorted(sample_slots.items()):
-            ref = refs[set_i]
-            flips[set_i] += 1
-            sign = -1.0 if flips[set_i] % 2 else 1.0
-            err = (samples[slot].double() - sign * ref["c_ref"].double()).abs().max().item()
-            if not err <= ref["tol"]:
-                return dict(out, status="FAIL", rule="exact-shape",
-                            reason=f"an output produced while timing (round {rr}, call {rep_i}) is wrong: "
-                                   f"max err {err:.4g} > {ref['tol']:.4g}")
-        out["samples_checked"] = len(sample_slots)
-        failed = timed_run_problem(cand_ms, host_med, tflops, self.device, kernels, ops, self.allow_vendor, path,
-                                   verified)
+        seen = [r for r in verified if r.status == "PASS"]
+        evidence = rules.Run(wall, out["advisory_median_ms"], overhead, tflops, peak_tflops(dev), dev.type, b_med,
+                             solo, kernels, ops, self.preload_calls(), self.allow_vendor, path,
+                             {p for r in seen for p in r.paths}, {k for r in seen for k in r.kernels})
+        failed = rules.first_failure(rules.RUN_RULES, evidence)
         return dict(out, status="FAIL", rule=failed[0], reason=failed[1]) if failed else out
 
     # -------------------------------------------------------------------------------------- run
@@ -331,79 +341,61 @@ class Grader:
     def run(self) -> dict:
         cf = self.cases
         results: list[CaseResult] = []
+        listed: list[CaseResult] = []
+        perf, containment = None, None
         try:
-            for shape in cf.correctness:
-                self.progress(f"correctness {shape.name} {shape.m}x{shape.n}x{shape.k}")
-                results.append(self.check(shape))
+            for case in cf.correctness:
+                if self.cand.failed:  # the kernel is loaded once: a dead sandbox is not restarted
+                    results.append(CaseResult(case.name, case.dims).fail("isolation",
+                                                                         f"not run: {self.cand.failed}"))
+                    continue
+                self.progress(f"correctness {case.name} {'x'.join(map(str, case.dims))}")
+                results.append(self.check(case))
             listed = list(results)
-            correct = all(r.status == "PASS" for r in listed)
-            perf = None
-            if cf.performance is not None and correct:
+            if cf.performance is not None and all(r.status == "PASS" for r in listed):
                 self.progress(f"performance {cf.performance.name}")
                 perf = self.perf(cf.performance, results)
         finally:
-            self.worker.close()
-        return self._report(listed, results, perf)
+            try:
+                self.cand.close()
+            except WorkerFailure as e:
+                containment = str(e)
+            if not self.keep_logs:
+                shutil.rmtree(self.log_dir, ignore_errors=True)
+        report = self._report(listed, results, perf)
+        if containment:
+            report["verdict"] = "FAIL"
+            report["failures"].append({"name": "sandbox", "rule": "containment", "reason": containment})
+        return report
 
     def _report(self, listed: list[CaseResult], results: list[CaseResult], perf: dict | None) -> dict:
-        cf = self.cases
-        if perf and "exact_shape_check" in perf:
-            perf = dict(perf, exact_shape_check=perf["exact_shape_check"].__dict__)
+        cf, op = self.cases, self.op
+        dims = "T x H x I x E x k" if op.name == "moe" else "M x N x K"
         return {
-            "cases_file": cf.path, "cases_name": cf.name, "kernel": self.kernel or "gemmlab (default)",
-            "signature": self.signature, "layout": cf.layout, "dtype": cf.dtype, "device": str(self.device),
-            "env": env_info(), "seed": self.seed, "allow_vendor": self.allow_vendor,
-            "worker_starts": self.worker.starts,
+            "cases_file": cf.path, "cases_name": cf.name, "mode": op.name, "kernel": self.kernel or "gemmlab (default)",
+            "signature": op.signature, "layout": op.layout, "dtype": cf.dtype, "device": str(self.device),
+            "dims": dims, "env": env_info(), "seed": self.seed, "allow_vendor": self.allow_vendor,
+            "worker_starts": self.cand.starts, "logs": self.log_dir if self.keep_logs else None,
             "correctness": [r.__dict__ for r in results], "performance": perf,
-            "performance_shape": list(cf.performance.mnk) if cf.performance is not None else None,
+            "performance_shape": list(cf.performance.dims) if cf.performance is not None else None,
             **verdict(cf, listed, perf),
         }
 
 
 def verdict(cf, listed: list[CaseResult], perf: dict | None) -> dict:
-    """Score, verdict and failures of a grade (GEMM or MoE case file): 30 correctness points split over
-    the listed cases, 70 x min(1, ratio / full_score_ratio) for a passed performance case. An exact-shape
-    check that failed is reported once, as the performance case's failure."""
+    """Score, verdict and failures of a grade: 30 correctness points split over the listed cases,
+    70 x min(1, ratio / full_score_ratio) for a passed performance case."""
     n_pass = sum(r.status == "PASS" for r in listed)
-    score_c = cf.score_correctness * n_pass / len(listed)
+    score_c = cf.score_correctness * n_pass / len(listed) if listed else 0.0
     perf_ok = perf is not None and perf["status"] == "PASS"
     score_p = cf.score_performance * min(1.0, perf["ratio"] / cf.full_score_ratio) if perf_ok else 0.0
     failed = [r.__dict__ for r in listed if r.status != "PASS"]
     failed += [perf] if perf and not perf_ok else []
     return {"score": {"correctness": score_c, "performance": score_p, "total": score_c + score_p,
                       "max": cf.score_correctness + cf.score_performance},
-            "listed_correctness_passed": n_pass == len(listed),
-            "verdict": "PASS" if not failed and (cf.performance is None or perf_ok) else "FAIL",
+            "listed_correctness_passed": bool(listed) and n_pass == len(listed),
+            "verdict": "PASS" if listed and not failed and (cf.performance is None or perf_ok) else "FAIL",
             "failures": [{key: f[key] for key in ("name", "rule", "reason")} for f in failed]}
-
-
-def timed_run_problem(device_ms: float, host_ms: float, tflops: float, device: torch.device, kernels: set[str],
-                      ops: set[str], allow_vendor: bool, timed_path: str | None,
-                      verified: list[CaseResult]) -> tuple[str, str] | None:
-    """Rules 5, 4 and 2 on a timed run, in that order: (rule, reason) of the first that fails, else None.
-    Shared by the GEMM and the MoE grader."""
-    problem = timing_problem(device_ms, host_ms, tflops, device)
-    if problem:
-        return "honest-timing", problem
-    vendor = _vendor(sorted(kernels), sorted(ops))
-    if vendor and not allow_vendor:
-        return "no-vendor-blas", f"timed run called {', '.join(vendor[:4])}"
-    problem = coverage_problem(timed_path, kernels, verified)
-    if problem:
-        return "dispatch-coverage", problem
-    return None
-
-
-def coverage_problem(timed_path: str | None, timed_kernels: set[str], verified: list[CaseResult]) -> str | None:
-    """Rule 2: every plan path and GPU kernel of the timed run must have run in a verified call."""
-    seen_paths = {p for r in verified if r.status == "PASS" for p in r.paths}
-    seen_kernels = {kn for r in verified if r.status == "PASS" for kn in r.kernels}
-    if timed_path is not None and timed_path not in seen_paths:
-        return f"timed path {timed_path!r} never verified"
-    unverified = sorted(set(timed_kernels) - seen_kernels)
-    if unverified:
-        return f"timed kernels never seen in a verified call: {', '.join(unverified[:3])}"
-    return None
 
 
 def peak_tflops(device: torch.device) -> float | None:
@@ -424,21 +416,3 @@ def peak_tflops(device: torch.device) -> float | None:
         mhz = 2000
     peak = tensor_peak_tflops((props.major, props.minor), "float16", props.multi_processor_count, mhz)
     return peak if peak is not None else 4096 * props.multi_processor_count * mhz * 1e6 / 1e12  # sm_90's rate
-
-
-def timing_problem(device_ms: float, host_ms: float, tflops: float, device: torch.device,
-                   peak: float | None = None) -> str | None:
-    """Rule 5: an impossible rate, or an event time the host clock contradicts (work outside the timed
-    stream, or a faked timer)."""
-    peak = peak if peak is not None else peak_tflops(device)
-    if peak is not None and tflops > peak:
-        return f"{tflops:.0f} TFLOPS is above the device's dense peak ({peak:.0f}): impossible"
-    if device.type == "cuda":
-        if device_ms > host_ms * 1.05 + 0.05:
-            return f"event time {device_ms:.3f} ms exceeds the host time {host_ms:.3f} ms around it"
-        if host_ms > 1.5 * device_ms + 0.5:
-            return (f"host time {host_ms:.3f} ms (device-wide sync) far exceeds the event time "
-                    f"{device_ms:.3f} ms: work ran outside the timed stream")
-    if not math.isfinite(device_ms) or device_ms <= 0:
-        return f"non-positive time {device_ms}"
-    return None

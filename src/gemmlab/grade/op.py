@@ -1,0 +1,95 @@
+"""What the grader grades, as data: an ``Op`` says how to make inputs, how the candidate is called, what
+a correct output is (reference and tolerance), the work done (flops) and the baseline. One grader
+(``grader.py``) serves every op; ``gemm_op`` and ``moe_op`` are the two instances.
+
+An op's inputs are a tuple of tensors. ``fresh(case, kind, seed, keep)`` draws them (``kind``: the input
+distribution or routing; ``keep``: inputs of an earlier draw to reuse for the positions in ``fixed``: the
+MoE weights, too big to draw per call); ``check(out, inputs, kind)`` -> (max error, tolerance, rule).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from gemmlab.candidate import logical_out
+from gemmlab.grade.cases import CaseFile
+from gemmlab.grade.inputs import SECOND_DISTRIBUTION, operands, reference
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str                       # "gemm" or "moe"
+    signature: str                  # how the candidate is called (candidate.SIGNATURES)
+    layout: str                     # storage of operands and output
+    dtype: torch.dtype
+    trials: tuple[str, ...]         # the kinds of input of a correctness case's trials, in order
+    timed_kind: str                 # the kind of input of the timed calls
+    fresh: Callable                 # (case, kind, seed, device, keep) -> inputs
+    out_numel: Callable             # case -> elements of the flat output
+    view: Callable                  # (flat out, case) -> logical output
+    check: Callable                 # (logical out, inputs, kind) -> (err, tol, rule text)
+    baseline: str                   # builtin the baseline worker loads (candidate.BUILTINS)
+    baseline_signature: str
+    baseline_label: str
+    fixed: tuple[int, ...] = ()     # input positions shared by all timed calls
+    verify_per_batch: int | None = None  # timed calls verified per batch (None: all)
+
+
+def gemm_op(cf: CaseFile, signature: str | None = None) -> Op:
+    dtype = getattr(torch, cf.dtype)
+
+    def fresh(case, kind, seed, device, keep=None):
+        return operands(case.m, case.n, case.k, kind, seed, dtype, device.type, cf.layout)
+
+    def check(out, inputs, kind):
+        ref = reference(*inputs, kind, dtype, cf.tol_base, cf.tol_ref_k)
+        err = (out.double() - ref["c_ref"].double()).abs().max().item() if out.numel() else 0.0
+        return err, ref["tol"], ref["rule"]
+
+    return Op(name="gemm", signature=signature or cf.layout, layout=cf.layout, dtype=dtype,
+              trials=(cf.inputs, cf.inputs, SECOND_DISTRIBUTION[cf.inputs]), timed_kind=cf.inputs, fresh=fresh,
+              out_numel=lambda c: c.m * c.n, view=lambda out, c: logical_out(out, c.m, c.n, cf.layout),
+              check=check, baseline="builtin:cublas", baseline_signature="colmajor",
+              baseline_label="vendor BLAS (torch.mm)")
+
+
+def moe_inputs(case, routing: str, seed: int, dtype: torch.dtype, device: torch.device, keep=None) -> tuple:
+    """(x, w1, w2, topk_weights, topk_ids): random (never constant), activations O(1); with ``keep`` its
+    w1 and w2 and a fresh x and routing."""
+    from gemmlab.bench.moe import problem
+    from gemmlab.ops.moe import route
+    from gemmlab.problems import MoEModel
+
+    if keep is None:
+        p = problem(MoEModel(hidden=case.h, intermediate=case.i, experts=case.e, top_k=case.k), case.t, routing,
+                    dtype, seed, device)
+        return p["x"], p["w1"], p["w2"], p["weights"], p["ids"]
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = (torch.rand((case.t, case.h), generator=g, device=device) - 0.5).mul_(2.0).to(dtype)
+    logits = torch.randn((case.t, case.e), generator=g, device=device)
+    if routing == "zipf":
+        logits -= 1.5 * torch.log(torch.arange(1, case.e + 1, device=device, dtype=torch.float32))[None, :]
+    weights, ids = route(logits, case.k)
+    return x, keep[1], keep[2], weights, ids
+
+
+def moe_op(cf: CaseFile) -> Op:
+    from gemmlab.ref import moe_check
+
+    dtype = getattr(torch, cf.dtype)
+
+    def check(out, inputs, kind):
+        chk = moe_check(out, *inputs)
+        err = chk["max_abs_err"] if math.isfinite(chk["max_abs_err"]) else math.inf
+        return err, chk["allowed"], "2 x torch same-dtype error + 1 ulp"
+
+    return Op(name="moe", signature="moe", layout="rowmajor", dtype=dtype, trials=("uniform", "zipf"),
+              timed_kind="uniform",
+              fresh=lambda case, kind, seed, device, keep=None: moe_inputs(case, kind, seed, dtype, device, keep),
+              out_numel=lambda c: c.t * c.h, view=lambda out, c: out.view(c.t, c.h), check=check,
+              baseline="builtin:composite", baseline_signature="moe",
+              baseline_label="torch composite on torch._grouped_mm", fixed=(1, 2), verify_per_batch=2)

@@ -1,0 +1,213 @@
+"""The grader's rules: ordered lists of named functions over what the grader's own process observed.
+Each returns None (passed) or the reason it failed; the first failure names the rule in the report.
+Adding a rule means one function here, one bad kernel in tests/bad_kernels/ and one test row.
+
+    TRIAL_RULES  one correctness trial (a call on fresh inputs)             evidence: ``Trial``
+    BATCH_RULES  one timed batch of the candidate (all its calls)           evidence: ``Batch``
+    RUN_RULES    the whole timed run (times, names of what ran, coverage)   evidence: ``Run``
+
+What the child reports (result problems, profiler names, plan paths, its own clock) can only make a rule
+fail, never pass: a verdict rests on outputs, inputs and times the grader read itself.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+VENDOR_KERNEL = re.compile(r"cublas|cutlass|xmma|nvjet|gemv|gemmk|ampere_|volta_|turing_|cudnn", re.IGNORECASE)
+VENDOR_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::mv", "aten::addmv",
+              "aten::dot", "aten::matmul", "aten::linear", "aten::_scaled_mm", "aten::_grouped_mm",
+              "aten::_int_mm", "aten::_addmm_activation", "aten::einsum", "aten::tensordot"}
+BASELINE_SLACK = {"cuda": 0.05, "cpu": None}  # interleaved baseline may be this much slower than solo
+
+
+@dataclass
+class Rule:
+    name: str
+    check: Callable
+
+
+def vendor(kernels, ops, preload_calls=()) -> list[str]:
+    """Vendor BLAS seen: kernel names and aten ops the child's profiler reported (advisory), and the
+    GEMM entry points the preloaded interposer recorded from outside the candidate's Python."""
+    return ([k for k in kernels if VENDOR_KERNEL.search(k)] + [o for o in ops if o in VENDOR_OPS]
+            + list(preload_calls))
+
+
+# ------------------------------------------------------------------------------------------- trials
+
+
+@dataclass
+class Trial:
+    reply: dict                   # the child's (advisory) report of the call
+    out: torch.Tensor             # the output buffer as the grader reads it, logical view
+    inputs_changed: bool          # shared inputs differ from the grader's private copies
+    prev: torch.Tensor | None     # the previous trial's output (new inputs since)
+    check: Callable               # () -> (err, tol, rule text) against the grader's private inputs
+    allow_vendor: bool
+    kind: str
+    preload_calls: list = field(default_factory=list)
+    result: tuple | None = None
+
+
+def no_vendor_blas(t: Trial):
+    names = vendor(t.reply.get("kernels", []), t.reply.get("ops", []), t.preload_calls)
+    if names and not t.allow_vendor:
+        return f"called the vendor BLAS: {', '.join(names[:4])}"
+
+
+def output(t: Trial):
+    return t.reply.get("problem")
+
+
+def inputs_unchanged(t: Trial):
+    if t.inputs_changed:
+        return "modified an input (it differs from the grader's saved copy)"
+
+
+def finite(t: Trial):
+    bad = int((~torch.isfinite(t.out)).sum())
+    if bad:
+        return f"{bad} NaN/Inf elements in the output (unwritten or corrupted)"
+
+
+def fresh(t: Trial):
+    if t.prev is not None and torch.equal(t.out, t.prev):
+        return "same output for new inputs: a stale or cached result"
+
+
+def correct(t: Trial):
+    t.result = t.check()
+    err, tol, _ = t.result
+    if not err <= tol:
+        return f"max |out - ref| = {err:.4g} > {tol:.4g} ({t.kind} inputs)"
+
+
+TRIAL_RULES = [Rule("no-vendor-blas", no_vendor_blas), Rule("output", output),
+               Rule("poison-freshness", inputs_unchanged), Rule("poison-freshness", finite),
+               Rule("poison-freshness", fresh), Rule("correctness", correct)]
+
+
+# ------------------------------------------------------------------------------------------ batches
+
+
+@dataclass
+class Batch:
+    index: int                    # which candidate batch of the run
+    reply: dict
+    changed: list[int]            # calls whose shared inputs differ from the private copies
+    incomplete: list[int]         # calls whose output, sampled when the batch ended, differs from it now
+    wrong: list[tuple[int, str]]  # verified calls that are wrong, with why
+    verified: int
+
+
+def batch_output(b: Batch):
+    return b.reply.get("problem")
+
+
+def batch_inputs_unchanged(b: Batch):
+    if b.changed:
+        return (f"modified the inputs of {len(b.changed)} timed call(s) (batch {b.index}, first call "
+                f"{b.changed[0]}): they differ from the grader's saved copies")
+
+
+def complete_when_timed(b: Batch):
+    if b.incomplete:
+        return (f"the outputs of {len(b.incomplete)} call(s) (batch {b.index}, first call {b.incomplete[0]}) "
+                "were not all written when the batch's time was taken: work continued after the answer")
+
+
+def timed_outputs_correct(b: Batch):
+    if b.wrong:
+        i, why = b.wrong[0]
+        return f"an output produced while timing (batch {b.index}, call {i}) is wrong: {why}"
+
+
+BATCH_RULES = [Rule("output", batch_output), Rule("poison-freshness", batch_inputs_unchanged),
+               Rule("timed-outputs", complete_when_timed), Rule("timed-outputs", timed_outputs_correct)]
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+
+@dataclass
+class Run:
+    wall_ms: float                # grader's clock, median per call
+    advisory_ms: float            # the child's own clock, median per call (advisory)
+    overhead_ms: float            # protocol overhead per call (empty candidate)
+    tflops: float
+    peak: float | None
+    device: str
+    baseline_ms: float | None     # interleaved
+    baseline_solo_ms: float | None  # after every candidate process was gone
+    kernels: set
+    ops: set
+    preload_calls: list
+    allow_vendor: bool
+    timed_path: str | None
+    seen_paths: set
+    seen_kernels: set
+
+
+def advisory_clock_agrees(r: Run):
+    """The child's clock is advisory; it only fails a grade, where it contradicts the grader's."""
+    if not math.isfinite(r.advisory_ms) or r.advisory_ms < 0:
+        return f"the candidate's process reported a time of {r.advisory_ms}"
+    if r.advisory_ms > 1.05 * r.wall_ms + 0.05:
+        return (f"the candidate's clock says {r.advisory_ms:.4g} ms a call, more than the {r.wall_ms:.4g} ms "
+                "the grader measured around it: a broken or faked clock")
+    if r.advisory_ms < 0.5 * (r.wall_ms - r.overhead_ms):
+        return (f"the candidate's clock says {r.advisory_ms:.4g} ms a call, the grader measured "
+                f"{r.wall_ms:.4g} ms (protocol overhead {r.overhead_ms:.3g} ms): work outside the timed stream, "
+                "or a faked clock")
+
+
+def possible_rate(r: Run):
+    if r.peak is not None and r.tflops > r.peak:
+        return f"{r.tflops:.0f} TFLOPS is above the device's dense peak ({r.peak:.0f}): impossible"
+    if not r.wall_ms > 0:
+        return f"non-positive time {r.wall_ms}"
+
+
+def baseline_undisturbed(r: Run):
+    slack = BASELINE_SLACK.get(r.device)
+    if slack is None or r.baseline_ms is None or r.baseline_solo_ms is None:
+        return None
+    if r.baseline_ms > (1 + slack) * r.baseline_solo_ms:
+        return (f"the baseline ran {r.baseline_ms / r.baseline_solo_ms - 1:.1%} slower while the candidate's "
+                f"processes were alive ({r.baseline_ms:.4g} ms) than after they were gone "
+                f"({r.baseline_solo_ms:.4g} ms): the candidate slowed the baseline down")
+
+
+def timed_no_vendor_blas(r: Run):
+    names = vendor(sorted(r.kernels), sorted(r.ops), r.preload_calls)
+    if names and not r.allow_vendor:
+        return f"timed run called {', '.join(names[:4])}"
+
+
+def dispatch_coverage(r: Run):
+    """Every plan path and GPU kernel of the timed run must have run in a verified call."""
+    if r.timed_path is not None and r.timed_path not in r.seen_paths:
+        return f"timed path {r.timed_path!r} never verified"
+    unverified = sorted(set(r.kernels) - r.seen_kernels)
+    if unverified:
+        return f"timed kernels never seen in a verified call: {', '.join(unverified[:3])}"
+
+
+RUN_RULES = [Rule("honest-timing", possible_rate), Rule("honest-timing", advisory_clock_agrees),
+             Rule("honest-timing", baseline_undisturbed), Rule("no-vendor-blas", timed_no_vendor_blas),
+             Rule("dispatch-coverage", dispatch_coverage)]
+
+
+def first_failure(rules: list[Rule], evidence) -> tuple[str, str] | None:
+    """(rule name, reason) of the first rule that fails, else None."""
+    for rule in rules:
+        reason = rule.check(evidence)
+        if reason:
+            return rule.name, reason
+    return None
