@@ -1,25 +1,29 @@
-"""The grader's rules, each shown firing on a known-bad kernel (tests/bad_kernels/kernels.py), and
-gemmlab's own kernel passing. Without CUDA this runs cpu.json-sized cases through the interpreter."""
+"""The grader's rules and its defences, each shown on a known-bad kernel (tests/bad_kernels/kernels.py),
+and gemmlab's own kernel passing. Without CUDA this runs small case files through the CPU interpreter;
+most exploits are graded on tests/cases/tiny.json with fast torch-op kernels."""
 
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from gemmlab.grade import cases, grade
-from gemmlab.grade.grader import CaseResult, Grader, Worker, coverage_problem, timing_problem
+from gemmlab.bench.sandbox import Sandbox
+from gemmlab.grade import cases, grade, make_op, rules
+from gemmlab.grade.grader import Grader
 
 HERE = Path(__file__).resolve().parent
 BAD = str(HERE / "bad_kernels" / "kernels.py")
-LEGACY = str(HERE / "cases" / "cpu-legacy.json")
+TINY = str(HERE / "cases" / "tiny.json")
+TINY_LEGACY = str(HERE / "cases" / "tiny-legacy.json")
 CPU = "cpu"  # the shipped small case file; on a GPU machine it is small there too
 
 
-def run(fn, cases_file=CPU, **kw):
+def run(fn, cases_file=TINY, **kw):
     return grade(cases_file, kernel=f"{BAD}:{fn}", **kw)
 
 
@@ -30,26 +34,27 @@ def failed_rules(report):
 def test_gemmlab_kernel_passes():
     r = grade(CPU)
     assert r["verdict"] == "PASS", r["failures"]
-    assert r["score"]["correctness"] == 30
+    assert r["score"]["correctness"] == 30 and r["worker_starts"] == 1
     paths = {p for c in r["correctness"] for p in c["paths"]}
     assert paths == {"tma_persistent", "tma_splitk", "portable"}  # every dispatch path verified
     perf = r["performance"]
-    assert perf["status"] == "PASS" and perf["samples_checked"] >= 1 and perf["timed_path"] == "tma_splitk"
-    assert 0 < perf["ratio"] and "honest" in perf
+    assert perf["status"] == "PASS" and perf["timed_path"] == "tma_splitk"
+    assert perf["samples_checked"] == r["performance"]["calls_per_batch"] * 3  # every timed call verified
+    assert 0 < perf["ratio"] and "honest" in perf and perf["protocol_overhead_ms"] > 0
 
 
-def test_gemmlab_kernel_has_no_false_failure_on_20_seeds():
-    cf = cases.load(CPU)
-    worker = Worker(None, "colmajor", cf.layout, 60.0, not torch.cuda.is_available())
+def test_gemmlab_kernel_has_no_false_failure_on_new_seeds():
+    cf = cases.load(str(HERE / "cases" / "cpu-legacy.json"))
+    g = Grader(make_op(cf), cf)
     try:
-        for seed in range(20):
-            g = Grader(cf, seed=seed, worker=worker)
+        for seed in (1, 2):
+            g.seed = seed
             for shape in cf.correctness:
                 res = g.check(shape)
                 assert res.status == "PASS", (seed, res)
-        assert worker.starts == 1
+        assert g.cand.starts == 1
     finally:
-        worker.close()
+        g.cand.close()
 
 
 def test_rowmajor_signature_on_a_colmajor_case():
@@ -57,16 +62,12 @@ def test_rowmajor_signature_on_a_colmajor_case():
 
 
 def test_exact_shape_rule_closes_the_competition_blind_spot():
-    """Wrong only at the perf size: the legacy cases all pass (the original grader's 100/100), but the
-    perf shape is verified before it is timed; the full case file fails it as a correctness case."""
-    legacy = run("wrong_at_perf_shape", LEGACY)
-    assert legacy["listed_correctness_passed"] and legacy["verdict"] == "FAIL"
-    assert failed_rules(legacy) == {"exact-shape"}
-    assert legacy["performance"]["status"] == "FAIL" and "median_ms" not in legacy["performance"]
-    full = run("wrong_at_perf_shape")
-    assert full["verdict"] == "FAIL" and not full["listed_correctness_passed"]
-    assert [c["name"] for c in full["correctness"] if c["status"] == "FAIL"] == ["perf_shape"]
-    good = grade(LEGACY)
+    """Wrong only at the perf size: the listed cases all pass (the original grader's 100/100), but the
+    perf shape is verified through the same call before it is timed."""
+    r = run("wrong_at_perf_shape", TINY_LEGACY)
+    assert r["listed_correctness_passed"] and r["verdict"] == "FAIL"
+    assert failed_rules(r) == {"exact-shape"} and "median_ms" not in r["performance"]
+    good = run("honest", TINY_LEGACY)
     assert good["verdict"] == "PASS" and good["performance"]["exact_shape_check"]["status"] == "PASS"
 
 
@@ -76,11 +77,12 @@ def test_exact_shape_rule_closes_the_competition_blind_spot():
     ("mutates_input", "poison-freshness", "modified an input"),
     ("nan_some", "poison-freshness", "NaN"),
     ("wrong_dtype", "output", "dtype"),
+    ("returns_input_view", "correctness", "max |out - ref|"),
     ("raises", "isolation", "always fails"),
     ("crashes", "isolation", "died"),
 ])
 def test_bad_kernel_fails_by_its_rule(fn, rule, words):
-    sig = "rowmajor" if fn == "wrong_dtype" else None
+    sig = "rowmajor" if fn in ("wrong_dtype", "returns_input_view") else None
     r = run(fn, signature=sig)
     assert r["verdict"] == "FAIL"
     first = r["failures"][0]
@@ -88,15 +90,54 @@ def test_bad_kernel_fails_by_its_rule(fn, rule, words):
     assert r["performance"] is None  # a failed correctness case stops grading before performance
 
 
-def test_results_replayed_during_timing_are_caught():
-    """Honest during verification, then lazy while being timed: the outputs sampled from the timed calls
-    (after their inputs changed in place and C was poisoned) are wrong. A kernel caching by address is
-    caught in verification when addresses repeat, else the same way."""
-    r = run("lazy_after_warmup")
+@pytest.mark.parametrize("fn,words", [
+    ("lazy_after_warmup", "is wrong"),        # honest while verified, idle while timed
+    ("skip_every_4th", "is wrong"),           # every timed call is verified, none can be skipped
+    ("fills_all_outputs", "is wrong"),        # one answer written into the other calls' outputs
+    ("finishes_in_background", "while timing"),  # answers first, works later (stopped before it is done)
+])
+def test_cheating_while_timed_fails(fn, words):
+    r = run(fn)
     assert r["listed_correctness_passed"] and r["verdict"] == "FAIL"
-    assert failed_rules(r) == {"exact-shape"} and "while timing" in r["failures"][0]["reason"]
+    assert failed_rules(r) == {"timed-outputs"} and words in r["failures"][0]["reason"], r["failures"]
+
+
+def test_caching_by_address_fails():
+    """Same addresses, new values: in the trials (where the allocator reuses addresses) or while timed."""
     r = run("caches_by_pointer")
-    assert r["verdict"] == "FAIL" and failed_rules(r) <= {"exact-shape", "poison-freshness", "correctness"}
+    assert r["verdict"] == "FAIL" and failed_rules(r) <= {"timed-outputs", "poison-freshness", "correctness"}
+
+
+def test_lying_clocks_gain_nothing():
+    """The child's clock is advisory: a 10000x slow clock (time.perf_counter, CUDA events) or a faked
+    timing loop contradicts the grader's and fails; a 0.7x clock changes nothing the grader reports."""
+    for fn in ("lying_clock", "fake_timed_loop"):
+        r = run(fn)
+        assert r["verdict"] == "FAIL" and failed_rules(r) == {"honest-timing"}, (fn, r["failures"])
+        assert "candidate's clock" in r["failures"][0]["reason"]
+    r = run("lying_clock_mild")
+    perf = r["performance"]
+    assert perf["median_ms"] > 1.2 * perf["advisory_median_ms"]  # the lie is visible, and not used:
+    assert perf["ratio"] == pytest.approx(perf["tflops"] / perf["baseline_tflops"])
+    assert perf["tflops"] == pytest.approx(2 * 16 * 24 * 32 / (perf["median_ms"] * 1e-3) / 1e12)
+
+
+def test_cheats_on_unchecked_or_repeated_inputs_gain_nothing(tmp_path, monkeypatch):
+    """Every output is poisoned before every call and every call has inputs no call saw before: a
+    kernel that works only on poisoned outputs always works, and a fingerprint cache never hits."""
+    r = run("compute_if_nan")
+    assert r["verdict"] == "PASS", r["failures"]
+    assert r["performance"]["samples_checked"] == 3 * r["performance"]["calls_per_batch"]
+    monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
+    r = run("memo_fingerprint")
+    assert r["verdict"] == "PASS", r["failures"]
+    assert not (tmp_path / "hits").exists()  # not one cache hit
+
+
+def test_killing_the_baseline_fails():
+    r = run("kills_baseline")
+    assert r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}
+    assert "baseline worker" in r["failures"][0]["reason"]
 
 
 def test_vendor_blas_is_refused_unless_allowed():
@@ -106,47 +147,118 @@ def test_vendor_blas_is_refused_unless_allowed():
     assert run("uses_torch_mm", signature="rowmajor", allow_vendor=True)["verdict"] == "PASS"
 
 
-def test_time_limit_kills_and_grading_goes_on():
-    r = run("sleeps", timeout=3)
-    assert r["verdict"] == "FAIL"
-    assert all(c["status"] == "FAIL" and "time limit" in c["reason"] for c in r["correctness"])
-    assert len(r["correctness"]) == 4 and r["worker_starts"] >= 4  # every case tried, each in a new process
+@pytest.mark.gpu
+def test_vendor_blas_behind_a_silenced_profiler_is_seen_from_outside():
+    """The candidate patches its own process's profiler; the preloaded interposer still sees cuBLAS."""
+    pytest.importorskip("gemmlab.grade.preload")
+    r = run("hides_torch_mm", signature="rowmajor")
+    assert r["verdict"] == "FAIL" and failed_rules(r) == {"no-vendor-blas"}, r["failures"]
 
 
-def test_timing_rule():
-    cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert timing_problem(3.0, 3.1, 700.0, gpu, peak=989.4) is None
-    assert "impossible" in timing_problem(1.0, 1.1, 1500.0, gpu, peak=989.4)
-    assert "outside the timed stream" in timing_problem(0.01, 3.4, 10.0, gpu, peak=989.4)
-    assert "exceeds the host time" in timing_problem(3.0, 1.0, 10.0, gpu, peak=989.4)
-    assert timing_problem(5.0, 5.0, 0.001, cpu) is None
+def test_time_limit_kills_and_loading_happens_once():
+    t0 = time.monotonic()
+    r = run("sleeps", TINY_LEGACY, timeout=3)
+    assert r["verdict"] == "FAIL" and time.monotonic() - t0 < 25
+    first, second = r["correctness"]
+    assert first["status"] == "FAIL" and "time limit" in first["reason"]
+    assert second["status"] == "FAIL" and second["reason"].startswith("not run")
+    assert r["worker_starts"] == 1
 
 
-def test_coverage_rule():
-    ok = CaseResult("a", (1, 1, 1), paths=["tma_splitk"], kernels=["_gemm_tma_splitk_kernel"])
-    failed = CaseResult("b", (2, 2, 2), status="FAIL", paths=["portable"], kernels=["_gemm_portable_kernel"])
-    assert coverage_problem("tma_splitk", {"_gemm_tma_splitk_kernel"}, [ok, failed]) is None
-    assert "never verified" in coverage_problem("portable", set(), [ok, failed])  # only a failed case ran it
-    assert "sneaky" in coverage_problem(None, {"_gemm_tma_splitk_kernel", "sneaky_fast_kernel"}, [ok])
+def test_slow_loading_honours_the_time_limit():
+    t0 = time.monotonic()
+    r = grade(TINY_LEGACY, kernel=f"{HERE / 'bad_kernels' / 'slow_import.py'}:kernel", timeout=5)
+    assert time.monotonic() - t0 < 30 and r["verdict"] == "FAIL" and r["worker_starts"] == 1
+    assert all("loading the kernel" in c["reason"] for c in r["correctness"]), r["correctness"]
+
+
+def test_sandbox_kills_every_process_it_started(tmp_path):
+    """A double-forked grandchild in a new session is found (the owner is a child subreaper) and killed."""
+    box = Sandbox(f"{BAD}:forks_report_writer", "colmajor", "colmajor", 30.0, not torch.cuda.is_available(),
+                  str(tmp_path), extra_env={"BAD_KERNEL_OUT_DIR": str(tmp_path)})
+    a, b = torch.rand(4, 4, dtype=torch.float16).t(), torch.rand(4, 4, dtype=torch.float16).t()
+    box.bind([((a, b), torch.full((16,), float("nan"), dtype=torch.float16))])
+    box.request("call", slot=0)
+    deadline = time.monotonic() + 5
+    while not (tmp_path / "grandchild.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int((tmp_path / "grandchild.pid").read_text())
+    assert pid in box.members()
+    box.close()
+    assert not Path(f"/proc/{pid}").exists()
+    time.sleep(2.5)
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_rules():
+    run_ev = dict(wall_ms=3.0, advisory_ms=2.9, overhead_ms=0.01, tflops=700.0, peak=989.4, device="cuda",
+                  baseline_ms=3.0, baseline_solo_ms=3.0, kernels={"_gemm_tma_splitk_kernel"}, ops=set(),
+                  preload_calls=[], allow_vendor=False, timed_path="tma_splitk", seen_paths={"tma_splitk"},
+                  seen_kernels={"_gemm_tma_splitk_kernel"})
+    assert rules.first_failure(rules.RUN_RULES, rules.Run(**run_ev)) is None
+    for change, rule, words in (
+            ({"tflops": 1500.0}, "honest-timing", "impossible"),
+            ({"advisory_ms": 0.01}, "honest-timing", "faked clock"),
+            ({"advisory_ms": 9.0}, "honest-timing", "more than"),
+            ({"baseline_ms": 3.5}, "honest-timing", "slowed the baseline"),
+            ({"preload_calls": ["cublasGemmEx"]}, "no-vendor-blas", "cublasGemmEx"),
+            ({"timed_path": "portable"}, "dispatch-coverage", "never verified"),
+            ({"kernels": {"_gemm_tma_splitk_kernel", "sneaky"}}, "dispatch-coverage", "sneaky")):
+        got = rules.first_failure(rules.RUN_RULES, rules.Run(**{**run_ev, **change}))
+        assert got is not None and got[0] == rule and words in got[1], (change, got)
+    assert rules.first_failure(rules.RUN_RULES, rules.Run(**{**run_ev, "baseline_ms": 3.5, "device": "cpu"})) is None
 
 
 def test_fixed_baseline_and_module_kernel(tmp_path):
-    d = json.loads(cases.resolve("cpu").read_text())
-    d["performance"]["baseline_gflops"] = 1e-6  # a fixed baseline far below anything: full marks
+    d = json.loads(Path(TINY).read_text())
+    d["performance"]["baseline_gflops"] = 1e-9  # a fixed baseline far below anything: full marks
     f = tmp_path / "fixed.json"
     f.write_text(json.dumps(d))
-    r = grade(str(f), kernel="bad_kernels.kernels:good")  # package.module:FN form
+    r = grade(str(f), kernel="bad_kernels.kernels:honest")  # package.module:FN form
     assert r["verdict"] == "PASS" and r["performance"]["baseline"].startswith("fixed")
     assert r["score"]["performance"] == 70 and "honest" not in r["performance"]
 
 
-def test_case_file_errors(tmp_path):
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"dtype": "float16", "layout": "diagonal", "inputs": "competition",
-                               "correctness": [{"M": 1, "N": 1, "K": 1}]}))
-    for src, match in ((str(bad), "layout"), ("no-such-cases", "no case file")):
-        with pytest.raises(cases.CaseError, match=match):
+GOOD = {"dtype": "float16", "layout": "colmajor", "inputs": "competition",
+        "correctness": [{"M": 4, "N": 4, "K": 4}],
+        "performance": {"M": 4, "N": 4, "K": 4, "baseline_gflops": None, "full_score_ratio": 0.3}}
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"perfomance": {"M": 4, "N": 4, "K": 4}}, "perfomance: unknown key"),
+    ({"tolerence": {"base": 0.1}}, "tolerence: unknown key"),
+    ({"tolerance": 5}, "tolerance: expected an object"),
+    ({"tolerance": {"base": "x"}}, "tolerance.base: expected a number"),
+    ({"score": [1, 2]}, "score: expected an object"),
+    ({"layout": "diagonal"}, "layout: expected one of"),
+    ({"correctness": [{"M": 4, "N": 4, "K": 1.5}]}, "correctness[0].K: expected a positive integer"),
+    ({"correctness": [{"M": 0, "N": 4, "K": 4}]}, "correctness[0].M: expected a positive integer"),
+    ({"correctness": [{"M": True, "N": 4, "K": 4}]}, "correctness[0].M: expected a positive integer"),
+    ({"correctness": [{"M": 4, "N": 4}]}, "correctness[0].K: missing"),
+    ({"correctness": []}, "correctness: expected a non-empty list"),
+    ({"performance": {"M": 4, "N": 4, "K": 4, "baseline_gflops": "fast"}}, "baseline_gflops: expected a number"),
+    ({"performance": {"M": 4, "N": 4, "K": 4, "baseline_gflops": 0}}, "baseline_gflops: must be > 0"),
+    ({"performance": {"M": 4, "N": 4, "K": 4, "full_score_ratio": 0}}, "full_score_ratio: must be > 0"),
+    ({"mode": "moe"}, "layout: unknown key"),
+])
+def test_case_file_schema(tmp_path, change, words):
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps({**GOOD, **change}))
+    with pytest.raises(cases.CaseError) as e:
+        cases.load(str(f))
+    msg = str(e.value)
+    assert msg.startswith(str(f)) and words in msg and "\n" not in msg, msg
+
+
+def test_case_files_that_are_not_case_files(tmp_path):
+    (tmp_path / "bin.json").write_bytes(b"\x00\xff\xfe\x80binary")
+    for src, words in ((str(tmp_path), "is a directory"), (str(tmp_path / "bin.json"), "not a text file"),
+                       ("no-such-cases", "no case file")):
+        with pytest.raises(cases.CaseError, match=words):
             cases.load(src)
+    f = tmp_path / "good.json"
+    f.write_text(json.dumps(GOOD))
+    assert cases.load(str(f)).performance.mnk == (4, 4, 4)
     for name in ("competition", "competition-legacy", "moe", "llm", "cpu"):
         cf = cases.load(name)
         assert cf.performance is not None and cf.correctness
@@ -155,20 +267,46 @@ def test_case_file_errors(tmp_path):
     assert legacy.performance.mnk not in {c.mnk for c in legacy.correctness}
 
 
-def _cli(*args):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+def _cli(*args, env=None):
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, **(env or {})}
     return subprocess.run([sys.executable, "-m", "gemmlab", "grade", *args], capture_output=True, text=True,
-                          env=env, timeout=900)
+                          env=env, timeout=600)
 
 
-def test_cli_exit_codes_and_outputs(tmp_path):
-    ok = _cli("--cases", "cpu", "--output-dir", str(tmp_path), "--json")
+def test_cli_json_stays_clean_and_logs_are_removed(tmp_path):
+    logs = tmp_path / "tmp"
+    logs.mkdir()
+    ok = _cli("--cases", TINY, "--kernel", f"{BAD}:prints", "--output-dir", str(tmp_path), "--json",
+              env={"TMPDIR": str(logs)})
     assert ok.returncode == 0, ok.stderr[-2000:]
-    report = json.loads(ok.stdout)
-    assert report["verdict"] == "PASS"
+    report = json.loads(ok.stdout)  # the candidate's prints went to its log, not here
+    assert report["verdict"] == "PASS" and report["logs"] is None
     assert json.loads((tmp_path / "report.json").read_text())["verdict"] == "PASS"
     assert "official score" in (tmp_path / "report.md").read_text()
-    bad = _cli("--cases", "cpu", "--kernel", f"{BAD}:nan_some")
+    assert not list(logs.glob("gemmlab-grade-*"))  # per-worker logs removed
+    kept = _cli("--cases", TINY, "--kernel", f"{BAD}:prints", "--keep-logs", "--json", env={"TMPDIR": str(logs)})
+    log = Path(json.loads(kept.stdout)["logs"]) / "candidate.log"
+    assert "hello on stdout" in log.read_text() and "on stderr" in log.read_text()
+
+
+def test_cli_forked_grandchild_cannot_rewrite_the_report(tmp_path):
+    bad = _cli("--cases", TINY, "--kernel", f"{BAD}:forks_report_writer", "--output-dir", str(tmp_path),
+               env={"BAD_KERNEL_OUT_DIR": str(tmp_path)})
     assert bad.returncode == 1 and "FAIL" in bad.stdout
-    usage = _cli("--cases", "no-such-file")
-    assert usage.returncode == 2
+    pid = int((tmp_path / "grandchild.pid").read_text())
+    time.sleep(2.5)
+    assert not Path(f"/proc/{pid}").exists()
+    assert json.loads((tmp_path / "report.json").read_text())["verdict"] == "FAIL"
+
+
+def test_cli_killing_its_parent_kills_the_keeper_not_the_grader(tmp_path):
+    r = _cli("--cases", TINY, "--kernel", f"{BAD}:kills_parent", "--output-dir", str(tmp_path))
+    assert r.returncode == 1, r.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["verdict"] == "FAIL" and "keeper" in report["failures"][0]["reason"]
+
+
+def test_cli_usage_errors(tmp_path):
+    for args in (("--cases", "no-such-file"), ("--cases", str(tmp_path)), ("--cases", TINY, "--timeout", "0")):
+        r = _cli(*args)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)

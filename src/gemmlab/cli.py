@@ -158,11 +158,13 @@ def grade(
                                                        "default the case file's layout (moe case files: "
                                                        "FN(x, w1, w2, topk_weights, topk_ids) -> y)")] = None,
     allow_vendor: Annotated[bool, typer.Option(help="allow cuBLAS/CUTLASS/aten::mm in the candidate")] = False,
-    timeout: Annotated[float, typer.Option(help="seconds per request to the candidate's process")] = 60.0,
-    seed: Annotated[int, typer.Option(help="base seed of all inputs")] = 0,
+    timeout: Annotated[float, typer.Option(help="seconds per request to the candidate's process, loading "
+                                                "the kernel included")] = 120.0,
+    seed: Annotated[int, typer.Option(help="base seed of the correctness inputs (timed inputs are secret)")] = 0,
     rounds: Annotated[int | None, typer.Option(help="interleaved timing rounds")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write report.json and report.md here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")] = False,
+    keep_logs: Annotated[bool, typer.Option(help="keep the workers' logs (the report names the directory)")] = False,
     record_note: RecordOpt = None,
     ledger: LedgerOpt = None,
     parent: ParentOpt = None,
@@ -181,13 +183,15 @@ def grade(
     err = Console(stderr=True, width=140)
     try:
         n_steps = len(load_any(cases or default_cases()).correctness)
-    except case_files.CaseError as e:
-        err.print(f"[red]{e}")
+        if output_dir:
+            rep.clear(output_dir)  # no earlier report.json may stand for this grade
+        with Progress(console=err, transient=True) as bar:
+            task = bar.add_task("grading", total=n_steps + 1)
+            report = run_grade(cases, kernel, signature, allow_vendor, timeout, seed, rounds,
+                               progress=lambda msg: bar.update(task, advance=1, description=msg), keep_logs=keep_logs)
+    except (case_files.CaseError, OSError) as e:
+        err.print(f"[red]{e}", soft_wrap=True)
         raise typer.Exit(2) from e
-    with Progress(console=err, transient=True) as bar:
-        task = bar.add_task("grading", total=n_steps + 1)
-        report = run_grade(cases, kernel, signature, allow_vendor, timeout, seed, rounds,
-                           progress=lambda msg: bar.update(task, advance=1, description=msg))
     rep.render(report, Console(stderr=json_out, width=140))
     if output_dir:
         rep.write(report, output_dir)

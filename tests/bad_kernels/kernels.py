@@ -1,6 +1,12 @@
-"""Known-bad kernels for the grader's tests (see README.md)."""
+"""Known-bad kernels for the grader's tests (see README.md). ``FN(A, B, C, M, N, K)`` functions use the
+competition's column-major signature; ``FN(a, b) -> c`` the row-major one. Most compute with ``_mm``:
+broadcast multiply and sum in float32 (fast on the CPU, no vendor BLAS), so each test exercises the
+rule under test and nothing else; those named ``gemmlab_*`` or built on ``gemmlab.gemm_colmajor`` run
+gemmlab's own kernel."""
 
 import os
+import signal
+import threading
 import time
 
 import torch
@@ -8,22 +14,34 @@ import torch
 import gemmlab
 
 PERF_SHAPE = (96, 128, 256)  # cpu.json's performance shape
+TINY_LEGACY_PERF = (24, 16, 48)  # tests/cases/tiny-legacy.json's
 _cache = {}
 _calls = {"n": 0}
+
+
+def _mm(a, b):
+    return (a.float().unsqueeze(2) * b.float().unsqueeze(0)).sum(1).to(a.dtype)
+
+
+def _views(A, B, C, M, N, K):
+    return A[: M * K].view(K, M).t(), B[: K * N].view(N, K).t(), C[: M * N].view(N, M).t()
+
+
+def honest(A, B, C, M, N, K):
+    a, b, c = _views(A, B, C, M, N, K)
+    c.copy_(_mm(a, b))
 
 
 def good(A, B, C, M, N, K):
     gemmlab.gemm_colmajor(A, B, C, M, N, K)
 
 
-def wrong_at_perf_shape(A, B, C, M, N, K, perf_shape=PERF_SHAPE):
+def wrong_at_perf_shape(A, B, C, M, N, K, perf_shape=TINY_LEGACY_PERF):
     """The competition story: right on every small case, a quarter of C at the perf size."""
     if (M, N, K) != perf_shape:
-        return gemmlab.gemm_colmajor(A, B, C, M, N, K)
-    a = A[: M * K].view(K, M).t()
-    b = B[: K * N].view(N, K).t()
-    c = C[: M * N].view(N, M).t()
-    gemmlab.gemm(a[: M // 2], b[:, : N // 2], out=c[: M // 2, : N // 2])
+        return honest(A, B, C, M, N, K)
+    a, b, c = _views(A, B, C, M, N, K)
+    c[: M // 2, : N // 2] = _mm(a[: M // 2], b[:, : N // 2])
     c[M // 2:].zero_()
     c[:, N // 2:].zero_()
 
@@ -35,17 +53,15 @@ def wrong_at_competition_perf(A, B, C, M, N, K):
 
 def quarter_tiles(A, B, C, M, N, K):
     """Computes one quarter of the output tiles and leaves the rest as it found them."""
-    a = A[: M * K].view(K, M).t()
-    b = B[: K * N].view(N, K).t()
-    c = C[: M * N].view(N, M).t()
-    gemmlab.gemm(a[: (M + 1) // 2], b[:, : (N + 1) // 2], out=c[: (M + 1) // 2, : (N + 1) // 2])
+    a, b, c = _views(A, B, C, M, N, K)
+    c[: (M + 1) // 2, : (N + 1) // 2] = _mm(a[: (M + 1) // 2], b[:, : (N + 1) // 2])
 
 
 def caches_first(A, B, C, M, N, K):
     """Computes once per shape, then replays the first answer."""
     key = (M, N, K)
     if key not in _cache:
-        gemmlab.gemm_colmajor(A, B, C, M, N, K)
+        honest(A, B, C, M, N, K)
         _cache[key] = C[: M * N].clone()
     C[: M * N].copy_(_cache[key])
 
@@ -54,32 +70,171 @@ def caches_by_pointer(A, B, C, M, N, K):
     """Computes once per input address, then replays: fast in any timing loop over fixed buffers."""
     key = (A.data_ptr(), B.data_ptr(), C.data_ptr(), M, N, K)
     if key not in _cache:
-        gemmlab.gemm_colmajor(A, B, C, M, N, K)
+        honest(A, B, C, M, N, K)
         _cache[key] = C[: M * N].clone()
     else:
         C[: M * N].copy_(_cache[key])
 
 
+def memo_fingerprint(A, B, C, M, N, K):
+    """Recomputes only when a cheap fingerprint of the inputs changes (pointer, shape, a strided sum, the
+    first and last element), else returns its cached answer; counts its cache hits in
+    $BAD_KERNEL_OUT_DIR/hits."""
+    key = (A.data_ptr(), B.data_ptr(), M, N, K, float(A[::97].float().sum()), float(B[::89].float().sum()),
+           float(A[0]), float(A[-1]), float(B[0]), float(B[-1]))
+    if key in _cache:
+        C[: M * N].copy_(_cache[key])
+        _calls["hits"] = _calls.get("hits", 0) + 1
+        if os.environ.get("BAD_KERNEL_OUT_DIR"):
+            with open(os.path.join(os.environ["BAD_KERNEL_OUT_DIR"], "hits"), "w") as f:
+                f.write(str(_calls["hits"]))
+        return
+    honest(A, B, C, M, N, K)
+    _cache[key] = C[: M * N].clone()
+
+
 def lazy_after_warmup(A, B, C, M, N, K):
-    """Honest for its first 12 calls (verification), then skips the work: C keeps whatever it held."""
+    """Honest for its first 3 calls (the correctness trials), then skips the work: C keeps what it held."""
     _calls["n"] += 1
-    if _calls["n"] <= 12:
-        gemmlab.gemm_colmajor(A, B, C, M, N, K)
+    if _calls["n"] <= 3:
+        honest(A, B, C, M, N, K)
+
+
+def skip_every_4th(A, B, C, M, N, K):
+    """Honest, except that every 4th call after the correctness trials does nothing (the H200 story)."""
+    _calls["n"] += 1
+    if _calls["n"] <= 3 or _calls["n"] % 4:
+        honest(A, B, C, M, N, K)
+
+
+def compute_if_nan(A, B, C, M, N, K):
+    """Works only when its output was NaN-poisoned (the old grader checked only those calls)."""
+    if torch.isnan(C[0]):
+        honest(A, B, C, M, N, K)
+
+
+def fills_all_outputs(A, B, C, M, N, K):
+    """Computes the first call of a batch, then writes that answer into every output buffer it can reach
+    through C's storage (the other calls' outputs), and does nothing for the rest."""
+    _calls["n"] += 1
+    if _calls["n"] <= 3:
+        return honest(A, B, C, M, N, K)
+    whole = torch.empty(0, dtype=C.dtype, device=C.device).set_(C.untyped_storage())
+    if torch.isnan(whole).all():
+        honest(A, B, C, M, N, K)
+        whole.view(-1, M * N)[:] = C[: M * N]
+
+
+def finishes_in_background(A, B, C, M, N, K):
+    """Answers at once during timing and finishes each call in a thread, 20 ms later."""
+    _calls["n"] += 1
+    if _calls["n"] <= 3:
+        return honest(A, B, C, M, N, K)
+
+    def later():
+        time.sleep(0.02)
+        honest(A, B, C, M, N, K)
+    threading.Thread(target=later, daemon=True).start()
+
+
+def _scaled_clock(scale):
+    real = time.perf_counter
+    t0 = real()
+    time.perf_counter = lambda: t0 + (real() - t0) * scale  # noqa: E731 (the lie)
+    torch.cuda.Event.elapsed_time = (lambda f: lambda self, end: f(self, end) * scale)(torch.cuda.Event.elapsed_time)
+
+
+def slow_honest(A, B, C, M, N, K):
+    """Honest, and 20 ms a call (so that the time of a call dwarfs the protocol's on a busy CPU)."""
+    time.sleep(0.02)
+    honest(A, B, C, M, N, K)
+
+
+def lying_clock(A, B, C, M, N, K):
+    """Its process's clocks (time.perf_counter, CUDA events) run 10000x slow; then computes honestly."""
+    if not _calls.get("lied"):
+        _scaled_clock(1e-4)
+        _calls["lied"] = True
+    slow_honest(A, B, C, M, N, K)
+
+
+def lying_clock_mild(A, B, C, M, N, K):
+    """The H200 story: its clocks run at 0.7x, which made 0.873x cuBLAS read as 1.25x."""
+    if not _calls.get("lied"):
+        _scaled_clock(0.7)
+        _calls["lied"] = True
+    slow_honest(A, B, C, M, N, K)
+
+
+def fake_timed_loop(A, B, C, M, N, K):
+    """Replaces the timing loop of its process (bench.timing.time_calls, which the worker times with): the
+    calls still run, the reported times are 1 microsecond each."""
+    from gemmlab.bench import timing
+
+    def fast(fn, reps, device=None, flush=True):
+        for _ in range(reps):
+            fn()
+        return [1e-3] * reps
+    timing.time_calls = fast
+    slow_honest(A, B, C, M, N, K)
+
+
+def kills_baseline(A, B, C, M, N, K):
+    """During timing, kills every other gemmlab worker it finds in /proc (the baseline)."""
+    _calls["n"] += 1
+    honest(A, B, C, M, N, K)
+    if _calls["n"] <= 3:
+        return
+    me = os.getsid(0)
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read()
+                if b"gemmlab.bench.sandbox" in cmd and os.getsid(int(d)) != me:
+                    os.kill(int(d), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def kills_parent(A, B, C, M, N, K):
+    os.kill(os.getppid(), signal.SIGKILL)
+    honest(A, B, C, M, N, K)
+
+
+def forks_report_writer(A, B, C, M, N, K):
+    """Wrong, and leaves a grandchild in a new session that rewrites report.json to PASS 2 s later."""
+    out_dir = os.environ.get("BAD_KERNEL_OUT_DIR")
+    if out_dir and os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(os.path.join(out_dir, "grandchild.pid"), "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(2)
+            with open(os.path.join(out_dir, "report.json"), "w") as f:
+                f.write('{"verdict": "PASS", "forged": true}')
+        os._exit(0)
+    C.zero_()
+
+
+def prints(A, B, C, M, N, K):
+    print("candidate says hello on stdout {not json")
+    os.write(2, b"and on stderr\n")
+    honest(A, B, C, M, N, K)
 
 
 def mutates_input(A, B, C, M, N, K):
-    gemmlab.gemm_colmajor(A, B, C, M, N, K)
+    honest(A, B, C, M, N, K)
     A[:7].zero_()
 
 
 def nan_some(A, B, C, M, N, K):
-    gemmlab.gemm_colmajor(A, B, C, M, N, K)
+    honest(A, B, C, M, N, K)
     C[: M * N: 97] = float("nan")
 
 
 def sleeps(A, B, C, M, N, K):
     time.sleep(30)
-    gemmlab.gemm_colmajor(A, B, C, M, N, K)
+    honest(A, B, C, M, N, K)
 
 
 def raises(A, B, C, M, N, K):
@@ -92,7 +247,12 @@ def crashes(A, B, C, M, N, K):
 
 def wrong_dtype(a, b):
     """Right values, wrong dtype (row-major signature)."""
-    return gemmlab.gemm(a, b).float()
+    return _mm(a, b).float()
+
+
+def returns_input_view(a, b):
+    """Returns (a view of) its input instead of a product (row-major signature)."""
+    return a.as_strided((a.shape[0], b.shape[1]), (1, 1))
 
 
 def uses_torch_mm(a, b):
@@ -100,5 +260,25 @@ def uses_torch_mm(a, b):
     return torch.mm(a, b)
 
 
+def hides_torch_mm(a, b):
+    """Calls the vendor BLAS after silencing the profiler of its own process (row-major signature)."""
+    from gemmlab.bench import sandbox
+
+    if not _calls.get("patched"):
+        real = sandbox._profiled
+
+        def quiet(call, device):
+            out, kernels, ops = real(call, device)
+            return out, [k for k in kernels if "gemm" not in k.lower() and "cublas" not in k.lower()], \
+                [o for o in ops if o not in ("aten::mm", "aten::matmul")]
+        sandbox._profiled = quiet
+        _calls["patched"] = True
+    return torch.mm(a, b)
+
+
 def good_rowmajor(a, b):
+    return _mm(a, b)
+
+
+def gemmlab_rowmajor(a, b):
     return gemmlab.gemm(a, b)

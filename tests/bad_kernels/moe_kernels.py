@@ -8,6 +8,7 @@ from gemmlab.ref import moe_same_dtype
 PERF_T = 24  # the performance case's T in tests/cases/moe-small.json
 
 _cache = {}
+_calls = {"n": 0}
 
 
 def torch_layer(x, w1, w2, w, ids):
@@ -56,3 +57,21 @@ def ignores_weights(x, w1, w2, w, ids):
     import gemmlab
 
     return gemmlab.moe_forward(x, w1, w2, torch.ones_like(w), ids)
+
+
+def zeroes_topk_weights(x, w1, w2, w, ids):
+    """The issue's story: zero the routing weights, return zeros (right for the mutated inputs)."""
+    w.zero_()
+    return torch.zeros_like(x)
+
+
+def zeroes_topk_weights_when_timed(x, w1, w2, w, ids):
+    """Honest through the correctness and exact-shape trials (6 calls of tests/cases/moe-small.json), then
+    zeroes the routing weights and returns zeros while being timed."""
+    import gemmlab
+
+    _calls["n"] += 1
+    if _calls["n"] <= 6:
+        return gemmlab.moe_forward(x, w1, w2, w, ids)
+    w.zero_()
+    return torch.zeros_like(x)

@@ -100,11 +100,15 @@ def child_env(interpret: bool, extra: dict[str, str] | None = None) -> dict[str,
 class Sandbox:
     def __init__(self, spec: str | None, signature: str, layout: str, timeout: float, interpret: bool,
                  log_dir: str | None = None, extra_env: dict[str, str] | None = None, name: str = "candidate"):
+        target, sep, fn = (spec or "").rpartition(":")
+        if target.endswith(".py"):  # the child runs in its own directory
+            spec = f"{Path(target).resolve()}{sep}{fn}"
         self.spec, self.signature, self.layout = spec, signature, layout
         self.timeout, self.interpret, self.extra_env, self.name = timeout, interpret, extra_env, name
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gemmlab-grade-")
         self.log = str(Path(self.log_dir) / f"{name}.log")
         self.proc: subprocess.Popen | None = None
+        self._hello_by: float | None = None  # loading must be done by then (monotonic clock)
         self.conn: Connection | None = None
         self.starts = 0
         self.failed: str | None = None  # once set, the sandbox is gone for good (loading happens once)
@@ -112,7 +116,17 @@ class Sandbox:
     # ------------------------------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        """Start the child and load the kernel there, all within ``timeout`` seconds."""
+        """Start the child and load the kernel there, all within ``timeout`` seconds of ``launch``."""
+        if self.proc is None:
+            self.launch()
+        if self._hello_by is not None:
+            deadline, self._hello_by = self._hello_by, None
+            hello = self._recv(max(0.0, deadline - time.monotonic()), "loading the kernel")
+            if not hello.get("ok"):
+                self._fail(f"kernel could not be loaded: {hello.get('error')}")
+
+    def launch(self) -> None:
+        """Start the child without waiting for it to load (``start`` or the first request waits)."""
         if self.failed:
             raise WorkerFailure(self.failed)
         import multiprocessing
@@ -131,17 +145,16 @@ class Sandbox:
         self.conn.send_bytes(bytes(multiprocessing.current_process().authkey))
         self.conn.send({"spec": self.spec, "signature": self.signature, "layout": self.layout,
                         "interpret": self.interpret, "sys_path": list(sys.path)})
-        hello = self._recv(self.timeout, "loading the kernel")
-        if not hello.get("ok"):
-            self._fail(f"kernel could not be loaded: {hello.get('error')}")
+        self._hello_by = time.monotonic() + self.timeout
+
 
     def request(self, op: str, timeout: float | None = None, **req) -> dict:
-        if self.proc is None:
+        if self.proc is None or self._hello_by is not None:
             self.start()
         try:
             self.conn.send({"op": op, **req})
         except (OSError, ValueError) as e:
-            self._fail(f"the candidate's process is gone ({type(e).__name__}: {e}){self.log_tail()}")
+            self._fail(f"the {self.name}'s process is gone ({type(e).__name__}: {e}){self.log_tail()}")
         reply = self._recv(timeout or self.timeout, op)
         if self.proc.poll() is not None:  # the keeper died: something in the sandbox killed it
             self._fail(f"the sandbox's keeper process died (exit status {self.proc.returncode}): the candidate "
@@ -156,13 +169,13 @@ class Sandbox:
 
     def _recv(self, timeout: float, what: str) -> dict:
         if not self.conn.poll(timeout):
-            self._fail(f"no answer within {timeout:g} s ({what}; time limit); the candidate's processes were "
+            self._fail(f"no answer within {timeout:g} s ({what}; time limit); the {self.name}'s processes were "
                        "killed")
         try:
             return self.conn.recv()
         except (EOFError, OSError) as e:
             code = self.proc.poll()
-            self._fail(f"candidate process died (keeper exit status {code}; e.g. an illegal memory access or a "
+            self._fail(f"{self.name} process died (keeper exit status {code}; e.g. an illegal memory access or a "
                        f"crash){self.log_tail()}", e)
 
     def _fail(self, reason: str, cause: BaseException | None = None):
@@ -333,9 +346,17 @@ def _sync(device) -> None:
 
 
 def _profiled(call, device):
+    """(result, GPU kernel names, aten op names) of ``call``: the profiler on CUDA; on the CPU the legacy
+    profiler (kineto takes seconds to start there)."""
     import torch
     from torch.autograd import DeviceType
 
+    if device.type != "cuda":
+        from torch.autograd.profiler_legacy import profile
+
+        with profile() as prof:
+            out = call()
+        return out, [], sorted({e.name for e in prof.function_events if e.name.startswith("aten::")})
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
@@ -390,7 +411,7 @@ def main(argv: list[str]) -> int:
     if pid:
         os.close(fd)
         _, status = os.waitpid(pid, 0)
-        return os.waitstatus_to_exitcode(status) & 0xFF
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     try:
         serve(fd)
     finally:

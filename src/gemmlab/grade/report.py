@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -107,8 +108,23 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def clear(out_dir: str) -> None:
+    """Remove an earlier report from ``out_dir`` before grading, so none outlives a grade that ends
+    without one (a killed grader)."""
+    for name in ("report.json", "report.md"):
+        Path(out_dir, name).unlink(missing_ok=True)
+
+
 def write(report: dict, out_dir: str) -> None:
+    """report.json and report.md, each written whole (temporary file, then rename). The grader calls this
+    only after every process of the candidate is gone."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    (d / "report.md").write_text(markdown(report))
+    _atomic(d / "report.json", json.dumps(report, indent=1, default=str))
+    _atomic(d / "report.md", markdown(report))
