@@ -1,6 +1,7 @@
 """The grader's MoE mode: gemmlab's layer passes; each rule fires on a known-bad layer
 (tests/bad_kernels/moe_kernels.py). Small cases (tests/cases/moe-small.json) so it runs on the CPU."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,9 @@ def test_wrong_only_at_the_timed_size_fails_exact_shape():
     ("modifies_input", "poison-freshness", "modified an input"),
     ("nan_row", "poison-freshness", "NaN"),
     ("raises", "isolation", "kernel exploded"),
-    ("ignores_weights", "correctness", "max |y - y_ref|"),
+    ("ignores_weights", "correctness", "max |out - ref|"),
+    ("zeroes_topk_weights", "poison-freshness", "modified an input"),
+    ("zeroes_topk_weights_when_timed", "poison-freshness", "modified the inputs of"),
 ])
 def test_each_rule_fires(fn, rule, words):
     r = grade(SMALL, kernel=f"{BAD}:{fn}")
@@ -56,10 +59,18 @@ def test_moe_case_files():
     assert cf.mode == "moe" and cf.performance.dims == (4096, 7168, 2048, 256, 8)
     assert load_any("moe-layer-cpu").correctness
     assert load_any("competition").performance.mnk == (8192, 8192, 16384)
-    with pytest.raises(cases.CaseError, match="k <= E"):
-        from gemmlab.grade.moe import _case
 
-        _case({"T": 1, "H": 8, "I": 8, "E": 2, "k": 3}, "x")
+def test_moe_case_file_schema(tmp_path):
+    good = {"mode": "moe", "dtype": "bfloat16", "correctness": [{"T": 1, "H": 8, "I": 8, "E": 2, "k": 2}]}
+    for change, words in (({"correctness": [{"T": 1, "H": 8, "I": 8, "E": 2, "k": 3}]}, "must be <= E"),
+                          ({"correctness": [{"T": 1, "H": 8, "I": 8, "E": 2, "kk": 1}]}, "kk: unknown key"),
+                          ({"performance": {"T": 1, "H": 8, "I": 8, "E": 2, "k": 1, "full_score_ratio": 0}},
+                           "full_score_ratio: must be > 0"),
+                          ({"dtype": "float32"}, "dtype: expected one of")):
+        f = tmp_path / "m.json"
+        f.write_text(json.dumps({**good, **change}))
+        with pytest.raises(cases.CaseError, match=words):
+            load_any(str(f))
     with pytest.raises(cases.CaseError, match="signature"):
         grade(SMALL, signature="rowmajor")
 

@@ -217,6 +217,8 @@ def bench_gemm(
     warmup_s: Annotated[float, typer.Option(help="seconds of warm-up (clocks settle)")] = 1.0,
     graph: Annotated[bool, typer.Option(help="time CUDA-graph replays (device time, no host launch cost)")] = False,
     seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    timeout: Annotated[float, typer.Option(help="seconds per request to a FILE.py:FN backend's own process, "
+                                                "loading included")] = 120.0,
     output_dir: Annotated[str | None, typer.Option(help="write gemm-bench.json, .csv and .png here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")] = False,
     record_note: RecordOpt = None,
@@ -246,7 +248,7 @@ def bench_gemm(
 
         try:
             report = bg.bench_gemm(todo, dt, backend or ["gemmlab"], rounds=rounds, reps=reps, warmup_s=warmup_s,
-                                   graph=graph, seed=seed, progress=step)
+                                   graph=graph, seed=seed, progress=step, timeout=timeout)
         except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
             err.print(f"[red]{e}")
             raise typer.Exit(2) from e

@@ -5,7 +5,8 @@
 Backends: ``cublas`` (``torch.mm``: cuBLAS on a GPU, the CPU BLAS without one), ``gemmlab`` (``gemm`` with
 the raw B), ``gemmlab-packed`` (``gemm`` with a B packed by ``pack_b`` outside the timed region; the
 one-off packing time is reported as ``pack_ms``), and any ``FILE.py:FN`` / ``package.module:FN`` taking
-(a (M, K), b (K, N)) and returning C (M, N). ``cublas`` is always the baseline.
+(a (M, K), b (K, N)) and returning C (M, N), run in a process of its own (``Isolated``: a crash, a hang
+or a change to its inputs fails its row only). ``cublas`` is always the baseline.
 Per shape: A, B uniform in [-0.5, 0.5) from a seed of the shape (never constant: ``require_random``);
 every backend's output is checked against the float64 reference (``ref.gemm_check``) before timing and
 again after; then ``compare_many``. TFLOPS = 2*M*N*K / median time.
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -40,7 +43,8 @@ def inputs(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, see
     return a, b
 
 
-def make_backend(name: str, a: torch.Tensor, b: torch.Tensor) -> tuple[Callable[[], torch.Tensor], dict]:
+def make_backend(name: str, a: torch.Tensor, b: torch.Tensor,
+                 timeout: float = 120.0) -> tuple[Callable[[], torch.Tensor], dict]:
     """A no-argument call computing C = A @ B with backend ``name``, and facts about it (path, pack_ms)."""
     import gemmlab
 
@@ -59,10 +63,64 @@ def make_backend(name: str, a: torch.Tensor, b: torch.Tensor) -> tuple[Callable[
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
         p = gemmlab.plan(a, packed, out=out)
         return (lambda: gemmlab.gemm(a, packed, out=out)), {"path": p.path, "config": _cfg(p), "pack_ms": pack_ms}
-    from gemmlab.candidate import load_kernel
+    return Isolated(name, a, b, timeout), {"path": name, "isolated": "own process"}
 
-    fn = load_kernel(name, "rowmajor")
-    return (lambda: fn(a, b)), {"path": name}
+
+class Isolated:
+    """A user backend ``FILE.py:FN`` / ``package.module:FN`` in a sandboxed process of its own (as the
+    grader runs candidates), on its own shared copies of A and B: a crash, a hang past ``timeout`` or a
+    change to its inputs ends this backend only, with the reason in ``error``; it never raises. After a
+    failure its output reads NaN and its times NaN, so ``compare_many`` neither trusts nor times it."""
+
+    def __init__(self, spec: str, a: torch.Tensor, b: torch.Tensor, timeout: float):
+        from gemmlab.bench.sandbox import Sandbox
+
+        self.a0, self.b0 = a, b
+        self.a, self.b = a.clone(), b.clone()
+        self.out = torch.full((a.shape[0] * b.shape[1],), float("nan"), dtype=a.dtype, device=a.device)
+        self.box = Sandbox(spec, "rowmajor", "rowmajor", timeout, a.device.type == "cpu", name="backend")
+        self.error: str | None = None
+        self._ask("bind", slots=[((self.a, self.b), self.out)])
+
+    def _ask(self, op: str, **req) -> dict | None:
+        from gemmlab.bench.sandbox import CandidateError, WorkerFailure
+
+        if self.error:
+            return None
+        try:
+            reply = self.box.request(op, **req)
+        except CandidateError as e:
+            self.error = f"raised {e}"
+        except WorkerFailure as e:
+            self.error = str(e)
+        else:
+            if not (torch.equal(self.a, self.a0) and torch.equal(self.b, self.b0)):
+                self.error = "modified its inputs (A or B differs from the saved copy)"
+            elif reply.get("problem"):
+                self.error = reply["problem"]
+            else:
+                return reply
+        self.out.fill_(float("nan"))
+        self.close()
+        return None
+
+    def __call__(self) -> torch.Tensor:
+        self._ask("call", slot=0)
+        return self.out.view(self.a.shape[0], self.b.shape[1])
+
+    def time_calls(self, reps: int) -> list[float]:
+        """``reps`` calls timed in the backend's process (L2 flushed before each)."""
+        reply = self._ask("run", order=[0] * reps, flush=True)
+        return reply["ms"] if reply else [math.nan] * reps
+
+    def close(self) -> None:
+        from gemmlab.bench.sandbox import WorkerFailure
+
+        try:
+            self.box.close()
+        except WorkerFailure as e:
+            self.error = self.error or str(e)
+        shutil.rmtree(self.box.log_dir, ignore_errors=True)
 
 
 def _cfg(p) -> dict | None:
@@ -70,7 +128,8 @@ def _cfg(p) -> dict | None:
 
 
 def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, backends: Sequence[str], *, rounds: int = 10,
-                reps: int = 5, warmup_s: float = 1.0, graph: bool = False, seed: int = 0) -> dict:
+                reps: int = 5, warmup_s: float = 1.0, graph: bool = False, seed: int = 0,
+                timeout: float = 120.0) -> dict:
     """One shape: build inputs, the backends' calls, verify, time interleaved against cuBLAS."""
     from gemmlab.ref import gemm_check, gemm_ref
 
@@ -80,7 +139,7 @@ def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, backends: Sequence[s
     ref = gemm_ref(a, b)
     fns, facts = {}, {}
     for name in dict.fromkeys([*backends, BASELINE]):
-        fns[name], facts[name] = make_backend(name, a, b)
+        fns[name], facts[name] = make_backend(name, a, b, timeout)
 
     def check(out) -> dict:
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (m, n) or out.dtype != dtype:
@@ -89,10 +148,18 @@ def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, backends: Sequence[s
         c = gemm_check(out, a, b, ref)
         return {key: c[key] for key in ("ok", "max_abs_err", "worst")}
 
-    res = compare_many(fns, BASELINE, check=check, flops=2.0 * m * n * k, dtype=str(dtype).removeprefix("torch."),
-                       rounds=rounds, reps=reps, warmup_s=warmup_s, graph=graph, device=device)
+    try:
+        res = compare_many(fns, BASELINE, check=check, flops=2.0 * m * n * k,
+                           dtype=str(dtype).removeprefix("torch."), rounds=rounds, reps=reps, warmup_s=warmup_s,
+                           graph=graph, device=device)
+    finally:
+        for fn in fns.values():
+            if isinstance(fn, Isolated):
+                fn.close()
     for name, f in facts.items():
         res["candidates"][name].update(f)
+        if isinstance(fns[name], Isolated) and fns[name].error:  # its own row, with the reason
+            res["candidates"][name] = {"check": {"ok": False, "error": fns[name].error}, **f}
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"shape": [m, n, k], "dtype": str(dtype).removeprefix("torch."), **res}
@@ -100,19 +167,25 @@ def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, backends: Sequence[s
 
 def bench_gemm(shapes: Sequence[Shape], dtype: torch.dtype = torch.float16, backends: Sequence[str] = ("gemmlab",),
                *, rounds: int = 10, reps: int = 5, warmup_s: float = 1.0, graph: bool = False, seed: int = 0,
-               progress: Callable[[str], None] | None = None) -> dict:
-    """Every shape with every backend (plus the cuBLAS baseline). Returns the report written by ``write``."""
+               progress: Callable[[str], None] | None = None, timeout: float = 120.0) -> dict:
+    """Every shape with every backend (plus the cuBLAS baseline). Returns the report written by ``write``.
+    User backends run isolated, each in its own process (``Isolated``), within ``timeout`` seconds a
+    request."""
     for name in backends:
         if name not in BUILTIN and ":" not in name:
             raise ValueError(f"backend {name!r}: one of {', '.join(BUILTIN)} or FILE.py:FN / package.module:FN")
+        if name not in BUILTIN and graph:
+            raise ValueError(f"backend {name!r}: --graph cannot replay a backend that runs in its own process")
     if graph and not torch.cuda.is_available():
         raise ValueError("--graph needs CUDA")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"--timeout {timeout!r}: a positive number of seconds")
     results = []
     for m, n, k in shapes:
         if progress:
             progress(f"{m}x{n}x{k}")
         results.append(bench_shape(m, n, k, dtype, backends, rounds=rounds, reps=reps, warmup_s=warmup_s,
-                                   graph=graph, seed=seed))
+                                   graph=graph, seed=seed, timeout=timeout))
     args = {"dtype": str(dtype).removeprefix("torch."), "backends": list(backends), "baseline": BASELINE,
             "rounds": rounds, "reps": reps, "warmup_s": warmup_s, "graph": graph, "seed": seed,
             "inputs": "uniform [-0.5, 0.5)", "flops": "2*M*N*K"}

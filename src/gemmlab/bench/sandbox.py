@@ -314,8 +314,9 @@ class _Server:
         problem, kernels, ops = _profiled(lambda: self._call(slot), out.device)
         return {"problem": problem, "kernels": kernels, "ops": ops, "path": self._plan_path(inputs, out)}
 
-    def run(self, order: list[int], fn: str = "kernel"):
-        """The calls of a timed batch back to back, between device syncs; the times are advisory."""
+    def run(self, order: list[int], fn: str = "kernel", flush: bool = False):
+        """The calls of a timed batch back to back, between device syncs; the times are advisory. ``flush``:
+        an L2 flush before each call (bench; the grader flushes from its own process instead)."""
         from gemmlab.bench.timing import time_calls
 
         device = self.slots[0][1].device
@@ -325,7 +326,7 @@ class _Server:
             call = lambda: next(it)  # noqa: E731
         else:
             call = lambda: problems.append(self._call(next(it)))  # noqa: E731
-        ms = time_calls(call, len(order), device, flush=False)
+        ms = time_calls(call, len(order), device, flush=flush)
         return {"ms": ms, "problem": next((p for p in problems if p), None)}
 
     def _plan_path(self, inputs, out):
