@@ -231,6 +231,7 @@ def bench_gemm(
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from gemmlab import probe
     from gemmlab.bench import gemm as bg
     from gemmlab.ledger.records import from_bench as bg_records
 
@@ -248,7 +249,7 @@ def bench_gemm(
 
         try:
             report = bg.bench_gemm(todo, dt, backend or ["gemmlab"], rounds=rounds, reps=reps, warmup_s=warmup_s,
-                                   graph=graph, seed=seed, progress=step, timeout=timeout)
+                                   graph=graph, seed=seed, progress=step, timeout=timeout, profile=probe.load())
         except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
             err.print(f"[red]{e}")
             raise typer.Exit(2) from e

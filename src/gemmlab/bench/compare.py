@@ -11,7 +11,7 @@ Then the candidates run interleaved in rounds (``timing.interleave``) with the L
 flushed before every call, while NVML samples the clock. Result per candidate: time statistics (median,
 p20, p80, min, max, cv), TFLOPS (= flops / median time), the mean SM clock, power and clock-event reasons
 seen while it ran, the clock-normalized efficiency (against the nominal tensor peak, and against the
-attainable rate ``gemmlab probe`` measured when this GPU has a profile), and against the baseline the per-round ratios
+attainable rate ``gemmlab probe`` measured, when the caller hands in the profile), and against the baseline the per-round ratios
 (baseline time / candidate time), their median, a bootstrap 95% interval and a verdict.
 """
 
@@ -44,8 +44,11 @@ def _poison(out: object) -> bool:
 def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | None = None,
                  flops: float | None = None, dtype: str = "float16", inputs: dict[str, torch.Tensor] | None = None,
                  rounds: int = 10, reps: int = 5, warmup_s: float = 1.0, warmup_calls: int = 1,
-                 graph: bool = False, mode: str = "interleaved", device: torch.device | str | None = None) -> dict:
+                 graph: bool = False, mode: str = "interleaved", device: torch.device | str | None = None,
+                 profile: dict | None = None) -> dict:
     """Verify, then time ``fns`` interleaved (or ``mode="back-to-back"``, the naive way, for contrast).
+    ``profile``: the device profile ``gemmlab probe`` recorded for this GPU (``probe.load()``), handed in
+    by the caller; with it the result also carries ``efficiency_measured``.
     Returns {"candidates": {name: {...}}, "baseline": name, "clocks": {...}, "mode", "timer", ...}."""
     if baseline not in fns:
         raise ValueError(f"baseline {baseline!r} is not one of the candidates {list(fns)}")
@@ -95,12 +98,8 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
             times = timing.back_to_back(timed_fns, rounds, reps, warmup_s, device=device, windows=windows,
                                         warmup_calls=warmup_calls)
     arch, sms = _device_facts(device)
-    measured_rate = None  # the probe's attainable FLOP/clock/SM, when this GPU has a recorded profile
-    if device.type == "cuda":
-        from gemmlab.probe import load
-
-        prof = load(torch.cuda.get_device_name(device))
-        measured_rate = ((prof or {}).get("mma_peak") or {}).get("flop_per_clock_per_sm")
+    # the probe's attainable FLOP/clock/SM, when the caller handed in this GPU's recorded profile
+    measured_rate = ((profile or {}).get("mma_peak") or {}).get("flop_per_clock_per_sm")
     all_windows = [w for ws in windows.values() for w in ws]
     for name in timed:  # 3. verify again: what the last timed call left, or one more call
         try:

@@ -129,7 +129,7 @@ def _cfg(p) -> dict | None:
 
 def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, backends: Sequence[str], *, rounds: int = 10,
                 reps: int = 5, warmup_s: float = 1.0, graph: bool = False, seed: int = 0,
-                timeout: float = 120.0) -> dict:
+                timeout: float = 120.0, profile: dict | None = None) -> dict:
     """One shape: build inputs, the backends' calls, verify, time interleaved against cuBLAS."""
     from gemmlab.ref import gemm_check, gemm_ref
 
@@ -151,7 +151,7 @@ def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, backends: Sequence[s
     try:
         res = compare_many(fns, BASELINE, check=check, flops=2.0 * m * n * k,
                            dtype=str(dtype).removeprefix("torch."), rounds=rounds, reps=reps, warmup_s=warmup_s,
-                           graph=graph, device=device)
+                           graph=graph, device=device, profile=profile)
     finally:
         for fn in fns.values():
             if isinstance(fn, Isolated):
@@ -167,10 +167,11 @@ def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, backends: Sequence[s
 
 def bench_gemm(shapes: Sequence[Shape], dtype: torch.dtype = torch.float16, backends: Sequence[str] = ("gemmlab",),
                *, rounds: int = 10, reps: int = 5, warmup_s: float = 1.0, graph: bool = False, seed: int = 0,
-               progress: Callable[[str], None] | None = None, timeout: float = 120.0) -> dict:
+               progress: Callable[[str], None] | None = None, timeout: float = 120.0,
+               profile: dict | None = None) -> dict:
     """Every shape with every backend (plus the cuBLAS baseline). Returns the report written by ``write``.
     User backends run isolated, each in its own process (``Isolated``), within ``timeout`` seconds a
-    request."""
+    request. ``profile``: this GPU's ``gemmlab probe`` profile (``probe.load()``), for ``efficiency_measured``."""
     for name in backends:
         if name not in BUILTIN and ":" not in name:
             raise ValueError(f"backend {name!r}: one of {', '.join(BUILTIN)} or FILE.py:FN / package.module:FN")
@@ -185,7 +186,7 @@ def bench_gemm(shapes: Sequence[Shape], dtype: torch.dtype = torch.float16, back
         if progress:
             progress(f"{m}x{n}x{k}")
         results.append(bench_shape(m, n, k, dtype, backends, rounds=rounds, reps=reps, warmup_s=warmup_s,
-                                   graph=graph, seed=seed, timeout=timeout))
+                                   graph=graph, seed=seed, timeout=timeout, profile=profile))
     args = {"dtype": str(dtype).removeprefix("torch."), "backends": list(backends), "baseline": BASELINE,
             "rounds": rounds, "reps": reps, "warmup_s": warmup_s, "graph": graph, "seed": seed,
             "inputs": "uniform [-0.5, 0.5)", "flops": "2*M*N*K"}
