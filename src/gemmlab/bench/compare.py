@@ -11,8 +11,8 @@ Then the candidates run interleaved in rounds (``timing.interleave``) with the L
 flushed before every call, while NVML samples the clock. Result per candidate: time statistics (median,
 p20, p80, min, max, cv), TFLOPS (= flops / median time), the mean SM clock, power and clock-event reasons
 seen while it ran, the clock-normalized efficiency (against the nominal tensor peak, and against the
-attainable rate ``gemmlab probe`` measured, when the caller hands in the profile), and against the baseline the per-round ratios
-(baseline time / candidate time), their median, a bootstrap 95% interval and a verdict.
+attainable rate ``gemmlab probe`` measured, when the caller hands in the profile), and against the
+baseline the per-round ratios (baseline time / candidate time), their median, a bootstrap 95% interval and a verdict.
 """
 
 from __future__ import annotations
