@@ -76,6 +76,15 @@ def _procs() -> dict[int, tuple[int, int]]:
     return out
 
 
+def _state(pid: int) -> str:
+    """The process state letter from /proc (R, S, T, Z, ...); "" when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rfind(")") + 2]
+
+
 def _descendants(roots: set[int], procs: dict[int, tuple[int, int]]) -> set[int]:
     found, frontier = set(roots), set(roots)
     while frontier:
@@ -215,8 +224,14 @@ class Sandbox:
         """SIGSTOP every process of the sandbox (between its timed batches: no CPU work, no new launches)."""
         self._signal(self.members(), signal.SIGSTOP)
 
-    def thaw(self) -> None:
-        self._signal(self.members(), signal.SIGCONT)
+    def thaw(self, wait_s: float = 1.0) -> None:
+        """SIGCONT every process of the sandbox, and wait (up to ``wait_s``) until none is stopped, so that
+        waking up is not inside the next timed window."""
+        pids = self.members()
+        self._signal(pids, signal.SIGCONT)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(_state(p) == "T" for p in pids):
+            time.sleep(0.0005)
 
     def close(self, graceful: bool = True) -> None:
         """Stop the child and kill everything it started; returns when /proc lists none of them (raises

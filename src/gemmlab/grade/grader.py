@@ -41,6 +41,7 @@ Timing protocol (``Grader.perf``), the same for candidate and baseline, each in 
 from __future__ import annotations
 
 import math
+import os
 import secrets
 import shutil
 import statistics
@@ -91,18 +92,27 @@ def _seed(base: int, *parts) -> int:
 
 
 def _preload(log_dir: str):
-    """The vendor-BLAS interposer (``grade/preload``), when it is built: (extra child env, reader of the
-    GEMM entry points it recorded). Without it: ({}, reader of nothing)."""
+    """The vendor-BLAS interposer (``grade/preload``: an LD_PRELOAD library that records every cuBLAS /
+    cuBLASLt GEMM call of the candidate's process where its Python cannot silence it), when it can be built
+    here: (extra child env, reader: keeper pid -> what it recorded, state for the report). Without it
+    ({}, reader of nothing, why not): the profiler's names (advisory) are then all there is."""
     try:
         from gemmlab.grade import preload
     except ImportError:
-        return {}, lambda: [], "not available"
-    path = f"{log_dir}/preload.log"
+        return {}, lambda pid: [], "not available (no gemmlab.grade.preload)"
+    log, counts, token = f"{log_dir}/vendor.log", f"{log_dir}/vendor.counts", secrets.token_hex(16)
     try:
-        env = preload.child_env(path)
-    except Exception as e:  # not built for this machine: say so in the report, grade on
-        return {}, lambda: [], f"not active ({type(e).__name__}: {e})"
-    return env, lambda: list(preload.read_calls(path)), "active"
+        full = preload.child_env(log, "log", lib=preload.build(), counts=counts, token=token)
+    except Exception as e:  # not buildable on this machine: say so in the report, grade on
+        return {}, lambda pid: [], f"not active ({type(e).__name__}: {e})"
+    env = {k: v for k, v in full.items() if os.environ.get(k) != v}
+
+    def recorded(pid: int | None) -> list[str]:
+        if pid is None or not os.path.exists(log):
+            return []
+        state, detail = preload.assess(preload.read_log(log), pid, token, preload.read_counts(counts))
+        return [detail] if state == "vendor" else []
+    return env, recorded, "active (LD_PRELOAD vendor_guard, policy log)"
 
 
 def _sync(device: torch.device) -> None:
@@ -122,9 +132,16 @@ class Grader:
         self.progress = progress or (lambda msg: None)
         self.log_dir = tempfile.mkdtemp(prefix="gemmlab-grade-")
         env, self.preload_calls, self.preload_state = _preload(self.log_dir)
+        self.vendor_seen: list[str] = []
         self.cand = Sandbox(kernel, op.signature, op.layout, timeout, self.interpret, self.log_dir, env)
         self.base = Sandbox(op.baseline, op.baseline_signature, op.layout, timeout, self.interpret, self.log_dir,
                             name="baseline")
+
+    def _recorded(self) -> list[str]:
+        """What the interposer recorded in the candidate's process so far (kept after it is gone)."""
+        if self.cand.proc is not None:
+            self.vendor_seen = self.preload_calls(self.cand.proc.pid) or self.vendor_seen
+        return self.vendor_seen
 
     @property
     def interpret(self) -> bool:
@@ -155,7 +172,7 @@ class Grader:
             res.paths = sorted(set(res.paths) | ({reply["path"]} if reply.get("path") else set()))
             res.kernels = sorted(set(res.kernels) | set(reply.get("kernels", [])))
             trial = rules.Trial(reply, out, changed, prev, lambda o=out, i=inputs, k=kind: op.check(o, i, k),
-                                self.allow_vendor, kind, self.preload_calls())
+                                self.allow_vendor, kind, self._recorded())
             failed = rules.first_failure(rules.TRIAL_RULES, trial)
             if trial.result is not None:
                 err, tol, rule = trial.result
@@ -246,8 +263,7 @@ class Grader:
             if flusher is not None:
                 flusher.zero_()
                 _sync(dev)
-            if box is cand:
-                cand.thaw()
+            box.thaw()  # both workers are stopped between their batches, and woken alike
             t0 = time.perf_counter()
             try:
                 reply = box.request("run", order=list(range(n)), fn=fn)
@@ -258,8 +274,7 @@ class Grader:
             sample = outs[:, idx].clone()  # reading the outputs back ends the batch
             _sync(dev)
             wall = (time.perf_counter() - t0) * 1e3
-            if box is cand:
-                cand.freeze()
+            box.freeze()
             return wall / n, reply, sample, idx
 
         def verify(b: int, reply, sample, idx) -> tuple[str, str] | None:
@@ -320,6 +335,7 @@ class Grader:
                     checked += nv
                     cand_ms.append([ms])
                     advisory.append(sum(reply.get("ms") or [math.nan]) / n)
+        self._recorded()
         try:
             cand.close()  # the candidate's processes are gone before the baseline is timed alone
         except WorkerFailure as e:
@@ -346,7 +362,7 @@ class Grader:
         out["ratio"] = tflops / out["baseline_tflops"]
         seen = [r for r in verified if r.status == "PASS"]
         evidence = rules.Run(wall, out["advisory_median_ms"], overhead, tflops, peak_tflops(dev), dev.type, b_med,
-                             solo, kernels, ops, self.preload_calls(), self.allow_vendor, path,
+                             solo, kernels, ops, self.vendor_seen, self.allow_vendor, path,
                              {p for r in seen for p in r.paths}, {k for r in seen for k in r.kernels})
         failed = rules.first_failure(rules.RUN_RULES, evidence)
         return dict(out, status="FAIL", rule=failed[0], reason=failed[1]) if failed else out

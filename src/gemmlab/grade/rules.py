@@ -161,7 +161,8 @@ def advisory_clock_agrees(r: Run):
     if r.advisory_ms > 1.05 * r.wall_ms + 0.05:
         return (f"the candidate's clock says {r.advisory_ms:.4g} ms a call, more than the {r.wall_ms:.4g} ms "
                 "the grader measured around it: a broken or faked clock")
-    if r.advisory_ms < 0.5 * r.wall_ms and r.wall_ms - r.advisory_ms > 4 * r.overhead_ms + 0.05:
+    noise = 0.05 if r.device == "cuda" else 1.0  # ms: a busy CPU's scheduler
+    if r.advisory_ms < 0.5 * r.wall_ms and r.wall_ms - r.advisory_ms > 4 * r.overhead_ms + noise:
         return (f"the candidate's clock says {r.advisory_ms:.4g} ms a call, the grader measured "
                 f"{r.wall_ms:.4g} ms (protocol overhead {r.overhead_ms:.3g} ms): work outside the timed stream, "
                 "or a faked clock")
