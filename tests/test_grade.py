@@ -320,6 +320,7 @@ def test_cli_killing_its_parent_kills_the_keeper_not_the_grader(tmp_path):
 
 
 def test_cli_usage_errors(tmp_path):
-    for args in (("--cases", "no-such-file"), ("--cases", str(tmp_path)), ("--cases", TINY, "--timeout", "0")):
+    for args in (("--cases", "no-such-file"), ("--cases", str(tmp_path)), ("--cases", TINY, "--timeout", "0"),
+                 ("--cases", TINY, "--kernel", "no_function.py")):
         r = _cli(*args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)

@@ -40,6 +40,8 @@ def grade(cases: str | None = None, kernel: str | None = None, signature: str | 
         raise _cases.CaseError(f"--timeout {timeout!r}: a positive number of seconds")
     if rounds is not None and rounds < 1:
         raise _cases.CaseError(f"--rounds {rounds!r}: a positive integer")
+    if kernel is not None and not all(kernel.rpartition(":")[::2]):
+        raise _cases.CaseError(f"--kernel {kernel!r}: expected FILE.py:FN or package.module:FN")
     cf = load_any(cases or default_cases())
     return Grader(make_op(cf, signature), cf, kernel, allow_vendor, timeout, seed, rounds, progress, keep_logs).run()
 
