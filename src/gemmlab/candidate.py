@@ -10,7 +10,8 @@ Signatures (``inputs`` are the logical operands; ``out`` a flat output buffer th
     moe       FN(x, w1, w2, topk_weights, topk_ids) -> y      the result is copied into ``out``
 ``out`` is stored in ``layout`` (rowmajor: (M, N) row-major; colmajor: column-major), so the caller reads
 the same logical C whatever the signature. Builtins (trusted, for baselines): ``builtin:cublas`` (torch.mm
-into ``out``, colmajor signature), ``builtin:composite`` (the MoE composite of torch ops, moe signature),
+into ``out``, colmajor signature), ``builtin:cublas_rowmajor`` (returns torch.mm, rowmajor: it pays the
+same copy into ``out`` as a row-major candidate), ``builtin:composite`` (the MoE composite of torch ops, moe signature),
 ``builtin:empty`` (does nothing: the protocol's own overhead).
 """
 
@@ -30,6 +31,12 @@ def _cublas_colmajor(A, B, C, M, N, K):
     torch.mm(B.view(N, K), A.view(K, M), out=C.view(N, M))  # C^T (N, M) = B^T (N, K) @ A^T (K, M)
 
 
+def _cublas_rowmajor(a, b):
+    import torch
+
+    return torch.mm(a, b)
+
+
 def _composite(x, w1, w2, weights, ids):
     from gemmlab.bench.moe import composite_forward
 
@@ -40,7 +47,8 @@ def _empty(*args):
     return None
 
 
-BUILTINS = {"cublas": _cublas_colmajor, "composite": _composite, "empty": _empty}
+BUILTINS = {"cublas": _cublas_colmajor, "cublas_rowmajor": _cublas_rowmajor, "composite": _composite,
+            "empty": _empty}
 
 
 def load_kernel(spec: str | None, signature: str):
