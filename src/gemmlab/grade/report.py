@@ -47,6 +47,11 @@ def summary_line(report: dict) -> str:
         clk = perf.get("clocks", {}).get("sm_clock_mhz_mean")
         if clk:
             line += f" at {clk:.0f} MHz"
+        if perf.get("calls_per_batch"):
+            over = perf["protocol_overhead_ms"]
+            line += (f"; grader's clock, {perf['calls_per_batch']} calls a batch, protocol overhead {over:.3g} ms a "
+                     f"call ({over / perf['median_ms']:.1%}), the worker's own clock said "
+                     f"{perf['advisory_median_ms']:.4g} ms")
     return line + f"; verdict {report['verdict']}"
 
 
@@ -63,7 +68,8 @@ def render(report: dict, console: Console) -> None:
     console.print(t)
     perf = report["performance"]
     if perf:
-        p = Table(title="performance (interleaved with the baseline, L2 flushed, device-wide sync)")
+        p = Table(title="performance (the grader's clock around batches of calls, interleaved with the baseline, "
+                        "L2 flushed, fresh inputs every call)")
         for col in ("case", dims, "status", "median ms", "TFLOPS", "baseline TFLOPS", "ratio", "SM MHz", "reason"):
             p.add_column(col)
         p.add_row(perf["name"], _shape(perf["shape"]), "[green]PASS" if perf["status"] == "PASS" else "[red]FAIL",
