@@ -1,5 +1,5 @@
 """Calls the vendor BLAS after silencing, at import, the profiler of its own process: the worker's
-``_profiled`` (the worker runs as ``python -m gemmlab.bench.sandbox``, so it is ``__main__``'s) drops
+``_profiled`` (``gemmlab.bench.sandbox``'s, and ``__main__``'s should it run as a script) drops
 cuBLAS kernel names and aten::mm. Row-major signature FN(a, b) -> c. Only an observer outside the
 candidate's Python (the preloaded interposer) still sees the call."""
 

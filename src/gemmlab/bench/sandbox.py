@@ -9,10 +9,11 @@
     box.close()          # kill every process the child started; returns only when all are gone
 
 Containment:
-- The child is ``python -m gemmlab.bench.sandbox``, started in a new session (``start_new_session``): it
-  leads its own session and process group. Its first act is to fork: the parent half is a *keeper* that
-  only waits; the candidate runs in the keeper's child. ``os.kill(os.getppid(), 9)`` kills the keeper,
-  which the owner notices (``WorkerFailure``: the grade fails), not the owner.
+- The child is ``python .../bench/_keeper.py``, started in a new session (``start_new_session``): it
+  leads its own session and process group. Its first act, before any import, is to fork: the parent half
+  is a *keeper* that only waits; the candidate runs in the keeper's child (``serve``).
+  ``os.kill(os.getppid(), 9)`` kills the keeper, which the owner notices (``WorkerFailure``: the grade
+  fails), not the owner.
 - stdin is /dev/null; stdout and stderr go to ``log`` (a file in the owner's temp directory), so the
   candidate's prints never reach the owner's stdout. The cwd is that temp directory.
 - The owner makes itself a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``): a process that the
@@ -144,7 +145,8 @@ class Sandbox:
         mine, theirs = socket.socketpair()
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gemmlab.bench.sandbox", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                [sys.executable, str(Path(__file__).with_name("_keeper.py")), str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.log_dir, start_new_session=True,
                 env=child_env(self.interpret, self.extra_env))
         theirs.close()
@@ -418,23 +420,3 @@ def serve(fd: int) -> None:
             conn.send(reply)
         except Exception as e:  # e.g. the candidate made something that cannot cross the connection
             conn.send({"error": f"reply could not be sent: {type(e).__name__}: {e}"})
-
-
-def main(argv: list[str]) -> int:
-    """Keeper and candidate: fork at once; the keeper waits for the candidate and exits with its status."""
-    fd = int(argv[0])
-    pid = os.fork()
-    if pid:
-        os.close(fd)
-        _, status = os.waitpid(pid, 0)
-        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-    try:
-        serve(fd)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(0)  # no atexit handlers of a candidate's making
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
