@@ -94,6 +94,7 @@ def test_bad_kernel_fails_by_its_rule(fn, rule, words):
     ("lazy_after_warmup", "is wrong"),        # honest while verified, idle while timed
     ("skip_every_4th", "is wrong"),           # every timed call is verified, none can be skipped
     ("fills_all_outputs", "is wrong"),        # one answer written into the other calls' outputs
+    ("replays_seeded_inputs", "is wrong"),    # timed inputs are secret: the seed predicts nothing
     ("finishes_in_background", "batch"),  # answers first, works later: incomplete when timed, or never done
 ])
 def test_cheating_while_timed_fails(fn, words):

@@ -93,6 +93,23 @@ def memo_fingerprint(A, B, C, M, N, K):
     _cache[key] = C[: M * N].clone()
 
 
+def replays_seeded_inputs(A, B, C, M, N, K):
+    """Reads the grader's seed where it can (its command line in /proc; else the default 0) and, once
+    verified, answers the timed calls with the product of the inputs that seed would have drawn, as the
+    old grader drew its timed sets from the seed."""
+    from gemmlab.grade.grader import _seed
+    from gemmlab.grade.inputs import operands
+
+    _calls["n"] += 1
+    if _calls["n"] <= 3:
+        return honest(A, B, C, M, N, K)
+    argv = open(f"/proc/{os.getppid()}/cmdline", "rb").read().split(b"\0")
+    seed = int(argv[argv.index(b"--seed") + 1]) if b"--seed" in argv else 0
+    i = (_calls["n"] - 4) % 2
+    a, b = operands(M, N, K, "competition", _seed(seed, "perf", "t", i), A.dtype, A.device.type, "colmajor")
+    C[: M * N].view(N, M).t().copy_(_mm(a, b))
+
+
 def lazy_after_warmup(A, B, C, M, N, K):
     """Honest for its first 3 calls (the correctness trials), then skips the work: C keeps what it held."""
     _calls["n"] += 1
