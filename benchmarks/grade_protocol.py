@@ -24,9 +24,9 @@ def main() -> int:
     ok = True
     for name in args.cases:
         t0 = time.time()
-        r = grade(name, rounds=args.rounds, progress=lambda m: print(f"  [{time.time() - t0:6.1f} s] {m}",
+        r = grade(name, rounds=args.rounds, progress=lambda m, t0=t0: print(f"  [{time.time() - t0:6.1f} s] {m}",
                                                                      file=sys.stderr))
-        (Path(args.out) / f"grade-{name}.json").write_text(json.dumps(r, indent=1, default=str))
+        (Path(args.out) / f"grade-{Path(name).stem}.json").write_text(json.dumps(r, indent=1, default=str))
         p = r["performance"] or {}
         h = p.get("honest") or {}
         clk = (p.get("clocks") or {}).get("sm_clock_mhz_mean")
