@@ -214,13 +214,15 @@ def test_rules():
             ({"tflops": 1500.0}, "honest-timing", "impossible"),
             ({"advisory_ms": 0.01}, "honest-timing", "faked clock"),
             ({"advisory_ms": 9.0}, "honest-timing", "more than"),
-            ({"baseline_ms": 3.5}, "honest-timing", "slowed the baseline"),
+            ({"baseline_ms": 3.4}, "honest-timing", "slowed the baseline"),
             ({"preload_calls": ["cublasGemmEx"]}, "no-vendor-blas", "cublasGemmEx"),
             ({"timed_path": "portable"}, "dispatch-coverage", "never verified"),
             ({"kernels": {"_gemm_tma_splitk_kernel", "sneaky"}}, "dispatch-coverage", "sneaky")):
         got = rules.first_failure(rules.RUN_RULES, rules.Run(**{**run_ev, **change}))
         assert got is not None and got[0] == rule and words in got[1], (change, got)
+    assert rules.first_failure(rules.RUN_RULES, rules.Run(**{**run_ev, "baseline_ms": 3.2})) is None  # within 10%
     assert rules.first_failure(rules.RUN_RULES, rules.Run(**{**run_ev, "baseline_ms": 3.5, "device": "cpu"})) is None
+    assert rules.first_failure(rules.RUN_RULES, rules.Run(**{**run_ev, "baseline_ms": 3.5, "overhead_ms": 0.2})) is None
 
 
 def test_fixed_baseline_and_module_kernel(tmp_path):
