@@ -77,6 +77,12 @@ int call_zgemm(void) {
 }
 int fake_count(void) { return fake_calls; }
 """
+DEP = "int dep_value = 42;\n"
+PROBE = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+int probe(void) { int *p = dlsym(RTLD_DEFAULT, "dep_value"); return p ? *p : -1; }
+"""
 
 # Runs in the child: call each entry point `rounds` times, print statuses and what the child saw.
 CHILD = textwrap.dedent("""
@@ -98,11 +104,20 @@ CHILD = textwrap.dedent("""
             lib.call_gemm_ex()
             os._exit(0)
         os.waitpid(pid, 0)
-    if "ctypes" in pre:  # dlsym on the fake's own handle: the documented bypass
+    if "ctypes" in pre:  # dlsym on the fake's own handle
         status["direct"] = [ctypes.CDLL(sys.argv[4]).cublasGemmEx(*([0] * 19))]
+    if "copy" in pre:  # a second copy of the library, loaded RTLD_DEEPBIND
+        try:
+            copy = ctypes.CDLL(sys.argv[5], mode=os.RTLD_DEEPBIND | os.RTLD_NOW)
+            status["copy"] = [copy.cublasGemmEx(*([0] * 19))]
+        except AttributeError:
+            status["copy"] = ["not found"]
+    if "probe" in pre:  # RTLD_DEFAULT from an RTLD_LOCAL library must still see that library's own scope
+        status["probe"] = [ctypes.CDLL(sys.argv[6]).probe()]
     print(json.dumps({"pid": os.getpid(), "status": status, "fake": lib.fake_count(),
                       "token": os.environ.get("GEMMLAB_VENDOR_TOKEN"),
-                      "proc_environ_has_token": b"s3cret" in open("/proc/self/environ", "rb").read()}))
+                      "proc_environ_has_token": b"s3cret" in open("/proc/self/environ", "rb").read(),
+                      "fake_copy": lib.fake_count() if "copy" not in pre else None}))
     if "exit0" in pre:
         os._exit(0)
 """)
@@ -119,16 +134,24 @@ def libs(tmp_path_factory) -> dict[str, Path]:
     (d / "fake.c").write_text(FAKE_CUBLAS)
     (d / "fake.map").write_text(VERSION_SCRIPT)
     (d / "caller.c").write_text(CALLER)
+    (d / "dep.c").write_text(DEP)
+    (d / "probe.c").write_text(PROBE)
     fake = _cc(d / "libcublas_fake.so", d / "fake.c", f"-Wl,--version-script={d / 'fake.map'}")
     caller = _cc(d / "libcaller.so", d / "caller.c", f"-L{d}", "-lcublas_fake", "-Wl,-rpath,$ORIGIN")
-    return {"guard": preload.build(d / "cache"), "fake": fake, "caller": caller}
+    _cc(d / "libdep.so", d / "dep.c")
+    probe = _cc(d / "libprobe.so", d / "probe.c", f"-L{d}", "-Wl,--no-as-needed", "-ldep", "-Wl,-rpath,$ORIGIN", "-ldl")
+    copy = d / "copy" / "libmyblas.so"
+    copy.parent.mkdir()
+    shutil.copy(fake, copy)
+    return {"guard": preload.build(d / "cache"), "fake": fake, "caller": caller, "copy": copy, "probe": probe}
 
 
 def _child(libs, tmp_path, policy="log", pre="", rounds=2, preloaded=True, pass_fds=(), **kw):
     log, counts = tmp_path / "vendor.log", tmp_path / "vendor.counts"
     env = (preload.child_env(log, policy, lib=libs["guard"], counts=counts, token="s3cret", **kw) if preloaded
            else dict(os.environ))
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(libs["caller"]), pre, str(rounds), str(libs["fake"])],
+    argv = [str(libs[k]) for k in ("caller", "fake", "copy", "probe")]
+    proc = subprocess.run([sys.executable, "-c", CHILD, argv[0], pre, str(rounds), *argv[1:]],
                           env=env, capture_output=True, text=True, timeout=60, pass_fds=pass_fds)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1]), preload.read_log(log), preload.read_counts(counts)
@@ -216,11 +239,32 @@ def test_pipe_log_reaches_the_grader(libs, tmp_path):
     assert obs.calls["cublasLtMatmul"] == 2 and obs.exits[out["pid"]] == "s3cret"
 
 
-def test_dlsym_on_its_own_handle_bypasses_the_guard(libs, tmp_path):
-    """The documented gap: ctypes.CDLL(libcublas).cublasGemmEx never reaches the guard."""
-    out, obs, _ = _child(libs, tmp_path, pre="ctypes", rounds=0)
-    assert out["status"]["direct"] == [99] and out["fake"] == 2  # the fake ran (and the zgemm)
-    assert "cublasGemmEx" not in obs.calls
+def test_dlsym_on_the_librarys_own_handle_is_guarded_too(libs, tmp_path):
+    """ctypes.CDLL(libcublas).cublasGemmEx is a dlsym on its own handle: it gets the guard, which forwards."""
+    out, obs, counts = _child(libs, tmp_path, pre="ctypes", rounds=0)
+    assert out["status"]["direct"] == [99] and out["fake"] == 2  # forwarded (zero args: the fake says 99)
+    assert obs.calls["cublasGemmEx"] == 1 and counts.calls["cublasGemmEx"] == 1
+    out, obs, _ = _child(libs, tmp_path, pre="ctypes", rounds=0, policy="refuse")
+    assert out["status"]["direct"] == [15] and obs.refused["cublasGemmEx"] == 1
+
+
+def test_a_second_copy_of_the_library_is_recorded_as_a_bypass(libs, tmp_path):
+    out, obs, counts = _child(libs, tmp_path, pre="copy", rounds=1)
+    assert out["status"]["copy"] == [99]  # the copy ran, unguarded...
+    assert obs.bypass == {"cublasGemmEx": 1} and counts.bypassed == 1  # ...but the lookup was seen
+    obs.calls.clear()
+    state, detail = preload.assess(obs, out["pid"], "s3cret")
+    assert state == "vendor" and "second copy" in detail
+    out, obs, _ = _child(libs, tmp_path, pre="copy", rounds=1, policy="refuse")
+    # refuse: nothing was forwarded, so the copy's lookup gets the guard, which refuses the call
+    assert out["status"]["copy"] == [15] and obs.refused["cublasGemmEx"] == 2
+
+
+def test_other_dlsym_lookups_keep_their_callers_scope(libs, tmp_path):
+    """dlsym(RTLD_DEFAULT) from an RTLD_LOCAL library searches that library's dependencies: the interposed
+    dlsym must pass such lookups on with the original caller (a tail call), or this returns -1."""
+    out, _, _ = _child(libs, tmp_path, pre="probe", rounds=0)
+    assert out["status"]["probe"] == [42]
 
 
 def test_bad_arguments_are_refused_with_a_clear_error(tmp_path):

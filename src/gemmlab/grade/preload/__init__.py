@@ -51,7 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("vendor_guard.c")
-FLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-pthread")
+# -foptimize-sibling-calls: the interposed dlsym passes other lookups on by a tail call (tests check it)
+FLAGS = ("-shared", "-fPIC", "-O2", "-foptimize-sibling-calls", "-Wall", "-pthread")
 LIBS = ("-ldl",)
 PREBUILT_ENV = "GEMMLAB_VENDOR_GUARD_SO"  # path of a .so built elsewhere (same arch, glibc >= 2.34)
 POLICIES = ("log", "refuse")
@@ -128,6 +129,7 @@ class Observation:
     unresolved: set[str] = field(default_factory=set)
     libs: dict[str, str] = field(default_factory=dict)
     exits: dict[int, str] = field(default_factory=dict)
+    bypass: dict[str, int] = field(default_factory=dict)  # symbol -> dlsym lookups in a second cuBLAS copy
     malformed: int = 0
 
 
@@ -146,6 +148,8 @@ def parse_log(text: str) -> Observation:
                 highest[key] = max(highest.get(key, 0), int(f[3]))
             elif f[0] == "call" and f[4] == "unresolved":
                 obs.unresolved.add(f[2])
+            elif f[0] == "bypass":
+                obs.bypass[f[2]] = obs.bypass.get(f[2], 0) + 1
             elif f[0] == "lib":
                 obs.libs.setdefault(f[2], " ".join(f[3:]))
             elif f[0] == "exit":
@@ -175,11 +179,13 @@ def read_log(path: str | Path) -> Observation:
 
 @dataclass
 class Counts:
-    """The counter file: forwarded and refused calls per symbol over every process, and lost log writes."""
+    """The counter file: forwarded and refused calls per symbol over every process, lost log writes, and
+    dlsym lookups that found a second copy of cuBLAS."""
 
     calls: dict[str, int]
     refused: dict[str, int]
     lost: int
+    bypassed: int = 0
 
 
 def read_counts(path: str | Path) -> Counts | None:
@@ -188,7 +194,7 @@ def read_counts(path: str | Path) -> Counts | None:
     data = p.read_bytes() if p.exists() else b""
     if len(data) < 32 or data[:8] != b"GMLVG001":
         return None
-    nsym, lost = struct.unpack_from("<QQ", data, 8)
+    nsym, lost, bypassed = struct.unpack_from("<QQQ", data, 8)
     names_end = 32 + 48 * nsym
     if len(data) < names_end + 16 * nsym:
         return None
@@ -196,20 +202,24 @@ def read_counts(path: str | Path) -> Counts | None:
     calls = struct.unpack_from(f"<{nsym}Q", data, names_end)
     refused = struct.unpack_from(f"<{nsym}Q", data, names_end + 8 * nsym)
     nonzero = lambda values: {s: n for s, n in zip(names, values, strict=True) if n}
-    return Counts(nonzero(calls), nonzero(refused), lost)
+    return Counts(nonzero(calls), nonzero(refused), lost, bypassed)
 
 
 def assess(obs: Observation, pid: int, token: str | None = None, counts: Counts | None = None) -> tuple[str, str]:
     """The observer's verdict on the child ``pid``, as (state, detail). States, in order of precedence:
     "absent": no ``loaded`` line from ``pid``, so nothing is known; "vendor": some GEMM call was recorded
-    (forwarded or refused); "incomplete": loaded, none recorded, but no exit line with ``token`` (the child
-    was killed, left with ``os._exit``, or silenced the log); "clean": loaded, none recorded, exited properly."""
+    (forwarded or refused), or a GEMM entry point was looked up in a second copy of cuBLAS; "incomplete":
+    loaded, none recorded, but no exit line with ``token`` (the child was killed, left with ``os._exit``, or
+    silenced the log); "clean": loaded, none recorded, exited properly."""
     if pid not in obs.loaded:
         return "absent", f"vendor_guard never loaded in pid {pid} (no 'loaded' line): vendor use unobserved"
     seen: dict[str, int] = {}
     for source in (obs.calls, obs.refused, *((counts.calls, counts.refused) if counts else ())):
         for sym, n in source.items():
             seen[sym] = max(seen.get(sym, 0), n)
+    if obs.bypass or (counts and counts.bypassed):
+        what = ", ".join(sorted(obs.bypass)) or f"{counts.bypassed} lookups"
+        return "vendor", f"looked up cuBLAS GEMM entry points in a second copy of the library: {what}"
     if seen:
         refused = sum(obs.refused.values()) + (sum(counts.refused.values()) if counts else 0)
         what = ", ".join(f"{s} x{n}" for s, n in sorted(seen.items(), key=lambda kv: -kv[1])[:4])

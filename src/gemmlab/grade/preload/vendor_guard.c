@@ -15,9 +15,10 @@
  *   loaded <pid> <ppid> policy=<log|refuse>
  *   call <pid> <symbol> <n> <fwd|refused|unresolved>  calls 1..64 of a symbol, then every power of two
  *   lib <pid> <symbol> <path>                          the library the first forwarded call went to
+ *   bypass <pid> <symbol> <path>                       dlsym found the symbol in a second copy of cuBLAS
  *   exit <pid> <token> <sym>=<n>,...                   at normal exit (destructor): this process's totals
  *
- * Counter file: "GMLVG001", u64 nsym, u64 lost (log writes that failed), u64 0, nsym names of 48 bytes,
+ * Counter file: "GMLVG001", u64 nsym, u64 lost (log writes that failed), u64 bypasses, nsym names of 48 bytes,
  * nsym u64 call counts, nsym u64 refusal counts; all processes that load the library add to the same file.
  *
  * No CUDA headers: handles and descriptors are void *, enums are int, and each prototype follows
@@ -70,7 +71,7 @@ static const char *const sym_names[NSYM] = {GUARDED(AS_NAME)};
 #define NAME_BYTES 48
 struct counts_file {
   char magic[8];
-  uint64_t nsym, lost, reserved;
+  uint64_t nsym, lost, bypassed;
   char names[NSYM][NAME_BYTES];
   uint64_t calls[NSYM], refused[NSYM];
 };
@@ -116,6 +117,32 @@ static int note(int i) {
   return !refuse;
 }
 
+/* The real dlsym/dlvsym: this library exports its own dlsym (below), so its own lookups must not use it. */
+static void *(*real_dlsym)(void *, const char *);
+static void *(*real_dlvsym)(void *, const char *, const char *);
+static void init_dl(void) {
+  if (__atomic_load_n(&real_dlsym, __ATOMIC_ACQUIRE)) return;
+  static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"}; /* x86-64, aarch64 */
+  void *f = NULL, *g = NULL;
+  for (int k = 0; k < 3 && !f; k++) f = dlvsym(RTLD_NEXT, "dlsym", versions[k]);
+  for (int k = 0; k < 3 && !g; k++) g = dlvsym(RTLD_NEXT, "dlvsym", versions[k]);
+  __atomic_store_n(&real_dlvsym, g, __ATOMIC_RELEASE);
+  __atomic_store_n(&real_dlsym, f, __ATOMIC_RELEASE);
+}
+
+static void *slots[NSYM]; /* the real definition of each symbol, once known: the fallback forward target */
+
+static const char *path_of(void *f) {
+  Dl_info info;
+  return dladdr(f, &info) && info.dli_fname ? info.dli_fname : "?";
+}
+
+static void set_slot(int i, void *f) {
+  void *none = NULL;
+  if (__atomic_compare_exchange_n(&slots[i], &none, f, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    emit("lib %d %s %s\n", (int)getpid(), sym_names[i], path_of(f));
+}
+
 /* Names of the loaded objects, collected first: dlopen is not called under dl_iterate_phdr's lock. */
 #define MAX_OBJECTS 1024
 struct objects { int n; char *names[MAX_OBJECTS]; };
@@ -126,9 +153,7 @@ static int collect(struct dl_phdr_info *info, size_t size, void *data) {
   return 0;
 }
 
-/* A definition of symbol i in any loaded object's own scope, cuBLAS libraries first. Needed because
- * dlsym(RTLD_NEXT) searches only the global scope, and a library dlopen'ed RTLD_LOCAL (as Python loads
- * extension modules, and with them their DT_NEEDED libcublas) is not in it. */
+/* A definition of symbol i in any loaded object's own scope, cuBLAS libraries first. */
 static void *find_loaded(int i, void *self) {
   struct objects o = {0};
   dl_iterate_phdr(collect, &o);
@@ -138,7 +163,7 @@ static void *find_loaded(int i, void *self) {
       if ((strstr(o.names[j], "cublas") != NULL) != (pass == 0)) continue;
       void *h = dlopen(o.names[j], RTLD_LAZY | RTLD_NOLOAD);
       if (!h) continue;
-      void *f = dlsym(h, sym_names[i]);
+      void *f = real_dlsym(h, sym_names[i]);
       if (f && f != self) found = f;
       dlclose(h);
     }
@@ -146,36 +171,72 @@ static void *find_loaded(int i, void *self) {
   return found;
 }
 
-/* The real cuBLAS definition (the next one after this library), looked up on first use. */
-static void *resolve(int i, void **slot, void *self) {
-  void *f = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
-  if (f) return f;
-  f = dlsym(RTLD_NEXT, sym_names[i]);
+/* Where a call of symbol i from return address `ret` goes: the definition the caller would have bound to
+ * without this library, i.e. the one in the caller's own scope (libtorch_cuda.so -> its libcublas), cached
+ * per caller object; else the known definition, the next one in the global scope (dlsym(RTLD_NEXT) only
+ * searches that, and Python loads extension modules and their libcublas RTLD_LOCAL), or any loaded one. */
+#define CACHE 8
+struct binding { void *map, *fn; };
+static struct binding bindings[NSYM][CACHE];
+static int nbindings[NSYM];
+static pthread_mutex_t bind_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Symbol i as seen from the object `map` (a struct link_map *): in its own dependency tree. dlsym needs a
+ * handle from dlopen, which sets up the object's search list (a link_map that was only loaded as a
+ * dependency has none); the main program's handle would be the global scope, which finds the guard. */
+static void *scope_lookup(void *map, int i, void *self) {
+  const char *name = ((struct link_map *)map)->l_name;
+  if (!name || !*name) return NULL;
+  void *h = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
+  if (!h) return NULL;
+  void *f = real_dlsym(h, sym_names[i]);
+  dlclose(h);
+  return f == self ? NULL : f;
+}
+
+static void *forward_target(int i, void *self, void *ret) {
+  init_dl();
+  struct dl_find_object fo;
+  void *map = _dl_find_object(ret, &fo) == 0 ? fo.dlfo_link_map : NULL, *f = NULL;
+  int n = __atomic_load_n(&nbindings[i], __ATOMIC_ACQUIRE), cached = 0;
+  for (int k = 0; k < n && map && !cached; k++)
+    if (bindings[i][k].map == map) f = bindings[i][k].fn, cached = 1;
+  if (map && !cached) {
+    f = scope_lookup(map, i, self);
+    pthread_mutex_lock(&bind_lock);
+    if (nbindings[i] < CACHE) {
+      bindings[i][nbindings[i]] = (struct binding){map, f};
+      __atomic_store_n(&nbindings[i], nbindings[i] + 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&bind_lock);
+  }
+  if (f) {
+    set_slot(i, f);
+    return f;
+  }
+  if ((f = __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE))) return f;
+  f = real_dlsym(RTLD_NEXT, sym_names[i]);
   if (!f || f == self) f = find_loaded(i, self);
   if (!f) {
     emit("call %d %s 0 unresolved\n", (int)getpid(), sym_names[i]);
     return NULL;
   }
-  Dl_info info;
-  if (dladdr(f, &info) && info.dli_fname) emit("lib %d %s %s\n", (int)getpid(), sym_names[i], info.dli_fname);
-  __atomic_store_n(slot, f, __ATOMIC_RELEASE);
+  set_slot(i, f);
   return f;
 }
 
 /* One guarded entry point returning cublasStatus_t. PARAMS is the exact prototype, ARGS its names. */
 #define GUARD(name, PARAMS, ARGS)                                                                               \
   int name PARAMS {                                                                                             \
-    static void *real;                                                                                          \
     if (!note(SYM_##name)) return CUBLAS_STATUS_NOT_SUPPORTED;                                                  \
-    int(*f) PARAMS = (int(*) PARAMS)resolve(SYM_##name, &real, (void *)name);                                  \
+    int(*f) PARAMS = (int(*) PARAMS)forward_target(SYM_##name, (void *)name, __builtin_return_address(0));      \
     return f ? f ARGS : CUBLAS_STATUS_NOT_INITIALIZED;                                                          \
   }
 /* The legacy (cublas.h) API returns void; a refused call does nothing. */
 #define GUARD_VOID(name, PARAMS, ARGS)                                                                          \
   void name PARAMS {                                                                                            \
-    static void *real;                                                                                          \
     if (!note(SYM_##name)) return;                                                                              \
-    void(*f) PARAMS = (void(*) PARAMS)resolve(SYM_##name, &real, (void *)name);                                \
+    void(*f) PARAMS = (void(*) PARAMS)forward_target(SYM_##name, (void *)name, __builtin_return_address(0));    \
     if (f) f ARGS;                                                                                              \
   }
 
@@ -277,6 +338,55 @@ GUARD_VOID(cublasSgemm, LEGACY_PARAMS(float), LEGACY_ARGS)
 GUARD_VOID(cublasDgemm, LEGACY_PARAMS(double), LEGACY_ARGS)
 GUARD_VOID(cublasCgemm, LEGACY_PARAMS(cf), LEGACY_ARGS)
 GUARD_VOID(cublasZgemm, LEGACY_PARAMS(zf), LEGACY_ARGS)
+
+/* dlsym: a lookup of a guarded name by handle (ctypes.CDLL(libcublas).cublasGemmEx, cffi, a C extension's
+ * dlopen+dlsym, RTLD_DEEPBIND) gets the guard, which then forwards to that definition; a lookup that finds a
+ * second copy of cuBLAS is recorded as a bypass. Any other name goes straight on to the real dlsym by a tail
+ * call, so it still sees its caller (RTLD_NEXT and RTLD_DEFAULT depend on who calls). */
+#define AS_FN(name) (void *)name,
+static void *const guard_fns[NSYM] = {GUARDED(AS_FN)};
+
+static int guarded_index(const char *name) {
+  if (!name || strncmp(name, "cublas", 6) != 0) return -1;
+  for (int i = 0; i < NSYM; i++)
+    if (strcmp(name, sym_names[i]) == 0) return i;
+  return -1;
+}
+
+static void *guarded_lookup(int i, void *f, void *ret) {
+  void *self = guard_fns[i];
+  if (f == self) { /* RTLD_DEFAULT finds the guard: answer only if the caller could reach a real one */
+    struct dl_find_object fo;
+    void *map = _dl_find_object(ret, &fo) == 0 ? fo.dlfo_link_map : NULL;
+    void *real = map ? scope_lookup(map, i, self) : NULL;
+    if (real) set_slot(i, real);
+    return real || __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE) || real_dlsym(RTLD_NEXT, sym_names[i]) ? self : NULL;
+  }
+  if (!f) return NULL;
+  set_slot(i, f); /* no-op once known */
+  if (f == __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE)) return self;
+  emit("bypass %d %s %s\n", (int)getpid(), sym_names[i], path_of(f));
+  if (shared) __atomic_fetch_add(&shared->bypassed, 1, __ATOMIC_RELAXED);
+  return refuse ? NULL : f;
+}
+
+static void *guard_dlvsym(void *handle, const char *name, const char *version) {
+  init_dl();
+  int i = guarded_index(name);
+  if (i < 0) return real_dlvsym(handle, name, version);
+  return guarded_lookup(i, real_dlvsym(handle, name, version), __builtin_return_address(0));
+}
+
+void *dlsym(void *handle, const char *name) {
+  init_dl();
+  int i = guarded_index(name);
+  if (i < 0) {
+    if (strcmp(name, "dlsym") == 0) return (void *)dlsym;
+    if (strcmp(name, "dlvsym") == 0) return (void *)guard_dlvsym;
+    return real_dlsym(handle, name);
+  }
+  return guarded_lookup(i, real_dlsym(handle, name), __builtin_return_address(0));
+}
 
 static void after_fork_child(void) { memset(local_calls, 0, sizeof local_calls); }
 
