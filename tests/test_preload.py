@@ -45,12 +45,16 @@ int cublasLtMatmul(void *h, void *desc, const void *alpha, const void *A, void *
   return (h == (void *)1 && dd == (void *)12 && algo == (void *)13 && ws_bytes == (1ULL << 33)
           && stream == (void *)16) ? 0 : 99;
 }
+int cudnnBackendExecute(void *h, void *plan, void *pack) {
+  fake_calls++;
+  return (h == (void *)1 && plan == (void *)2 && pack == (void *)3) ? 0 : 99;
+}
 void cublasZgemm(char ta, char tb, int m, int n, int k, zf alpha, const void *A, int lda, const void *B, int ldb,
                  zf beta, void *C, int ldc) {
   fake_calls += (ta == 'N' && alpha.x == 1.5 && alpha.y == -2.0 && beta.y == 0.25 && ldc == 17) ? 1 : 1000;
 }
 """
-VERSION_SCRIPT = "libcublas.so.12 { global: cublas*; fake_calls; local: *; };\n"  # versioned, like the real one
+VERSION_SCRIPT = "libcublas.so.12 { global: cublas*; cudnn*; fake_calls; local: *; };\n"  # versioned, like the real one
 
 CALLER = r"""
 #include <stdint.h>
@@ -62,6 +66,7 @@ int cublasGemmStridedBatchedEx(void *, int, int, int, int, int, const void *, co
 int cublasLtMatmul(void *, void *, const void *, const void *, void *, const void *, void *, const void *,
     const void *, void *, void *, void *, const void *, void *, uint64_t, void *);
 void cublasZgemm(char, char, int, int, int, zf, const void *, int, const void *, int, zf, void *, int);
+int cudnnBackendExecute(void *, void *, void *);
 extern int fake_calls;
 #define P(x) ((void *)(x))
 int call_gemm_ex(void) { return cublasGemmEx(P(1), 1, 0, 3, 5, 7, P(2), P(3), 2, 11, P(4), 2, 13, P(5), P(6), 0, 17,
@@ -75,6 +80,7 @@ int call_zgemm(void) {
   cublasZgemm('N', 'T', 3, 5, 7, alpha, P(3), 11, P(4), 13, beta, P(6), 17);
   return 0;
 }
+int call_cudnn(void) { return cudnnBackendExecute(P(1), P(2), P(3)); }
 int fake_count(void) { return fake_calls; }
 """
 DEP = "int dep_value = 42;\n"
@@ -96,7 +102,8 @@ CHILD = textwrap.dedent("""
         os.environ.clear()
     lib = ctypes.CDLL(sys.argv[1])
     rounds = int(sys.argv[3])
-    status = {f: [getattr(lib, f)() for _ in range(rounds)] for f in ("call_gemm_ex", "call_strided", "call_lt")}
+    calls = ("call_gemm_ex", "call_strided", "call_lt", "call_cudnn")
+    status = {f: [getattr(lib, f)() for _ in range(rounds)] for f in calls}
     lib.call_zgemm()
     if "fork" in pre:
         pid = os.fork()
@@ -167,9 +174,10 @@ def test_build_is_cached_and_exports_the_guarded_symbols(libs, tmp_path):
 
 def test_forwarded_calls_are_logged_counted_and_intact(libs, tmp_path):
     out, obs, counts = _child(libs, tmp_path, rounds=3)
-    assert out["status"] == {"call_gemm_ex": [0] * 3, "call_strided": [0] * 3, "call_lt": [0] * 3}  # args intact
-    assert out["fake"] == 10  # 9 + the legacy Zgemm, whose by-value complex scalars arrived intact
-    expect = {"cublasGemmEx": 3, "cublasGemmStridedBatchedEx": 3, "cublasLtMatmul": 3, "cublasZgemm": 1}
+    assert out["status"] == {f: [0] * 3 for f in ("call_gemm_ex", "call_strided", "call_lt", "call_cudnn")}
+    assert out["fake"] == 13  # 12 + the legacy Zgemm, whose by-value complex scalars arrived intact
+    expect = {"cublasGemmEx": 3, "cublasGemmStridedBatchedEx": 3, "cublasLtMatmul": 3, "cudnnBackendExecute": 3,
+              "cublasZgemm": 1}
     assert obs.calls == expect and counts.calls == expect and not obs.refused
     assert obs.libs["cublasGemmEx"].endswith("libcublas_fake.so")
     assert out["pid"] in obs.loaded and obs.exits[out["pid"]] == "s3cret"
@@ -180,14 +188,15 @@ def test_forwarded_calls_are_logged_counted_and_intact(libs, tmp_path):
 
 def test_refuse_policy_returns_not_supported_and_skips_the_library(libs, tmp_path):
     out, obs, counts = _child(libs, tmp_path, policy="refuse")
-    assert set(map(tuple, out["status"].values())) == {(15, 15)} and out["fake"] == 0
+    cudnn = out["status"].pop("call_cudnn")
+    assert set(map(tuple, out["status"].values())) == {(15, 15)} and cudnn == [3000, 3000] and out["fake"] == 0
     assert obs.refused["cublasGemmEx"] == 2 and counts.refused["cublasLtMatmul"] == 2 and not obs.calls
     assert preload.assess(obs, out["pid"], "s3cret", counts)[0] == "vendor"
 
 
 def test_without_the_preload_nothing_is_logged_and_the_observer_reads_absent(libs, tmp_path):
     out, obs, counts = _child(libs, tmp_path, preloaded=False)
-    assert out["fake"] == 7 and not obs.loaded and counts is None
+    assert out["fake"] == 9 and not obs.loaded and counts is None
     state, detail = preload.assess(obs, out["pid"], "s3cret", counts)
     assert state == "absent" and "never loaded" in detail
 

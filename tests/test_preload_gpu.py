@@ -15,7 +15,8 @@ from gemmlab.grade import preload
 
 pytestmark = pytest.mark.gpu
 
-# argv[1]: "torch" (torch.mm) or "gemmlab" (gemmlab.gemm). Prints one JSON line last.
+# argv[1]: "torch" (torch.mm), "conv" (a 1x1 convolution, which cuDNN runs), "gemmlab" (gemmlab.gemm) or
+# "ctypes" (cublasGemmEx through ctypes on torch's libcublas: a dlsym on its own handle). Prints one JSON line.
 CHILD = textwrap.dedent("""
     import json, os, sys
     import torch
@@ -26,6 +27,22 @@ CHILD = textwrap.dedent("""
     try:
         if sys.argv[1] == "torch":
             c = torch.mm(a, b)
+        elif sys.argv[1] == "conv":  # (1, K, M, 1) input, (N, K, 1, 1) weight -> (1, N, M, 1) = (A B)^T
+            y = torch.nn.functional.conv2d(a.t()[None, :, :, None], b.t()[:, :, None, None].contiguous())
+            c = y[0, :, :, 0].t()
+        elif sys.argv[1] == "ctypes":
+            import ctypes
+            maps = open("/proc/self/maps").read().split()
+            lib = ctypes.CDLL(next(w for w in maps if "/libcublas.so" in w))  # the copy torch loaded
+            h, one, zero = ctypes.c_void_p(), ctypes.c_float(1.0), ctypes.c_float(0.0)
+            assert lib.cublasCreate_v2(ctypes.byref(h)) == 0
+            c = torch.empty(512, 256, device="cuda", dtype=torch.float16)
+            p = lambda t: ctypes.c_void_p(t.data_ptr())
+            # column-major C^T (256, 512) = B^T A^T: CUDA_R_16F = 2, CUBLAS_COMPUTE_32F = 68, default algo -1
+            status = lib.cublasGemmEx(h, 0, 0, 256, 512, 384, ctypes.byref(one), p(b), 2, 256, p(a), 2, 384,
+                                      ctypes.byref(zero), p(c), 2, 256, 68, -1)
+            if status != 0:
+                raise RuntimeError(f"cublasGemmEx via ctypes: status {status}")
         else:
             import gemmlab
             c = gemmlab.gemm(a, b)
@@ -63,6 +80,22 @@ def test_torch_mm_fp16_is_refused(tmp_path):
     out, obs, cnt, (state, detail) = _run(tmp_path, "torch", "refuse")
     assert state == "vendor" and obs.refused, (detail, obs)
     assert out["raised"] is not None and "CUBLAS_STATUS_NOT_SUPPORTED" in out["raised"], out
+
+
+def test_a_1x1_convolution_through_cudnn_is_seen_and_refused(tmp_path):
+    out, obs, cnt, (state, detail) = _run(tmp_path, "conv", "log")
+    assert out["raised"] is None and out["max_err"] < 0.5, out
+    assert state == "vendor" and any(s.startswith("cudnn") for s in obs.calls), (detail, obs.calls)
+    out, obs, cnt, (state, detail) = _run(tmp_path, "conv", "refuse")
+    assert state == "vendor" and out["raised"] is not None, (detail, out)
+
+
+def test_cublas_through_ctypes_is_seen_and_refused(tmp_path):
+    out, obs, cnt, (state, detail) = _run(tmp_path, "ctypes", "log")
+    assert out["raised"] is None and out["max_err"] < 0.5, out
+    assert state == "vendor" and obs.calls.get("cublasGemmEx") == 1, (detail, obs)
+    out, obs, cnt, (state, detail) = _run(tmp_path, "ctypes", "refuse")
+    assert state == "vendor" and "status 15" in (out["raised"] or ""), (detail, out)
 
 
 def test_gemmlab_gemm_under_the_preload_is_clean(tmp_path):

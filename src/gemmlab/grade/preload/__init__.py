@@ -2,40 +2,51 @@
 
 The grader starts the candidate's process with ``child_env(...)``. The dynamic linker loads the library before
 the interpreter starts, so before any candidate code. Its constructor opens the log sinks, maps the counter
-file and writes ``loaded <pid>``. It defines the cuBLAS / cuBLASLt GEMM entry points (``cublasGemmEx``,
-``cublasGemmStridedBatchedEx``, ``cublasLtMatmul``, ``cublas<t>gemm_v2``, the ``_64``, batched, grouped and
-legacy names: 61 symbols, listed in ``vendor_guard.c``). Every call that reaches one of them is counted and
-logged, then forwarded to the real library (``dlsym(RTLD_NEXT)``) or, with policy ``refuse``, answered with
-``CUBLAS_STATUS_NOT_SUPPORTED``. After the process is gone, the grader reads the log, the pipe and the
-counter file in its own process.
+file and writes ``loaded <pid>``. The library defines the cuBLAS / cuBLASLt GEMM entry points
+(``cublasGemmEx``, ``cublasGemmStridedBatchedEx``, ``cublasLtMatmul``, ``cublas<t>gemm_v2``, and the ``_64``,
+batched, grouped and legacy names), the gemv/dot calls torch makes, and cuDNN's ``cudnnBackendExecute`` and
+``cudnnConvolutionForward`` (a 1x1 convolution is a GEMM). ``vendor_guard.c`` lists all 74 symbols. Every call
+that reaches one of them is counted and logged. It is then forwarded to the definition the caller would have
+bound to, or with policy ``refuse`` it is answered with NOT_SUPPORTED. The library also interposes ``dlsym``:
+a lookup of a cuBLAS name by handle gets the guard, and a lookup that finds a second copy of cuBLAS is
+recorded as a bypass. After the process is gone, the grader reads the log, its pipe and the counter file in
+its own process, and ``assess`` gives the verdict.
+
+Checked on the H200 (torch 2.11+cu130, libcublas.so.13). torch.mm, F.linear, bmm and bf16 mm go to
+``cublasGemmEx``; addmm with a bias goes to ``cublasLtMatmul``, and refused there, torch falls back to
+``cublasGemmEx``; fp32 mm goes to ``cublasSgemm_v2``. ``ctypes.CDLL(libcublas).cublasGemmEx`` is seen too. Under
+``refuse`` each of these raises CUBLAS_STATUS_NOT_SUPPORTED, and gemmlab's Triton GEMM runs clean.
 
 Guaranteed, if a ``loaded`` line from the child's pid is present:
-- Calls that resolve a GEMM symbol through the global scope are seen. This covers torch (``libtorch_cuda.so``
-  lists ``libcublas``/``libcublasLt`` as DT_NEEDED and calls them through its PLT), any extension linked
-  against cuBLAS, and children exec'd with the inherited environment. Patching torch's profiler, the
-  worker, the clock or ``os.environ`` changes nothing here.
-- Evidence stays once recorded. A line written to the grader's pipe (``log_fd``) cannot be taken back from
-  the child, and neither can a count in the counter file or in the log file, unless the child deliberately
-  rewrites those files.
+- The guard sees every call that resolves a guarded symbol through the dynamic linker, by PLT or by
+  ``dlsym``/``ctypes``/``cffi``. That covers torch (``libtorch_cuda.so`` has ``libcublas``, ``libcublasLt`` and
+  ``libcudnn`` as DT_NEEDED), extensions linked against cuBLAS, and children exec'd with the inherited
+  environment. Patching torch's profiler, the worker, the clock or ``os.environ`` changes nothing here.
+- Evidence stays once it is recorded. The child cannot take back a line written to the grader's pipe
+  (``log_fd``). A count in the counter file, or a line in the log file, goes only if the child deliberately
+  rewrites that file.
 - A missing ``loaded`` line means the observer was absent: ``assess`` says "absent", never "clean".
-- A child that exits normally writes ``exit <pid> <token>``. Its token is a secret that the library wipes from
+- A child that exits normally writes ``exit <pid> <token>``. The token is a secret that the library wipes from
   the environment at load time. A child that closed or redirected the log fd, or left with ``os._exit``, has
   no valid exit line, so ``assess`` answers "incomplete" rather than "clean".
 
 Not guaranteed. A determined candidate in the same process and uid can still:
-- Call cuBLAS without global symbol resolution: ``ctypes.CDLL("libcublas.so.12").cublasGemmEx`` (a
-  ``dlsym`` on its own handle), ``dlopen`` with RTLD_DEEPBIND or ``dlmopen``, or a private copy of the library
-  under another name. The ``lib`` line names the library that the first forwarded call went to, but these
-  calls never reach the guard. The first of these takes three lines of Python: this is the main gap.
-  Closing it would need an LD_AUDIT ``la_symbind`` hook or a ``dlsym`` interposer, which is not done here.
-- Reach the vendor kernels without the API: launch cuBLAS/CUTLASS cubins through ``cuLaunchKernel``, or use
-  cuDNN, or compile CUTLASS itself. Only an outside kernel-activity observer sees those.
-- Silence or forge the observer: close or ``dup2`` over the log fds (``/proc/self/fd`` names them), zero or
-  ``munmap`` the counter mapping (``/proc/self/maps``), truncate the log file (same uid), or patch this
+- Find an entry point without the dynamic linker. It can parse a loaded library's ELF symbol table itself,
+  from ``/proc/self/maps`` and the file, in about 50 lines of Python. It can call ``dlvsym`` from a C extension:
+  only ``dlsym`` is interposed, though a ``dlvsym`` reached through ``dlsym`` is guarded. It can call unexported
+  cuBLAS internals. It can find a cuDNN entry point by handle, which is not guarded because cuDNN 9's own shim
+  does exactly that.
+- Reach vendor kernels without any guarded API: ``cuLaunchKernel`` on cubins taken from cuBLAS or CUTLASS,
+  CUTLASS compiled in, cuSPARSELt, other cuDNN entry points. Only an outside kernel-activity observer sees
+  those.
+- Silence or forge the observer. It can close or ``dup2`` over the log fds (``/proc/self/fd`` names them), zero
+  or ``munmap`` the counter mapping (``/proc/self/maps``), truncate the log file (same uid), or patch this
   library's code or read its token from memory. Calls made before the tampering stay recorded. After it, the
-  missing exit line shows the tampering, unless the candidate also forges the line with the stolen token.
+  missing exit line shows the tampering, unless the candidate also forges that line with the stolen token.
 - Do the GEMM in another process: a grandchild started without LD_PRELOAD, working on CUDA-IPC buffers.
-  Containment, one process group that is killed afterwards, bounds this but does not observe it.
+  Containment (one process group, killed afterwards) bounds this but does not observe it.
+Known imprecision: a library that forwards cuBLAS calls through its own exported stub (a lazy-loading shim)
+would be reported as a "bypass". The verdict is still "vendor", which is right.
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
-/* vendor_guard: an LD_PRELOAD library that sees every cuBLAS / cuBLASLt GEMM call a process makes through
- * ordinary symbol resolution, records it where the process's Python cannot take it back, and forwards or
- * refuses it. See __init__.py for what this guarantees and what it does not.
+/* vendor_guard: an LD_PRELOAD library that sees every cuBLAS / cuBLASLt GEMM call (and the gemv/dot and cuDNN
+ * convolution entry points torch uses) a process makes through ordinary symbol resolution or dlsym, records
+ * it where the process's Python cannot take it back, and forwards or refuses it. See __init__.py for what
+ * this guarantees and what it does not.
  *
  * Environment, read once in the constructor (before the interpreter, so before any candidate code):
  *   GEMMLAB_VENDOR_LOG     path of a log file, opened O_APPEND at load time (reopened by exec'd children)
  *   GEMMLAB_VENDOR_LOG_FD  an inherited file descriptor (the write end of the grader's pipe) to log to as well
  *   GEMMLAB_VENDOR_COUNTS  path of a counter file, mmap'ed MAP_SHARED at load time (the fd is closed at once)
  *   GEMMLAB_VENDOR_POLICY  "log" (default: record and forward) or "refuse" (record and return
- *                          CUBLAS_STATUS_NOT_SUPPORTED; the void legacy API skips the call)
+ *                          CUBLAS_STATUS_NOT_SUPPORTED or CUDNN_STATUS_NOT_SUPPORTED;
+ *                          the void legacy API skips the call)
  *   GEMMLAB_VENDOR_TOKEN   a secret echoed only in the exit line; overwritten in the environment at load, so
  *                          the process's os.environ and /proc/self/environ no longer show it
  *
@@ -22,7 +24,8 @@
  * nsym u64 call counts, nsym u64 refusal counts; all processes that load the library add to the same file.
  *
  * No CUDA headers: handles and descriptors are void *, enums are int, and each prototype follows
- * cublas_api.h / cublasLt.h (CUDA 12) so that the forwarded call is ABI-exact. */
+ * cublas_api.h / cublasLt.h (CUDA 12 and 13) and cudnn_graph.h / cudnn_cnn.h (cuDNN 9) so that the forwarded
+ * call is ABI-exact. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -39,6 +42,8 @@
 
 #define CUBLAS_STATUS_NOT_INITIALIZED 1
 #define CUBLAS_STATUS_NOT_SUPPORTED 15
+#define CUDNN_STATUS_NOT_INITIALIZED 1001 /* cuDNN 9 numbering */
+#define CUDNN_STATUS_NOT_SUPPORTED 3000
 
 /* Every guarded symbol, once. X(name) */
 #define GUARDED(X)                                                                                              \
@@ -61,6 +66,10 @@
   X(cublasSgemmGroupedBatched) X(cublasDgemmGroupedBatched) X(cublasGemmGroupedBatchedEx)                       \
   X(cublasSgemmGroupedBatched_64) X(cublasDgemmGroupedBatched_64) X(cublasGemmGroupedBatchedEx_64)              \
   X(cublasLtMatmul)                                                                                             \
+  X(cublasSgemv_v2) X(cublasDgemv_v2) X(cublasCgemv_v2) X(cublasZgemv_v2)                                       \
+  X(cublasSdot_v2) X(cublasDdot_v2) X(cublasCdotu_v2) X(cublasCdotc_v2) X(cublasZdotu_v2) X(cublasZdotc_v2)     \
+  X(cublasDotEx)                                                                                                \
+  X(cudnnBackendExecute) X(cudnnConvolutionForward)                                                             \
   X(cublasSgemm) X(cublasDgemm) X(cublasCgemm) X(cublasZgemm)
 
 #define AS_ENUM(name) SYM_##name,
@@ -191,6 +200,10 @@ static void *scope_lookup(void *map, int i, void *self) {
   if (!h) return NULL;
   void *f = real_dlsym(h, sym_names[i]);
   dlclose(h);
+  /* The caller's own definition is not where its call goes: a library that calls its own export through a
+   * pointer to the guard (a shim that dlsym'ed it) would loop back into itself. */
+  struct dl_find_object fo;
+  if (f && _dl_find_object(f, &fo) == 0 && fo.dlfo_link_map == map) return NULL;
   return f == self ? NULL : f;
 }
 
@@ -225,12 +238,19 @@ static void *forward_target(int i, void *self, void *ret) {
   return f;
 }
 
-/* One guarded entry point returning cublasStatus_t. PARAMS is the exact prototype, ARGS its names. */
+/* What a refused (or unresolvable) call returns: cublasStatus_t or cudnnStatus_t. */
+static int status(int i, int refused) {
+  int cudnn = strncmp(sym_names[i], "cudnn", 5) == 0;
+  if (refused) return cudnn ? CUDNN_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_NOT_SUPPORTED;
+  return cudnn ? CUDNN_STATUS_NOT_INITIALIZED : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+/* One guarded entry point returning cublasStatus_t or cudnnStatus_t. PARAMS is the exact prototype, ARGS its names. */
 #define GUARD(name, PARAMS, ARGS)                                                                               \
   int name PARAMS {                                                                                             \
-    if (!note(SYM_##name)) return CUBLAS_STATUS_NOT_SUPPORTED;                                                  \
+    if (!note(SYM_##name)) return status(SYM_##name, 1);                                                        \
     int(*f) PARAMS = (int(*) PARAMS)forward_target(SYM_##name, (void *)name, __builtin_return_address(0));      \
-    return f ? f ARGS : CUBLAS_STATUS_NOT_INITIALIZED;                                                          \
+    return f ? f ARGS : status(SYM_##name, 0);                                                                  \
   }
 /* The legacy (cublas.h) API returns void; a refused call does nothing. */
 #define GUARD_VOID(name, PARAMS, ARGS)                                                                          \
@@ -328,6 +348,30 @@ GUARD(cublasLtMatmul, (H h, H desc, P alpha, P A, H ad, P B, H bd, P beta, P C, 
                        size_t ws_bytes, H stream),
       (h, desc, alpha, A, ad, B, bd, beta, C, cd, D, dd, algo, ws, ws_bytes, stream))
 
+/* BLAS 1/2 entry points torch calls (aten::mv, aten::dot): a GEMM can be built from them. */
+#define GEMV_PARAMS (H h, int t, int m, int n, P alpha, P A, int lda, P x, int incx, P beta, void *y, int incy)
+#define GEMV_ARGS (h, t, m, n, alpha, A, lda, x, incx, beta, y, incy)
+GUARD(cublasSgemv_v2, GEMV_PARAMS, GEMV_ARGS)
+GUARD(cublasDgemv_v2, GEMV_PARAMS, GEMV_ARGS)
+GUARD(cublasCgemv_v2, GEMV_PARAMS, GEMV_ARGS)
+GUARD(cublasZgemv_v2, GEMV_PARAMS, GEMV_ARGS)
+#define DOT_PARAMS (H h, int n, P x, int incx, P y, int incy, void *result)
+#define DOT_ARGS (h, n, x, incx, y, incy, result)
+GUARD(cublasSdot_v2, DOT_PARAMS, DOT_ARGS)
+GUARD(cublasDdot_v2, DOT_PARAMS, DOT_ARGS)
+GUARD(cublasCdotu_v2, DOT_PARAMS, DOT_ARGS)
+GUARD(cublasCdotc_v2, DOT_PARAMS, DOT_ARGS)
+GUARD(cublasZdotu_v2, DOT_PARAMS, DOT_ARGS)
+GUARD(cublasZdotc_v2, DOT_PARAMS, DOT_ARGS)
+GUARD(cublasDotEx, (H h, int n, P x, int xt, int incx, P y, int yt, int incy, void *result, int rt, int exec),
+      (h, n, x, xt, incx, y, yt, incy, result, rt, exec))
+
+/* cuDNN: a 1x1 convolution is a GEMM. torch runs convolutions through the backend (graph) API. */
+GUARD(cudnnBackendExecute, (H h, H plan, H variant_pack), (h, plan, variant_pack))
+GUARD(cudnnConvolutionForward, (H h, P alpha, H xd, P x, H wd, P w, H cd, int algo, void *ws, size_t ws_bytes, P beta,
+                                H yd, void *y),
+      (h, alpha, xd, x, wd, w, cd, algo, ws, ws_bytes, beta, yd, y))
+
 /* Legacy API: scalars by value. cuComplex is float2 (8-byte aligned), cuDoubleComplex double2 (16). */
 typedef struct { float x, y; } __attribute__((aligned(8))) cf;
 typedef struct { double x, y; } __attribute__((aligned(16))) zf;
@@ -346,6 +390,8 @@ GUARD_VOID(cublasZgemm, LEGACY_PARAMS(zf), LEGACY_ARGS)
 #define AS_FN(name) (void *)name,
 static void *const guard_fns[NSYM] = {GUARDED(AS_FN)};
 
+/* Only cuBLAS names: cuDNN 9's libcudnn.so.9 is a shim that dlsym's its own sub-libraries, which must not be
+ * taken for a second copy; cuDNN calls are seen through the PLT only. */
 static int guarded_index(const char *name) {
   if (!name || strncmp(name, "cublas", 6) != 0) return -1;
   for (int i = 0; i < NSYM; i++)
