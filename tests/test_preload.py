@@ -241,11 +241,14 @@ def test_pipe_log_reaches_the_grader(libs, tmp_path):
         os.close(w)
         w = -1
         with os.fdopen(r, "r") as f:
-            obs = preload.parse_log(f.read())
+            text = f.read()
+        obs = preload.parse_log(text)
     finally:
         if w >= 0:
             os.close(w)
     assert obs.calls["cublasLtMatmul"] == 2 and obs.exits[out["pid"]] == "s3cret"
+    both = preload.parse_log(text + (tmp_path / "vendor.log").read_text())  # the file has the same lines
+    assert both.calls == obs.calls
 
 
 def test_dlsym_on_the_librarys_own_handle_is_guarded_too(libs, tmp_path):
@@ -281,9 +284,18 @@ def test_bad_arguments_are_refused_with_a_clear_error(tmp_path):
         preload.child_env(tmp_path / "log", "deny", lib="x.so")
     with pytest.raises(ValueError, match="log path or a log_fd"):
         preload.child_env(None, lib="x.so")
-    os.environ[preload.PREBUILT_ENV] = str(tmp_path / "missing.so")
-    try:
-        with pytest.raises(preload.Unavailable, match="no such file"):
-            preload.build()
-    finally:
-        del os.environ[preload.PREBUILT_ENV]
+
+def test_build_says_why_the_library_is_unavailable(tmp_path, monkeypatch):
+    monkeypatch.setenv(preload.PREBUILT_ENV, str(tmp_path / "missing.so"))
+    with pytest.raises(preload.Unavailable, match="no such file"):
+        preload.build(tmp_path)
+    monkeypatch.delenv(preload.PREBUILT_ENV)
+    monkeypatch.setenv("CC", "no-such-compiler")
+    with pytest.raises(preload.Unavailable, match=r"no C compiler \(\$CC=no-such-compiler\)"):
+        preload.build(tmp_path)
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    with pytest.raises(preload.Unavailable, match="failed to build"):
+        preload.build(tmp_path)
+    assert not list(tmp_path.glob("*.so"))  # no half-built library left behind
+    (tmp_path / "bad.counts").write_bytes(b"not a counter file")
+    assert preload.read_counts(tmp_path / "bad.counts") is None

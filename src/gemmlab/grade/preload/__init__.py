@@ -15,7 +15,18 @@ its own process, and ``assess`` gives the verdict.
 Checked on the H200 (torch 2.11+cu130, libcublas.so.13). torch.mm, F.linear, bmm and bf16 mm go to
 ``cublasGemmEx``; addmm with a bias goes to ``cublasLtMatmul``, and refused there, torch falls back to
 ``cublasGemmEx``; fp32 mm goes to ``cublasSgemm_v2``. ``ctypes.CDLL(libcublas).cublasGemmEx`` is seen too. Under
-``refuse`` each of these raises CUBLAS_STATUS_NOT_SUPPORTED, and gemmlab's Triton GEMM runs clean.
+``refuse`` each of these raises CUBLAS_STATUS_NOT_SUPPORTED. A 1x1 fp16 ``conv2d`` goes to
+``cudnnBackendExecute``, which itself called ``cublasLtMatmul``, and both were seen; refused, torch tried 44
+engines and raised. gemmlab's Triton GEMM runs clean. The guard costs tens of ns per call, measured on a
+shared CPU against a fake cuBLAS.
+
+Use it from the grader (one fresh log, counter file and token per child):
+    lib = build()                   # Unavailable(reason): report the observer as absent, never as clean
+    r, w = os.pipe()
+    env = child_env(None, "refuse", lib=lib, log_fd=w, counts=counts_path, token=token)
+    proc = subprocess.Popen(cmd, env=env, pass_fds=(w,), start_new_session=True); os.close(w)
+    # read r to EOF (a thread), let the child exit normally, then:
+    state, detail = assess(parse_log(text), proc.pid, token, read_counts(counts_path))
 
 Guaranteed, if a ``loaded`` line from the child's pid is present:
 - The guard sees every call that resolves a guarded symbol through the dynamic linker, by PLT or by
@@ -82,9 +93,10 @@ def build(cache_dir: str | Path | None = None) -> Path:
         if not Path(prebuilt).is_file():
             raise Unavailable(f"${PREBUILT_ENV}={prebuilt}: no such file")
         return Path(prebuilt).resolve()
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    wanted = os.environ.get("CC")
+    cc = shutil.which(wanted) if wanted else shutil.which("cc") or shutil.which("gcc")
     if not cc:
-        raise Unavailable("no C compiler (cc, gcc or $CC) to build vendor_guard.so")
+        raise Unavailable(f"no C compiler ({f'$CC={wanted}' if wanted else 'cc or gcc'}) to build vendor_guard.so")
     key = hashlib.sha256(SOURCE.read_bytes() + repr((FLAGS, LIBS, platform.machine())).encode()).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     out_dir = root if cache_dir else root / "gemmlab" / "preload"
@@ -140,7 +152,7 @@ class Observation:
     unresolved: set[str] = field(default_factory=set)
     libs: dict[str, str] = field(default_factory=dict)
     exits: dict[int, str] = field(default_factory=dict)
-    bypass: dict[str, int] = field(default_factory=dict)  # symbol -> dlsym lookups in a second cuBLAS copy
+    bypass: dict[str, int] = field(default_factory=dict)  # symbol -> processes that found a second cuBLAS copy
     malformed: int = 0
 
 
@@ -149,7 +161,7 @@ def parse_log(text: str) -> Observation:
     obs = Observation()
     highest: dict[tuple[str, int, str], int] = {}  # (fwd|refused, pid, symbol) -> highest n
     exit_totals: dict[int, dict[str, int]] = {}
-    for line in text.splitlines():
+    for line in dict.fromkeys(text.splitlines()):  # the same text from the file and the pipe counts once
         f = line.split()
         try:
             if f[0] == "loaded":
