@@ -23,7 +23,7 @@ def user_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path))
     configs.reload()
     yield tmp_path
-    monkeypatch.delenv("GEMMLAB_CONFIGS")
+    monkeypatch.undo()
     configs.reload()
 
 
@@ -125,3 +125,29 @@ def test_a_malformed_user_file_is_refused_naming_it(user_dir, text, words):
         gemmlab.plan(rand((48, 128)), rand((128, 64)))
         moe_config(INTERP, 64, 4, 2)
     assert str(user_dir / "interpreter.json") in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_tune_configs_dir_is_what_plan_reads_when_gemmlab_configs_points_there(tmp_path, monkeypatch):
+    from dataclasses import asdict
+
+    from gemmlab.tune.tuner import write_configs
+
+    best = gemmlab.GemmConfig(block_m=16, block_n=64, block_k=64, split_k=2)
+    result = {"confirmed": True, "section": "gemm", "path": "tma_splitk", "dtype": "float16", "shape": [48, 64, 128],
+              "ranges": {"m": [33, 64], "n": [33, 64], "k": [65, 128]}, "best": asdict(best), "best_entry": 7,
+              "session": "s", "confirm": {"speedup": {"ratio": 1.2, "ci95": [1.1, 1.3]}}}
+    monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path / "elsewhere"))
+    configs.reload()
+    try:
+        path = write_configs([result], "interpreter", tmp_path / "mine")  # tune --configs-dir tmp/mine
+        assert path == tmp_path / "mine" / "interpreter.json" and not (tmp_path / "elsewhere").exists()
+        a, b = rand((48, 128)), rand((128, 64))
+        assert str(path) not in gemmlab.plan(a, b).reason  # not the directory plan reads ...
+        monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path / "mine"))  # ... until it is
+        configs.reload()
+        p = gemmlab.plan(a, b)
+        assert p.config == best and f"{path} gemm.tma_splitk[0]" in p.reason
+        assert json.loads(path.read_text())["gemm"]["tma_splitk"][0]["tuned"]["ledger_entry"] == 7
+    finally:
+        monkeypatch.undo()
+        configs.reload()

@@ -62,25 +62,21 @@ def files(target: str) -> list[Path]:
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule of a table, with where it came from."""
+    """One rule of a table, with where it came from: ``source`` is '<file> gemm.tma_splitk[1] (m 17..64,
+    n 0..4096)' (the file, section, path, index in the file's list, and the ranges)."""
 
     config: object  # the section's config dataclass
     bounds: tuple[tuple[str, int, int], ...]  # (quantity, lo, hi), inclusive
     dtype: str | None
-    file: Path
-    section: str
-    path: str
-    index: int  # position in its file's list for the path
+    source: str
 
     def matches(self, dtype: str, values: dict[str, int]) -> bool:
-        return (self.dtype is None or self.dtype == dtype) and all(
-            lo <= values[name] <= hi for name, lo, hi in self.bounds)
-
-    def describe(self) -> str:
-        """'<file> gemm.tma_splitk[1] (m 17..64, n 0..4096)': which file and rule."""
-        where = ", ".join(f"{name} {lo}..{hi}" for name, lo, hi in self.bounds)
-        where = ", ".join(x for x in (where, self.dtype) if x) or "any shape"
-        return f"{self.file} {self.section}.{self.path}[{self.index}] ({where})"
+        if self.dtype is not None and self.dtype != dtype:
+            return False
+        for name, lo, hi in self.bounds:
+            if not lo <= values[name] <= hi:
+                return False
+        return True
 
 
 @functools.cache
@@ -137,7 +133,8 @@ def rules(target: str, section: str, path: str, make: Callable[[dict], object]) 
             except (TypeError, ValueError) as e:
                 raise ValueError(f"config file {file}: {section}.{path}[{i}]: {e}") from None
             bounds = tuple((q, *r[q]) for q in quantities if q in r)
-            out.append(Rule(cfg, bounds, r.get("dtype"), file, section, path, i))
+            where = ", ".join(x for x in (", ".join(f"{q} {lo}..{hi}" for q, lo, hi in bounds), r.get("dtype")) if x)
+            out.append(Rule(cfg, bounds, r.get("dtype"), f"{file} {section}.{path}[{i}] ({where or 'any shape'})"))
     return tuple(out)
 
 

@@ -19,6 +19,7 @@ slot order). fp16 and bf16, fp32 accumulation.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields, replace
 
@@ -71,15 +72,20 @@ def moe_choice(target: Target, rows: int, experts: int, mode: int, elt: int = 2,
     used = max(1, min(experts, rows))
     dname = str(dtype).removeprefix("torch.") if dtype is not None else ""
     rule = config_tables.pick(target.name, "moe", MODES[mode], _moe_config_from_dict, dname,
-                        rows_per_expert=-(-rows // used), rows=rows, experts=experts, n=n, k=k)
-    cfg = rule.config
+                              rows_per_expert=-(-rows // used), rows=rows, experts=experts, n=n, k=k)
+    return _fit_stages(rule.config, mode, elt), "config " + rule.source
+
+
+@functools.lru_cache(maxsize=256)
+def _fit_stages(cfg: MoEConfig, mode: int, elt: int) -> MoEConfig:
+    """``cfg`` with its pipeline stages trimmed (not below 2) until they fit in shared memory."""
     w_tiles = 2 if mode == 1 else 1
     staging = cfg.block_m * cfg.block_n // 2 * elt  # the TMA store's buffer (half a tile)
     stages = cfg.num_stages
     while stages > 2 and stages * (cfg.block_m + w_tiles * cfg.block_n) * cfg.block_k * elt + staging > \
             SMEM_BYTES - 1024:
         stages -= 1
-    return (replace(cfg, num_stages=stages) if stages != cfg.num_stages else cfg), "config " + rule.describe()
+    return replace(cfg, num_stages=stages) if stages != cfg.num_stages else cfg
 
 
 def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2, *,

@@ -126,7 +126,7 @@ def _pick(target: Target, path: str, m: int, n: int, k: int, dtype: torch.dtype)
     m, n, k and whose dtype fits, and where it came from."""
     rule = configs.pick(target.name, "gemm", path, GemmConfig.from_dict, str(dtype).removeprefix("torch."),
                         m=m, n=n, k=k)
-    return rule.config, "config " + rule.describe()
+    return rule.config, "config " + rule.source
 
 
 def split_k_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
