@@ -116,3 +116,13 @@ def test_tune_op_moe_command(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "gemmlab", "tune", "--op", "mo"], capture_output=True, text=True,
                          env=env, timeout=300)
     assert bad.returncode == 2 and "gemm or moe" in bad.stdout + bad.stderr
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="graph capture fails only without CUDA")
+def test_a_failed_graph_capture_is_recorded_and_the_session_goes_on_eagerly(tmp_path):
+    ledger = str(tmp_path / "l.db")
+    r = tune_moe(TINY, 8, "grouped", torch.bfloat16, budget_s=3, ledger=ledger, session="g", graph=True,
+                 count_tensor_cores=lambda h: 1, reps=1, rounds=4, confirm_rounds=4, warmup_s=0.0)
+    first, eager = Ledger.open(ledger).list(session="g")[:2]
+    assert not first.correct and first.error.startswith("timing failed") and "needs CUDA" in first.error
+    assert eager.correct and eager.config == first.config and "eager" in eager.note and r["graph"] is False

@@ -57,7 +57,6 @@ class Problem:
     ranges: dict[str, list[int]]  # a written rule's ranges
     fresh: Callable[[int], Problem]
     rng_seed: int
-    graph_ok: bool = True  # may be timed as CUDA-graph replays
 
 
 def _device() -> torch.device:
@@ -240,4 +239,4 @@ def moe_problem(model, tokens: int, mode: str, dtype: torch.dtype = torch.bfloat
                    ranges={"rows_per_expert": bucket(rpe), "experts": bucket(e), "n": bucket(n_out),
                            "k": bucket(k_red)},
                    fresh=lambda sd: moe_problem(model, tokens, mode, dtype, sd, count_tensor_cores=count_tensor_cores),
-                   rng_seed=seed * 7919 + tokens * 31 + e * 17 + m_i, graph_ok=False)
+                   rng_seed=seed * 7919 + tokens * 31 + e * 17 + m_i)

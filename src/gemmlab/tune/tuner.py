@@ -76,17 +76,18 @@ def tune_problem(pb: Problem, *, budget_s: float = 60.0, ledger: str | None = No
                  seed: int = 0, rounds: int = 6, reps: int = 3, confirm_rounds: int = 10, warmup_s: float = 0.2,
                  progress: Progress | None = None, note: str = "", graph: bool | None = None) -> dict:
     """Tune one problem; returns {"shape", "path", "default", "best", "tried", "pruned", "confirm", ...}.
-    ``graph`` (default: on CUDA, where the op allows it) times CUDA-graph replays: a config changes device
-    time, and Python's launch cost (100+ us per gemmlab call) would swamp small kernels."""
+    ``graph`` (default: on CUDA) times CUDA-graph replays: a config changes device time, and Python's launch
+    cost (100+ us per gemmlab call) would swamp small kernels. When the default's timing fails under graph
+    capture, that attempt is recorded and the session goes on eagerly."""
     t_start = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    graph = device.type == "cuda" and pb.graph_ok if graph is None else graph
+    graph = device.type == "cuda" if graph is None else graph
     dname = str(pb.dtype).removeprefix("torch.")
     shape = pb.shape
     db = Ledger.open(ledger)
     done: dict[tuple[str, str], Entry] = {}  # this session's recorded attempts (resuming), first per config
     for e in db.list(session=session, shape=shape, dtype=dname):
-        if e.config and e.kind == "tune" and e.op == pb.op:
+        if e.config and e.kind == "tune" and e.op == pb.op and not (e.error or "").startswith("timing failed"):
             done.setdefault((e.path, ",".join(f"{key}={v}" for key, v in e.config.items())), e)
     evaluated: set[str] = set()  # resolved configs tried in this run (auto split-K can map two onto one)
     smem = (getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", space.SMEM_BYTES)
@@ -153,6 +154,10 @@ def tune_problem(pb: Problem, *, budget_s: float = 60.0, ledger: str | None = No
 
     try:
         default = evaluate(None, None, "default config")
+        if graph and "timing failed" in (getattr(default.get("entry"), "error", None) or ""):
+            graph = False  # a launch that cannot be captured (recorded as such): time the session eagerly
+            evaluated.clear()
+            default = evaluate(None, None, "default config, eager (CUDA-graph capture failed)")
         if "fn" not in default or not default["entry"].correct:
             raise RuntimeError(f"{pb.op} {shape}: the default config failed: {default.get('reason')}")
         path = default["path"]
