@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import triton
 
 import gemmlab
 from conftest import rand
@@ -147,7 +148,16 @@ def test_tune_configs_dir_is_what_plan_reads_when_gemmlab_configs_points_there(t
         configs.reload()
         p = gemmlab.plan(a, b)
         assert p.config == best and f"{path} gemm.tma_splitk[0]" in p.reason
-        assert json.loads(path.read_text())["gemm"]["tma_splitk"][0]["tuned"]["ledger_entry"] == 7
+        data = json.loads(path.read_text())
+        assert data["gemm"]["tma_splitk"][0]["tuned"]["ledger_entry"] == 7 and data["triton"] == triton.__version__
     finally:
         monkeypatch.undo()
         configs.reload()
+
+
+def test_a_file_may_record_the_triton_it_was_tuned_with(user_dir):
+    (user_dir / "interpreter.json").write_text('{"about": "mine", "triton": "3.6.0", "gemm": {}}')
+    configs.reload()
+    p = gemmlab.plan(rand((48, 128)), rand((128, 64)))  # read without complaint; no rules: the bundled ones
+    assert configs.files("interpreter")[0] == user_dir / "interpreter.json"
+    assert str(configs.BUNDLED_DIR / "interpreter.json") in p.reason

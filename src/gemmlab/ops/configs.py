@@ -11,7 +11,8 @@ the first rule whose ranges hold the call's quantities wins. So a user file may 
 the tuner writes), and everything it does not match falls through to the bundled table; a user rule with
 no ranges is a catch-all that shadows the bundled rules of its path.
 
-A file: ``{"about": "...", "gemm": {path: [rule, ...]}, "moe": {mode: [rule, ...]}}``; a rule:
+A file: ``{"about": "...", "triton": "3.6.0", "gemm": {path: [rule, ...]}, "moe": {mode: [rule, ...]}}``
+("triton": the version its rules were tuned with); a rule:
 ``{"m": [lo, hi], ..., "dtype": "bfloat16", "config": {...}, "tuned": {...}, "note": "..."}``. Range keys
 per section are in ``SECTIONS`` (bounds inclusive integers; a key left out matches anything); ``dtype``
 optional; ``config`` the fields of the section's config dataclass that differ from its defaults.
@@ -39,7 +40,7 @@ SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 DTYPES = ("float16", "bfloat16")
 _META_KEYS = ("config", "dtype", "tuned", "note")
-_TOP_KEYS = ("about", *SECTIONS)
+_TOP_KEYS = ("about", "triton", *SECTIONS)  # "triton": the version the rules were tuned with
 
 
 def user_dir() -> Path:

@@ -233,8 +233,11 @@ def write_configs(results: Sequence[dict], target_name: str, configs_dir: str | 
     path = Path(configs_dir if configs_dir is not None else configs.user_dir()) / f"{target_name}.json"
     configs.reload()  # the file as it is now (another run may have written it)
     data = configs.read(path) if path.exists() else {}
+    import triton
+
     data = {"about": data.get("about", f"gemmlab tune's rules for {target_name}, tried before the bundled table"),
-            **{key: {p: list(rules) for p, rules in v.items()} for key, v in data.items() if key != "about"}}
+            "triton": triton.__version__,  # the rules below were measured with this Triton
+            **{key: {p: list(rules) for p, rules in v.items()} for key, v in data.items() if key in configs.SECTIONS}}
     from gemmlab.ops.moe import MoEConfig
 
     defaults = {"gemm": GemmConfig(), "moe": MoEConfig()}
