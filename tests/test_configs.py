@@ -161,3 +161,11 @@ def test_a_file_may_record_the_triton_it_was_tuned_with(user_dir):
     p = gemmlab.plan(rand((48, 128)), rand((128, 64)))  # read without complaint; no rules: the bundled ones
     assert configs.files("interpreter")[0] == user_dir / "interpreter.json"
     assert str(configs.BUNDLED_DIR / "interpreter.json") in p.reason
+
+
+def test_reload_runs_the_hooks_of_caches_built_from_the_tables(monkeypatch):
+    calls = []
+    monkeypatch.setattr(configs, "_ON_RELOAD", [])
+    configs.on_reload(lambda: calls.append(1))
+    configs.reload()
+    assert calls == [1]

@@ -20,7 +20,7 @@ A malformed file (bad JSON, unknown section, path or key, a bad range) raises Va
 and rule.
 
 Loaded once per process (the lookup is on the hot path); ``reload()`` re-reads (tests, and ``gemmlab tune``
-after writing).
+after writing) and runs the ``on_reload`` hooks of caches built from the tables.
 """
 
 from __future__ import annotations
@@ -148,7 +148,21 @@ def pick(target: str, section: str, path: str, make: Callable[[dict], object], d
     raise LookupError(f"no {section} {path} config for {shown} {dtype} in {', '.join(map(str, files(target)))}")
 
 
+_ON_RELOAD: list[Callable[[], None]] = []
+
+
+def on_reload(fn: Callable[[], None]) -> Callable[[], None]:
+    """Have ``reload()`` call ``fn`` too: a cache above this module built from the tables (cached plans,
+    launches) registers its clear function here, so this leaf module never imports it."""
+    if fn not in _ON_RELOAD:
+        _ON_RELOAD.append(fn)
+    return fn
+
+
 def reload() -> None:
-    """Forget the loaded tables: the next lookup re-reads the files (and re-resolves ``user_dir()``)."""
+    """Forget the loaded tables: the next lookup re-reads the files (and re-resolves ``user_dir()``); then
+    every ``on_reload`` hook runs."""
     read.cache_clear()
     rules.cache_clear()
+    for fn in _ON_RELOAD:
+        fn()
