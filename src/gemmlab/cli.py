@@ -494,35 +494,56 @@ def tune_cmd(
     shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable)")] = None,
     suite: Annotated[list[str] | None, typer.Option(help="shape suites (repeatable) [default: seeds and small-m "
                                                          "with CUDA, cpu without]")] = None,
-    dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
+    dtype: Annotated[str | None, typer.Option(help="float16 or bfloat16 [default: float16; bfloat16 with --op moe]")]
+    = None,
     budget_minutes: Annotated[float, typer.Option(help="time budget for all shapes")] = 5.0,
     session: Annotated[str | None, typer.Option(help="session name [default: tune-<date>-<time>]")] = None,
     resume: Annotated[str | None, typer.Option(help="resume a session: skip what the ledger holds for it")] = None,
-    write: Annotated[bool, typer.Option(help="write confirmed winners to configs/<gpu>.json")] = True,
-    configs_dir: Annotated[str | None, typer.Option(help="where <gpu>.json lives [default: the package's]")] = None,
+    op: Annotated[str, typer.Option(help="gemm, or moe (the MoE layer's grouped GEMMs)")] = "gemm",
+    model: Annotated[str | None, typer.Option(help="--op moe: deepseek-v3, mixtral-8x7b, qwen3-30b-a3b")] = None,
+    moe: Annotated[str | None, typer.Option(help="--op moe: H,I,E,k of a model of your own")] = None,
+    tokens: Annotated[list[int] | None, typer.Option(help="--op moe: T (repeatable) [default: 4096]")] = None,
+    moe_mode: Annotated[list[str] | None, typer.Option(help="--op moe: gate_up, down, grouped (repeatable) "
+                                                            "[default: all three]")] = None,
+    write: Annotated[bool, typer.Option(help="write confirmed winners to the user's <gpu>.json")] = True,
+    configs_dir: Annotated[str | None, typer.Option(help="where to write <gpu>.json [default: $GEMMLAB_CONFIGS, "
+                                                         "else $GEMMLAB_HOME/configs, else ~/.gemmlab/configs: "
+                                                         "the directory plan reads]")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write tune-report.json here")] = None,
     record_note: Annotated[str, typer.Option("--record", help="what this tuning run is about")] = "tune",
     ledger: LedgerOpt = None,
     seed: Annotated[int, typer.Option(help="seed of inputs and search order")] = 0,
 ) -> None:
-    """Search each shape's config space: verify every candidate at the shape, time it against the incumbent
-    and cuBLAS, accept only what is faster beyond noise on tensor cores; every attempt goes to the ledger;
-    confirmed winners become config rules that `plan` picks."""
+    """Search each shape's config space (--op gemm), or the MoE layer's grouped GEMMs (--op moe): verify every
+    candidate at the shape, time it against the incumbent and the baseline (cuBLAS; torch's grouped GEMM),
+    accept only what is faster beyond noise on tensor cores; every attempt goes to the ledger; confirmed
+    winners become rules in the user's <gpu>.json, which `plan` and the MoE ops read before the bundled ones."""
     import time
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from gemmlab.ops.plan import CONFIG_DIR, target_for
-    from gemmlab.tune.tuner import tune, write_configs
+    from gemmlab.ops import configs
+    from gemmlab.ops.plan import target_for
+    from gemmlab.tune.tuner import moe_items, moe_model, tune, write_configs
 
-    todo: list = []
-    if shapes:
-        todo += _shapes(shapes, None, "cpu")
-    for name in suite or ([] if shapes else (["seeds", "small-m"] if torch.cuda.is_available() else ["cpu"])):
-        todo += _shapes(None, name, "cpu")
-    todo = list(dict.fromkeys(todo))
     if budget_minutes <= 0:
         raise typer.BadParameter("--budget-minutes must be > 0")
+    todo: list = []
+    if op == "moe":
+        if shapes or suite:
+            raise typer.BadParameter("--shapes and --suite are for --op gemm; --op moe takes --model/--moe, --tokens")
+        try:
+            todo = moe_items(moe_model(model, moe), tokens or [4096], moe_mode or ("gate_up", "down", "grouped"))
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    elif op == "gemm":
+        if shapes:
+            todo += _shapes(shapes, None, "cpu")
+        for name in suite or ([] if shapes else (["seeds", "small-m"] if torch.cuda.is_available() else ["cpu"])):
+            todo += _shapes(None, name, "cpu")
+        todo = list(dict.fromkeys(todo))
+    else:
+        raise typer.BadParameter(f"--op {op!r}: gemm or moe")
     err = Console(stderr=True, width=150)
     cols = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TextColumn("ETA"),
             TimeRemainingColumn())
@@ -537,16 +558,16 @@ def tune_cmd(
             bar.update(task, completed=min(total, time.perf_counter() - t0),
                        description=f"{ev['shape']}: {counts[ev['shape']]} tried")
 
-        res = tune(todo, _dtype(dtype), budget_minutes=budget_minutes, ledger=ledger, session=resume or session,
-                   seed=seed, note=record_note, progress=step)
+        res = tune(todo, _dtype(dtype or ("bfloat16" if op == "moe" else "float16")), budget_minutes=budget_minutes,
+                   ledger=ledger, session=resume or session, seed=seed, note=record_note, progress=step)
     table = Table(title=f"tune session {res['session']} ({res['workers']} worker(s))")
-    for col in ("shape", "path", "tried", "accepted", "pruned", "default vs cuBLAS", "tuned vs cuBLAS",
+    for col in ("shape", "path", "tried", "accepted", "pruned", "default vs baseline", "tuned vs baseline",
                 "tuned / default [95% CI]", "confirmed"):
         table.add_column(col)
     for r in res["results"]:
         conf = r["confirm"]
         sp = conf.get("speedup")
-        dv, tv = conf.get("default_vs_cublas") or {}, conf.get("tuned_vs_cublas") or {}
+        dv, tv = conf.get("default_vs_baseline") or {}, conf.get("tuned_vs_baseline") or {}
         table.add_row("x".join(map(str, r["shape"])), r["path"], str(len(r["tried"])),
                       str(sum(t["decision"] == "accepted" for t in r["tried"][1:])), str(len(r["pruned"])),
                       _num(dv.get("ratio"), ".3f"), _num(tv.get("ratio"), ".3f"),
@@ -555,8 +576,10 @@ def tune_cmd(
     Console(width=150).print(table)
     if write and any(r["confirmed"] for r in res["results"]):
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        path = write_configs(res["results"], target_for(device).name, configs_dir or CONFIG_DIR)
+        path = write_configs(res["results"], target_for(device).name, configs_dir)
         Console().print(f"wrote the confirmed winners to {path}")
+        if path.parent.resolve() != configs.user_dir().resolve():
+            Console().print(f"note: plan reads {configs.user_dir()}; set GEMMLAB_CONFIGS={path.parent} to use {path}")
     if output_dir:
         from gemmlab.bench.timing import env_info
 
