@@ -185,6 +185,7 @@ def gemmlab(*args, env=None):
 
 
 def test_ledger_cli(tmp_path):
+    pytest.importorskip("matplotlib", reason="`ledger history --plot` needs matplotlib: pip install -e '.[test]'")
     path = str(tmp_path / "l.db")
     db = Ledger.open(path)
     # the seed's latency curve, 36.16 -> 35.81 -> 33.59 ms, with a slower attempt rejected on the way

@@ -102,6 +102,10 @@ class LedgerError(ValueError):
     """A ledger file that cannot be used: its one-line message names the file and the problem."""
 
 
+class _Probe(Exception):
+    """Rolls back ``check``'s probe write."""
+
+
 def _writable(path: Path) -> bool:
     """Writable by this process, and not marked read-only: a file or directory without any write bit is
     read-only for root too, although root could write it."""
@@ -111,7 +115,7 @@ def _writable(path: Path) -> bool:
 def check(path: str | Path | None = None) -> Path:
     """Prove the ledger at ``path`` (default: ``default_path()``) can record: not a directory, not
     read-only (nor its directory, where SQLite keeps its journal), a SQLite ledger of a schema this gemmlab
-    knows (an older one is migrated), and the write lock can be taken. Returns the path; raises
+    knows (an older one is migrated), and a write goes through (rolled back). Returns the path; raises
     ``LedgerError`` with one line."""
     p = Path(path or default_path())
     if p.is_dir():
@@ -125,10 +129,14 @@ def check(path: str | Path | None = None) -> Path:
         raise LedgerError(f"ledger {p}: its directory {where} is {'read-only' if where.is_dir() else 'a file'}")
     db = Ledger(p)
     try:
-        with db.transaction():
-            pass
+        with db.transaction() as c:  # a write (the version it has), rolled back: SQLite refuses it if it must
+            c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            raise _Probe
+    except _Probe:
+        pass
     except sqlite3.Error as e:
-        raise LedgerError(f"ledger {p} cannot be written: {e}") from None
+        raise LedgerError(f"ledger {p} cannot be written: {e}" if "readonly" not in str(e) else
+                          f"ledger {p} is read-only ({e})") from None
     finally:
         db.close()
     return p
