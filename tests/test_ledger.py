@@ -30,7 +30,7 @@ def test_round_trip_and_queries(tmp_path):
     i = db.record(e)
     got = db.get(i)
     assert got.id == i and got.decision == "accepted" and got.config == {"block_m": 64} and got.report == {"x": [1, 2]}
-    assert got.per_round == e.per_round and got.correct is True and got.git_sha and got.created and got.torch
+    assert got.per_round == e.per_round and got.correct is True and got.gemmlab_version and got.created and got.torch
     assert db.get(999) is None
     db.record(good(shape="8x8x8"))
     assert [x.shape for x in db.list(shape="8x8x8")] == ["8x8x8"] and len(db.list(limit=1)) == 1
@@ -220,5 +220,5 @@ def test_bench_records_itself(tmp_path):
     assert "ledger #1 48x40x64 gemmlab" in res.stderr
     e = Ledger.open(path).get(1)
     assert e.kind == "bench" and e.note == "first try" and e.correct and e.tensor_core_ops > 0
-    assert e.decision == "accepted" and e.median_ms > 0 and len(e.per_round) == 4 and e.report["env"]["git_sha"]
+    assert e.decision == "accepted" and e.median_ms > 0 and len(e.per_round) == 4 and e.report["env"]["gemmlab"]
     assert "gemmlab bench gemm" in e.command or "gemmlab" in e.command
