@@ -114,12 +114,11 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 def _record(entries, note: str, ledger: str | None, parent: int | None) -> None:
     """Write entries to the ledger and print each decision."""
+    from gemmlab.ledger import LedgerError
     from gemmlab.ledger.records import record
 
     for e in entries:
         e.note = note
-    from gemmlab.ledger import LedgerError
-
     try:
         done = record(entries, ledger, parent)
     except KeyError as e:

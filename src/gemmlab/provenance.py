@@ -119,8 +119,10 @@ def check_triton(running: str | None = None, config_dir: Path = CONFIG_DIR) -> s
     the shipped configs were tuned with: they may then be slower, or fail to compile. Returns the warning's
     text, or None."""
     global _warned
+    if _warned or os.environ.get(_WARNED_ENV):  # warned here, or in the process that started this one
+        return None
     running = running or triton_version()
-    if _warned or running is None or os.environ.get(_WARNED_ENV) == running:
+    if running is None:
         return None
     release = running.split("+")[0]  # a local build label (3.6.0+git1234) is the same release
     stale = {name: v for name, v in tuned_triton(config_dir).items() if v != release}

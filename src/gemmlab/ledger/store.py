@@ -102,10 +102,6 @@ class LedgerError(ValueError):
     """A ledger file that cannot be used: its one-line message names the file and the problem."""
 
 
-class _Probe(Exception):
-    """Rolls back ``check``'s probe write."""
-
-
 def _writable(path: Path) -> bool:
     """Writable by this process, and not marked read-only: a file or directory without any write bit is
     read-only for root too, although root could write it."""
@@ -129,11 +125,11 @@ def check(path: str | Path | None = None) -> Path:
         raise LedgerError(f"ledger {p}: its directory {where} is {'read-only' if where.is_dir() else 'a file'}")
     db = Ledger(p)
     try:
-        with db.transaction() as c:  # a write (the version it has), rolled back: SQLite refuses it if it must
-            c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            raise _Probe
-    except _Probe:
-        pass
+        db.conn.execute("BEGIN IMMEDIATE")
+        try:  # a write (the version it has), rolled back: SQLite refuses it where it cannot write
+            db.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        finally:
+            db.conn.execute("ROLLBACK")
     except sqlite3.Error as e:
         raise LedgerError(f"ledger {p} cannot be written: {e}" if "readonly" not in str(e) else
                           f"ledger {p} is read-only ({e})") from None
