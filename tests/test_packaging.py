@@ -111,7 +111,7 @@ def test_tqdm_extra_is_gone_and_numpy_is_capped():
 @pytest.fixture
 def fresh_warning(monkeypatch):
     monkeypatch.setattr(provenance, "_warned", False)
-    monkeypatch.delenv(provenance._WARNED_ENV, raising=False)
+    monkeypatch.setenv(provenance._WARNED_ENV, "")  # unset (empty) here, and what the test sets is undone after
 
 
 def test_warns_once_when_triton_differs_from_the_configs(fresh_warning):
