@@ -78,8 +78,43 @@ def _write_report(report: dict, output_dir: str, name: str) -> None:
     Console().print(f"wrote {path}")
 
 
+def _usage_error(message: object) -> typer.Exit:
+    """One line on stderr, unwrapped and taken literally (no rich markup), for ``raise ... from e``: exit 2."""
+    from rich.markup import escape
+
+    Console(stderr=True, soft_wrap=True).print(f"[red]{escape(str(message))}", highlight=False)
+    return typer.Exit(2)
+
+
+def _ledger_ready(ledger: str | None) -> None:
+    """Before any work of a command that records: a ledger path that is a directory, a corrupt or read-only
+    file, or a ledger of a newer gemmlab is one line and exit 2 (not a traceback after the work)."""
+    from gemmlab.ledger import LedgerError, check
+
+    try:
+        check(ledger)
+    except LedgerError as e:
+        raise _usage_error(e) from e
+
+
+def _version(value: bool) -> None:
+    if value:
+        from gemmlab import provenance
+
+        sha = provenance.git_sha()
+        print(f"gemmlab {provenance.version()}" + (f" (git {sha})" if sha else ""))
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="print gemmlab's version and exit")] = False) -> None:
+    """gemmlab: fast FP16/BF16 GEMM in Triton, checked against a float64 reference."""
+
+
 def _record(entries, note: str, ledger: str | None, parent: int | None) -> None:
     """Write entries to the ledger and print each decision."""
+    from gemmlab.ledger import LedgerError
     from gemmlab.ledger.records import record
 
     for e in entries:
@@ -88,6 +123,8 @@ def _record(entries, note: str, ledger: str | None, parent: int | None) -> None:
         done = record(entries, ledger, parent)
     except KeyError as e:
         raise typer.BadParameter(str(e)) from e
+    except LedgerError as e:
+        raise _usage_error(e) from e
     c = Console(stderr=True, width=150)
     for e in done:
         color = "green" if e.decision == "accepted" else "yellow"
@@ -179,6 +216,8 @@ def grade(
     from gemmlab.grade import report as rep
 
     err = Console(stderr=True, width=140)
+    if record_note is not None or ledger:
+        _ledger_ready(ledger)
     try:
         n_steps = len(load_any(cases or default_cases()).correctness)
     except case_files.CaseError as e:
@@ -225,11 +264,14 @@ def bench_gemm(
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from gemmlab import provenance
     from gemmlab.bench import gemm as bg
     from gemmlab.ledger.records import from_bench as bg_records
 
     todo = _shapes(shapes, suite, "all" if torch.cuda.is_available() else "cpu")
     dt = _dtype(dtype)
+    if record_note is not None or ledger:
+        _ledger_ready(ledger)
     err = Console(stderr=True, width=150)
     cols = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
             TimeElapsedColumn(), TimeRemainingColumn())
@@ -248,7 +290,7 @@ def bench_gemm(
             raise typer.Exit(2) from e
     env = report["env"]
     title = (f"{env.get('gpu') or 'CPU (Triton interpreter, host clock: not a GPU measurement)'} {dtype} "
-             f"{'graph replay' if graph else 'eager'}, interleaved vs cuBLAS, git {env['git_sha'][:12]}")
+             f"{'graph replay' if graph else 'eager'}, interleaved vs cuBLAS, {provenance.label(env)}")
     table = Table(title=title)
     for col in ("shape", "backend", "path", "median ms", "p20-p80 ms", "TFLOPS", "ratio", "95% CI", "verdict",
                 "MHz", "eff", "ok"):
@@ -301,6 +343,8 @@ def bench_moe_cmd(
     from gemmlab.bench import moe as bm
     from gemmlab.problems import MoEModel
 
+    if record_note is not None or ledger:
+        _ledger_ready(ledger)
     err = Console(stderr=True)
     try:
         own = None
@@ -353,6 +397,8 @@ def bench_stable(
     from gemmlab.bench.stable import stable_bench
     from gemmlab.problems import parse_shape
 
+    if record_note is not None or ledger:
+        _ledger_ready(ledger)
     try:
         m, n, k = parse_shape(shape)
         dt = _dtype(dtype)
@@ -415,6 +461,8 @@ def table_cmd(
     from gemmlab.bench import table as bt
     from gemmlab.problems import resolve_moe
 
+    if record_note is not None or ledger:
+        _ledger_ready(ledger)
     try:
         top_k, hidden_size, intermediate_size = resolve_moe(model, top_k, hidden_size, intermediate_size)
     except ValueError as e:
@@ -544,6 +592,7 @@ def tune_cmd(
         todo = list(dict.fromkeys(todo))
     else:
         raise typer.BadParameter(f"--op {op!r}: gemm or moe")
+    _ledger_ready(ledger)  # every attempt is recorded
     err = Console(stderr=True, width=150)
     cols = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TextColumn("ETA"),
             TimeRemainingColumn())
@@ -589,9 +638,13 @@ def tune_cmd(
 
 
 def _ledger(path: str | None):
-    from gemmlab.ledger import Ledger
+    """The ledger to read (list, show, compare, history, export); an unusable one is one line and exit 2."""
+    from gemmlab.ledger import Ledger, LedgerError
 
-    return Ledger.open(path)
+    try:
+        return Ledger.open(path)
+    except LedgerError as e:
+        raise _usage_error(e) from e
 
 
 def _entry_row(e) -> list[str]:
