@@ -10,7 +10,7 @@ so the kernels only ever write a row-major C.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -154,7 +154,7 @@ def run(p: Plan, a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tenso
     tuner's and the config sweep's way to launch a pinned config."""
     ka, kb, kc, swap = _operands(a, b, out)
     fresh = choose(ka, kb, kc, swap, p.config)
-    if fresh != p:
+    if replace(fresh, reason=p.reason) != p:  # (the reason says where the config came from)
         raise ValueError(f"run: the plan does not fit these operands (plan for them: {fresh})")
     return _execute(p, ka, kb, kc, out)
 
