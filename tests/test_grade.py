@@ -32,7 +32,7 @@ def failed_rules(report):
 
 
 def test_gemmlab_kernel_passes():
-    r = grade(CPU)
+    r = grade(CPU, rounds=3)
     assert r["verdict"] == "PASS", r["failures"]
     assert r["score"]["correctness"] == 30 and r["worker_starts"] == 1
     paths = {p for c in r["correctness"] for p in c["paths"]}
@@ -126,7 +126,7 @@ def test_lying_clocks_gain_nothing():
 def test_cheats_on_unchecked_or_repeated_inputs_gain_nothing(tmp_path, monkeypatch):
     """Every output is poisoned before every call and every call has inputs no call saw before: a
     kernel that works only on poisoned outputs always works, and a fingerprint cache never hits."""
-    r = run("compute_if_nan")
+    r = run("compute_if_nan", rounds=3)
     assert r["verdict"] == "PASS", r["failures"]
     assert r["performance"]["samples_checked"] == 3 * r["performance"]["calls_per_batch"]
     monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
