@@ -60,6 +60,38 @@ def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _count(value: int | None) -> int | None:
+    """A typer callback: a count flag (--rounds, --reps, --processes, ...) must be a whole number >= 1."""
+    if value is not None and value < 1:
+        raise typer.BadParameter(f"{value} is not a count: give a whole number >= 1")
+    return value
+
+
+def _nonneg_count(value: int | None) -> int | None:
+    """A typer callback: a count that may be zero (--warmup calls)."""
+    if value is not None and value < 0:
+        raise typer.BadParameter(f"{value} is negative: give a whole number >= 0")
+    return value
+
+
+def _seconds(value: float | None) -> float | None:
+    """A typer callback: a time limit (--timeout, --budget-minutes) must be a finite number > 0."""
+    import math
+
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"{value} is not a time limit: give a finite number > 0")
+    return value
+
+
+def _nonneg_seconds(value: float | None) -> float | None:
+    """A typer callback: a warm-up time (--warmup-s) must be a finite number >= 0."""
+    import math
+
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"{value} is not a duration: give a finite number >= 0")
+    return value
+
+
 RecordOpt = Annotated[str | None, typer.Option("--record", help="record this run in the ledger: what changed")]
 LedgerOpt = Annotated[str | None, typer.Option("--ledger", help="ledger file [default: $GEMMLAB_LEDGER or "
                                                                 "~/.gemmlab/ledger.db]")]
@@ -195,10 +227,11 @@ def grade(
                                                        "default the case file's layout (moe case files: "
                                                        "FN(x, w1, w2, topk_weights, topk_ids) -> y)")] = None,
     allow_vendor: Annotated[bool, typer.Option(help="allow cuBLAS/CUTLASS/aten::mm in the candidate")] = False,
-    timeout: Annotated[float, typer.Option(help="seconds per request to the candidate's process, loading "
-                                                "the kernel included")] = 120.0,
+    timeout: Annotated[float, typer.Option(callback=_seconds,
+                                        help="seconds per request to the candidate's process, loading the kernel "
+                                             "included")] = 120.0,
     seed: Annotated[int, typer.Option(help="base seed of the correctness inputs (timed inputs are secret)")] = 0,
-    rounds: Annotated[int | None, typer.Option(help="interleaved timing rounds")] = None,
+    rounds: Annotated[int | None, typer.Option(callback=_count, help="interleaved timing rounds")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write report.json and report.md here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")] = False,
     keep_logs: Annotated[bool, typer.Option(help="keep the workers' logs (the report names the directory)")] = False,
@@ -251,13 +284,14 @@ def bench_gemm(
     backend: Annotated[list[str] | None, typer.Option(help="gemmlab, gemmlab-packed, cublas, FILE.py:FN or "
                                                            "package.module:FN (repeatable); cublas is always "
                                                            "the baseline")] = None,
-    rounds: Annotated[int, typer.Option(help="interleaved rounds")] = 10,
-    reps: Annotated[int, typer.Option(help="timed calls per candidate per round")] = 5,
-    warmup_s: Annotated[float, typer.Option(help="seconds of warm-up (clocks settle)")] = 1.0,
+    rounds: Annotated[int, typer.Option(callback=_count, help="interleaved rounds")] = 10,
+    reps: Annotated[int, typer.Option(callback=_count, help="timed calls per candidate per round")] = 5,
+    warmup_s: Annotated[float, typer.Option(callback=_nonneg_seconds, help="seconds of warm-up (clocks settle)")] = 1.0,
     graph: Annotated[bool, typer.Option(help="time CUDA-graph replays (device time, no host launch cost)")] = False,
     seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
-    timeout: Annotated[float, typer.Option(help="seconds per request to a FILE.py:FN backend's own process, "
-                                                "loading included")] = 120.0,
+    timeout: Annotated[float, typer.Option(callback=_seconds,
+                                        help="seconds per request to a FILE.py:FN backend's own process, loading "
+                                             "included")] = 120.0,
     output_dir: Annotated[str | None, typer.Option(help="write gemm-bench.json, .csv and .png here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")] = False,
     record_note: RecordOpt = None,
@@ -333,9 +367,9 @@ def bench_moe_cmd(
     routing: Annotated[list[str] | None, typer.Option(help="uniform or zipf (repeatable)")] = None,
     part: Annotated[list[str] | None, typer.Option(help="grouped (first GEMM) or forward (whole body)")] = None,
     dtype: Annotated[str, typer.Option(help="bfloat16 or float16")] = "bfloat16",
-    rounds: Annotated[int, typer.Option(help="interleaved rounds")] = 10,
-    reps: Annotated[int, typer.Option(help="timed calls per candidate per round")] = 5,
-    warmup_s: Annotated[float, typer.Option(help="seconds of warm-up")] = 1.0,
+    rounds: Annotated[int, typer.Option(callback=_count, help="interleaved rounds")] = 10,
+    reps: Annotated[int, typer.Option(callback=_count, help="timed calls per candidate per round")] = 5,
+    warmup_s: Annotated[float, typer.Option(callback=_nonneg_seconds, help="seconds of warm-up")] = 1.0,
     graph: Annotated[bool, typer.Option(help="time CUDA-graph replays")] = False,
     custom: Annotated[str | None, typer.Option(help="H,I,E,k of a model of your own (model name: custom)")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write moe-bench.json here")] = None,
@@ -387,12 +421,12 @@ def bench_moe_cmd(
 @bench_app.command("stable")
 def bench_stable(
     shape: Annotated[str, typer.Option(help="M,N,K")] = "8192,8192,16384",
-    processes: Annotated[int, typer.Option(help="separate processes, each compiling fresh")] = 5,
+    processes: Annotated[int, typer.Option(callback=_count, help="separate processes, each compiling fresh")] = 5,
     dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
     backend: Annotated[list[str] | None, typer.Option(help="as for `bench gemm` (repeatable)")] = None,
-    rounds: Annotated[int, typer.Option(help="interleaved rounds per process")] = 6,
-    reps: Annotated[int, typer.Option(help="timed calls per candidate per round")] = 5,
-    warmup_s: Annotated[float, typer.Option(help="seconds of warm-up per process")] = 1.0,
+    rounds: Annotated[int, typer.Option(callback=_count, help="interleaved rounds per process")] = 6,
+    reps: Annotated[int, typer.Option(callback=_count, help="timed calls per candidate per round")] = 5,
+    warmup_s: Annotated[float, typer.Option(callback=_nonneg_seconds, help="seconds of warm-up per process")] = 1.0,
     output_dir: Annotated[str | None, typer.Option(help="write stable-bench.json here")] = None,
     record_note: RecordOpt = None,
     ledger: LedgerOpt = None,
@@ -451,12 +485,13 @@ def table_cmd(
     hidden_size: Annotated[int | None, typer.Option(help="K [default: 7168]")] = None,
     intermediate_size: Annotated[int | None, typer.Option(help="N [default: 2048]")] = None,
     dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
-    warmup: Annotated[int, typer.Option(help="warm-up calls per row (and at least --warmup-s seconds)")] = 10,
-    repeat: Annotated[int, typer.Option(help="timed calls per row")] = 50,
-    warmup_s: Annotated[float, typer.Option(help="seconds of warm-up")] = 1.0,
+    warmup: Annotated[int, typer.Option(callback=_nonneg_count,
+                                        help="warm-up calls per row (and at least --warmup-s seconds)")] = 10,
+    repeat: Annotated[int, typer.Option(callback=_count, help="timed calls per row")] = 50,
+    warmup_s: Annotated[float, typer.Option(callback=_nonneg_seconds, help="seconds of warm-up")] = 1.0,
     inspect: Annotated[bool, typer.Option(help="read tensor-core instructions from the SASS")] = True,
-    num_experts: Annotated[int | None, typer.Option(help="experts of the fused MoE row [default: the model's, "
-                                                         "else 8]")] = None,
+    num_experts: Annotated[int | None, typer.Option(
+        callback=_count, help="experts of the fused MoE row [default: the model's, else 8]")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write table.csv, table.json, table.md here")] = None,
     record_note: RecordOpt = None,
     ledger: LedgerOpt = None,
@@ -550,7 +585,7 @@ def tune_cmd(
                                                          "with CUDA, cpu without]")] = None,
     dtype: Annotated[str | None, typer.Option(help="float16 or bfloat16 [default: float16; bfloat16 with --op moe]")]
     = None,
-    budget_minutes: Annotated[float, typer.Option(help="time budget for all shapes")] = 5.0,
+    budget_minutes: Annotated[float, typer.Option(callback=_seconds, help="time budget for all shapes")] = 5.0,
     session: Annotated[str | None, typer.Option(help="session name [default: tune-<date>-<time>]")] = None,
     resume: Annotated[str | None, typer.Option(help="resume a session: skip what the ledger holds for it")] = None,
     op: Annotated[str, typer.Option(help="gemm, or moe (the MoE layer's grouped GEMMs)")] = "gemm",
@@ -580,8 +615,6 @@ def tune_cmd(
     from gemmlab.ops.plan import target_for
     from gemmlab.tune.tuner import moe_items, moe_model, tune, write_configs
 
-    if budget_minutes <= 0:
-        raise typer.BadParameter("--budget-minutes must be > 0")
     todo: list = []
     if op == "moe":
         if shapes or suite:

@@ -1,0 +1,59 @@
+"""Bad flags are usage errors in every command: exit 2 with a message naming the flag, before any work.
+
+Each row is (command, flag, bad value). The commands run in-process through typer's runner; a flag that slipped
+past its check would start grading, benchmarking or tuning, which these tests would see as another exit code (and
+as seconds of interpreter work)."""
+
+import pytest
+from typer.testing import CliRunner
+
+from gemmlab.cli import app
+
+COUNTS = [
+    (["grade"], "--rounds"),
+    (["bench", "gemm"], "--rounds"), (["bench", "gemm"], "--reps"),
+    (["bench", "moe"], "--rounds"), (["bench", "moe"], "--reps"),
+    (["bench", "stable"], "--processes"), (["bench", "stable"], "--rounds"), (["bench", "stable"], "--reps"),
+    (["table"], "--repeat"), (["table"], "--num-experts"),
+]
+LIMITS = [(["grade"], "--timeout"), (["bench", "gemm"], "--timeout"), (["tune"], "--budget-minutes")]
+WARMUPS = [(["bench", "gemm"], "--warmup-s"), (["bench", "moe"], "--warmup-s"), (["bench", "stable"], "--warmup-s"),
+           (["table"], "--warmup-s"), (["table"], "--warmup")]
+
+ROWS = ([(cmd, flag, v) for cmd, flag in COUNTS for v in ("0", "-3")]
+        + [(cmd, flag, v) for cmd, flag in LIMITS for v in ("0", "-1", "nan", "inf")]
+        + [(cmd, flag, v) for cmd, flag in WARMUPS for v in ("-1",)]
+        + [(cmd, flag, "nan") for cmd, flag in WARMUPS if flag == "--warmup-s"])
+
+
+def _run(*args):
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.mark.parametrize("cmd,flag,value", ROWS, ids=lambda x: " ".join(x) if isinstance(x, list) else x)
+def test_bad_number_is_a_usage_error(cmd, flag, value):
+    res = _run(*cmd, flag, value)
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    assert flag in res.output and value in res.output
+
+
+@pytest.mark.parametrize("args,words", [
+    (["grade", "--signature", "fortran"], ["--signature", "fortran"]),
+    (["grade", "--kernel", "my_kernel.py"], ["--kernel", ":FN"]),
+    (["bench", "gemm", "--shapes", "8,8,8", "--backend", "my_kernel.py", "--warmup-s", "0"], ["my_kernel.py"]),
+    (["bench", "gemm", "--shapes", "8,8", "--warmup-s", "0"], ["M,N,K"]),
+    (["check", "--dtype", "float8"], ["--dtype"]),
+], ids=lambda x: " ".join(x) if isinstance(x, list) and x and x[0] in ("grade", "bench", "check") else None)
+def test_bad_spec_is_a_usage_error(args, words):
+    res = _run(*args)
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    for w in words:
+        assert w in res.output, (w, res.output)
+
+
+def test_good_values_pass_the_checks():
+    """The callbacks let valid values through (here a zero warm-up, which is allowed)."""
+    from gemmlab.cli import _count, _nonneg_count, _nonneg_seconds, _seconds
+
+    assert _count(1) == 1 and _count(None) is None
+    assert _nonneg_count(0) == 0 and _nonneg_seconds(0.0) == 0.0 and _seconds(0.5) == 0.5
