@@ -189,7 +189,7 @@ def moe_backward(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Te
     e, i2, _ = w1.shape
     i, k = i2 // 2, topk_ids.shape[1]
     dx, dw1, dw2 = torch.zeros_like(x), torch.zeros_like(w1), torch.zeros_like(w2)
-    dtw = torch.zeros_like(topk_weights)
+    dtw = torch.zeros((t, k), dtype=topk_weights.dtype, device=x.device)
     if t == 0 or h == 0 or i == 0:
         return dx, dw1, dw2, dtw
     r = moe_ops.sort_routes(topk_ids, e, 16)
@@ -216,7 +216,8 @@ def moe_backward(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Te
 
 @moe_backward.register_fake
 def _(dy, x, w1, w2, topk_weights, topk_ids):
-    return torch.empty_like(x), torch.empty_like(w1), torch.empty_like(w2), torch.empty_like(topk_weights)
+    return (torch.empty_like(x), torch.empty_like(w1), torch.empty_like(w2),
+            topk_weights.new_empty(topk_weights.shape))
 
 
 def _moe_setup(ctx, inputs, output):

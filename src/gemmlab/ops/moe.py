@@ -108,24 +108,30 @@ def sort_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Route
 
 def route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = True,
           scoring: str = "softmax") -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k routing. (T, E) logits -> (T, k) float32 weights and (T, k) int32 expert ids. ``scoring``:
-    "softmax" (probabilities over E, then top-k) or "sigmoid" (DeepSeek-V3: independent sigmoid scores,
+    """Top-k routing. (T, E) logits -> (T, k) float32 weights and (T, k) int32 expert ids ((..., E) -> (..., k)).
+    ``scoring``: "softmax" (probabilities over E, then top-k) or "sigmoid" (DeepSeek-V3: independent sigmoid scores,
     top-k; no group limit). ``renormalize``: the k weights of a token sum to 1. Differentiable w.r.t. the
     logits through the weights (the selection held fixed, as torch.topk's backward); the ids are not.
     A custom op (``torch.ops.gemmlab.route``) under torch.compile and autograd."""
-    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2:
-        raise ValueError(f"route: router_logits must be a 2-D (T, E) tensor, got "
+    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() < 2:
+        raise ValueError(f"route: router_logits must be a (T, E) (or (..., E)) tensor, got "
                          f"{getattr(router_logits, 'shape', type(router_logits).__name__)}")
     if not router_logits.is_floating_point():
         raise TypeError(f"route: router_logits must be floating point, got {router_logits.dtype}")
-    e = router_logits.shape[1]
+    e = router_logits.shape[-1]
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
         raise ValueError(f"route: top_k must be an integer in [1, E={e}], got {top_k!r}")
     if scoring not in ("softmax", "sigmoid"):
         raise ValueError(f"route: scoring {scoring!r}: softmax or sigmoid")
-    if custom.direct(router_logits):
-        return route_impl(router_logits, top_k, renormalize, scoring)
-    return custom.route(router_logits, top_k, bool(renormalize), scoring)
+    lead = router_logits.shape[:-1]
+    logits = router_logits if router_logits.dim() == 2 else router_logits.reshape(-1, e)
+    if custom.direct(logits):
+        weights, ids = route_impl(logits, top_k, renormalize, scoring)
+    else:
+        weights, ids = custom.route(logits, top_k, bool(renormalize), scoring)
+    if router_logits.dim() != 2:
+        weights, ids = weights.view(*lead, top_k), ids.view(*lead, top_k)
+    return weights, ids
 
 
 def route_impl(router_logits: torch.Tensor, top_k: int, renormalize: bool, scoring: str):
