@@ -35,21 +35,27 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 def direct(*tensors) -> bool:
     """True when a call may skip the dispatcher: eager (not traced), plain tensors, no dispatch mode or functorch
     transform active, and no autograd needed."""
-    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
-            or torch._C._are_functorch_transforms_active()):
+    if _compiling() or _dispatch_modes() or _functorch():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if type(t) not in _PLAIN or (grad and t.requires_grad):
+        if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad)):
             return False
     return True
 
 
+_compiling, _dispatch_modes = torch.compiler.is_compiling, torch._C._len_torch_dispatch_stack
+_functorch = torch._C._are_functorch_transforms_active
+
+
 def refuse_grad_out(op: str, out: Tensor, *inputs: Tensor) -> None:
-    """``out=`` runs outside autograd: refuse an out that requires grad, or inputs that need it (as torch does)."""
+    """``out=`` runs outside autograd: in grad mode refuse an out that requires grad, or inputs that need it (as
+    torch does)."""
+    if not torch.is_grad_enabled():
+        return
     if out.requires_grad:
         raise RuntimeError(f"{op}: out= does not support autograd, but out requires grad; call it without out=")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+    if any(t.requires_grad for t in inputs):
         raise RuntimeError(f"{op}: out= does not support autograd, but an input requires grad; call it without "
                            "out= (or under torch.no_grad())")
 

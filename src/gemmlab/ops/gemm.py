@@ -50,6 +50,15 @@ class PackedB:
         """The logical B (K, N): a strided view (strides (1, K_pad)) of ``data``, no copy."""
         return self.data[:, : self.k].t()
 
+    def fixed_view(self) -> torch.Tensor:
+        """``view()`` made once and kept (the eager hot path; not for a ``data`` that requires grad, whose views
+        must be made under the autograd mode of each call)."""
+        v = self.__dict__.get("_view")
+        if v is None:
+            with torch.no_grad():
+                v = self.__dict__["_view"] = self.view()
+        return v
+
 
 def pack_b(b: torch.Tensor) -> PackedB:
     """Prepack a weight B (K, N) for ``gemm(a, packed)``: an exact copy, K-major, 16-byte aligned rows.
@@ -160,9 +169,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     Differentiable in a and b (dA = dC B^T, dB = A^T dC on gemmlab's kernels); a ``torch.library`` custom op
     (``torch.ops.gemmlab.gemm``) under torch.compile and autograd, see ``gemmlab.ops.custom``."""
     if isinstance(b, PackedB):
-        b = b.view()
-    if out is None and custom.direct(a, b) and a.dim() == 2 and b.dim() == 2:
-        return launch_gemm(a, b, None)  # the eager hot path: no dispatcher, no autograd wrapper
+        b = b.view() if b.data.requires_grad else b.fixed_view()
+    if custom.direct(a, b, out) and a.dim() == 2 and b.dim() == 2 and (out is None or out.dim() == 2):
+        return launch_gemm(a, b, out)  # the eager hot path: no dispatcher, no autograd wrapper
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"gemm: {name} must be a torch.Tensor or (for b) a PackedB, got {type(t).__name__}")
@@ -214,10 +223,16 @@ def _signature(a, b, out) -> tuple:
             a.data_ptr() % 16, b.data_ptr() % 16, out.shape, out.stride(), out.dtype, out.device, out.data_ptr() % 16)
 
 
+def _extent(t: torch.Tensor) -> int:
+    lo, hi = _span(t)
+    return hi - lo
+
+
 def launch_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """The 2-D launcher behind ``gemm``: a (M, K) @ b (K, N) -> out (M, N) (allocated when None). Checks, plans
     and prepares once per signature; after that a call checks only what the signature cannot prove (out's
-    overlap with a and b), allocates C and launches the compiled kernel."""
+    overlap with a and b, from byte extents kept with the signature), allocates C and launches the compiled
+    kernel."""
     try:
         key = _signature(a, b, out)
         hit = _CACHE.get(key)
@@ -226,19 +241,20 @@ def launch_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> t
     if hit is None:
         ka, kb, kc, swap = _operands(a, b, out)
         p = choose(ka, kb, kc, swap)
-        if p.path == "empty" or kc is None and p.m * p.n == 0:
+        if p.path == "empty":
             return _execute(p, ka, kb, kc, out)
         c = kc if kc is not None else torch.empty((p.m, p.n), dtype=p.dtype, device=a.device)
-        L = prepare(p, ka, kb, c, keep=True)
+        extents = (_extent(a), _extent(b), _extent(out)) if out is not None else None
+        hit = (p, swap, prepare(p, ka, kb, c, keep=key is not None), extents)
         if key is not None:
-            _CACHE[key] = hit = (p, swap, L)
-        else:
-            hit = (p, swap, L)
-    p, swap, L = hit
+            _CACHE[key] = hit
+    p, swap, L, extents = hit
     if out is None:
         out = c = torch.empty((p.m, p.n), dtype=p.dtype, device=a.device)
     else:
-        if _overlap(out, a) or _overlap(out, b):
+        ap, bp, op = a.data_ptr(), b.data_ptr(), out.data_ptr()
+        ea, eb, eo = extents
+        if (op < ap + ea and ap < op + eo) or (op < bp + eb and bp < op + eo):
             _operands(a, b, out)  # raises the overlap error
         c = out
     if swap:
@@ -338,6 +354,7 @@ class Launch:
     function: object = None
     packed: object = None
     tail: tuple = ()  # the constexpr values in the kernel's parameter order (the launcher takes them too)
+    device: int = -1
 
 
 class _HostDesc:
@@ -434,31 +451,39 @@ def _split_counters(c: torch.Tensor, tiles: int) -> torch.Tensor:
     return buf
 
 
+def _scratch_args(scratch: tuple, c: torch.Tensor) -> list:
+    ws_elems, tiles = scratch
+    if not ws_elems:
+        return [c, c]  # SPLIT_K = 1: unused
+    return [torch.empty(ws_elems, dtype=torch.float32, device=c.device), _split_counters(c, tiles)]
+
+
 def launch(L: Launch, a, b, c) -> None:
     """Launch ``L`` on these operands: the first time through the JIT (which compiles), then, when ``L.keep``
     and not under the interpreter, the compiled kernel directly (``CompiledKernel.run``: no argument binding,
     specialization or cache lookup; the signature key fixed everything the JIT specializes on)."""
-    direct = L.run is not None and knobs.runtime.launch_enter_hook is None
-    args = [t if spec is None else _HostDesc(t, spec[0], spec[1]) if direct else
-            TensorDescriptor(t, spec[0], spec[1], spec[2]) for t, spec in zip((a, b, c), L.descs, strict=True)]
-    if L.scratch is not None:
-        ws_elems, tiles = L.scratch
-        if ws_elems:
-            args += [torch.empty(ws_elems, dtype=torch.float32, device=c.device), _split_counters(c, tiles)]
-        else:
-            args += [c, c]  # SPLIT_K = 1: unused
-    args += L.ints
-    if direct:
-        L.run(*L.grid, torch._C._cuda_getCurrentRawStream(c.get_device()), L.function, L.packed, None, None, None,
-              *args, *L.tail)
+    if (L.run is not None and knobs.runtime.launch_enter_hook is None
+            and torch._C._cuda_getDevice() == L.device):  # the device the kernel was loaded on (as the JIT's)
+        da, db, dc = L.descs
+        args = [a if da is None else _HostDesc(a, da[0], da[1]), b if db is None else _HostDesc(b, db[0], db[1]),
+                c if dc is None else _HostDesc(c, dc[0], dc[1])]
+        if L.scratch is not None:
+            args += _scratch_args(L.scratch, c)
+        L.run(*L.grid, torch._C._cuda_getCurrentRawStream(L.device), L.function, L.packed, None, None, None,
+              *args, *L.ints, *L.tail)
         return
+    args = [t if spec is None else TensorDescriptor(t, *spec) for t, spec in zip((a, b, c), L.descs, strict=True)]
+    if L.scratch is not None:
+        args += _scratch_args(L.scratch, c)
+    args += L.ints
     compiled = L.kernel[L.grid](*args, **L.consts, **L.opts)
     _LAST[L.path] = compiled
     if L.keep and hasattr(compiled, "packed_metadata") and not knobs.runtime.interpret:
         params = L.kernel.params
         assert all(q.is_constexpr for q in params[len(args):]) and len(params) == len(args) + len(L.consts)
         L.tail = tuple(L.consts[q.name] for q in params[len(args):])
-        L.function, L.packed, L.run = compiled.function, compiled.packed_metadata, compiled.run
+        L.run = compiled.run  # (loads the module first)
+        L.function, L.packed, L.device = compiled.function, compiled.packed_metadata, torch.cuda.current_device()
 
 
 def _launch_empty(p: Plan, a, b, c) -> None:
