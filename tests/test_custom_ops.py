@@ -179,3 +179,43 @@ def test_gemm_out_overlap_and_stride0_refused():
     with pytest.raises(ValueError, match="out overlaps a"):
         big = rand((16, 48))
         gemmlab.gemm(big[:, :32], b, out=big[:, 32:])
+
+
+# ------------------------------------------------------------------------------------ the direct launch
+
+
+@pytest.mark.parametrize("shape,path,split", [((8, 40, 64), "tma_splitk", 1), ((16, 40, 256), "tma_splitk", 2),
+                                              ((264, 72, 96), "tma_persistent", 0), ((37, 53, 71), "portable", 0)])
+def test_direct_launch_arguments_are_the_jit_bindings(shape, path, split):
+    """What the kept launch hands ``CompiledKernel.run`` (after the grid/stream header) is, position by
+    position, what the JIT binds from the same call: the runtime arguments, then every constexpr in parameter
+    order (the GPU runs this path; here the argument lists are compared)."""
+    import dataclasses
+    import inspect
+
+    from gemmlab.ops import gemm as gemm_ops
+    from gemmlab.ops.plan import choose
+
+    m, n, k = shape
+    a, b = rand((m, k)), rand((k, n))
+    c = torch.empty(m, n, dtype=a.dtype, device=DEVICE)
+    p = choose(a, b, c, False)
+    if split:
+        p = choose(a, b, c, False, dataclasses.replace(p.config, split_k=split))
+        assert p.config.split_k == split
+    assert p.path == path
+    L = gemm_ops.prepare(p, a, b, c)
+    jit = gemm_ops.jit_args(L, a, b, c)
+    L.tail = gemm_ops.constexpr_tail(L, len(jit))
+    bound = list(inspect.signature(L.kernel.fn).bind(*jit, **L.consts).arguments.values())
+    direct = gemm_ops.direct_args(L, a, b, c)
+    assert len(direct) == len(bound)
+    for ours, theirs in zip(direct, bound, strict=True):
+        if isinstance(ours, gemm_ops._HostDesc):
+            assert ours.base is theirs.base and ours.shape == theirs.shape and ours.strides == theirs.strides
+        elif isinstance(ours, torch.Tensor):
+            assert ours.shape == theirs.shape and ours.dtype == theirs.dtype  # (a fresh split-K workspace)
+        else:
+            assert ours == theirs and type(ours) is type(theirs)
+    gemm_ops.launch(L, a, b, c)  # and the JIT launch of the same Launch is correct
+    assert gemm_check(c, a, b)["ok"]

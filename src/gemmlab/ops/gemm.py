@@ -9,6 +9,7 @@ so the kernels only ever write a row-major C.
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 from dataclasses import dataclass
@@ -458,30 +459,53 @@ def _scratch_args(scratch: tuple, c: torch.Tensor) -> list:
     return [torch.empty(ws_elems, dtype=torch.float32, device=c.device), _split_counters(c, tiles)]
 
 
-def launch(L: Launch, a, b, c) -> None:
-    """Launch ``L`` on these operands: the first time through the JIT (which compiles), then, when ``L.keep``
-    and not under the interpreter, the compiled kernel directly (``CompiledKernel.run``: no argument binding,
-    specialization or cache lookup; the signature key fixed everything the JIT specializes on)."""
-    if (L.run is not None and knobs.runtime.launch_enter_hook is None
-            and torch._C._cuda_getDevice() == L.device):  # the device the kernel was loaded on (as the JIT's)
-        da, db, dc = L.descs
-        args = [a if da is None else _HostDesc(a, da[0], da[1]), b if db is None else _HostDesc(b, db[0], db[1]),
-                c if dc is None else _HostDesc(c, dc[0], dc[1])]
-        if L.scratch is not None:
-            args += _scratch_args(L.scratch, c)
-        L.run(*L.grid, torch._C._cuda_getCurrentRawStream(L.device), L.function, L.packed, None, None, None,
-              *args, *L.ints, *L.tail)
-        return
+def constexpr_tail(L: Launch, runtime_args: int) -> tuple:
+    """The constexpr values in the kernel's parameter order. The launcher of a compiled kernel takes every
+    parameter, constexprs included (it skips them); ours are all after the runtime arguments."""
+    names = list(inspect.signature(L.kernel.fn).parameters)[runtime_args:]
+    if sorted(names) != sorted(L.consts):
+        raise AssertionError(f"{L.path}: kernel parameters after the runtime ones {names} are not its constexprs "
+                             f"{sorted(L.consts)}")
+    return tuple(L.consts[n] for n in names)
+
+
+def direct_args(L: Launch, a, b, c) -> list:
+    """Every argument of ``CompiledKernel.run`` after the launch header, for a kept launch: the runtime
+    arguments as the JIT binds them (descriptors as ``_HostDesc``) and the constexpr tail."""
+    da, db, dc = L.descs
+    args = [a if da is None else _HostDesc(a, da[0], da[1]), b if db is None else _HostDesc(b, db[0], db[1]),
+            c if dc is None else _HostDesc(c, dc[0], dc[1])]
+    if L.scratch is not None:
+        args += _scratch_args(L.scratch, c)
+    args += L.ints
+    args += L.tail
+    return args
+
+
+def jit_args(L: Launch, a, b, c) -> list:
+    """The runtime arguments of a JIT launch (the constexprs go as keywords)."""
     args = [t if spec is None else TensorDescriptor(t, *spec) for t, spec in zip((a, b, c), L.descs, strict=True)]
     if L.scratch is not None:
         args += _scratch_args(L.scratch, c)
     args += L.ints
+    return args
+
+
+def launch(L: Launch, a, b, c) -> None:
+    """Launch ``L`` on these operands: the first time through the JIT (which compiles), then, when ``L.keep``
+    and not under the interpreter, the compiled kernel directly (``CompiledKernel.run``: no argument binding,
+    specialization or cache lookup; the signature key fixed everything the JIT specializes on: shapes,
+    strides, dtypes, 16-byte alignment)."""
+    if (L.run is not None and knobs.runtime.launch_enter_hook is None
+            and torch._C._cuda_getDevice() == L.device):  # the device the kernel was loaded on (as the JIT's)
+        L.run(*L.grid, torch._C._cuda_getCurrentRawStream(L.device), L.function, L.packed, None, None, None,
+              *direct_args(L, a, b, c))
+        return
+    args = jit_args(L, a, b, c)
     compiled = L.kernel[L.grid](*args, **L.consts, **L.opts)
     _LAST[L.path] = compiled
     if L.keep and hasattr(compiled, "packed_metadata") and not knobs.runtime.interpret:
-        params = L.kernel.params
-        assert all(q.is_constexpr for q in params[len(args):]) and len(params) == len(args) + len(L.consts)
-        L.tail = tuple(L.consts[q.name] for q in params[len(args):])
+        L.tail = constexpr_tail(L, len(args))
         L.run = compiled.run  # (loads the module first)
         L.function, L.packed, L.device = compiled.function, compiled.packed_metadata, torch.cuda.current_device()
 
