@@ -77,6 +77,29 @@ def test_sort_routes_invariants(t, e, k, kind):
     assert torch.equal(r.token.long(), r.order.long() // k)
 
 
+@pytest.mark.parametrize(("t", "e", "k"), [(1, 4, 1), (37, 8, 2), (20, 16, 6), (512, 64, 8)])
+def test_routing_kernel_matches_torch_path(t, e, k, monkeypatch):
+    """The one-launch routing kernel (S <= ALIGN_MAX_S) and the torch-ops path give the same tables and
+    routed weights; an id outside [0, E) clears the kernel's ok flag (what validate checks)."""
+    if DEVICE == "cpu" and t * k > moe_ops.INTERPRETER_ALIGN_MAX_S:
+        pytest.skip("the interpreter's tl.sort is too slow for this size (the GPU runs it)")
+    wts, ids = _routing(t, e, k, "skewed")
+    fast = sort_routes(ids, e, 16, wts)
+    assert fast.ok is not None and bool(fast.ok[0])
+    monkeypatch.setattr(moe_ops, "ALIGN_MAX_S", 0)
+    slow = sort_routes(ids, e, 16, wts)
+    assert slow.ok is None
+    for name in ("order", "inv", "token", "offsets", "tile_offsets", "scale"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    monkeypatch.undo()
+    for bad in (e, -1):
+        ids_bad = ids.clone()
+        ids_bad[t // 2, 0] = bad
+        r = sort_routes(ids_bad, e, 16, wts)
+        assert not bool(r.ok[0]) and int(r.offsets[-1]) == t * k - 1  # the bad pair is in no group
+        assert torch.equal(torch.sort(r.inv.long()).values, torch.arange(t * k, device=DEVICE))  # inv in bounds
+
+
 # ------------------------------------------------------------------------------------------ grouped GEMM
 
 

@@ -20,15 +20,17 @@ a GPU, so it works in CUDA graphs too); ``validate=False`` skips those few small
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, replace
 
 import torch
 import triton
 from triton import knobs
 from triton.runtime._allocation import NullAllocator, _allocator
+from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from gemmlab.kernels.moe import _moe_combine_kernel, _moe_grouped_kernel
+from gemmlab.kernels.moe import _moe_align_kernel, _moe_combine_kernel, _moe_grouped_kernel, _moe_tiles_kernel
 from gemmlab.ops.plan import Target, target_for
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -76,7 +78,9 @@ def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2)
 class Routes:
     """The (token, slot) pairs sorted by expert. ``order[r]`` is the pair (t*k + j) of routed row r;
     ``inv`` its inverse; ``token[r] = order[r] // k``; ``offsets`` (E,) cumulative row ends per expert;
-    ``tile_offsets`` (E + 1,) cumulative BLOCK_M-tile counts; all int32 on the device."""
+    ``tile_offsets`` (E + 1,) cumulative BLOCK_M-tile counts; all int32 on the device. ``scale`` (S,) fp32:
+    the top-k weight of each routed row (when weights were given); ``ok`` (1,) bool: every id in [0, E) (from
+    the one-launch kernel; None from the torch path)."""
 
     order: torch.Tensor
     inv: torch.Tensor
@@ -84,6 +88,13 @@ class Routes:
     offsets: torch.Tensor
     tile_offsets: torch.Tensor
     block_m: int
+    scale: torch.Tensor | None = None
+    ok: torch.Tensor | None = None
+
+
+ALIGN_MAX_S = 4096  # up to this many routed rows the routing table is one launch (_moe_align_kernel)
+INTERPRETER_ALIGN_MAX_S = 128  # the CPU interpreter runs tl.sort element by element: small tables only
+_ALIGN_BROKEN: list[str] = []  # set if the routing kernel failed to compile: the torch path serves instead
 
 
 def _tile_offsets(counts: torch.Tensor, block_m: int) -> torch.Tensor:
@@ -91,19 +102,44 @@ def _tile_offsets(counts: torch.Tensor, block_m: int) -> torch.Tensor:
     return torch.cat([tiles.new_zeros(1), torch.cumsum(tiles, 0)]).to(torch.int32)
 
 
-def sort_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Routes:
+def sort_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int,
+                topk_weights: torch.Tensor | None = None) -> Routes:
     """Group the (token, slot) pairs of ``topk_ids`` (T, k) by expert, stably (token order within an
-    expert), on the ids' device, without reading them on the host."""
+    expert), on the ids' device, without reading them on the host. Up to ``ALIGN_MAX_S`` pairs in one launch
+    (``_moe_align_kernel``, which also gathers ``topk_weights`` into routed order and flags bad ids); more with
+    torch ops (sort, scatter-add, cumsum)."""
     t, k = topk_ids.shape
+    s, e = t * k, num_experts
+    limit = INTERPRETER_ALIGN_MAX_S if knobs.runtime.interpret else ALIGN_MAX_S
+    if 0 < s <= min(limit, ALIGN_MAX_S) and e < ALIGN_MAX_S and not _ALIGN_BROKEN:
+        buf = torch.empty(3 * s + 2 * e + 1, dtype=torch.int32, device=topk_ids.device)
+        order, inv, token = buf[:s], buf[s:2 * s], buf[2 * s:3 * s]
+        offsets, tile_offsets = buf[3 * s:3 * s + e], buf[3 * s + e:]
+        ok = torch.empty(1, dtype=torch.bool, device=topk_ids.device)
+        scale = None if topk_weights is None else torch.empty(s, dtype=torch.float32, device=topk_ids.device)
+        block_s = max(16, triton.next_power_of_2(s))
+        try:
+            _moe_align_kernel[(1,)](topk_ids.reshape(-1), topk_ids if scale is None else topk_weights.reshape(-1),
+                                    order, inv, token, offsets, tile_offsets, order if scale is None else scale, ok,
+                                    s, e, TOP_K=k, BLOCK_M=block_m, BLOCK_S=block_s,
+                                    BLOCK_E=max(16, triton.next_power_of_2(e + 1)), HAS_SCALE=scale is not None,
+                                    num_warps=4 if block_s <= 1024 else 8)
+            return Routes(order=order, inv=inv, token=token, offsets=offsets, tile_offsets=tile_offsets,
+                          block_m=block_m, scale=scale, ok=ok)
+        except (triton.CompilationError, OutOfResources) as err:  # cannot build it: say so once, use torch ops
+            _ALIGN_BROKEN.append(str(err))
+            warnings.warn(f"gemmlab: the MoE routing kernel failed to compile; routing with torch ops instead "
+                          f"({type(err).__name__}: {str(err)[:200]})", RuntimeWarning, stacklevel=2)
     flat = topk_ids.reshape(-1).to(torch.int64)
     _, order = torch.sort(flat, stable=True)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     inv = torch.empty_like(order)
     inv[order] = torch.arange(order.numel(), device=order.device)
+    scale = None if topk_weights is None else topk_weights.reshape(-1).float()[order]
     return Routes(order=order.to(torch.int32), inv=inv.to(torch.int32), token=(order // k).to(torch.int32),
                   offsets=torch.cumsum(counts, 0).to(torch.int32), tile_offsets=_tile_offsets(counts, block_m),
-                  block_m=block_m)
+                  block_m=block_m, scale=scale)
 
 
 def route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = True,
@@ -296,19 +332,23 @@ def launch_grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
         if tuple(out.shape) != (s, n) or out.dtype != x.dtype or out.device != x.device or out.stride(1) != 1:
             raise ValueError(f"grouped_gemm: out must be a row-major ({s}, {n}) {x.dtype} tensor on {x.device}")
         check_out("grouped_gemm", out, x=x, w=w, offsets=offsets)
-    counts = torch.diff(offsets, prepend=offsets.new_zeros(1)) if e else offsets
-    if validate and e:
-        _device_check((counts.min() >= 0) & (offsets[-1] <= s),
-                      f"grouped_gemm: offsets must be non-decreasing cumulative ends within [0, S={s}]")
-    if s == 0 or n == 0 or e == 0:
+    if e == 0:
+        return out
+    target = target_for(x.device) if s else None
+    cfg = config or moe_config(target, s, e, 0, x.element_size()) if s else MoEConfig()
+    tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=x.device)
+    ok = torch.empty(1, dtype=torch.bool, device=x.device)
+    _moe_tiles_kernel[(1,)](offsets, tile_offsets, ok, e, s, BLOCK_M=cfg.block_m,
+                            BLOCK_E=max(16, triton.next_power_of_2(e)))  # tile schedule + offsets check: 1 launch
+    if validate:
+        _device_check(ok[0], f"grouped_gemm: offsets must be non-decreasing cumulative ends within [0, S={s}]")
+    if s == 0 or n == 0:
         return out
     if x.stride(1) != 1:
         x = x.contiguous()
-    target = target_for(x.device)
-    cfg = config or moe_config(target, s, e, 0, x.element_size())
     if k == 0:
         return out.zero_()
-    _launch_grouped(0, x, None, w, out, None, offsets, _tile_offsets(counts, cfg.block_m), n, cfg, target, s)
+    _launch_grouped(0, x, None, w, out, None, offsets, tile_offsets, n, cfg, target, s)
     return out
 
 
@@ -406,20 +446,25 @@ def launch_moe_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk
                        configs: tuple[MoEConfig, MoEConfig] | None) -> torch.Tensor:
     """``moe_forward``'s launcher on 2-D x: checks, routes, two grouped launches and the combine (no autograd)."""
     t, h, i, e, k = _check_args(x, w1, w2, topk_weights, topk_ids)
-    if validate and t:
-        lo, hi = torch.aminmax(topk_ids)
-        _device_check((lo >= 0) & (hi < e), f"moe: topk_ids must be in [0, E={e})")
+    s = t * k
+    target = target_for(x.device) if t else None
+    elt = x.element_size()
+    cfg1, cfg2 = configs or (moe_config(target, s, e, 1, elt), moe_config(target, s, e, 2, elt)) if t else (
+        None, None)
+    r = sort_routes(topk_ids, e, cfg1.block_m, topk_weights) if t else None
+    if validate and t:  # no host sync: one check on the flag the routing kernel set (or on min/max of the ids)
+        msg = f"moe: topk_ids must be in [0, E={e})"
+        if r.ok is not None:
+            _device_check(r.ok[0], msg)
+        else:
+            lo, hi = torch.aminmax(topk_ids)
+            _device_check((lo >= 0) & (hi < e), msg)
     y = torch.empty((t, h), dtype=x.dtype, device=x.device)
     if t == 0 or h == 0:
         return y
     if i == 0:
         return y.zero_()
-    s = t * k
-    target = target_for(x.device)
-    elt = x.element_size()
-    cfg1, cfg2 = configs or (moe_config(target, s, e, 1, elt), moe_config(target, s, e, 2, elt))
     cfg2 = replace(cfg2, block_m=cfg1.block_m)  # one tile schedule for both GEMMs
-    r = sort_routes(topk_ids, e, cfg1.block_m)
     if x.stride(1) != 1:
         x = x.contiguous()
     i_pad = max(8, -(-i // 8) * 8)
@@ -431,7 +476,7 @@ def launch_moe_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk
                         target, s)
     else:
         _launch_grouped(1, x, r.token, w1, act, None, r.offsets, r.tile_offsets, i, cfg1, target, s)
-    scale = topk_weights.reshape(-1).float()[r.order.long()]
+    scale = r.scale
     o = torch.empty((s, h), dtype=x.dtype, device=x.device)
     _launch_grouped(2, act, None, w2, o, scale, r.offsets, r.tile_offsets, h, cfg2, target, s)
     block_h = min(1024, triton.next_power_of_2(h))
