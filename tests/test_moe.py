@@ -100,6 +100,26 @@ def test_routing_kernel_matches_torch_path(t, e, k, monkeypatch):
         assert torch.equal(torch.sort(r.inv.long()).values, torch.arange(t * k, device=DEVICE))  # inv in bounds
 
 
+def test_routing_kernel_that_cannot_build_falls_back_to_torch(monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                raise OutOfResources(1 << 20, 1 << 18, "shared memory")
+            return launch
+
+    monkeypatch.setattr(moe_ops, "_moe_align_kernel", Broken())
+    monkeypatch.setattr(moe_ops, "_ALIGN_BROKEN", [])
+    wts, ids = _routing(9, 4, 2)
+    with pytest.warns(RuntimeWarning, match="routing kernel failed to compile"):
+        r = sort_routes(ids, 4, 16, wts)
+    assert r.ok is None and int(r.offsets[-1]) == 18 and moe_ops._ALIGN_BROKEN
+    x = _r(9, 32)
+    w1, w2 = _weights(4, 32, 16, torch.float16)
+    assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"]  # served by the torch path
+
+
 # ------------------------------------------------------------------------------------------ grouped GEMM
 
 
