@@ -219,3 +219,52 @@ def test_direct_launch_arguments_are_the_jit_bindings(shape, path, split):
             assert ours == theirs and type(ours) is type(theirs)
     gemm_ops.launch(L, a, b, c)  # and the JIT launch of the same Launch is correct
     assert gemm_check(c, a, b)["ok"]
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="simulates the GPU's kept-kernel launch on the interpreter")
+def test_cached_direct_launch_path_end_to_end(monkeypatch):
+    """The hit path of launch_gemm with a kept kernel, on the CPU: a stand-in for CompiledKernel.run takes
+    exactly what the GPU's launcher would (grid, stream, function, metadata, hooks, then every parameter) and
+    runs the interpreted kernel with it. Results must match on fresh buffers, for each path and a column-major out."""
+    import inspect
+
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from gemmlab.ops import gemm as gemm_ops
+
+    calls = []
+
+    def fake_run(g0, g1, g2, stream, function, packed, launch_metadata, enter, exit_, *params):
+        assert (stream, function, packed, launch_metadata, enter, exit_) == (7, "fn", "meta", None, None, None)
+        L = calls[-1]
+        names = list(inspect.signature(L.kernel.fn).parameters)
+        assert len(params) == len(names)
+        args = [TensorDescriptor(p.base, p.shape, p.strides, spec[2]) if isinstance(p, gemm_ops._HostDesc) else p
+                for p, spec in zip(params, list(L.descs) + [None] * len(params))]
+        n_rt = len(names) - len(L.consts)
+        L.kernel[(g0, g1, g2)](*args[:n_rt], **dict(zip(names[n_rt:], args[n_rt:], strict=True)), **L.opts)
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
+    real_launch = gemm_ops.launch
+
+    def spy(L, a, b, c):
+        if L.keep and L.run is None:  # keep it as the GPU would after its first launch
+            real_launch(L, a, b, c)
+            L.tail = gemm_ops.constexpr_tail(L, len(gemm_ops.jit_args(L, a, b, c)))
+            L.run, L.function, L.packed, L.device = fake_run, "fn", "meta", 0
+            return
+        calls.append(L)
+        real_launch(L, a, b, c)
+
+    monkeypatch.setattr(gemm_ops, "launch", spy)
+    gemm_ops.clear_cache()
+    for m, n, k in ((8, 40, 64), (264, 72, 96), (37, 53, 71)):
+        for rep in range(3):
+            a, b = rand((m, k), seed=rep), rand((k, n), seed=rep + 3)
+            assert gemm_check(gemmlab.gemm(a, b), a, b)["ok"]
+            out = torch.full((n, m), float("nan"), dtype=a.dtype, device=DEVICE).t()
+            gemmlab.gemm(a, b, out=out)
+            assert gemm_check(out, a, b)["ok"]
+    assert len(calls) == 3 * 2 * 2  # every call after the first of each signature went the direct way
+    gemm_ops.clear_cache()
