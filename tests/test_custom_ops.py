@@ -68,7 +68,11 @@ def _compile_matches_eager(backend):
     with torch.no_grad():
         want = model(x)
         got = torch.compile(model, fullgraph=True, backend=backend)(x)
-    assert got.shape == want.shape and torch.equal(got, want)  # the same kernels on the same inputs
+    assert got.shape == want.shape
+    if backend == "aot_eager":
+        assert torch.equal(got, want)  # the same kernels on the same inputs
+    else:  # inductor generates the code around the ops (fused casts and adds)
+        assert torch.allclose(got.float(), want.float(), rtol=2e-3, atol=2e-3), (got - want).abs().max()
     # training through the compiled graph: the custom ops' autograd inside AOT autograd
     eager_grads = torch.autograd.grad(model(x).float().sum(), list(model.parameters()))
     compiled = torch.compile(model, fullgraph=True, backend=backend)
@@ -240,7 +244,7 @@ def test_cached_direct_launch_path_end_to_end(monkeypatch):
         names = list(inspect.signature(L.kernel.fn).parameters)
         assert len(params) == len(names)
         args = [TensorDescriptor(p.base, p.shape, p.strides, spec[2]) if isinstance(p, gemm_ops._HostDesc) else p
-                for p, spec in zip(params, list(L.descs) + [None] * len(params))]
+                for p, spec in zip(params, list(L.descs) + [None] * len(params), strict=False)]
         n_rt = len(names) - len(L.consts)
         L.kernel[(g0, g1, g2)](*args[:n_rt], **dict(zip(names[n_rt:], args[n_rt:], strict=True)), **L.opts)
 
@@ -268,3 +272,12 @@ def test_cached_direct_launch_path_end_to_end(monkeypatch):
             assert gemm_check(out, a, b)["ok"]
     assert len(calls) == 3 * 2 * 2  # every call after the first of each signature went the direct way
     gemm_ops.clear_cache()
+
+
+def test_compile_with_a_packed_b():
+    torch._dynamo.reset()
+    a, b = rand((8, 16)), rand((16, 24))
+    pk = gemmlab.pack_b(b)
+    gemmlab.gemm(a, pk)  # an eager call first keeps a view in the PackedB; the compiled call makes its own
+    got = torch.compile(lambda a: gemmlab.gemm(a, pk), fullgraph=True, backend="aot_eager")(a)
+    assert gemm_check(got, a, b)["ok"]

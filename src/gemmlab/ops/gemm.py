@@ -170,7 +170,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     Differentiable in a and b (dA = dC B^T, dB = A^T dC on gemmlab's kernels); a ``torch.library`` custom op
     (``torch.ops.gemmlab.gemm``) under torch.compile and autograd, see ``gemmlab.ops.custom``."""
     if isinstance(b, PackedB):
-        b = b.view() if b.data.requires_grad else b.fixed_view()
+        b = b.view() if b.data.requires_grad or custom._compiling() else b.fixed_view()
     if custom.direct(a, b, out) and a.dim() == 2 and b.dim() == 2 and (out is None or out.dim() == 2):
         return launch_gemm(a, b, out)  # the eager hot path: no dispatcher, no autograd wrapper
     for name, t in (("a", a), ("b", b)):
