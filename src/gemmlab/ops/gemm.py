@@ -496,7 +496,8 @@ def launch(L: Launch, a, b, c) -> None:
     and not under the interpreter, the compiled kernel directly (``CompiledKernel.run``: no argument binding,
     specialization or cache lookup; the signature key fixed everything the JIT specializes on: shapes,
     strides, dtypes, 16-byte alignment)."""
-    if (L.run is not None and knobs.runtime.launch_enter_hook is None
+    hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook  # profilers: the JIT path serves them
+    if (L.run is not None and hooks == (None, None)
             and torch._C._cuda_getDevice() == L.device):  # the device the kernel was loaded on (as the JIT's)
         L.run(*L.grid, torch._C._cuda_getCurrentRawStream(L.device), L.function, L.packed, None, None, None,
               *direct_args(L, a, b, c))
