@@ -198,6 +198,7 @@ def test_direct_launch_arguments_are_the_jit_bindings(shape, path, split):
     import inspect
 
     from gemmlab.ops import gemm as gemm_ops
+    from gemmlab.ops.launch import HostDesc, constexpr_tail
     from gemmlab.ops.plan import choose
 
     m, n, k = shape
@@ -210,12 +211,11 @@ def test_direct_launch_arguments_are_the_jit_bindings(shape, path, split):
     assert p.path == path
     L = gemm_ops.prepare(p, a, b, c)
     jit = gemm_ops.jit_args(L, a, b, c)
-    L.tail = gemm_ops.constexpr_tail(L, len(jit))
     bound = list(inspect.signature(L.kernel.fn).bind(*jit, **L.consts).arguments.values())
-    direct = gemm_ops.direct_args(L, a, b, c)
+    direct = gemm_ops.direct_args(L, a, b, c) + list(constexpr_tail(L.kernel, len(jit), L.consts))
     assert len(direct) == len(bound)
     for ours, theirs in zip(direct, bound, strict=True):
-        if isinstance(ours, gemm_ops._HostDesc):
+        if isinstance(ours, HostDesc):
             assert ours.base is theirs.base and ours.shape == theirs.shape and ours.strides == theirs.strides
         elif isinstance(ours, torch.Tensor):
             assert ours.shape == theirs.shape and ours.dtype == theirs.dtype  # (a fresh split-K workspace)
@@ -235,6 +235,7 @@ def test_cached_direct_launch_path_end_to_end(monkeypatch):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from gemmlab.ops import gemm as gemm_ops
+    from gemmlab.ops.launch import HostDesc, Kept, constexpr_tail
 
     calls = []
 
@@ -243,7 +244,7 @@ def test_cached_direct_launch_path_end_to_end(monkeypatch):
         L = calls[-1]
         names = list(inspect.signature(L.kernel.fn).parameters)
         assert len(params) == len(names)
-        args = [TensorDescriptor(p.base, p.shape, p.strides, spec[2]) if isinstance(p, gemm_ops._HostDesc) else p
+        args = [TensorDescriptor(p.base, p.shape, p.strides, spec[2]) if isinstance(p, HostDesc) else p
                 for p, spec in zip(params, list(L.descs) + [None] * len(params), strict=False)]
         n_rt = len(names) - len(L.consts)
         L.kernel[(g0, g1, g2)](*args[:n_rt], **dict(zip(names[n_rt:], args[n_rt:], strict=True)), **L.opts)
@@ -253,10 +254,10 @@ def test_cached_direct_launch_path_end_to_end(monkeypatch):
     real_launch = gemm_ops.launch
 
     def spy(L, a, b, c):
-        if L.keep and L.run is None:  # keep it as the GPU would after its first launch
+        if L.keep and L.kept is None:  # keep it as the GPU would after its first launch
             real_launch(L, a, b, c)
-            L.tail = gemm_ops.constexpr_tail(L, len(gemm_ops.jit_args(L, a, b, c)))
-            L.run, L.function, L.packed, L.device = fake_run, "fn", "meta", 0
+            L.kept = Kept(fake_run, "fn", "meta", constexpr_tail(L.kernel, len(gemm_ops.jit_args(L, a, b, c)),
+                                                                 L.consts), 0)
             return
         calls.append(L)
         real_launch(L, a, b, c)
@@ -281,3 +282,26 @@ def test_compile_with_a_packed_b():
     gemmlab.gemm(a, pk)  # an eager call first keeps a view in the PackedB; the compiled call makes its own
     got = torch.compile(lambda a: gemmlab.gemm(a, pk), fullgraph=True, backend="aot_eager")(a)
     assert gemm_check(got, a, b)["ok"]
+
+
+def test_kept_launch_steps_aside_for_hooks_and_other_devices(monkeypatch):
+    """A kept kernel launches directly only with no launch hook (profilers add one) and on its own device."""
+    from triton import knobs
+
+    from gemmlab.ops import launch
+
+    k = launch.Kept(lambda *a: None, "fn", "meta", (), 0)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    assert launch.usable(k) and not launch.usable(None)
+
+    def hook(metadata):
+        return None
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert not launch.usable(k)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert launch.usable(k)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 1, raising=False)
+    assert not launch.usable(k)

@@ -34,7 +34,7 @@ def test_cached_launches_match_first_call(shape, layout):
         out = torch.full((n, m), float("nan"), dtype=a.dtype, device="cuda").t()  # column-major out
         gemmlab.gemm(a, b, out=out)
         assert gemm_check(out, a, b)["ok"], rep
-    assert any(L.run is not None for _, _, L, _ in gemm_ops._CACHE.values())
+    assert any(L.kept is not None for _, _, L, _ in gemm_ops._CACHE.values())
 
 
 def test_cached_launch_of_a_packed_b_and_nd_input():

@@ -299,3 +299,43 @@ def test_bench_moe_command(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "gemmlab", "bench", "moe", "--model", "gpt-5"], capture_output=True,
                          text=True, env=env, timeout=600)
     assert bad.returncode == 2
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="simulates the GPU's kept-kernel launches on the interpreter")
+def test_kept_moe_launches_end_to_end(monkeypatch):
+    """Every MoE launch (routing table, tile schedule, grouped GEMMs, combine) goes through
+    gemmlab.ops.launch.start; with kernels kept as on a GPU, later calls hand the launcher header and every
+    parameter to a stand-in for CompiledKernel.run, which runs the interpreted kernel: results stay right."""
+    import inspect
+
+    from gemmlab.ops import launch
+
+    direct = []
+
+    def fake_keep(kernel, compiled, runtime_args, consts):
+        names = list(inspect.signature(kernel.fn).parameters)
+
+        def run(g0, g1, g2, stream, function, packed, metadata, enter, exit_, *params):
+            assert len(params) == len(names) and stream == 7
+            direct.append(kernel)
+            kernel[(g0, g1, g2)](*params[:runtime_args], **dict(zip(names[runtime_args:], params[runtime_args:],
+                                                                     strict=True)))
+
+        return launch.Kept(run, "fn", "meta", launch.constexpr_tail(kernel, runtime_args, consts), 0)
+
+    monkeypatch.setattr(launch, "keep", fake_keep)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
+    monkeypatch.setattr(moe_ops, "_KEPT", {})
+    w1, w2 = _weights(4, 48, 40, torch.float16)
+    wts, ids = _routing(9, 4, 2)
+    offs = torch.tensor([3, 3, 9, 9], dtype=torch.int32, device=DEVICE)
+    for rep in range(3):
+        x = _r(9, 48, seed=rep)
+        assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"], rep
+        out = grouped_gemm(x, w1, offs)
+        ref = grouped_gemm_ref(x, w1, offs)
+        assert (out[:9].float() - ref[:9]).abs().max().item() <= 2.0**-9 * ref.abs().max().item() + 1e-3
+    kinds = {k.fn.__name__ for k in direct}
+    assert kinds == {"_moe_align_kernel", "_moe_tiles_kernel", "_moe_grouped_kernel", "_moe_combine_kernel"}, kinds
+    assert len(direct) == 2 * (1 + 2 + 1 + 1 + 1)  # calls 2 and 3: align, two grouped, combine; tiles + grouped

@@ -9,7 +9,6 @@ so the kernels only ever write a row-major C.
 
 from __future__ import annotations
 
-import inspect
 import math
 import operator
 from dataclasses import dataclass
@@ -20,6 +19,8 @@ from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.kernels.gemm import _gemm_portable_kernel, _gemm_tma_persistent_kernel, _gemm_tma_splitk_kernel
+from gemmlab.ops import launch as kept_launch
+from gemmlab.ops.launch import HostDesc, Kept
 from gemmlab.ops.plan import GemmConfig, Plan, choose, is_kmajor
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -351,21 +352,7 @@ class Launch:
     opts: dict  # num_warps, num_stages, maxnreg
     scratch: tuple | None = None  # split-K: (workspace fp32 elements, tiles); None: no workspace arguments
     keep: bool = False  # keep the compiled kernel after the first launch and launch it directly from then on
-    run: object = None  # CompiledKernel.run (its launcher), once kept
-    function: object = None
-    packed: object = None
-    tail: tuple = ()  # the constexpr values in the kernel's parameter order (the launcher takes them too)
-    device: int = -1
-
-
-class _HostDesc:
-    """What Triton's CUDA launcher reads from a TensorDescriptor (base, shape, strides, padding), without the
-    dataclass's per-call checks: the shape, strides and alignment were checked when the signature was planned."""
-
-    __slots__ = ("base", "shape", "strides", "padding")
-
-    def __init__(self, base, shape, strides):
-        self.base, self.shape, self.strides, self.padding = base, shape, strides, "zero"
+    kept: Kept | None = None  # the compiled kernel's launcher, once kept (gemmlab.ops.launch)
 
 
 def _desc_spec(t: torch.Tensor, kmajor_inner: int, block: tuple[int, int]) -> tuple[list, list, list]:
@@ -459,26 +446,14 @@ def _scratch_args(scratch: tuple, c: torch.Tensor) -> list:
     return [torch.empty(ws_elems, dtype=torch.float32, device=c.device), _split_counters(c, tiles)]
 
 
-def constexpr_tail(L: Launch, runtime_args: int) -> tuple:
-    """The constexpr values in the kernel's parameter order. The launcher of a compiled kernel takes every
-    parameter, constexprs included (it skips them); ours are all after the runtime arguments."""
-    names = list(inspect.signature(L.kernel.fn).parameters)[runtime_args:]
-    if sorted(names) != sorted(L.consts):
-        raise AssertionError(f"{L.path}: kernel parameters after the runtime ones {names} are not its constexprs "
-                             f"{sorted(L.consts)}")
-    return tuple(L.consts[n] for n in names)
-
-
 def direct_args(L: Launch, a, b, c) -> list:
-    """Every argument of ``CompiledKernel.run`` after the launch header, for a kept launch: the runtime
-    arguments as the JIT binds them (descriptors as ``_HostDesc``) and the constexpr tail."""
+    """The runtime arguments of a kept launch, as the JIT binds them (descriptors as ``HostDesc``)."""
     da, db, dc = L.descs
-    args = [a if da is None else _HostDesc(a, da[0], da[1]), b if db is None else _HostDesc(b, db[0], db[1]),
-            c if dc is None else _HostDesc(c, dc[0], dc[1])]
+    args = [a if da is None else HostDesc(a, da[0], da[1]), b if db is None else HostDesc(b, db[0], db[1]),
+            c if dc is None else HostDesc(c, dc[0], dc[1])]
     if L.scratch is not None:
         args += _scratch_args(L.scratch, c)
     args += L.ints
-    args += L.tail
     return args
 
 
@@ -493,22 +468,17 @@ def jit_args(L: Launch, a, b, c) -> list:
 
 def launch(L: Launch, a, b, c) -> None:
     """Launch ``L`` on these operands: the first time through the JIT (which compiles), then, when ``L.keep``
-    and not under the interpreter, the compiled kernel directly (``CompiledKernel.run``: no argument binding,
+    and not under the interpreter, the compiled kernel directly (``gemmlab.ops.launch``: no argument binding,
     specialization or cache lookup; the signature key fixed everything the JIT specializes on: shapes,
     strides, dtypes, 16-byte alignment)."""
-    hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook  # profilers: the JIT path serves them
-    if (L.run is not None and hooks == (None, None)
-            and torch._C._cuda_getDevice() == L.device):  # the device the kernel was loaded on (as the JIT's)
-        L.run(*L.grid, torch._C._cuda_getCurrentRawStream(L.device), L.function, L.packed, None, None, None,
-              *direct_args(L, a, b, c))
+    if kept_launch.usable(L.kept):
+        kept_launch.run(L.kept, L.grid, direct_args(L, a, b, c))
         return
     args = jit_args(L, a, b, c)
     compiled = L.kernel[L.grid](*args, **L.consts, **L.opts)
     _LAST[L.path] = compiled
-    if L.keep and hasattr(compiled, "packed_metadata") and not knobs.runtime.interpret:
-        L.tail = constexpr_tail(L, len(args))
-        L.run = compiled.run  # (loads the module first)
-        L.function, L.packed, L.device = compiled.function, compiled.packed_metadata, torch.cuda.current_device()
+    if L.keep:
+        L.kept = kept_launch.keep(L.kernel, compiled, len(args), L.consts)
 
 
 def _launch_empty(p: Plan, a, b, c) -> None:

@@ -31,6 +31,7 @@ from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.kernels.moe import _moe_align_kernel, _moe_combine_kernel, _moe_grouped_kernel, _moe_tiles_kernel
+from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.plan import Target, target_for
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -119,11 +120,12 @@ def sort_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int,
         scale = None if topk_weights is None else torch.empty(s, dtype=torch.float32, device=topk_ids.device)
         block_s = max(16, triton.next_power_of_2(s))
         try:
-            _moe_align_kernel[(1,)](topk_ids.reshape(-1), topk_ids if scale is None else topk_weights.reshape(-1),
-                                    order, inv, token, offsets, tile_offsets, order if scale is None else scale, ok,
-                                    s, e, TOP_K=k, BLOCK_M=block_m, BLOCK_S=block_s,
-                                    BLOCK_E=max(16, triton.next_power_of_2(e + 1)), HAS_SCALE=scale is not None,
-                                    num_warps=4 if block_s <= 1024 else 8)
+            kept_launch.start(
+                _KEPT, _moe_align_kernel, (1,),
+                [topk_ids.reshape(-1), topk_ids if scale is None else topk_weights.reshape(-1), order, inv, token,
+                 offsets, tile_offsets, order if scale is None else scale, ok, s, e],
+                dict(TOP_K=k, BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_E=max(16, triton.next_power_of_2(e + 1)),
+                     HAS_SCALE=scale is not None), dict(num_warps=4 if block_s <= 1024 else 8))
             return Routes(order=order, inv=inv, token=token, offsets=offsets, tile_offsets=tile_offsets,
                           block_m=block_m, scale=scale, ok=ok)
         except (triton.CompilationError, OutOfResources) as err:  # cannot build it: say so once, use torch ops
@@ -253,14 +255,19 @@ def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: 
     log2_e = max(1, math.ceil(math.log2(max(e, 2)))) + 1
     programs = max(1, min(target.num_sms, items_bound))
     upcast = bool(knobs.runtime.interpret) and a.dtype == torch.bfloat16
-    _LAST["grouped"] = _moe_grouped_kernel[(programs,)](
-        a_arg, a_rows if a_rows is not None else offsets, w_arg, out, out_desc, scale if scale is not None else out,
-        offsets, tile_offsets, n, k, e, a.stride(0), w2d.stride(0), out.stride(0),
-        MODE=mode, A_TMA=a_tma, A_GATHER=a_rows is not None, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    compiled = kept_launch.start(
+        _KEPT, _moe_grouped_kernel, (programs,),
+        [a_arg, a_rows if a_rows is not None else offsets, w_arg, out, out_desc, scale if scale is not None else out,
+         offsets, tile_offsets, n, k, e, a.stride(0), w2d.stride(0), out.stride(0)],
+        dict(MODE=mode, A_TMA=a_tma, A_GATHER=a_rows is not None, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma,
+             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, LOG2_E=log2_e,
+             DOT_UPCAST=upcast),
+        dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    if compiled is not None:
+        _LAST["grouped"] = compiled
+
+
+_KEPT: dict = {}  # kept compiled kernels of the MoE launches, per specialization (gemmlab.ops.launch.start)
 
 
 _LAST: dict[str, object] = {}
@@ -338,8 +345,8 @@ def launch_grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     cfg = config or moe_config(target, s, e, 0, x.element_size()) if s else MoEConfig()
     tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=x.device)
     ok = torch.empty(1, dtype=torch.bool, device=x.device)
-    _moe_tiles_kernel[(1,)](offsets, tile_offsets, ok, e, s, BLOCK_M=cfg.block_m,
-                            BLOCK_E=max(16, triton.next_power_of_2(e)))  # tile schedule + offsets check: 1 launch
+    kept_launch.start(_KEPT, _moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],  # schedule + check
+                      dict(BLOCK_M=cfg.block_m, BLOCK_E=max(16, triton.next_power_of_2(e))), {})
     if validate:
         _device_check(ok[0], f"grouped_gemm: offsets must be non-decreasing cumulative ends within [0, S={s}]")
     if s == 0 or n == 0:
@@ -480,8 +487,9 @@ def launch_moe_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk
     o = torch.empty((s, h), dtype=x.dtype, device=x.device)
     _launch_grouped(2, act, None, w2, o, scale, r.offsets, r.tile_offsets, h, cfg2, target, s)
     block_h = min(1024, triton.next_power_of_2(h))
-    _moe_combine_kernel[(t, triton.cdiv(h, block_h))](o, r.inv, y, h, o.stride(0), y.stride(0), TOP_K=k,
-                                                      BLOCK_H=block_h)
+    kept_launch.start(_KEPT, _moe_combine_kernel, (t, triton.cdiv(h, block_h)), [o, r.inv, y, h, o.stride(0),
+                                                                                 y.stride(0)],
+                      dict(TOP_K=k, BLOCK_H=block_h), {})
     return y
 
 
