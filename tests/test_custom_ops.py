@@ -305,3 +305,30 @@ def test_kept_launch_steps_aside_for_hooks_and_other_devices(monkeypatch):
     assert launch.usable(k)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 1, raising=False)
     assert not launch.usable(k)
+
+
+def _two_args(x_ptr, n, BLOCK):  # a kernel signature for test_direct_launch_switch
+    pass
+
+
+def test_direct_launch_switch(monkeypatch):
+    """A compiled JIT kernel is kept (launched directly from then on) unless GEMMLAB_DIRECT_LAUNCH=0
+    (launch.DIRECT False) or the interpreter runs."""
+    from triton import knobs
+    from triton.runtime.jit import JITFunction
+
+    from gemmlab.ops import launch
+
+    class Compiled:
+        packed_metadata, function, run = "meta", "fn", (lambda *a: None)
+
+    kernel = JITFunction(_two_args)
+    monkeypatch.setattr(knobs.runtime, "interpret", False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    kept = launch.keep(kernel, Compiled(), 2, {"BLOCK": 64})
+    assert kept is not None and kept.tail == (64,) and kept.packed == "meta"
+    monkeypatch.setattr(launch, "DIRECT", False)
+    assert launch.keep(kernel, Compiled(), 2, {"BLOCK": 64}) is None
+    monkeypatch.setattr(launch, "DIRECT", True)
+    monkeypatch.setattr(knobs.runtime, "interpret", True)
+    assert launch.keep(kernel, Compiled(), 2, {"BLOCK": 64}) is None
