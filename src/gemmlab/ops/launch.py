@@ -43,6 +43,7 @@ class Kept:
     packed: object  # packed metadata
     tail: tuple  # the constexpr values in parameter order
     device: int
+    compiled: object = None  # the CompiledKernel (what inspectors read)
 
 
 def constexpr_tail(kernel, runtime_args: int, consts: dict) -> tuple:
@@ -61,7 +62,7 @@ def keep(kernel, compiled, runtime_args: int, consts: dict) -> Kept | None:
         return None
     tail = constexpr_tail(kernel, runtime_args, consts)
     run = compiled.run  # (loads the module first)
-    return Kept(run, compiled.function, compiled.packed_metadata, tail, torch.cuda.current_device())
+    return Kept(run, compiled.function, compiled.packed_metadata, tail, torch.cuda.current_device(), compiled)
 
 
 def _idle(hook) -> bool:
@@ -91,13 +92,13 @@ def _arg_key(x) -> object:
 def start(cache: dict, kernel, grid: tuple, args: list, consts: dict, opts: dict):
     """``kernel[grid](*args, **consts, **opts)``: directly when a kernel was kept for this specialization (the
     argument dtypes, 16-byte alignments, integer values, descriptor layouts, constexprs and options), else
-    through the JIT, keeping what it compiled. Returns the compiled kernel of a JIT launch, else None."""
+    through the JIT, keeping what it compiled. Returns the compiled kernel that ran (None under the interpreter)."""
     grid = tuple(grid) + (1,) * (3 - len(grid))
     key = (kernel, grid, tuple(_arg_key(x) for x in args), tuple(consts.items()), tuple(opts.items()))
     kept = cache.get(key)
     if usable(kept):
         run(kept, grid, args)
-        return None
+        return kept.compiled
     compiled = kernel[grid](*args, **consts, **opts)
     k = keep(kernel, compiled, len(args), consts)
     if k is not None:
