@@ -77,7 +77,8 @@ def record_sweep(ledger: Ledger, path: str, note: str) -> list[Entry]:
                       tensor_core_ops=tc,
                       report={"baseline": case["baseline"], "candidate": name, "case": {k: case[k] for k in (
                           "model", "tokens", "routing", "part", "S", "max_rows_per_expert")}},
-                      created=env.get("date"), git_sha=(env.get("git_sha") or "unknown").removesuffix("-dirty"),
+                      created=env.get("date"), gemmlab_version=env.get("gemmlab", "unknown"),
+                      git_sha=(env.get("git_sha") or "unknown").removesuffix("-dirty"),
                       dirty=(env.get("git_sha") or "").endswith("-dirty"), gpu=env.get("gpu"),
                       driver=env.get("driver"), torch=env.get("torch"), triton=env.get("triton"))
             if name != default and c.get("per_round_ms") and cands[default].get("per_round_ms"):

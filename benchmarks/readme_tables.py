@@ -7,13 +7,15 @@ import json
 import sys
 from pathlib import Path
 
+from gemmlab import provenance
+
 
 def gemm_table(d: Path) -> None:
     graph = json.loads((d / "bench-all-graph" / "gemm-bench.json").read_text())
     eager = json.loads((d / "bench-all-eager" / "gemm-bench.json").read_text())
     env = graph["env"]
     print(f"{env['gpu']}, {graph['args']['dtype']}, {env['date'][:10]}, torch {env['torch']}, triton {env['triton']}, "
-          f"driver {env.get('driver')}, git {env['git_sha'][:12]}\n")
+          f"driver {env.get('driver')}, {provenance.label(env)}\n")
     print("| M x N x K | path | cuBLAS TFLOPS | gemmlab TFLOPS | ratio (device) | 95% CI | verdict | packed B | "
           "mean SM MHz | efficiency | ratio (eager) |")
     print("|---|---|---:|---:|---:|---|---|---:|---:|---:|---:|")
@@ -28,7 +30,7 @@ def gemm_table(d: Path) -> None:
 
 def clock_order(d: Path) -> None:
     r = json.loads(next(d.glob("*-clock-order.json")).read_text())
-    print(f"\n{r['env']['gpu']}, fp16 {'x'.join(map(str, r['shape']))}, git {r['env']['git_sha'][:12]}\n")
+    print(f"\n{r['env']['gpu']}, fp16 {'x'.join(map(str, r['shape']))}, {provenance.label(r['env'])}\n")
     print("| pair (candidate vs baseline) | timing | order | ratio | 95% CI | verdict | "
           "mean SM MHz candidate / baseline |")
     print("|---|---|---|---:|---|---|---|")

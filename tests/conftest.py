@@ -2,11 +2,14 @@
 module is imported. With CUDA the same tests run on the GPU, and the `gpu`-marked ones run too."""
 
 import os
+import tempfile
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+# the user's own config tables (~/.gemmlab/configs, $GEMMLAB_CONFIGS) must not change what tests see
+os.environ["GEMMLAB_CONFIGS"] = tempfile.mkdtemp(prefix="gemmlab-test-configs-")
 
 import pytest  # noqa: E402
 

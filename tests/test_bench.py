@@ -255,7 +255,8 @@ def test_bench_gemm_end_to_end(tmp_path):
     paths = bg.write(rep, tmp_path / "out")
     assert [p.name for p in paths][:2] == ["gemm-bench.json", "gemm-bench.csv"]
     data = json.loads(paths[0].read_text())
-    assert data["env"]["git_sha"] and data["args"]["baseline"] == "cublas" and len(data["results"]) == 2
+    assert data["env"]["gemmlab"] and "git_sha" in data["env"]
+    assert data["args"]["baseline"] == "cublas" and len(data["results"]) == 2
     assert paths[1].read_text().splitlines()[0].startswith("shape,m,n,k,dtype,backend,path,ok")
     if len(paths) == 3:  # matplotlib present
         assert paths[2].read_bytes()[:4] == b"\x89PNG"

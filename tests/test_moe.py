@@ -288,7 +288,7 @@ def test_bench_moe_command(tmp_path):
     assert {(e.op, e.backend) for e in entries} == {("moe_grouped", "gemmlab"), ("moe_grouped", "torch.mm loop"),
                                                     ("moe_grouped", "dense torch.mm (same size)"),
                                                     ("moe_forward", "gemmlab")}
-    assert all(e.shape == "16x64x32x8x2 zipf" and e.note == "first MoE bench" and e.correct and e.git_sha
+    assert all(e.shape == "16x64x32x8x2 zipf" and e.note == "first MoE bench" and e.correct and e.gemmlab_version
                and e.decision in ("accepted", "rejected") and e.reason for e in entries)
     rep = json.loads((tmp_path / "moe-bench.json").read_text())
     parts = {r["part"]: r for r in rep["results"]}

@@ -70,10 +70,15 @@ def test_a_fast_but_wrong_config_is_rejected_and_never_chosen(tmp_path):
 
 
 def test_winners_are_written_and_picked_by_plan_and_a_session_resumes(tmp_path, monkeypatch):
+    """(and the rule names its file in ``plan(...).reason``)"""
     ledger = str(tmp_path / "l.db")
     kw = dict(ledger=ledger, session="s2", count_tensor_cores=lambda p: 1, reps=1, warmup_s=0.0)
     r = tune_shape(48, 64, 128, budget_s=12, confirm_rounds=6, **kw)
-    assert r["tried"][0]["decision"] in ("accepted", "rejected") and r["pruned"]
+    assert r["tried"][0]["decision"] in ("accepted", "rejected")
+    # the loop prunes before compiling: nothing tried is prunable, every pruned config says why (how many
+    # are drawn, and so pruned, in the budget depends on the machine's load)
+    assert all(space.prune(GemmConfig(**t["config"]), r["path"], 48, 64, 128) is None for t in r["tried"][1:])
+    assert all(p["reason"] for p in r["pruned"])
     first = {e.id: e for e in Ledger.open(ledger).list(session="s2")}
     again = tune_shape(48, 64, 128, budget_s=12, confirm_rounds=2, **kw)  # resume: replay, then go on
     assert [t["entry"] for t in again["tried"][: len(r["tried"])]] == [t["entry"] for t in r["tried"]]
@@ -82,24 +87,26 @@ def test_winners_are_written_and_picked_by_plan_and_a_session_resumes(tmp_path, 
     assert all(json.dumps(e.config, sort_keys=True) not in old_keys for e in new)  # nothing tried twice
     forced = dict(r, confirmed=True, best=dict(r["best"], block_n=32, num_stages=2),
                   confirm=dict(r["confirm"], speedup={"ratio": 1.5, "ci95": [1.4, 1.6]}))
-    for name in ("interpreter.json", "default.json"):
-        (tmp_path / name).write_text((plan_mod.CONFIG_DIR / name).read_text())
-    path = write_configs([forced], "interpreter", tmp_path)
+    monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path / "user"))
+    path = write_configs([forced], "interpreter")  # by default into the user's directory, which plan reads
+    assert path == tmp_path / "user" / "interpreter.json"
     data = json.loads(path.read_text())
+    assert list(data["gemm"]) == [r["path"]] and len(data["gemm"][r["path"]]) == 1  # only the user's rule
     rule = data["gemm"][r["path"]][0]
     assert rule["m"] == [33, 64] and rule["dtype"] == "float16" and rule["tuned"]["shape"] == "48x64x128"
-    write_configs([forced], "interpreter", tmp_path)  # the same bucket again: replaced, not duplicated
+    write_configs([forced], "interpreter")  # the same bucket again: replaced, not duplicated
     assert sum(bool(x.get("tuned")) for x in json.loads(path.read_text())["gemm"][r["path"]]) == 1
-    monkeypatch.setattr(plan_mod, "CONFIG_DIR", tmp_path)
-    plan_mod.config_table.cache_clear()
     try:
         want = GemmConfig(**forced["best"])
         p = gemmlab.plan(rand((48, 128)), rand((128, 64)))
         assert dataclasses.replace(p.config, split_k=want.split_k) == want  # (split-K is resolved per shape)
+        assert f"{path} gemm.{r['path']}[0] (m 33..64, n 33..64, k 65..128, float16)" in p.reason, p.reason
         outside = gemmlab.plan(rand((100, 128)), rand((128, 64)))  # M = 100: another bucket
         assert dataclasses.replace(outside.config, split_k=want.split_k) != want
+        assert str(plan_mod.configs.BUNDLED_DIR / "interpreter.json") in outside.reason
     finally:
-        plan_mod.config_table.cache_clear()
+        monkeypatch.undo()
+        plan_mod.configs.reload()
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="CPU workers")

@@ -14,13 +14,17 @@ fake implementations and autograd: they trace under torch.compile(fullgraph=True
 
 Names load on first use: Triton decides at a kernel's import whether it runs compiled or under its CPU
 interpreter (TRITON_INTERPRET=1), so ``import gemmlab`` alone imports no kernel and the `gemmlab` command
-can still choose the interpreter on machines without CUDA.
+can still choose the interpreter on machines without CUDA. Importing it warns once (RuntimeWarning) when the
+running Triton is not the one the shipped GPU configs were tuned with (``gemmlab.provenance``).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING
+
+from gemmlab._version import __version__ as __version__
+from gemmlab.provenance import check_triton
 
 _EXPORTS = {
     "PackedB": "gemmlab.ops.gemm", "gemm": "gemmlab.ops.gemm", "gemm_colmajor": "gemmlab.ops.gemm",
@@ -31,7 +35,7 @@ _EXPORTS = {
 }
 __all__ = ["GemmConfig", "PackedB", "PackedMoE", "Plan", "gemm", "gemm_colmajor", "gemm_ref", "grouped_gemm",
            "moe_forward", "pack_b", "pack_moe_weights", "paths", "plan", "route"]
-__version__ = "0.1.0"
+check_triton()  # once: the shipped GPU configs were tuned with one Triton (configs/*.json "triton")
 
 if TYPE_CHECKING:
     from gemmlab.ops.gemm import PackedB, gemm, gemm_colmajor, pack_b, plan

@@ -78,8 +78,43 @@ def _write_report(report: dict, output_dir: str, name: str) -> None:
     Console().print(f"wrote {path}")
 
 
+def _usage_error(message: object) -> typer.Exit:
+    """One line on stderr, unwrapped and taken literally (no rich markup), for ``raise ... from e``: exit 2."""
+    from rich.markup import escape
+
+    Console(stderr=True, soft_wrap=True).print(f"[red]{escape(str(message))}", highlight=False)
+    return typer.Exit(2)
+
+
+def _ledger_ready(ledger: str | None) -> None:
+    """Before any work of a command that records: a ledger path that is a directory, a corrupt or read-only
+    file, or a ledger of a newer gemmlab is one line and exit 2 (not a traceback after the work)."""
+    from gemmlab.ledger import LedgerError, check
+
+    try:
+        check(ledger)
+    except LedgerError as e:
+        raise _usage_error(e) from e
+
+
+def _version(value: bool) -> None:
+    if value:
+        from gemmlab import provenance
+
+        sha = provenance.git_sha()
+        print(f"gemmlab {provenance.version()}" + (f" (git {sha})" if sha else ""))
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="print gemmlab's version and exit")] = False) -> None:
+    """gemmlab: fast FP16/BF16 GEMM in Triton, checked against a float64 reference."""
+
+
 def _record(entries, note: str, ledger: str | None, parent: int | None) -> None:
     """Write entries to the ledger and print each decision."""
+    from gemmlab.ledger import LedgerError
     from gemmlab.ledger.records import record
 
     for e in entries:
@@ -88,6 +123,8 @@ def _record(entries, note: str, ledger: str | None, parent: int | None) -> None:
         done = record(entries, ledger, parent)
     except KeyError as e:
         raise typer.BadParameter(str(e)) from e
+    except LedgerError as e:
+        raise _usage_error(e) from e
     c = Console(stderr=True, width=150)
     for e in done:
         color = "green" if e.decision == "accepted" else "yellow"
@@ -179,6 +216,8 @@ def grade(
     from gemmlab.grade import report as rep
 
     err = Console(stderr=True, width=140)
+    if record_note is not None or ledger:
+        _ledger_ready(ledger)
     try:
         n_steps = len(load_any(cases or default_cases()).correctness)
     except case_files.CaseError as e:
@@ -225,11 +264,14 @@ def bench_gemm(
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from gemmlab import provenance
     from gemmlab.bench import gemm as bg
     from gemmlab.ledger.records import from_bench as bg_records
 
     todo = _shapes(shapes, suite, "all" if torch.cuda.is_available() else "cpu")
     dt = _dtype(dtype)
+    if record_note is not None or ledger:
+        _ledger_ready(ledger)
     err = Console(stderr=True, width=150)
     cols = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
             TimeElapsedColumn(), TimeRemainingColumn())
@@ -248,7 +290,7 @@ def bench_gemm(
             raise typer.Exit(2) from e
     env = report["env"]
     title = (f"{env.get('gpu') or 'CPU (Triton interpreter, host clock: not a GPU measurement)'} {dtype} "
-             f"{'graph replay' if graph else 'eager'}, interleaved vs cuBLAS, git {env['git_sha'][:12]}")
+             f"{'graph replay' if graph else 'eager'}, interleaved vs cuBLAS, {provenance.label(env)}")
     table = Table(title=title)
     for col in ("shape", "backend", "path", "median ms", "p20-p80 ms", "TFLOPS", "ratio", "95% CI", "verdict",
                 "MHz", "eff", "ok"):
@@ -301,6 +343,8 @@ def bench_moe_cmd(
     from gemmlab.bench import moe as bm
     from gemmlab.problems import MoEModel
 
+    if record_note is not None or ledger:
+        _ledger_ready(ledger)
     err = Console(stderr=True)
     try:
         own = None
@@ -353,6 +397,8 @@ def bench_stable(
     from gemmlab.bench.stable import stable_bench
     from gemmlab.problems import parse_shape
 
+    if record_note is not None or ledger:
+        _ledger_ready(ledger)
     try:
         m, n, k = parse_shape(shape)
         dt = _dtype(dtype)
@@ -415,6 +461,8 @@ def table_cmd(
     from gemmlab.bench import table as bt
     from gemmlab.problems import resolve_moe
 
+    if record_note is not None or ledger:
+        _ledger_ready(ledger)
     try:
         top_k, hidden_size, intermediate_size = resolve_moe(model, top_k, hidden_size, intermediate_size)
     except ValueError as e:
@@ -494,35 +542,57 @@ def tune_cmd(
     shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable)")] = None,
     suite: Annotated[list[str] | None, typer.Option(help="shape suites (repeatable) [default: seeds and small-m "
                                                          "with CUDA, cpu without]")] = None,
-    dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
+    dtype: Annotated[str | None, typer.Option(help="float16 or bfloat16 [default: float16; bfloat16 with --op moe]")]
+    = None,
     budget_minutes: Annotated[float, typer.Option(help="time budget for all shapes")] = 5.0,
     session: Annotated[str | None, typer.Option(help="session name [default: tune-<date>-<time>]")] = None,
     resume: Annotated[str | None, typer.Option(help="resume a session: skip what the ledger holds for it")] = None,
-    write: Annotated[bool, typer.Option(help="write confirmed winners to configs/<gpu>.json")] = True,
-    configs_dir: Annotated[str | None, typer.Option(help="where <gpu>.json lives [default: the package's]")] = None,
+    op: Annotated[str, typer.Option(help="gemm, or moe (the MoE layer's grouped GEMMs)")] = "gemm",
+    model: Annotated[str | None, typer.Option(help="--op moe: deepseek-v3, mixtral-8x7b, qwen3-30b-a3b")] = None,
+    moe: Annotated[str | None, typer.Option(help="--op moe: H,I,E,k of a model of your own")] = None,
+    tokens: Annotated[list[int] | None, typer.Option(help="--op moe: T (repeatable) [default: 4096]")] = None,
+    moe_mode: Annotated[list[str] | None, typer.Option(help="--op moe: gate_up, down, grouped (repeatable) "
+                                                            "[default: all three]")] = None,
+    write: Annotated[bool, typer.Option(help="write confirmed winners to the user's <gpu>.json")] = True,
+    configs_dir: Annotated[str | None, typer.Option(help="where to write <gpu>.json [default: $GEMMLAB_CONFIGS, "
+                                                         "else $GEMMLAB_HOME/configs, else ~/.gemmlab/configs: "
+                                                         "the directory plan reads]")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write tune-report.json here")] = None,
     record_note: Annotated[str, typer.Option("--record", help="what this tuning run is about")] = "tune",
     ledger: LedgerOpt = None,
     seed: Annotated[int, typer.Option(help="seed of inputs and search order")] = 0,
 ) -> None:
-    """Search each shape's config space: verify every candidate at the shape, time it against the incumbent
-    and cuBLAS, accept only what is faster beyond noise on tensor cores; every attempt goes to the ledger;
-    confirmed winners become config rules that `plan` picks."""
+    """Search each shape's config space (--op gemm), or the MoE layer's grouped GEMMs (--op moe): verify every
+    candidate at the shape, time it against the incumbent and the baseline (cuBLAS; torch's grouped GEMM),
+    accept only what is faster beyond noise on tensor cores; every attempt goes to the ledger; confirmed
+    winners become rules in the user's <gpu>.json, which `plan` and the MoE ops read before the bundled ones."""
     import time
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from gemmlab.ops.plan import CONFIG_DIR, target_for
-    from gemmlab.tune.tuner import tune, write_configs
+    from gemmlab.ops import configs
+    from gemmlab.ops.plan import target_for
+    from gemmlab.tune.tuner import moe_items, moe_model, tune, write_configs
 
-    todo: list = []
-    if shapes:
-        todo += _shapes(shapes, None, "cpu")
-    for name in suite or ([] if shapes else (["seeds", "small-m"] if torch.cuda.is_available() else ["cpu"])):
-        todo += _shapes(None, name, "cpu")
-    todo = list(dict.fromkeys(todo))
     if budget_minutes <= 0:
         raise typer.BadParameter("--budget-minutes must be > 0")
+    todo: list = []
+    if op == "moe":
+        if shapes or suite:
+            raise typer.BadParameter("--shapes and --suite are for --op gemm; --op moe takes --model/--moe, --tokens")
+        try:
+            todo = moe_items(moe_model(model, moe), tokens or [4096], moe_mode or ("gate_up", "down", "grouped"))
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    elif op == "gemm":
+        if shapes:
+            todo += _shapes(shapes, None, "cpu")
+        for name in suite or ([] if shapes else (["seeds", "small-m"] if torch.cuda.is_available() else ["cpu"])):
+            todo += _shapes(None, name, "cpu")
+        todo = list(dict.fromkeys(todo))
+    else:
+        raise typer.BadParameter(f"--op {op!r}: gemm or moe")
+    _ledger_ready(ledger)  # every attempt is recorded
     err = Console(stderr=True, width=150)
     cols = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TextColumn("ETA"),
             TimeRemainingColumn())
@@ -537,16 +607,16 @@ def tune_cmd(
             bar.update(task, completed=min(total, time.perf_counter() - t0),
                        description=f"{ev['shape']}: {counts[ev['shape']]} tried")
 
-        res = tune(todo, _dtype(dtype), budget_minutes=budget_minutes, ledger=ledger, session=resume or session,
-                   seed=seed, note=record_note, progress=step)
+        res = tune(todo, _dtype(dtype or ("bfloat16" if op == "moe" else "float16")), budget_minutes=budget_minutes,
+                   ledger=ledger, session=resume or session, seed=seed, note=record_note, progress=step)
     table = Table(title=f"tune session {res['session']} ({res['workers']} worker(s))")
-    for col in ("shape", "path", "tried", "accepted", "pruned", "default vs cuBLAS", "tuned vs cuBLAS",
+    for col in ("shape", "path", "tried", "accepted", "pruned", "default vs baseline", "tuned vs baseline",
                 "tuned / default [95% CI]", "confirmed"):
         table.add_column(col)
     for r in res["results"]:
         conf = r["confirm"]
         sp = conf.get("speedup")
-        dv, tv = conf.get("default_vs_cublas") or {}, conf.get("tuned_vs_cublas") or {}
+        dv, tv = conf.get("default_vs_baseline") or {}, conf.get("tuned_vs_baseline") or {}
         table.add_row("x".join(map(str, r["shape"])), r["path"], str(len(r["tried"])),
                       str(sum(t["decision"] == "accepted" for t in r["tried"][1:])), str(len(r["pruned"])),
                       _num(dv.get("ratio"), ".3f"), _num(tv.get("ratio"), ".3f"),
@@ -555,8 +625,10 @@ def tune_cmd(
     Console(width=150).print(table)
     if write and any(r["confirmed"] for r in res["results"]):
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        path = write_configs(res["results"], target_for(device).name, configs_dir or CONFIG_DIR)
+        path = write_configs(res["results"], target_for(device).name, configs_dir)
         Console().print(f"wrote the confirmed winners to {path}")
+        if path.parent.resolve() != configs.user_dir().resolve():
+            Console().print(f"note: plan reads {configs.user_dir()}; set GEMMLAB_CONFIGS={path.parent} to use {path}")
     if output_dir:
         from gemmlab.bench.timing import env_info
 
@@ -566,9 +638,13 @@ def tune_cmd(
 
 
 def _ledger(path: str | None):
-    from gemmlab.ledger import Ledger
+    """The ledger to read (list, show, compare, history, export); an unusable one is one line and exit 2."""
+    from gemmlab.ledger import Ledger, LedgerError
 
-    return Ledger.open(path)
+    try:
+        return Ledger.open(path)
+    except LedgerError as e:
+        raise _usage_error(e) from e
 
 
 def _entry_row(e) -> list[str]:

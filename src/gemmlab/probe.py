@@ -157,8 +157,9 @@ def probe(quick: bool = False) -> dict:
         raise RuntimeError("gemmlab probe needs a CUDA GPU")
     props = torch.cuda.get_device_properties(0)
     env = timing.env_info()
-    prof = {"gpu": props.name, "date": env["date"], "git_sha": env["git_sha"], "torch": env["torch"],
-            "triton": env["triton"], "driver": env.get("driver"), "sm_count": props.multi_processor_count,
+    prof = {"gpu": props.name, "date": env["date"], "gemmlab": env["gemmlab"], "git_sha": env["git_sha"],
+            "torch": env["torch"], "triton": env["triton"], "driver": env.get("driver"),
+            "sm_count": props.multi_processor_count,
             "capability": [props.major, props.minor], "l2_bytes": getattr(props, "L2_cache_size", None),
             "smem_per_block_optin": getattr(props, "shared_memory_per_block_optin", None),
             "memory_bytes": props.total_memory, "power_limit_w": env.get("power_limit_w"),

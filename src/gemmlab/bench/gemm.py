@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from gemmlab import provenance
 from gemmlab.bench import timing
 from gemmlab.bench.compare import compare_many
 from gemmlab.problems import Shape
@@ -177,7 +178,7 @@ def plot(report: dict, path: Path) -> Path | None:
     ax2.set_ylabel("speed ratio to cuBLAS (interleaved)")
     env = report["env"]
     ax.set_title(f"{env.get('gpu') or 'CPU interpreter'} {report['args']['dtype']} "
-                 f"{'graph replay' if report['args']['graph'] else 'eager'} git {env['git_sha'][:8]}", fontsize=9)
+                 f"{'graph replay' if report['args']['graph'] else 'eager'} {provenance.label(env)}", fontsize=9)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)

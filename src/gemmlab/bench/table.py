@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from gemmlab import provenance
 from gemmlab.bench import timing
 from gemmlab.bench.compare import compare_many
 from gemmlab.bench.gemm import inputs, make_backend
@@ -188,7 +189,7 @@ def markdown(table: dict) -> str:
             f"{', model ' + cfg['model'] if cfg.get('model') else ''}\n\n"
             f"{env.get('gpu') or 'CPU (Triton interpreter; host-clock timing, not a GPU measurement)'}, "
             f"{env['date']}, torch {env['torch']}, triton {env['triton']}, driver {env.get('driver', '-')}, "
-            f"git {env['git_sha'][:12]}; warmup {cfg['warmup']} calls and {cfg['warmup_s']} s, "
+            f"{provenance.label(env)}; warmup {cfg['warmup']} calls and {cfg['warmup_s']} s, "
             f"{cfg['rounds']} interleaved rounds of {cfg['reps_per_round']} calls\n\n")
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cells(r)) + " |" for r in table["rows"]]

@@ -13,17 +13,15 @@
 from __future__ import annotations
 
 import datetime
-import os
 import platform
 import statistics
-import subprocess
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
+from gemmlab import provenance
 from gemmlab.bench.stats import ratio_summary, summarize  # noqa: F401  (re-exported: timing's old home)
 
 Fn = Callable[[], object]
@@ -237,29 +235,15 @@ class ClockSampler:
                 "samples": len(clocks), "clock_scope": scope}
 
 
-def git_sha() -> str:
-    """HEAD of the checkout (+ "-dirty"); GEMMLAB_GIT_SHA overrides it where the tree travels without .git."""
-    if os.environ.get("GEMMLAB_GIT_SHA"):
-        return os.environ["GEMMLAB_GIT_SHA"]
-    root = Path(__file__).resolve().parents[3]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except Exception:
-        return "unknown"
-
-
 def env_info() -> dict:
-    """Provenance: date, versions, git SHA; with CUDA the GPU, its SM count and architecture, driver, power
-    limit and maximum SM clock (NVML)."""
+    """Provenance: date, versions (gemmlab's too), gemmlab's git SHA (None unless it runs from a checkout of
+    gemmlab: ``provenance.git_sha``); with CUDA the GPU, its SM count and architecture, driver, power limit
+    and maximum SM clock (NVML)."""
     import triton
 
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-            "git_sha": git_sha()}
+            "gemmlab": provenance.version(), "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "git_sha": provenance.git_sha()}
     if not torch.cuda.is_available():
         info.update(gpu=None, device="cpu", timer="host clock (Triton CPU interpreter): not a GPU measurement")
         return info

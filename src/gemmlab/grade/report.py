@@ -8,6 +8,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from gemmlab import provenance
+
 
 def _shape(s) -> str:
     return "x".join(map(str, s))
@@ -89,7 +91,8 @@ def render(report: dict, console: Console) -> None:
 def markdown(report: dict) -> str:
     lines = [f"# gemmlab grade: {report['cases_name']}", "",
              f"kernel `{report['kernel']}` ({report['signature']}), {report['dtype']} {report['layout']}, "
-             f"{report['env'].get('gpu') or report['device']}, {report['env']['date']}, git {report['env']['git_sha']}",
+             f"{report['env'].get('gpu') or report['device']}, {report['env']['date']}, "
+             f"{provenance.label(report['env'])}",
              "", "| case | M x N x K | status | max abs err | tolerance | paths / kernels | reason |",
              "|---|---|---|---:|---:|---|---|"]
     for c in report["correctness"]:

@@ -223,7 +223,7 @@ def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bf
     from gemmlab.kernels.moe import _moe_grouped_kernel
     from gemmlab.ops.moe import epilogue_flags, launch_config, moe_config
 
-    cfg = launch_config(config or moe_config(target, rows, experts, mode, torch.finfo(dtype).bits // 8), a_tma,
+    cfg = launch_config(config or moe_config(target, rows, experts, mode, dtype.itemsize, dtype=dtype), a_tma,
                         a_gather, w_tma)
     warps, stages = cfg.num_warps, cfg.num_stages
     dt = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]

@@ -4,6 +4,6 @@
 """
 
 from gemmlab.ledger.decide import decide, paired_speedup
-from gemmlab.ledger.store import Entry, Ledger, default_path
+from gemmlab.ledger.store import SCHEMA_VERSION, Entry, Ledger, LedgerError, check, default_path
 
-__all__ = ["Entry", "Ledger", "decide", "default_path", "paired_speedup"]
+__all__ = ["SCHEMA_VERSION", "Entry", "Ledger", "LedgerError", "check", "decide", "default_path", "paired_speedup"]

@@ -7,6 +7,11 @@
 WAL journal, one transaction per write (``BEGIN IMMEDIATE``: the parent is looked up and the row inserted
 under the same write lock), a busy timeout so concurrent writers (tuner workers) wait instead of failing.
 A process killed mid-transaction leaves the file as it was before that transaction.
+
+The file carries its schema version (``PRAGMA user_version``, ``SCHEMA_VERSION``); opening an older file
+migrates it in one transaction (``_MIGRATIONS``; version 0 is a file from before versions were recorded),
+and a file from a newer gemmlab, a directory or a file that is not a SQLite database raise ``LedgerError``
+with one line. ``check(path)`` also proves the file takes a write: the CLI calls it before any work.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gemmlab import provenance
 from gemmlab.ledger.decide import decide
 
 
@@ -66,7 +72,8 @@ class Entry:
     # filled by record():
     id: int | None = None
     created: str | None = None
-    git_sha: str | None = None
+    gemmlab_version: str | None = None
+    git_sha: str | None = None  # None unless gemmlab ran from a git checkout of gemmlab
     dirty: bool | None = None
     gpu: str | None = None
     driver: str | None = None
@@ -78,14 +85,57 @@ class Entry:
 
 _JSON = ("config", "ratio_ci", "per_round", "vs_parent", "report")
 _COLUMNS = [f.name for f in dataclasses.fields(Entry)]
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS entries (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    {", ".join(c for c in _COLUMNS if c != "id")}
-);
-CREATE INDEX IF NOT EXISTS entries_shape ON entries (op, shape, dtype, gpu, decision);
-CREATE INDEX IF NOT EXISTS entries_session ON entries (session);
-"""
+SCHEMA_VERSION = 1
+_SCHEMA = [
+    f"CREATE TABLE entries (id INTEGER PRIMARY KEY AUTOINCREMENT, {', '.join(c for c in _COLUMNS if c != 'id')})",
+    "CREATE INDEX entries_shape ON entries (op, shape, dtype, gpu, decision)",
+    "CREATE INDEX entries_session ON entries (session)",
+]
+# _MIGRATIONS[v]: the statements that take a version v-1 file to version v (tests/test_ledger_schema.py
+# opens a version 0 file and checks that a migrated file has every column a new one has).
+_MIGRATIONS = {
+    1: ["ALTER TABLE entries ADD COLUMN gemmlab_version"],
+}
+
+
+class LedgerError(ValueError):
+    """A ledger file that cannot be used: its one-line message names the file and the problem."""
+
+
+def _writable(path: Path) -> bool:
+    """Writable by this process, and not marked read-only: a file or directory without any write bit is
+    read-only for root too, although root could write it."""
+    return os.access(path, os.W_OK) and bool(path.stat().st_mode & 0o222)
+
+
+def check(path: str | Path | None = None) -> Path:
+    """Prove the ledger at ``path`` (default: ``default_path()``) can record: not a directory, not
+    read-only (nor its directory, where SQLite keeps its journal), a SQLite ledger of a schema this gemmlab
+    knows (an older one is migrated), and a write goes through (rolled back). Returns the path; raises
+    ``LedgerError`` with one line."""
+    p = Path(path or default_path())
+    if p.is_dir():
+        raise LedgerError(f"ledger {p} is a directory, not a file")
+    if p.exists() and not _writable(p):
+        raise LedgerError(f"ledger {p} is read-only")
+    where = p.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir() or not _writable(where):
+        raise LedgerError(f"ledger {p}: its directory {where} is {'read-only' if where.is_dir() else 'a file'}")
+    db = Ledger(p)
+    try:
+        db.conn.execute("BEGIN IMMEDIATE")
+        try:  # a write (the version it has), rolled back: SQLite refuses it where it cannot write
+            db.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        finally:
+            db.conn.execute("ROLLBACK")
+    except sqlite3.Error as e:
+        raise LedgerError(f"ledger {p} cannot be written: {e}" if "readonly" not in str(e) else
+                          f"ledger {p} is read-only ({e})") from None
+    finally:
+        db.close()
+    return p
 
 
 def _row(r: sqlite3.Row) -> Entry:
@@ -103,9 +153,21 @@ class Ledger:
 
     def __init__(self, path: str | Path, timeout: float = 60.0):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)  # explicit transactions
+        if self.path.is_dir():
+            raise LedgerError(f"ledger {self.path} is a directory, not a file")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)  # explicit transactions
+        except (OSError, sqlite3.Error) as e:
+            raise LedgerError(f"ledger {self.path} cannot be opened: {e}") from None
         self.conn.row_factory = sqlite3.Row
+        try:
+            self._open(timeout)
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _open(self, timeout: float) -> None:
         # Several processes opening one new file at once (tuner workers) can get "database is locked" at
         # once, not after the busy timeout: SQLite skips its busy handler where waiting could deadlock
         # (switching the journal to WAL, creating the schema). Retry those for up to the timeout.
@@ -114,12 +176,39 @@ class Ledger:
             try:
                 self.conn.execute("PRAGMA journal_mode=WAL")
                 self.conn.execute("PRAGMA synchronous=NORMAL")
-                self.conn.executescript(_SCHEMA)
+                self._schema()
                 break
             except sqlite3.OperationalError as e:
                 if ("locked" not in str(e) and "busy" not in str(e)) or time.monotonic() > deadline:
-                    raise
+                    if "readonly" in str(e):
+                        raise LedgerError(f"ledger {self.path} is read-only ({e})") from None
+                    raise LedgerError(f"ledger {self.path} cannot be opened: {e}") from None
                 time.sleep(0.05)
+            except sqlite3.DatabaseError as e:  # "file is not a database"
+                raise LedgerError(f"ledger {self.path} is not a SQLite ledger ({e})") from None
+
+    def schema_version(self) -> int:
+        return self.conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def _schema(self) -> None:
+        """Create the schema in a new file, migrate an older one, refuse a newer one."""
+        if self.schema_version() > SCHEMA_VERSION:
+            raise LedgerError(f"ledger {self.path} has schema version {self.schema_version()}, newer than this "
+                              f"gemmlab's {SCHEMA_VERSION} (gemmlab {provenance.version()}): upgrade gemmlab")
+        if self.schema_version() == SCHEMA_VERSION:
+            return
+        with self.transaction() as c:  # under the write lock: another process may have migrated it meanwhile
+            version = self.schema_version()
+            if version == SCHEMA_VERSION:
+                return
+            if c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'entries'").fetchone():
+                for v in range(version + 1, SCHEMA_VERSION + 1):
+                    for stmt in _MIGRATIONS[v]:
+                        c.execute(stmt)
+            else:
+                for stmt in _SCHEMA:
+                    c.execute(stmt)
+            c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> Ledger:
@@ -143,10 +232,11 @@ class Ledger:
         from gemmlab.bench.timing import env_info
 
         env = env_info()
-        sha = env.get("git_sha", "unknown")
+        sha = env.get("git_sha")  # None outside a checkout of gemmlab
         e.created = e.created or env["date"]
-        e.git_sha = e.git_sha or sha.removesuffix("-dirty")
-        e.dirty = sha.endswith("-dirty") if e.dirty is None else e.dirty
+        e.gemmlab_version = e.gemmlab_version or env["gemmlab"]
+        e.git_sha = e.git_sha or (sha.removesuffix("-dirty") if sha else None)
+        e.dirty = (sha.endswith("-dirty") if sha else None) if e.dirty is None else e.dirty
         e.gpu = e.gpu or env.get("gpu") or "cpu"
         e.driver = e.driver or env.get("driver")
         e.torch, e.triton = e.torch or env["torch"], e.triton or env["triton"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -19,6 +19,7 @@ from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.kernels.gemm import _gemm_portable_kernel, _gemm_tma_persistent_kernel, _gemm_tma_splitk_kernel
+from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.launch import HostDesc, Kept
 from gemmlab.ops.plan import GemmConfig, Plan, choose, is_kmajor
@@ -208,12 +209,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
 # Per signature (shapes, strides, dtypes, devices, 16-byte alignment of each base, out's layout): the plan, the
 # operand swap and the prepared launch (with its compiled kernel once launched). Filled on first use of a
 # signature, after every check; a hit skips the checks the key already proves. Plans come from the config tables
-# as loaded when the signature was first seen: ``clear_cache()`` after changing them in-process.
+# as loaded when the signature was first seen; ``configs.reload()`` (tests, ``gemmlab tune``) clears the cache.
 _CACHE: dict[tuple, tuple] = {}
 
 
+@config_tables.on_reload
 def clear_cache() -> None:
-    """Forget every cached plan and launch (after changing config tables in this process)."""
+    """Forget every cached plan and launch (``configs.reload()`` calls this)."""
     _CACHE.clear()
 
 
@@ -273,7 +275,7 @@ def run(p: Plan, a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tenso
     tuner's and the config sweep's way to launch a pinned config."""
     ka, kb, kc, swap = _operands(a, b, out)
     fresh = choose(ka, kb, kc, swap, p.config)
-    if fresh != p:
+    if replace(fresh, reason=p.reason) != p:  # (the reason says where the config came from)
         raise ValueError(f"run: the plan does not fit these operands (plan for them: {fresh})")
     return _execute(p, ka, kb, kc, out)
 

@@ -19,9 +19,10 @@ a GPU, so it works in CUDA graphs too); ``validate=False`` skips those few small
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 import triton
@@ -31,6 +32,7 @@ from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.kernels.moe import _moe_align_kernel, _moe_combine_kernel, _moe_grouped_kernel, _moe_tiles_kernel
+from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.plan import Target, target_for
 
@@ -52,27 +54,47 @@ class MoEConfig:
     out_tma: bool = True  # full tiles TMA-stored through a host descriptor (partial ones: masked stores)
 
 
-def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2) -> MoEConfig:
-    """BLOCK_M follows the average rows per used expert (the decode regime gets 16-row tiles, not 128);
-    the rest was chosen on an H200 by ``benchmarks/sweep_moe_configs.py`` (bf16, DeepSeek-V3, Qwen3 and
-    Mixtral shapes, T = 1024 to 16384; results in benchmarks/results/nvidia-h200-moe/): 128x256 tiles with
-    4 stages for the plain and down GEMMs, 128 x (2 x 128) for gate/up, 64x128x128 with one warpgroup when
-    groups average 48 rows or fewer; full tiles TMA-stored."""
+MODES = ("grouped", "gate_up", "down")  # the kernel's MODE 0, 1, 2: its path in the "moe" config tables
+
+
+def _moe_config_from_dict(d: dict) -> MoEConfig:
+    known = {f.name for f in fields(MoEConfig)}
+    if set(d) - known:
+        raise ValueError(f"unknown MoEConfig keys {sorted(set(d) - known)}; known: {sorted(known)}")
+    return MoEConfig(**d)
+
+
+def moe_choice(target: Target, rows: int, experts: int, mode: int, elt: int = 2, *,
+               dtype: torch.dtype | None = None, n: int = 0, k: int = 0) -> tuple[MoEConfig, str]:
+    """The grouped kernel's config for ``rows`` routed rows over ``experts`` experts in ``mode`` (0 grouped,
+    1 gate/up, 2 down; output width ``n``, reduction ``k``), and which file and rule it came from: the first
+    rule of the target's "moe" tables (the user's file, then the bundled one; ``ops.configs``) whose ranges
+    hold rows_per_expert = ceil(rows / experts used), rows, experts, n, k (and ``dtype``: rules naming one
+    match only it). Pipeline stages are then trimmed to fit shared memory. The bundled H200 choices and
+    how they were made: ``configs/nvidia-h200.json``'s "about"."""
     used = max(1, min(experts, rows))
-    avg = rows / used
-    if target.name == "interpreter":
-        return MoEConfig(block_m=16 if avg <= 16 else 32, block_n=32, block_k=32, num_warps=4, num_stages=1)
-    if avg <= 16:
-        bm, bn, bk, warps, stages = 16, 128, 64, 4, 4
-    elif avg <= 48:  # two fp32 accumulators (gate, up) need two warpgroups at 64 rows (4 warps spill)
-        bm, bn, bk, warps, stages = (64, 128, 64, 8, 4) if mode == 1 else (64, 128, 128, 4, 3)
-    else:
-        bm, bn, bk, warps, stages = (128, 128, 64, 8, 4) if mode == 1 else (128, 256, 64, 8, 4)
+    dname = str(dtype).removeprefix("torch.") if dtype is not None else ""
+    rule = config_tables.pick(target.name, "moe", MODES[mode], _moe_config_from_dict, dname,
+                              rows_per_expert=-(-rows // used), rows=rows, experts=experts, n=n, k=k)
+    return _fit_stages(rule.config, mode, elt), "config " + rule.source
+
+
+@functools.lru_cache(maxsize=256)
+def _fit_stages(cfg: MoEConfig, mode: int, elt: int) -> MoEConfig:
+    """``cfg`` with its pipeline stages trimmed (not below 2) until they fit in shared memory."""
     w_tiles = 2 if mode == 1 else 1
-    staging = bm * bn // 2 * elt  # the TMA store's buffer (half a tile)
-    while stages > 2 and stages * (bm * bk + w_tiles * bn * bk) * elt + staging > SMEM_BYTES - 1024:
+    staging = cfg.block_m * cfg.block_n // 2 * elt  # the TMA store's buffer (half a tile)
+    stages = cfg.num_stages
+    while stages > 2 and stages * (cfg.block_m + w_tiles * cfg.block_n) * cfg.block_k * elt + staging > \
+            SMEM_BYTES - 1024:
         stages -= 1
-    return MoEConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+    return replace(cfg, num_stages=stages) if stages != cfg.num_stages else cfg
+
+
+def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2, *,
+               dtype: torch.dtype | None = None, n: int = 0, k: int = 0) -> MoEConfig:
+    """``moe_choice``'s config."""
+    return moe_choice(target, rows, experts, mode, elt, dtype=dtype, n=n, k=k)[0]
 
 
 @dataclass(frozen=True)
@@ -342,7 +364,7 @@ def launch_grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     if e == 0:
         return out
     target = target_for(x.device) if s else None
-    cfg = config or moe_config(target, s, e, 0, x.element_size()) if s else MoEConfig()
+    cfg = config or moe_config(target, s, e, 0, x.element_size(), dtype=x.dtype, n=n, k=k) if s else MoEConfig()
     tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=x.device)
     ok = torch.empty(1, dtype=torch.bool, device=x.device)
     kept_launch.start(_KEPT, _moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],  # schedule + check
@@ -456,8 +478,8 @@ def launch_moe_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk
     s = t * k
     target = target_for(x.device) if t else None
     elt = x.element_size()
-    cfg1, cfg2 = configs or (moe_config(target, s, e, 1, elt), moe_config(target, s, e, 2, elt)) if t else (
-        None, None)
+    cfg1, cfg2 = configs or (moe_config(target, s, e, 1, elt, dtype=x.dtype, n=i, k=h),
+                             moe_config(target, s, e, 2, elt, dtype=x.dtype, n=h, k=i)) if t else (None, None)
     r = sort_routes(topk_ids, e, cfg1.block_m, topk_weights) if t else None
     if validate and t:  # no host sync: one check on the flag the routing kernel set (or on min/max of the ids)
         msg = f"moe: topk_ids must be in [0, E={e})"

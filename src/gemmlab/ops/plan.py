@@ -9,30 +9,31 @@ Paths (``paths()``):
     tma_splitk      small M (<= SMALL_M): small tiles, K split across programs, deterministic reduction
     portable        pointer loads with masks: any alignment, any layout, any GPU, the CPU interpreter
 
-Config tables are data: ``configs/<gpu-slug>.json`` (``configs/default.json`` for GPUs without one,
-``configs/interpreter.json`` under TRITON_INTERPRET=1). Each path maps to a list of rules
-``{"m": [lo, hi], "n": [lo, hi], "k": [lo, hi], "dtype": "float16", "config": {...}}``; every key but
-``config`` is optional, bounds are inclusive, the first matching rule wins.
+Config tables are data: the "gemm" section of ``<gpu-slug>.json`` ("interpreter" under TRITON_INTERPRET=1),
+the user's file (``$GEMMLAB_HOME/configs/``, written by ``gemmlab tune``) tried before the bundled one
+(``configs/``, ``configs/default.json`` for GPUs without one); ``ops.configs`` says how. Each path maps to
+a list of rules ``{"m": [lo, hi], "n": [lo, hi], "k": [lo, hi], "dtype": "float16", "config": {...}}``;
+every key but ``config`` is optional, bounds are inclusive, the first matching rule wins. ``Plan.reason``
+names the file and rule its config came from.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import re
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 import torch
 from triton import knobs
 
+from gemmlab.ops import configs
+
 PATHS = ("empty", "tma_persistent", "tma_splitk", "portable")
 SMALL_M = 256  # at or below this many output rows the small-M path is chosen
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+PINNED = "config given by the caller"
 INTERPRETER_SMS = 3  # "SMs" the interpreter pretends to have: persistent programs then loop over tiles
-_ANY = (0, 1 << 62)  # a rule's range when it names none
 
 
 @dataclass(frozen=True)
@@ -120,28 +121,12 @@ def _cuda_target(index: int) -> Target:
     return Target(gpu_slug(props.name), (props.major, props.minor), props.multi_processor_count)
 
 
-@functools.cache
-def config_table(name: str) -> dict[str, list[dict]]:
-    """The rules for a target: its own file, else ``default.json``."""
-    path = CONFIG_DIR / f"{name}.json"
-    if not path.exists():
-        path = CONFIG_DIR / "default.json"
-    table = json.loads(path.read_text())["gemm"]
-    for rules in table.values():
-        for rule in rules:
-            rule["config"] = GemmConfig.from_dict(rule["config"])
-    return table
-
-
-def _pick(target: Target, path: str, m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
-    """The first rule of the target's table for ``path`` whose ranges hold m, n, k and whose dtype fits."""
-    dname = str(dtype).removeprefix("torch.")
-    for rule in config_table(target.name)[path]:
-        inside = all(lo <= v <= hi for v, (lo, hi) in
-                     ((m, rule.get("m", _ANY)), (n, rule.get("n", _ANY)), (k, rule.get("k", _ANY))))
-        if inside and rule.get("dtype", dname) == dname:
-            return rule["config"]
-    raise LookupError(f"no {path} config for m={m} n={n} k={k} {dname} in table {target.name!r}")
+def _pick(target: Target, path: str, m: int, n: int, k: int, dtype: torch.dtype) -> tuple[GemmConfig, str]:
+    """The config of the first rule for ``path`` (the user's file, then the bundled one) whose ranges hold
+    m, n, k and whose dtype fits, and where it came from."""
+    rule = configs.pick(target.name, "gemm", path, GemmConfig.from_dict, str(dtype).removeprefix("torch."),
+                        m=m, n=n, k=k)
+    return rule.config, "config " + rule.source
 
 
 def split_k_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
@@ -206,12 +191,12 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
     else:
         c_note = "" if c_tma else "; C stored with masked pointers (its stride is not 16-byte aligned)"
         if m <= SMALL_M:
-            cfg = config or _pick(target, "tma_splitk", m, n, k, a.dtype)
+            cfg, source = (config, PINNED) if config else _pick(target, "tma_splitk", m, n, k, a.dtype)
             split = split_k_for(cfg, m, n, k, target.num_sms)
             cfg = dataclasses.replace(cfg, split_k=split)
-            return Plan("tma_splitk", cfg, f"M={m} <= {SMALL_M}: small tiles, split-K {split}{c_note}",
+            return Plan("tma_splitk", cfg, f"M={m} <= {SMALL_M}: small tiles, split-K {split}{c_note}; {source}",
                         **common)
-        cfg = config or _pick(target, "tma_persistent", m, n, k, a.dtype)
+        cfg, source = (config, PINNED) if config else _pick(target, "tma_persistent", m, n, k, a.dtype)
         if cfg.warp_specialize and not os.environ.get("GEMMLAB_ALLOW_WS"):
             raise ValueError("warp_specialize: the persistent kernel with Triton 3.6's Hopper warp "
                              "specialization hung on the H200 (benchmarks/results/nvidia-h200-ws-probe-timeout.log); "
@@ -220,5 +205,7 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
             # Triton 3.6's Hopper warp specialization splits the accumulator over two consumer warpgroups
             # but not a TMA store's block; its C goes out through pointers instead.
             common["c_tma"], c_note = False, "; warp-specialized, C stored with pointers"
-        return Plan("tma_persistent", cfg, f"TMA-aligned on sm_90+: persistent TMA kernel{c_note}", **common)
-    return Plan("portable", config or _pick(target, "portable", m, n, k, a.dtype), why, **common)
+        return Plan("tma_persistent", cfg, f"TMA-aligned on sm_90+: persistent TMA kernel{c_note}; {source}",
+                    **common)
+    cfg, source = (config, PINNED) if config else _pick(target, "portable", m, n, k, a.dtype)
+    return Plan("portable", cfg, f"{why}; {source}", **common)

@@ -1,9 +1,11 @@
 """Config spaces as data, and the pruning that rejects a config before anything is compiled.
 
-    SPACE[path] = {field: [values]}                 every GemmConfig field the tuner may change
-    neighbours(config, path) -> [GemmConfig]        one field changed at a time (the loop's discipline)
-    sample(path, rng, base) -> GemmConfig           a random point, once no neighbour wins
-    prune(config, path, m, n, k, elt, smem) -> reason or None
+    SPACE[path] = {field: [values]}                 every config field the tuner may change, per GEMM
+                                                    path and per MoE mode (grouped, gate_up, down)
+    neighbours(config, path) -> [config]            one field changed at a time (the loop's discipline)
+    sample(path, rng, base) -> config               a random point, once no neighbour wins
+    prune(config, path, m, n, k, elt, smem) -> reason or None                    (GemmConfig)
+    prune_moe(config, mode, rows_per_expert, n, k, elt, smem) -> reason or None  (MoEConfig)
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ SPACE: dict[str, dict[str, list]] = {
         "num_warps": [4, 8], "num_stages": [2, 3, 4], "max_nreg": [0],
     },
 }
+_MOE = {"block_m": [16, 32, 64, 128], "block_n": [64, 128, 256], "block_k": [32, 64, 128], "num_warps": [4, 8],
+        "num_stages": [2, 3, 4, 5], "group_m": [1, 4, 8, 16], "clip": [False, True], "out_tma": [False, True]}
+SPACE["grouped"] = SPACE["gate_up"] = dict(_MOE)
+SPACE["down"] = {key: v for key, v in _MOE.items() if key != "block_m"}  # BLOCK_M is the gate/up GEMM's
 
 SMEM_BYTES = 232448  # H100/H200 (sm_90) opt-in shared memory per block; the device's own value when known
 MAX_ACC_REGS = 192  # fp32 accumulator registers per thread above which a tile spills on sm_90
@@ -87,4 +93,29 @@ def prune(cfg: GemmConfig, path: str, m: int, n: int, k: int, elt: int = 2, smem
             return f"block_m {bm} is more than twice M = {m}: wasted rows"
     if path != "tma_splitk" and bm >= 2 * max(m, 16) and bm > 64:
         return f"block_m {bm} is more than twice M = {m}: wasted rows"
+    return None
+
+
+def prune_moe(cfg, mode: str, rows_per_expert: int, n: int, k: int, elt: int = 2,
+              smem: int = SMEM_BYTES) -> str | None:
+    """Why a grouped-kernel config (``ops.moe.MoEConfig``) cannot run, or cannot be worth running, for
+    ``mode`` with groups of ``rows_per_expert`` rows on average; None if it may."""
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    for name, d in (("block_m", bm), ("block_n", bn), ("block_k", bk)):
+        if d > 256:
+            return f"TMA box dims are at most 256 ({name} = {d})"
+    if bk * elt < 16 or (bn // 2) * elt < 16:
+        return "TMA needs boxes whose inner dimension spans at least 16 bytes"
+    w_tiles = 2 if mode == "gate_up" else 1  # gate and up tiles side by side
+    need = cfg.num_stages * (bm + w_tiles * bn) * bk * elt + bm * bn // 2 * elt  # stages + TMA-store staging
+    if need > smem - 1024:
+        return f"shared memory: {need} bytes for {cfg.num_stages} stages > {smem - 1024}"
+    acc = w_tiles * bm * bn // (32 * cfg.num_warps)
+    if acc > MAX_ACC_REGS:
+        return f"accumulator needs {acc} registers per thread (> {MAX_ACC_REGS}): it would spill"
+    if mode != "down" and bm > 2 * (1 << (max(rows_per_expert, 16) - 1).bit_length()):
+        return (f"block_m {bm} is more than twice the {rows_per_expert} rows an expert gets on average (rounded "
+                "up to a power of two): wasted rows")
+    if n and bn > 2 * max(n, 32):
+        return f"block_n {bn} is more than twice N = {n}: wasted columns"
     return None

@@ -1,0 +1,168 @@
+"""Config tables: where they live, how a user's file combines with the bundled one, and the rule lookup.
+
+Two files per target (``<slug>.json``: "nvidia-h200", "interpreter", ...), tried in this order:
+
+    1. the user's   $GEMMLAB_CONFIGS/<slug>.json, else $GEMMLAB_HOME/configs/<slug>.json,
+                    else ~/.gemmlab/configs/<slug>.json           (``gemmlab tune`` writes here)
+    2. the bundled  gemmlab/configs/<slug>.json, else gemmlab/configs/default.json
+
+Precedence, per section and path: the user's rules for that path are tried first, then the bundled ones;
+the first rule whose ranges hold the call's quantities wins. So a user file may hold a single rule (what
+the tuner writes), and everything it does not match falls through to the bundled table; a user rule with
+no ranges is a catch-all that shadows the bundled rules of its path.
+
+A file: ``{"about": "...", "triton": "3.6.0", "gemm": {path: [rule, ...]}, "moe": {mode: [rule, ...]}}``
+("triton": the version its rules were tuned with); a rule:
+``{"m": [lo, hi], ..., "dtype": "bfloat16", "config": {...}, "tuned": {...}, "note": "..."}``. Range keys
+per section are in ``SECTIONS`` (bounds inclusive integers; a key left out matches anything); ``dtype``
+optional; ``config`` the fields of the section's config dataclass that differ from its defaults.
+A malformed file (bad JSON, unknown section, path or key, a bad range) raises ValueError naming the file
+and rule.
+
+Loaded once per process (the lookup is on the hot path); ``reload()`` re-reads (tests, and ``gemmlab tune``
+after writing) and runs the ``on_reload`` hooks of caches built from the tables.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+BUNDLED_DIR = Path(__file__).resolve().parent.parent / "configs"
+# section -> (its paths, the quantities its rules may range over)
+SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gemm": (("tma_persistent", "tma_splitk", "portable"), ("m", "n", "k")),
+    "moe": (("grouped", "gate_up", "down"), ("rows_per_expert", "rows", "experts", "n", "k")),
+}
+DTYPES = ("float16", "bfloat16")
+_META_KEYS = ("config", "dtype", "tuned", "note")
+_TOP_KEYS = ("about", "triton", *SECTIONS)  # "triton": the version the rules were tuned with
+
+
+def user_dir() -> Path:
+    """``$GEMMLAB_CONFIGS``, else ``$GEMMLAB_HOME/configs``, else ``~/.gemmlab/configs``."""
+    if os.environ.get("GEMMLAB_CONFIGS"):
+        return Path(os.environ["GEMMLAB_CONFIGS"]).expanduser()
+    return Path(os.environ.get("GEMMLAB_HOME", Path.home() / ".gemmlab")).expanduser() / "configs"
+
+
+def bundled_file(target: str) -> Path:
+    path = BUNDLED_DIR / f"{target}.json"
+    return path if path.exists() else BUNDLED_DIR / "default.json"
+
+
+def files(target: str) -> list[Path]:
+    """The files a target's lookup reads, in precedence order (the user's only when it exists)."""
+    user = user_dir() / f"{target}.json"
+    return ([user] if user.is_file() else []) + [bundled_file(target)]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of a table, with where it came from: ``source`` is '<file> gemm.tma_splitk[1] (m 17..64,
+    n 0..4096)' (the file, section, path, index in the file's list, and the ranges)."""
+
+    config: object  # the section's config dataclass
+    bounds: tuple[tuple[str, int, int], ...]  # (quantity, lo, hi), inclusive
+    dtype: str | None
+    source: str
+
+    def matches(self, dtype: str, values: dict[str, int]) -> bool:
+        if self.dtype is not None and self.dtype != dtype:
+            return False
+        for name, lo, hi in self.bounds:
+            if not lo <= values[name] <= hi:
+                return False
+        return True
+
+
+@functools.cache
+def read(file: Path) -> dict:
+    """A table file, parsed and checked for shape (not the config fields: those need the dataclass)."""
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"config file {file}: cannot be read as JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {file}: the top level must be an object")
+    unknown = set(data) - set(_TOP_KEYS)
+    if unknown:
+        raise ValueError(f"config file {file}: unknown key(s) {sorted(unknown)}; known: {list(_TOP_KEYS)}")
+    for section, (paths, quantities) in SECTIONS.items():
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise ValueError(f"config file {file}: {section!r} must map paths to lists of rules")
+        for path, rules in table.items():
+            if path not in paths:
+                raise ValueError(f"config file {file}: unknown {section} path {path!r}; known: {list(paths)}")
+            if not isinstance(rules, list):
+                raise ValueError(f"config file {file}: {section}.{path} must be a list of rules")
+            for i, rule in enumerate(rules):
+                _check_rule(rule, f"config file {file}: {section}.{path}[{i}]", quantities)
+    return data
+
+
+def _check_rule(rule: object, where: str, quantities: tuple[str, ...]) -> None:
+    if not isinstance(rule, dict) or not isinstance(rule.get("config"), dict):
+        raise ValueError(f"{where}: a rule must be an object with a \"config\" object")
+    unknown = set(rule) - set(quantities) - set(_META_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; ranges: {list(quantities)}, "
+                         f"others: {list(_META_KEYS)}")
+    for name in quantities:
+        if name in rule:
+            r = rule[name]
+            if (not isinstance(r, list) or len(r) != 2 or not all(type(v) is int for v in r) or r[0] > r[1]):
+                raise ValueError(f"{where}: {name} must be [lo, hi], integers with lo <= hi, got {r!r}")
+    if "dtype" in rule and rule["dtype"] not in DTYPES:
+        raise ValueError(f"{where}: dtype must be one of {list(DTYPES)}, got {rule['dtype']!r}")
+
+
+@functools.cache
+def rules(target: str, section: str, path: str, make: Callable[[dict], object]) -> tuple[Rule, ...]:
+    """Every rule for a target's path, the user's first; configs built by ``make`` (dict -> dataclass)."""
+    quantities = SECTIONS[section][1]
+    out = []
+    for file in files(target):
+        for i, r in enumerate(read(file).get(section, {}).get(path, [])):
+            try:
+                cfg = make(r["config"])
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"config file {file}: {section}.{path}[{i}]: {e}") from None
+            bounds = tuple((q, *r[q]) for q in quantities if q in r)
+            where = ", ".join(x for x in (", ".join(f"{q} {lo}..{hi}" for q, lo, hi in bounds), r.get("dtype")) if x)
+            out.append(Rule(cfg, bounds, r.get("dtype"), f"{file} {section}.{path}[{i}] ({where or 'any shape'})"))
+    return tuple(out)
+
+
+def pick(target: str, section: str, path: str, make: Callable[[dict], object], dtype: str, **values: int) -> Rule:
+    """The first rule of the target's tables for ``path`` whose ranges hold ``values`` and whose dtype fits."""
+    for rule in rules(target, section, path, make):
+        if rule.matches(dtype, values):
+            return rule
+    shown = " ".join(f"{k}={v}" for k, v in values.items())
+    raise LookupError(f"no {section} {path} config for {shown} {dtype} in {', '.join(map(str, files(target)))}")
+
+
+_ON_RELOAD: list[Callable[[], None]] = []
+
+
+def on_reload(fn: Callable[[], None]) -> Callable[[], None]:
+    """Have ``reload()`` call ``fn`` too: a cache above this module built from the tables (cached plans,
+    launches) registers its clear function here, so this leaf module never imports it."""
+    if fn not in _ON_RELOAD:
+        _ON_RELOAD.append(fn)
+    return fn
+
+
+def reload() -> None:
+    """Forget the loaded tables: the next lookup re-reads the files (and re-resolves ``user_dir()``); then
+    every ``on_reload`` hook runs."""
+    read.cache_clear()
+    rules.cache_clear()
+    for fn in _ON_RELOAD:
+        fn()
