@@ -332,3 +332,15 @@ def test_direct_launch_switch(monkeypatch):
     monkeypatch.setattr(launch, "DIRECT", True)
     monkeypatch.setattr(knobs.runtime, "interpret", True)
     assert launch.keep(kernel, Compiled(), 2, {"BLOCK": 64}) is None
+
+
+def test_config_reload_clears_the_signature_cache():
+    from gemmlab.ops import configs
+    from gemmlab.ops import gemm as gemm_ops
+
+    a, b = rand((8, 16)), rand((16, 24))
+    gemmlab.gemm(a, b)
+    assert gemm_ops._CACHE
+    configs.reload()
+    assert not gemm_ops._CACHE
+    assert gemm_check(gemmlab.gemm(a, b), a, b)["ok"]
