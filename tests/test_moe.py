@@ -47,7 +47,7 @@ def test_route(scoring):
 
 def test_route_bad_inputs():
     for args, err in [((torch.randn(4, 8), 0), "top_k"), ((torch.randn(4, 8), 9), "top_k"),
-                      ((torch.randn(8), 2), "2-D"), ((torch.ones(4, 8, dtype=torch.int32), 2), "floating"),
+                      ((torch.randn(8), 2), "\\(T, E\\)"), ((torch.ones(4, 8, dtype=torch.int32), 2), "floating"),
                       ((torch.randn(4, 8), True), "top_k")]:
         with pytest.raises((ValueError, TypeError), match=err):
             route(*args)
@@ -75,6 +75,49 @@ def test_sort_routes_invariants(t, e, k, kind):
         toks = r.token[lo:int(r.offsets[ex])]
         assert bool((toks[1:] >= toks[:-1]).all())
     assert torch.equal(r.token.long(), r.order.long() // k)
+
+
+@pytest.mark.parametrize(("t", "e", "k"), [(1, 4, 1), (37, 8, 2), (20, 16, 6), (512, 64, 8)])
+def test_routing_kernel_matches_torch_path(t, e, k, monkeypatch):
+    """The one-launch routing kernel (S <= ALIGN_MAX_S) and the torch-ops path give the same tables and
+    routed weights; an id outside [0, E) clears the kernel's ok flag (what validate checks)."""
+    if DEVICE == "cpu" and t * k > moe_ops.INTERPRETER_ALIGN_MAX_S:
+        pytest.skip("the interpreter's tl.sort is too slow for this size (the GPU runs it)")
+    wts, ids = _routing(t, e, k, "skewed")
+    fast = sort_routes(ids, e, 16, wts)
+    assert fast.ok is not None and bool(fast.ok[0])
+    monkeypatch.setattr(moe_ops, "ALIGN_MAX_S", 0)
+    slow = sort_routes(ids, e, 16, wts)
+    assert slow.ok is None
+    for name in ("order", "inv", "token", "offsets", "tile_offsets", "scale"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    monkeypatch.undo()
+    for bad in (e, -1):
+        ids_bad = ids.clone()
+        ids_bad[t // 2, 0] = bad
+        r = sort_routes(ids_bad, e, 16, wts)
+        assert not bool(r.ok[0]) and int(r.offsets[-1]) == t * k - 1  # the bad pair is in no group
+        assert torch.equal(torch.sort(r.inv.long()).values, torch.arange(t * k, device=DEVICE))  # inv in bounds
+
+
+def test_routing_kernel_that_cannot_build_falls_back_to_torch(monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                raise OutOfResources(1 << 20, 1 << 18, "shared memory")
+            return launch
+
+    monkeypatch.setattr(moe_ops, "_moe_align_kernel", Broken())
+    monkeypatch.setattr(moe_ops, "_ALIGN_BROKEN", [])
+    wts, ids = _routing(9, 4, 2)
+    with pytest.warns(RuntimeWarning, match="routing kernel failed to compile"):
+        r = sort_routes(ids, 4, 16, wts)
+    assert r.ok is None and int(r.offsets[-1]) == 18 and moe_ops._ALIGN_BROKEN
+    x = _r(9, 32)
+    w1, w2 = _weights(4, 32, 16, torch.float16)
+    assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"]  # served by the torch path
 
 
 # ------------------------------------------------------------------------------------------ grouped GEMM
@@ -256,3 +299,43 @@ def test_bench_moe_command(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "gemmlab", "bench", "moe", "--model", "gpt-5"], capture_output=True,
                          text=True, env=env, timeout=600)
     assert bad.returncode == 2
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="simulates the GPU's kept-kernel launches on the interpreter")
+def test_kept_moe_launches_end_to_end(monkeypatch):
+    """Every MoE launch (routing table, tile schedule, grouped GEMMs, combine) goes through
+    gemmlab.ops.launch.start; with kernels kept as on a GPU, later calls hand the launcher header and every
+    parameter to a stand-in for CompiledKernel.run, which runs the interpreted kernel: results stay right."""
+    import inspect
+
+    from gemmlab.ops import launch
+
+    direct = []
+
+    def fake_keep(kernel, compiled, runtime_args, consts):
+        names = list(inspect.signature(kernel.fn).parameters)
+
+        def run(g0, g1, g2, stream, function, packed, metadata, enter, exit_, *params):
+            assert len(params) == len(names) and stream == 7
+            direct.append(kernel)
+            kernel[(g0, g1, g2)](*params[:runtime_args], **dict(zip(names[runtime_args:], params[runtime_args:],
+                                                                     strict=True)))
+
+        return launch.Kept(run, "fn", "meta", launch.constexpr_tail(kernel, runtime_args, consts), 0)
+
+    monkeypatch.setattr(launch, "keep", fake_keep)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
+    monkeypatch.setattr(moe_ops, "_KEPT", {})
+    w1, w2 = _weights(4, 48, 40, torch.float16)
+    wts, ids = _routing(9, 4, 2)
+    offs = torch.tensor([3, 3, 9, 9], dtype=torch.int32, device=DEVICE)
+    for rep in range(3):
+        x = _r(9, 48, seed=rep)
+        assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"], rep
+        out = grouped_gemm(x, w1, offs)
+        ref = grouped_gemm_ref(x, w1, offs)
+        assert (out[:9].float() - ref[:9]).abs().max().item() <= 2.0**-9 * ref.abs().max().item() + 1e-3
+    kinds = {k.fn.__name__ for k in direct}
+    assert kinds == {"_moe_align_kernel", "_moe_tiles_kernel", "_moe_grouped_kernel", "_moe_combine_kernel"}, kinds
+    assert len(direct) == 2 * (1 + 2 + 1 + 1 + 1)  # calls 2 and 3: align, two grouped, combine; tiles + grouped

@@ -1,7 +1,8 @@
 """gemmlab: fast FP16/BF16 GEMM kernels in Triton, and the lab to grade, time, tune and record them.
 
-Public API:
-    gemm(a, b, *, out=None)            C = A @ B (fp16/bf16, fp32 accumulation)
+Public API (gemm, grouped_gemm, moe_forward and route are torch.library custom ops, torch.ops.gemmlab.*, with
+fake implementations and autograd: they trace under torch.compile(fullgraph=True) and capture in CUDA graphs):
+    gemm(a, b, *, out=None)            C = A @ B (fp16/bf16, fp32 accumulation); a may be (..., K)
     pack_b(b) -> PackedB               prepack a weight B once for the fast path
     gemm_colmajor(A, B, C, M, N, K)    the competition signature (column-major buffers)
     plan(a, b, *, out=None) -> Plan    which path/config gemm runs; paths() lists them all

@@ -191,3 +191,61 @@ def _moe_combine_kernel(
         r = tl.load(inv + t * TOP_K + j).to(tl.int64)
         acc += tl.load(o + r * stride_o + cols, mask=cols < H, other=0.0).to(tl.float32)
     tl.store(y + t.to(tl.int64) * stride_y + cols, acc.to(y.dtype.element_ty), mask=cols < H)
+
+
+@triton.jit
+def _moe_align_kernel(
+    ids,  # (S,) int32/int64: expert of pair p = t*k + j (topk_ids flattened)
+    weights,  # (S,) topk weights flattened (HAS_SCALE), else unused
+    order,  # (S,) int32 out: the pair of routed row r (pairs sorted by expert, stably)
+    inv,  # (S,) int32 out: the routed row of pair p
+    token,  # (S,) int32 out: order // TOP_K
+    offsets,  # (E,) int32 out: cumulative row ends per expert
+    tile_offsets,  # (E + 1,) int32 out: cumulative BLOCK_M-tile counts
+    scale,  # (S,) fp32 out: weights[order[r]] (HAS_SCALE)
+    ok,  # (1,) bool out: every id in [0, E)
+    S, E,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+):
+    """Grid (1,): the whole routing table of a small S (<= BLOCK_S) in one program, one launch. Pairs sort by
+    the key expert * BLOCK_S + pair (so ties keep pair order); an id outside [0, E) sorts after every valid
+    pair, into no group, and clears ``ok``."""
+    p = tl.arange(0, BLOCK_S)
+    live = p < S
+    e = tl.load(ids + p, mask=live, other=0)
+    valid = live & (e >= 0) & (e < E)
+    key = tl.where(valid, e.to(tl.int32), E) * BLOCK_S + p
+    pair = tl.sort(key) % BLOCK_S  # routed row r holds pair[r]
+    tl.store(order + p, pair, mask=live)
+    tl.store(token + p, pair // TOP_K, mask=live)
+    tl.store(inv + pair, p, mask=live & (pair < S))
+    if HAS_SCALE:
+        tl.store(scale + p, tl.load(weights + pair, mask=live & (pair < S), other=0.0).to(tl.float32), mask=live)
+    counts = tl.histogram(tl.where(valid, e.to(tl.int32), 0), BLOCK_E, mask=valid)  # (BLOCK_E,)
+    x = tl.arange(0, BLOCK_E)
+    tl.store(offsets + x, tl.cumsum(counts, 0), mask=x < E)
+    tl.store(tile_offsets + 1 + x, tl.cumsum((counts + BLOCK_M - 1) // BLOCK_M, 0), mask=x < E)
+    tl.store(tile_offsets + x, 0, mask=x == 0)
+    tl.store(ok + x, tl.sum((live & ~valid).to(tl.int32), 0) == 0, mask=x == 0)
+
+
+@triton.jit
+def _moe_tiles_kernel(
+    offsets,  # (E,) int32 cumulative row ends of the groups
+    tile_offsets,  # (E + 1,) int32 out: cumulative BLOCK_M-tile counts
+    ok,  # (1,) bool out: offsets non-decreasing, within [0, S]
+    E, S,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    """Grid (1,): the tile schedule of ``grouped_gemm`` and the check of its offsets, in one launch."""
+    x = tl.arange(0, BLOCK_E)
+    inside = x < E
+    end = tl.load(offsets + x, mask=inside, other=0)
+    start = tl.load(offsets + x - 1, mask=inside & (x > 0), other=0)
+    rows = end - start
+    bad = inside & ((rows < 0) | (end > S))
+    tiles = tl.where(inside, (tl.maximum(rows, 0) + BLOCK_M - 1) // BLOCK_M, 0)
+    tl.store(tile_offsets + 1 + x, tl.cumsum(tiles, 0), mask=inside)
+    tl.store(tile_offsets + x, 0, mask=x == 0)
+    tl.store(ok + x, tl.sum(bad.to(tl.int32), 0) == 0, mask=x == 0)

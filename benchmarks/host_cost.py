@@ -1,0 +1,226 @@
+"""Host cost per call of gemmlab's public ops against PyTorch's, on a GPU, verified first, interleaved.
+
+For each case and candidate:
+    host_us     CPU time to issue one call: wall time of ``--calls`` back-to-back async calls (no sync between
+                them; few enough that the launch queue never fills) / calls
+    eager_us    what an eager caller sees: wall time of the same calls followed by a sync / calls
+    device_us   device time of one call: CUDA-graph replay of ``--graph-calls`` calls, timed by CUDA events / calls
+                (no L2 flush between the calls inside the graph)
+Rounds alternate the candidates' order (interleaved); each figure is the median over rounds (p20/p80 kept).
+Cases: gemm vs torch.mm at M in {1, 16, 64, 256, 4096} x (N, K) pairs from 2048..7168, plus a compiled pair
+(torch.compile of one call each) at M = 16; grouped_gemm vs torch._grouped_mm and moe_forward (validate on and
+off) vs the torch composite (``gemmlab.bench.moe.composite_forward``) at small T.
+Writes benchmarks/results/<gpu>-host-cost.json with provenance (GPU, clocks, versions, git SHA).
+
+    PYTHONPATH=src python3 benchmarks/host_cost.py [--quick] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import gemmlab
+from gemmlab.bench import timing
+from gemmlab.bench.moe import composite_forward, problem
+from gemmlab.bench.stats import quantile
+from gemmlab.ops.moe import sort_routes
+from gemmlab.ops.plan import gpu_slug
+from gemmlab.problems import MOE_MODELS, MoEModel
+from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check
+
+GEMM_M = (1, 16, 64, 256, 4096)
+GEMM_NK = ((4096, 4096), (7168, 2048), (2048, 7168))
+MOE_T = (1, 8, 64)
+
+
+def _host_us(fn, calls: int) -> tuple[float, float]:
+    """(host µs per call, eager µs per call) of ``calls`` back-to-back calls of fn."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def _device_us(fn, calls: int, reps: int = 5) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def _summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "p20": quantile(values, 0.2), "p80": quantile(values, 0.8)}
+
+
+def measure(fns: dict, baseline: str, rounds: int, calls: int, graph_calls: int, graph: bool = True) -> dict:
+    """Interleaved rounds of every candidate; ratios are baseline / candidate (> 1: the candidate is cheaper)."""
+    for fn in fns.values():  # warm: compile, plan, cache
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    host = {n: [] for n in fns}
+    eager = {n: [] for n in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            h, e = _host_us(fns[name], calls)
+            host[name].append(h)
+            eager[name].append(e)
+    out = {}
+    for name in names:
+        out[name] = {"host_us": _summary(host[name]), "eager_us": _summary(eager[name])}
+        if graph:
+            try:
+                out[name]["device_us"] = _device_us(fns[name], graph_calls)
+            except Exception as err:  # a candidate that cannot be captured says so
+                out[name]["device_us"] = None
+                out[name]["graph_error"] = f"{type(err).__name__}: {err}"[:300]
+    base = out[baseline]
+    for res in out.values():
+        res["host_ratio_vs_baseline"] = res["host_us"]["median"] / base["host_us"]["median"]
+        res["eager_speed_vs_baseline"] = base["eager_us"]["median"] / res["eager_us"]["median"]
+    return out
+
+
+def gemm_cases(args) -> list[dict]:
+    results = []
+    ms = (1, 16, 256) if args.quick else GEMM_M
+    for m in ms:
+        for n, k in GEMM_NK:
+            a = torch.rand((m, k), device="cuda").sub_(0.5).half()
+            b = torch.rand((k, n), device="cuda").sub_(0.5).half()
+            chk = gemm_check(gemmlab.gemm(a, b), a, b)
+            if not chk["ok"]:
+                raise SystemExit(f"gemm {m}x{n}x{k}: wrong result {chk}")
+            fns = {"gemmlab.gemm": lambda a=a, b=b: gemmlab.gemm(a, b), "torch.mm": lambda a=a, b=b: torch.mm(a, b)}
+            res = measure(fns, "torch.mm", args.rounds, args.calls, args.graph_calls)
+            results.append({"op": "gemm", "shape": [m, n, k], "dtype": "float16", "check": chk["ok"],
+                            "plan": gemmlab.plan(a, b).path, "candidates": res})
+            _print(results[-1])
+    if not args.no_compile:
+        m, n, k = 16, 4096, 4096
+        a = torch.rand((m, k), device="cuda").sub_(0.5).half()
+        b = torch.rand((k, n), device="cuda").sub_(0.5).half()
+        ours = torch.compile(lambda a, b: gemmlab.gemm(a, b) * 2, fullgraph=True)
+        theirs = torch.compile(lambda a, b: torch.mm(a, b) * 2, fullgraph=True)
+        if not gemm_check(ours(a, b) / 2, a, b)["ok"]:
+            raise SystemExit("compiled gemm: wrong result")
+        fns = {"compiled gemmlab.gemm*2": lambda: ours(a, b), "compiled torch.mm*2": lambda: theirs(a, b)}
+        res = measure(fns, "compiled torch.mm*2", args.rounds, args.calls, args.graph_calls, graph=False)
+        results.append({"op": "gemm (torch.compile)", "shape": [m, n, k], "dtype": "float16", "check": True,
+                        "candidates": res})
+        _print(results[-1])
+    return results
+
+
+def moe_cases(args) -> list[dict]:
+    results = []
+    models = {"qwen3-30b-a3b": MOE_MODELS["qwen3-30b-a3b"], "deepseek-v3": MOE_MODELS["deepseek-v3"],
+              "small (H 1024, I 512, E 16, k 2)": MoEModel(hidden=1024, intermediate=512, experts=16, top_k=2)}
+    for name, model in models.items():
+        for t in MOE_T if not args.quick else (1, 64):
+            p = problem(model, t, "uniform", torch.bfloat16, seed=t)
+            x, w1, w2, wts, ids = p["x"], p["w1"], p["w2"], p["weights"], p["ids"]
+            r = sort_routes(ids, model.experts, 16)
+            xs = x.index_select(0, r.token.long()).contiguous()
+            offs, w1t = r.offsets, w1.transpose(1, 2)
+            ref = grouped_gemm_ref(xs, w1, offs)
+            err = (gemmlab.grouped_gemm(xs, w1, offs).float() - ref).abs().max().item()
+            ok = err <= 2 * 2.0**-7 * ref.abs().max().item() + 1e-3
+            if not ok:
+                raise SystemExit(f"grouped_gemm {name} T={t}: error {err}")
+            fns = {"gemmlab.grouped_gemm": lambda xs=xs, w1=w1, offs=offs: gemmlab.grouped_gemm(xs, w1, offs),
+                   "gemmlab.grouped_gemm validate=False":
+                       lambda xs=xs, w1=w1, offs=offs: gemmlab.grouped_gemm(xs, w1, offs, validate=False),
+                   "torch._grouped_mm": lambda xs=xs, w1t=w1t, offs=offs: torch._grouped_mm(xs, w1t, offs=offs)}
+            res = measure(fns, "torch._grouped_mm", args.rounds, max(50, args.calls // 4), args.graph_calls)
+            results.append({"op": "grouped_gemm", "model": name, "tokens": t, "dtype": "bfloat16", "check": ok,
+                            "candidates": res})
+            _print(results[-1])
+            chk = moe_check(gemmlab.moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)
+            if not chk["ok"]:
+                raise SystemExit(f"moe_forward {name} T={t}: {chk}")
+            fns = {"gemmlab.moe_forward": lambda p=p: gemmlab.moe_forward(p["x"], p["w1"], p["w2"], p["weights"],
+                                                                          p["ids"]),
+                   "gemmlab.moe_forward validate=False": lambda p=p: gemmlab.moe_forward(
+                       p["x"], p["w1"], p["w2"], p["weights"], p["ids"], validate=False),
+                   "torch composite": lambda p=p: composite_forward(p["x"], p["w1"], p["w2"], p["weights"],
+                                                                    p["ids"])}
+            res = measure(fns, "torch composite", args.rounds, max(50, args.calls // 4), args.graph_calls)
+            results.append({"op": "moe_forward", "model": name, "tokens": t, "dtype": "bfloat16",
+                            "check": chk["ok"], "candidates": res})
+            _print(results[-1])
+    return results
+
+
+def _print(row: dict) -> None:
+    what = row.get("shape") or f"{row.get('model')} T={row.get('tokens')}"
+    parts = []
+    for name, c in row["candidates"].items():
+        dev = c.get("device_us")
+        parts.append(f"{name}: host {c['host_us']['median']:.1f} eager {c['eager_us']['median']:.1f}"
+                     + (f" dev {dev:.1f}" if dev else "") + " µs")
+    print(f"{row['op']} {what}: " + " | ".join(parts), flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=200, help="async calls per host-time sample")
+    ap.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph (device time)")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile pair")
+    ap.add_argument("--skip-moe", action="store_true")
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("host_cost: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if min(args.rounds, args.calls, args.graph_calls) < 1:
+        print("host_cost: --rounds, --calls and --graph-calls must be positive", file=sys.stderr)
+        return 2
+    env = timing.env_info()
+    with timing.ClockSampler() as clocks:
+        results = gemm_cases(args)
+        if not args.skip_moe:
+            results += moe_cases(args)
+    report = {"env": env, "clocks": clocks.summary(), "args": vars(args),
+              "method": __doc__.split("\n\n")[1], "results": results}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{gpu_slug(torch.cuda.get_device_name())}-host-cost{'-quick' if args.quick else ''}.json"
+    path.write_text(json.dumps(report, indent=1, default=str))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,129 @@
+"""The eager hot path on a GPU (marked gpu): the per-signature cache and direct CompiledKernel launches give the
+same results as a first call, for every path and layout, on fresh buffers; every public op can be captured in a
+CUDA graph after eager calls and replays correctly with new values in the same buffers; bad routing values fire
+the device-side check."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gemmlab
+from conftest import rand
+from gemmlab.bench.moe import problem
+from gemmlab.ops import gemm as gemm_ops
+from gemmlab.ops.moe import sort_routes
+from gemmlab.problems import MoEModel
+from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("shape", [(1, 4096, 4096), (16, 2048, 7168), (64, 7168, 2048), (256, 4096, 4096),
+                                   (4096, 2048, 2048), (37, 53, 71), (300, 72, 96)], ids=str)
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN"])
+def test_cached_launches_match_first_call(shape, layout):
+    m, n, k = shape
+    gemm_ops.clear_cache()
+    for rep in range(3):  # call 0 plans and compiles (JIT); calls 1, 2 launch the kept kernel directly
+        a = rand((m, k), major="row" if layout[0] == "N" else "col", seed=rep)
+        b = rand((k, n), major="row" if layout[1] == "N" else "col", seed=rep + 10)
+        c = gemmlab.gemm(a, b)
+        assert gemm_check(c, a, b)["ok"], (rep, gemmlab.plan(a, b))
+        out = torch.full((n, m), float("nan"), dtype=a.dtype, device="cuda").t()  # column-major out
+        gemmlab.gemm(a, b, out=out)
+        assert gemm_check(out, a, b)["ok"], rep
+    assert any(L.kept is not None for _, _, L, _ in gemm_ops._CACHE.values())
+
+
+def test_cached_launch_of_a_packed_b_and_nd_input():
+    a, b = rand((48, 2048)), rand((2048, 4096))
+    pk = gemmlab.pack_b(b)
+    for _ in range(3):
+        assert gemm_check(gemmlab.gemm(a, pk), a, b)["ok"]
+        assert gemm_check(gemmlab.gemm(a.view(6, 8, 2048), pk).view(48, 4096), a, b)["ok"]
+
+
+def _capture(fn):
+    """Capture fn() on a side stream after a warm-up there (torch's recipe); returns (graph, outputs)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = fn()
+    return g, outs
+
+
+@pytest.mark.parametrize("m", [1, 16, 4096])
+def test_gemm_graph_capture_after_eager_calls(m):
+    a, b = rand((m, 4096)), rand((4096, 2048))
+    for _ in range(3):
+        gemmlab.gemm(a, b)  # eager calls first: the cached, directly launched kernel is what gets captured
+    out = torch.empty(m, 2048, dtype=a.dtype, device="cuda")
+    g, c = _capture(lambda: (gemmlab.gemm(a, b), gemmlab.gemm(a, b, out=out))[0])
+    for seed in (1, 2):
+        a.copy_(rand((m, 4096), seed=seed))
+        b.copy_(rand((4096, 2048), seed=seed + 5))
+        g.replay()
+        torch.cuda.synchronize()
+        assert gemm_check(c, a, b)["ok"] and gemm_check(out, a, b)["ok"]
+    assert gemm_check(gemmlab.gemm(a, b), a, b)["ok"]  # eager after capture (split-K counters intact)
+
+
+@pytest.mark.parametrize("validate", [True, False])
+@pytest.mark.parametrize("t", [1, 64, 1024])
+def test_moe_ops_graph_capture_after_eager_calls(t, validate):
+    m = MoEModel(hidden=1024, intermediate=512, experts=16, top_k=2)
+    p = problem(m, t, "uniform", torch.bfloat16, seed=t)
+    logits = torch.randn(t, m.experts, device="cuda")
+    x, w1, w2 = p["x"], p["w1"], p["w2"]
+    r = sort_routes(p["ids"], m.experts, 16)
+    xs = x.index_select(0, r.token.long()).contiguous()
+    offsets = r.offsets.clone()
+
+    def step():
+        tw, ids = gemmlab.route(logits, m.top_k)
+        y = gemmlab.moe_forward(x, w1, w2, tw, ids, validate=validate)
+        g1 = gemmlab.grouped_gemm(xs, w1, offsets, validate=validate)
+        return tw, ids, y, g1
+
+    for _ in range(2):
+        step()  # eager calls first, with the same validate setting
+    step_default = gemmlab.moe_forward(x, w1, w2, p["weights"], p["ids"])  # and the default, validate=True
+    assert moe_check(step_default, x, w1, w2, p["weights"], p["ids"])["ok"]
+    g, (tw, ids, y, g1) = _capture(step)
+    for seed in (3, 4):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        logits.copy_(torch.randn(logits.shape, generator=gen, device="cuda"))
+        x.copy_((torch.rand(x.shape, generator=gen, device="cuda") - 0.5).to(x.dtype))
+        xs.copy_(x.index_select(0, r.token.long()))
+        g.replay()
+        torch.cuda.synchronize()
+        want_w, want_ids = gemmlab.route(logits, m.top_k)
+        assert torch.equal(ids, want_ids) and torch.equal(tw, want_w)
+        assert moe_check(y, x, w1, w2, want_w, want_ids)["ok"]
+        ref = grouped_gemm_ref(xs, w1, offsets)
+        assert (g1.float() - ref).abs().max().item() <= 2.0**-6 * ref.abs().max().item()
+
+
+_BAD_IDS = """
+import torch, gemmlab
+from gemmlab.bench.moe import problem
+from gemmlab.problems import MoEModel
+p = problem(MoEModel(hidden=256, intermediate=128, experts=8, top_k=2), 16, "uniform", torch.bfloat16)
+y = gemmlab.moe_forward(p["x"], p["w1"], p["w2"], p["weights"], p["ids"] + 8)
+torch.cuda.synchronize()
+print("NOT CAUGHT")
+"""
+
+
+def test_bad_ids_fire_the_device_check():
+    """The default validation has no host sync: a bad id stops the program at its next synchronization with a
+    device-side assert (run in a child process, since it ends the CUDA context)."""
+    res = subprocess.run([sys.executable, "-c", _BAD_IDS], capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "NOT CAUGHT" not in res.stdout, res.stdout + res.stderr[-2000:]
+    assert "device-side assert" in res.stderr or "topk_ids" in res.stderr, res.stderr[-2000:]
