@@ -240,6 +240,18 @@ def test_patch_experts_mode_keeps_every_router():
     assert type(model.model.layers[0].mlp.gate).__name__ == "MixtralTopKRouter"
 
 
+def test_patch_keeps_routers_when_the_model_returns_router_logits():
+    """output_router_logits (the load-balancing loss) is recorded from the model's own router modules."""
+    model = tiny_model("mixtral", torch.bfloat16)
+    model.config.output_router_logits = True
+    _, summary = gemmlab.patch(model, return_summary=True)
+    assert summary["moe_experts"] == ["model.layers.0.mlp.experts"] and not summary["moe_block"]
+    ids = torch.randint(3, 128, (1, 4), device=DEVICE)
+    with torch.no_grad():
+        out = model(ids, labels=ids)
+    assert torch.isfinite(out.aux_loss) and out.aux_loss > 0
+
+
 def test_patch_skips_per_expert_modules():
     """An experts module in the transformers 4 layout (one module per expert) is named and left alone."""
 

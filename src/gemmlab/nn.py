@@ -199,12 +199,16 @@ def _moe_from_block(block: nn.Module) -> MoE | None:
 def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, return_summary: bool = False):
     """Swap ``model``'s fp16/bf16 ``nn.Linear`` modules for ``Linear`` and its Hugging Face MoE blocks (see
     ``HF_MOE_BLOCKS``) for gemmlab ones, in place, sharing the model's Parameter objects (no copy).
-    ``moe``: "auto" (per ``HF_MOE_BLOCKS``), "experts" (swap only the experts everywhere: every model keeps
-    its own router, and the router logits transformers records for its auxiliary loss), "none".
+    ``moe``: "auto" (per ``HF_MOE_BLOCKS``; experts only when the model's config asks for its router logits),
+    "experts" (swap only the experts everywhere: every model keeps its own router, and the router logits
+    transformers records for its auxiliary loss), "none".
     Returns the model, or (model, summary) with ``return_summary``: what was replaced and what was not, why."""
     if moe not in ("auto", "experts", "none"):
         raise ValueError(f"patch: moe {moe!r}: auto, experts or none")
     summary: dict[str, list[str]] = {"linear": [], "moe_block": [], "moe_experts": [], "skipped": []}
+    # a model that returns its router logits (the auxiliary load-balancing loss) records them from its own
+    # router modules: keep those
+    keep_routers = bool(getattr(getattr(model, "config", None), "output_router_logits", False))
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     for name, mod in model.named_modules():
         kind = HF_MOE_BLOCKS.get(type(mod).__name__) if moe != "none" else None
@@ -213,7 +217,7 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, return_su
             if why:
                 summary["skipped"].append(f"{name}: {why}")
                 continue
-            new = _moe_from_block(mod) if kind == "block" and moe == "auto" else None
+            new = _moe_from_block(mod) if kind == "block" and moe == "auto" and not keep_routers else None
             if new is not None:
                 swaps.append((model, name, new))
                 summary["moe_block"].append(name)
