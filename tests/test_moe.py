@@ -47,7 +47,7 @@ def test_route(scoring):
 
 def test_route_bad_inputs():
     for args, err in [((torch.randn(4, 8), 0), "top_k"), ((torch.randn(4, 8), 9), "top_k"),
-                      ((torch.randn(8), 2), "2-D"), ((torch.ones(4, 8, dtype=torch.int32), 2), "floating"),
+                      ((torch.randn(8), 2), "\\(T, E\\)"), ((torch.ones(4, 8, dtype=torch.int32), 2), "floating"),
                       ((torch.randn(4, 8), True), "top_k")]:
         with pytest.raises((ValueError, TypeError), match=err):
             route(*args)

@@ -9,6 +9,7 @@ so the kernels only ever write a row-major C.
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 
@@ -101,12 +102,9 @@ def _operands(a, b, out) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | Non
         if out.device != a.device:
             raise ValueError(f"gemm: out is on {out.device}, operands on {a.device}")
         row = is_kmajor(out, 1)
-        if row is None or (out.numel() > 1 and _overlaps_itself(out)):
-            raise ValueError(f"gemm: out (strides {out.stride()}) needs one unit-stride dimension and "
-                             "rows or columns that do not overlap")
-        for name, t in (("a", a), ("b", b)):
-            if _overlap(out, t):
-                raise ValueError(f"gemm: out overlaps {name} in memory; results would be corrupted")
+        if row is None:
+            raise ValueError(f"gemm: out (strides {out.stride()}) needs one unit-stride dimension")
+        check_out("gemm", out, a=a, b=b)
         if not row:  # column-major C: compute C^T (N, M) = B^T (N, K) @ A^T (K, M)
             a, b, out, swap = b.t(), a.t(), out.t(), True
     return a, b, out, swap
@@ -131,6 +129,18 @@ def _overlaps_itself(t: torch.Tensor) -> bool:
     return t.shape[outer] > 1 and t.stride(outer) < max(t.shape[inner], 1)
 
 
+def check_out(op: str, out: torch.Tensor, **inputs: torch.Tensor) -> None:
+    """Every public op's ``out`` check (one place): out's own elements must not share memory (a stride 0 or
+    overlapping rows of a 2-D out), and out must not overlap any input."""
+    if out.numel() > 1 and (any(st == 0 and sz > 1 for sz, st in zip(out.shape, out.stride(), strict=True))
+                            or (out.dim() == 2 and is_kmajor(out, 1) is not None and _overlaps_itself(out))):
+        raise ValueError(f"{op}: out (shape {tuple(out.shape)}, strides {out.stride()}) has elements that share "
+                         "memory (a stride 0 or overlapping rows); pass a fresh tensor")
+    for name, t in inputs.items():
+        if _overlap(out, t):
+            raise ValueError(f"{op}: out overlaps {name} in memory; results would be corrupted")
+
+
 # ------------------------------------------------------------------------------------------ public API
 
 
@@ -143,10 +153,101 @@ def plan(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B with fp32 accumulation. a (M, K); b (K, N) or a PackedB; fp16 or bf16 (both the same).
-    Any strides with one unit-stride dim. ``out`` (M, N), if given, is written in place and returned."""
-    ka, kb, kc, swap = _operands(a, b, out)
-    return _execute(choose(ka, kb, kc, swap), ka, kb, kc, out)
+    """C = A @ B with fp32 accumulation, as ``F.linear(a, b.T)``: a (..., K) (any leading dims, or a 1-D (K,)
+    vector); b (K, N), a 1-D (K,) vector (then the N dim is dropped, as torch.matmul does) or a PackedB; fp16 or
+    bf16 (both the same). Any strides with one unit-stride dim (N-D a is reshaped, a copy only where a view
+    cannot be). ``out`` (..., N), if given, is written in place and returned (no autograd through out=).
+    Differentiable in a and b (dA = dC B^T, dB = A^T dC on gemmlab's kernels); a ``torch.library`` custom op
+    (``torch.ops.gemmlab.gemm``) under torch.compile and autograd, see ``gemmlab.ops.custom``."""
+    if isinstance(b, PackedB):
+        b = b.view()
+    if out is None and custom.direct(a, b) and a.dim() == 2 and b.dim() == 2:
+        return launch_gemm(a, b, None)  # the eager hot path: no dispatcher, no autograd wrapper
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"gemm: {name} must be a torch.Tensor or (for b) a PackedB, got {type(t).__name__}")
+    if a.dim() < 1 or b.dim() not in (1, 2):
+        raise ValueError(f"gemm: a must be (..., K) and b (K, N) (2-D) or (K,), got a {tuple(a.shape)}, "
+                         f"b {tuple(b.shape)}")
+    k, lead = a.shape[-1], tuple(a.shape[:-1])
+    b2 = b if b.dim() == 2 else b.unsqueeze(1)
+    n = b2.shape[1]
+    a2 = a if a.dim() == 2 else a.reshape(math.prod(lead), k)
+    shape = lead + ((n,) if b.dim() == 2 else ())
+    if out is None:
+        c = launch_gemm(a2, b2, None) if custom.direct(a2, b2) else custom.gemm(a2, b2)
+        return c if c.dim() == len(shape) and a.dim() == 2 else c.view(shape)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"gemm: out must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"gemm: out has shape {tuple(out.shape)}, expected {shape}")
+    custom.refuse_grad_out("gemm", out, a, b)
+    try:
+        out2 = out if out.dim() == 2 and b.dim() == 2 else out.view(a2.shape[0], n)
+    except RuntimeError as err:
+        raise ValueError(f"gemm: out (shape {tuple(out.shape)}, strides {out.stride()}) cannot be viewed as the "
+                         f"({a2.shape[0]}, {n}) matrix gemm writes; pass a contiguous out") from err
+    if custom.direct(a2, b2, out2):
+        launch_gemm(a2, b2, out2)
+    else:
+        custom.gemm_out(a2, b2, out2)
+    return out
+
+
+# Per signature (shapes, strides, dtypes, devices, 16-byte alignment of each base, out's layout): the plan, the
+# operand swap and the prepared launch (with its compiled kernel once launched). Filled on first use of a
+# signature, after every check; a hit skips the checks the key already proves. Plans come from the config tables
+# as loaded when the signature was first seen: ``clear_cache()`` after changing them in-process.
+_CACHE: dict[tuple, tuple] = {}
+
+
+def clear_cache() -> None:
+    """Forget every cached plan and launch (after changing config tables in this process)."""
+    _CACHE.clear()
+
+
+def _signature(a, b, out) -> tuple:
+    if out is None:
+        return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+                a.data_ptr() % 16, b.data_ptr() % 16)
+    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+            a.data_ptr() % 16, b.data_ptr() % 16, out.shape, out.stride(), out.dtype, out.device, out.data_ptr() % 16)
+
+
+def launch_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """The 2-D launcher behind ``gemm``: a (M, K) @ b (K, N) -> out (M, N) (allocated when None). Checks, plans
+    and prepares once per signature; after that a call checks only what the signature cannot prove (out's
+    overlap with a and b), allocates C and launches the compiled kernel."""
+    try:
+        key = _signature(a, b, out)
+        hit = _CACHE.get(key)
+    except (AttributeError, TypeError):  # not tensors: _operands says what is wrong
+        key, hit = None, None
+    if hit is None:
+        ka, kb, kc, swap = _operands(a, b, out)
+        p = choose(ka, kb, kc, swap)
+        if p.path == "empty" or kc is None and p.m * p.n == 0:
+            return _execute(p, ka, kb, kc, out)
+        c = kc if kc is not None else torch.empty((p.m, p.n), dtype=p.dtype, device=a.device)
+        L = prepare(p, ka, kb, c, keep=True)
+        if key is not None:
+            _CACHE[key] = hit = (p, swap, L)
+        else:
+            hit = (p, swap, L)
+    p, swap, L = hit
+    if out is None:
+        out = c = torch.empty((p.m, p.n), dtype=p.dtype, device=a.device)
+    else:
+        if _overlap(out, a) or _overlap(out, b):
+            _operands(a, b, out)  # raises the overlap error
+        c = out
+    if swap:
+        a, b, c = b.t(), a.t(), c.t()
+    if LAUNCHERS[p.path] is _launch_planned:
+        launch(L, a, b, c)
+    else:  # a launcher replaced (tests spy on them)
+        LAUNCHERS[p.path](p, a, b, c)
+    return out
 
 
 def run(p: Plan, a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -209,22 +310,62 @@ def _colmajor_view(name: str, buf: torch.Tensor, rows: int, cols: int) -> torch.
 # ------------------------------------------------------------------------------------------- launchers
 
 
-def _desc(t: torch.Tensor, kmajor_inner: int, block: tuple[int, int]) -> TensorDescriptor:
-    """TMA descriptor over the 2-D view whose unit-stride dim is ``kmajor_inner`` of ``t``: shape
-    (outer, inner), block ``block`` = (outer, inner). A size-1 outer dim gets a canonical stride."""
+_LAST: dict[str, object] = {}  # path -> the CompiledKernel of its latest launch (what the tuner inspects)
+
+
+def last_kernel(path: str):
+    """The compiled kernel the latest launch of ``path`` ran (None under the interpreter or before any)."""
+    k = _LAST.get(path)
+    return k if hasattr(k, "asm") else None
+
+
+@dataclass
+class Launch:
+    """Everything about one kernel launch that the plan and the operands' shapes and strides fix: built once
+    per signature by ``prepare`` and reused by every call with that signature (``launch``). ``descs`` says per
+    operand (a, b, c) whether it goes as a TMA descriptor ((shape, strides, block)) or a pointer (None)."""
+
+    path: str
+    kernel: object  # the @triton.jit function
+    grid: tuple[int, int, int]
+    descs: tuple
+    ints: tuple  # the runtime integer arguments after the tensors
+    consts: dict  # constexpr name -> value
+    opts: dict  # num_warps, num_stages, maxnreg
+    scratch: tuple | None = None  # split-K: (workspace fp32 elements, tiles); None: no workspace arguments
+    keep: bool = False  # keep the compiled kernel after the first launch and launch it directly from then on
+    run: object = None  # CompiledKernel.run (its launcher), once kept
+    function: object = None
+    packed: object = None
+    tail: tuple = ()  # the constexpr values in the kernel's parameter order (the launcher takes them too)
+
+
+class _HostDesc:
+    """What Triton's CUDA launcher reads from a TensorDescriptor (base, shape, strides, padding), without the
+    dataclass's per-call checks: the shape, strides and alignment were checked when the signature was planned."""
+
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, base, shape, strides):
+        self.base, self.shape, self.strides, self.padding = base, shape, strides, "zero"
+
+
+def _desc_spec(t: torch.Tensor, kmajor_inner: int, block: tuple[int, int]) -> tuple[list, list, list]:
+    """(shape, strides, block) of the TMA descriptor over the 2-D view whose unit-stride dim is ``kmajor_inner``
+    of ``t``: shape (outer, inner). A size-1 outer dim gets a canonical stride."""
     outer = 1 - kmajor_inner
     rows, cols = t.shape[outer], t.shape[kmajor_inner]
     stride = t.stride(outer) if rows > 1 else -(-max(cols, 1) // 8) * 8
-    return TensorDescriptor(t, [rows, cols], [stride, 1], list(block))
+    return [rows, cols], [stride, 1], list(block)
 
 
-def _tma_operands(p: Plan, a, b, c):
+def _specs(p: Plan, a, b, c) -> tuple:
     cfg = p.config
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    a_desc = _desc(a, 1, (bm, bk)) if p.a_kmajor else _desc(a, 0, (bk, bm))
-    b_desc = _desc(b, 0, (bn, bk)) if p.b_kmajor else _desc(b, 1, (bk, bn))
-    c_arg = _desc(c, 1, (bm, bn // 2 if cfg.epilogue_subtile else bn)) if p.c_tma else c
-    return a_desc, b_desc, c_arg
+    a_spec = _desc_spec(a, 1, (bm, bk)) if p.a_kmajor else _desc_spec(a, 0, (bk, bm))
+    b_spec = _desc_spec(b, 0, (bn, bk)) if p.b_kmajor else _desc_spec(b, 1, (bk, bn))
+    c_spec = _desc_spec(c, 1, (bm, bn // 2 if cfg.epilogue_subtile else bn)) if p.c_tma else None
+    return a_spec, b_spec, c_spec
 
 
 def constexprs(p: Plan) -> dict:
@@ -250,13 +391,74 @@ def launch_options(cfg: GemmConfig) -> dict:
     return opts
 
 
-_LAST: dict[str, object] = {}  # path -> the CompiledKernel of its latest launch (what the tuner inspects)
+def prepare(p: Plan, a, b, c, keep: bool = False) -> Launch:
+    """The ``Launch`` of a (non-empty) plan for operands shaped and strided like these (kernel view, c row-major)."""
+    cfg = p.config
+    consts, opts = constexprs(p), launch_options(cfg)
+    if p.path == "portable":
+        grid = (triton.cdiv(p.m, cfg.block_m) * triton.cdiv(p.n, cfg.block_n), 1, 1)
+        ints = (p.m, p.n, p.k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+        return Launch(p.path, _gemm_portable_kernel, grid, (None, None, None), ints, consts, opts, keep=keep)
+    specs = _specs(p, a, b, c)
+    if p.path == "tma_persistent":
+        tiles = triton.cdiv(p.m, cfg.block_m) * triton.cdiv(p.n, cfg.block_n)
+        return Launch(p.path, _gemm_tma_persistent_kernel, (min(p.num_sms, tiles), 1, 1), specs,
+                      (p.m, p.n, p.k, c.stride(0)), consts, opts, keep=keep)
+    grid_n, grid_m = triton.cdiv(p.n, cfg.block_n), triton.cdiv(p.m, cfg.block_m)
+    per_split = triton.cdiv(triton.cdiv(p.k, cfg.block_k), cfg.split_k)
+    scratch = (cfg.split_k * grid_n * grid_m * cfg.block_m * cfg.block_n, grid_n * grid_m) if cfg.split_k > 1 \
+        else (0, 0)
+    return Launch(p.path, _gemm_tma_splitk_kernel, (grid_n, grid_m, cfg.split_k), specs,
+                  (p.m, p.n, p.k, c.stride(0), per_split), consts, opts, scratch=scratch, keep=keep)
 
 
-def last_kernel(path: str):
-    """The compiled kernel the latest launch of ``path`` ran (None under the interpreter or before any)."""
-    k = _LAST.get(path)
-    return k if hasattr(k, "asm") else None
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _split_counters(c: torch.Tensor, tiles: int) -> torch.Tensor:
+    """Arrival counters for split-K, one per output tile, kept per (device, stream). Each launch leaves
+    them zero (the last split to arrive resets its tile), so they are allocated and zeroed only once.
+    During CUDA graph capture a fresh zeroed buffer (its memset a node of the graph) is used instead: a buffer
+    allocated inside a capture is zeroed only when the graph replays, so it must not serve eager calls."""
+    if c.is_cuda:
+        if torch.cuda.is_current_stream_capturing():
+            return torch.zeros(tiles, dtype=torch.int32, device=c.device)
+        index = c.get_device()
+        key = (index, torch._C._cuda_getCurrentRawStream(index))
+    else:
+        key = (-1, 0)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < tiles:
+        buf = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=c.device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def launch(L: Launch, a, b, c) -> None:
+    """Launch ``L`` on these operands: the first time through the JIT (which compiles), then, when ``L.keep``
+    and not under the interpreter, the compiled kernel directly (``CompiledKernel.run``: no argument binding,
+    specialization or cache lookup; the signature key fixed everything the JIT specializes on)."""
+    direct = L.run is not None and knobs.runtime.launch_enter_hook is None
+    args = [t if spec is None else _HostDesc(t, spec[0], spec[1]) if direct else
+            TensorDescriptor(t, spec[0], spec[1], spec[2]) for t, spec in zip((a, b, c), L.descs, strict=True)]
+    if L.scratch is not None:
+        ws_elems, tiles = L.scratch
+        if ws_elems:
+            args += [torch.empty(ws_elems, dtype=torch.float32, device=c.device), _split_counters(c, tiles)]
+        else:
+            args += [c, c]  # SPLIT_K = 1: unused
+    args += L.ints
+    if direct:
+        L.run(*L.grid, torch._C._cuda_getCurrentRawStream(c.get_device()), L.function, L.packed, None, None, None,
+              *args, *L.tail)
+        return
+    compiled = L.kernel[L.grid](*args, **L.consts, **L.opts)
+    _LAST[L.path] = compiled
+    if L.keep and hasattr(compiled, "packed_metadata") and not knobs.runtime.interpret:
+        params = L.kernel.params
+        assert all(q.is_constexpr for q in params[len(args):]) and len(params) == len(args) + len(L.consts)
+        L.tail = tuple(L.consts[q.name] for q in params[len(args):])
+        L.function, L.packed, L.run = compiled.function, compiled.packed_metadata, compiled.run
 
 
 def _launch_empty(p: Plan, a, b, c) -> None:
@@ -264,53 +466,8 @@ def _launch_empty(p: Plan, a, b, c) -> None:
         c.zero_()  # K = 0: a sum over nothing
 
 
-def _launch_tma_persistent(p: Plan, a, b, c) -> None:
-    cfg = p.config
-    tiles = triton.cdiv(p.m, cfg.block_m) * triton.cdiv(p.n, cfg.block_n)
-    _LAST[p.path] = _gemm_tma_persistent_kernel[(min(p.num_sms, tiles),)](
-        *_tma_operands(p, a, b, c), p.m, p.n, p.k, c.stride(0),
-        **constexprs(p), **launch_options(cfg),
-    )
-
-
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def _split_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """Arrival counters for split-K, one per output tile, kept per (device, stream). Each launch leaves
-    them zero (the last split to arrive resets its tile), so they are allocated and zeroed only once."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < tiles:
-        buf = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
-
-
-def _launch_tma_splitk(p: Plan, a, b, c) -> None:
-    cfg = p.config
-    grid_n, grid_m = triton.cdiv(p.n, cfg.block_n), triton.cdiv(p.m, cfg.block_m)
-    per_split = triton.cdiv(triton.cdiv(p.k, cfg.block_k), cfg.split_k)
-    if cfg.split_k > 1:
-        ws = torch.empty(cfg.split_k * grid_n * grid_m * cfg.block_m * cfg.block_n, dtype=torch.float32,
-                         device=c.device)
-        counters = _split_counters(c.device, grid_n * grid_m)
-    else:
-        ws = counters = c  # unused
-    _LAST[p.path] = _gemm_tma_splitk_kernel[(grid_n, grid_m, cfg.split_k)](
-        *_tma_operands(p, a, b, c), ws, counters, p.m, p.n, p.k, c.stride(0), per_split,
-        **constexprs(p), **launch_options(cfg),
-    )
-
-
-def _launch_portable(p: Plan, a, b, c) -> None:
-    cfg = p.config
-    grid = (triton.cdiv(p.m, cfg.block_m) * triton.cdiv(p.n, cfg.block_n),)
-    _LAST[p.path] = _gemm_portable_kernel[grid](
-        a, b, c, p.m, p.n, p.k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        **constexprs(p), **launch_options(cfg),
-    )
+def _launch_planned(p: Plan, a, b, c) -> None:
+    launch(prepare(p, a, b, c), a, b, c)
 
 
 KERNELS = {
@@ -320,7 +477,10 @@ KERNELS = {
 }
 LAUNCHERS = {
     "empty": _launch_empty,
-    "tma_persistent": _launch_tma_persistent,
-    "tma_splitk": _launch_tma_splitk,
-    "portable": _launch_portable,
+    "tma_persistent": _launch_planned,
+    "tma_splitk": _launch_planned,
+    "portable": _launch_planned,
 }
+
+
+from gemmlab.ops import custom  # noqa: E402  (registers torch.ops.gemmlab.*; imports this module)

@@ -13,8 +13,8 @@ order (gathered once, or read by token index inside the GEMM: ``gather``), SiLU(
 epilogue (the 2I-wide intermediate is never written), (3) second GEMM with each row's top-k weight
 applied in its epilogue, (4) a deterministic combine back to token order (each token sums its k rows in
 slot order). fp16 and bf16, fp32 accumulation.
-``validate=True`` checks ids and offsets against E and S, which reads them on the host (one sync); pass
-``validate=False`` in CUDA graphs and hot loops.
+``validate=True`` checks ids and offsets against E and S on the device (no host sync: a device-side assert on
+a GPU, so it works in CUDA graphs too); ``validate=False`` skips those few small launches.
 """
 
 from __future__ import annotations
@@ -108,24 +108,36 @@ def sort_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Route
 
 def route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = True,
           scoring: str = "softmax") -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k routing. (T, E) logits -> (T, k) float32 weights and (T, k) int32 expert ids. ``scoring``:
-    "softmax" (probabilities over E, then top-k) or "sigmoid" (DeepSeek-V3: independent sigmoid scores,
-    top-k; no group limit). ``renormalize``: the k weights of a token sum to 1."""
-    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2:
-        raise ValueError(f"route: router_logits must be a 2-D (T, E) tensor, got "
+    """Top-k routing. (T, E) logits -> (T, k) float32 weights and (T, k) int32 expert ids ((..., E) -> (..., k)).
+    ``scoring``: "softmax" (probabilities over E, then top-k) or "sigmoid" (DeepSeek-V3: independent sigmoid scores,
+    top-k; no group limit). ``renormalize``: the k weights of a token sum to 1. Differentiable w.r.t. the
+    logits through the weights (the selection held fixed, as torch.topk's backward); the ids are not.
+    A custom op (``torch.ops.gemmlab.route``) under torch.compile and autograd."""
+    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() < 2:
+        raise ValueError(f"route: router_logits must be a (T, E) (or (..., E)) tensor, got "
                          f"{getattr(router_logits, 'shape', type(router_logits).__name__)}")
     if not router_logits.is_floating_point():
         raise TypeError(f"route: router_logits must be floating point, got {router_logits.dtype}")
-    e = router_logits.shape[1]
+    e = router_logits.shape[-1]
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
         raise ValueError(f"route: top_k must be an integer in [1, E={e}], got {top_k!r}")
-    logits = router_logits.float()
-    if scoring == "softmax":
-        scores = torch.softmax(logits, dim=-1)
-    elif scoring == "sigmoid":
-        scores = torch.sigmoid(logits)
-    else:
+    if scoring not in ("softmax", "sigmoid"):
         raise ValueError(f"route: scoring {scoring!r}: softmax or sigmoid")
+    lead = router_logits.shape[:-1]
+    logits = router_logits if router_logits.dim() == 2 else router_logits.reshape(-1, e)
+    if custom.direct(logits):
+        weights, ids = route_impl(logits, top_k, renormalize, scoring)
+    else:
+        weights, ids = custom.route(logits, top_k, bool(renormalize), scoring)
+    if router_logits.dim() != 2:
+        weights, ids = weights.view(*lead, top_k), ids.view(*lead, top_k)
+    return weights, ids
+
+
+def route_impl(router_logits: torch.Tensor, top_k: int, renormalize: bool, scoring: str):
+    """``route`` on checked arguments, in torch ops."""
+    logits = router_logits.float()
+    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
     weights, ids = torch.topk(scores, top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -232,7 +244,40 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     """out (S, N): rows offsets[e-1]:offsets[e] of x (S, K) times w[e]^T, w (E, N, K) in nn.Linear layout;
     offsets (E,) int32 cumulative group ends, as ``torch._grouped_mm``'s ``offs`` (empty groups allowed,
     any sizes; rows past offsets[-1] are left untouched). One persistent launch over all groups.
-    ``config``: launch parameters instead of ``moe_config``'s (tuning)."""
+    ``validate``: check the offsets (non-decreasing, within [0, S]) without a host sync: on a GPU by a device-side
+    assert (a bad value stops the program at its next synchronization, as a bad index into a torch op does), on the
+    CPU at once (ValueError). ``out``: written in place; refused when it overlaps x, w or offsets, or its rows
+    share memory (stride 0). Differentiable in x and w (``gemmlab.ops.custom``; rows past offsets[-1] get zero
+    gradient). ``config``: launch parameters instead of ``moe_config``'s (tuning; eager only, no autograd)."""
+    if config is not None:
+        if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (x, w)):
+            raise RuntimeError("grouped_gemm: config= is the tuner's eager path and has no autograd")
+        return launch_grouped_gemm(x, w, offsets, out, validate, config)
+    if out is not None:
+        if isinstance(out, torch.Tensor):
+            custom.refuse_grad_out("grouped_gemm", out, *(t for t in (x, w) if isinstance(t, torch.Tensor)))
+        if custom.direct(x, w, offsets, out):
+            return launch_grouped_gemm(x, w, offsets, out, validate)
+        custom.grouped_gemm_out(x, w, offsets, out, bool(validate))
+        return out
+    if custom.direct(x, w, offsets):
+        return launch_grouped_gemm(x, w, offsets, None, validate)
+    return custom.grouped_gemm(x, w, offsets, bool(validate))
+
+
+def _device_check(ok: torch.Tensor, message: str) -> None:
+    """Check a 0-d bool computed on the device without reading it on the host: on a GPU a device-side assert
+    (fires asynchronously and ends the process's CUDA context, as torch's own index checks do), on the CPU a
+    ValueError now."""
+    if ok.is_cuda:
+        torch._assert_async(ok, message)
+    elif not bool(ok):
+        raise ValueError(message)
+
+
+def launch_grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor | None,
+                        validate: bool, config: MoEConfig | None = None) -> torch.Tensor:
+    """``grouped_gemm``'s launcher: checks, allocates, launches (no autograd)."""
     _check("x", x, 2)
     _check("w", w, 3)
     _check("offsets", offsets, 1, dtypes=(torch.int32,))
@@ -250,18 +295,17 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
         _check("out", out, 2)
         if tuple(out.shape) != (s, n) or out.dtype != x.dtype or out.device != x.device or out.stride(1) != 1:
             raise ValueError(f"grouped_gemm: out must be a row-major ({s}, {n}) {x.dtype} tensor on {x.device}")
+        check_out("grouped_gemm", out, x=x, w=w, offsets=offsets)
+    counts = torch.diff(offsets, prepend=offsets.new_zeros(1)) if e else offsets
     if validate and e:
-        o = offsets.cpu()
-        if bool((o[1:] < o[:-1]).any()) or int(o[0]) < 0 or int(o[-1]) > s:
-            raise ValueError(f"grouped_gemm: offsets must be non-decreasing cumulative ends within [0, S={s}], "
-                             f"got {o.tolist()[:8]}{'...' if e > 8 else ''}")
+        _device_check((counts.min() >= 0) & (offsets[-1] <= s),
+                      f"grouped_gemm: offsets must be non-decreasing cumulative ends within [0, S={s}]")
     if s == 0 or n == 0 or e == 0:
         return out
     if x.stride(1) != 1:
         x = x.contiguous()
     target = target_for(x.device)
     cfg = config or moe_config(target, s, e, 0, x.element_size())
-    counts = torch.diff(offsets.to(torch.int64), prepend=offsets.new_zeros(1, dtype=torch.int64))
     if k == 0:
         return out.zero_()
     _launch_grouped(0, x, None, w, out, None, offsets, _tile_offsets(counts, cfg.block_m), n, cfg, target, s)
@@ -309,16 +353,35 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor 
                 topk_ids: torch.Tensor, *, validate: bool = True, gather: str = "auto",
                 configs: tuple[MoEConfig, MoEConfig] | None = None) -> torch.Tensor:
     """The MoE layer body (see the module docstring). ``w1`` may be a ``PackedMoE`` (then ``w2`` is None
-    or ignored). Returns y (T, H) in x's dtype. ``gather``: how the first GEMM gets x's rows in expert
-    order: "copy" (x[token] gathered once, then read through TMA: pipelined wgmma; 2*S*H bytes of extra
-    traffic), "fused" (pointer loads of x rows by token index inside the GEMM: no copy, but on sm_90 those
-    loads are not software-pipelined), "auto" (copy when x's rows are 16-byte aligned on a TMA target).
-    ``configs``: (first GEMM, second GEMM) launch parameters instead of ``moe_config``'s (tuning); the
-    second takes the first's BLOCK_M (one tile schedule)."""
+    or ignored). x (T, H) or (..., H); returns y of x's shape and dtype. ``gather``: how the first GEMM gets
+    x's rows in expert order: "copy" (x[token] gathered once, then read through TMA: pipelined wgmma; 2*S*H
+    bytes of extra traffic), "fused" (pointer loads of x rows by token index inside the GEMM: no copy, but on
+    sm_90 those loads are not software-pipelined), "auto" (copy when x's rows are 16-byte aligned on a TMA
+    target). ``validate``: check topk_ids in [0, E) without a host sync (a device-side assert on a GPU, a
+    ValueError on the CPU; see ``grouped_gemm``). Differentiable in x, w1, w2 and topk_weights
+    (``gemmlab.ops.custom``; topk_ids (T, k) must then be 2-D like topk_weights). ``configs``: (first GEMM,
+    second GEMM) launch parameters instead of ``moe_config``'s (tuning; eager only, no autograd); the second
+    takes the first's BLOCK_M (one tile schedule)."""
     if gather not in ("auto", "copy", "fused"):
         raise ValueError(f"moe: gather {gather!r}: auto, copy or fused")
     if isinstance(w1, PackedMoE):
         w1, w2 = w1.w1, w1.w2
+    if configs is not None:
+        return launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, configs)
+    lead = None
+    if isinstance(x, torch.Tensor) and x.dim() != 2 and x.dim() >= 1:
+        lead, x = x.shape, x.reshape(-1, x.shape[-1])
+        topk_weights = topk_weights.reshape(x.shape[0], -1) if isinstance(topk_weights, torch.Tensor) else topk_weights
+        topk_ids = topk_ids.reshape(x.shape[0], -1) if isinstance(topk_ids, torch.Tensor) else topk_ids
+    if custom.direct(x, w1, w2, topk_weights, topk_ids):
+        y = launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
+    else:
+        _check_args(x, w1, w2, topk_weights, topk_ids)  # clear errors before the op (and its fake) run
+        y = custom.moe_forward(x, w1, w2, topk_weights, topk_ids, bool(validate), gather)
+    return y if lead is None else y.view(lead)
+
+
+def _check_args(x, w1, w2, topk_weights, topk_ids) -> tuple[int, int, int, int, int]:
     e, h, i = _check_weights(w1, w2)
     _check("x", x, 2)
     _check("topk_weights", topk_weights, 2, dtypes=(torch.float32, torch.float16, torch.bfloat16))
@@ -335,10 +398,17 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor 
     k = topk_ids.shape[1]
     if not 1 <= k <= e:
         raise ValueError(f"moe: top-k = {k} must be in [1, E={e}]")
+    return t, h, i, e, k
+
+
+def launch_moe_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                       topk_ids: torch.Tensor, validate: bool, gather: str,
+                       configs: tuple[MoEConfig, MoEConfig] | None) -> torch.Tensor:
+    """``moe_forward``'s launcher on 2-D x: checks, routes, two grouped launches and the combine (no autograd)."""
+    t, h, i, e, k = _check_args(x, w1, w2, topk_weights, topk_ids)
     if validate and t:
-        lo, hi = int(topk_ids.min()), int(topk_ids.max())
-        if lo < 0 or hi >= e:
-            raise ValueError(f"moe: topk_ids must be in [0, E={e}), got values in [{lo}, {hi}]")
+        lo, hi = torch.aminmax(topk_ids)
+        _device_check((lo >= 0) & (hi < e), f"moe: topk_ids must be in [0, E={e})")
     y = torch.empty((t, h), dtype=x.dtype, device=x.device)
     if t == 0 or h == 0:
         return y
@@ -368,3 +438,7 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor 
     _moe_combine_kernel[(t, triton.cdiv(h, block_h))](o, r.inv, y, h, o.stride(0), y.stride(0), TOP_K=k,
                                                       BLOCK_H=block_h)
     return y
+
+
+from gemmlab.ops import custom  # noqa: E402  (registers torch.ops.gemmlab.*; imports this module)
+from gemmlab.ops.gemm import check_out  # noqa: E402

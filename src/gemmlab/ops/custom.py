@@ -1,0 +1,277 @@
+"""gemmlab's public ops as ``torch.library`` custom ops (``torch.ops.gemmlab.*``): fake (meta) implementations for
+``torch.compile`` and autograd formulas. Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k,
+S = T*k routed rows.
+
+    gemmlab::gemm(a (M, K), b (K, N)) -> (M, N)              dA = dC B^T, dB = A^T dC (gemmlab's gemm)
+    gemmlab::gemm_out(a, b, out!)                            out= variant (no autograd)
+    gemmlab::grouped_gemm(x (S, K), w (E, N, K), offsets, validate) -> (S, N)
+    gemmlab::grouped_gemm_out(x, w, offsets, out!, validate) out= variant (no autograd)
+    gemmlab::grouped_gemm_backward(dy, x, w, offsets) -> (dx (S, K), dw (E, N, K))
+    gemmlab::moe_forward(x (T, H), w1 (E, 2I, H), w2 (E, H, I), topk_weights (T, k), topk_ids (T, k),
+                         validate, gather) -> y (T, H)
+    gemmlab::moe_backward(dy, x, w1, w2, topk_weights, topk_ids) -> (dx, dw1, dw2, d topk_weights)
+    gemmlab::route(logits (T, E), top_k, renormalize, scoring) -> (weights (T, k) fp32, ids (T, k) int32)
+
+The public functions (``gemmlab.gemm`` ...) call these ops whenever the call is traced (torch.compile), needs
+autograd, or runs under a dispatch mode or functorch transform; a plain eager call with no grad goes straight to
+the same implementation (``direct``), so it does not pay the dispatcher's and autograd wrapper's host cost.
+Each op is opaque to the compiler: inside a compiled graph it runs gemmlab's launcher as in eager.
+
+Backward kernels: the dense and grouped input gradients (dA, dB, dX) run on gemmlab's kernels (gemm on
+transposed views; the grouped kernel on w^T). The per-expert weight gradient dW[e] = dY_e^T X_e reduces over the
+expert's rows, a layout the grouped kernel does not have: it is a loop over experts of gemmlab's dense gemm,
+which reads the offsets on the host (one sync per backward; the backward is not graph-capturable).
+"""
+
+import torch
+from torch import Tensor
+
+from gemmlab.ops import gemm as gemm_ops
+from gemmlab.ops import moe as moe_ops
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def direct(*tensors) -> bool:
+    """True when a call may skip the dispatcher: eager (not traced), plain tensors, no dispatch mode or functorch
+    transform active, and no autograd needed."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+            or torch._C._are_functorch_transforms_active()):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if type(t) not in _PLAIN or (grad and t.requires_grad):
+            return False
+    return True
+
+
+def refuse_grad_out(op: str, out: Tensor, *inputs: Tensor) -> None:
+    """``out=`` runs outside autograd: refuse an out that requires grad, or inputs that need it (as torch does)."""
+    if out.requires_grad:
+        raise RuntimeError(f"{op}: out= does not support autograd, but out requires grad; call it without out=")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        raise RuntimeError(f"{op}: out= does not support autograd, but an input requires grad; call it without "
+                           "out= (or under torch.no_grad())")
+
+
+def _unit(t: Tensor) -> Tensor:
+    """A gradient with no unit-stride dim (autograd hands out expanded ones) made contiguous for the kernels."""
+    return t if t.dim() != 2 or t.stride(-1) == 1 or t.stride(0) == 1 else t.contiguous()
+
+
+# ------------------------------------------------------------------------------------------------ gemm
+
+
+@torch.library.custom_op("gemmlab::gemm", mutates_args=())
+def gemm(a: Tensor, b: Tensor) -> Tensor:
+    return gemm_ops.launch_gemm(a, b, None)
+
+
+@gemm.register_fake
+def _(a, b):
+    torch._check(a.shape[1] == b.shape[0], lambda: f"gemm: inner dimensions differ: {a.shape} @ {b.shape}")
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _gemm_setup(ctx, inputs, output):
+    a, b = inputs
+    ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
+
+
+def _gemm_backward(ctx, dc):
+    a, b = ctx.saved_tensors
+    dc = _unit(dc)
+    da = gemm(dc, b.t()) if ctx.needs_input_grad[0] else None  # (M, N) @ (N, K)
+    db = gemm(a.t(), dc) if ctx.needs_input_grad[1] else None  # (K, M) @ (M, N)
+    return da, db
+
+
+gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup)
+
+
+@torch.library.custom_op("gemmlab::gemm_out", mutates_args=("out",))
+def gemm_out(a: Tensor, b: Tensor, out: Tensor) -> None:
+    gemm_ops.launch_gemm(a, b, out)
+
+
+@gemm_out.register_fake
+def _(a, b, out):
+    return None
+
+
+# ----------------------------------------------------------------------------------------- grouped_gemm
+
+
+@torch.library.custom_op("gemmlab::grouped_gemm", mutates_args=())
+def grouped_gemm(x: Tensor, w: Tensor, offsets: Tensor, validate: bool) -> Tensor:
+    return moe_ops.launch_grouped_gemm(x, w, offsets, None, validate)
+
+
+@grouped_gemm.register_fake
+def _(x, w, offsets, validate):
+    return x.new_empty((x.shape[0], w.shape[1]))
+
+
+@torch.library.custom_op("gemmlab::grouped_gemm_out", mutates_args=("out",))
+def grouped_gemm_out(x: Tensor, w: Tensor, offsets: Tensor, out: Tensor, validate: bool) -> None:
+    moe_ops.launch_grouped_gemm(x, w, offsets, out, validate)
+
+
+@grouped_gemm_out.register_fake
+def _(x, w, offsets, out, validate):
+    return None
+
+
+def weight_grad(dy: Tensor, x: Tensor, offsets: Tensor, dw: Tensor) -> Tensor:
+    """dw[e] (N, K) = dy[rows_e]^T (N, S_e) @ x[rows_e] (S_e, K): a loop over experts of gemmlab's gemm
+    (reads the offsets on the host). An expert with no rows gets zeros."""
+    start = 0
+    for e, end in enumerate(offsets.tolist()):
+        gemm_ops.launch_gemm(_unit(dy[start:end].t()), x[start:end], dw[e])
+        start = end
+    return dw
+
+
+@torch.library.custom_op("gemmlab::grouped_gemm_backward", mutates_args=())
+def grouped_gemm_backward(dy: Tensor, x: Tensor, w: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+    dy = _unit(dy) if dy.stride(-1) == 1 else dy.contiguous()
+    dx = torch.zeros_like(x, memory_format=torch.contiguous_format)  # rows past offsets[-1] get no gradient
+    moe_ops.launch_grouped_gemm(dy, w.transpose(1, 2).contiguous(), offsets, dx, False)  # dy (S, N) @ w_e (N, K)
+    dw = weight_grad(dy, x if x.stride(-1) == 1 else x.contiguous(), offsets, torch.empty_like(
+        w, memory_format=torch.contiguous_format))
+    return dx, dw
+
+
+@grouped_gemm_backward.register_fake
+def _(dy, x, w, offsets):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
+        w, memory_format=torch.contiguous_format)
+
+
+def _grouped_setup(ctx, inputs, output):
+    x, w, offsets, _ = inputs
+    ctx.save_for_backward(x, w, offsets)
+
+
+def _grouped_backward(ctx, dy):
+    x, w, offsets = ctx.saved_tensors
+    dx, dw = grouped_gemm_backward(dy, x, w, offsets)
+    return (dx if ctx.needs_input_grad[0] else None), (dw if ctx.needs_input_grad[1] else None), None, None
+
+
+grouped_gemm.register_autograd(_grouped_backward, setup_context=_grouped_setup)
+
+
+# ------------------------------------------------------------------------------------------ moe_forward
+
+
+@torch.library.custom_op("gemmlab::moe_forward", mutates_args=())
+def moe_forward(x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, validate: bool,
+                gather: str) -> Tensor:
+    return moe_ops.launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
+
+
+@moe_forward.register_fake
+def _(x, w1, w2, topk_weights, topk_ids, validate, gather):
+    return x.new_empty((x.shape[0], w2.shape[1]))
+
+
+@torch.library.custom_op("gemmlab::moe_backward", mutates_args=())
+def moe_backward(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor,
+                 topk_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Recomputes the forward's routed intermediates on gemmlab's grouped kernel, then
+        d topk_weights[t, j] = dy_t . o_p             o_p = act_p @ w2_e^T (unscaled), p = (t, j)
+        d act_p = (w_tj dy_t) @ w2_e                  grouped kernel on w2^T
+        dh_p = [d act * up * silu'(gate), d act * silu(gate)]
+        dx_t = sum_j dh_p @ w1_e                      grouped kernel on w1^T, summed over j in slot order
+        dw2_e = sum_p (w dy)_p^T act_p, dw1_e = sum_p dh_p^T x_t     per-expert loop (``weight_grad``)."""
+    t, h = x.shape
+    e, i2, _ = w1.shape
+    i, k = i2 // 2, topk_ids.shape[1]
+    dx, dw1, dw2 = torch.zeros_like(x), torch.zeros_like(w1), torch.zeros_like(w2)
+    dtw = torch.zeros((t, k), dtype=topk_weights.dtype, device=x.device)
+    if t == 0 or h == 0 or i == 0:
+        return dx, dw1, dw2, dtw
+    r = moe_ops.sort_routes(topk_ids, e, 16)
+    x, w1, w2 = (v if v.stride(-1) == 1 else v.contiguous() for v in (x, w1, w2))
+    token, order = r.token.long(), r.order.long()
+    xs = x.index_select(0, token)  # (S, H) in expert order
+    gate_up = moe_ops.launch_grouped_gemm(xs, w1, r.offsets, None, False).float()  # (S, 2I)
+    gate, up = gate_up[:, :i], gate_up[:, i:]
+    sig = torch.sigmoid(gate)
+    act = (gate * sig * up).to(x.dtype)  # (S, I), rounded as the forward stores it
+    o = moe_ops.launch_grouped_gemm(act, w2, r.offsets, None, False)  # (S, H) unscaled
+    dys = dy.index_select(0, token).float()  # (S, H)
+    dtw.view(-1)[order] = (dys * o.float()).sum(1).to(dtw.dtype)
+    do = (dys * topk_weights.reshape(-1)[order].float()[:, None]).to(x.dtype)  # (S, H)
+    dact = moe_ops.launch_grouped_gemm(do, w2.transpose(1, 2).contiguous(), r.offsets, None, False).float()
+    dgate = dact * up * sig * (1 + gate * (1 - sig))
+    dh = torch.cat([dgate, dact * gate * sig], 1).to(x.dtype)  # (S, 2I)
+    dxs = moe_ops.launch_grouped_gemm(dh, w1.transpose(1, 2).contiguous(), r.offsets, None, False)  # (S, H)
+    dx.copy_(dxs.index_select(0, r.inv.long()).view(t, k, h).float().sum(1))  # fixed slot order
+    weight_grad(do, act, r.offsets, dw2)
+    weight_grad(dh, xs, r.offsets, dw1)
+    return dx, dw1, dw2, dtw
+
+
+@moe_backward.register_fake
+def _(dy, x, w1, w2, topk_weights, topk_ids):
+    return (torch.empty_like(x), torch.empty_like(w1), torch.empty_like(w2),
+            topk_weights.new_empty(topk_weights.shape))
+
+
+def _moe_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:5])
+
+
+def _moe_backward(ctx, dy):
+    dx, dw1, dw2, dtw = moe_backward(_unit(dy), *ctx.saved_tensors)
+    need = ctx.needs_input_grad
+    return (dx if need[0] else None, dw1 if need[1] else None, dw2 if need[2] else None, dtw if need[3] else None,
+            None, None, None)
+
+
+moe_forward.register_autograd(_moe_backward, setup_context=_moe_setup)
+
+
+# ------------------------------------------------------------------------------------------------ route
+
+
+@torch.library.custom_op("gemmlab::route", mutates_args=())
+def route(router_logits: Tensor, top_k: int, renormalize: bool, scoring: str) -> tuple[Tensor, Tensor]:
+    return moe_ops.route_impl(router_logits, top_k, renormalize, scoring)
+
+
+@route.register_fake
+def _(router_logits, top_k, renormalize, scoring):
+    t = router_logits.shape[0]
+    return (router_logits.new_empty((t, top_k), dtype=torch.float32),
+            router_logits.new_empty((t, top_k), dtype=torch.int32))
+
+
+def _route_setup(ctx, inputs, output):
+    logits, _, renormalize, scoring = inputs
+    ctx.renormalize, ctx.scoring = renormalize, scoring
+    ctx.save_for_backward(logits, *output)
+
+
+def _route_backward(ctx, dweights, _dids):
+    """Gradient w.r.t. the logits with the selection (ids) held fixed, as torch's topk backward does:
+    renormalized w = s_sel / sum(s_sel) -> ds_sel = (dw - sum(dw * w)) / sum(s_sel); then the softmax or
+    sigmoid backward of the scattered ds (zero off the selected experts)."""
+    logits, weights, ids = ctx.saved_tensors
+    lf = logits.float()
+    s = torch.softmax(lf, dim=-1) if ctx.scoring == "softmax" else torch.sigmoid(lf)
+    ids = ids.long()
+    dw = dweights.float()
+    if ctx.renormalize:
+        dw = (dw - (dw * weights).sum(-1, keepdim=True)) / s.gather(1, ids).sum(-1, keepdim=True)
+    ds = torch.zeros_like(s).scatter(1, ids, dw)
+    if ctx.scoring == "softmax":
+        dl = s * (ds - (ds * s).sum(-1, keepdim=True))
+    else:
+        dl = ds * s * (1 - s)
+    return dl.to(logits.dtype), None, None, None
+
+
+route.register_autograd(_route_backward, setup_context=_route_setup)

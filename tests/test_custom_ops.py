@@ -1,0 +1,181 @@
+"""The torch.library custom ops (torch.ops.gemmlab.*): schemas and fakes (torch.library.opcheck), torch.compile
+(fullgraph) of a small model against eager, N-D activations, and the out= checks every public op makes.
+CPU tests compile with backend="aot_eager" (the ops are opaque, so the graph around them is what is tested);
+the gpu-marked test uses the default inductor backend."""
+
+import pytest
+import torch
+
+import gemmlab
+from conftest import DEVICE, rand
+from gemmlab.ref import gemm_check, moe_check
+
+OPS = ["gemm", "gemm_out", "grouped_gemm", "grouped_gemm_out", "grouped_gemm_backward", "moe_forward",
+       "moe_backward", "route"]
+
+
+def test_ops_are_registered():
+    for name in OPS:
+        assert hasattr(torch.ops.gemmlab, name), name
+
+
+def _moe_inputs(t=6, h=32, i=16, e=4, k=2, dtype=torch.float16):
+    x = rand((t, h), dtype)
+    w1 = rand((e * 2 * i, h), dtype).view(e, 2 * i, h)
+    w2 = rand((e * h, i), dtype).view(e, h, i)
+    tw, ids = gemmlab.route(torch.randn(t, e, device=DEVICE), k)
+    return x, w1, w2, tw, ids
+
+
+def test_opcheck_schemas_fakes_and_autograd_registration():
+    a, b = rand((8, 16)), rand((16, 24))
+    x, w1, w2, tw, ids = _moe_inputs()
+    offs = torch.tensor([3, 3, 8], dtype=torch.int32, device=DEVICE)
+    w = rand((3 * 24, 16)).view(3, 24, 16)
+    tests = ("test_schema", "test_faketensor", "test_autograd_registration")
+    cases = [
+        (torch.ops.gemmlab.gemm, (a.requires_grad_(), b)),
+        (torch.ops.gemmlab.gemm_out, (a.detach(), b, torch.empty(8, 24, dtype=a.dtype, device=DEVICE))),
+        (torch.ops.gemmlab.grouped_gemm, (a.detach(), w.requires_grad_(), offs, True)),
+        (torch.ops.gemmlab.moe_forward, (x.requires_grad_(), w1, w2, tw, ids, True, "auto")),
+        (torch.ops.gemmlab.route, (torch.randn(6, 4, device=DEVICE, requires_grad=True), 2, True, "softmax")),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args, test_utils=tests)
+
+
+class TinyMoE(torch.nn.Module):
+    """A projection (gemm on a 3-D activation), a router and an MoE body: every public op in one graph."""
+
+    def __init__(self, h=32, i=16, e=4, k=2, dtype=torch.float16):
+        super().__init__()
+        self.k = k
+        self.proj = torch.nn.Parameter(rand((h, h), dtype))
+        self.router = torch.nn.Parameter(rand((h, e), torch.float32))
+        self.w1 = torch.nn.Parameter(rand((e * 2 * i, h), dtype).view(e, 2 * i, h))
+        self.w2 = torch.nn.Parameter(rand((e * h, i), dtype).view(e, h, i))
+
+    def forward(self, x):  # x (B, L, H)
+        h = gemmlab.gemm(x, self.proj)
+        tw, ids = gemmlab.route(h.float() @ self.router, self.k)
+        return gemmlab.moe_forward(h, self.w1, self.w2, tw, ids) + h
+
+
+def _compile_matches_eager(backend):
+    torch._dynamo.reset()
+    model = TinyMoE()
+    x = rand((6, 32)).view(2, 3, 32)
+    with torch.no_grad():
+        want = model(x)
+        got = torch.compile(model, fullgraph=True, backend=backend)(x)
+    assert got.shape == want.shape and torch.equal(got, want)  # the same kernels on the same inputs
+    # training through the compiled graph: the custom ops' autograd inside AOT autograd
+    eager_grads = torch.autograd.grad(model(x).float().sum(), list(model.parameters()))
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    comp_grads = torch.autograd.grad(compiled(x).float().sum(), list(model.parameters()))
+    for g, c in zip(eager_grads, comp_grads, strict=True):
+        assert torch.allclose(g.float(), c.float(), rtol=1e-2, atol=1e-2), (g - c).abs().max()
+
+
+def test_compile_fullgraph_matches_eager_cpu():
+    _compile_matches_eager("aot_eager")
+
+
+@pytest.mark.gpu
+def test_compile_fullgraph_matches_eager_inductor():
+    _compile_matches_eager("inductor")
+
+
+def test_compile_out_variant():
+    torch._dynamo.reset()
+    a, b = rand((8, 16)), rand((16, 24))
+
+    def f(a, b, out):
+        gemmlab.gemm(a, b, out=out)
+        return out * 2
+
+    out = torch.full((8, 24), float("nan"), dtype=a.dtype, device=DEVICE)
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(a, b, out)
+    assert gemm_check(out, a, b)["ok"] and torch.equal(got, out * 2)
+
+
+def test_fake_tensor_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a = torch.empty(5, 7, 16, dtype=torch.float16)
+        b = torch.empty(16, 24, dtype=torch.float16)
+        assert gemmlab.gemm(a, b).shape == (5, 7, 24)
+        x, w1, w2 = torch.empty(6, 32, dtype=torch.float16), torch.empty(4, 32, 32, dtype=torch.float16), \
+            torch.empty(4, 32, 16, dtype=torch.float16)
+        tw, ids = gemmlab.route(torch.empty(6, 4), 2)
+        assert tw.shape == ids.shape == (6, 2) and ids.dtype == torch.int32
+        assert gemmlab.moe_forward(x, w1, w2, tw, ids).shape == (6, 32)
+
+
+# ------------------------------------------------------------------------------------------ N-D inputs
+
+
+def test_gemm_nd_and_vectors_follow_matmul():
+    b = rand((16, 24))
+    a3 = rand((6, 16)).view(2, 3, 16)
+    c = gemmlab.gemm(a3, b)
+    assert c.shape == (2, 3, 24) and gemm_check(c.view(6, 24), a3.reshape(6, 16), b)["ok"]
+    at = rand((16, 6)).t().reshape(3, 2, 16)  # a copy: not viewable as (6, 16)
+    assert gemm_check(gemmlab.gemm(at, b).view(6, 24), at.reshape(6, 16), b)["ok"]
+    v = rand((1, 16))[0]
+    cv = gemmlab.gemm(v, b)  # (K,) @ (K, N) -> (N,)
+    assert cv.shape == (24,) and gemm_check(cv[None], v[None], b)["ok"]
+    bv = rand((1, 16))[0]
+    a2 = rand((5, 16))
+    mv = gemmlab.gemm(a2, bv)  # (M, K) @ (K,) -> (M,)
+    assert mv.shape == (5,) and gemm_check(mv[:, None], a2, bv[:, None])["ok"]
+    out = torch.full((2, 3, 24), float("nan"), dtype=b.dtype, device=DEVICE)
+    assert gemmlab.gemm(a3, b, out=out) is out and gemm_check(out.view(6, 24), a3.reshape(6, 16), b)["ok"]
+    assert gemmlab.gemm(torch.empty(0, 4, 16, dtype=b.dtype, device=DEVICE), b).shape == (0, 4, 24)
+    with pytest.raises(ValueError, match="cannot be viewed"):
+        gemmlab.gemm(a3, b, out=torch.empty(3, 2, 24, dtype=b.dtype, device=DEVICE).transpose(0, 1))
+    with pytest.raises(ValueError, match="expected \\(2, 3, 24\\)"):
+        gemmlab.gemm(a3, b, out=torch.empty(6, 24, dtype=b.dtype, device=DEVICE))
+
+
+def test_moe_forward_nd():
+    x, w1, w2, tw, ids = _moe_inputs()
+    y = gemmlab.moe_forward(x.view(2, 3, 32), w1, w2, tw.view(2, 3, 2), ids.view(2, 3, 2))
+    assert y.shape == (2, 3, 32) and moe_check(y.view(6, 32), x, w1, w2, tw, ids)["ok"]
+
+
+# ------------------------------------------------------------------------------------------ out= checks
+
+
+def test_grouped_gemm_out_overlap_and_stride0_refused():
+    """Issue 11: grouped_gemm(x, w, offsets, out=x) was silently wrong and an expanded out was accepted."""
+    x = rand((10, 16))
+    w = rand((2 * 16, 16)).view(2, 16, 16)
+    offs = torch.tensor([4, 10], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="out overlaps x"):
+        gemmlab.grouped_gemm(x, w, offs, out=x)
+    with pytest.raises(ValueError, match="out overlaps w"):
+        gemmlab.grouped_gemm(x, w, offs, out=w.view(32, 16)[:10])
+    with pytest.raises(ValueError, match="share memory"):
+        gemmlab.grouped_gemm(x, w, offs, out=torch.empty(1, 16, dtype=x.dtype, device=DEVICE).expand(10, 16))
+    with pytest.raises(ValueError, match="share memory"):  # rows overlapping each other
+        gemmlab.grouped_gemm(x, w, offs, out=torch.empty(40, dtype=x.dtype, device=DEVICE).as_strided((10, 16),
+                                                                                                        (2, 1)))
+    out = torch.full((10, 16), float("nan"), dtype=x.dtype, device=DEVICE)
+    assert gemmlab.grouped_gemm(x, w, offs, out=out) is out and torch.isfinite(out).all()
+
+
+def test_gemm_out_overlap_and_stride0_refused():
+    a, b = rand((16, 32)), rand((32, 16))
+    with pytest.raises(ValueError, match="out overlaps a"):
+        gemmlab.gemm(a, b, out=a[:, :16])
+    with pytest.raises(ValueError, match="out overlaps b"):
+        gemmlab.gemm(a, b, out=b[:16])
+    with pytest.raises(ValueError, match="share memory"):
+        gemmlab.gemm(a, b, out=torch.empty(1, 16, dtype=a.dtype, device=DEVICE).expand(16, 16))
+    out = torch.empty(16, 16, dtype=a.dtype, device=DEVICE)
+    gemmlab.gemm(a, b, out=out)  # cached signature: the overlap is still checked on every call
+    with pytest.raises(ValueError, match="out overlaps a"):
+        big = rand((16, 48))
+        gemmlab.gemm(big[:, :32], b, out=big[:, 32:])
