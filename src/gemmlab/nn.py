@@ -26,17 +26,23 @@ from torch import nn
 DTYPES = (torch.float16, torch.bfloat16)
 
 
+def _interpreting() -> bool:
+    from triton import knobs
+
+    return bool(knobs.runtime.interpret)
+
+
+# read once (torch.compile cannot trace Triton's environment knobs); kernels choose at their import too
+_INTERPRET = _interpreting()
+
+
 def _on_gemmlab(x: torch.Tensor, *weights: torch.Tensor) -> bool:
     """True when gemmlab can run this call: fp16/bf16, one dtype, on CUDA or the CPU interpreter."""
     if x.dtype not in DTYPES or any(w.dtype != x.dtype for w in weights):
         return False
     if x.device.type == "cuda":
         return True
-    if x.device.type == "cpu":
-        from triton import knobs
-
-        return bool(knobs.runtime.interpret)
-    return False
+    return x.device.type == "cpu" and _INTERPRET
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
