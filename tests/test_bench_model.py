@@ -72,6 +72,23 @@ def test_bench_model_command_exits_2_without_transformers(monkeypatch):
     assert res.exit_code == 2 and "needs transformers" in res.output and len(res.output.strip().splitlines()) == 1
 
 
+def test_bench_model_command_prints_and_writes(monkeypatch, tmp_path):
+    """The command's table and JSON, on a tiny layer run on the CPU behind a pretend GPU check."""
+    real = bm.bench_model
+
+    def tiny(models, tokens, modes, **kw):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the run itself stays on the CPU
+        return real(models, tokens, modes, dims=TINY, rounds=1, reps=1, warmup_s=0)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bm, "bench_model", tiny)
+    res = CliRunner().invoke(app, ["bench", "model", "--model", "mixtral", "--tokens", "2", "--modes", "eager",
+                                   "--output-dir", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "eager ratio" in res.output and "mixtral" in res.output
+    assert json.loads((tmp_path / "model-bench-mixtral-eager.json").read_text())["results"][0]["tokens"] == 2
+
+
 @pytest.mark.gpu
 def test_bench_model_gpu_smoke(tmp_path):
     """Every mode on a small Mixtral-shaped and DeepSeek-V3-shaped layer: the unpatched layer passes its own
@@ -89,4 +106,4 @@ def test_bench_model_gpu_smoke(tmp_path):
     res = CliRunner().invoke(app, ["bench", "model", "--model", "qwen3-moe", "--tokens", "1", "--modes", "eager",
                                    "--rounds", "2", "--reps", "2", "--output-dir", str(tmp_path)])
     assert res.exit_code in (0, 1), res.output
-    assert json.loads((tmp_path / "model-bench.json").read_text())["results"][0]["tokens"] == 1
+    assert json.loads((tmp_path / "model-bench-qwen3-moe-eager.json").read_text())["results"][0]["tokens"] == 1

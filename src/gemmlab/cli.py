@@ -344,7 +344,7 @@ def bench_model_cmd(
     rounds: Annotated[int, typer.Option(help="interleaved rounds")] = 10,
     reps: Annotated[int, typer.Option(help="timed calls per candidate per round")] = 5,
     warmup_s: Annotated[float, typer.Option(help="seconds of warm-up per case")] = 0.5,
-    output_dir: Annotated[str | None, typer.Option(help="write model-bench.json here")] = None,
+    output_dir: Annotated[str | None, typer.Option(help="write model-bench-MODELS-MODES.json here")] = None,
 ) -> None:
     """One Hugging Face decoder layer (real dims, random bf16 weights): unpatched torch against
     gemmlab.patch, eager / CUDA graph / torch.compile, verified first, interleaved. Exit 1 if gemmlab is wrong."""
@@ -387,7 +387,7 @@ def bench_model_cmd(
     for w in wrong:
         err.print(f"[red]{w}")
     if output_dir:
-        _write_report(rep, output_dir, "model-bench.json")
+        _write_report(rep, output_dir, f"model-bench-{'+'.join(rep['args']['models'])}-{'+'.join(used)}.json")
     if wrong:
         raise typer.Exit(1)
 
