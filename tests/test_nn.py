@@ -173,6 +173,7 @@ def test_patch_matches_the_unpatched_model(name):
     model = tiny_model(name, dtype).eval()
     ref64 = _float64(model)
     before = {n: p for n, p in model.named_parameters()}
+    keys = set(model.state_dict())
     ids = torch.randint(3, 128, (2, 3), device=DEVICE)
     with torch.no_grad():
         theirs, ref = model(ids).logits, ref64(ids).logits
@@ -187,6 +188,7 @@ def test_patch_matches_the_unpatched_model(name):
     assert isinstance(model.lm_head, gnn.Linear) and isinstance(model.model.layers[0].self_attn.o_proj, gnn.Linear)
     after = {n: p for n, p in model.named_parameters()}
     assert set(after) == set(before) and all(after[n] is before[n] for n in before)  # the same Parameters
+    assert set(model.state_dict()) == keys  # checkpoints load into the patched model unchanged
     with torch.no_grad():
         ours = model(ids).logits
     err, allowed = _close(ours, theirs, ref, dtype)
