@@ -215,30 +215,30 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, return_su
     # a model that returns its router logits (the auxiliary load-balancing loss) records them from its own
     # router modules: keep those
     keep_routers = bool(getattr(getattr(model, "config", None), "output_router_logits", False))
-    swaps: list[tuple[nn.Module, str, nn.Module]] = []
+    swaps: list[tuple[str, nn.Module]] = []  # (submodule path, its replacement)
     for name, mod in model.named_modules():
         kind = HF_MOE_BLOCKS.get(type(mod).__name__) if moe != "none" else None
         if kind is not None:
-            why = _experts_fit(mod.experts)
+            why = _experts_fit(getattr(mod, "experts", None))
             if why:
                 summary["skipped"].append(f"{name}: {why}")
                 continue
             new = _moe_from_block(mod) if kind == "block" and moe == "auto" and not keep_routers else None
             if new is not None:
-                swaps.append((model, name, new))
+                swaps.append((name, new))
                 summary["moe_block"].append(name)
             else:
-                swaps.append((model, f"{name}.experts", MoEExperts.sharing(mod.experts)))
-                summary["moe_experts"].append(f"{name}.experts")
+                path = f"{name}.experts" if name else "experts"
+                swaps.append((path, MoEExperts.sharing(mod.experts)))
+                summary["moe_experts"].append(path)
     replaced = tuple(n + "." for n in summary["moe_block"])
     for name, mod in model.named_modules():
         if (linear and type(mod) is nn.Linear and mod.weight.dtype in DTYPES and not name.startswith(replaced)):
-            swaps.append((model, name, Linear.sharing(mod)))
+            swaps.append((name, Linear.sharing(mod)))
             summary["linear"].append(name)
-    for root, name, new in swaps:
-        if name:
-            root.set_submodule(name, new)
-        else:
-            raise ValueError("patch: the model itself is an nn.Linear or MoE block; patch its parent, or use "
-                             "gemmlab.nn.Linear.sharing / MoEExperts.sharing")
+    if any(not name for name, _ in swaps):
+        raise ValueError("patch: the model itself is an nn.Linear or MoE block; patch its parent, or use "
+                         "gemmlab.nn.Linear.sharing / MoEExperts.sharing")
+    for name, new in swaps:
+        model.set_submodule(name, new)
     return (model, summary) if return_summary else model
