@@ -11,6 +11,8 @@ fake implementations and autograd: they trace under torch.compile(fullgraph=True
     grouped_gemm(x, w, offsets)        rows grouped by expert times each expert's weight, one launch
     moe_forward(x, w1, w2, weights, ids)   the MoE body: grouped gate/up + SiLU*up, down, weighted combine
     pack_moe_weights(w1, w2)           lay MoE weights out once (16-byte rows) outside timed regions
+    nn.Linear, nn.MoE                  drop-in modules (nn.Linear-compatible; router + experts)
+    patch(model)                       swap a model's nn.Linear and Hugging Face MoE blocks for gemmlab's
 
 Names load on first use: Triton decides at a kernel's import whether it runs compiled or under its CPU
 interpreter (TRITON_INTERPRET=1), so ``import gemmlab`` alone imports no kernel and the `gemmlab` command
@@ -31,13 +33,16 @@ _EXPORTS = {
     "pack_b": "gemmlab.ops.gemm", "plan": "gemmlab.ops.gemm", "GemmConfig": "gemmlab.ops.plan",
     "Plan": "gemmlab.ops.plan", "paths": "gemmlab.ops.plan", "gemm_ref": "gemmlab.ref",
     "route": "gemmlab.ops.moe", "grouped_gemm": "gemmlab.ops.moe", "moe_forward": "gemmlab.ops.moe",
-    "pack_moe_weights": "gemmlab.ops.moe", "PackedMoE": "gemmlab.ops.moe",
+    "pack_moe_weights": "gemmlab.ops.moe", "PackedMoE": "gemmlab.ops.moe", "patch": "gemmlab.nn",
 }
+_MODULES = {"nn": "gemmlab.nn"}  # submodules that load on first use
 __all__ = ["GemmConfig", "PackedB", "PackedMoE", "Plan", "gemm", "gemm_colmajor", "gemm_ref", "grouped_gemm",
-           "moe_forward", "pack_b", "pack_moe_weights", "paths", "plan", "route"]
+           "moe_forward", "nn", "pack_b", "pack_moe_weights", "patch", "paths", "plan", "route"]
 check_triton()  # once: the shipped GPU configs were tuned with one Triton (configs/*.json "triton")
 
 if TYPE_CHECKING:
+    from gemmlab import nn
+    from gemmlab.nn import patch
     from gemmlab.ops.gemm import PackedB, gemm, gemm_colmajor, pack_b, plan
     from gemmlab.ops.moe import PackedMoE, grouped_gemm, moe_forward, pack_moe_weights, route
     from gemmlab.ops.plan import GemmConfig, Plan, paths
@@ -45,6 +50,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value

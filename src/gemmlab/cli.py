@@ -4,6 +4,7 @@
     gemmlab check [--shapes M,N,K ...] [--dtype float16|bfloat16|both]
     gemmlab bench gemm [--shapes M,N,K ... | --suite NAME] [--backend NAME ...] [--graph] [--output-dir DIR]
     gemmlab bench stable --shape M,N,K [--processes N] [--backend NAME ...]
+    gemmlab bench model [--model mixtral,qwen3-moe,deepseek-v3] [--tokens 4096,1,8,64] [--modes eager,graph,compile]
     gemmlab table [--model NAME] [--batch-size 4 --seq-len 8192 --top-k 4 ...] [--output-dir DIR]
     gemmlab inspect --shape M,N,K [--dtype] [--layout NN] [--packed] [--json]
     gemmlab paths
@@ -414,6 +415,63 @@ def bench_moe_cmd(
         from gemmlab.ledger.records import from_moe_bench
 
         _record(from_moe_bench(rep), record_note, ledger, parent)
+    if wrong:
+        raise typer.Exit(1)
+
+
+@bench_app.command("model")
+def bench_model_cmd(
+    model: Annotated[str, typer.Option(help="mixtral, qwen3-moe, deepseek-v3 (comma-separated)")] =
+    "mixtral,qwen3-moe,deepseek-v3",
+    tokens: Annotated[str, typer.Option(help="T, comma-separated: prefill 4096, decode 1, 8, 64")] = "4096,1,8,64",
+    modes: Annotated[str, typer.Option(help="eager, graph, compile (comma-separated)")] = "eager,graph,compile",
+    rounds: Annotated[int, typer.Option(help="interleaved rounds")] = 10,
+    reps: Annotated[int, typer.Option(help="timed calls per candidate per round")] = 5,
+    warmup_s: Annotated[float, typer.Option(help="seconds of warm-up per case")] = 0.5,
+    output_dir: Annotated[str | None, typer.Option(help="write model-bench-MODELS-MODES.json here")] = None,
+) -> None:
+    """One Hugging Face decoder layer (real dims, random bf16 weights): unpatched torch against
+    gemmlab.patch, eager / CUDA graph / torch.compile, verified first, interleaved. Exit 1 if gemmlab is wrong."""
+    import importlib.util
+
+    err = Console(stderr=True)
+    if not torch.cuda.is_available():
+        err.print("bench model needs a CUDA GPU (the layers are real-size)")
+        raise typer.Exit(2)
+    if importlib.util.find_spec("transformers") is None:
+        err.print("bench model needs transformers: pip install transformers")
+        raise typer.Exit(2)
+    from gemmlab.bench import model as bmod
+
+    try:
+        rep = bmod.bench_model([m.strip() for m in model.split(",")], [int(t) for t in tokens.split(",")],
+                               [m.strip() for m in modes.split(",")], rounds=rounds, reps=reps, warmup_s=warmup_s,
+                               progress=lambda msg: err.print(msg))
+    except ValueError as e:
+        err.print(str(e).splitlines()[0])
+        raise typer.Exit(2) from e
+    used = rep["args"]["modes"]
+    table = Table(title=f"one decoder layer, bf16, on {rep['env'].get('gpu')}: median ms, torch / gemmlab "
+                        f"(> 1: gemmlab faster), transformers {rep['env']['transformers']}")
+    table.add_column("model")
+    table.add_column("T")
+    for m in used:
+        for col in ("torch", "gemmlab", "ratio"):
+            table.add_column(f"{m} {col}")
+    wrong = []
+    for r in bmod.rows(rep):
+        cells = [r["model"], str(r["T"])]
+        for m in used:
+            ok = r.get(f"{m}_gemmlab_ok", False)
+            cells += [_num(r.get(f"{m}_torch_ms"), ".3f"), _num(r.get(f"{m}_gemmlab_ms"), ".3f"),
+                      _num(r.get(f"{m}_ratio"), ".2f") if ok else "[red]WRONG/failed"]
+            wrong += [f"{r['model']} T={r['T']} {e}" for e in r["errors"] if e.startswith(f"{m} gemmlab")]
+        table.add_row(*cells)
+    Console(width=200).print(table)
+    for w in wrong:
+        err.print(f"[red]{w}")
+    if output_dir:
+        _write_report(rep, output_dir, f"model-bench-{'+'.join(rep['args']['models'])}-{'+'.join(used)}.json")
     if wrong:
         raise typer.Exit(1)
 
