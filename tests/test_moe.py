@@ -162,6 +162,10 @@ def test_grouped_gemm_tiles(dtype, group_m, clip, out_tma, k):
     assert (out.float() - ref).abs().max().item() <= tol
 
 
+# Checks of values (not shapes or dtypes): raised on the CPU, a device-side assert on a GPU.
+VALUE_CHECKS = ("non-decreasing", "within", "in \\[0, E=4\\)")
+
+
 def test_grouped_gemm_errors():
     x, w = _r(10, 16), _r(2, 8, 16)
     offs = torch.tensor([4, 10], dtype=torch.int32, device=DEVICE)
@@ -173,6 +177,8 @@ def test_grouped_gemm_errors():
                           ((x, w, torch.tensor([4, 11], dtype=torch.int32, device=DEVICE)), {}, "within"),
                           ((x[0], w, offs), {}, "2-D"),
                           ((x, w, offs), {"out": torch.empty(10, 9, dtype=torch.float16, device=DEVICE)}, "out")]:
+        if DEVICE == "cuda" and err in VALUE_CHECKS:
+            continue  # checked on the device there (a device-side assert ends the context: test_host_gpu.py)
         with pytest.raises((ValueError, TypeError), match=err):
             grouped_gemm(*args, **kw)
 
@@ -234,6 +240,8 @@ def test_moe_bad_inputs():
            ((x, w1, w2, wts, ids.float()), "dtype"),
            ((x, w1, w2, wts.unsqueeze(0), ids), "2-D")]
     for args, err in bad:
+        if DEVICE == "cuda" and err in VALUE_CHECKS:
+            continue  # checked on the device there (a device-side assert ends the context: test_host_gpu.py)
         with pytest.raises((ValueError, TypeError), match=err):
             moe_forward(*args)
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call: run the named steps in order, each under its own time limit, logs and results under $OUT.
+#   GEMMLAB_GIT_SHA=$(git rev-parse HEAD) bash benchmarks/h200_session.sh STEP...
+# Steps: grade (the grader's protocol at both seed shapes), gputests (every gpu-marked test of the new paths),
+# host (host cost per call, quick), model (bench model, eager + graph), compile (bench model, torch.compile),
+# tune_moe (tune --op moe smoke). Prints a one-line summary per step last; results tarred into $OUT/results.tgz.
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=src
+OUT=${OUT:-/tmp/gemmlab-out}
+RES=/tmp/gemmlab-results
+mkdir -p "$OUT" "$RES"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+nvidia-smi --query-gpu=name,clocks.sm,power.draw,power.limit,driver_version --format=csv >>"$SUMMARY" 2>&1
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s" >>"$SUMMARY"
+  tail -n 12 "$OUT/$name.log" | sed "s/^/  $name| /" >>"$SUMMARY"
+}
+for s in "$@"; do
+  case $s in
+    grade) step grade 330 python3 benchmarks/grade_protocol.py --cases competition moe --out "$RES/grade-h200-protocol" ;;
+    gputests) step gputests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_host_gpu.py \
+      tests/test_custom_ops.py tests/test_autograd.py tests/test_gemm_gpu.py tests/test_moe_gpu.py tests/test_moe.py \
+      tests/test_preload_gpu.py tests/test_nn.py tests/test_bench_model.py tests/test_grade.py tests/test_grade_moe.py ;;
+    host) step host 200 python3 benchmarks/host_cost.py --quick --out "$RES" ;;
+    model) step model 300 python3 -m gemmlab bench model --model mixtral,qwen3-moe,deepseek-v3 --tokens 4096,1,8,64 \
+      --modes eager,graph --output-dir "$RES/nvidia-h200-model" ;;
+    compile) step compile 300 python3 -m gemmlab bench model --model qwen3-moe --tokens 4096,8 --modes compile \
+      --output-dir "$RES/nvidia-h200-model" ;;
+    tune_moe) step tune_moe 150 python3 -m gemmlab tune --op moe --model qwen3-30b-a3b --tokens 1024 --moe-mode down \
+      --budget-minutes 1 --ledger /tmp/moe.db --configs-dir /tmp/moe-cfg --output-dir "$RES/tune-moe" ;;
+    *) echo "unknown step $s" >>"$SUMMARY" ;;
+  esac
+done
+tar -czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null
+cat "$SUMMARY"
