@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: run the named steps in order, each under its own time limit, logs and results under $OUT.
 #   GEMMLAB_GIT_SHA=$(git rev-parse HEAD) bash benchmarks/h200_session.sh STEP...
-# Steps: grade (the grader's protocol at both seed shapes), gputests (every gpu-marked test of the new paths),
+# Steps: grade (the grader's protocol at both seed shapes), grade_cli (the same through `gemmlab grade`, recorded), gputests (every gpu-marked test of the new paths),
 # host (host cost per call, quick), model (bench model, eager + graph), compile (bench model, torch.compile),
 # tune_moe (tune --op moe smoke). Prints a one-line summary per step last; results tarred into $OUT/results.tgz.
 set -u
@@ -24,6 +24,10 @@ step() {
 for s in "$@"; do
   case $s in
     grade) step grade 330 python3 benchmarks/grade_protocol.py --cases competition moe --out "$RES/grade-h200-protocol" ;;
+    grade_cli) for c in competition moe; do
+        step "grade_cli_$c" 200 python3 -m gemmlab grade --cases "$c" --output-dir "$RES/grade-h200-cli-$c" \
+          --record "grade $c: the grader's clock protocol" --ledger "$RES/ledger-grade.db"
+      done ;;
     gputests) step gputests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_host_gpu.py \
       tests/test_custom_ops.py tests/test_autograd.py tests/test_gemm_gpu.py tests/test_moe_gpu.py tests/test_moe.py \
       tests/test_preload_gpu.py tests/test_nn.py tests/test_bench_model.py tests/test_grade.py tests/test_grade_moe.py ;;

@@ -327,3 +327,22 @@ def test_cli_usage_errors(tmp_path):
                  ("--cases", TINY, "--kernel", "no_function.py")):
         r = _cli(*args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_competition_reference_is_the_float32_sum_not_its_rounding():
+    """K = 16384: the bound is 0.0566, below one fp16 ulp (0.0625) at |C| >= 64. The exact C here is 64.0315 (just
+    above the rounding midpoint 64.03125), so a kernel whose float32 sum lands a hair lower rounds to 64.0: one ulp
+    from the rounded reference, though half an ulp from the true sum. It must pass; two ulps off must fail."""
+    from gemmlab.grade.inputs import reference
+
+    k = 16384
+    a = torch.zeros(1, k, dtype=torch.float16)
+    a[0, :3] = torch.tensor([64.0, 2.0 ** -5, 2.0 ** -12])
+    b = torch.ones(k, 1, dtype=torch.float16)
+    ref = reference(a, b, "competition", torch.float16, 0.01, 512)
+    assert abs(ref["tol"] - 0.01 * (k / 512) ** 0.5) < 1e-12
+    assert ref["c_ref"].dtype == torch.float32 and ref["c_ref"].item() > 64.03125
+    assert torch.tensor(64.0315, dtype=torch.float16).item() == 64.0625  # what rounding the reference would give
+    for c, ok in ((64.0, True), (64.0625, True), (63.9375, False), (64.125, False)):
+        err = abs(torch.tensor(c, dtype=torch.float16).double().item() - ref["c_ref"].double().item())
+        assert (err <= ref["tol"]) == ok, (c, err)

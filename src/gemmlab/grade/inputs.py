@@ -6,8 +6,14 @@ Distributions:
     normal       N(0, 1)
 
 Tolerance on max |C - C_ref|:
-    competition  base * sqrt(K / ref_k), C_ref = the float32-accumulated product (no TF32) rounded to the
-                 output dtype. This is the competition's contract and is never loosened.
+    competition  base * sqrt(K / ref_k), C_ref = the float32-accumulated product (no TF32), kept in float32.
+                 This is the competition's contract and is never loosened. C_ref is not rounded to the output
+                 dtype: a correct kernel's float32 sum differs from the reference's in the last bits (another
+                 summation order), and where the two straddle a rounding boundary the rounded outputs differ by
+                 one output ulp, 0.0625 for |C| in [64, 128) in fp16, above the bound 0.0566 at K = 16384. The
+                 competition inputs reach |C| >= 64 in a few elements of an 8192x8192 output, so with every timed
+                 call verified, a correct kernel failed (H200, 2026-12-01). Against the float32 sum a correct
+                 kernel is off by at most half an ulp plus its summation error.
     otherwise    2 * max |C_torch - C_ref| + one ulp of max |C_ref| in the output dtype, with C_ref the
                  float64 product and C_torch what torch.mm makes in the same dtype: a candidate may be
                  twice as far off as the vendor library, plus one rounding step.
@@ -56,7 +62,7 @@ def reference(a: torch.Tensor, b: torch.Tensor, dist: str, dtype: torch.dtype, b
         prev = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False
         try:
-            c_ref = (a.float() @ b.float()).to(dtype)
+            c_ref = a.float() @ b.float()
         finally:
             torch.backends.cuda.matmul.allow_tf32 = prev
         return {"c_ref": c_ref, "tol": base * math.sqrt(k / ref_k), "rule": f"{base}*sqrt(K/{ref_k})"}
