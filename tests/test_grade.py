@@ -346,3 +346,13 @@ def test_competition_reference_is_the_float32_sum_not_its_rounding():
     for c, ok in ((64.0, True), (64.0625, True), (63.9375, False), (64.125, False)):
         err = abs(torch.tensor(c, dtype=torch.float16).double().item() - ref["c_ref"].double().item())
         assert (err <= ref["tol"]) == ok, (c, err)
+
+
+def test_heater_keeps_the_device_busy_for_the_time_asked():
+    """The pre-batch load (protocol step 2) runs at least as long as asked."""
+    from gemmlab.grade.grader import heater
+
+    heat = heater(torch.device("cpu"), size=64)
+    t0 = time.perf_counter()
+    heat(0.05)
+    assert time.perf_counter() - t0 >= 0.05

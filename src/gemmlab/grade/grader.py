@@ -17,11 +17,16 @@ Timing protocol (``Grader.perf``), the same for candidate and baseline, each in 
    lasts tens of milliseconds and the round trip is small beside it (measured, below).
 2. Before every batch, outside the timed window, the grader draws fresh inputs for every slot from a
    secret generator (``secrets``: nothing the child can see predicts them), keeps them as its private
-   copies, copies them into the slots, fills every output with NaN, syncs its device, and flushes L2
-   from its own process. No call sees inputs another call saw, so nothing can be memoized; every call
-   reads buffers untouched since the flush, so each starts with its inputs cold, as a per-call flush
-   would give, without a flush kernel inside the window that the candidate could skip. (The MoE weights,
-   too large to redraw, are the exception: fixed for the run, as in inference.)
+   copies, copies them into the slots, fills every output with NaN, syncs its device, and flushes L2 from
+   its own process. No call sees inputs another call saw, so nothing can be memoized; every call reads
+   buffers untouched since the flush, so each starts with its inputs cold, as a per-call flush would give,
+   without a flush kernel inside the window that the candidate could skip. (The MoE weights, too large to
+   redraw, are the exception: fixed for the run, as in inference.) On a GPU the grader first runs a GEMM
+   load of its own for ``HEAT_S`` seconds, so each batch starts in the power-capped steady state that a
+   sustained workload sees (the H200 at its 700 W cap runs at 1300-1500 MHz there). Without it, batches
+   that followed the grader's host work started near the 1980 MHz boost clock and the ratio measured
+   bursts (H200, 2026-12-01: 0.931x at 8192x8192x16384 at 1934 MHz, where the benchmark protocol,
+   power-capped, gave 1.005x on the same inputs: benchmarks/grade_gap.py).
 3. The window: t0 = the grader's ``time.perf_counter()``; the request "run N calls" goes to the worker,
    which syncs, runs the calls back to back (``bench.timing.time_calls``, no flush), syncs and answers;
    the grader then reads a secret random sample of every output into its own memory and syncs; t1.
@@ -62,6 +67,9 @@ from gemmlab.grade.op import Op
 # Dense fp16/bf16 tensor peak at the maximum boost clock, TFLOPS (vendor datasheets).
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1, "L4": 121.0}
 SAMPLED_PER_OUTPUT = 1024  # output elements read back at the end of every batch
+# Seconds of grader-owned GEMM load right before every timed batch on a GPU (step 2 of the protocol): both sides
+# are timed in the power-capped state a sustained workload runs in, not in a burst after the host's idle work.
+HEAT_S = 0.5
 
 
 class BaselineFailure(RuntimeError):
@@ -120,14 +128,33 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def heater(device: torch.device, size: int = 4096):
+    """A GEMM load of the grader's own: ``heat(seconds)`` runs (size x size) @ (size x size) products on
+    ``device`` until that much time has passed, synchronized, so the device is busy up to the return."""
+    g = torch.Generator(device=device).manual_seed(0)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    a, b = (torch.rand((size, size), generator=g, device=device).to(dtype) - 0.5 for _ in range(2))
+    c = torch.empty_like(a)
+
+    def heat(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            for _ in range(8):
+                torch.mm(a, b, out=c)
+            _sync(device)
+
+    return heat
+
+
 class Grader:
     def __init__(self, op: Op, cases: CaseFile, kernel: str | None = None, allow_vendor: bool = False,
                  timeout: float = 120.0, seed: int = 0, rounds: int | None = None, progress=None,
-                 keep_logs: bool = False):
+                 keep_logs: bool = False, heat_s: float | None = None):
         self.op, self.cases, self.kernel, self.allow_vendor, self.seed = op, cases, kernel, allow_vendor, seed
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         self.rounds = rounds or (10 if self.device.type == "cuda" else 3)
+        self.heat_s = (HEAT_S if self.device.type == "cuda" else 0.0) if heat_s is None else heat_s
         self.timeout, self.keep_logs = timeout, keep_logs
         self.progress = progress or (lambda msg: None)
         self.log_dir = tempfile.mkdtemp(prefix="gemmlab-grade-")
@@ -242,6 +269,7 @@ class Grader:
         outs = torch.full((n, numel), float("nan"), dtype=op.dtype, device=dev)
         slots = [(slot_in[i], outs[i]) for i in range(n)]
         flusher = l2_flush_buffer(dev) if cuda else None
+        heat = heater(dev) if self.heat_s > 0 else None
         try:
             cand.bind(slots)
         except CandidateError as e:
@@ -259,6 +287,8 @@ class Grader:
                         s.copy_(x)
             outs.fill_(float("nan"))
             idx = torch.randint(0, numel, (min(SAMPLED_PER_OUTPUT, numel),), generator=gen, device=dev)
+            if heat is not None:
+                heat(self.heat_s)
             _sync(dev)
             if flusher is not None:
                 flusher.zero_()
@@ -346,7 +376,8 @@ class Grader:
         wall = statistics.median(t for rr in cand_ms for t in rr)
         tflops = case.flops / (wall * 1e-3) / 1e12
         out.update(median_ms=wall, tflops=tflops, clocks=clocks.summary(), timed_kernels=sorted(kernels),
-                   timed_path=path, calls_per_batch=n, samples_checked=checked, protocol_overhead_ms=overhead,
+                   timed_path=path, heat_s=self.heat_s, calls_per_batch=n, samples_checked=checked,
+                   protocol_overhead_ms=overhead,
                    advisory_median_ms=statistics.median(advisory),
                    timer=("grader's clock around each batch of calls in the worker (device synced at both ends, "
                           "outputs read back), per call; the worker's own clock is advisory"),
