@@ -53,15 +53,7 @@ def _host_us(fn, calls: int) -> tuple[float, float]:
 
 
 def _device_us(fn, calls: int, reps: int = 5) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            fn()
+    graph, _ = timing.capture(fn, calls)
     graph.replay()
     torch.cuda.synchronize()
     times = []

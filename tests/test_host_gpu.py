@@ -11,6 +11,7 @@ import torch
 
 import gemmlab
 from conftest import rand
+from gemmlab.bench import timing
 from gemmlab.bench.moe import problem
 from gemmlab.ops import gemm as gemm_ops
 from gemmlab.ops.moe import sort_routes
@@ -46,16 +47,8 @@ def test_cached_launch_of_a_packed_b_and_nd_input():
 
 
 def _capture(fn):
-    """Capture fn() on a side stream after a warm-up there (torch's recipe); returns (graph, outputs)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        outs = fn()
-    return g, outs
+    """Capture fn() after a warm-up on the capture stream (torch's recipe); returns (graph, outputs)."""
+    return timing.capture(fn)
 
 
 @pytest.mark.parametrize("m", [1, 16, 4096])
@@ -112,6 +105,7 @@ def test_moe_ops_graph_capture_after_eager_calls(t, validate):
 
 _BAD_IDS = """
 import torch, gemmlab
+from gemmlab.bench import timing
 from gemmlab.bench.moe import problem
 from gemmlab.problems import MoEModel
 p = problem(MoEModel(hidden=256, intermediate=128, experts=8, top_k=2), 16, "uniform", torch.bfloat16)

@@ -127,17 +127,9 @@ def shared_copy(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _graphed(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """Capture ``fn`` in a CUDA graph (after a warm-up call on the capture stream); returns a replay that
-    returns the graph's static output (so the checks see what each replay wrote)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        out = fn()
-    torch.cuda.synchronize()
+    """Capture ``fn`` in a CUDA graph (``timing.capture``); returns a replay that returns the graph's static
+    output (so the checks see what each replay wrote)."""
+    graph, out = timing.capture(fn)
 
     def replay() -> torch.Tensor:
         graph.replay()

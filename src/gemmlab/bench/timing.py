@@ -100,19 +100,28 @@ def warmup(fns: dict[str, Fn], seconds: float, device: torch.device | None = Non
             return n
 
 
-def as_graph(fn: Fn) -> Fn:
-    """Capture one call of ``fn`` in a CUDA graph and return its replay: device time without the host's
-    launch overhead. ``fn`` runs once on the capture stream first (allocations, lazily made buffers)."""
+def capture(fn: Callable[[], object], calls: int = 1) -> tuple[torch.cuda.CUDAGraph, object]:
+    """Capture ``calls`` calls of ``fn`` in one CUDA graph, torch's recipe: one warm-up call on the capture
+    stream first (allocations, lazily made buffers). Returns the graph and what the last captured call
+    returned (the graph's static output: each replay rewrites it)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
+    out = None
     with torch.cuda.graph(graph, stream=stream):
-        fn()
+        for _ in range(calls):
+            out = fn()
     torch.cuda.synchronize()
-    return graph.replay
+    return graph, out
+
+
+def as_graph(fn: Fn) -> Fn:
+    """Capture one call of ``fn`` in a CUDA graph and return its replay: device time without the host's
+    launch overhead."""
+    return capture(fn)[0].replay
 
 
 def interleave(fns: dict[str, Fn], rounds: int = 10, reps: int = 5, warmup_s: float = 1.0, graph: bool = False,
