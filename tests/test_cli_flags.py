@@ -57,3 +57,16 @@ def test_good_values_pass_the_checks():
 
     assert _count(1) == 1 and _count(None) is None
     assert _nonneg_count(0) == 0 and _nonneg_seconds(0.0) == 0.0 and _seconds(0.5) == 0.5
+
+
+@pytest.mark.parametrize("args", [("bench", "gemm", "--rounds", "0"), ("table", "--num-experts", "0"),
+                                  ("tune", "--budget-minutes", "nan"), ("grade", "--no-such-flag")], ids=" ".join)
+def test_the_command_prints_one_line(args):
+    """What a user sees from `gemmlab`: one line on stderr naming the command and the flag, exit status 2."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "gemmlab", *args], capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr)
+    assert args[0] in lines[0] and args[-2 if len(args) > 2 else -1] in lines[0]

@@ -947,7 +947,21 @@ def paths() -> None:
 
 
 def main() -> None:
-    sys.exit(app())
+    """The `gemmlab` command. A usage error (a bad flag or value, in any command) is one line on stderr and
+    exit status 2, the same everywhere; everything else exits as the command says."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(1)
+    except Exception as e:  # click's UsageError (typer vendors click in newer releases): exit_code 2
+        if getattr(e, "exit_code", None) != 2 or not hasattr(e, "format_message"):
+            raise
+        ctx, message = getattr(e, "ctx", None), " ".join(e.format_message().split())
+        if message:  # (no arguments to a group: its help was printed, with no message)
+            print(f"{ctx.command_path if ctx is not None else 'gemmlab'}: {message}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
