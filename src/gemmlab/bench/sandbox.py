@@ -27,12 +27,17 @@ Containment:
   interposer library, set before the interpreter starts).
 Protocol: multiprocessing ``Connection`` over a socketpair; tensors travel as torch's IPC handles; the
 owner's authkey is sent first so shared CPU memory (file descriptors) can cross. Requests are dicts
-``{"op": ...}``; replies dicts; ``{"error": ...}`` when the candidate raised.
+``{"op": ...}`` (pickled, owner to child only); replies are JSON objects (``_reply``): the owner never
+unpickles what the child sends, since unpickling runs code the sender chose; ``{"error": ...}`` when the
+candidate raised. (Left: on the CPU the child holds the owner's authkey, so it could connect to the
+owner's multiprocessing resource sharer, which unpickles what a client sends; on a GPU tensors cross by
+CUDA IPC and no sharer runs.)
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -43,6 +48,7 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+MAX_REPLY_BYTES = 1 << 24  # a reply longer than this is refused (a child cannot make the owner buffer gigabytes)
 PR_SET_CHILD_SUBREAPER = 36
 _OWN_CHILDREN: set[int] = set()  # pids of processes the owner started (keepers): never treated as orphans
 
@@ -183,11 +189,19 @@ class Sandbox:
             self._fail(f"no answer within {timeout:g} s ({what}; time limit); the {self.name}'s processes were "
                        "killed")
         try:
-            return self.conn.recv()
+            raw = self.conn.recv_bytes(MAX_REPLY_BYTES)
         except (EOFError, OSError) as e:
             code = self.proc.poll()
             self._fail(f"{self.name} process died (keeper exit status {code}; e.g. an illegal memory access or a "
                        f"crash){self.log_tail()}", e)
+        # Replies are JSON, never pickles: unpickling runs code the sender chose, in the grader's process.
+        try:
+            reply = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            self._fail(f"the {self.name} sent a reply that is not JSON ({what})", e)
+        if not isinstance(reply, dict):
+            self._fail(f"the {self.name} sent a reply that is not a JSON object ({what})")
+        return reply
 
     def _fail(self, reason: str, cause: BaseException | None = None):
         self.failed = reason
@@ -400,9 +414,9 @@ def serve(fd: int) -> None:
 
     try:
         server = _Server(init["spec"], init["signature"], init["layout"])
-        conn.send({"ok": True})
+        _reply(conn, {"ok": True})
     except BaseException as e:  # a kernel that cannot even be loaded
-        conn.send({"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+        _reply(conn, {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
         return
     while True:
         try:
@@ -417,6 +431,11 @@ def serve(fd: int) -> None:
         except BaseException as e:  # the candidate raised: report it, the owner decides
             reply = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
         try:
-            conn.send(reply)
+            _reply(conn, reply)
         except Exception as e:  # e.g. the candidate made something that cannot cross the connection
-            conn.send({"error": f"reply could not be sent: {type(e).__name__}: {e}"})
+            _reply(conn, {"error": f"reply could not be sent: {type(e).__name__}: {e}"})
+
+
+def _reply(conn, reply: dict) -> None:
+    """Child -> owner: JSON bytes (the owner never unpickles what the child sends)."""
+    conn.send_bytes(json.dumps(reply, default=str).encode())
