@@ -40,6 +40,8 @@ def test_wrong_only_at_the_timed_size_fails_exact_shape():
     ("ignores_weights", "correctness", "max |out - ref|"),
     ("zeroes_topk_weights", "poison-freshness", "modified an input"),
     ("zeroes_topk_weights_when_timed", "poison-freshness", "modified the inputs of"),
+    ("skips_timed_calls", "timed-outputs", "were not written"),
+    ("repeats_timed_outputs", "timed-outputs", "returned the same values on new inputs"),
 ])
 def test_each_rule_fires(fn, rule, words):
     r = grade(SMALL, kernel=f"{BAD}:{fn}")

@@ -75,3 +75,23 @@ def zeroes_topk_weights_when_timed(x, w1, w2, w, ids):
         return gemmlab.moe_forward(x, w1, w2, w, ids)
     w.zero_()
     return torch.zeros_like(x)
+
+
+def skips_timed_calls(x, w1, w2, w, ids):
+    """Honest through the trials (6 calls), then every other call is skipped: its output stays unwritten."""
+    import gemmlab
+
+    _calls["n"] += 1
+    if _calls["n"] <= 6 or _calls["n"] % 2:
+        return gemmlab.moe_forward(x, w1, w2, w, ids)
+    return torch.full_like(x, float("nan"))
+
+
+def repeats_timed_outputs(x, w1, w2, w, ids):
+    """Honest through the trials (6 calls); after that it computes once and returns that answer again."""
+    import gemmlab
+
+    _calls["n"] += 1
+    if _calls["n"] <= 6 or "last" not in _calls:
+        _calls["last"] = gemmlab.moe_forward(x, w1, w2, w, ids)
+    return _calls["last"].clone()

@@ -67,6 +67,7 @@ from gemmlab.grade.op import Op
 # Dense fp16/bf16 tensor peak at the maximum boost clock, TFLOPS (vendor datasheets).
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1, "L4": 121.0}
 SAMPLED_PER_OUTPUT = 1024  # output elements read back at the end of every batch
+MIN_SAMPLES_TO_COMPARE = 16  # two calls' samples that agree on at least this many elements: one answer twice
 # Seconds of grader-owned GEMM load right before every timed batch on a GPU (step 2 of the protocol): both sides
 # are timed in the power-capped state a sustained workload runs in, not in a burst after the host's idle work.
 HEAT_S = 0.5
@@ -326,7 +327,10 @@ class Grader:
                 err, tol, _ = op.check(o, private[i], op.timed_kind)
                 if not err <= tol:
                     wrong.append((i, f"max err {err:.4g} > {tol:.4g}"))
-            evidence = rules.Batch(b, reply, changed, incomplete, wrong, len(which))
+            unwritten = [i for i in range(n) if not bool(torch.isfinite(sample[i]).all())]
+            repeated = [] if sample.shape[1] < MIN_SAMPLES_TO_COMPARE else [
+                (i, j) for j in range(n) for i in range(j) if i not in unwritten and torch.equal(sample[i], sample[j])]
+            evidence = rules.Batch(b, reply, changed, incomplete, wrong, len(which), unwritten, repeated[:1])
             return rules.first_failure(rules.BATCH_RULES, evidence), len(which)
 
         try:

@@ -104,6 +104,8 @@ class Batch:
     incomplete: list[int]         # calls whose output, sampled when the batch ended, differs from it now
     wrong: list[tuple[int, str]]  # verified calls that are wrong, with why
     verified: int
+    unwritten: list[int] = field(default_factory=list)  # calls whose sampled output holds NaN/Inf (every call)
+    repeated: list[tuple[int, int]] = field(default_factory=list)  # calls whose samples equal an earlier call's
 
 
 def batch_output(b: Batch):
@@ -122,6 +124,21 @@ def complete_when_timed(b: Batch):
                 "were not all written when the batch's time was taken: work continued after the answer")
 
 
+def sampled_outputs_written(b: Batch):
+    """Checked on every call, verified or not (MoE verifies two a batch): its sample is finite."""
+    if b.unwritten:
+        return (f"the outputs of {len(b.unwritten)} timed call(s) (batch {b.index}, first call {b.unwritten[0]}) "
+                "were not written: NaN or Inf where the sample was read")
+
+
+def sampled_outputs_fresh(b: Batch):
+    """Every call has inputs no other call had: two calls whose samples agree returned one answer twice."""
+    if b.repeated:
+        i, j = b.repeated[0]
+        return (f"timed calls {i} and {j} of batch {b.index} returned the same values on new inputs: a stale "
+                "or copied result")
+
+
 def timed_outputs_correct(b: Batch):
     if b.wrong:
         i, why = b.wrong[0]
@@ -129,7 +146,8 @@ def timed_outputs_correct(b: Batch):
 
 
 BATCH_RULES = [Rule("output", batch_output), Rule("poison-freshness", batch_inputs_unchanged),
-               Rule("timed-outputs", complete_when_timed), Rule("timed-outputs", timed_outputs_correct)]
+               Rule("timed-outputs", complete_when_timed), Rule("timed-outputs", sampled_outputs_written),
+               Rule("timed-outputs", sampled_outputs_fresh), Rule("timed-outputs", timed_outputs_correct)]
 
 
 # ---------------------------------------------------------------------------------------------- run
