@@ -371,3 +371,16 @@ def test_gemm_colmajor_errors():
         gemmlab.gemm_colmajor([0.0] * (m * k), B, C, m, n, k)
     with pytest.raises(TypeError, match="dtype"):
         gemmlab.gemm_colmajor(A.float(), B.float(), C.float(), m, n, k)
+
+
+def test_the_signature_cache_is_bounded(monkeypatch):
+    """Shapes that change every call (a per-expert weight gradient's K) cannot grow the launch cache forever."""
+    from gemmlab.ops import gemm as gemm_ops
+
+    gemm_ops.clear_cache()
+    monkeypatch.setattr(gemm_ops, "CACHE_SIZE", 3)
+    b = rand((8, 16))
+    for m in range(1, 7):
+        a = rand((m, 8))
+        assert gemm_check(gemmlab.gemm(a, b), a, b)["ok"]
+    assert len(gemm_ops._CACHE) == 3

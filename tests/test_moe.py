@@ -347,3 +347,16 @@ def test_kept_moe_launches_end_to_end(monkeypatch):
     kinds = {k.fn.__name__ for k in direct}
     assert kinds == {"_moe_align_kernel", "_moe_tiles_kernel", "_moe_grouped_kernel", "_moe_combine_kernel"}, kinds
     assert len(direct) == 2 * (1 + 2 + 1 + 1 + 1)  # calls 2 and 3: align, two grouped, combine; tiles + grouped
+
+
+def test_moe_forward_edge_calls():
+    """An empty N-D batch reshapes (T = 0 with leading dims); configs= (the tuner's eager path) refuses inputs
+    that need grad instead of silently dropping the gradient."""
+    t, h, i, e = 4, 32, 16, 4
+    w1, w2 = _weights(e, h, i, torch.float16)
+    x = _r(t, h)
+    wts, ids = _routing(t, e, 2)
+    y = moe_forward(x.view(2, 2, h)[:0], w1, w2, wts.view(2, 2, 2)[:0], ids.view(2, 2, 2)[:0])
+    assert y.shape == (0, 2, h)
+    with pytest.raises(RuntimeError, match="configs= .* no autograd"):
+        moe_forward(x.clone().requires_grad_(True), w1, w2, wts, ids, configs=(None, None))

@@ -139,8 +139,6 @@ def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, backends: Sequence[s
     timing.require_random(a=a, b=b)
     ref = gemm_ref(a, b)
     fns, facts = {}, {}
-    for name in dict.fromkeys([*backends, BASELINE]):
-        fns[name], facts[name] = make_backend(name, a, b, timeout)
 
     def check(out) -> dict:
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (m, n) or out.dtype != dtype:
@@ -150,6 +148,8 @@ def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, backends: Sequence[s
         return {key: c[key] for key in ("ok", "max_abs_err", "worst")}
 
     try:
+        for name in dict.fromkeys([*backends, BASELINE]):  # inside: a backend that fails to start closes the rest
+            fns[name], facts[name] = make_backend(name, a, b, timeout)
         res = compare_many(fns, BASELINE, check=check, flops=2.0 * m * n * k,
                            dtype=str(dtype).removeprefix("torch."), rounds=rounds, reps=reps, warmup_s=warmup_s,
                            graph=graph, device=device, profile=profile)

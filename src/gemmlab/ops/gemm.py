@@ -211,6 +211,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
 # signature, after every check; a hit skips the checks the key already proves. Plans come from the config tables
 # as loaded when the signature was first seen; ``configs.reload()`` (tests, ``gemmlab tune``) clears the cache.
 _CACHE: dict[tuple, tuple] = {}
+CACHE_SIZE = 4096  # signatures kept
 
 
 @config_tables.on_reload
@@ -251,6 +252,8 @@ def launch_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> t
         extents = (_extent(a), _extent(b), _extent(out)) if out is not None else None
         hit = (p, swap, prepare(p, ka, kb, c, keep=key is not None), extents)
         if key is not None:
+            if len(_CACHE) >= CACHE_SIZE:  # a bound: training's per-expert weight gradients vary K every step
+                _CACHE.pop(next(iter(_CACHE)))  # the oldest signature goes (dicts keep insertion order)
             _CACHE[key] = hit
     p, swap, L, extents = hit
     if out is None:

@@ -223,8 +223,10 @@ def _same_device(*named) -> None:
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
-    """2-D, unit inner stride, 16-byte aligned base and row stride."""
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(-2) * t.element_size()) % 16 == 0)
+    """2-D, unit inner stride, 16-byte aligned base and row stride, rows that do not overlap (an expanded
+    gradient has row stride 0, which a TMA descriptor cannot describe)."""
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(-2) * t.element_size()) % 16 == 0
+            and t.stride(-2) >= t.shape[-1])
 
 
 def _w2d(w: torch.Tensor) -> torch.Tensor:
@@ -436,12 +438,17 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor 
     if isinstance(w1, PackedMoE):
         w1, w2 = w1.w1, w1.w2
     if configs is not None:
+        if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (x, w1, w2, topk_weights)):
+            raise RuntimeError("moe_forward: configs= is the tuner's eager path and has no autograd")
         return launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, configs)
     lead = None
     if isinstance(x, torch.Tensor) and x.dim() != 2 and x.dim() >= 1:
         lead, x = x.shape, x.reshape(-1, x.shape[-1])
-        topk_weights = topk_weights.reshape(x.shape[0], -1) if isinstance(topk_weights, torch.Tensor) else topk_weights
-        topk_ids = topk_ids.reshape(x.shape[0], -1) if isinstance(topk_ids, torch.Tensor) else topk_ids
+        # (T, k) from (..., k); the k is named, not -1, so an empty batch (T = 0) reshapes too
+        if isinstance(topk_weights, torch.Tensor) and topk_weights.dim() >= 1:
+            topk_weights = topk_weights.reshape(x.shape[0], topk_weights.shape[-1])
+        if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() >= 1:
+            topk_ids = topk_ids.reshape(x.shape[0], topk_ids.shape[-1])
     if custom.direct(x, w1, w2, topk_weights, topk_ids):
         y = launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
     else:

@@ -256,7 +256,9 @@ def write_configs(results: Sequence[dict], target_name: str, configs_dir: str | 
         rules[:] = [x for x in rules if not (x.get("tuned") and all(x.get(q) == rule.get(q) for q in scope))]
         rules.insert(0, rule)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dump_table(data))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # atomic: a process reading the tables mid-write
+    tmp.write_text(dump_table(data))                         # sees the old file or the new one, whole
+    os.replace(tmp, path)
     configs.reload()
     return path
 
