@@ -1,0 +1,82 @@
+"""gemmlab.distributed.moe_forward_ep across 4 CPU processes (torchrun, gloo, Triton interpreter) against the
+single-process moe_forward and the float32 reference, plus its bad-input errors. Every case runs inside ONE
+launch of tests/dist_ep_worker.py (imports cost seconds per process); each test reads that launch's report."""
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).parent
+_spec = importlib.util.spec_from_file_location("dist_ep_worker", HERE / "dist_ep_worker.py")
+worker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(worker)
+
+ERRORS = ["error-id-too-large", "error-id-negative", "error-E_local-mismatch", "error-bad-arg-one-rank",
+          "error-chunks-differ", "error-chunks-zero", "error-E-not-divisible", "error-nn-MoE-E-not-divisible"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict[int, dict[str, dict]]:
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    out = tmp_path_factory.mktemp("ep")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), str(HERE / "dist_ep_worker.py"), str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    got = {}
+    for rank in range(4):
+        path = out / f"rank-{rank}.json"
+        assert path.exists(), f"rank {rank} wrote no report (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+        got[rank] = {r["case"]: r for r in json.loads(path.read_text())["results"]}
+    return got
+
+
+@pytest.mark.parametrize("case", [c[0] for c in worker.CASES] + ["nn-MoE-ep"])
+def test_ep_matches_moe_forward_and_reference(reports, case):
+    for rank, results in reports.items():
+        r = results[case]
+        assert r["ok"], f"rank {rank}: {r['detail']}"
+
+
+def test_ep_covers_the_hard_loads(reports):
+    """The cases do what they claim: some rank sends nothing, one rank receives nothing, the load is uneven."""
+    starved = [reports[r]["k1-starved-chunks3-bf16"]["detail"]["pairs_sent_per_rank"] for r in range(4)]
+    assert all(sent[3] == 0 for sent in starved)  # rank 3 receives no rows
+    assert reports[1]["k-equals-E-chunks2"]["detail"]["T"] == 0  # rank 1 has no tokens
+    skewed = [reports[r]["skewed-uneven-T"]["detail"]["pairs_sent_per_rank"] for r in range(4)]
+    assert sum(s[0] for s in skewed) > 2 * sum(s[3] for s in skewed)  # rank 0 (experts 0, 1) takes most
+    assert len({reports[r]["skewed-uneven-T"]["detail"]["T"] for r in range(4)}) == 4
+
+
+@pytest.mark.parametrize("case", ERRORS)
+def test_ep_bad_input_raises_on_every_rank(reports, case):
+    for rank, results in reports.items():
+        assert results[case]["ok"], f"rank {rank}: {results[case]['detail']}"
+
+
+def test_ep_not_a_member(reports):
+    assert reports[3]["error-not-a-member"]["ok"], reports[3]["error-not-a-member"]["detail"]
+
+
+def test_ep_without_a_process_group():
+    from gemmlab.distributed import moe_forward_ep
+
+    x = torch.zeros((2, 16), dtype=torch.float16)
+    with pytest.raises(ValueError, match="torch.distributed is not initialized"):
+        moe_forward_ep(x, torch.zeros((1, 32, 16), dtype=torch.float16), torch.zeros((1, 16, 16), dtype=torch.float16),
+                       torch.ones((2, 1)), torch.zeros((2, 1), dtype=torch.int32))
