@@ -80,3 +80,51 @@ def test_ep_without_a_process_group():
     with pytest.raises(ValueError, match="torch.distributed is not initialized"):
         moe_forward_ep(x, torch.zeros((1, 32, 16), dtype=torch.float16), torch.zeros((1, 16, 16), dtype=torch.float16),
                        torch.ones((2, 1)), torch.zeros((2, 1), dtype=torch.int32))
+
+
+def test_bench_moe_ep_without_cuda_or_group_exits_2(monkeypatch):
+    from typer.testing import CliRunner
+
+    from gemmlab.bench import moe_ep
+    from gemmlab.cli import app
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    res = CliRunner().invoke(app, ["bench", "moe-ep", "--model", "qwen3-30b-a3b"])
+    assert res.exit_code == 2 and "needs CUDA" in res.output and "Traceback" not in res.output
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU host, but not under torchrun
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="needs a process group: launch it with torchrun"):
+        moe_ep.init_from_env()
+    res = CliRunner().invoke(app, ["bench", "moe-ep"])
+    assert res.exit_code == 2 and "torchrun" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_ep_single_gpu_nccl(tmp_path, chunks):
+    """The CUDA path (NCCL, async all-to-alls, chunked) in a one-rank group on one GPU, at a mid-size shape,
+    against moe_forward and the float32 reference."""
+    import torch.distributed as dist
+
+    from gemmlab.distributed import moe_forward_ep
+    from gemmlab.ops.moe import moe_forward, route
+    from gemmlab.ref import moe_check
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        g = torch.Generator(device="cuda").manual_seed(chunks)
+        t, h, i, e, k = 300, 512, 256, 16, 4
+        x = (torch.rand((t, h), generator=g, device="cuda") - 0.5).to(torch.bfloat16)
+        w1 = ((torch.rand((e, 2 * i, h), generator=g, device="cuda") - 0.5) * 0.15).to(torch.bfloat16)
+        w2 = ((torch.rand((e, h, i), generator=g, device="cuda") - 0.5) * 0.2).to(torch.bfloat16)
+        weights, ids = route(torch.randn((t, e), generator=g, device="cuda"), k)
+        y = moe_forward_ep(x, w1, w2, weights, ids, chunks=chunks)
+        chk = moe_check(y, x, w1, w2, weights, ids)
+        assert chk["ok"], chk
+        assert (y.float() - moe_forward(x, w1, w2, weights, ids).float()).abs().max().item() <= chk["allowed"]
+    finally:
+        if started:
+            dist.destroy_process_group()
