@@ -73,6 +73,7 @@ def bench_case(model_name: str, tokens: int, chunks: Sequence[int], *, dtype: to
     x, wts, ids = p["x"], p["weights"], p["ids"]
     w1, w2 = p["w1"][first:end].contiguous(), p["w2"][first:end].contiguous()  # rank r's slice of rank r's draw
     del p
+    torch.cuda.empty_cache()  # the full draw's memory back to the driver before mem_get_info
     full_bytes = 3 * model.experts * model.hidden * model.intermediate * x.element_size()
     flag = torch.tensor([int(full_bytes * 2.5 < torch.cuda.mem_get_info(dev)[0])], device=dev)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every rank decides alike
