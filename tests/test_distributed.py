@@ -128,3 +128,20 @@ def test_ep_single_gpu_nccl(tmp_path, chunks):
     finally:
         if started:
             dist.destroy_process_group()
+
+
+def test_moe_forward_strided_k1_ids_and_weights():
+    """moe_forward on (T, 1) ids and weights that are column views of one (T, 2) tensor, as moe_forward_ep
+    receives them: reshape(-1) of such a view is strided, and the routing kernel once read it as dense."""
+    from gemmlab.ops.moe import moe_forward
+    from gemmlab.ref import moe_check
+
+    g = torch.Generator().manual_seed(4)
+    w1 = (torch.rand((4, 32, 32), generator=g) - 0.5).half()
+    w2 = (torch.rand((4, 32, 16), generator=g) - 0.5).half()
+    x = (torch.rand((6, 32), generator=g) - 0.5).half()
+    meta = torch.stack([torch.randint(0, 4, (6,), generator=g, dtype=torch.int32),
+                        torch.rand(6, generator=g).view(torch.int32)], 1)  # (T, 2) int32
+    ids, wts = meta[:, :1], meta[:, 1:].view(torch.float32)  # (T, 1) each, stride (2, 1)
+    assert not ids.is_contiguous() and not wts.is_contiguous()
+    assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"]

@@ -347,16 +347,3 @@ def test_kept_moe_launches_end_to_end(monkeypatch):
     kinds = {k.fn.__name__ for k in direct}
     assert kinds == {"_moe_align_kernel", "_moe_tiles_kernel", "_moe_grouped_kernel", "_moe_combine_kernel"}, kinds
     assert len(direct) == 2 * (1 + 2 + 1 + 1 + 1)  # calls 2 and 3: align, two grouped, combine; tiles + grouped
-
-
-def test_moe_forward_strided_k1_ids_and_weights():
-    """(T, 1) ids and weights that are column views of one (T, 2) tensor (as gemmlab.distributed receives them):
-    reshape(-1) of such a view is strided, and the routing kernel once read it as dense (wrong rows, silently)."""
-    w1, w2 = _weights(4, 32, 16, torch.float16)
-    x = _r(6, 32, seed=3)
-    g = torch.Generator(device=DEVICE).manual_seed(4)
-    meta = torch.stack([torch.randint(0, 4, (6,), generator=g, device=DEVICE, dtype=torch.int32),
-                        torch.rand(6, generator=g, device=DEVICE).view(torch.int32)], 1)  # (T, 2) int32
-    ids, wts = meta[:, :1], meta[:, 1:].view(torch.float32)  # (T, 1) each, stride (2, 1)
-    assert not ids.is_contiguous() and not wts.is_contiguous()
-    assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"]
