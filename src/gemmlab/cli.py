@@ -3,6 +3,7 @@
     gemmlab grade [--cases NAME|PATH] [--kernel FILE.py:FN] [--signature ...] [--output-dir DIR] [--json]
     gemmlab check [--shapes M,N,K ...] [--dtype float16|bfloat16|both]
     gemmlab bench gemm [--shapes M,N,K ... | --suite NAME] [--backend NAME ...] [--graph] [--output-dir DIR]
+    gemmlab bench moe-ep --model NAME --tokens T   (under torchrun --nproc-per-node N)
     gemmlab bench stable --shape M,N,K [--processes N] [--backend NAME ...]
     gemmlab bench model [--model mixtral,qwen3-moe,deepseek-v3] [--tokens 4096,1,8,64] [--modes eager,graph,compile]
     gemmlab table [--model NAME] [--batch-size 4 --seq-len 8192 --top-k 4 ...] [--output-dir DIR]
@@ -473,6 +474,46 @@ def bench_model_cmd(
     if output_dir:
         _write_report(rep, output_dir, f"model-bench-{'+'.join(rep['args']['models'])}-{'+'.join(used)}.json")
     if wrong:
+        raise typer.Exit(1)
+
+
+@bench_app.command("moe-ep")
+def bench_moe_ep_cmd(
+    model: Annotated[list[str] | None, typer.Option(help="deepseek-v3, qwen3-30b-a3b, mixtral-8x7b (repeatable)")]
+    = None,
+    tokens: Annotated[list[int] | None, typer.Option(help="T per rank (repeatable) [default: 4096]")] = None,
+    chunks: Annotated[list[int] | None, typer.Option(help="overlap chunks (repeatable) [default: 1 2 4]")] = None,
+    rounds: Annotated[int, typer.Option(callback=_count, help="interleaved rounds")] = 10,
+    reps: Annotated[int, typer.Option(callback=_count, help="timed calls per candidate per round")] = 5,
+    output_dir: Annotated[str | None, typer.Option(help="rank 0 writes moe-ep-bench.json here")] = None,
+) -> None:
+    """Expert-parallel MoE across the GPUs of a torchrun launch (``torchrun --nproc-per-node N -m gemmlab bench
+    moe-ep``): per-rank time, all-to-all GB/s against NCCL's equal-split all_to_all, speedup against one GPU
+    holding every expert; verified first. Exit 2 without CUDA or a process group, 1 if an output is wrong."""
+    from gemmlab.bench import moe_ep
+
+    try:
+        rank, world = moe_ep.init_from_env()
+        rep = moe_ep.bench_moe_ep(model or ["qwen3-30b-a3b"], tokens or [4096], chunks or [1, 2, 4], rounds=rounds,
+                                  reps=reps)
+    except ValueError as e:
+        raise _usage_error(str(e).splitlines()[0]) from e
+    if rank == 0:
+        table = Table(title=f"expert parallel over {world} x {rep['env'].get('gpu')}: slowest rank's median ms")
+        for col in ("model", "T/rank", "candidate", "ms", "vs one GPU", "GB/s (rank 0)", "ok"):
+            table.add_column(col)
+        for r in rep["results"]:
+            t0 = r["per_rank"][0]["times"]
+            for name, ms in {**r["step_ms"], "one GPU, all experts": r["one_gpu_ms"]}.items():
+                table.add_row(r["model"], str(r["tokens_per_rank"]), name, _num(ms, ".3f"),
+                              _num(r["speedup_vs_one_gpu"].get(name), ".2f"), "-", "ok" if r["ok"] else "WRONG")
+            for name in ("dispatch a2a (routed)", "nccl a2a (equal)"):
+                table.add_row(r["model"], str(r["tokens_per_rank"]), name, _num(t0[name]["median_ms"], ".3f"), "-",
+                              _num(t0[name]["gb_per_s"], ".1f"), "")
+        Console(width=170).print(table)
+        if output_dir:
+            _write_report(rep, output_dir, "moe-ep-bench.json")
+    if not all(r["ok"] for r in rep["results"]):
         raise typer.Exit(1)
 
 

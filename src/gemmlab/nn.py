@@ -12,6 +12,9 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k.
         top_k_index (T, k), top_k_weights (T, k)) -> (T, H) through ``gemmlab.moe_forward`` (SiLU gate).
     MoE(hidden, intermediate, num_experts, top_k)  ``gate`` (a Linear E x H, no bias) + ``experts``:
         route (``gemmlab.route``: softmax or sigmoid, top-k, renormalized) then experts; x (..., H).
+        ``ep_group=group``: expert parallel over a torch.distributed group: ``experts`` holds only this rank's
+        E / world experts (``gemmlab.distributed.expert_range``: rows [first, end) of the full tensors) and
+        forward goes through ``gemmlab.distributed.moe_forward_ep`` (collective; forward only, fp16/bf16).
     patch(model)  swaps nn.Linear (fp16/bf16) for Linear and the MoE blocks of Mixtral, Qwen3-MoE, OLMoE
         (whole block -> MoE) and DeepSeek-V3 (its own router, group-limited sigmoid and shared experts kept;
         experts -> MoEExperts), sharing the model's Parameter objects: nothing is copied.
@@ -133,10 +136,11 @@ class MoE(nn.Module):
     """Router + experts: y (..., H) = sum over the top-k experts e of x of weight_e * expert_e(x).
     ``scoring``: "softmax" (Mixtral, Qwen3-MoE, OLMoE) or "sigmoid"; ``renormalize``: the k weights of a
     token sum to 1. Parameter names as in transformers' MoE blocks: ``gate.weight`` (E, H),
-    ``experts.gate_up_proj``, ``experts.down_proj``."""
+    ``experts.gate_up_proj``, ``experts.down_proj``. ``ep_group``: a process group (e.g.
+    ``torch.distributed.group.WORLD``): expert-parallel mode, this rank's experts only (see the module legend)."""
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, *, renormalize: bool = True,
-                 scoring: str = "softmax", device=None, dtype=None):
+                 scoring: str = "softmax", device=None, dtype=None, ep_group=None):
         super().__init__()
         if scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"MoE: scoring {scoring!r}: softmax or sigmoid")
@@ -144,13 +148,24 @@ class MoE(nn.Module):
             raise ValueError(f"MoE: top_k = {top_k} must be in [1, num_experts={num_experts}]")
         self.top_k, self.renormalize, self.scoring = top_k, renormalize, scoring
         self.gate = Linear(hidden, num_experts, bias=False, device=device, dtype=dtype)
-        self.experts = MoEExperts(num_experts, hidden, intermediate, device=device, dtype=dtype)
+        self.ep_group = ep_group
+        if ep_group is not None:
+            from gemmlab.distributed import expert_range
+
+            first, end = expert_range(num_experts, ep_group)  # ValueError when E does not divide evenly
+        self.experts = MoEExperts(num_experts if ep_group is None else end - first, hidden, intermediate,
+                                  device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from gemmlab.ops.moe import route
 
         x2 = x.reshape(-1, x.shape[-1])  # (T, H)
         weights, ids = route(self.gate(x2), self.top_k, renormalize=self.renormalize, scoring=self.scoring)
+        if self.ep_group is not None:
+            from gemmlab.distributed import moe_forward_ep
+
+            e = self.experts
+            return moe_forward_ep(x2, e.gate_up_proj, e.down_proj, weights, ids, self.ep_group).reshape(x.shape)
         return self.experts(x2, ids, weights).reshape(x.shape)
 
     def extra_repr(self) -> str:

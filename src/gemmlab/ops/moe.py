@@ -144,7 +144,8 @@ def sort_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int,
         try:
             kept_launch.start(
                 _KEPT, _moe_align_kernel, (1,),
-                [topk_ids.reshape(-1), topk_ids if scale is None else topk_weights.reshape(-1), order, inv, token,
+                [topk_ids.reshape(-1).contiguous(),  # dense: a strided (T, 1) view reshapes to a strided view
+                 topk_ids if scale is None else topk_weights.reshape(-1).contiguous(), order, inv, token,
                  offsets, tile_offsets, order if scale is None else scale, ok, s, e],
                 dict(TOP_K=k, BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_E=max(16, triton.next_power_of_2(e + 1)),
                      HAS_SCALE=scale is not None), dict(num_warps=4 if block_s <= 1024 else 8))

@@ -1,0 +1,135 @@
+"""``gemmlab bench moe-ep``: expert-parallel MoE (``gemmlab.distributed.moe_forward_ep``) across the GPUs of a
+torchrun launch, verified first, interleaved. Run on every GPU of a host:
+
+    torchrun --nproc-per-node 8 -m gemmlab bench moe-ep --model qwen3-30b-a3b --tokens 4096
+
+Legend: W ranks, T tokens per rank, H hidden, I expert intermediate, E experts (E / W per rank), k top-k.
+
+Per rank, timed with CUDA events (L2 flushed), interleaved rounds, the same call order on every rank (warm-up
+by a fixed number of calls, never by time: a collective must run as often on every rank):
+    "ep chunks=C"            moe_forward_ep on this rank's T tokens, for each C in ``chunks``
+    "dispatch a2a (routed)"  one all_to_all_single of the T*k x rows with the routed (uneven) splits
+    "nccl a2a (equal)"       one all_to_all_single of the same byte count with equal splits (NCCL's own rate)
+    "one GPU, all experts"   moe_forward on the W*T tokens of all ranks with every expert on this GPU, where the
+                             full weights fit (speedup = its time / the slowest rank's ep time)
+Bandwidth: GB/s = bytes this rank sends to other ranks / time (bytes = rows to other ranks * H * 2).
+Verification before timing: every rank's ep output against moe_forward on the full weights (all_gather of the
+slices) and moe_check against the float32 reference, at the timed shape.
+The overlap share (timeline fractions of communication and compute) is not measured here (it needs a profiler
+trace); compare "ep chunks=1" with "ep chunks=C" for what chunking buys.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from gemmlab.bench import stats, timing
+from gemmlab.problems import MOE_MODELS
+
+
+def init_from_env() -> tuple[int, int]:
+    """(rank, world): the NCCL process group of a torchrun launch, one GPU per local rank. ValueError (one
+    line) without CUDA or outside torchrun."""
+    if not torch.cuda.is_available():
+        raise ValueError("bench moe-ep needs CUDA GPUs (run it under torchrun on a GPU host)")
+    if not dist.is_initialized():
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            raise ValueError("bench moe-ep needs a process group: launch it with "
+                             "torchrun --nproc-per-node N -m gemmlab bench moe-ep ...")
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if local >= torch.cuda.device_count():
+            raise ValueError(f"LOCAL_RANK {local} but only {torch.cuda.device_count()} GPUs visible")
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _gather_cat(t: torch.Tensor, world: int) -> torch.Tensor:
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts)
+
+
+def bench_case(model_name: str, tokens: int, chunks: Sequence[int], *, dtype: torch.dtype = torch.bfloat16,
+               rounds: int = 10, reps: int = 5, warmup_calls: int = 3, seed: int = 0) -> dict:
+    """One (model, T per rank) on every rank; rank 0's return value holds every rank's numbers."""
+    from gemmlab.bench.moe import problem
+    from gemmlab.distributed import expert_range, moe_forward_ep
+    from gemmlab.ops.moe import moe_forward
+    from gemmlab.ref import moe_check
+
+    model = MOE_MODELS.get(model_name)
+    if model is None:
+        raise ValueError(f"model {model_name!r}: one of {', '.join(MOE_MODELS)}")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first, end = expert_range(model.experts)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    p = problem(model, tokens, "uniform", dtype, seed + rank, dev)  # each rank's own tokens and routing
+    x, wts, ids = p["x"], p["weights"], p["ids"]
+    w1, w2 = p["w1"][first:end].contiguous(), p["w2"][first:end].contiguous()  # rank r's slice of rank r's draw
+    del p
+    torch.cuda.empty_cache()  # the full draw's memory back to the driver before mem_get_info
+    full_bytes = 3 * model.experts * model.hidden * model.intermediate * x.element_size()
+    flag = torch.tensor([int(full_bytes * 2.5 < torch.cuda.mem_get_info(dev)[0])], device=dev)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every rank decides alike
+    if not flag.item():
+        raise ValueError(f"{model_name}: the full weights ({full_bytes / 2**30:.1f} GiB) do not fit on one GPU "
+                         "to verify against; not timed")
+    w1_full, w2_full = _gather_cat(w1, world), _gather_cat(w2, world)  # (E, 2I, H), (E, H, I) in rank order
+
+    # verify at the timed shape, every chunk count, before any timing
+    checks = {}
+    single = moe_forward(x, w1_full, w2_full, wts, ids)
+    for c in chunks:
+        y = moe_forward_ep(x, w1, w2, wts, ids, chunks=c)
+        chk = moe_check(y, x, w1_full, w2_full, wts, ids)
+        diff = (y.float() - single.float()).abs().max().item()
+        checks[f"ep chunks={c}"] = {"ok": bool(chk["ok"] and diff <= chk["allowed"]), "max_abs_err": chk["max_abs_err"],
+                                    "allowed": chk["allowed"], "max_abs_diff_vs_moe_forward": diff}
+    # the routed splits of the dispatch, and an equal-split exchange of the same bytes
+    e_local = end - first
+    send = torch.bincount(ids.reshape(-1).long() // e_local, minlength=world)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send)
+    send_l, recv_l = send.tolist(), recv.tolist()
+    rows = x.index_select(0, torch.sort(ids.reshape(-1).long() // e_local, stable=True).indices // model.top_k)
+    rx = torch.empty((sum(recv_l), model.hidden), dtype=dtype, device=dev)
+    n_eq = -(-rows.shape[0] // world) * world
+    eq_in = torch.empty((n_eq, model.hidden), dtype=dtype, device=dev).normal_()
+    eq_out = torch.empty_like(eq_in)
+    x_all, wts_all, ids_all = _gather_cat(x, world), _gather_cat(wts, world), _gather_cat(ids, world)
+
+    fns = {f"ep chunks={c}": (lambda c=c: moe_forward_ep(x, w1, w2, wts, ids, chunks=c, validate=False))
+           for c in chunks}
+    fns["dispatch a2a (routed)"] = lambda: dist.all_to_all_single(rx, rows, recv_l, send_l)
+    fns["nccl a2a (equal)"] = lambda: dist.all_to_all_single(eq_out, eq_in)
+    fns["one GPU, all experts"] = lambda: moe_forward(x_all, w1_full, w2_full, wts_all, ids_all, validate=False)
+    times = timing.interleave(fns, rounds=rounds, reps=reps, warmup_s=0.0, device=dev, warmup_calls=warmup_calls)
+    mine = {name: stats.summarize([t for rnd in ts for t in rnd]) for name, ts in times.items()}
+    elt = x.element_size()
+    remote = {"dispatch a2a (routed)": (sum(send_l) - send_l[rank]) * model.hidden * elt,
+              "nccl a2a (equal)": (n_eq - n_eq // world) * model.hidden * elt}
+    for name, b in remote.items():
+        mine[name]["bytes_to_other_ranks"] = b
+        mine[name]["gb_per_s"] = b / (mine[name]["median_ms"] * 1e-3) / 1e9
+    per_rank = [None] * world
+    dist.all_gather_object(per_rank, {"rank": rank, "times": mine, "checks": checks, "rows_sent_per_rank": send_l})
+    slowest = {f"ep chunks={c}": max(r["times"][f"ep chunks={c}"]["median_ms"] for r in per_rank) for c in chunks}
+    one_gpu = statistics.median([r["times"]["one GPU, all experts"]["median_ms"] for r in per_rank])
+    return {"model": model_name, "tokens_per_rank": tokens, "world": world, "dtype": str(dtype).removeprefix("torch."),
+            "sizes": {"H": model.hidden, "I": model.intermediate, "E": model.experts, "k": model.top_k},
+            "ok": all(c["ok"] for r in per_rank for c in r["checks"].values()),
+            "step_ms": slowest, "one_gpu_ms": one_gpu,
+            "speedup_vs_one_gpu": {name: one_gpu / t for name, t in slowest.items()}, "per_rank": per_rank}
+
+
+def bench_moe_ep(models: Sequence[str], tokens: Sequence[int], chunks: Sequence[int] = (1, 2, 4), **kw) -> dict:
+    """Every (model, T per rank) under the current process group; the report (same on every rank)."""
+    results = [bench_case(m, t, chunks, **kw) for m in models for t in tokens]
+    return {"env": timing.env_info(), "args": {"models": list(models), "tokens": list(tokens), "chunks": list(chunks),
+                                              **{k: str(v) for k, v in kw.items()}}, "results": results}
