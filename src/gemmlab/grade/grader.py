@@ -59,7 +59,7 @@ import torch
 
 from gemmlab.bench.sandbox import CandidateError, Sandbox, WorkerFailure
 from gemmlab.bench.stats import ratio_summary, tensor_peak_tflops
-from gemmlab.bench.timing import ClockSampler, env_info, l2_flush_buffer
+from gemmlab.bench.timing import ClockSampler, _sync, env_info, l2_flush_buffer
 from gemmlab.grade import rules
 from gemmlab.grade.cases import CaseFile
 from gemmlab.grade.op import Op
@@ -122,11 +122,6 @@ def _preload(log_dir: str):
         state, detail = preload.assess(preload.read_log(log), pid, token, preload.read_counts(counts))
         return [detail] if state == "vendor" else []
     return env, recorded, "active (LD_PRELOAD vendor_guard, policy log)"
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def heater(device: torch.device, size: int = 4096):

@@ -27,7 +27,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from gemmlab.ops.gemm import KERNELS, constexprs, launch_options
-from gemmlab.ops.plan import Plan, Target, choose, target_for
+from gemmlab.ops.plan import Plan, Target, choose, padded_k, target_for
 
 if TYPE_CHECKING:
     from gemmlab.ops.moe import MoEConfig
@@ -49,7 +49,7 @@ def plan_for(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, layout:
     a = torch.empty((m, k) if layout[0] == "N" else (k, m), dtype=dtype, device="meta")
     a = a if layout[0] == "N" else a.t()
     if packed:
-        b = torch.empty((n, max(8, -(-k // 8) * 8)), dtype=dtype, device="meta")[:, :k].t()
+        b = torch.empty((n, padded_k(k)), dtype=dtype, device="meta")[:, :k].t()
     else:
         b = torch.empty((k, n) if layout[1] == "N" else (n, k), dtype=dtype, device="meta")
         b = b if layout[1] == "N" else b.t()

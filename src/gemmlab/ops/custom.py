@@ -140,7 +140,7 @@ def weight_grad(dy: Tensor, x: Tensor, offsets: Tensor, dw: Tensor) -> Tensor:
 
 @torch.library.custom_op("gemmlab::grouped_gemm_backward", mutates_args=())
 def grouped_gemm_backward(dy: Tensor, x: Tensor, w: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
-    dy = _unit(dy) if dy.stride(-1) == 1 else dy.contiguous()
+    dy = dy if dy.stride(-1) == 1 else dy.contiguous()
     dx = torch.zeros_like(x, memory_format=torch.contiguous_format)  # rows past offsets[-1] get no gradient
     moe_ops.launch_grouped_gemm(dy, w.transpose(1, 2).contiguous(), offsets, dx, False)  # dy (S, N) @ w_e (N, K)
     dw = weight_grad(dy, x if x.stride(-1) == 1 else x.contiguous(), offsets, torch.empty_like(

@@ -22,7 +22,7 @@ from gemmlab.kernels.gemm import _gemm_portable_kernel, _gemm_tma_persistent_ker
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.launch import HostDesc, Kept
-from gemmlab.ops.plan import GemmConfig, Plan, choose, is_kmajor
+from gemmlab.ops.plan import GemmConfig, Plan, choose, is_kmajor, padded_k
 
 DTYPES = (torch.float16, torch.bfloat16)
 
@@ -68,7 +68,7 @@ def pack_b(b: torch.Tensor) -> PackedB:
     Do it once, outside any timed region."""
     _check_operand("b", b)
     k, n = b.shape
-    k_pad = max(8, -(-k // 8) * 8)
+    k_pad = padded_k(k)
     data = torch.zeros((n, k_pad), dtype=b.dtype, device=b.device)
     data[:, :k].copy_(b.t())
     return PackedB(data, k, n)

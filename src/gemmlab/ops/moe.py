@@ -34,7 +34,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from gemmlab.kernels.moe import _moe_align_kernel, _moe_combine_kernel, _moe_grouped_kernel, _moe_tiles_kernel
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.plan import Target, target_for
+from gemmlab.ops.plan import Target, padded_k, target_for
 
 DTYPES = (torch.float16, torch.bfloat16)
 SMEM_BYTES = 232448
@@ -395,7 +395,7 @@ class PackedMoE:
 
 def _pad_rows(w: torch.Tensor) -> torch.Tensor:
     e, n, k = w.shape
-    k_pad = max(8, -(-k // 8) * 8)
+    k_pad = padded_k(k)
     buf = torch.zeros((e, n, k_pad), dtype=w.dtype, device=w.device)
     buf[:, :, :k].copy_(w)
     return buf[:, :, :k]
@@ -504,7 +504,7 @@ def launch_moe_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk
     cfg2 = replace(cfg2, block_m=cfg1.block_m)  # one tile schedule for both GEMMs
     if x.stride(1) != 1:
         x = x.contiguous()
-    i_pad = max(8, -(-i // 8) * 8)
+    i_pad = padded_k(i)
     act = torch.empty((s, i_pad), dtype=x.dtype, device=x.device)[:, :i]  # rows 16-byte aligned for TMA
     if gather == "auto":
         gather = "copy" if target.has_tma and (h * x.element_size()) % 16 == 0 else "fused"

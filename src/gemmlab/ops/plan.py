@@ -145,6 +145,11 @@ def split_k_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
     return -(-k_tiles // per_split)
 
 
+def padded_k(k: int) -> int:
+    """Elements a K-major row is padded to for TMA: a multiple of 8 (16 bytes in fp16/bf16), at least 8."""
+    return max(8, -(-k // 8) * 8)
+
+
 def is_kmajor(t: torch.Tensor, inner_dim: int) -> bool | None:
     """True if ``inner_dim`` is unit-stride (or of size <= 1), False if the other dim is, None if neither."""
     if t.stride(inner_dim) == 1 or t.shape[inner_dim] <= 1:
