@@ -145,3 +145,45 @@ def test_moe_forward_strided_k1_ids_and_weights():
     ids, wts = meta[:, :1], meta[:, 1:].view(torch.float32)  # (T, 1) each, stride (2, 1)
     assert not ids.is_contiguous() and not wts.is_contiguous()
     assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"]
+
+
+def test_timeline_shares_of_overlapping_kernels():
+    """Comm [0, 10) and [20, 30), compute [5, 25): span 30, both 10, comm only 10, compute only 10, idle 0
+    (a gap inside the span counts as idle once both sides are absent)."""
+    from gemmlab.bench.moe_ep import timeline_shares
+
+    s = timeline_shares([(0, 10), (20, 30)], [(5, 25)])
+    assert s["span_ms"] == pytest.approx(0.030) and s["overlap_ms"] == pytest.approx(0.010)
+    assert s["comm_only"] == pytest.approx(10 / 30) and s["compute_only"] == pytest.approx(10 / 30)
+    assert s["overlapped"] == pytest.approx(10 / 30) and s["idle"] == pytest.approx(0.0)
+    assert s["comm_hidden"] == pytest.approx(0.5)
+    g = timeline_shares([(0, 4)], [(6, 10), (7, 8)])  # serial, with a nested kernel and a 2-unit gap
+    assert g["overlapped"] == 0 and g["idle"] == pytest.approx(0.2) and g["comm_hidden"] == 0
+    with pytest.raises(ValueError, match="no kernels"):
+        timeline_shares([], [])
+
+
+@pytest.mark.gpu
+def test_measure_overlap_sees_kernels(tmp_path):
+    """The profiler path on the GPU: an ep call in a one-rank NCCL group has compute kernels in its timeline."""
+    import torch.distributed as dist
+
+    from gemmlab.bench.moe_ep import measure_overlap
+    from gemmlab.distributed import moe_forward_ep
+    from gemmlab.ops.moe import route
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        t, h, i, e, k = 256, 512, 256, 8, 2
+        x = torch.randn((t, h), device="cuda", dtype=torch.bfloat16)
+        w1 = torch.randn((e, 2 * i, h), device="cuda", dtype=torch.bfloat16) * 0.05
+        w2 = torch.randn((e, h, i), device="cuda", dtype=torch.bfloat16) * 0.05
+        weights, ids = route(torch.randn((t, e), device="cuda"), k)
+        s = measure_overlap(lambda: moe_forward_ep(x, w1, w2, weights, ids, chunks=2))
+        assert s["kernels"]["compute"] > 0 and s["span_ms"] > 0
+        assert abs(s["comm_only"] + s["compute_only"] + s["overlapped"] + s["idle"] - 1) < 1e-6
+    finally:
+        if started:
+            dist.destroy_process_group()

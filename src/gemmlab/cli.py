@@ -500,16 +500,19 @@ def bench_moe_ep_cmd(
         raise _usage_error(str(e).splitlines()[0]) from e
     if rank == 0:
         table = Table(title=f"expert parallel over {world} x {rep['env'].get('gpu')}: slowest rank's median ms")
-        for col in ("model", "T/rank", "candidate", "ms", "vs one GPU", "GB/s (rank 0)", "ok"):
+        for col in ("model", "T/rank", "candidate", "ms", "vs one GPU", "GB/s (rank 0)", "comm hidden (rank 0)",
+                    "ok"):
             table.add_column(col)
         for r in rep["results"]:
-            t0 = r["per_rank"][0]["times"]
+            t0, tl = r["per_rank"][0]["times"], r["per_rank"][0]["timeline"]
             for name, ms in {**r["step_ms"], "one GPU, all experts": r["one_gpu_ms"]}.items():
+                hidden = f"{tl[name]['comm_hidden']:.0%} of {tl[name]['comm_ms']:.3f} ms" if name in tl else "-"
                 table.add_row(r["model"], str(r["tokens_per_rank"]), name, _num(ms, ".3f"),
-                              _num(r["speedup_vs_one_gpu"].get(name), ".2f"), "-", "ok" if r["ok"] else "WRONG")
+                              _num(r["speedup_vs_one_gpu"].get(name), ".2f"), "-", hidden,
+                              "ok" if r["ok"] else "WRONG")
             for name in ("dispatch a2a (routed)", "nccl a2a (equal)"):
                 table.add_row(r["model"], str(r["tokens_per_rank"]), name, _num(t0[name]["median_ms"], ".3f"), "-",
-                              _num(t0[name]["gb_per_s"], ".1f"), "")
+                              _num(t0[name]["gb_per_s"], ".1f"), "-", "")
         Console(width=170).print(table)
         if output_dir:
             _write_report(rep, output_dir, "moe-ep-bench.json")

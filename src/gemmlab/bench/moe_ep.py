@@ -15,8 +15,10 @@ by a fixed number of calls, never by time: a collective must run as often on eve
 Bandwidth: GB/s = bytes this rank sends to other ranks / time (bytes = rows to other ranks * H * 2).
 Verification before timing: every rank's ep output against moe_forward on the full weights (all_gather of the
 slices) and moe_check against the float32 reference, at the timed shape.
-The overlap share (timeline fractions of communication and compute) is not measured here (it needs a profiler
-trace); compare "ep chunks=1" with "ep chunks=C" for what chunking buys.
+Overlap (``timeline``): one more call of each "ep chunks=C" runs under torch.profiler (CUDA activity only);
+its GPU kernels are split into communication (NCCL kernels: name contains "nccl") and computation (every
+other kernel), and the shares of the call's device span are reported: comm only, compute only, both at once
+(overlapped), neither (idle), plus the fraction of communication time hidden under computation.
 """
 
 from __future__ import annotations
@@ -47,6 +49,72 @@ def init_from_env() -> tuple[int, int]:
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     return dist.get_rank(), dist.get_world_size()
+
+
+def _union(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, merged [start, end) intervals."""
+    merged: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if e <= s:
+            continue
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return [(s, e) for s, e in merged]
+
+
+def _length(intervals: Sequence[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def _intersect(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Intersection of two merged interval lists."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if s < e:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def timeline_shares(comm: Sequence[tuple[float, float]], compute: Sequence[tuple[float, float]]) -> dict:
+    """Shares of the device span [first kernel start, last kernel end) that are communication only,
+    computation only, both (overlapped) and neither (idle); ``comm_hidden`` = overlapped / communication time.
+    Intervals in any unit (µs from the profiler); the times are reported in ms assuming µs."""
+    comm_u, comp_u = _union(comm), _union(compute)
+    every = _union(list(comm_u) + list(comp_u))
+    if not every:
+        raise ValueError("timeline_shares: no kernels in the trace")
+    span = every[-1][1] - every[0][0]
+    both = _length(_intersect(comm_u, comp_u))
+    t_comm, t_comp = _length(comm_u), _length(comp_u)
+    return {"span_ms": span / 1e3, "comm_ms": t_comm / 1e3, "compute_ms": t_comp / 1e3, "overlap_ms": both / 1e3,
+            "comm_only": (t_comm - both) / span, "compute_only": (t_comp - both) / span, "overlapped": both / span,
+            "idle": (span - _length(every)) / span, "comm_hidden": both / t_comm if t_comm else 0.0,
+            "kernels": {"comm": len(comm), "compute": len(compute)}}
+
+
+def measure_overlap(fn) -> dict:
+    """Run ``fn`` once under torch.profiler (CUDA kernels) after a synchronize; its kernels' timeline shares."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    comm, compute = [], []
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA or ev.time_range.elapsed_us() <= 0:
+            continue
+        if "memcpy" in ev.name.lower() or "memset" in ev.name.lower():
+            continue  # copies are neither side's kernels (the count read, the poison fills)
+        (comm if "nccl" in ev.name.lower() else compute).append((ev.time_range.start, ev.time_range.end))
+    return timeline_shares(comm, compute)
 
 
 def _gather_cat(t: torch.Tensor, world: int) -> torch.Tensor:
@@ -117,8 +185,10 @@ def bench_case(model_name: str, tokens: int, chunks: Sequence[int], *, dtype: to
     for name, b in remote.items():
         mine[name]["bytes_to_other_ranks"] = b
         mine[name]["gb_per_s"] = b / (mine[name]["median_ms"] * 1e-3) / 1e9
+    timeline = {name: measure_overlap(fns[name]) for name in fns if name.startswith("ep chunks=")}
     per_rank = [None] * world
-    dist.all_gather_object(per_rank, {"rank": rank, "times": mine, "checks": checks, "rows_sent_per_rank": send_l})
+    dist.all_gather_object(per_rank, {"rank": rank, "times": mine, "checks": checks, "rows_sent_per_rank": send_l,
+                                      "timeline": timeline})
     slowest = {f"ep chunks={c}": max(r["times"][f"ep chunks={c}"]["median_ms"] for r in per_rank) for c in chunks}
     one_gpu = statistics.median([r["times"]["one GPU, all experts"]["median_ms"] for r in per_rank])
     return {"model": model_name, "tokens_per_rank": tokens, "world": world, "dtype": str(dtype).removeprefix("torch."),
