@@ -3,7 +3,8 @@
 #   GEMMLAB_GIT_SHA=$(git rev-parse HEAD) bash benchmarks/h200_session.sh STEP...
 # Steps: grade (the grader's protocol at both seed shapes), grade_cli (the same through `gemmlab grade`, recorded), gputests (every gpu-marked test of the new paths),
 # host (host cost per call, quick), model (bench model, eager + graph), compile (bench model, torch.compile),
-# tune_moe (tune --op moe smoke), ep1 (bench moe-ep on one GPU under torchrun). Prints a one-line summary per step last; results tarred into $OUT/results.tgz.
+# tune_moe (tune --op moe smoke), ep1 (bench moe-ep on one GPU under torchrun),
+# ws (warp-specialization probe, one child per config under a timeout). Prints a one-line summary per step last; results tarred into $OUT/results.tgz.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
 OUT=${OUT:-/tmp/gemmlab-out}
@@ -40,6 +41,7 @@ for s in "$@"; do
       --budget-minutes 1 --ledger /tmp/moe.db --configs-dir /tmp/moe-cfg --output-dir "$RES/tune-moe" ;;
     ep1) step ep1 240 torchrun --nproc-per-node 1 -m gemmlab bench moe-ep --model qwen3-30b-a3b --model mixtral-8x7b \
       --tokens 4096 --chunks 1 --chunks 2 --chunks 4 --rounds 6 --output-dir "$RES/nvidia-h200-moe-ep-1gpu" ;;
+    ws) step ws 160 python3 benchmarks/ws_probe.py --timeout 45 --out "$RES/nvidia-h200-ws-probe.jsonl" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done
