@@ -42,6 +42,7 @@ for s in "$@"; do
     ep1) step ep1 240 torchrun --nproc-per-node 1 -m gemmlab bench moe-ep --model qwen3-30b-a3b --model mixtral-8x7b \
       --tokens 4096 --chunks 1 --chunks 2 --chunks 4 --rounds 6 --output-dir "$RES/nvidia-h200-moe-ep-1gpu" ;;
     ws) step ws 160 python3 benchmarks/ws_probe.py --timeout 45 --out "$RES/nvidia-h200-ws-probe.jsonl" ;;
+    moe_host) step moe_host 90 python3 benchmarks/moe_host_profile.py --out "$RES/nvidia-h200-moe-host-profile.txt" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done
