@@ -37,6 +37,7 @@ import torch
 
 from gemmlab.bench import moe as bm
 from gemmlab.bench.compare import compare_many
+from gemmlab.bench.stats import ratio_summary
 from gemmlab.bench.timing import env_info
 from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import MoEConfig, moe_config, moe_forward
@@ -148,27 +149,28 @@ def run_case(name: str, args, bw_gbps: float, liger, target) -> list[dict]:
     rows = []
     for mode in args.modes:
         fns = {n: (lambda c=c: moe_forward(x, w1, w2, wts, ids, validate=False, configs=c)) for n, c in cands.items()}
+        fns["default call"] = lambda: moe_forward(x, w1, w2, wts, ids, validate=False)  # the user's path
         use_liger = liger is not None and mode == "eager"
         if use_liger:
             fns["liger"] = lig
-        res = compare_many(fns, "liger" if use_liger else "current", check=check, flops=flops, dtype="bfloat16",
-                           rounds=args.rounds, reps=args.reps, warmup_s=args.warmup, graph=mode == "graph")
+        res = compare_many(fns, "current", check=check, flops=flops, dtype="bfloat16", rounds=args.rounds,
+                           reps=args.reps, warmup_s=args.warmup, graph=mode == "graph")
         c_all = res["candidates"]
         cur_ms = c_all["current"].get("median_ms")
-        lig_ms = c_all.get("liger", {}).get("median_ms")
+        lig = c_all.get("liger", {})
+        lig_ms = lig.get("median_ms")
         for n, c in c_all.items():
             ms = c.get("median_ms")
-            vs = (c.get("vs_baseline") or {})
+            vs = ratio_summary(c["per_round_ms"], lig["per_round_ms"]) if ms and lig_ms and n != "liger" else {}
             rows.append({
                 "case": name, "model": model_name, "tokens": t, "routing": routing, "mode": mode, "candidate": n,
-                "configs": [asdict(k) for k in cands[n]] if n in cands else None,
+                "configs": [asdict(k) for k in cands[n]] if n in cands else None,  # None: default call, liger
                 "ok": bool(c["check"].get("ok")) and c.get("check_after", True) is True,
                 "check": c["check"], "median_ms": ms, "p20_ms": c.get("p20_ms"), "p80_ms": c.get("p80_ms"),
                 "tflops": c.get("tflops"), "experts_hit": hit, "max_rows_per_expert": int(counts.max()),
                 "hit_bytes": hit_bytes, "hbm_copy_gbps": bw_gbps, "bound_ms": bound_ms,
                 "x_bound": ms / bound_ms if ms else None,
-                "ratio_vs_liger": (lig_ms / ms if ms and lig_ms else None) if n != "liger" else None,
-                "ratio_vs_liger_ci95": vs.get("ci95") if use_liger and n != "liger" else None,
+                "ratio_vs_liger": vs.get("ratio"), "ratio_vs_liger_ci95": vs.get("ci95"),
                 "ratio_vs_current": cur_ms / ms if ms and cur_ms else None,
                 "sm_clock_mhz": (c.get("clocks") or {}).get("sm_clock_mhz_mean")})
     return rows
@@ -190,6 +192,24 @@ def print_case(rows: list[dict], seconds: float) -> None:
         print(f"  {r['mode']:5s} {r['candidate'][:74]:74s} {_f(r['median_ms'], '8.4f')} {_f(r['tflops'], '7.1f')} "
               f"{_f(r['x_bound'], '7.2f')} {_f(r['ratio_vs_liger'], '8.3f')} {_f(r['ratio_vs_current'], '6.3f')}"
               f"{state}", flush=True)
+
+
+def print_summary(rows: list[dict]) -> None:
+    """Per case and mode: the current config against the fastest verified gemmlab candidate."""
+    print(f"\n{'case':26s} {'mode':5s} {'current ms':>10s} {'x_bound':>7s} {'vs_liger':>8s}   best candidate "
+          f"{'ms':>8s} {'x_bound':>7s} {'vs_liger':>8s} {'vs_cur':>6s}")
+    for key in dict.fromkeys((r["case"], r["mode"]) for r in rows):
+        mine = [r for r in rows if (r["case"], r["mode"]) == key and r["candidate"] != "liger" and r["ok"]
+                and r["median_ms"]]
+        cur = next((r for r in mine if r["candidate"] == "current"), None)
+        if not mine or cur is None:
+            print(f"{key[0]:26s} {key[1]:5s} no verified timing")
+            continue
+        best = min(mine, key=lambda r: r["median_ms"])
+        print(f"{key[0]:26s} {key[1]:5s} {cur['median_ms']:10.4f} {_f(cur['x_bound'], '7.2f')} "
+              f"{_f(cur['ratio_vs_liger'], '8.3f')}   {best['candidate'][:60]}\n{'':26s} {'':5s} {'':10s} {'':7s} "
+              f"{'':8s}   {'':14s} {best['median_ms']:8.4f} {_f(best['x_bound'], '7.2f')} "
+              f"{_f(best['ratio_vs_liger'], '8.3f')} {_f(best['ratio_vs_current'], '6.3f')}")
 
 
 def main() -> None:
@@ -216,6 +236,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     target = target_for(torch.device("cuda"))
+    every = []
     with out.open("w") as f:
         f.write(json.dumps({"env": env_info(), "hbm_copy": bw, "liger": liger_note, "args": vars(args)},
                            default=str) + "\n")
@@ -226,7 +247,9 @@ def main() -> None:
                 f.write(json.dumps(r, default=str) + "\n")
             f.flush()
             print_case(rows, time.time() - t0)
+            every += rows
             torch.cuda.empty_cache()
+    print_summary(every)
     print(f"\nwrote {out} ({time.time() - t_start:.0f} s)")
 
 

@@ -199,3 +199,28 @@ def test_the_poison_shows_a_buffer_left_unwritten(monkeypatch):
     y = moe_forward(x, w1, w2, wts, ids, configs=PAIRS["64x32 p2"])
     monkeypatch.undo()
     assert not moe_check(y, x, w1, w2, wts, ids)["ok"]
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the sweep's own run is on the GPU; this checks its plumbing")
+def test_sweep_case_rows(monkeypatch, capsys):
+    """One tiny case of benchmarks/sweep_moe_small.py through its real run_case (host clock, interpreter):
+    every row verified, the roofline and Liger columns filled (a stand-in for Liger: moe_forward)."""
+    import types
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import sweep_moe_small as sw
+    from gemmlab.ops.plan import target_for
+    from gemmlab.problems import MoEModel
+
+    monkeypatch.setitem(sw.MODELS, "tiny", MoEModel(hidden=32, intermediate=16, experts=2, top_k=1))
+    monkeypatch.setitem(sw.CASES, "tiny:40:uniform", ("tiny", 40, "uniform"))
+    monkeypatch.setattr(sw, "FAMILIES", [])
+    args = types.SimpleNamespace(modes=["eager"], rounds=1, reps=1, warmup=0.0)
+    liger = lambda x, w1, w2, ids, wts: moe_forward(x, w1, w2, wts, ids)  # noqa: E731  (the apply signature)
+    rows = sw.run_case("tiny:40:uniform", args, 1000.0, liger, target_for(torch.device(DEVICE)))
+    assert {r["candidate"] for r in rows} == {"current", "default call", "liger"}
+    assert all(r["ok"] and r["median_ms"] > 0 for r in rows), rows
+    assert all(r["hit_bytes"] == 2 * 3 * 32 * 16 * 2 and r["x_bound"] > 0 for r in rows)
+    assert all(r["ratio_vs_liger"] > 0 for r in rows if r["candidate"] != "liger")
+    sw.print_summary(rows)
+    assert "tiny:40:uniform" in capsys.readouterr().out
