@@ -28,13 +28,15 @@ def user_dir(tmp_path, monkeypatch):
     configs.reload()
 
 
-def _ladder(target: Target, rows: int, experts: int, mode: int, elt: int = 2) -> MoEConfig:
-    """The if-ladder ``moe_config`` was before its choices became data (kept verbatim as the oracle)."""
+def _ladder(target: Target, rows: int, experts: int, mode: int, elt: int = 2, max_group: int = 0) -> MoEConfig:
+    """The if-ladder ``moe_config`` was before its choices became data (kept as the oracle; since issue 15
+    16-row tiles need every group bounded by 16 rows, not the mean)."""
     used = max(1, min(experts, rows))
     avg = rows / used
+    bound = min(rows, max_group) if max_group else rows
     if target.name == "interpreter":
         return MoEConfig(block_m=16 if avg <= 16 else 32, block_n=32, block_k=32, num_warps=4, num_stages=1)
-    if avg <= 16:
+    if bound <= 16:
         bm, bn, bk, warps, stages = 16, 128, 64, 4, 4
     elif avg <= 48:  # two fp32 accumulators (gate, up) need two warpgroups at 64 rows (4 warps spill)
         bm, bn, bk, warps, stages = (64, 128, 64, 8, 4) if mode == 1 else (64, 128, 128, 4, 3)
@@ -61,6 +63,10 @@ def test_moe_tables_reproduce_the_ladder(user_dir):
                             got = moe_config(target, s, e, mode, elt, dtype=dtype, n=4096, k=7168)
                             assert got == _ladder(target, s, e, mode, elt), (target.name, s, e, mode, elt)
                             n += 1
+            for e in experts:  # with the host's bound on the largest group (moe_forward passes T)
+                for mg in (1, 16, 17, 64, 1 << 20):
+                    got = moe_config(target, s, e, 1, 2, dtype=torch.bfloat16, n=4096, k=7168, max_group=mg)
+                    assert got == _ladder(target, s, e, 1, 2, mg), (target.name, s, e, mg)
     assert n > 10000
 
 

@@ -118,7 +118,7 @@ from gemmlab.inspect.sass import moe_report
 out = {}
 for mode in (0, 1, 2):
     for rows, experts in ((16 * 8, 256), (1024 * 8, 128), (4096 * 8, 256)):  # decode, Qwen3-like, DeepSeek-V3
-        out[f"{mode}-{rows}-{experts}"] = moe_report(mode, rows, experts)
+        out[f"{mode}-{rows}-{experts}"] = moe_report(mode, rows, experts, max_group=rows // 8)  # T (k = 8)
 out["gather"] = moe_report(1, 4096 * 8, 256, a_tma=False, a_gather=True)
 out["pointers"] = moe_report(0, 4096, 8, a_tma=False, w_tma=False)
 print(json.dumps(out))

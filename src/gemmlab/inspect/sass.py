@@ -214,17 +214,18 @@ def inspect_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, la
 
 def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bfloat16, a_tma: bool = True,
                a_gather: bool = False, w_tma: bool = True, target: Target = H200, arch: int = 90,
-               config: MoEConfig | None = None) -> dict:
+               config: MoEConfig | None = None, max_group: int = 0) -> dict:
     """Compiler report of ``_moe_grouped_kernel`` as ``ops.moe`` configures it for ``rows`` routed rows
     over ``experts`` experts (mode 0 grouped, 1 gate/up + SiLU, 2 down + weight) on ``target``; ``config``
-    instead of ``moe_config``'s choice. The output is taken as 16-byte aligned (as ``moe_forward``'s are)."""
+    instead of ``moe_config``'s choice (``max_group``: its bound on the largest group, as ``moe_forward`` passes
+    T). The output is taken as 16-byte aligned (as ``moe_forward``'s are)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("inspect needs Triton's compiler: run without TRITON_INTERPRET=1")
     from gemmlab.kernels.moe import _moe_grouped_kernel
     from gemmlab.ops.moe import epilogue_flags, launch_config, moe_config
 
-    cfg = launch_config(config or moe_config(target, rows, experts, mode, dtype.itemsize, dtype=dtype), a_tma,
-                        a_gather, w_tma)
+    cfg = launch_config(config or moe_config(target, rows, experts, mode, dtype.itemsize, dtype=dtype,
+                                             max_group=max_group), a_tma, a_gather, w_tma)
     warps, stages = cfg.num_warps, cfg.num_stages
     dt = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -236,8 +237,8 @@ def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bf
            "stride_am": "i32", "stride_wn": "i32", "stride_om": "i32"}
     consts = dict(MODE=mode, A_TMA=a_tma, A_GATHER=a_gather, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma,
                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                  GROUP_M=cfg.group_m,
-                  NUM_PROGRAMS=target.num_sms, LOG2_E=max(1, (experts - 1).bit_length()) + 1, DOT_UPCAST=False)
+                  GROUP_M=cfg.group_m, NUM_PROGRAMS=target.num_sms * cfg.programs_per_sm,
+                  LOG2_E=max(1, (experts - 1).bit_length()) + 1, DOT_UPCAST=False)
     sig = {name: sig.get(name, "constexpr") for name in _moe_grouped_kernel.arg_names}
     kernel = triton.compile(ASTSource(_moe_grouped_kernel, sig, constexprs=consts),
                             target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})

@@ -36,7 +36,7 @@ BUNDLED_DIR = Path(__file__).resolve().parent.parent / "configs"
 # section -> (its paths, the quantities its rules may range over)
 SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gemm": (("tma_persistent", "tma_splitk", "portable"), ("m", "n", "k")),
-    "moe": (("grouped", "gate_up", "down"), ("rows_per_expert", "rows", "experts", "n", "k")),
+    "moe": (("grouped", "gate_up", "down"), ("rows_per_expert", "group_bound", "rows", "experts", "n", "k")),
 }
 DTYPES = ("float16", "bfloat16")
 _META_KEYS = ("config", "dtype", "tuned", "note")

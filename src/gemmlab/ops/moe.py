@@ -52,6 +52,14 @@ class MoEConfig:
     group_m: int = 8  # m-tiles of one expert that walk the n-tiles together (W tiles shared in L2)
     clip: bool = False  # per-tile descriptors ending at the group's end: zeros past it, TMA-stored output
     out_tma: bool = True  # full tiles TMA-stored through a host descriptor (partial ones: masked stores)
+    # persistent programs per SM: > 1 keeps several resident (more weight bytes in flight, one program's
+    # prologue and epilogue under another's K loop; stages trimmed to fit shared memory / programs_per_sm)
+    programs_per_sm: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.programs_per_sm, bool) or not isinstance(self.programs_per_sm, int) or \
+                self.programs_per_sm < 1:
+            raise ValueError(f"MoEConfig: programs_per_sm must be an integer >= 1, got {self.programs_per_sm!r}")
 
 
 MODES = ("grouped", "gate_up", "down")  # the kernel's MODE 0, 1, 2: its path in the "moe" config tables
@@ -65,36 +73,42 @@ def _moe_config_from_dict(d: dict) -> MoEConfig:
 
 
 def moe_choice(target: Target, rows: int, experts: int, mode: int, elt: int = 2, *,
-               dtype: torch.dtype | None = None, n: int = 0, k: int = 0) -> tuple[MoEConfig, str]:
+               dtype: torch.dtype | None = None, n: int = 0, k: int = 0,
+               max_group: int = 0) -> tuple[MoEConfig, str]:
     """The grouped kernel's config for ``rows`` routed rows over ``experts`` experts in ``mode`` (0 grouped,
     1 gate/up, 2 down; output width ``n``, reduction ``k``), and which file and rule it came from: the first
     rule of the target's "moe" tables (the user's file, then the bundled one; ``ops.configs``) whose ranges
-    hold rows_per_expert = ceil(rows / experts used), rows, experts, n, k (and ``dtype``: rules naming one
-    match only it). Pipeline stages are then trimmed to fit shared memory. The bundled H200 choices and
-    how they were made: ``configs/nvidia-h200.json``'s "about"."""
+    hold rows_per_expert = ceil(rows / experts used), group_bound = min(rows, max_group) (``max_group``: an
+    upper bound on the rows of the largest group known on the host, 0 for none; ``moe_forward`` passes T,
+    as a token's k slots name k distinct experts; the group sizes themselves stay on the device), rows,
+    experts, n, k (and ``dtype``: rules naming one match only it). Pipeline stages are then trimmed to fit
+    shared memory. The bundled H200 choices and how they were made: ``configs/nvidia-h200.json``'s "about"."""
     used = max(1, min(experts, rows))
     dname = str(dtype).removeprefix("torch.") if dtype is not None else ""
+    bound = min(rows, max_group) if max_group > 0 else rows
     rule = config_tables.pick(target.name, "moe", MODES[mode], _moe_config_from_dict, dname,
-                              rows_per_expert=-(-rows // used), rows=rows, experts=experts, n=n, k=k)
+                              rows_per_expert=-(-rows // used), group_bound=bound, rows=rows, experts=experts,
+                              n=n, k=k)
     return _fit_stages(rule.config, mode, elt), "config " + rule.source
 
 
 @functools.lru_cache(maxsize=256)
 def _fit_stages(cfg: MoEConfig, mode: int, elt: int) -> MoEConfig:
-    """``cfg`` with its pipeline stages trimmed (not below 2) until they fit in shared memory."""
+    """``cfg`` with its pipeline stages trimmed (not below 2) until ``programs_per_sm`` programs fit in an
+    SM's shared memory."""
     w_tiles = 2 if mode == 1 else 1
     staging = cfg.block_m * cfg.block_n // 2 * elt  # the TMA store's buffer (half a tile)
     stages = cfg.num_stages
-    while stages > 2 and stages * (cfg.block_m + w_tiles * cfg.block_n) * cfg.block_k * elt + staging > \
-            SMEM_BYTES - 1024:
+    budget = SMEM_BYTES // cfg.programs_per_sm - 1024
+    while stages > 2 and stages * (cfg.block_m + w_tiles * cfg.block_n) * cfg.block_k * elt + staging > budget:
         stages -= 1
     return replace(cfg, num_stages=stages) if stages != cfg.num_stages else cfg
 
 
 def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2, *,
-               dtype: torch.dtype | None = None, n: int = 0, k: int = 0) -> MoEConfig:
+               dtype: torch.dtype | None = None, n: int = 0, k: int = 0, max_group: int = 0) -> MoEConfig:
     """``moe_choice``'s config."""
-    return moe_choice(target, rows, experts, mode, elt, dtype=dtype, n=n, k=k)[0]
+    return moe_choice(target, rows, experts, mode, elt, dtype=dtype, n=n, k=k, max_group=max_group)[0]
 
 
 @dataclass(frozen=True)
@@ -254,6 +268,15 @@ def epilogue_flags(cfg: MoEConfig, a_tma: bool, w_tma: bool, out_ok: bool) -> tu
     return clip, cfg.out_tma and not clip and a_tma and w_tma and out_ok
 
 
+def grid_programs(cfg: MoEConfig, target: Target, items_bound: int) -> int:
+    """Programs of a grouped launch: num_sms * programs_per_sm, fewer when fewer work items can exist
+    (``items_bound``, known on the host; the real count is read on the device). With several programs per SM
+    the count is a power of two (NUM_PROGRAMS is a compile-time constant: a few specializations, not one per
+    T); surplus programs find no item and exit."""
+    cap = target.num_sms * cfg.programs_per_sm
+    return min(cap, items_bound if cfg.programs_per_sm == 1 else triton.next_power_of_2(items_bound))
+
+
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     """Triton's allocator for kernels that make TMA descriptors on the device (set only when none is)."""
     return torch.empty(size, dtype=torch.int8, device="cpu" if knobs.runtime.interpret else "cuda")
@@ -278,7 +301,7 @@ def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: 
     w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else w2d
     items_bound = (triton.cdiv(rows_bound, bm) + e) * triton.cdiv(n, bn)
     log2_e = max(1, math.ceil(math.log2(max(e, 2)))) + 1
-    programs = max(1, min(target.num_sms, items_bound))
+    programs = max(1, grid_programs(cfg, target, items_bound))
     upcast = bool(knobs.runtime.interpret) and a.dtype == torch.bfloat16
     compiled = kept_launch.start(
         _KEPT, _moe_grouped_kernel, (programs,),
@@ -486,8 +509,9 @@ def launch_moe_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk
     s = t * k
     target = target_for(x.device) if t else None
     elt = x.element_size()
-    cfg1, cfg2 = configs or (moe_config(target, s, e, 1, elt, dtype=x.dtype, n=i, k=h),
-                             moe_config(target, s, e, 2, elt, dtype=x.dtype, n=h, k=i)) if t else (None, None)
+    cfg1, cfg2 = configs or (moe_config(target, s, e, 1, elt, dtype=x.dtype, n=i, k=h, max_group=t),
+                             moe_config(target, s, e, 2, elt, dtype=x.dtype, n=h, k=i, max_group=t)) \
+        if t else (None, None)
     r = sort_routes(topk_ids, e, cfg1.block_m, topk_weights) if t else None
     if validate and t:  # no host sync: one check on the flag the routing kernel set (or on min/max of the ids)
         msg = f"moe: topk_ids must be in [0, E={e})"
