@@ -3,9 +3,9 @@
 #   GEMMLAB_GIT_SHA=$(git rev-parse HEAD) bash benchmarks/h200_session.sh STEP...
 # Steps: grade (the grader's protocol at both seed shapes), grade_cli (the same through `gemmlab grade`, recorded), gputests (every gpu-marked test of the new paths),
 # host (host cost per call, quick), model (bench model, eager + graph), compile (bench model, torch.compile),
-# tune_moe (tune --op moe smoke), broad (bench gemm --suite broad: graph + wall clock, vs cuBLAS and inductor, budgeted),
-# broad_quick (its 8-case smoke test, inductor included). Prints a one-line summary per step last; results tarred
-# into $OUT/results.tgz.
+# tune_moe (tune --op moe smoke), broad (bench gemm --suite broad: graph + wall clock, vs cuBLAS and inductor,
+# budgeted), broad_quick (its 8-case smoke test, inductor included), broad_gputest (tests/test_bench_broad.py on
+# the GPU). Prints a one-line summary per step last; results tarred into $OUT/results.tgz.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
 OUT=${OUT:-/tmp/gemmlab-out}
@@ -32,8 +32,7 @@ for s in "$@"; do
       done ;;
     gputests) step gputests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_host_gpu.py \
       tests/test_custom_ops.py tests/test_autograd.py tests/test_gemm_gpu.py tests/test_moe_gpu.py tests/test_moe.py \
-      tests/test_preload_gpu.py tests/test_nn.py tests/test_bench_model.py tests/test_grade.py tests/test_grade_moe.py \
-      tests/test_bench_broad.py ;;
+      tests/test_preload_gpu.py tests/test_nn.py tests/test_bench_model.py tests/test_grade.py tests/test_grade_moe.py ;;
     host) step host 200 python3 benchmarks/host_cost.py --quick --out "$RES" ;;
     model) step model 300 python3 -m gemmlab bench model --model mixtral,qwen3-moe,deepseek-v3 --tokens 4096,1,8,64 \
       --modes eager,graph --output-dir "$RES/nvidia-h200-model" ;;
@@ -42,9 +41,10 @@ for s in "$@"; do
     tune_moe) step tune_moe 150 python3 -m gemmlab tune --op moe --model qwen3-30b-a3b --tokens 1024 --moe-mode down \
       --budget-minutes 1 --ledger /tmp/moe.db --configs-dir /tmp/moe-cfg --output-dir "$RES/tune-moe" ;;
     # 55 cases; no case starts after --budget-s, so the JSON is written inside the step's limit (not_run lists the rest)
-    broad) step broad 590 python3 -m gemmlab bench gemm --suite broad --backend gemmlab --backend inductor \
-      --rounds 6 --reps 5 --warmup-s 0.3 --inductor-autotune-rep-ms 25 --budget-s 500 \
+    broad) step broad 580 python3 -m gemmlab bench gemm --suite broad --backend gemmlab --backend inductor \
+      --rounds 6 --reps 5 --warmup-s 0.3 --inductor-autotune-rep-ms 25 --budget-s 490 \
       --output-dir "$RES/nvidia-h200-broad" ;;
+    broad_gputest) step broad_gputest 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bench_broad.py ;;
     broad_quick) step broad_quick 240 python3 -m gemmlab bench gemm --suite broad-quick --backend gemmlab \
       --backend inductor --rounds 6 --reps 5 --warmup-s 0.3 --inductor-autotune-rep-ms 25 --budget-s 180 \
       --output-dir "$RES/nvidia-h200-broad-quick" ;;

@@ -125,6 +125,17 @@ def test_bench_refuses_bad_modes_and_budget_skips_the_rest():
     assert rep["summary"]["not_run"] == 2 and any("2 cases not run" in x for x in bg.summary_lines(rep))
 
 
+def test_timing_refuses_an_unknown_clock():
+    from gemmlab.bench import timing
+    from gemmlab.bench.compare import compare_many
+
+    with pytest.raises(ValueError, match="clock 'sundial'"):
+        timing.interleave({"a": lambda: None}, 1, 1, 0.0, clock="sundial")
+    with pytest.raises(ValueError, match="wall with mode interleaved"):
+        compare_many({"a": lambda: None}, "a", clock="wall", mode="back-to-back")
+    assert len(timing.time_calls_wall(lambda: None, 3)) == 3
+
+
 def _cand(ms: float, rounds: int = 3, ok: bool = True) -> dict:
     return {"check": {"ok": ok}, "check_after": True, "median_ms": ms, "per_round_ms": [[ms]] * rounds}
 

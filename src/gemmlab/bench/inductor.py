@@ -3,6 +3,7 @@ Triton templates, compiled once per case (``dynamic=False``), its compile and au
 timed calls and reported as ``compile_s``.
 
     unavailable() -> str | None                   why it cannot run here (no CUDA), else None
+    warm()                                        start Inductor's compile workers early
     make(a, b, search_space, autotune_rep_ms)     -> (fn, facts): fn() = A @ B through the compiled graph
 
 Options (``torch._inductor.config`` keys, passed as ``torch.compile(options=...)``): those of
@@ -31,6 +32,16 @@ def unavailable() -> str | None:
     if not torch.cuda.is_available():
         return "inductor skipped: no CUDA device (Inductor's Triton GEMM templates need a GPU; the CPU has none)"
     return None
+
+
+def warm() -> None:
+    """Start Inductor's compile workers now (they take seconds to start), so the first case does not wait."""
+    try:
+        from torch._inductor.async_compile import AsyncCompile
+
+        AsyncCompile.warm_pool()
+    except Exception:  # an optimisation only: the first compile starts them anyway
+        pass
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """Honest timing under clock throttling.
 
 - Every timed call is preceded by an L2 flush (a write over a buffer twice the L2 size) and bracketed by
-  CUDA events. Without CUDA (the CPU interpreter) calls are timed by the host clock and labelled so.
+  CUDA events (``time_calls``), or timed by the host clock from the call to its result on an idle device
+  (``time_calls_wall``: host + device, what an eager caller waits for). Without CUDA (the CPU interpreter)
+  calls are timed by the host clock and labelled so.
 - Warm-up is by time (about 1 s by default), so compilation is done and the clock has settled under load.
 - Candidates are interleaved: round r runs A, B, A, B, ... with the order alternating between rounds, so
   slow clock drift hits all alike. ``back_to_back`` is the naive way (all of A, then all of B), kept to
