@@ -195,6 +195,19 @@ def test_inductor_options_and_what_its_code_says():
     assert inductor.describe([]) == "inductor (generated code not seen)"
 
 
+def test_an_inductor_that_cannot_compile_is_reported_not_fatal(monkeypatch):
+    import torch._inductor.utils as iu
+
+    def broken(fn, *args):
+        raise RuntimeError("NoValidChoicesError: No choices to select\nmore")
+
+    monkeypatch.setattr(iu, "run_and_get_code", broken)
+    fn, facts = inductor.make(torch.ones(2, 2, dtype=torch.float16), torch.ones(2, 2, dtype=torch.float16))
+    assert facts["path"] == "inductor (compile failed)" and facts["compile_s"] >= 0
+    with pytest.raises(RuntimeError, match="inductor failed to compile: RuntimeError: NoValidChoicesError: No ch"):
+        fn()
+
+
 @pytest.mark.skipif(DEVICE == "cuda", reason="the CPU's answer")
 def test_inductor_is_skipped_without_cuda():
     assert "no CUDA" in inductor.unavailable()

@@ -2,7 +2,7 @@
 
     gemmlab grade [--cases NAME|PATH] [--kernel FILE.py:FN] [--signature ...] [--output-dir DIR] [--json]
     gemmlab check [--shapes M,N,K ...] [--dtype float16|bfloat16|both]
-    gemmlab bench gemm [--shapes M,N,K ... | --suite NAME] [--backend NAME ...] [--graph] [--output-dir DIR]
+    gemmlab bench gemm [--shapes M,N,K ... | --suite NAME|broad] [--backend NAME|inductor ...] [--modes graph,wall]
     gemmlab bench moe-ep --model NAME --tokens T   (under torchrun --nproc-per-node N)
     gemmlab bench stable --shape M,N,K [--processes N] [--backend NAME ...]
     gemmlab bench model [--model mixtral,qwen3-moe,deepseek-v3] [--tokens 4096,1,8,64] [--modes eager,graph,compile]

@@ -109,7 +109,8 @@ def make(a: torch.Tensor, b: torch.Tensor, search_space: str = "DEFAULT",
     t0 = time.perf_counter()
     try:
         _, codes = run_and_get_code(compiled, a, b)  # resets dynamo again, then compiles + autotunes
-        torch.cuda.synchronize(a.device)
+        if a.is_cuda:
+            torch.cuda.synchronize(a.device)
     except Exception as e:  # a baseline that cannot compile is reported, not fatal
         reason = f"inductor failed to compile: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
 
