@@ -1,6 +1,8 @@
-"""Shape sets and MoE model configurations, as data.
+"""Shape sets, GEMM cases and MoE model configurations, as data.
 
-A GEMM shape is (M, N, K): C (M, N) = A (M, K) @ B (K, N).
+A GEMM shape is (M, N, K): C (M, N) = A (M, K) @ B (K, N). A case (``Case``) is a shape with its dtype, B's
+layout ("row" or the nn.Linear "linear") and its storage (padded rows, an offset base); ``cases(name)`` gives
+the broad suite (issue 14: odd, prime, unaligned, decode to prefill, the LLM projections, the seeds).
 MoE legend: T tokens (= batch * seq_len), H hidden, I expert intermediate, E experts, k top-k.
 """
 

@@ -280,8 +280,6 @@ def bench_gemm(shapes: Sequence[Shape | Case], dtype: torch.dtype = torch.float1
         if reason:
             skipped["inductor"] = reason
             backends = [b for b in backends if b != "inductor"]
-            if progress:
-                progress(reason)
         else:
             inductor.warm()
     dt = str(dtype).removeprefix("torch.")
