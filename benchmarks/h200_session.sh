@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # One device call: run the named steps in order, each under its own time limit, logs and results under $OUT.
 #   GEMMLAB_GIT_SHA=$(git rev-parse HEAD) bash benchmarks/h200_session.sh STEP...
-# Steps: grade (the grader's protocol at both seed shapes), grade_cli (the same through `gemmlab grade`, recorded), gputests (every gpu-marked test of the new paths),
-# host (host cost per call, quick), model (bench model, eager + graph), compile (bench model, torch.compile),
-# tune_moe (tune --op moe smoke), ep1 (bench moe-ep on one GPU under torchrun),
-# ws (warp-specialization probe, one child per config under a timeout). Prints a one-line summary per step last; results tarred into $OUT/results.tgz.
+# Steps: the names of the case statement below, each with a comment where it is not obvious. Prints a one-line
+# summary per step last; results tarred into $OUT/results.tgz.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
+[ -d /tmp/site ] && export PYTHONPATH=src:/tmp/site  # wheels (liger-kernel) installed by the device call
 OUT=${OUT:-/tmp/gemmlab-out}
 RES=/tmp/gemmlab-results
 mkdir -p "$OUT" "$RES"
@@ -43,6 +42,15 @@ for s in "$@"; do
       --tokens 4096 --chunks 1 --chunks 2 --chunks 4 --rounds 6 --output-dir "$RES/nvidia-h200-moe-ep-1gpu" ;;
     ws) step ws 160 python3 benchmarks/ws_probe.py --timeout 45 --out "$RES/nvidia-h200-ws-probe.jsonl" ;;
     moe_host) step moe_host 90 python3 benchmarks/moe_host_profile.py --out "$RES/nvidia-h200-moe-host-profile.txt" ;;
+    # 55 cases; no case starts after --budget-s, so the JSON is written inside the step's limit (not_run lists the rest)
+    broad) step broad 580 python3 -m gemmlab bench gemm --suite broad --backend gemmlab --backend inductor \
+      --rounds 6 --reps 5 --warmup-s 0.3 --inductor-autotune-rep-ms 25 --budget-s 490 \
+      --output-dir "$RES/nvidia-h200-broad" ;;
+    broad_gputest) step broad_gputest 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bench_broad.py ;;
+    broad_quick) step broad_quick 240 python3 -m gemmlab bench gemm --suite broad-quick --backend gemmlab \
+      --backend inductor --rounds 6 --reps 5 --warmup-s 0.3 --inductor-autotune-rep-ms 25 --budget-s 180 \
+      --output-dir "$RES/nvidia-h200-broad-quick" ;;
+    moe_small) step moe_small 230 python3 benchmarks/sweep_moe_small.py --budget 200 --out "$RES/nvidia-h200-moe-small.jsonl" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done

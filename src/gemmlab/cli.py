@@ -2,7 +2,7 @@
 
     gemmlab grade [--cases NAME|PATH] [--kernel FILE.py:FN] [--signature ...] [--output-dir DIR] [--json]
     gemmlab check [--shapes M,N,K ...] [--dtype float16|bfloat16|both]
-    gemmlab bench gemm [--shapes M,N,K ... | --suite NAME] [--backend NAME ...] [--graph] [--output-dir DIR]
+    gemmlab bench gemm [--shapes M,N,K ... | --suite NAME|broad] [--backend NAME|inductor ...] [--modes graph,wall]
     gemmlab bench moe-ep --model NAME --tokens T   (under torchrun --nproc-per-node N)
     gemmlab bench stable --shape M,N,K [--processes N] [--backend NAME ...]
     gemmlab bench model [--model mixtral,qwen3-moe,deepseek-v3] [--tokens 4096,1,8,64] [--modes eager,graph,compile]
@@ -281,19 +281,29 @@ def grade(
 @bench_app.command("gemm")
 def bench_gemm(
     shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable)")] = None,
-    suite: Annotated[str | None, typer.Option(help="seeds, square, llm, small-m, all (cpu without CUDA)")] = None,
+    suite: Annotated[str | None, typer.Option(help="seeds, square, llm, small-m, all (cpu without CUDA); "
+                                                   "broad, broad-quick, broad-cpu: cases with their own dtype "
+                                                   "and layout")] = None,
     dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
-    backend: Annotated[list[str] | None, typer.Option(help="gemmlab, gemmlab-packed, cublas, FILE.py:FN or "
-                                                           "package.module:FN (repeatable); cublas is always "
+    backend: Annotated[list[str] | None, typer.Option(help="gemmlab, gemmlab-packed, cublas, inductor, FILE.py:FN "
+                                                           "or package.module:FN (repeatable); cublas is always "
                                                            "the baseline")] = None,
     rounds: Annotated[int, typer.Option(callback=_count, help="interleaved rounds")] = 10,
     reps: Annotated[int, typer.Option(callback=_count, help="timed calls per candidate per round")] = 5,
     warmup_s: Annotated[float, typer.Option(callback=_nonneg_seconds, help="seconds of warm-up (clocks settle)")] = 1.0,
     graph: Annotated[bool, typer.Option(help="time CUDA-graph replays (device time, no host launch cost)")] = False,
+    modes: Annotated[str | None, typer.Option(help="timing modes, first primary: graph (device time), wall "
+                                                   "(eager, host+device per call), eager (device time of eager "
+                                                   "calls); default graph,wall for broad suites on CUDA")] = None,
     seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
     timeout: Annotated[float, typer.Option(callback=_seconds,
                                         help="seconds per request to a FILE.py:FN backend's own process, loading "
                                              "included")] = 120.0,
+    budget_s: Annotated[float | None, typer.Option(callback=_seconds, help="start no case after this many seconds "
+                                                                           "(the rest: not_run)")] = None,
+    inductor_search_space: Annotated[str, typer.Option(help="inductor backend: DEFAULT or EXHAUSTIVE")] = "DEFAULT",
+    inductor_autotune_rep_ms: Annotated[int | None, typer.Option(
+        callback=_count, help="inductor backend: ms measured per autotune choice (its default 100)")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write gemm-bench.json, .csv and .png here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")] = False,
     record_note: RecordOpt = None,
@@ -309,8 +319,12 @@ def bench_gemm(
     from gemmlab import probe, provenance
     from gemmlab.bench import gemm as bg
     from gemmlab.ledger.records import from_bench as bg_records
+    from gemmlab.problems import CASE_SUITES, cases
 
-    todo = _shapes(shapes, suite, "all" if torch.cuda.is_available() else "cpu")
+    cuda = torch.cuda.is_available()
+    todo = cases(suite) if suite in CASE_SUITES and not shapes else _shapes(shapes, suite, "all" if cuda else "cpu")
+    if modes is None and suite in CASE_SUITES and cuda and not graph:
+        modes = "graph,wall"
     dt = _dtype(dtype)
     if record_note is not None or ledger:
         _ledger_ready(ledger)
@@ -326,30 +340,39 @@ def bench_gemm(
 
         try:
             report = bg.bench_gemm(todo, dt, backend or ["gemmlab"], rounds=rounds, reps=reps, warmup_s=warmup_s,
-                                   graph=graph, seed=seed, progress=step, timeout=timeout, profile=probe.load())
+                                   graph=graph, seed=seed, progress=step, timeout=timeout, profile=probe.load(),
+                                   modes=modes.split(",") if modes else None, budget_s=budget_s,
+                                   inductor_opts={"search_space": inductor_search_space.upper(),
+                                                  "autotune_rep_ms": inductor_autotune_rep_ms})
         except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
             err.print(f"[red]{e}")
             raise typer.Exit(2) from e
     env = report["env"]
-    title = (f"{env.get('gpu') or 'CPU (Triton interpreter, host clock: not a GPU measurement)'} {dtype} "
-             f"{'graph replay' if graph else 'eager'}, interleaved vs cuBLAS, {provenance.label(env)}")
+    used = report["args"]["modes"]
+    title = (f"{env.get('gpu') or 'CPU (Triton interpreter, host clock: not a GPU measurement)'} "
+             f"{'/'.join(report['args']['dtypes'])} {used[0]} (primary; also {','.join(used[1:]) or '-'}), "
+             f"interleaved vs cuBLAS, {provenance.label(env)}")
     table = Table(title=title)
-    for col in ("shape", "backend", "path", "median ms", "p20-p80 ms", "TFLOPS", "ratio", "95% CI", "verdict",
-                "MHz", "eff", "ok"):
+    for col in ("case", "backend", "path", "median ms", "p20-p80 ms", "TFLOPS", "ratio", "95% CI", "verdict",
+                "eager ratio", "vs inductor", "MHz", "eff", "ok"):
         table.add_column(col)
     wrong = 0
     for r in bg.rows(report):
         wrong += not r["ok"]
         ci = "-" if r["ci95_lo"] is None else f"[{r['ci95_lo']:.3f}, {r['ci95_hi']:.3f}]"
         spread = "-" if r["p20_ms"] is None else f"{r['p20_ms']:.4f}-{r['p80_ms']:.4f}"
-        table.add_row(r["shape"], r["backend"], r["path"] or "-", _num(r["median_ms"], ".4f"), spread,
+        table.add_row(r["case"], r["backend"], r["path"] or "-", _num(r["median_ms"], ".4f"), spread,
                       _num(r["tflops"], ".4g"), _num(r["ratio_vs_cublas"], ".3f"), ci, r["verdict"] or "-",
+                      _num(r["eager_ratio"], ".3f"), _num(r["inductor_ratio"], ".3f"),
                       _num(r["sm_clock_mhz"], ".0f"), _num(r["efficiency"], ".1%"),
                       "[green]ok" if r["ok"] else f"[red]WRONG {r['error'] or ''}")
     out = Console(stderr=json_out, width=150)
     out.print(table)
     out.print("ratio = cuBLAS time / backend time per round (> 1: faster), median of rounds, bootstrap 95% CI; "
-              "TFLOPS = 2*M*N*K / median; eff = TFLOPS / dense tensor peak at the observed SM clock")
+              "TFLOPS = 2*M*N*K / median; eff = TFLOPS / dense tensor peak at the observed SM clock; eager ratio: "
+              "wall mode; vs inductor = inductor time / backend time (device time where graph ran)")
+    for line in bg.summary_lines(report):
+        out.print(line)
     if output_dir:
         for path in bg.write(report, output_dir):
             out.print(f"wrote {path}")

@@ -45,8 +45,10 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
                  flops: float | None = None, dtype: str = "float16", inputs: dict[str, torch.Tensor] | None = None,
                  rounds: int = 10, reps: int = 5, warmup_s: float = 1.0, warmup_calls: int = 1,
                  graph: bool = False, mode: str = "interleaved", device: torch.device | str | None = None,
-                 profile: dict | None = None) -> dict:
+                 profile: dict | None = None, clock: str = "events") -> dict:
     """Verify, then time ``fns`` interleaved (or ``mode="back-to-back"``, the naive way, for contrast).
+    ``clock``: "events" (device time of each call) or "wall" (host clock from call to result, interleaved
+    mode only: ``timing.time_calls_wall``).
     ``profile``: the device profile ``gemmlab probe`` recorded for this GPU (``probe.load()``), handed in
     by the caller; with it the result also carries ``efficiency_measured``.
     Returns {"candidates": {name: {...}}, "baseline": name, "clocks": {...}, "mode", "timer", ...}."""
@@ -57,6 +59,8 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if graph and device.type != "cuda":
         raise ValueError("graph=True needs CUDA (CUDA-graph replay)")
+    if clock not in timing.CLOCKS or (clock != "events" and mode != "interleaved"):
+        raise ValueError(f"clock {clock!r}: events, or wall with mode interleaved")
     if inputs:
         timing.require_random(**inputs)
     res: dict[str, dict] = {name: {} for name in fns}
@@ -89,7 +93,7 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
     with timing.ClockSampler(device.index or 0) as sampler:  # 2. time
         if mode == "interleaved":
             times = timing.interleave(timed, rounds, reps, warmup_s, graph=graph, device=device, windows=windows,
-                                      warmup_calls=warmup_calls)
+                                      warmup_calls=warmup_calls, clock=clock)
         else:
             if graph:
                 timed_fns = {name: timing.as_graph(fn) for name, fn in timed.items()}
@@ -128,7 +132,9 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
     return {"candidates": res, "baseline": baseline, "mode": mode, "graph": graph, "timed": True,
             "rounds": rounds, "reps": reps, "warmup_s": warmup_s, "warmup_calls": warmup_calls,
             "clocks": sampler.summary(all_windows, min_samples=1),  # the timed batches, not the warm-up
-            "timer": "CUDA events, L2 flushed" if device.type == "cuda" else "host clock (CPU): not a GPU measurement"}
+            "clock": clock, "timer": ("host clock, call to result, L2 flushed" if clock == "wall" else
+                                      "CUDA events, L2 flushed") if device.type == "cuda" else
+            "host clock (CPU): not a GPU measurement"}
 
 
 def compare(candidate: timing.Fn, baseline: timing.Fn, **kw) -> dict:

@@ -1,7 +1,9 @@
 """Honest timing under clock throttling.
 
 - Every timed call is preceded by an L2 flush (a write over a buffer twice the L2 size) and bracketed by
-  CUDA events. Without CUDA (the CPU interpreter) calls are timed by the host clock and labelled so.
+  CUDA events (``time_calls``), or timed by the host clock from the call to its result on an idle device
+  (``time_calls_wall``: host + device, what an eager caller waits for). Without CUDA (the CPU interpreter)
+  calls are timed by the host clock and labelled so.
 - Warm-up is by time (about 1 s by default), so compilation is done and the clock has settled under load.
 - Candidates are interleaved: round r runs A, B, A, B, ... with the order alternating between rounds, so
   slow clock drift hits all alike. ``back_to_back`` is the naive way (all of A, then all of B), kept to
@@ -86,6 +88,29 @@ def time_calls(fn: Fn, reps: int, device: torch.device | None = None, flush: boo
     return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
 
+def time_calls_wall(fn: Fn, reps: int, device: torch.device | None = None, flush: bool = True) -> list[float]:
+    """Milliseconds of ``reps`` calls of ``fn`` by the host clock, each from the call to its result being
+    ready: host launch cost + device time (+ one synchronize's latency, the same for every candidate). On
+    CUDA the L2 is flushed and the device idle before each call. What an eager caller waits for."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda":
+        return time_calls(fn, reps, device)
+    buf = l2_flush_buffer(device) if flush else None
+    out = []
+    for _ in range(reps):
+        if buf is not None:
+            buf.zero_()
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize(device)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+CLOCKS = {"events": time_calls, "wall": time_calls_wall}
+
+
 def warmup(fns: dict[str, Fn], seconds: float, device: torch.device | None = None, min_calls: int = 1) -> int:
     """Run every candidate, round robin, for about ``seconds`` (and at least ``min_calls`` times each) so
     compilation is done and clocks settle. Returns the number of rounds run."""
@@ -126,12 +151,17 @@ def as_graph(fn: Fn) -> Fn:
 
 def interleave(fns: dict[str, Fn], rounds: int = 10, reps: int = 5, warmup_s: float = 1.0, graph: bool = False,
                device: torch.device | None = None, windows: Windows | None = None,
-               warmup_calls: int = 1) -> dict[str, list[list[float]]]:
+               warmup_calls: int = 1, clock: str = "events") -> dict[str, list[list[float]]]:
     """Times per candidate per round: {name: [[ms x reps] x rounds]}. Within a round the candidates run
     in turn, and their order alternates between rounds (A B / B A) so neither always runs first.
     ``graph``: time CUDA-graph replays of each candidate (device time, no host launch overhead).
+    ``clock``: "events" (CUDA events around each call, ``time_calls``) or "wall" (host clock from call to
+    result, ``time_calls_wall``).
     ``windows``: filled with each candidate's host time windows (for the clock sampler). Warm-up: at least
     ``warmup_s`` seconds and ``warmup_calls`` calls of each."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock {clock!r}: one of {', '.join(CLOCKS)}")
+    timer = CLOCKS[clock]
     if graph:
         fns = {name: as_graph(fn) for name, fn in fns.items()}
     warmup(fns, warmup_s, device, warmup_calls)
@@ -141,7 +171,7 @@ def interleave(fns: dict[str, Fn], rounds: int = 10, reps: int = 5, warmup_s: fl
         for name in (names if r % 2 == 0 else names[::-1]):
             t0 = time.perf_counter()
             own = getattr(fns[name], "time_calls", None)  # a backend in its own process times itself there
-            out[name].append(own(reps) if own is not None else time_calls(fns[name], reps, device))
+            out[name].append(own(reps) if own is not None else timer(fns[name], reps, device))
             if windows is not None:
                 windows.setdefault(name, []).append((t0, time.perf_counter()))
     return out

@@ -52,6 +52,7 @@ def from_bench(report: dict, note: str = "", command: str = "") -> list[Entry]:
                              ratio=vs.get("ratio"), ratio_ci=vs.get("ci95"), per_round=vs.get("per_round"),
                              sm_clock_mhz=(c.get("clocks") or {}).get("sm_clock_mhz_mean"), tensor_core_ops=tc,
                              report={"env": report["env"], "args": report["args"], "result": {"shape": r["shape"],
+                                     "case": r.get("case"),  # dtype, layout, padding (problems.Case)
                                      "candidate": {key: v for key, v in c.items() if key != "per_round_ms"}}}))
     return out
 
