@@ -119,8 +119,8 @@ def find_ncu() -> str | None:
     found = shutil.which("ncu")
     if found:
         return found
-    for pattern in ("/usr/local/cuda/bin/ncu", "/usr/local/cuda-*/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu",
-                    "/usr/local/NVIDIA-Nsight-Compute*/ncu"):
+    for pattern in ("/usr/local/cuda/bin/ncu", "/usr/local/cuda-*/bin/ncu", "/usr/local/cuda*/nsight-compute*/ncu",
+                    "/opt/nvidia/nsight-compute/*/ncu", "/usr/local/NVIDIA-Nsight-Compute*/ncu"):
         for path in sorted(glob.glob(pattern), reverse=True):
             if os.access(path, os.X_OK):
                 return path
@@ -187,13 +187,16 @@ def convert(value: float | None, unit: str, to: str) -> float | None:
     return value * factors[unit.lower()]
 
 
-def base_names(query_output: str) -> set[str]:
-    """The metric base names (``unit__name``) in ``ncu --query-metrics`` output (table or CSV)."""
+def metric_names(query_output: str) -> set[str]:
+    """The metric names in ``ncu --query-metrics`` output (table or CSV; full names such as
+    ``sm__throughput.avg.pct_of_peak_sustained_elapsed`` in mode "all", base names in mode "base"), with
+    the base name (``unit__name``) of each full one."""
     names = set()
     for line in query_output.splitlines():
         first = line.strip().split(",")[0].split()[:1]
-        if first and re.fullmatch(r"[a-z0-9]+__\w+", first[0].strip('"')):
-            names.add(first[0].strip('"'))
+        name = first[0].strip('"') if first else ""
+        if re.fullmatch(r"[a-z0-9]+__[\w.]+", name):
+            names.update((name, name.split(".")[0]))
     return names
 
 
@@ -203,7 +206,7 @@ def requested(available: set[str] | None) -> tuple[list[str], list[str]]:
     wanted = [m.ncu for m in METRICS] + [STALL_METRIC.format(r) for r in STALL_REASONS]
     if not available:
         return wanted, []
-    keep = [w for w in wanted if w.startswith("launch__") or w.split(".")[0] in available]
+    keep = [w for w in wanted if w.startswith("launch__") or w in available or w.split(".")[0] in available]
     return keep, [w for w in wanted if w not in keep]
 
 
@@ -280,10 +283,12 @@ def ncu_version(ncu: str) -> str | None:
 
 
 def query_metrics(ncu: str) -> tuple[set[str] | None, str]:
-    """The base names this ncu knows on GPU 0 (None if the query fails), and its raw output."""
-    r = _run([ncu, "--query-metrics", "--devices", "0"], 120)
-    names = base_names(r.stdout) if r.returncode == 0 else set()
-    return (names or None), r.stdout + r.stderr
+    """The metric names this ncu knows on GPU 0 (``metric_names``), and its raw output. None when the query
+    fails or its output does not read as a metric list (no gpu__time_duration): then every metric is asked
+    for and ncu's own refusals decide (``run_backend``)."""
+    r = _run([ncu, "--query-metrics", "--query-metrics-mode", "all", "--devices", "0"], 120)
+    names = metric_names(r.stdout) if r.returncode == 0 else set()
+    return (names if "gpu__time_duration" in names else None), r.stdout + r.stderr
 
 
 def smi_clocks() -> dict | None:
@@ -309,7 +314,7 @@ def _ncu_error(output: str) -> str:
 def _missing_metrics(output: str, names: list[str]) -> list[str]:
     """Requested metrics that ncu's error lines name (an unknown metric on this GPU or ncu version)."""
     errors = "\n".join(line for line in output.splitlines() if "==ERROR==" in line)
-    return [n for n in names if n in errors]
+    return [n for n in names if n in errors or re.search(rf"\b{re.escape(n.split('.')[0])}\b(?!\.)", errors)]
 
 
 def run_backend(ncu: str, backend: str, target_args: list[str], metrics: list[str], work: Path, stem: str,
@@ -319,7 +324,7 @@ def run_backend(ncu: str, backend: str, target_args: list[str], metrics: list[st
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
     rep, result = work / f"{stem}-{backend}", work / f"{stem}-{backend}.target.json"
     dropped: list[str] = []
-    for _attempt in range(2):  # a second time only without the metrics ncu named as unknown
+    for _attempt in range(3):  # again only without the metrics ncu named as unknown
         result.unlink(missing_ok=True)
         cmd = [ncu, "--target-processes", "all", "--profile-from-start", "off", "--cache-control", "all",
                "--clock-control", clock_control, "--metrics", ",".join(metrics), "--export", str(rep),
