@@ -3,7 +3,7 @@
 #   GEMMLAB_GIT_SHA=$(git rev-parse HEAD) bash benchmarks/h200_session.sh STEP...
 # Steps: grade (the grader's protocol at both seed shapes), grade_cli (the same through `gemmlab grade`, recorded), gputests (every gpu-marked test of the new paths),
 # host (host cost per call, quick), model (bench model, eager + graph), compile (bench model, torch.compile),
-# tune_moe (tune --op moe smoke). Prints a one-line summary per step last; results tarred into $OUT/results.tgz.
+# tune_moe (tune --op moe smoke), profile (gemmlab profile under ncu at two shapes, and --diff). Prints a one-line summary per step last; results tarred into $OUT/results.tgz.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
 OUT=${OUT:-/tmp/gemmlab-out}
@@ -38,6 +38,11 @@ for s in "$@"; do
       --output-dir "$RES/nvidia-h200-model" ;;
     tune_moe) step tune_moe 150 python3 -m gemmlab tune --op moe --model qwen3-30b-a3b --tokens 1024 --moe-mode down \
       --budget-minutes 1 --ledger /tmp/moe.db --configs-dir /tmp/moe-cfg --output-dir "$RES/tune-moe" ;;
+    profile) step profile 240 bash -c 'D=$1; command -v ncu || ls /usr/local/cuda*/bin/ncu
+        python3 -m gemmlab profile --shape 8192,8192,16384 --dtype float16 --output-dir "$D" &&
+        python3 -m gemmlab profile --shape 777,3333,1024 --output-dir "$D" &&
+        python3 -m gemmlab profile --diff "$D/profile-8192x8192x16384-float16-row.json" \
+          "$D/profile-777x3333x1024-float16-row.json"' _ "$RES/nvidia-h200-profile" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done
