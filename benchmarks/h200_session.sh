@@ -42,7 +42,8 @@ for s in "$@"; do
         python3 -m gemmlab profile --shape 8192,8192,16384 --dtype float16 --output-dir "$D" &&
         python3 -m gemmlab profile --shape 777,3333,1024 --output-dir "$D" &&
         python3 -m gemmlab profile --diff "$D/profile-8192x8192x16384-float16-row.json" \
-          "$D/profile-777x3333x1024-float16-row.json"' _ "$RES/nvidia-h200-profile" ;;
+          "$D/profile-777x3333x1024-float16-row.json"
+        python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_profile_gpu.py' _ "$RES/nvidia-h200-profile" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done

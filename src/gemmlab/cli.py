@@ -774,6 +774,9 @@ def profile_cmd(
         aid = _ledger(ledger).attach(ledger_entry, "profile", prof, prof.get("file"))
         Console(stderr=True).print(f"attached the profile to ledger entry #{ledger_entry} (attachment {aid})")
     g = prof["backends"]["gemmlab"]
+    if entry is not None and entry.path and entry.path != g["path"]:
+        out.print(f"[yellow]note: ledger entry #{ledger_entry} ran path {entry.path}; this profile's plan ran "
+                  f"{g['path']}")
     title = (f"{req['m']}x{req['n']}x{req['k']} {req['dtype']} {req['layout']}: gemmlab {g['path']} under ncu "
              f"{prof['ncu']['version'] or ''}, clock control {req['clock_control']}, caches flushed")
     _print_rows(title, *pf.summary_rows(prof), out)

@@ -428,6 +428,13 @@ def _stalls(top: list) -> str:
     return ", ".join(f"{r} {v:.2f}" for r, v in top) or "-"
 
 
+def _smi(clocks: dict | None) -> str:
+    def one(c):
+        return _fmt((c or {}).get("sm_clock_mhz"))
+
+    return "-" if not clocks else f"{one(clocks.get('before'))} / {one(clocks.get('after'))}"
+
+
 def summary_rows(prof: dict) -> tuple[list[str], list[list[str]]]:
     """(header, rows): each METRICS line for each backend's whole call, then the top stall reasons."""
     names = list(prof["backends"])
@@ -437,6 +444,8 @@ def summary_rows(prof: dict) -> tuple[list[str], list[list[str]]]:
     rows.append(["launches", ""] + [str(prof["backends"][b]["total"]["launches"]) for b in names])
     rows.append(["top stalls (cycles / issue)", ""] + [_stalls(prof["backends"][b]["total"]["top_stalls"])
                                                        for b in names])
+    rows.append(["SM clock, nvidia-smi before / after", "MHz"]
+                + [_smi(prof["backends"][b].get("clocks")) for b in names])
     rows.append(["output check", ""] + ["ok" if (prof["backends"][b].get("check") or {}).get("ok") else "WRONG"
                                         for b in names])
     return ["metric", "unit"] + names, rows
