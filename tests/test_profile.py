@@ -260,6 +260,8 @@ def test_cli_profiles_a_ledger_entry_and_attaches_it(fake_ncu, tmp_path):
     assert att[0]["path"].endswith(f"profile-777x3333x1024-bfloat16-row-e{eid}.json")
     assert "tensor pipe busy" in res.stdout
     assert "ran path portable; this profile's plan ran tma_splitk" in res.stdout  # the fake's plan differs
+    shown = json.loads(CliRunner().invoke(app, ["ledger", "show", str(eid), "--ledger", str(db_path)]).stdout)
+    assert shown["attachments"][0]["kind"] == "profile" and "data" not in shown["attachments"][0]
     # the attached profile is a --diff operand, as is the file
     res = invoke("--diff", f"entry:{eid}", att[0]["path"], "--ledger", str(db_path))
     assert res.exit_code == 0 and "B - A" in res.stdout

@@ -930,14 +930,18 @@ def ledger_list(
 
 @ledger_app.command("show")
 def ledger_show(entry_id: int, ledger: LedgerOpt = None) -> None:
-    """One entry, whole (JSON)."""
+    """One entry, whole (JSON), with the list of its attachments (``gemmlab profile --ledger-entry``) if any."""
     import dataclasses
     import json
 
-    e = _ledger(ledger).get(entry_id)
+    db = _ledger(ledger)
+    e = db.get(entry_id)
     if e is None:
         raise typer.BadParameter(f"no ledger entry {entry_id}")
-    print(json.dumps(dataclasses.asdict(e), indent=1, default=str))
+    shown = dataclasses.asdict(e)
+    if att := db.attachments(entry_id):
+        shown["attachments"] = [{key: a[key] for key in ("id", "kind", "created", "path")} for a in att]
+    print(json.dumps(shown, indent=1, default=str))
 
 
 @ledger_app.command("compare")

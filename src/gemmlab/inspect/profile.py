@@ -307,8 +307,13 @@ def smi_clocks() -> dict | None:
 
 
 def _ncu_error(output: str) -> str:
-    lines = [line.strip() for line in output.splitlines() if "==ERROR==" in line]
-    return lines[0] if lines else (output.strip().splitlines() or ["(no output)"])[-1][:300]
+    """The line of ncu's output that says what went wrong: its first error, else its first warning (such as
+    "No kernels were profiled"), else the last line."""
+    for mark in ("==ERROR==", "==WARNING=="):
+        lines = [line.strip() for line in output.splitlines() if mark in line]
+        if lines:
+            return lines[0][:300]
+    return (output.strip().splitlines() or ["(no output)"])[-1][:300]
 
 
 def _missing_metrics(output: str, names: list[str]) -> list[str]:
@@ -381,8 +386,11 @@ def profile(m: int, n: int, k: int, dtype: str = "float16", layout: str = "row",
     work.mkdir(parents=True, exist_ok=True)
     try:
         available, listing = query_metrics(ncu)
-        if keep:
-            (keep / "ncu-query-metrics.txt").write_text(listing)
+        if keep:  # the query's lines about these metrics (the whole list is megabytes), to check names by
+            bases = {x.ncu.split(".")[0] for x in METRICS} | {"stalled", "tensor"}
+            lines = listing.splitlines()
+            (keep / "ncu-query-metrics.txt").write_text("\n".join(lines[:6] + [x for x in lines[6:] if any(
+                b in x for b in bases)]) + "\n")
         metrics, lacking = requested(available)
         target_args = ["--shape", f"{m},{n},{k}", "--dtype", dtype, "--layout", layout, "--seed", str(seed)]
         if config:
