@@ -107,6 +107,7 @@ def test_units_convert_and_an_unknown_unit_is_refused():
     assert pf.convert(1.755e9, "cycle/second", "MHz") == pytest.approx(1755.0)
     assert pf.convert(1.755, "cycle/nsecond", "MHz") == pytest.approx(1755.0)
     assert pf.convert(7.0, "register/thread", "count") == 7.0
+    assert pf.convert(34816.0, "byte/block", "KB") == pytest.approx(34.816)
     with pytest.raises(ValueError, match="ncu unit 'furlong'"):
         pf.convert(1.0, "furlong", "us")
     bad = pf.parse_raw_csv(RAW)[0]
@@ -128,7 +129,7 @@ def test_summary_sums_durations_and_weights_rates():
     assert t["values"]["dram_read"] == pytest.approx(289.406976 + 10.371072)
     assert t["values"]["smem_conflicts_ld"] == 12 and t["values"]["registers"] == 168  # sum; max
     assert one["l2_hit"] == 71.35 and two["occupancy"] == 60.20
-    assert t["values"]["gmma_pipe"] is None  # not in this report
+    assert t["values"]["l2_throughput"] is None  # not in this report
     reasons = [r for r, _ in t["top_stalls"]]
     assert reasons[0] == "gmma" and "selected" not in reasons  # issuing is not a stall
     assert t["stalls"]["long_scoreboard"] == pytest.approx(w1 * 1.92 + w2 * 9.40)
@@ -143,14 +144,14 @@ def test_requested_metrics_follow_what_this_ncu_knows():
     assert full == {"sm__throughput.avg.pct_of_peak_sustained_elapsed", "sm__throughput", "dram__bytes_read.sum",
                     "dram__bytes_read"}
     assert set(pf.requested(full)[0]) == {"sm__throughput.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum",
-                                          "launch__registers_per_thread", "launch__waves_per_multiprocessor"}
+                                          *(x.ncu for x in pf.METRICS if x.ncu.startswith("launch__"))}
     keep, lacking = pf.requested(names)
-    assert "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active" in lacking
+    assert "lts__throughput.avg.pct_of_peak_sustained_elapsed" in lacking
     assert "smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio" in keep
     assert "smsp__average_warps_issue_stalled_drain_per_issue_active.ratio" in lacking
     assert "launch__registers_per_thread" in keep  # launch statistics are never in the query's list
     text = pf.lacking_text({"unavailable": lacking})
-    assert text.startswith("sm__pipe_tensor_op_gmma_cycles_active") and "stall reasons branch_resolving, " in text
+    assert text.startswith("lts__throughput.avg") and "stall reasons branch_resolving, " in text
     everything, none = pf.requested(None)
     assert none == [] and len(everything) == len(pf.METRICS) + len(pf.STALL_REASONS)
 
@@ -213,7 +214,7 @@ def test_profile_runs_ncu_per_backend_and_writes_the_profile(fake_ncu, tmp_path)
         for flag, value in (("--cache-control", "all"), ("--clock-control", "none"), ("--profile-from-start", "off")):
             assert c[c.index(flag) + 1] == value
         assert c[c.index("-m") + 1] == "gemmlab.inspect.profile_target"
-        assert "sm__pipe_tensor_op_gmma_cycles_active" not in c[c.index("--metrics") + 1]  # this ncu lacks it
+        assert "lts__throughput" not in c[c.index("--metrics") + 1]  # this ncu lacks it
     assert prof["ncu"]["version"] == "Version 2099.1.0.0 (fake)" and prof["ncu"]["clock_control"] == "none"
     assert prof["backends"]["gemmlab"]["total"]["launches"] == 2
     assert prof["backends"]["cublas"]["clocks"]["before"] == {"sm_clock_mhz": 1980.0}

@@ -57,8 +57,9 @@ class Metric:
     combine: str
 
 
-# What decides a GEMM's speed on sm_90. Tensor-pipe names: "pipe_tensor" counts HMMA and wgmma (GMMA)
-# together; the gmma-only rows may be missing on some ncu versions (then listed as unavailable).
+# What decides a GEMM's speed on sm_90. "pipe_tensor" cycles count HMMA and wgmma (GMMA) together; wgmma
+# alone shows as its instruction issue rate (there is no gmma-only cycles counter on sm_90). Names checked
+# against published sm_90 metric lists (ncu 2025.x); a name this ncu lacks is listed, not guessed.
 METRICS: tuple[Metric, ...] = (
     Metric("duration", "duration", "gpu__time_duration.sum", "us", "sum"),
     Metric("sm_clock", "SM clock", "sm__cycles_elapsed.avg.per_second", "MHz", "mean"),
@@ -66,8 +67,6 @@ METRICS: tuple[Metric, ...] = (
            "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", "%", "mean"),
     Metric("tensor_pipe_active", "tensor pipe busy (SM active)",
            "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active", "%", "mean"),
-    Metric("gmma_pipe", "wgmma pipe busy (SM active)",
-           "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active", "%", "mean"),
     Metric("gmma_inst", "wgmma issue (SM active)",
            "sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active", "%", "mean"),
     Metric("sm_throughput", "SM throughput", "sm__throughput.avg.pct_of_peak_sustained_elapsed", "%", "mean"),
@@ -76,6 +75,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("dram_throughput", "DRAM throughput", "dram__throughput.avg.pct_of_peak_sustained_elapsed", "%", "mean"),
     Metric("dram_read", "DRAM read", "dram__bytes_read.sum", "MB", "sum"),
     Metric("dram_write", "DRAM write", "dram__bytes_write.sum", "MB", "sum"),
+    Metric("l2_throughput", "L2 throughput", "lts__throughput.avg.pct_of_peak_sustained_elapsed", "%", "mean"),
     Metric("l2_hit", "L2 hit rate", "lts__t_sector_hit_rate.pct", "%", "mean"),
     Metric("occupancy", "achieved occupancy", "sm__warps_active.avg.pct_of_peak_sustained_active", "%", "mean"),
     Metric("issue_active", "issue slots busy", "smsp__issue_active.avg.pct_of_peak_sustained_active", "%", "mean"),
@@ -84,6 +84,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("smem_conflicts_st", "shared-mem bank conflicts (st)",
            "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", "count", "sum"),
     Metric("registers", "registers / thread", "launch__registers_per_thread", "count", "max"),
+    Metric("smem_per_block", "shared memory / block (dynamic)", "launch__shared_mem_per_block_dynamic", "KB",
+           "max"),
     Metric("waves", "waves / SM", "launch__waves_per_multiprocessor", "waves", "max"),
 )
 # Warp-stall reasons (the WarpStateStats section's): cycles per issued instruction a warp spends stalled
@@ -99,6 +101,7 @@ UNITS = {
     "MHz": {"cycle/second": 1e-6, "hz": 1e-6, "cycle/usecond": 1.0, "cycle/nsecond": 1e3, "khz": 1e-3,
             "mhz": 1.0, "ghz": 1e3},
     "MB": {"byte": 1e-6, "kbyte": 1e-3, "mbyte": 1.0, "gbyte": 1e3, "tbyte": 1e6},
+    "KB": {"byte": 1e-3, "kbyte": 1.0, "mbyte": 1e3, "byte/block": 1e-3, "kbyte/block": 1.0, "mbyte/block": 1e3},
     "%": {"%": 1.0, "": 1.0},
 }
 
