@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from gemmlab.cli import app
 from gemmlab.inspect import profile as pf
+from gemmlab.inspect import profile_view as view
 from gemmlab.ledger import Entry, Ledger
 
 HERE = Path(__file__).parent / "ncu"
@@ -150,7 +151,7 @@ def test_requested_metrics_follow_what_this_ncu_knows():
     assert "smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio" in keep
     assert "smsp__average_warps_issue_stalled_drain_per_issue_active.ratio" in lacking
     assert "launch__registers_per_thread" in keep  # launch statistics are never in the query's list
-    text = pf.lacking_text({"unavailable": lacking})
+    text = view.lacking_text({"unavailable": lacking})
     assert text.startswith("lts__throughput.avg") and "stall reasons branch_resolving, " in text
     everything, none = pf.requested(None)
     assert none == [] and len(everything) == len(pf.METRICS) + len(pf.STALL_REASONS)
@@ -291,7 +292,7 @@ def saved(tmp_path, name, scale):
 def test_diff_rows_show_both_and_the_delta(tmp_path):
     _, a = saved(tmp_path, "a.json", 1.0)
     _, b = saved(tmp_path, "b.json", 0.5)
-    header, rows = pf.diff_rows(a, b)
+    header, rows = view.diff_rows(a, b)
     assert header[-1] == "B - A" and header[3].startswith("A: 777x3333x1024")
     dur = next(r for r in rows if r[1] == "duration")
     assert dur[3] == "160.0" and dur[4] == "80.0" and dur[5] == "-80 (0.500x)"

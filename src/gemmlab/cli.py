@@ -683,7 +683,7 @@ def _saved_profile(ref: str, ledger: str | None) -> dict:
     import json
     from pathlib import Path
 
-    from gemmlab.inspect.profile import check_format
+    from gemmlab.inspect.profile_view import check_format
 
     if ref.startswith("entry:"):
         found = _ledger(ledger).attachments(int(ref.removeprefix("entry:")), "profile")
@@ -731,6 +731,7 @@ def profile_cmd(
     import json
 
     from gemmlab.inspect import profile as pf
+    from gemmlab.inspect import profile_view as view
 
     out = Console(stderr=json_out, width=160)
     if diff:
@@ -738,7 +739,7 @@ def profile_cmd(
             a, b = (_saved_profile(x, ledger) for x in diff)
         except ValueError as e:
             raise _usage_error(e) from e
-        header, rows = pf.diff_rows(a, b)
+        header, rows = view.diff_rows(a, b)
         if json_out:
             print(json.dumps({"a": diff[0], "b": diff[1], "header": header, "rows": rows}, indent=1))
         else:
@@ -779,10 +780,10 @@ def profile_cmd(
                   f"{g['path']}")
     title = (f"{req['m']}x{req['n']}x{req['k']} {req['dtype']} {req['layout']}: gemmlab {g['path']} under ncu "
              f"{prof['ncu']['version'] or ''}, clock control {req['clock_control']}, caches flushed")
-    _print_rows(title, *pf.summary_rows(prof), out)
-    _print_rows("launches", *pf.launch_rows(prof), out)
+    _print_rows(title, *view.summary_rows(prof), out)
+    _print_rows("launches", *view.launch_rows(prof), out)
     if prof["unavailable"]:
-        out.print("not available on this GPU / ncu: " + pf.lacking_text(prof))
+        out.print("not available on this GPU / ncu: " + view.lacking_text(prof))
     if prof.get("file"):
         out.print(f"wrote {prof['file']}")
     if json_out:

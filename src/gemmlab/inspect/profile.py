@@ -1,7 +1,7 @@
 """``gemmlab profile``: why a GEMM runs as fast as it does, read from the hardware counters (Nsight Compute).
 
     profile(m, n, k, dtype="float16", layout="row", config=None, baseline="cublas") -> a profile (dict)
-    summary_rows(profile), launch_rows(profile), diff_rows(a, b)      -> rows of strings for the CLI's tables
+    request(...) -> the CLI's arguments checked; profile_view.py turns a profile into the CLI's tables
 
 One ``ncu`` process per backend (gemmlab, then the baseline), so every kernel in a report is that backend's:
 
@@ -422,94 +422,6 @@ def profile(m: int, n: int, k: int, dtype: str = "float16", layout: str = "row",
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
-
-
-# ------------------------------------------------------------------------------------------- showing
-
-
-def _fmt(v: float | None, unit: str = "") -> str:
-    if v is None:
-        return "-"
-    if unit == "count" or abs(v) >= 1000:
-        return f"{v:,.0f}"
-    return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
-
-
-def _stalls(top: list) -> str:
-    return ", ".join(f"{r} {v:.2f}" for r, v in top) or "-"
-
-
-def _smi(clocks: dict | None) -> str:
-    def one(c):
-        return _fmt((c or {}).get("sm_clock_mhz"))
-
-    return "-" if not clocks else f"{one(clocks.get('before'))} / {one(clocks.get('after'))}"
-
-
-def summary_rows(prof: dict) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): each METRICS line for each backend's whole call, then the top stall reasons."""
-    names = list(prof["backends"])
-    rows = [[m.label, m.unit] + [_fmt(prof["backends"][b]["total"]["values"].get(m.key), m.unit) for b in names]
-            for m in METRICS]
-    rows.append(["TFLOPS (2MNK / duration)", ""] + [_fmt(prof["backends"][b]["total"].get("tflops")) for b in names])
-    rows.append(["launches", ""] + [str(prof["backends"][b]["total"]["launches"]) for b in names])
-    rows.append(["top stalls (cycles / issue)", ""] + [_stalls(prof["backends"][b]["total"]["top_stalls"])
-                                                       for b in names])
-    rows.append(["SM clock, nvidia-smi before / after", "MHz"]
-                + [_smi(prof["backends"][b].get("clocks")) for b in names])
-    rows.append(["output check", ""] + ["ok" if (prof["backends"][b].get("check") or {}).get("ok") else "WRONG"
-                                        for b in names])
-    return ["metric", "unit"] + names, rows
-
-
-def launch_rows(prof: dict) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): every launch of every backend, with its grid, block, duration and tensor-pipe use."""
-    rows = []
-    for b, p in prof["backends"].items():
-        for i, s in enumerate(p["launches"]):
-            v = s["values"]
-            rows.append([b, str(i), s["kernel"][:70], s["grid"] or "-", s["block"] or "-",
-                         _fmt(v.get("duration")), _fmt(v.get("tensor_pipe"))])
-        if len(p["launches"]) > 1:
-            rows.append([b, "sum", "", "", "", _fmt(p["total"]["values"].get("duration")), ""])
-    return ["backend", "#", "kernel", "grid", "block", "duration us", "tensor pipe %"], rows
-
-
-def lacking_text(prof: dict) -> str:
-    """The metrics this GPU / ncu lacked, stall reasons by reason name."""
-    stall = re.compile(STALL_METRIC.replace(".", r"\.").format("(\\w+)"))
-    reasons = [mt.group(1) for x in prof["unavailable"] if (mt := stall.fullmatch(x))]
-    others = [x for x in prof["unavailable"] if not stall.fullmatch(x)]
-    return ", ".join(others + ([f"stall reasons {', '.join(reasons)}"] if reasons else []))
-
-
-def check_format(prof: object, where: str) -> dict:
-    """A saved profile, or ValueError naming ``where``."""
-    if not isinstance(prof, dict) or prof.get("format") != FORMAT or not isinstance(prof.get("backends"), dict):
-        raise ValueError(f"{where}: not a gemmlab profile (no \"format\": \"{FORMAT}\")")
-    return prof
-
-
-def _title(prof: dict) -> str:
-    m, n, k = prof["shape"]
-    return f"{m}x{n}x{k} {prof['dtype']} {prof['layout']}" + (f" #{prof['ledger_entry']}"
-                                                              if prof.get("ledger_entry") is not None else "")
-
-
-def diff_rows(a: dict, b: dict) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): each backend both profiles have, each METRICS line of its whole call in A and in B,
-    B - A, and B / A for durations; then the top stall reasons of each."""
-    rows = []
-    for be in [x for x in a["backends"] if x in b["backends"]]:
-        ta, tb = a["backends"][be]["total"], b["backends"][be]["total"]
-        for m in METRICS:
-            va, vb = ta["values"].get(m.key), tb["values"].get(m.key)
-            delta = "-" if va is None or vb is None else f"{vb - va:+.3g}"
-            if m.key == "duration" and va and vb:
-                delta += f" ({vb / va:.3f}x)"
-            rows.append([be, m.label, m.unit, _fmt(va, m.unit), _fmt(vb, m.unit), delta])
-        rows.append([be, "top stalls", "", _stalls(ta["top_stalls"][:3]), _stalls(tb["top_stalls"][:3]), ""])
-    return ["backend", "metric", "unit", f"A: {_title(a)}", f"B: {_title(b)}", "B - A"], rows
 
 
 def request(shape: str | None, dtype: str, layout: str, config: str | dict | None, baseline: str,
