@@ -754,6 +754,8 @@ def profile_cmd(
         if entry.op != "gemm" or not (entry.backend or "").startswith("gemmlab"):
             raise _usage_error(f"--ledger-entry {ledger_entry}: a {entry.op} entry of backend {entry.backend}; "
                                "profile takes gemmlab's GEMM entries")
+        if entry.config is not None and not isinstance(entry.config, dict):
+            raise _usage_error(f"--ledger-entry {ledger_entry}: its config {entry.config!r} is not GemmConfig fields")
     try:
         req = pf.request(shape or (entry.shape if entry else None), dtype or (entry.dtype if entry else "float16"),
                          layout, config if config is not None else (entry.config if entry else None), baseline,
