@@ -335,3 +335,15 @@ def test_profile_target_refuses_without_a_gpu(tmp_path):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("a GPU is here")
     assert profile_target.main(["--backend", "cublas", "--shape", "8,8,8", "--result", str(tmp_path / "r")]) == 2
+
+
+def test_ledger_entries_profile_refuses(tmp_path):
+    db_path = tmp_path / "l.db"
+    db = Ledger(db_path)
+    cublas = db.record(Entry(kind="bench", shape="8x8x8", dtype="float16", backend="cublas"), provenance=False)
+    moe = db.record(Entry(kind="bench", op="moe_grouped", shape="8x8x8x2x1", dtype="float16", backend="gemmlab"),
+                    provenance=False)
+    odd = db.record(Entry(kind="bench", shape="8x8x8", dtype="float16", backend="gemmlab", config="128x128"),
+                    provenance=False)
+    for eid, says in ((cublas, "backend cublas"), (moe, "a moe_grouped entry"), (odd, "not GemmConfig fields")):
+        assert says in one_line(invoke("--ledger-entry", str(eid), "--ledger", str(db_path)))
