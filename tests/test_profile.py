@@ -310,6 +310,9 @@ def test_cli_diff_reads_two_files_and_refuses_other_json(tmp_path):
     other.write_text(json.dumps({"results": []}))
     assert "not a gemmlab profile" in one_line(invoke("--diff", str(pa), str(other)))
     assert "No such file" in one_line(invoke("--diff", str(pa), str(tmp_path / "missing.json")))
+    assert "takes a ledger entry id" in one_line(invoke("--diff", str(pa), "entry:x"))
+    ledger = str(tmp_path / "l.db")
+    assert "no profile attached" in one_line(invoke("--diff", str(pa), "entry:7", "--ledger", ledger))
 
 
 def test_ledger_attachment_round_trip(tmp_path):

@@ -686,6 +686,8 @@ def _saved_profile(ref: str, ledger: str | None) -> dict:
     from gemmlab.inspect.profile_view import check_format
 
     if ref.startswith("entry:"):
+        if not ref.removeprefix("entry:").isdigit():
+            raise ValueError(f"{ref}: entry:ID takes a ledger entry id, e.g. entry:12")
         found = _ledger(ledger).attachments(int(ref.removeprefix("entry:")), "profile")
         if not found:
             raise ValueError(f"{ref}: no profile attached to that ledger entry")
