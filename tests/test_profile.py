@@ -129,7 +129,11 @@ def test_summary_sums_durations_and_weights_rates():
     assert t["values"]["sm_clock"] == pytest.approx(w1 * 1755.069444 + w2 * 1712.0)
     assert t["values"]["dram_read"] == pytest.approx(289.406976 + 10.371072)
     assert t["values"]["smem_conflicts_ld"] == 12 and t["values"]["registers"] == 168  # sum; max
-    assert one["l2_hit"] == 71.35 and two["occupancy"] == 60.20
+    assert one["l2_hit"] == 71.35 and two["occupancy"] == 60.20 and one["dram_throughput"] == 61.93
+    renamed = pf.parse_raw_csv(RAW)[0]
+    renamed["metrics"]["gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"] = (55.0, "%")
+    del renamed["metrics"]["dram__throughput.avg.pct_of_peak_sustained_elapsed"]
+    assert pf.launch_summary(renamed)["values"]["dram_throughput"] == 55.0  # read under its other name
     assert t["values"]["l2_throughput"] is None  # not in this report
     reasons = [r for r, _ in t["top_stalls"]]
     assert reasons[0] == "gmma" and "selected" not in reasons  # issuing is not a stall
@@ -154,7 +158,12 @@ def test_requested_metrics_follow_what_this_ncu_knows():
     text = view.lacking_text({"unavailable": lacking})
     assert text.startswith("lts__throughput.avg") and "stall reasons branch_resolving, " in text
     everything, none = pf.requested(None)
-    assert none == [] and len(everything) == len(pf.METRICS) + len(pf.STALL_REASONS)
+    assert none == [] and len(everything) == len(pf.METRICS) + len(pf.STALL_REASONS) + 1  # + DRAM's other name
+    # DRAM throughput under either name: the one this ncu has is asked for, neither is "unavailable"
+    assert "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed" not in lacking
+    renamed = pf.requested({"gpu__time_duration", "gpu__dram_throughput"})
+    assert "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed" in renamed[0]
+    assert not any("dram_throughput" in x or "dram__throughput" in x for x in renamed[1])
 
 
 # ------------------------------------------------------------------------------------------ a fake ncu

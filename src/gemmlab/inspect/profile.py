@@ -46,15 +46,19 @@ CLOCK_CONTROLS = ("none", "base")
 
 @dataclass(frozen=True)
 class Metric:
-    """One line of the summary: ``ncu`` names the counter as ncu spells it, ``unit`` the unit shown (values
-    are converted from the unit ncu reports), ``combine`` how launches of one call add up: "sum", "mean"
-    (weighted by duration) or "max"."""
+    """One line of the summary: ``ncu`` names the counter as ncu spells it (``alt``: its name in other ncu
+    versions, read where ``ncu`` is missing), ``unit`` the unit shown (values are converted from the unit ncu
+    reports), ``combine`` how launches of one call add up: "sum", "mean" (weighted by duration) or "max"."""
 
     key: str
     label: str
     ncu: str
     unit: str
     combine: str
+    alt: str = ""
+
+    def names(self) -> tuple[str, ...]:
+        return (self.ncu, self.alt) if self.alt else (self.ncu,)
 
 
 # What decides a GEMM's speed on sm_90. "pipe_tensor" cycles count HMMA and wgmma (GMMA) together; wgmma
@@ -72,7 +76,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("sm_throughput", "SM throughput", "sm__throughput.avg.pct_of_peak_sustained_elapsed", "%", "mean"),
     Metric("memory_throughput", "memory throughput", "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
            "%", "mean"),
-    Metric("dram_throughput", "DRAM throughput", "dram__throughput.avg.pct_of_peak_sustained_elapsed", "%", "mean"),
+    Metric("dram_throughput", "DRAM throughput", "dram__throughput.avg.pct_of_peak_sustained_elapsed", "%", "mean",
+           alt="gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
     Metric("dram_read", "DRAM read", "dram__bytes_read.sum", "MB", "sum"),
     Metric("dram_write", "DRAM write", "dram__bytes_write.sum", "MB", "sum"),
     Metric("l2_throughput", "L2 throughput", "lts__throughput.avg.pct_of_peak_sustained_elapsed", "%", "mean"),
@@ -206,11 +211,12 @@ def metric_names(query_output: str) -> set[str]:
 def requested(available: set[str] | None) -> tuple[list[str], list[str]]:
     """(metrics to ask ncu for, metrics this ncu lacks). ``available`` None: ask for all. Launch statistics
     (``launch__*``) are not hardware counters and are never in the query's list."""
-    wanted = [m.ncu for m in METRICS] + [STALL_METRIC.format(r) for r in STALL_REASONS]
+    wanted = [name for m in METRICS for name in m.names()] + [STALL_METRIC.format(r) for r in STALL_REASONS]
     if not available:
         return wanted, []
     keep = [w for w in wanted if w.startswith("launch__") or w in available or w.split(".")[0] in available]
-    return keep, [w for w in wanted if w not in keep]
+    known = set(keep) | {m.ncu for m in METRICS if m.alt in keep}  # a metric found under its other name
+    return keep, [w for w in wanted if w not in known and w not in {m.alt for m in METRICS if m.ncu in keep}]
 
 
 # ------------------------------------------------------------------------------------------- summarising
@@ -220,7 +226,8 @@ def launch_summary(launch: dict) -> dict:
     """One launch: its kernel, grid, block, the METRICS values (None where missing) and its stall reasons."""
     values, problems = {}, []
     for m in METRICS:
-        value, unit = launch["metrics"].get(m.ncu, (None, ""))
+        value, unit = next((launch["metrics"][x] for x in m.names() if launch["metrics"].get(x, (None,))[0]
+                            is not None), (None, ""))
         try:
             values[m.key] = convert(value, unit, m.unit)
         except ValueError as e:
