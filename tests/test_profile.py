@@ -293,6 +293,7 @@ def saved(tmp_path, name, scale):
     launches = [pf.launch_summary(x) for x in raw]
     prof = {"format": pf.FORMAT, "shape": [777, 3333, 1024], "dtype": "float16", "layout": "row", "ledger_entry": None,
             "backends": {"gemmlab": {"launches": launches, "total": pf.total(launches), "check": {"ok": True}}}}
+    prof["backends"]["gemmlab"]["total"]["tflops"] = 2 * 777 * 3333 * 1024 / (160e-6 * scale) / 1e12
     path = tmp_path / name
     path.write_text(json.dumps(prof))
     return path, prof
@@ -301,7 +302,12 @@ def saved(tmp_path, name, scale):
 def test_diff_rows_show_both_and_the_delta(tmp_path):
     _, a = saved(tmp_path, "a.json", 1.0)
     _, b = saved(tmp_path, "b.json", 0.5)
+    b["backends"]["gemmlab"].update(path="tma_persistent", config={
+        "block_m": 128, "block_n": 256, "block_k": 64, "group_m": 8, "num_warps": 8, "num_stages": 3, "split_k": 1,
+        "epilogue_subtile": True, "warp_specialize": False, "max_nreg": 0})
     header, rows = view.diff_rows(a, b)
+    assert rows[0][1:] == ["path, config", "", "-", "tma_persistent 128x256x64 g8 w8 s3 sub", "changed"]
+    assert next(r for r in rows if r[1] == "TFLOPS")[5].startswith("+")
     assert header[-1] == "B - A" and header[3].startswith("A: 777x3333x1024")
     dur = next(r for r in rows if r[1] == "duration")
     assert dur[3] == "160.0" and dur[4] == "80.0" and dur[5] == "-80 (0.500x)"

@@ -76,6 +76,17 @@ def check_format(prof: object, where: str) -> dict:
     return prof
 
 
+def _plan(p: dict) -> str:
+    """A backend's path and (gemmlab's) config: "tma_persistent 128x256x64 g8 w8 s3"."""
+    c = p.get("config")
+    if not c:
+        return str(p.get("path") or "-")
+    cfg = f"{c['block_m']}x{c['block_n']}x{c['block_k']} g{c['group_m']} w{c['num_warps']} s{c['num_stages']}"
+    extra = [f"k{c['split_k']}" if c.get("split_k", 1) != 1 else "", "sub" if c.get("epilogue_subtile") else "",
+             "ws" if c.get("warp_specialize") else "", f"r{c['max_nreg']}" if c.get("max_nreg") else ""]
+    return " ".join([str(p.get("path")), cfg, *[x for x in extra if x]])
+
+
 def _title(prof: dict) -> str:
     m, n, k = prof["shape"]
     return f"{m}x{n}x{k} {prof['dtype']} {prof['layout']}" + (f" #{prof['ledger_entry']}"
@@ -87,12 +98,16 @@ def diff_rows(a: dict, b: dict) -> tuple[list[str], list[list[str]]]:
     B - A, and B / A for durations; then the top stall reasons of each."""
     rows = []
     for be in [x for x in a["backends"] if x in b["backends"]]:
-        ta, tb = a["backends"][be]["total"], b["backends"][be]["total"]
+        pa, pb = a["backends"][be], b["backends"][be]
+        ta, tb = pa["total"], pb["total"]
+        rows.append([be, "path, config", "", _plan(pa), _plan(pb), "" if _plan(pa) == _plan(pb) else "changed"])
         for m in METRICS:
             va, vb = ta["values"].get(m.key), tb["values"].get(m.key)
             delta = "-" if va is None or vb is None else f"{vb - va:+.3g}"
             if m.key == "duration" and va and vb:
                 delta += f" ({vb / va:.3f}x)"
             rows.append([be, m.label, m.unit, _fmt(va, m.unit), _fmt(vb, m.unit), delta])
+        fa, fb = ta.get("tflops"), tb.get("tflops")
+        rows.append([be, "TFLOPS", "", _fmt(fa), _fmt(fb), "-" if not fa or not fb else f"{fb - fa:+.3g}"])
         rows.append([be, "top stalls", "", _stalls(ta["top_stalls"][:3]), _stalls(tb["top_stalls"][:3]), ""])
     return ["backend", "metric", "unit", f"A: {_title(a)}", f"B: {_title(b)}", "B - A"], rows
