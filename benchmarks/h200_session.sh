@@ -51,6 +51,12 @@ for s in "$@"; do
       --backend inductor --rounds 6 --reps 5 --warmup-s 0.3 --inductor-autotune-rep-ms 25 --budget-s 180 \
       --output-dir "$RES/nvidia-h200-broad-quick" ;;
     moe_small) step moe_small 230 python3 benchmarks/sweep_moe_small.py --budget 200 --out "$RES/nvidia-h200-moe-small.jsonl" ;;
+    profile) step profile 240 bash -c 'D=$1; command -v ncu || ls /usr/local/cuda*/bin/ncu
+        python3 -m gemmlab profile --shape 8192,8192,16384 --dtype float16 --output-dir "$D" &&
+        python3 -m gemmlab profile --shape 777,3333,1024 --output-dir "$D" &&
+        python3 -m gemmlab profile --diff "$D/profile-8192x8192x16384-float16-row.json" \
+          "$D/profile-777x3333x1024-float16-row.json"
+        python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_profile_gpu.py' _ "$RES/nvidia-h200-profile" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done

@@ -37,12 +37,34 @@ def columns(db: Ledger) -> list[str]:
     return sorted(r[1] for r in db.conn.execute("PRAGMA table_info(entries)"))
 
 
+def tables(db: Ledger) -> list[tuple[str, str]]:
+    return sorted((r[0], r[1]) for r in db.conn.execute("SELECT type, name FROM sqlite_master "
+                                                       "WHERE name NOT LIKE 'sqlite_%'"))
+
+
+def test_a_version_1_file_gains_the_attachments_table(tmp_path):
+    path = tmp_path / "v1.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(V0_SCHEMA)
+    conn.execute("ALTER TABLE entries ADD COLUMN gemmlab_version")
+    conn.execute("INSERT INTO entries (kind, shape, dtype) VALUES ('bench', '8x8x8', 'float16')")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    db = Ledger(path)
+    assert db.schema_version() == SCHEMA_VERSION and tables(db) == tables(Ledger(tmp_path / "new.db"))
+    assert db.attachments(1) == []
+
+
 def test_an_old_file_is_migrated_and_keeps_its_entries(tmp_path):
     db = Ledger(v0_file(tmp_path / "old.db"))
-    assert db.schema_version() == SCHEMA_VERSION == 1
+    assert db.schema_version() == SCHEMA_VERSION == 2
     old = db.get(1)
     assert old.median_ms == 2.5 and old.config == {"block_m": 64} and old.gemmlab_version is None
     assert columns(db) == columns(Ledger(tmp_path / "new.db"))  # a migration for every column a new file has
+    assert tables(db) == tables(Ledger(tmp_path / "new.db"))  # and for every table and index
+    db.attach(1, "profile", {"x": 1})
+    assert db.attachments(1)[0]["data"] == {"x": 1}
     e = Entry(kind="bench", shape="64x64x64", dtype="float16", correct=True, median_ms=2.0, gpu="g",
               gemmlab_version="0.1.0", git_sha="x", dirty=False, per_round=[1.2] * 6, tensor_core_ops=1)
     db.record(e, provenance=False)

@@ -8,6 +8,7 @@
     gemmlab bench model [--model mixtral,qwen3-moe,deepseek-v3] [--tokens 4096,1,8,64] [--modes eager,graph,compile]
     gemmlab table [--model NAME] [--batch-size 4 --seq-len 8192 --top-k 4 ...] [--output-dir DIR]
     gemmlab inspect --shape M,N,K [--dtype] [--layout NN] [--packed] [--json]
+    gemmlab profile --shape M,N,K [--config JSON | --ledger-entry ID] [--baseline cublas] | --diff A B
     gemmlab paths
 
 Without CUDA it runs through Triton's CPU interpreter (TRITON_INTERPRET=1, set here before any kernel is
@@ -703,6 +704,122 @@ def inspect_cmd(
         raise typer.Exit(1)
 
 
+def _saved_profile(ref: str, ledger: str | None) -> dict:
+    """``--diff`` argument: a profile JSON file, or entry:ID (the latest profile attached to that entry)."""
+    import json
+    from pathlib import Path
+
+    from gemmlab.inspect.profile_view import check_format
+
+    if ref.startswith("entry:"):
+        if not ref.removeprefix("entry:").isdigit():
+            raise ValueError(f"{ref}: entry:ID takes a ledger entry id, e.g. entry:12")
+        found = _ledger(ledger).attachments(int(ref.removeprefix("entry:")), "profile")
+        if not found:
+            raise ValueError(f"{ref}: no profile attached to that ledger entry")
+        return check_format(found[-1]["data"], ref)
+    try:
+        return check_format(json.loads(Path(ref).read_text()), ref)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{ref}: {e}") from None
+
+
+def _print_rows(title: str, header: list[str], rows: list[list[str]], console: Console) -> None:
+    table = Table(title=title)
+    for col in header:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+@app.command("profile")
+def profile_cmd(
+    shape: Annotated[str | None, typer.Option(help="M,N,K (default: the --ledger-entry's)")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float16 or bfloat16 (default: the entry's, else float16)")] = None,
+    layout: Annotated[str, typer.Option(help="row: B (K, N) row-major; linear: nn.Linear's B = W^T, W (N, K)")] = "row",
+    config: Annotated[str | None, typer.Option(help="pin gemmlab's config: a JSON object of GemmConfig fields "
+                                                    "(default: the entry's, else the plan's)")] = None,
+    ledger_entry: Annotated[int | None, typer.Option(help="profile this ledger entry's shape, dtype and config, "
+                                                          "and attach the profile to it")] = None,
+    baseline: Annotated[str, typer.Option(help="cublas (torch.mm) or none")] = "cublas",
+    clock_control: Annotated[str, typer.Option(help="ncu --clock-control: none (the GPU's own clocks, as bench "
+                                                    "runs) or base (locked at base clock)")] = "none",
+    seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    diff: Annotated[tuple[str, str] | None, typer.Option(help="A B: two saved profiles (JSON files from "
+                                                               "--output-dir, or entry:ID) side by side")] = None,
+    output_dir: Annotated[str | None, typer.Option(help="keep the profile JSON, the ncu reports and their CSVs "
+                                                        "here")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the profile (or the diff) as JSON")] = False,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Hardware counters (Nsight Compute) of one verified call of gemmlab and of cuBLAS, L2 flushed, clocks
+    recorded: tensor-pipe use, SM and DRAM throughput, L2 hit rate, occupancy, top warp stalls, bank
+    conflicts. Exit 2 without a GPU or ncu; 1 when a profile could not be taken."""
+    import json
+
+    from gemmlab.inspect import profile as pf
+    from gemmlab.inspect import profile_view as view
+
+    out = Console(stderr=json_out, width=160)
+    if diff:
+        try:
+            a, b = (_saved_profile(x, ledger) for x in diff)
+        except ValueError as e:
+            raise _usage_error(e) from e
+        header, rows = view.diff_rows(a, b)
+        if json_out:
+            print(json.dumps({"a": diff[0], "b": diff[1], "header": header, "rows": rows}, indent=1))
+        else:
+            _print_rows(f"profile diff: A {diff[0]}  B {diff[1]}", header, rows, out)
+        return
+    entry = None
+    if ledger_entry is not None:
+        _ledger_ready(ledger)
+        entry = _ledger(ledger).get(ledger_entry)
+        if entry is None:
+            raise _usage_error(f"--ledger-entry {ledger_entry}: no such entry in the ledger")
+        if entry.op != "gemm" or not (entry.backend or "").startswith("gemmlab"):
+            raise _usage_error(f"--ledger-entry {ledger_entry}: a {entry.op} entry of backend {entry.backend}; "
+                               "profile takes gemmlab's GEMM entries")
+        if entry.config is not None and not isinstance(entry.config, dict):
+            raise _usage_error(f"--ledger-entry {ledger_entry}: its config {entry.config!r} is not GemmConfig fields")
+    try:
+        req = pf.request(shape or (entry.shape if entry else None), dtype or (entry.dtype if entry else "float16"),
+                         layout, config if config is not None else (entry.config if entry else None), baseline,
+                         clock_control)
+        if entry and shape and (req["m"], req["n"], req["k"]) != tuple(map(int, entry.shape.split("x"))):
+            raise ValueError(f"--shape {shape} differs from ledger entry {ledger_entry}'s {entry.shape}")
+    except ValueError as e:
+        raise _usage_error(e) from e
+    why = pf.unavailable()
+    if why:
+        raise _usage_error(why)
+    try:
+        prof = pf.profile(req["m"], req["n"], req["k"], req["dtype"], req["layout"], req["config"], req["baseline"],
+                          req["clock_control"], output_dir, seed, ledger_entry)
+    except pf.ProfileError as e:
+        Console(stderr=True, soft_wrap=True).print(f"[red]gemmlab profile: {e}", highlight=False, markup=False)
+        raise typer.Exit(e.code) from e
+    if entry is not None:
+        aid = _ledger(ledger).attach(ledger_entry, "profile", prof, prof.get("file"))
+        Console(stderr=True).print(f"attached the profile to ledger entry #{ledger_entry} (attachment {aid})")
+    g = prof["backends"]["gemmlab"]
+    if entry is not None and entry.path and entry.path != g["path"]:
+        out.print(f"[yellow]note: ledger entry #{ledger_entry} ran path {entry.path}; this profile's plan ran "
+                  f"{g['path']}")
+    title = (f"{req['m']}x{req['n']}x{req['k']} {req['dtype']} {req['layout']}: gemmlab {g['path']} under ncu "
+             f"{prof['ncu']['version'] or ''}, clock control {req['clock_control']}, caches flushed")
+    _print_rows(title, *view.summary_rows(prof), out)
+    _print_rows("launches", *view.launch_rows(prof), out)
+    if prof["unavailable"]:
+        out.print("not available on this GPU / ncu: " + view.lacking_text(prof))
+    if prof.get("file"):
+        out.print(f"wrote {prof['file']}")
+    if json_out:
+        print(json.dumps(prof, indent=1, default=str))
+
+
 @app.command("tune")
 def tune_cmd(
     shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable)")] = None,
@@ -844,14 +961,18 @@ def ledger_list(
 
 @ledger_app.command("show")
 def ledger_show(entry_id: int, ledger: LedgerOpt = None) -> None:
-    """One entry, whole (JSON)."""
+    """One entry, whole (JSON), with the list of its attachments (``gemmlab profile --ledger-entry``) if any."""
     import dataclasses
     import json
 
-    e = _ledger(ledger).get(entry_id)
+    db = _ledger(ledger)
+    e = db.get(entry_id)
     if e is None:
         raise typer.BadParameter(f"no ledger entry {entry_id}")
-    print(json.dumps(dataclasses.asdict(e), indent=1, default=str))
+    shown = dataclasses.asdict(e)
+    if att := db.attachments(entry_id):
+        shown["attachments"] = [{key: a[key] for key in ("id", "kind", "created", "path")} for a in att]
+    print(json.dumps(shown, indent=1, default=str))
 
 
 @ledger_app.command("compare")

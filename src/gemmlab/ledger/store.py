@@ -3,6 +3,7 @@
     db = Ledger.open()                      # GEMMLAB_LEDGER, else ~/.gemmlab/ledger.db
     entry_id = db.record(Entry(...))        # decides accepted / rejected against its parent, in one transaction
     db.get(entry_id), db.list(shape=...), db.history("8192x8192x16384"), db.export("csv")
+    db.attach(entry_id, "profile", {...}), db.attachments(entry_id)   # instruments' findings about an entry
 
 WAL journal, one transaction per write (``BEGIN IMMEDIATE``: the parent is looked up and the row inserted
 under the same write lock), a busy timeout so concurrent writers (tuner workers) wait instead of failing.
@@ -85,16 +86,25 @@ class Entry:
 
 _JSON = ("config", "ratio_ci", "per_round", "vs_parent", "report")
 _COLUMNS = [f.name for f in dataclasses.fields(Entry)]
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Attachments: what an instrument measured about an entry after the fact (``gemmlab profile``'s counters),
+# kept beside the entry rather than in it; ``data`` is JSON, ``path`` where the full artefact was written.
+_ATTACHMENTS = [
+    "CREATE TABLE attachments (id INTEGER PRIMARY KEY AUTOINCREMENT, entry_id INTEGER NOT NULL REFERENCES "
+    "entries (id), kind TEXT NOT NULL, created TEXT, path TEXT, data TEXT)",
+    "CREATE INDEX attachments_entry ON attachments (entry_id, kind)",
+]
 _SCHEMA = [
     f"CREATE TABLE entries (id INTEGER PRIMARY KEY AUTOINCREMENT, {', '.join(c for c in _COLUMNS if c != 'id')})",
     "CREATE INDEX entries_shape ON entries (op, shape, dtype, gpu, decision)",
     "CREATE INDEX entries_session ON entries (session)",
+    *_ATTACHMENTS,
 ]
 # _MIGRATIONS[v]: the statements that take a version v-1 file to version v (tests/test_ledger_schema.py
-# opens a version 0 file and checks that a migrated file has every column a new one has).
+# opens a version 0 file and checks that a migrated file has every column and table a new one has).
 _MIGRATIONS = {
     1: ["ALTER TABLE entries ADD COLUMN gemmlab_version"],
+    2: _ATTACHMENTS,
 }
 
 
@@ -263,6 +273,27 @@ class Ledger:
             cur = c.execute(f"INSERT INTO entries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", values)
             e.id = cur.lastrowid
         return e.id
+
+    def attach(self, entry_id: int, kind: str, data: dict, path: str | None = None) -> int:
+        """Attach ``data`` (JSON) of ``kind`` (e.g. "profile") to entry ``entry_id``; returns the attachment's
+        id. KeyError if there is no such entry."""
+        with self.transaction() as c:
+            if c.execute("SELECT 1 FROM entries WHERE id = ?", (entry_id,)).fetchone() is None:
+                raise KeyError(f"no ledger entry {entry_id}")
+            created = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+            cur = c.execute("INSERT INTO attachments (entry_id, kind, created, path, data) VALUES (?, ?, ?, ?, ?)",
+                            (entry_id, kind, created, path, json.dumps(data, default=str)))
+        return cur.lastrowid
+
+    def attachments(self, entry_id: int, kind: str | None = None) -> list[dict]:
+        """An entry's attachments, oldest first: {"id", "entry_id", "kind", "created", "path", "data"}."""
+        sql, args = "SELECT * FROM attachments WHERE entry_id = ?", [entry_id]
+        if kind is not None:
+            sql, args = sql + " AND kind = ?", args + [kind]
+        rows = [dict(r) for r in self.conn.execute(sql + " ORDER BY id", args)]
+        for r in rows:
+            r["data"] = json.loads(r["data"]) if r["data"] is not None else None
+        return rows
 
     def get(self, entry_id: int) -> Entry | None:
         r = self.conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchone()
