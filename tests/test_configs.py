@@ -36,7 +36,11 @@ def _ladder(target: Target, rows: int, experts: int, mode: int, elt: int = 2, ma
     bound = min(rows, max_group) if max_group else rows
     if target.name == "interpreter":
         return MoEConfig(block_m=16 if avg <= 16 else 32, block_n=32, block_k=32, num_warps=4, num_stages=1)
-    if bound <= 16:
+    per_sm = 1
+    if target.name == "nvidia-h200" and mode in (1, 2) and (bound <= 16 or (bound <= 64 and avg <= 8)):
+        # sweep_moe_small (2026-12-01): narrower gate/up tiles, deeper K, two programs per SM
+        bm, bn, bk, warps, stages, per_sm = 16, 64 if mode == 1 else 128, 128, 4, 3, 2
+    elif bound <= 16:
         bm, bn, bk, warps, stages = 16, 128, 64, 4, 4
     elif avg <= 48:  # two fp32 accumulators (gate, up) need two warpgroups at 64 rows (4 warps spill)
         bm, bn, bk, warps, stages = (64, 128, 64, 8, 4) if mode == 1 else (64, 128, 128, 4, 3)
@@ -44,9 +48,9 @@ def _ladder(target: Target, rows: int, experts: int, mode: int, elt: int = 2, ma
         bm, bn, bk, warps, stages = (128, 128, 64, 8, 4) if mode == 1 else (128, 256, 64, 8, 4)
     w_tiles = 2 if mode == 1 else 1
     staging = bm * bn // 2 * elt  # the TMA store's buffer (half a tile)
-    while stages > 2 and stages * (bm * bk + w_tiles * bn * bk) * elt + staging > SMEM_BYTES - 1024:
+    while stages > 2 and stages * (bm * bk + w_tiles * bn * bk) * elt + staging > SMEM_BYTES // per_sm - 1024:
         stages -= 1
-    return MoEConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+    return MoEConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, programs_per_sm=per_sm)
 
 
 def test_moe_tables_reproduce_the_ladder(user_dir):
