@@ -47,7 +47,11 @@ def test_tiles_come_from_the_largest_group_not_the_mean():
     for mode, n, k in ((1, 768, 2048), (2, 2048, 768)):
         cfg, why = moe_choice(H200, 16 * 8, 128, mode, **bf, n=n, k=k, max_group=16)  # T = 16: no group > 16
         assert cfg.block_m == 16 and "group_bound 0..16" in why, why
-        assert moe_choice(H200, 17 * 8, 128, mode, **bf, n=n, k=k, max_group=17)[0].block_m == 64
+        # T = 17..64 with groups averaging <= 8 rows: still 16-row tiles (bound <= 64 and mean <= 8: measured)
+        cfg, why = moe_choice(H200, 17 * 8, 128, mode, **bf, n=n, k=k, max_group=17)
+        assert cfg.block_m == 16 and "group_bound 0..64" in why and cfg.programs_per_sm == 2, why
+        assert moe_choice(H200, 65 * 8, 128, mode, **bf, n=n, k=k, max_group=65)[0].block_m == 64
+        assert moe_choice(H200, 64 * 8, 32, mode, **bf, n=n, k=k, max_group=64)[0].block_m == 64  # mean 16
         assert moe_choice(H200, 4096 * 8, 128, mode, **bf, n=n, k=k, max_group=4096)[0].block_m == 128
     # grouped_gemm knows no T: its bound is S itself
     assert moe_choice(H200, 16, 128, 0, **bf)[0].block_m == 16
