@@ -19,8 +19,8 @@ Each op is opaque to the compiler: inside a compiled graph it runs gemmlab's lau
 
 Backward kernels: the dense and grouped input gradients (dA, dB, dX) run on gemmlab's kernels (gemm on
 transposed views; the grouped kernel on w^T). The per-expert weight gradient dW[e] = dY_e^T X_e reduces over the
-expert's rows, a layout the grouped kernel does not have: it is a loop over experts of gemmlab's dense gemm,
-which reads the offsets on the host (one sync per backward; the backward is not graph-capturable).
+expert's rows: one launch of ``ops.moe_backward``'s weight-gradient kernel over all experts (offsets read on
+the device). moe_forward's backward is ``ops.moe_backward.moe_backward`` (fused; no host sync, capturable).
 """
 
 import torch
@@ -28,6 +28,7 @@ from torch import Tensor
 
 from gemmlab.ops import gemm as gemm_ops
 from gemmlab.ops import moe as moe_ops
+from gemmlab.ops import moe_backward as moe_bwd_ops
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -129,13 +130,9 @@ def _(x, w, offsets, out, validate):
 
 
 def weight_grad(dy: Tensor, x: Tensor, offsets: Tensor, dw: Tensor) -> Tensor:
-    """dw[e] (N, K) = dy[rows_e]^T (N, S_e) @ x[rows_e] (S_e, K): a loop over experts of gemmlab's gemm
-    (reads the offsets on the host). An expert with no rows gets zeros."""
-    start = 0
-    for e, end in enumerate(offsets.tolist()):
-        gemm_ops.launch_gemm(_unit(dy[start:end].t()), x[start:end], dw[e])
-        start = end
-    return dw
+    """dw[e] (N, K) = dy[rows_e]^T (N, S_e) @ x[rows_e] (S_e, K): one launch over every expert
+    (``ops.moe_backward.weight_grad``; no host sync). An expert with no rows gets zeros."""
+    return moe_bwd_ops.weight_grad(dy, None, x, None, offsets, dw)
 
 
 @torch.library.custom_op("gemmlab::grouped_gemm_backward", mutates_args=())
@@ -185,39 +182,11 @@ def _(x, w1, w2, topk_weights, topk_ids, validate, gather):
 @torch.library.custom_op("gemmlab::moe_backward", mutates_args=())
 def moe_backward(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor,
                  topk_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Recomputes the forward's routed intermediates on gemmlab's grouped kernel, then
-        d topk_weights[t, j] = dy_t . o_p             o_p = act_p @ w2_e^T (unscaled), p = (t, j)
-        d act_p = (w_tj dy_t) @ w2_e                  grouped kernel on w2^T
-        dh_p = [d act * up * silu'(gate), d act * silu(gate)]
-        dx_t = sum_j dh_p @ w1_e                      grouped kernel on w1^T, summed over j in slot order
-        dw2_e = sum_p (w dy)_p^T act_p, dw1_e = sum_p dh_p^T x_t     per-expert loop (``weight_grad``)."""
-    t, h = x.shape
-    e, i2, _ = w1.shape
-    i, k = i2 // 2, topk_ids.shape[1]
-    dx, dw1, dw2 = torch.zeros_like(x), torch.zeros_like(w1), torch.zeros_like(w2)
-    dtw = torch.zeros((t, k), dtype=topk_weights.dtype, device=x.device)
-    if t == 0 or h == 0 or i == 0:
-        return dx, dw1, dw2, dtw
-    r = moe_ops.sort_routes(topk_ids, e, 16)
-    x, w1, w2 = (v if v.stride(-1) == 1 else v.contiguous() for v in (x, w1, w2))
-    token, order = r.token.long(), r.order.long()
-    xs = x.index_select(0, token)  # (S, H) in expert order
-    gate_up = moe_ops.launch_grouped_gemm(xs, w1, r.offsets, None, False).float()  # (S, 2I)
-    gate, up = gate_up[:, :i], gate_up[:, i:]
-    sig = torch.sigmoid(gate)
-    act = (gate * sig * up).to(x.dtype)  # (S, I), rounded as the forward stores it
-    o = moe_ops.launch_grouped_gemm(act, w2, r.offsets, None, False)  # (S, H) unscaled
-    dys = dy.index_select(0, token).float()  # (S, H)
-    dtw.view(-1)[order] = (dys * o.float()).sum(1).to(dtw.dtype)
-    do = (dys * topk_weights.reshape(-1)[order].float()[:, None]).to(x.dtype)  # (S, H)
-    dact = moe_ops.launch_grouped_gemm(do, w2.transpose(1, 2).contiguous(), r.offsets, None, False).float()
-    dgate = dact * up * sig * (1 + gate * (1 - sig))
-    dh = torch.cat([dgate, dact * gate * sig], 1).to(x.dtype)  # (S, 2I)
-    dxs = moe_ops.launch_grouped_gemm(dh, w1.transpose(1, 2).contiguous(), r.offsets, None, False)  # (S, H)
-    dx.copy_(dxs.index_select(0, r.inv.long()).view(t, k, h).float().sum(1))  # fixed slot order
-    weight_grad(do, act, r.offsets, dw2)
-    weight_grad(dh, xs, r.offsets, dw1)
-    return dx, dw1, dw2, dtw
+    """The fused backward (``gemmlab.ops.moe_backward``): the routes sorted again, the first GEMM recomputed
+    from x inside the kernel that computes dy W2 (nothing but the inputs is saved), d topk_weights folded
+    into that kernel's epilogue, dX by a grouped GEMM on W1 in place and a deterministic combine, dW1 and dW2
+    by one grouped weight-gradient launch each. No host sync, no host loop over experts."""
+    return moe_bwd_ops.moe_backward(dy, x, w1, w2, topk_weights, topk_ids)
 
 
 @moe_backward.register_fake

@@ -1,0 +1,197 @@
+"""The fused backward of ``moe_forward`` and the grouped weight gradient (launchers of ``kernels.moe_backward``).
+
+Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k routed rows.
+
+    moe_backward(dy (T, H), x, w1 (E, 2I, H), w2 (E, H, I), topk_weights (T, k), topk_ids (T, k))
+        -> dx (T, H), dw1 (E, 2I, H), dw2 (E, H, I), d topk_weights (T, k)
+    weight_grad(p, q, offsets, out (E, M, N)): out[e] = p[rows_e]^T q[rows_e], rows optionally gathered
+
+Saved from the forward: only its inputs (x, the weights, the routing as ids and weights). The backward sorts
+the routes again (one launch up to ``ALIGN_MAX_S`` rows), then five launches, none of which reads a value
+on the host (capturable in a CUDA graph) and none of which loops over experts on the host:
+
+    1. dh kernel     recompute g, u = x[token] W1_e^T and d = dy[token] W2_e in one pass over H; write
+                     dgu (S, 2I) = w * [d h/dg, d h/du] . d, wh (S, I) = w * h, part (S, I/BLOCK_N) fp32
+    2. dW2           dw2[e] = dy[token]^T wh over the expert's rows (dy is read by token: no gathered copy)
+    3. dX GEMM       dxs (S, H) = dgu W1_e (W1 read in place as the (K = 2I, N = H) operand: no transpose copy)
+    4. combine       dx[t] = sum_j dxs[inv[t, j]] in j order; d topk_weights[t, j] = sum of part's row
+    5. dW1           dw1[e] = dgu^T x[token] over the expert's rows
+Transient memory beyond the gradients: dgu S*2I + max(wh S*I, dxs S*H) elements in x's dtype (wh is freed
+before dxs is made) and S*cdiv(I, BLOCK_N) fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton import knobs
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from gemmlab.kernels.moe_backward import (
+    _moe_bwd_combine_kernel,
+    _moe_bwd_dh_kernel,
+    _moe_bwd_dx_kernel,
+    _moe_weight_grad_kernel,
+)
+from gemmlab.ops import launch as kept_launch
+from gemmlab.ops.moe import _tma_ok, _w2d, sort_routes
+from gemmlab.ops.plan import Target, padded_k, target_for
+
+_KEPT: dict = {}  # kept compiled kernels of these launches (gemmlab.ops.launch.start)
+
+
+@dataclass(frozen=True)
+class MoEBackwardConfig:
+    """Launch parameters of the backward kernels (``dh``: kernel 1, ``dx``: kernel 3, ``wg``: 2 and 5). The
+    dh and dx kernels share one tile schedule, so one BLOCK_M."""
+
+    block_m: int = 128
+    group_m: int = 8
+    dh_block_n: int = 64
+    dh_block_k: int = 64
+    dh_warps: int = 8
+    dh_stages: int = 3
+    dx_block_n: int = 128
+    dx_block_k: int = 64
+    dx_warps: int = 8
+    dx_stages: int = 3
+    wg_block_m: int = 128
+    wg_block_n: int = 128
+    wg_block_k: int = 32
+    wg_warps: int = 8
+    wg_stages: int = 3
+
+
+def backward_config(target: Target, rows: int, experts: int) -> MoEBackwardConfig:
+    """The backward's config: 64-row tiles when experts average fewer than 128 routed rows (the forward's
+    rule of thumb), else 128. Untuned defaults: the tuner's tables do not cover the backward yet."""
+    per_expert = -(-rows // max(1, min(experts, rows)))
+    if per_expert <= 64:
+        return MoEBackwardConfig(block_m=64, dh_warps=4, dx_warps=4)
+    return MoEBackwardConfig()
+
+
+def _block(want: int, size: int) -> int:
+    """A power-of-two block no larger than ``want`` nor than needed for ``size`` (at least 16, tl.dot's minimum)."""
+    return max(16, min(want, triton.next_power_of_2(max(1, size))))
+
+
+def _upcast(t: torch.Tensor) -> bool:
+    return bool(knobs.runtime.interpret) and t.dtype == torch.bfloat16
+
+
+def weight_grad(p: torch.Tensor, p_rows: torch.Tensor | None, q: torch.Tensor, q_rows: torch.Tensor | None,
+                offsets: torch.Tensor, out: torch.Tensor, cfg: MoEBackwardConfig | None = None) -> torch.Tensor:
+    """out[e] (M, N) = sum over routed rows r of group e of p[p_rows[r]]^T q[q_rows[r]] (fp32 sums, rows in
+    order): p (rows, M) and q (rows, N) with unit column stride, read in place by the row indices (None:
+    row r itself); offsets (E,) int32 cumulative group ends; out (E, M, N) with unit column stride. One
+    launch over every expert (an expert with no rows gets zeros); no host sync."""
+    cfg = cfg or MoEBackwardConfig()
+    e, m, n = out.shape
+    if e == 0 or m == 0 or n == 0:
+        return out
+    if p.stride(-1) != 1:
+        p = p.contiguous()
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    bm, bn = _block(cfg.wg_block_m, m), _block(cfg.wg_block_n, n)
+    rows = p_rows if p_rows is not None else q_rows if q_rows is not None else offsets
+    kept_launch.start(
+        _KEPT, _moe_weight_grad_kernel, (triton.cdiv(m, bm) * triton.cdiv(n, bn), e),
+        [p, p_rows if p_rows is not None else rows, q, q_rows if q_rows is not None else rows, out, offsets, m, n,
+         p.stride(0), q.stride(0), out.stride(0), out.stride(1)],
+        dict(P_GATHER=p_rows is not None, Q_GATHER=q_rows is not None, BLOCK_M=bm, BLOCK_N=bn,
+             BLOCK_K=cfg.wg_block_k, DOT_UPCAST=_upcast(p)),
+        dict(num_warps=cfg.wg_warps, num_stages=cfg.wg_stages))
+    return out
+
+
+def _padded(s: int, n: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """(s, n) with rows padded to 16 bytes (TMA-readable)."""
+    return torch.empty((s, padded_k(n)), dtype=dtype, device=device)[:, :n]
+
+
+def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                 topk_ids: torch.Tensor, config: MoEBackwardConfig | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of ``moe_forward`` (see the module docstring) for checked forward arguments and dy (T, H) in
+    x's dtype. Returns dx (T, H), dw1 (E, 2I, H), dw2 (E, H, I) contiguous in x's dtype, and d topk_weights
+    (T, k) in topk_weights' dtype."""
+    t, h = x.shape
+    e, i2, _ = w1.shape
+    i, k = i2 // 2, topk_ids.shape[1]
+    s = t * k
+    if tuple(dy.shape) != (t, h) or dy.dtype != x.dtype or dy.device != x.device:
+        raise ValueError(f"moe_backward: dy must be a ({t}, {h}) {x.dtype} tensor on {x.device}, got "
+                         f"{tuple(dy.shape)} {dy.dtype} on {dy.device}")
+    dev = x.device
+    dx = torch.empty((t, h), dtype=x.dtype, device=dev)
+    dw1 = torch.empty((e, i2, h), dtype=x.dtype, device=dev)
+    dw2 = torch.empty((e, h, i), dtype=x.dtype, device=dev)
+    dtw = torch.empty((t, k), dtype=topk_weights.dtype, device=dev)
+    if t == 0 or h == 0 or i == 0:
+        for g in (dx, dw1, dw2, dtw):
+            g.zero_()
+        return dx, dw1, dw2, dtw
+    target = target_for(dev)
+    cfg = config or backward_config(target, s, e)
+    r = sort_routes(topk_ids, e, cfg.block_m, topk_weights)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    dy = dy if dy.stride(1) == 1 else dy.contiguous()
+    w1_2d, w2_2d = _w2d(w1), _w2d(w2)  # (E * 2I, H), (E * H, I) views (copies only of odd layouts)
+    log2_e = max(1, math.ceil(math.log2(max(e, 2)))) + 1
+    upcast = _upcast(x)
+    bm = cfg.block_m
+
+    # 1. dh: g, u, d in one pass over H; dgu, wh and the d topk_weights partials in the epilogue
+    bn, bk = _block(cfg.dh_block_n, i), _block(cfg.dh_block_k, h)
+    num_part = triton.cdiv(i, bn)
+    dgu, wh = _padded(s, i2, x.dtype, dev), _padded(s, i, x.dtype, dev)
+    part = torch.empty((s, num_part), dtype=torch.float32, device=dev)
+    w_tma = target.has_tma and _tma_ok(w1_2d) and _tma_ok(w2_2d)
+    w1_arg = TensorDescriptor(w1_2d, list(w1_2d.shape), [w1_2d.stride(0), 1], [bn, bk]) if w_tma else w1_2d
+    w2_arg = TensorDescriptor(w2_2d, list(w2_2d.shape), [w2_2d.stride(0), 1], [bk, bn]) if w_tma else w2_2d
+    items = (triton.cdiv(s, bm) + e) * num_part
+    programs = max(1, min(target.num_sms, items))
+    kept_launch.start(
+        _KEPT, _moe_bwd_dh_kernel, (programs,),
+        [x, dy, r.token, r.scale, w1_arg, w2_arg, dgu, wh, part, r.offsets, r.tile_offsets, h, i, e,
+         x.stride(0), dy.stride(0), w1_2d.stride(0), w2_2d.stride(0), dgu.stride(0), wh.stride(0)],
+        dict(W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_PROGRAMS=programs,
+             LOG2_E=log2_e, DOT_UPCAST=upcast),
+        dict(num_warps=cfg.dh_warps, num_stages=cfg.dh_stages))
+
+    # 2. dW2 = dy[token]^T wh; wh is not needed after it
+    weight_grad(dy, r.token, wh, None, r.offsets, dw2, cfg)
+    del wh
+
+    # 3. dxs = dgu W1_e, W1 read in place as (K = 2I, N = H)
+    bn, bk = _block(cfg.dx_block_n, h), _block(cfg.dx_block_k, i2)
+    dxs = _padded(s, h, x.dtype, dev)
+    a_tma = target.has_tma and _tma_ok(dgu)
+    wk_tma = target.has_tma and _tma_ok(w1_2d)
+    a_arg = TensorDescriptor(dgu, list(dgu.shape), [dgu.stride(0), 1], [bm, bk]) if a_tma else dgu
+    w_arg = TensorDescriptor(w1_2d, list(w1_2d.shape), [w1_2d.stride(0), 1], [bk, bn]) if wk_tma else w1_2d
+    items = (triton.cdiv(s, bm) + e) * triton.cdiv(h, bn)
+    programs = max(1, min(target.num_sms, items))
+    kept_launch.start(
+        _KEPT, _moe_bwd_dx_kernel, (programs,),
+        [a_arg, w_arg, dxs, r.offsets, r.tile_offsets, h, i2, e, dgu.stride(0), w1_2d.stride(0), dxs.stride(0)],
+        dict(A_TMA=a_tma, W_TMA=wk_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
+             NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast),
+        dict(num_warps=cfg.dx_warps, num_stages=cfg.dx_stages))
+
+    # 4. dx[t] = sum_j dxs[inv[t, j]] (j order); d topk_weights from the partials
+    block_h = min(1024, triton.next_power_of_2(h))
+    kept_launch.start(
+        _KEPT, _moe_bwd_combine_kernel, (t, triton.cdiv(h, block_h)),
+        [dxs, r.inv, part, dx, dtw, h, num_part, dxs.stride(0), dx.stride(0)],
+        dict(TOP_K=k, BLOCK_H=block_h, BLOCK_P=max(2, triton.next_power_of_2(num_part))), {})
+    del dxs
+
+    # 5. dW1 = dgu^T x[token]
+    weight_grad(dgu, None, x, r.token, r.offsets, dw1, cfg)
+    return dx, dw1, dw2, dtw
