@@ -89,18 +89,22 @@ def _moe_bwd_dh_kernel(
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_d = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        rows = row0 + tl.arange(0, BLOCK_M)
+        in_rows = rows < rows_end
+        src = tl.load(token + rows, mask=in_rows, other=0).to(tl.int64)  # gathered once per tile, not per K step
+        x_rows, dy_rows = x + src[:, None] * stride_x, dy + src[:, None] * stride_dy
         for ki in range(tl.cdiv(H, BLOCK_K)):
             off_k = ki * BLOCK_K
-            xt = _load_a_tile(x, token, row0, rows_end, off_k, H, stride_x, BLOCK_M, BLOCK_K, False, True)
+            kk = off_k + tl.arange(0, BLOCK_K)
+            a_mask = in_rows[:, None] & (kk[None, :] < H)
+            xt = tl.load(x_rows + kk[None, :], mask=a_mask, other=0.0)
             gt = _load_w_tile(w1, gate_row0, N_I - off_n, off_k, H, stride_w1, BLOCK_N, BLOCK_K, W_TMA)
             acc_g = _dot(xt, gt, acc_g, DOT_UPCAST)
             ut = _load_w_tile(w1, gate_row0 + N_I, N_I - off_n, off_k, H, stride_w1, BLOCK_N, BLOCK_K, W_TMA)
             acc_u = _dot(xt, ut, acc_u, DOT_UPCAST)
-            dyt = _load_a_tile(dy, token, row0, rows_end, off_k, H, stride_dy, BLOCK_M, BLOCK_K, False, True)
+            dyt = tl.load(dy_rows + kk[None, :], mask=a_mask, other=0.0)
             w2t = _load_kn_tile(w2, e * H + off_k, H - off_k, off_n, N_I, stride_w2, BLOCK_K, BLOCK_N, W_TMA)
             acc_d = _dot(dyt, w2t, acc_d, DOT_UPCAST)
-        rows = row0 + tl.arange(0, BLOCK_M)
-        in_rows = rows < rows_end
         cols = off_n + tl.arange(0, BLOCK_N)
         sig = tl.sigmoid(acc_g)
         silu = acc_g * sig

@@ -17,10 +17,11 @@ autograd, or runs under a dispatch mode or functorch transform; a plain eager ca
 the same implementation (``direct``), so it does not pay the dispatcher's and autograd wrapper's host cost.
 Each op is opaque to the compiler: inside a compiled graph it runs gemmlab's launcher as in eager.
 
-Backward kernels: the dense and grouped input gradients (dA, dB, dX) run on gemmlab's kernels (gemm on
-transposed views; the grouped kernel on w^T). The per-expert weight gradient dW[e] = dY_e^T X_e reduces over the
-expert's rows: one launch of ``ops.moe_backward``'s weight-gradient kernel over all experts (offsets read on
-the device). moe_forward's backward is ``ops.moe_backward.moe_backward`` (fused; no host sync, capturable).
+Backward kernels: the dense input gradients (dA, dB) run on gemmlab's gemm on transposed views; the grouped
+input gradient dX on ``ops.moe_backward``'s grouped kernel that reads w in place as the (N, K) operand. The
+per-expert weight gradient dW[e] = dY_e^T X_e reduces over the expert's rows: one launch of
+``ops.moe_backward``'s weight-gradient kernel over all experts (offsets read on the device). moe_forward's
+backward is ``ops.moe_backward.moe_backward`` (fused; no host sync, capturable).
 """
 
 import torch
@@ -139,7 +140,7 @@ def weight_grad(dy: Tensor, x: Tensor, offsets: Tensor, dw: Tensor) -> Tensor:
 def grouped_gemm_backward(dy: Tensor, x: Tensor, w: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
     dy = dy if dy.stride(-1) == 1 else dy.contiguous()
     dx = torch.zeros_like(x, memory_format=torch.contiguous_format)  # rows past offsets[-1] get no gradient
-    moe_ops.launch_grouped_gemm(dy, w.transpose(1, 2).contiguous(), offsets, dx, False)  # dy (S, N) @ w_e (N, K)
+    moe_bwd_ops.grouped_input_grad(dy, w, offsets, dx)  # dy (S, N) @ w_e (N, K), w read in place
     dw = weight_grad(dy, x if x.stride(-1) == 1 else x.contiguous(), offsets, torch.empty_like(
         w, memory_format=torch.contiguous_format))
     return dx, dw

@@ -30,6 +30,7 @@ import triton
 from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from gemmlab.kernels.moe import _moe_tiles_kernel
 from gemmlab.kernels.moe_backward import (
     _moe_bwd_combine_kernel,
     _moe_bwd_dh_kernel,
@@ -114,6 +115,51 @@ def _padded(s: int, n: int, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.empty((s, padded_k(n)), dtype=dtype, device=device)[:, :n]
 
 
+def _launch_dx(a: torch.Tensor, w2d: torch.Tensor, k: int, out: torch.Tensor, offsets: torch.Tensor,
+               tile_offsets: torch.Tensor, cfg: MoEBackwardConfig, target: Target) -> None:
+    """out[r] (N) = a[r] (K) @ W_e for the routed rows r of expert e, W_e = rows [e*K, (e+1)*K) of w2d (E*K, N),
+    read in place (row-major (K, N): the layout of W1 (E, 2I, H) for dX, of any w (E, N, K) for dy w_e).
+    ``tile_offsets`` must have been made with ``cfg.block_m``."""
+    e = offsets.numel()
+    n = out.shape[1]
+    bm, bn, bk = cfg.block_m, _block(cfg.dx_block_n, n), _block(cfg.dx_block_k, k)
+    a_tma = target.has_tma and _tma_ok(a)
+    w_tma = target.has_tma and _tma_ok(w2d)
+    a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma else a
+    w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bk, bn]) if w_tma else w2d
+    items = (triton.cdiv(a.shape[0], bm) + e) * triton.cdiv(n, bn)
+    programs = max(1, min(target.num_sms, items))
+    kept_launch.start(
+        _KEPT, _moe_bwd_dx_kernel, (programs,),
+        [a_arg, w_arg, out, offsets, tile_offsets, n, k, e, a.stride(0), w2d.stride(0), out.stride(0)],
+        dict(A_TMA=a_tma, W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
+             NUM_PROGRAMS=programs, LOG2_E=_log2_e(e), DOT_UPCAST=_upcast(a)),
+        dict(num_warps=cfg.dx_warps, num_stages=cfg.dx_stages))
+
+
+def _log2_e(e: int) -> int:
+    return max(1, math.ceil(math.log2(max(e, 2)))) + 1
+
+
+def grouped_input_grad(dy: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+    """dx[r] (K) = dy[r] (N) @ w[e] (N, K) for the rows of group e (``grouped_gemm``'s input gradient): w read
+    in place, no transposed copy; rows past offsets[-1] are left as they are (the caller zeroes them)."""
+    s, n = dy.shape
+    e, _, k = w.shape
+    if s == 0 or k == 0 or e == 0:
+        return dx
+    if n == 0:
+        return dx.zero_()
+    target = target_for(dy.device)
+    cfg = backward_config(target, s, e)
+    tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=dy.device)
+    ok = torch.empty(1, dtype=torch.bool, device=dy.device)  # the forward checked the offsets
+    kept_launch.start(_KEPT, _moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],
+                      dict(BLOCK_M=cfg.block_m, BLOCK_E=max(16, triton.next_power_of_2(e))), {})
+    _launch_dx(dy if dy.stride(1) == 1 else dy.contiguous(), _w2d(w), n, dx, offsets, tile_offsets, cfg, target)
+    return dx
+
+
 def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor, config: MoEBackwardConfig | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -142,7 +188,7 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     x = x if x.stride(1) == 1 else x.contiguous()
     dy = dy if dy.stride(1) == 1 else dy.contiguous()
     w1_2d, w2_2d = _w2d(w1), _w2d(w2)  # (E * 2I, H), (E * H, I) views (copies only of odd layouts)
-    log2_e = max(1, math.ceil(math.log2(max(e, 2)))) + 1
+    log2_e = _log2_e(e)
     upcast = _upcast(x)
     bm = cfg.block_m
 
@@ -169,20 +215,8 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     del wh
 
     # 3. dxs = dgu W1_e, W1 read in place as (K = 2I, N = H)
-    bn, bk = _block(cfg.dx_block_n, h), _block(cfg.dx_block_k, i2)
     dxs = _padded(s, h, x.dtype, dev)
-    a_tma = target.has_tma and _tma_ok(dgu)
-    wk_tma = target.has_tma and _tma_ok(w1_2d)
-    a_arg = TensorDescriptor(dgu, list(dgu.shape), [dgu.stride(0), 1], [bm, bk]) if a_tma else dgu
-    w_arg = TensorDescriptor(w1_2d, list(w1_2d.shape), [w1_2d.stride(0), 1], [bk, bn]) if wk_tma else w1_2d
-    items = (triton.cdiv(s, bm) + e) * triton.cdiv(h, bn)
-    programs = max(1, min(target.num_sms, items))
-    kept_launch.start(
-        _KEPT, _moe_bwd_dx_kernel, (programs,),
-        [a_arg, w_arg, dxs, r.offsets, r.tile_offsets, h, i2, e, dgu.stride(0), w1_2d.stride(0), dxs.stride(0)],
-        dict(A_TMA=a_tma, W_TMA=wk_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
-             NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast),
-        dict(num_warps=cfg.dx_warps, num_stages=cfg.dx_stages))
+    _launch_dx(dgu, w1_2d, i2, dxs, r.offsets, r.tile_offsets, cfg, target)
 
     # 4. dx[t] = sum_j dxs[inv[t, j]] (j order); d topk_weights from the partials
     block_h = min(1024, triton.next_power_of_2(h))
