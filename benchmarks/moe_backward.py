@@ -8,6 +8,7 @@ call, the returned gradients included).
 
     PYTHONPATH=src python3 benchmarks/moe_backward.py                     # Qwen3-30B-A3B, Mixtral; T 1024, 4096
     PYTHONPATH=src python3 benchmarks/moe_backward.py --baseline liger --out benchmarks/results/moe_backward.json
+    PYTHONPATH=src python3 benchmarks/moe_backward.py --sweep        # the backward alone under a few configs
 
 TFLOPS = 18*S*H*I / t: the forward's 6*S*H*I (gate/up 4, down 2) and the backward's 12*S*H*I (dX and dW1 4
 each, d(act) and dW2 2 each); work a candidate recomputes (gemmlab redoes the gate/up GEMM, 4*S*H*I) is not
@@ -19,7 +20,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -29,6 +32,8 @@ from gemmlab.bench.compare import compare_many
 from gemmlab.bench.moe import composite_forward, problem
 from gemmlab.ops import gemm as gemm_ops
 from gemmlab.ops import moe as moe_ops
+from gemmlab.ops import moe_backward as moe_bwd_ops
+from gemmlab.ops.moe_backward import MoEBackwardConfig
 from gemmlab.problems import MOE_MODELS
 from gemmlab.ref import mantissa_bits, moe_ref, moe_same_dtype
 
@@ -173,6 +178,52 @@ def run_case(model: str, tokens: int, routing: str, dtype: torch.dtype, liger: b
             "mode": "graph" if graph else "eager", "S": s, "notes": notes, **res}
 
 
+def sweep_variants() -> dict[str, MoEBackwardConfig]:
+    """One factor at a time from the default config (per case, ``backward_config``'s choice): the tile rows,
+    the dh kernel's tile, the dX kernel's tile, the weight-gradient tile."""
+    d = MoEBackwardConfig()
+    out = {"default": None}
+    for bm, warps in ((64, 4), (128, 8)):
+        out[f"block_m={bm}"] = replace(d, block_m=bm, dh_warps=warps, dx_warps=warps)
+    for bn, bk, warps, stages in ((128, 64, 8, 3), (64, 32, 4, 4), (64, 64, 4, 3), (32, 64, 4, 4)):
+        out[f"dh {bn}x{bk} w{warps} s{stages}"] = replace(d, dh_block_n=bn, dh_block_k=bk, dh_warps=warps,
+                                                          dh_stages=stages)
+    for bn, bk, stages in ((256, 64, 3), (128, 32, 4), (64, 64, 4)):
+        out[f"dx {bn}x{bk} s{stages}"] = replace(d, dx_block_n=bn, dx_block_k=bk, dx_stages=stages)
+    for bm, bn, bk, warps, stages in ((128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 256, 32, 8, 3),
+                                      (128, 64, 64, 4, 4)):
+        out[f"wg {bm}x{bn}x{bk} w{warps} s{stages}"] = replace(d, wg_block_m=bm, wg_block_n=bn, wg_block_k=bk,
+                                                               wg_warps=warps, wg_stages=stages)
+    return out
+
+
+def run_sweep(model: str, tokens: int, routing: str, dtype: torch.dtype, reps: int) -> list[dict]:
+    """The backward alone (``ops.moe_backward.moe_backward``) under each ``sweep_variants`` config: median ms
+    of ``reps`` L2-flushed calls after a check of its gradients (a variant that fails or cannot compile is
+    reported as such)."""
+    m = MOE_MODELS[model]
+    p = problem(m, tokens, routing, dtype, seed=tokens)
+    dy = torch.randn((tokens, m.hidden), device="cuda", dtype=torch.float32).mul_(0.5).to(dtype)
+    check = checker(*reference(p, dy), dtype)
+    args = (dy, p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
+    rows = []
+    for name, cfg in sweep_variants().items():
+        row = {"model": model, "tokens": tokens, "routing": routing, "variant": name}
+        try:
+            ok = check(moe_bwd_ops.moe_backward(*args, config=cfg))
+            row["ok"] = ok["ok"]
+            if ok["ok"]:
+                timing.warmup({"v": lambda cfg=cfg: moe_bwd_ops.moe_backward(*args, config=cfg)}, 0.3)
+                row["median_ms"] = statistics.median(
+                    timing.time_calls(lambda cfg=cfg: moe_bwd_ops.moe_backward(*args, config=cfg), reps))
+        except Exception as e:  # a config that does not compile (shared memory, registers) is a result too
+            row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:160]}")
+        rows.append(row)
+        print(f"{model:<15} {tokens:>6} {name:<28} {'ok' if row['ok'] else 'FAIL':<4} "
+              f"{row.get('median_ms', float('nan')):>8.3f} ms  {row.get('error', '')}", flush=True)
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     lines = [f"{'model':<15} {'T':>6} {'routing':<8} {'candidate':<30} {'ok':<3} {'ms':>8} {'TFLOPS':>7} "
              f"{'x base':>7} {'peak GiB':>9}"]
@@ -201,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (the old backward is dropped)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--sweep", action="store_true", help="time the backward alone under a few configs instead")
     ap.add_argument("--out", default="", help="write the rows and provenance as JSON here")
     a = ap.parse_args(argv)
     models = a.models.split(",")
@@ -218,6 +270,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dtype = getattr(torch, a.dtype)
     rows = []
+    if a.sweep:
+        for model in models:
+            for t in tokens:
+                rows += run_sweep(model, t, a.routing, dtype, max(a.reps, 10))
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump({"env": timing.env_info(), "sweep": rows}, f, indent=1, default=str)
+        return 0
     for model in models:
         for t in tokens:
             rows.append(run_case(model, t, a.routing, dtype, a.baseline == "liger", a.rounds, a.reps, a.graph))
