@@ -221,3 +221,16 @@ def test_benchmark_check_and_old_backward():
     assert not check(wrong)["ok"]
     assert mod.main(["--models", "nope"]) == 2  # unknown model: one line, exit status 2
     assert mod.main(["--tokens", "1k"]) == 2
+
+
+def test_frozen_experts_skip_the_weight_gradients():
+    x, w1, w2, tw, ids, dy = _problem(5, 16, 16, 3, 2, torch.float16)
+    full = bwd.moe_backward(dy, x, w1, w2, tw, ids)
+    dx, dw1, dw2, dtw = bwd.moe_backward(dy, x, w1, w2, tw, ids, need_w1=False, need_w2=False)
+    assert dw1.shape == (0,) and dw2.shape == (0,)
+    assert torch.equal(dx, full[0]) and torch.equal(dtw, full[3])
+    lx, ltw = _leaf(x), _leaf(tw)  # through autograd: weights that do not require grad get none
+    gx, gtw = torch.autograd.grad(gemmlab.moe_forward(lx, w1, w2, ltw, ids), (lx, ltw), dy)
+    assert torch.equal(gx, full[0]) and torch.equal(gtw, full[3])
+    torch.library.opcheck(torch.ops.gemmlab.moe_backward, (dy, x, w1, w2, tw, ids, True, False),
+                          test_utils=("test_schema", "test_faketensor"))

@@ -9,7 +9,7 @@ S = T*k routed rows.
     gemmlab::grouped_gemm_backward(dy, x, w, offsets) -> (dx (S, K), dw (E, N, K))
     gemmlab::moe_forward(x (T, H), w1 (E, 2I, H), w2 (E, H, I), topk_weights (T, k), topk_ids (T, k),
                          validate, gather) -> y (T, H)
-    gemmlab::moe_backward(dy, x, w1, w2, topk_weights, topk_ids) -> (dx, dw1, dw2, d topk_weights)
+    gemmlab::moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1, need_w2) -> (dx, dw1, dw2, dtw)
     gemmlab::route(logits (T, E), top_k, renormalize, scoring) -> (weights (T, k) fp32, ids (T, k) int32)
 
 The public functions (``gemmlab.gemm`` ...) call these ops whenever the call is traced (torch.compile), needs
@@ -181,19 +181,20 @@ def _(x, w1, w2, topk_weights, topk_ids, validate, gather):
 
 
 @torch.library.custom_op("gemmlab::moe_backward", mutates_args=())
-def moe_backward(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor,
-                 topk_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def moe_backward(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+                 need_w1: bool, need_w2: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The fused backward (``gemmlab.ops.moe_backward``): the routes sorted again, the first GEMM recomputed
     from x inside the kernel that computes dy W2 (nothing but the inputs is saved), d topk_weights folded
     into that kernel's epilogue, dX by a grouped GEMM on W1 in place and a deterministic combine, dW1 and dW2
-    by one grouped weight-gradient launch each. No host sync, no host loop over experts."""
-    return moe_bwd_ops.moe_backward(dy, x, w1, w2, topk_weights, topk_ids)
+    by one grouped weight-gradient launch each (skipped, and returned as (0,) tensors, when not needed). No
+    host sync, no host loop over experts."""
+    return moe_bwd_ops.moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1=need_w1, need_w2=need_w2)
 
 
 @moe_backward.register_fake
-def _(dy, x, w1, w2, topk_weights, topk_ids):
-    return (torch.empty_like(x), torch.empty_like(w1), torch.empty_like(w2),
-            topk_weights.new_empty(topk_weights.shape))
+def _(dy, x, w1, w2, topk_weights, topk_ids, need_w1, need_w2):
+    return (x.new_empty(x.shape), w1.new_empty(w1.shape if need_w1 else (0,)),
+            w2.new_empty(w2.shape if need_w2 else (0,)), topk_weights.new_empty(topk_weights.shape))
 
 
 def _moe_setup(ctx, inputs, output):
@@ -201,8 +202,8 @@ def _moe_setup(ctx, inputs, output):
 
 
 def _moe_backward(ctx, dy):
-    dx, dw1, dw2, dtw = moe_backward(_unit(dy), *ctx.saved_tensors)
     need = ctx.needs_input_grad
+    dx, dw1, dw2, dtw = moe_backward(_unit(dy), *ctx.saved_tensors, need[1], need[2])
     return (dx if need[0] else None, dw1 if need[1] else None, dw2 if need[2] else None, dtw if need[3] else None,
             None, None, None)
 

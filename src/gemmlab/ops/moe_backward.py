@@ -161,11 +161,12 @@ def grouped_input_grad(dy: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
 
 
 def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                 topk_ids: torch.Tensor, config: MoEBackwardConfig | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 topk_ids: torch.Tensor, config: MoEBackwardConfig | None = None, *, need_w1: bool = True,
+                 need_w2: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of ``moe_forward`` (see the module docstring) for checked forward arguments and dy (T, H) in
     x's dtype. Returns dx (T, H), dw1 (E, 2I, H), dw2 (E, H, I) contiguous in x's dtype, and d topk_weights
-    (T, k) in topk_weights' dtype."""
+    (T, k) in topk_weights' dtype. ``need_w1`` / ``need_w2`` False: that weight gradient is not computed (an
+    empty (0,) tensor comes back in its place; frozen experts)."""
     t, h = x.shape
     e, i2, _ = w1.shape
     i, k = i2 // 2, topk_ids.shape[1]
@@ -175,8 +176,8 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
                          f"{tuple(dy.shape)} {dy.dtype} on {dy.device}")
     dev = x.device
     dx = torch.empty((t, h), dtype=x.dtype, device=dev)
-    dw1 = torch.empty((e, i2, h), dtype=x.dtype, device=dev)
-    dw2 = torch.empty((e, h, i), dtype=x.dtype, device=dev)
+    dw1 = torch.empty((e, i2, h) if need_w1 else (0,), dtype=x.dtype, device=dev)
+    dw2 = torch.empty((e, h, i) if need_w2 else (0,), dtype=x.dtype, device=dev)
     dtw = torch.empty((t, k), dtype=topk_weights.dtype, device=dev)
     if t == 0 or h == 0 or i == 0:
         for g in (dx, dw1, dw2, dtw):
@@ -211,7 +212,8 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
         dict(num_warps=cfg.dh_warps, num_stages=cfg.dh_stages))
 
     # 2. dW2 = dy[token]^T wh; wh is not needed after it
-    weight_grad(dy, r.token, wh, None, r.offsets, dw2, cfg)
+    if need_w2:
+        weight_grad(dy, r.token, wh, None, r.offsets, dw2, cfg)
     del wh
 
     # 3. dxs = dgu W1_e, W1 read in place as (K = 2I, N = H)
@@ -227,5 +229,6 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     del dxs
 
     # 5. dW1 = dgu^T x[token]
-    weight_grad(dgu, None, x, r.token, r.offsets, dw1, cfg)
+    if need_w1:
+        weight_grad(dgu, None, x, r.token, r.offsets, dw1, cfg)
     return dx, dw1, dw2, dtw
