@@ -159,13 +159,14 @@ def run_case(model: str, tokens: int, routing: str, dtype: torch.dtype, liger: b
         fns.pop("gemmlab old backward")
         if fns.pop("liger", None) is not None:
             notes.append("liger: its routing reads a count on the host (.item()), so it is not captured")
-    baseline = "liger" if "liger" in fns else "torch composite (_grouped_mm)"
     try:
         fns["torch composite (_grouped_mm)"]()
     except Exception as e:  # no autograd for torch._grouped_mm in this torch
         notes.append(f"torch composite has no backward here ({type(e).__name__}: {str(e)[:120]}): dropped")
         fns.pop("torch composite (_grouped_mm)")
-        baseline = "liger" if "liger" in fns else "gemmlab old backward"
+    # the peer if there is one, else torch, else the old path, else gemmlab alone
+    baseline = next(n for n in ("liger", "torch composite (_grouped_mm)", "gemmlab old backward", "gemmlab")
+                    if n in fns)
     s = tokens * m.top_k
     flops = 18.0 * s * m.hidden * m.intermediate
     res = compare_many(fns, baseline, check=checker(want, torch_err, dtype), flops=flops,
