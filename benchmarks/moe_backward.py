@@ -227,12 +227,12 @@ def run_sweep(model: str, tokens: int, routing: str, dtype: torch.dtype, reps: i
 
 def table(rows: list[dict]) -> str:
     lines = [f"{'model':<15} {'T':>6} {'routing':<8} {'candidate':<30} {'ok':<3} {'ms':>8} {'TFLOPS':>7} "
-             f"{'x base':>7} {'peak GiB':>9}"]
+             f"{'speedup':>7} {'peak GiB':>9}"]
     for r in rows:
         for name, c in r["candidates"].items():
             ok = c.get("check", {}).get("ok")
             ms = c.get("median_ms")
-            ratio = (c.get("vs_baseline") or {}).get("median")
+            ratio = (c.get("vs_baseline") or {}).get("ratio")  # baseline time / this time: > 1 is faster
             lines.append(f"{r['model']:<15} {r['tokens']:>6} {r['routing']:<8} {name[:30]:<30} "
                          f"{'yes' if ok else 'NO':<3} {ms if ms is not None else float('nan'):>8.3f} "
                          f"{c.get('tflops', float('nan')):>7.1f} "

@@ -221,6 +221,11 @@ def test_benchmark_check_and_old_backward():
     assert not check(wrong)["ok"]
     assert mod.main(["--models", "nope"]) == 2  # unknown model: one line, exit status 2
     assert mod.main(["--tokens", "1k"]) == 2
+    row = {"model": "m", "tokens": 8, "routing": "uniform", "baseline": "b", "notes": [], "candidates": {
+        "gemmlab": {"check": {"ok": True}, "median_ms": 1.0, "tflops": 2.0, "vs_baseline": {"ratio": 1.5},
+                    "peak_bytes": 2**30}, "b": {"check": {"ok": True}, "median_ms": 1.5}, "bad": {"check": {}}}}
+    lines = mod.table([row]).splitlines()
+    assert lines[1].split()[-2:] == ["1.50", "1.000"] and "NO" in lines[3]  # speedup vs baseline, peak GiB
 
 
 def test_frozen_experts_skip_the_weight_gradients():
