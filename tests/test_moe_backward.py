@@ -239,3 +239,30 @@ def test_frozen_experts_skip_the_weight_gradients():
     assert torch.equal(gx, full[0]) and torch.equal(gtw, full[3])
     torch.library.opcheck(torch.ops.gemmlab.moe_backward, (dy, x, w1, w2, tw, ids, True, False),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+def test_launches_drop_pipeline_stages_that_do_not_fit(monkeypatch):
+    """A config whose stages overflow shared memory (OutOfResources when compiling) runs with fewer stages."""
+    from triton.runtime.errors import OutOfResources
+
+    real = bwd.kept_launch.start
+    asked = []
+
+    def start(cache, kernel, grid, args, consts, opts):
+        asked.append(opts.get("num_stages"))
+        if opts.get("num_stages", 0) > 2:
+            raise OutOfResources(300000, 232448, "shared memory")
+        return real(cache, kernel, grid, args, consts, opts)
+
+    monkeypatch.setattr(bwd.kept_launch, "start", start)
+    monkeypatch.setattr(bwd, "_STAGES", {})
+    x, w1, w2, tw, ids, dy = _problem(5, 16, 16, 3, 2, torch.float16)
+    got = bwd.moe_backward(dy, x, w1, w2, tw, ids)
+    monkeypatch.setattr(bwd.kept_launch, "start", real)
+    assert all(torch.equal(a, b) for a, b in zip(got, bwd.moe_backward(dy, x, w1, w2, tw, ids), strict=True))
+    assert 3 in asked and 2 in asked and set(bwd._STAGES.values()) == {2}
+    never = bwd.MoEBackwardConfig(wg_stages=1)
+    monkeypatch.setattr(bwd.kept_launch, "start", lambda *a: (_ for _ in ()).throw(OutOfResources(1, 0, "smem")))
+    with pytest.raises(OutOfResources):
+        bwd.weight_grad(x, None, x, None, torch.tensor([5], dtype=torch.int32, device=DEVICE),
+                        torch.empty((1, 16, 16), dtype=x.dtype, device=DEVICE), never)

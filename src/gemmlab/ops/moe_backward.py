@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import triton
 from triton import knobs
+from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.kernels.moe import _moe_tiles_kernel
@@ -42,6 +43,23 @@ from gemmlab.ops.moe import _tma_ok, _w2d, sort_routes
 from gemmlab.ops.plan import Target, padded_k, target_for
 
 _KEPT: dict = {}  # kept compiled kernels of these launches (gemmlab.ops.launch.start)
+_STAGES: dict = {}  # (kernel, constexprs, warps, stages asked) -> the stages that fit in shared memory
+
+
+def _start(kernel, grid: tuple, args: list, consts: dict, warps: int, stages: int):
+    """``kept_launch.start`` with ``stages`` pipeline stages, or fewer (not below 1) where the compiled kernel
+    does not fit in shared memory (OutOfResources is raised when compiling, before anything runs); the
+    stages that fit are remembered per specialization."""
+    key = (kernel, tuple(consts.items()), warps, stages)
+    fit = _STAGES.get(key, stages)
+    while True:
+        try:
+            return kept_launch.start(_KEPT, kernel, grid, args, consts, dict(num_warps=warps, num_stages=fit))
+        except OutOfResources:
+            if fit <= 1:
+                raise
+            fit -= 1
+            _STAGES[key] = fit
 
 
 @dataclass(frozen=True)
@@ -100,13 +118,12 @@ def weight_grad(p: torch.Tensor, p_rows: torch.Tensor | None, q: torch.Tensor, q
         q = q.contiguous()
     bm, bn = _block(cfg.wg_block_m, m), _block(cfg.wg_block_n, n)
     rows = p_rows if p_rows is not None else q_rows if q_rows is not None else offsets
-    kept_launch.start(
-        _KEPT, _moe_weight_grad_kernel, (triton.cdiv(m, bm) * triton.cdiv(n, bn), e),
+    _start(
+        _moe_weight_grad_kernel, (triton.cdiv(m, bm) * triton.cdiv(n, bn), e),
         [p, p_rows if p_rows is not None else rows, q, q_rows if q_rows is not None else rows, out, offsets, m, n,
          p.stride(0), q.stride(0), out.stride(0), out.stride(1)],
         dict(P_GATHER=p_rows is not None, Q_GATHER=q_rows is not None, BLOCK_M=bm, BLOCK_N=bn,
-             BLOCK_K=cfg.wg_block_k, DOT_UPCAST=_upcast(p)),
-        dict(num_warps=cfg.wg_warps, num_stages=cfg.wg_stages))
+             BLOCK_K=cfg.wg_block_k, DOT_UPCAST=_upcast(p)), cfg.wg_warps, cfg.wg_stages)
     return out
 
 
@@ -129,12 +146,11 @@ def _launch_dx(a: torch.Tensor, w2d: torch.Tensor, k: int, out: torch.Tensor, of
     w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bk, bn]) if w_tma else w2d
     items = (triton.cdiv(a.shape[0], bm) + e) * triton.cdiv(n, bn)
     programs = max(1, min(target.num_sms, items))
-    kept_launch.start(
-        _KEPT, _moe_bwd_dx_kernel, (programs,),
+    _start(
+        _moe_bwd_dx_kernel, (programs,),
         [a_arg, w_arg, out, offsets, tile_offsets, n, k, e, a.stride(0), w2d.stride(0), out.stride(0)],
         dict(A_TMA=a_tma, W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
-             NUM_PROGRAMS=programs, LOG2_E=_log2_e(e), DOT_UPCAST=_upcast(a)),
-        dict(num_warps=cfg.dx_warps, num_stages=cfg.dx_stages))
+             NUM_PROGRAMS=programs, LOG2_E=_log2_e(e), DOT_UPCAST=_upcast(a)), cfg.dx_warps, cfg.dx_stages)
 
 
 def _log2_e(e: int) -> int:
@@ -203,13 +219,12 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     w2_arg = TensorDescriptor(w2_2d, list(w2_2d.shape), [w2_2d.stride(0), 1], [bk, bn]) if w_tma else w2_2d
     items = (triton.cdiv(s, bm) + e) * num_part
     programs = max(1, min(target.num_sms, items))
-    kept_launch.start(
-        _KEPT, _moe_bwd_dh_kernel, (programs,),
+    _start(
+        _moe_bwd_dh_kernel, (programs,),
         [x, dy, r.token, r.scale, w1_arg, w2_arg, dgu, wh, part, r.offsets, r.tile_offsets, h, i, e,
          x.stride(0), dy.stride(0), w1_2d.stride(0), w2_2d.stride(0), dgu.stride(0), wh.stride(0)],
         dict(W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_PROGRAMS=programs,
-             LOG2_E=log2_e, DOT_UPCAST=upcast),
-        dict(num_warps=cfg.dh_warps, num_stages=cfg.dh_stages))
+             LOG2_E=log2_e, DOT_UPCAST=upcast), cfg.dh_warps, cfg.dh_stages)
 
     # 2. dW2 = dy[token]^T wh; wh is not needed after it
     if need_w2:
