@@ -12,7 +12,7 @@ import gemmlab
 from conftest import DEVICE, rand
 from gemmlab.ops import moe_backward as bwd
 from gemmlab.ops.moe import pack_moe_weights, route, sort_routes
-from gemmlab.ref import grouped_gemm_ref, mantissa_bits, moe_ref, moe_same_dtype
+from gemmlab.ref import grouped_gemm_ref, mantissa_bits, moe_check, moe_ref, moe_same_dtype
 
 DT = [torch.float16, torch.bfloat16]
 
@@ -44,10 +44,12 @@ def _problem(t, h, i, e, k, dtype, ids=None, seed=0):
     return x, w1, w2, tw, ids, rand((t, h), dtype, seed=seed + 4)
 
 
-def _check_grads(x, w1, w2, tw, ids, dy):
+def _check_grads(x, w1, w2, tw, ids, dy, forward=gemmlab.moe_forward):
     dtype = x.dtype
     ours = [_leaf(v) for v in (x, w1, w2, tw)]
-    gemmlab.moe_forward(*ours, ids).backward(dy)
+    y = forward(*ours, ids)
+    assert moe_check(y, x, w1, w2, tw, ids)["ok"]
+    y.backward(dy)
     refs = [_leaf(v.float()) for v in (x, w1, w2, tw)]
     moe_ref(*refs, ids).backward(dy.float())
     same = [_leaf(v) for v in (x, w1, w2, tw)]
@@ -70,6 +72,19 @@ CASES = [  # (T, H, I, E, k)
 @pytest.mark.parametrize(("t", "h", "i", "e", "k"), CASES)
 def test_moe_backward_matches_float32_autograd(dtype, t, h, i, e, k):
     _check_grads(*_problem(t, h, i, e, k, dtype))
+
+
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize(("t", "h", "i", "e", "k"), [CASES[0], CASES[1]])
+def test_saving_forward_and_its_backward(dtype, t, h, i, e, k):
+    """The option that keeps gate/up from the forward: same forward values and gradients within the rule."""
+    _check_grads(*_problem(t, h, i, e, k, dtype), forward=bwd.moe_forward_saving)
+
+
+def test_saving_backward_refuses_a_wrong_gate_up():
+    x, w1, w2, tw, ids, dy = _problem(4, 16, 16, 3, 2, torch.float16)
+    with pytest.raises(ValueError, match="gate_up must be"):
+        bwd.moe_backward(dy, x, w1, w2, tw, ids, gate_up=torch.zeros(8, 16, dtype=x.dtype, device=DEVICE))
 
 
 @pytest.mark.parametrize("dtype", DT)
@@ -176,7 +191,9 @@ def test_moe_forward_and_backward_read_nothing_on_the_host(monkeypatch):
     with _NoHostReads(monkeypatch):
         y = gemmlab.moe_forward(*leaves, ids, validate=False)
         grads = torch.autograd.grad(y, leaves, dy)
-    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+        y2 = bwd.moe_forward_saving(*leaves, ids, validate=False)
+        grads2 = torch.autograd.grad(y2, leaves, dy)
+    assert all(g is not None and torch.isfinite(g).all() for g in grads + grads2)
 
 
 def test_host_read_guard_fires(monkeypatch):
@@ -237,7 +254,7 @@ def test_frozen_experts_skip_the_weight_gradients():
     lx, ltw = _leaf(x), _leaf(tw)  # through autograd: weights that do not require grad get none
     gx, gtw = torch.autograd.grad(gemmlab.moe_forward(lx, w1, w2, ltw, ids), (lx, ltw), dy)
     assert torch.equal(gx, full[0]) and torch.equal(gtw, full[3])
-    torch.library.opcheck(torch.ops.gemmlab.moe_backward, (dy, x, w1, w2, tw, ids, True, False),
+    torch.library.opcheck(torch.ops.gemmlab.moe_backward, (dy, x, w1, w2, tw, ids, True, False, None),
                           test_utils=("test_schema", "test_faketensor"))
 
 

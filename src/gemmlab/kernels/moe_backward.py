@@ -4,13 +4,15 @@ rows, sorted by expert as in the forward (``kernels.moe``: offsets, tile_offsets
 With g = x W_g^T, u = x W_u^T, h = silu(g) * u, y_e = h W2_e^T and y[t] = sum_j w_tj y_e(t, j):
 
     _moe_bwd_dh_kernel       one pass over H per (m-tile, I-tile) with three accumulators:
-                             g, u (the recomputed first GEMM, x rows gathered by token) and
+                             g, u (the recomputed first GEMM, x rows gathered by token; or, without
+                             RECOMPUTE, loaded in the epilogue from the forward's saved gate_up) and
                              d = dy[token] @ W2_e (the unweighted gradient of h); epilogue:
                                part[r, n-tile] = sum_cols d * h          (d topk_weights, per I-tile)
                                dgu[r] = [w d h' wrt g, w d silu(g)]      (SiLU backward, scaled by w)
                                wh[r]  = w h                              (operand of dW2)
     _moe_bwd_dx_kernel       dxs[r] = dgu[r] @ W1_e, W1_e (2I, H) read as a (K, N) row-major operand
     _moe_bwd_combine_kernel  dx[t] = sum_j dxs[inv[t*k + j]] in j order; dtw[t, j] = sum_n part[inv[t*k+j], n]
+    _moe_silu_mul_kernel     act[r] = silu(gate_up[r, :I]) * gate_up[r, I:]   (the saving forward)
     _moe_weight_grad_kernel  dw[e] (M, N) = P[rows_e]^T @ Q[rows_e], P or Q rows gathered by token:
                              dW2 = dy[token]^T wh, dW1 = dgu^T x[token] (a K loop over the expert's rows)
 
@@ -70,12 +72,13 @@ def _moe_bwd_dh_kernel(
     w2,  # W2 (E * H, I): descriptor, blocks [BLOCK_K, BLOCK_N] (W_TMA), else pointer
     dgu,  # (S, 2I) out: [d gate, d up], x's dtype
     wh,  # (S, I) out: w * silu(gate) * up, x's dtype
+    gate_up,  # (S, 2I) [gate, up] saved by the forward (not RECOMPUTE), else unused
     part,  # (S, NUM_N) fp32 out: per I-tile partial sums of d topk_weights
     offsets,  # (E,) int32 cumulative row ends
     tile_offsets,  # (E + 1,) int32 cumulative m-tile counts
     H, N_I, E,  # N_I = I
-    stride_x, stride_dy, stride_w1, stride_w2, stride_dgu, stride_wh,
-    W_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    stride_x, stride_dy, stride_w1, stride_w2, stride_dgu, stride_wh, stride_gu,
+    RECOMPUTE: tl.constexpr, W_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
     """Grid (NUM_PROGRAMS,), persistent over tile_offsets[E] * cdiv(I, BLOCK_N) items (read on the device)."""
@@ -97,15 +100,21 @@ def _moe_bwd_dh_kernel(
             off_k = ki * BLOCK_K
             kk = off_k + tl.arange(0, BLOCK_K)
             a_mask = in_rows[:, None] & (kk[None, :] < H)
-            xt = tl.load(x_rows + kk[None, :], mask=a_mask, other=0.0)
-            gt = _load_w_tile(w1, gate_row0, N_I - off_n, off_k, H, stride_w1, BLOCK_N, BLOCK_K, W_TMA)
-            acc_g = _dot(xt, gt, acc_g, DOT_UPCAST)
-            ut = _load_w_tile(w1, gate_row0 + N_I, N_I - off_n, off_k, H, stride_w1, BLOCK_N, BLOCK_K, W_TMA)
-            acc_u = _dot(xt, ut, acc_u, DOT_UPCAST)
+            if RECOMPUTE:
+                xt = tl.load(x_rows + kk[None, :], mask=a_mask, other=0.0)
+                gt = _load_w_tile(w1, gate_row0, N_I - off_n, off_k, H, stride_w1, BLOCK_N, BLOCK_K, W_TMA)
+                acc_g = _dot(xt, gt, acc_g, DOT_UPCAST)
+                ut = _load_w_tile(w1, gate_row0 + N_I, N_I - off_n, off_k, H, stride_w1, BLOCK_N, BLOCK_K, W_TMA)
+                acc_u = _dot(xt, ut, acc_u, DOT_UPCAST)
             dyt = tl.load(dy_rows + kk[None, :], mask=a_mask, other=0.0)
             w2t = _load_kn_tile(w2, e * H + off_k, H - off_k, off_n, N_I, stride_w2, BLOCK_K, BLOCK_N, W_TMA)
             acc_d = _dot(dyt, w2t, acc_d, DOT_UPCAST)
         cols = off_n + tl.arange(0, BLOCK_N)
+        if not RECOMPUTE:
+            gu = gate_up + rows.to(tl.int64)[:, None] * stride_gu + cols[None, :]
+            gu_mask = in_rows[:, None] & (cols[None, :] < N_I)
+            acc_g = tl.load(gu, mask=gu_mask, other=0.0).to(tl.float32)
+            acc_u = tl.load(gu + N_I, mask=gu_mask, other=0.0).to(tl.float32)
         sig = tl.sigmoid(acc_g)
         silu = acc_g * sig
         h = silu * acc_u
@@ -214,3 +223,19 @@ def _moe_weight_grad_kernel(
         acc = _dot(tl.trans(pt), qt, acc, DOT_UPCAST)
     o = out + e.to(tl.int64) * stride_oe + mm.to(tl.int64)[:, None] * stride_om + nn[None, :]
     tl.store(o, acc.to(out.dtype.element_ty), mask=(mm[:, None] < M) & (nn[None, :] < N))
+
+
+@triton.jit
+def _moe_silu_mul_kernel(
+    gate_up,  # (S, 2I) [gate, up]
+    act,  # (S, I) out
+    N_I, stride_gu, stride_act,  # N_I = I
+    BLOCK: tl.constexpr,
+):
+    """Grid (S, cdiv(I, BLOCK)): act[r] = silu(gate[r]) * up[r] in fp32, stored in act's dtype."""
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < N_I
+    g = tl.load(gate_up + r * stride_gu + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gate_up + r * stride_gu + N_I + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(act + r * stride_act + cols, (g * tl.sigmoid(g) * u).to(act.dtype.element_ty), mask=m)

@@ -9,7 +9,8 @@ S = T*k routed rows.
     gemmlab::grouped_gemm_backward(dy, x, w, offsets) -> (dx (S, K), dw (E, N, K))
     gemmlab::moe_forward(x (T, H), w1 (E, 2I, H), w2 (E, H, I), topk_weights (T, k), topk_ids (T, k),
                          validate, gather) -> y (T, H)
-    gemmlab::moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1, need_w2) -> (dx, dw1, dw2, dtw)
+    gemmlab::moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1, need_w2, gate_up?) -> (dx, dw1, dw2, dtw)
+    gemmlab::moe_forward_saving(x, w1, w2, topk_weights, topk_ids, validate) -> (y, gate_up (S, 2I))
     gemmlab::route(logits (T, E), top_k, renormalize, scoring) -> (weights (T, k) fp32, ids (T, k) int32)
 
 The public functions (``gemmlab.gemm`` ...) call these ops whenever the call is traced (torch.compile), needs
@@ -182,17 +183,18 @@ def _(x, w1, w2, topk_weights, topk_ids, validate, gather):
 
 @torch.library.custom_op("gemmlab::moe_backward", mutates_args=())
 def moe_backward(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
-                 need_w1: bool, need_w2: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 need_w1: bool, need_w2: bool, gate_up: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The fused backward (``gemmlab.ops.moe_backward``): the routes sorted again, the first GEMM recomputed
-    from x inside the kernel that computes dy W2 (nothing but the inputs is saved), d topk_weights folded
-    into that kernel's epilogue, dX by a grouped GEMM on W1 in place and a deterministic combine, dW1 and dW2
-    by one grouped weight-gradient launch each (skipped, and returned as (0,) tensors, when not needed). No
-    host sync, no host loop over experts."""
-    return moe_bwd_ops.moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1=need_w1, need_w2=need_w2)
+    from x inside the kernel that computes dy W2 (nothing but the inputs is saved; or, with ``gate_up`` from
+    ``moe_forward_saving``, loaded instead), d topk_weights folded into that kernel's epilogue, dX by a grouped
+    GEMM on W1 in place and a deterministic combine, dW1 and dW2 by one grouped weight-gradient launch each
+    (skipped, and returned as (0,) tensors, when not needed). No host sync, no host loop over experts."""
+    return moe_bwd_ops.moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1=need_w1, need_w2=need_w2,
+                                    gate_up=gate_up)
 
 
 @moe_backward.register_fake
-def _(dy, x, w1, w2, topk_weights, topk_ids, need_w1, need_w2):
+def _(dy, x, w1, w2, topk_weights, topk_ids, need_w1, need_w2, gate_up):
     return (x.new_empty(x.shape), w1.new_empty(w1.shape if need_w1 else (0,)),
             w2.new_empty(w2.shape if need_w2 else (0,)), topk_weights.new_empty(topk_weights.shape))
 
@@ -203,12 +205,40 @@ def _moe_setup(ctx, inputs, output):
 
 def _moe_backward(ctx, dy):
     need = ctx.needs_input_grad
-    dx, dw1, dw2, dtw = moe_backward(_unit(dy), *ctx.saved_tensors, need[1], need[2])
+    dx, dw1, dw2, dtw = moe_backward(_unit(dy), *ctx.saved_tensors, need[1], need[2], None)
     return (dx if need[0] else None, dw1 if need[1] else None, dw2 if need[2] else None, dtw if need[3] else None,
             None, None, None)
 
 
 moe_forward.register_autograd(_moe_backward, setup_context=_moe_setup)
+
+
+@torch.library.custom_op("gemmlab::moe_forward_saving", mutates_args=())
+def moe_forward_saving(x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+                       validate: bool) -> tuple[Tensor, Tensor]:
+    """y and the gate/up pre-activations (S, 2I, routed order) that its backward loads instead of recomputing."""
+    return moe_bwd_ops.launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate)
+
+
+@moe_forward_saving.register_fake
+def _(x, w1, w2, topk_weights, topk_ids, validate):
+    s, i2 = x.shape[0] * topk_ids.shape[1], w1.shape[1]
+    return x.new_empty((x.shape[0], w2.shape[1])), x.new_empty((s, i2))
+
+
+def _saving_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:5], output[1])
+
+
+def _saving_backward(ctx, dy, _dgate_up):
+    need = ctx.needs_input_grad
+    *saved, gate_up = ctx.saved_tensors
+    dx, dw1, dw2, dtw = moe_backward(_unit(dy), *saved, need[1], need[2], gate_up)
+    return (dx if need[0] else None, dw1 if need[1] else None, dw2 if need[2] else None, dtw if need[3] else None,
+            None, None)
+
+
+moe_forward_saving.register_autograd(_saving_backward, setup_context=_saving_setup)
 
 
 # ------------------------------------------------------------------------------------------------ route

@@ -23,7 +23,7 @@ before dxs is made) and S*cdiv(I, BLOCK_N) fp32.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -31,14 +31,16 @@ from triton import knobs
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from gemmlab.kernels.moe import _moe_tiles_kernel
+from gemmlab.kernels.moe import _moe_combine_kernel, _moe_tiles_kernel
 from gemmlab.kernels.moe_backward import (
     _moe_bwd_combine_kernel,
     _moe_bwd_dh_kernel,
     _moe_bwd_dx_kernel,
+    _moe_silu_mul_kernel,
     _moe_weight_grad_kernel,
 )
 from gemmlab.ops import launch as kept_launch
+from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import _tma_ok, _w2d, sort_routes
 from gemmlab.ops.plan import Target, padded_k, target_for
 
@@ -178,11 +180,14 @@ def grouped_input_grad(dy: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
 
 def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor, config: MoEBackwardConfig | None = None, *, need_w1: bool = True,
-                 need_w2: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 need_w2: bool = True, gate_up: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of ``moe_forward`` (see the module docstring) for checked forward arguments and dy (T, H) in
     x's dtype. Returns dx (T, H), dw1 (E, 2I, H), dw2 (E, H, I) contiguous in x's dtype, and d topk_weights
     (T, k) in topk_weights' dtype. ``need_w1`` / ``need_w2`` False: that weight gradient is not computed (an
-    empty (0,) tensor comes back in its place; frozen experts)."""
+    empty (0,) tensor comes back in its place; frozen experts). ``gate_up`` (S, 2I): the pre-activations in
+    routed (expert) order that ``moe_forward_saving`` kept; then the dh kernel loads them instead of
+    recomputing x W1^T (4*S*H*I fewer flops)."""
     t, h = x.shape
     e, i2, _ = w1.shape
     i, k = i2 // 2, topk_ids.shape[1]
@@ -214,6 +219,10 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     num_part = triton.cdiv(i, bn)
     dgu, wh = _padded(s, i2, x.dtype, dev), _padded(s, i, x.dtype, dev)
     part = torch.empty((s, num_part), dtype=torch.float32, device=dev)
+    if gate_up is not None and (tuple(gate_up.shape) != (s, i2) or gate_up.dtype != x.dtype or
+                                gate_up.stride(1) != 1):
+        raise ValueError(f"moe_backward: gate_up must be a row-major ({s}, {i2}) {x.dtype} tensor, got "
+                         f"{tuple(gate_up.shape)} {gate_up.dtype}")
     w_tma = target.has_tma and _tma_ok(w1_2d) and _tma_ok(w2_2d)
     w1_arg = TensorDescriptor(w1_2d, list(w1_2d.shape), [w1_2d.stride(0), 1], [bn, bk]) if w_tma else w1_2d
     w2_arg = TensorDescriptor(w2_2d, list(w2_2d.shape), [w2_2d.stride(0), 1], [bk, bn]) if w_tma else w2_2d
@@ -221,10 +230,11 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     programs = max(1, min(target.num_sms, items))
     _start(
         _moe_bwd_dh_kernel, (programs,),
-        [x, dy, r.token, r.scale, w1_arg, w2_arg, dgu, wh, part, r.offsets, r.tile_offsets, h, i, e,
-         x.stride(0), dy.stride(0), w1_2d.stride(0), w2_2d.stride(0), dgu.stride(0), wh.stride(0)],
-        dict(W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_PROGRAMS=programs,
-             LOG2_E=log2_e, DOT_UPCAST=upcast), cfg.dh_warps, cfg.dh_stages)
+        [x, dy, r.token, r.scale, w1_arg, w2_arg, dgu, wh, dgu if gate_up is None else gate_up, part, r.offsets,
+         r.tile_offsets, h, i, e, x.stride(0), dy.stride(0), w1_2d.stride(0), w2_2d.stride(0), dgu.stride(0),
+         wh.stride(0), dgu.stride(0) if gate_up is None else gate_up.stride(0)],
+        dict(RECOMPUTE=gate_up is None, W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
+             NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast), cfg.dh_warps, cfg.dh_stages)
 
     # 2. dW2 = dy[token]^T wh; wh is not needed after it
     if need_w2:
@@ -247,3 +257,55 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     if need_w1:
         weight_grad(dgu, None, x, r.token, r.offsets, dw1, cfg)
     return dx, dw1, dw2, dtw
+
+
+# ------------------------------------------------------------------------------ the saving forward (option)
+
+
+def launch_forward_saving(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                          topk_ids: torch.Tensor, validate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """y (T, H) as ``moe_forward`` computes it, and the pre-activations gate_up (S, 2I) in routed order, kept
+    for the backward (Liger's trade: S*2I more memory held from forward to backward, no recompute). The
+    first GEMM is the grouped kernel's plain mode (N = 2I, stored), then SiLU * up in a separate pass, then
+    the forward's down GEMM and combine. Routes are sorted with the first GEMM's BLOCK_M."""
+    t, h, i, e, k = moe_ops._check_args(x, w1, w2, topk_weights, topk_ids)
+    s, dev = t * k, x.device
+    y = torch.empty((t, h), dtype=x.dtype, device=dev)
+    gate_up = _padded(s, 2 * i, x.dtype, dev)
+    if t == 0 or h == 0 or i == 0:
+        return y.zero_(), gate_up.zero_()
+    target = target_for(dev)
+    elt = x.element_size()
+    cfg1 = moe_ops.moe_config(target, s, e, 0, elt, dtype=x.dtype, n=2 * i, k=h)
+    cfg2 = replace(moe_ops.moe_config(target, s, e, 2, elt, dtype=x.dtype, n=h, k=i), block_m=cfg1.block_m)
+    r = sort_routes(topk_ids, e, cfg1.block_m, topk_weights)
+    if validate:  # no host sync: the routing kernel's flag, or min/max of the ids (as the forward)
+        lo, hi = torch.aminmax(topk_ids) if r.ok is None else (None, None)
+        ok = r.ok[0] if r.ok is not None else (lo >= 0) & (hi < e)
+        moe_ops._device_check(ok, f"moe: topk_ids must be in [0, E={e})")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    if target.has_tma and (h * elt) % 16 == 0:  # as the forward's gather="auto": one gathered copy, TMA reads
+        moe_ops._launch_grouped(0, x.index_select(0, r.token), None, w1, gate_up, None, r.offsets, r.tile_offsets,
+                                2 * i, cfg1, target, s)
+    else:
+        moe_ops._launch_grouped(0, x, r.token, w1, gate_up, None, r.offsets, r.tile_offsets, 2 * i, cfg1, target, s)
+    act = _padded(s, i, x.dtype, dev)
+    block = min(1024, triton.next_power_of_2(i))
+    kept_launch.start(_KEPT, _moe_silu_mul_kernel, (s, triton.cdiv(i, block)),
+                      [gate_up, act, i, gate_up.stride(0), act.stride(0)], dict(BLOCK=block), {})
+    o = torch.empty((s, h), dtype=x.dtype, device=dev)
+    moe_ops._launch_grouped(2, act, None, w2, o, r.scale, r.offsets, r.tile_offsets, h, cfg2, target, s)
+    block_h = min(1024, triton.next_power_of_2(h))
+    kept_launch.start(_KEPT, _moe_combine_kernel, (t, triton.cdiv(h, block_h)),
+                      [o, r.inv, y, h, o.stride(0), y.stride(0)], dict(TOP_K=k, BLOCK_H=block_h), {})
+    return y, gate_up
+
+
+def moe_forward_saving(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                       topk_ids: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
+    """``moe_forward`` (2-D x) whose autograd keeps the gate/up pre-activations instead of recomputing them
+    (``torch.ops.gemmlab.moe_forward_saving``): the trade to measure against the recomputing default."""
+    from gemmlab.ops import custom
+
+    moe_ops._check_args(x, w1, w2, topk_weights, topk_ids)
+    return custom.moe_forward_saving(x, w1, w2, topk_weights, topk_ids, bool(validate))[0]
