@@ -1,4 +1,5 @@
-"""MoE forward + backward on a GPU: gemmlab's fused backward against the previous gemmlab backward, torch's
+"""MoE forward + backward on a GPU: gemmlab's fused backward (recomputing gate/up, the default; and the option
+that keeps them from the forward, ``moe_forward_saving``) against the previous gemmlab backward, torch's
 composite on ``torch._grouped_mm`` through autograd, and (``--baseline liger``, when installed) Liger-Kernel's
 ``LigerFusedMoEFunction``. Every candidate's four gradients (dx, dw1, dw2, d topk_weights) are checked against
 torch.autograd on gemmlab.ref's float32 loop first (the tests' rule: within 2x what torch's same-dtype loop
@@ -100,6 +101,7 @@ def candidates(p: dict, dy: torch.Tensor, liger: bool) -> tuple[dict, list[str]]
         return lambda: torch.autograd.grad(forward(), leaves, dy)
 
     fns = {"gemmlab": grads(lambda: gemmlab.moe_forward(x, w1, w2, tw, ids, validate=False)),
+           "gemmlab saving gate/up": grads(lambda: moe_bwd_ops.moe_forward_saving(x, w1, w2, tw, ids, validate=False)),
            "gemmlab old backward": grads(lambda: _OldMoE.apply(x, w1, w2, tw, ids)),
            "torch composite (_grouped_mm)": grads(lambda: composite_forward(x, w1, w2, tw, ids))}
     notes = []

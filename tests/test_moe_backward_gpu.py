@@ -26,17 +26,19 @@ def _dy(t, h, dtype, seed=0):
     return (torch.rand((t, h), generator=g, device="cuda") - 0.5).to(dtype)
 
 
+@pytest.mark.parametrize("saving", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("model", "t", "routing"), [("qwen3", 256, "uniform"), ("qwen3", 256, "zipf"),
                                                      ("odd", 64, "uniform"), ("mixtral-half", 128, "uniform")])
-def test_moe_backward_gpu_matches_float32_autograd(dtype, model, t, routing):
+def test_moe_backward_gpu_matches_float32_autograd(dtype, model, t, routing, saving):
     m = {"qwen3": MOE_MODELS["qwen3-30b-a3b"],
          "odd": MoEModel(hidden=1001, intermediate=389, experts=16, top_k=4),  # odd: pointer loads
          "mixtral-half": MoEModel(hidden=2048, intermediate=7168, experts=8, top_k=2)}[model]
     p = problem(m, t, routing, dtype, seed=t)
     dy = _dy(t, m.hidden, dtype)
     leaves = _leaves(p)
-    ours = torch.autograd.grad(gemmlab.moe_forward(*leaves, p["ids"]), leaves, dy)
+    forward = bwd.moe_forward_saving if saving else gemmlab.moe_forward
+    ours = torch.autograd.grad(forward(*leaves, p["ids"]), leaves, dy)
     ref = [p[n].detach().float().requires_grad_(True) for n in NAMES]
     want = torch.autograd.grad(moe_ref(*ref, p["ids"]), ref, dy.float())
     same = _leaves(p)
@@ -48,7 +50,8 @@ def test_moe_backward_gpu_matches_float32_autograd(dtype, model, t, routing):
         assert torch.isfinite(o).all() and err <= allowed, (name, err, allowed, torch_err)
 
 
-def test_moe_forward_backward_captures_in_one_cuda_graph():
+@pytest.mark.parametrize("saving", [False, True])
+def test_moe_forward_backward_captures_in_one_cuda_graph(saving):
     m = MOE_MODELS["qwen3-30b-a3b"]
     t = 256
     p = problem(m, t, "uniform", torch.bfloat16, seed=1)
@@ -56,8 +59,10 @@ def test_moe_forward_backward_captures_in_one_cuda_graph():
     ids = p["ids"].clone()
     dy = _dy(t, m.hidden, torch.bfloat16)
 
+    forward = bwd.moe_forward_saving if saving else gemmlab.moe_forward
+
     def step():
-        return torch.autograd.grad(gemmlab.moe_forward(*leaves, ids, validate=False), leaves, dy)
+        return torch.autograd.grad(forward(*leaves, ids, validate=False), leaves, dy)
 
     eager = step()
     stream = torch.cuda.Stream()
@@ -80,7 +85,7 @@ def test_moe_forward_backward_captures_in_one_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     fresh = _leaves(q)
-    again = torch.autograd.grad(gemmlab.moe_forward(*fresh, q["ids"]), fresh, dy)
+    again = torch.autograd.grad(forward(*fresh, q["ids"]), fresh, dy)
     for a, b in zip(again, captured, strict=True):
         assert torch.equal(a, b)
 
