@@ -18,6 +18,11 @@ on the host (capturable in a CUDA graph) and none of which loops over experts on
     5. dW1           dw1[e] = dgu^T x[token] over the expert's rows
 Transient memory beyond the gradients: dgu S*2I + max(wh S*I, dxs S*H) elements in x's dtype (wh is freed
 before dxs is made) and S*cdiv(I, BLOCK_N) fp32.
+
+The option ``moe_forward_saving`` (Liger's trade) keeps the gate/up pre-activations (S, 2I) from the forward
+(held until the backward) and kernel 1 loads them instead of recomputing x W1^T: 4*S*H*I fewer flops in the
+backward (22% of forward + backward), a slower forward (gate/up stored, SiLU * up in a separate pass).
+Which one wins on a GPU is for ``benchmarks/moe_backward.py`` to measure.
 """
 
 from __future__ import annotations
