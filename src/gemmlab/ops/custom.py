@@ -9,7 +9,8 @@ S = T*k routed rows.
     gemmlab::grouped_gemm_backward(dy, x, w, offsets) -> (dx (S, K), dw (E, N, K))
     gemmlab::moe_forward(x (T, H), w1 (E, 2I, H), w2 (E, H, I), topk_weights (T, k), topk_ids (T, k),
                          validate, gather) -> y (T, H)
-    gemmlab::moe_backward(dy, x, w1, w2, topk_weights, topk_ids) -> (dx, dw1, dw2, d topk_weights)
+    gemmlab::moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1, need_w2, gate_up?) -> (dx, dw1, dw2, dtw)
+    gemmlab::moe_forward_saving(x, w1, w2, topk_weights, topk_ids, validate) -> (y, gate_up (S, 2I))
     gemmlab::route(logits (T, E), top_k, renormalize, scoring) -> (weights (T, k) fp32, ids (T, k) int32)
 
 The public functions (``gemmlab.gemm`` ...) call these ops whenever the call is traced (torch.compile), needs
@@ -17,10 +18,11 @@ autograd, or runs under a dispatch mode or functorch transform; a plain eager ca
 the same implementation (``direct``), so it does not pay the dispatcher's and autograd wrapper's host cost.
 Each op is opaque to the compiler: inside a compiled graph it runs gemmlab's launcher as in eager.
 
-Backward kernels: the dense and grouped input gradients (dA, dB, dX) run on gemmlab's kernels (gemm on
-transposed views; the grouped kernel on w^T). The per-expert weight gradient dW[e] = dY_e^T X_e reduces over the
-expert's rows, a layout the grouped kernel does not have: it is a loop over experts of gemmlab's dense gemm,
-which reads the offsets on the host (one sync per backward; the backward is not graph-capturable).
+Backward kernels: the dense input gradients (dA, dB) run on gemmlab's gemm on transposed views; the grouped
+input gradient dX on ``ops.moe_backward``'s grouped kernel that reads w in place as the (N, K) operand. The
+per-expert weight gradient dW[e] = dY_e^T X_e reduces over the expert's rows: one launch of
+``ops.moe_backward``'s weight-gradient kernel over all experts (offsets read on the device). moe_forward's
+backward is ``ops.moe_backward.moe_backward`` (fused; no host sync, capturable).
 """
 
 import torch
@@ -28,6 +30,7 @@ from torch import Tensor
 
 from gemmlab.ops import gemm as gemm_ops
 from gemmlab.ops import moe as moe_ops
+from gemmlab.ops import moe_backward as moe_bwd_ops
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -129,20 +132,16 @@ def _(x, w, offsets, out, validate):
 
 
 def weight_grad(dy: Tensor, x: Tensor, offsets: Tensor, dw: Tensor) -> Tensor:
-    """dw[e] (N, K) = dy[rows_e]^T (N, S_e) @ x[rows_e] (S_e, K): a loop over experts of gemmlab's gemm
-    (reads the offsets on the host). An expert with no rows gets zeros."""
-    start = 0
-    for e, end in enumerate(offsets.tolist()):
-        gemm_ops.launch_gemm(_unit(dy[start:end].t()), x[start:end], dw[e])
-        start = end
-    return dw
+    """dw[e] (N, K) = dy[rows_e]^T (N, S_e) @ x[rows_e] (S_e, K): one launch over every expert
+    (``ops.moe_backward.weight_grad``; no host sync). An expert with no rows gets zeros."""
+    return moe_bwd_ops.weight_grad(dy, None, x, None, offsets, dw)
 
 
 @torch.library.custom_op("gemmlab::grouped_gemm_backward", mutates_args=())
 def grouped_gemm_backward(dy: Tensor, x: Tensor, w: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
     dy = dy if dy.stride(-1) == 1 else dy.contiguous()
     dx = torch.zeros_like(x, memory_format=torch.contiguous_format)  # rows past offsets[-1] get no gradient
-    moe_ops.launch_grouped_gemm(dy, w.transpose(1, 2).contiguous(), offsets, dx, False)  # dy (S, N) @ w_e (N, K)
+    moe_bwd_ops.grouped_input_grad(dy, w, offsets, dx)  # dy (S, N) @ w_e (N, K), w read in place
     dw = weight_grad(dy, x if x.stride(-1) == 1 else x.contiguous(), offsets, torch.empty_like(
         w, memory_format=torch.contiguous_format))
     return dx, dw
@@ -183,47 +182,21 @@ def _(x, w1, w2, topk_weights, topk_ids, validate, gather):
 
 
 @torch.library.custom_op("gemmlab::moe_backward", mutates_args=())
-def moe_backward(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor,
-                 topk_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Recomputes the forward's routed intermediates on gemmlab's grouped kernel, then
-        d topk_weights[t, j] = dy_t . o_p             o_p = act_p @ w2_e^T (unscaled), p = (t, j)
-        d act_p = (w_tj dy_t) @ w2_e                  grouped kernel on w2^T
-        dh_p = [d act * up * silu'(gate), d act * silu(gate)]
-        dx_t = sum_j dh_p @ w1_e                      grouped kernel on w1^T, summed over j in slot order
-        dw2_e = sum_p (w dy)_p^T act_p, dw1_e = sum_p dh_p^T x_t     per-expert loop (``weight_grad``)."""
-    t, h = x.shape
-    e, i2, _ = w1.shape
-    i, k = i2 // 2, topk_ids.shape[1]
-    dx, dw1, dw2 = torch.zeros_like(x), torch.zeros_like(w1), torch.zeros_like(w2)
-    dtw = torch.zeros((t, k), dtype=topk_weights.dtype, device=x.device)
-    if t == 0 or h == 0 or i == 0:
-        return dx, dw1, dw2, dtw
-    r = moe_ops.sort_routes(topk_ids, e, 16)
-    x, w1, w2 = (v if v.stride(-1) == 1 else v.contiguous() for v in (x, w1, w2))
-    token, order = r.token.long(), r.order.long()
-    xs = x.index_select(0, token)  # (S, H) in expert order
-    gate_up = moe_ops.launch_grouped_gemm(xs, w1, r.offsets, None, False).float()  # (S, 2I)
-    gate, up = gate_up[:, :i], gate_up[:, i:]
-    sig = torch.sigmoid(gate)
-    act = (gate * sig * up).to(x.dtype)  # (S, I), rounded as the forward stores it
-    o = moe_ops.launch_grouped_gemm(act, w2, r.offsets, None, False)  # (S, H) unscaled
-    dys = dy.index_select(0, token).float()  # (S, H)
-    dtw.view(-1)[order] = (dys * o.float()).sum(1).to(dtw.dtype)
-    do = (dys * topk_weights.reshape(-1)[order].float()[:, None]).to(x.dtype)  # (S, H)
-    dact = moe_ops.launch_grouped_gemm(do, w2.transpose(1, 2).contiguous(), r.offsets, None, False).float()
-    dgate = dact * up * sig * (1 + gate * (1 - sig))
-    dh = torch.cat([dgate, dact * gate * sig], 1).to(x.dtype)  # (S, 2I)
-    dxs = moe_ops.launch_grouped_gemm(dh, w1.transpose(1, 2).contiguous(), r.offsets, None, False)  # (S, H)
-    dx.copy_(dxs.index_select(0, r.inv.long()).view(t, k, h).float().sum(1))  # fixed slot order
-    weight_grad(do, act, r.offsets, dw2)
-    weight_grad(dh, xs, r.offsets, dw1)
-    return dx, dw1, dw2, dtw
+def moe_backward(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+                 need_w1: bool, need_w2: bool, gate_up: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The fused backward (``gemmlab.ops.moe_backward``): the routes sorted again, the first GEMM recomputed
+    from x inside the kernel that computes dy W2 (nothing but the inputs is saved; or, with ``gate_up`` from
+    ``moe_forward_saving``, loaded instead), d topk_weights folded into that kernel's epilogue, dX by a grouped
+    GEMM on W1 in place and a deterministic combine, dW1 and dW2 by one grouped weight-gradient launch each
+    (skipped, and returned as (0,) tensors, when not needed). No host sync, no host loop over experts."""
+    return moe_bwd_ops.moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1=need_w1, need_w2=need_w2,
+                                    gate_up=gate_up)
 
 
 @moe_backward.register_fake
-def _(dy, x, w1, w2, topk_weights, topk_ids):
-    return (torch.empty_like(x), torch.empty_like(w1), torch.empty_like(w2),
-            topk_weights.new_empty(topk_weights.shape))
+def _(dy, x, w1, w2, topk_weights, topk_ids, need_w1, need_w2, gate_up):
+    return (x.new_empty(x.shape), w1.new_empty(w1.shape if need_w1 else (0,)),
+            w2.new_empty(w2.shape if need_w2 else (0,)), topk_weights.new_empty(topk_weights.shape))
 
 
 def _moe_setup(ctx, inputs, output):
@@ -231,13 +204,41 @@ def _moe_setup(ctx, inputs, output):
 
 
 def _moe_backward(ctx, dy):
-    dx, dw1, dw2, dtw = moe_backward(_unit(dy), *ctx.saved_tensors)
     need = ctx.needs_input_grad
+    dx, dw1, dw2, dtw = moe_backward(_unit(dy), *ctx.saved_tensors, need[1], need[2], None)
     return (dx if need[0] else None, dw1 if need[1] else None, dw2 if need[2] else None, dtw if need[3] else None,
             None, None, None)
 
 
 moe_forward.register_autograd(_moe_backward, setup_context=_moe_setup)
+
+
+@torch.library.custom_op("gemmlab::moe_forward_saving", mutates_args=())
+def moe_forward_saving(x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+                       validate: bool) -> tuple[Tensor, Tensor]:
+    """y and the gate/up pre-activations (S, 2I, routed order) that its backward loads instead of recomputing."""
+    return moe_bwd_ops.launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate)
+
+
+@moe_forward_saving.register_fake
+def _(x, w1, w2, topk_weights, topk_ids, validate):
+    s, i2 = x.shape[0] * topk_ids.shape[1], w1.shape[1]
+    return x.new_empty((x.shape[0], w2.shape[1])), x.new_empty((s, i2))
+
+
+def _saving_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:5], output[1])
+
+
+def _saving_backward(ctx, dy, _dgate_up):
+    need = ctx.needs_input_grad
+    *saved, gate_up = ctx.saved_tensors
+    dx, dw1, dw2, dtw = moe_backward(_unit(dy), *saved, need[1], need[2], gate_up)
+    return (dx if need[0] else None, dw1 if need[1] else None, dw2 if need[2] else None, dtw if need[3] else None,
+            None, None)
+
+
+moe_forward_saving.register_autograd(_saving_backward, setup_context=_saving_setup)
 
 
 # ------------------------------------------------------------------------------------------------ route

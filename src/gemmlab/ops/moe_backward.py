@@ -1,0 +1,316 @@
+"""The fused backward of ``moe_forward`` and the grouped weight gradient (launchers of ``kernels.moe_backward``).
+
+Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k routed rows.
+
+    moe_backward(dy (T, H), x, w1 (E, 2I, H), w2 (E, H, I), topk_weights (T, k), topk_ids (T, k))
+        -> dx (T, H), dw1 (E, 2I, H), dw2 (E, H, I), d topk_weights (T, k)
+    weight_grad(p, q, offsets, out (E, M, N)): out[e] = p[rows_e]^T q[rows_e], rows optionally gathered
+
+Saved from the forward: only its inputs (x, the weights, the routing as ids and weights). The backward sorts
+the routes again (one launch up to ``ALIGN_MAX_S`` rows), then five launches, none of which reads a value
+on the host (capturable in a CUDA graph) and none of which loops over experts on the host:
+
+    1. dh kernel     recompute g, u = x[token] W1_e^T and d = dy[token] W2_e in one pass over H; write
+                     dgu (S, 2I) = w * [d h/dg, d h/du] . d, wh (S, I) = w * h, part (S, I/BLOCK_N) fp32
+    2. dW2           dw2[e] = dy[token]^T wh over the expert's rows (dy is read by token: no gathered copy)
+    3. dX GEMM       dxs (S, H) = dgu W1_e (W1 read in place as the (K = 2I, N = H) operand: no transpose copy)
+    4. combine       dx[t] = sum_j dxs[inv[t, j]] in j order; d topk_weights[t, j] = sum of part's row
+    5. dW1           dw1[e] = dgu^T x[token] over the expert's rows
+Transient memory beyond the gradients: dgu S*2I + max(wh S*I, dxs S*H) elements in x's dtype (wh is freed
+before dxs is made) and S*cdiv(I, BLOCK_N) fp32.
+
+The option ``moe_forward_saving`` (Liger's trade) keeps the gate/up pre-activations (S, 2I) from the forward
+(held until the backward) and kernel 1 loads them instead of recomputing x W1^T: 4*S*H*I fewer flops in the
+backward (22% of forward + backward), a slower forward (gate/up stored, SiLU * up in a separate pass).
+Which one wins on a GPU is for ``benchmarks/moe_backward.py`` to measure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+from triton import knobs
+from triton.runtime.errors import OutOfResources
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from gemmlab.kernels.moe import _moe_combine_kernel, _moe_tiles_kernel
+from gemmlab.kernels.moe_backward import (
+    _moe_bwd_combine_kernel,
+    _moe_bwd_dh_kernel,
+    _moe_bwd_dx_kernel,
+    _moe_silu_mul_kernel,
+    _moe_weight_grad_kernel,
+)
+from gemmlab.ops import launch as kept_launch
+from gemmlab.ops import moe as moe_ops
+from gemmlab.ops.moe import _tma_ok, _w2d, sort_routes
+from gemmlab.ops.plan import Target, padded_k, target_for
+
+_KEPT: dict = {}  # kept compiled kernels of these launches (gemmlab.ops.launch.start)
+_STAGES: dict = {}  # (kernel, constexprs, warps, stages asked) -> the stages that fit in shared memory
+
+
+def _start(kernel, grid: tuple, args: list, consts: dict, warps: int, stages: int):
+    """``kept_launch.start`` with ``stages`` pipeline stages, or fewer (not below 1) where the compiled kernel
+    does not fit in shared memory (OutOfResources is raised when compiling, before anything runs); the
+    stages that fit are remembered per specialization."""
+    key = (kernel, tuple(consts.items()), warps, stages)
+    fit = _STAGES.get(key, stages)
+    while True:
+        try:
+            return kept_launch.start(_KEPT, kernel, grid, args, consts, dict(num_warps=warps, num_stages=fit))
+        except OutOfResources:
+            if fit <= 1:
+                raise
+            fit -= 1
+            _STAGES[key] = fit
+
+
+@dataclass(frozen=True)
+class MoEBackwardConfig:
+    """Launch parameters of the backward kernels (``dh``: kernel 1, ``dx``: kernel 3, ``wg``: 2 and 5). The
+    dh and dx kernels share one tile schedule, so one BLOCK_M."""
+
+    block_m: int = 128
+    group_m: int = 8
+    dh_block_n: int = 64
+    dh_block_k: int = 64
+    dh_warps: int = 8
+    dh_stages: int = 3
+    dx_block_n: int = 128
+    dx_block_k: int = 64
+    dx_warps: int = 8
+    dx_stages: int = 3
+    wg_block_m: int = 128
+    wg_block_n: int = 128
+    wg_block_k: int = 32
+    wg_warps: int = 8
+    wg_stages: int = 3
+
+
+def backward_config(target: Target, rows: int, experts: int) -> MoEBackwardConfig:
+    """The backward's config: 64-row tiles when experts average fewer than 128 routed rows (the forward's
+    rule of thumb), else 128. Untuned defaults: the tuner's tables do not cover the backward yet."""
+    per_expert = -(-rows // max(1, min(experts, rows)))
+    if per_expert <= 64:
+        return MoEBackwardConfig(block_m=64, dh_warps=4, dx_warps=4)
+    return MoEBackwardConfig()
+
+
+def _block(want: int, size: int) -> int:
+    """A power-of-two block no larger than ``want`` nor than needed for ``size`` (at least 16, tl.dot's minimum)."""
+    return max(16, min(want, triton.next_power_of_2(max(1, size))))
+
+
+def _upcast(t: torch.Tensor) -> bool:
+    return bool(knobs.runtime.interpret) and t.dtype == torch.bfloat16
+
+
+def weight_grad(p: torch.Tensor, p_rows: torch.Tensor | None, q: torch.Tensor, q_rows: torch.Tensor | None,
+                offsets: torch.Tensor, out: torch.Tensor, cfg: MoEBackwardConfig | None = None) -> torch.Tensor:
+    """out[e] (M, N) = sum over routed rows r of group e of p[p_rows[r]]^T q[q_rows[r]] (fp32 sums, rows in
+    order): p (rows, M) and q (rows, N) with unit column stride, read in place by the row indices (None:
+    row r itself); offsets (E,) int32 cumulative group ends; out (E, M, N) with unit column stride. One
+    launch over every expert (an expert with no rows gets zeros); no host sync."""
+    cfg = cfg or MoEBackwardConfig()
+    e, m, n = out.shape
+    if e == 0 or m == 0 or n == 0:
+        return out
+    if p.stride(-1) != 1:
+        p = p.contiguous()
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    bm, bn = _block(cfg.wg_block_m, m), _block(cfg.wg_block_n, n)
+    rows = p_rows if p_rows is not None else q_rows if q_rows is not None else offsets
+    _start(
+        _moe_weight_grad_kernel, (triton.cdiv(m, bm) * triton.cdiv(n, bn), e),
+        [p, p_rows if p_rows is not None else rows, q, q_rows if q_rows is not None else rows, out, offsets, m, n,
+         p.stride(0), q.stride(0), out.stride(0), out.stride(1)],
+        dict(P_GATHER=p_rows is not None, Q_GATHER=q_rows is not None, BLOCK_M=bm, BLOCK_N=bn,
+             BLOCK_K=cfg.wg_block_k, DOT_UPCAST=_upcast(p)), cfg.wg_warps, cfg.wg_stages)
+    return out
+
+
+def _padded(s: int, n: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """(s, n) with rows padded to 16 bytes (TMA-readable)."""
+    return torch.empty((s, padded_k(n)), dtype=dtype, device=device)[:, :n]
+
+
+def _launch_dx(a: torch.Tensor, w2d: torch.Tensor, k: int, out: torch.Tensor, offsets: torch.Tensor,
+               tile_offsets: torch.Tensor, cfg: MoEBackwardConfig, target: Target) -> None:
+    """out[r] (N) = a[r] (K) @ W_e for the routed rows r of expert e, W_e = rows [e*K, (e+1)*K) of w2d (E*K, N),
+    read in place (row-major (K, N): the layout of W1 (E, 2I, H) for dX, of any w (E, N, K) for dy w_e).
+    ``tile_offsets`` must have been made with ``cfg.block_m``."""
+    e = offsets.numel()
+    n = out.shape[1]
+    bm, bn, bk = cfg.block_m, _block(cfg.dx_block_n, n), _block(cfg.dx_block_k, k)
+    a_tma = target.has_tma and _tma_ok(a)
+    w_tma = target.has_tma and _tma_ok(w2d)
+    a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma else a
+    w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bk, bn]) if w_tma else w2d
+    items = (triton.cdiv(a.shape[0], bm) + e) * triton.cdiv(n, bn)
+    programs = max(1, min(target.num_sms, items))
+    _start(
+        _moe_bwd_dx_kernel, (programs,),
+        [a_arg, w_arg, out, offsets, tile_offsets, n, k, e, a.stride(0), w2d.stride(0), out.stride(0)],
+        dict(A_TMA=a_tma, W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
+             NUM_PROGRAMS=programs, LOG2_E=_log2_e(e), DOT_UPCAST=_upcast(a)), cfg.dx_warps, cfg.dx_stages)
+
+
+def _log2_e(e: int) -> int:
+    return max(1, math.ceil(math.log2(max(e, 2)))) + 1
+
+
+def grouped_input_grad(dy: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+    """dx[r] (K) = dy[r] (N) @ w[e] (N, K) for the rows of group e (``grouped_gemm``'s input gradient): w read
+    in place, no transposed copy; rows past offsets[-1] are left as they are (the caller zeroes them)."""
+    s, n = dy.shape
+    e, _, k = w.shape
+    if s == 0 or k == 0 or e == 0:
+        return dx
+    if n == 0:
+        return dx.zero_()
+    target = target_for(dy.device)
+    cfg = backward_config(target, s, e)
+    tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=dy.device)
+    ok = torch.empty(1, dtype=torch.bool, device=dy.device)  # the forward checked the offsets
+    kept_launch.start(_KEPT, _moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],
+                      dict(BLOCK_M=cfg.block_m, BLOCK_E=max(16, triton.next_power_of_2(e))), {})
+    _launch_dx(dy if dy.stride(1) == 1 else dy.contiguous(), _w2d(w), n, dx, offsets, tile_offsets, cfg, target)
+    return dx
+
+
+def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                 topk_ids: torch.Tensor, config: MoEBackwardConfig | None = None, *, need_w1: bool = True,
+                 need_w2: bool = True, gate_up: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of ``moe_forward`` (see the module docstring) for checked forward arguments and dy (T, H) in
+    x's dtype. Returns dx (T, H), dw1 (E, 2I, H), dw2 (E, H, I) contiguous in x's dtype, and d topk_weights
+    (T, k) in topk_weights' dtype. ``need_w1`` / ``need_w2`` False: that weight gradient is not computed (an
+    empty (0,) tensor comes back in its place; frozen experts). ``gate_up`` (S, 2I): the pre-activations in
+    routed (expert) order that ``moe_forward_saving`` kept; then the dh kernel loads them instead of
+    recomputing x W1^T (4*S*H*I fewer flops)."""
+    t, h = x.shape
+    e, i2, _ = w1.shape
+    i, k = i2 // 2, topk_ids.shape[1]
+    s = t * k
+    if tuple(dy.shape) != (t, h) or dy.dtype != x.dtype or dy.device != x.device:
+        raise ValueError(f"moe_backward: dy must be a ({t}, {h}) {x.dtype} tensor on {x.device}, got "
+                         f"{tuple(dy.shape)} {dy.dtype} on {dy.device}")
+    dev = x.device
+    dx = torch.empty((t, h), dtype=x.dtype, device=dev)
+    dw1 = torch.empty((e, i2, h) if need_w1 else (0,), dtype=x.dtype, device=dev)
+    dw2 = torch.empty((e, h, i) if need_w2 else (0,), dtype=x.dtype, device=dev)
+    dtw = torch.empty((t, k), dtype=topk_weights.dtype, device=dev)
+    if t == 0 or h == 0 or i == 0:
+        for g in (dx, dw1, dw2, dtw):
+            g.zero_()
+        return dx, dw1, dw2, dtw
+    target = target_for(dev)
+    cfg = config or backward_config(target, s, e)
+    r = sort_routes(topk_ids, e, cfg.block_m, topk_weights)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    dy = dy if dy.stride(1) == 1 else dy.contiguous()
+    w1_2d, w2_2d = _w2d(w1), _w2d(w2)  # (E * 2I, H), (E * H, I) views (copies only of odd layouts)
+    log2_e = _log2_e(e)
+    upcast = _upcast(x)
+    bm = cfg.block_m
+
+    # 1. dh: g, u, d in one pass over H; dgu, wh and the d topk_weights partials in the epilogue
+    bn, bk = _block(cfg.dh_block_n, i), _block(cfg.dh_block_k, h)
+    num_part = triton.cdiv(i, bn)
+    dgu, wh = _padded(s, i2, x.dtype, dev), _padded(s, i, x.dtype, dev)
+    part = torch.empty((s, num_part), dtype=torch.float32, device=dev)
+    if gate_up is not None and (tuple(gate_up.shape) != (s, i2) or gate_up.dtype != x.dtype or
+                                gate_up.stride(1) != 1):
+        raise ValueError(f"moe_backward: gate_up must be a row-major ({s}, {i2}) {x.dtype} tensor, got "
+                         f"{tuple(gate_up.shape)} {gate_up.dtype}")
+    w_tma = target.has_tma and _tma_ok(w1_2d) and _tma_ok(w2_2d)
+    w1_arg = TensorDescriptor(w1_2d, list(w1_2d.shape), [w1_2d.stride(0), 1], [bn, bk]) if w_tma else w1_2d
+    w2_arg = TensorDescriptor(w2_2d, list(w2_2d.shape), [w2_2d.stride(0), 1], [bk, bn]) if w_tma else w2_2d
+    items = (triton.cdiv(s, bm) + e) * num_part
+    programs = max(1, min(target.num_sms, items))
+    _start(
+        _moe_bwd_dh_kernel, (programs,),
+        [x, dy, r.token, r.scale, w1_arg, w2_arg, dgu, wh, dgu if gate_up is None else gate_up, part, r.offsets,
+         r.tile_offsets, h, i, e, x.stride(0), dy.stride(0), w1_2d.stride(0), w2_2d.stride(0), dgu.stride(0),
+         wh.stride(0), dgu.stride(0) if gate_up is None else gate_up.stride(0)],
+        dict(RECOMPUTE=gate_up is None, W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
+             NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast), cfg.dh_warps, cfg.dh_stages)
+
+    # 2. dW2 = dy[token]^T wh; wh is not needed after it
+    if need_w2:
+        weight_grad(dy, r.token, wh, None, r.offsets, dw2, cfg)
+    del wh
+
+    # 3. dxs = dgu W1_e, W1 read in place as (K = 2I, N = H)
+    dxs = _padded(s, h, x.dtype, dev)
+    _launch_dx(dgu, w1_2d, i2, dxs, r.offsets, r.tile_offsets, cfg, target)
+
+    # 4. dx[t] = sum_j dxs[inv[t, j]] (j order); d topk_weights from the partials
+    block_h = min(1024, triton.next_power_of_2(h))
+    kept_launch.start(
+        _KEPT, _moe_bwd_combine_kernel, (t, triton.cdiv(h, block_h)),
+        [dxs, r.inv, part, dx, dtw, h, num_part, dxs.stride(0), dx.stride(0)],
+        dict(TOP_K=k, BLOCK_H=block_h, BLOCK_P=max(2, triton.next_power_of_2(num_part))), {})
+    del dxs
+
+    # 5. dW1 = dgu^T x[token]
+    if need_w1:
+        weight_grad(dgu, None, x, r.token, r.offsets, dw1, cfg)
+    return dx, dw1, dw2, dtw
+
+
+# ------------------------------------------------------------------------------ the saving forward (option)
+
+
+def launch_forward_saving(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                          topk_ids: torch.Tensor, validate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """y (T, H) as ``moe_forward`` computes it, and the pre-activations gate_up (S, 2I) in routed order, kept
+    for the backward (Liger's trade: S*2I more memory held from forward to backward, no recompute). The
+    first GEMM is the grouped kernel's plain mode (N = 2I, stored), then SiLU * up in a separate pass, then
+    the forward's down GEMM and combine. Routes are sorted with the first GEMM's BLOCK_M."""
+    t, h, i, e, k = moe_ops._check_args(x, w1, w2, topk_weights, topk_ids)
+    s, dev = t * k, x.device
+    y = torch.empty((t, h), dtype=x.dtype, device=dev)
+    gate_up = _padded(s, 2 * i, x.dtype, dev)
+    if t == 0 or h == 0 or i == 0:
+        return y.zero_(), gate_up.zero_()
+    target = target_for(dev)
+    elt = x.element_size()
+    cfg1 = moe_ops.moe_config(target, s, e, 0, elt, dtype=x.dtype, n=2 * i, k=h)
+    cfg2 = replace(moe_ops.moe_config(target, s, e, 2, elt, dtype=x.dtype, n=h, k=i), block_m=cfg1.block_m)
+    r = sort_routes(topk_ids, e, cfg1.block_m, topk_weights)
+    if validate:  # no host sync: the routing kernel's flag, or min/max of the ids (as the forward)
+        lo, hi = torch.aminmax(topk_ids) if r.ok is None else (None, None)
+        ok = r.ok[0] if r.ok is not None else (lo >= 0) & (hi < e)
+        moe_ops._device_check(ok, f"moe: topk_ids must be in [0, E={e})")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    if target.has_tma and (h * elt) % 16 == 0:  # as the forward's gather="auto": one gathered copy, TMA reads
+        moe_ops._launch_grouped(0, x.index_select(0, r.token), None, w1, gate_up, None, r.offsets, r.tile_offsets,
+                                2 * i, cfg1, target, s)
+    else:
+        moe_ops._launch_grouped(0, x, r.token, w1, gate_up, None, r.offsets, r.tile_offsets, 2 * i, cfg1, target, s)
+    act = _padded(s, i, x.dtype, dev)
+    block = min(1024, triton.next_power_of_2(i))
+    kept_launch.start(_KEPT, _moe_silu_mul_kernel, (s, triton.cdiv(i, block)),
+                      [gate_up, act, i, gate_up.stride(0), act.stride(0)], dict(BLOCK=block), {})
+    o = torch.empty((s, h), dtype=x.dtype, device=dev)
+    moe_ops._launch_grouped(2, act, None, w2, o, r.scale, r.offsets, r.tile_offsets, h, cfg2, target, s)
+    block_h = min(1024, triton.next_power_of_2(h))
+    kept_launch.start(_KEPT, _moe_combine_kernel, (t, triton.cdiv(h, block_h)),
+                      [o, r.inv, y, h, o.stride(0), y.stride(0)], dict(TOP_K=k, BLOCK_H=block_h), {})
+    return y, gate_up
+
+
+def moe_forward_saving(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                       topk_ids: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
+    """``moe_forward`` (2-D x) whose autograd keeps the gate/up pre-activations instead of recomputing them
+    (``torch.ops.gemmlab.moe_forward_saving``): the trade to measure against the recomputing default."""
+    from gemmlab.ops import custom
+
+    moe_ops._check_args(x, w1, w2, topk_weights, topk_ids)
+    return custom.moe_forward_saving(x, w1, w2, topk_weights, topk_ids, bool(validate))[0]
