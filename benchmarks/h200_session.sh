@@ -57,6 +57,8 @@ for s in "$@"; do
         python3 -m gemmlab profile --diff "$D/profile-8192x8192x16384-float16-row.json" \
           "$D/profile-777x3333x1024-float16-row.json"
         python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_profile_gpu.py' _ "$RES/nvidia-h200-profile" ;;
+    gpunew) step gpunew 220 python3 -m pytest -q -m gpu -p no:cacheprovider -s tests/test_moe_backward_gpu.py \
+      tests/test_bench_broad.py tests/test_distributed.py tests/test_moe_small.py ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done
