@@ -3,6 +3,7 @@
 config file) says the copy is cheap. Small shapes under the CPU interpreter, which enforces TMA's alignment
 rules: every staged case would be refused by the descriptor if the copy were not aligned."""
 
+import dataclasses
 import json
 
 import pytest
@@ -78,6 +79,67 @@ def test_staged_paths(name, make, staged, path, out_major, dtype):
         a.copy_(make(dtype)[0])  # same layout, new values (the inputs are fresh each time)
         if out is not None:
             out.fill_(float("nan"))
+
+
+@pytest.mark.parametrize("m", [300, 24])  # tma_persistent, tma_splitk
+@pytest.mark.parametrize("out_major", [None, "row", "col"])
+def test_stage_c_writes_an_aligned_copy_then_c(m, out_major):
+    """GemmConfig.stage_c: a C TMA cannot store to (N = 37 odd, or an odd out= stride) is written by TMA into
+    an aligned scratch C, then copied into C; nothing outside C is touched."""
+    dtype = torch.bfloat16 if m == 24 else torch.float16
+    a, w = rand((m, 64), dtype), rand((37, 64), dtype)  # nn.Linear layout: B = W^T, K-major, aligned
+    b = w.t()
+    big = None
+    if out_major == "row":
+        big = torch.full((m + 2, 37 + 5), float("nan"), dtype=dtype, device=DEVICE)
+        out = big[1:-1, 2:-3]
+    elif out_major == "col":
+        big = torch.full((37 + 5, m + 2), float("nan"), dtype=dtype, device=DEVICE)
+        out = big[2:-3, 1:-1].t()
+    else:
+        out = None
+    base = gemmlab.plan(a, b, out=out)
+    assert not base.c_tma and not base.staged and "masked pointers" in base.reason
+    cfg = dataclasses.replace(base.config, stage_c=True)
+    p = gemmlab.plan(a, b, out=out, config=cfg)
+    assert p.c_tma and p.staged == ("c",) and "stage_c" in p.reason and p.path == base.path
+    c = gemm_ops.run(p, a, b, out=out)
+    assert_matches(c, a, b)
+    if big is not None:
+        inside = torch.zeros_like(big, dtype=torch.bool)
+        (inside[1:-1, 2:-3] if out_major == "row" else inside[2:-3, 1:-1]).fill_(True)
+        assert torch.isnan(big[~inside]).all()  # the copy wrote C's elements only
+
+
+def test_stage_c_from_the_table_on_the_hot_path(user_dir, monkeypatch):
+    """A table rule with stage_c: gemm() (the signature cache's kept launch on the second call) stages C, with
+    poisoned scratch buffers."""
+    monkeypatch.setattr(gemm_ops, "_scratch", lambda shape, dtype, device: torch.full(
+        shape, float("nan"), dtype=dtype, device=device))
+    target = "nvidia-h200" if DEVICE == "cuda" else "interpreter"
+    rule = {"config": {"block_m": 32, "block_n": 32, "block_k": 32, "group_m": 2, "stage_c": True}}
+    (user_dir / f"{target}.json").write_text(json.dumps({"gemm": {"tma_persistent": [rule]}}))
+    configs.reload()
+    a, b = rand((300, 64)), rand((37, 64)).t()  # B = W^T aligned; C (300, 37) not
+    assert gemmlab.plan(a, b).staged == ("c",)
+    for _ in range(2):
+        assert_matches(gemmlab.gemm(a, b), a, b)
+        a.copy_(rand((300, 64)))
+
+
+def test_stage_c_with_staged_a_and_b():
+    a, b = rand((37, 71)), rand((71, 53))  # everything odd
+    cfg = dataclasses.replace(gemmlab.plan(a, b, stage=True).config, stage_c=True)
+    p = gemmlab.plan(a, b, stage=True, config=cfg)
+    assert p.staged == ("a", "b", "c") and p.c_tma
+    out = torch.full((37, 53), float("nan"), dtype=a.dtype, device=DEVICE)
+    assert_matches(gemm_ops.run(p, a, b, out=out), a, b)
+
+
+def test_stage_c_is_ignored_where_c_is_aligned():
+    a, b = rand((300, 64)), rand((64, 48))
+    p = gemmlab.plan(a, b, config=dataclasses.replace(gemmlab.plan(a, b).config, stage_c=True))
+    assert p.c_tma and p.staged == ()
 
 
 def test_the_pad_columns_are_never_read(monkeypatch):

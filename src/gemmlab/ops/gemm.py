@@ -271,6 +271,10 @@ def launch_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> t
     if LAUNCHERS[p.path] is _launch_planned:
         if p.staged:
             a, b = stage_operands(p, a, b)
+            if "c" in p.staged:
+                launch(L, a, b, cs := staged_c(p, c))
+                c.copy_(cs)
+                return out
         launch(L, a, b, c)
     else:  # a launcher replaced (tests spy on them)
         LAUNCHERS[p.path](p, a, b, c)
@@ -425,8 +429,15 @@ def stage(t: torch.Tensor, inner: int, device: torch.device | None = None) -> to
     return view
 
 
+def staged_c(p: Plan, c: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """The aligned scratch C (M, N) (rows padded to 16 bytes) a ``stage_c`` plan's kernel writes; not filled."""
+    buf = _scratch(staged_shape(c, 1), c.dtype, device or c.device)
+    return buf[:, : c.shape[1]]
+
+
 def stage_operands(p: Plan, a, b, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel-view operands with those the plan stages replaced by their aligned copies."""
+    """The kernel-view operands with those the plan stages replaced by their aligned copies (a and b only:
+    a staged C is written by the kernel, ``staged_c``)."""
     if "a" in p.staged:
         a = stage(a, stage_inner(p, "a"), device)
     if "b" in p.staged:
@@ -439,6 +450,8 @@ def prepare(p: Plan, a, b, c, keep: bool = False) -> Launch:
     a and b as the caller has them: the layout of staged copies is derived here)."""
     if p.staged:
         a, b = stage_operands(p, a, b, torch.device("meta"))
+        if "c" in p.staged:
+            c = staged_c(p, c, torch.device("meta"))
     cfg = p.config
     consts, opts = constexprs(p), launch_options(cfg)
     if p.path == "portable":
@@ -532,7 +545,11 @@ def _launch_planned(p: Plan, a, b, c) -> None:
     L = prepare(p, a, b, c)
     if p.staged:
         a, b = stage_operands(p, a, b)
-    launch(L, a, b, c)
+    if "c" in p.staged:
+        launch(L, a, b, cs := staged_c(p, c))
+        c.copy_(cs)
+    else:
+        launch(L, a, b, c)
 
 
 KERNELS = {

@@ -46,7 +46,10 @@ INTERPRETER_SMS = 3  # "SMs" the interpreter pretends to have: persistent progra
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Launch parameters of one kernel path. ``split_k = 0`` means "choose from the shape" (tma_splitk)."""
+    """Launch parameters of one kernel path. ``split_k = 0`` means "choose from the shape" (tma_splitk).
+    ``stage_c`` only acts where C's stride or base rules out a TMA store: C then goes out through TMA into a
+    16-byte-aligned scratch C and one copy into the caller's C (M N elements read and written once more),
+    instead of masked pointer stores (which spill registers at 128x256 tiles)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -58,6 +61,7 @@ class GemmConfig:
     epilogue_subtile: bool = False
     warp_specialize: bool = False
     max_nreg: int = 0  # Triton's maxnreg compile option (registers per thread); 0: the compiler's choice
+    stage_c: bool = False  # TMA paths, C not TMA-aligned: TMA-store into an aligned copy, then copy into C
 
     @classmethod
     def from_dict(cls, d: dict) -> GemmConfig:
@@ -85,7 +89,8 @@ class Plan:
     b_kmajor: bool = False
     c_tma: bool = False
     num_sms: int = 0
-    staged: tuple[str, ...] = ()  # kernel-view operands ("a", "b") copied into 16-byte-aligned buffers first
+    staged: tuple[str, ...] = ()  # kernel-view operands ("a", "b") copied into 16-byte-aligned buffers first;
+    # "c": C written into an aligned scratch C by TMA, then copied out (GemmConfig.stage_c)
 
 
 def paths() -> tuple[str, ...]:
@@ -241,6 +246,15 @@ def tma_ok(t: torch.Tensor, inner_dim: int) -> bool:
     return (stride * t.element_size()) % 16 == 0 and stride >= max(t.shape[inner_dim], 1)
 
 
+def _stage_c(cfg: GemmConfig, common: dict, c_note: str) -> str:
+    """Apply ``cfg.stage_c`` to a TMA plan's fields: a C TMA cannot store to goes through an aligned copy."""
+    if not cfg.stage_c or common["c_tma"]:
+        return c_note
+    common.update(c_tma=True, staged=(*common.get("staged", ()), "c"))
+    return c_note.replace("C stored with masked pointers (its stride is not 16-byte aligned)",
+                          "C not TMA-aligned: stored by TMA into an aligned copy, then copied into C (stage_c)")
+
+
 def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bool,
            config: GemmConfig | None = None, target: Target | None = None, stage: bool | None = None) -> Plan:
     """Plan for the kernel-view problem C (M, N) row-major = a (M, K) @ b (K, N); operands validated,
@@ -281,6 +295,7 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
             cfg, source = (config, PINNED) if config else _pick(target, "tma_splitk", m, n, k, a.dtype)
             split = split_k_for(cfg, m, n, k, target.num_sms)
             cfg = dataclasses.replace(cfg, split_k=split)
+            c_note = _stage_c(cfg, common, c_note)
             return Plan("tma_splitk", cfg, f"M={m} <= {SMALL_M}: small tiles, split-K {split}{c_note}; {source}",
                         **common)
         cfg, source = (config, PINNED) if config else _pick(target, "tma_persistent", m, n, k, a.dtype)
@@ -292,6 +307,8 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
             # Triton 3.6's Hopper warp specialization splits the accumulator over two consumer warpgroups
             # but not a TMA store's block; its C goes out through pointers instead.
             common["c_tma"], c_note = False, "; warp-specialized, C stored with pointers" + stage_note
+        elif not cfg.warp_specialize:
+            c_note = _stage_c(cfg, common, c_note)
         head = "TMA-aligned on sm_90+" if not stage_note else "TMA-aligned on sm_90+ once staged"
         return Plan("tma_persistent", cfg, f"{head}: persistent TMA kernel{c_note}; {source}",
                     **common)
