@@ -42,7 +42,7 @@ import torch
 import gemmlab
 from gemmlab.bench.timing import ClockSampler, env_info, interleave, ratio_summary, summarize
 from gemmlab.ops.gemm import run
-from gemmlab.ops.plan import GemmConfig, gpu_slug, is_kmajor, staging_decision, target_for, tma_ok
+from gemmlab.ops.plan import GemmConfig, gpu_slug, is_kmajor, staging_decision, stream_k_tiles, target_for, tma_ok
 from gemmlab.problems import parse_shape
 from gemmlab.ref import gemm_check, gemm_ref
 
@@ -67,15 +67,15 @@ def V(name: str, stage: bool | None = None, **config) -> dict:
     return {"name": name, "stage": stage, "config": config}
 
 
-# Variant spaces, as data. Unaligned: staging against the portable kernel and its tiles. Persistent: tiles that
-# change the tile count on 132 SMs (wave quantization: 3000x5000 in 128x256 tiles is 480 tiles, 3.6 waves;
-# 2048x5120 is 320, 2.4 waves; in 128x128 tiles 960 = 7.3 and 640 = 4.8 waves) and stages. Split-K: splits and
-# tiles per M bucket (the bucket is the smallest key >= M).
 def T(bm, bn, bk, w, s, **more) -> dict:
     """A tile: every field spelled out, so a variant means the same whatever the table's config is."""
     return dict(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s, **more)
 
 
+# Variant spaces, as data. Unaligned: staging against the portable kernel and its tiles. Persistent: the
+# stream-K hybrid (GemmConfig.stream_k) and tiles that change the tile count on 132 SMs (wave quantization:
+# 3000x5000 in 128x256 tiles is 480 tiles, 3.6 waves; 2048x5120 is 320, 2.4 waves; in 128x128 tiles 960 = 7.3
+# and 640 = 4.8 waves) and stages. Split-K: splits and tiles per M bucket (the smallest key >= M).
 UNALIGNED = [  # the table's config, then the most promising alternatives first
     V("staged", True), V("staged+stage_c", True, stage_c=True),
     V("portable 128x256x64 w8 s3", False, **T(128, 256, 64, 8, 3)),
@@ -85,7 +85,9 @@ UNALIGNED = [  # the table's config, then the most promising alternatives first
     V("portable 64x128x64 w4 s4", False, **T(64, 128, 64, 4, 4)),
 ]
 PERSISTENT = [
+    V("stream-K", stream_k=True),  # the table's tile, data-parallel + stream-K hybrid
     V("128x128x64 w8 s4", **T(128, 128, 64, 8, 4, epilogue_subtile=False)),
+    V("128x128x64 w8 s4 stream-K", **T(128, 128, 64, 8, 4, epilogue_subtile=False, stream_k=True)),
     V("256x128x64 w8 s3 sub", **T(256, 128, 64, 8, 3, epilogue_subtile=True)),
     V("128x256x64 w8 s4 sub", **T(128, 256, 64, 8, 4, epilogue_subtile=True)),
     V("128x128x64 w4 s4", **T(128, 128, 64, 4, 4, epilogue_subtile=False)),
@@ -150,14 +152,6 @@ def variants(default, unaligned: bool, m: int) -> list[dict]:
     return []
 
 
-def describe(cfg) -> str:
-    if cfg is None:
-        return "-"
-    s = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} g{cfg.group_m}"
-    return s + (f" k{cfg.split_k}" if cfg.split_k != 1 else "") + (" sub" if cfg.epilogue_subtile else "") + (
-        " stage_c" if cfg.stage_c else "")
-
-
 def plan_variant(a, b, v: dict):
     """The plan of variant ``v``: the table's config for the path that staging pin leads to, with v's fields."""
     base = gemmlab.plan(a, b, stage=v["stage"])
@@ -170,8 +164,13 @@ def plan_variant(a, b, v: dict):
 
 
 def plan_key(p) -> tuple:
-    """What makes two plans launch the same work (stage_c is inert where C needs no staging)."""
+    """What makes two plans launch the same work (stage_c is inert where C needs no staging, stream_k where the
+    tiles fill whole waves)."""
     cfg = p.config if p.config is None or "c" in p.staged else dataclasses.replace(p.config, stage_c=False)
+    if cfg is not None and cfg.stream_k and p.path == "tma_persistent":
+        tiles = -(-p.m // cfg.block_m) * -(-p.n // cfg.block_n)
+        if not stream_k_tiles(tiles, p.num_sms):  # whole waves: stream-K launches the data-parallel kernel
+            cfg = dataclasses.replace(cfg, stream_k=False)
     return (p.path, cfg, p.staged)
 
 

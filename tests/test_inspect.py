@@ -33,6 +33,8 @@ b = torch.empty((8193, 4097), dtype=torch.bfloat16, device="meta").t()  # nn.Lin
 p = choose(a, b, None, False, config=dataclasses.replace(staged.config, stage_c=True), target=H200)
 assert p.staged == ("a", "b", "c") and p.c_tma, p
 out["staged-stage_c-8191x8193x4097-NT"] = report(p)
+mid = plan_for(3000, 5000, 7000)  # the data-parallel + stream-K hybrid: 480 tiles on 132 SMs
+out["streamk-3000x5000x7000"] = report(dataclasses.replace(mid, config=dataclasses.replace(mid.config, stream_k=True)))
 print(json.dumps(out))
 """
 
@@ -71,6 +73,8 @@ def test_staged_paths_compile_to_wgmma_and_tma(reports):
         assert r["path"] == "tma_persistent" and "staged" in r["reason"], (name, r["reason"])
         assert r["sass"]["HGMMA"] > 0 and r["sass"]["UTMALDG"] > 0, (name, r)
     assert reports["staged-8191x8193x4097"]["c_tma"] is False
+    sk = reports["streamk-3000x5000x7000"]
+    assert sk["stream_k"] and sk["sass"]["HGMMA"] > 0 and sk["sass"]["UTMALDG"] > 0 and sk["local_memory_ops"] == 0
     assert reports["staged-stage_c-8191x8193x4097-NT"]["sass"]["UTMASTG"] > 0
 
 

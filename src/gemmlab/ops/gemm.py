@@ -22,7 +22,7 @@ from gemmlab.kernels.gemm import _gemm_portable_kernel, _gemm_tma_persistent_ker
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.launch import HostDesc, Kept
-from gemmlab.ops.plan import GemmConfig, Plan, choose, is_kmajor, padded_k, stage_inner, staged_shape
+from gemmlab.ops.plan import GemmConfig, Plan, choose, is_kmajor, padded_k, stage_inner, staged_shape, stream_k_tiles
 
 DTYPES = (torch.float16, torch.bfloat16)
 
@@ -363,7 +363,7 @@ class Launch:
     ints: tuple  # the runtime integer arguments after the tensors
     consts: dict  # constexpr name -> value
     opts: dict  # num_warps, num_stages, maxnreg
-    scratch: tuple | None = None  # split-K: (workspace fp32 elements, tiles); None: no workspace arguments
+    scratch: tuple | None = None  # split-K, stream-K: (workspace fp32 elements, counters); None: no such arguments
     keep: bool = False  # keep the compiled kernel after the first launch and launch it directly from then on
     kept: Kept | None = None  # the compiled kernel's launcher, once kept (gemmlab.ops.launch)
 
@@ -397,7 +397,8 @@ def constexprs(p: Plan) -> dict:
                   BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
                   DOT_UPCAST=upcast)
     if p.path == "tma_persistent":
-        return dict(common, GROUP_M=cfg.group_m, NUM_SMS=p.num_sms, WARP_SPECIALIZE=cfg.warp_specialize)
+        return dict(common, GROUP_M=cfg.group_m, NUM_SMS=p.num_sms, WARP_SPECIALIZE=cfg.warp_specialize,
+                    STREAM_K=cfg.stream_k)
     return dict(common, SPLIT_K=cfg.split_k)
 
 
@@ -461,8 +462,11 @@ def prepare(p: Plan, a, b, c, keep: bool = False) -> Launch:
     specs = _specs(p, a, b, c)
     if p.path == "tma_persistent":
         tiles = triton.cdiv(p.m, cfg.block_m) * triton.cdiv(p.n, cfg.block_n)
-        return Launch(p.path, _gemm_tma_persistent_kernel, (min(p.num_sms, tiles), 1, 1), specs,
-                      (p.m, p.n, p.k, c.stride(0)), consts, opts, keep=keep)
+        sk = stream_k_tiles(tiles, p.num_sms) if cfg.stream_k else 0
+        grid = (p.num_sms if sk else min(p.num_sms, tiles), 1, 1)
+        scratch = (p.num_sms * 2 * cfg.block_m * cfg.block_n, sk) if sk else (0, 0)
+        return Launch(p.path, _gemm_tma_persistent_kernel, grid, specs, (p.m, p.n, p.k, c.stride(0), sk), consts,
+                      opts, scratch=scratch, keep=keep)
     grid_n, grid_m = triton.cdiv(p.n, cfg.block_n), triton.cdiv(p.m, cfg.block_m)
     per_split = triton.cdiv(triton.cdiv(p.k, cfg.block_k), cfg.split_k)
     scratch = (cfg.split_k * grid_n * grid_m * cfg.block_m * cfg.block_n, grid_n * grid_m) if cfg.split_k > 1 \

@@ -62,6 +62,7 @@ class GemmConfig:
     warp_specialize: bool = False
     max_nreg: int = 0  # Triton's maxnreg compile option (registers per thread); 0: the compiler's choice
     stage_c: bool = False  # TMA paths, C not TMA-aligned: TMA-store into an aligned copy, then copy into C
+    stream_k: bool = False  # tma_persistent: data-parallel + stream-K hybrid for the last waves (stream_k_tiles)
 
     @classmethod
     def from_dict(cls, d: dict) -> GemmConfig:
@@ -157,6 +158,16 @@ def split_k_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
             split *= 2
     per_split = -(-k_tiles // split)
     return -(-k_tiles // per_split)
+
+
+def stream_k_tiles(tiles: int, num_sms: int) -> int:
+    """Tiles a stream_k launch shares out by BLOCK_K steps: none when the tiles fill whole waves; else the
+    partial last wave plus one full wave (so each program's share is 1-2 tiles of work, and the data-parallel
+    part keeps whole waves), or every tile when there is less than one wave."""
+    rem = tiles % num_sms
+    if rem == 0:
+        return 0
+    return rem + num_sms if tiles > num_sms else tiles
 
 
 def padded_k(k: int) -> int:
@@ -303,6 +314,8 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
             raise ValueError("warp_specialize: the persistent kernel with Triton 3.6's Hopper warp "
                              "specialization hung on the H200 (benchmarks/results/nvidia-h200-ws-probe-timeout.log); "
                              "set GEMMLAB_ALLOW_WS=1 to try it anyway")
+        if cfg.warp_specialize and cfg.stream_k:
+            raise ValueError("stream_k with warp_specialize: not supported (the stream-K part is not specialized)")
         if cfg.warp_specialize and c_tma:
             # Triton 3.6's Hopper warp specialization splits the accumulator over two consumer warpgroups
             # but not a TMA store's block; its C goes out through pointers instead.
