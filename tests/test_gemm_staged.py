@@ -288,3 +288,15 @@ def test_staged_gemm_captures_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert_matches(c, a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stage_c", [False, True])
+def test_staged_odd_shape_on_the_gpu(stage_c):
+    """Issue 14's 8191x8193x4097: A and B staged, C through pointers or (stage_c) an aligned copy."""
+    a, b = rand((8191, 4097)), rand((4097, 8193))
+    base = gemmlab.plan(a, b)
+    assert base.staged == ("a", "b")
+    p = gemmlab.plan(a, b, config=dataclasses.replace(base.config, stage_c=stage_c))
+    out = torch.full((8191, 8193), float("nan"), dtype=a.dtype, device=DEVICE)
+    assert_matches(gemm_ops.run(p, a, b, out=out), a, b)

@@ -91,3 +91,22 @@ def test_stream_k_with_warp_specialization_is_refused(monkeypatch):
     cfg = dataclasses.replace(gemmlab.plan(a, b).config, stream_k=True, warp_specialize=True)
     with pytest.raises(ValueError, match="stream_k with warp_specialize"):
         gemmlab.plan(a, b, config=cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,dtype,linear", [(3000, 5000, 7000, torch.float16, False),
+                                               (2048, 5120, 5120, torch.bfloat16, True),
+                                               (777, 3333, 1024, torch.float16, False)])
+def test_stream_k_on_the_gpu(m, n, k, dtype, linear):
+    """Issue 14's mid-size shapes on the H200 with stream-K (the last is staged: odd N)."""
+    a = rand((m, k), dtype)
+    b = rand((n, k), dtype).t() if linear else rand((k, n), dtype)
+    base = gemmlab.plan(a, b, stage=True)
+    p = gemmlab.plan(a, b, stage=True, config=dataclasses.replace(base.config, stream_k=True))
+    assert p.path == "tma_persistent" and p.config.stream_k
+    out1 = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+    out2 = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+    gemm_ops.run(p, a, b, out=out1)
+    gemm_ops.run(p, a, b, out=out2)
+    assert_matches(out1, a, b)
+    assert torch.equal(out1, out2)
