@@ -277,13 +277,22 @@ def staging_summary(rows: list[dict]) -> None:
                 best[kind] = r
     if shapes:
         print("\nstaging rule check (stage when copy % <= max_copy_fraction in configs/<gpu>.json \"staging\"):")
+    won, lost = [], []
     for spec, s in shapes.items():
         st, po = s["staged"], s["portable"]
         if st and po:
             speedup = po["median_ms"] / st["median_ms"]
+            try:
+                (won if speedup > 1 else lost).append(float(s["copy"]))
+            except (TypeError, ValueError):
+                pass
             print(f"  {spec:28s} rule's copy estimate {s['copy']}%  best staged {st['median_ms']:.4f} ms "
                   f"({st['variant']}), best portable {po['median_ms']:.4f} ms ({po['variant']}): staging "
                   f"{'wins' if speedup > 1 else 'loses'} ({speedup:.3f}x)")
+    if won or lost:
+        lo, hi = max(won, default=None), min(lost, default=None)
+        print(f"  -> staging won up to a copy estimate of {lo}% and lost from {hi}%: a max_copy_fraction between "
+              "them separates these shapes (configs/<gpu>.json \"staging\"; a fraction, e.g. 0.25 for 25%)")
 
 
 def winner_rules(rows: list[dict]) -> dict:
