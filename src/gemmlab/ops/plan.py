@@ -13,9 +13,9 @@ Staging (``Plan.staged``): when A or B cannot be described by TMA (an odd K or N
 not a multiple of 16 bytes; a misaligned base; a broadcast stride 0) but copying it is cheap next to the
 GEMM, the launcher copies it into a fresh buffer with 16-byte-aligned rows (same values, same layout) and runs
 tma_persistent or tma_splitk on the copy. The descriptor keeps the logical shape, so TMA zero-fills past K
-(or N) and the pad columns are never read (no memset). C is never copied: the TMA kernels store a C they
-cannot describe through masked pointers. ``staging_decision`` is the cost rule; its constants are data (the
-"staging" object of the config file).
+(or N) and the pad columns are never read (no memset). ``staging_decision`` is the cost rule; its constants
+are data (the "staging" object of the config file). A C that TMA cannot describe is stored through masked
+pointers, or, with ``GemmConfig.stage_c``, by TMA into an aligned scratch C copied out after the kernel.
 
 Config tables are data: the "gemm" section of ``<gpu-slug>.json`` ("interpreter" under TRITON_INTERPRET=1),
 the user's file (``$GEMMLAB_HOME/configs/``, written by ``gemmlab tune``) tried before the bundled one
@@ -223,9 +223,9 @@ def staging_decision(target: Target, m: int, n: int, k: int, elt: int, copies: l
         stage when t_copy <= max_copy_fraction * t_gemm
 
     ``stage`` True or False overrides the rule (a sweep's way to time both)."""
-    st = _staging(target.name)
     if stage is not None:
         return stage, "staging pinned by the caller" if stage else "staging refused by the caller"
+    st = _staging(target.name)
     if st is None:
         return False, f"no staging constants for {target.name}"
     t_copy = sum(2 * e * elt for e in copies) / st.dram_bytes_per_s + len(copies) * st.copy_fixed_s
