@@ -270,12 +270,9 @@ def launch_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> t
         a, b, c = b.t(), a.t(), c.t()
     if LAUNCHERS[p.path] is _launch_planned:
         if p.staged:
-            a, b = stage_operands(p, a, b)
-            if "c" in p.staged:
-                launch(L, a, b, cs := staged_c(p, c))
-                c.copy_(cs)
-                return out
-        launch(L, a, b, c)
+            launch_staged(L, p, a, b, c)
+        else:
+            launch(L, a, b, c)
     else:  # a launcher replaced (tests spy on them)
         LAUNCHERS[p.path](p, a, b, c)
     return out
@@ -545,13 +542,22 @@ def _launch_empty(p: Plan, a, b, c) -> None:
         c.zero_()  # K = 0: a sum over nothing
 
 
+def launch_staged(L: Launch, p: Plan, a, b, c) -> None:
+    """Launch ``L`` for a plan that stages: copy the operands it stages into aligned buffers, launch on them,
+    and for a staged C copy the kernel's aligned scratch C into ``c``."""
+    a, b = stage_operands(p, a, b)
+    if "c" in p.staged:
+        cs = staged_c(p, c)
+        launch(L, a, b, cs)
+        c.copy_(cs)
+    else:
+        launch(L, a, b, c)
+
+
 def _launch_planned(p: Plan, a, b, c) -> None:
     L = prepare(p, a, b, c)
     if p.staged:
-        a, b = stage_operands(p, a, b)
-    if "c" in p.staged:
-        launch(L, a, b, cs := staged_c(p, c))
-        c.copy_(cs)
+        launch_staged(L, p, a, b, c)
     else:
         launch(L, a, b, c)
 
