@@ -95,25 +95,29 @@ PERSISTENT = [
     V("128x128x128 w8 s3", **T(128, 128, 128, 8, 3, epilogue_subtile=False)),
     V("128x256x64 w8 s3 sub g4", **T(128, 256, 64, 8, 3, group_m=4, epilogue_subtile=True)),
 ]
-SPLITK = {  # split_k 0: the plan's automatic split (split_k_for)
-    16: [V("16x64x128 s6 k2", **T(16, 64, 128, 4, 6, split_k=2)),
+SPLITK = {  # split_k 0: the plan's automatic split (split_k_for). CTAs per SM follow from shared memory:
+    # stages * (BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes against 227 KB
+    16: [V("16x64x128 s3 k1", **T(16, 64, 128, 4, 3, split_k=1)),  # 61 KB: 3 per SM, N/64 CTAs all resident
+         V("16x64x64 s6 k1", **T(16, 64, 64, 4, 6, split_k=1)),  # the same bytes in flight, shorter steps
+         V("16x32x128 s4 k1", **T(16, 32, 128, 4, 4, split_k=1)),  # 49 KB: 4 per SM, twice the CTAs
+         V("16x64x128 s6 k2", **T(16, 64, 128, 4, 6, split_k=2)),
          V("16x128x128 s5 k1", **T(16, 128, 128, 4, 5, split_k=1)),
          V("16x64x256 s4 k1", **T(16, 64, 256, 4, 4, split_k=1)),
-         V("16x32x128 s8 k1", **T(16, 32, 128, 4, 8, split_k=1)),
-         V("16x128x64 s8 k1", **T(16, 128, 64, 4, 8, split_k=1)),
          V("16x64x128 s6 k4", **T(16, 64, 128, 4, 6, split_k=4))],
     64: [V("64x64x128 s5 k2", **T(64, 64, 128, 4, 5, split_k=2)),
-         V("64x32x256 s4 k1", **T(64, 32, 256, 4, 4, split_k=1)),
+         V("64x32x128 s4 k1", **T(64, 32, 128, 4, 4, split_k=1)),  # 96 KB: 2 per SM
+         V("64x64x128 s3 k1", **T(64, 64, 128, 4, 3, split_k=1)),
          V("64x128x64 s6 k1", **T(64, 128, 64, 4, 6, split_k=1)),
          V("64x64x64 s8 k1", **T(64, 64, 64, 4, 8, split_k=1)),
          V("64x64x128 w8 s5 k1", **T(64, 64, 128, 8, 5, split_k=1))],
-    256: [V("128x128x64 w8 s4 k2", **T(128, 128, 64, 8, 4, split_k=2)),
+    256: [V("128x128x64 w8 s4 k2", **T(128, 128, 64, 8, 4, split_k=2)),  # two warpgroups, 128 CTAs at 256x4096
+          V("64x256x64 w4 s4 k2", **T(64, 256, 64, 4, 4, split_k=2)),  # wgmma m64n256, 128 CTAs
+          V("128x256x64 w8 s3 k4 sub", **T(128, 256, 64, 8, 3, split_k=4, epilogue_subtile=True)),
+          V("128x128x64 w8 s4 k0", **T(128, 128, 64, 8, 4, split_k=0)),
           V("128x128x64 w4 s5 k1", **T(128, 128, 64, 4, 5, split_k=1)),
           V("64x128x64 s6 k2", **T(64, 128, 64, 4, 6, split_k=2)),
           V("128x64x64 s6 k1", **T(128, 64, 64, 4, 6, split_k=1)),
-          V("64x256x64 w8 s4 k1", **T(64, 256, 64, 8, 4, split_k=1)),
-          V("64x64x128 s5 k1", **T(64, 64, 128, 4, 5, split_k=1)),
-          V("128x256x64 w8 s3 k1 sub", **T(128, 256, 64, 8, 3, split_k=1, epilogue_subtile=True))],
+          V("64x256x64 w8 s4 k1", **T(64, 256, 64, 8, 4, split_k=1))],
 }
 
 
