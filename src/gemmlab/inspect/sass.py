@@ -81,11 +81,12 @@ def signature(plan: Plan) -> dict[str, str]:
     c = f"tensordesc<{dt}[{bm}, {bn // 2 if cfg.epilogue_subtile else bn}]>" if plan.c_tma else f"*{dt}"
     sig = {"a_desc": f"tensordesc<{dt}[{a[0]}, {a[1]}]>", "b_desc": f"tensordesc<{dt}[{b[0]}, {b[1]}]>",
            "c": c}
-    if plan.path == "tma_splitk":
-        sig.update(ws_ptr="*fp32", count_ptr="*i32")
+    sig.update(ws_ptr="*fp32", count_ptr="*i32")
     sig.update(M="i32", N="i32", K="i32", stride_cm="i32")
     if plan.path == "tma_splitk":
         sig["K_TILES_PER_SPLIT"] = "i32"
+    else:
+        sig["SK_TILES"] = "i32"
     return sig
 
 
@@ -170,6 +171,7 @@ def report(plan: Plan, arch: int = 90) -> dict:
         "num_stages": cfg.num_stages,
         "group_m": cfg.group_m,
         "split_k": cfg.split_k,
+        "stream_k": cfg.stream_k,
         "epilogue_subtile": cfg.epilogue_subtile,
         "warp_specialize_requested": cfg.warp_specialize,
         "max_nreg": cfg.max_nreg,

@@ -62,11 +62,14 @@ def _store_part(c, part, off_m, off_n, M, N, stride_cm, C_TMA: tl.constexpr):
     if C_TMA:
         c.store([off_m, off_n], part.to(c.dtype))
     else:  # masked pointer store: 64-bit tile base, 32-bit offsets inside the tile
+        # (converted to C's dtype first and masked against scalar bounds: half the registers of the fp32 tile
+        # and no per-element add; with the subtile split this keeps a 128x256 tile from spilling)
+        val = part.to(c.dtype.element_ty)
         rows = tl.arange(0, part.shape[0])
         cols = tl.arange(0, part.shape[1])
         c_tile = c + off_m.to(tl.int64) * stride_cm + off_n
-        mask = (off_m + rows[:, None] < M) & (off_n + cols[None, :] < N)
-        tl.store(c_tile + rows[:, None] * stride_cm + cols[None, :], part.to(c.dtype.element_ty), mask=mask)
+        mask = (rows[:, None] < M - off_m) & (cols[None, :] < N - off_n)
+        tl.store(c_tile + (rows[:, None] * stride_cm + cols[None, :]), val, mask=mask)
 
 
 @triton.jit
@@ -74,9 +77,10 @@ def _store_c(c, acc, off_m, off_n, M, N, stride_cm,
              BLOCK_N: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, C_TMA: tl.constexpr):
     """Write an fp32 [BLOCK_M, BLOCK_N] tile into C (M, N) row-major, in C's dtype. ``c`` is a descriptor
     (C_TMA; its blocks match the parts written) or a pointer with row stride ``stride_cm`` (any alignment).
-    EPILOGUE_SUBTILE (TMA only) writes two [BLOCK_M, BLOCK_N // 2] halves: half the staging buffer. The
-    pointer store takes the whole tile: splitting it in registers costs a layout shuffle and spills."""
-    if EPILOGUE_SUBTILE and C_TMA:
+    EPILOGUE_SUBTILE writes two [BLOCK_M, BLOCK_N // 2] halves: for TMA half the staging buffer; for the
+    pointer store half the live pointers and masks (sm_90, 128x256x64, 8 warps: 2 LDL/STL, against 102 when
+    the whole tile was stored at once; tests/test_inspect.py checks)."""
+    if EPILOGUE_SUBTILE:
         acc = tl.reshape(acc, (acc.shape[0], 2, BLOCK_N // 2))
         acc0, acc1 = tl.split(tl.permute(acc, (0, 2, 1)))
         _store_part(c, acc0, off_m, off_n, M, N, stride_cm, C_TMA)
@@ -86,35 +90,90 @@ def _store_c(c, acc, off_m, off_n, M, N, stride_cm,
 
 
 @triton.jit
+def _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, k_end,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, DOT_UPCAST: tl.constexpr):
+    """fp32 [BLOCK_M, BLOCK_N] = sum over BLOCK_K steps k_begin..k_end-1 of A tile @ B tile."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(k_begin, k_end):
+        off_k = ki * BLOCK_K
+        a = _load_a(a_desc, off_m, off_k, A_KMAJOR)
+        b = _load_b(b_desc, off_k, off_n, B_KMAJOR)
+        acc = _dot(a, b, acc, DOT_UPCAST)
+    return acc
+
+
+@triton.jit
 def _gemm_tma_persistent_kernel(
     a_desc,  # A (M, K) or A^T (K, M), fp16/bf16, see A_KMAJOR
     b_desc,  # B^T (N, K) or B (K, N), see B_KMAJOR
     c,  # C (M, N) row-major: descriptor, blocks [BLOCK_M, BLOCK_N or BLOCK_N // 2] (C_TMA), else pointer
+    ws_ptr,  # STREAM_K: (NUM_SMS, 2, BLOCK_M * BLOCK_N) fp32, each program's first and last partial tile
+    count_ptr,  # STREAM_K: (SK_TILES,) int32 arrival counters, zero between calls
     M, N, K,
     stride_cm,  # C's row stride (pointer epilogue only)
+    SK_TILES,  # STREAM_K: the last SK_TILES tiles (grouped order) are shared out by BLOCK_K steps; else 0
     A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, C_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    STREAM_K: tl.constexpr,
 ):
-    """Hopper fast path. Grid: (min(NUM_SMS, tiles),); each program walks tiles start, start+NUM_SMS, ...
-    in grouped order, loading A/B through TMA into a multi-stage ring that feeds wgmma."""
+    """Hopper fast path. Grid: (min(NUM_SMS, tiles),), or (NUM_SMS,) with STREAM_K; each program walks tiles
+    start, start+NUM_SMS, ... in grouped order, loading A/B through TMA into a multi-stage ring that feeds
+    wgmma. STREAM_K (data-parallel + stream-K hybrid, against wave quantization): the first tiles - SK_TILES
+    tiles go as above; the SK_TILES * k_tiles BLOCK_K steps of the rest are cut into NUM_SMS equal runs, one
+    per program. A tile a program covers whole is stored; a partial tile goes to one of the program's two ws
+    slots and the last of the tile's programs to arrive (atomic counter) sums the
+    pieces in program order (deterministic, whoever arrives last) and stores the tile."""
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
-    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=False, warp_specialize=WARP_SPECIALIZE):
+    dp_tiles = num_tiles - SK_TILES
+    for tile_id in tl.range(start_pid, dp_tiles, NUM_SMS, flatten=False, warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            off_k = ki * BLOCK_K
-            a = _load_a(a_desc, off_m, off_k, A_KMAJOR)
-            b = _load_b(b_desc, off_k, off_n, B_KMAJOR)
-            acc = _dot(a, b, acc, DOT_UPCAST)
+        acc = _tile_dot(a_desc, b_desc, off_m, off_n, 0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR,
+                        DOT_UPCAST)
         _store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+    if STREAM_K:
+        per_run = tl.cdiv(SK_TILES * k_tiles, NUM_SMS)  # BLOCK_K steps per program
+        it = start_pid * per_run
+        run_end = min(it + per_run, SK_TILES * k_tiles)
+        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        while it < run_end:
+            sk_tile = it // k_tiles
+            tile_begin = sk_tile * k_tiles
+            k_begin = it - tile_begin
+            k_end = min(k_tiles, run_end - tile_begin)
+            pid_m, pid_n = _tile_coords(dp_tiles + sk_tile, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            acc = _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, k_end, BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR,
+                            B_KMAJOR, DOT_UPCAST)
+            if k_begin == 0 and k_end == k_tiles:
+                _store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+            else:
+                # slot 1: the piece starts mid-tile (so it is the run's first); slot 0: it starts at the tile's
+                # start and, being partial, ends mid-tile (the run's last). A run has at most one of each.
+                slot = (k_begin != 0).to(tl.int64)
+                tl.store(ws_ptr + (start_pid * 2 + slot) * (BLOCK_M * BLOCK_N) + offs, acc, cache_modifier=".cg")
+                tl.debug_barrier()  # every thread's partial is issued before the release below
+                first = tile_begin // per_run  # the programs whose runs meet this tile
+                last = (tile_begin + k_tiles - 1) // per_run
+                arrived = tl.atomic_add(count_ptr + sk_tile, 1, sem="acq_rel", scope="gpu")
+                if arrived == last - first:
+                    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    for p in range(first, last + 1):
+                        p_slot = (p * per_run > tile_begin).to(tl.int64)  # p's run starts inside the tile
+                        total += tl.load(ws_ptr + (p * 2 + p_slot) * (BLOCK_M * BLOCK_N) + offs,
+                                         cache_modifier=".cg")
+                    _store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+                    tl.atomic_xchg(count_ptr + sk_tile, 0, sem="relaxed", scope="gpu")
+            it = tile_begin + k_end
 
 
 @triton.jit

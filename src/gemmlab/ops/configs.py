@@ -11,8 +11,9 @@ the first rule whose ranges hold the call's quantities wins. So a user file may 
 the tuner writes), and everything it does not match falls through to the bundled table; a user rule with
 no ranges is a catch-all that shadows the bundled rules of its path.
 
-A file: ``{"about": "...", "triton": "3.6.0", "gemm": {path: [rule, ...]}, "moe": {mode: [rule, ...]}}``
-("triton": the version its rules were tuned with); a rule:
+A file: ``{"about": "...", "triton": "3.6.0", "staging": {...}, "gemm": {path: [rule, ...]}, "moe": {mode:
+[rule, ...]}}`` ("triton": the version its rules were tuned with; "staging": the constants of the staging cost
+rule, ``staging()``, the user's keys over the bundled ones); a rule:
 ``{"m": [lo, hi], ..., "dtype": "bfloat16", "config": {...}, "tuned": {...}, "note": "..."}``. Range keys
 per section are in ``SECTIONS`` (bounds inclusive integers; a key left out matches anything); ``dtype``
 optional; ``config`` the fields of the section's config dataclass that differ from its defaults.
@@ -40,7 +41,10 @@ SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 DTYPES = ("float16", "bfloat16")
 _META_KEYS = ("config", "dtype", "tuned", "note")
-_TOP_KEYS = ("about", "triton", *SECTIONS)  # "triton": the version the rules were tuned with
+_TOP_KEYS = ("about", "triton", "staging", *SECTIONS)  # "triton": the version the rules were tuned with
+# "staging": the cost model that decides whether a GEMM whose A or B TMA cannot describe is copied into
+# 16-byte-aligned buffers (``gemmlab.ops.plan.staging_decision``); every key a number >= 0
+STAGING_KEYS = ("flops_per_s", "dram_bytes_per_s", "copy_fixed_s", "max_copy_fraction", "note")
 
 
 def user_dir() -> Path:
@@ -92,6 +96,7 @@ def read(file: Path) -> dict:
     unknown = set(data) - set(_TOP_KEYS)
     if unknown:
         raise ValueError(f"config file {file}: unknown key(s) {sorted(unknown)}; known: {list(_TOP_KEYS)}")
+    _check_staging(data.get("staging", {}), f"config file {file}: staging")
     for section, (paths, quantities) in SECTIONS.items():
         table = data.get(section, {})
         if not isinstance(table, dict):
@@ -104,6 +109,33 @@ def read(file: Path) -> dict:
             for i, rule in enumerate(rules):
                 _check_rule(rule, f"config file {file}: {section}.{path}[{i}]", quantities)
     return data
+
+
+def _check_staging(st: object, where: str) -> None:
+    if not isinstance(st, dict):
+        raise ValueError(f"{where} must be an object with keys {list(STAGING_KEYS)}")
+    unknown = set(st) - set(STAGING_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; known: {list(STAGING_KEYS)}")
+    for key, v in st.items():
+        if key == "note":
+            continue
+        if type(v) not in (int, float) or not v >= 0 or (key in ("flops_per_s", "dram_bytes_per_s") and v == 0):
+            raise ValueError(f"{where}.{key} must be a number >= 0 (> 0 for rates), got {v!r}")
+
+
+@functools.cache
+def staging(target: str) -> tuple[dict, str]:
+    """The staging constants for a target: the bundled file's, each key overridden by the user's file, and
+    which files they came from. Empty when no file has a "staging" object (then nothing is staged).
+    Cached (the plan reads it on every new signature): do not mutate the dict."""
+    merged, sources = {}, []
+    for file in reversed(files(target)):  # bundled first, the user's keys over it
+        st = read(file).get("staging")
+        if st:
+            merged.update({k: v for k, v in st.items() if k != "note"})
+            sources.append(str(file))
+    return merged, " + ".join(reversed(sources))
 
 
 def _check_rule(rule: object, where: str, quantities: tuple[str, ...]) -> None:
@@ -164,5 +196,6 @@ def reload() -> None:
     every ``on_reload`` hook runs."""
     read.cache_clear()
     rules.cache_clear()
+    staging.cache_clear()
     for fn in _ON_RELOAD:
         fn()

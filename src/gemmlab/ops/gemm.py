@@ -22,7 +22,7 @@ from gemmlab.kernels.gemm import _gemm_portable_kernel, _gemm_tma_persistent_ker
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.launch import HostDesc, Kept
-from gemmlab.ops.plan import GemmConfig, Plan, choose, is_kmajor, padded_k
+from gemmlab.ops.plan import GemmConfig, Plan, choose, is_kmajor, padded_k, stage_inner, staged_shape, stream_k_tiles
 
 DTYPES = (torch.float16, torch.bfloat16)
 
@@ -157,11 +157,13 @@ def check_out(op: str, out: torch.Tensor, **inputs: torch.Tensor) -> None:
 
 
 def plan(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None,
-         config: GemmConfig | None = None) -> Plan:
+         config: GemmConfig | None = None, stage: bool | None = None) -> Plan:
     """Which path and config ``gemm(a, b, out=out)`` runs. Pure and cheap: checks, no allocation.
-    ``config`` pins a config for the chosen path (the tuner's way in; run the result with ``run``)."""
+    ``config`` pins a config for the chosen path (the tuner's way in; run the result with ``run``);
+    ``stage`` pins whether operands TMA cannot describe are staged (True) or left to the portable kernel
+    (False); None: the cost rule (``gemmlab.ops.plan.staging_decision``)."""
     a, b, c, swap = _operands(a, b, out)
-    return choose(a, b, c, swap, config)
+    return choose(a, b, c, swap, config, stage=stage)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -267,7 +269,10 @@ def launch_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> t
     if swap:
         a, b, c = b.t(), a.t(), c.t()
     if LAUNCHERS[p.path] is _launch_planned:
-        launch(L, a, b, c)
+        if p.staged:
+            launch_staged(L, p, a, b, c)
+        else:
+            launch(L, a, b, c)
     else:  # a launcher replaced (tests spy on them)
         LAUNCHERS[p.path](p, a, b, c)
     return out
@@ -277,7 +282,7 @@ def run(p: Plan, a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tenso
     """Run a plan made by ``plan(a, b, out=out, config=...)`` for operands laid out like these: the
     tuner's and the config sweep's way to launch a pinned config."""
     ka, kb, kc, swap = _operands(a, b, out)
-    fresh = choose(ka, kb, kc, swap, p.config)
+    fresh = choose(ka, kb, kc, swap, p.config, stage=bool(p.staged))
     if replace(fresh, reason=p.reason) != p:  # (the reason says where the config came from)
         raise ValueError(f"run: the plan does not fit these operands (plan for them: {fresh})")
     return _execute(p, ka, kb, kc, out)
@@ -355,7 +360,7 @@ class Launch:
     ints: tuple  # the runtime integer arguments after the tensors
     consts: dict  # constexpr name -> value
     opts: dict  # num_warps, num_stages, maxnreg
-    scratch: tuple | None = None  # split-K: (workspace fp32 elements, tiles); None: no workspace arguments
+    scratch: tuple | None = None  # split-K, stream-K: (workspace fp32 elements, counters); None: no such arguments
     keep: bool = False  # keep the compiled kernel after the first launch and launch it directly from then on
     kept: Kept | None = None  # the compiled kernel's launcher, once kept (gemmlab.ops.launch)
 
@@ -389,7 +394,8 @@ def constexprs(p: Plan) -> dict:
                   BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
                   DOT_UPCAST=upcast)
     if p.path == "tma_persistent":
-        return dict(common, GROUP_M=cfg.group_m, NUM_SMS=p.num_sms, WARP_SPECIALIZE=cfg.warp_specialize)
+        return dict(common, GROUP_M=cfg.group_m, NUM_SMS=p.num_sms, WARP_SPECIALIZE=cfg.warp_specialize,
+                    STREAM_K=cfg.stream_k)
     return dict(common, SPLIT_K=cfg.split_k)
 
 
@@ -401,8 +407,49 @@ def launch_options(cfg: GemmConfig) -> dict:
     return opts
 
 
+def _scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A staging buffer: a fresh tensor from the caching allocator, per call (so safe under CUDA-graph capture
+    and across streams); its contents are overwritten or never read."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def stage(t: torch.Tensor, inner: int, device: torch.device | None = None) -> torch.Tensor:
+    """A copy of the 2-D operand ``t`` (dim ``inner`` unit-stride) whose rows are padded to 16 bytes: same
+    values and layout, a 16-byte-aligned base and outer stride, so TMA can describe it. The pad columns are
+    left as they are: the descriptor's shape is the logical one, TMA zero-fills past it. ``device="meta"``:
+    only the layout (what ``prepare`` needs), no copy."""
+    rows, row_len = staged_shape(t, inner)
+    buf = _scratch((rows, row_len), t.dtype, device or t.device)
+    view = buf[:, : t.shape[inner]]
+    view = view if inner == 1 else view.t()
+    if view.device.type != "meta":
+        view.copy_(t)
+    return view
+
+
+def staged_c(p: Plan, c: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """The aligned scratch C (M, N) (rows padded to 16 bytes) a ``stage_c`` plan's kernel writes; not filled."""
+    buf = _scratch(staged_shape(c, 1), c.dtype, device or c.device)
+    return buf[:, : c.shape[1]]
+
+
+def stage_operands(p: Plan, a, b, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel-view operands with those the plan stages replaced by their aligned copies (a and b only:
+    a staged C is written by the kernel, ``staged_c``)."""
+    if "a" in p.staged:
+        a = stage(a, stage_inner(p, "a"), device)
+    if "b" in p.staged:
+        b = stage(b, stage_inner(p, "b"), device)
+    return a, b
+
+
 def prepare(p: Plan, a, b, c, keep: bool = False) -> Launch:
-    """The ``Launch`` of a (non-empty) plan for operands shaped and strided like these (kernel view, c row-major)."""
+    """The ``Launch`` of a (non-empty) plan for operands shaped and strided like these (kernel view, c row-major;
+    a and b as the caller has them: the layout of staged copies is derived here)."""
+    if p.staged:
+        a, b = stage_operands(p, a, b, torch.device("meta"))
+        if "c" in p.staged:
+            c = staged_c(p, c, torch.device("meta"))
     cfg = p.config
     consts, opts = constexprs(p), launch_options(cfg)
     if p.path == "portable":
@@ -412,8 +459,11 @@ def prepare(p: Plan, a, b, c, keep: bool = False) -> Launch:
     specs = _specs(p, a, b, c)
     if p.path == "tma_persistent":
         tiles = triton.cdiv(p.m, cfg.block_m) * triton.cdiv(p.n, cfg.block_n)
-        return Launch(p.path, _gemm_tma_persistent_kernel, (min(p.num_sms, tiles), 1, 1), specs,
-                      (p.m, p.n, p.k, c.stride(0)), consts, opts, keep=keep)
+        sk = stream_k_tiles(tiles, p.num_sms) if cfg.stream_k else 0
+        grid = (p.num_sms if sk else min(p.num_sms, tiles), 1, 1)
+        scratch = (p.num_sms * 2 * cfg.block_m * cfg.block_n, sk) if sk else (0, 0)
+        return Launch(p.path, _gemm_tma_persistent_kernel, grid, specs, (p.m, p.n, p.k, c.stride(0), sk), consts,
+                      opts, scratch=scratch, keep=keep)
     grid_n, grid_m = triton.cdiv(p.n, cfg.block_n), triton.cdiv(p.m, cfg.block_m)
     per_split = triton.cdiv(triton.cdiv(p.k, cfg.block_k), cfg.split_k)
     scratch = (cfg.split_k * grid_n * grid_m * cfg.block_m * cfg.block_n, grid_n * grid_m) if cfg.split_k > 1 \
@@ -492,8 +542,24 @@ def _launch_empty(p: Plan, a, b, c) -> None:
         c.zero_()  # K = 0: a sum over nothing
 
 
+def launch_staged(L: Launch, p: Plan, a, b, c) -> None:
+    """Launch ``L`` for a plan that stages: copy the operands it stages into aligned buffers, launch on them,
+    and for a staged C copy the kernel's aligned scratch C into ``c``."""
+    a, b = stage_operands(p, a, b)
+    if "c" in p.staged:
+        cs = staged_c(p, c)
+        launch(L, a, b, cs)
+        c.copy_(cs)
+    else:
+        launch(L, a, b, c)
+
+
 def _launch_planned(p: Plan, a, b, c) -> None:
-    launch(prepare(p, a, b, c), a, b, c)
+    L = prepare(p, a, b, c)
+    if p.staged:
+        launch_staged(L, p, a, b, c)
+    else:
+        launch(L, a, b, c)
 
 
 KERNELS = {

@@ -9,6 +9,14 @@ Paths (``paths()``):
     tma_splitk      small M (<= SMALL_M): small tiles, K split across programs, deterministic reduction
     portable        pointer loads with masks: any alignment, any layout, any GPU, the CPU interpreter
 
+Staging (``Plan.staged``): when A or B cannot be described by TMA (an odd K or N makes the leading stride
+not a multiple of 16 bytes; a misaligned base; a broadcast stride 0) but copying it is cheap next to the
+GEMM, the launcher copies it into a fresh buffer with 16-byte-aligned rows (same values, same layout) and runs
+tma_persistent or tma_splitk on the copy. The descriptor keeps the logical shape, so TMA zero-fills past K
+(or N) and the pad columns are never read (no memset). ``staging_decision`` is the cost rule; its constants
+are data (the "staging" object of the config file). A C that TMA cannot describe is stored through masked
+pointers, or, with ``GemmConfig.stage_c``, by TMA into an aligned scratch C copied out after the kernel.
+
 Config tables are data: the "gemm" section of ``<gpu-slug>.json`` ("interpreter" under TRITON_INTERPRET=1),
 the user's file (``$GEMMLAB_HOME/configs/``, written by ``gemmlab tune``) tried before the bundled one
 (``configs/``, ``configs/default.json`` for GPUs without one); ``ops.configs`` says how. Each path maps to
@@ -38,7 +46,10 @@ INTERPRETER_SMS = 3  # "SMs" the interpreter pretends to have: persistent progra
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Launch parameters of one kernel path. ``split_k = 0`` means "choose from the shape" (tma_splitk)."""
+    """Launch parameters of one kernel path. ``split_k = 0`` means "choose from the shape" (tma_splitk).
+    ``stage_c`` only acts where C's stride or base rules out a TMA store: C then goes out through TMA into a
+    16-byte-aligned scratch C and one copy into the caller's C (M N elements read and written once more),
+    instead of masked pointer stores (which spill registers at 128x256 tiles)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -50,6 +61,8 @@ class GemmConfig:
     epilogue_subtile: bool = False
     warp_specialize: bool = False
     max_nreg: int = 0  # Triton's maxnreg compile option (registers per thread); 0: the compiler's choice
+    stage_c: bool = False  # TMA paths, C not TMA-aligned: TMA-store into an aligned copy, then copy into C
+    stream_k: bool = False  # tma_persistent: data-parallel + stream-K hybrid for the last waves (stream_k_tiles)
 
     @classmethod
     def from_dict(cls, d: dict) -> GemmConfig:
@@ -77,6 +90,8 @@ class Plan:
     b_kmajor: bool = False
     c_tma: bool = False
     num_sms: int = 0
+    staged: tuple[str, ...] = ()  # kernel-view operands ("a", "b") copied into 16-byte-aligned buffers first;
+    # "c": C written into an aligned scratch C by TMA, then copied out (GemmConfig.stage_c)
 
 
 def paths() -> tuple[str, ...]:
@@ -145,9 +160,80 @@ def split_k_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
     return -(-k_tiles // per_split)
 
 
+def stream_k_tiles(tiles: int, num_sms: int) -> int:
+    """Tiles a stream_k launch shares out by BLOCK_K steps: none when the tiles fill whole waves; else the
+    partial last wave plus one full wave (so each program's share is 1-2 tiles of work, and the data-parallel
+    part keeps whole waves), or every tile when there is less than one wave."""
+    rem = tiles % num_sms
+    if rem == 0:
+        return 0
+    return rem + num_sms if tiles > num_sms else tiles
+
+
 def padded_k(k: int) -> int:
     """Elements a K-major row is padded to for TMA: a multiple of 8 (16 bytes in fp16/bf16), at least 8."""
     return max(8, -(-k // 8) * 8)
+
+
+def stage_inner(p: Plan, name: str) -> int:
+    """The unit-stride dim of kernel-view operand ``name`` ("a" (M, K) or "b" (K, N)): what staging keeps."""
+    if name == "a":
+        return 1 if p.a_kmajor else 0
+    return 0 if p.b_kmajor else 1
+
+
+def staged_shape(t: torch.Tensor, inner: int) -> tuple[int, int]:
+    """(rows, row length) of the buffer an operand is staged into: its outer dim by its unit-stride dim padded
+    to a multiple of 16 bytes (``padded_k``)."""
+    return (t.shape[1 - inner], padded_k(t.shape[inner]))
+
+
+@dataclass(frozen=True)
+class Staging:
+    """The constants of the staging cost rule (the "staging" object of a config file)."""
+
+    flops_per_s: float  # the GEMM's compute rate
+    dram_bytes_per_s: float  # HBM bandwidth (copies and memory-bound GEMMs)
+    copy_fixed_s: float  # fixed cost of one copy kernel (launch, ramp)
+    max_copy_fraction: float  # stage when the copies cost at most this fraction of the GEMM
+    source: str
+
+
+@functools.cache
+def _staging(target: str) -> Staging | None:
+    st, source = configs.staging(target)
+    if "max_copy_fraction" not in st:
+        return None
+    missing = {"flops_per_s", "dram_bytes_per_s"} - set(st)
+    if missing:
+        raise ValueError(f"config {source}: staging lacks {sorted(missing)}")
+    return Staging(float(st["flops_per_s"]), float(st["dram_bytes_per_s"]), float(st.get("copy_fixed_s", 0.0)),
+                   float(st["max_copy_fraction"]), source)
+
+
+configs.on_reload(_staging.cache_clear)
+
+
+def staging_decision(target: Target, m: int, n: int, k: int, elt: int, copies: list[int],
+                     stage: bool | None = None) -> tuple[bool, str]:
+    """Whether to stage, and why. ``copies``: elements of each operand that would be copied. The rule:
+
+        t_copy = sum(2 * elements * elt) / dram_bytes_per_s + len(copies) * copy_fixed_s   (read + write)
+        t_gemm = max(2 M N K / flops_per_s, (M K + K N + M N) * elt / dram_bytes_per_s)   (compute or memory)
+        stage when t_copy <= max_copy_fraction * t_gemm
+
+    ``stage`` True or False overrides the rule (a sweep's way to time both)."""
+    if stage is not None:
+        return stage, "staging pinned by the caller" if stage else "staging refused by the caller"
+    st = _staging(target.name)
+    if st is None:
+        return False, f"no staging constants for {target.name}"
+    t_copy = sum(2 * e * elt for e in copies) / st.dram_bytes_per_s + len(copies) * st.copy_fixed_s
+    t_gemm = max(2.0 * m * n * k / st.flops_per_s, (m * k + k * n + m * n) * elt / st.dram_bytes_per_s)
+    frac = t_copy / t_gemm
+    verdict = "<=" if frac <= st.max_copy_fraction else ">"
+    return frac <= st.max_copy_fraction, (f"copy {frac:.1%} of the GEMM's estimated time {verdict} "
+                                          f"{st.max_copy_fraction:.0%} ({st.source} staging)")
 
 
 def is_kmajor(t: torch.Tensor, inner_dim: int) -> bool | None:
@@ -171,11 +257,21 @@ def tma_ok(t: torch.Tensor, inner_dim: int) -> bool:
     return (stride * t.element_size()) % 16 == 0 and stride >= max(t.shape[inner_dim], 1)
 
 
+def _stage_c(cfg: GemmConfig, common: dict, c_note: str) -> str:
+    """Apply ``cfg.stage_c`` to a TMA plan's fields: a C TMA cannot store to goes through an aligned copy."""
+    if not cfg.stage_c or common["c_tma"]:
+        return c_note
+    common.update(c_tma=True, staged=(*common.get("staged", ()), "c"))
+    return c_note.replace("C stored with masked pointers (its stride is not 16-byte aligned)",
+                          "C not TMA-aligned: stored by TMA into an aligned copy, then copied into C (stage_c)")
+
+
 def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bool,
-           config: GemmConfig | None = None, target: Target | None = None) -> Plan:
+           config: GemmConfig | None = None, target: Target | None = None, stage: bool | None = None) -> Plan:
     """Plan for the kernel-view problem C (M, N) row-major = a (M, K) @ b (K, N); operands validated,
     ``c`` is None when ``gemm`` will allocate a contiguous C. ``config`` pins the config (else the table's);
-    ``target`` overrides the operands' device (the inspector plans for an H200 from "meta" tensors)."""
+    ``target`` overrides the operands' device (the inspector plans for an H200 from "meta" tensors);
+    ``stage`` pins the staging decision for operands TMA cannot describe (None: ``staging_decision``'s rule)."""
     m, k = a.shape
     n = b.shape[1]
     a_kmajor = bool(is_kmajor(a, 1))
@@ -189,16 +285,28 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
     else:
         c_tma = tma_ok(c, 1)
     common.update(c_tma=c_tma, num_sms=target.num_sms)
+    unaligned = [(name, t) for name, t, inner in (("a", a, 1 if a_kmajor else 0), ("b", b, 0 if b_kmajor else 1))
+                 if not tma_ok(t, inner)]
+    stage_note = ""
+    if unaligned and target.has_tma:
+        go, why_stage = staging_decision(target, m, n, k, a.element_size(), [t.numel() for _, t in unaligned],
+                                         stage)
+        names = " and ".join(name.upper() for name, _ in unaligned)
+        if go:
+            common["staged"] = tuple(name for name, _ in unaligned)
+            stage_note = f"; {names} staged into 16-byte-aligned buffers: {why_stage}"
+            unaligned = []
+        else:
+            why = f"{names} not 16-byte aligned for TMA (base or leading stride), not staged: {why_stage}"
     if not target.has_tma:
         why = f"sm_{target.capability[0]}{target.capability[1]} has no TMA"
-    elif not (tma_ok(a, 1 if a_kmajor else 0) and tma_ok(b, 0 if b_kmajor else 1)):
-        why = "A or B is not 16-byte aligned for TMA (base or leading stride)"
-    else:
-        c_note = "" if c_tma else "; C stored with masked pointers (its stride is not 16-byte aligned)"
+    elif not unaligned:
+        c_note = ("" if c_tma else "; C stored with masked pointers (its stride is not 16-byte aligned)") + stage_note
         if m <= SMALL_M:
             cfg, source = (config, PINNED) if config else _pick(target, "tma_splitk", m, n, k, a.dtype)
             split = split_k_for(cfg, m, n, k, target.num_sms)
             cfg = dataclasses.replace(cfg, split_k=split)
+            c_note = _stage_c(cfg, common, c_note)
             return Plan("tma_splitk", cfg, f"M={m} <= {SMALL_M}: small tiles, split-K {split}{c_note}; {source}",
                         **common)
         cfg, source = (config, PINNED) if config else _pick(target, "tma_persistent", m, n, k, a.dtype)
@@ -206,11 +314,16 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
             raise ValueError("warp_specialize: the persistent kernel with Triton 3.6's Hopper warp "
                              "specialization hung on the H200 (benchmarks/results/nvidia-h200-ws-probe-timeout.log); "
                              "set GEMMLAB_ALLOW_WS=1 to try it anyway")
+        if cfg.warp_specialize and cfg.stream_k:
+            raise ValueError("stream_k with warp_specialize: not supported (the stream-K part is not specialized)")
         if cfg.warp_specialize and c_tma:
             # Triton 3.6's Hopper warp specialization splits the accumulator over two consumer warpgroups
             # but not a TMA store's block; its C goes out through pointers instead.
-            common["c_tma"], c_note = False, "; warp-specialized, C stored with pointers"
-        return Plan("tma_persistent", cfg, f"TMA-aligned on sm_90+: persistent TMA kernel{c_note}; {source}",
+            common["c_tma"], c_note = False, "; warp-specialized, C stored with pointers" + stage_note
+        elif not cfg.warp_specialize:
+            c_note = _stage_c(cfg, common, c_note)
+        head = "TMA-aligned on sm_90+" if not stage_note else "TMA-aligned on sm_90+ once staged"
+        return Plan("tma_persistent", cfg, f"{head}: persistent TMA kernel{c_note}; {source}",
                     **common)
     cfg, source = (config, PINNED) if config else _pick(target, "portable", m, n, k, a.dtype)
     return Plan("portable", cfg, f"{why}; {source}", **common)
