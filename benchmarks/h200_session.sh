@@ -59,6 +59,10 @@ for s in "$@"; do
         python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_profile_gpu.py' _ "$RES/nvidia-h200-profile" ;;
     gpunew) step gpunew 220 python3 -m pytest -q -m gpu -p no:cacheprovider -s tests/test_moe_backward_gpu.py \
       tests/test_bench_broad.py tests/test_distributed.py tests/test_moe_small.py ;;
+    staged_tests) step staged_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_staged.py \
+      tests/test_gemm_streamk.py tests/test_gemm_gpu.py ;;
+    broad_paths) step broad_paths 240 python3 benchmarks/sweep_broad_paths.py --max-variants 4 \
+      --out "$RES/nvidia-h200-broad-paths.jsonl" --rules "$RES/nvidia-h200-broad-rules.json" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done
