@@ -72,16 +72,20 @@ def test_split_k_is_deterministic():
     _check(c1, a, b)
 
 
-@pytest.mark.parametrize("n", [16384, 16383])
-def test_64bit_offsets(n):
+@pytest.mark.parametrize("n, stage", [(16384, None), (16383, False), (16383, None)])
+def test_64bit_offsets(n, stage):
     """C = 131072 x N has >= 2^31 elements: offsets past 2^31 must not wrap. N = 16383 (unaligned) takes
-    the portable pointer kernel; 16384 the TMA kernel. Rows at both ends and in between are checked."""
+    the portable pointer kernel when staging is refused, else B is staged and C (row stride not 16-byte
+    aligned) is stored by the TMA kernel's pointer epilogue; 16384 the TMA kernel. Rows at both ends and in
+    between are checked."""
+    from gemmlab.ops.gemm import run
+
     m, k = 131072, 64
     a, b = rand((m, k)), rand((k, n))
     c = torch.full((m, n), float("nan"), dtype=a.dtype, device="cuda")
-    p = gemmlab.plan(a, b, out=c)
-    assert p.path == ("tma_persistent" if n % 8 == 0 else "portable")
-    gemmlab.gemm(a, b, out=c)
+    p = gemmlab.plan(a, b, out=c, stage=stage)
+    assert p.path == ("portable" if stage is False else "tma_persistent"), p.reason
+    run(p, a, b, out=c)
     rows = torch.cat([torch.arange(0, 256), torch.arange(m - 256, m),
                       torch.randint(0, m, (512,))]).to("cuda")
     _check(c[rows], a[rows], b)
