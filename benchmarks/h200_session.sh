@@ -43,8 +43,8 @@ for s in "$@"; do
     ws) step ws 160 python3 benchmarks/ws_probe.py --timeout 45 --out "$RES/nvidia-h200-ws-probe.jsonl" ;;
     moe_host) step moe_host 90 python3 benchmarks/moe_host_profile.py --out "$RES/nvidia-h200-moe-host-profile.txt" ;;
     # 55 cases; no case starts after --budget-s, so the JSON is written inside the step's limit (not_run lists the rest)
-    broad) step broad 580 python3 -m gemmlab bench gemm --suite broad --backend gemmlab --backend inductor \
-      --rounds 6 --reps 5 --warmup-s 0.3 --inductor-autotune-rep-ms 25 --budget-s 490 \
+    broad) step broad 560 python3 -m gemmlab bench gemm --suite broad --backend gemmlab --backend inductor \
+      --rounds 5 --reps 3 --warmup-s 0.2 --inductor-autotune-rep-ms 10 --budget-s 500 \
       --output-dir "$RES/nvidia-h200-broad" ;;
     broad_gputest) step broad_gputest 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bench_broad.py ;;
     broad_quick) step broad_quick 240 python3 -m gemmlab bench gemm --suite broad-quick --backend gemmlab \
