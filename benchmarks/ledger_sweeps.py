@@ -200,6 +200,8 @@ def record_moe_small(db: Ledger, rows: list[dict], path: str, note: str) -> list
                               "ratio_vs_liger_ci95": r.get("ratio_vs_liger_ci95"),
                               "liger_median_ms": (lig or {}).get("median_ms"), "liger": rows[0].get("liger"),
                               "row": {key: v for key, v in r.items() if key != "configs"}})
+            if r["configs"] is None:
+                e.report["tensor_cores_of"] = "current's configs (what moe_config picks for this call)"
             if r is not cur and cur is not None:
                 per_round = r.get("vs_current_per_round")
                 e.vs_parent = {"ratio": statistics.median(per_round) if per_round else r.get("ratio_vs_current"),
