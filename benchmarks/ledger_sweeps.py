@@ -93,11 +93,12 @@ def set_provenance(e: Entry, env: dict | None) -> Entry:
 # --- tensor cores (sm_90 SASS, compiled here) -----------------------------------------------------------------
 
 @functools.cache
-def _gemm_sass(m: int, n: int, k: int, dtype: str, layout: str, pad: int, offset: int,
-               config: str | None) -> tuple[str | None, int | None]:
+def _gemm_sass(m: int, n: int, k: int, dtype: str, layout: str, pad: int, offset: int, config: str | None,
+               stage: bool | None = None) -> tuple[str | None, int | None]:
     """(path, tensor-core ops) of the plan for "meta" operands stored as the case stores them (``bench.gemm``'s
     ``case_inputs``: row stride + ``pad``, ``offset`` elements into the buffer; "row": B (K, N), "linear":
-    B = W^T, W (N, K)) with ``config`` (JSON of GemmConfig fields, or None: the table's)."""
+    B = W^T, W (N, K)) with ``config`` (JSON of GemmConfig fields, or None: the table's) and the staging pin
+    ``stage`` (None: this checkout's cost rule)."""
     import torch
 
     from gemmlab.inspect.sass import H200, report
@@ -115,7 +116,7 @@ def _gemm_sass(m: int, n: int, k: int, dtype: str, layout: str, pad: int, offset
         cfg = GemmConfig(**json.loads(config)) if config else None
         if cfg is not None and cfg.warp_specialize:
             os.environ["GEMMLAB_ALLOW_WS"] = "1"  # the probe's own setting
-        p = choose(a, b, None, False, config=cfg, target=H200)
+        p = choose(a, b, None, False, config=cfg, target=H200, stage=stage)
         return p.path, report(p)["tensor_core_ops"] if p.path in KERNELS else None
     except Exception:  # under the interpreter, a config the plan refuses, a kernel that does not compile
         return None, None
@@ -125,10 +126,13 @@ def _gemm_sass(m: int, n: int, k: int, dtype: str, layout: str, pad: int, offset
 
 
 def gemm_tensor_core_ops(m: int, n: int, k: int, dtype: str, case: dict, config: dict | None,
-                         ran_path: str | None) -> int | None:
-    """The count, only when the inspected plan takes the path the run reported (else None: not inspected)."""
+                         ran_path: str | None, staged: list[str] | None = None) -> int | None:
+    """The count, only when the inspected plan takes the path the run reported (else None: not inspected).
+    Staging is pinned as the run did it (the rule's constants may have changed since): off where it ran the
+    portable kernel, on where it reports staged operands."""
+    stage = False if ran_path == "portable" else True if set(staged or ()) & {"a", "b"} else None
     path, ops = _gemm_sass(m, n, k, dtype, case["layout"], case["pad"], case["offset"],
-                           json.dumps(config, sort_keys=True) if config else None)
+                           json.dumps(config, sort_keys=True) if config else None, stage)
     return ops if path is not None and path == ran_path else None
 
 
@@ -296,7 +300,7 @@ def record_broad_paths(db: Ledger, rows: list[dict], path: str, note: str) -> li
                       ratio=vs.get("ratio"), ratio_ci=vs.get("ci95"), per_round=vs.get("per_round"),
                       sm_clock_mhz=(r.get("clocks") or {}).get("sm_clock_mhz_mean"),
                       tensor_core_ops=gemm_tensor_core_ops(m, n, k, r["dtype"], case, r.get("config"),
-                                                           r.get("path")) if ok else None,
+                                                           r.get("path"), r.get("staged")) if ok else None,
                       report={"case": case, "variant": r["variant"],
                               "row": {key: v for key, v in r.items() if key not in ("env", "config")}})
             if r is not mine and mine is not None and r.get("vs_gemmlab"):

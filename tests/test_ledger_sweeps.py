@@ -28,8 +28,8 @@ def ls(monkeypatch):
     spec.loader.exec_module(mod)
     inspected = {"gemm": [], "moe": []}
 
-    def gemm_sass(m, n, k, dtype, layout, pad, offset, config):
-        inspected["gemm"].append((m, n, k, dtype, layout, config))
+    def gemm_sass(m, n, k, dtype, layout, pad, offset, config, stage=None):
+        inspected["gemm"].append((m, n, k, dtype, layout, config, stage))
         return ("tma_persistent" if m > 256 and not pad else "portable" if pad else "tma_splitk"), 64
 
     def moe_tc(configs, experts, rows):
@@ -203,6 +203,7 @@ def test_bench_gemm_entries_and_layout_parents(ls, tmp_path):
     assert ("linear" in {c[4] for c in ls.inspected["gemm"]})  # inspected in its own layout
     # the padded case is inspected as stored (its own path) and is its own baseline
     assert pad.tensor_core_ops == 64 and pad.decision == "accepted" and pad.parent_id is None
+    assert ls.inspected["gemm"][-1][-1] is False  # it ran the portable kernel: inspected with staging pinned off
     # a second run of the row case: decided against the row entry, by the per-round ratios to cuBLAS
     _, (row2, lin2, pad2) = ls.record_file(db, bench_file(tmp_path, "b.json", [
         bench_result(4096, 4096, 4096, "row", 0, 0.8, rounds(1.25)),
