@@ -163,6 +163,8 @@ def run_case(name: str, args, bw_gbps: float, liger, target) -> list[dict]:
         for n, c in c_all.items():
             ms = c.get("median_ms")
             vs = ratio_summary(c["per_round_ms"], lig["per_round_ms"]) if ms and lig_ms and n != "liger" else {}
+            vs_cur = (ratio_summary(c["per_round_ms"], c_all["current"]["per_round_ms"])
+                      if ms and cur_ms and n != "current" else {})  # interleaved: the ledger's paired interval
             rows.append({
                 "case": name, "model": model_name, "tokens": t, "routing": routing, "mode": mode, "candidate": n,
                 "configs": [asdict(k) for k in cands[n]] if n in cands else None,  # None: default call, liger
@@ -173,6 +175,7 @@ def run_case(name: str, args, bw_gbps: float, liger, target) -> list[dict]:
                 "x_bound": ms / bound_ms if ms else None,
                 "ratio_vs_liger": vs.get("ratio"), "ratio_vs_liger_ci95": vs.get("ci95"),
                 "ratio_vs_current": cur_ms / ms if ms and cur_ms else None,
+                "ratio_vs_current_ci95": vs_cur.get("ci95"), "vs_current_per_round": vs_cur.get("per_round"),
                 "sm_clock_mhz": (c.get("clocks") or {}).get("sm_clock_mhz_mean")})
     return rows
 

@@ -72,16 +72,20 @@ def main() -> None:
             r = subprocess.run([sys.executable, __file__, "--shape", args.shape, "--child", spec], env=env,
                                capture_output=True, text=True, timeout=args.timeout)
             got = [ln[7:] for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-            row = json.loads(got[0]) if got else {"config": spec, "error": f"exit {r.returncode}: "
+            row = json.loads(got[0]) if got else {"shape": args.shape, "config": spec, "error": f"exit "
+                                                  f"{r.returncode}: "
                                                   + (r.stderr.strip().splitlines() or ["?"])[-1][:300]}
         except subprocess.TimeoutExpired:
-            row = {"config": spec, "error": f"timed out after {args.timeout:.0f} s (hang)"}
+            row = {"shape": args.shape, "config": spec, "error": f"timed out after {args.timeout:.0f} s (hang)"}
         rows.append(row)
         v = row.get("vs_cublas", {})
         print(f"{spec:22s} ok={row.get('ok')} ratio={v.get('ratio', float('nan')):.3f} {row.get('error', '')}",
               flush=True)
     if args.out:
-        with open(args.out, "a") as f:
+        from gemmlab.bench.timing import env_info
+
+        with open(args.out, "a") as f:  # an env line per run: benchmarks/ledger_sweeps.py takes provenance from it
+            f.write(json.dumps({"env": env_info(), "args": vars(args)}, default=str) + "\n")
             for row in rows:
                 f.write(json.dumps(row) + "\n")
 

@@ -24,7 +24,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,9 +251,12 @@ class Ledger:
         e.driver = e.driver or env.get("driver")
         e.torch, e.triton = e.torch or env["torch"], e.triton or env["triton"]
 
-    def record(self, e: Entry, parent_id: int | None = None, provenance: bool = True) -> int:
+    def record(self, e: Entry, parent_id: int | None = None, provenance: bool = True,
+               same_problem: Callable[[Entry], bool] | None = None) -> int:
         """Insert ``e`` and decide it against ``parent_id`` (default: the last accepted entry of the same
-        op, shape, dtype and GPU). Returns the new id; ``e`` gets its id, decision and reason."""
+        op, shape, dtype and GPU, and, with ``same_problem``, for which ``same_problem(entry)`` holds: the
+        same operand layout, the same timing mode). Returns the new id; ``e`` gets its id, decision and
+        reason."""
         if provenance:
             self._provenance(e)
         with self.transaction() as c:
@@ -263,7 +266,7 @@ class Ledger:
                 if parent is None:
                     raise KeyError(f"no ledger entry {parent_id}")
             else:
-                parent = self.last_accepted(e.op, e.shape, e.dtype, e.gpu)
+                parent = self.last_accepted(e.op, e.shape, e.dtype, e.gpu, same_problem)
             e.parent_id = parent.id if parent else None
             e.decision, e.reason = decide(e, parent)
             values = [getattr(e, col) for col in _COLUMNS if col != "id"]
@@ -299,10 +302,14 @@ class Ledger:
         r = self.conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchone()
         return _row(r) if r else None
 
-    def last_accepted(self, op: str, shape: str, dtype: str, gpu: str | None) -> Entry | None:
-        r = self.conn.execute("SELECT * FROM entries WHERE op = ? AND shape = ? AND dtype = ? AND gpu IS ? AND "
-                              "decision = 'accepted' ORDER BY id DESC LIMIT 1", (op, shape, dtype, gpu)).fetchone()
-        return _row(r) if r else None
+    def last_accepted(self, op: str, shape: str, dtype: str, gpu: str | None,
+                      same_problem: Callable[[Entry], bool] | None = None) -> Entry | None:
+        sql = ("SELECT * FROM entries WHERE op = ? AND shape = ? AND dtype = ? AND gpu IS ? AND "
+               "decision = 'accepted' ORDER BY id DESC")
+        if same_problem is None:
+            r = self.conn.execute(sql + " LIMIT 1", (op, shape, dtype, gpu)).fetchone()
+            return _row(r) if r else None
+        return next((e for e in map(_row, self.conn.execute(sql, (op, shape, dtype, gpu))) if same_problem(e)), None)
 
     def list(self, shape: str | None = None, kind: str | None = None, session: str | None = None,
              dtype: str | None = None, limit: int | None = None) -> list[Entry]:
