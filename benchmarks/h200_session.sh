@@ -63,6 +63,11 @@ for s in "$@"; do
       tests/test_gemm_streamk.py tests/test_gemm_gpu.py ;;
     broad_paths) step broad_paths 240 python3 benchmarks/sweep_broad_paths.py --max-variants 4 \
       --out "$RES/nvidia-h200-broad-paths.jsonl" --rules "$RES/nvidia-h200-broad-rules.json" ;;
+    # the broad suite's losses of call 4: unaligned small M (portable vs staging) and narrow N with long K (stream-K)
+    broad_paths2) step broad_paths2 150 python3 benchmarks/sweep_broad_paths.py --max-variants 4 --shapes \
+      1,4093,4099:fp16:linear 13,12289,1021:bf16:linear 64,14336,4097:fp16:linear 127,4099,8191:bf16:nn \
+      2048,576,7168:fp16:linear 8192,576,7168:bf16:linear 2048,5120,8192:bf16:linear \
+      --out "$RES/nvidia-h200-broad-paths2.jsonl" --rules "$RES/nvidia-h200-broad-rules2.json" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done

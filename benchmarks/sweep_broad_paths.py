@@ -84,6 +84,14 @@ UNALIGNED = [  # the table's config, then the most promising alternatives first
     V("portable", False),
     V("portable 64x128x64 w4 s4", False, **T(64, 128, 64, 4, 4)),
 ]
+UNALIGNED_SMALL_M = [  # M <= 256: staged (the tma_splitk tiles) against portable tiles sized for few rows
+    V("staged", True),
+    V("portable 16x64x128 w4 s4", False, **T(16, 64, 128, 4, 4)),
+    V("portable 16x32x128 w4 s4", False, **T(16, 32, 128, 4, 4)),
+    V("portable 64x64x64 w4 s4", False, **T(64, 64, 64, 4, 4)),
+    V("portable 64x128x64 w4 s4", False, **T(64, 128, 64, 4, 4)),
+    V("staged+stage_c", True, stage_c=True),
+]
 PERSISTENT = [
     V("stream-K", stream_k=True),  # the table's tile, data-parallel + stream-K hybrid
     V("128x128x64 w8 s4", **T(128, 128, 64, 8, 4, epilogue_subtile=False)),
@@ -148,7 +156,7 @@ def unaligned_operands(a, b) -> list[torch.Tensor]:
 
 def variants(default, unaligned: bool, m: int) -> list[dict]:
     if unaligned:
-        return UNALIGNED
+        return UNALIGNED_SMALL_M if m <= 256 else UNALIGNED
     if default.path == "tma_persistent":
         return PERSISTENT
     if default.path == "tma_splitk":
