@@ -1,6 +1,7 @@
 """Print the README's measured tables (markdown) from the files benchmarks/bench_suite.sh writes.
 
     python3 benchmarks/readme_tables.py benchmarks/results/nvidia-h200-bench
+    python3 benchmarks/readme_tables.py --broad benchmarks/results/.../nvidia-h200-broad/gemm-bench.json
 """
 
 import json
@@ -39,7 +40,38 @@ def clock_order(d: Path) -> None:
               f"{x['ratio']:.3f} | [{x['ci95'][0]:.3f}, {x['ci95'][1]:.3f}] | {x['verdict']} | "
               f"{x['cand_mhz']:.0f} / {x['base_mhz']:.0f} |")
 
+def broad_table(path: Path) -> None:
+    """The broad suite (``bench gemm --suite broad``): one row per case, device (graph) ratio, eager ratio and
+    the ratio to inductor, then the summary the targets are read from."""
+    from gemmlab.bench.gemm import rows
+
+    rep = json.loads(path.read_text())
+    env = rep["env"]
+    print(f"{env['gpu']}, {env['date'][:10]}, torch {env['torch']}, triton {env['triton']}, "
+          f"driver {env.get('driver')}, {provenance.label(env)}\n")
+    print("| case | gemmlab path | vs cuBLAS (graph) | vs cuBLAS (eager) | vs inductor (graph) | SM MHz |")
+    print("|---|---|---:|---:|---:|---:|")
+
+    def num(v):
+        return "-" if v is None else f"{v:.3f}"
+
+    for r in rows(rep):
+        if r["backend"] != "gemmlab":
+            continue
+        why = "" if r["ratio"] is not None else f" ({r.get('error') or 'not timed'})"
+        print(f"| {r['case']}{why} | {r['path']} | {num(r['ratio'])} | {num(r['eager_ratio'])} | "
+              f"{num(r['inductor_ratio'])} | {r['sm_clock_mhz'] or 0:.0f} |")
+    s = rep["summary"]["backends"]["gemmlab"]
+    for key in ("device", "eager", "vs_inductor"):
+        v = s[key]
+        print(f"\n- {key}: geomean {v['geomean']:.3f} over {v['n']} cases, min {v['min']:.3f} ({v['min_case']}), "
+              f"{v['below']} below {v['floor']}")
+    print(f"- seeds: {', '.join(f'{k} {x:.3f}' for k, x in s['seeds'].items())}")
+
 
 if __name__ == "__main__":
-    gemm_table(Path(sys.argv[1]))
-    clock_order(Path(sys.argv[1]))
+    if sys.argv[1] == "--broad":  # readme_tables.py --broad .../gemm-bench.json
+        broad_table(Path(sys.argv[2]))
+    else:
+        gemm_table(Path(sys.argv[1]))
+        clock_order(Path(sys.argv[1]))
