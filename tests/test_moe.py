@@ -86,18 +86,70 @@ def test_routing_kernel_matches_torch_path(t, e, k, monkeypatch):
     wts, ids = _routing(t, e, k, "skewed")
     fast = sort_routes(ids, e, 16, wts)
     assert fast.ok is not None and bool(fast.ok[0])
-    monkeypatch.setattr(moe_ops, "ALIGN_MAX_S", 0)
-    slow = sort_routes(ids, e, 16, wts)
+    slow = moe_ops._sort_routes_torch(ids, e, 16, wts)
     assert slow.ok is None
     for name in ("order", "inv", "token", "offsets", "tile_offsets", "scale"):
         assert torch.equal(getattr(fast, name), getattr(slow, name)), name
-    monkeypatch.undo()
     for bad in (e, -1):
         ids_bad = ids.clone()
         ids_bad[t // 2, 0] = bad
         r = sort_routes(ids_bad, e, 16, wts)
         assert not bool(r.ok[0]) and int(r.offsets[-1]) == t * k - 1  # the bad pair is in no group
         assert torch.equal(torch.sort(r.inv.long()).values, torch.arange(t * k, device=DEVICE))  # inv in bounds
+
+
+def _counting_sort_only(monkeypatch, block=None):
+    """Route every S > 0 through the counting sort (blocks of ``block`` pairs)."""
+    monkeypatch.setattr(moe_ops, "ALIGN_MAX_S", 0)
+    if block is not None:
+        monkeypatch.setattr(moe_ops, "INTERPRETER_SORT_BLOCK", block)
+        monkeypatch.setattr(moe_ops, "SORT_BLOCK", block)
+
+
+@pytest.mark.parametrize(("t", "e", "k", "kind", "block"), [(1, 4, 1, "random", 16), (37, 8, 2, "random", 16),
+                                                             (20, 16, 6, "skewed", 16), (45, 5, 3, "skewed", 32),
+                                                             (9, 3, 3, "random", 64)])
+def test_counting_sort_matches_torch_and_align_paths(t, e, k, kind, block, monkeypatch):
+    """The large-S routing (three launches: histograms, scan, scatter; several blocks here through a small
+    block) gives bit for bit the tables of the torch path on valid ids and of the one-launch kernel on ids
+    with bad values (sorted after every valid pair, into no group, ok False)."""
+    if k > e:
+        pytest.skip("top-k above E")
+    wts, ids = _routing(t, e, k, kind, seed=t)
+    names = ("order", "inv", "token", "offsets", "tile_offsets", "scale")
+    align = sort_routes(ids, e, 16, wts) if t * k <= moe_ops.INTERPRETER_ALIGN_MAX_S else None
+    ids_bad = ids.clone().to(torch.int64)
+    ids_bad[0, 0], ids_bad[t // 2, k - 1], ids_bad[-1, 0] = e, -1, 1 << 40  # 2^40: not wrapped to an int32
+    align_bad = sort_routes(ids_bad, e, 16, wts) if align is not None else None
+    _counting_sort_only(monkeypatch, block)
+    assert moe_ops.route_kind(t * k, e) == "count"
+    count = sort_routes(ids, e, 16, wts)
+    torch_path = moe_ops._sort_routes_torch(ids, e, 16, wts)
+    assert count.ok is not None and bool(count.ok[0])
+    for name in names:
+        assert torch.equal(getattr(count, name), getattr(torch_path, name)), name
+        if align is not None:
+            assert torch.equal(getattr(count, name), getattr(align, name)), name
+    bad = sort_routes(ids_bad, e, 16, wts)
+    assert not bool(bad.ok[0])
+    assert torch.equal(torch.sort(bad.inv.long()).values, torch.arange(t * k, device=DEVICE))
+    if align_bad is not None:
+        for name in names:
+            assert torch.equal(getattr(bad, name), getattr(align_bad, name)), name
+    assert int(bad.offsets[-1]) == t * k - len({(0, 0), (t // 2, k - 1), (t - 1, 0)})
+
+
+def test_counting_sort_serves_moe_forward(monkeypatch):
+    """moe_forward through the counting sort (and its validate check on bad ids)."""
+    _counting_sort_only(monkeypatch, 16)
+    x = _r(21, 32)
+    w1, w2 = _weights(4, 32, 16, torch.float16)
+    wts, ids = _routing(21, 4, 2, "skewed")
+    assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"]
+    if DEVICE == "cpu":
+        ids[3, 1] = 4
+        with pytest.raises(ValueError, match="topk_ids must be in"):
+            moe_forward(x, w1, w2, wts, ids)
 
 
 def test_routing_kernel_that_cannot_build_falls_back_to_torch(monkeypatch):
