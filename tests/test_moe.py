@@ -163,6 +163,7 @@ def test_routing_kernel_that_cannot_build_falls_back_to_torch(monkeypatch):
 
     monkeypatch.setattr(moe_ops, "_moe_align_kernel", Broken())
     monkeypatch.setattr(moe_ops, "_ALIGN_BROKEN", [])
+    monkeypatch.setattr(moe_ops, "_PLANS", {})
     wts, ids = _routing(9, 4, 2)
     with pytest.warns(RuntimeWarning, match="routing kernel failed to compile"):
         r = sort_routes(ids, 4, 16, wts)
@@ -312,6 +313,7 @@ def test_every_kernel_variant_is_exercised(monkeypatch):
             return launch
 
     monkeypatch.setattr(moe_ops, "_moe_grouped_kernel", Spy())
+    monkeypatch.setattr(moe_ops, "_PLANS", {})  # plans made earlier hold the real kernel
     for h, i in ((48, 40), (37, 21)):
         x = _r(9, h)
         w1, w2 = _weights(4, h, i, torch.float16)
@@ -361,16 +363,38 @@ def test_bench_moe_command(tmp_path):
     assert bad.returncode == 2
 
 
+def _region(addr: int, like: torch.Tensor) -> torch.Tensor:
+    """The CPU memory at ``addr`` as a tensor laid out like ``like`` (a kept launch passes addresses)."""
+    import ctypes
+
+    span = 1 + sum((n - 1) * st for n, st in zip(like.shape, like.stride(), strict=True)) if like.numel() else 1
+    raw = (ctypes.c_uint8 * (span * like.element_size())).from_address(addr)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(like.dtype).as_strided(like.shape, like.stride())
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="simulates the GPU's kept-kernel launches on the interpreter")
 def test_kept_moe_launches_end_to_end(monkeypatch):
-    """Every MoE launch (routing table, tile schedule, grouped GEMMs, combine) goes through
-    gemmlab.ops.launch.start; with kernels kept as on a GPU, later calls hand the launcher header and every
-    parameter to a stand-in for CompiledKernel.run, which runs the interpreted kernel: results stay right."""
+    """Every MoE launch (routing table, tile schedule, grouped GEMMs, gather, combine) is kept after its first
+    launch; with kernels kept as on a GPU, later calls hand the launcher header and every parameter (moe_forward's
+    plan: device addresses into its scratch buffer and HostDescs) to a stand-in for CompiledKernel.run, which maps
+    them back onto the memory the JIT launch was given and runs the interpreted kernel: results stay right."""
     import inspect
+
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     from gemmlab.ops import launch
 
-    direct = []
+    direct, jit_args, current = [], {}, []
+    real_fire = launch.fire
+
+    def fire(p, args, is_direct):  # remember what the JIT launch of each planned kernel was given
+        if not is_direct:
+            jit_args[id(p)] = args
+        current[:] = [id(p)]
+        try:
+            return real_fire(p, args, is_direct)
+        finally:
+            current.clear()
 
     def fake_keep(kernel, compiled, runtime_args, consts):
         names = list(inspect.signature(kernel.fn).parameters)
@@ -378,27 +402,43 @@ def test_kept_moe_launches_end_to_end(monkeypatch):
         def run(g0, g1, g2, stream, function, packed, metadata, enter, exit_, *params):
             assert len(params) == len(names) and stream == 7
             direct.append(kernel)
-            kernel[(g0, g1, g2)](*params[:runtime_args], **dict(zip(names[runtime_args:], params[runtime_args:],
-                                                                     strict=True)))
+            like = jit_args.get(current[0]) if current else None
+            args = list(params[:runtime_args])
+            for n, arg in enumerate(args):
+                if isinstance(arg, launch.HostDesc):
+                    jd = like[n]
+                    base = arg.base if isinstance(arg.base, torch.Tensor) else _region(arg.base.data_ptr(), jd.base)
+                    assert list(arg.shape) == list(jd.shape) and list(arg.strides) == list(jd.strides)
+                    args[n] = TensorDescriptor(base, arg.shape, arg.strides, jd.block_shape)
+                elif isinstance(arg, int) and like is not None and isinstance(like[n], torch.Tensor):
+                    args[n] = _region(arg, like[n])
+                elif isinstance(arg, torch.Tensor) and like is not None and isinstance(like[n], torch.Tensor):
+                    assert arg.dtype == like[n].dtype
+            kernel[(g0, g1, g2)](*args, **dict(zip(names[runtime_args:], params[runtime_args:], strict=True)))
 
         return launch.Kept(run, "fn", "meta", launch.constexpr_tail(kernel, runtime_args, consts), 0)
 
     monkeypatch.setattr(launch, "keep", fake_keep)
+    monkeypatch.setattr(launch, "fire", fire)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
     monkeypatch.setattr(moe_ops, "_KEPT", {})
+    monkeypatch.setattr(moe_ops, "_PLANS", {})
     w1, w2 = _weights(4, 48, 40, torch.float16)
     wts, ids = _routing(9, 4, 2)
     offs = torch.tensor([3, 3, 9, 9], dtype=torch.int32, device=DEVICE)
     for rep in range(3):
         x = _r(9, 48, seed=rep)
-        assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"], rep
+        for gather in ("auto", "fused"):
+            assert moe_check(moe_forward(x, w1, w2, wts, ids, gather=gather), x, w1, w2, wts, ids)["ok"], rep
         out = grouped_gemm(x, w1, offs)
         ref = grouped_gemm_ref(x, w1, offs)
         assert (out[:9].float() - ref[:9]).abs().max().item() <= 2.0**-9 * ref.abs().max().item() + 1e-3
     kinds = {k.fn.__name__ for k in direct}
-    assert kinds == {"_moe_align_kernel", "_moe_tiles_kernel", "_moe_grouped_kernel", "_moe_combine_kernel"}, kinds
-    assert len(direct) == 2 * (1 + 2 + 1 + 1 + 1)  # calls 2 and 3: align, two grouped, combine; tiles + grouped
+    assert kinds == {"_moe_align_kernel", "_moe_tiles_kernel", "_moe_grouped_kernel", "_moe_gather_kernel",
+                     "_moe_combine_kernel"}, kinds
+    # calls 2 and 3: align, gather, two grouped, combine (copy); align, two grouped, combine (fused); tiles + grouped
+    assert len(direct) == 2 * (5 + 4 + 2)
 
 
 def test_moe_forward_edge_calls():

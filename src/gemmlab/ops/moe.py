@@ -35,6 +35,7 @@ from gemmlab.kernels.moe import (
     _moe_align_kernel,
     _moe_combine_kernel,
     _moe_count_kernel,
+    _moe_gather_kernel,
     _moe_grouped_kernel,
     _moe_scan_kernel,
     _moe_scatter_kernel,
@@ -355,35 +356,74 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cpu" if knobs.runtime.interpret else "cuda")
 
 
-def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
-                    scale: torch.Tensor | None, offsets: torch.Tensor, tile_offsets: torch.Tensor, n: int,
-                    cfg: MoEConfig, target: Target, rows_bound: int) -> None:
-    """One persistent launch of ``_moe_grouped_kernel`` over every expert's tiles."""
-    e = offsets.numel()
+@dataclass
+class _Grouped:
+    """One grouped launch's decisions: the planned kernel and how A, W and out are passed (descriptor
+    (shape, strides, block) or None: a pointer)."""
+
+    slot: kept_launch.Planned
+    a_desc: tuple | None
+    w_desc: tuple | None
+    out_desc: tuple | None
+    ints: tuple  # N, K, E, stride_am, stride_wn, stride_om
+    clip: bool
+
+
+def _grouped_spec(mode: int, a: torch.Tensor, a_gather: bool, w2d: torch.Tensor, out: torch.Tensor, n: int,
+                  e: int, cfg: MoEConfig, target: Target, rows_bound: int) -> _Grouped:
+    """The decisions of a grouped launch for operands laid out like these (their shapes, strides, alignment)."""
     k = a.shape[1]
-    w2d = _w2d(w)
-    a_tma = a_rows is None and target.has_tma and _tma_ok(a)
+    a_tma = not a_gather and target.has_tma and _tma_ok(a)
     w_tma = target.has_tma and _tma_ok(w2d)
-    cfg = launch_config(cfg, a_tma, a_rows is not None, w_tma)
+    cfg = launch_config(cfg, a_tma, a_gather, w_tma)
     clip, out_tma = epilogue_flags(cfg, a_tma, w_tma, _tma_ok(out))
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    if clip and isinstance(_allocator.get(), NullAllocator):  # scratch for the descriptors made on the device
-        triton.set_allocator(_scratch)
-    a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma and not clip else a
-    out_desc = TensorDescriptor(out, list(out.shape), [out.stride(0), 1], [bm, bn // 2]) if out_tma else out
-    w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else w2d
     items_bound = (triton.cdiv(rows_bound, bm) + e) * triton.cdiv(n, bn)
     log2_e = max(1, math.ceil(math.log2(max(e, 2)))) + 1
     programs = max(1, grid_programs(cfg, target, items_bound))
     upcast = bool(knobs.runtime.interpret) and a.dtype == torch.bfloat16
-    compiled = kept_launch.start(
-        _KEPT, _moe_grouped_kernel, (programs,),
-        [a_arg, a_rows if a_rows is not None else offsets, w_arg, out, out_desc, scale if scale is not None else out,
-         offsets, tile_offsets, n, k, e, a.stride(0), w2d.stride(0), out.stride(0)],
-        dict(MODE=mode, A_TMA=a_tma, A_GATHER=a_rows is not None, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma,
-             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, LOG2_E=log2_e,
-             DOT_UPCAST=upcast),
+    slot = kept_launch.Planned(
+        _moe_grouped_kernel, (programs, 1, 1),
+        dict(MODE=mode, A_TMA=a_tma, A_GATHER=a_gather, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma, BLOCK_M=bm,
+             BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast),
         dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    return _Grouped(
+        slot, ((list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma and not clip else None),
+        ((list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else None),
+        ((list(out.shape), [out.stride(0), 1], [bm, bn // 2]) if out_tma else None),
+        (n, k, e, a.stride(0), w2d.stride(0), out.stride(0)), clip)
+
+
+def _jit_desc(base, shape, strides, block):
+    return TensorDescriptor(base, shape, strides, block)
+
+
+def _host_desc(base, shape, strides, block):
+    return kept_launch.HostDesc(base if isinstance(base, torch.Tensor) else kept_launch.Addr(base), shape, strides)
+
+
+def _grouped_args(g: _Grouped, a, a_rows, w, out, scale, offsets, tile_offsets, desc) -> list:
+    """The runtime arguments of ``g``'s launch: tensors (``desc`` = ``_jit_desc``), or for a kept launch device
+    addresses and ``_host_desc``s."""
+    return [a if g.a_desc is None else desc(a, *g.a_desc), offsets if a_rows is None else a_rows,
+            w if g.w_desc is None else desc(w, *g.w_desc), out, out if g.out_desc is None else desc(out, *g.out_desc),
+            out if scale is None else scale, offsets, tile_offsets, *g.ints]
+
+
+def _ensure_allocator(g: _Grouped) -> None:
+    if g.clip and isinstance(_allocator.get(), NullAllocator):  # scratch for the descriptors made on the device
+        triton.set_allocator(_scratch)
+
+
+def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
+                    scale: torch.Tensor | None, offsets: torch.Tensor, tile_offsets: torch.Tensor, n: int,
+                    cfg: MoEConfig, target: Target, rows_bound: int) -> None:
+    """One persistent launch of ``_moe_grouped_kernel`` over every expert's tiles."""
+    w2d = _w2d(w)
+    g = _grouped_spec(mode, a, a_rows is not None, w2d, out, n, offsets.numel(), cfg, target, rows_bound)
+    _ensure_allocator(g)
+    args = _grouped_args(g, a, a_rows, w2d, out, scale, offsets, tile_offsets, _jit_desc)
+    compiled = kept_launch.start(_KEPT, g.slot.kernel, g.slot.grid, args, g.slot.consts, g.slot.opts)
     if compiled is not None:
         _LAST["grouped"] = compiled
 
@@ -574,49 +614,219 @@ def _check_args(x, w1, w2, topk_weights, topk_ids) -> tuple[int, int, int, int, 
     return t, h, i, e, k
 
 
+# Per signature of a moe_forward call (shapes, strides, dtypes, devices and 16-byte alignment of the five inputs,
+# validate, gather, configs): every decision of the call (configs, routing launches, grids, constexprs, the
+# scratch layout) and its kept kernels. Filled on first use, after the checks; a hit skips the checks the key
+# proves and launches the kept kernels with device addresses (``gemmlab.ops.launch``). Bounded like gemm's cache;
+# ``configs.reload()`` clears it.
+_PLANS: dict[tuple, object] = {}
+PLANS_SIZE = 1024
+_ALIGN = 128  # bytes: each scratch region starts on this (TMA needs 16)
+
+
+@config_tables.on_reload
+def clear_plans() -> None:
+    """Forget every cached moe_forward plan (``configs.reload()`` calls this)."""
+    _PLANS.clear()
+
+
+@dataclass
+class _Region:
+    name: str
+    dtype: torch.dtype
+    shape: tuple
+    strides: tuple
+    offset: int  # bytes into the scratch buffer
+
+
+@dataclass
+class _MoEPlan:
+    t: int
+    h: int
+    i: int
+    e: int
+    k: int
+    nbytes: int  # scratch bytes (a multiple of the element size)
+    regions: list[_Region]
+    route: str  # route_kind's answer
+    route_slots: list[kept_launch.Planned]
+    block_m: int
+    validate: str | None  # the message of the ids check, None: no check
+    body: int  # 0: y only routed (H = 0), 1: y zero (I = 0), 2: the GEMMs and the combine
+    x_copy: bool  # x's rows are not unit-stride: copied per call
+    flat_copy: bool  # topk_ids / topk_weights not contiguous: flattened copies per call
+    w_copy: tuple[bool, bool]  # w1 / w2 not in the (E * N_w, K) layout: copied per call (``_w2d``)
+    gather: kept_launch.Planned | None  # the copy of x's rows in expert order (gather "copy")
+    g1: _Grouped | None
+    g2: _Grouped | None
+    combine: kept_launch.Planned | None
+    ok_at: int = 0  # byte offset of the ok flag
+    kept: bool = False  # every launch kept: later calls launch directly
+
+
+def _moe_key(x, w1, w2, tw, ids, validate, gather, configs) -> tuple:
+    return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, w1.shape, w1.stride(), w1.dtype, w1.device,
+            w1.data_ptr() % 16, w2.shape, w2.stride(), w2.dtype, w2.device, w2.data_ptr() % 16, tw.shape, tw.stride(),
+            tw.dtype, tw.device, tw.data_ptr() % 16, ids.shape, ids.stride(), ids.dtype, ids.device,
+            ids.data_ptr() % 16, validate, gather, configs)
+
+
+def _layout(t: int, h: int, i: int, e: int, k: int, dtype: torch.dtype, route: str, copy: bool,
+            body: bool) -> tuple[list[_Region], int]:
+    """The scratch regions of a call and the buffer's size: the routing tables, x's rows in expert order
+    (gather "copy"), the intermediate act (S, I) in rows padded to 16 bytes and the routed outputs o (S, H)."""
+    s, elt = t * k, torch.empty((), dtype=dtype).element_size()
+    nb = sort_blocks(s)[1] if route == "count" else 0
+    want = [("order", torch.int32, (s,), (1,)), ("inv", torch.int32, (s,), (1,)), ("token", torch.int32, (s,), (1,)),
+            ("offsets", torch.int32, (e,), (1,)), ("tile_offsets", torch.int32, (e + 1,), (1,)),
+            ("scale", torch.float32, (s,), (1,)), ("ok", torch.bool, (1,), (1,)),
+            ("hist", torch.int32, ((e + 1) * nb,), (1,)), ("local", torch.int32, ((e + 1) * nb,), (1,))]
+    if body:
+        i_pad = padded_k(i)
+        want += ([("xg", dtype, (s, h), (h, 1))] if copy else []) + [("act", dtype, (s, i), (i_pad, 1)),
+                                                                     ("o", dtype, (s, h), (h, 1))]
+    regions, at = [], 0
+    for name, dt, shape, strides in want:
+        regions.append(_Region(name, dt, shape, strides, at))
+        size = (shape[0] * strides[0] if shape[0] else 0) * torch.empty((), dtype=dt).element_size()
+        at += -(-size // _ALIGN) * _ALIGN
+    return regions, max(at, elt)
+
+
+def _views(p: _MoEPlan, buf: torch.Tensor) -> dict:
+    """The scratch regions of ``buf`` (x's dtype) as tensors (a JIT launch specializes on them)."""
+    raw = buf.view(torch.uint8)
+    out = {}
+    for r in p.regions:
+        size = r.shape[0] * r.strides[0] if r.shape[0] else 0
+        esz = torch.empty((), dtype=r.dtype).element_size()
+        flat = raw[r.offset:r.offset + max(size, 1) * esz].view(r.dtype)
+        out[r.name] = flat.as_strided(r.shape, r.strides)
+    return out
+
+
+def _addrs(p: _MoEPlan, base: int) -> dict:
+    return {r.name: base + r.offset for r in p.regions}
+
+
+def _plan_moe(x, w1, w2, tw, ids, validate, gather, configs, dims) -> _MoEPlan:
+    """Every decision of a moe_forward call with inputs laid out like these (after ``_check_args``)."""
+    t, h, i, e, k = dims
+    s = t * k
+    target = target_for(x.device)
+    elt = x.element_size()
+    cfg1, cfg2 = configs or (moe_config(target, s, e, 1, elt, dtype=x.dtype, n=i, k=h, max_group=t),
+                             moe_config(target, s, e, 2, elt, dtype=x.dtype, n=h, k=i, max_group=t))
+    cfg2 = replace(cfg2, block_m=cfg1.block_m)  # one tile schedule for both GEMMs
+    route = route_kind(s, e)
+    if gather == "auto":
+        gather = "copy" if target.has_tma and (h * elt) % 16 == 0 else "fused"
+    body = 0 if h == 0 else 1 if i == 0 else 2
+    regions, nbytes = _layout(t, h, i, e, k, x.dtype, route, gather == "copy", body == 2)
+    slots = [] if route == "torch" else [kept_launch.Planned(*spec) for spec in
+                                         route_launches(route, s, e, k, cfg1.block_m, True)]
+    p = _MoEPlan(t, h, i, e, k, nbytes, regions, route, slots, cfg1.block_m,
+                 f"moe: topk_ids must be in [0, E={e})" if validate else None, body, x.stride(1) != 1,
+                 not (ids.is_contiguous() and tw.is_contiguous()),
+                 (_w2d(w1).data_ptr() != w1.data_ptr(), _w2d(w2).data_ptr() != w2.data_ptr()), None, None, None, None,
+                 next(r.offset for r in regions if r.name == "ok"))
+    if body != 2:
+        return p
+    v = _views(p, torch.empty(nbytes // elt, dtype=x.dtype, device="meta"))  # layouts only
+    xk = x if x.stride(1) == 1 else x.contiguous()
+    if gather == "copy":
+        block_h = min(1024, triton.next_power_of_2(h))
+        p.gather = kept_launch.Planned(_moe_gather_kernel, (s, triton.cdiv(h, block_h), 1), dict(BLOCK_H=block_h),
+                                       {})
+    p.g1 = _grouped_spec(1, v["xg"] if gather == "copy" else xk, gather != "copy", _w2d(w1), v["act"], i, e, cfg1,
+                         target, s)
+    p.g2 = _grouped_spec(2, v["act"], False, _w2d(w2), v["o"], h, e, cfg2, target, s)
+    block_h = min(1024, triton.next_power_of_2(h))
+    p.combine = kept_launch.Planned(_moe_combine_kernel, (t, triton.cdiv(h, block_h), 1),
+                                    dict(TOP_K=k, BLOCK_H=block_h), {})
+    return p
+
+
 def launch_moe_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                        topk_ids: torch.Tensor, validate: bool, gather: str,
                        configs: tuple[MoEConfig, MoEConfig] | None) -> torch.Tensor:
-    """``moe_forward``'s launcher on 2-D x: checks, routes, two grouped launches and the combine (no autograd)."""
-    t, h, i, e, k = _check_args(x, w1, w2, topk_weights, topk_ids)
-    s = t * k
-    target = target_for(x.device) if t else None
-    elt = x.element_size()
-    cfg1, cfg2 = configs or (moe_config(target, s, e, 1, elt, dtype=x.dtype, n=i, k=h, max_group=t),
-                             moe_config(target, s, e, 2, elt, dtype=x.dtype, n=h, k=i, max_group=t)) \
-        if t else (None, None)
-    r = sort_routes(topk_ids, e, cfg1.block_m, topk_weights) if t else None
-    if validate and t:  # no host sync: one check on the flag the routing kernel set (or on min/max of the ids)
-        msg = f"moe: topk_ids must be in [0, E={e})"
-        if r.ok is not None:
-            _device_check(r.ok[0], msg)
-        else:
-            lo, hi = torch.aminmax(topk_ids)
-            _device_check((lo >= 0) & (hi < e), msg)
-    y = torch.empty((t, h), dtype=x.dtype, device=x.device)
-    if t == 0 or h == 0:
-        return y
-    if i == 0:
-        return y.zero_()
-    cfg2 = replace(cfg2, block_m=cfg1.block_m)  # one tile schedule for both GEMMs
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    i_pad = padded_k(i)
-    act = torch.empty((s, i_pad), dtype=x.dtype, device=x.device)[:, :i]  # rows 16-byte aligned for TMA
-    if gather == "auto":
-        gather = "copy" if target.has_tma and (h * x.element_size()) % 16 == 0 else "fused"
-    if gather == "copy":
-        _launch_grouped(1, x.index_select(0, r.token), None, w1, act, None, r.offsets, r.tile_offsets, i, cfg1,
-                        target, s)
+    """``moe_forward``'s launcher on 2-D x: checks, routes, two grouped launches and the combine (no autograd).
+    Plans once per signature (``_PLANS``); a hit allocates one scratch buffer and y and launches the kept kernels
+    directly."""
+    try:
+        key = _moe_key(x, w1, w2, topk_weights, topk_ids, validate, gather, configs)
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not tensors (or unhashable configs): _check_args says what is wrong
+        key, p = None, None
+    if p is None:
+        dims = _check_args(x, w1, w2, topk_weights, topk_ids)
+        if dims[0] == 0:
+            return torch.empty((0, dims[1]), dtype=x.dtype, device=x.device)
+        p = _plan_moe(x, w1, w2, topk_weights, topk_ids, validate, gather, configs, dims)
+        if key is not None:
+            if len(_PLANS) >= PLANS_SIZE:
+                _PLANS.pop(next(iter(_PLANS)))  # the oldest signature goes (dicts keep insertion order)
+            _PLANS[key] = p
+    return _run_plan(p, x, w1, w2, topk_weights, topk_ids)
+
+
+def _run_grouped(mode: int, g: _Grouped, args: list, direct: bool) -> None:
+    _LAST["grouped"] = kept_launch.fire(g.slot, args, direct)
+
+
+def _run_plan(p: _MoEPlan, x, w1, w2, tw, ids) -> torch.Tensor:
+    """Run a plan: one scratch buffer (x's dtype, so a poisoned torch.empty reaches every region) and y."""
+    dev = x.device
+    buf = torch.empty(p.nbytes // x.element_size(), dtype=x.dtype, device=dev)
+    y = torch.empty((p.t, p.h), dtype=x.dtype, device=dev)
+    direct = p.kept and kept_launch.usable(p.route_slots[0].kept if p.route_slots else p.combine.kept)
+    if direct:
+        v, desc = _addrs(p, buf.data_ptr()), _host_desc
     else:
-        _launch_grouped(1, x, r.token, w1, act, None, r.offsets, r.tile_offsets, i, cfg1, target, s)
-    scale = r.scale
-    o = torch.empty((s, h), dtype=x.dtype, device=x.device)
-    _launch_grouped(2, act, None, w2, o, scale, r.offsets, r.tile_offsets, h, cfg2, target, s)
-    block_h = min(1024, triton.next_power_of_2(h))
-    kept_launch.start(_KEPT, _moe_combine_kernel, (t, triton.cdiv(h, block_h)), [o, r.inv, y, h, o.stride(0),
-                                                                                 y.stride(0)],
-                      dict(TOP_K=k, BLOCK_H=block_h), {})
+        v, desc = _views(p, buf), _jit_desc
+    s, e = p.t * p.k, p.e
+    if p.flat_copy:
+        ids, tw = ids.reshape(-1).contiguous(), tw.reshape(-1).contiguous()
+    if p.route != "torch":
+        try:
+            for slot, args in zip(p.route_slots, route_args(
+                    p.route, ids, tw, v["order"], v["inv"], v["token"], v["offsets"], v["tile_offsets"], v["scale"],
+                    v["ok"], v["hist"], v["local"], s, e), strict=True):
+                kept_launch.fire(slot, args, direct)
+        except (triton.CompilationError, OutOfResources) as err:  # cannot build it: torch ops from now on
+            _routing_broken(err)
+            p.route, p.route_slots, p.kept = "torch", [], False
+    if p.route == "torch":
+        r = _sort_routes_torch(ids.view(p.t, p.k), e, p.block_m, tw.view(p.t, p.k))
+        v = dict(v, order=r.order, inv=r.inv, token=r.token, offsets=r.offsets, tile_offsets=r.tile_offsets,
+                 scale=r.scale)
+    if p.validate is not None:  # no host sync: one check on the flag the routing kernel set (or on min/max)
+        if p.route == "torch":
+            lo, hi = torch.aminmax(ids)
+            _device_check((lo >= 0) & (hi < e), p.validate)
+        else:
+            _device_check(buf.view(torch.uint8)[p.ok_at], p.validate)
+    if p.body != 2:
+        return y if p.body == 0 else y.zero_()
+    if p.x_copy:
+        x = x.contiguous()
+    w1k = _w2d(w1) if p.w_copy[0] or not direct else w1
+    w2k = _w2d(w2) if p.w_copy[1] or not direct else w2
+    _ensure_allocator(p.g1)
+    _ensure_allocator(p.g2)
+    if p.gather is not None:
+        kept_launch.fire(p.gather, [x, v["token"], v["xg"], p.h, x.stride(0), p.h], direct)
+        _run_grouped(1, p.g1, _grouped_args(p.g1, v["xg"], None, w1k, v["act"], None, v["offsets"],
+                                            v["tile_offsets"], desc), direct)
+    else:
+        _run_grouped(1, p.g1, _grouped_args(p.g1, x, v["token"], w1k, v["act"], None, v["offsets"],
+                                            v["tile_offsets"], desc), direct)
+    _run_grouped(2, p.g2, _grouped_args(p.g2, v["act"], None, w2k, v["o"], v["scale"], v["offsets"],
+                                        v["tile_offsets"], desc), direct)
+    kept_launch.fire(p.combine, [v["o"], v["inv"], y, p.h, p.h, y.stride(0)], direct)
+    if not direct:
+        p.kept = all(q.kept is not None for q in [*p.route_slots, p.gather or p.combine, p.g1.slot, p.g2.slot,
+                                                   p.combine])
     return y
 
 
