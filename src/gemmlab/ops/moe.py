@@ -588,6 +588,8 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor 
             topk_ids = topk_ids.reshape(x.shape[0], topk_ids.shape[-1])
     if custom.direct(x, w1, w2, topk_weights, topk_ids):
         y = launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
+    elif custom.eager(x, w1, w2, topk_weights, topk_ids):  # needs autograd only: no dispatcher (host time)
+        y = custom.MoEForward.apply(x, w1, w2, topk_weights, topk_ids, bool(validate), gather)
     else:
         _check_args(x, w1, w2, topk_weights, topk_ids)  # clear errors before the op (and its fake) run
         y = custom.moe_forward(x, w1, w2, topk_weights, topk_ids, bool(validate), gather)
