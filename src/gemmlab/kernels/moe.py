@@ -11,6 +11,9 @@ and the items of one expert are ordered in groups of GROUP_M m-tiles (W tiles re
                           MODE 1: out[r] = silu(A[r] @ Wg[e]^T) * (A[r] @ Wu[e]^T)   W[e] = [Wg; Wu] (2N rows)
                           MODE 2: out[r] = scale[r] * (A[r] @ W[e]^T)          (second GEMM, top-k weight)
     _moe_combine_kernel   y[t] = sum_j o[inv[t*k + j]]   in fixed j order (deterministic)
+    _moe_align_kernel     the routing table of S <= BLOCK_S pairs in one program
+    _moe_count_kernel, _moe_scan_kernel, _moe_scatter_kernel   the same table of a large S (counting sort)
+    _moe_gather_kernel    x[token] in expert order (gather "copy")
 
 A rows come through a TMA descriptor (A_TMA; with CLIP one made per tile whose rows end at the group's
 end, so rows of the next group read as zeros, and the output is TMA-stored through another) or pointers;
@@ -300,7 +303,7 @@ def _moe_scan_kernel(
     tl.store(tile_offsets + 1 + bins, tl.cumsum((valid + BLOCK_M - 1) // BLOCK_M, 0), mask=bins < E)
     tl.store(tile_offsets + bins, 0, mask=bins == 0)
     tl.store(ok + bins, tl.sum(tl.where(bins == E, counts, 0), 0) == 0, mask=bins == 0)
-    carry = NB * 0
+    carry = tl.program_id(0) * 0  # a tensor (NB may be specialized to the constant 1)
     n = (E + 1) * NB
     for c0 in range(0, n, CHUNK):
         idx = c0 + tl.arange(0, CHUNK)

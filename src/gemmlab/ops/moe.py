@@ -7,12 +7,14 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k r
     moe_forward(x (T, H), w1 (E, 2I, H), w2 (E, H, I), weights, ids) -> y (T, H)
         y[t] = sum_j weights[t, j] * (silu(x[t] @ gate_e^T) * (x[t] @ up_e^T)) @ w2_e^T,  e = ids[t, j]
 
-moe_forward: (1) sort the (token, slot) pairs by expert on the GPU (torch.sort, stable; counts by
-scatter-add; no host sync), (2) first GEMM over all experts in one persistent launch on x's rows in expert
-order (gathered once, or read by token index inside the GEMM: ``gather``), SiLU(gate) * up in the
-epilogue (the 2I-wide intermediate is never written), (3) second GEMM with each row's top-k weight
+moe_forward: (1) sort the (token, slot) pairs by expert on the GPU, stably, with no host sync (one launch up to
+``ALIGN_MAX_S`` pairs, a counting sort in three launches above), (2) first GEMM over all experts in one persistent
+launch on x's rows in expert order (gathered once, or read by token index inside the GEMM: ``gather``), SiLU(gate) *
+up in the epilogue (the 2I-wide intermediate is never written), (3) second GEMM with each row's top-k weight
 applied in its epilogue, (4) a deterministic combine back to token order (each token sums its k rows in
-slot order). fp16 and bf16, fp32 accumulation.
+slot order). fp16 and bf16, fp32 accumulation. Every decision of a call is planned once per signature of its
+inputs (``_PLANS``); later calls allocate one scratch buffer (routing tables, gathered x, intermediate, routed
+outputs) and y, and launch the kept kernels with device addresses (``gemmlab.ops.launch``).
 ``validate=True`` checks ids and offsets against E and S on the device (no host sync: a device-side assert on
 a GPU, so it works in CUDA graphs too); ``validate=False`` skips those few small launches.
 """
@@ -126,7 +128,7 @@ class Routes:
     ``inv`` its inverse; ``token[r] = order[r] // k``; ``offsets`` (E,) cumulative row ends per expert;
     ``tile_offsets`` (E + 1,) cumulative BLOCK_M-tile counts; all int32 on the device. ``scale`` (S,) fp32:
     the top-k weight of each routed row (when weights were given); ``ok`` (1,) bool: every id in [0, E) (from
-    the one-launch kernel; None from the torch path)."""
+    the routing kernels; None from the torch path)."""
 
     order: torch.Tensor
     inv: torch.Tensor
