@@ -14,8 +14,9 @@ from conftest import rand
 from gemmlab.bench import timing
 from gemmlab.bench.moe import problem
 from gemmlab.ops import gemm as gemm_ops
+from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import sort_routes
-from gemmlab.problems import MoEModel
+from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check
 
 pytestmark = pytest.mark.gpu
@@ -68,7 +69,7 @@ def test_gemm_graph_capture_after_eager_calls(m):
 
 
 @pytest.mark.parametrize("validate", [True, False])
-@pytest.mark.parametrize("t", [1, 64, 1024])
+@pytest.mark.parametrize("t", [1, 64, 1024, 4096])  # 4096 * k=2 rows: the counting-sort routing
 def test_moe_ops_graph_capture_after_eager_calls(t, validate):
     m = MoEModel(hidden=1024, intermediate=512, experts=16, top_k=2)
     p = problem(m, t, "uniform", torch.bfloat16, seed=t)
@@ -107,17 +108,55 @@ _BAD_IDS = """
 import torch, gemmlab
 from gemmlab.bench import timing
 from gemmlab.bench.moe import problem
-from gemmlab.problems import MoEModel
-p = problem(MoEModel(hidden=256, intermediate=128, experts=8, top_k=2), 16, "uniform", torch.bfloat16)
+from gemmlab.problems import MOE_MODELS, MoEModel
+p = problem(MoEModel(hidden=256, intermediate=128, experts=8, top_k=2), TOKENS, "uniform", torch.bfloat16)
 y = gemmlab.moe_forward(p["x"], p["w1"], p["w2"], p["weights"], p["ids"] + 8)
 torch.cuda.synchronize()
 print("NOT CAUGHT")
 """
 
 
-def test_bad_ids_fire_the_device_check():
+@pytest.mark.parametrize("tokens", [16, 4096])  # one-launch routing; counting sort (S = 8192)
+def test_bad_ids_fire_the_device_check(tokens):
     """The default validation has no host sync: a bad id stops the program at its next synchronization with a
     device-side assert (run in a child process, since it ends the CUDA context)."""
-    res = subprocess.run([sys.executable, "-c", _BAD_IDS], capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-c", _BAD_IDS.replace("TOKENS", str(tokens))], capture_output=True,
+                         text=True, timeout=300)
     assert res.returncode != 0 and "NOT CAUGHT" not in res.stdout, res.stdout + res.stderr[-2000:]
     assert "device-side assert" in res.stderr or "topk_ids" in res.stderr, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("gather", ["auto", "fused"])
+@pytest.mark.parametrize("t", [16, 64, 1024, 4096])
+def test_moe_plan_kept_launches_match_first_call(t, gather):
+    """Qwen3-30B-A3B shapes: the first call plans and compiles, later calls launch the plan's kept kernels with
+    device addresses; y is bit for bit the first call's, on fresh buffers too, and right against the reference."""
+    m = MOE_MODELS["qwen3-30b-a3b"]
+    p = problem(m, t, "uniform", torch.bfloat16, seed=t)
+    args = (p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
+    moe_ops.clear_plans()
+    first = gemmlab.moe_forward(*args, gather=gather)
+    for _ in range(2):
+        assert torch.equal(gemmlab.moe_forward(*args, gather=gather), first)
+    assert all(q.kept for q in moe_ops._PLANS.values())
+    fresh = tuple(a.clone() for a in args)  # other addresses, same signature
+    assert torch.equal(gemmlab.moe_forward(*fresh, gather=gather), first)
+    if t <= 1024:
+        assert moe_check(first, *args)["ok"]
+
+
+@pytest.mark.parametrize("kind", ["uniform", "zipf"])
+@pytest.mark.parametrize(("t", "e", "k"), [(4096, 128, 8), (12500, 64, 8), (70000, 256, 8), (5000, 8, 1)])
+def test_counting_sort_matches_torch_path_on_gpu(t, e, k, kind):
+    p = problem(MoEModel(hidden=16, intermediate=16, experts=e, top_k=k), t, kind, torch.bfloat16, seed=e)
+    ids, tw = p["ids"], p["weights"]
+    assert moe_ops.route_kind(t * k, e) == "count"
+    fast, slow = sort_routes(ids, e, 64, tw), moe_ops._sort_routes_torch(ids, e, 64, tw)
+    assert bool(fast.ok[0])
+    for name in ("order", "inv", "token", "offsets", "tile_offsets", "scale"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    bad = ids.clone()
+    bad[0, 0], bad[t // 2, k - 1], bad[-1, 0] = e, -1, e + 7
+    r = sort_routes(bad, e, 64, tw)
+    assert not bool(r.ok[0]) and int(r.offsets[-1]) == t * k - 3
+    assert torch.equal(torch.sort(r.inv.long()).values, torch.arange(t * k, device="cuda"))

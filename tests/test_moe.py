@@ -86,18 +86,70 @@ def test_routing_kernel_matches_torch_path(t, e, k, monkeypatch):
     wts, ids = _routing(t, e, k, "skewed")
     fast = sort_routes(ids, e, 16, wts)
     assert fast.ok is not None and bool(fast.ok[0])
-    monkeypatch.setattr(moe_ops, "ALIGN_MAX_S", 0)
-    slow = sort_routes(ids, e, 16, wts)
+    slow = moe_ops._sort_routes_torch(ids, e, 16, wts)
     assert slow.ok is None
     for name in ("order", "inv", "token", "offsets", "tile_offsets", "scale"):
         assert torch.equal(getattr(fast, name), getattr(slow, name)), name
-    monkeypatch.undo()
     for bad in (e, -1):
         ids_bad = ids.clone()
         ids_bad[t // 2, 0] = bad
         r = sort_routes(ids_bad, e, 16, wts)
         assert not bool(r.ok[0]) and int(r.offsets[-1]) == t * k - 1  # the bad pair is in no group
         assert torch.equal(torch.sort(r.inv.long()).values, torch.arange(t * k, device=DEVICE))  # inv in bounds
+
+
+def _counting_sort_only(monkeypatch, block=None):
+    """Route every S > 0 through the counting sort (blocks of ``block`` pairs)."""
+    monkeypatch.setattr(moe_ops, "ALIGN_MAX_S", 0)
+    if block is not None:
+        monkeypatch.setattr(moe_ops, "INTERPRETER_SORT_BLOCK", block)
+        monkeypatch.setattr(moe_ops, "SORT_BLOCK", block)
+
+
+@pytest.mark.parametrize(("t", "e", "k", "kind", "block"), [(1, 4, 1, "random", 16), (37, 8, 2, "random", 16),
+                                                             (20, 16, 6, "skewed", 16), (45, 5, 3, "skewed", 32),
+                                                             (9, 3, 3, "random", 64)])
+def test_counting_sort_matches_torch_and_align_paths(t, e, k, kind, block, monkeypatch):
+    """The large-S routing (three launches: histograms, scan, scatter; several blocks here through a small
+    block) gives bit for bit the tables of the torch path on valid ids and of the one-launch kernel on ids
+    with bad values (sorted after every valid pair, into no group, ok False)."""
+    if k > e:
+        pytest.skip("top-k above E")
+    wts, ids = _routing(t, e, k, kind, seed=t)
+    names = ("order", "inv", "token", "offsets", "tile_offsets", "scale")
+    align = sort_routes(ids, e, 16, wts) if t * k <= moe_ops.INTERPRETER_ALIGN_MAX_S else None
+    ids_bad = ids.clone().to(torch.int64)
+    ids_bad[0, 0], ids_bad[t // 2, k - 1], ids_bad[-1, 0] = e, -1, 1 << 40  # 2^40: not wrapped to an int32
+    align_bad = sort_routes(ids_bad, e, 16, wts) if align is not None else None
+    _counting_sort_only(monkeypatch, block)
+    assert moe_ops.route_kind(t * k, e) == "count"
+    count = sort_routes(ids, e, 16, wts)
+    torch_path = moe_ops._sort_routes_torch(ids, e, 16, wts)
+    assert count.ok is not None and bool(count.ok[0])
+    for name in names:
+        assert torch.equal(getattr(count, name), getattr(torch_path, name)), name
+        if align is not None:
+            assert torch.equal(getattr(count, name), getattr(align, name)), name
+    bad = sort_routes(ids_bad, e, 16, wts)
+    assert not bool(bad.ok[0])
+    assert torch.equal(torch.sort(bad.inv.long()).values, torch.arange(t * k, device=DEVICE))
+    if align_bad is not None:
+        for name in names:
+            assert torch.equal(getattr(bad, name), getattr(align_bad, name)), name
+    assert int(bad.offsets[-1]) == t * k - len({(0, 0), (t // 2, k - 1), (t - 1, 0)})
+
+
+def test_counting_sort_serves_moe_forward(monkeypatch):
+    """moe_forward through the counting sort (and its validate check on bad ids)."""
+    _counting_sort_only(monkeypatch, 16)
+    x = _r(21, 32)
+    w1, w2 = _weights(4, 32, 16, torch.float16)
+    wts, ids = _routing(21, 4, 2, "skewed")
+    assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"]
+    if DEVICE == "cpu":
+        ids[3, 1] = 4
+        with pytest.raises(ValueError, match="topk_ids must be in"):
+            moe_forward(x, w1, w2, wts, ids)
 
 
 def test_routing_kernel_that_cannot_build_falls_back_to_torch(monkeypatch):
@@ -111,6 +163,7 @@ def test_routing_kernel_that_cannot_build_falls_back_to_torch(monkeypatch):
 
     monkeypatch.setattr(moe_ops, "_moe_align_kernel", Broken())
     monkeypatch.setattr(moe_ops, "_ALIGN_BROKEN", [])
+    monkeypatch.setattr(moe_ops, "_PLANS", {})
     wts, ids = _routing(9, 4, 2)
     with pytest.warns(RuntimeWarning, match="routing kernel failed to compile"):
         r = sort_routes(ids, 4, 16, wts)
@@ -260,6 +313,7 @@ def test_every_kernel_variant_is_exercised(monkeypatch):
             return launch
 
     monkeypatch.setattr(moe_ops, "_moe_grouped_kernel", Spy())
+    monkeypatch.setattr(moe_ops, "_PLANS", {})  # plans made earlier hold the real kernel
     for h, i in ((48, 40), (37, 21)):
         x = _r(9, h)
         w1, w2 = _weights(4, h, i, torch.float16)
@@ -309,16 +363,38 @@ def test_bench_moe_command(tmp_path):
     assert bad.returncode == 2
 
 
+def _region(addr: int, like: torch.Tensor) -> torch.Tensor:
+    """The CPU memory at ``addr`` as a tensor laid out like ``like`` (a kept launch passes addresses)."""
+    import ctypes
+
+    span = 1 + sum((n - 1) * st for n, st in zip(like.shape, like.stride(), strict=True)) if like.numel() else 1
+    raw = (ctypes.c_uint8 * (span * like.element_size())).from_address(addr)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(like.dtype).as_strided(like.shape, like.stride())
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="simulates the GPU's kept-kernel launches on the interpreter")
 def test_kept_moe_launches_end_to_end(monkeypatch):
-    """Every MoE launch (routing table, tile schedule, grouped GEMMs, combine) goes through
-    gemmlab.ops.launch.start; with kernels kept as on a GPU, later calls hand the launcher header and every
-    parameter to a stand-in for CompiledKernel.run, which runs the interpreted kernel: results stay right."""
+    """Every MoE launch (routing table, tile schedule, grouped GEMMs, gather, combine) is kept after its first
+    launch; with kernels kept as on a GPU, later calls hand the launcher header and every parameter (moe_forward's
+    plan: device addresses into its scratch buffer and HostDescs) to a stand-in for CompiledKernel.run, which maps
+    them back onto the memory the JIT launch was given and runs the interpreted kernel: results stay right."""
     import inspect
+
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     from gemmlab.ops import launch
 
-    direct = []
+    direct, jit_args, current = [], {}, []
+    real_fire = launch.fire
+
+    def fire(p, args, is_direct):  # remember what the JIT launch of each planned kernel was given
+        if not is_direct:
+            jit_args[id(p)] = args
+        current[:] = [id(p)]
+        try:
+            return real_fire(p, args, is_direct)
+        finally:
+            current.clear()
 
     def fake_keep(kernel, compiled, runtime_args, consts):
         names = list(inspect.signature(kernel.fn).parameters)
@@ -326,27 +402,43 @@ def test_kept_moe_launches_end_to_end(monkeypatch):
         def run(g0, g1, g2, stream, function, packed, metadata, enter, exit_, *params):
             assert len(params) == len(names) and stream == 7
             direct.append(kernel)
-            kernel[(g0, g1, g2)](*params[:runtime_args], **dict(zip(names[runtime_args:], params[runtime_args:],
-                                                                     strict=True)))
+            like = jit_args.get(current[0]) if current else None
+            args = list(params[:runtime_args])
+            for n, arg in enumerate(args):
+                if isinstance(arg, launch.HostDesc):
+                    jd = like[n]
+                    base = arg.base if isinstance(arg.base, torch.Tensor) else _region(arg.base.data_ptr(), jd.base)
+                    assert list(arg.shape) == list(jd.shape) and list(arg.strides) == list(jd.strides)
+                    args[n] = TensorDescriptor(base, arg.shape, arg.strides, jd.block_shape)
+                elif isinstance(arg, int) and like is not None and isinstance(like[n], torch.Tensor):
+                    args[n] = _region(arg, like[n])
+                elif isinstance(arg, torch.Tensor) and like is not None and isinstance(like[n], torch.Tensor):
+                    assert arg.dtype == like[n].dtype
+            kernel[(g0, g1, g2)](*args, **dict(zip(names[runtime_args:], params[runtime_args:], strict=True)))
 
         return launch.Kept(run, "fn", "meta", launch.constexpr_tail(kernel, runtime_args, consts), 0)
 
     monkeypatch.setattr(launch, "keep", fake_keep)
+    monkeypatch.setattr(launch, "fire", fire)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
     monkeypatch.setattr(moe_ops, "_KEPT", {})
+    monkeypatch.setattr(moe_ops, "_PLANS", {})
     w1, w2 = _weights(4, 48, 40, torch.float16)
     wts, ids = _routing(9, 4, 2)
     offs = torch.tensor([3, 3, 9, 9], dtype=torch.int32, device=DEVICE)
     for rep in range(3):
         x = _r(9, 48, seed=rep)
-        assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"], rep
+        for gather in ("auto", "fused"):
+            assert moe_check(moe_forward(x, w1, w2, wts, ids, gather=gather), x, w1, w2, wts, ids)["ok"], rep
         out = grouped_gemm(x, w1, offs)
         ref = grouped_gemm_ref(x, w1, offs)
         assert (out[:9].float() - ref[:9]).abs().max().item() <= 2.0**-9 * ref.abs().max().item() + 1e-3
     kinds = {k.fn.__name__ for k in direct}
-    assert kinds == {"_moe_align_kernel", "_moe_tiles_kernel", "_moe_grouped_kernel", "_moe_combine_kernel"}, kinds
-    assert len(direct) == 2 * (1 + 2 + 1 + 1 + 1)  # calls 2 and 3: align, two grouped, combine; tiles + grouped
+    assert kinds == {"_moe_align_kernel", "_moe_tiles_kernel", "_moe_grouped_kernel", "_moe_gather_kernel",
+                     "_moe_combine_kernel"}, kinds
+    # calls 2 and 3: align, gather, two grouped, combine (copy); align, two grouped, combine (fused); tiles + grouped
+    assert len(direct) == 2 * (5 + 4 + 2)
 
 
 def test_moe_forward_edge_calls():

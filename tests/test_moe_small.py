@@ -197,9 +197,9 @@ def test_the_poison_shows_a_buffer_left_unwritten(monkeypatch):
     x = _r(t, h, dtype=torch.float16, seed=11)
     w1, w2 = _r(e, 2 * i, h, dtype=torch.float16, seed=12), _r(e, h, i, dtype=torch.float16, seed=13)
     wts, ids = _routing(t, e, k, how)
-    real_launch = moe_ops._launch_grouped
+    real_launch = moe_ops._run_grouped
     _poison_empty(monkeypatch)
-    monkeypatch.setattr(moe_ops, "_launch_grouped", lambda mode, *a: None if mode == 2 else real_launch(mode, *a))
+    monkeypatch.setattr(moe_ops, "_run_grouped", lambda mode, *a: None if mode == 2 else real_launch(mode, *a))
     y = moe_forward(x, w1, w2, wts, ids, configs=PAIRS["64x32 p2"])
     monkeypatch.undo()
     assert not moe_check(y, x, w1, w2, wts, ids)["ok"]

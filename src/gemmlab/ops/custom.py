@@ -47,6 +47,14 @@ def direct(*tensors) -> bool:
     return True
 
 
+def eager(*tensors) -> bool:
+    """True when a call that needs autograd may still skip the dispatcher (``direct`` but for the gradient): an
+    autograd.Function with the custom op's formula serves it."""
+    if _compiling() or _dispatch_modes() or _functorch():
+        return False
+    return all(t is None or type(t) in _PLAIN for t in tensors)
+
+
 _compiling, _dispatch_modes = torch.compiler.is_compiling, torch._C._len_torch_dispatch_stack
 _functorch = torch._C._are_functorch_transforms_active
 
@@ -211,6 +219,20 @@ def _moe_backward(ctx, dy):
 
 
 moe_forward.register_autograd(_moe_backward, setup_context=_moe_setup)
+
+
+class MoEForward(torch.autograd.Function):
+    """``gemmlab::moe_forward`` with its autograd formula, for plain eager calls that need a gradient (``eager``):
+    the same launcher and backward, without the dispatcher and the custom op's wrappers (host time per call)."""
+
+    @staticmethod
+    def forward(ctx, x, w1, w2, topk_weights, topk_ids, validate, gather):
+        ctx.save_for_backward(x, w1, w2, topk_weights, topk_ids)
+        return moe_ops.launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _moe_backward(ctx, dy)
 
 
 @torch.library.custom_op("gemmlab::moe_forward_saving", mutates_args=())

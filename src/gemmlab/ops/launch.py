@@ -104,3 +104,40 @@ def start(cache: dict, kernel, grid: tuple, args: list, consts: dict, opts: dict
     if k is not None:
         cache[key] = k
     return compiled
+
+
+class Addr:
+    """A device address where Triton's launcher wants an object with ``data_ptr()`` (a descriptor's base, a
+    region of a scratch buffer): a kept launch takes addresses, with no tensor view made per call."""
+
+    __slots__ = ("p",)
+
+    def __init__(self, p: int):
+        self.p = p
+
+    def data_ptr(self) -> int:
+        return self.p
+
+
+@dataclass
+class Planned:
+    """One launch of a cached plan: kernel, grid, constexprs and options fixed by the plan's signature; ``kept``
+    once its first (JIT) launch compiled. The plan's key must fix everything the JIT specializes on."""
+
+    kernel: object
+    grid: tuple[int, int, int]
+    consts: dict
+    opts: dict
+    kept: Kept | None = None
+
+
+def fire(p: Planned, args: list, direct: bool) -> object:
+    """Launch ``p``: directly (``args`` may hold device addresses and ``HostDesc``s) when ``direct``, else through
+    the JIT (tensors and TensorDescriptors), keeping what it compiled. Returns the compiled kernel (None under the
+    interpreter)."""
+    if direct:
+        run(p.kept, p.grid, args)
+        return p.kept.compiled
+    compiled = p.kernel[p.grid](*args, **p.consts, **p.opts)
+    p.kept = keep(p.kernel, compiled, len(args), p.consts)
+    return compiled

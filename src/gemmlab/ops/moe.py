@@ -7,12 +7,14 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k r
     moe_forward(x (T, H), w1 (E, 2I, H), w2 (E, H, I), weights, ids) -> y (T, H)
         y[t] = sum_j weights[t, j] * (silu(x[t] @ gate_e^T) * (x[t] @ up_e^T)) @ w2_e^T,  e = ids[t, j]
 
-moe_forward: (1) sort the (token, slot) pairs by expert on the GPU (torch.sort, stable; counts by
-scatter-add; no host sync), (2) first GEMM over all experts in one persistent launch on x's rows in expert
-order (gathered once, or read by token index inside the GEMM: ``gather``), SiLU(gate) * up in the
-epilogue (the 2I-wide intermediate is never written), (3) second GEMM with each row's top-k weight
+moe_forward: (1) sort the (token, slot) pairs by expert on the GPU, stably, with no host sync (one launch up to
+``ALIGN_MAX_S`` pairs, a counting sort in three launches above), (2) first GEMM over all experts in one persistent
+launch on x's rows in expert order (gathered once, or read by token index inside the GEMM: ``gather``), SiLU(gate) *
+up in the epilogue (the 2I-wide intermediate is never written), (3) second GEMM with each row's top-k weight
 applied in its epilogue, (4) a deterministic combine back to token order (each token sums its k rows in
-slot order). fp16 and bf16, fp32 accumulation.
+slot order). fp16 and bf16, fp32 accumulation. Every decision of a call is planned once per signature of its
+inputs (``_PLANS``); later calls allocate one scratch buffer (routing tables, gathered x, intermediate, routed
+outputs) and y, and launch the kept kernels with device addresses (``gemmlab.ops.launch``).
 ``validate=True`` checks ids and offsets against E and S on the device (no host sync: a device-side assert on
 a GPU, so it works in CUDA graphs too); ``validate=False`` skips those few small launches.
 """
@@ -31,7 +33,16 @@ from triton.runtime._allocation import NullAllocator, _allocator
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from gemmlab.kernels.moe import _moe_align_kernel, _moe_combine_kernel, _moe_grouped_kernel, _moe_tiles_kernel
+from gemmlab.kernels.moe import (
+    _moe_align_kernel,
+    _moe_combine_kernel,
+    _moe_count_kernel,
+    _moe_gather_kernel,
+    _moe_grouped_kernel,
+    _moe_scan_kernel,
+    _moe_scatter_kernel,
+    _moe_tiles_kernel,
+)
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.plan import Target, padded_k, target_for
@@ -117,7 +128,7 @@ class Routes:
     ``inv`` its inverse; ``token[r] = order[r] // k``; ``offsets`` (E,) cumulative row ends per expert;
     ``tile_offsets`` (E + 1,) cumulative BLOCK_M-tile counts; all int32 on the device. ``scale`` (S,) fp32:
     the top-k weight of each routed row (when weights were given); ``ok`` (1,) bool: every id in [0, E) (from
-    the one-launch kernel; None from the torch path)."""
+    the routing kernels; None from the torch path)."""
 
     order: torch.Tensor
     inv: torch.Tensor
@@ -131,7 +142,10 @@ class Routes:
 
 ALIGN_MAX_S = 4096  # up to this many routed rows the routing table is one launch (_moe_align_kernel)
 INTERPRETER_ALIGN_MAX_S = 128  # the CPU interpreter runs tl.sort element by element: small tables only
-_ALIGN_BROKEN: list[str] = []  # set if the routing kernel failed to compile: the torch path serves instead
+SORT_BLOCK = 1024  # above that, a counting sort in three launches over blocks of this many pairs
+INTERPRETER_SORT_BLOCK = 16
+SORT_MAX_E = 4095  # experts the counting sort takes (its histograms have E + 1 bins); more: torch ops
+_ALIGN_BROKEN: list[str] = []  # set if a routing kernel failed to compile: the torch path serves instead
 
 
 def _tile_offsets(counts: torch.Tensor, block_m: int) -> torch.Tensor:
@@ -139,36 +153,98 @@ def _tile_offsets(counts: torch.Tensor, block_m: int) -> torch.Tensor:
     return torch.cat([tiles.new_zeros(1), torch.cumsum(tiles, 0)]).to(torch.int32)
 
 
+def route_kind(s: int, e: int) -> str:
+    """How ``sort_routes`` builds the table of S routed pairs over E experts: "align" (one launch), "count"
+    (three launches: histograms, scan, scatter) or "torch" (torch ops: after a routing kernel failed to build, or
+    for more than SORT_MAX_E experts)."""
+    limit = INTERPRETER_ALIGN_MAX_S if knobs.runtime.interpret else ALIGN_MAX_S
+    if _ALIGN_BROKEN or s == 0:
+        return "torch"
+    if s <= min(limit, ALIGN_MAX_S) and e < ALIGN_MAX_S:
+        return "align"
+    return "count" if e <= SORT_MAX_E else "torch"
+
+
+def sort_blocks(s: int) -> tuple[int, int]:
+    """(BLOCK, NB) of the counting sort."""
+    block = INTERPRETER_SORT_BLOCK if knobs.runtime.interpret else SORT_BLOCK
+    return block, triton.cdiv(s, block)
+
+
+def route_launches(kind: str, s: int, e: int, k: int, block_m: int, has_scale: bool) -> list[tuple]:
+    """(kernel, grid, constexprs, options) of each routing launch of ``kind`` ("align" or "count")."""
+    if kind == "align":
+        block_s = max(16, triton.next_power_of_2(s))
+        return [(_moe_align_kernel, (1, 1, 1),
+                 dict(TOP_K=k, BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_E=max(16, triton.next_power_of_2(e + 1)),
+                      HAS_SCALE=has_scale), dict(num_warps=4 if block_s <= 1024 else 8))]
+    block, nb = sort_blocks(s)
+    block_e = max(16, triton.next_power_of_2(e + 1))
+    warps = 4 if block <= 512 else 8
+    return [(_moe_count_kernel, (nb, 1, 1), dict(BLOCK=block, BLOCK_E=block_e), dict(num_warps=warps)),
+            (_moe_scan_kernel, (1, 1, 1), dict(BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_B=max(1, 4096 // block_e),
+                                               CHUNK=1024), dict(num_warps=8)),
+            (_moe_scatter_kernel, (nb, 1, 1), dict(TOP_K=k, BLOCK=block, HAS_SCALE=has_scale),
+             dict(num_warps=warps))]
+
+
+def route_args(kind: str, ids, weights, order, inv, token, offsets, tile_offsets, scale, ok, hist, local,
+               s: int, e: int) -> list[list]:
+    """The runtime arguments of ``route_launches``' launches (tensors, or device addresses for a kept launch);
+    ``weights``/``scale`` None: no routed weights."""
+    if kind == "align":
+        return [[ids, ids if scale is None else weights, order, inv, token, offsets, tile_offsets,
+                 order if scale is None else scale, ok, s, e]]
+    nb = sort_blocks(s)[1]
+    return [[ids, hist, local, s, e, nb], [hist, local, offsets, tile_offsets, ok, e, nb],
+            [ids, ids if scale is None else weights, local, order, inv, token, order if scale is None else scale,
+             s, e, nb]]
+
+
 def sort_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                 topk_weights: torch.Tensor | None = None) -> Routes:
     """Group the (token, slot) pairs of ``topk_ids`` (T, k) by expert, stably (token order within an
     expert), on the ids' device, without reading them on the host. Up to ``ALIGN_MAX_S`` pairs in one launch
-    (``_moe_align_kernel``, which also gathers ``topk_weights`` into routed order and flags bad ids); more with
-    torch ops (sort, scatter-add, cumsum)."""
+    (``_moe_align_kernel``, which also gathers ``topk_weights`` into routed order and flags bad ids); more by a
+    counting sort in three launches (same tables, same flag); torch ops (sort, scatter-add, cumsum) where
+    ``route_kind`` says so."""
     t, k = topk_ids.shape
     s, e = t * k, num_experts
-    limit = INTERPRETER_ALIGN_MAX_S if knobs.runtime.interpret else ALIGN_MAX_S
-    if 0 < s <= min(limit, ALIGN_MAX_S) and e < ALIGN_MAX_S and not _ALIGN_BROKEN:
-        buf = torch.empty(3 * s + 2 * e + 1, dtype=torch.int32, device=topk_ids.device)
+    kind = route_kind(s, e)
+    if kind != "torch":
+        dev = topk_ids.device
+        nb = sort_blocks(s)[1] if kind == "count" else 0
+        buf = torch.empty(3 * s + 2 * e + 1 + 2 * (e + 1) * nb, dtype=torch.int32, device=dev)
         order, inv, token = buf[:s], buf[s:2 * s], buf[2 * s:3 * s]
-        offsets, tile_offsets = buf[3 * s:3 * s + e], buf[3 * s + e:]
-        ok = torch.empty(1, dtype=torch.bool, device=topk_ids.device)
-        scale = None if topk_weights is None else torch.empty(s, dtype=torch.float32, device=topk_ids.device)
-        block_s = max(16, triton.next_power_of_2(s))
+        offsets, tile_offsets = buf[3 * s:3 * s + e], buf[3 * s + e:3 * s + 2 * e + 1]
+        hist, local = buf[3 * s + 2 * e + 1:3 * s + 2 * e + 1 + (e + 1) * nb], buf[3 * s + 2 * e + 1 + (e + 1) * nb:]
+        ok = torch.empty(1, dtype=torch.bool, device=dev)
+        scale = None if topk_weights is None else torch.empty(s, dtype=torch.float32, device=dev)
+        ids = topk_ids.reshape(-1).contiguous()  # dense: a strided (T, 1) view reshapes to a strided view
+        wts = None if topk_weights is None else topk_weights.reshape(-1).contiguous()
         try:
-            kept_launch.start(
-                _KEPT, _moe_align_kernel, (1,),
-                [topk_ids.reshape(-1).contiguous(),  # dense: a strided (T, 1) view reshapes to a strided view
-                 topk_ids if scale is None else topk_weights.reshape(-1).contiguous(), order, inv, token,
-                 offsets, tile_offsets, order if scale is None else scale, ok, s, e],
-                dict(TOP_K=k, BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_E=max(16, triton.next_power_of_2(e + 1)),
-                     HAS_SCALE=scale is not None), dict(num_warps=4 if block_s <= 1024 else 8))
+            for (kernel, grid, consts, opts), args in zip(
+                    route_launches(kind, s, e, k, block_m, scale is not None),
+                    route_args(kind, ids, wts, order, inv, token, offsets, tile_offsets, scale, ok, hist, local, s,
+                               e), strict=True):
+                kept_launch.start(_KEPT, kernel, grid, args, consts, opts)
             return Routes(order=order, inv=inv, token=token, offsets=offsets, tile_offsets=tile_offsets,
                           block_m=block_m, scale=scale, ok=ok)
         except (triton.CompilationError, OutOfResources) as err:  # cannot build it: say so once, use torch ops
-            _ALIGN_BROKEN.append(str(err))
-            warnings.warn(f"gemmlab: the MoE routing kernel failed to compile; routing with torch ops instead "
-                          f"({type(err).__name__}: {str(err)[:200]})", RuntimeWarning, stacklevel=2)
+            _routing_broken(err)
+    return _sort_routes_torch(topk_ids, num_experts, block_m, topk_weights)
+
+
+def _routing_broken(err: Exception) -> None:
+    _ALIGN_BROKEN.append(str(err))
+    warnings.warn(f"gemmlab: the MoE routing kernel failed to compile; routing with torch ops instead "
+                  f"({type(err).__name__}: {str(err)[:200]})", RuntimeWarning, stacklevel=3)
+
+
+def _sort_routes_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int,
+                       topk_weights: torch.Tensor | None = None) -> Routes:
+    """``sort_routes`` in torch ops (ids must be in [0, E); ``ok`` None)."""
+    k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1).to(torch.int64)
     _, order = torch.sort(flat, stable=True)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
@@ -282,35 +358,74 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cpu" if knobs.runtime.interpret else "cuda")
 
 
-def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
-                    scale: torch.Tensor | None, offsets: torch.Tensor, tile_offsets: torch.Tensor, n: int,
-                    cfg: MoEConfig, target: Target, rows_bound: int) -> None:
-    """One persistent launch of ``_moe_grouped_kernel`` over every expert's tiles."""
-    e = offsets.numel()
+@dataclass
+class _Grouped:
+    """One grouped launch's decisions: the planned kernel and how A, W and out are passed (descriptor
+    (shape, strides, block) or None: a pointer)."""
+
+    slot: kept_launch.Planned
+    a_desc: tuple | None
+    w_desc: tuple | None
+    out_desc: tuple | None
+    ints: tuple  # N, K, E, stride_am, stride_wn, stride_om
+    clip: bool
+
+
+def _grouped_spec(mode: int, a: torch.Tensor, a_gather: bool, w2d: torch.Tensor, out: torch.Tensor, n: int,
+                  e: int, cfg: MoEConfig, target: Target, rows_bound: int) -> _Grouped:
+    """The decisions of a grouped launch for operands laid out like these (their shapes, strides, alignment)."""
     k = a.shape[1]
-    w2d = _w2d(w)
-    a_tma = a_rows is None and target.has_tma and _tma_ok(a)
+    a_tma = not a_gather and target.has_tma and _tma_ok(a)
     w_tma = target.has_tma and _tma_ok(w2d)
-    cfg = launch_config(cfg, a_tma, a_rows is not None, w_tma)
+    cfg = launch_config(cfg, a_tma, a_gather, w_tma)
     clip, out_tma = epilogue_flags(cfg, a_tma, w_tma, _tma_ok(out))
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    if clip and isinstance(_allocator.get(), NullAllocator):  # scratch for the descriptors made on the device
-        triton.set_allocator(_scratch)
-    a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma and not clip else a
-    out_desc = TensorDescriptor(out, list(out.shape), [out.stride(0), 1], [bm, bn // 2]) if out_tma else out
-    w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else w2d
     items_bound = (triton.cdiv(rows_bound, bm) + e) * triton.cdiv(n, bn)
     log2_e = max(1, math.ceil(math.log2(max(e, 2)))) + 1
     programs = max(1, grid_programs(cfg, target, items_bound))
     upcast = bool(knobs.runtime.interpret) and a.dtype == torch.bfloat16
-    compiled = kept_launch.start(
-        _KEPT, _moe_grouped_kernel, (programs,),
-        [a_arg, a_rows if a_rows is not None else offsets, w_arg, out, out_desc, scale if scale is not None else out,
-         offsets, tile_offsets, n, k, e, a.stride(0), w2d.stride(0), out.stride(0)],
-        dict(MODE=mode, A_TMA=a_tma, A_GATHER=a_rows is not None, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma,
-             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, LOG2_E=log2_e,
-             DOT_UPCAST=upcast),
+    slot = kept_launch.Planned(
+        _moe_grouped_kernel, (programs, 1, 1),
+        dict(MODE=mode, A_TMA=a_tma, A_GATHER=a_gather, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma, BLOCK_M=bm,
+             BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast),
         dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    return _Grouped(
+        slot, ((list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma and not clip else None),
+        ((list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else None),
+        ((list(out.shape), [out.stride(0), 1], [bm, bn // 2]) if out_tma else None),
+        (n, k, e, a.stride(0), w2d.stride(0), out.stride(0)), clip)
+
+
+def _jit_desc(base, shape, strides, block):
+    return TensorDescriptor(base, shape, strides, block)
+
+
+def _host_desc(base, shape, strides, block):
+    return kept_launch.HostDesc(base if isinstance(base, torch.Tensor) else kept_launch.Addr(base), shape, strides)
+
+
+def _grouped_args(g: _Grouped, a, a_rows, w, out, scale, offsets, tile_offsets, desc) -> list:
+    """The runtime arguments of ``g``'s launch: tensors (``desc`` = ``_jit_desc``), or for a kept launch device
+    addresses and ``_host_desc``s."""
+    return [a if g.a_desc is None else desc(a, *g.a_desc), offsets if a_rows is None else a_rows,
+            w if g.w_desc is None else desc(w, *g.w_desc), out, out if g.out_desc is None else desc(out, *g.out_desc),
+            out if scale is None else scale, offsets, tile_offsets, *g.ints]
+
+
+def _ensure_allocator(g: _Grouped) -> None:
+    if g.clip and isinstance(_allocator.get(), NullAllocator):  # scratch for the descriptors made on the device
+        triton.set_allocator(_scratch)
+
+
+def _launch_grouped(mode: int, a: torch.Tensor, a_rows: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
+                    scale: torch.Tensor | None, offsets: torch.Tensor, tile_offsets: torch.Tensor, n: int,
+                    cfg: MoEConfig, target: Target, rows_bound: int) -> None:
+    """One persistent launch of ``_moe_grouped_kernel`` over every expert's tiles."""
+    w2d = _w2d(w)
+    g = _grouped_spec(mode, a, a_rows is not None, w2d, out, n, offsets.numel(), cfg, target, rows_bound)
+    _ensure_allocator(g)
+    args = _grouped_args(g, a, a_rows, w2d, out, scale, offsets, tile_offsets, _jit_desc)
+    compiled = kept_launch.start(_KEPT, g.slot.kernel, g.slot.grid, args, g.slot.consts, g.slot.opts)
     if compiled is not None:
         _LAST["grouped"] = compiled
 
@@ -475,6 +590,8 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor 
             topk_ids = topk_ids.reshape(x.shape[0], topk_ids.shape[-1])
     if custom.direct(x, w1, w2, topk_weights, topk_ids):
         y = launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
+    elif custom.eager(x, w1, w2, topk_weights, topk_ids):  # needs autograd only: no dispatcher (host time)
+        y = custom.MoEForward.apply(x, w1, w2, topk_weights, topk_ids, bool(validate), gather)
     else:
         _check_args(x, w1, w2, topk_weights, topk_ids)  # clear errors before the op (and its fake) run
         y = custom.moe_forward(x, w1, w2, topk_weights, topk_ids, bool(validate), gather)
@@ -501,49 +618,219 @@ def _check_args(x, w1, w2, topk_weights, topk_ids) -> tuple[int, int, int, int, 
     return t, h, i, e, k
 
 
+# Per signature of a moe_forward call (shapes, strides, dtypes, devices and 16-byte alignment of the five inputs,
+# validate, gather, configs): every decision of the call (configs, routing launches, grids, constexprs, the
+# scratch layout) and its kept kernels. Filled on first use, after the checks; a hit skips the checks the key
+# proves and launches the kept kernels with device addresses (``gemmlab.ops.launch``). Bounded like gemm's cache;
+# ``configs.reload()`` clears it.
+_PLANS: dict[tuple, object] = {}
+PLANS_SIZE = 1024
+_ALIGN = 128  # bytes: each scratch region starts on this (TMA needs 16)
+
+
+@config_tables.on_reload
+def clear_plans() -> None:
+    """Forget every cached moe_forward plan (``configs.reload()`` calls this)."""
+    _PLANS.clear()
+
+
+@dataclass
+class _Region:
+    name: str
+    dtype: torch.dtype
+    shape: tuple
+    strides: tuple
+    offset: int  # bytes into the scratch buffer
+
+
+@dataclass
+class _MoEPlan:
+    t: int
+    h: int
+    i: int
+    e: int
+    k: int
+    nbytes: int  # scratch bytes (a multiple of the element size)
+    regions: list[_Region]
+    route: str  # route_kind's answer
+    route_slots: list[kept_launch.Planned]
+    block_m: int
+    validate: str | None  # the message of the ids check, None: no check
+    body: int  # 0: y only routed (H = 0), 1: y zero (I = 0), 2: the GEMMs and the combine
+    x_copy: bool  # x's rows are not unit-stride: copied per call
+    flat_copy: bool  # topk_ids / topk_weights not contiguous: flattened copies per call
+    w_copy: tuple[bool, bool]  # w1 / w2 not in the (E * N_w, K) layout: copied per call (``_w2d``)
+    gather: kept_launch.Planned | None  # the copy of x's rows in expert order (gather "copy")
+    g1: _Grouped | None
+    g2: _Grouped | None
+    combine: kept_launch.Planned | None
+    ok_at: int = 0  # byte offset of the ok flag
+    kept: bool = False  # every launch kept: later calls launch directly
+
+
+def _moe_key(x, w1, w2, tw, ids, validate, gather, configs) -> tuple:
+    return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, w1.shape, w1.stride(), w1.dtype, w1.device,
+            w1.data_ptr() % 16, w2.shape, w2.stride(), w2.dtype, w2.device, w2.data_ptr() % 16, tw.shape, tw.stride(),
+            tw.dtype, tw.device, tw.data_ptr() % 16, ids.shape, ids.stride(), ids.dtype, ids.device,
+            ids.data_ptr() % 16, validate, gather, configs)
+
+
+def _layout(t: int, h: int, i: int, e: int, k: int, dtype: torch.dtype, route: str, copy: bool,
+            body: bool) -> tuple[list[_Region], int]:
+    """The scratch regions of a call and the buffer's size: the routing tables, x's rows in expert order
+    (gather "copy"), the intermediate act (S, I) in rows padded to 16 bytes and the routed outputs o (S, H)."""
+    s, elt = t * k, torch.empty((), dtype=dtype).element_size()
+    nb = sort_blocks(s)[1] if route == "count" else 0
+    want = [("order", torch.int32, (s,), (1,)), ("inv", torch.int32, (s,), (1,)), ("token", torch.int32, (s,), (1,)),
+            ("offsets", torch.int32, (e,), (1,)), ("tile_offsets", torch.int32, (e + 1,), (1,)),
+            ("scale", torch.float32, (s,), (1,)), ("ok", torch.bool, (1,), (1,)),
+            ("hist", torch.int32, ((e + 1) * nb,), (1,)), ("local", torch.int32, ((e + 1) * nb,), (1,))]
+    if body:
+        i_pad = padded_k(i)
+        want += ([("xg", dtype, (s, h), (h, 1))] if copy else []) + [("act", dtype, (s, i), (i_pad, 1)),
+                                                                     ("o", dtype, (s, h), (h, 1))]
+    regions, at = [], 0
+    for name, dt, shape, strides in want:
+        regions.append(_Region(name, dt, shape, strides, at))
+        size = (shape[0] * strides[0] if shape[0] else 0) * torch.empty((), dtype=dt).element_size()
+        at += -(-size // _ALIGN) * _ALIGN
+    return regions, max(at, elt)
+
+
+def _views(p: _MoEPlan, buf: torch.Tensor) -> dict:
+    """The scratch regions of ``buf`` (x's dtype) as tensors (a JIT launch specializes on them)."""
+    raw = buf.view(torch.uint8)
+    out = {}
+    for r in p.regions:
+        size = r.shape[0] * r.strides[0] if r.shape[0] else 0
+        esz = torch.empty((), dtype=r.dtype).element_size()
+        flat = raw[r.offset:r.offset + max(size, 1) * esz].view(r.dtype)
+        out[r.name] = flat.as_strided(r.shape, r.strides)
+    return out
+
+
+def _addrs(p: _MoEPlan, base: int) -> dict:
+    return {r.name: base + r.offset for r in p.regions}
+
+
+def _plan_moe(x, w1, w2, tw, ids, validate, gather, configs, dims) -> _MoEPlan:
+    """Every decision of a moe_forward call with inputs laid out like these (after ``_check_args``)."""
+    t, h, i, e, k = dims
+    s = t * k
+    target = target_for(x.device)
+    elt = x.element_size()
+    cfg1, cfg2 = configs or (moe_config(target, s, e, 1, elt, dtype=x.dtype, n=i, k=h, max_group=t),
+                             moe_config(target, s, e, 2, elt, dtype=x.dtype, n=h, k=i, max_group=t))
+    cfg2 = replace(cfg2, block_m=cfg1.block_m)  # one tile schedule for both GEMMs
+    route = route_kind(s, e)
+    if gather == "auto":
+        gather = "copy" if target.has_tma and (h * elt) % 16 == 0 else "fused"
+    body = 0 if h == 0 else 1 if i == 0 else 2
+    regions, nbytes = _layout(t, h, i, e, k, x.dtype, route, gather == "copy", body == 2)
+    slots = [] if route == "torch" else [kept_launch.Planned(*spec) for spec in
+                                         route_launches(route, s, e, k, cfg1.block_m, True)]
+    p = _MoEPlan(t, h, i, e, k, nbytes, regions, route, slots, cfg1.block_m,
+                 f"moe: topk_ids must be in [0, E={e})" if validate else None, body, x.stride(1) != 1,
+                 not (ids.is_contiguous() and tw.is_contiguous()),
+                 (_w2d(w1).data_ptr() != w1.data_ptr(), _w2d(w2).data_ptr() != w2.data_ptr()), None, None, None, None,
+                 next(r.offset for r in regions if r.name == "ok"))
+    if body != 2:
+        return p
+    v = _views(p, torch.empty(nbytes // elt, dtype=x.dtype, device="meta"))  # layouts only
+    xk = x if x.stride(1) == 1 else x.contiguous()
+    if gather == "copy":
+        block_h = min(1024, triton.next_power_of_2(h))
+        p.gather = kept_launch.Planned(_moe_gather_kernel, (s, triton.cdiv(h, block_h), 1), dict(BLOCK_H=block_h),
+                                       {})
+    p.g1 = _grouped_spec(1, v["xg"] if gather == "copy" else xk, gather != "copy", _w2d(w1), v["act"], i, e, cfg1,
+                         target, s)
+    p.g2 = _grouped_spec(2, v["act"], False, _w2d(w2), v["o"], h, e, cfg2, target, s)
+    block_h = min(1024, triton.next_power_of_2(h))
+    p.combine = kept_launch.Planned(_moe_combine_kernel, (t, triton.cdiv(h, block_h), 1),
+                                    dict(TOP_K=k, BLOCK_H=block_h), {})
+    return p
+
+
 def launch_moe_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                        topk_ids: torch.Tensor, validate: bool, gather: str,
                        configs: tuple[MoEConfig, MoEConfig] | None) -> torch.Tensor:
-    """``moe_forward``'s launcher on 2-D x: checks, routes, two grouped launches and the combine (no autograd)."""
-    t, h, i, e, k = _check_args(x, w1, w2, topk_weights, topk_ids)
-    s = t * k
-    target = target_for(x.device) if t else None
-    elt = x.element_size()
-    cfg1, cfg2 = configs or (moe_config(target, s, e, 1, elt, dtype=x.dtype, n=i, k=h, max_group=t),
-                             moe_config(target, s, e, 2, elt, dtype=x.dtype, n=h, k=i, max_group=t)) \
-        if t else (None, None)
-    r = sort_routes(topk_ids, e, cfg1.block_m, topk_weights) if t else None
-    if validate and t:  # no host sync: one check on the flag the routing kernel set (or on min/max of the ids)
-        msg = f"moe: topk_ids must be in [0, E={e})"
-        if r.ok is not None:
-            _device_check(r.ok[0], msg)
-        else:
-            lo, hi = torch.aminmax(topk_ids)
-            _device_check((lo >= 0) & (hi < e), msg)
-    y = torch.empty((t, h), dtype=x.dtype, device=x.device)
-    if t == 0 or h == 0:
-        return y
-    if i == 0:
-        return y.zero_()
-    cfg2 = replace(cfg2, block_m=cfg1.block_m)  # one tile schedule for both GEMMs
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    i_pad = padded_k(i)
-    act = torch.empty((s, i_pad), dtype=x.dtype, device=x.device)[:, :i]  # rows 16-byte aligned for TMA
-    if gather == "auto":
-        gather = "copy" if target.has_tma and (h * x.element_size()) % 16 == 0 else "fused"
-    if gather == "copy":
-        _launch_grouped(1, x.index_select(0, r.token), None, w1, act, None, r.offsets, r.tile_offsets, i, cfg1,
-                        target, s)
+    """``moe_forward``'s launcher on 2-D x: checks, routes, two grouped launches and the combine (no autograd).
+    Plans once per signature (``_PLANS``); a hit allocates one scratch buffer and y and launches the kept kernels
+    directly."""
+    try:
+        key = _moe_key(x, w1, w2, topk_weights, topk_ids, validate, gather, configs)
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not tensors (or unhashable configs): _check_args says what is wrong
+        key, p = None, None
+    if p is None:
+        dims = _check_args(x, w1, w2, topk_weights, topk_ids)
+        if dims[0] == 0:
+            return torch.empty((0, dims[1]), dtype=x.dtype, device=x.device)
+        p = _plan_moe(x, w1, w2, topk_weights, topk_ids, validate, gather, configs, dims)
+        if key is not None:
+            if len(_PLANS) >= PLANS_SIZE:
+                _PLANS.pop(next(iter(_PLANS)))  # the oldest signature goes (dicts keep insertion order)
+            _PLANS[key] = p
+    return _run_plan(p, x, w1, w2, topk_weights, topk_ids)
+
+
+def _run_grouped(mode: int, g: _Grouped, args: list, direct: bool) -> None:
+    _LAST["grouped"] = kept_launch.fire(g.slot, args, direct)
+
+
+def _run_plan(p: _MoEPlan, x, w1, w2, tw, ids) -> torch.Tensor:
+    """Run a plan: one scratch buffer (x's dtype, so a poisoned torch.empty reaches every region) and y."""
+    dev = x.device
+    buf = torch.empty(p.nbytes // x.element_size(), dtype=x.dtype, device=dev)
+    y = torch.empty((p.t, p.h), dtype=x.dtype, device=dev)
+    direct = p.kept and kept_launch.usable(p.route_slots[0].kept if p.route_slots else p.combine.kept)
+    if direct:
+        v, desc = _addrs(p, buf.data_ptr()), _host_desc
     else:
-        _launch_grouped(1, x, r.token, w1, act, None, r.offsets, r.tile_offsets, i, cfg1, target, s)
-    scale = r.scale
-    o = torch.empty((s, h), dtype=x.dtype, device=x.device)
-    _launch_grouped(2, act, None, w2, o, scale, r.offsets, r.tile_offsets, h, cfg2, target, s)
-    block_h = min(1024, triton.next_power_of_2(h))
-    kept_launch.start(_KEPT, _moe_combine_kernel, (t, triton.cdiv(h, block_h)), [o, r.inv, y, h, o.stride(0),
-                                                                                 y.stride(0)],
-                      dict(TOP_K=k, BLOCK_H=block_h), {})
+        v, desc = _views(p, buf), _jit_desc
+    s, e = p.t * p.k, p.e
+    if p.flat_copy:
+        ids, tw = ids.reshape(-1).contiguous(), tw.reshape(-1).contiguous()
+    if p.route != "torch":
+        try:
+            for slot, args in zip(p.route_slots, route_args(
+                    p.route, ids, tw, v["order"], v["inv"], v["token"], v["offsets"], v["tile_offsets"], v["scale"],
+                    v["ok"], v["hist"], v["local"], s, e), strict=True):
+                kept_launch.fire(slot, args, direct)
+        except (triton.CompilationError, OutOfResources) as err:  # cannot build it: torch ops from now on
+            _routing_broken(err)
+            p.route, p.route_slots, p.kept = "torch", [], False
+    if p.route == "torch":
+        r = _sort_routes_torch(ids.view(p.t, p.k), e, p.block_m, tw.view(p.t, p.k))
+        v = dict(v, order=r.order, inv=r.inv, token=r.token, offsets=r.offsets, tile_offsets=r.tile_offsets,
+                 scale=r.scale)
+    if p.validate is not None:  # no host sync: one check on the flag the routing kernel set (or on min/max)
+        if p.route == "torch":
+            lo, hi = torch.aminmax(ids)
+            _device_check((lo >= 0) & (hi < e), p.validate)
+        else:
+            _device_check(buf.view(torch.uint8)[p.ok_at], p.validate)
+    if p.body != 2:
+        return y if p.body == 0 else y.zero_()
+    if p.x_copy:
+        x = x.contiguous()
+    w1k = _w2d(w1) if p.w_copy[0] or not direct else w1
+    w2k = _w2d(w2) if p.w_copy[1] or not direct else w2
+    _ensure_allocator(p.g1)
+    _ensure_allocator(p.g2)
+    if p.gather is not None:
+        kept_launch.fire(p.gather, [x, v["token"], v["xg"], p.h, x.stride(0), p.h], direct)
+        _run_grouped(1, p.g1, _grouped_args(p.g1, v["xg"], None, w1k, v["act"], None, v["offsets"],
+                                            v["tile_offsets"], desc), direct)
+    else:
+        _run_grouped(1, p.g1, _grouped_args(p.g1, x, v["token"], w1k, v["act"], None, v["offsets"],
+                                            v["tile_offsets"], desc), direct)
+    _run_grouped(2, p.g2, _grouped_args(p.g2, v["act"], None, w2k, v["o"], v["scale"], v["offsets"],
+                                        v["tile_offsets"], desc), direct)
+    kept_launch.fire(p.combine, [v["o"], v["inv"], y, p.h, p.h, y.stride(0)], direct)
+    if not direct:
+        p.kept = all(q.kept is not None for q in [*p.route_slots, p.gather or p.combine, p.g1.slot, p.g2.slot,
+                                                   p.combine])
     return y
 
 
