@@ -68,6 +68,8 @@ for s in "$@"; do
       1,4093,4099:fp16:linear 13,12289,1021:bf16:linear 64,14336,4097:fp16:linear 127,4099,8191:bf16:nn \
       2048,576,7168:fp16:linear 8192,576,7168:bf16:linear 2048,5120,8192:bf16:linear \
       --out "$RES/nvidia-h200-broad-paths2.jsonl" --rules "$RES/nvidia-h200-broad-rules2.json" ;;
+    moe_host2) step moe_host2 75 python3 benchmarks/moe_host_profile.py --compare --rounds 15 \
+      --json "$RES/nvidia-h200-moe-host.json" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done
