@@ -14,8 +14,6 @@ again after; then ``compare_many``. TFLOPS = 2*M*N*K / median time.
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import shutil
 from collections.abc import Callable, Sequence
@@ -23,9 +21,10 @@ from pathlib import Path
 
 import torch
 
-from gemmlab import provenance
+from gemmlab import output, provenance
 from gemmlab.bench import timing
 from gemmlab.bench.compare import compare_many
+from gemmlab.output import Table, long_row, num
 from gemmlab.problems import Shape
 
 BASELINE = "cublas"
@@ -191,12 +190,7 @@ def bench_gemm(shapes: Sequence[Shape], dtype: torch.dtype = torch.float16, back
     args = {"dtype": str(dtype).removeprefix("torch."), "backends": list(backends), "baseline": BASELINE,
             "rounds": rounds, "reps": reps, "warmup_s": warmup_s, "graph": graph, "seed": seed,
             "inputs": "uniform [-0.5, 0.5)", "flops": "2*M*N*K"}
-    return {"env": timing.env_info(), "args": args, "results": results}
-
-
-CSV_FIELDS = ("shape", "m", "n", "k", "dtype", "backend", "path", "ok", "max_abs_err", "median_ms", "p20_ms",
-              "p80_ms", "min_ms", "max_ms", "cv", "tflops", "ratio_vs_cublas", "ci95_lo", "ci95_hi", "verdict",
-              "sm_clock_mhz", "power_w", "clock_event_reasons", "efficiency", "pack_ms")
+    return {"kind": "gemm-bench", "env": timing.env_info(), "args": args, "results": results}
 
 
 def rows(report: dict) -> list[dict]:
@@ -243,7 +237,7 @@ def plot(report: dict, path: Path) -> Path | None:
         by = {r["shape"]: r for r in table if r["backend"] == name}
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(shapes))]
         ax.bar(xs, [by[s]["tflops"] or 0.0 for s in shapes], width, label=f"{name} TFLOPS")
-        if name != report["args"]["baseline"]:
+        if name != (report.get("args") or {}).get("baseline", BASELINE):
             ax2.plot(xs, [by[s]["ratio_vs_cublas"] or float("nan") for s in shapes], "o", color=f"C{i}",
                      markeredgecolor="black", label=f"{name} / cuBLAS")
     ax2.axhline(1.0, color="gray", linewidth=0.8, linestyle="--")
@@ -261,17 +255,52 @@ def plot(report: dict, path: Path) -> Path | None:
     return path
 
 
+def mode(report: dict) -> str:
+    return "graph" if (report.get("args") or {}).get("graph") else "eager"
+
+
+def tables(report: dict) -> list[Table]:
+    """The printed table: one row per (shape, backend)."""
+    env, args = report["env"], report.get("args") or {}
+    title = (f"{env.get('gpu') or 'CPU (Triton interpreter, host clock: not a GPU measurement)'} "
+             f"{args.get('dtype', '')} {'graph replay' if mode(report) == 'graph' else 'eager'}, interleaved vs "
+             f"cuBLAS, {provenance.label(env)}")
+    t = Table(title, ("shape", "backend", "path", "median ms", "p20-p80 ms", "TFLOPS", "ratio", "95% CI", "verdict",
+                      "MHz", "eff", "ok"),
+              notes=["ratio = cuBLAS time / backend time per round (> 1: faster), median of rounds, bootstrap 95% "
+                     "CI; TFLOPS = 2*M*N*K / median; eff = TFLOPS / dense tensor peak at the observed SM clock"])
+    for r in rows(report):
+        ci = "-" if r["ci95_lo"] is None else f"[{r['ci95_lo']:.3f}, {r['ci95_hi']:.3f}]"
+        spread = "-" if r["p20_ms"] is None else f"{r['p20_ms']:.4f}-{r['p80_ms']:.4f}"
+        t.rows.append([r["shape"], r["backend"], r["path"] or "-", num(r["median_ms"], ".4f"), spread,
+                       num(r["tflops"], ".4g"), num(r["ratio_vs_cublas"], ".3f"), ci, r["verdict"] or "-",
+                       num(r["sm_clock_mhz"], ".0f"), num(r["efficiency"], ".1%"),
+                       "[green]ok" if r["ok"] else f"[red]WRONG {r['error'] or ''}"])
+    return [t]
+
+
+def long_rows(report: dict) -> list[dict]:
+    """The long-format CSV: time (p50/p20/p80), TFLOPS and the ratio to cuBLAS per (backend, shape)."""
+    out, m = [], mode(report)
+    for r in rows(report):
+        extra = {"dtype": r["dtype"], "path": r["path"], "ok": r["ok"]}
+        out.append(long_row("gemm", r["backend"], "time", "ms", "shape", r["shape"], r["median_ms"], r["p20_ms"],
+                            r["p80_ms"], mode=m, **extra))
+        out.append(long_row("gemm", r["backend"], "tflops", "TFLOPS", "shape", r["shape"], r["tflops"], mode=m,
+                            **extra))
+        if r["ratio_vs_cublas"] is not None:
+            out.append(long_row("gemm", r["backend"], "ratio_vs_cublas", "x", "shape", r["shape"],
+                                r["ratio_vs_cublas"], mode=m, ci95=[r["ci95_lo"], r["ci95_hi"]], **extra))
+    return out
+
+
 def write(report: dict, out_dir: str | Path, stem: str = "gemm-bench") -> list[Path]:
-    """``<stem>.json`` (everything), ``<stem>.csv`` (one row per shape and backend), ``<stem>.png``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = [out / f"{stem}.json", out / f"{stem}.csv"]
-    written[0].write_text(json.dumps(report, indent=1, default=str))
-    with written[1].open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows(report))
-    png = plot(report, out / f"{stem}.png")
-    if png is not None:
+    """``<stem>.json`` (everything), ``<stem>.csv`` (long format), ``<stem>.md`` (the table), ``<stem>.png``
+    (said on stderr when matplotlib is missing)."""
+    written = output.write(report, out_dir, stem, tables(report), long_rows(report))
+    png = plot(report, Path(out_dir) / f"{stem}.png")
+    if png is None:
+        output.plot_missing(Path(out_dir) / f"{stem}.png")
+    else:
         written.append(png)
     return written
