@@ -304,3 +304,21 @@ def write(report: dict, out_dir: str | Path, stem: str = "gemm-bench") -> list[P
     else:
         written.append(png)
     return written
+
+
+def eager_graph(eager: dict, graph: dict) -> Table:
+    """The same (shape, backend) timed as eager calls and as CUDA-graph replays (two reports): the host's
+    launch cost is what the graph takes away (eager / graph > 1)."""
+    ge = {(r["shape"], r["backend"]): r for r in rows(graph)}
+    t = Table(f"eager calls against CUDA-graph replays: {eager['env'].get('gpu') or 'CPU'} "
+              f"{(eager.get('args') or {}).get('dtype', '')}",
+              ("shape", "backend", "eager ms", "graph ms", "eager / graph", "eager vs cuBLAS", "graph vs cuBLAS"))
+    for r in rows(eager):
+        g = ge.get((r["shape"], r["backend"]))
+        if g is None:
+            continue
+        both = r["median_ms"] and g["median_ms"]
+        t.rows.append([r["shape"], r["backend"], num(r["median_ms"], ".4f"), num(g["median_ms"], ".4f"),
+                       num(r["median_ms"] / g["median_ms"] if both else None, ".3f"),
+                       num(r["ratio_vs_cublas"], ".3f"), num(g["ratio_vs_cublas"], ".3f")])
+    return t

@@ -210,3 +210,24 @@ def long_rows(report: dict) -> list[dict]:
 def write(report: dict, out_dir, stem: str = "moe-bench") -> list:
     """``moe-bench.json``, ``.csv`` (long format), ``.md``."""
     return output.write(report, out_dir, stem, tables(report), long_rows(report))
+
+
+def peer_table(report: dict) -> Table:
+    """One row per case: every backend's median ms side by side (gemmlab against its peers: the baseline, the
+    per-expert loop, the dense GEMM of the same size; Liger's ratio once a report carries it)."""
+    table = rows(report)
+    names = list(dict.fromkeys(r["backend"] for r in table))
+    liger = any(r["ratio_vs_liger"] is not None for r in table)
+    t = Table(f"MoE {(report.get('args') or {}).get('dtype', '')} on {report['env'].get('gpu') or 'CPU'}: median ms "
+              f"per backend", ("model", "T", "routing", "part", *names, "gemmlab vs baseline")
+              + (("gemmlab vs Liger",) if liger else ()) + ("ok",))
+    cases: dict[tuple, dict] = {}
+    for r in table:
+        cases.setdefault((r["model"], r["T"], r["routing"], r["part"]), {})[r["backend"]] = r
+    for (model, tokens, routing, part), by in cases.items():
+        g = by.get("gemmlab", {})
+        t.rows.append([model, str(tokens), routing, part, *(num(by[n]["median_ms"], ".4f") if n in by else "-"
+                                                            for n in names), num(g.get("ratio"), ".3f")]
+                      + ([num(g.get("ratio_vs_liger"), ".3f")] if liger else [])
+                      + ["[green]ok" if all(r["ok"] for r in by.values()) else "[red]WRONG"])
+    return t

@@ -116,6 +116,12 @@ def stable_bench(shape: Shape, dtype: torch.dtype = torch.float16, backends: Seq
             "summary": summarize_processes(procs, backends)}
 
 
+def _ratio(entry: dict) -> dict | None:
+    """The ratio summary (older reports named its keys median_ms, min_ms, ...)."""
+    r = entry.get("ratio")
+    return None if not r else {k.removesuffix("_ms"): v for k, v in r.items()}
+
+
 def tables(res: dict) -> list[Table]:
     """One row per backend: the median of the process medians, their range and cv, the ratio to cuBLAS."""
     s, args = res["summary"], res["args"]
@@ -124,7 +130,7 @@ def tables(res: dict) -> list[Table]:
               ("backend", "median ms (of process medians)", "min-max ms", "cv", "ratio vs cuBLAS", "ratio min-max",
                "wrong in"))
     for name, e in s["backends"].items():
-        tm, r = e.get("median_ms"), e.get("ratio")
+        tm, r = e.get("median_ms"), _ratio(e)
         t.rows.append([name, num(tm and tm["median_ms"], ".4f"), "-" if not tm else
                        f"{tm['min_ms']:.4f}-{tm['max_ms']:.4f}", num(tm and tm["cv"], ".2%"),
                        num(r and r["median"], ".3f"), "-" if not r else f"{r['min']:.3f}-{r['max']:.3f}",
@@ -141,7 +147,7 @@ def long_rows(res: dict) -> list[dict]:
     """Per backend: the process medians' median (p20, p80 across processes) and the ratio to cuBLAS."""
     shape, out = "x".join(map(str, res["args"]["shape"])), []
     for name, e in res["summary"]["backends"].items():
-        tm, r = e.get("median_ms"), e.get("ratio")
+        tm, r = e.get("median_ms"), _ratio(e)
         if tm:
             out.append(long_row("gemm", name, "time", "ms", "shape", shape, tm["median_ms"], tm.get("p20_ms"),
                                 tm.get("p80_ms"), mode="processes", cv=tm["cv"], wrong_in=e["wrong_in"]))

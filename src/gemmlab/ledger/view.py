@@ -35,3 +35,17 @@ def compare_table(a, b) -> Table:
 def accepted_line(entries) -> str:
     accepted = [e for e in entries if e.decision == "accepted"]
     return "accepted latency: " + (" -> ".join(f"{e.median_ms:.4f}" for e in accepted) or "none") + " ms"
+
+
+def summary_table(entries: list[dict], title: str) -> Table:
+    """Per (shape, dtype) of an exported ledger: attempts, accepted, the first and the last accepted latency."""
+    by: dict[tuple, list[dict]] = {}
+    for e in entries:
+        by.setdefault((e["shape"], e.get("dtype")), []).append(e)
+    t = Table(title, ("shape", "dtype", "attempts", "accepted", "first accepted ms", "last accepted ms",
+                      "last / first"))
+    for (shape, dtype), es in sorted(by.items(), key=lambda kv: -len(kv[1])):
+        acc = [e["median_ms"] for e in es if e.get("decision") == "accepted" and e.get("median_ms")]
+        t.rows.append([shape, str(dtype), str(len(es)), str(len(acc)), num(acc[0] if acc else None, ".4f"),
+                       num(acc[-1] if acc else None, ".4f"), num(acc[-1] / acc[0] if acc else None, ".3f")])
+    return t

@@ -15,6 +15,11 @@ def report(res: dict) -> dict:
     return {"kind": "tune", "env": env_info(), **res}
 
 
+def vs_baseline(conf: dict, which: str) -> dict:
+    """The confirmation's ``default`` or ``tuned`` ratio to the baseline (older reports: ``*_vs_cublas``)."""
+    return conf.get(f"{which}_vs_baseline") or conf.get(f"{which}_vs_cublas") or {}
+
+
 def _shape(r: dict) -> str:
     return "x".join(map(str, r["shape"]))
 
@@ -27,7 +32,7 @@ def tables(rep: dict) -> list[Table]:
     for r in rep["results"]:
         conf = r["confirm"]
         sp = conf.get("speedup")
-        dv, tv = conf.get("default_vs_baseline") or {}, conf.get("tuned_vs_baseline") or {}
+        dv, tv = vs_baseline(conf, "default"), vs_baseline(conf, "tuned")
         t.rows.append([_shape(r), r["path"], str(len(r["tried"])),
                        str(sum(x["decision"] == "accepted" for x in r["tried"][1:])), str(len(r["pruned"])),
                        num(dv.get("ratio"), ".3f"), num(tv.get("ratio"), ".3f"),
@@ -43,8 +48,8 @@ def long_rows(rep: dict) -> list[dict]:
     out = []
     for r in rep["results"]:
         conf = r["confirm"]
-        for provider, key in (("default", "default_vs_baseline"), ("tuned", "tuned_vs_baseline")):
-            v = conf.get(key) or {}
+        for provider in ("default", "tuned"):
+            v = vs_baseline(conf, provider)
             if v.get("ratio") is not None:
                 out.append(long_row(r["path"], provider, "ratio_vs_baseline", "x", "shape", _shape(r), v["ratio"],
                                     mode="confirm", ci95=v.get("ci95")))
