@@ -4,6 +4,7 @@ apart); and the shared writer (gemmlab.output) itself."""
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -157,3 +158,32 @@ def test_writer_strips_markup_and_stamps_rows(tmp_path):
     (row,) = list(csv.DictReader(paths[1].open()))
     assert row["kind"] == "check" and row["gpu"] == "cpu" and row["git_sha"] == "abc" and row["p80"] == "2.0"
     assert json.loads(row["extra"]) == {"dtype": "float16"} and json.loads(paths[0].read_text()) == rep
+
+
+H200_PROFILE = Path(__file__).resolve().parent.parent / "benchmarks/results/nvidia-h200-loop/device-nvidia-h200.json"
+
+
+def test_probe_and_probe_check_json_and_output_dir(tmp_path, monkeypatch):
+    """probe and probe --check need a GPU: their rendering and writing, with the committed H200 profile standing
+    in for the measurement (a re-measurement equal to the record is healthy; one at half the HBM rate is not)."""
+    from gemmlab import probe
+
+    prof = dict(json.loads(H200_PROFILE.read_text()), kind="device-profile")  # (recorded before "kind")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(probe, "probe", lambda quick=False: dict(prof))
+    monkeypatch.setattr(probe, "save", lambda p, path=None: tmp_path / "saved.json")
+    _, rep = _run(["probe"], tmp_path)
+    assert rep["gpu"] == "NVIDIA H200" and rep["sm_count"] == 132
+    assert {r["metric"] for r in _files(tmp_path, "device-profile", "device-profile")} >= {"hbm_copy", "mma_peak"}
+    (tmp_path / "prof.json").write_text(json.dumps(prof))
+    monkeypatch.setattr(probe, "health", lambda p: {"kind": "device-health", "profile_date": p["date"],
+                                                    "now": dict(prof), "problems": []})
+    _, rep = _run(["probe", "--check", "--profile", str(tmp_path / "prof.json")], tmp_path)
+    assert rep["kind"] == "device-health" and rep["problems"] == []
+    _files(tmp_path, "device-health", "device-health")
+    slow = dict(prof, hbm_copy=dict(prof["hbm_copy"], gbps=prof["hbm_copy"]["gbps"] / 2))
+    monkeypatch.setattr(probe, "health", lambda p: {"kind": "device-health", "profile_date": p["date"],
+                                                    "now": slow, "problems": []})
+    res = CliRunner().invoke(app, ["probe", "--check", "--profile", str(tmp_path / "prof.json"), "--json"])
+    assert res.exit_code == 1 and "HBM copy GB/s" in json.loads(res.stdout)["problems"][0]
+    assert "DEGRADED" in res.stderr

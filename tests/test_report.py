@@ -166,3 +166,22 @@ def test_the_pixel_checks_fire_on_a_blank_chart():
     _not_blank(img, box, 1.0, "text")
     draw.ellipse((100, 50, 106, 56), fill="#1f77b4")
     _has_data(img, box, 1.0)
+
+
+def test_report_draws_a_ledger_given_by_option(tmp_path):
+    """--ledger: a ledger database's history curve and summary, beside the reports found in the directories."""
+    from gemmlab.ledger.store import Ledger
+    from test_ledger import good
+
+    db = Ledger.open(tmp_path / "l.db")
+    for ms in (36.16, 40.0, 35.81, 33.59):
+        db.record(good(shape="64x64x64", median_ms=ms))
+    db.close()
+    (tmp_path / "reports").mkdir()
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "reports"), "--ledger", str(tmp_path / "l.db"),
+                                   "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    assert "1 ledger" in res.stderr and "64x64x64 float16: accepted versions and rejected attempts" in page
+    assert re.search(r'data-rows="1" data-source="ledger [^"]*l\.db"><caption>4 entries by shape', page)

@@ -16,7 +16,6 @@ interpreter (TRITON_INTERPRET=1, set here before any kernel is imported) on smal
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from typing import Annotated
@@ -30,121 +29,15 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from gemmlab import output  # noqa: E402
+from gemmlab.commands import common as cmd  # noqa: E402
+from gemmlab.commands.bench import bench_app  # noqa: E402
+from gemmlab.commands.common import JsonOpt, LedgerOpt, OutOpt, ParentOpt, RecordOpt  # noqa: E402
+from gemmlab.commands.ledger import ledger_app, open_ledger  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="gemmlab: fast FP16/BF16 GEMM in Triton, checked against a float64 reference.")
-bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                        help="Time kernels against cuBLAS: verified first, interleaved, clocks logged.")
 app.add_typer(bench_app, name="bench")
-ledger_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                         help="The experiment ledger: every attempt, accepted or rejected with its reason.")
 app.add_typer(ledger_app, name="ledger")
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def _dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise typer.BadParameter(f"--dtype {name!r}: float16 or bfloat16")
-    return DTYPES[name]
-
-
-def _shapes(shapes: list[str] | None, suite_name: str | None, default: str) -> list[tuple[int, int, int]]:
-    from gemmlab.problems import parse_shape, suite
-
-    try:
-        return [parse_shape(s) for s in shapes] if shapes else suite(suite_name or default)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from e
-
-
-def _ints(text: str, n: int) -> list[int]:
-    values = [int(v) for v in text.split(",")]
-    if len(values) != n:
-        raise ValueError(f"{text!r}: {n} comma-separated whole numbers")
-    return values
-
-
-def _check(ok, message: str):
-    """A typer callback factory: ``ok(value)`` or a usage error naming the value."""
-    def callback(value):
-        if value is not None and not ok(value):
-            raise typer.BadParameter(f"{value} {message}")
-        return value
-    return callback
-
-
-_count = _check(lambda v: v >= 1, "is not a count: give a whole number >= 1")  # --rounds, --reps, --processes
-_nonneg_count = _check(lambda v: v >= 0, "is negative: give a whole number >= 0")  # --warmup calls
-_seconds = _check(lambda v: math.isfinite(v) and v > 0, "is not a time limit: give a finite number > 0")
-_nonneg_seconds = _check(lambda v: math.isfinite(v) and v >= 0, "is not a duration: give a finite number >= 0")
-
-RecordOpt = Annotated[str | None, typer.Option("--record", help="record this run in the ledger: what changed")]
-LedgerOpt = Annotated[str | None, typer.Option("--ledger", help="ledger file [default: $GEMMLAB_LEDGER or "
-                                                                "~/.gemmlab/ledger.db]")]
-ParentOpt = Annotated[int | None, typer.Option("--parent", help="ledger entry to decide against [default: the "
-                                                                "last accepted entry of the same shape]")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print the report as one JSON document on stdout (the "
-                                                      "tables go to stderr)")]
-OutOpt = Annotated[str | None, typer.Option(help="write NAME.json, NAME.csv (long format) and NAME.md here")]
-Rounds = Annotated[int, typer.Option(callback=_count, help="interleaved rounds")]
-Reps = Annotated[int, typer.Option(callback=_count, help="timed calls per candidate per round")]
-WarmupS = Annotated[float, typer.Option(callback=_nonneg_seconds, help="seconds of warm-up (clocks settle)")]
-
-
-def _usage_error(message: object) -> typer.Exit:
-    """One line on stderr, unwrapped and taken literally (no rich markup), for ``raise ... from e``: exit 2."""
-    print(" ".join(str(message).split()), file=sys.stderr)
-    return typer.Exit(2)
-
-
-def _ledger_ready(ledger: str | None, when: bool = True) -> None:
-    """Before any work of a command that records: an unusable ledger is one line and exit 2."""
-    from gemmlab.ledger import LedgerError, check
-
-    try:
-        if when:
-            check(ledger)
-    except LedgerError as e:
-        raise _usage_error(e) from e
-
-
-def _record(entries, note: str, ledger: str | None, parent: int | None) -> None:
-    """Write entries to the ledger and print each decision (stderr)."""
-    from gemmlab.ledger import LedgerError
-    from gemmlab.ledger.records import record
-
-    for e in entries:
-        e.note = note
-    try:
-        done = record(entries, ledger, parent)
-    except KeyError as e:
-        raise typer.BadParameter(str(e)) from e
-    except LedgerError as e:
-        raise _usage_error(e) from e
-    for e in done:
-        color = "green" if e.decision == "accepted" else "yellow"
-        Console(stderr=True, width=150).print(f"ledger #{e.id} {e.shape} {e.backend}: [{color}]{e.decision}[/] "
-                                              f"({e.reason})")
-
-
-def _show(report: dict, mod, json_out: bool, output_dir: str | None, width: int = 150, **write_kw) -> Console:
-    """The module's tables (stderr under --json), its --output-dir files, the --json document."""
-    con = Console(stderr=json_out, width=width)
-    output.print_tables(mod.tables(report), con)
-    for path in (mod.write(report, output_dir, **write_kw) if output_dir else []):
-        con.print(f"wrote {path}")
-    if json_out:
-        output.emit_json(report)
-    return con
-
-
-def _progress(err: Console, total: float, count: bool = True):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    cols = (TextColumn("{task.description}"), BarColumn()) + ((TextColumn("{task.completed}/{task.total}"),)
-                                                              if count else ()) + (TimeElapsedColumn(),
-                                                                                   TimeRemainingColumn())
-    return Progress(*cols, console=err, transient=True)
 
 
 def _version(value: bool) -> None:
@@ -180,7 +73,7 @@ def check(
     if dtype not in bc.DTYPE_SETS:
         raise typer.BadParameter(f"--dtype {dtype!r}: float16, bfloat16 or both")
     report = bc.run_check(todo, bc.DTYPE_SETS[dtype], seed)
-    _show(report, bc, json_out, output_dir, width=130)
+    cmd.show(report, bc, json_out, output_dir, width=130)
     if bc.failed(report):
         raise typer.Exit(1)
 
@@ -195,10 +88,10 @@ def grade(
                                                        "default the case file's layout (moe case files: "
                                                        "FN(x, w1, w2, topk_weights, topk_ids) -> y)")] = None,
     allow_vendor: Annotated[bool, typer.Option(help="allow cuBLAS/CUTLASS/aten::mm in the candidate")] = False,
-    timeout: Annotated[float, typer.Option(callback=_seconds, help="seconds per request to the candidate's "
+    timeout: Annotated[float, typer.Option(callback=cmd.seconds, help="seconds per request to the candidate's "
                                                                    "process, loading the kernel included")] = 120.0,
     seed: Annotated[int, typer.Option(help="base seed of the correctness inputs (timed inputs are secret)")] = 0,
-    rounds: Annotated[int | None, typer.Option(callback=_count, help="interleaved timing rounds")] = None,
+    rounds: Annotated[int | None, typer.Option(callback=cmd.count, help="interleaved timing rounds")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write report.json, report.csv and report.md here")] = None,
     json_out: JsonOpt = False,
     keep_logs: Annotated[bool, typer.Option(help="keep the workers' logs (the report names the directory)")] = False,
@@ -211,17 +104,17 @@ def grade(
     from gemmlab.grade import grade as run_grade
     from gemmlab.grade import report as rep
 
-    _ledger_ready(ledger, record_note is not None or bool(ledger))
+    cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
     try:
         n_steps = len(load_any(cases or default_cases()).correctness)
         if output_dir:
             rep.clear(output_dir)  # no earlier report.json may stand for this grade
-        with _progress(Console(stderr=True, width=140), n_steps + 1) as bar:
+        with cmd.progress(Console(stderr=True, width=140), n_steps + 1) as bar:
             task = bar.add_task("grading", total=n_steps + 1)
             report = run_grade(cases, kernel, signature, allow_vendor, timeout, seed, rounds,
                                progress=lambda msg: bar.update(task, advance=1, description=msg), keep_logs=keep_logs)
     except (case_files.CaseError, OSError) as e:
-        raise _usage_error(e) from e
+        raise cmd.usage_error(e) from e
     rep.render(report, Console(stderr=json_out, width=140))
     if output_dir:
         rep.write(report, output_dir)
@@ -230,183 +123,8 @@ def grade(
     if record_note is not None:
         from gemmlab.ledger.records import from_grade
 
-        _record(from_grade(report), record_note, ledger, parent)
+        cmd.record(from_grade(report), record_note, ledger, parent)
     raise typer.Exit(0 if report["verdict"] == "PASS" else 1)
-
-
-@bench_app.command("gemm")
-def bench_gemm(
-    shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable)")] = None,
-    suite: Annotated[str | None, typer.Option(help="seeds, square, llm, small-m, all (cpu without CUDA)")] = None,
-    dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
-    backend: Annotated[list[str] | None, typer.Option(help="gemmlab, gemmlab-packed, cublas, FILE.py:FN or "
-                                                           "package.module:FN (repeatable); cublas is always "
-                                                           "the baseline")] = None,
-    rounds: Rounds = 10, reps: Reps = 5, warmup_s: WarmupS = 1.0,
-    graph: Annotated[bool, typer.Option(help="time CUDA-graph replays (device time, no host launch cost)")] = False,
-    seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
-    timeout: Annotated[float, typer.Option(callback=_seconds, help="seconds per request to a FILE.py:FN backend's "
-                                                                   "own process, loading included")] = 120.0,
-    output_dir: Annotated[str | None, typer.Option(help="write gemm-bench.json, .csv, .md and .png here")] = None,
-    json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
-) -> None:
-    """GEMM backends against cuBLAS: verified against float64 first, then interleaved with the L2 flushed,
-    clocks sampled. Exit 1 when any backend is wrong."""
-    from gemmlab import probe
-    from gemmlab.bench import gemm as bg
-
-    todo = _shapes(shapes, suite, "all" if torch.cuda.is_available() else "cpu")
-    dt = _dtype(dtype)
-    _ledger_ready(ledger, record_note is not None or bool(ledger))
-    with _progress(Console(stderr=True, width=150), len(todo)) as bar:
-        task, state = bar.add_task("bench", total=len(todo)), {"first": True}
-
-        def step(msg: str) -> None:
-            bar.update(task, advance=0 if state.pop("first", False) else 1, description=msg)
-
-        try:
-            report = bg.bench_gemm(todo, dt, backend or ["gemmlab"], rounds=rounds, reps=reps, warmup_s=warmup_s,
-                                   graph=graph, seed=seed, progress=step, timeout=timeout, profile=probe.load())
-        except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
-            raise _usage_error(e) from e
-    _show(report, bg, json_out, output_dir)
-    if record_note is not None:
-        from gemmlab.ledger.records import from_bench
-
-        _record(from_bench(report), record_note, ledger, parent)
-    if not all(r["ok"] for r in bg.rows(report)):
-        raise typer.Exit(1)
-
-
-@bench_app.command("moe")
-def bench_moe_cmd(
-    model: Annotated[list[str] | None, typer.Option(help="deepseek-v3, mixtral-8x7b, qwen3-30b-a3b (repeatable)")]
-    = None,
-    tokens: Annotated[list[int] | None, typer.Option(help="T (repeatable) [default: 16 128 1024 4096 16384]")] = None,
-    routing: Annotated[list[str] | None, typer.Option(help="uniform or zipf (repeatable)")] = None,
-    part: Annotated[list[str] | None, typer.Option(help="grouped (first GEMM) or forward (whole body)")] = None,
-    dtype: Annotated[str, typer.Option(help="bfloat16 or float16")] = "bfloat16",
-    rounds: Rounds = 10, reps: Reps = 5, warmup_s: WarmupS = 1.0,
-    graph: Annotated[bool, typer.Option(help="time CUDA-graph replays")] = False,
-    custom: Annotated[str | None, typer.Option(help="H,I,E,k of a model of your own (model name: custom)")] = None,
-    output_dir: Annotated[str | None, typer.Option(help="write moe-bench.json, .csv and .md here")] = None,
-    json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
-) -> None:
-    """gemmlab's MoE kernels against torch._grouped_mm (and a per-expert loop, and the dense GEMM of the same
-    size), verified first, interleaved. Exit 1 if anything is wrong."""
-    from gemmlab.bench import moe as bm
-    from gemmlab.problems import MoEModel
-
-    _ledger_ready(ledger, record_note is not None or bool(ledger))
-    err = Console(stderr=True)
-    try:
-        own = MoEModel(*_ints(custom, 4)) if custom else None  # H, I, E, k
-        rep = bm.bench_moe(model or (["custom"] if own else ["deepseek-v3"]), tokens or [16, 128, 1024, 4096, 16384],
-                           routing or ["uniform"], part or ["grouped", "forward"], _dtype(dtype), custom=own,
-                           rounds=rounds, reps=reps, warmup_s=warmup_s, graph=graph, progress=err.print)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from e
-    _show(rep, bm, json_out, output_dir, width=170)
-    if record_note is not None:
-        from gemmlab.ledger.records import from_moe_bench
-
-        _record(from_moe_bench(rep), record_note, ledger, parent)
-    if not all(r["ok"] for r in bm.rows(rep)):
-        raise typer.Exit(1)
-
-
-@bench_app.command("model")
-def bench_model_cmd(
-    model: Annotated[str, typer.Option(help="mixtral, qwen3-moe, deepseek-v3 (comma-separated)")] =
-    "mixtral,qwen3-moe,deepseek-v3",
-    tokens: Annotated[str, typer.Option(help="T, comma-separated: prefill 4096, decode 1, 8, 64")] = "4096,1,8,64",
-    modes: Annotated[str, typer.Option(help="eager, graph, compile (comma-separated)")] = "eager,graph,compile",
-    rounds: Annotated[int, typer.Option(help="interleaved rounds")] = 10,
-    reps: Annotated[int, typer.Option(help="timed calls per candidate per round")] = 5,
-    warmup_s: Annotated[float, typer.Option(help="seconds of warm-up per case")] = 0.5,
-    output_dir: Annotated[str | None, typer.Option(help="write model-bench-MODELS-MODES.json, .csv, .md here")]
-    = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """One Hugging Face decoder layer (real dims, random bf16 weights): unpatched torch against
-    gemmlab.patch, eager / CUDA graph / torch.compile, verified first, interleaved. Exit 1 if gemmlab is wrong."""
-    import importlib.util
-
-    if not torch.cuda.is_available():
-        raise _usage_error("bench model needs a CUDA GPU (the layers are real-size)")
-    if importlib.util.find_spec("transformers") is None:
-        raise _usage_error("bench model needs transformers: pip install transformers")
-    from gemmlab.bench import model as bmod
-
-    try:
-        rep = bmod.bench_model([m.strip() for m in model.split(",")], [int(t) for t in tokens.split(",")],
-                               [m.strip() for m in modes.split(",")], rounds=rounds, reps=reps, warmup_s=warmup_s,
-                               progress=Console(stderr=True).print)
-    except ValueError as e:
-        raise _usage_error(str(e).splitlines()[0]) from e
-    _show(rep, bmod, json_out, output_dir, width=200)
-    if bmod.failures(rep):
-        raise typer.Exit(1)
-
-
-@bench_app.command("moe-ep")
-def bench_moe_ep_cmd(
-    model: Annotated[list[str] | None, typer.Option(help="deepseek-v3, qwen3-30b-a3b, mixtral-8x7b (repeatable)")]
-    = None,
-    tokens: Annotated[list[int] | None, typer.Option(help="T per rank (repeatable) [default: 4096]")] = None,
-    chunks: Annotated[list[int] | None, typer.Option(help="overlap chunks (repeatable) [default: 1 2 4]")] = None,
-    rounds: Rounds = 10, reps: Reps = 5,
-    output_dir: Annotated[str | None, typer.Option(help="rank 0 writes moe-ep-bench.json, .csv, .md here")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="rank 0 prints the report as JSON on stdout")] = False,
-) -> None:
-    """Expert-parallel MoE across the GPUs of a torchrun launch (``torchrun --nproc-per-node N -m gemmlab bench
-    moe-ep``): per-rank time, all-to-all GB/s against NCCL's equal-split all_to_all, speedup against one GPU
-    holding every expert; verified first. Exit 2 without CUDA or a process group, 1 if an output is wrong."""
-    from gemmlab.bench import moe_ep
-
-    try:
-        rank, _ = moe_ep.init_from_env()
-        rep = moe_ep.bench_moe_ep(model or ["qwen3-30b-a3b"], tokens or [4096], chunks or [1, 2, 4], rounds=rounds,
-                                  reps=reps)
-    except ValueError as e:
-        raise _usage_error(str(e).splitlines()[0]) from e
-    if rank == 0:
-        _show(rep, moe_ep, json_out, output_dir, width=170)
-    if not all(r["ok"] for r in rep["results"]):
-        raise typer.Exit(1)
-
-
-@bench_app.command("stable")
-def bench_stable(
-    shape: Annotated[str, typer.Option(help="M,N,K")] = "8192,8192,16384",
-    processes: Annotated[int, typer.Option(callback=_count, help="separate processes, each compiling fresh")] = 5,
-    dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
-    backend: Annotated[list[str] | None, typer.Option(help="as for `bench gemm` (repeatable)")] = None,
-    rounds: Annotated[int, typer.Option(callback=_count, help="interleaved rounds per process")] = 6,
-    reps: Reps = 5,
-    warmup_s: Annotated[float, typer.Option(callback=_nonneg_seconds, help="seconds of warm-up per process")] = 1.0,
-    output_dir: Annotated[str | None, typer.Option(help="write stable-bench.json, .csv and .md here")] = None,
-    json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
-) -> None:
-    """The same measurement in N fresh processes: the spread across processes, and clock warnings."""
-    from gemmlab.bench import stable
-    from gemmlab.problems import parse_shape
-
-    _ledger_ready(ledger, record_note is not None or bool(ledger))
-    try:
-        res = stable.stable_bench(parse_shape(shape), _dtype(dtype), backend or ["gemmlab"], processes=processes,
-                                  rounds=rounds, reps=reps, warmup_s=warmup_s, progress=Console(stderr=True).print)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from e
-    _show(res, stable, json_out, output_dir)
-    if record_note is not None:
-        from gemmlab.ledger.records import from_stable
-
-        _record(from_stable(res), record_note, ledger, parent)
-    s = res["summary"]
-    if any(e["wrong_in"] for e in s["backends"].values()) or s["processes_failed"]:
-        raise typer.Exit(1)
-
 
 @app.command("table")
 def table_cmd(
@@ -418,13 +136,13 @@ def table_cmd(
     hidden_size: Annotated[int | None, typer.Option(help="K [default: 7168]")] = None,
     intermediate_size: Annotated[int | None, typer.Option(help="N [default: 2048]")] = None,
     dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
-    warmup: Annotated[int, typer.Option(callback=_nonneg_count,
+    warmup: Annotated[int, typer.Option(callback=cmd.nonneg_count,
                                         help="warm-up calls per row (and at least --warmup-s seconds)")] = 10,
-    repeat: Annotated[int, typer.Option(callback=_count, help="timed calls per row")] = 50,
-    warmup_s: Annotated[float, typer.Option(callback=_nonneg_seconds, help="seconds of warm-up")] = 1.0,
+    repeat: Annotated[int, typer.Option(callback=cmd.count, help="timed calls per row")] = 50,
+    warmup_s: Annotated[float, typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up")] = 1.0,
     inspect: Annotated[bool, typer.Option(help="read tensor-core instructions from the SASS")] = True,
     num_experts: Annotated[int | None, typer.Option(
-        callback=_count, help="experts of the fused MoE row [default: the model's, else 8]")] = None,
+        callback=cmd.count, help="experts of the fused MoE row [default: the model's, else 8]")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write table.json, table.csv, table.md here")] = None,
     json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
 ) -> None:
@@ -433,19 +151,19 @@ def table_cmd(
     from gemmlab.bench import table as bt
     from gemmlab.problems import MOE_MODELS, resolve_moe
 
-    _ledger_ready(ledger, record_note is not None or bool(ledger))
+    cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
     try:
         top_k, hidden_size, intermediate_size = resolve_moe(model, top_k, hidden_size, intermediate_size)
-        res = bt.moe_table(batch_size, seq_len, top_k, hidden_size, intermediate_size, dtype=_dtype(dtype),
+        res = bt.moe_table(batch_size, seq_len, top_k, hidden_size, intermediate_size, dtype=cmd.dtype_of(dtype),
                            warmup=warmup, repeat=repeat, warmup_s=warmup_s, inspect=inspect, model=model,
                            num_experts=num_experts or (MOE_MODELS[model].experts if model else 8))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
-    _show(res, bt, json_out, output_dir, width=200)
+    cmd.show(res, bt, json_out, output_dir, width=200)
     if record_note is not None:
         from gemmlab.ledger.records import from_table
 
-        _record(from_table(res), record_note, ledger, parent)
+        cmd.record(from_table(res), record_note, ledger, parent)
     if any(r.get("ok") is False for r in res["rows"]):
         raise typer.Exit(1)
 
@@ -466,7 +184,7 @@ def inspect_cmd(
 
     try:
         m, n, k = parse_shape(shape)
-        r = inspect_shape(m, n, k, _dtype(dtype), layout.upper(), packed)
+        r = inspect_shape(m, n, k, cmd.dtype_of(dtype), layout.upper(), packed)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
     if json_out:
@@ -484,7 +202,7 @@ def tune_cmd(
                                                          "with CUDA, cpu without]")] = None,
     dtype: Annotated[str | None, typer.Option(help="float16 or bfloat16 [default: float16; bfloat16 with --op moe]")]
     = None,
-    budget_minutes: Annotated[float, typer.Option(callback=_seconds, help="time budget for all shapes")] = 5.0,
+    budget_minutes: Annotated[float, typer.Option(callback=cmd.seconds, help="time budget for all shapes")] = 5.0,
     session: Annotated[str | None, typer.Option(help="session name [default: tune-<date>-<time>]")] = None,
     resume: Annotated[str | None, typer.Option(help="resume a session: skip what the ledger holds for it")] = None,
     op: Annotated[str, typer.Option(help="gemm, or moe (the MoE layer's grouped GEMMs)")] = "gemm",
@@ -523,15 +241,15 @@ def tune_cmd(
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
     elif op == "gemm":
-        todo = _shapes(shapes, None, "cpu") if shapes else []
+        todo = cmd.shapes_of(shapes, None, "cpu") if shapes else []
         for name in suite or ([] if shapes else (["seeds", "small-m"] if torch.cuda.is_available() else ["cpu"])):
-            todo += _shapes(None, name, "cpu")
+            todo += cmd.shapes_of(None, name, "cpu")
         todo = list(dict.fromkeys(todo))
     else:
         raise typer.BadParameter(f"--op {op!r}: gemm or moe")
-    _ledger_ready(ledger)  # every attempt is recorded
+    cmd.ledger_ready(ledger)  # every attempt is recorded
     err, total = Console(stderr=True, width=150), 60.0 * budget_minutes
-    with _progress(err, total, count=False) as bar:
+    with cmd.progress(err, total, count=False) as bar:
         task, t0, counts = bar.add_task("tuning", total=total), time.perf_counter(), {}
 
         def step(ev: dict) -> None:
@@ -539,10 +257,10 @@ def tune_cmd(
             bar.update(task, completed=min(total, time.perf_counter() - t0),
                        description=f"{ev['shape']}: {counts[ev['shape']]} tried")
 
-        res = tr.report(tune(todo, _dtype(dtype or ("bfloat16" if op == "moe" else "float16")),
+        res = tr.report(tune(todo, cmd.dtype_of(dtype or ("bfloat16" if op == "moe" else "float16")),
                              budget_minutes=budget_minutes, ledger=ledger, session=resume or session, seed=seed,
                              note=record_note, progress=step))
-    con = _show(res, tr, json_out, output_dir)
+    con = cmd.show(res, tr, json_out, output_dir)
     if write and any(r["confirmed"] for r in res["results"]):
         path = write_configs(res["results"], target_for(torch.device("cuda" if torch.cuda.is_available() else
                                                                      "cpu")).name, configs_dir)
@@ -551,113 +269,6 @@ def tune_cmd(
             con.print(f"note: plan reads {configs.user_dir()}; set GEMMLAB_CONFIGS={path.parent} to use {path}")
     if res.get("failed_workers"):
         raise typer.Exit(1)
-
-
-def _ledger(path: str | None):
-    """The ledger to read (list, show, compare, history, export); an unusable one is one line and exit 2."""
-    from gemmlab.ledger import Ledger, LedgerError
-
-    try:
-        return Ledger.open(path)
-    except LedgerError as e:
-        raise _usage_error(e) from e
-
-
-@ledger_app.command("list")
-def ledger_list(
-    shape: Annotated[str | None, typer.Option(help="MxNxK")] = None,
-    kind: Annotated[str | None, typer.Option(help="grade, bench, table or tune")] = None,
-    session: Annotated[str | None, typer.Option(help="a tune session")] = None,
-    limit: Annotated[int, typer.Option(help="the last N entries")] = 50,
-    ledger: LedgerOpt = None,
-) -> None:
-    """The last entries, with their decisions."""
-    from gemmlab.ledger import view
-
-    db = _ledger(ledger)
-    entries = db.list(shape=shape.replace(",", "x") if shape else None, kind=kind, session=session, limit=limit)
-    output.print_tables([view.entries_table(entries, f"ledger {db.path}")], Console(width=200))
-
-
-@ledger_app.command("show")
-def ledger_show(entry_id: int, ledger: LedgerOpt = None) -> None:
-    """One entry, whole (JSON)."""
-    import dataclasses
-
-    e = _ledger(ledger).get(entry_id)
-    if e is None:
-        raise typer.BadParameter(f"no ledger entry {entry_id}")
-    output.emit_json(dataclasses.asdict(e))
-
-
-@ledger_app.command("compare")
-def ledger_compare(first: int, second: int, ledger: LedgerOpt = None) -> None:
-    """The accept/reject rule applied to SECOND against FIRST, and what differs between them."""
-    from gemmlab.ledger import decide, paired_speedup, view
-
-    db = _ledger(ledger)
-    a, b = db.get(first), db.get(second)
-    if a is None or b is None:
-        raise typer.BadParameter(f"no ledger entry {first if a is None else second}")
-    con = Console(width=200)
-    output.print_tables([view.compare_table(a, b)], con)
-    if a.shape != b.shape or a.dtype != b.dtype:
-        con.print("[yellow]different shapes or dtypes: not comparable")
-        raise typer.Exit(1)
-    if b.vs_parent and b.parent_id != a.id:
-        b.vs_parent = None  # its same-run comparison was with another entry
-    paired = paired_speedup(b, a)
-    decision, reason = decide(b, a)
-    if paired:
-        con.print(f"speedup #{second} over #{first}: {paired[0]:.3f} [{paired[1][0]:.3f}, {paired[1][1]:.3f}] "
-                  f"({paired[2]})")
-    con.print(f"#{second} against #{first}: {decision}: {reason}")
-
-
-@ledger_app.command("history")
-def ledger_history(
-    shape: Annotated[str, typer.Option(help="M,N,K")],
-    dtype: Annotated[str | None, typer.Option(help="float16 or bfloat16")] = None,
-    plot: Annotated[str | None, typer.Option(help="write the latency curve as a PNG")] = None,
-    ledger: LedgerOpt = None,
-) -> None:
-    """The latency curve of a shape: accepted versions in order, rejected attempts as their own marks."""
-    from gemmlab.ledger import view
-    from gemmlab.problems import parse_shape
-
-    try:
-        key = "x".join(map(str, parse_shape(shape)))
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from e
-    entries = _ledger(ledger).history(key, dtype)
-    con = Console(width=200)
-    output.print_tables([view.entries_table(entries, f"history of {key}")], con)
-    con.print(view.accepted_line(entries))
-    if plot:
-        from gemmlab.ledger.plot import history_png
-
-        if history_png(entries, key, plot) is not None:
-            con.print(f"wrote {plot}")
-
-
-@ledger_app.command("export")
-def ledger_export(
-    fmt: Annotated[str, typer.Option("--format", help="json or csv")] = "json",
-    output_file: Annotated[str | None, typer.Option("--output", help="file [default: stdout]")] = None,
-    ledger: LedgerOpt = None,
-) -> None:
-    """Every entry as JSON or CSV."""
-    from pathlib import Path
-
-    try:
-        text = _ledger(ledger).export(fmt)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from e
-    if output_file:
-        Path(output_file).write_text(text)
-    else:
-        print(text)
-
 
 @app.command("probe")
 def probe_cmd(
@@ -685,7 +296,7 @@ def probe_cmd(
         try:
             prof = json.loads(Path(profile).read_text()) if profile else pr.load()
         except (OSError, ValueError) as e:
-            raise _usage_error(f"--profile {profile}: {e}") from e
+            raise cmd.usage_error(f"--profile {profile}: {e}") from e
         if prof is None:
             raise typer.BadParameter("no recorded profile for this GPU: run `gemmlab probe` first (or --profile)")
         return prof
@@ -697,22 +308,22 @@ def probe_cmd(
         try:
             data = pr.roofline(recorded(), json.loads(Path(roofline).read_text()))
         except (OSError, ValueError, KeyError) as e:
-            raise _usage_error(f"--roofline {roofline}: {e}") from e
-        con = _show(data, view(pr.roofline_tables, pr.roofline_rows, "roofline"), json_out, output_dir)
+            raise cmd.usage_error(f"--roofline {roofline}: {e}") from e
+        con = cmd.show(data, view(pr.roofline_tables, pr.roofline_rows, "roofline"), json_out, output_dir)
         if pr.roofline_png(recorded(), json.loads(Path(roofline).read_text()), plot) is not None:
             con.print(f"wrote {plot}")
         return
     if not torch.cuda.is_available():
-        raise _usage_error("gemmlab probe needs a CUDA GPU")
+        raise cmd.usage_error("gemmlab probe needs a CUDA GPU")
     if check:
         prof = recorded()
         res = pr.health(prof)
         res["problems"] = pr.health_problems(prof, res["now"], min_fraction)
-        _show(res, view(lambda r: pr.health_tables(r, prof), pr.long_rows, "device-health"), json_out, output_dir)
+        cmd.show(res, view(lambda r: pr.health_tables(r, prof), pr.long_rows, "device-health"), json_out, output_dir)
         raise typer.Exit(1 if res["problems"] else 0)
     prof = pr.probe()
     path = pr.save(prof, output_file)
-    _show(prof, view(pr.tables, pr.long_rows, "device-profile"), json_out, output_dir).print(f"wrote {path}")
+    cmd.show(prof, view(pr.tables, pr.long_rows, "device-profile"), json_out, output_dir).print(f"wrote {path}")
 
 
 @app.command("report")
@@ -730,12 +341,12 @@ def report_cmd(
 
     missing = [d for d in dirs if not Path(d).exists()]
     if missing:
-        raise _usage_error(f"gemmlab report: no such file or directory: {missing[0]}")
+        raise cmd.usage_error(f"gemmlab report: no such file or directory: {missing[0]}")
     extra = []
     if ledger:
         import json
 
-        extra.append((f"ledger {ledger}", json.loads(_ledger(ledger).export("json"))))
+        extra.append((f"ledger {ledger}", json.loads(open_ledger(ledger).export("json"))))
     page, found = html.build(dirs, extra)
     Path(output_file).write_text(page)
     print(f"wrote {output_file}: {len(found)} JSON file(s), " + ", ".join(

@@ -53,7 +53,7 @@ LAYOUT_JS = """<script>(function () {
 })();</script>"""
 SECTIONS = (("device", "Device profile and roofline", ("device-profile", "device-health", "roofline")),
             ("gemm", "GEMM benchmarks", ("gemm-bench",)), ("graph", "Eager calls against CUDA graphs", ()),
-            ("moe", "MoE against its peers", ("moe-bench",)), ("model", "Model benchmark", ("model-bench",)),
+            ("moe", "MoE against its peers", ("moe-bench",)),
             ("table", "MoE GEMM table, stability, checks", ("table", "stable-bench", "check", "moe-ep-bench")),
             ("tune", "Tune sessions", ("tune",)), ("grade", "Grades", ("grade",)), ("ledger", "Ledger history",
                                                                                     ("ledger",)),
@@ -300,15 +300,13 @@ def build(paths, extra=()) -> tuple[str, list[Found]]:
     found = collect(paths) + [Found(label, kind_of(data), data) for label, data in extra]
     parts, nav = [], []
     for key, title, kinds in SECTIONS:
-        if key == "graph":
+        if key == "graph":  # bench gemm pairs, and the model benchmark (eager, graph, compile side by side)
             body = _graph_pairs(found) + "".join(_render(f, found) for f in found if f.kind == "model-bench")
         elif key == "other":
             rest = [f for f in found if f.kind not in RENDER]
             body = _other(rest) if rest else ""
         else:
             body = "".join(_render(f, found) for f in found if f.kind in kinds)
-        if key == "model":
-            continue  # the model benchmark is drawn with eager against graph
         if body:
             nav.append(f'<a href="#{key}">{escape(title)}</a>')
             parts.append(f'<h2 id="{key}">{escape(title)}</h2>{body}')
