@@ -187,3 +187,23 @@ def test_probe_and_probe_check_json_and_output_dir(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["probe", "--check", "--profile", str(tmp_path / "prof.json"), "--json"])
     assert res.exit_code == 1 and "HBM copy GB/s" in json.loads(res.stdout)["problems"][0]
     assert "DEGRADED" in res.stderr
+
+
+def test_json_stdout_is_clean_in_a_real_process(tmp_path):
+    """The whole process: stdout is one JSON document although a backend prints (it runs in its own process,
+    its prints go to its log) and the tables, progress and "wrote" lines go to stderr."""
+    import os
+    import subprocess
+    import sys
+
+    kern = tmp_path / "k.py"
+    kern.write_text("import sys\n\ndef gemm(a, b):\n    print('hello on stdout')\n    print('and stderr', "
+                    "file=sys.stderr)\n    return (a.float() @ b.float()).to(a.dtype)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "gemmlab", "bench", "gemm", "--shapes", "8,16,16", "--backend",
+                          f"{kern}:gemm", *FAST, "--json", "--output-dir", str(tmp_path / "o")], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rep = json.loads(res.stdout)
+    assert rep["kind"] == "gemm-bench" and "hello" not in res.stdout and "interleaved vs cuBLAS" in res.stderr
+    assert f"wrote {tmp_path / 'o' / 'gemm-bench.csv'}" in res.stderr
