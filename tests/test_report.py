@@ -185,3 +185,16 @@ def test_report_draws_a_ledger_given_by_option(tmp_path):
     page = out.read_text()
     assert "1 ledger" in res.stderr and "64x64x64 float16: accepted versions and rejected attempts" in page
     assert re.search(r'data-rows="1" data-source="ledger [^"]*l\.db"><caption>4 entries by shape', page)
+
+
+def test_the_liger_comparison_is_drawn(tmp_path):
+    """``bench moe --baseline liger``'s report (flat rows with ratio_vs_liger): recognized and drawn with its plot
+    (a rendering test: placeholder numbers in that report's layout, not measurements)."""
+    rows = [{"model": "mixtral-8x7b", "tokens": t, "routing": "uniform", "mode": "eager", "part": "fwd",
+             "gemmlab_ms": 1.0, "liger_ms": r, "ratio_vs_liger": r, "ok": True} for t, r in ((16, 1.2), (4096, 0.9))]
+    (tmp_path / "moe-liger_fwd_eager.json").write_text(json.dumps(
+        {"env": {"gpu": "GPU"}, "args": {"dtype": "bfloat16"}, "results": [], "rows": rows, "summary": [],
+         "liger": {"available": True}, "not_run": []}))
+    page, found = html.build([tmp_path])
+    assert [f.kind for f in found] == ["moe-liger-bench"] and "could not draw" not in page
+    assert "Liger time / gemmlab time (&gt; 1: gemmlab faster)" in page and 'data-rows="2"' in page

@@ -50,6 +50,8 @@ def kind_of(data: object) -> str:
         return "table"
     if {"sm_count", "hbm_copy", "mma_peak"} <= set(data):
         return "device-profile"
+    if "ratio_vs_liger" in _first(data, "rows") and "liger" in data:
+        return "moe-liger-bench"
     if "tokens_per_rank" in first:
         return "moe-ep-bench"
     if "candidates" in first and "part" in first:

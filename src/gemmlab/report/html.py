@@ -53,7 +53,7 @@ LAYOUT_JS = """<script>(function () {
 })();</script>"""
 SECTIONS = (("device", "Device profile and roofline", ("device-profile", "device-health", "roofline")),
             ("gemm", "GEMM benchmarks", ("gemm-bench",)), ("graph", "Eager calls against CUDA graphs", ()),
-            ("moe", "MoE against its peers", ("moe-bench",)),
+            ("moe", "MoE against its peers", ("moe-bench", "moe-liger-bench")),
             ("table", "MoE GEMM table, stability, checks", ("table", "stable-bench", "check", "moe-ep-bench")),
             ("tune", "Tune sessions", ("tune",)), ("grade", "Grades", ("grade",)), ("ledger", "Ledger history",
                                                                                     ("ledger",)),
@@ -160,6 +160,25 @@ def _moe(f: Found, _all) -> str:
             + table_html(moe.peer_table(f.data), f.path))
 
 
+def _liger(f: Found, _all) -> str:
+    """``bench moe --baseline liger`` (its flat rows): gemmlab and Liger side by side, Liger time / gemmlab time."""
+    from gemmlab.output import num
+
+    rows = [r for r in f.data["rows"] if "ratio_vs_liger" in r]
+    t = Table(f"MoE against Liger's fused MoE, {(f.data.get('args') or {}).get('dtype', '')} on "
+              f"{(f.data.get('env') or {}).get('gpu') or 'CPU'}", ("model", "T", "routing", "mode", "part",
+                                                                   "gemmlab ms", "liger ms", "vs Liger", "ok"))
+    t.rows = [[str(r.get(k)) for k in ("model", "tokens", "routing", "mode", "part")]
+              + [num(r.get("gemmlab_ms"), ".4f"), num(r.get("liger_ms"), ".4f"), num(r.get("ratio_vs_liger"), ".3f"),
+                 "[green]ok" if r.get("ok") else f"[red]WRONG {r.get('error') or ''}"] for r in rows]
+    chart = svg.bars([f"{r.get('part')} {r.get('mode')} T={r.get('tokens')}" for r in rows],
+                     {"gemmlab vs Liger": [r.get("ratio_vs_liger") for r in rows]},
+                     "Liger time / gemmlab time (> 1: gemmlab faster)", "Liger time / gemmlab time")
+    note = "" if (f.data.get("liger") or {}).get("available", True) else \
+        f'<p class="note warn">{escape(str(f.data["liger"].get("reason")))}</p>'
+    return _meta(f.data.get("env")) + note + figure(chart, f"{f.path} vs liger", "") + table_html(t, f.path)
+
+
 def _model(f: Found, _all) -> str:
     from gemmlab.bench import model
 
@@ -262,7 +281,8 @@ def _ledger(f: Found, _all, curves: int = 2) -> str:
     return "".join(out) + table_html(view.summary_table(entries, f"{len(entries)} entries by shape"), f.path)
 
 
-RENDER = {"gemm-bench": _gemm, "moe-bench": _moe, "model-bench": _model, "tune": _tune, "grade": _grade,
+RENDER = {"gemm-bench": _gemm, "moe-bench": _moe, "moe-liger-bench": _liger, "model-bench": _model, "tune": _tune,
+          "grade": _grade,
           "device-profile": _profile, "roofline": _roofline, "device-health": _health, "ledger": _ledger,
           "table": _tables_of("gemmlab.bench.table"), "stable-bench": _tables_of("gemmlab.bench.stable"),
           "check": _tables_of("gemmlab.bench.check"), "moe-ep-bench": _tables_of("gemmlab.bench.moe_ep")}
