@@ -185,9 +185,11 @@ def capture_all(calls: dict[str, Callable[[], object]]) -> tuple[dict[str, Calla
     ``modes[name]`` says which it got and why."""
     out, modes = {}, {}
     for name, fn in calls.items():
+        stream = torch.cuda.current_stream()
         try:
             graph, static = timing.capture(fn)
         except Exception as e:
+            torch.cuda.set_stream(stream)  # a capture_end that raised left its capture stream current
             _device_alive()
             out[name], modes[name] = fn, f"eager: CUDA-graph capture failed ({type(e).__name__}: {str(e)[:160]})"
             continue
