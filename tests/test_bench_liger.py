@@ -187,6 +187,29 @@ def test_cli_baseline_liger_skips_and_refuses_bad_input(monkeypatch, tmp_path):
         assert res.exit_code == 2, (bad, res.output)
 
 
+def test_real_liger_provider_matches_the_reference(monkeypatch):
+    """Liger's argument order, id dtype and output, through ml.load_liger; on the CPU its kernels run in the
+    interpreter (fp16: the interpreter has no bf16) with each autotuner cut to one config (no benchmarking)."""
+    pytest.importorskip("liger_kernel.ops.fused_moe")
+    from liger_kernel.ops import fused_moe_kernels
+    from triton.runtime.autotuner import Autotuner
+
+    from gemmlab.bench.moe import problem
+    from gemmlab.ref import moe_check
+
+    if not torch.cuda.is_available():
+        for obj in vars(fused_moe_kernels).values():
+            if isinstance(obj, Autotuner):
+                monkeypatch.setattr(obj, "configs", obj.configs[:1])
+    liger, info = ml.load_liger()
+    assert info["available"] and info["version"]
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float16
+    p = problem(TINY, 5, "zipf", dtype)
+    y = liger(p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
+    assert y.shape == (5, 32) and y.dtype == dtype
+    assert moe_check(y, p["x"], p["w1"], p["w2"], p["weights"], p["ids"])["ok"]
+
+
 @pytest.mark.gpu
 def test_real_liger_on_the_gpu_eager_and_graph_with_bars(tmp_path):
     pytest.importorskip("liger_kernel.ops.fused_moe")

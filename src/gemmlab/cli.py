@@ -405,8 +405,9 @@ def bench_moe_cmd(
             h, i, e, k = (int(v) for v in custom.split(","))
             own = MoEModel(hidden=h, intermediate=i, experts=e, top_k=k)
         if baseline == "liger":
-            _bench_moe_liger(model, tokens, routing, part, mode, _dtype(dtype), own, output_dir, composite=composite,
-                             min_bwd_tokens=min_bwd_tokens, liger_tune_tokens=liger_tune_tokens,
+            _bench_moe_liger(model, tokens, routing, part, mode or ["graph" if graph else "eager"], _dtype(dtype), own,
+                             output_dir, composite=composite, min_bwd_tokens=min_bwd_tokens,
+                             liger_tune_tokens=liger_tune_tokens,
                              time_limit_s=time_limit_s, rounds=rounds, reps=reps, warmup_s=warmup_s)
             return
         if baseline != "torch":
@@ -445,8 +446,8 @@ def _bench_moe_liger(model, tokens, routing, part, mode, dtype, own, output_dir,
     err = Console(stderr=True)
     models = model or (["custom"] if own else ml.SUITE_MODELS)
     write = (lambda r: ml.write(r, output_dir)) if output_dir else None
-    rep = ml.bench_suite(models, tokens or ml.SUITE_TOKENS, routing or ml.ROUTINGS, mode or ["eager"],
-                         part or ["fwd"], dtype, custom=own, progress=lambda msg: err.print(msg), on_result=write, **kw)
+    rep = ml.bench_suite(models, tokens or ml.SUITE_TOKENS, routing or ml.ROUTINGS, mode, part or ["fwd"], dtype,
+                         custom=own, progress=lambda msg: err.print(msg), on_result=write, **kw)
     wrong = ml.render(rep, Console(width=200))
     if output_dir:
         Console().print(f"wrote {ml.write(rep, output_dir)}")

@@ -87,7 +87,8 @@ def load_liger() -> tuple[Provider | None, dict]:
 def suite_cases(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SUITE_TOKENS,
                 routings: Sequence[str] = ROUTINGS, modes: Sequence[str] = MODES, parts: Sequence[str] = ("fwd",),
                 min_bwd_tokens: int = 0) -> list[dict]:
-    """The cases in run order (part, mode, model, T, routing); fwd+bwd only at T >= ``min_bwd_tokens``."""
+    """The cases in run order (part, model, T, routing, mode: a run cut short by its time limit keeps eager and
+    graph of the same case together); fwd+bwd only at T >= ``min_bwd_tokens``."""
     for name, values, known in (("routing", routings, ROUTINGS), ("mode", modes, MODES), ("part", parts, PARTS)):
         bad = [v for v in values if v not in known]
         if bad:
@@ -96,7 +97,7 @@ def suite_cases(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SU
     if bad:
         raise ValueError(f"tokens {bad[0]!r}: T must be a positive integer")
     return [{"model": m, "tokens": t, "routing": r, "mode": mode, "part": part}
-            for part in parts for mode in modes for m in models for t in tokens for r in routings
+            for part in parts for m in models for t in tokens for r in routings for mode in modes
             if part == "fwd" or t >= min_bwd_tokens]
 
 
