@@ -187,20 +187,25 @@ def test_cli_baseline_liger_skips_and_refuses_bad_input(monkeypatch, tmp_path):
         assert res.exit_code == 2, (bad, res.output)
 
 
-def test_real_liger_provider_matches_the_reference(monkeypatch):
-    """Liger's argument order, id dtype and output, through ml.load_liger; on the CPU its kernels run in the
-    interpreter (fp16: the interpreter has no bf16) with each autotuner cut to one config (no benchmarking)."""
+@pytest.fixture
+def pinned_liger(monkeypatch):
+    """The real Liger with each of its autotuners cut to its first config: no benchmarking (the CPU interpreter
+    has no benchmarker) and a few compilations instead of hundreds (a plumbing test, not a measurement)."""
     pytest.importorskip("liger_kernel.ops.fused_moe")
     from liger_kernel.ops import fused_moe_kernels
     from triton.runtime.autotuner import Autotuner
 
+    for obj in vars(fused_moe_kernels).values():
+        if isinstance(obj, Autotuner):
+            monkeypatch.setattr(obj, "configs", obj.configs[:1])
+
+
+def test_real_liger_provider_matches_the_reference(pinned_liger):
+    """Liger's argument order, id dtype and output, through ml.load_liger; on the CPU its kernels run in the
+    interpreter (fp16: the interpreter has no bf16)."""
     from gemmlab.bench.moe import problem
     from gemmlab.ref import moe_check
 
-    if not torch.cuda.is_available():
-        for obj in vars(fused_moe_kernels).values():
-            if isinstance(obj, Autotuner):
-                monkeypatch.setattr(obj, "configs", obj.configs[:1])
     liger, info = ml.load_liger()
     assert info["available"] and info["version"]
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float16
@@ -211,8 +216,7 @@ def test_real_liger_provider_matches_the_reference(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_real_liger_on_the_gpu_eager_and_graph_with_bars(tmp_path):
-    pytest.importorskip("liger_kernel.ops.fused_moe")
+def test_real_liger_on_the_gpu_eager_and_graph_with_bars(pinned_liger):
     small = MoEModel(hidden=256, intermediate=128, experts=8, top_k=2)
     rep = ml.bench_suite(["custom"], [16, 4096], ["uniform", "zipf"], modes=ml.MODES, parts=ml.PARTS, custom=small,
                          rounds=2, reps=2, warmup_s=0.05, liger_tune_tokens=256)

@@ -357,8 +357,11 @@ def bench_suite(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SU
         try:
             if liger is not None and (c["model"], c["part"]) not in tuned:
                 tuned.add((c["model"], c["part"]))
-                report["liger_tuning"].append({"model": c["model"],
-                                               **tune_liger(liger, model, c["part"], dtype, liger_tune_tokens)})
+                try:
+                    tune = tune_liger(liger, model, c["part"], dtype, liger_tune_tokens)
+                except Exception as e:  # its cases then report Liger's failure, each verified as usual
+                    tune = {"tokens": liger_tune_tokens, "part": c["part"], "error": f"{type(e).__name__}: {e}"}
+                report["liger_tuning"].append({"model": c["model"], **tune})
             r = bench_case(c["model"], model, c["tokens"], c["routing"], c["mode"], c["part"], dtype, providers,
                            hbm_gbps=(hbm or {}).get("gbps"), dense=dense, **kw)
         except torch.OutOfMemoryError as e:  # one case too large for the device: say so, go on
@@ -366,10 +369,12 @@ def bench_suite(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SU
         report["results"].append(r)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        report["summary"] = summarize(rows(report))
+        report["rows"] = rows(report)
+        report["summary"] = summarize(report["rows"])
         if on_result:
             on_result(report)
-    report["summary"] = summarize(rows(report))
+    report["rows"] = rows(report)
+    report["summary"] = summarize(report["rows"])
     report["elapsed_s"] = time.monotonic() - t0
     return report
 
