@@ -246,7 +246,12 @@ def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode
         flops *= 3
     else:
         raise ValueError(f"part {part!r}: one of {', '.join(PARTS)}")
-    memory = {name: peak_memory(fn) for name, fn in calls.items()}
+    memory = {}
+    for name, fn in calls.items():
+        try:
+            memory[name] = peak_memory(fn)
+        except Exception as e:  # compare_many reports the provider's failure; no memory figure for it
+            memory[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     check_dense = None
     if dense and part == "fwd" and tokens >= DENSE_MIN_TOKENS:
         calls[DENSE], check_dense = dense_call(model, tokens, dtype, w1, w2, seed)
@@ -398,7 +403,7 @@ def rows(report: dict) -> list[dict]:
             mem = (r.get("memory") or {}).get(name) or {}
             row.update({f"{s}_ms": c.get("median_ms"), f"{s}_tflops": c.get("tflops"), f"{s}_ok": ok,
                         f"{s}_mode": (r.get("provider_modes") or {}).get(name),
-                        f"{s}_peak_gib": mem["peak_bytes"] / 2**30 if mem else None})
+                        f"{s}_peak_gib": mem["peak_bytes"] / 2**30 if mem.get("peak_bytes") else None})
         vs = (cands.get(GEMMLAB, {}).get("vs_baseline") or {}) if r.get("baseline") == LIGER else {}
         hbm, dense = r["bars"].get("hbm") or {}, r["bars"].get("dense") or {}
         row.update({"ok": not errors, "error": "; ".join(errors) or None, "ratio_vs_liger": vs.get("ratio"),
