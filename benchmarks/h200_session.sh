@@ -56,7 +56,7 @@ for s in "$@"; do
       --out "$RES/nvidia-h200-moe-liger" ;;
     liger) step liger_fwd 250 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --mode graph \
         --part fwd --rounds 5 --reps 5 --warmup-s 0.2 --time-limit-s 225 --output-dir "$RES/nvidia-h200-moe-liger"
-      step liger_bwd 170 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --part fwd+bwd --no-composite \
+      step liger_bwd 170 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --part fwd+bwd \
         --tokens 1024 --tokens 4096 --tokens 16384 --rounds 4 --reps 3 --warmup-s 0.2 --time-limit-s 140 \
         --output-dir "$RES/nvidia-h200-moe-liger" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;

@@ -383,7 +383,7 @@ def bench_moe_cmd(
     mode: Annotated[list[str] | None, typer.Option(help="--baseline liger: eager or graph (repeatable)")] = None,
     time_limit_s: Annotated[float | None, typer.Option(callback=_seconds, help="--baseline liger: start no case "
                                                        "after this many seconds")] = None,
-    composite: Annotated[bool, typer.Option(help="--baseline liger: time the torch composite too")] = True,
+    composite: Annotated[bool, typer.Option(help="--baseline liger: time the torch composite too (fwd)")] = True,
     min_bwd_tokens: Annotated[int, typer.Option(help="--baseline liger: fwd+bwd only at T >= this")] = 0,
     liger_tune_tokens: Annotated[int, typer.Option(callback=_count, help="--baseline liger: T of Liger's "
                                                    "autotuning call per model (outside timing)")] = 4096,

@@ -8,7 +8,7 @@ topk_ids (T, k) int32) -> y (T, H):
     gemmlab          gemmlab.moe_forward (fwd+bwd: autograd through the custom op)
     liger            liger_kernel.ops.fused_moe.LigerFusedMoEFunction.apply(x, w1, w2, topk_ids, topk_weights)
                      (optional: when liger-kernel is not importable the baseline is skipped, with a message)
-    torch composite  bench.moe.composite_forward on torch._grouped_mm (optional)
+    torch composite  bench.moe.composite_forward on torch._grouped_mm (optional; forward only)
 Cases: model x T x routing (uniform, zipf) x mode x part. mode "eager", or "graph": each provider captured once
 in a CUDA graph after its warm-up and autotuning, replays timed; a provider that cannot be captured (Liger reads
 its tile count on the host with .item()) is timed eager and its row says so. part "fwd", or "fwd+bwd": the forward,
@@ -213,7 +213,8 @@ def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode
                dtype: torch.dtype, providers: dict[str, Provider], *, hbm_gbps: float | None = None,
                dense: bool = True, rounds: int = 6, reps: int = 5, warmup_s: float = 0.3, seed: int = 0) -> dict:
     """One case: verify every provider, measure its peak memory, capture (graph mode), time interleaved,
-    then the bars. The baseline is Liger when present, else the composite, else gemmlab itself."""
+    then the bars. The baseline is Liger when present, else the composite, else gemmlab itself (fwd+bwd: the
+    composite is not run)."""
     from gemmlab.ref import moe_check, moe_grad_check, moe_ref
 
     p = problem(model, tokens, routing, dtype, seed)
@@ -242,7 +243,8 @@ def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode
             gc = moe_grad_check(out[1:], dy, x, w1, w2, wts, ids)
             return dict(gc, y_max_abs_err=c["max_abs_err"], y_allowed=allowed)
 
-        calls = {name: functools.partial(fwd_bwd, f) for name, f in providers.items()}
+        # the composite is a forward baseline (its backward is autograd through torch ops, not a peer's kernel)
+        calls = {name: functools.partial(fwd_bwd, f) for name, f in providers.items() if name != COMPOSITE}
         flops *= 3
     else:
         raise ValueError(f"part {part!r}: one of {', '.join(PARTS)}")
