@@ -209,19 +209,34 @@ def _forward_check(ref: torch.Tensor, allowed: float, dtype: torch.dtype) -> Cal
     return check
 
 
-def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode: str, part: str,
-               dtype: torch.dtype, providers: dict[str, Provider], *, hbm_gbps: float | None = None,
-               dense: bool = True, rounds: int = 6, reps: int = 5, warmup_s: float = 0.3, seed: int = 0) -> dict:
-    """One case: verify every provider, measure its peak memory, capture (graph mode), time interleaved,
-    then the bars. The baseline is Liger when present, else the composite, else gemmlab itself (fwd+bwd: the
-    composite is not run)."""
-    from gemmlab.ref import moe_check, moe_grad_check, moe_ref
+def prepare(model: MoEModel, tokens: int, routing: str, dtype: torch.dtype, seed: int = 0) -> dict:
+    """A case's inputs (``bench.moe.problem``; int32 ids), its float32 reference y and the derived tolerance
+    (``ref.moe_check``'s); eager and graph of one case share them."""
+    from gemmlab.ref import moe_check, moe_ref
 
     p = problem(model, tokens, routing, dtype, seed)
-    x, w1, w2, wts, ids = p["x"], p["w1"], p["w2"], p["weights"], p["ids"].to(torch.int32)
+    p["ids"] = p["ids"].to(torch.int32)
+    p["ref"] = moe_ref(p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
+    p["allowed"] = moe_check(p["ref"].to(dtype), p["x"], p["w1"], p["w2"], p["weights"], p["ids"],
+                             p["ref"])["allowed"]
+    p["key"] = (model, tokens, routing, dtype, seed)
+    return p
+
+
+def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode: str, part: str,
+               dtype: torch.dtype, providers: dict[str, Provider], *, hbm_gbps: float | None = None,
+               dense: bool = True, rounds: int = 6, reps: int = 5, warmup_s: float = 0.3, seed: int = 0,
+               prepared: dict | None = None) -> dict:
+    """One case: verify every provider, measure its peak memory, capture (graph mode), time interleaved,
+    then the bars. The baseline is Liger when present, else the composite, else gemmlab itself (fwd+bwd: the
+    composite is not run). ``prepared``: this case's ``prepare(...)``, made once for its eager and graph runs."""
+    from gemmlab.ref import moe_grad_check
+
+    p = prepared if prepared is not None else prepare(model, tokens, routing, dtype, seed)
+    if p["key"] != (model, tokens, routing, dtype, seed):
+        raise ValueError(f"prepared inputs are for {p['key']}, not this case")
+    x, w1, w2, wts, ids, ref, allowed = (p[key] for key in ("x", "w1", "w2", "weights", "ids", "ref", "allowed"))
     dname = str(dtype).removeprefix("torch.")
-    ref = moe_ref(x, w1, w2, wts, ids)
-    allowed = moe_check(ref.to(dtype), x, w1, w2, wts, ids, ref)["allowed"]  # the derived tolerance
     check_y = _forward_check(ref, allowed, dtype)
     flops = forward_flops(model, tokens)
     if part == "fwd":
@@ -355,6 +370,8 @@ def bench_suite(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SU
               "liger": liger_info, "hbm_copy": hbm, "liger_tuning": [], "results": [], "not_run": []}
     t0 = time.monotonic()
     tuned: set[tuple[str, str]] = set()
+    prepared: dict | None = None
+    seed = kw.pop("seed", 0)
     for c in cases:
         if time_limit_s is not None and time.monotonic() - t0 > time_limit_s:
             report["not_run"].append(_label(c))
@@ -369,9 +386,14 @@ def bench_suite(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SU
                 except Exception as e:  # its cases then report Liger's failure, each verified as usual
                     tune = {"tokens": liger_tune_tokens, "part": c["part"], "error": f"{type(e).__name__}: {e}"}
                 report["liger_tuning"].append({"model": c["model"], **tune})
+            key = (model, c["tokens"], c["routing"], dtype, seed)
+            if prepared is None or prepared["key"] != key:
+                prepared = None  # the last case's tensors go before this one's are made
+                prepared = prepare(*key)
             r = bench_case(c["model"], model, c["tokens"], c["routing"], c["mode"], c["part"], dtype, providers,
-                           hbm_gbps=(hbm or {}).get("gbps"), dense=dense, **kw)
+                           hbm_gbps=(hbm or {}).get("gbps"), dense=dense, seed=seed, prepared=prepared, **kw)
         except torch.OutOfMemoryError as e:  # one case too large for the device: say so, go on
+            prepared = None
             r = {**c, "error": f"out of memory: {str(e)[:200]}"}
         report["results"].append(r)
         if torch.cuda.is_available():
