@@ -82,6 +82,8 @@ def test_grad_check_passes_torch_and_fires_on_a_wrong_gradient():
     bad[2][3] += 0.5  # an expert with no rows must get a zero gradient
     assert "dw2" in moe_grad_check(tuple(bad), dy, x, w1, w2, wts, ids)["error"]
     assert "shape" in moe_grad_check((grads[0], grads[1][:2], grads[2], grads[3]), dy, x, w1, w2, wts, ids)["error"]
+    c = moe_grad_check(grads, dy, x, w1, w2, wts, ids)
+    assert c["worst"] <= 1 and set(c["grads"]) == {"dx", "dw1", "dw2", "dweights"}
 
 
 def _hide_liger(monkeypatch):
@@ -115,7 +117,9 @@ def test_fake_liger_end_to_end_fwd_and_fwd_bwd(monkeypatch, tmp_path):
     rows = ml.rows(rep)
     assert [r["part"] for r in rows] == ["fwd", "fwd+bwd"] and all(r["ok"] for r in rows)
     assert all(r["ratio_vs_liger"] > 0 and r["liger_ms"] > 0 and r["mode"] == "eager" for r in rows)
-    assert rep["results"][1]["candidates"]["gemmlab"]["check"]["grads"]["dw1"]["max_abs_err"] >= 0
+    bwd = rep["results"][1]["candidates"]
+    assert bwd["gemmlab"]["check"]["strict"] and bwd["liger"]["check"]["strict"]  # within 1x the tolerance
+    assert bwd["gemmlab"]["check"]["grads"]["dw1"]["max_abs_err"] > 0
     assert [t["part"] for t in rep["liger_tuning"]] == ["fwd", "fwd+bwd"]
     assert {s["part"] for s in rep["summary"]} == {"fwd", "fwd+bwd"}
     assert written and json.loads((tmp_path / "moe-liger_fwd-fwd-bwd_eager.json").read_text())["results"]
@@ -123,13 +127,19 @@ def test_fake_liger_end_to_end_fwd_and_fwd_bwd(monkeypatch, tmp_path):
 
 def test_a_wrong_peer_is_flagged_not_timed(monkeypatch):
     def wrong(x, w1, w2, topk_weights, topk_ids):
+        if topk_weights.requires_grad:  # fwd+bwd: y right, d(topk_weights) three times too large
+            topk_weights = topk_weights * 1.0
+            topk_weights.register_hook(lambda g: g * 3)
+            return moe_same_dtype(x, w1, w2, topk_weights, topk_ids)
         return moe_same_dtype(x, w1, w2, topk_weights, topk_ids) * 1.1
 
     monkeypatch.setattr(ml, "load_liger", lambda: (wrong, {"available": True, "version": "wrong"}))
-    rep = ml.bench_suite(["custom"], [3], ["uniform"], custom=TINY, dtype=torch.float16, composite=False, **FAST)
-    (row,) = ml.rows(rep)
-    assert not row["ok"] and "liger" in row["error"] and row["liger_ms"] is None
-    assert rep["summary"][0]["wrong"] == 1
+    rep = ml.bench_suite(["custom"], [3], ["uniform"], parts=ml.PARTS, custom=TINY, dtype=torch.float16,
+                         composite=False, **FAST)
+    fwd, bwd = ml.rows(rep)
+    for row in (fwd, bwd):
+        assert not row["ok"] and "liger" in row["error"] and row["liger_ms"] is None and row["gemmlab_ok"]
+    assert "dweights" in bwd["error"] and [s["wrong"] for s in rep["summary"]] == [1, 1]
 
 
 def _case(model, t, mode, part, ratio, ok=True, frac=None, hbm=None):
@@ -152,7 +162,11 @@ def test_rows_and_summary_of_a_synthetic_report():
                        _case("b", 4096, "eager", "fwd", 0.5, ok=False), _case("a", 16, "graph", "fwd", 1.25),
                        {"model": "c", "tokens": 1, "routing": "zipf", "mode": "eager", "part": "fwd",
                         "error": "out of memory"}]}
+    rep["results"][3]["candidates"][ml.LIGER]["check"] = {  # timed (within GRAD_SLACK), but outside 1x
+        "ok": True, "strict": False, "grads": {"dx": {"worst": 0.5}, "dweights": {"worst": 2.5}}}
     rows = ml.rows(rep)
+    assert rows[3]["liger_grads_outside_tolerance"] == {"dweights": 2.5} and rows[3]["ok"]
+    assert "liger_grads_outside_tolerance" not in rows[0]
     assert rows[0]["ratio_vs_liger"] == 2.0 and rows[0]["ratio_to_hbm_bound"] == 1.5
     assert rows[0]["gemmlab_peak_gib"] == 1.0 and rows[0]["liger_peak_gib"] is None
     assert rows[0]["liger_mode"].startswith("eager:") and rows[1]["frac_of_dense"] == 0.8
@@ -164,6 +178,8 @@ def test_rows_and_summary_of_a_synthetic_report():
     assert eager["below_1"] == ["a T=4096 uniform eager fwd: 0.500"]
     assert eager["min_frac_of_dense"] == 0.8 and eager["max_ratio_to_hbm_bound"] == 1.5
     assert graph["geomean_ratio_vs_liger"] == 1.25 and graph["below_1"] == []
+    assert graph["grads_outside_tolerance"] == ["a T=16 uniform graph fwd: liger {'dweights': 2.5}"]
+    assert eager["grads_outside_tolerance"] == []
     assert ml.report_name(["fwd", "fwd+bwd"], ["eager", "graph"]) == "moe-liger_fwd-fwd-bwd_eager-graph.json"
 
 

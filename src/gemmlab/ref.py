@@ -177,6 +177,10 @@ def moe_grad_check(grads: tuple[torch.Tensor, ...], dy: torch.Tensor, x: torch.T
     note("dweights", grads[3], ref_w, same_w.to(x.dtype))
     ulp = 2.0 ** -mantissa_bits(x.dtype)
     out = {n: {"max_abs_err": a[0], "torch_err": a[1], "allowed": 2 * a[1] + ulp * a[2]} for n, a in acc.items()}
+    for c in out.values():  # error / allowed: <= 1 passes (NaN, Inf: inf)
+        err, allowed = c["max_abs_err"], c["allowed"]
+        c["worst"] = err / allowed if allowed > 0 else (0.0 if err == 0 else math.inf)
     bad = [n for n, c in out.items() if not c["max_abs_err"] <= c["allowed"]]
-    return {"ok": not bad, "max_abs_err": max(c["max_abs_err"] for c in out.values()), "grads": out,
+    return {"ok": not bad, "max_abs_err": max(c["max_abs_err"] for c in out.values()),
+            "worst": max(c["worst"] for c in out.values()), "grads": out,
             **({"error": f"gradients off the float32 autograd reference: {', '.join(bad)}"} if bad else {})}

@@ -15,8 +15,10 @@ its tile count on the host with .item()) is timed eager and its row says so. par
 then torch.autograd.grad of sum(y * dy) with respect to x, w1, w2 and topk_weights.
 Verification: every provider's y (and for fwd+bwd its four gradients) against the float32 references
 (ref.moe_ref; ref.moe_grad_check, autograd of the same loop) before and after timing; then interleaved
-rounds with the L2 flushed (compare_many). Peak memory per provider: torch.cuda.max_memory_allocated
-around one more call, outside timing.
+rounds with the L2 flushed (compare_many). y must be within its derived tolerance; gradients within
+GRAD_SLACK times theirs to be timed (a peer that accumulates d(topk_weights) in bf16 atomics is less exact
+than torch, not wrong), and a row lists every gradient outside 1x (``*_grads_outside_tolerance``).
+Peak memory per provider: torch.cuda.max_memory_allocated around one more call, outside timing.
 Liger autotunes on its first call per (H, I, dtypes), whatever T that call has: it is called once per model
 and part at ``liger_tune_tokens`` rows before any case of that model, outside timing.
 Bars, measured in the same process (forward only):
@@ -49,6 +51,7 @@ ROUTINGS = ("uniform", "zipf")
 MODES = ("eager", "graph")
 PARTS = ("fwd", "fwd+bwd")
 DENSE_MIN_TOKENS, HBM_MAX_TOKENS = 4096, 64
+GRAD_SLACK = 4.0  # fwd+bwd: a provider is timed with gradients within 4x the derived tolerance; "strict" says 1x
 GEMMLAB, LIGER, COMPOSITE, DENSE = "gemmlab", "liger", "torch composite (_grouped_mm)", "dense torch.mm x2"
 SHORT = {GEMMLAB: "gemmlab", LIGER: "liger", COMPOSITE: "composite", DENSE: "dense"}
 Provider = Callable[..., torch.Tensor]
@@ -256,7 +259,10 @@ def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode
             if not c["ok"]:
                 return dict(c, error=c.get("error") or "y off the float32 reference")
             gc = moe_grad_check(out[1:], dy, x, w1, w2, wts, ids)
-            return dict(gc, y_max_abs_err=c["max_abs_err"], y_allowed=allowed)
+            # timed when every gradient is within GRAD_SLACK x its derived tolerance (a real bug, a missed block
+            # or expert, is off by O(|ref|)); "strict" says whether it is within the tolerance itself
+            timed = gc.get("worst", math.inf) <= GRAD_SLACK
+            return dict(gc, ok=timed, strict=gc["ok"], y_max_abs_err=c["max_abs_err"], y_allowed=allowed)
 
         # the composite is a forward baseline (its backward is autograd through torch ops, not a peer's kernel)
         calls = {name: functools.partial(fwd_bwd, f) for name, f in providers.items() if name != COMPOSITE}
@@ -425,6 +431,9 @@ def rows(report: dict) -> list[dict]:
             if not ok:
                 errors.append(f"{s}: {c['check'].get('error') or c.get('check_after_error') or 'wrong'}")
             mem = (r.get("memory") or {}).get(name) or {}
+            if c["check"].get("strict") is False:
+                worst = {n: round(g["worst"], 2) for n, g in c["check"]["grads"].items() if g["worst"] > 1}
+                row[f"{s}_grads_outside_tolerance"] = worst  # timed (within GRAD_SLACK), not within 1x
             row.update({f"{s}_ms": c.get("median_ms"), f"{s}_tflops": c.get("tflops"), f"{s}_ok": ok,
                         f"{s}_mode": (r.get("provider_modes") or {}).get(name),
                         f"{s}_peak_gib": mem["peak_bytes"] / 2**30 if mem.get("peak_bytes") else None})
@@ -453,8 +462,11 @@ def summarize(table: list[dict]) -> list[dict]:
         dense = [r["frac_of_dense"] for r in group if r.get("ok") and r.get("frac_of_dense")]
         hbm = [r["ratio_to_hbm_bound"] for r in group if r.get("ok") and r.get("ratio_to_hbm_bound")]
         worst = min(rated, key=lambda r: r["ratio_vs_liger"], default=None)
+        loose = [f"{_label(r)}: {k.removesuffix('_grads_outside_tolerance')} {v}" for r in group
+                 for k, v in r.items() if k.endswith("_grads_outside_tolerance")]
         out.append({"part": key[0], "mode": key[1], "cases": len(group),
-                    "wrong": sum(not r.get("ok") for r in group), "vs_liger_cases": len(rated),
+                    "wrong": sum(not r.get("ok") for r in group), "grads_outside_tolerance": loose,
+                    "vs_liger_cases": len(rated),
                     "geomean_ratio_vs_liger": _geomean([r["ratio_vs_liger"] for r in rated]),
                     "min_ratio_vs_liger": worst["ratio_vs_liger"] if worst else None,
                     "min_case": _label(worst) if worst else None,
