@@ -81,6 +81,12 @@ def main() -> int:
     if liger is None or not torch.cuda.is_available():
         print(f"liger_warm: nothing to do: {info.get('reason') or 'no CUDA device'}", file=sys.stderr)
         return 2
+    def save() -> None:  # after every phase: a step killed by its time limit keeps what was done
+        if args.out:
+            path = Path(args.out) / "liger-warm.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(report, indent=1, default=str))
+
     t0 = time.monotonic()
     report = {"env": timing.env_info(), "liger": info, "args": vars(args),
               "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
@@ -100,6 +106,7 @@ def main() -> int:
                 break
     report["compile_s"] = time.monotonic() - t0
     print(f"compiled {len(report['compile'])} of {len(jobs)} jobs in {report['compile_s']:.0f}s", flush=True)
+    save()
     for m in models:
         for part in parts:
             if time.monotonic() - t0 > args.time_limit_s:
@@ -109,13 +116,12 @@ def main() -> int:
             report["tune"].append({"model": m, **r})
             print(f"tuned {m} {part} at T={args.tune_tokens}: {r['seconds']:.1f}s", flush=True)
             torch.cuda.empty_cache()
-    report["chosen"] = {k: {str(key): str(cfg) for key, cfg in t.cache.items()} for k, t in autotuners().items()}
+            report["chosen"] = {k: {str(key): str(cfg) for key, cfg in t.cache.items()}
+                                for k, t in autotuners().items()}
+            save()
     report["elapsed_s"] = time.monotonic() - t0
-    if args.out:
-        path = Path(args.out) / "liger-warm.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=1, default=str))
-        print(f"wrote {path}")
+    save()
+    print(f"done in {report['elapsed_s']:.0f}s" + (f"; wrote {args.out}/liger-warm.json" if args.out else ""))
     return 0
 
 
