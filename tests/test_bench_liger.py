@@ -181,6 +181,14 @@ def test_rows_and_summary_of_a_synthetic_report():
     assert graph["grads_outside_tolerance"] == ["a T=16 uniform graph fwd: liger {'dweights': 2.5}"]
     assert eager["grads_outside_tolerance"] == []
     assert ml.report_name(["fwd", "fwd+bwd"], ["eager", "graph"]) == "moe-liger_fwd-fwd-bwd_eager-graph.json"
+    from rich.console import Console
+
+    rep.update(args={"dtype": "bfloat16"}, env={"gpu": "test"}, liger={"available": True}, not_run=["x"],
+               summary=[eager, graph])
+    console = Console(record=True, width=250)
+    assert ml.render(rep, console) == 2  # the wrong case and the out-of-memory one
+    text = console.export_text()
+    assert "2.000" in text and "(eager)" in text and "1 cases not run" in text and "WRONG" in text
 
 
 def test_cli_baseline_liger_skips_and_refuses_bad_input(monkeypatch, tmp_path):
