@@ -206,6 +206,7 @@ def test_cli_baseline_liger_skips_and_refuses_bad_input(monkeypatch, tmp_path):
     rep = json.loads((tmp_path / "moe-liger_fwd_eager.json").read_text())
     assert rep["results"][0]["candidates"]["gemmlab"]["check"]["ok"] and not rep["liger"]["available"]
     for bad in (["--baseline", "cudnn"], ["--baseline", "liger", "--part", "grouped"],
+                ["--baseline", "liger", "--record", "x", "--ledger", str(tmp_path / "l.db")],
                 ["--baseline", "liger", "--mode", "graph"] if not torch.cuda.is_available() else ["--routing", "x"]):
         res = CliRunner().invoke(app, ["bench", "moe", "--custom", "32,16,4,2", "--tokens", "2", *bad])
         assert res.exit_code == 2, (bad, res.output)

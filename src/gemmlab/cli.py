@@ -405,6 +405,8 @@ def bench_moe_cmd(
             h, i, e, k = (int(v) for v in custom.split(","))
             own = MoEModel(hidden=h, intermediate=i, experts=e, top_k=k)
         if baseline == "liger":
+            if record_note is not None:
+                raise ValueError("--record: not with --baseline liger (its rows are not ledger entries yet)")
             _bench_moe_liger(model, tokens, routing, part, mode or ["graph" if graph else "eager"], _dtype(dtype), own,
                              output_dir, composite=composite, min_bwd_tokens=min_bwd_tokens,
                              liger_tune_tokens=liger_tune_tokens,
