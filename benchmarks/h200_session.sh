@@ -6,7 +6,8 @@
 # tune_moe (tune --op moe smoke), liger_quick (bench moe --baseline liger, a handful of cases, Liger pinned to one
 # config: a plumbing check), liger_warm (compile Liger's kernels for the suite in parallel and autotune them, into
 # .triton-cache), liger (the suite against Liger: fwd eager + graph, then fwd+bwd at T >= 1024; run liger_warm
-# first, in this call or an earlier one on the same machine).
+# first, in this call or an earlier one on the same machine). Narrow them with LIGER_ARGS (e.g. "--model qwen3-30b-a3b
+# --model olmoe-1b-7b", appended to both liger benches) and LIGER_WARM_ARGS (e.g. "--models qwen3-30b-a3b,olmoe-1b-7b").
 # Liger needs its wheel: start the call with
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 # (carry .whl); /tmp/site joins PYTHONPATH here when it exists.
@@ -53,12 +54,13 @@ for s in "$@"; do
       --mode eager --mode graph --part fwd --part fwd+bwd --rounds 4 --reps 5 --warmup-s 0.2 --time-limit-s 110 \
       --output-dir "$RES/nvidia-h200-moe-liger-quick" ;;
     liger_warm) step liger_warm 420 env $LIGER_ENV python3 benchmarks/liger_warm.py --workers 16 --time-limit-s 400 \
-      --out "$RES/nvidia-h200-moe-liger" ;;
+      --out "$RES/nvidia-h200-moe-liger" ${LIGER_WARM_ARGS:-} ;;
     liger) step liger_fwd 250 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --mode graph \
-        --part fwd --rounds 5 --reps 5 --warmup-s 0.2 --time-limit-s 225 --output-dir "$RES/nvidia-h200-moe-liger"
+        --part fwd --rounds 5 --reps 5 --warmup-s 0.2 --time-limit-s 225 --output-dir "$RES/nvidia-h200-moe-liger" \
+        ${LIGER_ARGS:-}
       step liger_bwd 170 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --part fwd+bwd \
         --tokens 1024 --tokens 4096 --tokens 16384 --rounds 4 --reps 3 --warmup-s 0.2 --time-limit-s 140 \
-        --output-dir "$RES/nvidia-h200-moe-liger" ;;
+        --output-dir "$RES/nvidia-h200-moe-liger" ${LIGER_ARGS:-} ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done
