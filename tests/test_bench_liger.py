@@ -142,6 +142,21 @@ def test_a_wrong_peer_is_flagged_not_timed(monkeypatch):
     assert "dweights" in bwd["error"] and [s["wrong"] for s in rep["summary"]] == [1, 1]
 
 
+def test_both_bars_in_one_case(monkeypatch):
+    monkeypatch.setattr(ml, "DENSE_MIN_TOKENS", 2)  # the dense bar at a size the interpreter runs
+    providers = {ml.GEMMLAB: ml.gemmlab_forward, ml.LIGER: _fake_liger}
+    r = ml.bench_case("custom", TINY, 3, "uniform", "eager", "fwd", torch.float16, providers, hbm_gbps=100.0,
+                      rounds=1, reps=1, warmup_s=0.0)
+    dense, hbm, cands = r["bars"]["dense"], r["bars"]["hbm"], r["candidates"]
+    assert cands[ml.DENSE]["check"]["ok"] and dense["dense_ms"] == cands[ml.DENSE]["median_ms"]
+    assert dense["frac_of_dense"] == pytest.approx(cands[ml.GEMMLAB]["tflops"] / cands[ml.DENSE]["tflops"])
+    assert hbm["hbm_bound_ms"] == pytest.approx(hbm["bytes"] / 100e9 * 1e3) and hbm["hbm_gbps"] == 100.0
+    assert hbm["gemmlab_ratio_to_hbm_bound"] == pytest.approx(cands[ml.GEMMLAB]["median_ms"] / hbm["hbm_bound_ms"])
+    (row,) = ml.rows({"results": [r]})
+    assert row["ok"] and row["frac_of_dense"] == dense["frac_of_dense"] and row["dense_ms"] > 0
+    assert row["ratio_to_hbm_bound"] == hbm["gemmlab_ratio_to_hbm_bound"] and row["liger_ratio_to_hbm_bound"] > 0
+
+
 def _case(model, t, mode, part, ratio, ok=True, frac=None, hbm=None):
     cand = {"check": {"ok": ok}, "check_after": True, "median_ms": 1.0, "tflops": 10.0,
             "vs_baseline": {"ratio": ratio, "ci95": [ratio * 0.9, ratio * 1.1]}}
