@@ -142,6 +142,30 @@ def test_a_wrong_peer_is_flagged_not_timed(monkeypatch):
     assert "dweights" in bwd["error"] and [s["wrong"] for s in rep["summary"]] == [1, 1]
 
 
+def test_a_provider_that_cannot_be_captured_stays_eager(monkeypatch):
+    class Graph:
+        replays = 0
+
+        def replay(self):
+            Graph.replays += 1
+
+    def capture(fn):
+        out = fn()
+        if out == "liger":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return Graph(), out
+
+    streams = []
+    monkeypatch.setattr(ml.timing, "capture", capture)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: "default stream")
+    monkeypatch.setattr(torch.cuda, "set_stream", streams.append)
+    monkeypatch.setattr(ml, "_device_alive", lambda: None)
+    calls, modes = ml.capture_all({"gemmlab": lambda: "gemmlab", "liger": lambda: "liger"})
+    assert modes["gemmlab"] == "graph" and calls["gemmlab"]() == "gemmlab" and Graph.replays == 1
+    assert modes["liger"].startswith("eager: CUDA-graph capture failed (RuntimeError: operation not permitted")
+    assert calls["liger"]() == "liger" and streams == ["default stream"]  # the stream before it, restored
+
+
 def test_both_bars_in_one_case(monkeypatch):
     monkeypatch.setattr(ml, "DENSE_MIN_TOKENS", 2)  # the dense bar at a size the interpreter runs
     providers = {ml.GEMMLAB: ml.gemmlab_forward, ml.LIGER: _fake_liger}
