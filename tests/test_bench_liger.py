@@ -216,7 +216,8 @@ def test_rows_and_summary_of_a_synthetic_report():
     assert eager["min_ratio_vs_liger"] == 0.5 and eager["min_case"] == "a T=4096 uniform eager fwd"
     assert eager["below_1"] == ["a T=4096 uniform eager fwd: 0.500"]
     assert eager["min_frac_of_dense"] == 0.8 and eager["max_ratio_to_hbm_bound"] == 1.5
-    assert graph["geomean_ratio_vs_liger"] == 1.25 and graph["below_1"] == []
+    assert graph["geomean_ratio_vs_liger"] == 1.25 and graph["below_1"] == [] and graph["liger_eager_in_graph"] == 1
+    assert eager["liger_eager_in_graph"] == 0
     assert graph["grads_outside_tolerance"] == ["a T=16 uniform graph fwd: liger {'dweights': 2.5}"]
     assert eager["grads_outside_tolerance"] == []
     assert ml.report_name(["fwd", "fwd+bwd"], ["eager", "graph"]) == "moe-liger_fwd-fwd-bwd_eager-graph.json"

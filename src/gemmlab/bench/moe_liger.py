@@ -467,6 +467,9 @@ def summarize(table: list[dict]) -> list[dict]:
         out.append({"part": key[0], "mode": key[1], "cases": len(group),
                     "wrong": sum(not r.get("ok") for r in group), "grads_outside_tolerance": loose,
                     "vs_liger_cases": len(rated),
+                    # graph mode: cases whose Liger could not be captured and ran eager (the ratio is against that)
+                    "liger_eager_in_graph": sum(key[1] == "graph" and str(r.get("liger_mode")).startswith("eager")
+                                                for r in group),
                     "geomean_ratio_vs_liger": _geomean([r["ratio_vs_liger"] for r in rated]),
                     "min_ratio_vs_liger": worst["ratio_vs_liger"] if worst else None,
                     "min_case": _label(worst) if worst else None,
