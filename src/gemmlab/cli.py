@@ -363,8 +363,8 @@ def bench_gemm(
 
 @bench_app.command("moe")
 def bench_moe_cmd(
-    model: Annotated[list[str] | None, typer.Option(help="deepseek-v3, mixtral-8x7b, qwen3-30b-a3b (repeatable)")]
-    = None,
+    model: Annotated[list[str] | None, typer.Option(help="deepseek-v3, mixtral-8x7b, qwen3-30b-a3b, olmoe-1b-7b, "
+                                                         "gpt-oss-120b-like (repeatable)")] = None,
     tokens: Annotated[list[int] | None, typer.Option(help="T (repeatable) [default: 16 128 1024 4096 16384]")] = None,
     routing: Annotated[list[str] | None, typer.Option(help="uniform or zipf (repeatable)")] = None,
     part: Annotated[list[str] | None, typer.Option(help="grouped (first GEMM) or forward (whole body)")] = None,
