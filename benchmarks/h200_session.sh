@@ -6,6 +6,8 @@
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
 [ -d /tmp/site ] && export PYTHONPATH=src:/tmp/site  # wheels (liger-kernel) installed by the device call
+# Liger's kernels and autotuning results persist between steps and calls (an ignored folder of the tree is kept)
+LIGER_ENV="TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton-cache} TRITON_CACHE_AUTOTUNING=1"
 OUT=${OUT:-/tmp/gemmlab-out}
 RES=/tmp/gemmlab-results
 mkdir -p "$OUT" "$RES"
@@ -63,6 +65,22 @@ for s in "$@"; do
       tests/test_gemm_streamk.py tests/test_gemm_gpu.py ;;
     broad_paths) step broad_paths 240 python3 benchmarks/sweep_broad_paths.py --max-variants 4 \
       --out "$RES/nvidia-h200-broad-paths.jsonl" --rules "$RES/nvidia-h200-broad-rules.json" ;;
+    # liger_*: bench moe --baseline liger; the wheel first (carry .whl): python3 -m pip install -q --no-index --no-deps
+    # --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl. liger_quick: a plumbing check, Liger pinned
+    # to one config; liger_warm: compile + autotune Liger for the suite (run before liger, same machine); liger: fwd
+    # eager + graph, then fwd+bwd at T >= 1024. Narrow with LIGER_ARGS / LIGER_WARM_ARGS.
+    liger_quick) step liger_quick 150 env $LIGER_ENV LIGER_FUSED_MOE_AUTOTUNE=0 python3 -m gemmlab bench moe \
+      --baseline liger --model qwen3-30b-a3b --model mixtral-8x7b --tokens 16 --tokens 4096 --routing uniform \
+      --mode eager --mode graph --part fwd --part fwd+bwd --rounds 4 --reps 5 --warmup-s 0.2 --time-limit-s 110 \
+      --output-dir "$RES/nvidia-h200-moe-liger-quick" ;;
+    liger_warm) step liger_warm 420 env $LIGER_ENV python3 benchmarks/liger_warm.py --workers 16 --time-limit-s 400 \
+      --out "$RES/nvidia-h200-moe-liger" ${LIGER_WARM_ARGS:-} ;;
+    liger) step liger_fwd 250 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --mode graph \
+        --part fwd --rounds 5 --reps 5 --warmup-s 0.2 --time-limit-s 225 --output-dir "$RES/nvidia-h200-moe-liger" \
+        ${LIGER_ARGS:-}
+      step liger_bwd 170 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --part fwd+bwd \
+        --tokens 1024 --tokens 4096 --tokens 16384 --rounds 4 --reps 3 --warmup-s 0.2 --time-limit-s 140 \
+        --output-dir "$RES/nvidia-h200-moe-liger" ${LIGER_ARGS:-} ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done

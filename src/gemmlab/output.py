@@ -110,7 +110,9 @@ def write(report: dict, out_dir: str | Path, stem: str, tables: Sequence[Table],
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.json", out / f"{stem}.csv", out / f"{stem}.md"]
-    paths[0].write_text(dumps(report))
+    tmp = paths[0].with_suffix(".json.tmp")
+    tmp.write_text(dumps(report))
+    tmp.replace(paths[0])  # a process killed mid-write (a step's time limit) keeps the last whole report
     write_csv(report, rows, paths[1])
     paths[2].write_text(markdown(tables, head))
     return paths

@@ -164,22 +164,15 @@ def _moe(f: Found, _all) -> str:
 
 
 def _liger(f: Found, _all) -> str:
-    """``bench moe --baseline liger`` (its flat rows): gemmlab and Liger side by side, Liger time / gemmlab time."""
-    from gemmlab.output import num
+    """``bench moe --baseline liger`` (bench.moe_liger): its tables, and Liger time / gemmlab time per case."""
+    from gemmlab.bench import moe_liger
 
-    rows = [r for r in f.data["rows"] if "ratio_vs_liger" in r]
-    t = Table(f"MoE against Liger's fused MoE, {(f.data.get('args') or {}).get('dtype', '')} on "
-              f"{(f.data.get('env') or {}).get('gpu') or 'CPU'}", ("model", "T", "routing", "mode", "part",
-                                                                   "gemmlab ms", "liger ms", "vs Liger", "ok"))
-    t.rows = [[str(r.get(k)) for k in ("model", "tokens", "routing", "mode", "part")]
-              + [num(r.get("gemmlab_ms"), ".4f"), num(r.get("liger_ms"), ".4f"), num(r.get("ratio_vs_liger"), ".3f"),
-                 "[green]ok" if r.get("ok") else f"[red]WRONG {r.get('error') or ''}"] for r in rows]
-    chart = svg.bars([f"{r.get('part')} {r.get('mode')} T={r.get('tokens')}" for r in rows],
-                     {"gemmlab vs Liger": [r.get("ratio_vs_liger") for r in rows]},
+    rows = [r for r in moe_liger.report_rows(f.data) if "ratio_vs_liger" in r]
+    chart = svg.bars([f"{r.get('model')} {r.get('part')} {r.get('mode')} T={r.get('tokens')} {r.get('routing')}"
+                      for r in rows], {"gemmlab vs Liger": [r.get("ratio_vs_liger") for r in rows]},
                      "Liger time / gemmlab time (> 1: gemmlab faster)", "Liger time / gemmlab time")
-    note = "" if (f.data.get("liger") or {}).get("available", True) else \
-        f'<p class="note warn">{escape(str(f.data["liger"].get("reason")))}</p>'
-    return _meta(f.data.get("env")) + note + figure(chart, f"{f.path} vs liger", "") + table_html(t, f.path)
+    return (_meta(f.data.get("env")) + figure(chart, f"{f.path} vs liger", "")
+            + "".join(table_html(t, f.path) for t in moe_liger.tables(f.data)))
 
 
 def _model(f: Found, _all) -> str:
