@@ -2,6 +2,7 @@
 efficiency, clock flags, refusal of constant inputs, compare's verify-first rules, the NVML-less
 degradation, MoE shape derivation, the GEMM bench and the table end to end (interpreter, host clock)."""
 
+import csv
 import json
 import random
 import statistics
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, rand
+from gemmlab import output
 from gemmlab.bench import stats, timing
 from gemmlab.bench.compare import compare, compare_many
 from gemmlab.problems import MOE_MODELS, moe_gemm_shape, resolve_moe, suite
@@ -257,9 +259,16 @@ def test_bench_gemm_end_to_end(tmp_path):
     data = json.loads(paths[0].read_text())
     assert data["env"]["gemmlab"] and "git_sha" in data["env"]
     assert data["args"]["baseline"] == "cublas" and len(data["results"]) == 2
-    assert paths[1].read_text().splitlines()[0].startswith("shape,m,n,k,dtype,backend,path,ok")
-    if len(paths) == 3:  # matplotlib present
-        assert paths[2].read_bytes()[:4] == b"\x89PNG"
+    assert [p.name for p in paths][2] == "gemm-bench.md" and paths[2].read_text().count("\n| 48x40x64 fp16 row |") == 5
+    long = list(csv.DictReader(paths[1].open()))  # long format: one row per (backend, metric, case)
+    assert tuple(long[0]) == output.LONG_FIELDS and {r["kind"] for r in long} == {"gemm-bench"}
+    times = {(r["provider"], r["x_value"]): r for r in long if r["metric"] == "time"}
+    case = "48x40x64 fp16 row"
+    assert float(times[("gemmlab", case)]["p50"]) == rows[("48x40x64", "gemmlab")]["median_ms"]
+    assert float(times[("gemmlab", case)]["p20"]) <= float(times[("gemmlab", case)]["p80"])
+    assert paths[3].name == "gemm-bench-rows.csv"
+    if len(paths) == 5:  # matplotlib present
+        assert paths[4].read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="backend 'cutlass'"):
         bg.bench_gemm([(8, 8, 8)], torch.float16, ["cutlass"])
 
@@ -286,8 +295,9 @@ def test_table_rows_and_rendering(tmp_path):
     md = paths[2].read_text()
     assert "M = 1*8*2 = 16" in md and md.count("\n|") == 2 + len(bt.ROWS)
     assert "moe grouped, E=3" in md and ("host-clock timing" in md) == (DEVICE == "cpu")
-    csv_lines = paths[1].read_text().splitlines()
-    assert csv_lines[0].split(",") == list(bt.COLUMNS) and len(csv_lines) == 1 + len(bt.ROWS)
+    long = list(csv.DictReader(paths[1].open()))  # long format: each row's time, TFLOPS, ratio, error
+    assert {r["provider"] for r in long if r["metric"] == "time"} == set(bt.ROWS)
+    assert all(r["kind"] == "table" and r["x_value"] == "16x24x32" for r in long)
 
 
 def test_stable_summary_flags():

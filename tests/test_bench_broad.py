@@ -1,6 +1,7 @@
 """The broad suite (issue 14) as data, and `bench gemm` over cases: layouts, unaligned storage, timing modes,
 the inductor baseline (skipped without CUDA), per-row fields and the summary's arithmetic."""
 
+import csv
 import math
 
 import pytest
@@ -101,8 +102,14 @@ def test_bench_cases_end_to_end_on_this_device(tmp_path):
         assert "no CUDA" in rep["skipped_backends"]["inductor"] and "inductor" not in res["candidates"]
         assert any("no CUDA" in line for line in bg.summary_lines(rep))
     paths = bg.write(rep, tmp_path)
-    head = paths[1].read_text().splitlines()[0].split(",")
+    assert [p.name for p in paths[:4]] == ["gemm-bench.json", "gemm-bench.csv", "gemm-bench.md",
+                                          "gemm-bench-rows.csv"]
+    head = paths[3].read_text().splitlines()[0].split(",")
     assert head[:2] == ["shape", "m"] and {"case", "ratio", "eager_ratio", "inductor_ratio", "layout"} <= set(head)
+    long = list(csv.DictReader(paths[1].open()))
+    assert {(r["x_value"], r["mode"]) for r in long if r["provider"] == "gemmlab" and r["metric"] == "time"} == {
+        (c.label, m) for c in todo for m in modes}  # the primary mode and the wall clock, per case
+    assert "gemmlab: 0 wrong of 3" in paths[2].read_text()
 
 
 def test_bench_refuses_bad_modes_and_budget_skips_the_rest():
@@ -245,11 +252,12 @@ def test_bench_gemm_command_runs_a_case_suite(tmp_path):
 
     fast = ["--rounds", "1", "--reps", "1", "--warmup-s", "0"]
     res = gemmlab("--suite", "broad-cpu", "--backend", "gemmlab", "--backend", "inductor", *fast,
-                  "--output-dir", str(tmp_path))
+                  "--output-dir", str(tmp_path), "--json")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "pad3" in res.stdout and "linear" in res.stdout
-    assert "gemmlab: 0 wrong of 5" in res.stdout
+    assert "pad3" in res.stderr and "linear" in res.stderr  # under --json the tables go to stderr
+    assert "gemmlab: 0 wrong of 5" in res.stderr
     if DEVICE == "cpu":
-        assert "inductor skipped: no CUDA" in res.stdout
+        assert "inductor skipped: no CUDA" in res.stderr
     rep = json.loads((tmp_path / "gemm-bench.json").read_text())
+    assert json.loads(res.stdout) == rep and rep["kind"] == "gemm-bench"
     assert [r["label"] for r in rep["results"]] == [c.label for c in BROAD_CPU] and rep["summary"]["backends"]

@@ -53,10 +53,10 @@ def test_bad_spec_is_a_usage_error(args, words):
 
 def test_good_values_pass_the_checks():
     """The callbacks let valid values through (here a zero warm-up, which is allowed)."""
-    from gemmlab.cli import _count, _nonneg_count, _nonneg_seconds, _seconds
+    from gemmlab.commands.common import count, nonneg_count, nonneg_seconds, seconds
 
-    assert _count(1) == 1 and _count(None) is None
-    assert _nonneg_count(0) == 0 and _nonneg_seconds(0.0) == 0.0 and _seconds(0.5) == 0.5
+    assert count(1) == 1 and count(None) is None
+    assert nonneg_count(0) == 0 and nonneg_seconds(0.0) == 0.0 and seconds(0.5) == 0.5
 
 
 @pytest.mark.parametrize("args", [("bench", "gemm", "--rounds", "0"), ("table", "--num-experts", "0"),

@@ -301,7 +301,10 @@ def test_cli_json_stays_clean_and_logs_are_removed(tmp_path):
     report = json.loads(ok.stdout)  # the candidate's prints went to its log, not here
     assert report["verdict"] == "PASS" and report["logs"] is None
     assert json.loads((tmp_path / "report.json").read_text())["verdict"] == "PASS"
-    assert "official score" in (tmp_path / "report.md").read_text()
+    assert "official score" in (tmp_path / "report.md").read_text() and report["kind"] == "grade"
+    long = (tmp_path / "report.csv").read_text().splitlines()  # each case's error and tolerance; time, TFLOPS,
+    assert long[0].startswith("kind,kernel,provider,mode,metric")  # baseline TFLOPS and ratio of the timed case
+    assert len(long) == 1 + 2 * len(report["correctness"]) + 4 * ("median_ms" in report["performance"])
     assert not list(logs.glob("gemmlab-grade-*"))  # per-worker logs removed
     kept = _cli("--cases", TINY, "--kernel", f"{BAD}:prints", "--keep-logs", "--json", env={"TMPDIR": str(logs)})
     log = Path(json.loads(kept.stdout)["logs"]) / "candidate.log"

@@ -330,6 +330,31 @@ def test_cli_diff_reads_two_files_and_refuses_other_json(tmp_path):
     assert "no profile attached" in one_line(invoke("--diff", str(pa), "entry:7", "--ledger", ledger))
 
 
+def test_cli_profile_json_and_output_dir_use_the_shared_writer(fake_ncu, tmp_path):
+    import csv
+
+    from gemmlab.report.collect import collect
+
+    out = tmp_path / "o"
+    res = invoke("--shape", "777,3333,1024", "--output-dir", str(out), "--json")
+    assert res.exit_code == 0, res.stderr
+    prof = json.loads(res.stdout)  # stdout: the one JSON document; the tables went to stderr
+    assert prof["kind"] == "ncu-profile" and "tensor pipe busy" in res.stderr
+    stem = out / "profile-777x3333x1024-float16-row"
+    assert json.loads(stem.with_suffix(".json").read_text())["backends"].keys() == prof["backends"].keys()
+    long = list(csv.DictReader(stem.with_suffix(".csv").open()))
+    assert {r["provider"] for r in long} == {"gemmlab", "cublas"} and all(r["kind"] == "ncu-profile" for r in long)
+    assert "| metric | unit | gemmlab | cublas |" in stem.with_suffix(".md").read_text()
+    res = invoke("--diff", str(stem.with_suffix(".json")), str(stem.with_suffix(".json")), "--output-dir",
+                 str(tmp_path / "d"))
+    assert res.exit_code == 0 and json.loads((tmp_path / "d" / "profile-diff.json").read_text())["kind"] == \
+        "profile-diff"
+    kinds = {Path(f.path).name: f.kind for f in collect([out, tmp_path / "d"])}
+    assert kinds.pop(stem.with_suffix(".json").name) == "ncu-profile" and kinds.pop("profile-diff.json") == \
+        "profile-diff"
+    assert set(kinds.values()) == {"unknown"}  # the targets' own JSON, listed by gemmlab report
+
+
 def test_ledger_attachment_round_trip(tmp_path):
     db = Ledger(tmp_path / "l.db")
     eid = db.record(Entry(kind="bench", shape="8x8x8", dtype="float16", correct=True, median_ms=1.0),

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from gemmlab.bench import stats, timing
 from gemmlab.ops.plan import gpu_slug
+from gemmlab.output import Table, long_row
 
 HEALTH_MIN = 0.8  # a re-measured figure below this fraction of the profile's is a problem
 
@@ -157,7 +158,8 @@ def probe(quick: bool = False) -> dict:
         raise RuntimeError("gemmlab probe needs a CUDA GPU")
     props = torch.cuda.get_device_properties(0)
     env = timing.env_info()
-    prof = {"gpu": props.name, "date": env["date"], "gemmlab": env["gemmlab"], "git_sha": env["git_sha"],
+    prof = {"kind": "device-profile", "gpu": props.name, "date": env["date"], "gemmlab": env["gemmlab"],
+            "git_sha": env["git_sha"],
             "torch": env["torch"], "triton": env["triton"], "driver": env.get("driver"),
             "sm_count": props.multi_processor_count,
             "capability": [props.major, props.minor], "l2_bytes": getattr(props, "L2_cache_size", None),
@@ -203,38 +205,113 @@ def health_problems(profile: dict, now: dict, min_fraction: float = HEALTH_MIN) 
 
 def health(profile: dict) -> dict:
     now = probe(quick=True)
-    return {"profile_date": profile["date"], "now": now, "problems": health_problems(profile, now)}
+    return {"kind": "device-health", "profile_date": profile["date"], "now": now,
+            "problems": health_problems(profile, now)}
 
 
-def roofline_png(profile: dict, report: dict, path: str | Path) -> Path:
-    """Each (shape, backend) of a ``bench gemm`` report at its arithmetic intensity (FLOPs / bytes of A, B
-    and C once), against the measured ceilings: HBM copy bandwidth and the tensor-core loop's rate (and the
-    nominal peak at the maximum clock, dashed)."""
+def tables(profile: dict) -> list[Table]:
+    """The recorded constants of a device profile, one row each."""
+    p, mp, cb = profile, profile["mma_peak"], profile["cublas_8192"]
+    t = Table(f"{p['gpu']} (sm_{p['capability'][0]}{p['capability'][1]}), {p['date']}", ("constant", "value"))
+    for name, v in (("SMs", p["sm_count"]), ("L2", f"{(p['l2_bytes'] or 0) / 2**20:.0f} MiB"),
+                    ("shared memory per block (opt-in)", f"{p['smem_per_block_optin']} B"),
+                    ("max SM clock / power limit", f"{p['max_sm_clock_mhz']} MHz / {p['power_limit_w']} W"),
+                    ("HBM copy", f"{p['hbm_copy']['gbps']:.0f} GB/s"),
+                    ("cuBLAS fp16 8192^3", f"{cb['tflops']:.0f} TFLOPS at "
+                                           f"{cb['clocks'].get('sm_clock_mhz_mean', 0):.0f} MHz"),
+                    ("tensor-core loop (operands on chip)", f"{mp['tflops']:.0f} TFLOPS at "
+                                                            f"{mp['clocks'].get('sm_clock_mhz_mean', 0):.0f} MHz = "
+                                                            f"{mp['flop_per_clock_per_sm'] or 0:.0f} FLOP/clock/SM"),
+                    ("nominal fp16 peak at max clock", f"{p['nominal_tensor_tflops_at_max_clock'] or 0:.0f} TFLOPS"),
+                    ("launch: Triton empty / torch add (host)", f"{p['launch']['triton_empty_us']:.1f} / "
+                                                                f"{p['launch']['torch_add_us']:.1f} us"),
+                    ("empty kernel back to back (device)", f"{p['launch']['device_per_kernel_us']:.2f} us")):
+        t.rows.append([name, str(v)])
+    return [t]
+
+
+HEALTH_FIGURES = (("HBM copy GB/s", lambda p: p["hbm_copy"]["gbps"]),
+                  ("cuBLAS 8192^3 TFLOPS", lambda p: p["cublas_8192"]["tflops"]),
+                  ("tensor-core loop TFLOPS", lambda p: p["mma_peak"]["tflops"]),
+                  ("Triton launch us", lambda p: p["launch"]["triton_empty_us"]))
+
+
+def health_tables(res: dict, profile: dict) -> list[Table]:
+    t = Table(f"health against the profile of {profile['date']}", ("figure", "now", "recorded"))
+    t.rows = [[name, f"{get(res['now']):.1f}", f"{get(profile):.1f}"] for name, get in HEALTH_FIGURES]
+    t.notes = [f"[red]DEGRADED: {p}" for p in res["problems"]] or ["[green]healthy: every figure within the "
+                                                                    "allowed fraction of the profile"]
+    return [t]
+
+
+def long_rows(profile: dict) -> list[dict]:
+    """The profile's measured figures (a device profile, or the "now" of a health check)."""
+    p = profile.get("now", profile)
+    return [long_row("device", p["gpu"], metric, unit, "constant", metric, get(p))
+            for metric, unit, get in (("hbm_copy", "GB/s", HEALTH_FIGURES[0][1]),
+                                      ("cublas_8192", "TFLOPS", HEALTH_FIGURES[1][1]),
+                                      ("mma_peak", "TFLOPS", HEALTH_FIGURES[2][1]),
+                                      ("triton_launch", "us", HEALTH_FIGURES[3][1]))]
+
+
+def roofline(profile: dict, report: dict) -> dict:
+    """The roofline's data: the measured ceilings, and each (backend, shape) of a ``bench gemm`` report at its
+    arithmetic intensity (FLOPs / bytes of A, B and C once, 2-byte elements) and TFLOPS."""
+    points = []
+    for r in report["results"]:
+        m, n, k = r["shape"]
+        for backend, c in r["candidates"].items():
+            if c.get("tflops") is not None:
+                points.append({"backend": backend, "shape": f"{m}x{n}x{k}", "tflops": c["tflops"],
+                               "intensity": 2.0 * m * n * k / (2 * (m * k + k * n + m * n))})
+    return {"kind": "roofline", "gpu": profile["gpu"], "profile_date": profile["date"],
+            "hbm_gbps": profile["hbm_copy"]["gbps"], "peak_tflops": profile["mma_peak"]["tflops"],
+            "nominal_tflops": profile.get("nominal_tensor_tflops_at_max_clock"), "points": points,
+            "env": report.get("env")}
+
+
+def roofline_tables(data: dict) -> list[Table]:
+    t = Table(f"roofline of {data['gpu']}: {data['hbm_gbps']:.0f} GB/s, {data['peak_tflops']:.0f} TFLOPS",
+              ("backend", "shape", "FLOP/byte", "TFLOPS", "of the ceiling"))
+    for p in data["points"]:
+        ceiling = min(data["peak_tflops"], data["hbm_gbps"] * p["intensity"] / 1e3)
+        t.rows.append([p["backend"], p["shape"], f"{p['intensity']:.0f}", f"{p['tflops']:.1f}",
+                       f"{p['tflops'] / ceiling:.0%}"])
+    return [t]
+
+
+def roofline_rows(data: dict) -> list[dict]:
+    return [long_row("gemm", p["backend"], "tflops", "TFLOPS", "shape", p["shape"], p["tflops"], mode="roofline",
+                     intensity=p["intensity"]) for p in data["points"]]
+
+
+def roofline_png(profile: dict, report: dict, path: str | Path) -> Path | None:
+    """Each (shape, backend) of a ``bench gemm`` report at its arithmetic intensity (``roofline``), against the
+    measured ceilings: HBM copy bandwidth and the tensor-core loop's rate (and the nominal peak at the maximum
+    clock, dashed). None (said on stderr) without matplotlib."""
+    from gemmlab import output
+
+    if not output.have_matplotlib():
+        output.plot_missing(path)
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bw = profile["hbm_copy"]["gbps"] * 1e9
-    peak = profile["mma_peak"]["tflops"]
+    data = roofline(profile, report)
+    bw, peak = data["hbm_gbps"] * 1e9, data["peak_tflops"]
     fig, ax = plt.subplots(figsize=(8, 5))
     ai = [2 ** (i / 4) for i in range(0, 4 * 14)]
     ax.plot(ai, [min(peak, bw * x / 1e12) for x in ai], "-", color="black",
             label=f"measured: {bw / 1e9:.0f} GB/s, {peak:.0f} TFLOPS (tensor-core loop)")
-    if profile.get("nominal_tensor_tflops_at_max_clock"):
-        ax.axhline(profile["nominal_tensor_tflops_at_max_clock"], color="gray", linestyle="--", linewidth=0.8,
-                   label=f"nominal peak at max clock ({profile['nominal_tensor_tflops_at_max_clock']:.0f})")
-    elt = 2
-    for i, backend in enumerate(dict.fromkeys(name for r in report["results"] for name in r["candidates"])):
-        xs, ys = [], []
-        for r in report["results"]:
-            c = r["candidates"].get(backend, {})
-            if c.get("tflops") is None:
-                continue
-            m, n, k = r["shape"]
-            xs.append(2.0 * m * n * k / (elt * (m * k + k * n + m * n)))
-            ys.append(c["tflops"])
-        ax.plot(xs, ys, "o" if backend != "cublas" else "s", color=f"C{i}", label=backend, alpha=0.8)
+    if data["nominal_tflops"]:
+        ax.axhline(data["nominal_tflops"], color="gray", linestyle="--", linewidth=0.8,
+                   label=f"nominal peak at max clock ({data['nominal_tflops']:.0f})")
+    for i, backend in enumerate(dict.fromkeys(p["backend"] for p in data["points"])):
+        pts = [p for p in data["points"] if p["backend"] == backend]
+        ax.plot([p["intensity"] for p in pts], [p["tflops"] for p in pts], "o" if backend != "cublas" else "s",
+                color=f"C{i}", label=backend, alpha=0.8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte of A, B, C)")

@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gemmlab import output
 from gemmlab.bench import timing
 from gemmlab.bench.compare import compare_many
+from gemmlab.output import Table, long_row, num
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,8 @@ def bench_model(models: Sequence[str], tokens: Sequence[int], modes: Sequence[st
             torch.cuda.empty_cache()
     env = timing.env_info()
     env["transformers"] = tf.__version__
-    return {"env": env, "args": {"models": list(models), "tokens": list(tokens), "modes": list(modes),
+    return {"kind": "model-bench", "env": env, "args": {"models": list(models), "tokens": list(tokens),
+                                                       "modes": list(modes),
                                 "dtype": str(dtype).removeprefix("torch."), "rounds": rounds, "reps": reps,
                                 "warmup_s": warmup_s, "seed": seed},
             "layers": built, "results": results}
@@ -274,3 +277,47 @@ def rows(report: dict) -> list[dict]:
                 row[f"{r['mode']}_ratio"] = (c.get("vs_baseline") or {}).get("ratio")
                 row[f"{r['mode']}_gemmlab_ok"] = ok
     return list(table.values())
+
+
+def failures(report: dict) -> list[str]:
+    """Each gemmlab run that was wrong or failed (an unpatched torch row that fails is the layer's own problem)."""
+    return [f"{r['model']} T={r['T']} {e}" for r in rows(report) for e in r["errors"]
+            if any(e.startswith(f"{m} gemmlab") for m in report["args"]["modes"])]
+
+
+def tables(report: dict) -> list[Table]:
+    """One row per (model, T), each mode's torch ms, gemmlab ms and ratio side by side (eager against graph)."""
+    used = report["args"]["modes"]
+    t = Table(f"one decoder layer, bf16, on {report['env'].get('gpu')}: median ms, torch / gemmlab (> 1: gemmlab "
+              f"faster), transformers {report['env'].get('transformers')}",
+              ["model", "T"] + [f"{m} {col}" for m in used for col in ("torch", "gemmlab", "ratio")])
+    for r in rows(report):
+        cells = [r["model"], str(r["T"])]
+        for m in used:
+            cells += [num(r.get(f"{m}_torch_ms"), ".3f"), num(r.get(f"{m}_gemmlab_ms"), ".3f"),
+                      num(r.get(f"{m}_ratio"), ".2f") if r.get(f"{m}_gemmlab_ok", False) else "[red]WRONG/failed"]
+        t.rows.append(cells)
+    t.notes += [f"[red]{w}" for w in failures(report)]
+    return [t]
+
+
+def long_rows(report: dict) -> list[dict]:
+    """Per (model, mode, backend, T): the layer's time (p50/p20/p80) and gemmlab's ratio to torch."""
+    out = []
+    for r in report["results"]:
+        for name, c in r["candidates"].items():
+            out.append(long_row(f"{r['model']} layer", name, "time", "ms", "T", r["tokens"], c.get("median_ms"),
+                                c.get("p20_ms"), c.get("p80_ms"), mode=r["mode"]))
+            ratio = (c.get("vs_baseline") or {}).get("ratio")
+            if name == "gemmlab" and ratio is not None:
+                out.append(long_row(f"{r['model']} layer", name, "ratio_vs_torch", "x", "T", r["tokens"], ratio,
+                                    mode=r["mode"], ci95=(c.get("vs_baseline") or {}).get("ci95")))
+    return out
+
+
+def stem(report: dict) -> str:
+    return f"model-bench-{'+'.join(report['args']['models'])}-{'+'.join(report['args']['modes'])}"
+
+
+def write(report: dict, out_dir) -> list:
+    return output.write(report, out_dir, stem(report), tables(report), long_rows(report))

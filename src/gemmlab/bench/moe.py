@@ -19,8 +19,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from gemmlab import output
 from gemmlab.bench import timing
 from gemmlab.bench.compare import compare_many
+from gemmlab.output import Table, long_row, num
 from gemmlab.problems import MOE_MODELS, MoEModel
 
 
@@ -151,7 +153,7 @@ def bench_moe(models: Sequence[str], tokens: Sequence[int], routings: Sequence[s
                     results.append(bench_case(name, model, t, routing, part, dtype, **kw))
                     if torch.cuda.is_available():
                         torch.cuda.empty_cache()
-    return {"env": timing.env_info(), "args": {"models": list(models), "tokens": list(tokens),
+    return {"kind": "moe-bench", "env": timing.env_info(), "args": {"models": list(models), "tokens": list(tokens),
                                               "routings": list(routings), "parts": list(parts),
                                               "dtype": str(dtype).removeprefix("torch."), **kw},
             "results": results}
@@ -167,5 +169,65 @@ def rows(report: dict) -> list[dict]:
                         "backend": name, "baseline": base, "ok": bool(c["check"].get("ok"))
                         and c.get("check_after", True) is True, "median_ms": c.get("median_ms"),
                         "tflops": c.get("tflops"), "ratio": vs.get("ratio"), "ci95": vs.get("ci95"),
-                        "verdict": vs.get("verdict"), "error": c["check"].get("error") or c.get("skipped")})
+                        "verdict": vs.get("verdict"), "ratio_vs_liger": c.get("ratio_vs_liger"),
+                        "error": c["check"].get("error") or c.get("skipped")})
     return out
+
+
+def tables(report: dict) -> list[Table]:
+    """One row per (model, T, routing, part, backend); a "vs Liger" column once a report carries that ratio."""
+    table = rows(report)
+    liger = any(r["ratio_vs_liger"] is not None for r in table)
+    t = Table(f"MoE {(report.get('args') or {}).get('dtype', '')} on "
+              f"{report['env'].get('gpu') or 'CPU (interpreter; host clock)'}",
+              ("model", "T", "routing", "part", "backend", "median ms", "TFLOPS", "vs baseline", "95% CI")
+              + (("vs Liger",) if liger else ()) + ("ok",),
+              notes=["vs baseline = baseline time / backend time per round (> 1: faster), median of rounds"])
+    for r in table:
+        ci = "-" if not r["ci95"] else f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
+        t.rows.append([r["model"], str(r["T"]), r["routing"], r["part"], r["backend"], num(r["median_ms"], ".4f"),
+                       num(r["tflops"], ".4g"), num(r["ratio"], ".3f") if r["backend"] != r["baseline"]
+                       else "baseline", ci] + ([num(r["ratio_vs_liger"], ".3f")] if liger else [])
+                      + ["[green]ok" if r["ok"] else f"[red]WRONG {r['error'] or ''}"])
+    return [t]
+
+
+def long_rows(report: dict) -> list[dict]:
+    """Time, TFLOPS and the ratio to the baseline per (part, backend, T); model and routing in extra."""
+    out = []
+    for r in rows(report):
+        kernel, extra = f"moe-{r['part']}", {"model": r["model"], "routing": r["routing"], "ok": r["ok"]}
+        out.append(long_row(kernel, r["backend"], "time", "ms", "T", r["T"], r["median_ms"], **extra))
+        out.append(long_row(kernel, r["backend"], "tflops", "TFLOPS", "T", r["T"], r["tflops"], **extra))
+        for metric in ("ratio", "ratio_vs_liger"):
+            if r[metric] is not None and r["backend"] != r["baseline"]:
+                name = "ratio_vs_baseline" if metric == "ratio" else metric
+                out.append(long_row(kernel, r["backend"], name, "x", "T", r["T"], r[metric], ci95=r["ci95"]
+                                    if metric == "ratio" else None, **extra))
+    return out
+
+
+def write(report: dict, out_dir, stem: str = "moe-bench") -> list:
+    """``moe-bench.json``, ``.csv`` (long format), ``.md``."""
+    return output.write(report, out_dir, stem, tables(report), long_rows(report))
+
+
+def peer_table(report: dict) -> Table:
+    """One row per case: every backend's median ms side by side (gemmlab against its peers: the baseline, the
+    per-expert loop, the dense GEMM of the same size; Liger's ratio once a report carries it)."""
+    table = rows(report)
+    names = list(dict.fromkeys(r["backend"] for r in table))
+    liger = any(r["ratio_vs_liger"] is not None for r in table)
+    t = Table(f"MoE {(report.get('args') or {}).get('dtype', '')} on {report['env'].get('gpu') or 'CPU'}: median ms "
+              f"per backend", ("model", "T", "routing", "part", *names, "gemmlab vs baseline")
+              + (("gemmlab vs Liger",) if liger else ()) + ("ok",))
+    cases: dict[tuple, dict] = {}
+    for r in table:
+        cases.setdefault((r["model"], r["T"], r["routing"], r["part"]), {})[r["backend"]] = r
+    for (model, tokens, routing, part), by in cases.items():
+        g = by.get("gemmlab", {})
+        t.rows.append([model, str(tokens), routing, part, *(num(by[n]["median_ms"], ".4f") if n in by else "-"
+                                                            for n in names), num(g.get("ratio"), ".3f")]
+                      + ([num(g.get("ratio_vs_liger"), ".3f")] if liger else [])
+                      + ["[green]ok" if all(r["ok"] for r in by.values()) else "[red]WRONG"])
+    return t

@@ -30,7 +30,9 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from gemmlab import output
 from gemmlab.bench import stats, timing
+from gemmlab.output import Table, long_row, num
 from gemmlab.problems import MOE_MODELS
 
 
@@ -201,5 +203,45 @@ def bench_case(model_name: str, tokens: int, chunks: Sequence[int], *, dtype: to
 def bench_moe_ep(models: Sequence[str], tokens: Sequence[int], chunks: Sequence[int] = (1, 2, 4), **kw) -> dict:
     """Every (model, T per rank) under the current process group; the report (same on every rank)."""
     results = [bench_case(m, t, chunks, **kw) for m in models for t in tokens]
-    return {"env": timing.env_info(), "args": {"models": list(models), "tokens": list(tokens), "chunks": list(chunks),
-                                              **{k: str(v) for k, v in kw.items()}}, "results": results}
+    return {"kind": "moe-ep-bench", "env": timing.env_info(),
+            "args": {"models": list(models), "tokens": list(tokens), "chunks": list(chunks),
+                     **{k: str(v) for k, v in kw.items()}}, "results": results}
+
+
+def tables(rep: dict) -> list[Table]:
+    """The slowest rank's median per candidate, the speedup over one GPU, rank 0's all-to-all GB/s and the share
+    of its communication hidden under compute (``timeline``)."""
+    world = rep["results"][0]["world"] if rep["results"] else "?"
+    t = Table(f"expert parallel over {world} x {rep['env'].get('gpu')}: slowest rank's median ms",
+              ("model", "T/rank", "candidate", "ms", "vs one GPU", "GB/s (rank 0)", "comm hidden (rank 0)", "ok"))
+    for r in rep["results"]:
+        t0, tl = r["per_rank"][0]["times"], r["per_rank"][0].get("timeline") or {}
+        for name, ms in {**r["step_ms"], "one GPU, all experts": r["one_gpu_ms"]}.items():
+            hidden = f"{tl[name]['comm_hidden']:.0%} of {tl[name]['comm_ms']:.3f} ms" if name in tl else "-"
+            t.rows.append([r["model"], str(r["tokens_per_rank"]), name, num(ms, ".3f"),
+                           num(r["speedup_vs_one_gpu"].get(name), ".2f"), "-", hidden, "ok" if r["ok"] else "WRONG"])
+        for name in ("dispatch a2a (routed)", "nccl a2a (equal)"):
+            t.rows.append([r["model"], str(r["tokens_per_rank"]), name, num(t0[name]["median_ms"], ".3f"), "-",
+                           num(t0[name]["gb_per_s"], ".1f"), "-", ""])
+    return [t]
+
+
+def long_rows(rep: dict) -> list[dict]:
+    out = []
+    for r in rep["results"]:
+        for name, ms in {**r["step_ms"], "one GPU, all experts": r["one_gpu_ms"]}.items():
+            out.append(long_row("moe-ep", name, "time", "ms", "T_per_rank", r["tokens_per_rank"], ms,
+                                mode="slowest rank", model=r["model"], world=r["world"], ok=r["ok"]))
+        for name, tl in (r["per_rank"][0].get("timeline") or {}).items():
+            out.append(long_row("moe-ep", name, "comm_hidden", "fraction", "T_per_rank", r["tokens_per_rank"],
+                                tl["comm_hidden"], mode="rank 0", model=r["model"], world=r["world"],
+                                comm_ms=tl["comm_ms"]))
+        for name in ("dispatch a2a (routed)", "nccl a2a (equal)"):
+            tm = r["per_rank"][0]["times"][name]
+            out.append(long_row("all-to-all", name, "bandwidth", "GB/s", "T_per_rank", r["tokens_per_rank"],
+                                tm["gb_per_s"], mode="rank 0", model=r["model"], world=r["world"]))
+    return out
+
+
+def write(rep: dict, out_dir, stem: str = "moe-ep-bench") -> list:
+    return output.write(rep, out_dir, stem, tables(rep), long_rows(rep))

@@ -21,7 +21,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from gemmlab import output
 from gemmlab.bench import stats, timing
+from gemmlab.output import Table, long_row, num
 from gemmlab.problems import Shape
 
 UNSTABLE_CV = 0.03  # per-process medians varying more than this are flagged
@@ -109,8 +111,54 @@ def stable_bench(shape: Shape, dtype: torch.dtype = torch.float16, backends: Seq
         if progress:
             progress(f"process {i + 1}/{processes}")
         procs.append(run_process(args, timeout))
-    return {"env": timing.env_info(), "args": dict(args, processes=processes), "processes": procs,
+    return {"kind": "stable-bench", "env": timing.env_info(), "args": dict(args, processes=processes),
+            "processes": procs,
             "summary": summarize_processes(procs, backends)}
+
+
+def _ratio(entry: dict) -> dict | None:
+    """The ratio summary (older reports named its keys median_ms, min_ms, ...)."""
+    r = entry.get("ratio")
+    return None if not r else {k.removesuffix("_ms"): v for k, v in r.items()}
+
+
+def tables(res: dict) -> list[Table]:
+    """One row per backend: the median of the process medians, their range and cv, the ratio to cuBLAS."""
+    s, args = res["summary"], res["args"]
+    t = Table(f"stable bench {'x'.join(map(str, args['shape']))} {args['dtype']}: {s['processes_ok']} processes "
+              f"({s['processes_failed']} failed)",
+              ("backend", "median ms (of process medians)", "min-max ms", "cv", "ratio vs cuBLAS", "ratio min-max",
+               "wrong in"))
+    for name, e in s["backends"].items():
+        tm, r = e.get("median_ms"), _ratio(e)
+        t.rows.append([name, num(tm and tm["median_ms"], ".4f"), "-" if not tm else
+                       f"{tm['min_ms']:.4f}-{tm['max_ms']:.4f}", num(tm and tm["cv"], ".2%"),
+                       num(r and r["median"], ".3f"), "-" if not r else f"{r['min']:.3f}-{r['max']:.3f}",
+                       str(e["wrong_in"])])
+    clk = s.get("sm_clock_mhz")
+    if clk:
+        t.notes.append("mean SM clock per process: " + ", ".join(f"{c:.0f}" for c in clk["mean_per_process"])
+                       + f" MHz (range {clk['min']:.0f}-{clk['max']:.0f})")
+    t.notes += [f"[yellow]warning: {f}" for f in s["flags"]]
+    return [t]
+
+
+def long_rows(res: dict) -> list[dict]:
+    """Per backend: the process medians' median (p20, p80 across processes) and the ratio to cuBLAS."""
+    shape, out = "x".join(map(str, res["args"]["shape"])), []
+    for name, e in res["summary"]["backends"].items():
+        tm, r = e.get("median_ms"), _ratio(e)
+        if tm:
+            out.append(long_row("gemm", name, "time", "ms", "shape", shape, tm["median_ms"], tm.get("p20_ms"),
+                                tm.get("p80_ms"), mode="processes", cv=tm["cv"], wrong_in=e["wrong_in"]))
+        if r:
+            out.append(long_row("gemm", name, "ratio_vs_cublas", "x", "shape", shape, r["median"], r.get("p20"),
+                                r.get("p80"), mode="processes", ci95=r.get("ci95")))
+    return out
+
+
+def write(res: dict, out_dir, stem: str = "stable-bench") -> list:
+    return output.write(res, out_dir, stem, tables(res), long_rows(res))
 
 
 def _main() -> None:

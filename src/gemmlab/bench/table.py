@@ -18,16 +18,16 @@ while the row ran, efficiency at that clock, speed ratio to the baseline with it
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from gemmlab import provenance
+from gemmlab import output, provenance
 from gemmlab.bench import timing
 from gemmlab.bench.compare import compare_many
 from gemmlab.bench.gemm import inputs, make_backend
+from gemmlab.output import Table, long_row
 from gemmlab.problems import moe_gemm_shape
 
 ROWS = {  # row label -> backend (bench.gemm's, or "moe-grouped")
@@ -151,7 +151,7 @@ def moe_table(batch_size: int = 4, seq_len: int = 8192, top_k: int = 4, hidden_s
               "dtype": str(dtype).removeprefix("torch."), "warmup": warmup, "repeat": repeat, "warmup_s": warmup_s,
               "num_experts": num_experts,
               "rounds": rounds, "reps_per_round": reps, "seed": seed, "inputs": "uniform [-0.5, 0.5)"}
-    return {"env": timing.env_info(), "config": config, "shape": {"M": m, "N": n, "K": k},
+    return {"kind": "table", "env": timing.env_info(), "config": config, "shape": {"M": m, "N": n, "K": k},
             "timer": res.get("timer"), "clocks": res.get("clocks"), "rows": rows}
 
 
@@ -182,32 +182,43 @@ def cells(row: dict) -> list[str]:
     return [_fmt(key, row.get(key)) for key in COLUMNS]
 
 
-def markdown(table: dict) -> str:
+def head(table: dict) -> str:
+    """The paragraph above the table: the configuration, the device, versions and the timing protocol."""
     env, cfg, shp = table["env"], table["config"], table["shape"]
-    head = (f"MoE GEMM table: M = {cfg['batch_size']}*{cfg['seq_len']}*{cfg['top_k']} = {shp['M']}, "
+    return (f"MoE GEMM table: M = {cfg['batch_size']}*{cfg['seq_len']}*{cfg['top_k']} = {shp['M']}, "
             f"N = intermediate {shp['N']}, K = hidden {shp['K']}, {cfg['dtype']}"
             f"{', model ' + cfg['model'] if cfg.get('model') else ''}\n\n"
             f"{env.get('gpu') or 'CPU (Triton interpreter; host-clock timing, not a GPU measurement)'}, "
             f"{env['date']}, torch {env['torch']}, triton {env['triton']}, driver {env.get('driver', '-')}, "
             f"{provenance.label(env)}; warmup {cfg['warmup']} calls and {cfg['warmup_s']} s, "
-            f"{cfg['rounds']} interleaved rounds of {cfg['reps_per_round']} calls\n\n")
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cells(r)) + " |" for r in table["rows"]]
-    return head + "\n".join(lines) + "\n"
+            f"{cfg['rounds']} interleaved rounds of {cfg['reps_per_round']} calls\n")
+
+
+def tables(table: dict) -> list[Table]:
+    shp = table["shape"]
+    return [Table(f"M={shp['M']} N={shp['N']} K={shp['K']} {table['config']['dtype']} on "
+                  f"{table['env'].get('gpu') or 'CPU (interpreter; host clock)'}", COLUMNS,
+                  [cells(r) for r in table["rows"]])]
+
+
+def long_rows(table: dict) -> list[dict]:
+    """Per row (provider): time (p50/p20/p80), TFLOPS, the ratio to the baseline row, the error; x = MxNxK."""
+    shp, out = table["shape"], []
+    x = f"{shp['M']}x{shp['N']}x{shp['K']}"
+    for r in table["rows"]:
+        extra = {"backend": r.get("backend"), "path": r.get("path"), "ok": r.get("ok")}
+        out.append(long_row("moe-gemm", r["row"], "time", "ms", "shape", x, r.get("median_ms"), r.get("p20_ms"),
+                            r.get("p80_ms"), **extra))
+        for metric, unit in (("tflops", "TFLOPS"), ("ratio_vs_baseline", "x"), ("max_abs_error", "abs")):
+            if r.get(metric) is not None:
+                out.append(long_row("moe-gemm", r["row"], metric, unit, "shape", x, r[metric], **extra))
+    return out
+
+
+def markdown(table: dict) -> str:
+    return output.markdown(tables(table), head(table))
 
 
 def write(table: dict, out_dir: str | Path) -> list[Path]:
-    """``table.json`` (everything), ``table.csv`` and ``table.md`` (the printed columns)."""
-    import csv
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "table.json", out / "table.csv", out / "table.md"]
-    paths[0].write_text(json.dumps(table, indent=1, default=str))
-    with paths[1].open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(COLUMNS)
-        for r in table["rows"]:
-            w.writerow(["" if r.get(key) is None else r.get(key) for key in COLUMNS])
-    paths[2].write_text(markdown(table))
-    return paths
+    """``table.json`` (everything), ``table.csv`` (long format) and ``table.md`` (the printed columns)."""
+    return output.write(table, out_dir, "table", tables(table), long_rows(table), head(table))

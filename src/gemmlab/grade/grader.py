@@ -439,7 +439,8 @@ class Grader:
         cf, op = self.cases, self.op
         dims = "T x H x I x E x k" if op.name == "moe" else "M x N x K"
         return {
-            "cases_file": cf.path, "cases_name": cf.name, "mode": op.name, "kernel": self.kernel or "gemmlab (default)",
+            "kind": "grade", "cases_file": cf.path, "cases_name": cf.name, "mode": op.name,
+            "kernel": self.kernel or "gemmlab (default)",
             "signature": op.signature, "layout": op.layout, "dtype": cf.dtype, "device": str(self.device),
             "dims": dims, "env": env_info(), "seed": self.seed, "allow_vendor": self.allow_vendor,
             "worker_starts": self.cand.starts, "logs": self.log_dir if self.keep_logs else None,

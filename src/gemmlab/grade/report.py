@@ -1,4 +1,4 @@
-"""Rendering a grade report: rich tables on the terminal, report.json and report.md on disk."""
+"""Rendering a grade report: tables (the terminal, the HTML page), report.json, report.md and report.csv on disk."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
-from gemmlab import provenance
+from gemmlab import output, provenance
+from gemmlab.output import Table, long_row
 
 
 def _shape(s) -> str:
@@ -57,42 +57,62 @@ def summary_line(report: dict) -> str:
     return line + f"; verdict {report['verdict']}"
 
 
-def render(report: dict, console: Console) -> None:
-    t = Table(title=f"gemmlab grade: {report['cases_name']} ({report['layout']}, {report['dtype']}) — "
-                    f"kernel {report['kernel']} on {report['env'].get('gpu') or report['device']}")
-    dims = report.get("dims", "M x N x K")
-    for col in ("case", dims, "status", "max |err|", "tolerance", "path / kernels", "reason"):
-        t.add_column(col)
+def tables(report: dict) -> list[Table]:
+    """Correctness per case, the performance case, the dispatch coverage matrix; the verdict under the last."""
+    t = Table(f"gemmlab grade: {report['cases_name']} ({report['layout']}, {report['dtype']}) — "
+              f"kernel {report['kernel']} on {report['env'].get('gpu') or report['device']}",
+              ("case", report.get("dims", "M x N x K"), "status", "max |err|", "tolerance", "path / kernels",
+               "reason"))
     for c in report["correctness"]:
-        t.add_row(c["name"], _shape(c["shape"]), "[green]PASS" if c["status"] == "PASS" else "[red]FAIL",
-                  _fmt(c["max_abs_err"]), _fmt(c["tolerance"]), ", ".join(c["paths"] + c["kernels"][:2]),
-                  (f"[{c['rule']}] " if c["rule"] else "") + c["reason"])
-    console.print(t)
+        t.rows.append([c["name"], _shape(c["shape"]), "[green]PASS" if c["status"] == "PASS" else "[red]FAIL",
+                       _fmt(c["max_abs_err"]), _fmt(c["tolerance"]), ", ".join(c["paths"] + c["kernels"][:2]),
+                       (f"[{c['rule']}] " if c["rule"] else "") + c["reason"]])
+    out = [t]
     perf = report["performance"]
     if perf:
-        p = Table(title="performance (the grader's clock around batches of calls, interleaved with the baseline, "
-                        "L2 flushed, fresh inputs every call)")
-        for col in ("case", dims, "status", "median ms", "TFLOPS", "baseline TFLOPS", "ratio", "SM MHz", "reason"):
-            p.add_column(col)
-        p.add_row(perf["name"], _shape(perf["shape"]), "[green]PASS" if perf["status"] == "PASS" else "[red]FAIL",
-                  _fmt(perf.get("median_ms"), ".4g"), _fmt(perf.get("tflops"), ".1f"),
-                  _fmt(perf.get("baseline_tflops"), ".1f"), _fmt(perf.get("ratio"), ".3f"),
-                  _fmt(perf.get("clocks", {}).get("sm_clock_mhz_mean"), ".0f"),
-                  (f"[{perf['rule']}] " if perf["rule"] else "") + perf["reason"])
-        console.print(p)
+        p = Table("performance (the grader's clock around batches of calls, interleaved with the baseline, "
+                  "L2 flushed, fresh inputs every call)",
+                  ("case", report.get("dims", "M x N x K"), "status", "median ms", "TFLOPS", "baseline TFLOPS",
+                   "ratio", "SM MHz", "reason"))
+        p.rows.append([perf["name"], _shape(perf["shape"]), "[green]PASS" if perf["status"] == "PASS" else "[red]FAIL",
+                       _fmt(perf.get("median_ms"), ".4g"), _fmt(perf.get("tflops"), ".1f"),
+                       _fmt(perf.get("baseline_tflops"), ".1f"), _fmt(perf.get("ratio"), ".3f"),
+                       _fmt(perf.get("clocks", {}).get("sm_clock_mhz_mean"), ".0f"),
+                       (f"[{perf['rule']}] " if perf["rule"] else "") + perf["reason"]])
+        out.append(p)
     rows, cols, cells = coverage(report)
     if rows:
-        m = Table(title="dispatch coverage (what ran in each case)")
-        m.add_column("path / kernel")
-        for c in cols:
-            m.add_column(c)
-        for r in rows:
-            m.add_row(r[:60], *("x" if cells.get((r, c)) else "" for c in cols))
-        console.print(m)
+        m = Table("dispatch coverage (what ran in each case)", ["path / kernel", *cols])
+        m.rows = [[r[:60], *("x" if cells.get((r, c)) else "" for c in cols)] for r in rows]
+        out.append(m)
     if report["listed_correctness_passed"] and report["verdict"] != "PASS":
-        console.print("[yellow]The listed correctness cases all passed (what the original grader checked); "
-                      "a rule beyond them failed.")
-    console.print(summary_line(report))
+        out[-1].notes.append("[yellow]The listed correctness cases all passed (what the original grader checked); "
+                             "a rule beyond them failed.")
+    out[-1].notes.append(summary_line(report))
+    return out
+
+
+def render(report: dict, console: Console) -> None:
+    output.print_tables(tables(report), console)
+
+
+def long_rows(report: dict) -> list[dict]:
+    """The long-format CSV: each case's error and tolerance, the performance case's time, TFLOPS and ratio."""
+    kernel, out = report["cases_name"], []
+    for c in report["correctness"]:
+        x = _shape(c["shape"])
+        for metric in ("max_abs_err", "tolerance"):
+            out.append(long_row(kernel, report["kernel"], metric, "abs", "shape", x, c[metric], mode="correctness",
+                                case=c["name"], status=c["status"]))
+    perf = report["performance"]
+    if perf and "median_ms" in perf:
+        x = _shape(perf["shape"])
+        for key, metric, unit in (("median_ms", "time", "ms"), ("tflops", "tflops", "TFLOPS"),
+                                  ("baseline_tflops", "baseline_tflops", "TFLOPS"), ("ratio", "ratio", "x")):
+            out.append(long_row(kernel, report["kernel"], metric, unit, "shape", x, perf.get(key),
+                                mode="performance", case=perf["name"],
+                                status=perf["status"], baseline=perf.get("baseline")))
+    return out
 
 
 def markdown(report: dict) -> str:
@@ -126,14 +146,16 @@ def _atomic(path: Path, text: str) -> None:
 def clear(out_dir: str) -> None:
     """Remove an earlier report from ``out_dir`` before grading, so none outlives a grade that ends
     without one (a killed grader)."""
-    for name in ("report.json", "report.md"):
+    for name in ("report.json", "report.md", "report.csv"):
         Path(out_dir, name).unlink(missing_ok=True)
 
 
 def write(report: dict, out_dir: str) -> None:
-    """report.json and report.md, each written whole (temporary file, then rename). The grader calls this
-    only after every process of the candidate is gone."""
+    """report.json, report.md and report.csv (long format), each written whole (temporary file, then rename).
+    The grader calls this only after every process of the candidate is gone."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     _atomic(d / "report.json", json.dumps(report, indent=1, default=str))
     _atomic(d / "report.md", markdown(report))
+    tmp = output.write_csv(report, long_rows(report), d / f".report.csv.{os.getpid()}.tmp")
+    os.replace(tmp, d / "report.csv")

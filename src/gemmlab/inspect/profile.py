@@ -405,8 +405,8 @@ def profile(m: int, n: int, k: int, dtype: str = "float16", layout: str = "row",
         target_args = ["--shape", f"{m},{n},{k}", "--dtype", dtype, "--layout", layout, "--seed", str(seed)]
         if config:
             target_args += ["--config", json.dumps(config)]
-        prof = {"format": FORMAT, "shape": [m, n, k], "dtype": dtype, "layout": layout, "config": config,
-                "ledger_entry": entry, "seed": seed, "env": env_info(),
+        prof = {"kind": "ncu-profile", "format": FORMAT, "shape": [m, n, k], "dtype": dtype, "layout": layout,
+                "config": config, "ledger_entry": entry, "seed": seed, "env": env_info(),
                 "ncu": {"path": ncu, "version": ncu_version(ncu), "clock_control": clock_control,
                         "cache_control": "all", "replay": "kernel", "metrics": metrics},
                 "metrics": [asdict(x) for x in METRICS], "unavailable": lacking, "backends": {}}

@@ -4,13 +4,17 @@
     launch_rows(prof)    every launch: kernel, grid, block, duration, tensor-pipe use; the sum where several
     diff_rows(a, b)      two profiles side by side, B - A (and B / A for durations): the before/after view
     check_format(obj)    a saved profile, or ValueError
+    tables(prof), long_rows(prof), write(prof, out_dir)   the shared output layer (``gemmlab.output``); a diff
+                         report ({"kind": "profile-diff", "a", "b", "header", "rows"}) has tables too
 """
 
 from __future__ import annotations
 
 import re
 
-from gemmlab.inspect.profile import FORMAT, METRICS, STALL_METRIC
+from gemmlab import output
+from gemmlab.inspect.profile import FORMAT, METRICS, STALL_METRIC, stem
+from gemmlab.output import Table, long_row
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
@@ -111,3 +115,41 @@ def diff_rows(a: dict, b: dict) -> tuple[list[str], list[list[str]]]:
         rows.append([be, "TFLOPS", "", _fmt(fa), _fmt(fb), "-" if not fa or not fb else f"{fb - fa:+.3g}"])
         rows.append([be, "top stalls", "", _stalls(ta["top_stalls"][:3]), _stalls(tb["top_stalls"][:3]), ""])
     return ["backend", "metric", "unit", f"A: {_title(a)}", f"B: {_title(b)}", "B - A"], rows
+
+
+def diff_report(a: dict, b: dict, name_a: str, name_b: str) -> dict:
+    """``--diff A B`` as a report of its own."""
+    header, rows = diff_rows(a, b)
+    return {"kind": "profile-diff", "a": name_a, "b": name_b, "header": header, "rows": rows,
+            "env": b.get("env") or {}}
+
+
+def tables(prof: dict) -> list[Table]:
+    """A profile: its summary and its launches (the lacking metrics as a note); a diff: its one table."""
+    if prof.get("kind") == "profile-diff":
+        return [Table(f"profile diff: A {prof['a']}  B {prof['b']}", prof["header"], prof["rows"])]
+    m, n, k = prof["shape"]
+    g = prof["backends"]["gemmlab"]
+    title = (f"{m}x{n}x{k} {prof['dtype']} {prof['layout']}: gemmlab {g.get('path')} under ncu "
+             f"{prof['ncu'].get('version') or ''}, clock control {prof['ncu'].get('clock_control')}, caches flushed")
+    notes = ["not available on this GPU / ncu: " + lacking_text(prof)] if prof.get("unavailable") else []
+    return [Table(title, *summary_rows(prof), notes=notes), Table("launches", *launch_rows(prof))]
+
+
+def long_rows(prof: dict) -> list[dict]:
+    """Each METRICS value of each backend's whole call (a diff: none, its table is in the .md)."""
+    if prof.get("kind") == "profile-diff":
+        return []
+    x = "x".join(map(str, prof["shape"]))
+    return [long_row("gemm", b, mt.key, mt.unit, "shape", x, p["total"]["values"].get(mt.key), mode="ncu",
+                     dtype=prof["dtype"], layout=prof["layout"], path=p.get("path"))
+            for b, p in prof["backends"].items() for mt in METRICS if p["total"]["values"].get(mt.key) is not None]
+
+
+def write(prof: dict, out_dir, name: str | None = None) -> list:
+    """``--output-dir``: the profile's JSON (the name ``inspect.profile`` gave it), a long-format CSV and the
+    tables as Markdown; a diff: profile-diff.json, .csv, .md."""
+    if name is None:
+        name = "profile-diff" if prof.get("kind") == "profile-diff" else stem(
+            *prof["shape"], prof["dtype"], prof["layout"], prof.get("ledger_entry"))
+    return output.write(prof, out_dir, name, tables(prof), long_rows(prof))

@@ -248,3 +248,18 @@ def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bf
          "num_stages": stages, "a_tma": a_tma, "a_gather": a_gather, "w_tma": w_tma, "clip": clip, "out_tma": out_tma}
     r.update(compiled_report(kernel))
     return r
+
+
+def summary(r: dict, label: str) -> list[str]:
+    """``gemmlab inspect``'s printed lines (rich markup) for an ``inspect_shape`` report."""
+    lines = [f"[bold]{label} on {r.get('target')}: path {r.get('path')} ({r.get('reason')})"]
+    if r.get("kernel"):
+        lines += [f"kernel {r['kernel']} {r['arch']}: block {r['block']}, {r['num_warps']} warps, "
+                  f"{r['num_stages']} stages, group_m {r['group_m']}, split_k {r['split_k']}, "
+                  f"epilogue subtile {r['epilogue_subtile']}, C via {'TMA' if r['c_tma'] else 'pointers'}",
+                  f"registers/thread {r['registers']}, stack {r['stack_bytes']} B, spill stores {r['spill_stores']}, "
+                  f"local memory ops {r['local_memory_ops']}, shared {r['triton_shared_bytes']} B (dynamic) + "
+                  f"{r['shared_bytes']} B (static), warp specialized {r['warp_specialized']}",
+                  "SASS: " + ", ".join(f"{op} {cnt}" for op, cnt in r["sass"].items() if cnt)
+                  + f" (of {r['sass_total']} instructions)"]
+    return lines + [f"[red]FLAG: {f}" for f in r.get("flags", [])]

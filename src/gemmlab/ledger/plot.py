@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def history_png(entries: list, shape: str, path: str | Path) -> Path:
+def history_png(entries: list, shape: str, path: str | Path) -> Path | None:
+    """The curve as a PNG; None (said on stderr) without matplotlib."""
+    from gemmlab import output
+
+    if not output.have_matplotlib():
+        output.plot_missing(path)
+        return None
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,0 +1,1 @@
+"""The command modules of `gemmlab` (cli.py registers them): argument handling only."""

@@ -1,0 +1,245 @@
+"""``gemmlab bench gemm|moe|model|moe-ep|stable``: argument handling; the work and the tables live in gemmlab.bench."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import torch
+import typer
+from rich.console import Console
+
+from gemmlab.commands import common as cmd
+from gemmlab.commands.common import JsonOpt, LedgerOpt, ParentOpt, RecordOpt, Reps, Rounds, WarmupS
+
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="Time kernels against cuBLAS: verified first, interleaved, clocks logged.")
+
+
+@bench_app.command("gemm")
+def bench_gemm(
+    shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable)")] = None,
+    suite: Annotated[str | None, typer.Option(help="seeds, square, llm, small-m, all (cpu without CUDA); "
+                                                   "broad, broad-quick, broad-cpu: cases with their own dtype "
+                                                   "and layout")] = None,
+    dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
+    backend: Annotated[list[str] | None, typer.Option(help="gemmlab, gemmlab-packed, cublas, inductor, FILE.py:FN "
+                                                           "or package.module:FN (repeatable); cublas is always "
+                                                           "the baseline")] = None,
+    rounds: Rounds = 10, reps: Reps = 5, warmup_s: WarmupS = 1.0,
+    graph: Annotated[bool, typer.Option(help="time CUDA-graph replays (device time, no host launch cost)")] = False,
+    modes: Annotated[str | None, typer.Option(help="timing modes, first primary: graph (device time), wall "
+                                                   "(eager, host+device per call), eager (device time of eager "
+                                                   "calls); default graph,wall for broad suites on CUDA")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    timeout: Annotated[float, typer.Option(callback=cmd.seconds, help="seconds per request to a FILE.py:FN backend's "
+                                                                   "own process, loading included")] = 120.0,
+    budget_s: Annotated[float | None, typer.Option(callback=cmd.seconds, help="start no case after this many "
+                                                                              "seconds (the rest: not_run)")] = None,
+    inductor_search_space: Annotated[str, typer.Option(help="inductor backend: DEFAULT or EXHAUSTIVE")] = "DEFAULT",
+    inductor_autotune_rep_ms: Annotated[int | None, typer.Option(
+        callback=cmd.count, help="inductor backend: ms measured per autotune choice (its default 100)")] = None,
+    output_dir: Annotated[str | None, typer.Option(help="write gemm-bench.json, .csv, .md, -rows.csv and .png "
+                                                        "here")] = None,
+    json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
+) -> None:
+    """GEMM backends against cuBLAS: verified against float64 first, then interleaved with the L2 flushed,
+    clocks sampled. Exit 1 when any backend is wrong."""
+    from gemmlab import probe
+    from gemmlab.bench import gemm as bg
+    from gemmlab.problems import CASE_SUITES, cases
+
+    cuda = torch.cuda.is_available()
+    todo = cases(suite) if suite in CASE_SUITES and not shapes else cmd.shapes_of(shapes, suite,
+                                                                                   "all" if cuda else "cpu")
+    if modes is None and suite in CASE_SUITES and cuda and not graph:
+        modes = "graph,wall"
+    dt = cmd.dtype_of(dtype)
+    cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
+    with cmd.progress(Console(stderr=True, width=150), len(todo)) as bar:
+        task, state = bar.add_task("bench", total=len(todo)), {"first": True}
+
+        def step(msg: str) -> None:
+            bar.update(task, advance=0 if state.pop("first", False) else 1, description=msg)
+
+        try:
+            report = bg.bench_gemm(todo, dt, backend or ["gemmlab"], rounds=rounds, reps=reps, warmup_s=warmup_s,
+                                   graph=graph, seed=seed, progress=step, timeout=timeout, profile=probe.load(),
+                                   modes=modes.split(",") if modes else None, budget_s=budget_s,
+                                   inductor_opts={"search_space": inductor_search_space.upper(),
+                                                  "autotune_rep_ms": inductor_autotune_rep_ms})
+        except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
+            raise cmd.usage_error(e) from e
+    cmd.show(report, bg, json_out, output_dir)
+    if record_note is not None:
+        from gemmlab.ledger.records import from_bench
+
+        cmd.record(from_bench(report), record_note, ledger, parent)
+    if not all(r["ok"] for r in bg.rows(report)):
+        raise typer.Exit(1)
+
+
+@bench_app.command("moe")
+def bench_moe_cmd(
+    model: Annotated[list[str] | None, typer.Option(help="deepseek-v3, mixtral-8x7b, qwen3-30b-a3b, olmoe-1b-7b, "
+                                                         "gpt-oss-120b-like (repeatable)")] = None,
+    tokens: Annotated[list[int] | None, typer.Option(help="T (repeatable) [default: 16 128 1024 4096 16384]")] = None,
+    routing: Annotated[list[str] | None, typer.Option(help="uniform or zipf (repeatable)")] = None,
+    part: Annotated[list[str] | None, typer.Option(help="grouped (first GEMM) or forward (whole body); "
+                                                        "--baseline liger: fwd or fwd+bwd")] = None,
+    dtype: Annotated[str, typer.Option(help="bfloat16 or float16")] = "bfloat16",
+    rounds: Rounds = 10, reps: Reps = 5, warmup_s: WarmupS = 1.0,
+    graph: Annotated[bool, typer.Option(help="time CUDA-graph replays")] = False,
+    custom: Annotated[str | None, typer.Option(help="H,I,E,k of a model of your own (model name: custom)")] = None,
+    output_dir: Annotated[str | None, typer.Option(help="write moe-bench.json, .csv and .md here (--baseline "
+                                                        "liger: moe-liger_PARTS_MODES.json, .csv, .md)")] = None,
+    json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
+    baseline: Annotated[str, typer.Option(help="torch, or liger: the suite against Liger-Kernel's fused MoE "
+                                               "(parts fwd, fwd+bwd; bench.moe_liger)")] = "torch",
+    mode: Annotated[list[str] | None, typer.Option(help="--baseline liger: eager or graph (repeatable)")] = None,
+    time_limit_s: Annotated[float | None, typer.Option(callback=cmd.seconds, help="--baseline liger: start no "
+                                                       "case after this many seconds")] = None,
+    composite: Annotated[bool, typer.Option(help="--baseline liger: time the torch composite too (fwd)")] = True,
+    min_bwd_tokens: Annotated[int, typer.Option(help="--baseline liger: fwd+bwd only at T >= this")] = 0,
+    liger_tune_tokens: Annotated[int, typer.Option(callback=cmd.count, help="--baseline liger: T of Liger's "
+                                                   "autotuning call per model (outside timing)")] = 4096,
+) -> None:
+    """gemmlab's MoE kernels against torch._grouped_mm (and a per-expert loop, and the dense GEMM of the same
+    size), verified first, interleaved; with --baseline liger, the suite against Liger-Kernel (five models x
+    T 1..16384, uniform and zipf, eager and graph, fwd and fwd+bwd) with the dense and HBM bars. Exit 1 if
+    anything is wrong."""
+    from gemmlab.bench import moe as bm
+    from gemmlab.problems import MoEModel
+
+    cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
+    err = Console(stderr=True)
+    try:
+        own = MoEModel(*cmd.ints(custom, 4)) if custom else None  # H, I, E, k
+        if baseline == "liger":
+            if record_note is not None:
+                raise ValueError("--record: not with --baseline liger (its rows are not ledger entries yet)")
+            _bench_moe_liger(model, tokens, routing, part, mode or ["graph" if graph else "eager"],
+                             cmd.dtype_of(dtype), own, output_dir, json_out, err, composite=composite,
+                             min_bwd_tokens=min_bwd_tokens, liger_tune_tokens=liger_tune_tokens,
+                             time_limit_s=time_limit_s, rounds=rounds, reps=reps, warmup_s=warmup_s)
+            return
+        if baseline != "torch":
+            raise ValueError(f"--baseline {baseline!r}: torch or liger")
+        rep = bm.bench_moe(model or (["custom"] if own else ["deepseek-v3"]), tokens or [16, 128, 1024, 4096, 16384],
+                           routing or ["uniform"], part or ["grouped", "forward"], cmd.dtype_of(dtype), custom=own,
+                           rounds=rounds, reps=reps, warmup_s=warmup_s, graph=graph, progress=err.print)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    cmd.show(rep, bm, json_out, output_dir, width=170)
+    if record_note is not None:
+        from gemmlab.ledger.records import from_moe_bench
+
+        cmd.record(from_moe_bench(rep), record_note, ledger, parent)
+    if not all(r["ok"] for r in bm.rows(rep)):
+        raise typer.Exit(1)
+
+
+def _bench_moe_liger(model, tokens, routing, part, mode, dtype, own, output_dir, json_out, err, **kw) -> None:
+    """``bench moe --baseline liger``: bench.moe_liger's suite; the files are rewritten after every case (a step
+    killed by its time limit keeps what it measured)."""
+    from gemmlab.bench import moe_liger as ml
+
+    models = model or (["custom"] if own else ml.SUITE_MODELS)
+    write = (lambda r: ml.write(r, output_dir)) if output_dir else None
+    rep = ml.bench_suite(models, tokens or ml.SUITE_TOKENS, routing or ml.ROUTINGS, mode, part or ["fwd"], dtype,
+                         custom=own, progress=err.print, on_result=write, **kw)
+    cmd.show(rep, ml, json_out, output_dir, width=200)
+    if ml.wrong(rep):
+        raise typer.Exit(1)
+
+
+@bench_app.command("model")
+def bench_model_cmd(
+    model: Annotated[str, typer.Option(help="mixtral, qwen3-moe, deepseek-v3 (comma-separated)")] =
+    "mixtral,qwen3-moe,deepseek-v3",
+    tokens: Annotated[str, typer.Option(help="T, comma-separated: prefill 4096, decode 1, 8, 64")] = "4096,1,8,64",
+    modes: Annotated[str, typer.Option(help="eager, graph, compile (comma-separated)")] = "eager,graph,compile",
+    rounds: Annotated[int, typer.Option(help="interleaved rounds")] = 10,
+    reps: Annotated[int, typer.Option(help="timed calls per candidate per round")] = 5,
+    warmup_s: Annotated[float, typer.Option(help="seconds of warm-up per case")] = 0.5,
+    output_dir: Annotated[str | None, typer.Option(help="write model-bench-MODELS-MODES.json, .csv, .md here")]
+    = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """One Hugging Face decoder layer (real dims, random bf16 weights): unpatched torch against
+    gemmlab.patch, eager / CUDA graph / torch.compile, verified first, interleaved. Exit 1 if gemmlab is wrong."""
+    import importlib.util
+
+    if not torch.cuda.is_available():
+        raise cmd.usage_error("bench model needs a CUDA GPU (the layers are real-size)")
+    if importlib.util.find_spec("transformers") is None:
+        raise cmd.usage_error("bench model needs transformers: pip install transformers")
+    from gemmlab.bench import model as bmod
+
+    try:
+        rep = bmod.bench_model([m.strip() for m in model.split(",")], [int(t) for t in tokens.split(",")],
+                               [m.strip() for m in modes.split(",")], rounds=rounds, reps=reps, warmup_s=warmup_s,
+                               progress=Console(stderr=True).print)
+    except ValueError as e:
+        raise cmd.usage_error(str(e).splitlines()[0]) from e
+    cmd.show(rep, bmod, json_out, output_dir, width=200)
+    if bmod.failures(rep):
+        raise typer.Exit(1)
+
+
+@bench_app.command("moe-ep")
+def bench_moe_ep_cmd(
+    model: Annotated[list[str] | None, typer.Option(help="deepseek-v3, qwen3-30b-a3b, mixtral-8x7b (repeatable)")]
+    = None,
+    tokens: Annotated[list[int] | None, typer.Option(help="T per rank (repeatable) [default: 4096]")] = None,
+    chunks: Annotated[list[int] | None, typer.Option(help="overlap chunks (repeatable) [default: 1 2 4]")] = None,
+    rounds: Rounds = 10, reps: Reps = 5,
+    output_dir: Annotated[str | None, typer.Option(help="rank 0 writes moe-ep-bench.json, .csv, .md here")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="rank 0 prints the report as JSON on stdout")] = False,
+) -> None:
+    """Expert-parallel MoE across the GPUs of a torchrun launch (``torchrun --nproc-per-node N -m gemmlab bench
+    moe-ep``): per-rank time, all-to-all GB/s against NCCL's equal-split all_to_all, speedup against one GPU
+    holding every expert; verified first. Exit 2 without CUDA or a process group, 1 if an output is wrong."""
+    from gemmlab.bench import moe_ep
+
+    try:
+        rank, _ = moe_ep.init_from_env()
+        rep = moe_ep.bench_moe_ep(model or ["qwen3-30b-a3b"], tokens or [4096], chunks or [1, 2, 4], rounds=rounds,
+                                  reps=reps)
+    except ValueError as e:
+        raise cmd.usage_error(str(e).splitlines()[0]) from e
+    if rank == 0:
+        cmd.show(rep, moe_ep, json_out, output_dir, width=170)
+    if not all(r["ok"] for r in rep["results"]):
+        raise typer.Exit(1)
+
+
+@bench_app.command("stable")
+def bench_stable(
+    shape: Annotated[str, typer.Option(help="M,N,K")] = "8192,8192,16384",
+    processes: Annotated[int, typer.Option(callback=cmd.count, help="separate processes, each compiling fresh")] = 5,
+    dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
+    backend: Annotated[list[str] | None, typer.Option(help="as for `bench gemm` (repeatable)")] = None,
+    rounds: Annotated[int, typer.Option(callback=cmd.count, help="interleaved rounds per process")] = 6,
+    reps: Reps = 5,
+    warmup_s: Annotated[float, typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up per process")] = 1.0,
+    output_dir: Annotated[str | None, typer.Option(help="write stable-bench.json, .csv and .md here")] = None,
+    json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
+) -> None:
+    """The same measurement in N fresh processes: the spread across processes, and clock warnings."""
+    from gemmlab.bench import stable
+    from gemmlab.problems import parse_shape
+
+    cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
+    try:
+        res = stable.stable_bench(parse_shape(shape), cmd.dtype_of(dtype), backend or ["gemmlab"], processes=processes,
+                                  rounds=rounds, reps=reps, warmup_s=warmup_s, progress=Console(stderr=True).print)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    cmd.show(res, stable, json_out, output_dir)
+    if record_note is not None:
+        from gemmlab.ledger.records import from_stable
+
+        cmd.record(from_stable(res), record_note, ledger, parent)
+    s = res["summary"]
+    if any(e["wrong_in"] for e in s["backends"].values()) or s["processes_failed"]:
+        raise typer.Exit(1)

@@ -1,0 +1,121 @@
+"""What the command modules share: option types, value checks, the one way to show a report (tables, --output-dir,
+--json), usage errors (one line on stderr, exit 2), ledger recording. The CLI layer only: nothing below imports it."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Annotated
+
+import torch
+import typer
+from rich.console import Console
+
+from gemmlab import output
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def dtype_of(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise typer.BadParameter(f"--dtype {name!r}: float16 or bfloat16")
+    return DTYPES[name]
+
+
+def shapes_of(shapes: list[str] | None, suite_name: str | None, default: str) -> list[tuple[int, int, int]]:
+    from gemmlab.problems import parse_shape, suite
+
+    try:
+        return [parse_shape(s) for s in shapes] if shapes else suite(suite_name or default)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+
+
+def ints(text: str, n: int) -> list[int]:
+    values = [int(v) for v in text.split(",")]
+    if len(values) != n:
+        raise ValueError(f"{text!r}: {n} comma-separated whole numbers")
+    return values
+
+
+def checked(ok, message: str):
+    """A typer callback factory: ``ok(value)`` or a usage error naming the value."""
+    def callback(value):
+        if value is not None and not ok(value):
+            raise typer.BadParameter(f"{value} {message}")
+        return value
+    return callback
+
+
+count = checked(lambda v: v >= 1, "is not a count: give a whole number >= 1")  # --rounds, --reps, --processes
+nonneg_count = checked(lambda v: v >= 0, "is negative: give a whole number >= 0")  # --warmup calls
+seconds = checked(lambda v: math.isfinite(v) and v > 0, "is not a time limit: give a finite number > 0")
+nonneg_seconds = checked(lambda v: math.isfinite(v) and v >= 0, "is not a duration: give a finite number >= 0")
+
+RecordOpt = Annotated[str | None, typer.Option("--record", help="record this run in the ledger: what changed")]
+LedgerOpt = Annotated[str | None, typer.Option("--ledger", help="ledger file [default: $GEMMLAB_LEDGER or "
+                                                                "~/.gemmlab/ledger.db]")]
+ParentOpt = Annotated[int | None, typer.Option("--parent", help="ledger entry to decide against [default: the "
+                                                                "last accepted entry of the same shape]")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the report as one JSON document on stdout (the "
+                                                      "tables go to stderr)")]
+OutOpt = Annotated[str | None, typer.Option(help="write NAME.json, NAME.csv (long format) and NAME.md here")]
+Rounds = Annotated[int, typer.Option(callback=count, help="interleaved rounds")]
+Reps = Annotated[int, typer.Option(callback=count, help="timed calls per candidate per round")]
+WarmupS = Annotated[float, typer.Option(callback=nonneg_seconds, help="seconds of warm-up (clocks settle)")]
+
+
+def usage_error(message: object) -> typer.Exit:
+    """One line on stderr, unwrapped and taken literally (no rich markup), for ``raise ... from e``: exit 2."""
+    print(" ".join(str(message).split()), file=sys.stderr)
+    return typer.Exit(2)
+
+
+def ledger_ready(ledger: str | None, when: bool = True) -> None:
+    """Before any work of a command that records: an unusable ledger is one line and exit 2."""
+    from gemmlab.ledger import LedgerError, check
+
+    try:
+        if when:
+            check(ledger)
+    except LedgerError as e:
+        raise usage_error(e) from e
+
+
+def record(entries, note: str, ledger: str | None, parent: int | None) -> None:
+    """Write entries to the ledger and print each decision (stderr)."""
+    from gemmlab.ledger import LedgerError
+    from gemmlab.ledger.records import record as write_entries
+
+    for e in entries:
+        e.note = note
+    try:
+        done = write_entries(entries, ledger, parent)
+    except KeyError as e:
+        raise typer.BadParameter(str(e)) from e
+    except LedgerError as e:
+        raise usage_error(e) from e
+    for e in done:
+        color = "green" if e.decision == "accepted" else "yellow"
+        Console(stderr=True, width=150).print(f"ledger #{e.id} {e.shape} {e.backend}: [{color}]{e.decision}[/] "
+                                              f"({e.reason})")
+
+
+def show(report: dict, mod, json_out: bool, output_dir: str | None, width: int = 150, **write_kw) -> Console:
+    """The module's tables (stderr under --json), its --output-dir files, the --json document."""
+    con = Console(stderr=json_out, width=width)
+    output.print_tables(mod.tables(report), con)
+    for path in (mod.write(report, output_dir, **write_kw) if output_dir else []):
+        con.print(f"wrote {path}")
+    if json_out:
+        output.emit_json(report)
+    return con
+
+
+def progress(err: Console, total: float, count: bool = True):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    cols = (TextColumn("{task.description}"), BarColumn()) + ((TextColumn("{task.completed}/{task.total}"),)
+                                                              if count else ()) + (TimeElapsedColumn(),
+                                                                                   TimeRemainingColumn())
+    return Progress(*cols, console=err, transient=True)

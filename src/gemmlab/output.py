@@ -1,0 +1,135 @@
+"""One output format for every measuring command: a leaf module (stdlib and rich only) that every layer may use.
+
+    Table(title, columns, rows, notes)   what a command prints; cells are strings (rich markup allowed: "[green]ok")
+    long_row(kernel, provider, metric, unit, x_name, x_value, p50, p20, p80, mode=, **extra)
+    write(report, out_dir, stem, tables, rows) -> [stem.json, stem.csv, stem.md]
+    emit_json(report)                    ``--json``: exactly one JSON document on stdout
+    plot_missing(path)                   a requested PNG without matplotlib: one line on stderr, never silent
+
+The CSV is long-format, one row per (kernel, provider, mode, metric, x value) with the median and the 20th and
+80th percentiles (p50, p20, p80; empty where the metric has no spread), as Liger-Kernel's benchmark CSV; every
+report carries a "kind" (``KINDS``), the field ``gemmlab report`` reads to know what a JSON file holds.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KINDS = ("gemm-bench", "moe-bench", "moe-liger-bench", "stable-bench", "model-bench", "moe-ep-bench", "table",
+         "grade", "check", "tune", "device-profile", "device-health", "roofline", "ncu-profile", "profile-diff")
+LONG_FIELDS = ("kind", "kernel", "provider", "mode", "metric", "unit", "x_name", "x_value", "p50", "p20", "p80",
+               "gpu", "date", "git_sha", "extra")
+
+
+@dataclass
+class Table:
+    """A printed table: the terminal (rich), report.md and the HTML page all draw this one object."""
+
+    title: str
+    columns: Sequence[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def num(v, fmt: str) -> str:
+    """A number for a cell; None is "-"."""
+    return "-" if v is None else format(v, fmt)
+
+
+def plain(cell: object) -> str:
+    """A cell without its rich markup ("[green]ok" -> "ok"), for Markdown, CSV and HTML."""
+    from rich.text import Text
+
+    return Text.from_markup(str(cell)).plain
+
+
+def long_row(kernel: str, provider: str, metric: str, unit: str, x_name: str, x_value, p50, p20=None, p80=None, *,
+             mode: str = "", **extra) -> dict:
+    """One row of the long-format CSV (``LONG_FIELDS``; kind, gpu, date and git_sha come from the report)."""
+    return {"kernel": kernel, "provider": provider, "mode": mode, "metric": metric, "unit": unit, "x_name": x_name,
+            "x_value": x_value, "p50": p50, "p20": p20, "p80": p80,
+            "extra": json.dumps({k: v for k, v in extra.items() if v is not None}, default=str) if extra else ""}
+
+
+def print_tables(tables: Iterable[Table], console) -> None:
+    """Each table on a rich console, its notes under it."""
+    from rich.table import Table as RichTable
+
+    for t in tables:
+        rt = RichTable(title=t.title)
+        for col in t.columns:
+            rt.add_column(col)
+        for row in t.rows:
+            rt.add_row(*row)
+        console.print(rt)
+        for note in t.notes:
+            console.print(note)
+
+
+def _md_cell(cell: object) -> str:
+    return plain(cell).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(tables: Iterable[Table], head: str = "") -> str:
+    """The tables as Markdown (markup stripped), under an optional heading paragraph."""
+    parts = [head.rstrip() + "\n"] if head else []
+    for t in tables:
+        lines = [f"## {_md_cell(t.title)}", "", "| " + " | ".join(map(_md_cell, t.columns)) + " |",
+                 "|" + "---|" * len(t.columns)]
+        lines += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in t.rows]
+        lines += [""] + [plain(n) + "\n" for n in t.notes]
+        parts.append("\n".join(lines))
+    return "\n".join(parts)
+
+
+def write_csv(report: dict, rows: Iterable[dict], path: Path) -> Path:
+    """The long-format CSV, each row stamped with the report's kind, GPU, date and git SHA."""
+    env = report.get("env") or {}
+    stamp = {"kind": report.get("kind", ""), "gpu": env.get("gpu") or env.get("device") or "cpu",
+             "date": env.get("date", ""), "git_sha": env.get("git_sha") or ""}
+    with Path(path).open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=LONG_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**stamp, **{k: ("" if v is None else v) for k, v in r.items()}})
+    return Path(path)
+
+
+def dumps(report: dict) -> str:
+    return json.dumps(report, indent=1, default=str)
+
+
+def write(report: dict, out_dir: str | Path, stem: str, tables: Sequence[Table], rows: Iterable[dict],
+          head: str = "") -> list[Path]:
+    """``--output-dir``: OUT/STEM.json (the whole report), STEM.csv (long format), STEM.md (the tables)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{stem}.json", out / f"{stem}.csv", out / f"{stem}.md"]
+    tmp = paths[0].with_suffix(".json.tmp")
+    tmp.write_text(dumps(report))
+    tmp.replace(paths[0])  # a process killed mid-write (a step's time limit) keeps the last whole report
+    write_csv(report, rows, paths[1])
+    paths[2].write_text(markdown(tables, head))
+    return paths
+
+
+def emit_json(report: dict) -> None:
+    """``--json``: the report as one JSON document on stdout (everything else a command prints goes to stderr)."""
+    sys.stdout.write(dumps(report) + "\n")
+    sys.stdout.flush()
+
+
+def have_matplotlib() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def plot_missing(path: str | Path) -> None:
+    """A requested plot that cannot be drawn says so (stderr), instead of being skipped in silence."""
+    print(f"no plot {path}: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)

@@ -1,0 +1,1 @@
+"""The HTML report: ``gemmlab report DIR... --output report.html`` (collect, svg, html)."""
