@@ -3,9 +3,17 @@
 #   GEMMLAB_GIT_SHA=$(git rev-parse HEAD) bash benchmarks/h200_session.sh STEP...
 # Steps: the names of the case statement below, each with a comment where it is not obvious. Prints a one-line
 # summary per step last; results tarred into $OUT/results.tgz.
+# Liger steps: liger_quick (a plumbing check, Liger pinned to one config), liger_warm (compile Liger's kernels in
+# parallel and autotune them into .triton-cache), liger (fwd eager + graph, then fwd+bwd at T >= 1024; after
+# liger_warm). LIGER_ARGS (e.g. "--model qwen3-30b-a3b --model olmoe-1b-7b") and LIGER_WARM_ARGS (e.g.
+# "--models qwen3-30b-a3b,olmoe-1b-7b") narrow them. Liger needs its wheel: start the call with
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+# (carry .whl); /tmp/site joins PYTHONPATH here when it exists.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
-[ -d /tmp/site ] && export PYTHONPATH=src:/tmp/site  # wheels (liger-kernel) installed by the device call
+if [ -d /tmp/site ]; then export PYTHONPATH=src:/tmp/site; fi
+# Liger's kernels and autotuning results persist between steps and calls (an ignored folder of the tree is kept)
+LIGER_ENV="TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton-cache} TRITON_CACHE_AUTOTUNING=1"
 OUT=${OUT:-/tmp/gemmlab-out}
 RES=/tmp/gemmlab-results
 mkdir -p "$OUT" "$RES"
@@ -70,6 +78,18 @@ for s in "$@"; do
       --out "$RES/nvidia-h200-broad-paths2.jsonl" --rules "$RES/nvidia-h200-broad-rules2.json" ;;
     moe_host2) step moe_host2 75 python3 benchmarks/moe_host_profile.py --compare --rounds 15 \
       --json "$RES/nvidia-h200-moe-host.json" ;;
+    liger_quick) step liger_quick 150 env $LIGER_ENV LIGER_FUSED_MOE_AUTOTUNE=0 python3 -m gemmlab bench moe \
+      --baseline liger --model qwen3-30b-a3b --model mixtral-8x7b --tokens 16 --tokens 4096 --routing uniform \
+      --mode eager --mode graph --part fwd --part fwd+bwd --rounds 4 --reps 5 --warmup-s 0.2 --time-limit-s 110 \
+      --output-dir "$RES/nvidia-h200-moe-liger-quick" ;;
+    liger_warm) step liger_warm 420 env $LIGER_ENV python3 benchmarks/liger_warm.py --workers 16 --time-limit-s 400 \
+      --out "$RES/nvidia-h200-moe-liger" ${LIGER_WARM_ARGS:-} ;;
+    liger) step liger_fwd 250 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --mode graph \
+        --part fwd --rounds 5 --reps 5 --warmup-s 0.2 --time-limit-s 225 --output-dir "$RES/nvidia-h200-moe-liger" \
+        ${LIGER_ARGS:-}
+      step liger_bwd 170 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --part fwd+bwd \
+        --tokens 1024 --tokens 4096 --tokens 16384 --rounds 4 --reps 3 --warmup-s 0.2 --time-limit-s 140 \
+        --output-dir "$RES/nvidia-h200-moe-liger" ${LIGER_ARGS:-} ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done

@@ -387,8 +387,8 @@ def bench_gemm(
 
 @bench_app.command("moe")
 def bench_moe_cmd(
-    model: Annotated[list[str] | None, typer.Option(help="deepseek-v3, mixtral-8x7b, qwen3-30b-a3b (repeatable)")]
-    = None,
+    model: Annotated[list[str] | None, typer.Option(help="deepseek-v3, mixtral-8x7b, qwen3-30b-a3b, olmoe-1b-7b, "
+                                                         "gpt-oss-120b-like (repeatable)")] = None,
     tokens: Annotated[list[int] | None, typer.Option(help="T (repeatable) [default: 16 128 1024 4096 16384]")] = None,
     routing: Annotated[list[str] | None, typer.Option(help="uniform or zipf (repeatable)")] = None,
     part: Annotated[list[str] | None, typer.Option(help="grouped (first GEMM) or forward (whole body)")] = None,
@@ -402,9 +402,20 @@ def bench_moe_cmd(
     record_note: RecordOpt = None,
     ledger: LedgerOpt = None,
     parent: ParentOpt = None,
+    baseline: Annotated[str, typer.Option(help="torch, or liger: the suite against Liger-Kernel's fused MoE "
+                                               "(parts fwd, fwd+bwd; bench.moe_liger)")] = "torch",
+    mode: Annotated[list[str] | None, typer.Option(help="--baseline liger: eager or graph (repeatable)")] = None,
+    time_limit_s: Annotated[float | None, typer.Option(callback=_seconds, help="--baseline liger: start no case "
+                                                       "after this many seconds")] = None,
+    composite: Annotated[bool, typer.Option(help="--baseline liger: time the torch composite too (fwd)")] = True,
+    min_bwd_tokens: Annotated[int, typer.Option(help="--baseline liger: fwd+bwd only at T >= this")] = 0,
+    liger_tune_tokens: Annotated[int, typer.Option(callback=_count, help="--baseline liger: T of Liger's "
+                                                   "autotuning call per model (outside timing)")] = 4096,
 ) -> None:
     """gemmlab's MoE kernels against torch._grouped_mm (and a per-expert loop, and the dense GEMM of the same
-    size), verified first, interleaved. Exit 1 if anything is wrong."""
+    size), verified first, interleaved; with --baseline liger, the suite against Liger-Kernel (five models x
+    T 1..16384, uniform and zipf, eager and graph, fwd and fwd+bwd) with the dense and HBM bars. Exit 1 if
+    anything is wrong."""
 
     from gemmlab.bench import moe as bm
     from gemmlab.problems import MoEModel
@@ -417,6 +428,16 @@ def bench_moe_cmd(
         if custom:
             h, i, e, k = (int(v) for v in custom.split(","))
             own = MoEModel(hidden=h, intermediate=i, experts=e, top_k=k)
+        if baseline == "liger":
+            if record_note is not None:
+                raise ValueError("--record: not with --baseline liger (its rows are not ledger entries yet)")
+            _bench_moe_liger(model, tokens, routing, part, mode or ["graph" if graph else "eager"], _dtype(dtype), own,
+                             output_dir, composite=composite, min_bwd_tokens=min_bwd_tokens,
+                             liger_tune_tokens=liger_tune_tokens,
+                             time_limit_s=time_limit_s, rounds=rounds, reps=reps, warmup_s=warmup_s)
+            return
+        if baseline != "torch":
+            raise ValueError(f"--baseline {baseline!r}: torch or liger")
         models = model or (["custom"] if own else ["deepseek-v3"])
         rep = bm.bench_moe(models, tokens or [16, 128, 1024, 4096, 16384], routing or ["uniform"],
                            part or ["grouped", "forward"], _dtype(dtype), custom=own, rounds=rounds, reps=reps,
@@ -440,6 +461,22 @@ def bench_moe_cmd(
         from gemmlab.ledger.records import from_moe_bench
 
         _record(from_moe_bench(rep), record_note, ledger, parent)
+    if wrong:
+        raise typer.Exit(1)
+
+
+def _bench_moe_liger(model, tokens, routing, part, mode, dtype, own, output_dir, **kw) -> None:
+    """``bench moe --baseline liger``: bench.moe_liger's suite; the report is rewritten after every case."""
+    from gemmlab.bench import moe_liger as ml
+
+    err = Console(stderr=True)
+    models = model or (["custom"] if own else ml.SUITE_MODELS)
+    write = (lambda r: ml.write(r, output_dir)) if output_dir else None
+    rep = ml.bench_suite(models, tokens or ml.SUITE_TOKENS, routing or ml.ROUTINGS, mode, part or ["fwd"], dtype,
+                         custom=own, progress=lambda msg: err.print(msg), on_result=write, **kw)
+    wrong = ml.render(rep, Console(width=200))
+    if output_dir:
+        Console().print(f"wrote {ml.write(rep, output_dir)}")
     if wrong:
         raise typer.Exit(1)
 

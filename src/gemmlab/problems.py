@@ -218,6 +218,9 @@ MOE_MODELS: dict[str, MoEModel] = {
     "deepseek-v3": MoEModel(hidden=7168, intermediate=2048, experts=256, top_k=8),
     "mixtral-8x7b": MoEModel(hidden=4096, intermediate=14336, experts=8, top_k=2),
     "qwen3-30b-a3b": MoEModel(hidden=2048, intermediate=768, experts=128, top_k=8),
+    "olmoe-1b-7b": MoEModel(hidden=2048, intermediate=1024, experts=64, top_k=8),
+    # gpt-oss-120b's expert sizes in our layout (its SwiGLU is clamped, biased and interleaved; ours is not)
+    "gpt-oss-120b-like": MoEModel(hidden=2880, intermediate=2880, experts=128, top_k=4),
 }
 
 

@@ -121,3 +121,66 @@ def moe_check(y: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tens
     finite = bool(torch.isfinite(y).all())
     err = (y.float() - ref).abs().max().item() if finite else math.inf
     return {"ok": finite and err <= allowed, "max_abs_err": err, "allowed": allowed, "torch_err": torch_err}
+
+
+def _expert_grads(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, dy: torch.Tensor,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """torch.autograd of one expert's part of ``moe_ref`` computed in ``dtype``: rows x (R, H) routed to it,
+    w1 (2I, H), w2 (H, I), their weights (R,), upstream dy (R, H) -> (dx, dw1, dw2, dweights)."""
+    i = w2.shape[1]
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (x, w1, w2, weights)]
+    a, g, d, s = leaves
+    with torch.enable_grad():
+        act = torch.nn.functional.silu(a @ g[:i].t()) * (a @ g[i:].t())
+        o = (act @ d.t()) * s[:, None]
+        return torch.autograd.grad(o, leaves, dy.to(dtype))
+
+
+def moe_grad_check(grads: tuple[torch.Tensor, ...], dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor,
+                   w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> dict:
+    """Gradients (dx (T, H), dw1 (E, 2I, H), dw2 (E, H, I), d topk_weights (T, k)) of sum(y * dy) checked
+    against torch.autograd of the float32 loop (``moe_ref``), one expert at a time (no float32 copy of the
+    whole weights is ever held). Per tensor, the tolerance of ``moe_check``: |g - ref| <= 2 * max |torch in
+    x's dtype - ref| + one ulp of max |ref|. An expert with no rows must get zero weight gradients."""
+    names = ("dx", "dw1", "dw2", "dweights")
+    if len(grads) != 4 or any(g is None for g in grads):
+        return {"ok": False, "error": f"expected 4 gradients {names}, got {[type(g).__name__ for g in grads]}"}
+    for name, g, like in zip(names, grads, (x, w1, w2, topk_weights), strict=True):
+        if tuple(g.shape) != tuple(like.shape):
+            return {"ok": False, "error": f"{name} has shape {tuple(g.shape)}, expected {tuple(like.shape)}"}
+    t, h = x.shape
+    acc = {n: [0.0, 0.0, 0.0] for n in names}  # max |g - ref|, max |torch same dtype - ref|, max |ref|
+    ref_x, same_x = torch.zeros((t, h), device=x.device), torch.zeros((t, h), device=x.device)
+    ref_w, same_w = torch.zeros(topk_ids.shape, device=x.device), torch.zeros(topk_ids.shape, device=x.device)
+
+    def note(name: str, got: torch.Tensor, ref: torch.Tensor, same: torch.Tensor) -> None:
+        a = acc[name]
+        got = got.float()
+        a[0] = max(a[0], (got - ref).abs().max().item() if bool(torch.isfinite(got).all()) else math.inf)
+        a[1] = max(a[1], (same.float() - ref).abs().max().item())
+        a[2] = max(a[2], ref.abs().max().item())
+
+    for e in range(w1.shape[0]):
+        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+        if tok.numel() == 0:
+            note("dw1", grads[1][e], torch.zeros_like(w1[e], dtype=torch.float32), w1.new_zeros(w1[e].shape))
+            note("dw2", grads[2][e], torch.zeros_like(w2[e], dtype=torch.float32), w2.new_zeros(w2[e].shape))
+            continue
+        args = (x[tok], w1[e], w2[e], topk_weights[tok, slot], dy[tok])
+        r, s = _expert_grads(*args, torch.float32), _expert_grads(*args, x.dtype)
+        ref_x.index_add_(0, tok, r[0])
+        same_x.index_add_(0, tok, s[0].float())
+        ref_w[tok, slot], same_w[tok, slot] = r[3], s[3].float()
+        note("dw1", grads[1][e], r[1], s[1])
+        note("dw2", grads[2][e], r[2], s[2])
+    note("dx", grads[0], ref_x, same_x.to(x.dtype))
+    note("dweights", grads[3], ref_w, same_w.to(x.dtype))
+    ulp = 2.0 ** -mantissa_bits(x.dtype)
+    out = {n: {"max_abs_err": a[0], "torch_err": a[1], "allowed": 2 * a[1] + ulp * a[2]} for n, a in acc.items()}
+    for c in out.values():  # error / allowed: <= 1 passes (NaN, Inf: inf)
+        err, allowed = c["max_abs_err"], c["allowed"]
+        c["worst"] = err / allowed if allowed > 0 else (0.0 if err == 0 else math.inf)
+    bad = [n for n, c in out.items() if not c["max_abs_err"] <= c["allowed"]]
+    return {"ok": not bad, "max_abs_err": max(c["max_abs_err"] for c in out.values()),
+            "worst": max(c["worst"] for c in out.values()), "grads": out,
+            **({"error": f"gradients off the float32 autograd reference: {', '.join(bad)}"} if bad else {})}
