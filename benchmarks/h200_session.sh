@@ -15,7 +15,7 @@ if [ -d /tmp/site ]; then export PYTHONPATH=src:/tmp/site; fi
 # Liger's kernels and autotuning results persist between steps and calls (an ignored folder of the tree is kept)
 LIGER_ENV="TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton-cache} TRITON_CACHE_AUTOTUNING=1"
 OUT=${OUT:-/tmp/gemmlab-out}
-RES=/tmp/gemmlab-results
+RES=${RES:-/tmp/gemmlab-results}  # RES=$OUT/res: results come back even if the call is cut short
 mkdir -p "$OUT" "$RES"
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
@@ -72,7 +72,7 @@ for s in "$@"; do
     broad_paths) step broad_paths 240 python3 benchmarks/sweep_broad_paths.py --max-variants 4 \
       --out "$RES/nvidia-h200-broad-paths.jsonl" --rules "$RES/nvidia-h200-broad-rules.json" ;;
     # the broad suite's losses of call 4: unaligned small M (portable vs staging) and narrow N with long K (stream-K)
-    broad_paths2) step broad_paths2 150 python3 benchmarks/sweep_broad_paths.py --max-variants 4 --shapes \
+    broad_paths2) step broad_paths2 50 python3 benchmarks/sweep_broad_paths.py --max-variants 3 --shapes \
       1,4093,4099:fp16:linear 13,12289,1021:bf16:linear 64,14336,4097:fp16:linear 127,4099,8191:bf16:nn \
       2048,576,7168:fp16:linear 8192,576,7168:bf16:linear 2048,5120,8192:bf16:linear \
       --out "$RES/nvidia-h200-broad-paths2.jsonl" --rules "$RES/nvidia-h200-broad-rules2.json" ;;
@@ -90,6 +90,16 @@ for s in "$@"; do
       step liger_bwd 170 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --part fwd+bwd \
         --tokens 1024 --tokens 4096 --tokens 16384 --rounds 4 --reps 3 --warmup-s 0.2 --time-limit-s 140 \
         --output-dir "$RES/nvidia-h200-moe-liger" ${LIGER_ARGS:-} ;;
+    # the last call of 2026-12-01 (495 s of device time left): small experts only, tight limits
+    liger_final) LIGER_WARM_ARGS="--models qwen3-30b-a3b,olmoe-1b-7b"
+      step liger_warm 140 env $LIGER_ENV python3 benchmarks/liger_warm.py --workers 16 --time-limit-s 130 \
+        --out "$RES/nvidia-h200-moe-liger" $LIGER_WARM_ARGS
+      step liger_fwd 125 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --mode graph \
+        --part fwd --rounds 4 --reps 4 --warmup-s 0.1 --time-limit-s 110 --output-dir "$RES/nvidia-h200-moe-liger" \
+        --model qwen3-30b-a3b --model olmoe-1b-7b
+      step liger_bwd 60 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --part fwd+bwd \
+        --tokens 1024 --tokens 4096 --routing uniform --rounds 4 --reps 3 --warmup-s 0.1 --time-limit-s 45 \
+        --output-dir "$RES/nvidia-h200-moe-liger" --model qwen3-30b-a3b --model olmoe-1b-7b ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done
