@@ -55,10 +55,11 @@ def broad_table(path: Path) -> None:
     def num(v):
         return "-" if v is None else f"{v:.3f}"
 
+    skipped = {c["label"]: c["candidates"]["gemmlab"].get("skipped") for c in rep["results"]}
     for r in rows(rep):
         if r["backend"] != "gemmlab":
             continue
-        why = "" if r["ratio"] is not None else f" ({r.get('error') or 'not timed'})"
+        why = "" if r["ratio"] is not None else f" (not timed: {r.get('error') or skipped.get(r['case'])})"
         print(f"| {r['case']}{why} | {r['path']} | {num(r['ratio'])} | {num(r['eager_ratio'])} | "
               f"{num(r['inductor_ratio'])} | {r['sm_clock_mhz'] or 0:.0f} |")
     s = rep["summary"]["backends"]["gemmlab"]
