@@ -30,6 +30,18 @@ def device() -> str:
     return DEVICE
 
 
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """An empty user config directory ($GEMMLAB_CONFIGS) for the test, the tables reloaded around it."""
+    from gemmlab.ops import configs
+
+    monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path))
+    configs.reload()
+    yield tmp_path
+    monkeypatch.undo()
+    configs.reload()
+
+
 def rand(shape, dtype=torch.float16, device=DEVICE, *, major="row", seed=None, dist="uniform"):
     """Random non-constant values, (rows, cols) stored row-major or column-major ("col")."""
     g = torch.Generator(device=device)

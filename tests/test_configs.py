@@ -19,15 +19,6 @@ OTHER = Target("nvidia-a100-sxm4-80gb", (8, 0), 108)  # no file of its own: defa
 INTERP = Target("interpreter", (9, 0), 3)
 
 
-@pytest.fixture
-def user_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path))
-    configs.reload()
-    yield tmp_path
-    monkeypatch.undo()
-    configs.reload()
-
-
 def _ladder(target: Target, rows: int, experts: int, mode: int, elt: int = 2, max_group: int = 0) -> MoEConfig:
     """The if-ladder ``moe_config`` was before its choices became data (kept as the oracle; since issue 15
     16-row tiles need every group bounded by 16 rows, not the mean)."""

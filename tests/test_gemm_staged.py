@@ -195,15 +195,6 @@ def test_the_broadcast_operand_stages_when_cheap():
 H200 = Target("nvidia-h200", (9, 0), 132)
 
 
-@pytest.fixture
-def user_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path))
-    configs.reload()
-    yield tmp_path
-    monkeypatch.undo()
-    configs.reload()
-
-
 def test_the_rule_reads_its_constants_from_the_table(user_dir):
     # big odd GEMM: two operand copies are a small fraction of a compute-bound GEMM
     go, why = staging_decision(H200, 8191, 8193, 4097, 2, [8191 * 4097, 4097 * 8193])

@@ -76,15 +76,6 @@ def test_moe_forward_hands_t_as_the_group_bound(monkeypatch):
     assert seen == [t, t]
 
 
-@pytest.fixture
-def user_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path))
-    configs.reload()
-    yield tmp_path
-    monkeypatch.undo()
-    configs.reload()
-
-
 def test_programs_per_sm_must_be_a_positive_integer(user_dir):
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="programs_per_sm must be an integer >= 1"):
