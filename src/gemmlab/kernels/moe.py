@@ -136,6 +136,25 @@ def _moe_tile(a, a_rows, w, out, out_desc, scale, row0, rows_end, off_n, w_row0,
 
 
 @triton.jit
+def _tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M: tl.constexpr, LOG2_E: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(expert, first row, the expert's row end, first column) of work item ``item``: the walk of the persistent
+    grouped kernels (forward and backward), GROUP_M m-tiles of one expert sweeping the n-tiles together."""
+    e = _find_expert(tile_offsets, item // num_n, E, LOG2_E)
+    first_tile = tl.load(tile_offsets + e)
+    m_tiles = tl.load(tile_offsets + e + 1) - first_tile
+    local = item - first_tile * num_n
+    in_group = GROUP_M * num_n
+    first_m = (local // in_group) * GROUP_M
+    group_m = tl.minimum(m_tiles - first_m, GROUP_M)
+    m_tile = first_m + (local % in_group) % group_m
+    off_n = ((local % in_group) // group_m) * BLOCK_N
+    row_start = tl.load(offsets + e - 1, mask=e > 0, other=0)
+    rows_end = tl.load(offsets + e)
+    return e, row_start + m_tile * BLOCK_M, rows_end, off_n
+
+
+@triton.jit
 def _moe_grouped_kernel(
     a,  # A (rows, K) fp16/bf16: descriptor, blocks [BLOCK_M, BLOCK_K] (A_TMA and not CLIP), else pointer
     a_rows,  # (S,) int32: source row of A for routed row r (A_GATHER), else unused
@@ -160,18 +179,8 @@ def _moe_grouped_kernel(
     total = tl.load(tile_offsets + E) * num_n
     n_w = N * (2 if MODE == 1 else 1)  # rows of W per expert
     for item in tl.range(pid, total, NUM_PROGRAMS, flatten=False):
-        e = _find_expert(tile_offsets, item // num_n, E, LOG2_E)
-        first_tile = tl.load(tile_offsets + e)
-        m_tiles = tl.load(tile_offsets + e + 1) - first_tile
-        local = item - first_tile * num_n  # item within expert e: swizzled in groups of GROUP_M m-tiles
-        in_group = GROUP_M * num_n
-        first_m = (local // in_group) * GROUP_M
-        group_m = tl.minimum(m_tiles - first_m, GROUP_M)
-        m_tile = first_m + (local % in_group) % group_m
-        off_n = ((local % in_group) // group_m) * BLOCK_N
-        row_start = tl.load(offsets + e - 1, mask=e > 0, other=0)
-        rows_end = tl.load(offsets + e)
-        row0 = row_start + m_tile * BLOCK_M
+        e, row0, rows_end, off_n = _tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E, BLOCK_M,
+                                                 BLOCK_N)
         w_row0 = e * n_w + off_n  # int32: TMA coordinates (E * N_w < 2^31)
         _moe_tile(a, a_rows, w, out, out_desc, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
                   stride_om, MODE, A_TMA, A_GATHER, W_TMA, CLIP, OUT_TMA, BLOCK_M, BLOCK_N, BLOCK_K, DOT_UPCAST)

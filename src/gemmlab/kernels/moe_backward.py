@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from gemmlab.kernels.gemm import _dot
-from gemmlab.kernels.moe import _find_expert, _load_a_tile, _load_w_tile, _store_rows
+from gemmlab.kernels.moe import _load_a_tile, _load_w_tile, _store_rows, _tile_of_item
 
 
 @triton.jit
@@ -41,25 +41,6 @@ def _load_kn_tile(w, w_row0, k_rows_left, off_n, N, stride_wk,
         ptr = w + (w_row0 + kk).to(tl.int64)[:, None] * stride_wk + n[None, :]
         tile = tl.load(ptr, mask=(kk[:, None] < k_rows_left) & (n[None, :] < N), other=0.0)
     return tile
-
-
-@triton.jit
-def _tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M: tl.constexpr, LOG2_E: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(expert, first row, the expert's row end, first column) of work item ``item``: the forward's walk
-    (``_moe_grouped_kernel``), GROUP_M m-tiles of one expert sweeping the n-tiles together."""
-    e = _find_expert(tile_offsets, item // num_n, E, LOG2_E)
-    first_tile = tl.load(tile_offsets + e)
-    m_tiles = tl.load(tile_offsets + e + 1) - first_tile
-    local = item - first_tile * num_n
-    in_group = GROUP_M * num_n
-    first_m = (local // in_group) * GROUP_M
-    group_m = tl.minimum(m_tiles - first_m, GROUP_M)
-    m_tile = first_m + (local % in_group) % group_m
-    off_n = ((local % in_group) // group_m) * BLOCK_N
-    row_start = tl.load(offsets + e - 1, mask=e > 0, other=0)
-    rows_end = tl.load(offsets + e)
-    return e, row_start + m_tile * BLOCK_M, rows_end, off_n
 
 
 @triton.jit
