@@ -200,12 +200,8 @@ def _gemm_tma_splitk_kernel(
     k_tiles = tl.cdiv(K, BLOCK_K)
     k_begin = pid_k * K_TILES_PER_SPLIT
     k_end = min(k_begin + K_TILES_PER_SPLIT, k_tiles)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for ki in range(k_begin, k_end):
-        off_k = ki * BLOCK_K
-        a = _load_a(a_desc, off_m, off_k, A_KMAJOR)
-        b = _load_b(b_desc, off_k, off_n, B_KMAJOR)
-        acc = _dot(a, b, acc, DOT_UPCAST)
+    acc = _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, k_end, BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR,
+                    DOT_UPCAST)
     if SPLIT_K == 1:
         _store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
     else:
