@@ -187,6 +187,16 @@ def _moe_grouped_kernel(
 
 
 @triton.jit
+def _sum_slots(rows, stride_rows, inv, t, cols, H, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """fp32 sum over j = 0..TOP_K-1, in j order, of rows[inv[t*k + j], cols]: token t's k routed rows."""
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        r = tl.load(inv + t * TOP_K + j).to(tl.int64)
+        acc += tl.load(rows + r * stride_rows + cols, mask=cols < H, other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _moe_combine_kernel(
     o,  # (S, H) routed rows in expert order, already scaled by their top-k weight
     inv,  # (T * k,) int32: the routed row of pair (t, j) is inv[t * k + j]
@@ -198,10 +208,7 @@ def _moe_combine_kernel(
     j order, so the result does not depend on scheduling."""
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        r = tl.load(inv + t * TOP_K + j).to(tl.int64)
-        acc += tl.load(o + r * stride_o + cols, mask=cols < H, other=0.0).to(tl.float32)
+    acc = _sum_slots(o, stride_o, inv, t, cols, H, TOP_K, BLOCK_H)
     tl.store(y + t.to(tl.int64) * stride_y + cols, acc.to(y.dtype.element_ty), mask=cols < H)
 
 

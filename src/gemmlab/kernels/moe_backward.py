@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from gemmlab.kernels.gemm import _dot
-from gemmlab.kernels.moe import _load_a_tile, _load_w_tile, _store_rows, _tile_of_item
+from gemmlab.kernels.moe import _load_a_tile, _load_w_tile, _store_rows, _sum_slots, _tile_of_item
 
 
 @triton.jit
@@ -153,10 +153,7 @@ def _moe_bwd_combine_kernel(
     the programs of column block 0 also write dtw[t, j] = sum of part[inv[t*k + j], :]."""
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        r = tl.load(inv + t * TOP_K + j).to(tl.int64)
-        acc += tl.load(dxs + r * stride_dxs + cols, mask=cols < H, other=0.0).to(tl.float32)
+    acc = _sum_slots(dxs, stride_dxs, inv, t, cols, H, TOP_K, BLOCK_H)
     tl.store(dx + t.to(tl.int64) * stride_dx + cols, acc.to(dx.dtype.element_ty), mask=cols < H)
     if tl.program_id(1) == 0:
         pp = tl.arange(0, BLOCK_P)
