@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 import gemmlab
-from gemmlab.bench import timing
 from gemmlab.bench.moe import composite_forward, problem
-from gemmlab.bench.stats import quantile
+from gemmlab.instruments import timing
+from gemmlab.instruments.stats import quantile
 from gemmlab.ops.moe import sort_routes
 from gemmlab.ops.plan import gpu_slug
 from gemmlab.problems import MOE_MODELS, MoEModel

@@ -7,7 +7,7 @@ Each sweep report is one experiment, in the order given. Per case (model, T, rou
 same op and shape (its per-round ratios to torch, each interleaved in its own run); every other candidate
 is decided against it with the paired interval of the same run (interleaved). Provenance (git SHA, GPU,
 driver, versions, date) comes from the report, not from this checkout. Tensor cores: the sm_90 SASS of
-the kernel each config launches (``inspect.sass.moe_report``, compiled here, no GPU needed).
+the kernel each config launches (``instruments.sass.moe_report``, compiled here, no GPU needed).
 Ops: "moe_grouped" (first GEMM alone) and "moe_forward"; shape key "TxHxIxExk" plus " zipf" for skewed
 routing.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 
-from gemmlab.bench.stats import ratio_summary
+from gemmlab.instruments.stats import ratio_summary
 from gemmlab.ledger.records import moe_shape, moe_tensor_core_ops
 from gemmlab.ledger.store import Entry, Ledger
 from gemmlab.ops.moe import MoEConfig

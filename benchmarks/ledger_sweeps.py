@@ -23,7 +23,7 @@ Files are recorded in the order given; each file's format is detected from its c
   the paired interval of the same run (vs_gemmlab); plan errors and wrong results are rejected entries.
 
 Provenance (date, git SHA, GPU, driver, torch, triton) comes from each file's env, not from this checkout;
-a file without one gets "unknown". Tensor cores: the sm_90 SASS (``inspect.sass``, compiled here, no GPU)
+a file without one gets "unknown". Tensor cores: the sm_90 SASS (``instruments.sass``, compiled here, no GPU)
 of the kernel each entry launched, as this checkout's kernels compile it (the run's commit may differ: its
 SHA is in the entry): MoE pairs through ``moe_report``; GEMMs through the plan of "meta" operands stored as
 the case stored them (layout, row padding, offset) with the entry's config, counted only when that plan
@@ -101,7 +101,7 @@ def _gemm_sass(m: int, n: int, k: int, dtype: str, layout: str, pad: int, offset
     ``stage`` (None: this checkout's cost rule)."""
     import torch
 
-    from gemmlab.inspect.sass import H200, report
+    from gemmlab.instruments.sass import H200, report
     from gemmlab.ops.gemm import KERNELS
     from gemmlab.ops.plan import GemmConfig, choose
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from gemmlab.bench import moe_liger as ml
-from gemmlab.bench import timing
+from gemmlab.instruments import timing
 from gemmlab.problems import MOE_MODELS, MoEModel
 
 _ORIGINAL: dict[str, list] = {}

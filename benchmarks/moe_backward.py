@@ -28,9 +28,9 @@ from dataclasses import replace
 import torch
 
 import gemmlab
-from gemmlab.bench import timing
-from gemmlab.bench.compare import compare_many
 from gemmlab.bench.moe import composite_forward, problem
+from gemmlab.instruments import timing
+from gemmlab.instruments.compare import compare_many
 from gemmlab.ops import gemm as gemm_ops
 from gemmlab.ops import moe as moe_ops
 from gemmlab.ops import moe_backward as moe_bwd_ops

@@ -11,7 +11,7 @@ default) or linear (nn.Linear: B = W^T with W (N, K) row-major, K-major B). Per 
 config=..., stage=...)``: ``config`` pins the tiles, ``stage`` pins staging on or off), run once into a
 NaN-poisoned C and verified (a wrong or failing variant is recorded, never timed); then cuBLAS (torch.mm),
 gemmlab's own choice (``gemmlab.gemm``, the eager entry point with its signature cache) and every correct
-variant are timed interleaved as CUDA-graph replays with L2 flushes (``gemmlab.bench.timing.interleave``);
+variant are timed interleaved as CUDA-graph replays with L2 flushes (``gemmlab.instruments.timing.interleave``);
 ratio = cuBLAS time / variant time, the median of per-round ratios with a bootstrap 95% interval.
 
 Output: a table (shape, variant, path, ms, ratio vs cuBLAS, verdict against gemmlab's choice), one JSONL line
@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 import gemmlab
-from gemmlab.bench.timing import ClockSampler, env_info, interleave, ratio_summary, summarize
+from gemmlab.instruments.timing import ClockSampler, env_info, interleave, ratio_summary, summarize
 from gemmlab.ops.gemm import run
 from gemmlab.ops.plan import GemmConfig, gpu_slug, is_kmajor, staging_decision, stream_k_tiles, target_for, tma_ok
 from gemmlab.problems import parse_shape

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from gemmlab.bench.timing import ClockSampler, env_info, interleave, ratio_summary, summarize
+from gemmlab.instruments.timing import ClockSampler, env_info, interleave, ratio_summary, summarize
 from gemmlab.ops.gemm import plan, run
 from gemmlab.ops.plan import GemmConfig, gpu_slug
 from gemmlab.problems import parse_shape, suite

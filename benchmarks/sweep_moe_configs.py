@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from gemmlab.bench import moe as bm
-from gemmlab.bench.compare import compare_many
-from gemmlab.bench.timing import env_info
+from gemmlab.instruments.compare import compare_many
+from gemmlab.instruments.timing import env_info
 from gemmlab.ops.moe import MoEConfig, grouped_gemm, moe_config, moe_forward, sort_routes
 from gemmlab.ops.plan import gpu_slug, target_for
 from gemmlab.problems import MOE_MODELS

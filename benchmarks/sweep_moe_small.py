@@ -15,7 +15,7 @@ them, for ``programs_per_sm`` programs per SM). Liger-Kernel's ``LigerFusedMoEFu
 (Triton's autotuner; slow: minutes). Liger reads its tile count on the host (one .item()), so it has no CUDA
 graph: in graph mode it is left out and ratio_vs_liger is None.
 Every candidate is checked against the float32 reference (``ref.moe_check``) before timing and after;
-timing is ``bench.compare.compare_many``: interleaved rounds, L2 flushed, median of rounds x reps.
+timing is ``instruments.compare.compare_many``: interleaved rounds, L2 flushed, median of rounds x reps.
 Printed per case and mode: median ms, TFLOPS (2*S*H*2I + 2*S*I*H over the median), x_bound = time /
 (bytes of the experts hit / HBM copy bandwidth), where bytes = experts hit * 3*H*I * 2 (bf16 weights read
 once) and the bandwidth is ``probe.hbm_copy_gbps`` measured once at start (read + write bytes of a 1 GiB
@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 
 from gemmlab.bench import moe as bm
-from gemmlab.bench.compare import compare_many
-from gemmlab.bench.stats import ratio_summary
-from gemmlab.bench.timing import env_info
+from gemmlab.instruments.compare import compare_many
+from gemmlab.instruments.stats import ratio_summary
+from gemmlab.instruments.timing import env_info
 from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import MoEConfig, moe_config, moe_forward
 from gemmlab.ops.plan import target_for
@@ -232,7 +232,7 @@ def main() -> None:
     if bad or not torch.cuda.is_available():
         print(f"sweep_moe_small: {'unknown cases ' + ', '.join(bad) if bad else 'needs a CUDA GPU'}", file=sys.stderr)
         raise SystemExit(2)
-    from gemmlab.probe import hbm_copy_gbps
+    from gemmlab.bench.probe import hbm_copy_gbps
 
     t_start = time.time()
     liger, liger_note = liger_fn(args.liger)

@@ -26,7 +26,7 @@ CANDIDATES = [  # (block_m, block_n, block_k, num_warps, num_stages)
 def child(shape: str, cand: str) -> None:
     import torch
 
-    from gemmlab.bench.timing import ClockSampler, interleave, ratio_summary, summarize
+    from gemmlab.instruments.timing import ClockSampler, interleave, ratio_summary, summarize
     from gemmlab.ops.gemm import plan, run
     from gemmlab.ops.plan import GemmConfig
     from gemmlab.problems import parse_shape
@@ -82,7 +82,7 @@ def main() -> None:
         print(f"{spec:22s} ok={row.get('ok')} ratio={v.get('ratio', float('nan')):.3f} {row.get('error', '')}",
               flush=True)
     if args.out:
-        from gemmlab.bench.timing import env_info
+        from gemmlab.instruments.timing import env_info
 
         with open(args.out, "a") as f:  # an env line per run: benchmarks/ledger_sweeps.py takes provenance from it
             f.write(json.dumps({"env": env_info(), "args": vars(args)}, default=str) + "\n")

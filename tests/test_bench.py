@@ -15,8 +15,8 @@ import torch
 
 from conftest import DEVICE, rand
 from gemmlab import output
-from gemmlab.bench import stats, timing
-from gemmlab.bench.compare import compare, compare_many
+from gemmlab.instruments import stats, timing
+from gemmlab.instruments.compare import compare, compare_many
 from gemmlab.problems import MOE_MODELS, moe_gemm_shape, resolve_moe, suite
 
 # ------------------------------------------------------------------------------------------ statistics

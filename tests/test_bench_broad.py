@@ -133,8 +133,8 @@ def test_bench_refuses_bad_modes_and_budget_skips_the_rest():
 
 
 def test_timing_refuses_an_unknown_clock():
-    from gemmlab.bench import timing
-    from gemmlab.bench.compare import compare_many
+    from gemmlab.instruments import timing
+    from gemmlab.instruments.compare import compare_many
 
     with pytest.raises(ValueError, match="clock 'sundial'"):
         timing.interleave({"a": lambda: None}, 1, 1, 0.0, clock="sundial")

@@ -6,7 +6,7 @@ import torch
 
 import gemmlab
 from conftest import rand
-from gemmlab.bench.compare import compare_many
+from gemmlab.instruments.compare import compare_many
 from gemmlab.ref import gemm_check, gemm_ref
 
 pytestmark = pytest.mark.gpu
@@ -44,7 +44,7 @@ def test_table_on_the_gpu_reads_tensor_cores():
 
 
 def test_inspect_shape_on_the_live_gpu():
-    from gemmlab.inspect.sass import inspect_shape
+    from gemmlab.instruments.sass import inspect_shape
 
     r = inspect_shape(8192, 8192, 16384)
     p = gemmlab.plan(torch.empty(8192, 16384, dtype=torch.float16, device="cuda"),

@@ -53,7 +53,7 @@ def test_bad_spec_is_a_usage_error(args, words):
 
 def test_good_values_pass_the_checks():
     """The callbacks let valid values through (here a zero warm-up, which is allowed)."""
-    from gemmlab.commands.common import count, nonneg_count, nonneg_seconds, seconds
+    from gemmlab.cli.common import count, nonneg_count, nonneg_seconds, seconds
 
     assert count(1) == 1 and count(None) is None
     assert nonneg_count(0) == 0 and nonneg_seconds(0.0) == 0.0 and seconds(0.5) == 0.5

@@ -272,7 +272,7 @@ def test_staged_gemm_captures_in_a_cuda_graph():
     a, b = rand((4096, 4095)), rand((4095, 4096))
     assert gemmlab.plan(a, b).staged == ("a",)
     gemmlab.gemm(a, b)
-    from gemmlab.bench.timing import capture
+    from gemmlab.instruments.timing import capture
 
     graph, c = capture(lambda: gemmlab.gemm(a, b))
     a.copy_(rand((4096, 4095)))

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gemmlab.bench.sandbox import Sandbox
 from gemmlab.grade import cases, grade, make_op, rules
 from gemmlab.grade.grader import Grader
+from gemmlab.sandbox.box import Sandbox
 
 HERE = Path(__file__).resolve().parent
 BAD = str(HERE / "bad_kernels" / "kernels.py")

@@ -11,8 +11,8 @@ import torch
 
 import gemmlab
 from conftest import rand
-from gemmlab.bench import timing
 from gemmlab.bench.moe import problem
+from gemmlab.instruments import timing
 from gemmlab.ops import gemm as gemm_ops
 from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import sort_routes
@@ -106,7 +106,7 @@ def test_moe_ops_graph_capture_after_eager_calls(t, validate):
 
 _BAD_IDS = """
 import torch, gemmlab
-from gemmlab.bench import timing
+from gemmlab.instruments import timing
 from gemmlab.bench.moe import problem
 from gemmlab.problems import MOE_MODELS, MoEModel
 p = problem(MoEModel(hidden=256, intermediate=128, experts=8, top_k=2), TOKENS, "uniform", torch.bfloat16)

@@ -11,7 +11,7 @@ import pytest
 
 SCRIPT = r"""
 import json, torch
-from gemmlab.inspect.sass import plan_for, report
+from gemmlab.instruments.sass import plan_for, report
 from gemmlab.problems import SEEDS, SMALL_M, SQUARE
 out = {}
 for (m, n, k) in SEEDS + SQUARE + SMALL_M:
@@ -23,7 +23,7 @@ for (m, n, k) in ((300, 37, 64), (37, 53, 71)):  # pointer epilogue (odd N, pack
 # staging: odd everything, A and B copied to aligned buffers, C through pointers (the table's config) or, with
 # stage_c, through TMA into an aligned copy
 import dataclasses
-from gemmlab.inspect.sass import H200
+from gemmlab.instruments.sass import H200
 from gemmlab.ops.plan import choose
 staged = plan_for(8191, 8193, 4097)
 assert staged.staged == ("a", "b"), staged
@@ -89,7 +89,7 @@ NO_MMA = r"""
 import json, triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from gemmlab.inspect.sass import compiled_report
+from gemmlab.instruments.sass import compiled_report
 
 @triton.jit
 def _scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):  # elementwise: no tensor cores anywhere
@@ -114,7 +114,7 @@ def test_a_kernel_without_tensor_cores_is_flagged(tmp_path):
 
 
 def test_flags():
-    from gemmlab.inspect.sass import flags
+    from gemmlab.instruments.sass import flags
 
     assert flags({"tensor_core": True, "local_memory_ops": 0, "stack_bytes": 0}) == []
     spill = flags({"tensor_core": True, "local_memory_ops": 6, "stack_bytes": 64})
@@ -142,7 +142,7 @@ def test_inspect_command_reports_the_seed_kernel():
 
 MOE = r"""
 import json, torch
-from gemmlab.inspect.sass import moe_report
+from gemmlab.instruments.sass import moe_report
 out = {}
 for mode in (0, 1, 2):
     for rows, experts in ((16 * 8, 256), (1024 * 8, 128), (4096 * 8, 256)):  # decode, Qwen3-like, DeepSeek-V3

@@ -117,7 +117,7 @@ def test_moe_backward_transient_memory_bound():
 def test_backward_kernels_use_tensor_cores_and_report_spills(capsys):
     """Each backward GEMM kernel compiled at Qwen3 sizes has tensor-core instructions (HGMMA where its tiles
     allow); spills are printed (a perf finding, not a failure: the dh kernel holds three accumulators)."""
-    from gemmlab.inspect.sass import compiled_report
+    from gemmlab.instruments.sass import compiled_report
 
     m = MOE_MODELS["qwen3-30b-a3b"]
     p = problem(m, 512, "uniform", torch.bfloat16, seed=4)

@@ -44,7 +44,7 @@ def test_grouped_gemm_matches_grouped_mm(t, e, k):
 
 
 def test_grouped_kernel_uses_tensor_cores():
-    from gemmlab.inspect.sass import compiled_report
+    from gemmlab.instruments.sass import compiled_report
 
     seen = []
     real = moe_ops._moe_grouped_kernel

@@ -153,7 +153,7 @@ SASS = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from sweep_moe_small import FAMILIES
-from gemmlab.inspect.sass import moe_report
+from gemmlab.instruments.sass import moe_report
 out, seen = [], set()
 for _, pairs in FAMILIES:
     for pair in pairs:

@@ -139,7 +139,7 @@ def test_probe_without_cuda_is_one_line(monkeypatch):
 
 
 def test_requested_plot_without_matplotlib_says_so(tmp_path, monkeypatch, capsys):
-    from gemmlab import probe
+    from gemmlab.bench import probe
     from gemmlab.ledger import plot
 
     monkeypatch.setattr(output, "have_matplotlib", lambda: False)
@@ -168,7 +168,7 @@ H200_PROFILE = Path(__file__).resolve().parent.parent / "benchmarks/results/nvid
 def test_probe_and_probe_check_json_and_output_dir(tmp_path, monkeypatch):
     """probe and probe --check need a GPU: their rendering and writing, with the committed H200 profile standing
     in for the measurement (a re-measurement equal to the record is healthy; one at half the HBM rate is not)."""
-    from gemmlab import probe
+    from gemmlab.bench import probe
 
     prof = dict(json.loads(H200_PROFILE.read_text()), kind="device-profile")  # (recorded before "kind")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -70,7 +70,7 @@ def test_this_checkout_reports_its_sha(monkeypatch):
 
 
 def test_reports_and_ledger_entries_record_the_version(tmp_path):
-    from gemmlab.bench.timing import env_info
+    from gemmlab.instruments.timing import env_info
     from gemmlab.ledger import Entry, Ledger
 
     env = env_info()

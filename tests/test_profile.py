@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gemmlab.cli import app
-from gemmlab.inspect import profile as pf
-from gemmlab.inspect import profile_view as view
+from gemmlab.instruments import ncu as pf
+from gemmlab.instruments import ncu_view as view
 from gemmlab.ledger import Entry, Ledger
 
 HERE = Path(__file__).parent / "ncu"
@@ -223,7 +223,7 @@ def test_profile_runs_ncu_per_backend_and_writes_the_profile(fake_ncu, tmp_path)
     for c in runs:
         for flag, value in (("--cache-control", "all"), ("--clock-control", "none"), ("--profile-from-start", "off")):
             assert c[c.index(flag) + 1] == value
-        assert c[c.index("-m") + 1] == "gemmlab.inspect.profile_target"
+        assert c[c.index("-m") + 1] == "gemmlab.instruments.ncu_target"
         assert "lts__throughput" not in c[c.index("--metrics") + 1]  # this ncu lacks it
     assert prof["ncu"]["version"] == "Version 2099.1.0.0 (fake)" and prof["ncu"]["clock_control"] == "none"
     assert prof["backends"]["gemmlab"]["total"]["launches"] == 2
@@ -373,7 +373,7 @@ def test_ledger_attachment_round_trip(tmp_path):
 
 
 def test_profile_target_refuses_without_a_gpu(tmp_path):
-    from gemmlab.inspect import profile_target
+    from gemmlab.instruments import ncu_target as profile_target
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("a GPU is here")

@@ -3,7 +3,7 @@ inspect.profile.METRICS exist on this GPU and ncu, and the numbers they give are
 
 import pytest
 
-from gemmlab.inspect import profile as pf
+from gemmlab.instruments import ncu as pf
 
 pytestmark = pytest.mark.gpu
 

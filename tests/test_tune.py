@@ -149,7 +149,7 @@ def _profile(**over):
 
 
 def test_health_rule_fires_below_the_profile():
-    from gemmlab.probe import health_problems
+    from gemmlab.bench.probe import health_problems
 
     assert health_problems(_profile(), _profile()) == []
     slow = _profile(cublas_8192={"tflops": 35.0}, launch={"triton_empty_us": 40.0})
@@ -158,7 +158,7 @@ def test_health_rule_fires_below_the_profile():
 
 
 def test_profile_files_and_roofline(tmp_path, monkeypatch):
-    from gemmlab import probe
+    from gemmlab.bench import probe
 
     monkeypatch.setenv("GEMMLAB_HOME", str(tmp_path))
     path = probe.save(_profile())

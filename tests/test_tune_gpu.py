@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_probe_quick_is_plausible(tmp_path, monkeypatch):
-    from gemmlab import probe
+    from gemmlab.bench import probe
 
     prof = probe.probe(quick=True)
     assert prof["sm_count"] > 0 and prof["l2_bytes"] > 0
@@ -23,7 +23,7 @@ def test_probe_quick_is_plausible(tmp_path, monkeypatch):
     assert 0 < prof["launch"]["triton_empty_us"] < 500
     monkeypatch.setenv("GEMMLAB_HOME", str(tmp_path))
     probe.save(prof)
-    from gemmlab.bench.compare import compare
+    from gemmlab.instruments.compare import compare
 
     a, b = rand((2048, 2048), device="cuda"), rand((2048, 2048), device="cuda")
     r = compare(lambda: a @ b, lambda: torch.mm(a, b), flops=2.0 * 2048**3, rounds=4, reps=3, warmup_s=0.2)

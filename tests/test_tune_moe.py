@@ -55,7 +55,7 @@ def test_tune_moe_records_attempts_and_its_winner_is_read_back(tmp_path, monkeyp
 
 
 def test_forward_modes_run_their_config_in_the_right_gemm():
-    from gemmlab.tune.ops import moe_problem
+    from gemmlab.tune.targets import moe_problem
 
     for mode in ("gate_up", "down"):
         pb = moe_problem(TINY, 8, mode, torch.bfloat16)

@@ -1,6 +1,6 @@
 """Where a result came from: gemmlab's version, its git SHA when it runs from a checkout of gemmlab, and
 whether the running Triton is the one the shipped configs were tuned with. A leaf module (standard library
-only): reports (``bench.timing.env_info``), the ledger and the probe all ask here.
+only): reports (``instruments.timing.env_info``), the ledger and the probe all ask here.
 
     version()            "0.1.0"
     git_sha()            "1a2b3c...(-dirty)" from a git checkout of gemmlab, else None

@@ -184,9 +184,9 @@ def lying_clock_mild(A, B, C, M, N, K):
 
 
 def fake_timed_loop(A, B, C, M, N, K):
-    """Replaces the timing loop of its process (bench.timing.time_calls, which the worker times with): the
+    """Replaces the timing loop of its process (instruments.timing.time_calls, which the worker times with): the
     calls still run, the reported times are 1 microsecond each."""
-    from gemmlab.bench import timing
+    from gemmlab.instruments import timing
 
     def fast(fn, reps, device=None, flush=True):
         for _ in range(reps):
@@ -207,7 +207,7 @@ def kills_baseline(A, B, C, M, N, K):
         if d.isdigit():
             try:
                 cmd = open(f"/proc/{d}/cmdline", "rb").read()
-                if b"_keeper.py" in cmd and os.getsid(int(d)) != me:
+                if b"sandbox/keeper.py" in cmd and os.getsid(int(d)) != me:
                     os.kill(int(d), signal.SIGKILL)
             except OSError:
                 pass

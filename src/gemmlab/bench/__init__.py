@@ -1,12 +1,5 @@
-"""Measuring instruments: L2-flushed device-event timing, interleaved comparisons with bootstrap intervals,
-NVML clock sampling and clock-normalized efficiency, the GEMM bench, the MoE GEMM table, the stable bench.
-
-    from gemmlab.bench import compare, compare_many, summarize, ratio_summary, ClockSampler
-"""
-
-from gemmlab.bench.compare import compare, compare_many
-from gemmlab.bench.stats import efficiency, ratio_summary, summarize
-from gemmlab.bench.timing import ClockSampler, env_info, interleave, require_random, time_calls
-
-__all__ = ["ClockSampler", "compare", "compare_many", "efficiency", "env_info", "interleave", "ratio_summary",
-           "require_random", "summarize", "time_calls"]
+"""Benchmark suites: each module describes what to time (shapes, providers, baselines) and hands it to the
+instruments (``gemmlab.instruments``: timing, statistics, comparison). ``gemm`` (the broad GEMM suite),
+``moe`` and ``moe_liger`` (MoE against composites and Liger-Kernel), ``model`` (whole models), ``moe_ep``
+(expert parallel), ``stable`` (repeatability), ``table`` (the seed competition's tables), ``check``,
+``probe`` (the device's measured ceilings) and ``inductor`` (torch.compile's GEMM as a baseline)."""

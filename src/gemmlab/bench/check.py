@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from gemmlab import output
-from gemmlab.bench import timing
+from gemmlab.instruments import timing
 from gemmlab.output import Table, long_row
 from gemmlab.problems import CPU_CHECK, SEEDS, SMALL_M, Shape
 

@@ -37,8 +37,9 @@ from pathlib import Path
 import torch
 
 from gemmlab import output, provenance
-from gemmlab.bench import inductor, stats, timing
-from gemmlab.bench.compare import compare_many
+from gemmlab.bench import inductor
+from gemmlab.instruments import stats, timing
+from gemmlab.instruments.compare import compare_many
 from gemmlab.output import Table, long_row, num
 from gemmlab.problems import Case, Shape
 
@@ -114,7 +115,7 @@ class Isolated:
     failure its output reads NaN and its times NaN, so ``compare_many`` neither trusts nor times it."""
 
     def __init__(self, spec: str, a: torch.Tensor, b: torch.Tensor, timeout: float):
-        from gemmlab.bench.sandbox import Sandbox
+        from gemmlab.sandbox.box import Sandbox
 
         self.a0, self.b0 = a, b
         self.a, self.b = a.clone(), b.clone()
@@ -124,7 +125,7 @@ class Isolated:
         self._ask("bind", slots=[((self.a, self.b), self.out)])
 
     def _ask(self, op: str, **req) -> dict | None:
-        from gemmlab.bench.sandbox import CandidateError, WorkerFailure
+        from gemmlab.sandbox.box import CandidateError, WorkerFailure
 
         if self.error:
             return None
@@ -155,7 +156,7 @@ class Isolated:
         return reply["ms"] if reply else [math.nan] * reps
 
     def close(self) -> None:
-        from gemmlab.bench.sandbox import WorkerFailure
+        from gemmlab.sandbox.box import WorkerFailure
 
         try:
             self.box.close()

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import torch
 
 from gemmlab import output
-from gemmlab.bench import timing
-from gemmlab.bench.compare import compare_many
+from gemmlab.instruments import timing
+from gemmlab.instruments.compare import compare_many
 from gemmlab.output import Table, long_row, num
 
 

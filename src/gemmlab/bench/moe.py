@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from gemmlab import output
-from gemmlab.bench import timing
-from gemmlab.bench.compare import compare_many
+from gemmlab.instruments import timing
+from gemmlab.instruments.compare import compare_many
 from gemmlab.output import Table, long_row, num
 from gemmlab.problems import MOE_MODELS, MoEModel
 

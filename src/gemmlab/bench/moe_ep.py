@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from gemmlab import output
-from gemmlab.bench import stats, timing
+from gemmlab.instruments import stats, timing
 from gemmlab.output import Table, long_row, num
 from gemmlab.problems import MOE_MODELS
 

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 import torch
 
 from gemmlab import output
-from gemmlab.bench import timing
-from gemmlab.bench.compare import compare_many
 from gemmlab.bench.moe import composite_forward, problem
+from gemmlab.instruments import timing
+from gemmlab.instruments.compare import compare_many
 from gemmlab.output import Table, long_row, num
 from gemmlab.problems import MOE_MODELS, MoEModel
 
@@ -367,7 +367,7 @@ def bench_suite(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SU
     env["liger_kernel"] = liger_info.get("version")
     hbm = None
     if torch.cuda.is_available():
-        from gemmlab.probe import hbm_copy_gbps
+        from gemmlab.bench.probe import hbm_copy_gbps
 
         hbm = hbm_copy_gbps()
     report = {"kind": "moe-liger-bench", "env": env,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from gemmlab import output
-from gemmlab.bench import stats, timing
+from gemmlab.instruments import stats, timing
 from gemmlab.output import Table, long_row, num
 from gemmlab.problems import Shape
 

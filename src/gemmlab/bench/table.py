@@ -12,7 +12,7 @@ schedule and loads, the dense product's result). All timed rows are verified aga
 reference first, then run interleaved (``compare_many``) with ``warmup`` calls (and about ``warmup_s``
 seconds) of warm-up and ``repeat`` timed calls each. Columns: median latency, p20/p80, TFLOPS, max_abs_error
 against the baseline's output (the seed's acceptance rule: it stayed 0) and against float64, tensor-core
-instructions in the kernel's SASS (``inspect.sass``; the vendor's binary is not inspected), mean SM clock
+instructions in the kernel's SASS (``instruments.sass``; the vendor's binary is not inspected), mean SM clock
 while the row ran, efficiency at that clock, speed ratio to the baseline with its 95% interval.
 """
 
@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from gemmlab import output, provenance
-from gemmlab.bench import timing
-from gemmlab.bench.compare import compare_many
 from gemmlab.bench.gemm import inputs, make_backend
+from gemmlab.instruments import timing
+from gemmlab.instruments.compare import compare_many
 from gemmlab.output import Table, long_row
 from gemmlab.problems import moe_gemm_shape
 
@@ -64,7 +64,7 @@ def _vendor_kernels(fn: Callable[[], object]) -> list[str]:
 
 
 def _tensor_cores(backend: str, m: int, n: int, k: int, dtype: torch.dtype) -> dict:
-    from gemmlab.inspect.sass import inspect_shape
+    from gemmlab.instruments.sass import inspect_shape
 
     try:
         r = inspect_shape(m, n, k, dtype, "NN", packed=backend == "gemmlab-packed")
@@ -82,7 +82,7 @@ def _moe_tensor_cores() -> dict:
     k = last_kernel()
     if k is None:
         return {"tensor_core": None, "inspected": "not inspected (no compiled kernel under the interpreter)"}
-    from gemmlab.inspect.sass import compiled_report
+    from gemmlab.instruments.sass import compiled_report
 
     r = compiled_report(k)
     return {"tensor_core": r["tensor_core"], "hgmma": r["sass"]["HGMMA"], "hmma": r["sass"]["HMMA"],

@@ -3,7 +3,7 @@
 The candidate is arbitrary Python and GPU code, so everything in its process is its own: gemmlab's code
 there, torch, the clock, the profiler, CUDA events. The grader decides only on what its own process
 observes: the outputs it reads, the inputs it compares, the times it takes. The candidate runs in a
-sandbox (``bench/sandbox.py``: own session, a keeper between it and the grader, output to a log, every
+sandbox (``gemmlab.sandbox``: own session, a keeper between it and the grader, output to a log, every
 process it starts killed before the report is written).
 
 Correctness: each listed case runs ``op.trials`` trials, each on fresh inputs drawn by the grader from a
@@ -28,7 +28,7 @@ Timing protocol (``Grader.perf``), the same for candidate and baseline, each in 
    bursts (H200, 2026-12-01: 0.931x at 8192x8192x16384 at 1934 MHz, where the benchmark protocol,
    power-capped, gave 1.005x on the same inputs: benchmarks/grade_gap.py).
 3. The window: t0 = the grader's ``time.perf_counter()``; the request "run N calls" goes to the worker,
-   which syncs, runs the calls back to back (``bench.timing.time_calls``, no flush), syncs and answers;
+   which syncs, runs the calls back to back (``instruments.timing.time_calls``, no flush), syncs and answers;
    the grader then reads a secret random sample of every output into its own memory and syncs; t1.
    A child that answers before its work is done gains nothing: the sample is taken after the answer, and
    the batch fails unless every sampled value equals the final output.
@@ -57,12 +57,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gemmlab.bench.sandbox import CandidateError, Sandbox, WorkerFailure
-from gemmlab.bench.stats import ratio_summary, tensor_peak_tflops
-from gemmlab.bench.timing import ClockSampler, _sync, env_info, l2_flush_buffer
 from gemmlab.grade import rules
 from gemmlab.grade.cases import CaseFile
 from gemmlab.grade.op import Op
+from gemmlab.instruments.stats import ratio_summary, tensor_peak_tflops
+from gemmlab.instruments.timing import ClockSampler, _sync, env_info, l2_flush_buffer
+from gemmlab.sandbox.box import CandidateError, Sandbox, WorkerFailure
 
 # Dense fp16/bf16 tensor peak at the maximum boost clock, TFLOPS (vendor datasheets).
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1, "L4": 121.0}

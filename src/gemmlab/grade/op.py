@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gemmlab.candidate import logical_out
 from gemmlab.grade.cases import CaseFile
 from gemmlab.grade.inputs import SECOND_DISTRIBUTION, operands, reference
+from gemmlab.sandbox.candidate import logical_out
 
 
 @dataclass(frozen=True)

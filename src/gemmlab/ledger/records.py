@@ -14,10 +14,10 @@ from gemmlab.ledger.store import Entry, Ledger
 
 @functools.cache
 def tensor_core_ops(m: int, n: int, k: int, dtype: str, packed: bool = False) -> int | None:
-    """HGMMA + HMMA (+ QGMMA, IMMA) count of the kernel gemmlab launches at this shape (inspect.sass)."""
+    """HGMMA + HMMA (+ QGMMA, IMMA) count of the kernel gemmlab launches at this shape (instruments.sass)."""
     import torch
 
-    from gemmlab.inspect.sass import inspect_shape
+    from gemmlab.instruments.sass import inspect_shape
 
     try:
         r = inspect_shape(m, n, k, getattr(torch, dtype), "NN", packed)
@@ -132,7 +132,7 @@ def from_grade(report: dict, note: str = "", command: str = "") -> list[Entry]:
 
 def _moe_grade_entry(report: dict, perf: dict, dims, note: str, command: str) -> Entry:
     """An MoE layer grade: its own op ("moe_forward") and shape key (T x H x I x E x k); gemmlab's own
-    kernel is inspected through the first GEMM's sm_90 SASS (``inspect.sass.moe_report``)."""
+    kernel is inspected through the first GEMM's sm_90 SASS (``instruments.sass.moe_report``)."""
     t, h, i, e, k = dims
     own = report["kernel"] == "gemmlab (default)"
     tc = moe_tensor_core_ops((1,), t * k, e, report["dtype"]) if own else None
@@ -154,7 +154,7 @@ def moe_shape(t: int, h: int, i: int, e: int, k: int, routing: str = "uniform") 
 @functools.cache
 def moe_tensor_core_ops(modes: tuple[int, ...], rows: int, experts: int, dtype: str,
                         configs: tuple | None = None) -> int | None:
-    """The fewest tensor-core instructions (sm_90 SASS, ``inspect.sass.moe_report``) among the grouped
+    """The fewest tensor-core instructions (sm_90 SASS, ``instruments.sass.moe_report``) among the grouped
     kernels of ``modes`` (0 grouped, 1 gate/up, 2 down) for ``rows`` routed rows: each with the config
     ``moe_config`` picks, or ``configs[i]`` for ``modes[i]``. None under the interpreter or when a
     kernel does not compile."""
@@ -164,7 +164,7 @@ def moe_tensor_core_ops(modes: tuple[int, ...], rows: int, experts: int, dtype: 
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         return None
-    from gemmlab.inspect.sass import moe_report
+    from gemmlab.instruments.sass import moe_report
 
     try:
         return min(moe_report(mode, rows, experts, getattr(torch, dtype), config=cfg)["tensor_core_ops"]

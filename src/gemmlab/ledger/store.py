@@ -239,7 +239,7 @@ class Ledger:
         self.conn.execute("COMMIT")
 
     def _provenance(self, e: Entry) -> None:
-        from gemmlab.bench.timing import env_info
+        from gemmlab.instruments.timing import env_info
 
         env = env_info()
         sha = env.get("git_sha")  # None outside a checkout of gemmlab

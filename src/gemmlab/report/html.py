@@ -219,7 +219,7 @@ def _grade(f: Found, _all) -> str:
 
 
 def _profile(f: Found, found: list[Found]) -> str:
-    from gemmlab import probe
+    from gemmlab.bench import probe
 
     prof = f.data
     points: dict[str, list] = {}
@@ -245,7 +245,7 @@ def _roofline_chart(data: dict, points: dict, path: str) -> str:
 
 
 def _roofline(f: Found, _all) -> str:
-    from gemmlab import probe
+    from gemmlab.bench import probe
 
     pts: dict[str, list] = {}
     for p in f.data["points"]:
@@ -254,7 +254,7 @@ def _roofline(f: Found, _all) -> str:
 
 
 def _health(f: Found, _all) -> str:
-    from gemmlab import probe
+    from gemmlab.bench import probe
 
     problems = "".join(f'<p class="note bad">DEGRADED: {escape(p)}</p>' for p in f.data["problems"])
     return problems + "".join(table_html(t, f.path) for t in probe.tables(f.data["now"]))
@@ -282,8 +282,8 @@ RENDER = {"gemm-bench": _gemm, "moe-bench": _moe, "moe-liger-bench": _liger, "mo
           "device-profile": _profile, "roofline": _roofline, "device-health": _health, "ledger": _ledger,
           "table": _tables_of("gemmlab.bench.table"), "stable-bench": _tables_of("gemmlab.bench.stable"),
           "check": _tables_of("gemmlab.bench.check"), "moe-ep-bench": _tables_of("gemmlab.bench.moe_ep"),
-          "ncu-profile": _tables_of("gemmlab.inspect.profile_view"),
-          "profile-diff": _tables_of("gemmlab.inspect.profile_view")}
+          "ncu-profile": _tables_of("gemmlab.instruments.ncu_view"),
+          "profile-diff": _tables_of("gemmlab.instruments.ncu_view")}
 
 
 def _render(f: Found, found: list[Found]) -> str:

@@ -1,6 +1,6 @@
 """``gemmlab tune``: a correctness-gated search of each problem's config space, recorded in the ledger.
 
-One loop (``tune_problem``) for every op; the op is data (``tune.ops.Problem``: GEMM shapes, and the MoE
+One loop (``tune_problem``) for every op; the op is data (``tune.targets.Problem``: GEMM shapes, and the MoE
 layer's grouped GEMMs per mode). Per problem, within its share of the time budget:
 1. the default config (the one ``plan`` / ``moe_config`` picks today) is verified and timed against the
    op's baseline (cuBLAS; torch._grouped_mm or the torch MoE composite): the incumbent;
@@ -36,14 +36,14 @@ from pathlib import Path
 
 import torch
 
-from gemmlab.bench import stats, timing
-from gemmlab.bench.compare import compare_many
+from gemmlab.instruments import stats, timing
+from gemmlab.instruments.compare import compare_many
 from gemmlab.ledger.store import Entry, Ledger
 from gemmlab.ops import configs
 from gemmlab.ops.plan import GemmConfig, Plan
 from gemmlab.problems import MoEModel
 from gemmlab.tune import space
-from gemmlab.tune.ops import (  # noqa: F401 (bucket, default_runner: re-exported)
+from gemmlab.tune.targets import (  # noqa: F401 (bucket, default_runner: re-exported)
     Problem,
     bucket,
     count_in_child,

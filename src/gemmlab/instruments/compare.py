@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from gemmlab.bench import stats, timing
+from gemmlab.instruments import stats, timing
 
 Check = Callable[[object], dict]
 

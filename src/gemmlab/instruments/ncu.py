@@ -6,7 +6,7 @@
 One ``ncu`` process per backend (gemmlab, then the baseline), so every kernel in a report is that backend's:
 
     ncu --profile-from-start off --cache-control all --clock-control none|base --metrics <METRICS> \\
-        --export R python -m gemmlab.inspect.profile_target --backend gemmlab --shape M,N,K ...
+        --export R python -m gemmlab.instruments.ncu_target --backend gemmlab --shape M,N,K ...
 
 The target (``profile_target``) builds fresh random inputs, warms up, poisons the output, brackets one call
 with cudaProfilerStart/Stop (so ncu profiles exactly that call's launches) and verifies that call's output
@@ -343,7 +343,7 @@ def run_backend(ncu: str, backend: str, target_args: list[str], metrics: list[st
         result.unlink(missing_ok=True)
         cmd = [ncu, "--target-processes", "all", "--profile-from-start", "off", "--cache-control", "all",
                "--clock-control", clock_control, "--metrics", ",".join(metrics), "--export", str(rep),
-               "--force-overwrite", sys.executable, "-m", "gemmlab.inspect.profile_target", "--backend", backend,
+               "--force-overwrite", sys.executable, "-m", "gemmlab.instruments.ncu_target", "--backend", backend,
                "--result", str(result), *target_args]
         r = _run(cmd, timeout, env)
         (work / f"{stem}-{backend}.ncu.log").write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
@@ -384,7 +384,7 @@ def profile(m: int, n: int, k: int, dtype: str = "float16", layout: str = "row",
     """Profile one verified call of gemmlab (``config`` pinned, else its plan's) and of ``baseline`` at
     C (M, N) = A (M, K) @ B; returns the profile (``FORMAT``) and, with ``output_dir``, writes it as
     ``stem(...).json`` beside the ncu reports, their CSVs and logs. Raises ProfileError."""
-    from gemmlab.bench.timing import env_info
+    from gemmlab.instruments.timing import env_info
 
     why = unavailable()
     if why:

@@ -1,4 +1,4 @@
-"""What ``gemmlab profile`` prints: a profile (``inspect.profile``) as rows of strings for the CLI's tables.
+"""What ``gemmlab profile`` prints: a profile (``instruments.ncu``) as rows of strings for the CLI's tables.
 
     summary_rows(prof)   each METRICS line of each backend's whole call, TFLOPS, top stalls, clocks, check
     launch_rows(prof)    every launch: kernel, grid, block, duration, tensor-pipe use; the sum where several
@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from gemmlab import output
-from gemmlab.inspect.profile import FORMAT, METRICS, STALL_METRIC, stem
+from gemmlab.instruments.ncu import FORMAT, METRICS, STALL_METRIC, stem
 from gemmlab.output import Table, long_row
 
 
@@ -147,7 +147,7 @@ def long_rows(prof: dict) -> list[dict]:
 
 
 def write(prof: dict, out_dir, name: str | None = None) -> list:
-    """``--output-dir``: the profile's JSON (the name ``inspect.profile`` gave it), a long-format CSV and the
+    """``--output-dir``: the profile's JSON (the name ``instruments.ncu`` gave it), a long-format CSV and the
     tables as Markdown; a diff: profile-diff.json, .csv, .md."""
     if name is None:
         name = "profile-diff" if prof.get("kind") == "profile-diff" else stem(

@@ -1,6 +1,6 @@
-"""The sandbox's first process, run by path (``python .../_keeper.py FD``) so that nothing is imported
+"""The sandbox's first process, run by path (``python .../keeper.py FD``) so that nothing is imported
 before it forks (no CUDA, no gemmlab): the parent half is the keeper, which only waits and exits with the
-candidate's status; the child half serves the candidate (``bench.sandbox.serve``)."""
+candidate's status; the child half serves the candidate (``sandbox.box.serve``)."""
 
 import os
 import sys
@@ -16,7 +16,7 @@ def main() -> None:
         _, status = os.waitpid(pid, 0)
         os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     try:
-        from gemmlab.bench.sandbox import serve
+        from gemmlab.sandbox.box import serve
 
         serve(fd)
     finally:

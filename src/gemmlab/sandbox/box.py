@@ -9,7 +9,7 @@
     box.close()          # kill every process the child started; returns only when all are gone
 
 Containment:
-- The child is ``python .../bench/_keeper.py``, started in a new session (``start_new_session``): it
+- The child is ``python .../sandbox/keeper.py``, started in a new session (``start_new_session``): it
   leads its own session and process group. Its first act, before any import, is to fork: the parent half
   is a *keeper* that only waits; the candidate runs in the keeper's child (``serve``).
   ``os.kill(os.getppid(), 9)`` kills the keeper, which the owner notices (``WorkerFailure``: the grade
@@ -151,7 +151,7 @@ class Sandbox:
         mine, theirs = socket.socketpair()
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).with_name("_keeper.py")), str(theirs.fileno())],
+                [sys.executable, str(Path(__file__).with_name("keeper.py")), str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.log_dir, start_new_session=True,
                 env=child_env(self.interpret, self.extra_env))
@@ -313,7 +313,7 @@ class Sandbox:
 
 class _Server:
     def __init__(self, spec, signature, layout):
-        from gemmlab.candidate import load_kernel
+        from gemmlab.sandbox.candidate import load_kernel
 
         self.signature, self.layout = signature, layout
         self.spec = spec
@@ -325,7 +325,7 @@ class _Server:
         return {}
 
     def _call(self, i: int):
-        from gemmlab.candidate import invoke
+        from gemmlab.sandbox.candidate import invoke
 
         inputs, out = self.slots[i]
         return invoke(self.fn, self.signature, self.layout, inputs, out)
@@ -348,7 +348,7 @@ class _Server:
     def run(self, order: list[int], fn: str = "kernel", flush: bool = False):
         """The calls of a timed batch back to back, between device syncs; the times are advisory. ``flush``:
         an L2 flush before each call (bench; the grader flushes from its own process instead)."""
-        from gemmlab.bench.timing import time_calls
+        from gemmlab.instruments.timing import time_calls
 
         device = self.slots[0][1].device
         it = iter(order)
@@ -364,14 +364,14 @@ class _Server:
         if self.spec is not None or self.signature == "moe":
             return None
         import gemmlab
-        from gemmlab.candidate import logical_out
+        from gemmlab.sandbox.candidate import logical_out
 
         a, b = inputs
         return gemmlab.plan(a, b, out=logical_out(out, a.shape[0], b.shape[1], self.layout)).path
 
 
 def _sync(device) -> None:
-    from gemmlab.bench.timing import _sync as sync  # imported here: the child imports nothing before its fork
+    from gemmlab.instruments.timing import _sync as sync  # imported here: the child imports nothing before its fork
 
     sync(device)
 

@@ -191,7 +191,7 @@ def inspect_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, la
         raise ValueError(f"shape {m}x{n}x{k}: sizes must be >= 0")
     if os.environ.get("TRITON_INTERPRET") == "1":
         env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-        code = ("import json, sys, torch; from gemmlab.inspect.sass import inspect_shape; "
+        code = ("import json, sys, torch; from gemmlab.instruments.sass import inspect_shape; "
                 "a = json.loads(sys.argv[1]); a['dtype'] = getattr(torch, a['dtype']); "
                 "print(json.dumps(inspect_shape(**a)))")
         args = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "layout": layout,

@@ -1,5 +1,5 @@
-"""``gemmlab profile``: argument handling; the work is ``gemmlab.inspect.profile``, the tables
-``gemmlab.inspect.profile_view``."""
+"""``gemmlab profile``: argument handling; the work is ``gemmlab.instruments.ncu``, the tables
+``gemmlab.instruments.ncu_view``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gemmlab.commands import common as cmd
-from gemmlab.commands.common import JsonOpt, LedgerOpt
-from gemmlab.commands.ledger import open_ledger
+from gemmlab.cli import common as cmd
+from gemmlab.cli.common import JsonOpt, LedgerOpt
+from gemmlab.cli.ledger import open_ledger
 
 
 def saved_profile(ref: str, ledger: str | None) -> dict:
@@ -18,7 +18,7 @@ def saved_profile(ref: str, ledger: str | None) -> dict:
     import json
     from pathlib import Path
 
-    from gemmlab.inspect.profile_view import check_format
+    from gemmlab.instruments.ncu_view import check_format
 
     if ref.startswith("entry:"):
         if not ref.removeprefix("entry:").isdigit():
@@ -56,8 +56,8 @@ def profile_cmd(
     """Hardware counters (Nsight Compute) of one verified call of gemmlab and of cuBLAS, L2 flushed, clocks
     recorded: tensor-pipe use, SM and DRAM throughput, L2 hit rate, occupancy, top warp stalls, bank
     conflicts. Exit 2 without a GPU or ncu; 1 when a profile could not be taken."""
-    from gemmlab.inspect import profile as pf
-    from gemmlab.inspect import profile_view as view
+    from gemmlab.instruments import ncu as pf
+    from gemmlab.instruments import ncu_view as view
 
     if diff:
         try:

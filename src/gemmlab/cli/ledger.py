@@ -8,8 +8,8 @@ import typer
 from rich.console import Console
 
 from gemmlab import output
-from gemmlab.commands import common as cmd
-from gemmlab.commands.common import LedgerOpt
+from gemmlab.cli import common as cmd
+from gemmlab.cli.common import LedgerOpt
 
 ledger_app = typer.Typer(add_completion=False, no_args_is_help=True,
                          help="The experiment ledger: every attempt, accepted or rejected with its reason.")

@@ -9,7 +9,7 @@
 
 Bandwidth counts read + write bytes of a device-to-device copy; TFLOPS = FLOPs / median time; the
 attainable rate is also given per clock per SM (``flop_per_clock_per_sm``), so efficiency at any observed
-clock can use it (``bench.compare`` reports ``efficiency_measured`` when the caller hands it a profile).
+clock can use it (``instruments.compare`` reports ``efficiency_measured`` when the caller hands it a profile).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gemmlab.bench import stats, timing
+from gemmlab.instruments import stats, timing
 from gemmlab.ops.plan import gpu_slug
 from gemmlab.output import Table, long_row
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from gemmlab import provenance
-from gemmlab.bench.stats import ratio_summary, summarize  # noqa: F401  (re-exported: timing's old home)
+from gemmlab.instruments.stats import ratio_summary, summarize  # noqa: F401  (re-exported: timing's old home)
 
 Fn = Callable[[], object]
 Windows = dict[str, list[tuple[float, float]]]

@@ -1,6 +1,6 @@
 """The process ``gemmlab profile`` runs under ncu: one verified call of one backend, and nothing else profiled.
 
-    python -m gemmlab.inspect.profile_target --backend gemmlab|cublas --shape M,N,K [--dtype float16]
+    python -m gemmlab.instruments.ncu_target --backend gemmlab|cublas --shape M,N,K [--dtype float16]
         [--layout row|linear] [--config JSON] [--seed S] --result OUT.json
 
 Fresh random inputs (uniform in [-0.5, 0.5)): A (M, K); B (K, N) row-major ("row") or B = W^T with W (N, K)
@@ -48,7 +48,7 @@ def call(backend: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, conf
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="gemmlab.inspect.profile_target")
+    ap = argparse.ArgumentParser(prog="gemmlab.instruments.ncu_target")
     ap.add_argument("--backend", choices=("gemmlab", "cublas"), required=True)
     ap.add_argument("--shape", required=True)
     ap.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")

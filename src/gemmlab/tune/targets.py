@@ -88,7 +88,7 @@ def tensor_cores(p: Plan) -> int | None:
     if _interpreted():
         return _child_count({"op": "gemm", "m": p.m, "n": p.n, "k": p.k,
                              "dtype": str(p.dtype).removeprefix("torch."), "config": dataclasses.asdict(p.config)})
-    from gemmlab.inspect.sass import compiled_report, report
+    from gemmlab.instruments.sass import compiled_report, report
     from gemmlab.ops.gemm import last_kernel
 
     launched = last_kernel(p.path)  # the kernel the verification call just ran, when there is one
@@ -97,12 +97,12 @@ def tensor_cores(p: Plan) -> int | None:
 
 def moe_tensor_cores(h: tuple) -> int | None:
     """Tensor-core count of the grouped kernel for ``h`` = (mode, rows, experts, dtype name, config dict),
-    compiled as ``inspect.sass.moe_report`` does (in a child process under the interpreter)."""
+    compiled as ``instruments.sass.moe_report`` does (in a child process under the interpreter)."""
     mode, rows, experts, dname, cfg = h
     if _interpreted():
         return _child_count({"op": "moe", "mode": mode, "rows": rows, "experts": experts, "dtype": dname,
                              "config": cfg})
-    from gemmlab.inspect.sass import moe_report
+    from gemmlab.instruments.sass import moe_report
     from gemmlab.ops.moe import MoEConfig
 
     return moe_report(mode, rows, experts, getattr(torch, dname), arch=p_arch(),
@@ -111,7 +111,7 @@ def moe_tensor_cores(h: tuple) -> int | None:
 
 def count_in_child(args: dict) -> int:
     """``--tensor-cores JSON``: rebuild the kernel for the H200 (sm_90) with the given config, count."""
-    import gemmlab.inspect.sass as sass
+    import gemmlab.instruments.sass as sass
 
     if args.get("op", "gemm") == "moe":
         from gemmlab.ops.moe import MoEConfig
@@ -136,8 +136,8 @@ def gemm_problem(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, see
                  make_runner=default_runner, count_tensor_cores: Callable[[Plan], int | None] = tensor_cores
                  ) -> Problem:
     """C (m, n) = A (m, k) @ B (k, n): gemmlab's plan against cuBLAS."""
-    from gemmlab.bench import timing
     from gemmlab.bench.gemm import inputs
+    from gemmlab.instruments import timing
     from gemmlab.ref import gemm_check, gemm_ref
 
     device = _device()

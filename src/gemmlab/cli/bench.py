@@ -8,8 +8,8 @@ import torch
 import typer
 from rich.console import Console
 
-from gemmlab.commands import common as cmd
-from gemmlab.commands.common import JsonOpt, LedgerOpt, ParentOpt, RecordOpt, Reps, Rounds, WarmupS
+from gemmlab.cli import common as cmd
+from gemmlab.cli.common import JsonOpt, LedgerOpt, ParentOpt, RecordOpt, Reps, Rounds, WarmupS
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Time kernels against cuBLAS: verified first, interleaved, clocks logged.")
@@ -44,8 +44,8 @@ def bench_gemm(
 ) -> None:
     """GEMM backends against cuBLAS: verified against float64 first, then interleaved with the L2 flushed,
     clocks sampled. Exit 1 when any backend is wrong."""
-    from gemmlab import probe
     from gemmlab.bench import gemm as bg
+    from gemmlab.bench import probe
     from gemmlab.problems import CASE_SUITES, cases
 
     cuda = torch.cuda.is_available()

@@ -10,7 +10,7 @@ from gemmlab.output import Table, long_row, num
 
 
 def report(res: dict) -> dict:
-    from gemmlab.bench.timing import env_info
+    from gemmlab.instruments.timing import env_info
 
     return {"kind": "tune", "env": env_info(), **res}
 

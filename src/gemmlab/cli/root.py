@@ -30,11 +30,11 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from gemmlab import output  # noqa: E402
-from gemmlab.commands import common as cmd  # noqa: E402
-from gemmlab.commands.bench import bench_app  # noqa: E402
-from gemmlab.commands.common import JsonOpt, LedgerOpt, OutOpt, ParentOpt, RecordOpt  # noqa: E402
-from gemmlab.commands.ledger import ledger_app, open_ledger  # noqa: E402
-from gemmlab.commands.profile import profile_cmd  # noqa: E402
+from gemmlab.cli import common as cmd  # noqa: E402
+from gemmlab.cli.bench import bench_app  # noqa: E402
+from gemmlab.cli.common import JsonOpt, LedgerOpt, OutOpt, ParentOpt, RecordOpt  # noqa: E402
+from gemmlab.cli.ledger import ledger_app, open_ledger  # noqa: E402
+from gemmlab.cli.profile import profile_cmd  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="gemmlab: fast FP16/BF16 GEMM in Triton, checked against a float64 reference.")
@@ -105,7 +105,7 @@ def grade(
     from gemmlab.grade import cases as case_files
     from gemmlab.grade import default_cases, load_any
     from gemmlab.grade import grade as run_grade
-    from gemmlab.grade import report as rep
+    from gemmlab.grade import view as rep
 
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
     try:
@@ -182,7 +182,7 @@ def inspect_cmd(
     """What the compiler made of the kernel `plan` picks at this shape (on this GPU, or the H200 without
     one): registers, spills, shared memory, warps, stages, blocks, SASS histogram, warp specialization.
     Exit 1 when the SASS has no tensor-core instruction."""
-    from gemmlab.inspect.sass import inspect_shape, summary
+    from gemmlab.instruments.sass import inspect_shape, summary
     from gemmlab.problems import parse_shape
 
     try:
@@ -232,7 +232,7 @@ def tune_cmd(
 
     from gemmlab.ops import configs
     from gemmlab.ops.plan import target_for
-    from gemmlab.tune import report as tr
+    from gemmlab.tune import view as tr
     from gemmlab.tune.tuner import moe_items, moe_model, tune, write_configs
 
     todo: list = []
@@ -293,7 +293,7 @@ def probe_cmd(
     from pathlib import Path
     from types import SimpleNamespace as View
 
-    from gemmlab import probe as pr
+    from gemmlab.bench import probe as pr
 
     def recorded() -> dict:
         try:

@@ -1,1 +1,0 @@
-"""The command modules of `gemmlab` (cli.py registers them): argument handling only."""
