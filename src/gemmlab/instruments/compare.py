@@ -12,7 +12,8 @@ flushed before every call, while NVML samples the clock. Result per candidate: t
 p20, p80, min, max, cv), TFLOPS (= flops / median time), the mean SM clock, power and clock-event reasons
 seen while it ran, the clock-normalized efficiency (against the nominal tensor peak, and against the
 attainable rate ``gemmlab probe`` measured, when the caller hands in the profile), and against the
-baseline the per-round ratios (baseline time / candidate time), their median, a bootstrap 95% interval and a verdict.
+baseline the per-round ratios (baseline time / candidate time), their median, its 95% interval and a verdict
+(``stats.ratio_summary``: no interval and "inconclusive" below 6 rounds).
 """
 
 from __future__ import annotations
@@ -139,5 +140,6 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
 
 def compare(candidate: timing.Fn, baseline: timing.Fn, **kw) -> dict:
     """``compare_many({"candidate": candidate, "baseline": baseline}, "baseline", **kw)``; the verdict is
-    ``result["candidates"]["candidate"]["vs_baseline"]["verdict"]`` (faster / slower / within noise)."""
+    ``result["candidates"]["candidate"]["vs_baseline"]["verdict"]`` (faster / slower / within noise /
+    inconclusive)."""
     return compare_many({"candidate": candidate, "baseline": baseline}, "baseline", **kw)

@@ -215,8 +215,7 @@ def tune_problem(pb: Problem, *, budget_s: float = 60.0, ledger: str | None = No
         if "tuned" in cand and "median_ms" in cand["tuned"]:
             conf["speedup"] = stats.ratio_summary(cand["tuned"]["per_round_ms"], cand["default"]["per_round_ms"])
         result["confirm"] = conf
-        result["confirmed"] = bool(conf.get("speedup") and conf["speedup"]["verdict"] == "faster"
-                                   and conf["tuned_ok"])
+        result["confirmed"] = stats.is_faster(conf.get("speedup")) and conf["tuned_ok"]  # the ledger's own test
         result["elapsed_s"] = time.perf_counter() - t_start
         say({"event": "shape_done", "shape": shape, "elapsed": result["elapsed_s"], "budget": budget_s})
         return result
