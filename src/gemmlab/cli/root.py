@@ -101,7 +101,8 @@ def grade(
     record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
 ) -> None:
     """Grade a GEMM kernel: exact-shape verification, dispatch coverage, anti-cheat rules, isolation,
-    interleaved timing against the vendor BLAS. Exit 0: all passed; 1: a case or rule failed; 2: usage."""
+    interleaved timing against the vendor BLAS. Exit 0: all passed; 1: a case or rule failed; 2: usage; 3: every
+    rule passed but the timing could not score (inconclusive)."""
     from gemmlab.grade import cases as case_files
     from gemmlab.grade import default_cases, load_any
     from gemmlab.grade import grade as run_grade
@@ -127,7 +128,7 @@ def grade(
         from gemmlab.ledger.records import from_grade
 
         cmd.record(from_grade(report), record_note, ledger, parent)
-    raise typer.Exit(0 if report["verdict"] == "PASS" else 1)
+    raise typer.Exit({"PASS": 0, "INCONCLUSIVE": 3}.get(report["verdict"], 1))
 
 @app.command("table")
 def table_cmd(

@@ -164,17 +164,21 @@ def ratio_summary(cand: list[list[float]], base: list[list[float]]) -> dict:
     return ratio_of_rounds([statistics.median(b) / statistics.median(c) for c, b in zip(cand, base, strict=True)])
 
 
-def ratio_between(child: list[float], parent: list[float]) -> dict:
+def ratio_between(child: list[float], parent: list[float], levels: tuple[float, ...] = ()) -> dict:
     """How much faster ``child`` is than ``parent``, each a list of per-round ratios to a common baseline
     measured in a run of its own (unpaired): exp of the Hodges-Lehmann shift of the log ratios, with the
-    rank-sum interval (None when either list is too short)."""
+    rank-sum 95% interval (None when either list is too short), and one more as "ci<level>" per ``levels``."""
     if not child or not parent:
         raise ValueError("no rounds to compare")
     lc, lp = [math.log(x) for x in child], [math.log(x) for x in parent]
     shift = statistics.median([x - y for x in lc for y in lp])
-    ci = shift_interval(lc, lp)
-    return _summary(math.exp(shift), None if ci is None else (math.exp(ci[0]), math.exp(ci[1])), list(child),
-                    parent_rounds=len(parent))
+
+    def interval(level):
+        ci = shift_interval(lc, lp, level)
+        return None if ci is None else (math.exp(ci[0]), math.exp(ci[1]))
+
+    extra = {f"ci{round(100 * lv)}": (list(ci) if (ci := interval(lv)) else None) for lv in levels}
+    return _summary(math.exp(shift), interval(LEVEL), list(child), parent_rounds=len(parent), **extra)
 
 
 def is_faster(summary: dict | None) -> bool:
