@@ -162,8 +162,9 @@ def _scaled_clock(scale):
 
 
 def slow_honest(A, B, C, M, N, K):
-    """Honest, and 20 ms a call (so that the time of a call dwarfs the protocol's on a busy CPU)."""
-    time.sleep(0.02)
+    """Honest, and 50 ms a call (so that the time of a call dwarfs the protocol's on a busy CPU, waking the
+    worker included)."""
+    time.sleep(0.05)
     honest(A, B, C, M, N, K)
 
 

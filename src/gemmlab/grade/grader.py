@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gemmlab.grade import rules
-from gemmlab.grade.batches import plan_batches
+from gemmlab.grade.batches import own_memory, plan_batches
 from gemmlab.grade.cases import CaseFile
 from gemmlab.grade.op import Op
 from gemmlab.grade.protocol import HEAT_S, BaselineFailure, Failed, Timing
@@ -138,8 +138,9 @@ class Grader:
             seed = _seed(self.seed, tag, case.name, t)
             inputs = shared = flat = None  # free the last trial's tensors first (DeepSeek-V3: 22 GB a set)
             inputs = op.fresh(case, kind, seed, self.device)
-            shared = tuple(x.clone() for x in inputs)
-            flat = torch.full((op.out_numel(case),), float("nan"), dtype=op.dtype, device=self.device)
+            with own_memory(self.device):  # shared with the child: IPC maps the slots' memory only
+                shared = tuple(x.clone() for x in inputs)
+                flat = torch.full((op.out_numel(case),), float("nan"), dtype=op.dtype, device=self.device)
             try:
                 self.cand.bind([(shared, flat)])
                 reply = self.cand.request("call", slot=0, profile=True)

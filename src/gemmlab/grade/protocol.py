@@ -12,11 +12,13 @@
    boost clock and the ratio measured bursts); L2 flushed from the grader's process; synced. No call sees inputs
    another call saw, so nothing can be memoized, and each call's inputs are cold. The MoE weights, too large to
    redraw, are the exception: fixed for the run, as in inference.
-3. The window (``window``): t0 = the grader's ``time.perf_counter()``; the worker is woken (it is stopped
-   between its batches, so nothing it does can precede t0), asked to run the N calls back to back between two
-   device syncs (``instruments.timing.time_calls``, no flush), and answers; the grader reads a secret random
-   sample of every output into its own memory and syncs; t1; the worker is stopped again. A child that answers
-   before its work is done gains nothing: the batch fails unless every sampled value equals the final output.
+3. The window (``window``): the worker is woken (it is stopped between its batches, so nothing it does can
+   start before the inputs are final: at most the wake-up, reported per side as ``wake_ms_by_side``, lies
+   between its waking and t0); t0 = the grader's ``time.perf_counter()``; the worker is asked to run the N calls
+   back to back between two device syncs (``instruments.timing.time_calls``, no flush) and answers; the grader
+   reads a secret random sample of every output into its own memory and syncs; t1; the worker is stopped
+   again. A child that answers before its work is done gains nothing: the batch fails unless every sampled
+   value equals the final output.
 4. After the window, nothing reaching the child (``verify``): every input is compared with its private copy
    (regenerated from its seed), and the calls to verify (all for GEMM, a secret ``op.verify_per_batch`` for
    MoE) are checked against references computed from the private copies: max error and honest arithmetic
@@ -34,7 +36,7 @@
 6. When the candidate's processes are all gone (``solo``), the baseline is timed again alone; an interleaved
    baseline clearly slower than that says the candidate slowed it down (``rules.baseline_undisturbed``).
 Both sides alike: the same environment (the observer library), one profiled call each before timing, the same
-warm-up by time, every batch prepared the same way, woken inside its own window, and every order in each kind.
+warm-up by time, every batch prepared the same way and woken right before its window, every order in each kind.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ class Window:
 class Side:
     name: str
     windows: list = field(default_factory=list)  # host (t0, t1) of its timed batches, for the clock sampler
+    wake_ms: list = field(default_factory=list)  # how long waking it took before each window (the device idle)
 
 
 def heater(device: torch.device, size: int = 4096):
@@ -179,21 +182,23 @@ class Timing:
         return idx
 
     def window(self, box, side: Side | None, idx: torch.Tensor, fn: str = "kernel") -> Window:
-        """Step 3: one timed batch of ``box``, woken and stopped inside the window."""
-        t0 = time.perf_counter()
-        box.thaw()  # both workers are stopped between their batches, and woken alike
-        try:
+        """Step 3: one timed batch of ``box``, woken right before its window and stopped right after."""
+        try:  # waking and stopping may fail too (the sandbox checks its processes): the window's own failure
+            woken = time.perf_counter()
+            box.thaw()  # both workers are stopped between their batches, and woken alike, right before t0
+            t0 = time.perf_counter()
             reply = box.request("run", order=list(range(self.n)), fn=fn)
+            sample = self.outs[:, idx].clone()  # reading the outputs back ends the batch
+            _sync(self.dev)
+            t1 = time.perf_counter()
+            box.freeze()
         except (WorkerFailure, CandidateError) as e:
             if box is self.g.base:
                 raise BaselineFailure(str(e)) from e
             raise Failed("isolation", f"raised {e}" if isinstance(e, CandidateError) else str(e)) from e
-        sample = self.outs[:, idx].clone()  # reading the outputs back ends the batch
-        _sync(self.dev)
-        t1 = time.perf_counter()
-        box.freeze()
         if side is not None:
             side.windows.append((t0, t1))
+            side.wake_ms.append((t0 - woken) * 1e3)
         return Window((t1 - t0) * 1e3 / self.n, reply, sample, idx)
 
     def batch(self, box, side: Side | None, kind: str, fn: str = "kernel") -> Window:
@@ -369,7 +374,8 @@ class Timing:
                "advisory_median_ms": statistics.median(self.advisory), "per_round": self.records,
                "rounding": {who: dict(zip(Rounding.__dataclass_fields__, c, strict=True))
                             for who, c in self.counts.items()} if self.counts["candidate"][0] else None,
-               "clocks_by_side": {s.name: clocks.summary(s.windows) for s in (self.cand, self.base) if s.windows}}
+               "clocks_by_side": {s.name: clocks.summary(s.windows) for s in (self.cand, self.base) if s.windows},
+               "wake_ms_by_side": {s.name: statistics.median(s.wake_ms) for s in (self.cand, self.base) if s.wake_ms}}
         if self.fixed_ms is None:
             out["baseline_ms"] = statistics.median(r["base_ms"] for r in main)
         return out
