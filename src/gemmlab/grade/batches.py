@@ -46,16 +46,22 @@ class BatchPlan:
     bounded_by: str           # "time", "memory" or "cap"
 
 
+_POOLS: dict[int, object] = {}  # device index -> the CUDA memory pool of the slots (kept: tensors outlive a block)
+
+
 @contextlib.contextmanager
 def own_memory(device: torch.device):
     """Allocations for the slots only (step 1): the sandbox's slot memory where it has one, else a CUDA memory
-    pool of this timing's own; on the CPU every tensor has a storage of its own anyway."""
+    pool of the grader's slots; on the CPU every tensor has a storage of its own anyway."""
     if slot_memory is not None:
         with slot_memory(device):
             yield
     elif device.type == "cuda":
-        pool = torch.cuda.MemPool()
-        with torch.cuda.use_mem_pool(pool):
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in _POOLS:
+            _POOLS[index] = torch.cuda.MemPool()
+        pool = _POOLS[index]
+        with torch.cuda.use_mem_pool(pool, device=torch.device("cuda", index)):
             yield
     else:
         yield
