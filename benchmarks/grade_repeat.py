@@ -7,7 +7,8 @@ baseline call, the wake-up per side, the SM clock per side, the honest-arithmeti
         --kernel gemmlab --kernel builtin:cublas [--budget 120] [--out DIR]
 
 ``gemmlab`` is gemmlab's own kernel; ``builtin:NAME`` kernels are graded with --allow-vendor (they are the vendor).
-Writes DIR/grade-repeat-<cases>.json (every report, less the correctness trials); prints the table last."""
+Writes DIR/grade-repeat-<cases>-<first seed>.json after every grade (every report, less the correctness trials);
+prints the table last. A competition grade takes about a minute on an H200 (--budget caps its timed rounds)."""
 
 import argparse
 import json
@@ -38,13 +39,16 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="competition")
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--first-seed", type=int, default=0, help="seed of the first run (split a long check in parts)")
     ap.add_argument("--kernel", action="append", default=None, help="gemmlab, builtin:cublas, FILE.py:FN (repeat)")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timed rounds per grade")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
     kernels = args.kernel or ["gemmlab", "builtin:cublas"]
     rows, reports = [], []
-    for i in range(args.runs):
+    out = Path(args.out) / f"grade-repeat-{Path(args.cases).stem}-{args.first_seed}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for i in range(args.first_seed, args.first_seed + args.runs):
         for k in kernels:  # interleaved, so a drifting machine hits every kernel alike
             t0 = time.time()
             r = grade(args.cases, kernel=None if k == "gemmlab" else k, allow_vendor=k.startswith("builtin:"),
@@ -54,9 +58,7 @@ def main() -> int:
             reports.append({key: v for key, v in r.items() if key != "correctness"})
             print(f"{k} run {i}: {r['verdict']} ratio {rows[-1]['ratio']} ci {rows[-1]['ci95']} "
                   f"({rows[-1]['seconds']:.0f} s)", file=sys.stderr, flush=True)
-    out = Path(args.out) / f"grade-repeat-{Path(args.cases).stem}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows, "reports": reports}, indent=1, default=str))
+            out.write_text(json.dumps({"rows": rows, "reports": reports}, indent=1, default=str))  # each grade
     print(f"wrote {out}")
     print(f"{'kernel':16} {'run':>3} {'verdict':12} {'ratio':>6} {'95% CI':>16} {'+-':>5} {'rounds':>7} {'calls':>5} "
           f"{'ovh%':>5} {'MHz c/b':>11} {'notCR%':>6}  why")

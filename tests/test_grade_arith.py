@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import gemmlab
+from conftest import DEVICE
 from gemmlab.grade import grade, rounding, rules
 from gemmlab.grade.inputs import operands
 from gemmlab.ops import gemm as gemm_ops
@@ -39,7 +40,7 @@ def _plan_variants(a, b):
     out = [(base.path + (" staged" if base.staged else ""), base)]
     if base.staged:
         out.append(("portable (staging refused)", gemmlab.plan(a, b, stage=False)))
-    if base.path == "tma_persistent" and not base.staged:
+    if base.path == "tma_persistent" and not base.staged and DEVICE == "cpu":  # the interpreter's 3 "SMs"
         out.append(("stream-K", gemmlab.plan(a, b, config=dataclasses.replace(base.config, block_m=32, block_n=32,
                                                                                stream_k=True))))
     return out
@@ -57,15 +58,15 @@ def test_honest_kernels_round_like_the_vendor(m, n, k, what, dist):
     worst honest order (one running fp32 sum over K) are all within the limit on fp16. (Triton's interpreter
     truncates fp32 -> bf16 where the GPU rounds to nearest, so bf16 is calibrated on the GPU:
     benchmarks/grade_rounding.py.)"""
-    a, b = operands(m, n, k, dist, 7, torch.float16, "cpu", "rowmajor")
+    a, b = operands(m, n, k, dist, 7, torch.float16, DEVICE, "rowmajor")
     honest = {"torch.mm": torch.mm(a, b), "fp32 sum rounded once": (a.float() @ b.float()).half()}
     if k <= 256:
-        acc = torch.zeros((m, n))
+        acc = torch.zeros((m, n), device=DEVICE)
         for j in range(k):
             acc = acc + a[:, j:j + 1].float() * b[j:j + 1].float()
         honest["one running fp32 sum"] = acc.half()
     for name, plan in _plan_variants(a, b):
-        out = torch.full((m, n), float("nan"), dtype=torch.float16)
+        out = torch.full((m, n), float("nan"), dtype=torch.float16, device=DEVICE)
         gemm_ops.run(plan, a, b, out=out)
         honest[f"gemmlab {name}"] = out
     for name, out in honest.items():
@@ -80,8 +81,8 @@ def test_honest_kernels_round_like_the_vendor(m, n, k, what, dist):
 def test_cheap_arithmetic_is_seen_where_the_max_error_is_not(fn, m, n, k):
     from bad_kernels import kernels as bk
 
-    a, b = operands(m, n, k, "competition", 3, torch.float16, "cpu", "colmajor")
-    flat = torch.full((m * n,), float("nan"), dtype=torch.float16)
+    a, b = operands(m, n, k, "competition", 3, torch.float16, DEVICE, "colmajor")
+    flat = torch.full((m * n,), float("nan"), dtype=torch.float16, device=DEVICE)
     getattr(bk, fn)(a.t().reshape(-1), b.t().reshape(-1), flat, m, n, k)
     out = flat.view(n, m).t()
     err = (out.double() - a.double() @ b.double()).abs().max().item()

@@ -351,7 +351,7 @@ def int8_when_timed(A, B, C, M, N, K):
 def fp16_accumulation(A, B, C, M, N, K):
     """fp32 products over K slices of 16, summed into an fp16 running sum (the accumulator in the output dtype)."""
     a, b, c = _views(A, B, C, M, N, K)
-    acc = torch.zeros((M, N), dtype=c.dtype)
+    acc = torch.zeros((M, N), dtype=c.dtype, device=c.device)
     for k0 in range(0, K, 16):
         acc = (acc.float() + _mm(a[:, k0:k0 + 16].float(), b[k0:k0 + 16].float())).to(c.dtype)
     c.copy_(acc)
@@ -360,7 +360,7 @@ def fp16_accumulation(A, B, C, M, N, K):
 def truncated_accumulator(A, B, C, M, N, K):
     """An fp32 accumulator truncated to 13 mantissa bits after every K slice of 16 (a tf32-like adder)."""
     a, b, c = _views(A, B, C, M, N, K)
-    acc = torch.zeros((M, N), dtype=torch.float32)
+    acc = torch.zeros((M, N), dtype=torch.float32, device=c.device)
     for k0 in range(0, K, 16):
         acc = acc + _mm(a[:, k0:k0 + 16].float(), b[k0:k0 + 16].float())
         acc = (acc.view(torch.int32) & ~((1 << 10) - 1)).view(torch.float32)
@@ -381,8 +381,8 @@ def perturbs_outputs(A, B, C, M, N, K):
     2^-10: far within the max-error bound)."""
     a, b, c = _views(A, B, C, M, N, K)
     out = _mm(a, b)
-    g = torch.Generator().manual_seed(M * N + K)
-    moved = (torch.rand((M, N), generator=g) < 0.1) & (out.abs() < 2)
+    g = torch.Generator(device=out.device).manual_seed(M * N + K)
+    moved = (torch.rand((M, N), generator=g, device=out.device) < 0.1) & (out.abs() < 2)
     c.copy_(torch.where(moved, torch.nextafter(out, torch.full_like(out, 60000.0)), out))
 
 

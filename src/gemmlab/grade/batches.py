@@ -28,7 +28,7 @@ except ImportError:
     slot_memory = None
 
 BATCH_MS = {"cuda": 50.0, "cpu": 20.0}  # a batch's length at the baseline's speed
-MAX_CALLS = {"cuda": 4096, "cpu": 2}  # the CPU's candidates run in Triton's interpreter: seconds a call
+MAX_CALLS = {"cuda": 2048, "cpu": 2}  # the CPU's candidates run in Triton's interpreter: seconds a call
 MEMORY_SHARE = 0.5  # of the free device memory, for the slots
 
 

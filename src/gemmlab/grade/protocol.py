@@ -113,6 +113,22 @@ def heater(device: torch.device, size: int = 4096):
     return heat
 
 
+def repeated_samples(sample: torch.Tensor, skip: set[int]) -> list[tuple[int, int]]:
+    """The first pair (i, j), i < j, of calls whose sampled outputs are equal (one answer written twice), as a
+    one-element list; empty if none. Calls in ``skip`` (unwritten) are not compared. One pass: rows by content."""
+    if sample.shape[1] < MIN_SAMPLES_TO_COMPARE:
+        return []
+    first: dict[bytes, int] = {}
+    for j, row in enumerate(sample.cpu().contiguous().view(torch.uint8).numpy()):  # bytes: any dtype
+        if j in skip:
+            continue
+        key = row.tobytes()
+        if key in first:
+            return [(first[key], j)]
+        first[key] = j
+    return []
+
+
 class Timing:
     """Steps 1-6 for one case (``run``). ``grader`` supplies the op, device, both sandboxes, the heat, rounds
     and the progress callback."""
@@ -218,15 +234,13 @@ class Timing:
             if i in which:
                 checks[i] = self.check_call(i, mine)
         final = self.outs[:, w.idx]
-        same = (w.sample == final) | (torch.isnan(w.sample) & torch.isnan(final))
-        incomplete = [i for i in range(n) if not bool(same[i].all())]
+        same = ((w.sample == final) | (torch.isnan(w.sample) & torch.isnan(final))).all(dim=1)
+        incomplete = (~same).nonzero().flatten().tolist()
         wrong = [(i, c[0]) for i, c in checks.items() if c[0]]
         dishonest = [(i, c[1]) for i, c in checks.items() if c[1]]
-        unwritten = [i for i in range(n) if not bool(torch.isfinite(w.sample[i]).all())]
-        repeated = [] if w.sample.shape[1] < MIN_SAMPLES_TO_COMPARE else [
-            (i, j) for j in range(n) for i in range(j) if i not in unwritten and torch.equal(w.sample[i], w.sample[j])]
-        evidence = rules.Batch(index, w.reply, changed, incomplete, wrong, len(which), unwritten, repeated[:1],
-                               dishonest)
+        unwritten = (~torch.isfinite(w.sample).all(dim=1)).nonzero().flatten().tolist()
+        evidence = rules.Batch(index, w.reply, changed, incomplete, wrong, len(which), unwritten,
+                               repeated_samples(w.sample, set(unwritten)), dishonest)
         failed = rules.first_failure(rules.BATCH_RULES, evidence)
         if failed:
             raise Failed(*failed)
