@@ -28,8 +28,10 @@ except ImportError:
     slot_memory = None
 
 BATCH_MS = {"cuda": 50.0, "cpu": 20.0}  # a batch's length at the baseline's speed
-MAX_CALLS = {"cuda": 2048, "cpu": 2}  # the CPU's candidates run in Triton's interpreter: seconds a call
-MEMORY_SHARE = 0.5  # of the free device memory, for the slots
+MAX_CALLS = {"cuda": 8192, "cpu": 2}  # the CPU's candidates run in Triton's interpreter: seconds a call
+# of the free device memory, for the slots: where memory rather than time bounds N (decode-sized calls, each
+# with its own weights), what the workers and the references need besides is small
+MEMORY_SHARE = 0.7
 
 
 def _sync(device: torch.device) -> None:
