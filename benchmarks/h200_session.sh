@@ -38,11 +38,11 @@ for s in "$@"; do
       done ;;
     gputests) step gputests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_host_gpu.py \
       tests/test_custom_ops.py tests/test_autograd.py tests/test_gemm_gpu.py tests/test_moe_gpu.py tests/test_moe.py \
-      tests/test_preload_gpu.py tests/test_nn.py tests/test_distributed.py tests/test_bench_model.py tests/test_grade.py tests/test_grade_moe.py ;;
+      tests/test_preload_gpu.py tests/test_nn.py tests/test_distributed.py tests/test_bench_layer.py tests/test_grade.py tests/test_grade_moe.py ;;
     host) step host 200 python3 benchmarks/host_cost.py --quick --out "$RES" ;;
-    model) step model 300 python3 -m gemmlab bench model --model mixtral,qwen3-moe,deepseek-v3 --tokens 4096,1,8,64 \
+    model) step model 300 python3 -m gemmlab bench layer --model mixtral,qwen3-moe,deepseek-v3 --tokens 4096,1,8,64 \
       --modes eager,graph --output-dir "$RES/nvidia-h200-model" ;;
-    compile) step compile 300 python3 -m gemmlab bench model --model qwen3-moe --tokens 4096,8 --modes compile \
+    compile) step compile 300 python3 -m gemmlab bench layer --model qwen3-moe --tokens 4096,8 --modes compile \
       --output-dir "$RES/nvidia-h200-model" ;;
     tune_moe) step tune_moe 150 python3 -m gemmlab tune --op moe --model qwen3-30b-a3b --tokens 1024 --moe-mode down \
       --budget-minutes 1 --ledger /tmp/moe.db --configs-dir /tmp/moe-cfg --output-dir "$RES/tune-moe" ;;

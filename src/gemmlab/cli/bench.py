@@ -1,4 +1,4 @@
-"""``gemmlab bench gemm|moe|model|moe-ep|stable``: argument handling; the work and the tables live in gemmlab.bench."""
+"""``gemmlab bench gemm|moe|layer|moe-ep|stable``: argument handling; the work and tables are gemmlab.bench's."""
 
 from __future__ import annotations
 
@@ -152,8 +152,8 @@ def _bench_moe_liger(model, tokens, routing, part, mode, dtype, own, output_dir,
         raise typer.Exit(1)
 
 
-@bench_app.command("model")
-def bench_model_cmd(
+@bench_app.command("layer")
+def bench_layer_cmd(
     model: Annotated[str, typer.Option(help="mixtral, qwen3-moe, deepseek-v3 (comma-separated)")] =
     "mixtral,qwen3-moe,deepseek-v3",
     tokens: Annotated[str, typer.Option(help="T, comma-separated: prefill 4096, decode 1, 8, 64")] = "4096,1,8,64",
@@ -161,7 +161,7 @@ def bench_model_cmd(
     rounds: Annotated[int, typer.Option(help="interleaved rounds")] = 10,
     reps: Annotated[int, typer.Option(help="timed calls per candidate per round")] = 5,
     warmup_s: Annotated[float, typer.Option(help="seconds of warm-up per case")] = 0.5,
-    output_dir: Annotated[str | None, typer.Option(help="write model-bench-MODELS-MODES.json, .csv, .md here")]
+    output_dir: Annotated[str | None, typer.Option(help="write layer-bench-MODELS-MODES.json, .csv, .md here")]
     = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -170,10 +170,10 @@ def bench_model_cmd(
     import importlib.util
 
     if not torch.cuda.is_available():
-        raise cmd.usage_error("bench model needs a CUDA GPU (the layers are real-size)")
+        raise cmd.usage_error("bench layer needs a CUDA GPU (the layers are real-size)")
     if importlib.util.find_spec("transformers") is None:
-        raise cmd.usage_error("bench model needs transformers: pip install transformers")
-    from gemmlab.bench import model as bmod
+        raise cmd.usage_error("bench layer needs transformers: pip install transformers")
+    from gemmlab.bench import model_layer as bmod
 
     try:
         rep = bmod.bench_model([m.strip() for m in model.split(",")], [int(t) for t in tokens.split(",")],

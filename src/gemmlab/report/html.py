@@ -4,7 +4,7 @@
 
 Sections, each drawn from the reports of its kind (``collect.kind_of``) by the modules' own tables: the device
 profile and its roofline (with every ``bench gemm`` point), the GEMM benchmarks with their ratio plots, eager
-calls against CUDA-graph replays (``bench gemm`` pairs and ``bench model``), the MoE benchmarks against their
+calls against CUDA-graph replays (``bench gemm`` pairs and ``bench layer``), the MoE benchmarks against their
 peers, the MoE GEMM table, stable and expert-parallel benchmarks, tune sessions, grades (verdict, cases,
 coverage matrix), the ledgers' history curves, and every other file listed by name. A report that cannot be
 drawn says why in its place; the page is still written.
@@ -176,7 +176,8 @@ def _liger(f: Found, _all) -> str:
 
 
 def _model(f: Found, _all) -> str:
-    from gemmlab.bench import model
+    """``bench layer`` (kind model-bench: one decoder layer, eager / graph / compile side by side)."""
+    from gemmlab.bench import model_layer as model
 
     rows, modes = model.rows(f.data), f.data["args"]["modes"]
     chart = svg.bars([f"{r['model']} T={r['T']}" for r in rows], {f"{m}": [r.get(f"{m}_ratio") for r in rows]
@@ -318,7 +319,7 @@ def build(paths, extra=()) -> tuple[str, list[Found]]:
     found = collect(paths) + [Found(label, kind_of(data), data) for label, data in extra]
     parts, nav = [], []
     for key, title, kinds in SECTIONS:
-        if key == "graph":  # bench gemm pairs, and the model benchmark (eager, graph, compile side by side)
+        if key == "graph":  # bench gemm pairs, and the layer benchmark (eager, graph, compile side by side)
             body = _graph_pairs(found) + "".join(_render(f, found) for f in found if f.kind == "model-bench")
         elif key == "other":
             rest = [f for f in found if f.kind not in RENDER]

@@ -1,14 +1,16 @@
-"""``gemmlab bench model``: one Hugging Face decoder layer (attention projections + MoE block), unpatched
+"""``gemmlab bench layer``: one Hugging Face decoder layer (attention projections + MoE block), unpatched
 torch against ``gemmlab.patch``-ed, eager, CUDA-graph replay and ``torch.compile``, verified first, interleaved.
 
 Legend: T tokens (batch 1, no KV cache: decode T = 1, 8, 64 is the new tokens' own causal attention; prefill
 T = 4096), H hidden, E experts, k top-k.
 
 The layer is the transformers decoder layer class itself (e.g. ``MixtralDecoderLayer``) built from a config
-with the real model's dimensions and random weights (each weight uniform with the variance of its
-fan-in, so activations stay O(1); router weights too, so routing is neither uniform nor one-hot), bf16,
+with the real model's dimensions and random weights (``model_build.init_weights``: each weight uniform with
+the variance of its fan-in, so activations stay O(1); router weights too, so routing is neither uniform nor
+one-hot), bf16,
 attention "sdpa", experts "grouped_mm" (transformers' fastest own MoE path). The patched layer is a copy
 of the module tree sharing every Parameter and buffer (no weight copy), then ``gemmlab.patch``-ed.
+(``gemmlab bench model`` times whole models: ``bench.model``.)
 Rotary cos/sin are computed once outside the timed call, as a model does for all its layers.
 
 Verification (before timing, on the timed call, for every candidate): the relative error of the layer's
@@ -19,7 +21,6 @@ ulp: how far rounding-level noise moves this layer (routing near-ties included) 
 
 from __future__ import annotations
 
-import copy
 import importlib
 import math
 import time
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gemmlab import output
+from gemmlab.bench.model_build import init_weights, set_impl, shared_copy
 from gemmlab.instruments import timing
 from gemmlab.instruments.compare import compare_many
 from gemmlab.output import Table, long_row, num
@@ -75,15 +77,7 @@ def _transformers():
     try:
         return importlib.import_module("transformers")
     except ImportError as e:
-        raise RuntimeError("bench model needs transformers (pip install transformers)") from e
-
-
-def _set(config, name: str, value: str) -> None:
-    """config._attn_implementation / _experts_implementation, across transformers 5 versions."""
-    try:
-        setattr(config, name, value)
-    except Exception:  # a read-only property: the internal field behind it
-        setattr(config, name + "_internal", value)
+        raise RuntimeError("bench layer needs transformers (pip install transformers)") from e
 
 
 def build_layer(preset: LayerPreset, dtype: torch.dtype, device: torch.device, seed: int = 0, dims=None):
@@ -93,8 +87,8 @@ def build_layer(preset: LayerPreset, dtype: torch.dtype, device: torch.device, s
     mod = importlib.import_module(f"transformers.models.{preset.module}.modeling_{preset.module}")
     cfg_cls = getattr(importlib.import_module("transformers"), preset.config)
     config = cfg_cls(num_hidden_layers=1, vocab_size=256, **(dims or preset.dims))
-    _set(config, "_attn_implementation", "sdpa")
-    _set(config, "_experts_implementation", "grouped_mm" if device.type == "cuda" else "eager")
+    set_impl(config, "_attn_implementation", "sdpa")
+    set_impl(config, "_experts_implementation", "grouped_mm" if device.type == "cuda" else "eager")
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # built in dtype directly: no fp32 copy of 22 GB of experts
     try:
@@ -103,29 +97,8 @@ def build_layer(preset: LayerPreset, dtype: torch.dtype, device: torch.device, s
             rotary = getattr(mod, preset.rotary)(config)
     finally:
         torch.set_default_dtype(old)
-    g = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in list(layer.named_parameters()) + list(layer.named_buffers()):
-            if not p.is_floating_point():
-                continue
-            if p.dim() == 1 and "norm" in name:  # RMSNorm scales
-                p.fill_(1.0)
-                continue
-            if p.dim() == 1:  # biases (DeepSeek's score correction): small
-                p.copy_(torch.rand(p.shape, generator=g, device=device).mul_(1e-2))
-                continue
-            bound = math.sqrt(3.0 / p.shape[-1])  # unit variance out for unit variance in
-            step = max(1, (1 << 28) // math.prod(p.shape[1:]))  # slices: no full-size fp32 temporary
-            for j in range(0, p.shape[0], step):
-                part = torch.rand((min(step, p.shape[0] - j), *p.shape[1:]), generator=g, device=device)
-                p[j:j + step].copy_(part.sub_(0.5).mul_(2 * bound))
+    init_weights(layer, seed)
     return layer.eval(), rotary, config
-
-
-def shared_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy of the module tree whose Parameters and buffers are the original's (no data copied)."""
-    memo = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
-    return copy.deepcopy(module, memo)
 
 
 def _graphed(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
@@ -183,7 +156,8 @@ def bench_case(model_name: str, ref_layer, layers: dict, rotary, tokens: int, mo
         try:
             fns[name] = _graphed(call(layer)) if mode == "graph" else call(layer)
             fns[name]()  # compiles here (mode compile): setup_s holds the compile time
-            timing._sync(device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
         except Exception as e:  # a capture that fails is a result, not a crash
             setup[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         setup.setdefault(name, None)
@@ -316,7 +290,7 @@ def long_rows(report: dict) -> list[dict]:
 
 
 def stem(report: dict) -> str:
-    return f"model-bench-{'+'.join(report['args']['models'])}-{'+'.join(report['args']['modes'])}"
+    return f"layer-bench-{'+'.join(report['args']['models'])}-{'+'.join(report['args']['modes'])}"
 
 
 def write(report: dict, out_dir) -> list:
