@@ -38,7 +38,8 @@ for s in "$@"; do
       done ;;
     gputests) step gputests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_host_gpu.py \
       tests/test_custom_ops.py tests/test_autograd.py tests/test_gemm_gpu.py tests/test_moe_gpu.py tests/test_moe.py \
-      tests/test_preload_gpu.py tests/test_nn.py tests/test_distributed.py tests/test_bench_layer.py tests/test_grade.py tests/test_grade_moe.py ;;
+      tests/test_preload_gpu.py tests/test_nn.py tests/test_distributed.py tests/test_bench_layer.py tests/test_bench_model.py \
+      tests/test_grade.py tests/test_grade_moe.py ;;
     host) step host 200 python3 benchmarks/host_cost.py --quick --out "$RES" ;;
     model) step model 300 python3 -m gemmlab bench layer --model mixtral,qwen3-moe,deepseek-v3 --tokens 4096,1,8,64 \
       --modes eager,graph --output-dir "$RES/nvidia-h200-model" ;;
