@@ -231,6 +231,26 @@ def test_random_weights_keep_activations_order_one_and_routing_mixed(name):
     assert math.isfinite(out.logits.float().std().item()) and 0.3 < out.logits.float().std() < 10
 
 
+def test_suite_script_summarizes_the_steps_results(tmp_path, fake_liger):
+    """benchmarks/model_suite.py's last part: every step's JSON merged into summary.md, results.tgz and the
+    short table (the steps themselves need the GPU)."""
+    import importlib.util
+    import tarfile
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("model_suite", Path(__file__).parents[1] / "benchmarks" /
+                                                  "model_suite.py")
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    rep = bm.bench_model(["mixtral-8x7b"], phases=["prefill"], modes=["eager"], variants=["torch", "liger"], **SMALL)
+    mv.write(rep, tmp_path / "res" / "mixtral")
+    suite.summarize(tmp_path / "res", tmp_path, ["mixtral: rc=0 1s"])
+    md = (tmp_path / "summary.md").read_text()
+    assert "mixtral: rc=0 1s" in md and "| mixtral-8x7b | 2 | prefill | T=8 | eager |" in md
+    with tarfile.open(tmp_path / "results.tgz") as tar:
+        assert any(n.endswith(".json") for n in tar.getnames())
+
+
 def test_refuses_bad_arguments():
     with pytest.raises(ValueError, match="model 'llama'"):
         bm.bench_model(["llama"])
