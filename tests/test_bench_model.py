@@ -243,10 +243,14 @@ def test_suite_script_summarizes_the_steps_results(tmp_path, fake_liger):
     suite = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(suite)
     rep = bm.bench_model(["mixtral-8x7b"], phases=["prefill"], modes=["eager"], variants=["torch", "liger"], **SMALL)
-    mv.write(rep, tmp_path / "res" / "mixtral")
-    suite.summarize(tmp_path / "res", tmp_path, ["mixtral: rc=0 1s"])
+    mv.write(rep, tmp_path / "res" / "mixtral-infer")
+    train = bm.bench_model(["mixtral-8x7b"], phases=["train"], modes=["eager"], variants=["torch"], **SMALL)
+    mv.write(train, tmp_path / "res" / "mixtral-train")
+    suite.summarize(tmp_path / "res", tmp_path, ["mixtral-infer: rc=0 1s"])
     md = (tmp_path / "summary.md").read_text()
-    assert "mixtral: rc=0 1s" in md and "| mixtral-8x7b | 2 | prefill | T=8 | eager |" in md
+    assert "mixtral-infer: rc=0 1s" in md and "| mixtral-8x7b | 2 | prefill | T=8 | eager |" in md
+    assert "| mixtral-8x7b | 2 | train | 2x8 | eager |" in md
+    assert "mixtral-8x7b inference: 2 of 32 layers" in md and "mixtral-8x7b train: 2 of 32 layers" in md
     with tarfile.open(tmp_path / "results.tgz") as tar:
         assert any(n.endswith(".json") for n in tar.getnames())
 

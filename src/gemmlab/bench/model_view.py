@@ -107,7 +107,7 @@ def _notes(report: dict) -> list[str]:
             if part.endswith("_error"):
                 notes.append(f"[red]{name} {part.removesuffix('_error')}: {info}")
                 continue
-            extra = f"; optimizer {info['optimizer']} ({info['optimizer_why']})" if part == "train" else ""
+            extra = f"; optimizer {info['optimizer']} ({info['optimizer_why']})" if "optimizer" in info else ""
             notes.append(f"{name} {part}: {info['layers']} of {info['published_layers']} layers, "
                          f"{info['parameters'] / 1e9:.2f}B parameters ({info['weights_gib']:.1f} GiB){extra}")
     notes.append(f"decode: {args['context']}-token prompt in a {args['cache']}; {args['steps']} steps per call; "
@@ -200,10 +200,16 @@ def merge(reports: list[dict]) -> dict:
     """Several runs' reports as one (the suite's last table): results, models and not_run joined."""
     if not reports:
         raise ValueError("no reports to merge")
-    first = reports[0]
-    return {**first, "results": [r for rep in reports for r in rep["results"]],
-            "not_run": [n for rep in reports for n in rep.get("not_run", [])],
-            "models": {k: v for rep in reports for k, v in rep.get("models", {}).items()}}
+    models: dict[str, dict] = {}
+    for rep in reports:  # one run's inference part and another's training part of the same model, side by side
+        for name, parts in rep.get("models", {}).items():
+            mine = models.setdefault(name, {})
+            for part, info in parts.items():
+                same = mine.get(part)
+                clash = isinstance(same, dict) and isinstance(info, dict) and same.get("layers") != info.get("layers")
+                mine[f"{part}, {info['layers']} layers" if clash else part] = info
+    return {**reports[0], "results": [r for rep in reports for r in rep["results"]],
+            "not_run": [n for rep in reports for n in rep.get("not_run", [])], "models": models}
 
 
 def stem(report: dict) -> str:
