@@ -268,6 +268,13 @@ def test_refuses_bad_arguments():
         bm.bench_model(["mixtral-8x7b"], optimizer="lamb")
 
 
+@pytest.mark.parametrize("flag,value", [("--layers", "0"), ("--rounds", "0"), ("--reps", "-3"), ("--context", "0"),
+                                        ("--decode-steps", "0"), ("--budget-s", "nan"), ("--warmup-s", "-1")])
+def test_bad_numbers_are_usage_errors(flag, value):
+    res = CliRunner().invoke(app, ["bench", "model", flag, value])
+    assert res.exit_code == 2 and flag in res.output and value in res.output, res.output
+
+
 def test_command_exits_2_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     res = CliRunner().invoke(app, ["bench", "model"])

@@ -352,6 +352,8 @@ def bench_model(models: Sequence[str], *, layers: int | None = None, phases: Seq
             except Exception as e:  # a model that cannot be built (out of memory): its rows say so
                 report["models"].setdefault(name, {})[f"{part}_error"] = _short(e)
                 ctx.say(f"{name} {part}: {_short(e)}")
+            if "compile" in modes:  # compiled graphs of this model: not needed by the next one
+                torch._dynamo.reset()
             _free(device)  # the part's model, variants and caches went with its frame
     report["wall_s"] = time.perf_counter() - start
     return report
