@@ -15,7 +15,7 @@ their coordinates are int32 per dimension (fine up to 2^31 rows/cols), addresses
 Split reductions (split-K, the persistent kernel's split tail) share one deterministic scheme: every piece of a
 tile writes its fp32 partial to its own workspace slot, then bumps the tile's arrival counter; the last piece
 to arrive sums the slots in piece order (whoever arrives last, the same sum) and stores the tile
-(``_split_arrive``, ``_split_sum``).
+(``split_arrive``, ``split_sum``).
 """
 
 import triton
@@ -109,9 +109,9 @@ def _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, k_end,
 
 
 @triton.jit
-def _split_arrive(ws_part, acc, counter, SPLITS: tl.constexpr, offs):
+def split_arrive(ws_part, acc, counter, SPLITS: tl.constexpr, offs):
     """Write this piece's fp32 partial tile to its slot ``ws_part`` and arrive at the tile's ``counter``; True
-    for the last of the tile's SPLITS pieces to arrive (it then sums them: ``_split_sum``)."""
+    for the last of the tile's SPLITS pieces to arrive (it then sums them: ``split_sum``)."""
     tl.store(ws_part + offs, acc, cache_modifier=".cg")
     tl.debug_barrier()  # every thread's partial is issued before the release below
     arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
@@ -119,7 +119,7 @@ def _split_arrive(ws_part, acc, counter, SPLITS: tl.constexpr, offs):
 
 
 @triton.jit
-def _split_sum(ws_tile, split_stride, counter, SPLITS: tl.constexpr, offs, BLOCK_M: tl.constexpr,
+def split_sum(ws_tile, split_stride, counter, SPLITS: tl.constexpr, offs, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr):
     """The fp32 sum of a tile's SPLITS partials, slots ws_tile + s * split_stride in order s = 0..SPLITS-1
     (deterministic); leaves the counter at zero for the next launch."""
@@ -185,8 +185,8 @@ def _gemm_tma_persistent_kernel(
             acc = _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, min(k_begin + per_piece, k_tiles), BLOCK_M,
                             BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR, DOT_UPCAST)
             ws_tile = ws_ptr + sk_tile.to(tl.int64) * (TAIL_SPLIT * BLOCK_M * BLOCK_N)
-            if _split_arrive(ws_tile + part * (BLOCK_M * BLOCK_N), acc, count_ptr + sk_tile, TAIL_SPLIT, offs):
-                total = _split_sum(ws_tile, BLOCK_M * BLOCK_N, count_ptr + sk_tile, TAIL_SPLIT, offs, BLOCK_M,
+            if split_arrive(ws_tile + part * (BLOCK_M * BLOCK_N), acc, count_ptr + sk_tile, TAIL_SPLIT, offs):
+                total = split_sum(ws_tile, BLOCK_M * BLOCK_N, count_ptr + sk_tile, TAIL_SPLIT, offs, BLOCK_M,
                                    BLOCK_N)
                 _store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
     elif STREAM_K:
@@ -260,8 +260,8 @@ def _gemm_tma_splitk_kernel(
         offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         ws_tile = ws_ptr + tile.to(tl.int64) * (BLOCK_M * BLOCK_N)
         split_stride = num_tiles.to(tl.int64) * (BLOCK_M * BLOCK_N)
-        if _split_arrive(ws_tile + pid_k * split_stride, acc, count_ptr + tile, SPLIT_K, offs):
-            total = _split_sum(ws_tile, split_stride, count_ptr + tile, SPLIT_K, offs, BLOCK_M, BLOCK_N)
+        if split_arrive(ws_tile + pid_k * split_stride, acc, count_ptr + tile, SPLIT_K, offs):
+            total = split_sum(ws_tile, split_stride, count_ptr + tile, SPLIT_K, offs, BLOCK_M, BLOCK_N)
             _store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
 
 

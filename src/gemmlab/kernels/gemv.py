@@ -18,17 +18,17 @@ fp32 accumulation either way. The main K loop has no K mask (so aligned loads st
 BLOCK_K step that crosses K is masked. 64-bit tile bases, 32-bit offsets inside a tile (the launcher checks
 that BLOCK * stride fits).
 
-Split-K is reduced deterministically as in ``gemmlab.kernels.gemm`` (``_split_arrive``, ``_split_sum``).
+Split-K is reduced deterministically as in ``gemmlab.kernels.gemm`` (``split_arrive``, ``split_sum``).
 """
 
 import triton
 import triton.language as tl
 
-from gemmlab.kernels.gemm import _dot, _split_arrive, _split_sum
+from gemmlab.kernels.gemm import _dot, split_arrive, split_sum
 
 
 @triton.jit
-def _gemv_step(a, b, acc, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_UPCAST: tl.constexpr):
+def gemv_step(a, b, acc, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_UPCAST: tl.constexpr):
     """acc += one BLOCK_K step: a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N]; FFMA into acc [BLOCK_K, BLOCK_N]
     when BLOCK_M == 1, else tensor cores into acc [BLOCK_M, BLOCK_N]."""
     if BLOCK_M == 1:
@@ -37,7 +37,7 @@ def _gemv_step(a, b, acc, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_UPCA
 
 
 @triton.jit
-def _gemv_kernel(
+def gemv_kernel(
     a_ptr,  # A (M, K), any strides, fp16/bf16
     b_ptr,  # B (K, N), any strides (nn.Linear: B = W^T, stride_bk = 1)
     c_ptr,  # C (M, N), any strides
@@ -77,13 +77,13 @@ def _gemv_kernel(
         off_k = tl.cast(kt, tl.int64) * BLOCK_K
         a = tl.load(a_tile + off_k * stride_ak + a_offs, mask=mask_m[:, None], other=0.0)
         b = tl.load(b_tile + off_k * stride_bk + b_offs, mask=mask_n[None, :], other=0.0)
-        acc = _gemv_step(a, b, acc, BLOCK_M, BLOCK_K, DOT_UPCAST)
+        acc = gemv_step(a, b, acc, BLOCK_M, BLOCK_K, DOT_UPCAST)
     for kt in range(k_whole, k_end):  # at most one step: the one that crosses K
         off_k = tl.cast(kt, tl.int64) * BLOCK_K
         mask_k = ks < K - off_k
         a = tl.load(a_tile + off_k * stride_ak + a_offs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         b = tl.load(b_tile + off_k * stride_bk + b_offs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = _gemv_step(a, b, acc, BLOCK_M, BLOCK_K, DOT_UPCAST)
+        acc = gemv_step(a, b, acc, BLOCK_M, BLOCK_K, DOT_UPCAST)
     if BLOCK_M == 1:
         out = tl.reshape(tl.sum(acc, axis=0), (1, BLOCK_N))  # [1, BLOCK_N]
     else:
@@ -98,6 +98,6 @@ def _gemv_kernel(
         ws_offs = rows[:, None] * BLOCK_N + cols[None, :]
         ws_tile = ws_ptr + tile.to(tl.int64) * (BLOCK_M * BLOCK_N)
         split_stride = (tl.num_programs(0) * tl.num_programs(1)).to(tl.int64) * (BLOCK_M * BLOCK_N)
-        if _split_arrive(ws_tile + pid_k * split_stride, out, count_ptr + tile, SPLIT_K, ws_offs):
-            total = _split_sum(ws_tile, split_stride, count_ptr + tile, SPLIT_K, ws_offs, BLOCK_M, BLOCK_N)
+        if split_arrive(ws_tile + pid_k * split_stride, out, count_ptr + tile, SPLIT_K, ws_offs):
+            total = split_sum(ws_tile, split_stride, count_ptr + tile, SPLIT_K, ws_offs, BLOCK_M, BLOCK_N)
             tl.store(c_tile + c_offs, total.to(c_ptr.dtype.element_ty), mask=c_mask)
