@@ -100,6 +100,13 @@ for s in "$@"; do
       step liger_bwd 60 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --part fwd+bwd \
         --tokens 1024 --tokens 4096 --routing uniform --rounds 4 --reps 3 --warmup-s 0.1 --time-limit-s 45 \
         --output-dir "$RES/nvidia-h200-moe-liger" --model qwen3-30b-a3b --model olmoe-1b-7b ;;
+    # issue 23: the GEMV kernel and the split tail on the GPU first (a hang or a wrong result stops there), the sweep
+    # whose JSONL benchmarks/dense_rules.py turns into rules (on the CPU, afterwards), the dense suite with its targets
+    dense_gputest) step dense_gputest 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_gemv.py \
+      tests/test_gemm_streamk.py ;;
+    dense_sweep) step dense_sweep 300 python3 benchmarks/sweep_dense.py --out "$RES/dense-sweep" --budget-s 230 ;;
+    dense) step dense 300 python3 -m gemmlab bench gemm --suite dense --backend gemmlab --rounds 5 --reps 3 \
+      --warmup-s 0.2 --budget-s 265 --output-dir "$RES/nvidia-h200-dense" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done

@@ -118,9 +118,9 @@ def T(bm, bn, bk, w, s, **more) -> dict:
 
 
 GEMV = [  # M <= 16: the GEMV kernel (FFMA for one row, HMMA for 16-row tiles) against split-K over TMA
-    C("gemv fma 1x32x256 w4", "gemv", **T(1, 32, 256, 4, 1, split_k=0)),
+    C("gemv fma 1x32x128 w4", "gemv", **T(1, 32, 128, 4, 1, split_k=0)),
+    C("gemv fma 1x32x256 w8", "gemv", **T(1, 32, 256, 8, 1, split_k=0)),
     C("gemv fma 1x16x512 w4", "gemv", **T(1, 16, 512, 4, 1, split_k=0)),
-    C("gemv fma 1x64x128 w4", "gemv", **T(1, 64, 128, 4, 1, split_k=0)),
     C("gemv dot 16x32x128 w4 s3", "gemv", **T(16, 32, 128, 4, 3, split_k=0)),
     C("gemv dot 16x64x128 w4 s3", "gemv", **T(16, 64, 128, 4, 3, split_k=0)),
     C("splitk 16x64x128 s6", "tma_splitk", **T(16, 64, 128, 4, 6, split_k=0)),
@@ -147,7 +147,8 @@ LARGE = [  # persistent tiles; the split tail first, so a tail that does not spl
                                                                stream_k=True)),
 ]
 ODD = [  # A or B TMA cannot describe as given
-    C("gemv fma 1x32x256 w4", "gemv", **T(1, 32, 256, 4, 1, split_k=0)),
+    C("gemv fma 1x32x128 w4", "gemv", **T(1, 32, 128, 4, 1, split_k=0)),
+    C("gemv fma 1x32x256 w8", "gemv", **T(1, 32, 256, 8, 1, split_k=0)),
     C("gemv dot 16x32x128 w4 s3", "gemv", **T(16, 32, 128, 4, 3, split_k=0)),
     C("gemv dot 64x64x64 w4 s3", "gemv", **T(64, 64, 64, 4, 3, split_k=0)),
     C("staged", stage=True),
