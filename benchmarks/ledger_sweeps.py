@@ -102,8 +102,7 @@ def _gemm_sass(m: int, n: int, k: int, dtype: str, layout: str, pad: int, offset
     import torch
 
     from gemmlab.instruments.sass import H200, report
-    from gemmlab.ops.gemm import KERNELS
-    from gemmlab.ops.plan import GemmConfig, choose
+    from gemmlab.ops.gemm import KERNELS, GemmConfig, choose
 
     def stored(rows, cols):
         ld = cols + pad

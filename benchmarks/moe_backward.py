@@ -31,10 +31,11 @@ import gemmlab
 from gemmlab.bench.moe import composite_forward, problem
 from gemmlab.instruments import timing
 from gemmlab.instruments.compare import compare_many
-from gemmlab.ops import gemm as gemm_ops
 from gemmlab.ops import moe as moe_ops
-from gemmlab.ops import moe_backward as moe_bwd_ops
-from gemmlab.ops.moe_backward import MoEBackwardConfig
+from gemmlab.ops.gemm_launch import launch_gemm
+from gemmlab.ops.grouped import launch_grouped_gemm
+from gemmlab.ops.moe import MoEBackwardConfig
+from gemmlab.ops.moe_plan import launch_moe_forward
 from gemmlab.problems import MOE_MODELS
 from gemmlab.ref import mantissa_bits, moe_ref, moe_same_dtype
 
@@ -51,23 +52,23 @@ def old_backward(dy, x, w1, w2, topk_weights, topk_ids):
     r = moe_ops.sort_routes(topk_ids, e, 16)
     token, order = r.token.long(), r.order.long()
     xs = x.index_select(0, token)
-    gate_up = moe_ops.launch_grouped_gemm(xs, w1, r.offsets, None, False).float()
+    gate_up = launch_grouped_gemm(xs, w1, r.offsets, None, False).float()
     gate, up = gate_up[:, :i], gate_up[:, i:]
     sig = torch.sigmoid(gate)
     act = (gate * sig * up).to(x.dtype)
-    o = moe_ops.launch_grouped_gemm(act, w2, r.offsets, None, False)
+    o = launch_grouped_gemm(act, w2, r.offsets, None, False)
     dys = dy.index_select(0, token).float()
     dtw.view(-1)[order] = (dys * o.float()).sum(1).to(dtw.dtype)
     do = (dys * topk_weights.reshape(-1)[order].float()[:, None]).to(x.dtype)
-    dact = moe_ops.launch_grouped_gemm(do, w2.transpose(1, 2).contiguous(), r.offsets, None, False).float()
+    dact = launch_grouped_gemm(do, w2.transpose(1, 2).contiguous(), r.offsets, None, False).float()
     dgate = dact * up * sig * (1 + gate * (1 - sig))
     dh = torch.cat([dgate, dact * gate * sig], 1).to(x.dtype)
-    dxs = moe_ops.launch_grouped_gemm(dh, w1.transpose(1, 2).contiguous(), r.offsets, None, False)
+    dxs = launch_grouped_gemm(dh, w1.transpose(1, 2).contiguous(), r.offsets, None, False)
     dx.copy_(dxs.index_select(0, r.inv.long()).view(t, k, h).float().sum(1))
     for dyv, xv, dw in ((do, act, dw2), (dh, xs, dw1)):
         start = 0
         for ex, end in enumerate(r.offsets.tolist()):
-            gemm_ops.launch_gemm(dyv[start:end].t(), xv[start:end], dw[ex])
+            launch_gemm(dyv[start:end].t(), xv[start:end], dw[ex])
             start = end
     return dx, dw1, dw2, dtw
 
@@ -76,7 +77,7 @@ class _OldMoE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, w2, topk_weights, topk_ids):
         ctx.save_for_backward(x, w1, w2, topk_weights, topk_ids)
-        return moe_ops.launch_moe_forward(x, w1, w2, topk_weights, topk_ids, False, "auto", None)
+        return launch_moe_forward(x, w1, w2, topk_weights, topk_ids, False, "auto", None)
 
     @staticmethod
     def backward(ctx, dy):
@@ -101,7 +102,7 @@ def candidates(p: dict, dy: torch.Tensor, liger: bool) -> tuple[dict, list[str]]
         return lambda: torch.autograd.grad(forward(), leaves, dy)
 
     fns = {"gemmlab": grads(lambda: gemmlab.moe_forward(x, w1, w2, tw, ids, validate=False)),
-           "gemmlab saving gate/up": grads(lambda: moe_bwd_ops.moe_forward_saving(x, w1, w2, tw, ids, validate=False)),
+           "gemmlab saving gate/up": grads(lambda: moe_ops.moe_forward_saving(x, w1, w2, tw, ids, validate=False)),
            "gemmlab old backward": grads(lambda: _OldMoE.apply(x, w1, w2, tw, ids)),
            "torch composite (_grouped_mm)": grads(lambda: composite_forward(x, w1, w2, tw, ids))}
     notes = []
@@ -213,12 +214,12 @@ def run_sweep(model: str, tokens: int, routing: str, dtype: torch.dtype, reps: i
     for name, cfg in sweep_variants().items():
         row = {"model": model, "tokens": tokens, "routing": routing, "variant": name}
         try:
-            ok = check(moe_bwd_ops.moe_backward(*args, config=cfg))
+            ok = check(moe_ops.moe_backward(*args, config=cfg))
             row["ok"] = ok["ok"]
             if ok["ok"]:
-                timing.warmup({"v": lambda cfg=cfg: moe_bwd_ops.moe_backward(*args, config=cfg)}, 0.3)
+                timing.warmup({"v": lambda cfg=cfg: moe_ops.moe_backward(*args, config=cfg)}, 0.3)
                 row["median_ms"] = statistics.median(
-                    timing.time_calls(lambda cfg=cfg: moe_bwd_ops.moe_backward(*args, config=cfg), reps))
+                    timing.time_calls(lambda cfg=cfg: moe_ops.moe_backward(*args, config=cfg), reps))
         except Exception as e:  # a config that does not compile (shared memory, registers) is a result too
             row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:160]}")
         rows.append(row)

@@ -31,6 +31,7 @@ import torch
 
 from gemmlab.bench.moe import problem
 from gemmlab.ops import moe as moe_ops
+from gemmlab.ops import moe_plan, moe_routing
 from gemmlab.ops.moe import moe_forward
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.ref import moe_check
@@ -93,12 +94,12 @@ def check(p: dict, model: MoEModel) -> list[str]:
     """Failures (empty: all good) of the checks named in the module docstring."""
     x, w1, w2, tw, ids = p["x"], p["w1"], p["w2"], p["weights"], p["ids"]
     bad = []
-    moe_ops.clear_plans()
+    moe_plan.clear_plans()
     first = moe_forward(x, w1, w2, tw, ids)  # plans, compiles (JIT)
     later = [moe_forward(x, w1, w2, tw, ids) for _ in range(2)]  # kept kernels, launched directly
     if not all(torch.equal(first, y) for y in later):
         bad.append("kept launches differ from the first call")
-    if not next(iter(moe_ops._PLANS.values())).kept:
+    if not next(iter(moe_plan.PLANS.values())).kept:
         bad.append("the plan kept no kernels (every call went through the JIT)")
     if not torch.equal(torch.ops.gemmlab.moe_forward(x, w1, w2, tw, ids, True, "auto"), first):
         bad.append("torch.ops.gemmlab.moe_forward differs from gemmlab.moe_forward")
@@ -106,7 +107,7 @@ def check(p: dict, model: MoEModel) -> list[str]:
         bad.append("y against the float32 reference")
     s = ids.numel()
     if moe_ops.route_kind(s, model.experts) == "count":
-        fast, slow = moe_ops.sort_routes(ids, model.experts, 16, tw), moe_ops._sort_routes_torch(ids, model.experts,
+        fast, slow = moe_ops.sort_routes(ids, model.experts, 16, tw), moe_routing.sort_routes_torch(ids, model.experts,
                                                                                                   16, tw)
         for name in ("order", "inv", "token", "offsets", "tile_offsets", "scale"):
             if not torch.equal(getattr(fast, name), getattr(slow, name)):

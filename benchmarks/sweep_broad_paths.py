@@ -40,9 +40,9 @@ from pathlib import Path
 import torch
 
 import gemmlab
+from gemmlab.device import gpu_slug, target_for
 from gemmlab.instruments.timing import ClockSampler, env_info, interleave, ratio_summary, summarize
-from gemmlab.ops.gemm import run
-from gemmlab.ops.plan import GemmConfig, gpu_slug, is_kmajor, staging_decision, stream_k_tiles, target_for, tma_ok
+from gemmlab.ops.gemm import GemmConfig, is_kmajor, run, staging_decision, stream_k_tiles, tma_ok
 from gemmlab.problems import parse_shape
 from gemmlab.ref import gemm_check, gemm_ref
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from gemmlab.device import gpu_slug
 from gemmlab.instruments.timing import ClockSampler, env_info, interleave, ratio_summary, summarize
-from gemmlab.ops.gemm import plan, run
-from gemmlab.ops.plan import GemmConfig, gpu_slug
+from gemmlab.ops.gemm import GemmConfig, plan, run
 from gemmlab.problems import parse_shape, suite
 from gemmlab.ref import gemm_check, gemm_ref
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from gemmlab.bench import moe as bm
+from gemmlab.device import gpu_slug, target_for
 from gemmlab.instruments.compare import compare_many
 from gemmlab.instruments.timing import env_info
 from gemmlab.ops.moe import MoEConfig, grouped_gemm, moe_config, moe_forward, sort_routes
-from gemmlab.ops.plan import gpu_slug, target_for
 from gemmlab.problems import MOE_MODELS
 from gemmlab.ref import grouped_gemm_ref, moe_check, moe_ref
 

@@ -36,12 +36,12 @@ from pathlib import Path
 import torch
 
 from gemmlab.bench import moe as bm
+from gemmlab.device import target_for
 from gemmlab.instruments.compare import compare_many
 from gemmlab.instruments.stats import ratio_summary
 from gemmlab.instruments.timing import env_info
-from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import MoEConfig, moe_config, moe_forward
-from gemmlab.ops.plan import target_for
+from gemmlab.ops.moe_config import fit_stages
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.ref import moe_check, moe_ref
 from sweep_moe_configs import C as C1  # benchmarks/ is sys.path[0] when run as a script
@@ -85,7 +85,7 @@ OVERSUBSCRIBED = 8  # programs_per_sm from which a pair is not meant to fit in s
 def fitted(pair: tuple[MoEConfig, MoEConfig]) -> tuple[MoEConfig, MoEConfig]:
     """The pair as a launch uses it: stages trimmed as ``moe_config`` trims them; down takes gate/up's BLOCK_M."""
     g, d = pair
-    return moe_ops._fit_stages(g, 1, 2), moe_ops._fit_stages(replace(d, block_m=g.block_m), 2, 2)
+    return fit_stages(g, 1, 2), fit_stages(replace(d, block_m=g.block_m), 2, 2)
 
 
 def label(pair: tuple[MoEConfig, MoEConfig]) -> str:

@@ -27,8 +27,7 @@ def child(shape: str, cand: str) -> None:
     import torch
 
     from gemmlab.instruments.timing import ClockSampler, interleave, ratio_summary, summarize
-    from gemmlab.ops.gemm import plan, run
-    from gemmlab.ops.plan import GemmConfig
+    from gemmlab.ops.gemm import GemmConfig, plan, run
     from gemmlab.problems import parse_shape
     from gemmlab.ref import gemm_check
 
