@@ -272,8 +272,35 @@ def grade(load, spec) -> Section:
     return Section(t, envs, clocks)
 
 
+def grade_gap(load, spec) -> Section:
+    """``python -m benchmarks grade-gap``: the grader's timed shape by the benchmark's protocol, per input
+    distribution and layout."""
+    r = load(spec["file"])
+    t = Table(spec.get("title", f"the grader's shape by the benchmark's protocol, {_shape(r['shape'])}"),
+              ("inputs", "layout", "gemmlab TFLOPS", "cuBLAS TFLOPS", "ratio", "95% CI", "SM MHz", "W"))
+    for row in r["rows"]:
+        t.rows.append([row["dist"], row["layout"], f"{row['gemmlab_tflops']:.0f}", f"{row['cublas_tflops']:.0f}",
+                       f"{row['ratio']:.3f}", _ci(row), f"{row['gemmlab_mhz']:.0f}", f"{row['gemmlab_w']:.0f}"])
+    return Section(t, [r["env"]], [row["gemmlab_mhz"] for row in r["rows"]])
+
+
+def host_cost(load, spec) -> Section:
+    """``python -m benchmarks host-cost``: host µs to issue one call (median of bursts), eager µs (call to
+    result) and device µs (graph replay) per op and shape, each candidate beside its PyTorch counterpart."""
+    r = load(spec["file"])
+    t = Table(spec.get("title", "host cost per call"), ("op", "shape or model", "candidate", "host µs", "eager µs",
+                                                       "device µs"))
+    for c in r["results"]:
+        case = _shape(c["shape"]) if "shape" in c else f"{c['model']}, T={c['tokens']}"
+        for name, v in c["candidates"].items():
+            t.rows.append([c["op"], case, name, num((v.get("host_us") or {}).get("median"), ".1f"),
+                           num((v.get("eager_us") or {}).get("median"), ".1f"), num(v.get("device_us"), ".1f")])
+    return Section(t, [r["env"]], [(r.get("clocks") or {}).get("sm_clock_mhz_mean")])
+
+
 TABLES: dict[str, Callable[..., Section]] = {
     "gemm-suite": gemm_suite, "broad": broad, "broad-summary": broad_summary, "clock-order": clock_order,
     "stable": stable, "seed-table": seed_table, "moe-bench": moe_bench, "moe-liger": moe_liger,
     "model-bench": model_bench, "device-profile": device_profile, "tune": tune, "grade": grade,
+    "grade-gap": grade_gap, "host-cost": host_cost,
 }
