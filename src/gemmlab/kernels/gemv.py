@@ -24,7 +24,7 @@ Split-K is reduced deterministically as in ``gemmlab.kernels.gemm`` (``split_arr
 import triton
 import triton.language as tl
 
-from gemmlab.kernels.gemm import _dot, split_arrive, split_sum
+from gemmlab.kernels.gemm import dot, split_arrive, split_sum
 
 
 @triton.jit
@@ -33,7 +33,7 @@ def gemv_step(a, b, acc, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_UPCAS
     when BLOCK_M == 1, else tensor cores into acc [BLOCK_M, BLOCK_N]."""
     if BLOCK_M == 1:
         return acc + tl.reshape(a, (BLOCK_K, 1)).to(tl.float32) * b.to(tl.float32)
-    return _dot(a, b, acc, DOT_UPCAST)
+    return dot(a, b, acc, DOT_UPCAST)
 
 
 @triton.jit
