@@ -90,8 +90,12 @@ def test_stream_k_with_warp_specialization_is_refused(monkeypatch):
     monkeypatch.setenv("GEMMLAB_ALLOW_WS", "1")
     a, b = rand((300, 64)), rand((64, 48))
     cfg = dataclasses.replace(gemmlab.plan(a, b).config, stream_k=True, warp_specialize=True)
-    with pytest.raises(ValueError, match="stream_k with warp_specialize"):
+    with pytest.raises(ValueError, match="stream_k or tail_split with warp_specialize"):
         gemmlab.plan(a, b, config=cfg)
+    with pytest.raises(ValueError, match="stream_k or tail_split with warp_specialize"):
+        gemmlab.plan(a, b, config=dataclasses.replace(cfg, stream_k=False, tail_split=4))
+    with pytest.raises(ValueError, match="stream_k and tail_split: one of them"):
+        gemmlab.plan(a, b, config=dataclasses.replace(cfg, warp_specialize=False, tail_split=4))
 
 
 @pytest.mark.gpu
@@ -114,7 +118,7 @@ def test_stream_k_on_the_gpu(m, n, k, dtype, linear):
 
 
 def test_tail_split_arithmetic():
-    from gemmlab.ops.gemm_plan import tail_split_for
+    from gemmlab.ops.gemm_route import tail_split_for
 
     assert tail_split_for(264, 132, 64, 8) == (0, 0)  # whole waves: no tail
     assert tail_split_for(320, 132, 80, 8) == (56, 2)  # 2048x5120 in 128x256: 56 tiles, 2 pieces in one round
@@ -138,7 +142,7 @@ TAIL_CASES = [
 @pytest.mark.parametrize("m,n,k,bm,bn,split", TAIL_CASES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_tail_split_is_correct_and_deterministic(m, n, k, bm, bn, split, dtype):
-    from gemmlab.ops.gemm_plan import tail_split_for
+    from gemmlab.ops.gemm_route import tail_split_for
 
     a, b = rand((m, k), dtype), rand((n, k), dtype).t()  # nn.Linear layout
     base = gemmlab.plan(a, b, path="tma_persistent")
@@ -153,7 +157,7 @@ def test_tail_split_is_correct_and_deterministic(m, n, k, bm, bn, split, dtype):
     gemm_ops.run(p, a, b, out=out2)
     assert_matches(out1, a, b)
     assert torch.equal(out1, out2)
-    for counters in gemm_ops.arrival_counters().values():
+    for counters in gemm_launch.counters():
         assert int(counters.count_nonzero()) == 0
 
 

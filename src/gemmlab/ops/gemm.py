@@ -42,13 +42,14 @@ __all__ = ["DTYPES", "KERNELS", "GemmConfig", "PackedB", "Plan", "check_out", "c
 
 
 def plan(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None,
-         config: GemmConfig | None = None, stage: bool | None = None) -> Plan:
+         config: GemmConfig | None = None, stage: bool | None = None, path: str | None = None) -> Plan:
     """Which path and config ``gemm(a, b, out=out)`` runs. Pure and cheap: checks, no allocation.
     ``config`` pins a config for the chosen path (the tuner's way in; run the result with ``run``);
     ``stage`` pins whether operands TMA cannot describe are staged (True) or left to the portable kernel
-    (False); None: the cost rule (``staging_decision``)."""
+    (False); None: the cost rule (``staging_decision``). ``path`` pins the kernel path (``paths()`` but
+    "empty"; a sweep's way to time every path): None, the config tables' route rules, then the planner's own."""
     a, b, c, swap = operands(a, b.view() if isinstance(b, PackedB) else b, out)
-    return choose(a, b, c, swap, config, stage=stage)
+    return choose(a, b, c, swap, config, stage=stage, path=path)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -97,7 +98,7 @@ def run(p: Plan, a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tenso
     """Run a plan made by ``plan(a, b, out=out, config=...)`` for operands laid out like these: the
     tuner's and the config sweep's way to launch a pinned config."""
     ka, kb, kc, swap = operands(a, b.view() if isinstance(b, PackedB) else b, out)
-    fresh = choose(ka, kb, kc, swap, p.config, stage=bool(p.staged))
+    fresh = choose(ka, kb, kc, swap, p.config, stage=bool(p.staged), path=None if p.path == "empty" else p.path)
     if replace(fresh, reason=p.reason) != p:  # (the reason says where the config came from)
         raise ValueError(f"run: the plan does not fit these operands (plan for them: {fresh})")
     if out is None:

@@ -18,6 +18,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.kernels.gemm import gemm_portable_kernel, gemm_tma_persistent_kernel, gemm_tma_splitk_kernel
+from gemmlab.kernels.gemv import gemv_kernel
 from gemmlab.ops import configs
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.gemm_checks import operands
@@ -28,6 +29,7 @@ from gemmlab.ops.layout import extent
 KERNELS = {
     "tma_persistent": gemm_tma_persistent_kernel,
     "tma_splitk": gemm_tma_splitk_kernel,
+    "gemv": gemv_kernel,
     "portable": gemm_portable_kernel,
 }
 _LAST: dict[str, object] = {}  # path -> the CompiledKernel of its latest launch (what the tuner inspects)
