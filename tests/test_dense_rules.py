@@ -56,7 +56,8 @@ def synthetic() -> list[dict]:
         best = {1: "gemv fma 1x32x128 w4", 16: "gemv dot 16x32x128 w4 s3", 64: "staged"}[m]
         rows += rows_for(point, {"gemmlab": 1.0, best: 0.5}, staged=("a", "b") if m == 64 else (),
                          path="tma_splitk" if m == 64 else None)
-    point = dense.GridPoint("large", dense.Case(2048, 5120, 5120, "bfloat16", "linear"))  # off the product, won by a rule it does not get
+    point = dense.GridPoint("large", dense.Case(2048, 5120, 5120, "bfloat16", "linear"))  # off the product: its
+    # winner is not the rule its box gets
     rows += rows_for(point, {"gemmlab": 1.0, "128x64x64 w4 s4 tail8": 0.9})
     return rows
 

@@ -31,9 +31,11 @@ from gemmlab.kernels.gemm import dot, split_arrive, split_sum
 def gemv_step(a, b, acc, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_UPCAST: tl.constexpr):
     """acc += one BLOCK_K step: a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N]; FFMA into acc [BLOCK_K, BLOCK_N]
     when BLOCK_M == 1, else tensor cores into acc [BLOCK_M, BLOCK_N]."""
-    if BLOCK_M == 1:
-        return acc + tl.reshape(a, (BLOCK_K, 1)).to(tl.float32) * b.to(tl.float32)
-    return dot(a, b, acc, DOT_UPCAST)
+    if BLOCK_M == 1:  # (a constexpr branch: the compiler builds only the one taken)
+        acc = acc + tl.reshape(a, (BLOCK_K, 1)).to(tl.float32) * b.to(tl.float32)
+    else:
+        acc = dot(a, b, acc, DOT_UPCAST)
+    return acc
 
 
 @triton.jit
