@@ -5,9 +5,10 @@ choice; the rows ``benchmarks/dense_rules.py`` turns into the GPU's dispatch rul
     python -m benchmarks sweep-dense [--grid full|quick|cpu] [--out DIR] [--workers 12] [--rounds 5] [--reps 3]
         [--warmup-s 0.05] [--budget-s 230] [--check-only]
 
-Compilation first, in parallel: ``--workers`` child processes each run every candidate of their share of the grid
-once (no checks, no timing), so Triton's on-disk cache holds the kernels before the timed process needs them (it
-compiles whatever a child missed). ``--budget-s``: no grid point starts after that many seconds, compiling
+Compilation first, in parallel: every (point, candidate) is planned on "meta" operands, one of each distinct kernel
+kept (``tune.dense.compile_jobs``), and ``--workers`` child processes run their share of those once (no checks, no
+timing), so Triton's on-disk cache holds the kernels before the timed process needs them (it compiles whatever a
+child missed). ``--budget-s``: no grid point starts after that many seconds, compiling
 included (the rest are listed). ``--check-only``: plan and verify, no timing (also under the CPU interpreter).
 
 Writes under --out: ``sweep-dense.jsonl`` (one row per point and candidate, with the env: GPU, clocks, versions,
@@ -27,30 +28,32 @@ from pathlib import Path
 
 import torch
 
+from gemmlab.device import target_for
 from gemmlab.instruments.timing import env_info
-from gemmlab.tune.dense import GRIDS, compile_point, grid, sweep_point
+from gemmlab.tune.dense import GRIDS, compile_job, compile_jobs, grid, sweep_point
 
 
-def compile_all(args) -> float:
-    """Run the compile children, each on every ``workers``-th point; the seconds it took."""
+def compile_all(args) -> tuple[int, float]:
+    """Run the compile children, each on every ``workers``-th of the distinct kernels; (kernels, seconds)."""
     t0 = time.perf_counter()
+    jobs = compile_jobs(grid(args.grid), target_for(torch.device("cuda")))
+    jobs_file = Path(args.compile_log).with_suffix(".jobs.json")
+    jobs_file.write_text(json.dumps(jobs))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     cmd = [sys.executable, __file__, "--grid", args.grid, "--workers", str(args.workers), "--compile-log",
-           args.compile_log]
+           args.compile_log, "--jobs", str(jobs_file)]
     procs = [subprocess.Popen([*cmd, "--worker", str(i)], env=env) for i in range(args.workers)]
     for proc in procs:
         proc.wait()
-    return time.perf_counter() - t0
+    jobs_file.unlink()
+    return len(jobs), time.perf_counter() - t0
 
 
 def compile_share(args) -> None:
+    points = grid(args.grid)
     with open(args.compile_log, "a") as log:
-        for point in grid(args.grid)[args.worker::args.workers]:
-            try:
-                recs = compile_point(point)
-            except Exception as e:  # a point whose operands cannot even be planned: the timed run says why
-                recs = [{"spec": point.spec, "error": f"{type(e).__name__}: {str(e)[:200]}"}]
-            log.write("".join(json.dumps(r) + "\n" for r in recs))
+        for i, name in json.loads(Path(args.jobs).read_text())[args.worker::args.workers]:
+            log.write(json.dumps(compile_job(points[i], name)) + "\n")
             log.flush()
 
 
@@ -81,6 +84,7 @@ def main() -> None:
     ap.add_argument("--check-only", action="store_true", help="plan and verify every candidate, no timing")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--compile-log", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--jobs", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -91,7 +95,8 @@ def main() -> None:
     t_start = time.perf_counter()
     if args.workers and torch.cuda.is_available() and not args.check_only:
         Path(args.compile_log).unlink(missing_ok=True)
-        print(f"compiled in {compile_all(args):.0f} s ({args.workers} children)", flush=True)
+        kernels, secs = compile_all(args)
+        print(f"compiled {kernels} kernels in {secs:.0f} s ({args.workers} children)", flush=True)
     env = env_info()
     out = out_dir / "sweep-dense.jsonl"
     out.unlink(missing_ok=True)

@@ -73,6 +73,24 @@ def test_the_grid_and_its_candidates():
     assert all(len(set(c["name"] for c in cands)) == len(cands) for cands in dense.CANDIDATES.values()), names
 
 
+def test_compile_jobs_name_each_distinct_kernel_once():
+    from gemmlab.device import H200
+
+    points = dense.grid("full")
+    jobs = dense.compile_jobs(points, H200)
+    assert len(jobs) == len(set(jobs)) and 100 <= len(jobs) <= 400  # a few hundred kernels, not a thousand runs
+    names = {c["name"] for cands in dense.CANDIDATES.values() for c in cands} | {"gemmlab"}
+    assert all(0 <= i < len(points) and name in names for i, name in jobs)
+    keys = set()
+    for i, name in jobs:
+        a, b = dense.meta_operands(points[i].case)
+        cand = next((c for c in dense.CANDIDATES[points[i].cls] if c["name"] == name), None)
+        p = gemmlab.ops.gemm.choose(a, b, None, False, target=H200) if cand is None else None
+        if p is not None:
+            keys.add(dense.kernel_key(p))
+    assert len(keys) == sum(name == "gemmlab" for _, name in jobs)  # the default plans' kernels: each once
+
+
 def test_every_candidate_of_the_cpu_grid_plans_and_verifies():
     paths = set()
     for point in dense.grid("cpu"):

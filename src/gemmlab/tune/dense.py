@@ -291,22 +291,70 @@ def _time(c: Case, rows: list[dict], fns: dict, rounds: int, reps: int, warmup_s
                 row["vs_gemmlab"] = ratio_summary(times[name], times["gemmlab"]) if name != "gemmlab" else None
 
 
-def compile_point(point: GridPoint) -> list[dict]:
-    """Run every candidate of a point once on its operands, no checks, no timing (a compile child: the kernels
-    land in Triton's on-disk cache); one record per candidate, its seconds or its error."""
+def meta_operands(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """"meta" operands stored as ``case_inputs`` stores them (the planner sees the same strides)."""
+    dtype = getattr(torch, case.dtype)
+
+    def stored(rows, cols):
+        ld = cols + case.pad
+        return torch.empty(case.offset + rows * ld, dtype=dtype, device="meta").as_strided((rows, cols), (ld, 1),
+                                                                                           case.offset)
+
+    a = stored(case.m, case.k)
+    return a, (stored(case.n, case.k).t() if case.layout == "linear" else stored(case.k, case.n))
+
+
+def kernel_key(p) -> tuple:
+    """What the JIT compiles a plan's kernel for: path, dtype, constexprs, options, which operands go as TMA
+    descriptors, and the integer arguments' specialization (equal to 1, divisible by 16)."""
+    s = p.launch
+    return (p.path, str(p.dtype), s.constexprs, s.options, tuple(d is None for d in s.descs),
+            tuple((v == 1, v % 16 == 0) for v in s.ints))
+
+
+def compile_jobs(points: list[GridPoint], target) -> list[tuple[int, str]]:
+    """One (point index, candidate name) per distinct kernel of the sweep (``kernel_key``), planned on "meta"
+    operands for ``target``: what the compile children run, so that no two of them compile the same kernel."""
+    jobs, seen = [], set()
+    for i, point in enumerate(points):
+        a, b = meta_operands(point.case)
+        plans = [("gemmlab", gemm_ops.choose(a, b, None, False, target=target))]
+        for cand in CANDIDATES[point.cls]:
+            if not fits(point, cand):
+                continue
+            try:
+                base = gemm_ops.choose(a, b, None, False, target=target, stage=cand["stage"], path=cand["path"])
+                fields = dict(cand["fields"], **({"split_k": 0} if base.path in SPLIT_PATHS and "split_k" not in
+                                                 cand["fields"] else {}))
+                plans.append((cand["name"], gemm_ops.choose(a, b, None, False, target=target, stage=cand["stage"],
+                                                            path=base.path,
+                                                            config=dataclasses.replace(base.config, **fields))))
+            except ValueError:  # refused: the timed run records why
+                continue
+        for name, p in plans:
+            if p.launch is not None and kernel_key(p) not in seen:
+                seen.add(kernel_key(p))
+                jobs.append((i, name))
+    return jobs
+
+
+def compile_job(point: GridPoint, name: str) -> dict:
+    """Run one candidate of a point once on its operands, no check, no timing (a compile child: the kernel lands
+    in Triton's on-disk cache); its seconds or its error."""
     device = torch.device("cuda")
     a, b = case_inputs(point.case, device)
     out = torch.empty((point.case.m, point.case.n), dtype=a.dtype, device=device)
-    found, refused = entries(point, a, b, out)
-    recs = [{"spec": point.spec, **r} for r in refused]
-    for name, cand, plan, _ in found:
-        t0 = time.perf_counter()
-        try:
-            _call(a, b, out, cand, plan)()
-            torch.cuda.synchronize()
-            recs.append({"spec": point.spec, "variant": name, "compile_s": time.perf_counter() - t0})
-        except Exception as e:
-            recs.append({"spec": point.spec, "variant": name, "error": f"{type(e).__name__}: {str(e)[:200]}"})
-    del a, b, out
-    torch.cuda.empty_cache()
-    return recs
+    t0 = time.perf_counter()
+    try:
+        if name == "gemmlab":
+            gemmlab.gemm(a, b, out=out)
+        else:
+            cand = next(c for c in CANDIDATES[point.cls] if c["name"] == name)
+            gemm_ops.run(plan_of(a, b, out, cand), a, b, out=out)
+        torch.cuda.synchronize()
+        return {"spec": point.spec, "variant": name, "compile_s": time.perf_counter() - t0}
+    except Exception as e:
+        return {"spec": point.spec, "variant": name, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+    finally:
+        del a, b, out
+        torch.cuda.empty_cache()
