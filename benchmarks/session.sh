@@ -75,7 +75,8 @@ for s in "$@"; do
     dense_gputest) step dense_gputest 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_gemv.py \
       tests/test_gemm_streamk.py ;;
     dense_sweep) step dense_sweep 300 python3 benchmarks/sweep_dense.py --out "$RES/dense-sweep" --budget-s 230 ;;
-    dense) step dense 300 python3 -m gemmlab bench gemm --suite dense --backend gemmlab --rounds 5 --reps 3 \
+    dense) step dense_compile 120 python3 benchmarks/sweep_dense.py --grid dense-suite --compile-only --out "$RES"
+      step dense 300 python3 -m gemmlab bench gemm --suite dense --backend gemmlab --rounds 5 --reps 3 \
       --warmup-s 0.2 --budget-s 265 --output-dir "$RES/nvidia-h200-dense" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac

@@ -2,14 +2,16 @@
 candidate path and config at every grid point, verified, then timed interleaved against cuBLAS and gemmlab's
 choice; the rows ``benchmarks/dense_rules.py`` turns into the GPU's dispatch rules.
 
-    python -m benchmarks sweep-dense [--grid full|quick|cpu] [--out DIR] [--workers 12] [--rounds 5] [--reps 3]
-        [--warmup-s 0.05] [--budget-s 230] [--check-only]
+    python -m benchmarks sweep-dense [--grid full|quick|cpu|dense-suite] [--out DIR] [--workers 12] [--rounds 5]
+        [--reps 3] [--warmup-s 0.05] [--budget-s 230] [--check-only | --compile-only]
 
 Compilation first, in parallel: every (point, candidate) is planned on "meta" operands, one of each distinct kernel
 kept (``tune.dense.compile_jobs``), and ``--workers`` child processes run their share of those once (no checks, no
 timing), so Triton's on-disk cache holds the kernels before the timed process needs them (it compiles whatever a
-child missed). ``--budget-s``: no grid point starts after that many seconds, compiling
-included (the rest are listed). ``--check-only``: plan and verify, no timing (also under the CPU interpreter).
+child missed); ``--compile-only`` stops there (``--grid dense-suite --compile-only``: the kernels ``bench gemm
+--suite dense`` will launch, compiled in parallel before it). ``--budget-s``: no grid point starts after that many
+seconds, compiling included (the rest are listed). ``--check-only``: plan and verify, no timing (also under the
+CPU interpreter).
 
 Writes under --out: ``sweep-dense.jsonl`` (one row per point and candidate, with the env: GPU, clocks, versions,
 git SHA from GEMMLAB_GIT_SHA), ``sweep-dense-compile.jsonl`` (the children's seconds and errors). Prints one line
@@ -82,6 +84,8 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=float, default=0.05)
     ap.add_argument("--budget-s", type=float, default=230.0, help="start no grid point after this many seconds")
     ap.add_argument("--check-only", action="store_true", help="plan and verify every candidate, no timing")
+    ap.add_argument("--compile-only", action="store_true", help="compile the grid's kernels in the children, then "
+                    "stop (--grid dense-suite: before bench gemm --suite dense)")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--compile-log", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--jobs", default=None, help=argparse.SUPPRESS)
@@ -97,6 +101,8 @@ def main() -> None:
         Path(args.compile_log).unlink(missing_ok=True)
         kernels, secs = compile_all(args)
         print(f"compiled {kernels} kernels in {secs:.0f} s ({args.workers} children)", flush=True)
+    if args.compile_only:
+        return
     env = env_info()
     out = out_dir / "sweep-dense.jsonl"
     out.unlink(missing_ok=True)

@@ -83,18 +83,23 @@ QUICK = [_p("gemv", 1, 4096, 4096), _p("small", 64, 4096, 4096), _p("large", 204
          _p("odd", 1, 4093, 4099, "float16"), _p("odd", 777, 3333, 1024, "float16", "row")]
 CPU = [_p("gemv", 1, 40, 72), _p("odd", 4, 37, 71), _p("small", 40, 64, 96), _p("large", 300, 72, 64),
        _p("odd", 37, 53, 71, "float16", "row")]
-GRIDS = ("full", "quick", "cpu")
+GRIDS = ("full", "quick", "cpu", "dense-suite")
 
 
 def grid(name: str = "full") -> list[GridPoint]:
     """The sweep's points: "full" (the class products and EXTRA), "quick" (five, a plumbing check), "cpu"
-    (interpreter sizes)."""
+    (interpreter sizes), "dense-suite" (``problems.DENSE``'s cases with gemmlab's choice only: what ``bench gemm
+    --suite dense`` runs, for compiling its kernels in parallel first)."""
     if name not in GRIDS:
         raise ValueError(f"grid {name!r}: one of {', '.join(GRIDS)}")
     if name == "quick":
         return QUICK
     if name == "cpu":
         return CPU
+    if name == "dense-suite":
+        from gemmlab.problems import DENSE
+
+        return [GridPoint("suite", c) for c in DENSE]
     product = [_p(cls, m, n, k) for cls, (ms, ns, ks) in AXES.items() for m in ms for n in ns for k in ks]
     return product + EXTRA
 
@@ -149,7 +154,7 @@ ODD = [  # A or B TMA cannot describe as given
     C("portable 128x128x64 w8 s3", "portable", stage=False, **T(128, 128, 64, 8, 3)),
     C("portable 16x32x128 w4 s4", "portable", stage=False, **T(16, 32, 128, 4, 4)),
 ]
-CANDIDATES = {"gemv": GEMV, "small": SMALL, "large": LARGE, "odd": ODD}
+CANDIDATES = {"gemv": GEMV, "small": SMALL, "large": LARGE, "odd": ODD, "suite": []}
 SPLIT_PATHS = ("tma_splitk", "gemv")  # paths with a split_k field: an unpinned split is chosen per shape
 
 
