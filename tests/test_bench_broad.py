@@ -102,7 +102,8 @@ def test_targets_fire_on_known_bad_reports():
     text = "\n".join(targets.lines("gemmlab", t))
     assert "cuBLAS failed its own check (not timed): vendor-wrong" in text and "WRONG results: mine" in text
     assert "none below 0.95 met" in text and "NOT all met" in text  # a wrong case fails the whole
-    assert not targets.check([_row("x", 1.1, None)], "gemmlab")["met"]  # no eager timing: not met
+    only_graph = targets.check([_row("x", 1.1, None)], "gemmlab")
+    assert not only_graph["met"] and "not judged without wall timing" in "\n".join(targets.lines("g", only_graph))
 
 
 def test_quick_and_cpu_suites():

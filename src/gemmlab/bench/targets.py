@@ -87,5 +87,9 @@ def lines(name: str, t: dict) -> list[str]:
                    f"{', '.join(t['baseline_wrong'])}")
     if t["wrong"]:
         out.append(f"{name} targets: WRONG results: {', '.join(t['wrong'])}")
+    missing = [what for mode, what in (("device", "graph"), ("eager", "wall")) if not t[mode]["n"]]
+    if missing:
+        out.append(f"{name} targets: not judged without {' and '.join(missing)} timing (bench gemm --modes graph,wall, "
+                   "on CUDA)")
     out.append(f"{name} targets of issue 23: {'all met' if t['met'] else 'NOT all met'}")
     return out
