@@ -115,6 +115,7 @@ def test_gemv_route_from_the_table(user_dir):
         a.copy_(rand((1, 71)))
     aligned = operands(1, 32, 64, torch.float16, True)  # TMA-aligned: the route's "tma" range leaves it alone
     assert gemmlab.plan(*aligned).path != "gemv"
+    assert gemmlab.plan(a, b, stage=True).path == "tma_splitk"  # staging pinned on: a TMA path, not the route's
     big = operands(20, 37, 71, torch.float16, True)  # M 20: outside the route's M range
     assert gemmlab.plan(*big).path != "gemv"
 

@@ -270,6 +270,8 @@ def decide(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
                  if not tma_ok(t, inner)]
     want, via = (path, "path pinned by the caller") if path else (
         route(target, m, n, k, a.dtype, not unaligned) or (None, ""))
+    if stage and path is None and want in ("gemv", "portable"):  # staging pinned on: a TMA path is wanted
+        want, via = None, ""
     if want == "gemv":
         p = _gemv_plan(a, b, c, config, target, common, via, pinned=path is not None)
         if p is not None:
