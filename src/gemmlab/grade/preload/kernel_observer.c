@@ -236,17 +236,26 @@ static int is_kernel_launch(CUpti_CallbackId cbid) {
     return 0;
   }
 }
-static const CUpti_CallbackId driver_cbids[] = {
-    CUPTI_DRIVER_TRACE_CBID_cuLaunch, CUPTI_DRIVER_TRACE_CBID_cuLaunchGrid,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchGridAsync, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz, CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernelMultiDevice, CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
-    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz};
-static const CUpti_CallbackId runtime_cbids[] = {CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000,
-                                                 CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000};
-#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+/* The launch entry points watched; a failure to enable the legacy and cooperative ones (absent from some
+ * drivers) is reported but not fatal, the others (what torch, Triton, cuBLAS and CUTLASS use) must work. */
+static const struct { CUpti_CallbackDomain domain; CUpti_CallbackId cbid; int required; } watched[] = {
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, 1},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz, 1},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, 1},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz, 1},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch, 1},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz, 1},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000, 1},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000, 1},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel, 0},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz, 0},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernelMultiDevice, 0},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunch, 0},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchGrid, 0},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchGridAsync, 0},
+};
+#define NWATCHED (sizeof(watched) / sizeof(watched[0]))
+static int watching[NWATCHED]; /* enabled at start-up */
 
 /* Launch callbacks: a kernel's name as it is launched; a graph launch's correlation ids (the runtime's and,
  * nested in it, the driver's: an activity record may carry either). */
@@ -416,14 +425,9 @@ static int flush_until_quiet(void) {
 /* 1 when every launch callback this library enabled is still enabled. */
 static int callbacks_on(void) {
   if (!real.cb_state || !subscriber) return 0;
-  for (size_t i = 0; i < COUNT(driver_cbids); i++) {
+  for (size_t i = 0; i < NWATCHED; i++) {
     uint32_t on = 0;
-    if (real.cb_state(&on, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, driver_cbids[i]) != CUPTI_SUCCESS || !on)
-      return 0;
-  }
-  for (size_t i = 0; i < COUNT(runtime_cbids); i++) {
-    uint32_t on = 0;
-    if (real.cb_state(&on, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_cbids[i]) != CUPTI_SUCCESS || !on)
+    if (watching[i] && (real.cb_state(&on, subscriber, watched[i].domain, watched[i].cbid) != CUPTI_SUCCESS || !on))
       return 0;
   }
   return 1;
@@ -529,17 +533,21 @@ EXPORT int InitializeInjection(void) {
     rc_memset = real.enable(CUPTI_ACTIVITY_KIND_MEMSET);
   }
   if (real.subscribe) rc_subscribe = real.subscribe(&subscriber, on_api, NULL);
+  int optional_off = 0;
   if (rc_subscribe == CUPTI_SUCCESS && real.enable_cb) {
     rc_callbacks = 0;
-    for (size_t i = 0; i < COUNT(driver_cbids); i++)
-      rc_callbacks |= real.enable_cb(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, driver_cbids[i]);
-    for (size_t i = 0; i < COUNT(runtime_cbids); i++)
-      rc_callbacks |= real.enable_cb(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_cbids[i]);
+    for (size_t i = 0; i < NWATCHED; i++) {
+      int rc = real.enable_cb(1, subscriber, watched[i].domain, watched[i].cbid);
+      watching[i] = rc == CUPTI_SUCCESS;
+      if (rc != CUPTI_SUCCESS && watched[i].required) rc_callbacks = rc;
+      optional_off += rc != CUPTI_SUCCESS && !watched[i].required;
+    }
   }
   pthread_mutex_lock(&lock);
   begin(&t);
-  put(&t, "hello %d cupti=%u version=%d register=%d kernel=%d memcpy=%d memset=%d subscribe=%d callbacks=%d lib=",
-      (int)getpid(), version, rc_version, rc_register, rc_kernel, rc_memcpy, rc_memset, rc_subscribe, rc_callbacks);
+  put(&t, "hello %d cupti=%u version=%d register=%d kernel=%d memcpy=%d memset=%d subscribe=%d callbacks=%d "
+          "optional_off=%d lib=", (int)getpid(), version, rc_version, rc_register, rc_kernel, rc_memcpy, rc_memset,
+      rc_subscribe, rc_callbacks, optional_off);
   Dl_info where = {0};
   put_name(&t, h && real.flush && dladdr((void *)real.flush, &where) && where.dli_fname ? where.dli_fname
                                                                                      : "(no libcupti)");
