@@ -12,7 +12,7 @@ Cases: gemm vs torch.mm at M in {1, 16, 64, 256, 4096} x (N, K) pairs from 2048.
 off) vs the torch composite (``gemmlab.bench.moe.composite_forward``) at small T.
 Writes benchmarks/results/<gpu>-host-cost.json with provenance (GPU, clocks, versions, git SHA).
 
-    PYTHONPATH=src python3 benchmarks/host_cost.py [--quick] [--out benchmarks/results]
+    PYTHONPATH=src python -m benchmarks host-cost [--quick] [--out benchmarks/results]
 """
 
 from __future__ import annotations

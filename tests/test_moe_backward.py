@@ -207,44 +207,6 @@ def test_host_read_guard_fires(monkeypatch):
             _device_check(torch.ones((), dtype=torch.bool), "")  # the CPU path of validate=True: bool(ok)
 
 
-# ------------------------------------------------------------------------------------------ benchmark hook
-
-
-def _bench_module():
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "moe_backward.py"
-    spec = importlib.util.spec_from_file_location("moe_backward_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_benchmark_check_and_old_backward():
-    """The GPU benchmark's pieces on tiny sizes: the kept old backward agrees with the fused one, and its
-    gradient check passes both and rejects a wrong gradient."""
-    mod = _bench_module()
-    x, w1, w2, tw, ids, dy = _problem(6, 16, 16, 2, 2, torch.float16)
-    p = {"x": x, "w1": w1, "w2": w2, "weights": tw, "ids": ids}
-    want, torch_err = mod.reference(p, dy)
-    check = mod.checker(want, torch_err, torch.float16)
-    new = bwd.moe_backward(dy, x, w1, w2, tw, ids)
-    assert check(new)["ok"], check(new)
-    assert check(mod.old_backward(dy, x, w1, w2, tw, ids))["ok"]
-    wrong = list(new)
-    wrong[2] = wrong[2].clone()
-    wrong[2][1, 3, 5] += 0.25  # one element of dw2
-    assert not check(wrong)["ok"]
-    assert mod.main(["--models", "nope"]) == 2  # unknown model: one line, exit status 2
-    assert mod.main(["--tokens", "1k"]) == 2
-    row = {"model": "m", "tokens": 8, "routing": "uniform", "baseline": "b", "notes": [], "candidates": {
-        "gemmlab": {"check": {"ok": True}, "median_ms": 1.0, "tflops": 2.0, "vs_baseline": {"ratio": 1.5},
-                    "peak_bytes": 2**30}, "b": {"check": {"ok": True}, "median_ms": 1.5}, "bad": {"check": {}}}}
-    lines = mod.table([row]).splitlines()
-    assert lines[1].split()[-2:] == ["1.50", "1.000"] and "NO" in lines[3]  # speedup vs baseline, peak GiB
-
-
 def test_frozen_experts_skip_the_weight_gradients():
     x, w1, w2, tw, ids, dy = _problem(5, 16, 16, 3, 2, torch.float16)
     full = bwd.moe_backward(dy, x, w1, w2, tw, ids)

@@ -1,6 +1,6 @@
 """Why interleave: back-to-back timing (all of A, then all of B) against interleaved timing (ABAB...).
 
-    PYTHONPATH=src python3 benchmarks/clock_order_effect.py [--shape 8192,8192,16384] [--out DIR]
+    PYTHONPATH=src python -m benchmarks clock-order [--shape 8192,8192,16384] [--out DIR]
 
 On a power-capped GPU the SM clock falls once a large GEMM has run for a while, so in a back-to-back
 measurement whichever candidate runs first gets the higher clock. Two pairs, each measured three ways
