@@ -394,3 +394,32 @@ def test_torch_mm_only_in_timed_calls_is_unseen_on_the_cpu_and_the_verdict_line_
     assert "vendor check: not enforceable on the CPU (torch's CPU BLAS is linked into libtorch_cpu" in line, line
     assert "vendor" not in {f["rule"] for f in r["failures"]} and r["performance"]["status"] == "PASS", r["failures"]
     assert r["observers"]["kernel_observer"] == "not used without CUDA" and "vendor check" in view.markdown(r)
+
+
+def test_the_watch_turns_answers_into_findings_for_the_rules(libs, tmp_path):
+    """The grader's side as the grader uses it (device "cuda"), against the fake libcupti: a vendor kernel
+    and a silenced observer become findings; names reach the summary with their categories."""
+    w = observer.Watch(str(tmp_path), "cuda", kernel=f"{HERE / 'bad_kernels' / 'vendor_kernels.py'}:triton_matmul")
+    assert w.observer.startswith("active") and w.words().startswith("enforced")
+    env = {**os.environ, **w.env("candidate"), "GEMMLAB_OBSERVER_CUPTI": str(libs["fake"])}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, env["CUDA_INJECTION64_PATH"], str(libs["fake"])],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    c = Child.__new__(Child)
+    c.proc, c.ch = proc, w.channels["candidate"]
+    try:
+        c("init", "launch matmul_kernel", "launch matmul_kernel")
+        assert w.answer("candidate", proc.pid, 2) == ["matmul_kernel"] and w.recorded(proc.pid) == []
+        c(f"launch {NVJET}")
+        w.answer("candidate", proc.pid, 1)
+        assert w.recorded(proc.pid) == [f"cuBLAS (nvjet): {NVJET}"]
+        c("finalize", "launch matmul_kernel")
+        w.answer("candidate", proc.pid, 1)
+        assert any("switched off or bypassed" in f for f in w.recorded(proc.pid))
+        kinds = {k["name"]: k["category"] for k in w.summary()["kernels"]}
+        assert kinds == {"matmul_kernel": "triton", NVJET: "vendor"}
+        assert w.answer("baseline", None, 1) == []  # its sandbox never started: nothing, and no finding
+        assert len(w.recorded(proc.pid)) == 3  # the vendor kernel, no records, the callbacks off
+    finally:
+        proc.kill()
+        proc.wait()
+        w.close()

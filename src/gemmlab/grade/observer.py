@@ -151,8 +151,8 @@ def assess(epoch, calls: int, triton: set[str]) -> tuple[list[str], list[str], l
     if not problems:
         records = t.get("kernels", 0) + t.get("memcpy", 0) + t.get("memset", 0)
         if records < calls:
-            problems.append(f"{records} kernel or copy records for {calls} calls that produced outputs: the kernel "
-                            "observer was switched off or bypassed")
+            problems.append(f"{records} kernel or copy records for {calls} call{'s' * (calls != 1)} that produced "
+                            "outputs: the kernel observer was switched off or bypassed")
         if t.get("unmatched", 0):
             problems.append(f"{t['unmatched']} CUDA graph launch(es) ran nothing the kernel observer saw: its "
                             "activity tracing was switched off around them")
@@ -206,9 +206,14 @@ class Watch:
         self.observer = "not used without CUDA"
         if device_type == "cuda":
             try:
-                libs.append(str(cupti.build_observer()))
+                lib = str(cupti.build_observer())
+                for who in self.envs:
+                    self.channels[who] = channel.Channel(f"{log_dir}/{who}.observer")
+                libs.append(lib)
                 self.observer = "active (CUPTI injection kernel_observer)"
-            except Exception as e:
+            except Exception as e:  # no compiler, no CUPTI headers, no socket: said in the report
+                self.close()
+                self.channels = {}
                 self.observer = f"not active ({type(e).__name__}: {e})"
         for who, env in self.envs.items():
             if libs:
@@ -216,10 +221,9 @@ class Watch:
                                                        else [])])
             if self.guard.startswith("active"):
                 env.update(GEMMLAB_VENDOR_POLICY="log", GEMMLAB_VENDOR_LOG=f"{log_dir}/{who}.vendor.log",
-                           GEMMLAB_VENDOR_COUNTS=f"{log_dir}/{who}.vendor.counts",
+                           GEMMLAB_VENDOR_COUNTS=f"{log_dir}/{who}.vendor.counts", GEMMLAB_VENDOR_LOG_FD="",
                            GEMMLAB_VENDOR_TOKEN=self.token)
-            if self.observer.startswith("active"):
-                self.channels[who] = channel.Channel(f"{log_dir}/{who}.observer")
+            if who in self.channels:
                 env.update(self.channels[who].env(libs[-1], cupti.cupti_library()))
 
     def env(self, who: str) -> dict[str, str]:
@@ -235,7 +239,7 @@ class Watch:
         if who != "candidate":
             return sorted(ep.names)
         vendor, problems, unknown = assess(ep, calls, self.triton)
-        for finding in vendor + [f"kernel observer: {p}" for p in hello_problems(ch.hello) + problems]:
+        for finding in vendor + hello_problems(ch.hello) + problems:
             if finding not in self.findings:
                 self.findings.append(finding)
         for name, (ran, _, launched) in ep.names.items():

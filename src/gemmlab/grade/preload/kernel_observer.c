@@ -23,7 +23,7 @@
  * and answers with one block. Blocks are text lines closed by "mac <16 hex>", the SipHash-2-4 of the
  * previous block's MAC (8 bytes, little endian; 0 before the first) followed by the block's bytes:
  *   loaded <pid>                                         the constructor (before the interpreter)
- *   hello <pid> <key>=<value> ...                        InitializeInjection: CUPTI's answers
+ *   hello <pid> <key>=<value> ... lib=<path>             InitializeInjection: CUPTI's answers (0: success)
  *   epoch <seq> <pid> <nonce>                            an answer to "flush <nonce>", then:
  *     k <ran> <in_graphs> <launched> <name>              per kernel name with any count since the last epoch
  *     r <entry point> <count>                            refused CUPTI calls since the last epoch
@@ -159,7 +159,7 @@ static void send_block(struct text *t) {
   put(t, "mac %016llx\n", (unsigned long long)chain);
   size_t off = 8;
   while (chan >= 0 && off < t->len) {
-    ssize_t w = write(chan, t->p + off, t->len - off);
+    ssize_t w = send(chan, t->p + off, t->len - off, MSG_NOSIGNAL); /* a closed channel is no SIGPIPE */
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) break;
     off += (size_t)w;
