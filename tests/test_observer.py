@@ -277,6 +277,7 @@ def test_graph_launches_are_matched_by_either_correlation_id(child):
     child("init", f"graph {NVJET} 0", f"graph {NVJET} 1")
     ep = child.epoch()
     assert ep.names == {NVJET: (2, 2, 0)} and ep.totals["graph_launches"] == 2 and ep.totals["unmatched"] == 0
+    assert ep.totals["graph_records"] == 2
 
 
 def test_tracing_switched_off_around_a_graph_is_caught(child):

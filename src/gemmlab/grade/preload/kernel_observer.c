@@ -95,7 +95,7 @@ struct pend { uint32_t id[4]; int n; };
 static struct pend pend[PENDING];
 static int npend;
 static struct {
-  uint64_t kernels, memcpy, memset, launches, graph_launches, records;  /* since the last epoch */
+  uint64_t kernels, memcpy, memset, launches, graph_launches, graph_records, records; /* since the last epoch */
   uint64_t dropped, names_lost, pend_lost, buffers_lost, reinit;        /* since the start */
 } tally;
 static uint64_t seq;
@@ -317,16 +317,17 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
       if (e) e->ran++;
       if (k->graphId) {
         if (e) e->graph++;
+        tally.graph_records++;
         pending_match(k->correlationId);
       }
     } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       const CUpti_ActivityMemcpy6 *m = (const void *)r;
       tally.memcpy++;
-      if (m->graphId) pending_match(m->correlationId), pending_match(m->runtimeCorrelationId);
+      if (m->graphId) tally.graph_records++, pending_match(m->correlationId), pending_match(m->runtimeCorrelationId);
     } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
       const CUpti_ActivityMemset4 *m = (const void *)r;
       tally.memset++;
-      if (m->graphId) pending_match(m->correlationId);
+      if (m->graphId) tally.graph_records++, pending_match(m->correlationId);
     }
   }
   size_t dropped = 0;
@@ -456,13 +457,15 @@ static void answer(const char *nonce) {
   }
   for (int i = 0; i < NREF; i++)
     if (refused[i]) put(&t, "r %s %llu\n", refused_names[i], (unsigned long long)refused[i]), refused[i] = 0;
-  put(&t, "n kernels=%llu memcpy=%llu memset=%llu launches=%llu graph_launches=%llu unmatched=%d dropped=%llu "
+  put(&t, "n kernels=%llu memcpy=%llu memset=%llu launches=%llu graph_launches=%llu graph_records=%llu "
+          "unmatched=%d dropped=%llu "
           "names_lost=%llu pending_lost=%llu buffers_lost=%llu reinit=%llu callbacks=%d flush=%d\n",
       (unsigned long long)tally.kernels, (unsigned long long)tally.memcpy, (unsigned long long)tally.memset,
-      (unsigned long long)tally.launches, (unsigned long long)tally.graph_launches, npend,
+      (unsigned long long)tally.launches, (unsigned long long)tally.graph_launches,
+      (unsigned long long)tally.graph_records, npend,
       (unsigned long long)tally.dropped, (unsigned long long)tally.names_lost, (unsigned long long)tally.pend_lost,
       (unsigned long long)tally.buffers_lost, (unsigned long long)tally.reinit, cb, flush_rc);
-  tally.kernels = tally.memcpy = tally.memset = tally.launches = tally.graph_launches = 0;
+  tally.kernels = tally.memcpy = tally.memset = tally.launches = tally.graph_launches = tally.graph_records = 0;
   send_block(&t);
   pthread_mutex_unlock(&lock);
 }
