@@ -103,6 +103,14 @@ def test_triton_names_are_read_from_source_without_running_it(tmp_path):
     assert observer.source_files("builtin:cublas:x") == observer.source_files(None)
 
 
+def test_kernels_of_triton_libraries_are_known_from_triton_s_cache(tmp_path, monkeypatch):
+    (tmp_path / "abc123").mkdir()
+    (tmp_path / "abc123" / "_matmul_ogs_NNT_bf16xbf16.cubin").write_bytes(b"")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    names = ["_matmul_ogs_NNT_bf16xbf16", "my_gemm", "../x", "a*"]
+    assert observer.compiled_by_triton(names) == {"_matmul_ogs_NNT_bf16xbf16"}
+
+
 def test_assess_finds_vendor_silence_and_unknown_names():
     ep = channel.Epoch(names={NVJET: (2, 0, 2), "mine": (2, 0, 2), ELEMENTWISE: (1, 0, 1)},
                        totals={"kernels": 5, "callbacks": 1})

@@ -14,7 +14,7 @@ The policy (``POLICY``, in this order; names are matched as the device reports t
 1. vendor: CUTLASS, cuBLAS (nvjet, xmma, its gemm/gemv/dot/split-K kernels), cuDNN, cuTENSOR, flash
    attention, whatever a candidate names its own kernels;
 2. Triton: a name that a ``@triton.jit`` function of the candidate's source or of gemmlab's kernels has
-   (Triton names a kernel after its function);
+   (Triton names a kernel after its function), or that Triton's cache holds a cubin of (Triton libraries);
 3. torch's elementwise, copy, fill, reduce, sort and index families (names in torch's, CUB's or thrust's
    namespaces);
 4. vendor: any other GEMM-class name (gemm, gemv, matmul);
@@ -113,6 +113,19 @@ def triton_names(files) -> set[str]:
         names |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
                   and any(_jit(d) for d in n.decorator_list)}
     return names
+
+
+def triton_cache() -> Path:
+    """Where Triton keeps what it compiled (its own rule: $TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache)."""
+    explicit = os.environ.get("TRITON_CACHE_DIR")
+    return Path(explicit) if explicit else Path(os.environ.get("TRITON_HOME", Path.home())) / ".triton" / "cache"
+
+
+def compiled_by_triton(names, cache: Path | None = None) -> set[str]:
+    """Those of ``names`` that Triton compiled on this machine: a ``<hash>/<name>.cubin`` in its cache (a
+    kernel of a Triton library, or one made at run time, that no source file names)."""
+    root = cache or triton_cache()
+    return {n for n in names if re.fullmatch(r"[A-Za-z_]\w*", n) and any(root.glob(f"*/{n}.cubin"))}
 
 
 def source_files(spec: str | None, limit: int = 2000) -> list[Path]:
@@ -238,6 +251,7 @@ class Watch:
         ep = ch.epoch(keeper)
         if who != "candidate":
             return sorted(ep.names)
+        self.triton |= compiled_by_triton([n for n in ep.names if n not in self.triton and _GEMM_CLASS.search(n)])
         vendor, problems, unknown = assess(ep, calls, self.triton)
         for finding in vendor + hello_problems(ch.hello) + problems:
             if finding not in self.findings:
@@ -293,4 +307,5 @@ class Watch:
             ch.close()
 
 
-__all__ = ["CPU_WORDS", "POLICY", "Watch", "assess", "classify", "hello_problems", "source_files", "triton_names"]
+__all__ = ["CPU_WORDS", "POLICY", "Watch", "assess", "classify", "compiled_by_triton", "hello_problems", "source_files",
+           "triton_cache", "triton_names"]
