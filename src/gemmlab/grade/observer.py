@@ -103,10 +103,12 @@ def _jit(decorator: ast.expr) -> bool:
 
 def triton_names(files) -> set[str]:
     """Names of the ``@triton.jit`` (or ``@jit``) functions defined in ``files``, read with ``ast``: nothing
-    is imported or run. Files that cannot be read or parsed are skipped."""
+    is imported or run. Files that cannot be read or parsed, or are over 2 MiB, are skipped."""
     names: set[str] = set()
     for f in files:
         try:
+            if Path(f).stat().st_size > 2 << 20:
+                continue
             tree = ast.parse(Path(f).read_text(errors="replace"))
         except (OSError, SyntaxError, ValueError):
             continue

@@ -26,7 +26,8 @@ from pathlib import Path
 from gemmlab.grade.preload import Unavailable
 
 SOURCE = Path(__file__).with_name("kernel_observer.c")
-FLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-fvisibility=hidden", "-pthread", "-s")  # -s: no symbol table to find the key by
+# hidden visibility and -s (stripped): only the entry points are named, no symbol table leads to the key
+FLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-fvisibility=hidden", "-pthread", "-s")
 LIBS = ("-ldl",)
 PREBUILT_ENV = "GEMMLAB_KERNEL_OBSERVER_SO"
 INCLUDE_ENV = "GEMMLAB_CUPTI_INCLUDE"
