@@ -418,14 +418,16 @@ def test_the_watch_turns_answers_into_findings_for_the_rules(libs, tmp_path):
     try:
         c("init", "launch matmul_kernel", "launch matmul_kernel")
         assert w.answer("candidate", proc.pid, 2) == ["matmul_kernel"] and w.recorded(proc.pid) == []
-        c(f"launch {NVJET}")
+        c(f"launch {NVJET}", "launch my_own_cuda_kernel")
         w.answer("candidate", proc.pid, 1)
-        assert w.recorded(proc.pid) == [f"cuBLAS (nvjet): {NVJET}"]
+        assert w.recorded(proc.pid) == [f"cuBLAS (nvjet): {NVJET}"]  # the unknown name is no finding
+        assert "1 kernel name(s) of no known family" in w.words()
+        assert w.summary()["unknown_kernels"] == ["my_own_cuda_kernel"]
         c("finalize", "launch matmul_kernel")
         w.answer("candidate", proc.pid, 1)
         assert any("switched off or bypassed" in f for f in w.recorded(proc.pid))
         kinds = {k["name"]: k["category"] for k in w.summary()["kernels"]}
-        assert kinds == {"matmul_kernel": "triton", NVJET: "vendor"}
+        assert kinds == {"matmul_kernel": "triton", NVJET: "vendor", "my_own_cuda_kernel": "unknown"}
         assert w.answer("baseline", None, 1) == []  # its sandbox never started: nothing, and no finding
         assert len(w.recorded(proc.pid)) == 3  # the vendor kernel, no records, the callbacks off
     finally:

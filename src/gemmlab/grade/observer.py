@@ -285,11 +285,14 @@ class Watch:
         if self.device_type != "cuda":
             return CPU_WORDS
         kernel, guard = self.observer.startswith("active"), self.guard.startswith("active")
+        unknown = sum(c == "unknown" for c, _, _ in self.kernels.values())
+        advisory = f" ({unknown} kernel name(s) of no known family, advisory: listed in the report)" if unknown else ""
         if kernel and guard:
             return ("enforced: every kernel of the candidate's process (CUPTI injection) and every cuBLAS/cuBLASLt/"
-                    "cuDNN call (LD_PRELOAD)")
+                    f"cuDNN call (LD_PRELOAD){advisory}")
         if kernel:
-            return f"enforced: every kernel of the candidate's process (CUPTI injection); vendor_guard {self.guard}"
+            return (f"enforced: every kernel of the candidate's process (CUPTI injection); vendor_guard {self.guard}"
+                    f"{advisory}")
         if guard:
             return (f"partial: cuBLAS/cuBLASLt/cuDNN calls only (LD_PRELOAD); no kernel observer, {self.observer}: "
                     "CUTLASS and other vendor kernels go unseen")
