@@ -23,9 +23,9 @@ import torch
 
 import gemmlab
 from gemmlab.bench.gemm import inputs
+from gemmlab.device import gpu_slug
 from gemmlab.instruments.compare import compare_many
 from gemmlab.instruments.timing import env_info
-from gemmlab.ops.plan import gpu_slug
 from gemmlab.problems import parse_shape
 from gemmlab.ref import gemm_check, gemm_ref
 

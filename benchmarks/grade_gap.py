@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 
 import gemmlab
+from gemmlab.device import gpu_slug
 from gemmlab.grade.inputs import random_matrix
 from gemmlab.instruments import timing
 from gemmlab.instruments.compare import compare
-from gemmlab.ops.plan import gpu_slug
 from gemmlab.ref import gemm_check
 
 

@@ -28,10 +28,10 @@ import torch
 
 import gemmlab
 from gemmlab.bench.moe import composite_forward, problem
+from gemmlab.device import gpu_slug
 from gemmlab.instruments import timing
 from gemmlab.instruments.stats import quantile
 from gemmlab.ops.moe import sort_routes
-from gemmlab.ops.plan import gpu_slug
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check
 

@@ -30,8 +30,8 @@ import gemmlab
 from gemmlab.bench.moe import composite_forward, problem
 from gemmlab.instruments import timing
 from gemmlab.instruments.compare import compare_many
-from gemmlab.ops import moe_backward as moe_bwd_ops
-from gemmlab.ops.moe_backward import MoEBackwardConfig
+from gemmlab.ops import moe as moe_ops
+from gemmlab.ops.moe import MoEBackwardConfig
 from gemmlab.problems import MOE_MODELS
 from gemmlab.ref import moe_grad_check
 
@@ -54,7 +54,7 @@ def candidates(p: dict, dy: torch.Tensor, liger: bool) -> tuple[dict, list[str]]
         return lambda: torch.autograd.grad(forward(), leaves, dy)
 
     fns = {"gemmlab": grads(lambda: gemmlab.moe_forward(x, w1, w2, tw, ids, validate=False)),
-           "gemmlab saving gate/up": grads(lambda: moe_bwd_ops.moe_forward_saving(x, w1, w2, tw, ids, validate=False)),
+           "gemmlab saving gate/up": grads(lambda: moe_ops.moe_forward_saving(x, w1, w2, tw, ids, validate=False)),
            "torch composite (_grouped_mm)": grads(lambda: composite_forward(x, w1, w2, tw, ids))}
     notes = []
     if liger:
@@ -144,12 +144,12 @@ def run_sweep(model: str, tokens: int, routing: str, dtype: torch.dtype, reps: i
     for name, cfg in sweep_variants().items():
         row = {"model": model, "tokens": tokens, "routing": routing, "variant": name}
         try:
-            ok = check(moe_bwd_ops.moe_backward(*args, config=cfg))
+            ok = check(moe_ops.moe_backward(*args, config=cfg))
             row["ok"] = ok["ok"]
             if ok["ok"]:
-                timing.warmup({"v": lambda cfg=cfg: moe_bwd_ops.moe_backward(*args, config=cfg)}, 0.3)
+                timing.warmup({"v": lambda cfg=cfg: moe_ops.moe_backward(*args, config=cfg)}, 0.3)
                 row["median_ms"] = statistics.median(
-                    timing.time_calls(lambda cfg=cfg: moe_bwd_ops.moe_backward(*args, config=cfg), reps))
+                    timing.time_calls(lambda cfg=cfg: moe_ops.moe_backward(*args, config=cfg), reps))
         except Exception as e:  # a config that does not compile (shared memory, registers) is a result too
             row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:160]}")
         rows.append(row)

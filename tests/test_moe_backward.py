@@ -11,7 +11,7 @@ import torch
 import gemmlab
 from conftest import DEVICE, rand
 from gemmlab.ops import moe_backward as bwd
-from gemmlab.ops.moe import pack_moe_weights, route, sort_routes
+from gemmlab.ops.moe import moe_forward_saving, pack_moe_weights, route, sort_routes
 from gemmlab.ref import grouped_gemm_ref, mantissa_bits, moe_check, moe_ref, moe_same_dtype
 
 DT = [torch.float16, torch.bfloat16]
@@ -78,7 +78,7 @@ def test_moe_backward_matches_float32_autograd(dtype, t, h, i, e, k):
 @pytest.mark.parametrize(("t", "h", "i", "e", "k"), [CASES[0], CASES[1]])
 def test_saving_forward_and_its_backward(dtype, t, h, i, e, k):
     """The option that keeps gate/up from the forward: same forward values and gradients within the rule."""
-    _check_grads(*_problem(t, h, i, e, k, dtype), forward=bwd.moe_forward_saving)
+    _check_grads(*_problem(t, h, i, e, k, dtype), forward=moe_forward_saving)
 
 
 def test_saving_backward_refuses_a_wrong_gate_up():
@@ -191,7 +191,7 @@ def test_moe_forward_and_backward_read_nothing_on_the_host(monkeypatch):
     with _NoHostReads(monkeypatch):
         y = gemmlab.moe_forward(*leaves, ids, validate=False)
         grads = torch.autograd.grad(y, leaves, dy)
-        y2 = bwd.moe_forward_saving(*leaves, ids, validate=False)
+        y2 = moe_forward_saving(*leaves, ids, validate=False)
         grads2 = torch.autograd.grad(y2, leaves, dy)
     assert all(g is not None and torch.isfinite(g).all() for g in grads + grads2)
 
@@ -201,10 +201,10 @@ def test_host_read_guard_fires(monkeypatch):
     with _NoHostReads(monkeypatch), pytest.raises(AssertionError, match="host read Tensor.tolist from gemmlab.ref"):
         grouped_gemm_ref(rand((4, 16)), rand((32, 16)).view(2, 16, 16), offsets)  # reads offsets on the host
     if DEVICE == "cpu":
-        from gemmlab.ops.moe import _device_check
+        from gemmlab.ops.moe_checks import device_check
 
         with _NoHostReads(monkeypatch), pytest.raises(AssertionError, match="__bool__"):
-            _device_check(torch.ones((), dtype=torch.bool), "")  # the CPU path of validate=True: bool(ok)
+            device_check(torch.ones((), dtype=torch.bool), "")  # the CPU path of validate=True: bool(ok)
 
 
 def test_frozen_experts_skip_the_weight_gradients():

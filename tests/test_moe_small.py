@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from conftest import DEVICE
-from gemmlab.ops import configs
+from gemmlab.device import Target
+from gemmlab.ops import configs, moe_plan
 from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import MoEConfig, moe_choice, moe_forward
-from gemmlab.ops.plan import Target
+from gemmlab.ops.moe_config import fit_stages
 from gemmlab.ref import moe_check, moe_ref
 
 H200 = Target("nvidia-h200", (9, 0), 132)
@@ -59,13 +60,13 @@ def test_tiles_come_from_the_largest_group_not_the_mean():
 
 def test_moe_forward_hands_t_as_the_group_bound(monkeypatch):
     seen = []
-    real = moe_ops.moe_config
+    real = moe_plan.moe_config
 
     def spy(*args, **kw):
         seen.append(kw.get("max_group"))
         return real(*args, **kw)
 
-    monkeypatch.setattr(moe_ops, "moe_config", spy)
+    monkeypatch.setattr(moe_plan, "moe_config", spy)
     t, h, i, e = 5, 32, 16, 4
     x, w1, w2 = _r(t, h, dtype=torch.float16, seed=1), _r(e, 2 * i, h, dtype=torch.float16, seed=2), \
         _r(e, h, i, dtype=torch.float16, seed=3)
@@ -88,12 +89,12 @@ def test_programs_per_sm_must_be_a_positive_integer(user_dir):
 
 def test_stages_fit_every_program_of_an_sm():
     one = MoEConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
-    assert moe_ops._fit_stages(one, 1, 2).num_stages == 4  # 4 * 48 KiB + 16 KiB staging fit one program
+    assert fit_stages(one, 1, 2).num_stages == 4  # 4 * 48 KiB + 16 KiB staging fit one program
     two = MoEConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=6, programs_per_sm=2)
     # (64 + 2 * 64) * 64 * 2 = 24 KiB a stage, 4 KiB staging: 4 stages in 227 KiB / 2 - 1 KiB, not 5
-    assert moe_ops._fit_stages(two, 1, 2).num_stages == 4
+    assert fit_stages(two, 1, 2).num_stages == 4
     many = MoEConfig(block_m=128, block_n=256, block_k=64, num_stages=4, programs_per_sm=8)
-    assert moe_ops._fit_stages(many, 2, 2).num_stages == 2  # never below 2 (then fewer are resident)
+    assert fit_stages(many, 2, 2).num_stages == 2  # never below 2 (then fewer are resident)
 
 
 def test_grid_programs():
@@ -202,9 +203,10 @@ def test_the_poison_shows_a_buffer_left_unwritten(monkeypatch):
     x = _r(t, h, dtype=torch.float16, seed=11)
     w1, w2 = _r(e, 2 * i, h, dtype=torch.float16, seed=12), _r(e, h, i, dtype=torch.float16, seed=13)
     wts, ids = _routing(t, e, k, how)
-    real_launch = moe_ops._run_grouped
+    real_launch = moe_plan.fire_grouped
     _poison_empty(monkeypatch)
-    monkeypatch.setattr(moe_ops, "_run_grouped", lambda mode, *a: None if mode == 2 else real_launch(mode, *a))
+    monkeypatch.setattr(moe_plan, "fire_grouped",
+                        lambda g, *a: None if g.slot.consts["MODE"] == 2 else real_launch(g, *a))
     y = moe_forward(x, w1, w2, wts, ids, configs=PAIRS["64x32 p2"])
     monkeypatch.undo()
     assert not moe_check(y, x, w1, w2, wts, ids)["ok"]

@@ -44,8 +44,8 @@ def tune_cmd(
     winners become rules in the user's <gpu>.json, which `plan` and the MoE ops read before the bundled ones."""
     import time
 
+    from gemmlab.device import target_for
     from gemmlab.ops import configs
-    from gemmlab.ops.plan import target_for
     from gemmlab.tune import view as tr
     from gemmlab.tune.tuner import moe_items, moe_model, tune, write_configs
 

@@ -56,15 +56,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gemmlab.device import peak_tflops
 from gemmlab.grade import observer, rules
 from gemmlab.grade.cases import CaseFile
 from gemmlab.grade.op import Op
-from gemmlab.instruments.stats import ratio_summary, tensor_peak_tflops
+from gemmlab.instruments.stats import ratio_summary
 from gemmlab.instruments.timing import ClockSampler, _sync, env_info, l2_flush_buffer
 from gemmlab.sandbox.box import CandidateError, Sandbox, WorkerFailure
 
-# Dense fp16/bf16 tensor peak at the maximum boost clock, TFLOPS (vendor datasheets).
-PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1, "L4": 121.0}
 SAMPLED_PER_OUTPUT = 1024  # output elements read back at the end of every batch
 MIN_SAMPLES_TO_COMPARE = 16  # two calls' samples that agree on at least this many elements: one answer twice
 # Seconds of grader-owned GEMM load right before every timed batch on a GPU (step 2 of the protocol): both sides
@@ -463,23 +462,3 @@ def verdict(cf, listed: list[CaseResult], perf: dict | None) -> dict:
             "listed_correctness_passed": bool(listed) and n_pass == len(listed),
             "verdict": "PASS" if listed and not failed and (cf.performance is None or perf_ok) else "FAIL",
             "failures": [{key: f[key] for key in ("name", "rule", "reason")} for f in failed]}
-
-
-def peak_tflops(device: torch.device) -> float | None:
-    """Dense fp16/bf16 tensor peak of the GPU at its maximum clock; None on the CPU."""
-    if device.type != "cuda":
-        return None
-    props = torch.cuda.get_device_properties(device)
-    for name, peak in PEAK_TFLOPS.items():
-        if name in props.name:
-            return peak
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        mhz = pynvml.nvmlDeviceGetMaxClockInfo(pynvml.nvmlDeviceGetHandleByIndex(device.index or 0),
-                                               pynvml.NVML_CLOCK_SM)
-    except Exception:
-        mhz = 2000
-    peak = tensor_peak_tflops((props.major, props.minor), "float16", props.multi_processor_count, mhz)
-    return peak if peak is not None else 4096 * props.multi_processor_count * mhz * 1e6 / 1e12  # sm_90's rate
