@@ -9,7 +9,7 @@ through the ``torch.ops.gemmlab`` custom ops (``ops.custom``); a plain eager cal
 
 The lab's way into the details: ``choose`` (plan kernel-view operands, e.g. "meta" tensors for another GPU),
 ``constexprs`` and ``launch_options`` (what a plan's kernel is compiled with), ``KERNELS`` (the kernel of each
-path), ``last_kernel`` (the compiled kernel a path last ran).
+path), ``last_kernel`` (the compiled kernel a path last ran), ``launch_mode`` (how a cached signature launches).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import torch
 
-from gemmlab.ops import custom, dispatch
+from gemmlab.ops import custom, dispatch, gemm_launch
 from gemmlab.ops.gemm_checks import check_out, operands
 from gemmlab.ops.gemm_launch import KERNELS, execute, last_kernel, launch_gemm
 from gemmlab.ops.gemm_plan import (
@@ -37,8 +37,8 @@ from gemmlab.ops.layout import DTYPES, is_kmajor, padded_k, tma_ok
 from gemmlab.ops.packing import PackedB, pack_b
 
 __all__ = ["DTYPES", "KERNELS", "GemmConfig", "PackedB", "Plan", "check_out", "choose", "constexprs", "gemm",
-           "gemm_colmajor", "is_kmajor", "last_kernel", "launch_options", "pack_b", "padded_k", "paths", "plan",
-           "run", "staging_decision", "stream_k_tiles", "tma_ok"]
+           "gemm_colmajor", "is_kmajor", "last_kernel", "launch_mode", "launch_options", "pack_b", "padded_k", "paths",
+           "plan", "run", "staging_decision", "stream_k_tiles", "tma_ok"]
 
 
 def plan(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None,
@@ -105,6 +105,13 @@ def run(p: Plan, a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tenso
         out = kc = torch.empty((p.m, p.n), dtype=p.dtype, device=ka.device)
     execute(p, ka, kb, kc)
     return out
+
+
+def launch_mode(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None) -> str:
+    """How the next eager ``gemm(a, b, out=out)`` of 2-D operands laid out like these launches: "uncached",
+    "empty", "jit", "kept" or "direct" (Triton's C launcher, descriptors kept per buffer: the hot path), with
+    " staged" where operands are copied first (``ops.gemm_launch.launch_mode``)."""
+    return gemm_launch.launch_mode(a, b.fixed_view() if isinstance(b, PackedB) else b, out)
 
 
 def gemm_colmajor(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, M: int, N: int, K: int) -> None:
