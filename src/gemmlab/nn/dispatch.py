@@ -41,7 +41,7 @@ from gemmlab.ops import configs as config_tables
 
 IMPLS = ("gemmlab", "torch")
 DEFAULT = {"cpu": "gemmlab", "cuda": "torch"}  # when nothing was measured (see the module docstring)
-ROUNDS, MIN_ROUNDS, BUDGET_S = 24, 6, 4e-3  # interleaved rounds; stop after BUDGET_S of measured GPU time
+ROUNDS, MIN_ROUNDS, BUDGET_S = 24, 4, 4e-3  # interleaved rounds; stop after BUDGET_S of measured GPU time
 SAMPLE_S = 20e-6  # each timed sample runs enough back-to-back calls to last about this long
 CHECK_ULPS = 4
 FILE_NAME = "linear-choices.json"
@@ -211,9 +211,12 @@ def set_timer(timer: Timer | None) -> None:
     _STATE["timer"] = timer
 
 
-def _agree(x_ref: torch.Tensor, w: torch.Tensor, y_ours: torch.Tensor, y_torch: torch.Tensor) -> str:
+def _agree(x_ref: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, y_ours: torch.Tensor,
+           y_torch: torch.Tensor) -> str:
     """'' when gemmlab's output matches torch's, else what differs."""
-    scale = x_ref.abs().float() @ w.abs().float().t()  # (M, N) sum |x| |w|: bounds either side's rounding
+    scale = x_ref.abs().float() @ w.abs().float().t()  # (M, N) sum |x| |w| (+ |b|): bounds either side's rounding
+    if b is not None:
+        scale += b.abs().float()
     allowed = CHECK_ULPS * torch.finfo(x_ref.dtype).eps * scale + torch.finfo(x_ref.dtype).tiny
     diff = (y_ours.float() - y_torch.float()).abs()
     bad = ~(diff <= allowed) & torch.isfinite(y_torch.float())
@@ -223,7 +226,7 @@ def _agree(x_ref: torch.Tensor, w: torch.Tensor, y_ours: torch.Tensor, y_torch: 
 
 
 def measure(key: Key, run: dict[str, Callable[[], torch.Tensor]], x2: torch.Tensor, w: torch.Tensor,
-            timer: Timer) -> Choice:
+            b: torch.Tensor | None, timer: Timer) -> Choice:
     """Steps 1-3 of the module docstring for one key."""
     with torch.no_grad():
         try:
@@ -233,7 +236,7 @@ def measure(key: Key, run: dict[str, Callable[[], torch.Tensor]], x2: torch.Tens
             warnings.warn(f"gemmlab.nn.Linear: gemmlab failed at {_key_str(key)} ({note}); torch runs it",
                           RuntimeWarning, stacklevel=4)
             return Choice("torch", "error", note=note)
-        why = _agree(x2, w, y["gemmlab"], y["torch"])
+        why = _agree(x2, w, b, y["gemmlab"], y["torch"])
         if why:
             warnings.warn(f"gemmlab.nn.Linear: gemmlab's output differs from torch's at {_key_str(key)} ({why}); "
                           "torch runs it", RuntimeWarning, stacklevel=4)
@@ -266,7 +269,7 @@ def choose(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     x_in, w_in = x2.detach(), w.detach()
     b_in = None if bias is None else bias.detach()
     run = {name: (lambda f=f: f(x_in, w_in, b_in)) for name, f in candidates.items()}
-    choice = measure(key, run, x_in, w_in, timer)
+    choice = measure(key, run, x_in, w_in, b_in, timer)
     _CHOICES[key] = choice
     _store(key, choice)
     return choice.impl
