@@ -46,7 +46,7 @@ SAMPLE_S = 20e-6  # each timed sample runs enough back-to-back calls to last abo
 CHECK_ULPS = 4
 FILE_NAME = "linear-choices.json"
 
-Key = tuple  # (m_bucket, n, k, dtype, layout, bias, device)
+Key = tuple  # (m_bucket, n, k, dtype, x rows unit-stride, w rows unit-stride, bias, device): cheap to build
 Timer = Callable[[dict[str, Callable[[], object]]], dict[str, float]]  # {name: run} -> {name: seconds per call}
 
 
@@ -71,22 +71,44 @@ def bucket(m: int) -> int:
 
 
 def layout(x2: torch.Tensor, weight: torch.Tensor) -> str:
-    return f"x:{'row' if x2.stride(1) == 1 else 'col'} w:{'row' if weight.stride(1) == 1 else 'col'}"
+    return _layout(x2.stride(1) == 1, weight.stride(1) == 1)
+
+
+def _layout(x_row: bool, w_row: bool) -> str:
+    return f"x:{'row' if x_row else 'col'} w:{'row' if w_row else 'col'}"
 
 
 def key_of(x2: torch.Tensor, weight: torch.Tensor, bias: bool) -> Key:
-    """x2 (M, K), weight (N, K)."""
-    return (bucket(x2.shape[0]), weight.shape[0], weight.shape[1], str(x2.dtype).removeprefix("torch."),
-            layout(x2, weight), bias, str(x2.device))
+    """x2 (M, K), weight (N, K). Built on every eager call: torch objects, no strings."""
+    m = x2.shape[0]
+    return (1 if m <= 1 else 1 << (m - 1).bit_length(), weight.shape[0], weight.shape[1], x2.dtype,
+            x2.stride(1) == 1, weight.stride(1) == 1, bias, x2.device)
 
 
-def _env(device: str) -> str:
+def described(key: Key) -> dict:
+    """A key as data: m_bucket, n, k, dtype, layout, bias, device (strings where the key holds torch objects)."""
+    m, n, k, dtype, x_row, w_row, bias, device = key
+    return {"m_bucket": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "layout": _layout(x_row, w_row),
+            "bias": bias, "device": str(device)}
+
+
+def _from_described(d: dict) -> Key:
+    lay = {"x:row w:row": (True, True), "x:row w:col": (True, False), "x:col w:row": (False, True),
+           "x:col w:col": (False, False)}[d["layout"]]
+    dtype = getattr(torch, d["dtype"])
+    if not isinstance(dtype, torch.dtype) or not all(isinstance(d[f], int) and not isinstance(d[f], bool)
+                                                     for f in ("m_bucket", "n", "k")):
+        raise ValueError(f"not a key: {d}")
+    return (d["m_bucket"], d["n"], d["k"], dtype, *lay, bool(d["bias"]), torch.device(d["device"]))
+
+
+def _env(device: torch.device) -> str:
     """The device's name and the versions a choice holds for."""
     import triton
 
     from gemmlab._version import __version__
 
-    dev = torch.device(device)
+    dev = device
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu-interpreter"
     return f"{name} | torch {torch.__version__} | triton {triton.__version__} | gemmlab {__version__}"
 
@@ -96,11 +118,8 @@ def choices_file() -> Path:
 
 
 def _key_str(key: Key) -> str:
-    m, n, k, dtype, lay, bias, _ = key
-    return f"m<={m} n={n} k={k} {dtype} {lay} bias={int(bias)}"
-
-
-_KEY_FIELDS = ("m_bucket", "n", "k", "dtype", "layout", "bias")
+    d = described(key)
+    return f"m<={d['m_bucket']} n={d['n']} k={d['k']} {d['dtype']} {d['layout']} bias={int(d['bias'])}"
 
 
 def _read_file() -> dict:
@@ -121,7 +140,7 @@ def _read_file() -> dict:
         return {}
 
 
-def _load(device: str) -> None:
+def _load(device: torch.device) -> None:
     """Read this device's cached choices once per process (per ``config_tables.reload()``)."""
     loaded = _STATE["loaded"]
     if device in loaded:
@@ -130,18 +149,12 @@ def _load(device: str) -> None:
     stored = _read_file().get("choices", {}).get(_env(device), {})
     for entry in stored.values() if isinstance(stored, dict) else ():
         try:
-            key = (*(entry[f] for f in _KEY_FIELDS), device)
-            if entry["impl"] in IMPLS and _well_formed(key):
+            key = _from_described({**entry, "device": str(device)})
+            if entry["impl"] in IMPLS:
                 _CHOICES.setdefault(key, Choice(entry["impl"], "cached", entry.get("gemmlab_us"),
                                                 entry.get("torch_us"), entry.get("note", "")))
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError):
             continue  # an entry this version does not read: measured again when met
-
-
-def _well_formed(key: Key) -> bool:
-    m, n, k, dtype, lay, bias, _ = key
-    return (all(isinstance(v, int) and not isinstance(v, bool) for v in (m, n, k)) and isinstance(dtype, str)
-            and isinstance(lay, str) and isinstance(bias, bool))
 
 
 def _store(key: Key, choice: Choice) -> None:
@@ -154,7 +167,7 @@ def _store(key: Key, choice: Choice) -> None:
         return
     data.setdefault("about", "gemmlab.nn.Linear's per-shape choice between gemmlab.gemm and torch, measured on "
                              "first use (gemmlab.nn.dispatch); delete this file to measure again")
-    entry = dict(zip(_KEY_FIELDS, key[:-1], strict=True))
+    entry = {f: v for f, v in described(key).items() if f != "device"}
     entry.update({k: v for k, v in asdict(choice).items() if k != "source" and v not in (None, "")})
     data.setdefault("choices", {}).setdefault(_env(key[-1]), {})[_key_str(key)] = entry
     try:
@@ -258,8 +271,7 @@ def choose(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     hit = _CHOICES.get(key)
     if hit is not None:
         return hit.impl
-    device = key[-1]
-    _load(device)
+    _load(key[-1])
     hit = _CHOICES.get(key)
     if hit is not None:
         return hit.impl
@@ -279,20 +291,19 @@ def choose(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
 def traced_choice(n: int, k: int, dtype: str, lay: str, bias: bool, device: str) -> str:
     """The choice while torch.compile traces (evaluated once, at trace time, and baked into the graph): M may be
     symbolic, so gemmlab only where every known M bucket of (N, K, dtype, layout, bias, device) chose it."""
-    _load(device)
-    seen = {c.impl for key, c in _CHOICES.items() if key[1:] == (n, k, dtype, lay, bias, device)}
+    dev = torch.device(device)
+    _load(dev)
+    want = {"n": n, "k": k, "dtype": dtype, "layout": lay, "bias": bias, "device": str(dev)}
+    seen = {c.impl for key, c in _CHOICES.items() if all(described(key)[f] == v for f, v in want.items())}
     if not seen:
-        return DEFAULT.get(torch.device(device).type, "torch")
+        return DEFAULT.get(dev.type, "torch")
     return "gemmlab" if seen == {"gemmlab"} else "torch"
 
 
 def choices() -> list[dict]:
     """Every choice made or loaded in this process: key fields, impl, source, medians (us) and note."""
-    out = []
-    for (m, n, k, dtype, lay, bias, device), c in sorted(_CHOICES.items(), key=lambda kv: str(kv[0])):
-        out.append({"m_bucket": m, "n": n, "k": k, "dtype": dtype, "layout": lay, "bias": bias, "device": device,
-                    **asdict(c)})
-    return out
+    rows = [{**described(key), **asdict(c)} for key, c in _CHOICES.items()]
+    return sorted(rows, key=lambda r: (r["device"], r["dtype"], r["n"], r["k"], r["bias"], r["layout"], r["m_bucket"]))
 
 
 @config_tables.on_reload
