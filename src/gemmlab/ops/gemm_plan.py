@@ -1,7 +1,9 @@
-"""The GEMM dispatcher: which kernel path and which config ``gemm`` runs for given operands.
+"""The GEMM planner: which kernel path, which config and which launch ``gemm`` runs for given operands.
 
-``plan`` is pure and cheap (no allocation, no launch): it reads shapes, strides, dtype, device and the
-config table, and returns a frozen ``Plan``. ``gemm`` calls ``plan`` and runs exactly that plan.
+``choose`` is pure and cheap (no allocation, no launch): it reads shapes, strides, dtype, device and the
+config table, and returns a frozen ``Plan`` that holds every decision of the call, its launch included
+(``LaunchSpec``: grid, descriptor layouts, integer arguments, constexprs, options, scratch and staging
+sizes). The launcher (``ops.gemm_launch``) only reads it.
 
 Paths (``paths()``):
     empty           M, N or K is 0: nothing to multiply (C is empty, or zeros when K = 0)
@@ -30,18 +32,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 from triton import knobs
 
+from gemmlab.device import Target, target_for
 from gemmlab.ops import configs
+from gemmlab.ops.layout import is_kmajor, padded_k, tma_ok
 
 PATHS = ("empty", "tma_persistent", "tma_splitk", "portable")
 SMALL_M = 256  # at or below this many output rows the small-M path is chosen
 PINNED = "config given by the caller"
-INTERPRETER_SMS = 3  # "SMs" the interpreter pretends to have: persistent programs then loop over tiles
 
 
 @dataclass(frozen=True)
@@ -92,48 +94,28 @@ class Plan:
     num_sms: int = 0
     staged: tuple[str, ...] = ()  # kernel-view operands ("a", "b") copied into 16-byte-aligned buffers first;
     # "c": C written into an aligned scratch C by TMA, then copied out (GemmConfig.stage_c)
+    launch: LaunchSpec | None = field(default=None, repr=False)  # None: the "empty" path launches nothing
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """A plan's kernel launch, as the operands' shapes and strides fix it (the kernel is ``Plan.path``'s).
+    ``descs`` says per kernel-view operand (a, b, c) whether it goes as a TMA descriptor ((shape, strides,
+    block) over the buffer the kernel reads: the staged copy for a staged operand) or a pointer (None).
+    ``staged``: per staged operand (name, its unit-stride dim, (rows, row length) of its aligned buffer)."""
+
+    grid: tuple[int, int, int]
+    descs: tuple
+    ints: tuple  # the runtime integer arguments after the tensors
+    constexprs: tuple[tuple[str, object], ...]  # (name, value), the kernel's compile-time parameters
+    options: tuple[tuple[str, int], ...]  # num_warps, num_stages, maxnreg
+    scratch: tuple[int, int] | None  # split-K, stream-K: (workspace fp32 elements, counters); None: no such args
+    staged: tuple[tuple[str, int, tuple[int, int]], ...] = ()
 
 
 def paths() -> tuple[str, ...]:
     """Every path the dispatcher can take."""
     return PATHS
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where kernels run: a CUDA device, or the CPU under Triton's interpreter (which emulates TMA)."""
-
-    name: str  # config table slug: "nvidia-h200", "interpreter", ...
-    capability: tuple[int, int]
-    num_sms: int
-
-    @property
-    def has_tma(self) -> bool:
-        return self.capability >= (9, 0)
-
-
-def target_for(device: torch.device) -> Target:
-    if device.type == "cpu":
-        if not knobs.runtime.interpret:
-            raise RuntimeError(
-                "gemmlab: CPU tensors run only under Triton's interpreter; set TRITON_INTERPRET=1 "
-                "before importing gemmlab (the `gemmlab` command does this on machines without CUDA)"
-            )
-        return Target("interpreter", (9, 0), INTERPRETER_SMS)
-    if device.type != "cuda":
-        raise ValueError(f"gemmlab: unsupported device type {device.type!r} (need cuda, or cpu + interpreter)")
-    return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def gpu_slug(name: str) -> str:
-    """'NVIDIA H200' -> 'nvidia-h200': the key of config tables and results files."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-@functools.cache
-def _cuda_target(index: int) -> Target:
-    props = torch.cuda.get_device_properties(index)
-    return Target(gpu_slug(props.name), (props.major, props.minor), props.multi_processor_count)
 
 
 def _pick(target: Target, path: str, m: int, n: int, k: int, dtype: torch.dtype) -> tuple[GemmConfig, str]:
@@ -168,11 +150,6 @@ def stream_k_tiles(tiles: int, num_sms: int) -> int:
     if rem == 0:
         return 0
     return rem + num_sms if tiles > num_sms else tiles
-
-
-def padded_k(k: int) -> int:
-    """Elements a K-major row is padded to for TMA: a multiple of 8 (16 bytes in fp16/bf16), at least 8."""
-    return max(8, -(-k // 8) * 8)
 
 
 def stage_inner(p: Plan, name: str) -> int:
@@ -236,27 +213,6 @@ def staging_decision(target: Target, m: int, n: int, k: int, elt: int, copies: l
                                           f"{st.max_copy_fraction:.0%} ({st.source} staging)")
 
 
-def is_kmajor(t: torch.Tensor, inner_dim: int) -> bool | None:
-    """True if ``inner_dim`` is unit-stride (or of size <= 1), False if the other dim is, None if neither."""
-    if t.stride(inner_dim) == 1 or t.shape[inner_dim] <= 1:
-        return True
-    if t.stride(1 - inner_dim) == 1 or t.shape[1 - inner_dim] <= 1:
-        return False
-    return None
-
-
-def tma_ok(t: torch.Tensor, inner_dim: int) -> bool:
-    """Can a TMA descriptor cover this 2-D operand, with ``inner_dim`` unit-stride? Base 16-byte aligned;
-    the outer stride a multiple of 16 bytes that does not overlap rows (irrelevant when that dim is 1)."""
-    if t.data_ptr() % 16:
-        return False
-    outer = 1 - inner_dim
-    if t.shape[outer] <= 1:
-        return True
-    stride = t.stride(outer)
-    return (stride * t.element_size()) % 16 == 0 and stride >= max(t.shape[inner_dim], 1)
-
-
 def _stage_c(cfg: GemmConfig, common: dict, c_note: str) -> str:
     """Apply ``cfg.stage_c`` to a TMA plan's fields: a C TMA cannot store to goes through an aligned copy."""
     if not cfg.stage_c or common["c_tma"]:
@@ -271,7 +227,15 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
     """Plan for the kernel-view problem C (M, N) row-major = a (M, K) @ b (K, N); operands validated,
     ``c`` is None when ``gemm`` will allocate a contiguous C. ``config`` pins the config (else the table's);
     ``target`` overrides the operands' device (the inspector plans for an H200 from "meta" tensors);
-    ``stage`` pins the staging decision for operands TMA cannot describe (None: ``staging_decision``'s rule)."""
+    ``stage`` pins the staging decision for operands TMA cannot describe (None: ``staging_decision``'s rule).
+    Steps: (1) the path, config and layout decisions (``decide``), (2) the launch they make (``launch_spec``)."""
+    p = decide(a, b, c, swap_ab, config, target, stage)
+    return p if p.path == "empty" else dataclasses.replace(p, launch=launch_spec(p, a, b, c))
+
+
+def decide(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bool,
+           config: GemmConfig | None = None, target: Target | None = None, stage: bool | None = None) -> Plan:
+    """``choose``'s step 1: the path, the config and the operand layouts (a Plan without its launch)."""
     m, k = a.shape
     n = b.shape[1]
     a_kmajor = bool(is_kmajor(a, 1))
@@ -327,3 +291,82 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
                     **common)
     cfg, source = (config, PINNED) if config else _pick(target, "portable", m, n, k, a.dtype)
     return Plan("portable", cfg, f"{why}; {source}", **common)
+
+
+# ------------------------------------------------------------------------------------------ the launch
+
+
+def constexprs(p: Plan) -> dict:
+    """The compile-time parameters the plan's kernel is specialized on (shared with the inspector)."""
+    cfg = p.config
+    upcast = bool(knobs.runtime.interpret) and p.dtype == torch.bfloat16  # see kernels.gemm.dot
+    if p.path == "portable":
+        return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                    DOT_UPCAST=upcast)
+    common = dict(A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor, C_TMA=p.c_tma, BLOCK_M=cfg.block_m,
+                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
+                  DOT_UPCAST=upcast)
+    if p.path == "tma_persistent":
+        return dict(common, GROUP_M=cfg.group_m, NUM_SMS=p.num_sms, WARP_SPECIALIZE=cfg.warp_specialize,
+                    STREAM_K=cfg.stream_k)
+    return dict(common, SPLIT_K=cfg.split_k)
+
+
+def launch_options(cfg: GemmConfig) -> dict:
+    """Triton launch options of a config (shared with the inspector's compile)."""
+    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if cfg.max_nreg:
+        opts["maxnreg"] = cfg.max_nreg
+    return opts
+
+
+def _layout(t: torch.Tensor, staged: tuple[int, int] | None, inner: int) -> tuple[tuple, tuple]:
+    """(shape, strides) of the buffer the kernel reads for operand ``t``: ``t`` itself, or its staged copy
+    (rows padded to ``staged[1]`` elements, dim ``inner`` unit-stride)."""
+    if staged is None:
+        return tuple(t.shape), tuple(t.stride())
+    strides = [0, 0]
+    strides[inner], strides[1 - inner] = 1, staged[1]
+    return tuple(t.shape), tuple(strides)
+
+
+def _desc(layout: tuple[tuple, tuple], kmajor_inner: int, block: tuple[int, int]) -> tuple[list, list, list]:
+    """(shape, strides, block) of the TMA descriptor over the 2-D view whose unit-stride dim is ``kmajor_inner``:
+    shape (outer, inner). A size-1 outer dim gets a canonical stride."""
+    (shape, strides), outer = layout, 1 - kmajor_inner
+    rows, cols = shape[outer], shape[kmajor_inner]
+    stride = strides[outer] if rows > 1 else -(-max(cols, 1) // 8) * 8
+    return [rows, cols], [stride, 1], list(block)
+
+
+def launch_spec(p: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None) -> LaunchSpec:
+    """The launch of a (non-empty) plan for kernel-view operands shaped and strided like these (c None: a
+    fresh contiguous (M, N)); the layouts of staged copies are derived here."""
+    cfg, cdiv = p.config, (lambda x, y: -(-x // y))
+    consts, opts = tuple(constexprs(p).items()), tuple(launch_options(cfg).items())
+    inner = {"a": 1 if p.a_kmajor else 0, "b": 0 if p.b_kmajor else 1, "c": 1}
+    ops = {"a": a, "b": b, "c": c if c is not None else torch.empty((p.m, p.n), dtype=p.dtype, device="meta")}
+    staged = tuple((name, inner[name], staged_shape(ops[name], inner[name])) for name in ("a", "b", "c")
+                   if name in p.staged)
+    where = {name: shape for name, _, shape in staged}
+    la, lb, lc = (_layout(ops[name], where.get(name), inner[name]) for name in ("a", "b", "c"))
+    if p.path == "portable":
+        grid = (cdiv(p.m, cfg.block_m) * cdiv(p.n, cfg.block_n), 1, 1)
+        ints = (p.m, p.n, p.k, *la[1], *lb[1], *lc[1])
+        return LaunchSpec(grid, (None, None, None), ints, consts, opts, None)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    descs = (_desc(la, 1, (bm, bk)) if p.a_kmajor else _desc(la, 0, (bk, bm)),
+             _desc(lb, 0, (bn, bk)) if p.b_kmajor else _desc(lb, 1, (bk, bn)),
+             _desc(lc, 1, (bm, bn // 2 if cfg.epilogue_subtile else bn)) if p.c_tma else None)
+    descs = tuple(None if d is None else (tuple(d[0]), tuple(d[1]), tuple(d[2])) for d in descs)
+    if p.path == "tma_persistent":
+        tiles = cdiv(p.m, bm) * cdiv(p.n, bn)
+        sk = stream_k_tiles(tiles, p.num_sms) if cfg.stream_k else 0
+        grid = (p.num_sms if sk else min(p.num_sms, tiles), 1, 1)
+        scratch = (p.num_sms * 2 * bm * bn, sk) if sk else (0, 0)
+        return LaunchSpec(grid, descs, (p.m, p.n, p.k, lc[1][0], sk), consts, opts, scratch, staged)
+    grid_n, grid_m = cdiv(p.n, bn), cdiv(p.m, bm)
+    per_split = cdiv(cdiv(p.k, bk), cfg.split_k)
+    scratch = (cfg.split_k * grid_n * grid_m * bm * bn, grid_n * grid_m) if cfg.split_k > 1 else (0, 0)
+    return LaunchSpec((grid_n, grid_m, cfg.split_k), descs, (p.m, p.n, p.k, lc[1][0], per_split), consts, opts,
+                      scratch, staged)

@@ -1,6 +1,6 @@
 """Why interleave: back-to-back timing (all of A, then all of B) against interleaved timing (ABAB...).
 
-    PYTHONPATH=src python3 benchmarks/clock_order_effect.py [--shape 8192,8192,16384] [--out DIR]
+    PYTHONPATH=src python -m benchmarks clock-order [--shape 8192,8192,16384] [--out DIR]
 
 On a power-capped GPU the SM clock falls once a large GEMM has run for a while, so in a back-to-back
 measurement whichever candidate runs first gets the higher clock. Two pairs, each measured three ways
@@ -23,9 +23,9 @@ import torch
 
 import gemmlab
 from gemmlab.bench.gemm import inputs
+from gemmlab.device import gpu_slug
 from gemmlab.instruments.compare import compare_many
 from gemmlab.instruments.timing import env_info
-from gemmlab.ops.plan import gpu_slug
 from gemmlab.problems import parse_shape
 from gemmlab.ref import gemm_check, gemm_ref
 
