@@ -1,6 +1,6 @@
 """gemmlab.nn: Linear against nn.Linear, MoEExperts and MoE against the reference (and their expert-id check),
 patch()'s dtype rule, summary, warnings and structural match on small models (the families of Hugging Face
-models: test_nn_families.py; the per-shape Linear choice: test_nn_dispatch.py). Tolerances as the style guide
+models: test_nn_families.py; the per-shape Linear choice: test_nn_per_shape.py). Tolerances as the style guide
 derives them: the error against a float64 copy may be at most twice what torch makes in the same dtype, plus one
 ulp."""
 

@@ -13,8 +13,8 @@ import torch
 
 import gemmlab
 import gemmlab.nn as gnn
-from gemmlab.nn import dispatch as per_shape
 from gemmlab.nn import linear as nn_linear
+from gemmlab.nn import per_shape
 
 pytestmark = pytest.mark.gpu
 

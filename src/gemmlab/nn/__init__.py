@@ -6,7 +6,7 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k; M rows, N
         (subclass: same ``weight`` (N, K) and ``bias`` (N,), so an nn.Linear state_dict loads unchanged) whose
         forward runs gemmlab's GEMM or torch's, whichever is faster at the shape: measured once per (M bucket, N,
         K, dtype, layout, device), cached in the user's config directory, listed by ``choices()``
-        (``gemmlab.nn.dispatch``). fp32 and other dtypes run ``F.linear``.
+        (``gemmlab.nn.per_shape``). fp32 and other dtypes run ``F.linear``.
     MoEExperts(num_experts, hidden, intermediate)  ``gate_up_proj`` (E, 2I, H), ``down_proj`` (E, H, I), as
         transformers 5 stores them; forward(hidden_states (T, H), top_k_index (T, k), top_k_weights (T, k)) ->
         (T, H) through ``gemmlab.moe_forward`` (SiLU gate; ids outside [0, E) raise, checked on the device).
@@ -19,9 +19,9 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k; M rows, N
     choices()  every per-shape Linear choice made or loaded in this process.
 """
 
-from gemmlab.nn.dispatch import choices
 from gemmlab.nn.linear import DTYPES, Linear
 from gemmlab.nn.moe import MoE, MoEExperts
 from gemmlab.nn.patch import PatchSummary, patch
+from gemmlab.nn.per_shape import choices
 
 __all__ = ["DTYPES", "Linear", "MoE", "MoEExperts", "PatchSummary", "choices", "patch"]

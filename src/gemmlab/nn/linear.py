@@ -6,7 +6,7 @@ Legend: M rows of x (tokens), N out_features, K in_features.
 
 fp16/bf16 on CUDA (or the CPU interpreter) may go to ``gemmlab.gemm`` (weight^T is a strided view: no copy);
 anything else (fp32, CPU without the interpreter, mixed dtypes, K = 0) runs ``F.linear``, as nn.Linear does.
-``dispatch``: "auto" (per shape, ``gemmlab.nn.dispatch``: measured once, cached, listed by ``choices()``),
+``dispatch``: "auto" (per shape, ``gemmlab.nn.per_shape``: measured once, cached, listed by ``choices()``),
 "gemmlab" (always gemmlab's GEMM where it can run) or "torch" (always ``F.linear``).
 """
 
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gemmlab
-from gemmlab.nn import dispatch as per_shape
+from gemmlab.nn import per_shape
 
 DTYPES = (torch.float16, torch.bfloat16)
 POLICIES = ("auto", "gemmlab", "torch")

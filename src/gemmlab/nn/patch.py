@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gemmlab.nn import dispatch as per_shape
+from gemmlab.nn import per_shape
 from gemmlab.nn.families import BY_BLOCK, BY_EXPERTS
 from gemmlab.nn.linear import DTYPES, Linear, check_policy
 from gemmlab.nn.moe import MoE, MoEExperts

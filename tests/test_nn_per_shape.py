@@ -1,4 +1,4 @@
-"""gemmlab.nn.Linear's per-shape choice between gemmlab's GEMM and torch's (gemmlab.nn.dispatch), on the CPU with an
+"""gemmlab.nn.Linear's per-shape choice between gemmlab's GEMM and torch's (gemmlab.nn.per_shape), on the CPU with an
 injected timer so that every choice is deterministic: which wins, once per key, the cache file (atomic, per device
 and versions, a malformed one left alone), the output check, and no measuring while tracing or capturing.
 Legend: M rows, N out_features, K in_features. Real timings on the H200: tests/test_nn_gpu.py."""
@@ -12,8 +12,8 @@ import torch
 import gemmlab
 import gemmlab.nn as gnn
 from conftest import DEVICE
-from gemmlab.nn import dispatch as per_shape
 from gemmlab.nn import linear as nn_linear
+from gemmlab.nn import per_shape
 
 BF16 = torch.bfloat16
 

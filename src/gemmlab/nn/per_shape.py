@@ -167,7 +167,7 @@ def _store(key: Key, choice: Choice) -> None:
     if not _STATE["file_ok"]:
         return
     data.setdefault("about", "gemmlab.nn.Linear's per-shape choice between gemmlab.gemm and torch, measured on "
-                             "first use (gemmlab.nn.dispatch); delete this file to measure again")
+                             "first use (gemmlab.nn.per_shape); delete this file to measure again")
     entry = {f: v for f, v in described(key).items() if f != "device"}
     entry.update({k: v for k, v in asdict(choice).items() if k != "source" and v not in (None, "")})
     data.setdefault("choices", {}).setdefault(_env(key[-1]), {})[_key_str(key)] = entry
