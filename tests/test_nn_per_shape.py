@@ -170,6 +170,7 @@ def test_gemmlab_failure_chooses_torch(timer, monkeypatch):
     with pytest.warns(RuntimeWarning, match="gemmlab failed .*no kernel for this shape"):
         mod(_x(5, 24))
     assert mod.choices()[0]["source"] == "error" and mod.choices()[0]["impl"] == "torch"
+    assert not per_shape.choices_file().exists()  # kept in memory only: the next process measures again
 
 
 def test_nothing_measured_during_cuda_graph_capture(timer, monkeypatch, gemm_calls):

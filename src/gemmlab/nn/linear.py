@@ -8,6 +8,9 @@ fp16/bf16 on CUDA (or the CPU interpreter) may go to ``gemmlab.gemm`` (weight^T 
 anything else (fp32, CPU without the interpreter, mixed dtypes, K = 0) runs ``F.linear``, as nn.Linear does.
 ``dispatch``: "auto" (per shape, ``gemmlab.nn.per_shape``: measured once, cached, listed by ``choices()``),
 "gemmlab" (always gemmlab's GEMM where it can run) or "torch" (always ``F.linear``).
+Under torch.compile and in CUDA-graph capture nothing is measured: the cached choices hold, and a shape never
+measured runs torch on CUDA (gemmlab on the CPU interpreter). Run the model eagerly once at the shapes it will
+see (or keep the cache file of an earlier run) before compiling or capturing it.
 """
 
 from __future__ import annotations

@@ -293,9 +293,14 @@ def choose(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     x_in, w_in = x2.detach(), w.detach()
     b_in = None if bias is None else bias.detach()
     run = {name: (lambda f=f: f(x_in, w_in, b_in)) for name, f in candidates.items()}
-    choice = measure(key, run, x_in, w_in, b_in, timer)
+    if x2.is_cuda:
+        with torch.cuda.device(x2.device):  # events and syncs on x's GPU
+            choice = measure(key, run, x_in, w_in, b_in, timer)
+    else:
+        choice = measure(key, run, x_in, w_in, b_in, timer)
     _CHOICES[key] = choice
-    _store(key, choice)
+    if choice.source != "error":  # a failure (out of memory, ...) may pass: measured again in the next process
+        _store(key, choice)
     return choice.impl
 
 
