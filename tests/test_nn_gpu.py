@@ -1,12 +1,16 @@
 """gemmlab.nn on the GPU: the per-shape Linear choice on real timings (it picks torch where gemmlab is slower and
 gemmlab where it is faster), and MoEExperts' expert-id check without a host sync (sync debug mode "error", CUDA-graph
 capture) that still stops a bad id (a device-side assert, in a child process: it ends the CUDA context).
-Run on the H200: python -m pytest -q -s tests/test_nn_gpu.py (about a minute; prints a table of the choices)."""
+Run on the H200: python -m pytest -q -s tests/test_nn_gpu.py (a few minutes, most of it Triton compiling; prints
+a table of the choices, and writes them to $OUT/nn_linear_choices.json when $OUT is set)."""
 
+import json
+import os
 import statistics
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +23,8 @@ from gemmlab.nn import per_shape
 pytestmark = pytest.mark.gpu
 
 # (M, K, N, dtype): decode GEMVs (odd K), the nn.Linear shapes of issue 23, prefill and lm_head-like shapes
-SHAPES = [(1, 4099, 4093, torch.float16), (1, 4096, 4096, torch.bfloat16), (16, 4096, 14336, torch.bfloat16),
-          (64, 2048, 5120, torch.bfloat16), (2048, 5120, 5120, torch.bfloat16), (2048, 7168, 576, torch.float16),
-          (4096, 4096, 4096, torch.bfloat16), (8192, 4096, 14336, torch.bfloat16), (3000, 7000, 5000, torch.bfloat16)]
+SHAPES = [(1, 4099, 4093, torch.float16), (16, 4096, 14336, torch.bfloat16), (64, 2048, 5120, torch.bfloat16),
+          (2048, 5120, 5120, torch.bfloat16), (2048, 7168, 576, torch.float16), (8192, 4096, 14336, torch.bfloat16)]
 
 
 @pytest.fixture
@@ -63,6 +66,11 @@ def test_linear_choice_follows_real_timings(fresh):
             (c,) = mod.choices()
             ratio = _independent_ratio(mod, x)
             rows.append((m, k, n, str(dtype)[6:], c["impl"], c["gemmlab_us"], c["torch_us"], ratio))
+    if os.environ.get("OUT"):  # the device runner's output folder: the rows as data
+        keys = ("m", "k", "n", "dtype", "choice", "gemmlab_us", "torch_us", "independent_torch_over_gemmlab")
+        Path(os.environ["OUT"], "nn_linear_choices.json").write_text(
+            json.dumps({"gpu": torch.cuda.get_device_name(), "rows": [dict(zip(keys, r, strict=True)) for r in rows]},
+                       indent=1))
     print("\n   M     K     N  dtype     choice  gemmlab_us  torch_us  independent torch/gemmlab")
     for m, k, n, dt, impl, g, t, ratio in rows:
         print(f"{m:5d} {k:5d} {n:5d}  {dt:8s}  {impl:7s}  {g:10.2f}  {t:8.2f}  {ratio:6.3f}")
