@@ -25,6 +25,8 @@ CASES = {  # name: (M, N, K, split-K or None for the table's)
     "splitk-2": (16, 40, 256, 2),  # a workspace and arrival counters
     "persistent": (264, 72, 96, None),
     "portable": (37, 53, 71, None),  # pointers only
+    "gemv-1": (1, 37, 71, 1),  # pointers, odd K (the GEMV path, pinned)
+    "gemv-3": (5, 48, 200, 3),  # pointers with a workspace and arrival counters
 }
 # Python and C function calls cProfile counts in one hot gemmlab.gemm(a, b, out=out): 33 today (34 split-K), plus
 # this test's four stand-ins (the device, the stream, the recording launcher, the profiled lambda)
@@ -41,9 +43,10 @@ def _launch(name):
     m, n, k, split = CASES[name]
     a, b = rand((m, k)), rand((k, n))
     c = torch.empty(m, n, dtype=a.dtype, device=DEVICE)
-    p = choose(a, b, c, False)
+    path = "gemv" if name.startswith("gemv") else None
+    p = choose(a, b, c, False, path=path)
     if split:
-        p = choose(a, b, c, False, dataclasses.replace(p.config, split_k=split))
+        p = choose(a, b, c, False, dataclasses.replace(p.config, split_k=split), path=path)
     return p, gemm_launch.prepare(p), a, b, c
 
 
