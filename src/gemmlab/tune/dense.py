@@ -101,7 +101,8 @@ def grid(name: str = "full") -> list[GridPoint]:
 
         return [GridPoint("suite", c) for c in DENSE]
     product = [_p(cls, m, n, k) for cls, (ms, ns, ks) in AXES.items() for m in ms for n in ns for k in ks]
-    return product + EXTRA
+    odd = [p for p in EXTRA if p.cls == "odd"]  # rules come from these; the rest of EXTRA only checks them, last
+    return product + odd + [p for p in EXTRA if p.cls != "odd"]
 
 
 def C(name: str, path: str | None = None, stage: bool | None = None, **fields) -> dict:
