@@ -141,6 +141,9 @@ LARGE = [  # persistent tiles; the split tail first, so a tail that does not spl
     C("128x128x64 w8 s4 tail8", "tma_persistent", **T(128, 128, 64, 8, 4, tail_split=8)),
     C("256x128x64 w8 s3 sub tail8", "tma_persistent", **T(256, 128, 64, 8, 3, epilogue_subtile=True, tail_split=8)),
     C("128x64x64 w4 s4 tail8", "tma_persistent", **T(128, 64, 64, 4, 4, tail_split=8)),
+    C("128x256x64 w8 s4 sub tail8", "tma_persistent", **T(128, 256, 64, 8, 4, epilogue_subtile=True, tail_split=8)),
+    C("128x256x64 w8 s3 sub g16 tail8", "tma_persistent", **T(128, 256, 64, 8, 3, group_m=16, epilogue_subtile=True,
+                                                                tail_split=8)),
     C("128x256x64 w8 s3 sub stream-K", "tma_persistent", **T(128, 256, 64, 8, 3, epilogue_subtile=True,
                                                                stream_k=True)),
 ]
