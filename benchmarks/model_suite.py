@@ -1,7 +1,7 @@
 """The whole-model suite on one H200 in about 8 minutes: ``gemmlab bench model`` once per model, each in its own
 process under its own time limit, then one short table of every result.
 
-    GEMMLAB_GIT_SHA=$(git rev-parse HEAD) python3 benchmarks/model_suite.py --out "$OUT"
+    GEMMLAB_GIT_SHA=$(git rev-parse HEAD) PYTHONPATH=src python3 -m benchmarks model-suite --out "$OUT"
 
 What it covers (``STEPS``, 9 processes, 70 s for each model's inference and 40 s for its training, 45 s for
 compile: 485 s of limits): torch, gemmlab and Liger (where liger-kernel has a patch for the family) on

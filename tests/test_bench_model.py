@@ -231,28 +231,21 @@ def test_random_weights_keep_activations_order_one_and_routing_mixed(name):
     assert math.isfinite(out.logits.float().std().item()) and 0.3 < out.logits.float().std() < 10
 
 
-def test_suite_script_summarizes_the_steps_results(tmp_path, fake_liger):
-    """benchmarks/model_suite.py's last part: every step's JSON merged into summary.md, results.tgz and the
-    short table (the steps themselves need the GPU)."""
-    import importlib.util
-    import tarfile
-    from pathlib import Path
+def test_reports_merge_with_both_parts_of_a_model():
+    """Two runs (as the suite's per-phase steps make): one table, each model's inference and training notes."""
+    from gemmlab import output
 
-    spec = importlib.util.spec_from_file_location("model_suite", Path(__file__).parents[1] / "benchmarks" /
-                                                  "model_suite.py")
-    suite = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(suite)
-    rep = bm.bench_model(["mixtral-8x7b"], phases=["prefill"], modes=["eager"], variants=["torch", "liger"], **SMALL)
-    mv.write(rep, tmp_path / "res" / "mixtral-infer")
+    infer = bm.bench_model(["mixtral-8x7b"], phases=["prefill"], modes=["eager"], variants=["torch"], **SMALL)
     train = bm.bench_model(["mixtral-8x7b"], phases=["train"], modes=["eager"], variants=["torch"], **SMALL)
-    mv.write(train, tmp_path / "res" / "mixtral-train")
-    suite.summarize(tmp_path / "res", tmp_path, ["mixtral-infer: rc=0 1s"])
-    md = (tmp_path / "summary.md").read_text()
-    assert "mixtral-infer: rc=0 1s" in md and "| mixtral-8x7b | 2 | prefill | T=8 | eager |" in md
-    assert "| mixtral-8x7b | 2 | train | 2x8 | eager |" in md
+    small = bm.bench_model(["mixtral-8x7b"], phases=["prefill"], modes=["eager"], variants=["torch"],
+                           **{**SMALL, "layers": 1})
+    md = output.markdown(mv.tables(mv.merge([infer, train, small])))
+    assert "| mixtral-8x7b | 2 | prefill | T=8 | eager |" in md and "| mixtral-8x7b | 2 | train | 2x8 | eager |" in md
+    assert "| mixtral-8x7b | 1 | prefill | T=8 | eager |" in md
     assert "mixtral-8x7b inference: 2 of 32 layers" in md and "mixtral-8x7b train: 2 of 32 layers" in md
-    with tarfile.open(tmp_path / "results.tgz") as tar:
-        assert any(n.endswith(".json") for n in tar.getnames())
+    assert "mixtral-8x7b inference, 1 layers: 1 of 32 layers" in md
+    with pytest.raises(ValueError, match="no reports"):
+        mv.merge([])
 
 
 def test_refuses_bad_arguments():
