@@ -276,9 +276,9 @@ def test_command_exits_2_without_cuda(monkeypatch):
 
 def test_command_writes_json_csv_md_and_report_draws_it(monkeypatch, tmp_path, fake_liger):
     """The command behind a pretend GPU check on a tiny model: --json is one document, --output-dir has the
-    three files (CSV long format with tokens/s rows), ``gemmlab report`` draws the kind; a bad --phases is
-    exit 2 in one line."""
-    from gemmlab.report import html
+    three files (CSV long format with tokens/s rows), ``gemmlab report`` draws the kind (the HTML page, and the
+    docs' table ``report.pages.whole_model``); a bad --phases is exit 2 in one line."""
+    from gemmlab.report import html, pages
 
     real = bm.bench_model
 
@@ -301,6 +301,10 @@ def test_command_writes_json_csv_md_and_report_draws_it(monkeypatch, tmp_path, f
     page, found = html.build([tmp_path])
     assert [f.kind for f in found] == ["whole-model-bench"]
     assert "Whole models: tokens per second" in page and "could not draw" not in page
+    sec = pages.whole_model(lambda rel: json.loads((tmp_path / rel).read_text()), {"files": [f"{stem}.json"]})
+    (row,) = sec.table.rows  # the docs' results table: torch and liger timed, gemmlab not asked for
+    assert row[:5] == ["mixtral-8x7b", "2", "prefill", "T=8", "eager"] and float(row[5].replace(",", "")) > 0
+    assert row[6] == "" and float(row[7].replace(",", "")) > 0 and sec.envs == [rep["env"]]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     bad = CliRunner().invoke(app, ["bench", "model", "--phases", "serve"])
     assert bad.exit_code == 2 and "phase 'serve'" in bad.output and len(bad.output.strip().splitlines()) == 1
