@@ -238,3 +238,56 @@ def test_cuda_ipc_shares_only_the_slots():
             addr += blk["size"]
     with pytest.raises(ValueError, match="slot_memory"):
         share.export([((private_big,), slot_small)])
+
+
+# -------------------------------------------------------------------------------------------- the report
+
+
+def _grade_cli(*args, env, timeout=300):
+    """`gemmlab grade` in a subprocess; None if it hangs past ``timeout`` (killed)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, **env}
+    try:
+        return subprocess.run([sys.executable, "-m", "gemmlab", "grade", *args], capture_output=True, text=True,
+                              env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+@pytest.mark.parametrize("mode,code,words", [
+    ("fifo", 1, None),         # FIFOs at the old temporary names and a forged PASS report.json: no hang, our report
+    ("tmp-symlink", 1, None),  # symlinks at the old temporary names: nothing written through them
+    ("symlink", 2, "a symlink"),           # report.json a symlink: refused in one line, the target untouched
+    ("fifo-report", 2, "not a plain file"),  # report.json a FIFO: refused, no hang
+])
+def test_the_report_is_never_written_through_what_the_candidate_placed(tmp_path, mode, code, words):
+    out, victim = tmp_path / "out", tmp_path / "victim.txt"
+    victim.write_text("precious")
+    r = _grade_cli("--cases", TINY, "--kernel", f"{BOX}:sabotages_report", "--output-dir", str(out),
+                   env={"BAD_REPORT_DIR": str(out), "BAD_REPORT_MODE": mode, "BAD_VICTIM": str(victim)})
+    assert r is not None, "the grader hung"
+    assert r.returncode == code, (r.returncode, r.stderr[-2000:])
+    assert victim.read_text() == "precious"
+    report = out / "report.json"
+    if code == 1:
+        assert report.is_file() and not report.is_symlink()
+        written = json.loads(report.read_text())
+        assert written["verdict"] == "FAIL" and "forged" not in written
+        assert "FAIL" in r.stdout
+    else:
+        last = r.stderr.strip().splitlines()
+        assert len(last) == 1 and words in last[0] and "report.json" in last[0], r.stderr[-2000:]
+
+
+def test_write_files_refuses_a_symlinked_directory(tmp_path):
+    from gemmlab import output
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(output.ReportPathError, match="a symlink"):
+        output.write_files(tmp_path / "link", {"r.json": "{}"})
+    assert output.write_files(tmp_path / "real", {"r.json": "{}"}) == [tmp_path / "real" / "r.json"]
+    assert [p.name for p in (tmp_path / "real").iterdir()] == ["r.json"]  # no temporary file left behind

@@ -194,3 +194,36 @@ def sends_pickle_frame(A, B, C, M, N, K):
                 obj.sendall(len(data).to_bytes(4, "little") + data)
             except OSError:
                 pass
+
+
+def _grader_pid() -> int:
+    keeper = os.getppid()
+    return int(open(f"/proc/{keeper}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def sabotages_report(A, B, C, M, N, K):
+    """Wrong (all zeros), and prepares $BAD_REPORT_DIR, where the grader will write its report, as $BAD_REPORT_MODE
+    says: ``fifo``: FIFOs at the temporary names the grader once used (.report.json.<grader pid>.tmp, ...), and a
+    forged PASS report.json; ``tmp-symlink``: symlinks to $BAD_VICTIM at those names; ``symlink``: report.json a
+    symlink to $BAD_VICTIM; ``fifo-report``: report.json a FIFO."""
+    C.zero_()
+    if _state.get("sabotaged"):
+        return
+    _state["sabotaged"] = True
+    d, mode, victim = os.environ["BAD_REPORT_DIR"], os.environ["BAD_REPORT_MODE"], os.environ.get("BAD_VICTIM", "")
+    os.makedirs(d, exist_ok=True)
+    pid = _grader_pid()
+    temps = [os.path.join(d, f".report.{ext}.{pid}.tmp") for ext in ("json", "md", "csv")]
+    report = os.path.join(d, "report.json")
+    if mode == "fifo":
+        for t in temps:
+            os.mkfifo(t)
+        with open(report, "w") as f:
+            f.write('{"verdict": "PASS", "forged": true}')
+    elif mode == "tmp-symlink":
+        for t in temps:
+            os.symlink(victim, t)
+    elif mode == "symlink":
+        os.symlink(victim, report)
+    elif mode == "fifo-report":
+        os.mkfifo(report)
