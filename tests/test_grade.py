@@ -138,7 +138,10 @@ def test_cheats_on_unchecked_or_repeated_inputs_gain_nothing(tmp_path, monkeypat
     assert not (tmp_path / "hits").exists()  # not one cache hit
 
 
-def test_killing_the_baseline_fails():
+def test_killing_the_baseline_fails(monkeypatch):
+    """Where the sandbox has no Landlock domain (which refuses the signal: tests/test_sandbox.py), the kill lands,
+    and the grader notices."""
+    monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
     r = run("kills_baseline")
     assert r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}
     assert "baseline worker" in r["failures"][0]["reason"]

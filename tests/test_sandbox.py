@@ -12,7 +12,8 @@ import torch
 from gemmlab.grade import grade
 from gemmlab.sandbox import box as sandbox_box
 from gemmlab.sandbox import contain, share
-from gemmlab.sandbox.box import Sandbox, checked
+from gemmlab.sandbox.box import Sandbox
+from gemmlab.sandbox.replies import checked
 from test_grade import HERE, TINY, _cli, failed_rules
 
 BOX = str(HERE / "bad_kernels" / "containment.py")
@@ -38,6 +39,25 @@ def test_the_child_holds_no_key_to_the_grader(out_dir):
     assert not (out_dir / "pwned").exists()
     assert multiprocessing.resource_sharer._resource_sharer._listener is None  # never started in the grader
     assert r["verdict"] == "FAIL" and failed_rules(r) == {"poison-freshness"}, r["failures"]
+
+
+def _landlock_abi() -> int:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+
+
+def test_the_sandbox_cannot_signal_or_read_the_grader(out_dir, monkeypatch):
+    """In its Landlock domain the candidate can signal neither the grader nor the baseline (no kill, no SIGSTOP)
+    and cannot open the grader's memory, though it runs as the same user (here: root)."""
+    if _landlock_abi() < 6:
+        pytest.skip("Landlock ABI 6 (Linux 6.12+) is not available here")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "1")
+    r = run_box("reaches_outside")
+    reach = json.loads((out_dir / "reach.json").read_text())
+    assert set(reach) == {"grader_signal", "baseline_signal", "grader_mem"}
+    assert all(v is not True and v != "none" for v in reach.values()), reach
+    assert r["verdict"] == "PASS", r["failures"]  # the probes are all it did: an honest kernel still passes
 
 
 def test_a_pickle_frame_on_the_channel_is_never_loaded(out_dir):

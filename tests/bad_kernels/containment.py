@@ -227,3 +227,28 @@ def sabotages_report(A, B, C, M, N, K):
         os.symlink(victim, report)
     elif mode == "fifo-report":
         os.mkfifo(report)
+
+
+def reaches_outside(A, B, C, M, N, K):
+    """Computes honestly, and probes what it can reach outside its sandbox: signal 0 to the grader and to the
+    baseline's server (what any kill would need), and opening the grader's memory (/proc/PID/mem). Writes
+    ``reach.json``: {"grader_signal": ok?, "baseline_signal": ok?, "grader_mem": ok?}."""
+    honest(A, B, C, M, N, K)
+    if _state.get("probed") or not _timed():
+        return
+    _state["probed"] = True
+    found = {}
+
+    def probe(name, fn):
+        try:
+            fn()
+            found[name] = True
+        except OSError as e:
+            found[name] = f"{type(e).__name__}: {e.strerror}"
+    grader = _grader_pid()
+    probe("grader_signal", lambda: os.kill(grader, 0))
+    baseline = _baseline_threads()
+    probe("baseline_signal", lambda: os.kill(baseline[0], 0)) if baseline else found.update(baseline_signal="none")
+    probe("grader_mem", lambda: open(f"/proc/{grader}/mem", "rb").close())
+    with open(_out("reach.json"), "w") as f:
+        json.dump(found, f)

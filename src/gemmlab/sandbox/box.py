@@ -11,8 +11,11 @@
 
 What each guard enforces (Linux; CPU and GPU alike unless said):
 - Process: the child is ``python .../sandbox/keeper.py``, started in a new session. The keeper joins the
-  sandbox's freezer cgroup (``contain.Freezer``), then forks: it only waits, the candidate runs in its child
-  (``serve``). ``os.kill(os.getppid(), 9)`` kills the keeper, which the owner notices (``WorkerFailure``).
+  sandbox's freezer cgroup (``contain.Freezer``) and, where asked, a Landlock domain of its own (``keeper``: no
+  signal, ptrace or /proc/PID/mem access to any process outside it, root or not; on by default on the CPU,
+  ``GEMMLAB_SANDBOX_LANDLOCK=1`` turns it on with CUDA too, ``=0`` off; Linux 6.12+), then forks: it only waits,
+  the candidate runs in its child (``serve``). ``os.kill(os.getppid(), 9)`` kills the keeper, which the owner
+  notices (``WorkerFailure``).
   stdin is /dev/null, stdout and stderr go to ``log``; the cwd is the owner's temp directory.
 - Membership (``members``): the cgroup's processes, every process of the child's session, every descendant of
   the keeper and, for an untrusted sandbox, every child of the owner it did not start itself (the owner is a child
@@ -32,7 +35,7 @@ What each guard enforces (Linux; CPU and GPU alike unless said):
 - Channel (``sandbox.wire``): JSON both ways over a socketpair, descriptors of shared CPU memory beside it
   (SCM_RIGHTS). The child holds no secret the owner trusts (no authkey is sent, no multiprocessing listener runs
   in the owner); the owner unpickles nothing. Every reply field the owner reads is checked for type and range in
-  one place (``REPLIES``): a malformed reply fails the sandbox with one line, never a traceback.
+  one place (``sandbox.replies``): a malformed reply fails the sandbox with one line, never a traceback.
 - CUDA IPC (``sandbox.share``): only tensors allocated under ``slot_memory`` can be bound, so the segments the
   child maps hold slots and nothing else of the owner's.
 """
@@ -40,7 +43,6 @@ What each guard enforces (Linux; CPU and GPU alike unless said):
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import signal
 import socket
@@ -52,6 +54,7 @@ import weakref
 from pathlib import Path
 
 from gemmlab.sandbox import contain, share, wire
+from gemmlab.sandbox.replies import checked
 
 MAX_REPLY_BYTES = 1 << 24  # a reply longer than this is refused (a child cannot make the owner buffer gigabytes)
 PR_SET_CHILD_SUBREAPER = 36
@@ -69,61 +72,6 @@ class WorkerFailure(RuntimeError):
 
 class CandidateError(RuntimeError):
     """The candidate raised (its process lives on)."""
-
-
-# ---------------------------------------------------------------------------------------------- replies
-
-
-def _text(limit: int):
-    return lambda v: isinstance(v, str) and len(v) <= limit, f"a string of at most {limit} characters"
-
-
-def _opt(check):
-    test, what = check
-    return lambda v: v is None or test(v), f"null or {what}"
-
-
-_NAMES = (lambda v: isinstance(v, list) and len(v) <= 4096 and all(isinstance(x, str) and len(x) <= 4096 for x in v),
-          "a list of at most 4096 strings")
-_BOOL = (lambda v: isinstance(v, bool), "true or false")
-
-
-def _number(lo: float, hi: float):
-    return (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi,
-            f"a finite number in [{lo:g}, {hi:g}]")
-
-
-def _times(req: dict):
-    n = len(req.get("order", ()))
-    test, _ = _number(0, 1e9)
-    return lambda v: isinstance(v, list) and len(v) == n and all(map(test, v)), f"a list of {n} times in ms"
-
-
-# What each reply must hold (field: (test, what it must be), or a function of the request giving one). The owner
-# reads these fields and no others; an error reply is ``ERROR`` instead.
-REPLIES = {
-    "hello": {"ok": _BOOL, "error": _opt(_text(4000))},
-    "bind": {},
-    "call": {"problem": _opt(_text(2000)), "kernels": _NAMES, "ops": _NAMES, "path": _opt(_text(200))},
-    "run": {"ms": _times, "problem": _opt(_text(2000)), "held_ms": _opt(_number(0, 1e9)),
-            "loop_ms": _opt(_number(0, 1e9))},
-}
-ERROR = {"error": _text(4000)}
-
-
-def checked(op: str, reply: dict, req: dict) -> dict:
-    """The fields of ``reply`` the owner reads (``REPLIES[op]``, or ``ERROR``), each of the right type and range;
-    raises ValueError naming the first that is not."""
-    schema = ERROR if "error" in reply and op != "hello" else REPLIES[op]  # hello: {"ok": false, "error": ...}
-    out = {}
-    for name, spec in schema.items():
-        test, what = spec(req) if callable(spec) else spec
-        if name not in reply:
-            raise ValueError(f"field {name!r} is missing")
-        if not test(reply[name]):
-            raise ValueError(f"field {name!r} is {type(reply[name]).__name__}, not {what}")
-        out[name] = reply[name]
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- the owner
@@ -157,6 +105,8 @@ class Sandbox:
             spec = f"{Path(target).resolve()}{sep}{fn}"
         self.spec, self.signature, self.layout = spec, signature, layout
         self.trusted = spec is None or spec.startswith("builtin:")  # gemmlab's own code runs in the child
+        mode = os.environ.get("GEMMLAB_SANDBOX_LANDLOCK", "cpu")  # the owner's environment: "1", "0" or "cpu"
+        self.landlock = mode == "1" or (mode == "cpu" and interpret)
         self.timeout, self.interpret, self.extra_env, self.name = timeout, interpret, extra_env, name
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gemmlab-grade-")
         self.log = str(Path(self.log_dir) / f"{name}.log")
@@ -194,7 +144,8 @@ class Sandbox:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         self.freezer = contain.Freezer.make(self.name)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        args = [str(theirs.fileno())] + ([self.freezer.procs_file] if self.freezer else [])
+        args = ([str(theirs.fileno())] + (["--cgroup", self.freezer.procs_file] if self.freezer else [])
+                + (["--landlock"] if self.landlock else []))
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("keeper.py")), *args], pass_fds=(theirs.fileno(),),
@@ -210,8 +161,8 @@ class Sandbox:
         self._hello_by = time.monotonic() + self.timeout
 
     def request(self, op: str, timeout: float | None = None, fds: list[int] | tuple[int, ...] = (), **req) -> dict:
-        """Send one request; returns the checked reply (``REPLIES[op]``). Raises CandidateError when the candidate
-        raised, WorkerFailure for anything else (the sandbox is then closed for good)."""
+        """Send one request; returns the checked reply (``replies.REPLIES[op]``). Raises CandidateError when the
+        candidate raised, WorkerFailure for anything else (the sandbox is then closed for good)."""
         if self.proc is None or self._hello_by is not None:
             self.start()
         try:

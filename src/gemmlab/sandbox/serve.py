@@ -1,7 +1,7 @@
 """The sandbox's child side: ``serve(fd)`` loads the candidate and answers the owner's requests (``sandbox.box``).
 
 Everything here runs in the candidate's own process, so the owner trusts none of it: replies are JSON and every
-field the owner reads is checked there (``box.REPLIES``); the times, profiler names and plan paths are advisory.
+field the owner reads is checked there (``sandbox.replies``); the times, profiler names and plan paths are advisory.
 Requests are JSON too (``sandbox.wire``); shared tensors arrive as descriptors (CPU) or CUDA IPC handles
 (``sandbox.share``).
 
