@@ -96,9 +96,13 @@ def forges_replies(A, B, C, M, N, K):
         mod._reply = lie
 
 
+_SESSION = os.getsid(0)  # the candidate's own sandbox (its helpers may leave it by setsid)
+
+
 def _baseline_threads() -> list[int]:
-    """Threads of the other sandbox's server (the baseline's): the child of a keeper outside this session."""
-    me, keepers = os.getsid(0), set()
+    """Threads of the other sandbox's server (the baseline's): the child of a keeper outside the candidate's
+    session."""
+    me, keepers = _SESSION, set()
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue

@@ -26,10 +26,13 @@ What each guard enforces (Linux; CPU and GPU alike unless said):
   every member stopped. A sandbox that cannot be frozen within ``FREEZE_S`` fails (``WorkerFailure``).
 - While a sandbox is frozen, the others' windows check that it used no CPU (cgroup v2 ``cpu.stat``, else the
   schedstat of its threads): a process of it that ran anyway fails it (the baseline's window is the baseline's).
-- Thaw (``thaw``): every thread gets the owner's scheduling policy, nice value and CPU affinity back first; a
-  policy, nice value or cgroup that someone changed fails the sandbox (a baseline set to SCHED_IDLE or nice 19 by
-  the candidate FAILs the candidate). SIGCONT goes out before the cgroup thaws (it drops a SIGSTOP queued
-  while frozen); thaw returns once no member is stopped.
+- Scheduling: ``freeze`` records every thread's policy, nice value and cgroups, and fails a sandbox that raised its
+  own priority (a real-time policy, a nice value below the owner's); ``thaw`` fails it if any of them changed
+  while it was held (a held process cannot change itself: another process did; before its first freeze, against
+  the owner's values), then gives every thread the owner's policy, nice value and CPU affinity back. So a
+  baseline set to SCHED_IDLE or nice 19 by the candidate FAILs the candidate.
+- Thaw (``thaw``): SIGCONT goes out before the cgroup thaws (it drops a SIGSTOP queued while frozen); thaw
+  returns once no member is stopped.
 - Progress: a trusted sandbox reports how long its main thread was neither running nor runnable during a timed
   batch; more than ``HELD_MS`` + ``HELD_SHARE`` of the batch means something stopped it (``WorkerFailure``).
 - Channel (``sandbox.wire``): JSON both ways over a socketpair, descriptors of shared CPU memory beside it
@@ -117,6 +120,7 @@ class Sandbox:
         self._cgroups: str | None = None  # the keeper's /proc/PID/cgroup: every thread must stay there
         self._hello_by: float | None = None  # loading must be done by then (monotonic clock)
         self._others: dict = {}  # frozen sandboxes -> their CPU ns when this one's window opened
+        self._seen: dict | None = None  # the threads' scheduling when last frozen (contain.sched_seen)
         self.frozen = False
         self.starts = 0
         self.failed: str | None = None  # once set, the sandbox is gone for good (loading happens once)
@@ -142,7 +146,7 @@ class Sandbox:
         if self.failed:
             raise WorkerFailure(self.failed)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        self.freezer = contain.Freezer.make(self.name)
+        self.freezer, self._seen, self._others = contain.Freezer.make(self.name), None, {}
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args = ([str(theirs.fileno())] + (["--cgroup", self.freezer.procs_file] if self.freezer else [])
                 + (["--landlock"] if self.landlock else []))
@@ -160,9 +164,13 @@ class Sandbox:
                          "interpret": self.interpret, "sys_path": list(sys.path)})
         self._hello_by = time.monotonic() + self.timeout
 
-    def request(self, op: str, timeout: float | None = None, fds: list[int] | tuple[int, ...] = (), **req) -> dict:
+    def request(self, op: str, timeout: float | None = None, **req) -> dict:
         """Send one request; returns the checked reply (``replies.REPLIES[op]``). Raises CandidateError when the
-        candidate raised, WorkerFailure for anything else (the sandbox is then closed for good)."""
+        candidate raised, WorkerFailure for anything else (the sandbox is then closed for good). "bind" takes
+        ``slots=`` tensors (see ``bind``)."""
+        fds: list[int] = []
+        if op == "bind":  # the tensors cross as plain data and descriptors (sandbox.share)
+            req["slots"], fds = share.export(req["slots"])
         if self.proc is None or self._hello_by is not None:
             self.start()
         try:
@@ -184,8 +192,7 @@ class Sandbox:
     def bind(self, slots: list) -> None:
         """Share ``slots`` (a list of (inputs tuple, flat output)) with the child; replaces earlier ones. CUDA
         tensors must come from ``share.slot_memory`` (ValueError otherwise)."""
-        meta, fds = share.export(slots)
-        self.request("bind", fds=fds, slots=meta)
+        self.request("bind", slots=slots)
 
     def _recv(self, timeout: float, op: str, req: dict, what: str) -> dict:
         try:
@@ -270,6 +277,10 @@ class Sandbox:
             time.sleep(0.0002 if loose else 0)
         self.frozen = True
         self._reap({p for p in members if contain.state(p) == "Z" and p not in _OWN_CHILDREN}, wait_s=0)
+        self._seen = contain.sched_seen(members - {self.proc.pid} if self.proc.poll() is not None else members)
+        raised = self.sched.raised(self._seen)
+        if raised:
+            self._fail(f"the {self.name} raised the scheduling priority of its own threads ({'; '.join(raised[:3])})")
         for other, before in self._others.items():
             used = other.cpu_ns() - before
             if other.frozen and used > FROZEN_CPU_NS:
@@ -283,10 +294,13 @@ class Sandbox:
         if self.proc is None:
             return
         pids = self.members()
-        changed = self.sched.restore(pids, self._cgroups)
+        now = contain.sched_seen(pids)
+        before = self._seen if self._seen is not None else {
+            t: (self.sched.policy, self.sched.nice, self._cgroups) for t in now}  # never frozen yet: as started
+        changed = contain.sched_changes(before, now) or self.sched.restore(pids)
         if changed:
-            self._fail(f"the scheduling of the {self.name}'s processes was changed ({'; '.join(changed[:3])}): "
-                       "another process reached them")
+            self._fail(f"the scheduling of the {self.name}'s processes was changed while it was held "
+                       f"({'; '.join(changed[:3])}): another process reached them")
         self._wake(pids)
         deadline = time.monotonic() + wait_s
         while True:

@@ -213,6 +213,8 @@ def _rmdir(path: Path) -> None:
 
 @dataclass(frozen=True)
 class Sched:
+    """The owner's scheduling: what every thread of a sandbox gets back before each of its windows."""
+
     policy: int
     nice: int
     affinity: frozenset
@@ -221,26 +223,57 @@ class Sched:
     def of_owner(cls) -> Sched:
         return cls(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0), frozenset(os.sched_getaffinity(0)))
 
-    def restore(self, pids, cgroups: str | None) -> list[str]:
-        """Give every thread of ``pids`` this policy, nice value and affinity again. Returns what had been changed
-        (policy, nice value, cgroups; a changed affinity is restored without counting): empty if nothing."""
-        changed = []
+    def raised(self, seen: dict[int, tuple]) -> list[str]:
+        """Threads in ``seen`` that run at a higher priority than the owner (a real-time policy, a lower nice)."""
+        rt = {getattr(os, n) for n in ("SCHED_FIFO", "SCHED_RR") if hasattr(os, n)}
+        return [f"thread {t}: {_policy(pol)}, nice {nice}" for t, (pol, nice, _) in seen.items()
+                if (pol & ~RESET_ON_FORK) in rt or nice < self.nice]
+
+    def restore(self, pids) -> list[str]:
+        """Give every thread of ``pids`` this policy, nice value and affinity; returns the threads it could not."""
+        failed = []
         for p in pids:
             for t in threads(p):
                 try:
-                    pol, nice = os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t)
-                    if (pol, nice) != (self.policy, self.nice):
-                        name = POLICIES.get(pol & ~RESET_ON_FORK, str(pol))
-                        changed.append(f"thread {t}: {name}, nice {nice}")
+                    if (os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t)) != (self.policy, self.nice):
                         os.sched_setscheduler(t, self.policy & ~RESET_ON_FORK, os.sched_param(0))
                         os.setpriority(os.PRIO_PROCESS, t, self.nice)
                     if frozenset(os.sched_getaffinity(t)) != self.affinity:
                         os.sched_setaffinity(t, self.affinity)
-                    if cgroups is not None and state(p) != "Z" and Path(f"/proc/{p}/task/{t}/cgroup").read_text() \
-                            != cgroups:  # (a zombie has left its memory cgroup)
-                        changed.append(f"thread {t}: moved to other cgroups")
                 except (ProcessLookupError, FileNotFoundError):
                     pass  # gone meanwhile
                 except PermissionError as e:
-                    changed.append(f"thread {t}: cannot be restored ({e})")
-        return changed
+                    failed.append(f"thread {t}: {e.strerror}")
+        return failed
+
+
+def _policy(pol: int) -> str:
+    return POLICIES.get(pol & ~RESET_ON_FORK, str(pol))
+
+
+def sched_seen(pids) -> dict[int, tuple[int, int, str | None]]:
+    """{thread: (policy, nice value, its /proc cgroup text; None for a zombie)} of every thread of ``pids``."""
+    out = {}
+    for p in pids:
+        zombie = state(p) == "Z"  # (a zombie has left its memory cgroup)
+        for t in threads(p):
+            try:
+                out[t] = (os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t),
+                          None if zombie else Path(f"/proc/{p}/task/{t}/cgroup").read_text())
+            except (ProcessLookupError, FileNotFoundError, PermissionError):
+                pass
+    return out
+
+
+def sched_changes(before: dict[int, tuple], after: dict[int, tuple]) -> list[str]:
+    """Threads whose policy, nice value or cgroups differ between two ``sched_seen`` (a cgroup of None: unknown)."""
+    out = []
+    for t, (pol, nice, cg) in after.items():
+        if t not in before:
+            continue
+        pol0, nice0, cg0 = before[t]
+        if (pol, nice) != (pol0, nice0):
+            out.append(f"thread {t}: {_policy(pol)}, nice {nice} (was {_policy(pol0)}, nice {nice0})")
+        elif cg is not None and cg0 is not None and cg != cg0:
+            out.append(f"thread {t}: moved to other cgroups")
+    return out
