@@ -311,3 +311,17 @@ def test_write_files_refuses_a_symlinked_directory(tmp_path):
         output.write_files(tmp_path / "link", {"r.json": "{}"})
     assert output.write_files(tmp_path / "real", {"r.json": "{}"}) == [tmp_path / "real" / "r.json"]
     assert [p.name for p in (tmp_path / "real").iterdir()] == ["r.json"]  # no temporary file left behind
+
+
+@pytest.mark.gpu
+def test_landlock_with_cuda(out_dir, monkeypatch):
+    """GEMMLAB_SANDBOX_LANDLOCK=1 with CUDA: the children still open the slots' IPC handles and gemmlab's own kernel
+    passes, and the candidate reaches nothing outside (what the default could turn on with CUDA once this passes)."""
+    if _landlock_abi() < 6:
+        pytest.skip("Landlock ABI 6 (Linux 6.12+) is not available here")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "1")
+    assert grade(TINY)["verdict"] == "PASS"
+    r = run_box("reaches_outside")
+    reach = json.loads((out_dir / "reach.json").read_text())
+    assert all(v is not True and v != "none" for v in reach.values()), reach
+    assert r["verdict"] == "PASS", r["failures"]
