@@ -12,7 +12,7 @@ Cases: gemm vs torch.mm at M in {1, 16, 64, 256, 4096} x (N, K) pairs from 2048.
 off) vs the torch composite (``gemmlab.bench.moe.composite_forward``) at small T.
 Writes benchmarks/results/<gpu>-host-cost.json with provenance (GPU, clocks, versions, git SHA).
 
-    PYTHONPATH=src python3 benchmarks/host_cost.py [--quick] [--out benchmarks/results]
+    PYTHONPATH=src python -m benchmarks host-cost [--quick] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import torch
 
 import gemmlab
 from gemmlab.bench.moe import composite_forward, problem
+from gemmlab.device import gpu_slug
 from gemmlab.instruments import timing
 from gemmlab.instruments.stats import quantile
 from gemmlab.ops.moe import sort_routes
-from gemmlab.ops.plan import gpu_slug
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check
 

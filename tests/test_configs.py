@@ -10,9 +10,10 @@ import triton
 
 import gemmlab
 from conftest import rand
+from gemmlab.device import SM90_SMEM_BYTES as SMEM_BYTES
+from gemmlab.device import Target
 from gemmlab.ops import configs
-from gemmlab.ops.moe import SMEM_BYTES, MoEConfig, moe_choice, moe_config
-from gemmlab.ops.plan import Target
+from gemmlab.ops.moe import MoEConfig, moe_choice, moe_config
 
 H200 = Target("nvidia-h200", (9, 0), 132)
 OTHER = Target("nvidia-a100-sxm4-80gb", (8, 0), 108)  # no file of its own: default.json

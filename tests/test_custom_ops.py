@@ -197,9 +197,9 @@ def test_direct_launch_arguments_are_the_jit_bindings(shape, path, split):
     import dataclasses
     import inspect
 
-    from gemmlab.ops import gemm as gemm_ops
+    from gemmlab.ops import gemm_launch as gemm_ops
+    from gemmlab.ops.gemm_plan import choose
     from gemmlab.ops.launch import HostDesc, constexpr_tail
-    from gemmlab.ops.plan import choose
 
     m, n, k = shape
     a, b = rand((m, k)), rand((k, n))
@@ -209,7 +209,7 @@ def test_direct_launch_arguments_are_the_jit_bindings(shape, path, split):
         p = choose(a, b, c, False, dataclasses.replace(p.config, split_k=split))
         assert p.config.split_k == split
     assert p.path == path
-    L = gemm_ops.prepare(p, a, b, c)
+    L = gemm_ops.prepare(p)
     jit = gemm_ops.jit_args(L, a, b, c)
     bound = list(inspect.signature(L.kernel.fn).bind(*jit, **L.consts).arguments.values())
     direct = gemm_ops.direct_args(L, a, b, c) + list(constexpr_tail(L.kernel, len(jit), L.consts))
@@ -234,7 +234,7 @@ def test_cached_direct_launch_path_end_to_end(monkeypatch):
 
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from gemmlab.ops import gemm as gemm_ops
+    from gemmlab.ops import gemm_launch as gemm_ops
     from gemmlab.ops.launch import HostDesc, Kept, constexpr_tail
 
     calls = []
@@ -335,12 +335,11 @@ def test_direct_launch_switch(monkeypatch):
 
 
 def test_config_reload_clears_the_signature_cache():
-    from gemmlab.ops import configs
-    from gemmlab.ops import gemm as gemm_ops
+    from gemmlab.ops import configs, gemm_launch
 
     a, b = rand((8, 16)), rand((16, 24))
     gemmlab.gemm(a, b)
-    assert gemm_ops._CACHE
+    assert gemm_launch.CACHE
     configs.reload()
-    assert not gemm_ops._CACHE
+    assert not gemm_launch.CACHE
     assert gemm_check(gemmlab.gemm(a, b), a, b)["ok"]

@@ -23,8 +23,8 @@ for (m, n, k) in ((300, 37, 64), (37, 53, 71)):  # pointer epilogue (odd N, pack
 # staging: odd everything, A and B copied to aligned buffers, C through pointers (the table's config) or, with
 # stage_c, through TMA into an aligned copy
 import dataclasses
-from gemmlab.instruments.sass import H200
-from gemmlab.ops.plan import choose
+from gemmlab.device import H200
+from gemmlab.ops.gemm import choose
 staged = plan_for(8191, 8193, 4097)
 assert staged.staged == ("a", "b"), staged
 out["staged-8191x8193x4097"] = report(staged)

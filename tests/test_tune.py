@@ -14,8 +14,8 @@ import torch
 import gemmlab
 from conftest import DEVICE, rand
 from gemmlab.ledger import Ledger
-from gemmlab.ops import plan as plan_mod
-from gemmlab.ops.plan import GemmConfig
+from gemmlab.ops import configs
+from gemmlab.ops.gemm import GemmConfig
 from gemmlab.tune import space
 from gemmlab.tune.tuner import bucket, default_runner, tune_shape, write_configs
 
@@ -103,10 +103,10 @@ def test_winners_are_written_and_picked_by_plan_and_a_session_resumes(tmp_path, 
         assert f"{path} gemm.{r['path']}[0] (m 33..64, n 33..64, k 65..128, float16)" in p.reason, p.reason
         outside = gemmlab.plan(rand((100, 128)), rand((128, 64)))  # M = 100: another bucket
         assert dataclasses.replace(outside.config, split_k=want.split_k) != want
-        assert str(plan_mod.configs.BUNDLED_DIR / "interpreter.json") in outside.reason
+        assert str(configs.BUNDLED_DIR / "interpreter.json") in outside.reason
     finally:
         monkeypatch.undo()
-        plan_mod.configs.reload()
+        configs.reload()
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="CPU workers")

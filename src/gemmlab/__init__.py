@@ -30,8 +30,8 @@ from gemmlab.provenance import check_triton
 
 _EXPORTS = {
     "PackedB": "gemmlab.ops.gemm", "gemm": "gemmlab.ops.gemm", "gemm_colmajor": "gemmlab.ops.gemm",
-    "pack_b": "gemmlab.ops.gemm", "plan": "gemmlab.ops.gemm", "GemmConfig": "gemmlab.ops.plan",
-    "Plan": "gemmlab.ops.plan", "paths": "gemmlab.ops.plan", "gemm_ref": "gemmlab.ref",
+    "pack_b": "gemmlab.ops.gemm", "plan": "gemmlab.ops.gemm", "GemmConfig": "gemmlab.ops.gemm",
+    "Plan": "gemmlab.ops.gemm", "paths": "gemmlab.ops.gemm", "gemm_ref": "gemmlab.ref",
     "route": "gemmlab.ops.moe", "grouped_gemm": "gemmlab.ops.moe", "moe_forward": "gemmlab.ops.moe",
     "pack_moe_weights": "gemmlab.ops.moe", "PackedMoE": "gemmlab.ops.moe", "patch": "gemmlab.nn",
 }
@@ -43,9 +43,8 @@ check_triton()  # once: the shipped GPU configs were tuned with one Triton (conf
 if TYPE_CHECKING:
     from gemmlab import nn
     from gemmlab.nn import patch
-    from gemmlab.ops.gemm import PackedB, gemm, gemm_colmajor, pack_b, plan
+    from gemmlab.ops.gemm import GemmConfig, PackedB, Plan, gemm, gemm_colmajor, pack_b, paths, plan
     from gemmlab.ops.moe import PackedMoE, grouped_gemm, moe_forward, pack_moe_weights, route
-    from gemmlab.ops.plan import GemmConfig, Plan, paths
     from gemmlab.ref import gemm_ref
 
 

@@ -1,5 +1,5 @@
 """Statistics of timings, pure Python (no GPU): summaries, per-round ratios with a bootstrap interval,
-verdicts, the dense tensor peak per architecture and the clock-normalized efficiency.
+verdicts and the clock-normalized efficiency (the dense tensor peak per architecture is ``gemmlab.device``'s).
 
     summarize([ms, ...])            -> {median_ms, p20_ms, p80_ms, min_ms, max_ms, cv, n}
     ratio_summary(cand, base)       -> {ratio, ci95, per_round, verdict}   ratio = base time / cand time
@@ -11,14 +11,7 @@ from __future__ import annotations
 import random
 import statistics
 
-# Dense tensor-core FLOP per clock per SM (an FMA counts 2), by (major, minor) compute capability and dtype.
-# sm_90 (H100/H200): 989.4 TFLOPS fp16 = 4096 * 132 SMs * 1.83 GHz. sm_80 (A100): 312 = 2048 * 108 * 1.41.
-# sm_89 (L40S): 362 = 1024 * 142 * 2.52 (fp32 accumulation). Unknown architectures give no efficiency.
-TENSOR_FLOP_PER_CLOCK_PER_SM: dict[tuple[int, int], dict[str, int]] = {
-    (8, 0): {"float16": 2048, "bfloat16": 2048},
-    (8, 9): {"float16": 1024, "bfloat16": 1024},
-    (9, 0): {"float16": 4096, "bfloat16": 4096, "float8_e4m3fn": 8192, "float8_e5m2": 8192},
-}
+from gemmlab.device import tensor_peak_tflops
 
 
 def quantile(xs: list[float], p: float) -> float:
@@ -70,16 +63,6 @@ def ratio_summary(cand: list[list[float]], base: list[list[float]], seed: int = 
     ci = bootstrap_ci(per_round, seed=seed)
     return {"ratio": statistics.median(per_round), "ci95": list(ci), "per_round": per_round,
             "verdict": verdict(ci)}
-
-
-def tensor_peak_tflops(arch: tuple[int, int] | None, dtype: str, sm_count: int | None,
-                       clock_mhz: float | None) -> float | None:
-    """Dense tensor-core peak in TFLOPS at ``clock_mhz``; None when the architecture, dtype, SM count or
-    clock is unknown."""
-    per_sm = TENSOR_FLOP_PER_CLOCK_PER_SM.get(tuple(arch) if arch else None, {}).get(dtype)
-    if per_sm is None or not sm_count or not clock_mhz:
-        return None
-    return per_sm * sm_count * clock_mhz * 1e6 / 1e12
 
 
 def efficiency(flops: float, median_ms: float, clock_mhz: float | None, sm_count: int | None,

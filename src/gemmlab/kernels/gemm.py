@@ -31,7 +31,7 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b, acc, DOT_UPCAST: tl.constexpr):
+def dot(a, b, acc, DOT_UPCAST: tl.constexpr):
     """acc += a @ b on tensor cores. DOT_UPCAST is set only under Triton 3.6's CPU interpreter, whose dot
     multiplies bf16 as raw uint16 bits: there the operands go to fp32 first (exact for bf16 products)."""
     if DOT_UPCAST:
@@ -99,12 +99,12 @@ def _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, k_end,
         off_k = ki * BLOCK_K
         a = _load_a(a_desc, off_m, off_k, A_KMAJOR)
         b = _load_b(b_desc, off_k, off_n, B_KMAJOR)
-        acc = _dot(a, b, acc, DOT_UPCAST)
+        acc = dot(a, b, acc, DOT_UPCAST)
     return acc
 
 
 @triton.jit
-def _gemm_tma_persistent_kernel(
+def gemm_tma_persistent_kernel(
     a_desc,  # A (M, K) or A^T (K, M), fp16/bf16, see A_KMAJOR
     b_desc,  # B^T (N, K) or B (K, N), see B_KMAJOR
     c,  # C (M, N) row-major: descriptor, blocks [BLOCK_M, BLOCK_N or BLOCK_N // 2] (C_TMA), else pointer
@@ -177,8 +177,8 @@ def _gemm_tma_persistent_kernel(
 
 
 @triton.jit
-def _gemm_tma_splitk_kernel(
-    a_desc, b_desc, c,  # as in _gemm_tma_persistent_kernel
+def gemm_tma_splitk_kernel(
+    a_desc, b_desc, c,  # as in gemm_tma_persistent_kernel
     ws_ptr,  # (SPLIT_K, tiles, BLOCK_M * BLOCK_N) fp32 partial sums (unused when SPLIT_K == 1)
     count_ptr,  # (tiles,) int32 arrival counters, zero between calls (the last arrival resets its own)
     M, N, K,
@@ -222,7 +222,7 @@ def _gemm_tma_splitk_kernel(
 
 
 @triton.jit
-def _gemm_portable_kernel(
+def gemm_portable_kernel(
     a_ptr, b_ptr, c_ptr,  # A (M, K), B (K, N), C (M, N), any strides, fp16/bf16
     M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -244,7 +244,7 @@ def _gemm_portable_kernel(
         k_left = K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
         b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
-        acc = _dot(a, b, acc, DOT_UPCAST)
+        acc = dot(a, b, acc, DOT_UPCAST)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn

@@ -15,7 +15,7 @@ S = T*k routed rows.
 
 The public functions (``gemmlab.gemm`` ...) call these ops whenever the call is traced (torch.compile), needs
 autograd, or runs under a dispatch mode or functorch transform; a plain eager call with no grad goes straight to
-the same implementation (``direct``), so it does not pay the dispatcher's and autograd wrapper's host cost.
+the same implementation (``ops.dispatch.direct``), so it does not pay the dispatcher's and autograd wrapper's host cost.
 Each op is opaque to the compiler: inside a compiled graph it runs gemmlab's launcher as in eager.
 
 Backward kernels: the dense input gradients (dA, dB) run on gemmlab's gemm on transposed views; the grouped
@@ -28,60 +28,19 @@ backward is ``ops.moe_backward.moe_backward`` (fused; no host sync, capturable).
 import torch
 from torch import Tensor
 
-from gemmlab.ops import gemm as gemm_ops
-from gemmlab.ops import moe as moe_ops
 from gemmlab.ops import moe_backward as moe_bwd_ops
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def direct(*tensors) -> bool:
-    """True when a call may skip the dispatcher: eager (not traced), plain tensors, no dispatch mode or functorch
-    transform active, and no autograd needed."""
-    if _compiling() or _dispatch_modes() or _functorch():
-        return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad)):
-            return False
-    return True
-
-
-def eager(*tensors) -> bool:
-    """True when a call that needs autograd may still skip the dispatcher (``direct`` but for the gradient): an
-    autograd.Function with the custom op's formula serves it."""
-    if _compiling() or _dispatch_modes() or _functorch():
-        return False
-    return all(t is None or type(t) in _PLAIN for t in tensors)
-
-
-_compiling, _dispatch_modes = torch.compiler.is_compiling, torch._C._len_torch_dispatch_stack
-_functorch = torch._C._are_functorch_transforms_active
-
-
-def refuse_grad_out(op: str, out: Tensor, *inputs: Tensor) -> None:
-    """``out=`` runs outside autograd: in grad mode refuse an out that requires grad, or inputs that need it (as
-    torch does)."""
-    if not torch.is_grad_enabled():
-        return
-    if out.requires_grad:
-        raise RuntimeError(f"{op}: out= does not support autograd, but out requires grad; call it without out=")
-    if any(t.requires_grad for t in inputs):
-        raise RuntimeError(f"{op}: out= does not support autograd, but an input requires grad; call it without "
-                           "out= (or under torch.no_grad())")
-
-
-def _unit(t: Tensor) -> Tensor:
-    """A gradient with no unit-stride dim (autograd hands out expanded ones) made contiguous for the kernels."""
-    return t if t.dim() != 2 or t.stride(-1) == 1 or t.stride(0) == 1 else t.contiguous()
-
+from gemmlab.ops.dispatch import unit
+from gemmlab.ops.gemm_launch import launch_gemm
+from gemmlab.ops.grouped import launch_grouped_gemm
+from gemmlab.ops.moe_plan import launch_moe_forward
+from gemmlab.ops.moe_routing import route_scores
 
 # ------------------------------------------------------------------------------------------------ gemm
 
 
 @torch.library.custom_op("gemmlab::gemm", mutates_args=())
 def gemm(a: Tensor, b: Tensor) -> Tensor:
-    return gemm_ops.launch_gemm(a, b, None)
+    return launch_gemm(a, b, None)
 
 
 @gemm.register_fake
@@ -97,7 +56,7 @@ def _gemm_setup(ctx, inputs, output):
 
 def _gemm_backward(ctx, dc):
     a, b = ctx.saved_tensors
-    dc = _unit(dc)
+    dc = unit(dc)
     da = gemm(dc, b.t()) if ctx.needs_input_grad[0] else None  # (M, N) @ (N, K)
     db = gemm(a.t(), dc) if ctx.needs_input_grad[1] else None  # (K, M) @ (M, N)
     return da, db
@@ -108,7 +67,7 @@ gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup)
 
 @torch.library.custom_op("gemmlab::gemm_out", mutates_args=("out",))
 def gemm_out(a: Tensor, b: Tensor, out: Tensor) -> None:
-    gemm_ops.launch_gemm(a, b, out)
+    launch_gemm(a, b, out)
 
 
 @gemm_out.register_fake
@@ -121,7 +80,7 @@ def _(a, b, out):
 
 @torch.library.custom_op("gemmlab::grouped_gemm", mutates_args=())
 def grouped_gemm(x: Tensor, w: Tensor, offsets: Tensor, validate: bool) -> Tensor:
-    return moe_ops.launch_grouped_gemm(x, w, offsets, None, validate)
+    return launch_grouped_gemm(x, w, offsets, None, validate)
 
 
 @grouped_gemm.register_fake
@@ -131,7 +90,7 @@ def _(x, w, offsets, validate):
 
 @torch.library.custom_op("gemmlab::grouped_gemm_out", mutates_args=("out",))
 def grouped_gemm_out(x: Tensor, w: Tensor, offsets: Tensor, out: Tensor, validate: bool) -> None:
-    moe_ops.launch_grouped_gemm(x, w, offsets, out, validate)
+    launch_grouped_gemm(x, w, offsets, out, validate)
 
 
 @grouped_gemm_out.register_fake
@@ -181,7 +140,7 @@ grouped_gemm.register_autograd(_grouped_backward, setup_context=_grouped_setup)
 @torch.library.custom_op("gemmlab::moe_forward", mutates_args=())
 def moe_forward(x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, validate: bool,
                 gather: str) -> Tensor:
-    return moe_ops.launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
+    return launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
 
 
 @moe_forward.register_fake
@@ -213,7 +172,7 @@ def _moe_setup(ctx, inputs, output):
 
 def _moe_backward(ctx, dy):
     need = ctx.needs_input_grad
-    dx, dw1, dw2, dtw = moe_backward(_unit(dy), *ctx.saved_tensors, need[1], need[2], None)
+    dx, dw1, dw2, dtw = moe_backward(unit(dy), *ctx.saved_tensors, need[1], need[2], None)
     return (dx if need[0] else None, dw1 if need[1] else None, dw2 if need[2] else None, dtw if need[3] else None,
             None, None, None)
 
@@ -228,7 +187,7 @@ class MoEForward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, w2, topk_weights, topk_ids, validate, gather):
         ctx.save_for_backward(x, w1, w2, topk_weights, topk_ids)
-        return moe_ops.launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
+        return launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
 
     @staticmethod
     def backward(ctx, dy):
@@ -255,7 +214,7 @@ def _saving_setup(ctx, inputs, output):
 def _saving_backward(ctx, dy, _dgate_up):
     need = ctx.needs_input_grad
     *saved, gate_up = ctx.saved_tensors
-    dx, dw1, dw2, dtw = moe_backward(_unit(dy), *saved, need[1], need[2], gate_up)
+    dx, dw1, dw2, dtw = moe_backward(unit(dy), *saved, need[1], need[2], gate_up)
     return (dx if need[0] else None, dw1 if need[1] else None, dw2 if need[2] else None, dtw if need[3] else None,
             None, None)
 
@@ -268,7 +227,7 @@ moe_forward_saving.register_autograd(_saving_backward, setup_context=_saving_set
 
 @torch.library.custom_op("gemmlab::route", mutates_args=())
 def route(router_logits: Tensor, top_k: int, renormalize: bool, scoring: str) -> tuple[Tensor, Tensor]:
-    return moe_ops.route_impl(router_logits, top_k, renormalize, scoring)
+    return route_scores(router_logits, top_k, renormalize, scoring)
 
 
 @route.register_fake

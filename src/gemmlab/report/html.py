@@ -196,26 +196,26 @@ def _tables_of(module: str, name: str = "tables"):
 
 
 def _tune(f: Found, _all) -> str:
-    from gemmlab.tune import report
+    from gemmlab.tune import view
 
     res = f.data["results"]
     conf = [r["confirm"] for r in res]
     chart = svg.bars(["x".join(map(str, r["shape"]))[:22] for r in res],
-                     {"default vs baseline": [report.vs_baseline(c, "default").get("ratio") for c in conf],
-                      "tuned vs baseline": [report.vs_baseline(c, "tuned").get("ratio") for c in conf]},
+                     {"default vs baseline": [view.vs_baseline(c, "default").get("ratio") for c in conf],
+                      "tuned vs baseline": [view.vs_baseline(c, "tuned").get("ratio") for c in conf]},
                      f"tune session {f.data['session']}: default and tuned config against the baseline",
                      "baseline time / time")
     return (_meta(f.data.get("env")) + figure(chart, f"{f.path} ratio", "")
-            + "".join(table_html(t, f.path) for t in report.tables(f.data)))
+            + "".join(table_html(t, f.path) for t in view.tables(f.data)))
 
 
 def _grade(f: Found, _all) -> str:
-    from gemmlab.grade import report
+    from gemmlab.grade import view
 
     rep = f.data
     badge = f'<span class="badge {"pass" if rep["verdict"] == "PASS" else "fail"}">{escape(rep["verdict"])}</span>'
-    return (f"<p>{badge} {escape(report.summary_line(rep))}</p>" + _meta(rep["env"])
-            + "".join(table_html(t, f.path) for t in report.tables(rep)))
+    return (f"<p>{badge} {escape(view.summary_line(rep))}</p>" + _meta(rep["env"])
+            + "".join(table_html(t, f.path) for t in view.tables(rep)))
 
 
 def _profile(f: Found, found: list[Found]) -> str:

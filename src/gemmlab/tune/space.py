@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from gemmlab.ops.plan import GemmConfig
+from gemmlab.device import SM90_SMEM_BYTES
+from gemmlab.ops.gemm import GemmConfig
 
 SPACE: dict[str, dict[str, list]] = {
     "tma_persistent": {
@@ -36,7 +37,7 @@ _MOE = {"block_m": [16, 32, 64, 128], "block_n": [64, 128, 256], "block_k": [32,
 SPACE["grouped"] = SPACE["gate_up"] = dict(_MOE)
 SPACE["down"] = {key: v for key, v in _MOE.items() if key != "block_m"}  # BLOCK_M is the gate/up GEMM's
 
-SMEM_BYTES = 232448  # H100/H200 (sm_90) opt-in shared memory per block; the device's own value when known
+SMEM_BYTES = SM90_SMEM_BYTES  # H100/H200 (sm_90) opt-in shared memory per block; the device's own value when known
 MAX_ACC_REGS = 192  # fp32 accumulator registers per thread above which a tile spills on sm_90
 
 
