@@ -70,6 +70,15 @@ for s in "$@"; do
       step liger_bwd 170 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --part fwd+bwd \
         --tokens 1024 --tokens 4096 --tokens 16384 --rounds 4 --reps 3 --warmup-s 0.2 --time-limit-s 140 \
         --output-dir "$RES/nvidia-h200-moe-liger" ${LIGER_ARGS:-} ;;
+    # issue 23: the sweep whose JSONL benchmarks/dense_rules.py turns into rules (on the CPU, afterwards); the GEMV
+    # kernel and the split tail's GPU tests (determinism, CUDA-graph capture); the dense suite with its targets, its
+    # kernels compiled in parallel first
+    dense_sweep) step dense_sweep 260 python3 benchmarks/sweep_dense.py --out "$RES/dense-sweep" --budget-s 200 ;;
+    dense_gputest) step dense_gputest 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_gemv.py \
+      tests/test_gemm_streamk.py ;;
+    dense) step dense_compile 80 python3 benchmarks/sweep_dense.py --grid dense-suite --compile-only --out "$RES"
+      step dense 220 python3 -m gemmlab bench gemm --suite dense --backend gemmlab --rounds 5 --reps 3 \
+        --warmup-s 0.2 --budget-s 190 --output-dir "$RES/nvidia-h200-dense" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done
