@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The measurements behind the README's bench section, in one go (about 6 minutes on an H200):
-#   PYTHONPATH=src benchmarks/bench_suite.sh OUT_DIR
+# The GEMM measurements of docs/results/gemm.md, in one go (about 6 minutes on an H200):
+#   PYTHONPATH=src python -m benchmarks bench-suite OUT_DIR
 # OUT_DIR/table-defaults       gemmlab table with the seed's defaults (M=131072 N=2048 K=7168)
 # OUT_DIR/bench-all-eager      gemmlab bench gemm --suite all, launched from Python one call at a time
 # OUT_DIR/bench-all-graph      the same as CUDA-graph replays (device time)
-# OUT_DIR/<gpu>-clock-order.json   back-to-back vs interleaved (benchmarks/clock_order_effect.py)
+# OUT_DIR/<gpu>-clock-order.json   back-to-back vs interleaved (python -m benchmarks clock-order)
 # OUT_DIR/stable-8k            gemmlab bench stable at 8192x8192x16384, 4 fresh processes
 # OUT_DIR/inspect-*.json       gemmlab inspect for the seed shapes
 set -uo pipefail
@@ -17,5 +17,5 @@ py 300 -m gemmlab table --output-dir "$out/table-defaults"
 py 600 -m gemmlab bench gemm --suite all --backend gemmlab --backend gemmlab-packed --output-dir "$out/bench-all-eager"
 py 600 -m gemmlab bench gemm --suite all --backend gemmlab --backend gemmlab-packed --graph \
    --output-dir "$out/bench-all-graph"
-py 300 benchmarks/clock_order_effect.py --out "$out"
+py 300 -m benchmarks clock-order --out "$out"
 py 400 -m gemmlab bench stable --shape 8192,8192,16384 --processes 4 --backend gemmlab --output-dir "$out/stable-8k"

@@ -3,7 +3,7 @@ torch.mm into a preallocated C) timed by the benchmark's protocol (CUDA events, 
 sampled) on the competition's discrete inputs and on uniform ones, with row-major and column-major operands.
 If the ratio moves with the inputs and not with the layout, the grader's figure is the kernels', not its protocol's.
 
-    PYTHONPATH=src python3 benchmarks/grade_gap.py [--shape 8192,8192,16384] [--out benchmarks/results]
+    PYTHONPATH=src python -m benchmarks grade-gap [--shape 8192,8192,16384] [--out benchmarks/results]
 
 TFLOPS = 2*M*N*K / median time. Writes <out>/<gpu>-grade-gap.json (GPU, clocks, versions, git SHA)."""
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 
 import gemmlab
+from gemmlab.device import gpu_slug
 from gemmlab.grade.inputs import random_matrix
 from gemmlab.instruments import timing
 from gemmlab.instruments.compare import compare
-from gemmlab.ops.plan import gpu_slug
 from gemmlab.ref import gemm_check
 
 

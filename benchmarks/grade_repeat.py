@@ -3,7 +3,7 @@ and the self-grade (cuBLAS against itself: 1.00 within +-3%, or inconclusive). O
 and its 95% interval, rounds (of them on full-mantissa inputs), calls a batch, the protocol's cost as a share of a
 baseline call, the wake-up per side, the SM clock per side, the honest-arithmetic counts, the first failure.
 
-    PYTHONPATH=src python3 benchmarks/grade_repeat.py --cases competition --runs 20 \\
+    python -m benchmarks grade-repeat --cases competition --runs 20 \\
         --kernel gemmlab --kernel builtin:cublas [--budget 120] [--out DIR]
 
 ``gemmlab`` is gemmlab's own kernel; ``builtin:NAME`` kernels are graded with --allow-vendor (they are the vendor).

@@ -10,7 +10,7 @@ the tolerance (<= 1 passes the max-error check), the share of sampled outputs no
 one ulp off, the vendor's share, the rule's limit, and whether the rule passes. Honest rows must pass; cheap rows
 must fail (the table's last column says whether each row did what it should).
 
-    PYTHONPATH=src python3 benchmarks/grade_rounding.py [--out DIR] [--seeds 2]
+    PYTHONPATH=src python -m benchmarks grade-rounding [--out DIR] [--seeds 2]
 
 Writes DIR/<gpu>-grade-rounding.json (env, every row, the batch plans); prints the table last. About 3 minutes
 on an H200 (Triton compiles each config once)."""
@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 
 import gemmlab
+from gemmlab.device import gpu_slug
 from gemmlab.grade import cases, make_op, rounding
 from gemmlab.grade.batches import plan_batches
 from gemmlab.grade.inputs import operands, reference
 from gemmlab.instruments.timing import env_info
 from gemmlab.ops import gemm as gemm_ops
-from gemmlab.ops.plan import gpu_slug
 
 # (name, M, N, K, dtype, layout, distributions): the shipped case files' timed and listed shapes
 CASES = [("competition 8k", 8192, 8192, 16384, torch.float16, "colmajor", ("competition", "uniform")),

@@ -10,7 +10,7 @@ its autotuning finds every config compiled and, with TRITON_CACHE_AUTOTUNING=1, 
 the bench's process (the bench's own tuning call then is a cache hit).
 
     TRITON_CACHE_DIR=$PWD/.triton-cache TRITON_CACHE_AUTOTUNING=1 PYTHONPATH=src:/tmp/site \\
-        python3 benchmarks/liger_warm.py --workers 16 --out DIR
+        python -m benchmarks liger-warm --workers 16 --out DIR
 Writes DIR/liger-warm.json: per model and part the compile and tuning seconds and the configs Liger chose.
 """
 

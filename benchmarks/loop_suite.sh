@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The optimization loop's measurements (about 7 minutes on an H200; the tuner uses every visible GPU):
-#   PYTHONPATH=src benchmarks/loop_suite.sh OUT_DIR [BUDGET_MINUTES] [PROFILE.json]
+#   PYTHONPATH=src python -m benchmarks loop-suite OUT_DIR [BUDGET_MINUTES] [PROFILE.json]
 # OUT_DIR/home/device-<gpu>.json  gemmlab probe (GEMMLAB_HOME=OUT_DIR/home), or PROFILE.json copied there:
 #                                 then the health check compares this machine with a profile recorded before
 # OUT_DIR/tune/tune-report.json   gemmlab tune on the seed and small-M shapes; every attempt in

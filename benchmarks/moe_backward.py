@@ -1,15 +1,14 @@
 """MoE forward + backward on a GPU: gemmlab's fused backward (recomputing gate/up, the default; and the option
-that keeps them from the forward, ``moe_forward_saving``) against the previous gemmlab backward, torch's
-composite on ``torch._grouped_mm`` through autograd, and (``--baseline liger``, when installed) Liger-Kernel's
-``LigerFusedMoEFunction``. Every candidate's four gradients (dx, dw1, dw2, d topk_weights) are checked against
-torch.autograd on gemmlab.ref's float32 loop first (the tests' rule: within 2x what torch's same-dtype loop
-misses plus 4 ulps of the largest value), then the candidates are timed interleaved (L2 flushed, median of
-rounds x reps), then each one's peak memory is measured alone (bytes allocated above what was live before the
-call, the returned gradients included).
+that keeps them from the forward, ``moe_forward_saving``) against torch's composite on ``torch._grouped_mm``
+through autograd and (``--baseline liger``, when installed) Liger-Kernel's ``LigerFusedMoEFunction``. Every
+candidate's four gradients (dx, dw1, dw2, d topk_weights) are checked first by ``gemmlab.ref.moe_grad_check``
+(torch.autograd of the float32 loop, one expert at a time; the rule of ``bench moe --baseline liger``), then the
+candidates are timed interleaved (L2 flushed, median of rounds x reps), then each one's peak memory is measured
+alone (bytes allocated above what was live before the call, the returned gradients included).
 
-    PYTHONPATH=src python3 benchmarks/moe_backward.py                     # Qwen3-30B-A3B, Mixtral; T 1024, 4096
-    PYTHONPATH=src python3 benchmarks/moe_backward.py --baseline liger --out benchmarks/results/moe_backward.json
-    PYTHONPATH=src python3 benchmarks/moe_backward.py --sweep        # the backward alone under a few configs
+    PYTHONPATH=src python -m benchmarks moe-backward                     # Qwen3-30B-A3B, Mixtral; T 1024, 4096
+    PYTHONPATH=src python -m benchmarks moe-backward --baseline liger --out benchmarks/results/moe_backward.json
+    PYTHONPATH=src python -m benchmarks moe-backward --sweep        # the backward alone under a few configs
 
 TFLOPS = 18*S*H*I / t: the forward's 6*S*H*I (gate/up 4, down 2) and the backward's 12*S*H*I (dX and dW1 4
 each, d(act) and dW2 2 each); work a candidate recomputes (gemmlab redoes the gate/up GEMM, 4*S*H*I) is not
@@ -31,56 +30,10 @@ import gemmlab
 from gemmlab.bench.moe import composite_forward, problem
 from gemmlab.instruments import timing
 from gemmlab.instruments.compare import compare_many
-from gemmlab.ops import gemm as gemm_ops
 from gemmlab.ops import moe as moe_ops
-from gemmlab.ops import moe_backward as moe_bwd_ops
-from gemmlab.ops.moe_backward import MoEBackwardConfig
+from gemmlab.ops.moe import MoEBackwardConfig
 from gemmlab.problems import MOE_MODELS
-from gemmlab.ref import mantissa_bits, moe_ref, moe_same_dtype
-
-
-def old_backward(dy, x, w1, w2, topk_weights, topk_ids):
-    """gemmlab's backward before the fused one (kept here as a baseline): the grouped kernel on transposed
-    copies of the weights, torch ops between, and a host loop of dense gemms per expert for the weight grads
-    (reads the offsets on the host)."""
-    t, h = x.shape
-    e, i2, _ = w1.shape
-    i, k = i2 // 2, topk_ids.shape[1]
-    dx, dw1, dw2 = torch.zeros_like(x), torch.zeros_like(w1), torch.zeros_like(w2)
-    dtw = torch.zeros((t, k), dtype=topk_weights.dtype, device=x.device)
-    r = moe_ops.sort_routes(topk_ids, e, 16)
-    token, order = r.token.long(), r.order.long()
-    xs = x.index_select(0, token)
-    gate_up = moe_ops.launch_grouped_gemm(xs, w1, r.offsets, None, False).float()
-    gate, up = gate_up[:, :i], gate_up[:, i:]
-    sig = torch.sigmoid(gate)
-    act = (gate * sig * up).to(x.dtype)
-    o = moe_ops.launch_grouped_gemm(act, w2, r.offsets, None, False)
-    dys = dy.index_select(0, token).float()
-    dtw.view(-1)[order] = (dys * o.float()).sum(1).to(dtw.dtype)
-    do = (dys * topk_weights.reshape(-1)[order].float()[:, None]).to(x.dtype)
-    dact = moe_ops.launch_grouped_gemm(do, w2.transpose(1, 2).contiguous(), r.offsets, None, False).float()
-    dgate = dact * up * sig * (1 + gate * (1 - sig))
-    dh = torch.cat([dgate, dact * gate * sig], 1).to(x.dtype)
-    dxs = moe_ops.launch_grouped_gemm(dh, w1.transpose(1, 2).contiguous(), r.offsets, None, False)
-    dx.copy_(dxs.index_select(0, r.inv.long()).view(t, k, h).float().sum(1))
-    for dyv, xv, dw in ((do, act, dw2), (dh, xs, dw1)):
-        start = 0
-        for ex, end in enumerate(r.offsets.tolist()):
-            gemm_ops.launch_gemm(dyv[start:end].t(), xv[start:end], dw[ex])
-            start = end
-    return dx, dw1, dw2, dtw
-
-
-class _OldMoE(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w1, w2, topk_weights, topk_ids):
-        ctx.save_for_backward(x, w1, w2, topk_weights, topk_ids)
-        return moe_ops.launch_moe_forward(x, w1, w2, topk_weights, topk_ids, False, "auto", None)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return (*old_backward(dy.contiguous(), *ctx.saved_tensors), None)
+from gemmlab.ref import moe_grad_check
 
 
 def _liger():
@@ -101,8 +54,7 @@ def candidates(p: dict, dy: torch.Tensor, liger: bool) -> tuple[dict, list[str]]
         return lambda: torch.autograd.grad(forward(), leaves, dy)
 
     fns = {"gemmlab": grads(lambda: gemmlab.moe_forward(x, w1, w2, tw, ids, validate=False)),
-           "gemmlab saving gate/up": grads(lambda: moe_bwd_ops.moe_forward_saving(x, w1, w2, tw, ids, validate=False)),
-           "gemmlab old backward": grads(lambda: _OldMoE.apply(x, w1, w2, tw, ids)),
+           "gemmlab saving gate/up": grads(lambda: moe_ops.moe_forward_saving(x, w1, w2, tw, ids, validate=False)),
            "torch composite (_grouped_mm)": grads(lambda: composite_forward(x, w1, w2, tw, ids))}
     notes = []
     if liger:
@@ -114,26 +66,9 @@ def candidates(p: dict, dy: torch.Tensor, liger: bool) -> tuple[dict, list[str]]
     return fns, notes
 
 
-def reference(p: dict, dy: torch.Tensor) -> tuple[list[torch.Tensor], list[float]]:
-    """float32 gradients (gemmlab.ref.moe_ref through autograd) and what torch's same-dtype loop misses."""
-    names = ("x", "w1", "w2", "weights")
-    ref = [p[n].detach().float().requires_grad_(True) for n in names]
-    want = torch.autograd.grad(moe_ref(*ref, p["ids"]), ref, dy.float())
-    same = [p[n].detach().clone().requires_grad_(True) for n in names]
-    got = torch.autograd.grad(moe_same_dtype(*same, p["ids"]), same, dy)
-    return list(want), [(g.float() - w).abs().max().item() for g, w in zip(got, want, strict=True)]
-
-
-def checker(want: list[torch.Tensor], torch_err: list[float], dtype: torch.dtype):
-    def check(out) -> dict:
-        errs, ok = {}, True
-        for name, g, w, te in zip(("dx", "dw1", "dw2", "dtw"), out, want, torch_err, strict=True):
-            allowed = 2 * te + 4 * 2.0 ** -mantissa_bits(dtype) * w.abs().max().item()
-            err = (g.float() - w).abs().max().item() if torch.isfinite(g).all() else float("inf")
-            errs[name] = {"err": err, "allowed": allowed}
-            ok = ok and g.shape == w.shape and err <= allowed
-        return {"ok": ok, "errors": errs}
-    return check
+def checker(p: dict, dy: torch.Tensor):
+    """The gradient check of one problem: ``moe_grad_check`` against the float32 loop's autograd."""
+    return lambda out: moe_grad_check(tuple(out), dy, p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
 
 
 def peak_bytes(fn) -> int:
@@ -156,9 +91,7 @@ def run_case(model: str, tokens: int, routing: str, dtype: torch.dtype, liger: b
     p = problem(m, tokens, routing, dtype, seed=tokens)
     dy = torch.randn((tokens, m.hidden), device="cuda", dtype=torch.float32).mul_(0.5).to(dtype)
     fns, notes = candidates(p, dy, liger)
-    want, torch_err = reference(p, dy)
-    if graph:  # the old backward reads offsets on the host, Liger's routing one .item(): neither captures
-        fns.pop("gemmlab old backward")
+    if graph:  # Liger's routing reads a count on the host
         if fns.pop("liger", None) is not None:
             notes.append("liger: its routing reads a count on the host (.item()), so it is not captured")
     try:
@@ -166,14 +99,12 @@ def run_case(model: str, tokens: int, routing: str, dtype: torch.dtype, liger: b
     except Exception as e:  # no autograd for torch._grouped_mm in this torch
         notes.append(f"torch composite has no backward here ({type(e).__name__}: {str(e)[:120]}): dropped")
         fns.pop("torch composite (_grouped_mm)")
-    # the peer if there is one, else torch, else the old path, else gemmlab alone
-    baseline = next(n for n in ("liger", "torch composite (_grouped_mm)", "gemmlab old backward", "gemmlab")
-                    if n in fns)
+    # the peer if there is one, else torch, else gemmlab alone
+    baseline = next(n for n in ("liger", "torch composite (_grouped_mm)", "gemmlab") if n in fns)
     s = tokens * m.top_k
     flops = 18.0 * s * m.hidden * m.intermediate
-    res = compare_many(fns, baseline, check=checker(want, torch_err, dtype), flops=flops,
+    res = compare_many(fns, baseline, check=checker(p, dy), flops=flops,
                        dtype=str(dtype).removeprefix("torch."), rounds=rounds, reps=reps, graph=graph)
-    del want
     for name, fn in fns.items():
         if res["candidates"][name].get("check", {}).get("ok"):
             res["candidates"][name]["peak_bytes"] = peak_bytes(fn)
@@ -207,18 +138,18 @@ def run_sweep(model: str, tokens: int, routing: str, dtype: torch.dtype, reps: i
     m = MOE_MODELS[model]
     p = problem(m, tokens, routing, dtype, seed=tokens)
     dy = torch.randn((tokens, m.hidden), device="cuda", dtype=torch.float32).mul_(0.5).to(dtype)
-    check = checker(*reference(p, dy), dtype)
+    check = checker(p, dy)
     args = (dy, p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
     rows = []
     for name, cfg in sweep_variants().items():
         row = {"model": model, "tokens": tokens, "routing": routing, "variant": name}
         try:
-            ok = check(moe_bwd_ops.moe_backward(*args, config=cfg))
+            ok = check(moe_ops.moe_backward(*args, config=cfg))
             row["ok"] = ok["ok"]
             if ok["ok"]:
-                timing.warmup({"v": lambda cfg=cfg: moe_bwd_ops.moe_backward(*args, config=cfg)}, 0.3)
+                timing.warmup({"v": lambda cfg=cfg: moe_ops.moe_backward(*args, config=cfg)}, 0.3)
                 row["median_ms"] = statistics.median(
-                    timing.time_calls(lambda cfg=cfg: moe_bwd_ops.moe_backward(*args, config=cfg), reps))
+                    timing.time_calls(lambda cfg=cfg: moe_ops.moe_backward(*args, config=cfg), reps))
         except Exception as e:  # a config that does not compile (shared memory, registers) is a result too
             row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:160]}")
         rows.append(row)
@@ -252,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--routing", default="uniform", choices=("uniform", "zipf"))
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--baseline", default="", choices=("", "liger"), help="liger: add Liger-Kernel (if installed)")
-    ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (the old backward is dropped)")
+    ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (without Liger)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--sweep", action="store_true", help="time the backward alone under a few configs instead")

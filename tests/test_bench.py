@@ -15,6 +15,7 @@ import torch
 
 from conftest import DEVICE, rand
 from gemmlab import output
+from gemmlab.device import tensor_peak_tflops
 from gemmlab.instruments import stats, timing
 from gemmlab.instruments.compare import compare, compare_many
 from gemmlab.problems import MOE_MODELS, moe_gemm_shape, resolve_moe, suite
@@ -73,7 +74,7 @@ def test_efficiency_at_the_observed_clock():
     flops = 2.0 * 8192 * 8192 * 16384
     eff = stats.efficiency(flops, 3.3, 1500, 132, (9, 0), "float16")
     assert eff == pytest.approx(flops / 3.3e-3 / (4096 * 132 * 1.5e9))
-    assert stats.tensor_peak_tflops((9, 0), "bfloat16", 132, 1830) == pytest.approx(989.6, abs=0.5)
+    assert tensor_peak_tflops((9, 0), "bfloat16", 132, 1830) == pytest.approx(989.6, abs=0.5)
     assert stats.efficiency(flops, 3.3, None, 132, (9, 0), "float16") is None  # no NVML clock
     assert stats.efficiency(flops, 3.3, 1500, 132, (7, 5), "float16") is None  # unknown architecture
     assert stats.efficiency(flops, 3.3, 1500, None, None, "float16") is None  # CPU

@@ -10,9 +10,10 @@ import triton
 
 import gemmlab
 from conftest import rand
+from gemmlab.device import SM90_SMEM_BYTES as SMEM_BYTES
+from gemmlab.device import Target
 from gemmlab.ops import configs
-from gemmlab.ops.moe import SMEM_BYTES, MoEConfig, moe_choice, moe_config
-from gemmlab.ops.plan import Target
+from gemmlab.ops.moe import MoEConfig, moe_choice, moe_config
 
 H200 = Target("nvidia-h200", (9, 0), 132)
 OTHER = Target("nvidia-a100-sxm4-80gb", (8, 0), 108)  # no file of its own: default.json
@@ -119,6 +120,10 @@ def test_gemmlab_home_is_the_default_user_dir(tmp_path, monkeypatch):
     ('{"gemm": {"tma_splitk": [{"m": [1, 2]}]}}', 'a "config" object'),
     ('{"gemm": {"tma_splitk": [{"config": {"blockm": 16}}]}}', "unknown GemmConfig keys ['blockm']"),
     ('{"moe": {"down": [{"config": {"block_m": 16, "stages": 2}}]}}', "unknown MoEConfig keys ['stages']"),
+    ('{"route": {"gemm": [{"m": [0, 4], "config": {"path": "warp"}}]}}', "a route's config is"),
+    ('{"route": {"gemm": [{"config": {"path": "gemv", "block_m": 1}}]}}', "a route's config is"),
+    ('{"route": {"gemv": []}}', "unknown route path 'gemv'"),
+    ('{"gemm": {"gemv": [{"tma": [0, 0], "config": {}}]}}', "unknown key(s) ['tma']"),
 ])
 def test_a_malformed_user_file_is_refused_naming_it(user_dir, text, words):
     (user_dir / "interpreter.json").write_text(text)

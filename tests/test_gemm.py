@@ -8,10 +8,14 @@ import torch
 import gemmlab
 from conftest import DEVICE, rand
 from gemmlab.ops import gemm as gemm_ops
+from gemmlab.ops import gemm_launch
 from gemmlab.ref import gemm_check
 
 DTYPES = [torch.float16, torch.bfloat16]
 LAYOUTS = ["NN", "NT", "TN", "TT"]  # first letter A, second B; T = stored transposed (column-major view)
+
+# the planner's own choices, whatever route rules the bundled table holds (route rules: test_gemm_gemv.py)
+pytestmark = pytest.mark.usefixtures("no_routes")
 
 
 def operands(m, n, k, layout="NN", dtype=torch.float16, dist="uniform"):
@@ -60,13 +64,22 @@ def test_every_layout_normal_inputs(layout):
     assert_matches(gemmlab.gemm(a, b), a, b)
 
 
-def test_gemm_runs_exactly_the_plan(monkeypatch):
-    """gemm launches the path and config plan() reports, for each path."""
+def test_gemm_runs_exactly_the_plan(monkeypatch, user_dir):
+    """gemm launches the path and config plan() reports, for each path (the GEMV kernel through a route rule)."""
+    import json
+
+    from gemmlab.ops import configs, gemm_plan, gemm_route
+
+    monkeypatch.setattr(gemm_plan, "route", gemm_route.route)  # this test's own route rule, over the module's none
+    target = "nvidia-h200" if DEVICE == "cuda" else "interpreter"
+    route = {"m": [0, 4], "tma": [0, 0], "config": {"path": "gemv"}}
+    (user_dir / f"{target}.json").write_text(json.dumps({"route": {"gemm": [route]}}))
+    configs.reload()
     seen = []
-    for name, launch in list(gemm_ops.LAUNCHERS.items()):
-        monkeypatch.setitem(gemm_ops.LAUNCHERS, name,
-                            lambda p, a, b, c, launch=launch: (seen.append(p), launch(p, a, b, c)))
-    cases = [operands(*s) for s in ((300, 72, 96), (8, 40, 64), (37, 53, 71))] + [
+    real = gemm_launch.execute
+    monkeypatch.setattr(gemm_launch, "execute", lambda p, a, b, c, L=None: (seen.append(p), real(p, a, b, c, L)))
+    gemm_launch.clear_cache()  # every signature's first call plans; later ones run the cached plan
+    cases = [operands(*s) for s in ((300, 72, 96), (8, 40, 64), (37, 53, 71), (3, 29, 71))] + [
         (rand((4, 0)), rand((0, 24)))]
     for a, b in cases:
         out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=a.dtype, device=DEVICE)
@@ -80,8 +93,7 @@ def test_plan_is_pure(monkeypatch):
     def boom(*args):
         raise AssertionError("plan launched a kernel")
 
-    for name in gemm_ops.LAUNCHERS:
-        monkeypatch.setitem(gemm_ops.LAUNCHERS, name, boom)
+    monkeypatch.setattr(gemm_launch, "execute", boom)
     a, b = operands(300, 64, 64)
     p1, p2 = gemmlab.plan(a, b), gemmlab.plan(a, b)
     assert p1 == p2 and p1.path in gemmlab.paths() and p1.reason
@@ -90,7 +102,7 @@ def test_plan_is_pure(monkeypatch):
 
 
 def test_paths_listed():
-    assert set(gemmlab.paths()) == {"empty", "tma_persistent", "tma_splitk", "portable"}
+    assert set(gemmlab.paths()) == {"empty", "tma_persistent", "tma_splitk", "gemv", "portable"}
 
 
 @pytest.mark.parametrize("split", [2, 3, 4])
@@ -103,7 +115,7 @@ def test_split_k_pinned_is_correct_and_deterministic(split):
     c2 = gemm_ops.run(p, a, b)
     assert_matches(c1, a, b)
     assert torch.equal(c1, c2)  # partials are summed in split order, whoever arrives last
-    for counters in gemm_ops._COUNTERS.values():  # the last arrival leaves its counter at zero
+    for counters in gemm_launch.counters():  # the last arrival leaves its counter at zero
         assert int(counters.count_nonzero()) == 0
 
 
@@ -375,12 +387,10 @@ def test_gemm_colmajor_errors():
 
 def test_the_signature_cache_is_bounded(monkeypatch):
     """Shapes that change every call (a per-expert weight gradient's K) cannot grow the launch cache forever."""
-    from gemmlab.ops import gemm as gemm_ops
-
-    gemm_ops.clear_cache()
-    monkeypatch.setattr(gemm_ops, "CACHE_SIZE", 3)
+    gemm_launch.clear_cache()
+    monkeypatch.setattr(gemm_launch, "CACHE_SIZE", 3)
     b = rand((8, 16))
     for m in range(1, 7):
         a = rand((m, 8))
         assert gemm_check(gemmlab.gemm(a, b), a, b)["ok"]
-    assert len(gemm_ops._CACHE) == 3
+    assert len(gemm_launch.CACHE) == 3

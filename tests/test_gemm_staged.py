@@ -11,13 +11,17 @@ import torch
 
 import gemmlab
 from conftest import DEVICE, rand
-from gemmlab.ops import configs
+from gemmlab.device import Target
+from gemmlab.ops import configs, gemm_launch
 from gemmlab.ops import gemm as gemm_ops
-from gemmlab.ops import plan as plan_mod
-from gemmlab.ops.plan import Target, staging_decision
+from gemmlab.ops import gemm_plan as plan_mod
+from gemmlab.ops.gemm_plan import staged_shape, staging_decision
 from gemmlab.ref import gemm_check
 
 DTYPES = [torch.float16, torch.bfloat16]
+
+# the planner's own choices, whatever route rules the bundled table holds (route rules: test_gemm_gemv.py)
+pytestmark = pytest.mark.usefixtures("no_routes")
 
 
 def assert_matches(c, a, b):
@@ -114,7 +118,7 @@ def test_stage_c_writes_an_aligned_copy_then_c(m, out_major):
 def test_stage_c_from_the_table_on_the_hot_path(user_dir, monkeypatch):
     """A table rule with stage_c: gemm() (the signature cache's kept launch on the second call) stages C, with
     poisoned scratch buffers."""
-    monkeypatch.setattr(gemm_ops, "_scratch", lambda shape, dtype, device: torch.full(
+    monkeypatch.setattr(gemm_launch, "_scratch", lambda shape, dtype, device: torch.full(
         shape, float("nan"), dtype=dtype, device=device))
     target = "nvidia-h200" if DEVICE == "cuda" else "interpreter"
     rule = {"config": {"block_m": 32, "block_n": 32, "block_k": 32, "group_m": 2, "stage_c": True}}
@@ -148,7 +152,7 @@ def test_the_pad_columns_are_never_read(monkeypatch):
     def poisoned(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
-    monkeypatch.setattr(gemm_ops, "_scratch", poisoned)
+    monkeypatch.setattr(gemm_launch, "_scratch", poisoned)
     for make in (CASES[0][1], CASES[1][1], CASES[3][1]):
         a, b = make(torch.float16)
         p = gemmlab.plan(a, b)
@@ -158,7 +162,7 @@ def test_the_pad_columns_are_never_read(monkeypatch):
 
 def test_staged_copy_keeps_values_and_layout():
     for t, inner in ((rand((5, 33)), 1), (rand((33, 5), major="col"), 0), (_misaligned(3, 16, torch.float16), 1)):
-        s = gemm_ops.stage(t, inner)
+        s = gemm_launch.stage(t, inner, staged_shape(t, inner))
         assert torch.equal(s, t) and s.stride(inner) == 1
         assert s.data_ptr() % 16 == 0 and (s.stride(1 - inner) * s.element_size()) % 16 == 0
 

@@ -150,7 +150,10 @@ def test_cheats_on_unchecked_or_repeated_inputs_gain_nothing(tmp_path, monkeypat
     assert not (tmp_path / "hits").exists()  # not one cache hit
 
 
-def test_killing_the_baseline_fails():
+def test_killing_the_baseline_fails(monkeypatch):
+    """Where the sandbox has no Landlock domain (which refuses the signal: tests/test_sandbox.py), the kill lands,
+    and the grader notices."""
+    monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
     r = run("kills_baseline")
     assert r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}
     assert "baseline worker" in r["failures"][0]["reason"]
@@ -158,7 +161,7 @@ def test_killing_the_baseline_fails():
 
 def test_vendor_blas_is_refused_unless_allowed():
     r = run("uses_torch_mm", signature="rowmajor")
-    assert r["verdict"] == "FAIL" and failed_rules(r) == {"no-vendor-blas"}
+    assert r["verdict"] == "FAIL" and failed_rules(r) == {"vendor"}
     assert "aten::mm" in r["failures"][0]["reason"] or "cublas" in r["failures"][0]["reason"].lower()
     assert passed(run("uses_torch_mm", signature="rowmajor", allow_vendor=True))
 
@@ -181,7 +184,7 @@ def test_vendor_blas_behind_a_silenced_profiler_is_seen_from_outside():
     except preload.Unavailable as e:
         pytest.skip(f"the interposer cannot be built here: {e}")
     r = grade(TINY, kernel=f"{HERE / 'bad_kernels' / 'hides_vendor.py'}:hides_torch_mm", signature="rowmajor")
-    assert r["verdict"] == "FAIL" and failed_rules(r) == {"no-vendor-blas"}, r["failures"]
+    assert r["verdict"] == "FAIL" and failed_rules(r) == {"vendor"}, r["failures"]
 
 
 def test_time_limit_kills_and_loading_happens_once():
@@ -230,7 +233,7 @@ def test_rules():
             ({"advisory_ms": 0.01}, "honest-timing", "faked clock"),
             ({"advisory_ms": 9.0}, "honest-timing", "more than"),
             ({"baseline_ms": 3.4}, "honest-timing", "slowed the baseline"),
-            ({"preload_calls": ["cublasGemmEx"]}, "no-vendor-blas", "cublasGemmEx"),
+            ({"preload_calls": ["cublasGemmEx"]}, "vendor", "cublasGemmEx"),
             ({"timed_path": "portable"}, "dispatch-coverage", "never verified"),
             ({"kernels": {"_gemm_tma_splitk_kernel", "sneaky"}}, "dispatch-coverage", "sneaky")):
         got = rules.first_failure(rules.RUN_RULES, rules.Run(**{**run_ev, **change}))
@@ -377,9 +380,10 @@ def test_heater_keeps_the_device_busy_for_the_time_asked():
 
 
 def test_a_pickle_sent_by_the_candidate_is_never_loaded(tmp_path, monkeypatch):
-    """Replies from the child are JSON: a candidate that sends a pickle down its connection (which, loaded,
-    would run code in the grader) fails, and the code never runs."""
+    """Replies from the child are JSON: a candidate that sends a pickle down any multiprocessing connection of its
+    process (which, loaded, would run code in the grader) finds none (the channel is a plain socket, and a pickle
+    framed on it fails: tests/test_sandbox.py), and the code never runs."""
     monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
     res = run("sends_pickle")
-    assert res["verdict"] == "FAIL", res
     assert not (tmp_path / "pwned").exists()
+    assert passed(res), res["failures"]  # it computes honestly, and its pickle reached nothing

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import DEVICE
+from gemmlab.ops import grouped, moe_plan, moe_routing
 from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import grouped_gemm, moe_forward, pack_moe_weights, route, sort_routes
 from gemmlab.ref import grouped_gemm_ref, moe_check, moe_ref
@@ -81,12 +82,12 @@ def test_sort_routes_invariants(t, e, k, kind):
 def test_routing_kernel_matches_torch_path(t, e, k, monkeypatch):
     """The one-launch routing kernel (S <= ALIGN_MAX_S) and the torch-ops path give the same tables and
     routed weights; an id outside [0, E) clears the kernel's ok flag (what validate checks)."""
-    if DEVICE == "cpu" and t * k > moe_ops.INTERPRETER_ALIGN_MAX_S:
+    if DEVICE == "cpu" and t * k > moe_routing.INTERPRETER_ALIGN_MAX_S:
         pytest.skip("the interpreter's tl.sort is too slow for this size (the GPU runs it)")
     wts, ids = _routing(t, e, k, "skewed")
     fast = sort_routes(ids, e, 16, wts)
     assert fast.ok is not None and bool(fast.ok[0])
-    slow = moe_ops._sort_routes_torch(ids, e, 16, wts)
+    slow = moe_routing.sort_routes_torch(ids, e, 16, wts)
     assert slow.ok is None
     for name in ("order", "inv", "token", "offsets", "tile_offsets", "scale"):
         assert torch.equal(getattr(fast, name), getattr(slow, name)), name
@@ -100,10 +101,10 @@ def test_routing_kernel_matches_torch_path(t, e, k, monkeypatch):
 
 def _counting_sort_only(monkeypatch, block=None):
     """Route every S > 0 through the counting sort (blocks of ``block`` pairs)."""
-    monkeypatch.setattr(moe_ops, "ALIGN_MAX_S", 0)
+    monkeypatch.setattr(moe_routing, "ALIGN_MAX_S", 0)
     if block is not None:
-        monkeypatch.setattr(moe_ops, "INTERPRETER_SORT_BLOCK", block)
-        monkeypatch.setattr(moe_ops, "SORT_BLOCK", block)
+        monkeypatch.setattr(moe_routing, "INTERPRETER_SORT_BLOCK", block)
+        monkeypatch.setattr(moe_routing, "SORT_BLOCK", block)
 
 
 @pytest.mark.parametrize(("t", "e", "k", "kind", "block"), [(1, 4, 1, "random", 16), (37, 8, 2, "random", 16),
@@ -117,14 +118,14 @@ def test_counting_sort_matches_torch_and_align_paths(t, e, k, kind, block, monke
         pytest.skip("top-k above E")
     wts, ids = _routing(t, e, k, kind, seed=t)
     names = ("order", "inv", "token", "offsets", "tile_offsets", "scale")
-    align = sort_routes(ids, e, 16, wts) if t * k <= moe_ops.INTERPRETER_ALIGN_MAX_S else None
+    align = sort_routes(ids, e, 16, wts) if t * k <= moe_routing.INTERPRETER_ALIGN_MAX_S else None
     ids_bad = ids.clone().to(torch.int64)
     ids_bad[0, 0], ids_bad[t // 2, k - 1], ids_bad[-1, 0] = e, -1, 1 << 40  # 2^40: not wrapped to an int32
     align_bad = sort_routes(ids_bad, e, 16, wts) if align is not None else None
     _counting_sort_only(monkeypatch, block)
     assert moe_ops.route_kind(t * k, e) == "count"
     count = sort_routes(ids, e, 16, wts)
-    torch_path = moe_ops._sort_routes_torch(ids, e, 16, wts)
+    torch_path = moe_routing.sort_routes_torch(ids, e, 16, wts)
     assert count.ok is not None and bool(count.ok[0])
     for name in names:
         assert torch.equal(getattr(count, name), getattr(torch_path, name)), name
@@ -161,13 +162,13 @@ def test_routing_kernel_that_cannot_build_falls_back_to_torch(monkeypatch):
                 raise OutOfResources(1 << 20, 1 << 18, "shared memory")
             return launch
 
-    monkeypatch.setattr(moe_ops, "_moe_align_kernel", Broken())
-    monkeypatch.setattr(moe_ops, "_ALIGN_BROKEN", [])
-    monkeypatch.setattr(moe_ops, "_PLANS", {})
+    monkeypatch.setattr(moe_routing, "moe_align_kernel", Broken())
+    monkeypatch.setattr(moe_routing, "_ALIGN_BROKEN", [])
+    monkeypatch.setattr(moe_plan, "PLANS", {})
     wts, ids = _routing(9, 4, 2)
     with pytest.warns(RuntimeWarning, match="routing kernel failed to compile"):
         r = sort_routes(ids, 4, 16, wts)
-    assert r.ok is None and int(r.offsets[-1]) == 18 and moe_ops._ALIGN_BROKEN
+    assert r.ok is None and int(r.offsets[-1]) == 18 and moe_routing._ALIGN_BROKEN
     x = _r(9, 32)
     w1, w2 = _weights(4, 32, 16, torch.float16)
     assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"]  # served by the torch path
@@ -303,7 +304,7 @@ def test_every_kernel_variant_is_exercised(monkeypatch):
     """The launch variants (A by TMA / pointers / gathered rows, W by TMA / pointers, the three modes)
     each run in this module's cases; here they are recorded on a few calls and checked against the ref."""
     seen = set()
-    real = moe_ops._moe_grouped_kernel
+    real = grouped.moe_grouped_kernel
 
     class Spy:
         def __getitem__(self, grid):
@@ -312,8 +313,8 @@ def test_every_kernel_variant_is_exercised(monkeypatch):
                 return real[grid](*args, **kw)
             return launch
 
-    monkeypatch.setattr(moe_ops, "_moe_grouped_kernel", Spy())
-    monkeypatch.setattr(moe_ops, "_PLANS", {})  # plans made earlier hold the real kernel
+    monkeypatch.setattr(grouped, "moe_grouped_kernel", Spy())
+    monkeypatch.setattr(moe_plan, "PLANS", {})  # plans made earlier hold the real kernel
     for h, i in ((48, 40), (37, 21)):
         x = _r(9, h)
         w1, w2 = _weights(4, h, i, torch.float16)
@@ -422,8 +423,9 @@ def test_kept_moe_launches_end_to_end(monkeypatch):
     monkeypatch.setattr(launch, "fire", fire)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
-    monkeypatch.setattr(moe_ops, "_KEPT", {})
-    monkeypatch.setattr(moe_ops, "_PLANS", {})
+    monkeypatch.setattr(grouped, "_KEPT", {})
+    monkeypatch.setattr(moe_routing, "_KEPT", {})
+    monkeypatch.setattr(moe_plan, "PLANS", {})
     w1, w2 = _weights(4, 48, 40, torch.float16)
     wts, ids = _routing(9, 4, 2)
     offs = torch.tensor([3, 3, 9, 9], dtype=torch.int32, device=DEVICE)
@@ -435,8 +437,8 @@ def test_kept_moe_launches_end_to_end(monkeypatch):
         ref = grouped_gemm_ref(x, w1, offs)
         assert (out[:9].float() - ref[:9]).abs().max().item() <= 2.0**-9 * ref.abs().max().item() + 1e-3
     kinds = {k.fn.__name__ for k in direct}
-    assert kinds == {"_moe_align_kernel", "_moe_tiles_kernel", "_moe_grouped_kernel", "_moe_gather_kernel",
-                     "_moe_combine_kernel"}, kinds
+    assert kinds == {"moe_align_kernel", "moe_tiles_kernel", "moe_grouped_kernel", "moe_gather_kernel",
+                     "moe_combine_kernel"}, kinds
     # calls 2 and 3: align, gather, two grouped, combine (copy); align, two grouped, combine (fused); tiles + grouped
     assert len(direct) == 2 * (5 + 4 + 2)
 

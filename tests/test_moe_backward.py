@@ -11,7 +11,7 @@ import torch
 import gemmlab
 from conftest import DEVICE, rand
 from gemmlab.ops import moe_backward as bwd
-from gemmlab.ops.moe import pack_moe_weights, route, sort_routes
+from gemmlab.ops.moe import moe_forward_saving, pack_moe_weights, route, sort_routes
 from gemmlab.ref import grouped_gemm_ref, mantissa_bits, moe_check, moe_ref, moe_same_dtype
 
 DT = [torch.float16, torch.bfloat16]
@@ -78,7 +78,7 @@ def test_moe_backward_matches_float32_autograd(dtype, t, h, i, e, k):
 @pytest.mark.parametrize(("t", "h", "i", "e", "k"), [CASES[0], CASES[1]])
 def test_saving_forward_and_its_backward(dtype, t, h, i, e, k):
     """The option that keeps gate/up from the forward: same forward values and gradients within the rule."""
-    _check_grads(*_problem(t, h, i, e, k, dtype), forward=bwd.moe_forward_saving)
+    _check_grads(*_problem(t, h, i, e, k, dtype), forward=moe_forward_saving)
 
 
 def test_saving_backward_refuses_a_wrong_gate_up():
@@ -191,7 +191,7 @@ def test_moe_forward_and_backward_read_nothing_on_the_host(monkeypatch):
     with _NoHostReads(monkeypatch):
         y = gemmlab.moe_forward(*leaves, ids, validate=False)
         grads = torch.autograd.grad(y, leaves, dy)
-        y2 = bwd.moe_forward_saving(*leaves, ids, validate=False)
+        y2 = moe_forward_saving(*leaves, ids, validate=False)
         grads2 = torch.autograd.grad(y2, leaves, dy)
     assert all(g is not None and torch.isfinite(g).all() for g in grads + grads2)
 
@@ -201,48 +201,10 @@ def test_host_read_guard_fires(monkeypatch):
     with _NoHostReads(monkeypatch), pytest.raises(AssertionError, match="host read Tensor.tolist from gemmlab.ref"):
         grouped_gemm_ref(rand((4, 16)), rand((32, 16)).view(2, 16, 16), offsets)  # reads offsets on the host
     if DEVICE == "cpu":
-        from gemmlab.ops.moe import _device_check
+        from gemmlab.ops.moe_checks import device_check
 
         with _NoHostReads(monkeypatch), pytest.raises(AssertionError, match="__bool__"):
-            _device_check(torch.ones((), dtype=torch.bool), "")  # the CPU path of validate=True: bool(ok)
-
-
-# ------------------------------------------------------------------------------------------ benchmark hook
-
-
-def _bench_module():
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "moe_backward.py"
-    spec = importlib.util.spec_from_file_location("moe_backward_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_benchmark_check_and_old_backward():
-    """The GPU benchmark's pieces on tiny sizes: the kept old backward agrees with the fused one, and its
-    gradient check passes both and rejects a wrong gradient."""
-    mod = _bench_module()
-    x, w1, w2, tw, ids, dy = _problem(6, 16, 16, 2, 2, torch.float16)
-    p = {"x": x, "w1": w1, "w2": w2, "weights": tw, "ids": ids}
-    want, torch_err = mod.reference(p, dy)
-    check = mod.checker(want, torch_err, torch.float16)
-    new = bwd.moe_backward(dy, x, w1, w2, tw, ids)
-    assert check(new)["ok"], check(new)
-    assert check(mod.old_backward(dy, x, w1, w2, tw, ids))["ok"]
-    wrong = list(new)
-    wrong[2] = wrong[2].clone()
-    wrong[2][1, 3, 5] += 0.25  # one element of dw2
-    assert not check(wrong)["ok"]
-    assert mod.main(["--models", "nope"]) == 2  # unknown model: one line, exit status 2
-    assert mod.main(["--tokens", "1k"]) == 2
-    row = {"model": "m", "tokens": 8, "routing": "uniform", "baseline": "b", "notes": [], "candidates": {
-        "gemmlab": {"check": {"ok": True}, "median_ms": 1.0, "tflops": 2.0, "vs_baseline": {"ratio": 1.5},
-                    "peak_bytes": 2**30}, "b": {"check": {"ok": True}, "median_ms": 1.5}, "bad": {"check": {}}}}
-    lines = mod.table([row]).splitlines()
-    assert lines[1].split()[-2:] == ["1.50", "1.000"] and "NO" in lines[3]  # speedup vs baseline, peak GiB
+            device_check(torch.ones((), dtype=torch.bool), "")  # the CPU path of validate=True: bool(ok)
 
 
 def test_frozen_experts_skip_the_weight_gradients():

@@ -9,6 +9,7 @@ import torch
 import gemmlab
 from gemmlab.bench.moe import problem
 from gemmlab.ops import moe_backward as bwd
+from gemmlab.ops.moe import moe_forward_saving
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.ref import mantissa_bits, moe_ref, moe_same_dtype
 
@@ -37,7 +38,7 @@ def test_moe_backward_gpu_matches_float32_autograd(dtype, model, t, routing, sav
     p = problem(m, t, routing, dtype, seed=t)
     dy = _dy(t, m.hidden, dtype)
     leaves = _leaves(p)
-    forward = bwd.moe_forward_saving if saving else gemmlab.moe_forward
+    forward = moe_forward_saving if saving else gemmlab.moe_forward
     ours = torch.autograd.grad(forward(*leaves, p["ids"]), leaves, dy)
     ref = [p[n].detach().float().requires_grad_(True) for n in NAMES]
     want = torch.autograd.grad(moe_ref(*ref, p["ids"]), ref, dy.float())
@@ -59,7 +60,7 @@ def test_moe_forward_backward_captures_in_one_cuda_graph(saving):
     ids = p["ids"].clone()
     dy = _dy(t, m.hidden, torch.bfloat16)
 
-    forward = bwd.moe_forward_saving if saving else gemmlab.moe_forward
+    forward = moe_forward_saving if saving else gemmlab.moe_forward
 
     def step():
         return torch.autograd.grad(forward(*leaves, ids, validate=False), leaves, dy)
@@ -128,6 +129,6 @@ def test_backward_kernels_use_tensor_cores_and_report_spills(capsys):
         for name, r in sorted(reports.items()):
             print(f"\n{name}: regs {r.get('registers')} local-memory ops {r['local_memory_ops']} "
                   f"HGMMA {r['sass'].get('HGMMA')} shared {r['triton_shared_bytes']}")
-    gemms = ("_moe_bwd_dh_kernel", "_moe_bwd_dx_kernel", "_moe_weight_grad_kernel")
+    gemms = ("moe_bwd_dh_kernel", "moe_bwd_dx_kernel", "moe_weight_grad_kernel")
     assert set(gemms) <= set(reports), reports.keys()
     assert all(reports[g]["tensor_core"] for g in gemms), reports

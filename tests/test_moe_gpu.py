@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gemmlab.bench.moe import composite_forward, problem
-from gemmlab.ops import moe as moe_ops
+from gemmlab.ops import grouped
 from gemmlab.ops.moe import grouped_gemm, moe_forward, pack_moe_weights, sort_routes
 from gemmlab.problems import MoEModel
 from gemmlab.ref import grouped_gemm_ref, moe_check, moe_ref
@@ -47,7 +47,7 @@ def test_grouped_kernel_uses_tensor_cores():
     from gemmlab.instruments.sass import compiled_report
 
     seen = []
-    real = moe_ops._moe_grouped_kernel
+    real = grouped.moe_grouped_kernel
 
     class Spy:
         def __getitem__(self, grid):
@@ -57,12 +57,12 @@ def test_grouped_kernel_uses_tensor_cores():
                 return k
             return launch
 
-    moe_ops._moe_grouped_kernel = Spy()
+    grouped.moe_grouped_kernel = Spy()
     try:
         for t in (4, 4096):
             p = problem(MoEModel(hidden=1024, intermediate=512, experts=16, top_k=2), t, "uniform", torch.bfloat16)
             moe_forward(p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
     finally:
-        moe_ops._moe_grouped_kernel = real
+        grouped.moe_grouped_kernel = real
     assert seen and all(r["tensor_core"] and r["local_memory_ops"] == 0 for _, r in seen), seen
     assert any(bm >= 64 and r["sass"]["HGMMA"] > 0 for bm, r in seen)

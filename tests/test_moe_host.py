@@ -7,8 +7,7 @@ import torch
 
 from conftest import DEVICE
 from gemmlab.ops import configs as config_tables
-from gemmlab.ops import custom
-from gemmlab.ops import moe as moe_ops
+from gemmlab.ops import dispatch, moe_plan
 from gemmlab.ops.moe import moe_forward
 from gemmlab.ref import moe_check
 from test_moe import _r, _routing, _weights
@@ -16,8 +15,8 @@ from test_moe import _r, _routing, _weights
 
 @pytest.fixture
 def plans(monkeypatch):
-    monkeypatch.setattr(moe_ops, "_PLANS", {})
-    return moe_ops._PLANS
+    monkeypatch.setattr(moe_plan, "PLANS", {})
+    return moe_plan.PLANS
 
 
 def test_a_hit_skips_the_checks_and_gives_the_same_y(plans, monkeypatch):
@@ -25,8 +24,8 @@ def test_a_hit_skips_the_checks_and_gives_the_same_y(plans, monkeypatch):
     w1, w2 = _weights(4, 48, 40, torch.float16)
     wts, ids = _routing(9, 4, 2)
     checks = []
-    real = moe_ops._check_args
-    monkeypatch.setattr(moe_ops, "_check_args", lambda *a: checks.append(1) or real(*a))
+    real = moe_plan.check_moe_args
+    monkeypatch.setattr(moe_plan, "check_moe_args", lambda *a: checks.append(1) or real(*a))
     first = moe_forward(x, w1, w2, wts, ids)
     assert moe_check(first, x, w1, w2, wts, ids)["ok"] and len(plans) == 1 and len(checks) == 1
     for _ in range(2):
@@ -56,7 +55,7 @@ def test_a_hit_still_validates_the_ids(plans):
 
 
 def test_the_cache_is_bounded_and_cleared_by_a_config_reload(plans, monkeypatch):
-    monkeypatch.setattr(moe_ops, "PLANS_SIZE", 2)
+    monkeypatch.setattr(moe_plan, "PLANS_SIZE", 2)
     w1, w2 = _weights(4, 32, 16, torch.float16)
     keys = []
     for t in (3, 4, 5):
@@ -99,7 +98,7 @@ def test_scratch_regions_are_aligned_and_disjoint(plans):
     ends = []
     for r in p.regions:
         size = (r.shape[0] * r.strides[0] if r.shape[0] else 0) * torch.empty((), dtype=r.dtype).element_size()
-        assert r.offset % moe_ops._ALIGN == 0, r
+        assert r.offset % moe_plan.ALIGN == 0, r
         ends.append((r.offset, r.offset + size))
     assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:], strict=False)) and ends[-1][1] <= p.nbytes
     act = next(r for r in p.regions if r.name == "act")
@@ -125,7 +124,7 @@ def test_eager_autograd_path_matches_the_custom_op(plans):
         got.append((y.detach(), x.grad, w1.grad, w2.grad, wts.grad))
     for a, b in zip(*got, strict=True):
         assert torch.equal(a, b)
-    assert custom.eager(x0) and not custom.eager(torch.nn.Parameter(x0).as_subclass(_Sub))
+    assert dispatch.eager(x0) and not dispatch.eager(torch.nn.Parameter(x0).as_subclass(_Sub))
 
 
 class _Sub(torch.Tensor):

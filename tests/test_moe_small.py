@@ -1,26 +1,26 @@
 """Small experts and small T (issue 15): tiles sized from a host bound on the largest group, several
 persistent programs per SM, narrow tiles; against the float32 reference with poisoned buffers (CPU
-interpreter at tiny sizes), and the sm_90 SASS of every config benchmarks/sweep_moe_small.py tries.
+interpreter at tiny sizes), and the sm_90 SASS of every small-T candidate config (``SMALL_T_PAIRS``).
 Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k."""
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import DEVICE
-from gemmlab.ops import configs
+from gemmlab.device import Target
+from gemmlab.ops import configs, moe_plan
 from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import MoEConfig, moe_choice, moe_forward
-from gemmlab.ops.plan import Target
+from gemmlab.ops.moe_config import fit_stages
 from gemmlab.ref import moe_check, moe_ref
 
 H200 = Target("nvidia-h200", (9, 0), 132)
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _r(*shape, dtype, seed):
@@ -60,13 +60,13 @@ def test_tiles_come_from_the_largest_group_not_the_mean():
 
 def test_moe_forward_hands_t_as_the_group_bound(monkeypatch):
     seen = []
-    real = moe_ops.moe_config
+    real = moe_plan.moe_config
 
     def spy(*args, **kw):
         seen.append(kw.get("max_group"))
         return real(*args, **kw)
 
-    monkeypatch.setattr(moe_ops, "moe_config", spy)
+    monkeypatch.setattr(moe_plan, "moe_config", spy)
     t, h, i, e = 5, 32, 16, 4
     x, w1, w2 = _r(t, h, dtype=torch.float16, seed=1), _r(e, 2 * i, h, dtype=torch.float16, seed=2), \
         _r(e, h, i, dtype=torch.float16, seed=3)
@@ -89,12 +89,12 @@ def test_programs_per_sm_must_be_a_positive_integer(user_dir):
 
 def test_stages_fit_every_program_of_an_sm():
     one = MoEConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
-    assert moe_ops._fit_stages(one, 1, 2).num_stages == 4  # 4 * 48 KiB + 16 KiB staging fit one program
+    assert fit_stages(one, 1, 2).num_stages == 4  # 4 * 48 KiB + 16 KiB staging fit one program
     two = MoEConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=6, programs_per_sm=2)
     # (64 + 2 * 64) * 64 * 2 = 24 KiB a stage, 4 KiB staging: 4 stages in 227 KiB / 2 - 1 KiB, not 5
-    assert moe_ops._fit_stages(two, 1, 2).num_stages == 4
+    assert fit_stages(two, 1, 2).num_stages == 4
     many = MoEConfig(block_m=128, block_n=256, block_k=64, num_stages=4, programs_per_sm=8)
-    assert moe_ops._fit_stages(many, 2, 2).num_stages == 2  # never below 2 (then fewer are resident)
+    assert fit_stages(many, 2, 2).num_stages == 2  # never below 2 (then fewer are resident)
 
 
 def test_grid_programs():
@@ -149,20 +149,35 @@ def test_small_configs_match_the_reference(pair, routing, dtype, monkeypatch):
     assert chk["ok"], (pair, routing, chk)
 
 
+# The small-expert, small-T candidates (gate_up, down) of the H200 sweeps behind the shipped small-T rules
+# (docs/moe.md): BLOCK_M 16 (mma.sync) for T <= 64, 64-row HGMMA tiles with 1-8 programs per SM, 128-row tiles
+# with more programs per SM. Every one must compile to tensor-core code without spills.
+SMALL_T_PAIRS = [
+    (C(16, 64, 128, 4, 3, 2), C(16, 128, 128, 4, 3, 2)),
+    (C(16, 32, 64, 4, 5, 4), C(16, 64, 64, 4, 5, 4)),
+    (C(16, 16, 128, 2, 4, 4), C(16, 64, 64, 4, 5, 4)),
+    (C(64, 64, 64, 4, 4, 1), C(64, 64, 64, 4, 4, 1)),
+    (C(64, 64, 64, 4, 4, 2), C(64, 64, 64, 4, 4, 2)),
+    (C(64, 128, 32, 8, 4, 2), C(64, 128, 64, 4, 4, 2)),
+    (C(64, 32, 64, 4, 3, 4), C(64, 64, 64, 4, 3, 4)),
+    (C(64, 64, 64, 4, 2, 8), C(64, 128, 64, 4, 2, 8)),
+    (C(128, 64, 64, 8, 3, 2), C(128, 128, 64, 8, 3, 2)),
+    (C(128, 128, 64, 8, 4, 1), C(128, 128, 64, 8, 4, 1)),
+]
+
 SASS = r"""
 import json, sys
-sys.path.insert(0, sys.argv[1])
-from sweep_moe_small import FAMILIES
 from gemmlab.instruments.sass import moe_report
+from gemmlab.ops.moe import MoEConfig
 out, seen = [], set()
-for _, pairs in FAMILIES:
-    for pair in pairs:
-        for mode, cfg in zip((1, 2), pair):
-            if (mode, cfg) not in seen:
-                seen.add((mode, cfg))
-                r = moe_report(mode, 64 * 8, 128, config=cfg)
-                out.append({k: r[k] for k in ("mode", "block", "num_warps", "num_stages", "tensor_core", "sass",
-                                              "local_memory_ops", "stack_bytes")})
+for pair in json.loads(sys.argv[1]):
+    for mode, fields in zip((1, 2), pair):
+        cfg = MoEConfig(**fields)
+        if (mode, cfg) not in seen:
+            seen.add((mode, cfg))
+            r = moe_report(mode, 64 * 8, 128, config=cfg)
+            out.append({k: r[k] for k in ("mode", "block", "num_warps", "num_stages", "tensor_core", "sass",
+                                          "local_memory_ops", "stack_bytes")})
 print(json.dumps(out))
 """
 
@@ -170,8 +185,8 @@ print(json.dumps(out))
 @pytest.mark.skipif(DEVICE != "cpu", reason="compiles for sm_90 on the host")
 def test_sweep_configs_stay_on_tensor_cores_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", SASS, str(BENCH)], capture_output=True, text=True, env=env,
-                         timeout=1200)
+    pairs = json.dumps([[dataclasses.asdict(c) for c in pair] for pair in SMALL_T_PAIRS])
+    res = subprocess.run([sys.executable, "-c", SASS, pairs], capture_output=True, text=True, env=env, timeout=1200)
     assert res.returncode == 0, res.stderr[-3000:]
     reports = json.loads(res.stdout.strip().splitlines()[-1])
     assert len(reports) >= 12
@@ -188,34 +203,10 @@ def test_the_poison_shows_a_buffer_left_unwritten(monkeypatch):
     x = _r(t, h, dtype=torch.float16, seed=11)
     w1, w2 = _r(e, 2 * i, h, dtype=torch.float16, seed=12), _r(e, h, i, dtype=torch.float16, seed=13)
     wts, ids = _routing(t, e, k, how)
-    real_launch = moe_ops._run_grouped
+    real_launch = moe_plan.fire_grouped
     _poison_empty(monkeypatch)
-    monkeypatch.setattr(moe_ops, "_run_grouped", lambda mode, *a: None if mode == 2 else real_launch(mode, *a))
+    monkeypatch.setattr(moe_plan, "fire_grouped",
+                        lambda g, *a: None if g.slot.consts["MODE"] == 2 else real_launch(g, *a))
     y = moe_forward(x, w1, w2, wts, ids, configs=PAIRS["64x32 p2"])
     monkeypatch.undo()
     assert not moe_check(y, x, w1, w2, wts, ids)["ok"]
-
-
-@pytest.mark.skipif(DEVICE != "cpu", reason="the sweep's own run is on the GPU; this checks its plumbing")
-def test_sweep_case_rows(monkeypatch, capsys):
-    """One tiny case of benchmarks/sweep_moe_small.py through its real run_case (host clock, interpreter):
-    every row verified, the roofline and Liger columns filled (a stand-in for Liger: moe_forward)."""
-    import types
-
-    monkeypatch.syspath_prepend(str(BENCH))
-    import sweep_moe_small as sw
-    from gemmlab.ops.plan import target_for
-    from gemmlab.problems import MoEModel
-
-    monkeypatch.setitem(sw.MODELS, "tiny", MoEModel(hidden=32, intermediate=16, experts=2, top_k=1))
-    monkeypatch.setitem(sw.CASES, "tiny:40:uniform", ("tiny", 40, "uniform"))
-    monkeypatch.setattr(sw, "FAMILIES", [])
-    args = types.SimpleNamespace(modes=["eager"], rounds=1, reps=1, warmup=0.0)
-    liger = lambda x, w1, w2, ids, wts: moe_forward(x, w1, w2, wts, ids)  # noqa: E731  (the apply signature)
-    rows = sw.run_case("tiny:40:uniform", args, 1000.0, liger, target_for(torch.device(DEVICE)))
-    assert {r["candidate"] for r in rows} == {"current", "default call", "liger"}
-    assert all(r["ok"] and r["median_ms"] > 0 for r in rows), rows
-    assert all(r["hit_bytes"] == 2 * 3 * 32 * 16 * 2 and r["x_bound"] > 0 for r in rows)
-    assert all(r["ratio_vs_liger"] > 0 for r in rows if r["candidate"] != "liger")
-    sw.print_summary(rows)
-    assert "tiny:40:uniform" in capsys.readouterr().out

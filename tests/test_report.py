@@ -3,7 +3,7 @@ it, and every table shows its rows and every chart draws something (a screenshot
 
 The browser test skips where no chromium is installed, unless GEMMLAB_REQUIRE_CHROMIUM=1 (.ci/run sets it after
 installing the distribution's chromium): then a missing browser fails. GEMMLAB_REPORT_SCREENSHOT=PATH also writes
-the top of the page as the README's screenshot (docs/report.png)."""
+the top of the page as the measuring page's screenshot (docs/report.png)."""
 
 import json
 import os
@@ -146,7 +146,7 @@ def test_page_renders_in_chromium(tmp_path, monkeypatch):
         _not_blank(img, f, scale, f["name"])
         _has_data(img, f, scale)
     target = os.environ.get("GEMMLAB_REPORT_SCREENSHOT")
-    if target:  # the README's picture: the top of the same page at full resolution
+    if target:  # the docs' picture: the top of the same page at full resolution
         top = tmp_path / "top.png"
         _browser(exe, tmp_path, "--window-size=1400,1500", f"--screenshot={top}", page.as_uri())
         pic = Image.open(top)

@@ -14,8 +14,8 @@ import torch
 import gemmlab
 from conftest import DEVICE, rand
 from gemmlab.ledger import Ledger
-from gemmlab.ops import plan as plan_mod
-from gemmlab.ops.plan import GemmConfig
+from gemmlab.ops import configs
+from gemmlab.ops.gemm import GemmConfig
 from gemmlab.tune import space
 from gemmlab.tune.tuner import bucket, default_runner, tune_shape, write_configs
 
@@ -40,6 +40,13 @@ def test_pruning_reasons():
     wide = dataclasses.replace(small, block_m=128, split_k=0, num_stages=3)
     assert "wasted rows" in space.prune(wide, "tma_splitk", 16, 7168, 2048)
     assert space.prune(dataclasses.replace(small, split_k=0), "tma_splitk", 16, 7168, 2048) is None
+    gemv = GemmConfig(block_m=1, block_n=32, block_k=128, num_warps=4, num_stages=1, split_k=0)
+    assert space.prune(gemv, "gemv", 1, 4093, 4099) is None
+    big = dataclasses.replace(gemv, block_k=512, block_n=128)
+    assert "products per thread" in space.prune(big, "gemv", 1, 64, 4096)
+    assert "each row reads all of B" in space.prune(gemv, "gemv", 12, 4093, 4099)
+    assert "wasted rows" in space.prune(dataclasses.replace(gemv, block_m=64), "gemv", 4, 4093, 4099)
+    assert "empty splits" in space.prune(dataclasses.replace(gemv, split_k=64), "gemv", 1, 4093, 4099)
     nb = space.neighbours(ok, "tma_persistent")
     assert all(sum(getattr(c, f.name) != getattr(ok, f.name) for f in dataclasses.fields(ok)) == 1 for c in nb)
     assert bucket(8192) == [4097, 8192] and bucket(7168) == [4097, 8192] and bucket(16) == [9, 16]
@@ -103,10 +110,10 @@ def test_winners_are_written_and_picked_by_plan_and_a_session_resumes(tmp_path, 
         assert f"{path} gemm.{r['path']}[0] (m 33..64, n 33..64, k 65..128, float16)" in p.reason, p.reason
         outside = gemmlab.plan(rand((100, 128)), rand((128, 64)))  # M = 100: another bucket
         assert dataclasses.replace(outside.config, split_k=want.split_k) != want
-        assert str(plan_mod.configs.BUNDLED_DIR / "interpreter.json") in outside.reason
+        assert str(configs.BUNDLED_DIR / "interpreter.json") in outside.reason
     finally:
         monkeypatch.undo()
-        plan_mod.configs.reload()
+        configs.reload()
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="CPU workers")

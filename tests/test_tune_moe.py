@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import DEVICE
+from gemmlab.device import Target
 from gemmlab.ledger import Ledger
 from gemmlab.ops import configs
 from gemmlab.ops.moe import MoEConfig, moe_choice
-from gemmlab.ops.plan import Target
 from gemmlab.problems import MoEModel
 from gemmlab.tune import space
 from gemmlab.tune.tuner import moe_items, moe_model, tune_moe, write_configs

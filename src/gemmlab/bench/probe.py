@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gemmlab.instruments import stats, timing
-from gemmlab.ops.plan import gpu_slug
+from gemmlab.device import gpu_slug, tensor_peak_tflops
+from gemmlab.instruments import timing
 from gemmlab.output import Table, long_row
 
 HEALTH_MIN = 0.8  # a re-measured figure below this fraction of the profile's is a problem
@@ -180,7 +180,7 @@ def probe(quick: bool = False) -> dict:
     prof["cublas_8192"] = cublas_tflops(reps=reps)
     prof["mma_peak"] = mma_peak(reps=max(5, reps // 2))
     prof["launch"] = launch_overhead(500 if quick else 2000)
-    nominal = stats.tensor_peak_tflops((props.major, props.minor), "float16", props.multi_processor_count,
+    nominal = tensor_peak_tflops((props.major, props.minor), "float16", props.multi_processor_count,
                                        prof.get("max_sm_clock_mhz"))
     prof["nominal_tensor_tflops_at_max_clock"] = nominal
     return prof

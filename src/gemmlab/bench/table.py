@@ -86,7 +86,7 @@ def _moe_tensor_cores() -> dict:
 
     r = compiled_report(k)
     return {"tensor_core": r["tensor_core"], "hgmma": r["sass"]["HGMMA"], "hmma": r["sass"]["HMMA"],
-            "inspected": "_moe_grouped_kernel as launched", "inspect_flags": r["flags"]}
+            "inspected": "moe_grouped_kernel as launched", "inspect_flags": r["flags"]}
 
 
 def moe_table(batch_size: int = 4, seq_len: int = 8192, top_k: int = 4, hidden_size: int = 7168,

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gemmlab.ops.moe import DTYPES, _check, _check_weights, moe_forward
+from gemmlab.ops.moe import DTYPES, check_tensor, check_weights, moe_forward
 
 
 def _group_of(group, who: str):
@@ -65,10 +65,10 @@ def expert_range(num_experts: int, group=None) -> tuple[int, int]:
 def _local_problem(x, w1, w2, weights, ids, chunks) -> str | None:
     """What is wrong with this rank's arguments (shapes, dtypes, devices), or None."""
     try:
-        _check_weights(w1, w2)
-        _check("x", x, 2)
-        _check("topk_weights", weights, 2, dtypes=(torch.float32, torch.float16, torch.bfloat16))
-        _check("topk_ids", ids, 2, dtypes=(torch.int32, torch.int64))
+        check_weights(w1, w2)
+        check_tensor("x", x, 2)
+        check_tensor("topk_weights", weights, 2, dtypes=(torch.float32, torch.float16, torch.bfloat16))
+        check_tensor("topk_ids", ids, 2, dtypes=(torch.int32, torch.int64))
     except (TypeError, ValueError) as err:
         return str(err)
     if x.dtype != w1.dtype:

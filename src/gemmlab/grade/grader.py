@@ -27,7 +27,6 @@ is then not scored; else PASS.
 from __future__ import annotations
 
 import dataclasses
-import os
 import secrets
 import shutil
 import tempfile
@@ -36,17 +35,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gemmlab.grade import rules
+from gemmlab.device import peak_tflops
+from gemmlab.grade import observer, rules
 from gemmlab.grade.batches import own_memory, plan_batches
 from gemmlab.grade.cases import CaseFile
 from gemmlab.grade.op import Op
 from gemmlab.grade.protocol import HEAT_S, BaselineFailure, Failed, Timing
-from gemmlab.instruments.stats import tensor_peak_tflops
 from gemmlab.instruments.timing import ClockSampler, env_info
 from gemmlab.sandbox.box import CandidateError, Sandbox, WorkerFailure
-
-# Dense fp16/bf16 tensor peak at the maximum boost clock, TFLOPS (vendor datasheets).
-PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1, "L4": 121.0}
 
 
 @dataclass
@@ -72,29 +68,12 @@ def _seed(base: int, *parts) -> int:
     return (zlib.crc32("/".join(map(str, parts)).encode()) + 7919 * base) % (1 << 31)
 
 
-def _preload(log_dir: str, name: str = "candidate"):
-    """The vendor-BLAS interposer (``grade/preload``: an LD_PRELOAD library that records every cuBLAS /
-    cuBLASLt GEMM call of a worker's process where its Python cannot silence it), when it can be built
-    here: (extra child env, reader: keeper pid -> what it recorded, state for the report). Without it
-    ({}, reader of nothing, why not): the profiler's names (advisory) are then all there is. Both workers run
-    under it (``name``: whose log), so that both pay what observing costs; only the candidate's is read."""
-    try:
-        from gemmlab.grade import preload
-    except ImportError:
-        return {}, lambda pid: [], "not available (no gemmlab.grade.preload)"
-    log, counts, token = f"{log_dir}/{name}-vendor.log", f"{log_dir}/{name}-vendor.counts", secrets.token_hex(16)
-    try:
-        full = preload.child_env(log, "log", lib=preload.build(), counts=counts, token=token)
-    except Exception as e:  # not buildable on this machine: say so in the report, grade on
-        return {}, lambda pid: [], f"not active ({type(e).__name__}: {e})"
-    env = {k: v for k, v in full.items() if os.environ.get(k) != v}
-
-    def recorded(pid: int | None) -> list[str]:
-        if pid is None or not os.path.exists(log):
-            return []
-        state, detail = preload.assess(preload.read_log(log), pid, token, preload.read_counts(counts))
-        return [detail] if state == "vendor" else []
-    return env, recorded, "active (LD_PRELOAD vendor_guard, policy log)"
+def _preload(log_dir: str, device: torch.device, kernel: str | None, allow_vendor: bool) -> observer.Watch:
+    """The observers outside the candidate's Python (``grade/observer.py``): vendor_guard, an LD_PRELOAD library
+    that records every cuBLAS / cuBLASLt / cuDNN GEMM-class call, and on CUDA the kernel observer, a CUPTI
+    injection library that reports every kernel by name. Both sandboxes run under them (the same overhead on
+    both sides); what cannot be built here is said in the report, never read as clean."""
+    return observer.Watch(log_dir, device.type, kernel, allow_vendor)
 
 
 class Grader:
@@ -109,19 +88,30 @@ class Grader:
         self.timeout, self.keep_logs = timeout, keep_logs
         self.progress = progress or (lambda msg: None)
         self.log_dir = tempfile.mkdtemp(prefix="gemmlab-grade-")
-        env, self.preload_calls, self.preload_state = _preload(self.log_dir)
-        base_env = _preload(self.log_dir, "baseline")[0]
+        self.watch = _preload(self.log_dir, self.device, kernel, allow_vendor)
         self.vendor_seen: list[str] = []
-        self.plan = None  # protocol.BatchPlan, made before the candidate starts
-        self.cand = Sandbox(kernel, op.signature, op.layout, timeout, self.interpret, self.log_dir, env)
+        self.timed_kernels: set[str] = set()  # what the kernel observer saw in the candidate's batches
+        self.plan = None  # batches.BatchPlan, made before the candidate starts
+        self.cand = Sandbox(kernel, op.signature, op.layout, timeout, self.interpret, self.log_dir,
+                            self.watch.env("candidate"))
         self.base = Sandbox(op.baseline, op.baseline_signature, op.layout, timeout, self.interpret, self.log_dir,
-                            base_env, name="baseline")
+                            self.watch.env("baseline"), name="baseline")
 
     def _recorded(self) -> list[str]:
-        """What the interposer recorded in the candidate's process so far (kept after it is gone)."""
+        """What the observers recorded against the candidate so far (kept after it is gone)."""
         if self.cand.proc is not None:
-            self.vendor_seen = self.preload_calls(self.cand.proc.pid) or self.vendor_seen
+            self.vendor_seen = self.watch.recorded(self.cand.proc.pid) or self.vendor_seen
         return self.vendor_seen
+
+    def observe(self, box: Sandbox, calls: int, batch: bool = False) -> list[str]:
+        """The kernel observer's answer for ``box`` since its last one (``calls`` calls that produced outputs):
+        the kernel names, which for the candidate's timed batches (``batch``) add to ``timed_kernels``; the
+        candidate's findings go to ``_recorded``. Asked before the box is stopped (the observer answers from its
+        process)."""
+        seen = self.watch.answer(box.name, box.proc.pid if box.proc is not None else None, calls)
+        if batch and box is self.cand:
+            self.timed_kernels |= set(seen)
+        return seen
 
     @property
     def interpret(self) -> bool:
@@ -148,10 +138,11 @@ class Grader:
                 return res.fail("isolation", f"raised {e}")
             except WorkerFailure as e:
                 return res.fail("isolation", str(e))
+            seen = self.observe(self.cand, 1)
             out = op.view(flat, case).clone()
             changed = not all(torch.equal(s, x) for s, x in zip(shared, inputs, strict=True))
             res.paths = sorted(set(res.paths) | ({reply["path"]} if reply.get("path") else set()))
-            res.kernels = sorted(set(res.kernels) | set(reply.get("kernels", [])))
+            res.kernels = sorted(set(res.kernels) | set(seen if self.watch.channels else reply.get("kernels", [])))
             # which elements the rounding counts look at: secret (the inputs are reproducible, so predictable)
             gen = torch.Generator().manual_seed(secrets.randbits(62))
             trial = rules.Trial(reply, out, changed, prev, lambda o=out, i=inputs, k=kind, g=gen: op.check(o, i, k, g),
@@ -213,7 +204,9 @@ class Grader:
             return dict(out, status="FAIL", rule="containment", reason=str(e))
         solo = timing.solo()
         prof = timing.profile
-        kernels, ops, path = set(prof.get("kernels", [])), set(prof.get("ops", [])), prof.get("path")
+        # with the kernel observer: the names of every candidate batch (the set grows over the rounds)
+        kernels = self.timed_kernels if self.watch.channels else set(prof.get("kernels", []))
+        ops, path = set(prof.get("ops", [])), prof.get("path")
         wall = got["median_ms"]
         tflops = case.flops / (wall * 1e-3) / 1e12
         out.update(got, tflops=tflops, clocks=clocks.summary(), timed_kernels=sorted(kernels), timed_path=path,
@@ -221,7 +214,7 @@ class Grader:
                    timer=("grader's clock around each batch of calls in the worker (woken inside the window, "
                           "device synced at both ends, outputs read back), per call; the worker's own clock is "
                           "advisory"),
-                   preload=self.preload_state)
+                   preload=self.watch.guard)
         if "baseline_ms" in got:
             b_med = got["baseline_ms"]
             out.update(baseline_tflops=case.flops / (b_med * 1e-3) / 1e12, baseline_solo_ms=solo,
@@ -276,6 +269,7 @@ class Grader:
                 self.base.close()
             except WorkerFailure:
                 pass
+            self.watch.close()
             if not self.keep_logs:
                 shutil.rmtree(self.log_dir, ignore_errors=True)
         report = self._report(listed, results, perf)
@@ -294,6 +288,7 @@ class Grader:
             "dims": dims, "env": env_info(), "seed": self.seed, "allow_vendor": self.allow_vendor,
             "worker_starts": self.cand.starts, "logs": self.log_dir if self.keep_logs else None,
             "correctness": [r.__dict__ for r in results], "performance": perf,
+            "vendor_check": self.watch.words(), "observers": self.watch.summary(),
             "performance_shape": list(cf.performance.dims) if cf.performance is not None else None,
             **verdict(cf, listed, perf),
         }
@@ -317,22 +312,3 @@ def verdict(cf, listed: list[CaseResult], perf: dict | None) -> dict:
             "inconclusive": perf["reason"] if passed and unsure else None,
             "failures": [{key: f[key] for key in ("name", "rule", "reason")} for f in failed]}
 
-
-def peak_tflops(device: torch.device) -> float | None:
-    """Dense fp16/bf16 tensor peak of the GPU at its maximum clock; None on the CPU."""
-    if device.type != "cuda":
-        return None
-    props = torch.cuda.get_device_properties(device)
-    for name, peak in PEAK_TFLOPS.items():
-        if name in props.name:
-            return peak
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        mhz = pynvml.nvmlDeviceGetMaxClockInfo(pynvml.nvmlDeviceGetHandleByIndex(device.index or 0),
-                                               pynvml.NVML_CLOCK_SM)
-    except Exception:
-        mhz = 2000
-    peak = tensor_peak_tflops((props.major, props.minor), "float16", props.multi_processor_count, mhz)
-    return peak if peak is not None else 4096 * props.multi_processor_count * mhz * 1e6 / 1e12  # sm_90's rate

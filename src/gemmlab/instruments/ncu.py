@@ -436,7 +436,7 @@ def request(shape: str | None, dtype: str, layout: str, config: str | dict | Non
     """The CLI's arguments checked: {"m", "n", "k", "dtype", "layout", "config", "baseline", "clock_control"};
     ValueError (one line, naming the flag) for a bad one. ``config``: JSON text or a dict of GemmConfig
     fields, None for gemmlab's own plan."""
-    from gemmlab.ops.plan import GemmConfig
+    from gemmlab.ops.gemm import GemmConfig
     from gemmlab.problems import parse_shape
 
     if not shape:

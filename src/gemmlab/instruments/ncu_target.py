@@ -39,8 +39,7 @@ def call(backend: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, conf
     if backend == "cublas":
         return (lambda: torch.mm(a, b, out=out)), {"path": "torch.mm (cuBLAS)", "config": None, "reason": None}
     import gemmlab
-    from gemmlab.ops.gemm import run
-    from gemmlab.ops.plan import GemmConfig
+    from gemmlab.ops.gemm import GemmConfig, run
 
     p = gemmlab.plan(a, b, out=out, config=GemmConfig.from_dict(config) if config else None)
     fn = (lambda: run(p, a, b, out=out)) if config else (lambda: gemmlab.gemm(a, b, out=out))

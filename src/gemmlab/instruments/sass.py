@@ -26,18 +26,16 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from gemmlab.ops.gemm import KERNELS, constexprs, launch_options
-from gemmlab.ops.plan import Plan, Target, choose, padded_k, target_for
+from gemmlab.device import H200, Target, target_for
+from gemmlab.ops.gemm import KERNELS, Plan, choose, constexprs, launch_options, padded_k
 
 if TYPE_CHECKING:
     from gemmlab.ops.moe import MoEConfig
 
 TENSOR_CORE_OPS = ("HGMMA", "HMMA", "QGMMA", "IMMA")
-WATCHED_OPS = TENSOR_CORE_OPS + ("UTMALDG", "UTMASTG", "UBLKCP", "LDGSTS", "LDG", "STG", "LDS", "STS", "BAR",
-                                 "SYNCS", "WARPGROUP", "LDL", "STL")
+WATCHED_OPS = TENSOR_CORE_OPS + ("FFMA", "UTMALDG", "UTMASTG", "UBLKCP", "LDGSTS", "LDG", "STG", "LDS", "STS",
+                                 "BAR", "SYNCS", "WARPGROUP", "LDL", "STL")
 
-
-H200 = Target("nvidia-h200", (9, 0), 132)
 
 
 def plan_for(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, layout: str = "NN",
@@ -73,9 +71,15 @@ def signature(plan: Plan) -> dict[str, str]:
     """Triton types of the plan's runtime (non-constexpr) kernel arguments, as the launcher passes them."""
     dt, cfg = _tl_dtype(plan), plan.config
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    if plan.path == "portable":
+    if plan.path in ("portable", "gemv"):
         ints = ("M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn")
-        return {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "c_ptr": f"*{dt}", **{n: "i32" for n in ints}}
+        sig = {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "c_ptr": f"*{dt}"}
+        if plan.path == "gemv":
+            sig.update(ws_ptr="*fp32", count_ptr="*i32")
+        sig.update({n: "i32" for n in ints})
+        if plan.path == "gemv":
+            sig["K_TILES_PER_SPLIT"] = "i32"
+        return sig
     a = [bm, bk] if plan.a_kmajor else [bk, bm]
     b = [bn, bk] if plan.b_kmajor else [bk, bn]
     c = f"tensordesc<{dt}[{bm}, {bn // 2 if cfg.epilogue_subtile else bn}]>" if plan.c_tma else f"*{dt}"
@@ -172,6 +176,7 @@ def report(plan: Plan, arch: int = 90) -> dict:
         "group_m": cfg.group_m,
         "split_k": cfg.split_k,
         "stream_k": cfg.stream_k,
+        "tail_split": cfg.tail_split,
         "epilogue_subtile": cfg.epilogue_subtile,
         "warp_specialize_requested": cfg.warp_specialize,
         "max_nreg": cfg.max_nreg,
@@ -217,14 +222,13 @@ def inspect_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, la
 def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bfloat16, a_tma: bool = True,
                a_gather: bool = False, w_tma: bool = True, target: Target = H200, arch: int = 90,
                config: MoEConfig | None = None, max_group: int = 0) -> dict:
-    """Compiler report of ``_moe_grouped_kernel`` as ``ops.moe`` configures it for ``rows`` routed rows
+    """Compiler report of ``moe_grouped_kernel`` as ``ops.moe`` configures it for ``rows`` routed rows
     over ``experts`` experts (mode 0 grouped, 1 gate/up + SiLU, 2 down + weight) on ``target``; ``config``
     instead of ``moe_config``'s choice (``max_group``: its bound on the largest group, as ``moe_forward`` passes
     T). The output is taken as 16-byte aligned (as ``moe_forward``'s are)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("inspect needs Triton's compiler: run without TRITON_INTERPRET=1")
-    from gemmlab.kernels.moe import _moe_grouped_kernel
-    from gemmlab.ops.moe import epilogue_flags, launch_config, moe_config
+    from gemmlab.ops.moe import epilogue_flags, launch_config, moe_config, moe_grouped_kernel
 
     cfg = launch_config(config or moe_config(target, rows, experts, mode, dtype.itemsize, dtype=dtype,
                                              max_group=max_group), a_tma, a_gather, w_tma)
@@ -241,10 +245,10 @@ def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bf
                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                   GROUP_M=cfg.group_m, NUM_PROGRAMS=target.num_sms * cfg.programs_per_sm,
                   LOG2_E=max(1, (experts - 1).bit_length()) + 1, DOT_UPCAST=False)
-    sig = {name: sig.get(name, "constexpr") for name in _moe_grouped_kernel.arg_names}
-    kernel = triton.compile(ASTSource(_moe_grouped_kernel, sig, constexprs=consts),
+    sig = {name: sig.get(name, "constexpr") for name in moe_grouped_kernel.arg_names}
+    kernel = triton.compile(ASTSource(moe_grouped_kernel, sig, constexprs=consts),
                             target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
-    r = {"kernel": "_moe_grouped_kernel", "mode": mode, "block": [bm, bn, bk], "num_warps": warps,
+    r = {"kernel": "moe_grouped_kernel", "mode": mode, "block": [bm, bn, bk], "num_warps": warps,
          "num_stages": stages, "a_tma": a_tma, "a_gather": a_gather, "w_tma": w_tma, "clip": clip, "out_tma": out_tma}
     r.update(compiled_report(kernel))
     return r

@@ -1,5 +1,6 @@
 """Statistics of timings, pure Python (no GPU): summaries, speed ratios with intervals that hold their coverage,
-the one accept test, the dense tensor peak per architecture and the clock-normalized efficiency.
+the one accept test and the clock-normalized efficiency (the dense tensor peak per architecture is
+``gemmlab.device``'s).
 
     summarize([ms, ...])              -> {median_ms, p20_ms, p80_ms, min_ms, max_ms, cv, n}
     median_interval(xs)               -> (lo, hi) or None: distribution-free 95% interval of the median
@@ -28,17 +29,10 @@ import functools
 import math
 import statistics
 
+from gemmlab.device import tensor_peak_tflops
+
 LEVEL = 0.95
 EXACT_PAIRS = 4000  # m * n up to which the rank-sum distribution is counted exactly (normal beyond)
-
-# Dense tensor-core FLOP per clock per SM (an FMA counts 2), by (major, minor) compute capability and dtype.
-# sm_90 (H100/H200): 989.4 TFLOPS fp16 = 4096 * 132 SMs * 1.83 GHz. sm_80 (A100): 312 = 2048 * 108 * 1.41.
-# sm_89 (L40S): 362 = 1024 * 142 * 2.52 (fp32 accumulation). Unknown architectures give no efficiency.
-TENSOR_FLOP_PER_CLOCK_PER_SM: dict[tuple[int, int], dict[str, int]] = {
-    (8, 0): {"float16": 2048, "bfloat16": 2048},
-    (8, 9): {"float16": 1024, "bfloat16": 1024},
-    (9, 0): {"float16": 4096, "bfloat16": 4096, "float8_e4m3fn": 8192, "float8_e5m2": 8192},
-}
 
 
 def quantile(xs: list[float], p: float) -> float:
@@ -187,16 +181,6 @@ def is_faster(summary: dict | None) -> bool:
 
 
 # ------------------------------------------------------------------------------------------ the device
-
-
-def tensor_peak_tflops(arch: tuple[int, int] | None, dtype: str, sm_count: int | None,
-                       clock_mhz: float | None) -> float | None:
-    """Dense tensor-core peak in TFLOPS at ``clock_mhz``; None when the architecture, dtype, SM count or
-    clock is unknown."""
-    per_sm = TENSOR_FLOP_PER_CLOCK_PER_SM.get(tuple(arch) if arch else None, {}).get(dtype)
-    if per_sm is None or not sm_count or not clock_mhz:
-        return None
-    return per_sm * sm_count * clock_mhz * 1e6 / 1e12
 
 
 def efficiency(flops: float, median_ms: float, clock_mhz: float | None, sm_count: int | None,

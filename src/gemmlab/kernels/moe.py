@@ -7,13 +7,13 @@ decode regime never pads every expert to a full tile). One persistent launch wal
 (m-tile, n-tile) work items of all experts; each finds its expert by binary search in ``tile_offsets``,
 and the items of one expert are ordered in groups of GROUP_M m-tiles (W tiles reused from L2).
 
-    _moe_grouped_kernel   MODE 0: out[r] = A[r] @ W[e]^T                      (grouped GEMM)
+    moe_grouped_kernel   MODE 0: out[r] = A[r] @ W[e]^T                      (grouped GEMM)
                           MODE 1: out[r] = silu(A[r] @ Wg[e]^T) * (A[r] @ Wu[e]^T)   W[e] = [Wg; Wu] (2N rows)
                           MODE 2: out[r] = scale[r] * (A[r] @ W[e]^T)          (second GEMM, top-k weight)
-    _moe_combine_kernel   y[t] = sum_j o[inv[t*k + j]]   in fixed j order (deterministic)
-    _moe_align_kernel     the routing table of S <= BLOCK_S pairs in one program
-    _moe_count_kernel, _moe_scan_kernel, _moe_scatter_kernel   the same table of a large S (counting sort)
-    _moe_gather_kernel    x[token] in expert order (gather "copy")
+    moe_combine_kernel   y[t] = sum_j o[inv[t*k + j]]   in fixed j order (deterministic)
+    moe_align_kernel     the routing table of S <= BLOCK_S pairs in one program
+    moe_count_kernel, moe_scan_kernel, moe_scatter_kernel   the same table of a large S (counting sort)
+    moe_gather_kernel    x[token] in expert order (gather "copy")
 
 A rows come through a TMA descriptor (A_TMA; with CLIP one made per tile whose rows end at the group's
 end, so rows of the next group read as zeros, and the output is TMA-stored through another) or pointers;
@@ -28,7 +28,7 @@ by a masked store.
 import triton
 import triton.language as tl
 
-from gemmlab.kernels.gemm import _dot
+from gemmlab.kernels.gemm import dot
 
 
 @triton.jit
@@ -45,7 +45,7 @@ def _find_expert(tile_offsets, m_tile, E, LOG2_E: tl.constexpr):
 
 
 @triton.jit
-def _load_a_tile(a, a_rows, row0, rows_end, off_k, K, stride_am,
+def load_a_tile(a, a_rows, row0, rows_end, off_k, K, stride_am,
                  BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr):
     if A_TMA:
         tile = a.load([row0, off_k])  # [BLOCK_M, BLOCK_K]
@@ -63,7 +63,7 @@ def _load_a_tile(a, a_rows, row0, rows_end, off_k, K, stride_am,
 
 
 @triton.jit
-def _load_w_tile(w, w_row0, n_rows_left, off_k, K, stride_wn,
+def load_w_tile(w, w_row0, n_rows_left, off_k, K, stride_wn,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_TMA: tl.constexpr):
     """[BLOCK_K, BLOCK_N] tile of W^T from W rows w_row0 .. w_row0 + BLOCK_N (K-major)."""
     if W_TMA:
@@ -77,7 +77,7 @@ def _load_w_tile(w, w_row0, n_rows_left, off_k, K, stride_wn,
 
 
 @triton.jit
-def _store_rows(out, acc, rows, rows_end, off_n, N, stride_om, BLOCK_N: tl.constexpr):
+def store_rows(out, acc, rows, rows_end, off_n, N, stride_om, BLOCK_N: tl.constexpr):
     """Masked pointer store of an fp32 tile into rows ``rows`` (those below ``rows_end``) of out. Not
     ``kernels.gemm._store_c``: inside this kernel that one (and its TMA halves) spills at 128 rows (sm_90
     SASS: 255 registers, 34-50 local-memory ops, against 157-175 and none)."""
@@ -111,12 +111,12 @@ def _moe_tile(a, a_rows, w, out, out_desc, scale, row0, rows_end, off_n, w_row0,
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ki in range(tl.cdiv(K, BLOCK_K)):
         off_k = ki * BLOCK_K
-        at = _load_a_tile(a, a_rows, row0, rows_end, off_k, K, stride_am, BLOCK_M, BLOCK_K, A_TMA, A_GATHER)
-        wt = _load_w_tile(w, w_row0, N - off_n, off_k, K, stride_wn, BLOCK_N, BLOCK_K, W_TMA)
-        acc = _dot(at, wt, acc, DOT_UPCAST)
+        at = load_a_tile(a, a_rows, row0, rows_end, off_k, K, stride_am, BLOCK_M, BLOCK_K, A_TMA, A_GATHER)
+        wt = load_w_tile(w, w_row0, N - off_n, off_k, K, stride_wn, BLOCK_N, BLOCK_K, W_TMA)
+        acc = dot(at, wt, acc, DOT_UPCAST)
         if MODE == 1:
-            ut = _load_w_tile(w, w_row0 + N, N - off_n, off_k, K, stride_wn, BLOCK_N, BLOCK_K, W_TMA)
-            acc_up = _dot(at, ut, acc_up, DOT_UPCAST)
+            ut = load_w_tile(w, w_row0 + N, N - off_n, off_k, K, stride_wn, BLOCK_N, BLOCK_K, W_TMA)
+            acc_up = dot(at, ut, acc_up, DOT_UPCAST)
     rows = row0 + tl.arange(0, BLOCK_M)
     if MODE == 1:
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up, fp32
@@ -130,13 +130,13 @@ def _moe_tile(a, a_rows, w, out, out_desc, scale, row0, rows_end, off_n, w_row0,
         if row0 + BLOCK_M <= rows_end:
             _store_halves(out_desc, acc, row0, off_n, BLOCK_M, BLOCK_N)
         else:
-            _store_rows(out, acc, rows, rows_end, off_n, N, stride_om, BLOCK_N)
+            store_rows(out, acc, rows, rows_end, off_n, N, stride_om, BLOCK_N)
     else:
-        _store_rows(out, acc, rows, rows_end, off_n, N, stride_om, BLOCK_N)
+        store_rows(out, acc, rows, rows_end, off_n, N, stride_om, BLOCK_N)
 
 
 @triton.jit
-def _tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M: tl.constexpr, LOG2_E: tl.constexpr,
+def tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M: tl.constexpr, LOG2_E: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """(expert, first row, the expert's row end, first column) of work item ``item``: the walk of the persistent
     grouped kernels (forward and backward), GROUP_M m-tiles of one expert sweeping the n-tiles together."""
@@ -155,7 +155,7 @@ def _tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M: tl.constexpr, 
 
 
 @triton.jit
-def _moe_grouped_kernel(
+def moe_grouped_kernel(
     a,  # A (rows, K) fp16/bf16: descriptor, blocks [BLOCK_M, BLOCK_K] (A_TMA and not CLIP), else pointer
     a_rows,  # (S,) int32: source row of A for routed row r (A_GATHER), else unused
     w,  # W (E * N_w, K): descriptor, blocks [BLOCK_N, BLOCK_K] (W_TMA), else pointer; N_w = N (2N in MODE 1)
@@ -179,7 +179,7 @@ def _moe_grouped_kernel(
     total = tl.load(tile_offsets + E) * num_n
     n_w = N * (2 if MODE == 1 else 1)  # rows of W per expert
     for item in tl.range(pid, total, NUM_PROGRAMS, flatten=False):
-        e, row0, rows_end, off_n = _tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E, BLOCK_M,
+        e, row0, rows_end, off_n = tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E, BLOCK_M,
                                                  BLOCK_N)
         w_row0 = e * n_w + off_n  # int32: TMA coordinates (E * N_w < 2^31)
         _moe_tile(a, a_rows, w, out, out_desc, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
@@ -187,7 +187,7 @@ def _moe_grouped_kernel(
 
 
 @triton.jit
-def _sum_slots(rows, stride_rows, inv, t, cols, H, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+def sum_slots(rows, stride_rows, inv, t, cols, H, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
     """fp32 sum over j = 0..TOP_K-1, in j order, of rows[inv[t*k + j], cols]: token t's k routed rows."""
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):
@@ -197,7 +197,7 @@ def _sum_slots(rows, stride_rows, inv, t, cols, H, TOP_K: tl.constexpr, BLOCK_H:
 
 
 @triton.jit
-def _moe_combine_kernel(
+def moe_combine_kernel(
     o,  # (S, H) routed rows in expert order, already scaled by their top-k weight
     inv,  # (T * k,) int32: the routed row of pair (t, j) is inv[t * k + j]
     y,  # (T, H) output
@@ -208,12 +208,12 @@ def _moe_combine_kernel(
     j order, so the result does not depend on scheduling."""
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = _sum_slots(o, stride_o, inv, t, cols, H, TOP_K, BLOCK_H)
+    acc = sum_slots(o, stride_o, inv, t, cols, H, TOP_K, BLOCK_H)
     tl.store(y + t.to(tl.int64) * stride_y + cols, acc.to(y.dtype.element_ty), mask=cols < H)
 
 
 @triton.jit
-def _moe_align_kernel(
+def moe_align_kernel(
     ids,  # (S,) int32/int64: expert of pair p = t*k + j (topk_ids flattened)
     weights,  # (S,) topk weights flattened (HAS_SCALE), else unused
     order,  # (S,) int32 out: the pair of routed row r (pairs sorted by expert, stably)
@@ -250,7 +250,7 @@ def _moe_align_kernel(
 
 
 @triton.jit
-def _moe_tiles_kernel(
+def moe_tiles_kernel(
     offsets,  # (E,) int32 cumulative row ends of the groups
     tile_offsets,  # (E + 1,) int32 out: cumulative BLOCK_M-tile counts
     ok,  # (1,) bool out: offsets non-decreasing, within [0, S]
@@ -272,11 +272,11 @@ def _moe_tiles_kernel(
 
 # Routing of a large S (more pairs than one program sorts): a stable counting sort in three launches.
 # Pairs are cut into NB blocks of BLOCK pairs; bin E holds the ids outside [0, E) (sorted after every valid pair,
-# into no group, as in _moe_align_kernel). hist and base are (E + 1, NB) int32, expert-major.
+# into no group, as in moe_align_kernel). hist and base are (E + 1, NB) int32, expert-major.
 
 
 @triton.jit
-def _moe_count_kernel(
+def moe_count_kernel(
     ids,  # (S,) int32/int64: expert of pair p = t*k + j
     hist,  # (E + 1, NB) int32 out: pairs of block b in bin x
     local,  # (E + 1, NB) int32 out: pairs of block b in bins below x (the block's exclusive scan)
@@ -296,7 +296,7 @@ def _moe_count_kernel(
 
 
 @triton.jit
-def _moe_scan_kernel(
+def moe_scan_kernel(
     hist,  # (E + 1, NB) int32
     local,  # (E + 1, NB) int32 in: the blocks' exclusive scans; out: base (first row of block b's bin-x pairs
     #         minus their rank in the block's sorted order)
@@ -331,11 +331,11 @@ def _moe_scan_kernel(
 
 
 @triton.jit
-def _moe_scatter_kernel(
+def moe_scatter_kernel(
     ids,  # (S,) int32/int64
     weights,  # (S,) topk weights flattened (HAS_SCALE), else unused
-    base,  # (E + 1, NB) int32: from _moe_scan_kernel
-    order, inv, token,  # (S,) int32 out, as _moe_align_kernel's
+    base,  # (E + 1, NB) int32: from moe_scan_kernel
+    order, inv, token,  # (S,) int32 out, as moe_align_kernel's
     scale,  # (S,) fp32 out: weights[order[r]] (HAS_SCALE)
     S, E, NB,
     TOP_K: tl.constexpr, BLOCK: tl.constexpr, HAS_SCALE: tl.constexpr,
@@ -361,7 +361,7 @@ def _moe_scatter_kernel(
 
 
 @triton.jit
-def _moe_gather_kernel(
+def moe_gather_kernel(
     x,  # (T, H)
     token,  # (S,) int32: the token of routed row r
     out,  # (S, H) out: x[token[r]]

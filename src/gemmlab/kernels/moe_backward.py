@@ -3,17 +3,17 @@ rows, sorted by expert as in the forward (``kernels.moe``: offsets, tile_offsets
 
 With g = x W_g^T, u = x W_u^T, h = silu(g) * u, y_e = h W2_e^T and y[t] = sum_j w_tj y_e(t, j):
 
-    _moe_bwd_dh_kernel       one pass over H per (m-tile, I-tile) with three accumulators:
+    moe_bwd_dh_kernel       one pass over H per (m-tile, I-tile) with three accumulators:
                              g, u (the recomputed first GEMM, x rows gathered by token; or, without
                              RECOMPUTE, loaded in the epilogue from the forward's saved gate_up) and
                              d = dy[token] @ W2_e (the unweighted gradient of h); epilogue:
                                part[r, n-tile] = sum_cols d * h          (d topk_weights, per I-tile)
                                dgu[r] = [w d h' wrt g, w d silu(g)]      (SiLU backward, scaled by w)
                                wh[r]  = w h                              (operand of dW2)
-    _moe_bwd_dx_kernel       dxs[r] = dgu[r] @ W1_e, W1_e (2I, H) read as a (K, N) row-major operand
-    _moe_bwd_combine_kernel  dx[t] = sum_j dxs[inv[t*k + j]] in j order; dtw[t, j] = sum_n part[inv[t*k+j], n]
-    _moe_silu_mul_kernel     act[r] = silu(gate_up[r, :I]) * gate_up[r, I:]   (the saving forward)
-    _moe_weight_grad_kernel  dw[e] (M, N) = P[rows_e]^T @ Q[rows_e], P or Q rows gathered by token:
+    moe_bwd_dx_kernel       dxs[r] = dgu[r] @ W1_e, W1_e (2I, H) read as a (K, N) row-major operand
+    moe_bwd_combine_kernel  dx[t] = sum_j dxs[inv[t*k + j]] in j order; dtw[t, j] = sum_n part[inv[t*k+j], n]
+    moe_silu_mul_kernel     act[r] = silu(gate_up[r, :I]) * gate_up[r, I:]   (the saving forward)
+    moe_weight_grad_kernel  dw[e] (M, N) = P[rows_e]^T @ Q[rows_e], P or Q rows gathered by token:
                              dW2 = dy[token]^T wh, dW1 = dgu^T x[token] (a K loop over the expert's rows)
 
 Nothing is accumulated with atomics: every output element is written by one program, and every sum has a fixed
@@ -23,8 +23,8 @@ order, so the backward is deterministic.
 import triton
 import triton.language as tl
 
-from gemmlab.kernels.gemm import _dot
-from gemmlab.kernels.moe import _load_a_tile, _load_w_tile, _store_rows, _sum_slots, _tile_of_item
+from gemmlab.kernels.gemm import dot
+from gemmlab.kernels.moe import load_a_tile, load_w_tile, store_rows, sum_slots, tile_of_item
 
 
 @triton.jit
@@ -44,7 +44,7 @@ def _load_kn_tile(w, w_row0, k_rows_left, off_n, N, stride_wk,
 
 
 @triton.jit
-def _moe_bwd_dh_kernel(
+def moe_bwd_dh_kernel(
     x,  # (T, H) pointer, rows gathered by token
     dy,  # (T, H) pointer (any row stride), rows gathered by token
     token,  # (S,) int32: token of routed row r
@@ -67,7 +67,7 @@ def _moe_bwd_dh_kernel(
     num_n = tl.cdiv(N_I, BLOCK_N)
     total = tl.load(tile_offsets + E) * num_n
     for item in tl.range(pid, total, NUM_PROGRAMS, flatten=False):
-        e, row0, rows_end, off_n = _tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E,
+        e, row0, rows_end, off_n = tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E,
                                                  BLOCK_M, BLOCK_N)
         gate_row0 = e * 2 * N_I + off_n  # the up rows follow N_I rows later
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -83,13 +83,13 @@ def _moe_bwd_dh_kernel(
             a_mask = in_rows[:, None] & (kk[None, :] < H)
             if RECOMPUTE:
                 xt = tl.load(x_rows + kk[None, :], mask=a_mask, other=0.0)
-                gt = _load_w_tile(w1, gate_row0, N_I - off_n, off_k, H, stride_w1, BLOCK_N, BLOCK_K, W_TMA)
-                acc_g = _dot(xt, gt, acc_g, DOT_UPCAST)
-                ut = _load_w_tile(w1, gate_row0 + N_I, N_I - off_n, off_k, H, stride_w1, BLOCK_N, BLOCK_K, W_TMA)
-                acc_u = _dot(xt, ut, acc_u, DOT_UPCAST)
+                gt = load_w_tile(w1, gate_row0, N_I - off_n, off_k, H, stride_w1, BLOCK_N, BLOCK_K, W_TMA)
+                acc_g = dot(xt, gt, acc_g, DOT_UPCAST)
+                ut = load_w_tile(w1, gate_row0 + N_I, N_I - off_n, off_k, H, stride_w1, BLOCK_N, BLOCK_K, W_TMA)
+                acc_u = dot(xt, ut, acc_u, DOT_UPCAST)
             dyt = tl.load(dy_rows + kk[None, :], mask=a_mask, other=0.0)
             w2t = _load_kn_tile(w2, e * H + off_k, H - off_k, off_n, N_I, stride_w2, BLOCK_K, BLOCK_N, W_TMA)
-            acc_d = _dot(dyt, w2t, acc_d, DOT_UPCAST)
+            acc_d = dot(dyt, w2t, acc_d, DOT_UPCAST)
         cols = off_n + tl.arange(0, BLOCK_N)
         if not RECOMPUTE:
             gu = gate_up + rows.to(tl.int64)[:, None] * stride_gu + cols[None, :]
@@ -103,14 +103,14 @@ def _moe_bwd_dh_kernel(
         tl.store(part + rows.to(tl.int64) * num_n + off_n // BLOCK_N, p, mask=in_rows)
         w = tl.load(scale + rows, mask=in_rows, other=0.0)[:, None]
         acc_d = acc_d * w
-        _store_rows(wh, h * w, rows, rows_end, off_n, N_I, stride_wh, BLOCK_N)
-        _store_rows(dgu, acc_d * acc_u * sig * (1.0 + acc_g * (1.0 - sig)), rows, rows_end, off_n, N_I, stride_dgu,
+        store_rows(wh, h * w, rows, rows_end, off_n, N_I, stride_wh, BLOCK_N)
+        store_rows(dgu, acc_d * acc_u * sig * (1.0 + acc_g * (1.0 - sig)), rows, rows_end, off_n, N_I, stride_dgu,
                     BLOCK_N)
-        _store_rows(dgu + N_I, acc_d * silu, rows, rows_end, off_n, N_I, stride_dgu, BLOCK_N)
+        store_rows(dgu + N_I, acc_d * silu, rows, rows_end, off_n, N_I, stride_dgu, BLOCK_N)
 
 
 @triton.jit
-def _moe_bwd_dx_kernel(
+def moe_bwd_dx_kernel(
     a,  # A (S, K): descriptor, blocks [BLOCK_M, BLOCK_K] (A_TMA), else pointer
     w,  # W (E * K, N) row-major (K, N) per expert: descriptor, blocks [BLOCK_K, BLOCK_N] (W_TMA), else pointer
     out,  # (S, N) pointer
@@ -128,19 +128,19 @@ def _moe_bwd_dx_kernel(
     num_n = tl.cdiv(N, BLOCK_N)
     total = tl.load(tile_offsets + E) * num_n
     for item in tl.range(pid, total, NUM_PROGRAMS, flatten=False):
-        e, row0, rows_end, off_n = _tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E,
+        e, row0, rows_end, off_n = tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E,
                                                  BLOCK_M, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(tl.cdiv(K, BLOCK_K)):
             off_k = ki * BLOCK_K
-            at = _load_a_tile(a, offsets, row0, rows_end, off_k, K, stride_a, BLOCK_M, BLOCK_K, A_TMA, False)
+            at = load_a_tile(a, offsets, row0, rows_end, off_k, K, stride_a, BLOCK_M, BLOCK_K, A_TMA, False)
             wt = _load_kn_tile(w, e * K + off_k, K - off_k, off_n, N, stride_w, BLOCK_K, BLOCK_N, W_TMA)
-            acc = _dot(at, wt, acc, DOT_UPCAST)
-        _store_rows(out, acc, row0 + tl.arange(0, BLOCK_M), rows_end, off_n, N, stride_o, BLOCK_N)
+            acc = dot(at, wt, acc, DOT_UPCAST)
+        store_rows(out, acc, row0 + tl.arange(0, BLOCK_M), rows_end, off_n, N, stride_o, BLOCK_N)
 
 
 @triton.jit
-def _moe_bwd_combine_kernel(
+def moe_bwd_combine_kernel(
     dxs,  # (S, H) routed rows in expert order
     inv,  # (T * k,) int32: the routed row of pair (t, j)
     part,  # (S, NUM_PART) fp32 partial sums of d topk_weights
@@ -153,7 +153,7 @@ def _moe_bwd_combine_kernel(
     the programs of column block 0 also write dtw[t, j] = sum of part[inv[t*k + j], :]."""
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = _sum_slots(dxs, stride_dxs, inv, t, cols, H, TOP_K, BLOCK_H)
+    acc = sum_slots(dxs, stride_dxs, inv, t, cols, H, TOP_K, BLOCK_H)
     tl.store(dx + t.to(tl.int64) * stride_dx + cols, acc.to(dx.dtype.element_ty), mask=cols < H)
     if tl.program_id(1) == 0:
         pp = tl.arange(0, BLOCK_P)
@@ -164,7 +164,7 @@ def _moe_bwd_combine_kernel(
 
 
 @triton.jit
-def _moe_weight_grad_kernel(
+def moe_weight_grad_kernel(
     p,  # P (rows, M) pointer, unit column stride
     p_rows,  # (S,) int32: the P row of routed row r (P_GATHER), else unused
     q,  # Q (rows, N) pointer, unit column stride
@@ -198,13 +198,13 @@ def _moe_weight_grad_kernel(
             qr = r.to(tl.int64)
         pt = tl.load(p + pr[:, None] * stride_p + mm[None, :], mask=live[:, None] & (mm[None, :] < M), other=0.0)
         qt = tl.load(q + qr[:, None] * stride_q + nn[None, :], mask=live[:, None] & (nn[None, :] < N), other=0.0)
-        acc = _dot(tl.trans(pt), qt, acc, DOT_UPCAST)
+        acc = dot(tl.trans(pt), qt, acc, DOT_UPCAST)
     o = out + e.to(tl.int64) * stride_oe + mm.to(tl.int64)[:, None] * stride_om + nn[None, :]
     tl.store(o, acc.to(out.dtype.element_ty), mask=(mm[:, None] < M) & (nn[None, :] < N))
 
 
 @triton.jit
-def _moe_silu_mul_kernel(
+def moe_silu_mul_kernel(
     gate_up,  # (S, 2I) [gate, up]
     act,  # (S, I) out
     N_I, stride_gu, stride_act,  # N_I = I

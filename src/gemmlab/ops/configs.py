@@ -11,9 +11,11 @@ the first rule whose ranges hold the call's quantities wins. So a user file may 
 the tuner writes), and everything it does not match falls through to the bundled table; a user rule with
 no ranges is a catch-all that shadows the bundled rules of its path.
 
-A file: ``{"about": "...", "triton": "3.6.0", "staging": {...}, "gemm": {path: [rule, ...]}, "moe": {mode:
-[rule, ...]}}`` ("triton": the version its rules were tuned with; "staging": the constants of the staging cost
-rule, ``staging()``, the user's keys over the bundled ones); a rule:
+A file: ``{"about": "...", "triton": "3.6.0", "staging": {...}, "route": {"gemm": [rule, ...]}, "gemm": {path:
+[rule, ...]}, "moe": {mode: [rule, ...]}}`` ("triton": the version its rules were tuned with; "staging": the
+constants of the staging cost rule, ``staging()``, the user's keys over the bundled ones; "route": which kernel
+path a GEMM takes, ``{"config": {"path": ...}}`` per rule, ranged over m, n, k and "tma" (1: A and B are
+TMA-aligned as given, 0: not), ``gemmlab.ops.gemm_route``); a rule:
 ``{"m": [lo, hi], ..., "dtype": "bfloat16", "config": {...}, "tuned": {...}, "note": "..."}``. Range keys
 per section are in ``SECTIONS`` (bounds inclusive integers; a key left out matches anything); ``dtype``
 optional; ``config`` the fields of the section's config dataclass that differ from its defaults.
@@ -36,14 +38,15 @@ from pathlib import Path
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "configs"
 # section -> (its paths, the quantities its rules may range over)
 SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "gemm": (("tma_persistent", "tma_splitk", "portable"), ("m", "n", "k")),
+    "route": (("gemm",), ("m", "n", "k", "tma")),
+    "gemm": (("tma_persistent", "tma_splitk", "gemv", "portable"), ("m", "n", "k")),
     "moe": (("grouped", "gate_up", "down"), ("rows_per_expert", "group_bound", "rows", "experts", "n", "k")),
 }
 DTYPES = ("float16", "bfloat16")
 _META_KEYS = ("config", "dtype", "tuned", "note")
 _TOP_KEYS = ("about", "triton", "staging", *SECTIONS)  # "triton": the version the rules were tuned with
 # "staging": the cost model that decides whether a GEMM whose A or B TMA cannot describe is copied into
-# 16-byte-aligned buffers (``gemmlab.ops.plan.staging_decision``); every key a number >= 0
+# 16-byte-aligned buffers (``gemmlab.ops.gemm_plan.staging_decision``); every key a number >= 0
 STAGING_KEYS = ("flops_per_s", "dram_bytes_per_s", "copy_fixed_s", "max_copy_fraction", "note")
 
 

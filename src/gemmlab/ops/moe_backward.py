@@ -36,18 +36,21 @@ from triton import knobs
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from gemmlab.kernels.moe import _moe_combine_kernel, _moe_tiles_kernel
+from gemmlab.device import Target, target_for
+from gemmlab.kernels.moe import moe_combine_kernel, moe_tiles_kernel
 from gemmlab.kernels.moe_backward import (
-    _moe_bwd_combine_kernel,
-    _moe_bwd_dh_kernel,
-    _moe_bwd_dx_kernel,
-    _moe_silu_mul_kernel,
-    _moe_weight_grad_kernel,
+    moe_bwd_combine_kernel,
+    moe_bwd_dh_kernel,
+    moe_bwd_dx_kernel,
+    moe_silu_mul_kernel,
+    moe_weight_grad_kernel,
 )
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops import moe as moe_ops
-from gemmlab.ops.moe import _tma_ok, _w2d, sort_routes
-from gemmlab.ops.plan import Target, padded_k, target_for
+from gemmlab.ops.grouped import launch_grouped, w2d
+from gemmlab.ops.layout import padded_k, rows_tma_ok
+from gemmlab.ops.moe_checks import check_moe_args, device_check
+from gemmlab.ops.moe_config import Mode, moe_config
+from gemmlab.ops.moe_routing import sort_routes
 
 _KEPT: dict = {}  # kept compiled kernels of these launches (gemmlab.ops.launch.start)
 _STAGES: dict = {}  # (kernel, constexprs, warps, stages asked) -> the stages that fit in shared memory
@@ -126,7 +129,7 @@ def weight_grad(p: torch.Tensor, p_rows: torch.Tensor | None, q: torch.Tensor, q
     bm, bn = _block(cfg.wg_block_m, m), _block(cfg.wg_block_n, n)
     rows = p_rows if p_rows is not None else q_rows if q_rows is not None else offsets
     _start(
-        _moe_weight_grad_kernel, (triton.cdiv(m, bm) * triton.cdiv(n, bn), e),
+        moe_weight_grad_kernel, (triton.cdiv(m, bm) * triton.cdiv(n, bn), e),
         [p, p_rows if p_rows is not None else rows, q, q_rows if q_rows is not None else rows, out, offsets, m, n,
          p.stride(0), q.stride(0), out.stride(0), out.stride(1)],
         dict(P_GATHER=p_rows is not None, Q_GATHER=q_rows is not None, BLOCK_M=bm, BLOCK_N=bn,
@@ -139,23 +142,23 @@ def _padded(s: int, n: int, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.empty((s, padded_k(n)), dtype=dtype, device=device)[:, :n]
 
 
-def _launch_dx(a: torch.Tensor, w2d: torch.Tensor, k: int, out: torch.Tensor, offsets: torch.Tensor,
+def _launch_dx(a: torch.Tensor, w_rows: torch.Tensor, k: int, out: torch.Tensor, offsets: torch.Tensor,
                tile_offsets: torch.Tensor, cfg: MoEBackwardConfig, target: Target) -> None:
-    """out[r] (N) = a[r] (K) @ W_e for the routed rows r of expert e, W_e = rows [e*K, (e+1)*K) of w2d (E*K, N),
+    """out[r] (N) = a[r] (K) @ W_e for the routed rows r of expert e, W_e = rows [e*K, (e+1)*K) of w_rows (E*K, N),
     read in place (row-major (K, N): the layout of W1 (E, 2I, H) for dX, of any w (E, N, K) for dy w_e).
     ``tile_offsets`` must have been made with ``cfg.block_m``."""
     e = offsets.numel()
     n = out.shape[1]
     bm, bn, bk = cfg.block_m, _block(cfg.dx_block_n, n), _block(cfg.dx_block_k, k)
-    a_tma = target.has_tma and _tma_ok(a)
-    w_tma = target.has_tma and _tma_ok(w2d)
+    a_tma = target.has_tma and rows_tma_ok(a)
+    w_tma = target.has_tma and rows_tma_ok(w_rows)
     a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma else a
-    w_arg = TensorDescriptor(w2d, list(w2d.shape), [w2d.stride(0), 1], [bk, bn]) if w_tma else w2d
+    w_arg = TensorDescriptor(w_rows, list(w_rows.shape), [w_rows.stride(0), 1], [bk, bn]) if w_tma else w_rows
     items = (triton.cdiv(a.shape[0], bm) + e) * triton.cdiv(n, bn)
     programs = max(1, min(target.num_sms, items))
     _start(
-        _moe_bwd_dx_kernel, (programs,),
-        [a_arg, w_arg, out, offsets, tile_offsets, n, k, e, a.stride(0), w2d.stride(0), out.stride(0)],
+        moe_bwd_dx_kernel, (programs,),
+        [a_arg, w_arg, out, offsets, tile_offsets, n, k, e, a.stride(0), w_rows.stride(0), out.stride(0)],
         dict(A_TMA=a_tma, W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
              NUM_PROGRAMS=programs, LOG2_E=_log2_e(e), DOT_UPCAST=_upcast(a)), cfg.dx_warps, cfg.dx_stages)
 
@@ -177,9 +180,9 @@ def grouped_input_grad(dy: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     cfg = backward_config(target, s, e)
     tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=dy.device)
     ok = torch.empty(1, dtype=torch.bool, device=dy.device)  # the forward checked the offsets
-    kept_launch.start(_KEPT, _moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],
+    kept_launch.start(_KEPT, moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],
                       dict(BLOCK_M=cfg.block_m, BLOCK_E=max(16, triton.next_power_of_2(e))), {})
-    _launch_dx(dy if dy.stride(1) == 1 else dy.contiguous(), _w2d(w), n, dx, offsets, tile_offsets, cfg, target)
+    _launch_dx(dy if dy.stride(1) == 1 else dy.contiguous(), w2d(w), n, dx, offsets, tile_offsets, cfg, target)
     return dx
 
 
@@ -214,7 +217,7 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     r = sort_routes(topk_ids, e, cfg.block_m, topk_weights)
     x = x if x.stride(1) == 1 else x.contiguous()
     dy = dy if dy.stride(1) == 1 else dy.contiguous()
-    w1_2d, w2_2d = _w2d(w1), _w2d(w2)  # (E * 2I, H), (E * H, I) views (copies only of odd layouts)
+    w1_2d, w2_2d = w2d(w1), w2d(w2)  # (E * 2I, H), (E * H, I) views (copies only of odd layouts)
     log2_e = _log2_e(e)
     upcast = _upcast(x)
     bm = cfg.block_m
@@ -228,13 +231,13 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
                                 gate_up.stride(1) != 1):
         raise ValueError(f"moe_backward: gate_up must be a row-major ({s}, {i2}) {x.dtype} tensor, got "
                          f"{tuple(gate_up.shape)} {gate_up.dtype}")
-    w_tma = target.has_tma and _tma_ok(w1_2d) and _tma_ok(w2_2d)
+    w_tma = target.has_tma and rows_tma_ok(w1_2d) and rows_tma_ok(w2_2d)
     w1_arg = TensorDescriptor(w1_2d, list(w1_2d.shape), [w1_2d.stride(0), 1], [bn, bk]) if w_tma else w1_2d
     w2_arg = TensorDescriptor(w2_2d, list(w2_2d.shape), [w2_2d.stride(0), 1], [bk, bn]) if w_tma else w2_2d
     items = (triton.cdiv(s, bm) + e) * num_part
     programs = max(1, min(target.num_sms, items))
     _start(
-        _moe_bwd_dh_kernel, (programs,),
+        moe_bwd_dh_kernel, (programs,),
         [x, dy, r.token, r.scale, w1_arg, w2_arg, dgu, wh, dgu if gate_up is None else gate_up, part, r.offsets,
          r.tile_offsets, h, i, e, x.stride(0), dy.stride(0), w1_2d.stride(0), w2_2d.stride(0), dgu.stride(0),
          wh.stride(0), dgu.stride(0) if gate_up is None else gate_up.stride(0)],
@@ -253,7 +256,7 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     # 4. dx[t] = sum_j dxs[inv[t, j]] (j order); d topk_weights from the partials
     block_h = min(1024, triton.next_power_of_2(h))
     kept_launch.start(
-        _KEPT, _moe_bwd_combine_kernel, (t, triton.cdiv(h, block_h)),
+        _KEPT, moe_bwd_combine_kernel, (t, triton.cdiv(h, block_h)),
         [dxs, r.inv, part, dx, dtw, h, num_part, dxs.stride(0), dx.stride(0)],
         dict(TOP_K=k, BLOCK_H=block_h, BLOCK_P=max(2, triton.next_power_of_2(num_part))), {})
     del dxs
@@ -273,7 +276,7 @@ def launch_forward_saving(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
     for the backward (Liger's trade: S*2I more memory held from forward to backward, no recompute). The
     first GEMM is the grouped kernel's plain mode (N = 2I, stored), then SiLU * up in a separate pass, then
     the forward's down GEMM and combine. Routes are sorted with the first GEMM's BLOCK_M."""
-    t, h, i, e, k = moe_ops._check_args(x, w1, w2, topk_weights, topk_ids)
+    t, h, i, e, k = check_moe_args(x, w1, w2, topk_weights, topk_ids)
     s, dev = t * k, x.device
     y = torch.empty((t, h), dtype=x.dtype, device=dev)
     gate_up = _padded(s, 2 * i, x.dtype, dev)
@@ -281,36 +284,26 @@ def launch_forward_saving(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
         return y.zero_(), gate_up.zero_()
     target = target_for(dev)
     elt = x.element_size()
-    cfg1 = moe_ops.moe_config(target, s, e, 0, elt, dtype=x.dtype, n=2 * i, k=h)
-    cfg2 = replace(moe_ops.moe_config(target, s, e, 2, elt, dtype=x.dtype, n=h, k=i), block_m=cfg1.block_m)
+    cfg1 = moe_config(target, s, e, Mode.GROUPED, elt, dtype=x.dtype, n=2 * i, k=h)
+    cfg2 = replace(moe_config(target, s, e, Mode.DOWN, elt, dtype=x.dtype, n=h, k=i), block_m=cfg1.block_m)
     r = sort_routes(topk_ids, e, cfg1.block_m, topk_weights)
     if validate:  # no host sync: the routing kernel's flag, or min/max of the ids (as the forward)
         lo, hi = torch.aminmax(topk_ids) if r.ok is None else (None, None)
         ok = r.ok[0] if r.ok is not None else (lo >= 0) & (hi < e)
-        moe_ops._device_check(ok, f"moe: topk_ids must be in [0, E={e})")
+        device_check(ok, f"moe: topk_ids must be in [0, E={e})")
     x = x if x.stride(1) == 1 else x.contiguous()
     if target.has_tma and (h * elt) % 16 == 0:  # as the forward's gather="auto": one gathered copy, TMA reads
-        moe_ops._launch_grouped(0, x.index_select(0, r.token), None, w1, gate_up, None, r.offsets, r.tile_offsets,
+        launch_grouped(Mode.GROUPED, x.index_select(0, r.token), None, w1, gate_up, None, r.offsets, r.tile_offsets,
                                 2 * i, cfg1, target, s)
     else:
-        moe_ops._launch_grouped(0, x, r.token, w1, gate_up, None, r.offsets, r.tile_offsets, 2 * i, cfg1, target, s)
+        launch_grouped(Mode.GROUPED, x, r.token, w1, gate_up, None, r.offsets, r.tile_offsets, 2 * i, cfg1, target, s)
     act = _padded(s, i, x.dtype, dev)
     block = min(1024, triton.next_power_of_2(i))
-    kept_launch.start(_KEPT, _moe_silu_mul_kernel, (s, triton.cdiv(i, block)),
+    kept_launch.start(_KEPT, moe_silu_mul_kernel, (s, triton.cdiv(i, block)),
                       [gate_up, act, i, gate_up.stride(0), act.stride(0)], dict(BLOCK=block), {})
     o = torch.empty((s, h), dtype=x.dtype, device=dev)
-    moe_ops._launch_grouped(2, act, None, w2, o, r.scale, r.offsets, r.tile_offsets, h, cfg2, target, s)
+    launch_grouped(Mode.DOWN, act, None, w2, o, r.scale, r.offsets, r.tile_offsets, h, cfg2, target, s)
     block_h = min(1024, triton.next_power_of_2(h))
-    kept_launch.start(_KEPT, _moe_combine_kernel, (t, triton.cdiv(h, block_h)),
+    kept_launch.start(_KEPT, moe_combine_kernel, (t, triton.cdiv(h, block_h)),
                       [o, r.inv, y, h, o.stride(0), y.stride(0)], dict(TOP_K=k, BLOCK_H=block_h), {})
     return y, gate_up
-
-
-def moe_forward_saving(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                       topk_ids: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
-    """``moe_forward`` (2-D x) whose autograd keeps the gate/up pre-activations instead of recomputing them
-    (``torch.ops.gemmlab.moe_forward_saving``): the trade to measure against the recomputing default."""
-    from gemmlab.ops import custom
-
-    moe_ops._check_args(x, w1, w2, topk_weights, topk_ids)
-    return custom.moe_forward_saving(x, w1, w2, topk_weights, topk_ids, bool(validate))[0]

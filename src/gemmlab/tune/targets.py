@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gemmlab.ops.plan import GemmConfig, Plan
+from gemmlab.ops.gemm import GemmConfig, Plan
 from gemmlab.tune import space
 
 
@@ -171,9 +171,9 @@ def moe_problem(model, tokens: int, mode: str, dtype: torch.dtype = torch.bfloat
     one of ``ops.moe.MODES``: which grouped GEMM's config is tuned (see the module docstring)."""
     import gemmlab
     from gemmlab.bench.moe import composite_forward, problem
+    from gemmlab.device import target_for
     from gemmlab.ledger.records import moe_shape
     from gemmlab.ops.moe import MODES, moe_config, pack_moe_weights, sort_routes
-    from gemmlab.ops.plan import target_for
     from gemmlab.ref import grouped_gemm_ref, mantissa_bits, moe_check, moe_ref
 
     if mode not in MODES:

@@ -40,7 +40,7 @@ from gemmlab.instruments import stats, timing
 from gemmlab.instruments.compare import compare_many
 from gemmlab.ledger.store import Entry, Ledger
 from gemmlab.ops import configs
-from gemmlab.ops.plan import GemmConfig, Plan
+from gemmlab.ops.gemm import GemmConfig, Plan
 from gemmlab.problems import MoEModel
 from gemmlab.tune import space
 from gemmlab.tune.targets import (  # noqa: F401 (bucket, default_runner: re-exported)

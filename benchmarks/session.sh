@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# One device call: run the named steps in order, each under its own time limit, logs and results under $OUT.
+#   GEMMLAB_GIT_SHA=$(git rev-parse HEAD) python -m benchmarks session STEP...   (or: bash benchmarks/session.sh)
+# Steps: the names of the case statement below, each with a comment where it is not obvious. Prints a one-line
+# summary per step last; results tarred into $OUT/results.tgz.
+# Liger steps: liger_quick (a plumbing check, Liger pinned to one config), liger_warm (compile Liger's kernels in
+# parallel and autotune them into .triton-cache), liger (fwd eager + graph, then fwd+bwd at T >= 1024; after
+# liger_warm). LIGER_ARGS (e.g. "--model qwen3-30b-a3b --model olmoe-1b-7b") and LIGER_WARM_ARGS (e.g.
+# "--models qwen3-30b-a3b,olmoe-1b-7b") narrow them. Liger needs its wheel: start the call with
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+# (carry .whl); /tmp/site joins PYTHONPATH here when it exists.
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=src
+if [ -d /tmp/site ]; then export PYTHONPATH=src:/tmp/site; fi
+# Liger's kernels and autotuning results persist between steps and calls (an ignored folder of the tree is kept)
+LIGER_ENV="TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton-cache} TRITON_CACHE_AUTOTUNING=1"
+OUT=${OUT:-/tmp/gemmlab-out}
+RES=${RES:-/tmp/gemmlab-results}  # RES=$OUT/res: results come back even if the call is cut short
+mkdir -p "$OUT" "$RES"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+nvidia-smi --query-gpu=name,clocks.sm,power.draw,power.limit,driver_version --format=csv >>"$SUMMARY" 2>&1
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s" >>"$SUMMARY"
+  tail -n 12 "$OUT/$name.log" | sed "s/^/  $name| /" >>"$SUMMARY"
+}
+for s in "$@"; do
+  case $s in
+    grade) for c in competition moe; do
+        step "grade_$c" 200 python3 -m gemmlab grade --cases "$c" --output-dir "$RES/grade-h200-cli-$c" \
+          --record "grade $c: the grader's clock protocol" --ledger "$RES/ledger-grade.db"
+      done ;;
+    gputests) step gputests 540 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ ;;
+    host) step host 200 python3 -m benchmarks host-cost --quick --out "$RES" ;;
+    model) step model 300 python3 -m gemmlab bench layer --model mixtral,qwen3-moe,deepseek-v3 --tokens 4096,1,8,64 \
+      --modes eager,graph --output-dir "$RES/nvidia-h200-model" ;;
+    compile) step compile 300 python3 -m gemmlab bench layer --model qwen3-moe --tokens 4096,8 --modes compile \
+      --output-dir "$RES/nvidia-h200-model" ;;
+    # whole models (bench model): its own per-model steps and time limits, about 8 minutes; see the script
+    models) step models 520 python3 -m benchmarks model-suite --out "$RES/nvidia-h200-models" ;;
+    tune_moe) step tune_moe 150 python3 -m gemmlab tune --op moe --model qwen3-30b-a3b --tokens 1024 --moe-mode down \
+      --budget-minutes 1 --ledger /tmp/moe.db --configs-dir /tmp/moe-cfg --output-dir "$RES/tune-moe" ;;
+    ep1) step ep1 240 torchrun --nproc-per-node 1 -m gemmlab bench moe-ep --model qwen3-30b-a3b --model mixtral-8x7b \
+      --tokens 4096 --chunks 1 --chunks 2 --chunks 4 --rounds 6 --output-dir "$RES/nvidia-h200-moe-ep-1gpu" ;;
+    # 55 cases; no case starts after --budget-s, so the JSON is written inside the step's limit (not_run lists the rest)
+    broad) step broad 560 python3 -m gemmlab bench gemm --suite broad --backend gemmlab --backend inductor \
+      --rounds 5 --reps 3 --warmup-s 0.2 --inductor-autotune-rep-ms 10 --budget-s 500 \
+      --output-dir "$RES/nvidia-h200-broad" ;;
+    broad_quick) step broad_quick 240 python3 -m gemmlab bench gemm --suite broad-quick --backend gemmlab \
+      --backend inductor --rounds 6 --reps 5 --warmup-s 0.3 --inductor-autotune-rep-ms 25 --budget-s 180 \
+      --output-dir "$RES/nvidia-h200-broad-quick" ;;
+    profile) step profile 240 bash -c 'D=$1; command -v ncu || ls /usr/local/cuda*/bin/ncu
+        python3 -m gemmlab profile --shape 8192,8192,16384 --dtype float16 --output-dir "$D" &&
+        python3 -m gemmlab profile --shape 777,3333,1024 --output-dir "$D" &&
+        python3 -m gemmlab profile --diff "$D/profile-8192x8192x16384-float16-row.json" \
+          "$D/profile-777x3333x1024-float16-row.json"' _ "$RES/nvidia-h200-profile" ;;
+    moe_backward) step moe_backward 300 python3 -m benchmarks moe-backward --out "$RES/nvidia-h200-moe-backward.json" ;;
+    liger_quick) step liger_quick 150 env $LIGER_ENV LIGER_FUSED_MOE_AUTOTUNE=0 python3 -m gemmlab bench moe \
+      --baseline liger --model qwen3-30b-a3b --model mixtral-8x7b --tokens 16 --tokens 4096 --routing uniform \
+      --mode eager --mode graph --part fwd --part fwd+bwd --rounds 4 --reps 5 --warmup-s 0.2 --time-limit-s 110 \
+      --output-dir "$RES/nvidia-h200-moe-liger-quick" ;;
+    liger_warm) step liger_warm 420 env $LIGER_ENV python3 -m benchmarks liger-warm --workers 16 --time-limit-s 400 \
+      --out "$RES/nvidia-h200-moe-liger" ${LIGER_WARM_ARGS:-} ;;
+    liger) step liger_fwd 250 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --mode graph \
+        --part fwd --rounds 5 --reps 5 --warmup-s 0.2 --time-limit-s 225 --output-dir "$RES/nvidia-h200-moe-liger" \
+        ${LIGER_ARGS:-}
+      step liger_bwd 170 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --part fwd+bwd \
+        --tokens 1024 --tokens 4096 --tokens 16384 --rounds 4 --reps 3 --warmup-s 0.2 --time-limit-s 140 \
+        --output-dir "$RES/nvidia-h200-moe-liger" ${LIGER_ARGS:-} ;;
+    # issue 23: the sweep whose JSONL benchmarks/dense_rules.py turns into rules (on the CPU, afterwards); the GEMV
+    # kernel and the split tail's GPU tests (determinism, CUDA-graph capture); the dense suite with its targets, its
+    # kernels compiled in parallel first
+    dense_sweep) step dense_sweep 260 python3 benchmarks/sweep_dense.py --out "$RES/dense-sweep" --budget-s 200 ;;
+    dense_gputest) step dense_gputest 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_gemv.py \
+      tests/test_gemm_streamk.py ;;
+    dense) step dense_compile 80 python3 benchmarks/sweep_dense.py --grid dense-suite --compile-only --out "$RES"
+      step dense 220 python3 -m gemmlab bench gemm --suite dense --backend gemmlab --rounds 5 --reps 3 \
+        --warmup-s 0.2 --budget-s 190 --output-dir "$RES/nvidia-h200-dense" ;;
+    *) echo "unknown step $s" >>"$SUMMARY" ;;
+  esac
+done
+tar -czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null
+cat "$SUMMARY"

@@ -1,0 +1,66 @@
+"""``gemmlab grade``: argument handling and the progress bar; the grading lives in gemmlab.grade, its tables in
+gemmlab.grade.view."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gemmlab import output
+from gemmlab.cli import common as cmd
+from gemmlab.cli.common import JsonOpt, LedgerOpt, ParentOpt, RecordOpt
+
+
+def grade(
+    cases: Annotated[str | None, typer.Option(help="case file: a shipped name (competition, competition-legacy, "
+                                                   "moe, llm, cpu, moe-layer, moe-layer-cpu) or a path; default "
+                                                   "competition with CUDA, else cpu")] = None,
+    kernel: Annotated[str | None, typer.Option(help="FILE.py:FN or package.module:FN; default gemmlab's")] = None,
+    signature: Annotated[str | None, typer.Option(help="rowmajor: FN(a, b) -> c; colmajor: FN(A, B, C, M, N, K); "
+                                                       "default the case file's layout (moe case files: "
+                                                       "FN(x, w1, w2, topk_weights, topk_ids) -> y)")] = None,
+    allow_vendor: Annotated[bool, typer.Option(help="allow cuBLAS/CUTLASS/aten::mm in the candidate")] = False,
+    timeout: Annotated[float, typer.Option(callback=cmd.seconds, help="seconds per request to the candidate's "
+                                                                   "process, loading the kernel included")] = 120.0,
+    seed: Annotated[int, typer.Option(help="base seed of the correctness inputs (timed inputs are secret)")] = 0,
+    rounds: Annotated[int | None, typer.Option(callback=cmd.count, help="interleaved timing rounds, at most "
+                                                                       "(the grader stops once precise)")] = None,
+    output_dir: Annotated[str | None, typer.Option(help="write report.json, report.csv and report.md here")] = None,
+    json_out: JsonOpt = False,
+    keep_logs: Annotated[bool, typer.Option(help="keep the workers' logs (the report names the directory)")] = False,
+    record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
+) -> None:
+    """Grade a GEMM kernel: exact-shape verification, dispatch coverage, anti-cheat rules, isolation,
+    interleaved timing against the vendor BLAS. Exit 0: all passed; 1: a case or rule failed; 2: usage; 3: every
+    rule passed but the timing could not score (inconclusive)."""
+    from gemmlab.grade import cases as case_files
+    from gemmlab.grade import default_cases, load_any
+    from gemmlab.grade import grade as run_grade
+    from gemmlab.grade import view as rep
+
+    cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
+    try:
+        n_steps = len(load_any(cases or default_cases()).correctness)
+        if output_dir:
+            rep.clear(output_dir)  # no earlier report.json may stand for this grade
+        with cmd.progress(Console(stderr=True, width=140), n_steps + 1) as bar:
+            task = bar.add_task("grading", total=n_steps + 1)
+            report = run_grade(cases, kernel, signature, allow_vendor, timeout, seed, rounds,
+                               progress=lambda msg: bar.update(task, advance=1, description=msg), keep_logs=keep_logs)
+    except (case_files.CaseError, OSError) as e:
+        raise cmd.usage_error(e) from e
+    rep.render(report, Console(stderr=json_out, width=140))
+    if output_dir:
+        try:
+            rep.write(report, output_dir)
+        except OSError as e:  # a symlink or a FIFO where the report goes (output.ReportPathError), a full disk
+            raise cmd.usage_error(e) from e
+    if json_out:
+        output.emit_json(report)
+    if record_note is not None:
+        from gemmlab.ledger.records import from_grade
+
+        cmd.record(from_grade(report), record_note, ledger, parent)
+    raise typer.Exit({"PASS": 0, "INCONCLUSIVE": 3}.get(report["verdict"], 1))

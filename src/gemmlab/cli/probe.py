@@ -1,0 +1,68 @@
+"""``gemmlab probe``: the device profile, its health check and the roofline; the work and the tables live in
+gemmlab.bench.probe."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import torch
+import typer
+
+from gemmlab import output
+from gemmlab.cli import common as cmd
+from gemmlab.cli.common import JsonOpt
+
+
+def probe_cmd(
+    check: Annotated[bool, typer.Option("--check", help="health check: a short re-measurement against the "
+                                                        "recorded profile; exit 1 if degraded")] = False,
+    output_file: Annotated[str | None, typer.Option("--output", help="profile file [default: "
+                                                                     "~/.gemmlab/device-<gpu>.json]")] = None,
+    profile: Annotated[str | None, typer.Option(help="a recorded profile to use (--check, --roofline)")] = None,
+    roofline: Annotated[str | None, typer.Option(help="a `bench gemm` JSON to place on the roofline")] = None,
+    plot: Annotated[str, typer.Option(help="roofline PNG")] = "roofline.png",
+    min_fraction: Annotated[float, typer.Option(help="--check: figures below this fraction are problems")] = 0.8,
+    output_dir: Annotated[str | None, typer.Option(help="write device-profile (device-health, roofline) .json, "
+                                                        ".csv and .md here")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Measure the GPU's constants (SMs, L2, clocks, power limit, HBM bandwidth, cuBLAS 8192^3, the attainable
+    tensor-core rate, launch overhead) and record them; or check health against them; or draw a roofline."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace as View
+
+    from gemmlab.bench import probe as pr
+
+    def recorded() -> dict:
+        try:
+            prof = json.loads(Path(profile).read_text()) if profile else pr.load()
+        except (OSError, ValueError) as e:
+            raise cmd.usage_error(f"--profile {profile}: {e}") from e
+        if prof is None:
+            raise typer.BadParameter("no recorded profile for this GPU: run `gemmlab probe` first (or --profile)")
+        return prof
+
+    def view(tables, rows, stem):
+        return View(tables=tables, write=lambda rep, d: output.write(rep, d, stem, tables(rep), rows(rep)))
+
+    if roofline:
+        try:
+            data = pr.roofline(recorded(), json.loads(Path(roofline).read_text()))
+        except (OSError, ValueError, KeyError) as e:
+            raise cmd.usage_error(f"--roofline {roofline}: {e}") from e
+        con = cmd.show(data, view(pr.roofline_tables, pr.roofline_rows, "roofline"), json_out, output_dir)
+        if pr.roofline_png(recorded(), json.loads(Path(roofline).read_text()), plot) is not None:
+            con.print(f"wrote {plot}")
+        return
+    if not torch.cuda.is_available():
+        raise cmd.usage_error("gemmlab probe needs a CUDA GPU")
+    if check:
+        prof = recorded()
+        res = pr.health(prof)
+        res["problems"] = pr.health_problems(prof, res["now"], min_fraction)
+        cmd.show(res, view(lambda r: pr.health_tables(r, prof), pr.long_rows, "device-health"), json_out, output_dir)
+        raise typer.Exit(1 if res["problems"] else 0)
+    prof = pr.probe()
+    path = pr.save(prof, output_file)
+    cmd.show(prof, view(pr.tables, pr.long_rows, "device-profile"), json_out, output_dir).print(f"wrote {path}")

@@ -1,0 +1,68 @@
+"""``gemmlab report``: the HTML page over committed results (gemmlab.report.html), or with ``--docs`` the Markdown
+results pages of the documentation and the README's headline table (gemmlab.report.docs)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from gemmlab.cli import common as cmd
+from gemmlab.cli.ledger import open_ledger
+
+
+def report_cmd(
+    dirs: Annotated[list[str], typer.Argument(help="directories (or files) holding gemmlab's JSON reports")],
+    output_file: Annotated[str, typer.Option("--output", help="the HTML page to write")] = "report.html",
+    ledger: Annotated[str | None, typer.Option(help="also draw this ledger's history curves")] = None,
+    docs: Annotated[str | None, typer.Option(help="instead of the page: write the results pages (Markdown) of one "
+                                                  "results tree with an index.json into this directory")] = None,
+    readme: Annotated[str | None, typer.Option(help="--docs: also rewrite this README's headline table")] = None,
+    check: Annotated[bool, typer.Option("--check", help="--docs: write nothing; exit 1 if a page or the headline "
+                                                        "differs from what the data gives")] = False,
+) -> None:
+    """One self-contained HTML page (inline CSS and SVG, no network) from every JSON report under DIRS: bench
+    tables with ratio plots, eager against graph, MoE, the roofline, the ledger's history, grades and their
+    coverage, the device profile; files of an unknown kind are listed. With --docs: the documentation's results
+    pages from DIR and its index.json, every table captioned with its GPU, clocks, versions, git SHA and date."""
+    from pathlib import Path
+
+    missing = [d for d in dirs if not Path(d).exists()]
+    if missing:
+        raise cmd.usage_error(f"gemmlab report: no such file or directory: {missing[0]}")
+    if docs is not None or readme is not None or check:
+        _docs(dirs, docs, readme, check)
+        return
+    from gemmlab.report import html
+
+    extra = []
+    if ledger:
+        import json
+
+        extra.append((f"ledger {ledger}", json.loads(open_ledger(ledger).export("json"))))
+    page, found = html.build(dirs, extra)
+    Path(output_file).write_text(page)
+    print(f"wrote {output_file}: {len(found)} JSON file(s), " + ", ".join(
+        f"{n} {k}" for k, n in sorted(html.count_kinds(found).items())), file=sys.stderr)
+
+
+def _docs(dirs: list[str], out_dir: str | None, readme: str | None, check: bool) -> None:
+    """``--docs``: the pages of one results tree; ``--check``: only say which differ (exit 1)."""
+    from gemmlab.report import docs as results_docs
+
+    if out_dir is None:
+        raise cmd.usage_error("gemmlab report: --readme and --check go with --docs DIR")
+    if len(dirs) != 1:
+        raise cmd.usage_error(f"gemmlab report --docs: one results directory (with an index.json), got {len(dirs)}")
+    try:
+        if check:
+            stale = results_docs.stale(dirs[0], out_dir, readme)
+            for path in stale:
+                print(f"stale: {path} (regenerate: gemmlab report {dirs[0]} --docs {out_dir}"
+                      + (f" --readme {readme})" if readme else ")"), file=sys.stderr)
+            raise typer.Exit(1 if stale else 0)
+        written = results_docs.write(dirs[0], out_dir, readme)
+    except (results_docs.ResultsError, OSError) as e:
+        raise cmd.usage_error(e) from e
+    print(f"wrote {len(written)} file(s): " + ", ".join(map(str, written)), file=sys.stderr)

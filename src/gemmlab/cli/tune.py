@@ -1,0 +1,88 @@
+"""``gemmlab tune``: argument handling and the progress bar; the search lives in gemmlab.tune.tuner, its tables in
+gemmlab.tune.view."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import torch
+import typer
+from rich.console import Console
+
+from gemmlab.cli import common as cmd
+from gemmlab.cli.common import JsonOpt, LedgerOpt
+
+
+def tune_cmd(
+    shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable)")] = None,
+    suite: Annotated[list[str] | None, typer.Option(help="shape suites (repeatable) [default: seeds and small-m "
+                                                         "with CUDA, cpu without]")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float16 or bfloat16 [default: float16; bfloat16 with --op moe]")]
+    = None,
+    budget_minutes: Annotated[float, typer.Option(callback=cmd.seconds, help="time budget for all shapes")] = 5.0,
+    session: Annotated[str | None, typer.Option(help="session name [default: tune-<date>-<time>]")] = None,
+    resume: Annotated[str | None, typer.Option(help="resume a session: skip what the ledger holds for it")] = None,
+    op: Annotated[str, typer.Option(help="gemm, or moe (the MoE layer's grouped GEMMs)")] = "gemm",
+    model: Annotated[str | None, typer.Option(help="--op moe: deepseek-v3, mixtral-8x7b, qwen3-30b-a3b")] = None,
+    moe: Annotated[str | None, typer.Option(help="--op moe: H,I,E,k of a model of your own")] = None,
+    tokens: Annotated[list[int] | None, typer.Option(help="--op moe: T (repeatable) [default: 4096]")] = None,
+    moe_mode: Annotated[list[str] | None, typer.Option(help="--op moe: gate_up, down, grouped (repeatable) "
+                                                            "[default: all three]")] = None,
+    write: Annotated[bool, typer.Option(help="write confirmed winners to the user's <gpu>.json")] = True,
+    configs_dir: Annotated[str | None, typer.Option(help="where to write <gpu>.json [default: $GEMMLAB_CONFIGS, "
+                                                         "else $GEMMLAB_HOME/configs, else ~/.gemmlab/configs: "
+                                                         "the directory plan reads]")] = None,
+    output_dir: Annotated[str | None, typer.Option(help="write tune-report.json, .csv and .md here")] = None,
+    json_out: JsonOpt = False,
+    record_note: Annotated[str, typer.Option("--record", help="what this tuning run is about")] = "tune",
+    ledger: LedgerOpt = None,
+    seed: Annotated[int, typer.Option(help="seed of inputs and search order")] = 0,
+) -> None:
+    """Search each shape's config space (--op gemm), or the MoE layer's grouped GEMMs (--op moe): verify every
+    candidate at the shape, time it against the incumbent and the baseline (cuBLAS; torch's grouped GEMM),
+    accept only what is faster beyond noise on tensor cores; every attempt goes to the ledger; confirmed
+    winners become rules in the user's <gpu>.json, which `plan` and the MoE ops read before the bundled ones."""
+    import time
+
+    from gemmlab.device import target_for
+    from gemmlab.ops import configs
+    from gemmlab.tune import view as tr
+    from gemmlab.tune.tuner import moe_items, moe_model, tune, write_configs
+
+    todo: list = []
+    if op == "moe":
+        if shapes or suite:
+            raise typer.BadParameter("--shapes and --suite are for --op gemm; --op moe takes --model/--moe, --tokens")
+        try:
+            todo = moe_items(moe_model(model, moe), tokens or [4096], moe_mode or ("gate_up", "down", "grouped"))
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    elif op == "gemm":
+        todo = cmd.shapes_of(shapes, None, "cpu") if shapes else []
+        for name in suite or ([] if shapes else (["seeds", "small-m"] if torch.cuda.is_available() else ["cpu"])):
+            todo += cmd.shapes_of(None, name, "cpu")
+        todo = list(dict.fromkeys(todo))
+    else:
+        raise typer.BadParameter(f"--op {op!r}: gemm or moe")
+    cmd.ledger_ready(ledger)  # every attempt is recorded
+    err, total = Console(stderr=True, width=150), 60.0 * budget_minutes
+    with cmd.progress(err, total, count=False) as bar:
+        task, t0, counts = bar.add_task("tuning", total=total), time.perf_counter(), {}
+
+        def step(ev: dict) -> None:
+            counts[ev["shape"]] = ev.get("tried", counts.get(ev["shape"], 0))
+            bar.update(task, completed=min(total, time.perf_counter() - t0),
+                       description=f"{ev['shape']}: {counts[ev['shape']]} tried")
+
+        res = tr.report(tune(todo, cmd.dtype_of(dtype or ("bfloat16" if op == "moe" else "float16")),
+                             budget_minutes=budget_minutes, ledger=ledger, session=resume or session, seed=seed,
+                             note=record_note, progress=step))
+    con = cmd.show(res, tr, json_out, output_dir)
+    if write and any(r["confirmed"] for r in res["results"]):
+        path = write_configs(res["results"], target_for(torch.device("cuda" if torch.cuda.is_available() else
+                                                                     "cpu")).name, configs_dir)
+        con.print(f"wrote the confirmed winners to {path}")
+        if path.parent.resolve() != configs.user_dir().resolve():
+            con.print(f"note: plan reads {configs.user_dir()}; set GEMMLAB_CONFIGS={path.parent} to use {path}")
+    if res.get("failed_workers"):
+        raise typer.Exit(1)

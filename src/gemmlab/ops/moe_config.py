@@ -1,0 +1,99 @@
+"""The grouped kernel's config: ``MoEConfig``, its ``Mode``s, and the choice from the "moe" config tables.
+
+    moe_choice(target, rows, experts, mode, elt, dtype=, n=, k=, max_group=) -> (MoEConfig, where it came from)
+    moe_config(...)                                                         -> MoEConfig
+    fit_stages(cfg, mode, elt, smem_bytes)     pipeline stages trimmed to fit shared memory
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from gemmlab.device import SM90_SMEM_BYTES, Target
+from gemmlab.ops import configs
+
+
+class Mode(enum.IntEnum):
+    """The grouped kernel's MODE (its epilogue); ``table`` names its path in the "moe" config tables."""
+
+    GROUPED = 0  # a plain grouped GEMM: out = rows of group e @ w[e]^T
+    GATE_UP = 1  # the first MoE GEMM: SiLU(x W_gate^T) * (x W_up^T) in the epilogue (N = I)
+    DOWN = 2  # the second MoE GEMM: each row's top-k weight applied in the epilogue
+
+    @property
+    def table(self) -> str:
+        return self.name.lower()
+
+
+MODES = tuple(m.table for m in Mode)  # ("grouped", "gate_up", "down"): the paths of the "moe" config tables
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Launch parameters of the grouped kernel."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    group_m: int = 8  # m-tiles of one expert that walk the n-tiles together (W tiles shared in L2)
+    clip: bool = False  # per-tile descriptors ending at the group's end: zeros past it, TMA-stored output
+    out_tma: bool = True  # full tiles TMA-stored through a host descriptor (partial ones: masked stores)
+    # persistent programs per SM: > 1 keeps several resident (more weight bytes in flight, one program's
+    # prologue and epilogue under another's K loop; stages trimmed to fit shared memory / programs_per_sm)
+    programs_per_sm: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.programs_per_sm, bool) or not isinstance(self.programs_per_sm, int) or \
+                self.programs_per_sm < 1:
+            raise ValueError(f"MoEConfig: programs_per_sm must be an integer >= 1, got {self.programs_per_sm!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MoEConfig:
+        known = {f.name for f in fields(cls)}
+        if set(d) - known:
+            raise ValueError(f"unknown MoEConfig keys {sorted(set(d) - known)}; known: {sorted(known)}")
+        return cls(**d)
+
+
+def moe_choice(target: Target, rows: int, experts: int, mode: int, elt: int = 2, *,
+               dtype: torch.dtype | None = None, n: int = 0, k: int = 0,
+               max_group: int = 0) -> tuple[MoEConfig, str]:
+    """The grouped kernel's config for ``rows`` routed rows over ``experts`` experts in ``mode`` (a ``Mode``;
+    output width ``n``, reduction ``k``), and which file and rule it came from: the first rule of the target's
+    "moe" tables (the user's file, then the bundled one; ``ops.configs``) whose ranges hold rows_per_expert =
+    ceil(rows / experts used), group_bound = min(rows, max_group) (``max_group``: an upper bound on the rows of
+    the largest group known on the host, 0 for none; ``moe_forward`` passes T, as a token's k slots name k
+    distinct experts; the group sizes themselves stay on the device), rows, experts, n, k (and ``dtype``: rules
+    naming one match only it). Pipeline stages are then trimmed to fit the target's shared memory. The bundled
+    H200 choices and how they were made: ``configs/nvidia-h200.json``'s "about"."""
+    used = max(1, min(experts, rows))
+    dname = str(dtype).removeprefix("torch.") if dtype is not None else ""
+    bound = min(rows, max_group) if max_group > 0 else rows
+    rule = configs.pick(target.name, "moe", Mode(mode).table, MoEConfig.from_dict, dname,
+                        rows_per_expert=-(-rows // used), group_bound=bound, rows=rows, experts=experts, n=n, k=k)
+    return fit_stages(rule.config, mode, elt, target.smem_bytes), "config " + rule.source
+
+
+@functools.lru_cache(maxsize=256)
+def fit_stages(cfg: MoEConfig, mode: int, elt: int, smem_bytes: int = SM90_SMEM_BYTES) -> MoEConfig:
+    """``cfg`` with its pipeline stages trimmed (not below 2) until ``programs_per_sm`` programs fit in
+    ``smem_bytes`` of shared memory."""
+    w_tiles = 2 if mode == Mode.GATE_UP else 1
+    staging = cfg.block_m * cfg.block_n // 2 * elt  # the TMA store's buffer (half a tile)
+    stages = cfg.num_stages
+    budget = smem_bytes // cfg.programs_per_sm - 1024
+    while stages > 2 and stages * (cfg.block_m + w_tiles * cfg.block_n) * cfg.block_k * elt + staging > budget:
+        stages -= 1
+    return replace(cfg, num_stages=stages) if stages != cfg.num_stages else cfg
+
+
+def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2, *,
+               dtype: torch.dtype | None = None, n: int = 0, k: int = 0, max_group: int = 0) -> MoEConfig:
+    """``moe_choice``'s config."""
+    return moe_choice(target, rows, experts, mode, elt, dtype=dtype, n=n, k=k, max_group=max_group)[0]

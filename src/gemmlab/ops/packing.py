@@ -1,0 +1,85 @@
+"""Weights laid out once, outside any timed region, so the fast paths can describe them with TMA whatever
+their sizes: ``pack_b`` for a dense B, ``pack_moe_weights`` for the experts' w1 and w2 (torch only, no kernel).
+
+Legend: E experts, H hidden, I expert intermediate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gemmlab.ops.gemm_checks import check_operand
+from gemmlab.ops.layout import padded_k
+from gemmlab.ops.moe_checks import check_weights
+
+
+@dataclass(frozen=True)
+class PackedB:
+    """A weight B (K, N) packed once by ``pack_b``: stored K-major as ``data`` (N, K_pad) with K_pad a
+    multiple of 8 elements (16 bytes), so the fast paths can describe it with TMA whatever K is.
+    ``data[:, :K]`` holds B^T exactly; the padding columns are zero and never read."""
+
+    data: torch.Tensor  # (N, K_pad)
+    k: int
+    n: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.k, self.n)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.data.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def view(self) -> torch.Tensor:
+        """The logical B (K, N): a strided view (strides (1, K_pad)) of ``data``, no copy."""
+        return self.data[:, : self.k].t()
+
+    def fixed_view(self) -> torch.Tensor:
+        """``view()`` made once and kept (the eager hot path; not for a ``data`` that requires grad, whose views
+        must be made under the autograd mode of each call)."""
+        v = self.__dict__.get("_view")
+        if v is None:
+            with torch.no_grad():
+                v = self.__dict__["_view"] = self.view()
+        return v
+
+
+def pack_b(b: torch.Tensor) -> PackedB:
+    """Prepack a weight B (K, N) for ``gemm(a, packed)``: an exact copy, K-major, 16-byte aligned rows.
+    Do it once, outside any timed region."""
+    check_operand("b", b)
+    k, n = b.shape
+    k_pad = padded_k(k)
+    data = torch.zeros((n, k_pad), dtype=b.dtype, device=b.device)
+    data[:, :k].copy_(b.t())
+    return PackedB(data, k, n)
+
+
+@dataclass(frozen=True)
+class PackedMoE:
+    """MoE weights laid out once for ``moe_forward``: contiguous, rows padded to 16 bytes (so odd H or I
+    keep TMA on the weights), gate rows [0, I) then up rows [I, 2I) as in w1."""
+
+    w1: torch.Tensor  # (E, 2I, H) view of (E, 2I, H_pad)
+    w2: torch.Tensor  # (E, H, I) view of (E, H, I_pad)
+
+
+def _pad_rows(w: torch.Tensor) -> torch.Tensor:
+    e, n, k = w.shape
+    k_pad = padded_k(k)
+    buf = torch.zeros((e, n, k_pad), dtype=w.dtype, device=w.device)
+    buf[:, :, :k].copy_(w)
+    return buf[:, :, :k]
+
+
+def pack_moe_weights(w1: torch.Tensor, w2: torch.Tensor) -> PackedMoE:
+    """Prepack w1 (E, 2I, H) and w2 (E, H, I) once, outside any timed region (like ``pack_b``)."""
+    check_weights(w1, w2)
+    return PackedMoE(_pad_rows(w1), _pad_rows(w2))
