@@ -53,16 +53,25 @@ CONFIGS = {  # several Triton configs per path (fields of GemmConfig), besides e
 
 
 def gemmlab_variants(a, b, out):
-    """(name, fn) for gemmlab's default plan, each config above on its path, portable and staged variants."""
+    """(name, fn) for gemmlab's default plan, every other path pinned (``plan(path=)``), and each config above on
+    its path."""
     base = gemmlab.plan(a, b, out=out)
     plans = [(f"gemmlab {base.path} default", base)]
-    for cfg in CONFIGS.get(base.path, []):
-        try:
-            p = gemmlab.plan(a, b, out=out, config=dataclasses.replace(base.config, **cfg))
-        except ValueError as e:
-            print(f"  skip {cfg}: {e}", file=sys.stderr)
+    for path in gemmlab.paths():
+        if path in ("empty", base.path) or (path == "gemv" and a.shape[0] > 256):  # the GEMV kernel: few rows
             continue
-        plans.append((f"gemmlab {p.path} " + ",".join(f"{k}={v}" for k, v in cfg.items()), p))
+        try:
+            plans.append((f"gemmlab {path} pinned", gemmlab.plan(a, b, out=out, path=path)))
+        except ValueError as e:
+            print(f"  skip path {path}: {e}", file=sys.stderr)
+    for p0 in [p for _, p in plans]:
+        for cfg in CONFIGS.get(p0.path, []):
+            try:
+                p = gemmlab.plan(a, b, out=out, path=p0.path, config=dataclasses.replace(p0.config, **cfg))
+            except (ValueError, TypeError) as e:
+                print(f"  skip {cfg}: {e}", file=sys.stderr)
+                continue
+            plans.append((f"gemmlab {p.path} " + ",".join(f"{k}={v}" for k, v in cfg.items()), p))
     return [(name, (lambda p=p: gemm_ops.run(p, a, b, out=out))) for name, p in plans]
 
 
