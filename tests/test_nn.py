@@ -17,11 +17,13 @@ from gemmlab.ref import mantissa_bits, moe_check, moe_ref
 DTYPES = [torch.float16, torch.bfloat16]
 
 
-def _close(ours: torch.Tensor, theirs: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
-    """(our error, allowed): allowed = 2 * torch's own error against the float64 ref + one ulp of max |ref|."""
+def _close(ours: torch.Tensor, theirs: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
+           ulps: int = 1) -> tuple[float, float]:
+    """(our error, allowed): allowed = 2 * torch's own error against the float64 ref + ``ulps`` ulps of max |ref|."""
     ref = ref.double()
     err = (ours.double() - ref).abs().max().item()
-    allowed = 2 * (theirs.double() - ref).abs().max().item() + 2.0 ** -mantissa_bits(dtype) * ref.abs().max().item()
+    floor = ulps * 2.0 ** -mantissa_bits(dtype) * ref.abs().max().item()
+    allowed = 2 * (theirs.double() - ref).abs().max().item() + floor
     assert torch.isfinite(ours).all()
     return err, allowed
 
@@ -223,7 +225,9 @@ def test_patch_training_step_gradients_match(name):
     assert set(grads["ours"]) == set(grads["ref"])
     for n, g in grads["ours"].items():
         assert g is not None, f"no gradient reached {n}"
-        err, allowed = _close(g, grads["theirs"][n], grads["ref"][n], dtype)
+        # 4 ulps, as tests/test_moe_backward.py: the MoE backward rounds its intermediates (gate/up, dgu, the
+        # expert rows of dx) where torch's composite rounds others, and a whole model sums many such products
+        err, allowed = _close(g, grads["theirs"][n], grads["ref"][n], dtype, ulps=4)
         assert err <= allowed, (n, err, allowed)
 
 

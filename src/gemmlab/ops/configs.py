@@ -12,8 +12,8 @@ the tuner writes), and everything it does not match falls through to the bundled
 no ranges is a catch-all that shadows the bundled rules of its path.
 
 A file: ``{"about": "...", "triton": "3.6.0", "staging": {...}, "gemm": {path: [rule, ...]}, "moe": {mode:
-[rule, ...]}}`` ("triton": the version its rules were tuned with; "staging": the constants of the staging cost
-rule, ``staging()``, the user's keys over the bundled ones); a rule:
+[rule, ...]}, "moe_backward": {"fused": [rule, ...]}}`` ("triton": the version its rules were tuned with;
+"staging": the constants of the staging cost rule, ``staging()``, the user's keys over the bundled ones); a rule:
 ``{"m": [lo, hi], ..., "dtype": "bfloat16", "config": {...}, "tuned": {...}, "note": "..."}``. Range keys
 per section are in ``SECTIONS`` (bounds inclusive integers; a key left out matches anything); ``dtype``
 optional; ``config`` the fields of the section's config dataclass that differ from its defaults.
@@ -38,6 +38,7 @@ BUNDLED_DIR = Path(__file__).resolve().parent.parent / "configs"
 SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gemm": (("tma_persistent", "tma_splitk", "portable"), ("m", "n", "k")),
     "moe": (("grouped", "gate_up", "down"), ("rows_per_expert", "group_bound", "rows", "experts", "n", "k")),
+    "moe_backward": (("fused",), ("rows_per_expert", "rows", "experts", "n", "k")),  # ops.moe_backward
 }
 DTYPES = ("float16", "bfloat16")
 _META_KEYS = ("config", "dtype", "tuned", "note")

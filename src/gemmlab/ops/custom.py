@@ -10,7 +10,7 @@ S = T*k routed rows.
     gemmlab::moe_forward(x (T, H), w1 (E, 2I, H), w2 (E, H, I), topk_weights (T, k), topk_ids (T, k),
                          validate, gather) -> y (T, H)
     gemmlab::moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1, need_w2, gate_up?) -> (dx, dw1, dw2, dtw)
-    gemmlab::moe_forward_saving(x, w1, w2, topk_weights, topk_ids, validate) -> (y, gate_up (S, 2I))
+    gemmlab::moe_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather) -> (y, gate_up (S, 2I))
     gemmlab::route(logits (T, E), top_k, renormalize, scoring) -> (weights (T, k) fp32, ids (T, k) int32)
 
 The public functions (``gemmlab.gemm`` ...) call these ops whenever the call is traced (torch.compile), needs
@@ -22,7 +22,10 @@ Backward kernels: the dense input gradients (dA, dB) run on gemmlab's gemm on tr
 input gradient dX on ``ops.moe_backward``'s grouped kernel that reads w in place as the (N, K) operand. The
 per-expert weight gradient dW[e] = dY_e^T X_e reduces over the expert's rows: one launch of
 ``ops.moe_backward``'s weight-gradient kernel over all experts (offsets read on the device). moe_forward's
-backward is ``ops.moe_backward.moe_backward`` (fused; no host sync, capturable).
+backward is ``ops.moe_backward.moe_backward`` (fused; no host sync, capturable): after ``moe_forward``, which
+recomputes gate/up; after ``moe_forward_saving``, which keeps them (``moe_forward`` under autograd takes one or
+the other as the "moe_backward" config tables say). ``MoEForward`` / ``MoEForwardSaving``: the same formulas as
+autograd.Functions for plain eager calls.
 """
 
 import torch
@@ -196,13 +199,13 @@ class MoEForward(torch.autograd.Function):
 
 @torch.library.custom_op("gemmlab::moe_forward_saving", mutates_args=())
 def moe_forward_saving(x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
-                       validate: bool) -> tuple[Tensor, Tensor]:
+                       validate: bool, gather: str = "auto") -> tuple[Tensor, Tensor]:
     """y and the gate/up pre-activations (S, 2I, routed order) that its backward loads instead of recomputing."""
-    return moe_bwd_ops.launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate)
+    return moe_bwd_ops.launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
 
 
 @moe_forward_saving.register_fake
-def _(x, w1, w2, topk_weights, topk_ids, validate):
+def _(x, w1, w2, topk_weights, topk_ids, validate, gather="auto"):
     s, i2 = x.shape[0] * topk_ids.shape[1], w1.shape[1]
     return x.new_empty((x.shape[0], w2.shape[1])), x.new_empty((s, i2))
 
@@ -216,10 +219,25 @@ def _saving_backward(ctx, dy, _dgate_up):
     *saved, gate_up = ctx.saved_tensors
     dx, dw1, dw2, dtw = moe_backward(unit(dy), *saved, need[1], need[2], gate_up)
     return (dx if need[0] else None, dw1 if need[1] else None, dw2 if need[2] else None, dtw if need[3] else None,
-            None, None)
+            None, None, None)
 
 
 moe_forward_saving.register_autograd(_saving_backward, setup_context=_saving_setup)
+
+
+class MoEForwardSaving(torch.autograd.Function):
+    """``gemmlab::moe_forward_saving``'s y with its autograd formula, for plain eager calls that need a gradient
+    (as ``MoEForward``): gate/up kept for the backward, without the dispatcher and the custom op's wrappers."""
+
+    @staticmethod
+    def forward(ctx, x, w1, w2, topk_weights, topk_ids, validate, gather):
+        y, gate_up = moe_bwd_ops.launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
+        ctx.save_for_backward(x, w1, w2, topk_weights, topk_ids, gate_up)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _saving_backward(ctx, dy, None)
 
 
 # ------------------------------------------------------------------------------------------------ route
