@@ -194,3 +194,16 @@ def test_a_bad_backward_rule_is_refused_naming_the_file(user_dir, rule, words):
     with pytest.raises(ValueError) as e:
         bwd.backward_config(bwd.target_for(torch.device(DEVICE)), 12, 4)
     assert str(user_dir / "interpreter.json") in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_saving_op_schema_fake_and_autograd():
+    """torch.ops.gemmlab.moe_forward_saving (what a compiled training step runs): schema, fake and autograd
+    registration as torch.library.opcheck sees them; its gather argument has a default."""
+    moe = _moe(torch.float16)
+    x = rand((6, 32), torch.float16, seed=9)
+    w, ids = gemmlab.route(torch.randn(6, 4, device=DEVICE), 2)
+    args = (x.requires_grad_(), moe.experts.gate_up_proj.detach(), moe.experts.down_proj.detach(), w, ids, True)
+    torch.library.opcheck(torch.ops.gemmlab.moe_forward_saving, args,
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    y, gate_up = torch.ops.gemmlab.moe_forward_saving(*args, "fused")
+    assert gate_up.shape == (12, 32) and torch.equal(y, torch.ops.gemmlab.moe_forward_saving(*args)[0])
