@@ -7,12 +7,15 @@ For each case and candidate:
     device_us   device time of one call: CUDA-graph replay of ``--graph-calls`` calls, timed by CUDA events / calls
                 (no L2 flush between the calls inside the graph)
 Rounds alternate the candidates' order (interleaved); each figure is the median over rounds (p20/p80 kept).
-Cases: gemm vs torch.mm at M in {1, 16, 64, 256, 4096} x (N, K) pairs from 2048..7168, plus a compiled pair
+Cases: gemm vs torch.mm at M in {1, 16, 64, 256, 2048} x (N, K) pairs from 2048..7168 (and how gemmlab's call
+launched: ``gemmlab.ops.gemm.launch_mode``, "direct" on the hot path), plus a compiled pair
 (torch.compile of one call each) at M = 16; grouped_gemm vs torch._grouped_mm and moe_forward (validate on and
 off) vs the torch composite (``gemmlab.bench.moe.composite_forward``) at small T.
-Writes benchmarks/results/<gpu>-host-cost.json with provenance (GPU, clocks, versions, git SHA).
+Writes benchmarks/results/<gpu>-host-cost.json with provenance (GPU, clocks, versions, git SHA), then prints the
+GEMM table: host and eager µs per call of both against CUDA-graph replay (device µs), and the host-cost target
+(gemmlab.gemm's host µs <= 1.25x torch.mm's) per case.
 
-    PYTHONPATH=src python -m benchmarks host-cost [--quick] [--out benchmarks/results]
+    PYTHONPATH=src python -m benchmarks host-cost [--quick] [--skip-moe] [--no-compile] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ from gemmlab.bench.moe import composite_forward, problem
 from gemmlab.device import gpu_slug
 from gemmlab.instruments import timing
 from gemmlab.instruments.stats import quantile
+from gemmlab.ops.gemm import launch_mode
 from gemmlab.ops.moe import sort_routes
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check
 
-GEMM_M = (1, 16, 64, 256, 4096)
+GEMM_M = (1, 16, 64, 256, 2048)
+HOST_TARGET = 1.25  # gemmlab.gemm host µs per call <= this x torch.mm's
 GEMM_NK = ((4096, 4096), (7168, 2048), (2048, 7168))
 MOE_T = (1, 8, 64)
 
@@ -115,7 +120,7 @@ def gemm_cases(args) -> list[dict]:
             fns = {"gemmlab.gemm": lambda a=a, b=b: gemmlab.gemm(a, b), "torch.mm": lambda a=a, b=b: torch.mm(a, b)}
             res = measure(fns, "torch.mm", args.rounds, args.calls, args.graph_calls)
             results.append({"op": "gemm", "shape": [m, n, k], "dtype": "float16", "check": chk["ok"],
-                            "plan": gemmlab.plan(a, b).path, "candidates": res})
+                            "plan": gemmlab.plan(a, b).path, "launch": launch_mode(a, b), "candidates": res})
             _print(results[-1])
     if not args.no_compile:
         m, n, k = 16, 4096, 4096
@@ -183,6 +188,57 @@ def _print(row: dict) -> None:
     print(f"{row['op']} {what}: " + " | ".join(parts), flush=True)
 
 
+def gemm_table(results: list[dict]) -> list[str]:
+    """The GEMM rows: host and eager µs per call of gemmlab.gemm and torch.mm, their device µs (graph replay),
+    gemmlab's host ratio to torch.mm's against HOST_TARGET, and how gemmlab's calls launched."""
+    head = (f"{'M x N x K':>16} {'path':>14} {'launch':>8} | {'host us':>15} {'ratio':>5} {'ok':>4} | "
+            f"{'eager us':>15} | {'graph us':>15}")
+    lines = [f"gemm fp16, µs per call (gemmlab / torch.mm); host target: gemmlab <= {HOST_TARGET}x torch.mm", head,
+             "-" * len(head)]
+    for r in results:
+        if r["op"] != "gemm":
+            continue
+        g, t = r["candidates"]["gemmlab.gemm"], r["candidates"]["torch.mm"]
+        ratio = g["host_ratio_vs_baseline"]
+        dev = (f"{g['device_us']:6.1f} / {t['device_us']:6.1f}" if g.get("device_us") and t.get("device_us")
+               else "n/a")
+        lines.append(f"{'x'.join(map(str, r['shape'])):>16} {r['plan']:>14} {r['launch']:>8} | "
+                     f"{g['host_us']['median']:6.1f} / {t['host_us']['median']:6.1f} {ratio:5.2f} "
+                     f"{'PASS' if ratio <= HOST_TARGET else 'FAIL':>4} | "
+                     f"{g['eager_us']['median']:6.1f} / {t['eager_us']['median']:6.1f} | {dev:>15}")
+    return lines
+
+
+def profile_gemm(shape: str, out: Path, calls: int = 2000) -> Path:
+    """cProfile of ``calls`` eager gemmlab.gemm calls at M,N,K (hot: warmed first): function calls per gemm call
+    and the top entries by own time, written to <out>/<gpu>-host-cost-profile-MxNxK.txt."""
+    import cProfile
+    import io
+    import pstats
+
+    m, n, k = (int(v) for v in shape.split(","))
+    a = torch.rand((m, k), device="cuda").sub_(0.5).half()
+    b = torch.rand((k, n), device="cuda").sub_(0.5).half()
+    for _ in range(5):
+        gemmlab.gemm(a, b)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        gemmlab.gemm(a, b)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    text.write(f"gemmlab.gemm {m}x{n}x{k} fp16, launch {launch_mode(a, b)}: {stats.total_calls / calls:.1f} "
+               f"function calls per call\n")
+    stats.sort_stats("tottime").print_stats(30)
+    path = out / f"{gpu_slug(torch.cuda.get_device_name())}-host-cost-profile-{m}x{n}x{k}.txt"
+    path.write_text(text.getvalue())
+    print(text.getvalue().splitlines()[0])
+    return path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -191,6 +247,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile pair")
     ap.add_argument("--skip-moe", action="store_true")
+    ap.add_argument("--profile", metavar="M,N,K", action="append", default=[],
+                    help="also write a cProfile of hot gemmlab.gemm calls at this shape (repeatable)")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -198,6 +256,10 @@ def main(argv=None) -> int:
         return 2
     if min(args.rounds, args.calls, args.graph_calls) < 1:
         print("host_cost: --rounds, --calls and --graph-calls must be positive", file=sys.stderr)
+        return 2
+    bad = [s for s in args.profile if len(s.split(",")) != 3 or not all(v.strip().isdigit() for v in s.split(","))]
+    if bad:
+        print(f"host_cost: --profile takes M,N,K (positive integers), got {bad[0]!r}", file=sys.stderr)
         return 2
     env = timing.env_info()
     with timing.ClockSampler() as clocks:
@@ -211,6 +273,9 @@ def main(argv=None) -> int:
     path = out / f"{gpu_slug(torch.cuda.get_device_name())}-host-cost{'-quick' if args.quick else ''}.json"
     path.write_text(json.dumps(report, indent=1, default=str))
     print(f"wrote {path}")
+    for shape in args.profile:
+        print(f"wrote {profile_gemm(shape, out)}")
+    print("\n".join(gemm_table(results)))
     return 0
 
 

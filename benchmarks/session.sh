@@ -89,6 +89,15 @@ for s in "$@"; do
     # the backward alone under other tiles (one factor at a time; prints a suggested "moe_backward" rule per case)
     moe_train_sweep) step moe_train_sweep 420 python3 -m benchmarks moe-backward --sweep \
         --models qwen3-30b-a3b,olmoe-1b-7b --tokens 1024,4096 --out "$RES/nvidia-h200-moe-backward-sweep.json" ;;
+    # issue 23: the sweep whose JSONL benchmarks/dense_rules.py turns into rules (on the CPU, afterwards); the GEMV
+    # kernel and the split tail's GPU tests (determinism, CUDA-graph capture); the dense suite with its targets, its
+    # kernels compiled in parallel first
+    dense_sweep) step dense_sweep 260 python3 benchmarks/sweep_dense.py --out "$RES/dense-sweep" --budget-s 200 ;;
+    dense_gputest) step dense_gputest 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_gemv.py \
+      tests/test_gemm_streamk.py ;;
+    dense) step dense_compile 80 python3 benchmarks/sweep_dense.py --grid dense-suite --compile-only --out "$RES"
+      step dense 220 python3 -m gemmlab bench gemm --suite dense --backend gemmlab --rounds 5 --reps 3 \
+        --warmup-s 0.2 --budget-s 190 --output-dir "$RES/nvidia-h200-dense" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done

@@ -42,6 +42,19 @@ def user_dir(tmp_path, monkeypatch):
     configs.reload()
 
 
+@pytest.fixture
+def no_routes(monkeypatch):
+    """The planner's own path choices: the config tables' "route" rules (measured data, per GPU) ignored, so a
+    test of those choices means the same on every table."""
+    from gemmlab.ops import gemm_launch, gemm_plan
+
+    monkeypatch.setattr(gemm_plan, "route", lambda *args, **kw: None)
+    gemm_launch.clear_cache()
+    yield
+    monkeypatch.undo()
+    gemm_launch.clear_cache()
+
+
 def rand(shape, dtype=torch.float16, device=DEVICE, *, major="row", seed=None, dist="uniform"):
     """Random non-constant values, (rows, cols) stored row-major or column-major ("col")."""
     g = torch.Generator(device=device)

@@ -8,7 +8,7 @@ import torch
 
 import gemmlab
 from conftest import DEVICE, rand
-from gemmlab.ops.moe_routing import route_scores as route_impl
+from gemmlab.ops.scores import route_scores as route_impl
 from gemmlab.ref import gemm_check, gemm_ref, grouped_gemm_ref, mantissa_bits, moe_ref, moe_same_dtype
 
 DTYPES = [torch.float16, torch.bfloat16]

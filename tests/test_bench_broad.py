@@ -9,8 +9,21 @@ import torch
 
 from conftest import DEVICE
 from gemmlab.bench import gemm as bg
-from gemmlab.bench import inductor
-from gemmlab.problems import BROAD, BROAD_CPU, BROAD_QUICK, CASE_SUITES, SEEDS, Case, cases, suite
+from gemmlab.bench import inductor, targets
+from gemmlab.problems import (
+    BROAD,
+    BROAD_CPU,
+    BROAD_QUICK,
+    CASE_SUITES,
+    DENSE,
+    MODEL_LINEARS,
+    MODEL_M,
+    SEEDS,
+    Case,
+    cases,
+    model_cases,
+    suite,
+)
 
 
 def _is_prime(v: int) -> bool:
@@ -39,6 +52,58 @@ def test_broad_suite_covers_what_issue_14_asks():
     assert any(c.note.startswith("mixtral") for c in BROAD)
     for c in BROAD:  # each case a sane amount of GPU work: < ~30 ms at ~700 TFLOPS
         assert 2 * c.m * c.n * c.k < 2.1e13, c.label
+
+
+def test_dense_suite_is_broad_plus_ten_models_at_every_m():
+    assert 80 <= len(DENSE) <= 120 and len({c.label for c in DENSE}) == len(DENSE)  # one H200 call
+    assert DENSE[: len(BROAD)] == BROAD and cases("dense") is DENSE
+    assert len(MODEL_LINEARS) == 10 and MODEL_M == (1, 16, 64, 256, 2048, 8192)
+    for model, projs in MODEL_LINEARS.items():
+        mine = [c for c in DENSE if c.layout == "linear" and (c.n, c.k) in projs.values() and not c.pad]
+        assert {c.m for c in mine} >= set(MODEL_M), model  # decode to prefill, each model
+        assert {c.dtype for c in mine} == {"float16", "bfloat16"}, model
+    rotated = model_cases()
+    assert len(rotated) == 10 * len(MODEL_M) and {c.m for c in rotated} == set(MODEL_M)
+    left_out = [c for c in rotated if c not in DENSE]  # only where the broad suite has the shape already
+    assert all(any(b.shape == c.shape and b.layout == c.layout for b in BROAD) for c in left_out)
+    assert any(c.n <= 32 for c in DENSE) and any(c.k <= 512 for c in DENSE)  # routers (small N), kv_b (small K)
+    assert sum(2 * c.m * c.n * c.k for c in DENSE) < 6e13  # ~0.1 s of tensor-core time in all
+
+
+def _row(case: str, ratio, eager, m: int = 128, backend: str = "gemmlab", ok: bool = True) -> dict:
+    return {"case": case, "backend": backend, "ok": ok, "ratio": ratio, "eager_ratio": eager, "m": m}
+
+
+def test_targets_fire_on_known_bad_reports():
+    good = [_row(f"c{i}", 1.05, 1.04) for i in range(20)] + [_row(f"b{i}", None, None, backend="cublas")
+                                                             for i in range(20)]
+    t = targets.check(good, "gemmlab")
+    assert t["met"] and t["device"]["n"] == 20 and t["eager_vs_graph"]["n"] == 20
+    one_low = good + [_row("low", 0.94, 1.0)]  # one case below 0.95 in device time
+    t = targets.check(one_low, "gemmlab")
+    assert not t["met"] and t["device"]["below_floor"] == ["low"] and not t["device"]["met"]["floor"]
+    assert t["eager"]["met"]["floor"]
+    near = [_row(f"c{i}", 1.05 if i < 17 else 0.97, 1.05) for i in range(20)]  # 85% at >= 0.98
+    t = targets.check(near, "gemmlab")
+    assert t["device"]["near_share"] == pytest.approx(0.85) and not t["device"]["met"]["near"]
+    assert t["device"]["met"]["floor"] and not t["met"]
+    carried = [_row(f"c{i}", 0.99, 0.99) for i in range(19)] + [_row("vendor-pathology", 4.0, 4.0)]
+    t = targets.check(carried, "gemmlab")  # uncapped geomean 1.06: the cap leaves 1.002
+    assert t["device"]["capped_geomean"] == pytest.approx(math.exp((19 * math.log(0.99) + math.log(1.25)) / 20))
+    assert not t["device"]["met"]["geomean"] and t["device"]["met"]["near"]
+    host = good + [_row("host-bound", 1.05, 0.99), _row("decode", 1.05, 0.5, m=16)]  # eager 6% behind at M 128
+    t = targets.check(host, "gemmlab")
+    assert t["eager_vs_graph"]["apart"] == ["host-bound"] and not t["eager_vs_graph"]["met"]  # M 16: not judged
+    assert targets.check(good + [_row("big-win", 3.0, 2.0)], "gemmlab")["eager_vs_graph"]["met"]  # both capped
+    skipped = good + [_row("vendor-wrong", None, None), _row("vendor-wrong", None, None, backend="cublas", ok=False),
+                      _row("mine-wrong", None, None, ok=False)]
+    t = targets.check(skipped, "gemmlab")
+    assert t["baseline_wrong"] == ["vendor-wrong"] and t["wrong"] == ["mine-wrong"] and t["device"]["n"] == 20
+    text = "\n".join(targets.lines("gemmlab", t))
+    assert "cuBLAS failed its own check (not timed): vendor-wrong" in text and "WRONG results: mine" in text
+    assert "none below 0.95 met" in text and "NOT all met" in text  # a wrong case fails the whole
+    only_graph = targets.check([_row("x", 1.1, None)], "gemmlab")
+    assert not only_graph["met"] and "not judged without wall timing" in "\n".join(targets.lines("g", only_graph))
 
 
 def test_quick_and_cpu_suites():

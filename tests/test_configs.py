@@ -120,6 +120,10 @@ def test_gemmlab_home_is_the_default_user_dir(tmp_path, monkeypatch):
     ('{"gemm": {"tma_splitk": [{"m": [1, 2]}]}}', 'a "config" object'),
     ('{"gemm": {"tma_splitk": [{"config": {"blockm": 16}}]}}', "unknown GemmConfig keys ['blockm']"),
     ('{"moe": {"down": [{"config": {"block_m": 16, "stages": 2}}]}}', "unknown MoEConfig keys ['stages']"),
+    ('{"route": {"gemm": [{"m": [0, 4], "config": {"path": "warp"}}]}}', "a route's config is"),
+    ('{"route": {"gemm": [{"config": {"path": "gemv", "block_m": 1}}]}}', "a route's config is"),
+    ('{"route": {"gemv": []}}', "unknown route path 'gemv'"),
+    ('{"gemm": {"gemv": [{"tma": [0, 0], "config": {}}]}}', "unknown key(s) ['tma']"),
 ])
 def test_a_malformed_user_file_is_refused_naming_it(user_dir, text, words):
     (user_dir / "interpreter.json").write_text(text)

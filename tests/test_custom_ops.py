@@ -3,6 +3,11 @@
 CPU tests compile with backend="aot_eager" (the ops are opaque, so the graph around them is what is tested);
 the gpu-marked test uses the default inductor backend."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,6 +15,7 @@ import gemmlab
 from conftest import DEVICE, rand
 from gemmlab.ref import gemm_check, moe_check
 
+SRC = Path(__file__).resolve().parent.parent / "src"
 OPS = ["gemm", "gemm_out", "grouped_gemm", "grouped_gemm_out", "grouped_gemm_backward", "moe_forward",
        "moe_backward", "route"]
 
@@ -17,6 +23,100 @@ OPS = ["gemm", "gemm_out", "grouped_gemm", "grouped_gemm_out", "grouped_gemm_bac
 def test_ops_are_registered():
     for name in OPS:
         assert hasattr(torch.ops.gemmlab, name), name
+
+
+def test_import_registers_the_ops_and_loads_no_kernel():
+    """``import gemmlab`` alone: every torch.ops.gemmlab op exists, no Triton kernel module (nor Triton) is loaded;
+    the first call of an op loads its launcher (here under the interpreter)."""
+    code = ("import sys, torch, gemmlab\n"
+            f"names = {OPS + ['moe_forward_saving']!r}\n"
+            "missing = [n for n in names if not hasattr(torch.ops.gemmlab, n)]\n"
+            "loaded = sorted(m for m in sys.modules if m.startswith(('gemmlab.kernels', 'triton')))\n"
+            "assert not missing and not loaded, (missing, loaded)\n"
+            "w, ids = torch.ops.gemmlab.route(torch.randn(3, 4), 2)\n"
+            "assert 'gemmlab.kernels.gemm' not in sys.modules  # route needs no kernel\n"
+            "a = torch.randn(4, 8, dtype=torch.float16)\n"
+            "c = torch.ops.gemmlab.gemm(a, a.t().contiguous())\n"
+            "assert 'gemmlab.kernels.gemm' in sys.modules and c.shape == (4, 4)\n"
+            "print('ok')\n")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(SRC))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_op_schemas_have_the_python_defaults():
+    """torch.ops.gemmlab.route(logits, 2) is route(logits, 2): renormalize=True, scoring="softmax"; validate and
+    gather default as in the Python functions."""
+    logits = torch.randn(6, 4, device=DEVICE)
+    for got, want in zip(torch.ops.gemmlab.route(logits, 2), gemmlab.route(logits, 2), strict=True):
+        assert torch.equal(got, want)
+    assert torch.allclose(torch.ops.gemmlab.route(logits, 2)[0].sum(-1), torch.ones(6, device=DEVICE))
+    schemas = {name: str(getattr(torch.ops.gemmlab, name).default._schema) for name in OPS + ["moe_forward_saving"]}
+    assert 'renormalize=True, str scoring="softmax"' in schemas["route"]
+    assert 'bool validate=True, str gather="auto"' in schemas["moe_forward"]
+    assert "bool validate=True" in schemas["grouped_gemm"] and "bool validate=True" in schemas["grouped_gemm_out"]
+    assert "bool need_w1=True, bool need_w2=True, Tensor? gate_up=None" in schemas["moe_backward"]
+    x, w1, w2, tw, ids = _moe_inputs()
+    assert moe_check(torch.ops.gemmlab.moe_forward(x, w1, w2, tw, ids), x, w1, w2, tw, ids)["ok"]
+    assert moe_check(torch.ops.gemmlab.moe_forward_saving(x, w1, w2, tw, ids)[0], x, w1, w2, tw, ids)["ok"]
+    offs = torch.tensor([2, 2, 6], dtype=torch.int32, device=DEVICE)
+    w = rand((3 * 24, 32)).view(3, 24, 32)
+    assert torch.equal(torch.ops.gemmlab.grouped_gemm(x, w, offs), torch.ops.gemmlab.grouped_gemm(x, w, offs, True))
+    dx, dw1, dw2, dtw = torch.ops.gemmlab.moe_backward(rand((6, 32)), x, w1, w2, tw, ids)
+    assert dw1.shape == w1.shape and dw2.shape == w2.shape and dtw.shape == tw.shape
+
+
+def _bad_calls():
+    """(name, call, exception, message) of op calls with one bad argument each."""
+    a, b = rand((8, 16)), rand((16, 24))
+    x, w1, w2, tw, ids = _moe_inputs()
+    offs = torch.tensor([2, 2, 6], dtype=torch.int32, device=DEVICE)
+    w = rand((3 * 24, 32)).view(3, 24, 32)
+    logits = torch.randn(6, 4, device=DEVICE)
+    g = torch.ops.gemmlab
+    return [
+        ("route scoring", lambda: g.route(logits, 2, True, "bad"), ValueError, "scoring 'bad'"),
+        ("route top_k", lambda: g.route(logits, 5), ValueError, "top_k must be an integer in"),
+        ("route 3-D", lambda: g.route(logits.view(2, 3, 4), 2), ValueError, "must be a \\(T, E\\) tensor"),
+        ("route ints", lambda: g.route(logits.int(), 2), TypeError, "floating point"),
+        ("gemm inner", lambda: g.gemm(a, a), ValueError, "inner dimensions differ"),
+        ("gemm dtype", lambda: g.gemm(a.float(), b.float()), TypeError, "dtype"),
+        ("gemm_out shape", lambda: g.gemm_out(a, b, torch.empty(8, 23, dtype=a.dtype, device=DEVICE)), ValueError,
+         "out has shape"),
+        ("gemm_out overlap", lambda: g.gemm_out(a, b, b[:8]), ValueError, "overlaps"),
+        ("grouped offsets dtype", lambda: g.grouped_gemm(x, w, offs.long()), TypeError, "offsets has dtype"),
+        ("grouped K", lambda: g.grouped_gemm(x[:, :16], w, offs), ValueError, "K = 16"),
+        ("grouped out", lambda: g.grouped_gemm_out(x, w, offs, torch.empty(6, 23, dtype=x.dtype, device=DEVICE)),
+         ValueError, "row-major \\(6, 24\\)"),
+        ("grouped backward dy", lambda: g.grouped_gemm_backward(rand((6, 23)), x, w, offs), ValueError, "dy must be"),
+        ("moe gather", lambda: g.moe_forward(x, w1, w2, tw, ids, True, "bad"), ValueError, "gather 'bad'"),
+        ("moe H", lambda: g.moe_forward(x[:, :16], w1, w2, tw, ids), ValueError, "x has H = 16"),
+        ("moe ids dtype", lambda: g.moe_forward(x, w1, w2, tw, ids.float()), TypeError, "topk_ids has dtype"),
+        ("moe backward dy", lambda: g.moe_backward(rand((6, 16)), x, w1, w2, tw, ids), ValueError, "dy must be"),
+        ("moe backward gate_up", lambda: g.moe_backward(rand((6, 32)), x, w1, w2, tw, ids, True, True, rand((3, 3))),
+         ValueError, "gate_up must be"),
+        ("moe backward ids", lambda: g.moe_backward(rand((6, 32)), x, w1, w2, tw, ids[:, :1]), ValueError,
+         "must both be"),
+        ("saving k", lambda: g.moe_forward_saving(x, w1, w2, tw.repeat(1, 3), ids.repeat(1, 3)), ValueError,
+         "top-k = 6"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(19))
+def test_every_op_checks_its_arguments(case):
+    """A direct torch.ops.gemmlab call with one bad argument gets one clear error from the op itself (real
+    implementation), and the same from its fake implementation (what torch.compile traces)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cases = _bad_calls()
+    assert len(cases) == 19
+    name, call, exc, match = cases[case]
+    with pytest.raises(exc, match=match):
+        call()
+    if name == "gemm_out overlap":  # fake tensors have no memory to overlap
+        return
+    with FakeTensorMode(allow_non_fake_inputs=True), pytest.raises(exc, match=match):
+        call()
 
 
 def _moe_inputs(t=6, h=32, i=16, e=4, k=2, dtype=torch.float16):
@@ -39,6 +139,12 @@ def test_opcheck_schemas_fakes_and_autograd_registration():
         (torch.ops.gemmlab.grouped_gemm, (a.detach(), w.requires_grad_(), offs, True)),
         (torch.ops.gemmlab.moe_forward, (x.requires_grad_(), w1, w2, tw, ids, True, "auto")),
         (torch.ops.gemmlab.route, (torch.randn(6, 4, device=DEVICE, requires_grad=True), 2, True, "softmax")),
+        (torch.ops.gemmlab.route, (torch.randn(6, 4, device=DEVICE), 2)),  # the schema's defaults
+        (torch.ops.gemmlab.grouped_gemm_out, (a.detach(), w.detach(), offs, torch.empty(8, 24, dtype=a.dtype,
+                                                                                        device=DEVICE))),
+        (torch.ops.gemmlab.grouped_gemm_backward, (rand((8, 24)), a.detach(), w.detach(), offs)),
+        (torch.ops.gemmlab.moe_forward_saving, (x.detach(), w1, w2, tw, ids)),
+        (torch.ops.gemmlab.moe_backward, (rand((6, 32)), x.detach(), w1, w2, tw, ids)),
     ]
     for op, args in cases:
         torch.library.opcheck(op, args, test_utils=tests)

@@ -14,6 +14,9 @@ from gemmlab.ref import gemm_check
 DTYPES = [torch.float16, torch.bfloat16]
 LAYOUTS = ["NN", "NT", "TN", "TT"]  # first letter A, second B; T = stored transposed (column-major view)
 
+# the planner's own choices, whatever route rules the bundled table holds (route rules: test_gemm_gemv.py)
+pytestmark = pytest.mark.usefixtures("no_routes")
+
 
 def operands(m, n, k, layout="NN", dtype=torch.float16, dist="uniform"):
     a = rand((m, k), dtype, major="row" if layout[0] == "N" else "col", dist=dist)
@@ -61,13 +64,22 @@ def test_every_layout_normal_inputs(layout):
     assert_matches(gemmlab.gemm(a, b), a, b)
 
 
-def test_gemm_runs_exactly_the_plan(monkeypatch):
-    """gemm launches the path and config plan() reports, for each path."""
+def test_gemm_runs_exactly_the_plan(monkeypatch, user_dir):
+    """gemm launches the path and config plan() reports, for each path (the GEMV kernel through a route rule)."""
+    import json
+
+    from gemmlab.ops import configs, gemm_plan, gemm_route
+
+    monkeypatch.setattr(gemm_plan, "route", gemm_route.route)  # this test's own route rule, over the module's none
+    target = "nvidia-h200" if DEVICE == "cuda" else "interpreter"
+    route = {"m": [0, 4], "tma": [0, 0], "config": {"path": "gemv"}}
+    (user_dir / f"{target}.json").write_text(json.dumps({"route": {"gemm": [route]}}))
+    configs.reload()
     seen = []
     real = gemm_launch.execute
     monkeypatch.setattr(gemm_launch, "execute", lambda p, a, b, c, L=None: (seen.append(p), real(p, a, b, c, L)))
     gemm_launch.clear_cache()  # every signature's first call plans; later ones run the cached plan
-    cases = [operands(*s) for s in ((300, 72, 96), (8, 40, 64), (37, 53, 71))] + [
+    cases = [operands(*s) for s in ((300, 72, 96), (8, 40, 64), (37, 53, 71), (3, 29, 71))] + [
         (rand((4, 0)), rand((0, 24)))]
     for a, b in cases:
         out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=a.dtype, device=DEVICE)
@@ -90,7 +102,7 @@ def test_plan_is_pure(monkeypatch):
 
 
 def test_paths_listed():
-    assert set(gemmlab.paths()) == {"empty", "tma_persistent", "tma_splitk", "portable"}
+    assert set(gemmlab.paths()) == {"empty", "tma_persistent", "tma_splitk", "gemv", "portable"}
 
 
 @pytest.mark.parametrize("split", [2, 3, 4])

@@ -24,7 +24,7 @@ def test_timed_shapes(shape):
     a, b = rand((m, k)), rand((k, n))
     out = torch.full((m, n), float("nan"), dtype=a.dtype, device="cuda")
     p = gemmlab.plan(a, b, out=out)
-    assert p.path == ("tma_splitk" if m <= 256 else "tma_persistent")
+    assert p.path in (("tma_splitk", "tma_persistent", "gemv") if m <= 256 else ("tma_persistent",)), p.reason
     gemmlab.gemm(a, b, out=out)
     ref = gemm_ref(a, b)
     _check(out, a, b, ref)
@@ -63,11 +63,13 @@ def test_layouts_dtypes(shape, dtype, layout):
 
 
 def test_split_k_is_deterministic():
+    from gemmlab.ops.gemm import run
+
     a, b = rand((16, 4096)), rand((4096, 4096))
-    p = gemmlab.plan(a, b)
+    p = gemmlab.plan(a, b, path="tma_splitk")  # pinned: the route rules may send 16 rows elsewhere
     assert p.path == "tma_splitk" and p.config.split_k > 1
-    c1 = gemmlab.gemm(a, b)
-    c2 = gemmlab.gemm(a, b)
+    c1 = run(p, a, b)
+    c2 = run(p, a, b)
     assert torch.equal(c1, c2)
     _check(c1, a, b)
 

@@ -146,7 +146,7 @@ def test_killing_the_baseline_fails():
 
 def test_vendor_blas_is_refused_unless_allowed():
     r = run("uses_torch_mm", signature="rowmajor")
-    assert r["verdict"] == "FAIL" and failed_rules(r) == {"no-vendor-blas"}
+    assert r["verdict"] == "FAIL" and failed_rules(r) == {"vendor"}
     assert "aten::mm" in r["failures"][0]["reason"] or "cublas" in r["failures"][0]["reason"].lower()
     assert run("uses_torch_mm", signature="rowmajor", allow_vendor=True)["verdict"] == "PASS"
 
@@ -169,7 +169,7 @@ def test_vendor_blas_behind_a_silenced_profiler_is_seen_from_outside():
     except preload.Unavailable as e:
         pytest.skip(f"the interposer cannot be built here: {e}")
     r = grade(TINY, kernel=f"{HERE / 'bad_kernels' / 'hides_vendor.py'}:hides_torch_mm", signature="rowmajor")
-    assert r["verdict"] == "FAIL" and failed_rules(r) == {"no-vendor-blas"}, r["failures"]
+    assert r["verdict"] == "FAIL" and failed_rules(r) == {"vendor"}, r["failures"]
 
 
 def test_time_limit_kills_and_loading_happens_once():
@@ -218,7 +218,7 @@ def test_rules():
             ({"advisory_ms": 0.01}, "honest-timing", "faked clock"),
             ({"advisory_ms": 9.0}, "honest-timing", "more than"),
             ({"baseline_ms": 3.4}, "honest-timing", "slowed the baseline"),
-            ({"preload_calls": ["cublasGemmEx"]}, "no-vendor-blas", "cublasGemmEx"),
+            ({"preload_calls": ["cublasGemmEx"]}, "vendor", "cublasGemmEx"),
             ({"timed_path": "portable"}, "dispatch-coverage", "never verified"),
             ({"kernels": {"_gemm_tma_splitk_kernel", "sneaky"}}, "dispatch-coverage", "sneaky")):
         got = rules.first_failure(rules.RUN_RULES, rules.Run(**{**run_ev, **change}))

@@ -14,6 +14,7 @@ from conftest import rand
 from gemmlab.bench.moe import problem
 from gemmlab.instruments import timing
 from gemmlab.ops import gemm_launch, moe_plan, moe_routing
+from gemmlab.ops.gemm import launch_mode
 from gemmlab.ops.moe import route_kind, sort_routes
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check
@@ -35,7 +36,33 @@ def test_cached_launches_match_first_call(shape, layout):
         out = torch.full((n, m), float("nan"), dtype=a.dtype, device="cuda").t()  # column-major out
         gemmlab.gemm(a, b, out=out)
         assert gemm_check(out, a, b)["ok"], rep
-    assert any(L.kept is not None for _, _, L, _ in gemm_launch.CACHE.values())
+    kept = [e.launch for e in gemm_launch.CACHE.values() if e.launch.kept is not None]
+    assert kept and all(L.direct is not None for L in kept)  # Triton's C launcher mirrored: the hot path
+    assert launch_mode(a, b).startswith("direct")
+
+
+def test_direct_launches_keep_descriptors_per_buffer_and_stay_right():
+    """The hot path's descriptor cache: the weight's descriptor is encoded once; outputs held alive (a new
+    address every call) churn the cache within its bound and every result stays right; two streams launching the
+    same split-K GEMM back to back each use their own workspace and counters."""
+    from gemmlab.ops import direct
+
+    a, b = rand((16, 4096)), rand((4096, 4096))
+    gemm_launch.clear_cache()
+    outs = [gemmlab.gemm(a, b) for _ in range(direct.MAPS_PER_OPERAND + 8)]
+    L = gemm_launch.CACHE[gemm_launch.signature(a, b, None)].launch
+    assert L.direct is not None and gemmlab.plan(a, b).path == "tma_splitk"
+    assert len(L.direct.maps[1]) == 1 and all(len(m) <= direct.MAPS_PER_OPERAND for m in L.direct.maps)
+    assert all(gemm_check(c, a, b)["ok"] for c in outs)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    xs = [rand((16, 4096), seed=s) for s in range(6)]
+    torch.cuda.synchronize()
+    got = []
+    for i, x in enumerate(xs):
+        with torch.cuda.stream(s1 if i % 2 else s2):
+            got.append(gemmlab.gemm(x, b))
+    torch.cuda.synchronize()
+    assert all(gemm_check(c, x, b)["ok"] for c, x in zip(got, xs, strict=True))
 
 
 def test_cached_launch_of_a_packed_b_and_nd_input():

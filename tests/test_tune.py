@@ -40,6 +40,13 @@ def test_pruning_reasons():
     wide = dataclasses.replace(small, block_m=128, split_k=0, num_stages=3)
     assert "wasted rows" in space.prune(wide, "tma_splitk", 16, 7168, 2048)
     assert space.prune(dataclasses.replace(small, split_k=0), "tma_splitk", 16, 7168, 2048) is None
+    gemv = GemmConfig(block_m=1, block_n=32, block_k=128, num_warps=4, num_stages=1, split_k=0)
+    assert space.prune(gemv, "gemv", 1, 4093, 4099) is None
+    big = dataclasses.replace(gemv, block_k=512, block_n=128)
+    assert "products per thread" in space.prune(big, "gemv", 1, 64, 4096)
+    assert "each row reads all of B" in space.prune(gemv, "gemv", 12, 4093, 4099)
+    assert "wasted rows" in space.prune(dataclasses.replace(gemv, block_m=64), "gemv", 4, 4093, 4099)
+    assert "empty splits" in space.prune(dataclasses.replace(gemv, split_k=64), "gemv", 1, 4093, 4099)
     nb = space.neighbours(ok, "tma_persistent")
     assert all(sum(getattr(c, f.name) != getattr(ok, f.name) for f in dataclasses.fields(ok)) == 1 for c in nb)
     assert bucket(8192) == [4097, 8192] and bucket(7168) == [4097, 8192] and bucket(16) == [9, 16]

@@ -14,10 +14,12 @@ fake implementations and autograd: they trace under torch.compile(fullgraph=True
     nn.Linear, nn.MoE                  drop-in modules (nn.Linear-compatible; router + experts)
     patch(model)                       swap a model's nn.Linear and Hugging Face MoE blocks for gemmlab's
 
-Names load on first use: Triton decides at a kernel's import whether it runs compiled or under its CPU
-interpreter (TRITON_INTERPRET=1), so ``import gemmlab`` alone imports no kernel and the `gemmlab` command
-can still choose the interpreter on machines without CUDA. Importing it warns once (RuntimeWarning) when the
-running Triton is not the one the shipped GPU configs were tuned with (``gemmlab.provenance``).
+``import gemmlab`` registers the ops (``torch.ops.gemmlab.*``, from ``gemmlab.ops.custom``: torch and the argument
+checks only) and imports no kernel: names load on first use, and each op loads its launcher on its first call.
+Triton decides at a kernel's import whether it runs compiled or under its CPU interpreter (TRITON_INTERPRET=1), so
+the `gemmlab` command can still choose the interpreter on machines without CUDA. Importing it warns once
+(RuntimeWarning) when the running Triton is not the one the shipped GPU configs were tuned with
+(``gemmlab.provenance``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from gemmlab._version import __version__ as __version__
+from gemmlab.ops import custom as _ops  # noqa: F401  (registers torch.ops.gemmlab.*; imports no kernel)
 from gemmlab.provenance import check_triton
 
 _EXPORTS = {

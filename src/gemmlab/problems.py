@@ -38,7 +38,7 @@ SUITES: dict[str, list[Shape]] = {"seeds": SEEDS, "square": SQUARE, "llm": LLM, 
 
 def suite(name: str) -> list[Shape]:
     """A named shape set; "all" is every GPU set (seeds, square, llm, small-m) without repeats. A case suite
-    (broad, broad-quick, broad-cpu) gives its shapes without repeats (``cases`` keeps dtype and layout)."""
+    (broad, broad-quick, broad-cpu, dense) gives its shapes without repeats (``cases`` keeps dtype and layout)."""
     if name == "all":
         return list(dict.fromkeys(SEEDS + SQUARE + LLM + SMALL_M))
     if name in CASE_SUITES:
@@ -193,11 +193,59 @@ BROAD_CPU: list[Case] = [
     Case(37, 53, 71, note="odd"), Case(16, 48, 64, "bfloat16", "linear"), Case(1, 40, 24, "float16", "linear"),
     Case(24, 40, 32, "bfloat16", "row", pad=1), Case(9, 24, 40, "float16", "linear", pad=3, offset=1),
 ]
-CASE_SUITES: dict[str, list[Case]] = {"broad": BROAD, "broad-quick": BROAD_QUICK, "broad-cpu": BROAD_CPU}
+
+# --------------------------------------------------------------------------------- the models' nn.Linear shapes
+# Ten open models' dense projections as nn.Linear (out_features N, in_features K), from their config.json:
+# H hidden, q/kv heads x head_dim, I intermediate. QKV fused (N = (heads + 2 kv_heads) * head_dim), gate+up fused
+# (N = 2I), O (K = heads * head_dim), down (K = I).
+#   llama3-8b    H 4096, 32/8 heads x 128, I 14336        mistral-7b: the same sizes (its own M rotation below)
+#   llama3-70b   H 8192, 64/8 x 128, I 28672              mixtral-8x7b: llama3-8b's sizes per expert, router 8
+#   qwen2.5-7b   H 3584, 28/4 x 128, I 18944              qwen3-32b: H 5120, 64/8 x 128, I 25600
+#   gemma2-9b    H 3584, 16/8 x 256, I 14336              phi3-mini: H 3072, 32/32 x 96, I 8192
+#   deepseek-v3  H 7168, MLA (q_lora 1536, kv_lora 512 + rope 64, 128 heads: q_b 128 x 192, kv_b 128 x 256,
+#                v 128), dense MLP I 18432 (its first three layers)
+#   gpt-oss-20b  attention only (its experts are MoE): H 2880, 64/8 x 64; router 32 experts
+MODEL_LINEARS: dict[str, dict[str, tuple[int, int]]] = {
+    "llama3-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate+up": (28672, 4096), "down": (4096, 14336)},
+    "llama3-70b": {"qkv": (10240, 8192), "o": (8192, 8192), "gate+up": (57344, 8192), "down": (8192, 28672)},
+    "mistral-7b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate+up": (28672, 4096), "down": (4096, 14336)},
+    "mixtral-8x7b": {"qkv": (6144, 4096), "o": (4096, 4096), "w1+w3": (28672, 4096), "w2": (4096, 14336),
+                     "router": (8, 4096)},
+    "qwen2.5-7b": {"qkv": (4608, 3584), "o": (3584, 3584), "gate+up": (37888, 3584), "down": (3584, 18944)},
+    "qwen3-32b": {"qkv": (10240, 5120), "o": (5120, 8192), "gate+up": (51200, 5120), "down": (5120, 25600)},
+    "gemma2-9b": {"qkv": (8192, 3584), "o": (3584, 4096), "gate+up": (28672, 3584), "down": (3584, 14336)},
+    "phi3-mini": {"qkv": (9216, 3072), "o": (3072, 3072), "gate+up": (16384, 3072), "down": (3072, 8192)},
+    "deepseek-v3": {"kv_a": (576, 7168), "q_b": (24576, 1536), "o": (7168, 16384), "gate+up": (36864, 7168),
+                    "down": (7168, 18432), "kv_b": (32768, 512), "q_a": (1536, 7168)},
+    "gpt-oss-20b": {"qkv": (5120, 2880), "o": (2880, 4096), "router": (32, 2880)},
+}
+MODEL_M = (1, 16, 64, 256, 2048, 8192)  # decode, speculative / small batch, prefill chunks
+
+
+def model_cases(m_values: tuple[int, ...] = MODEL_M) -> list[Case]:
+    """Each model at every M of ``m_values``, one projection per M in rotation (model j's t-th M takes projection
+    (t + j) mod its count) and the dtype alternating the same way: every model meets decode and prefill in both
+    dtypes, and the suite stays one H200 call (the full cross product is ~400 cases)."""
+    out = []
+    for j, (model, projs) in enumerate(MODEL_LINEARS.items()):
+        names = list(projs)
+        for t, m in enumerate(m_values):
+            name = names[(t + j) % len(names)]
+            n, k = projs[name]
+            out.append(_lin(m, n, k, ("bfloat16", "float16")[(t + j) % 2], f"{model} {name}"))
+    return out
+
+
+# The suite of issue 23: the broad suite plus the models' shapes at every M (a model case whose shape and layout
+# the broad suite already has, in either dtype, is left out).
+_BROAD_KEYS = {(c.shape, c.layout) for c in BROAD}
+DENSE: list[Case] = BROAD + [c for c in model_cases() if (c.shape, c.layout) not in _BROAD_KEYS]
+CASE_SUITES: dict[str, list[Case]] = {"broad": BROAD, "broad-quick": BROAD_QUICK, "broad-cpu": BROAD_CPU,
+                                      "dense": DENSE}
 
 
 def cases(name: str, dtype: str = "float16") -> list[Case]:
-    """A named case suite (broad, broad-quick, broad-cpu), or a shape suite (``suite``) as row-major cases
+    """A named case suite (broad, broad-quick, broad-cpu, dense), or a shape suite (``suite``) as row-major cases
     of ``dtype``."""
     if name in CASE_SUITES:
         return CASE_SUITES[name]

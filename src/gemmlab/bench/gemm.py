@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from gemmlab import output, provenance
-from gemmlab.bench import inductor
+from gemmlab.bench import inductor, targets
 from gemmlab.instruments import stats, timing
 from gemmlab.instruments.compare import compare_many
 from gemmlab.output import Table, long_row, num
@@ -376,7 +376,8 @@ def summary(report: dict) -> dict:
     """Per backend other than the baselines, over its verified cases: ``device`` (ratio to cuBLAS, graph
     replay), ``eager`` (wall clock), ``primary`` (the first mode's ratio), each as geomean, minimum and the
     count below 0.97 (``FLOOR``); ``vs_inductor`` with the losses (ratio < 1); the seeds' ratios; the wrong
-    cases. ``inductor``: the same against cuBLAS. Cases not run for the budget are counted."""
+    cases; ``targets``: issue 23's targets (``bench.targets``). ``inductor``: the same against cuBLAS. Cases not
+    run for the budget are counted."""
     table = rows(report)
     out: dict = {"not_run": len(report.get("not_run", [])), "backends": {}}
     for name in dict.fromkeys(r["backend"] for r in table):
@@ -395,6 +396,7 @@ def summary(report: dict) -> dict:
             "vs_inductor": _block(pairs("inductor_ratio"), 1.0) if name != "inductor" else None,
             "seeds": {r["case"]: r["ratio"] if r["ratio"] is not None else r["ratio_vs_cublas"]
                       for r in good if r["note"] == "seed"},
+            "targets": targets.check(table, name, report["args"]["baseline"]),
         }
     return out
 
@@ -414,6 +416,8 @@ def summary_lines(report: dict) -> list[str]:
         if report["args"]["modes"][0] not in ("graph", "wall"):
             parts.insert(0, fmt(s["primary"], f"{report['args']['modes'][0]} mode vs cuBLAS"))
         out.append(f"{name}: {len(s['wrong'])} wrong of {s['cases']}; " + "; ".join(p for p in parts if p))
+        if "targets" in s and name != "inductor":
+            out.extend(targets.lines(name, s["targets"]))
     out.extend(report.get("skipped_backends", {}).values())
     if report["summary"]["not_run"]:
         out.append(f"{report['summary']['not_run']} cases not run: time budget {report['args']['budget_s']} s spent")

@@ -19,8 +19,9 @@ bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
 def bench_gemm(
     shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable)")] = None,
     suite: Annotated[str | None, typer.Option(help="seeds, square, llm, small-m, all (cpu without CUDA); "
-                                                   "broad, broad-quick, broad-cpu: cases with their own dtype "
-                                                   "and layout")] = None,
+                                                   "broad, broad-quick, broad-cpu, dense (issue 23: broad + ten "
+                                                   "models' nn.Linear shapes, with its targets): cases with "
+                                                   "their own dtype and layout")] = None,
     dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
     backend: Annotated[list[str] | None, typer.Option(help="gemmlab, gemmlab-packed, cublas, inductor, FILE.py:FN "
                                                            "or package.module:FN (repeatable); cublas is always "

@@ -46,7 +46,6 @@ Timing protocol (``Grader.perf``), the same for candidate and baseline, each in 
 from __future__ import annotations
 
 import math
-import os
 import secrets
 import shutil
 import statistics
@@ -58,7 +57,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gemmlab.device import peak_tflops
-from gemmlab.grade import rules
+from gemmlab.grade import observer, rules
 from gemmlab.grade.cases import CaseFile
 from gemmlab.grade.op import Op
 from gemmlab.instruments.stats import ratio_summary
@@ -99,28 +98,12 @@ def _seed(base: int, *parts) -> int:
     return (zlib.crc32("/".join(map(str, parts)).encode()) + 7919 * base) % (1 << 31)
 
 
-def _preload(log_dir: str):
-    """The vendor-BLAS interposer (``grade/preload``: an LD_PRELOAD library that records every cuBLAS /
-    cuBLASLt GEMM call of the candidate's process where its Python cannot silence it), when it can be built
-    here: (extra child env, reader: keeper pid -> what it recorded, state for the report). Without it
-    ({}, reader of nothing, why not): the profiler's names (advisory) are then all there is."""
-    try:
-        from gemmlab.grade import preload
-    except ImportError:
-        return {}, lambda pid: [], "not available (no gemmlab.grade.preload)"
-    log, counts, token = f"{log_dir}/vendor.log", f"{log_dir}/vendor.counts", secrets.token_hex(16)
-    try:
-        full = preload.child_env(log, "log", lib=preload.build(), counts=counts, token=token)
-    except Exception as e:  # not buildable on this machine: say so in the report, grade on
-        return {}, lambda pid: [], f"not active ({type(e).__name__}: {e})"
-    env = {k: v for k, v in full.items() if os.environ.get(k) != v}
-
-    def recorded(pid: int | None) -> list[str]:
-        if pid is None or not os.path.exists(log):
-            return []
-        state, detail = preload.assess(preload.read_log(log), pid, token, preload.read_counts(counts))
-        return [detail] if state == "vendor" else []
-    return env, recorded, "active (LD_PRELOAD vendor_guard, policy log)"
+def _preload(log_dir: str, device: torch.device, kernel: str | None, allow_vendor: bool) -> observer.Watch:
+    """The observers outside the candidate's Python (``grade/observer.py``): vendor_guard, an LD_PRELOAD library
+    that records every cuBLAS / cuBLASLt / cuDNN GEMM-class call, and on CUDA the kernel observer, a CUPTI
+    injection library that reports every kernel by name. Both sandboxes run under them (the same overhead on
+    both sides); what cannot be built here is said in the report, never read as clean."""
+    return observer.Watch(log_dir, device.type, kernel, allow_vendor)
 
 
 def heater(device: torch.device, size: int = 4096):
@@ -153,17 +136,24 @@ class Grader:
         self.timeout, self.keep_logs = timeout, keep_logs
         self.progress = progress or (lambda msg: None)
         self.log_dir = tempfile.mkdtemp(prefix="gemmlab-grade-")
-        env, self.preload_calls, self.preload_state = _preload(self.log_dir)
+        self.watch = _preload(self.log_dir, self.device, kernel, allow_vendor)
         self.vendor_seen: list[str] = []
-        self.cand = Sandbox(kernel, op.signature, op.layout, timeout, self.interpret, self.log_dir, env)
+        self.timed_kernels: set[str] = set()  # what the kernel observer saw in the candidate's batches
+        self.cand = Sandbox(kernel, op.signature, op.layout, timeout, self.interpret, self.log_dir,
+                            self.watch.env("candidate"))
         self.base = Sandbox(op.baseline, op.baseline_signature, op.layout, timeout, self.interpret, self.log_dir,
-                            name="baseline")
+                            self.watch.env("baseline"), name="baseline")
 
     def _recorded(self) -> list[str]:
-        """What the interposer recorded in the candidate's process so far (kept after it is gone)."""
+        """What the observers recorded against the candidate so far (kept after it is gone)."""
         if self.cand.proc is not None:
-            self.vendor_seen = self.preload_calls(self.cand.proc.pid) or self.vendor_seen
+            self.vendor_seen = self.watch.recorded(self.cand.proc.pid) or self.vendor_seen
         return self.vendor_seen
+
+    def _observe(self, box: Sandbox, calls: int) -> list[str]:
+        """The kernel observer's answer for ``box`` since its last one (``calls`` calls that produced outputs):
+        the kernel names; the candidate's findings go to ``_recorded``."""
+        return self.watch.answer(box.name, box.proc.pid if box.proc is not None else None, calls)
 
     @property
     def interpret(self) -> bool:
@@ -189,10 +179,11 @@ class Grader:
                 return res.fail("isolation", f"raised {e}")
             except WorkerFailure as e:
                 return res.fail("isolation", str(e))
+            seen = self._observe(self.cand, 1)
             out = op.view(flat, case).clone()
             changed = not all(torch.equal(s, x) for s, x in zip(shared, inputs, strict=True))
             res.paths = sorted(set(res.paths) | ({reply["path"]} if reply.get("path") else set()))
-            res.kernels = sorted(set(res.kernels) | set(reply.get("kernels", [])))
+            res.kernels = sorted(set(res.kernels) | set(seen if self.watch.channels else reply.get("kernels", [])))
             trial = rules.Trial(reply, out, changed, prev, lambda o=out, i=inputs, k=kind: op.check(o, i, k),
                                 self.allow_vendor, kind, self._recorded())
             failed = rules.first_failure(rules.TRIAL_RULES, trial)
@@ -299,6 +290,9 @@ class Grader:
             sample = outs[:, idx].clone()  # reading the outputs back ends the batch
             _sync(dev)
             wall = (time.perf_counter() - t0) * 1e3
+            seen = self._observe(box, n if fn == "kernel" else 0)  # before the freeze: the observer answers
+            if box is cand:
+                self.timed_kernels |= set(seen)
             box.freeze()
             return wall / n, reply, sample, idx
 
@@ -338,10 +332,13 @@ class Grader:
             overhead = statistics.median(batch(base, "empty")[0] for _ in range(3))
             cand.thaw()
             prof = cand.request("call", slot=0, profile=True)
+            self._observe(cand, 1)
             cand.freeze()
         except (CandidateError, WorkerFailure) as e:
             return dict(out, status="FAIL", rule="isolation", reason=str(e))
-        kernels, ops, path = set(prof.get("kernels", [])), set(prof.get("ops", [])), prof.get("path")
+        # with the kernel observer: the names of every candidate batch (the set grows over the rounds)
+        kernels = self.timed_kernels if self.watch.channels else set(prof.get("kernels", []))
+        ops, path = set(prof.get("ops", [])), prof.get("path")
         fixed_baseline = getattr(self.cases, "baseline_gflops", None)
         cand_ms, base_ms, advisory, checked = [], [], [], 0
         with ClockSampler() as clocks:
@@ -379,7 +376,7 @@ class Grader:
                    advisory_median_ms=statistics.median(advisory),
                    timer=("grader's clock around each batch of calls in the worker (device synced at both ends, "
                           "outputs read back), per call; the worker's own clock is advisory"),
-                   preload=self.preload_state)
+                   preload=self.watch.guard)
         if fixed_baseline is None:
             b_med = statistics.median(t for rr in base_ms for t in rr)
             out.update(baseline_ms=b_med, baseline_tflops=case.flops / (b_med * 1e-3) / 1e12,
@@ -426,6 +423,7 @@ class Grader:
                 self.base.close()
             except WorkerFailure:
                 pass
+            self.watch.close()
             if not self.keep_logs:
                 shutil.rmtree(self.log_dir, ignore_errors=True)
         report = self._report(listed, results, perf)
@@ -444,6 +442,7 @@ class Grader:
             "dims": dims, "env": env_info(), "seed": self.seed, "allow_vendor": self.allow_vendor,
             "worker_starts": self.cand.starts, "logs": self.log_dir if self.keep_logs else None,
             "correctness": [r.__dict__ for r in results], "performance": perf,
+            "vendor_check": self.watch.words(), "observers": self.watch.summary(),
             "performance_shape": list(cf.performance.dims) if cf.performance is not None else None,
             **verdict(cf, listed, perf),
         }

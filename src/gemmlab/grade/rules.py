@@ -33,8 +33,9 @@ class Rule:
 
 
 def vendor(kernels, ops, preload_calls=()) -> list[str]:
-    """Vendor BLAS seen: kernel names and aten ops the child's profiler reported (advisory), and the
-    GEMM entry points the preloaded interposer recorded from outside the candidate's Python."""
+    """Vendor GEMMs seen: kernel names and aten ops the child's profiler reported (advisory), and what the
+    observers outside the candidate's Python recorded (``grade/observer.py``: cuBLAS / cuBLASLt / cuDNN calls,
+    vendor kernels by name, an observer silenced or bypassed)."""
     return ([k for k in kernels if VENDOR_KERNEL.search(k)] + [o for o in ops if o in VENDOR_OPS]
             + list(preload_calls))
 
@@ -51,14 +52,14 @@ class Trial:
     check: Callable               # () -> (err, tol, rule text) against the grader's private inputs
     allow_vendor: bool
     kind: str
-    preload_calls: list = field(default_factory=list)
+    preload_calls: list = field(default_factory=list)  # the outside observers' findings so far
     result: tuple | None = None
 
 
 def no_vendor_blas(t: Trial):
     names = vendor(t.reply.get("kernels", []), t.reply.get("ops", []), t.preload_calls)
     if names and not t.allow_vendor:
-        return f"called the vendor BLAS: {', '.join(names[:4])}"
+        return f"vendor GEMM in the candidate's process: {'; '.join(names[:4])}"
 
 
 def output(t: Trial):
@@ -88,7 +89,7 @@ def correct(t: Trial):
         return f"max |out - ref| = {err:.4g} > {tol:.4g} ({t.kind} inputs)"
 
 
-TRIAL_RULES = [Rule("no-vendor-blas", no_vendor_blas), Rule("output", output),
+TRIAL_RULES = [Rule("vendor", no_vendor_blas), Rule("output", output),
                Rule("poison-freshness", inputs_unchanged), Rule("poison-freshness", finite),
                Rule("poison-freshness", fresh), Rule("correctness", correct)]
 
@@ -165,7 +166,7 @@ class Run:
     baseline_solo_ms: float | None  # after every candidate process was gone
     kernels: set
     ops: set
-    preload_calls: list
+    preload_calls: list           # the outside observers' findings (grade/observer.py)
     allow_vendor: bool
     timed_path: str | None
     seen_paths: set
@@ -209,7 +210,7 @@ def baseline_undisturbed(r: Run):
 def timed_no_vendor_blas(r: Run):
     names = vendor(sorted(r.kernels), sorted(r.ops), r.preload_calls)
     if names and not r.allow_vendor:
-        return f"timed run called {', '.join(names[:4])}"
+        return f"vendor GEMM in the candidate's process (timed run included): {'; '.join(names[:4])}"
 
 
 def dispatch_coverage(r: Run):
@@ -222,7 +223,7 @@ def dispatch_coverage(r: Run):
 
 
 RUN_RULES = [Rule("honest-timing", possible_rate), Rule("honest-timing", advisory_clock_agrees),
-             Rule("honest-timing", baseline_undisturbed), Rule("no-vendor-blas", timed_no_vendor_blas),
+             Rule("honest-timing", baseline_undisturbed), Rule("vendor", timed_no_vendor_blas),
              Rule("dispatch-coverage", dispatch_coverage)]
 
 

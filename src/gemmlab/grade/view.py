@@ -54,6 +54,8 @@ def summary_line(report: dict) -> str:
             line += (f"; grader's clock, {perf['calls_per_batch']} calls a batch, protocol overhead {over:.3g} ms a "
                      f"call ({over / perf['median_ms']:.1%}), the worker's own clock said "
                      f"{perf['advisory_median_ms']:.4g} ms")
+    if report.get("vendor_check"):
+        line += f"; vendor check: {report['vendor_check']}"
     return line + f"; verdict {report['verdict']}"
 
 

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from gemmlab.ops.moe import MoEConfig
 
 TENSOR_CORE_OPS = ("HGMMA", "HMMA", "QGMMA", "IMMA")
-WATCHED_OPS = TENSOR_CORE_OPS + ("UTMALDG", "UTMASTG", "UBLKCP", "LDGSTS", "LDG", "STG", "LDS", "STS", "BAR",
-                                 "SYNCS", "WARPGROUP", "LDL", "STL")
+WATCHED_OPS = TENSOR_CORE_OPS + ("FFMA", "UTMALDG", "UTMASTG", "UBLKCP", "LDGSTS", "LDG", "STG", "LDS", "STS",
+                                 "BAR", "SYNCS", "WARPGROUP", "LDL", "STL")
 
 
 
@@ -71,9 +71,15 @@ def signature(plan: Plan) -> dict[str, str]:
     """Triton types of the plan's runtime (non-constexpr) kernel arguments, as the launcher passes them."""
     dt, cfg = _tl_dtype(plan), plan.config
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    if plan.path == "portable":
+    if plan.path in ("portable", "gemv"):
         ints = ("M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn")
-        return {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "c_ptr": f"*{dt}", **{n: "i32" for n in ints}}
+        sig = {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "c_ptr": f"*{dt}"}
+        if plan.path == "gemv":
+            sig.update(ws_ptr="*fp32", count_ptr="*i32")
+        sig.update({n: "i32" for n in ints})
+        if plan.path == "gemv":
+            sig["K_TILES_PER_SPLIT"] = "i32"
+        return sig
     a = [bm, bk] if plan.a_kmajor else [bk, bm]
     b = [bn, bk] if plan.b_kmajor else [bk, bn]
     c = f"tensordesc<{dt}[{bm}, {bn // 2 if cfg.epilogue_subtile else bn}]>" if plan.c_tma else f"*{dt}"
@@ -170,6 +176,7 @@ def report(plan: Plan, arch: int = 90) -> dict:
         "group_m": cfg.group_m,
         "split_k": cfg.split_k,
         "stream_k": cfg.stream_k,
+        "tail_split": cfg.tail_split,
         "epilogue_subtile": cfg.epilogue_subtile,
         "warp_specialize_requested": cfg.warp_specialize,
         "max_nreg": cfg.max_nreg,

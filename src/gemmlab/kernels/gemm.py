@@ -1,8 +1,8 @@
 """Dense GEMM kernels: C (M, N) = A (M, K) @ B (K, N), fp16/bf16 in, fp32 accumulate, C in the input dtype.
 
-Three kernels, one per dispatch path (``gemmlab.paths()``); launchers and the dispatcher live in
-``gemmlab.ops.gemm``. C is always row-major here (the launcher swaps operands for a column-major C:
-C^T = B^T A^T). A and B may each be stored either way:
+The TMA kernels and the portable one, one per dispatch path (``gemmlab.paths()``; the GEMV-class kernel is
+in ``gemmlab.kernels.gemv``); launchers and the dispatcher live in ``gemmlab.ops``. C is always row-major
+here (the launcher swaps operands for a column-major C: C^T = B^T A^T). A and B may each be stored either way:
 
     A_KMAJOR = True : a_desc covers A   (M, K), K contiguous, blocks [BLOCK_M, BLOCK_K]
     A_KMAJOR = False: a_desc covers A^T (K, M), M contiguous, blocks [BLOCK_K, BLOCK_M]
@@ -11,6 +11,11 @@ C^T = B^T A^T). A and B may each be stored either way:
 
 TMA clips out-of-bounds stores and zero-fills out-of-bounds loads, so the TMA kernels need no masks;
 their coordinates are int32 per dimension (fine up to 2^31 rows/cols), addresses are 64-bit in hardware.
+
+Split reductions (split-K, the persistent kernel's split tail) share one deterministic scheme: every piece of a
+tile writes its fp32 partial to its own workspace slot, then bumps the tile's arrival counter; the last piece
+to arrive sums the slots in piece order (whoever arrives last, the same sum) and stores the tile
+(``split_arrive``, ``split_sum``).
 """
 
 import triton
@@ -104,11 +109,34 @@ def _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, k_end,
 
 
 @triton.jit
+def split_arrive(ws_part, acc, counter, SPLITS: tl.constexpr, offs):
+    """Write this piece's fp32 partial tile to its slot ``ws_part`` and arrive at the tile's ``counter``; True
+    for the last of the tile's SPLITS pieces to arrive (it then sums them: ``split_sum``)."""
+    tl.store(ws_part + offs, acc, cache_modifier=".cg")
+    tl.debug_barrier()  # every thread's partial is issued before the release below
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    return arrived == SPLITS - 1
+
+
+@triton.jit
+def split_sum(ws_tile, split_stride, counter, SPLITS: tl.constexpr, offs, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """The fp32 sum of a tile's SPLITS partials, slots ws_tile + s * split_stride in order s = 0..SPLITS-1
+    (deterministic); leaves the counter at zero for the next launch."""
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(SPLITS):
+        total += tl.load(ws_tile + s * split_stride + offs, cache_modifier=".cg")
+    tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+    return total
+
+
+@triton.jit
 def gemm_tma_persistent_kernel(
     a_desc,  # A (M, K) or A^T (K, M), fp16/bf16, see A_KMAJOR
     b_desc,  # B^T (N, K) or B (K, N), see B_KMAJOR
     c,  # C (M, N) row-major: descriptor, blocks [BLOCK_M, BLOCK_N or BLOCK_N // 2] (C_TMA), else pointer
-    ws_ptr,  # STREAM_K: (NUM_SMS, 2, BLOCK_M * BLOCK_N) fp32, each program's first and last partial tile
+    ws_ptr,  # STREAM_K: (NUM_SMS, 2, BLOCK_M * BLOCK_N) fp32, each program's first and last partial tile;
+    # TAIL_SPLIT: (SK_TILES, TAIL_SPLIT, BLOCK_M * BLOCK_N) fp32, one slot per piece of a tail tile
     count_ptr,  # STREAM_K: (SK_TILES,) int32 arrival counters, zero between calls
     M, N, K,
     stride_cm,  # C's row stride (pointer epilogue only)
@@ -117,7 +145,7 @@ def gemm_tma_persistent_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    STREAM_K: tl.constexpr,
+    STREAM_K: tl.constexpr, TAIL_SPLIT: tl.constexpr = 0,
 ):
     """Hopper fast path. Grid: (min(NUM_SMS, tiles),), or (NUM_SMS,) with STREAM_K; each program walks tiles
     start, start+NUM_SMS, ... in grouped order, loading A/B through TMA into a multi-stage ring that feeds
@@ -125,7 +153,12 @@ def gemm_tma_persistent_kernel(
     tiles go as above; the SK_TILES * k_tiles BLOCK_K steps of the rest are cut into NUM_SMS equal runs, one
     per program. A tile a program covers whole is stored; a partial tile goes to one of the program's two ws
     slots and the last of the tile's programs to arrive (atomic counter) sums the
-    pieces in program order (deterministic, whoever arrives last) and stores the tile."""
+    pieces in program order (deterministic, whoever arrives last) and stores the tile.
+    STREAM_K with TAIL_SPLIT = s > 0 (data-parallel + split tail): the SK_TILES tail tiles (the partial last
+    wave) are each cut into s pieces of K, the SK_TILES * s pieces dealt round-robin to the programs after their
+    whole waves. Unlike stream-K's runs, the pieces that run together start together and walk K in step, so the
+    tail keeps the data-parallel waves' L2 reuse (stream-K's runs sit at unrelated K offsets); a tile's pieces
+    are summed in piece order by the last to arrive."""
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -139,7 +172,24 @@ def gemm_tma_persistent_kernel(
         acc = _tile_dot(a_desc, b_desc, off_m, off_n, 0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR,
                         DOT_UPCAST)
         _store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
-    if STREAM_K:
+    if STREAM_K and TAIL_SPLIT > 0:
+        per_piece = tl.cdiv(k_tiles, TAIL_SPLIT)  # BLOCK_K steps per piece
+        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        for piece in range(start_pid, SK_TILES * TAIL_SPLIT, NUM_SMS):
+            sk_tile = piece // TAIL_SPLIT
+            part = piece % TAIL_SPLIT
+            k_begin = part * per_piece
+            pid_m, pid_n = _tile_coords(dp_tiles + sk_tile, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            acc = _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, min(k_begin + per_piece, k_tiles), BLOCK_M,
+                            BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR, DOT_UPCAST)
+            ws_tile = ws_ptr + sk_tile.to(tl.int64) * (TAIL_SPLIT * BLOCK_M * BLOCK_N)
+            if split_arrive(ws_tile + part * (BLOCK_M * BLOCK_N), acc, count_ptr + sk_tile, TAIL_SPLIT, offs):
+                total = split_sum(ws_tile, BLOCK_M * BLOCK_N, count_ptr + sk_tile, TAIL_SPLIT, offs, BLOCK_M,
+                                   BLOCK_N)
+                _store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+    elif STREAM_K:
         per_run = tl.cdiv(SK_TILES * k_tiles, NUM_SMS)  # BLOCK_K steps per program
         it = start_pid * per_run
         run_end = min(it + per_run, SK_TILES * k_tiles)
@@ -210,15 +260,9 @@ def gemm_tma_splitk_kernel(
         offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         ws_tile = ws_ptr + tile.to(tl.int64) * (BLOCK_M * BLOCK_N)
         split_stride = num_tiles.to(tl.int64) * (BLOCK_M * BLOCK_N)
-        tl.store(ws_tile + pid_k * split_stride + offs, acc, cache_modifier=".cg")
-        tl.debug_barrier()  # every thread's partial is issued before the release below
-        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(SPLIT_K):
-                total += tl.load(ws_tile + s * split_stride + offs, cache_modifier=".cg")
+        if split_arrive(ws_tile + pid_k * split_stride, acc, count_ptr + tile, SPLIT_K, offs):
+            total = split_sum(ws_tile, split_stride, count_ptr + tile, SPLIT_K, offs, BLOCK_M, BLOCK_N)
             _store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
-            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit

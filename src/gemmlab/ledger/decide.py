@@ -1,7 +1,8 @@
 """The accept/reject rule (the TileLang story's): an entry is accepted against its parent only if
 
 1. it is correct (verified at the timed shape),
-2. its SASS still has tensor-core instructions (inspected, count > 0),
+2. its SASS still has tensor-core instructions (inspected, count > 0), except the GEMV kernel's one-row tiles,
+   which run on FFMA by design (a GEMV streams B once, memory-bound; a 16-row MMA would be 15/16 padding),
 3. its median latency dropped, and
 4. the paired speedup's 95% interval excludes "no change" (its lower bound is above 1).
 
@@ -35,13 +36,18 @@ def paired_speedup(child, parent, n_boot: int = 2000, seed: int = 0) -> tuple[fl
     return None
 
 
+def ffma_by_design(e) -> bool:
+    """The GEMV kernel's one-row tiles: CUDA-core FFMA is their design, not a lost tensor core."""
+    return e.path == "gemv" and (e.config or {}).get("block_m") == 1
+
+
 def decide(child, parent) -> tuple[str, str]:
     """("accepted" | "rejected", reason)."""
     if not child.correct:
         return "rejected", f"incorrect: {child.error or 'failed verification'}"
     if child.tensor_core_ops is None:
         return "rejected", "tensor cores not verified: no SASS was inspected"
-    if child.tensor_core_ops <= 0:
+    if child.tensor_core_ops <= 0 and not ffma_by_design(child):
         return "rejected", "no tensor-core instruction in its SASS (HGMMA/HMMA)"
     if child.median_ms is None:
         return "rejected", "not timed"

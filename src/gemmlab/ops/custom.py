@@ -4,14 +4,22 @@ S = T*k routed rows.
 
     gemmlab::gemm(a (M, K), b (K, N)) -> (M, N)              dA = dC B^T, dB = A^T dC (gemmlab's gemm)
     gemmlab::gemm_out(a, b, out!)                            out= variant (no autograd)
-    gemmlab::grouped_gemm(x (S, K), w (E, N, K), offsets, validate) -> (S, N)
-    gemmlab::grouped_gemm_out(x, w, offsets, out!, validate) out= variant (no autograd)
+    gemmlab::grouped_gemm(x (S, K), w (E, N, K), offsets, validate=True) -> (S, N)
+    gemmlab::grouped_gemm_out(x, w, offsets, out!, validate=True) out= variant (no autograd)
     gemmlab::grouped_gemm_backward(dy, x, w, offsets) -> (dx (S, K), dw (E, N, K))
     gemmlab::moe_forward(x (T, H), w1 (E, 2I, H), w2 (E, H, I), topk_weights (T, k), topk_ids (T, k),
-                         validate, gather) -> y (T, H)
-    gemmlab::moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1, need_w2, gate_up?) -> (dx, dw1, dw2, dtw)
-    gemmlab::moe_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather) -> (y, gate_up (S, 2I))
-    gemmlab::route(logits (T, E), top_k, renormalize, scoring) -> (weights (T, k) fp32, ids (T, k) int32)
+                         validate=True, gather="auto") -> y (T, H)
+    gemmlab::moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1=True, need_w2=True, gate_up=None)
+                         -> (dx, dw1, dw2, dtw)
+    gemmlab::moe_forward_saving(x, w1, w2, topk_weights, topk_ids, validate=True, gather="auto")
+                         -> (y, gate_up (S, 2I))
+    gemmlab::route(logits (T, E), top_k, renormalize=True, scoring="softmax") -> (weights (T, k) fp32, ids (T, k) int32)
+
+Registered on ``import gemmlab`` (this module imports torch and the checks only): each op's body imports its
+launcher on first call, so no Triton kernel loads before one runs (Triton decides at a kernel's import whether it
+runs compiled or under its CPU interpreter). Every op checks its own arguments, in the real implementation (the
+launchers' checks) and, on metadata, in the fake one: a direct ``torch.ops.gemmlab.*`` call gets the same one
+clear error as the Python function.
 
 The public functions (``gemmlab.gemm`` ...) call these ops whenever the call is traced (torch.compile), needs
 autograd, or runs under a dispatch mode or functorch transform; a plain eager call with no grad goes straight to
@@ -31,26 +39,62 @@ autograd.Functions for plain eager calls.
 import torch
 from torch import Tensor
 
-from gemmlab.ops import moe_backward as moe_bwd_ops
 from gemmlab.ops.dispatch import unit
-from gemmlab.ops.gemm_launch import launch_gemm
-from gemmlab.ops.grouped import launch_grouped_gemm
-from gemmlab.ops.moe_plan import launch_moe_forward
-from gemmlab.ops.moe_routing import route_scores
+from gemmlab.ops.gemm_checks import check_operand, operands
+from gemmlab.ops.moe_checks import (
+    check_gather,
+    check_grouped_args,
+    check_grouped_backward_args,
+    check_moe_args,
+    check_moe_backward_args,
+    check_route_args,
+)
+from gemmlab.ops.scores import route_scores
+
+
+def _launch_gemm(a, b, out):
+    from gemmlab.ops.gemm_launch import launch_gemm  # (the first call loads the kernels)
+
+    return launch_gemm(a, b, out)
+
+
+def _launch_grouped_gemm(x, w, offsets, out, validate):
+    from gemmlab.ops.grouped import launch_grouped_gemm
+
+    return launch_grouped_gemm(x, w, offsets, out, validate)
+
+
+def _launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather):
+    from gemmlab.ops.moe_plan import launch_moe_forward
+
+    check_gather(gather)
+    return launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
+
+
+def _fake_gemm_operands(a, b, out=None):
+    check_operand("a", a)
+    check_operand("b", b)
+    if a.dtype != b.dtype:
+        raise TypeError(f"gemm: a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    torch._check_with(ValueError, a.shape[1] == b.shape[0],
+                      lambda: f"gemm: inner dimensions differ: a is {a.shape[0]}x{a.shape[1]}, b is "
+                              f"{b.shape[0]}x{b.shape[1]}")
+    if out is not None:
+        operands(a, b, out, memory=False)
+
 
 # ------------------------------------------------------------------------------------------------ gemm
 
 
 @torch.library.custom_op("gemmlab::gemm", mutates_args=())
 def gemm(a: Tensor, b: Tensor) -> Tensor:
-    return launch_gemm(a, b, None)
+    return _launch_gemm(a, b, None)
 
 
 @gemm.register_fake
 def _(a, b):
-    torch._check(a.shape[1] == b.shape[0], lambda: f"gemm: inner dimensions differ: {a.shape} @ {b.shape}")
+    _fake_gemm_operands(a, b)
     return a.new_empty((a.shape[0], b.shape[1]))
-
 
 def _gemm_setup(ctx, inputs, output):
     a, b = inputs
@@ -70,11 +114,12 @@ gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup)
 
 @torch.library.custom_op("gemmlab::gemm_out", mutates_args=("out",))
 def gemm_out(a: Tensor, b: Tensor, out: Tensor) -> None:
-    launch_gemm(a, b, out)
+    _launch_gemm(a, b, out)
 
 
 @gemm_out.register_fake
 def _(a, b, out):
+    _fake_gemm_operands(a, b, out)
     return None
 
 
@@ -82,36 +127,43 @@ def _(a, b, out):
 
 
 @torch.library.custom_op("gemmlab::grouped_gemm", mutates_args=())
-def grouped_gemm(x: Tensor, w: Tensor, offsets: Tensor, validate: bool) -> Tensor:
-    return launch_grouped_gemm(x, w, offsets, None, validate)
+def grouped_gemm(x: Tensor, w: Tensor, offsets: Tensor, validate: bool = True) -> Tensor:
+    return _launch_grouped_gemm(x, w, offsets, None, validate)
 
 
 @grouped_gemm.register_fake
-def _(x, w, offsets, validate):
+def _(x, w, offsets, validate=True):
+    check_grouped_args(x, w, offsets, None)
     return x.new_empty((x.shape[0], w.shape[1]))
 
 
 @torch.library.custom_op("gemmlab::grouped_gemm_out", mutates_args=("out",))
-def grouped_gemm_out(x: Tensor, w: Tensor, offsets: Tensor, out: Tensor, validate: bool) -> None:
-    launch_grouped_gemm(x, w, offsets, out, validate)
+def grouped_gemm_out(x: Tensor, w: Tensor, offsets: Tensor, out: Tensor, validate: bool = True) -> None:
+    _launch_grouped_gemm(x, w, offsets, out, validate)
 
 
 @grouped_gemm_out.register_fake
-def _(x, w, offsets, out, validate):
+def _(x, w, offsets, out, validate=True):
+    check_grouped_args(x, w, offsets, out, memory=False)
     return None
 
 
 def weight_grad(dy: Tensor, x: Tensor, offsets: Tensor, dw: Tensor) -> Tensor:
     """dw[e] (N, K) = dy[rows_e]^T (N, S_e) @ x[rows_e] (S_e, K): one launch over every expert
     (``ops.moe_backward.weight_grad``; no host sync). An expert with no rows gets zeros."""
-    return moe_bwd_ops.weight_grad(dy, None, x, None, offsets, dw)
+    from gemmlab.ops.moe_backward import weight_grad as launch_weight_grad
+
+    return launch_weight_grad(dy, None, x, None, offsets, dw)
 
 
 @torch.library.custom_op("gemmlab::grouped_gemm_backward", mutates_args=())
 def grouped_gemm_backward(dy: Tensor, x: Tensor, w: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+    from gemmlab.ops.moe_backward import grouped_input_grad
+
+    check_grouped_backward_args(dy, x, w, offsets)
     dy = dy if dy.stride(-1) == 1 else dy.contiguous()
     dx = torch.zeros_like(x, memory_format=torch.contiguous_format)  # rows past offsets[-1] get no gradient
-    moe_bwd_ops.grouped_input_grad(dy, w, offsets, dx)  # dy (S, N) @ w_e (N, K), w read in place
+    grouped_input_grad(dy, w, offsets, dx)  # dy (S, N) @ w_e (N, K), w read in place
     dw = weight_grad(dy, x if x.stride(-1) == 1 else x.contiguous(), offsets, torch.empty_like(
         w, memory_format=torch.contiguous_format))
     return dx, dw
@@ -119,6 +171,7 @@ def grouped_gemm_backward(dy: Tensor, x: Tensor, w: Tensor, offsets: Tensor) -> 
 
 @grouped_gemm_backward.register_fake
 def _(dy, x, w, offsets):
+    check_grouped_backward_args(dy, x, w, offsets)
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
         w, memory_format=torch.contiguous_format)
 
@@ -141,30 +194,37 @@ grouped_gemm.register_autograd(_grouped_backward, setup_context=_grouped_setup)
 
 
 @torch.library.custom_op("gemmlab::moe_forward", mutates_args=())
-def moe_forward(x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, validate: bool,
-                gather: str) -> Tensor:
-    return launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
+def moe_forward(x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, validate: bool = True,
+                gather: str = "auto") -> Tensor:
+    return _launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather)
 
 
 @moe_forward.register_fake
-def _(x, w1, w2, topk_weights, topk_ids, validate, gather):
+def _(x, w1, w2, topk_weights, topk_ids, validate=True, gather="auto"):
+    check_moe_args(x, w1, w2, topk_weights, topk_ids)
+    check_gather(gather)
     return x.new_empty((x.shape[0], w2.shape[1]))
 
 
 @torch.library.custom_op("gemmlab::moe_backward", mutates_args=())
 def moe_backward(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
-                 need_w1: bool, need_w2: bool, gate_up: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 need_w1: bool = True, need_w2: bool = True, gate_up: Tensor | None = None
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The fused backward (``gemmlab.ops.moe_backward``): the routes sorted again, the first GEMM recomputed
     from x inside the kernel that computes dy W2 (nothing but the inputs is saved; or, with ``gate_up`` from
     ``moe_forward_saving``, loaded instead), d topk_weights folded into that kernel's epilogue, dX by a grouped
     GEMM on W1 in place and a deterministic combine, dW1 and dW2 by one grouped weight-gradient launch each
     (skipped, and returned as (0,) tensors, when not needed). No host sync, no host loop over experts."""
-    return moe_bwd_ops.moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1=need_w1, need_w2=need_w2,
-                                    gate_up=gate_up)
+    from gemmlab.ops.moe_backward import moe_backward as launch_moe_backward
+
+    check_moe_backward_args(dy, x, w1, w2, topk_weights, topk_ids, gate_up)
+    return launch_moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1=need_w1, need_w2=need_w2,
+                               gate_up=gate_up)
 
 
 @moe_backward.register_fake
-def _(dy, x, w1, w2, topk_weights, topk_ids, need_w1, need_w2, gate_up):
+def _(dy, x, w1, w2, topk_weights, topk_ids, need_w1=True, need_w2=True, gate_up=None):
+    check_moe_backward_args(dy, x, w1, w2, topk_weights, topk_ids, gate_up)
     return (x.new_empty(x.shape), w1.new_empty(w1.shape if need_w1 else (0,)),
             w2.new_empty(w2.shape if need_w2 else (0,)), topk_weights.new_empty(topk_weights.shape))
 
@@ -190,22 +250,30 @@ class MoEForward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, w2, topk_weights, topk_ids, validate, gather):
         ctx.save_for_backward(x, w1, w2, topk_weights, topk_ids)
-        return launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
+        return _launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather)
 
     @staticmethod
     def backward(ctx, dy):
         return _moe_backward(ctx, dy)
 
 
+def _launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather):
+    from gemmlab.ops.moe_backward import launch_forward_saving
+
+    return launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
+
+
 @torch.library.custom_op("gemmlab::moe_forward_saving", mutates_args=())
 def moe_forward_saving(x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
-                       validate: bool, gather: str = "auto") -> tuple[Tensor, Tensor]:
+                       validate: bool = True, gather: str = "auto") -> tuple[Tensor, Tensor]:
     """y and the gate/up pre-activations (S, 2I, routed order) that its backward loads instead of recomputing."""
-    return moe_bwd_ops.launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
+    return _launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
 
 
 @moe_forward_saving.register_fake
-def _(x, w1, w2, topk_weights, topk_ids, validate, gather="auto"):
+def _(x, w1, w2, topk_weights, topk_ids, validate=True, gather="auto"):
+    check_moe_args(x, w1, w2, topk_weights, topk_ids)
+    check_gather(gather)
     s, i2 = x.shape[0] * topk_ids.shape[1], w1.shape[1]
     return x.new_empty((x.shape[0], w2.shape[1])), x.new_empty((s, i2))
 
@@ -231,7 +299,7 @@ class MoEForwardSaving(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w1, w2, topk_weights, topk_ids, validate, gather):
-        y, gate_up = moe_bwd_ops.launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
+        y, gate_up = _launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
         ctx.save_for_backward(x, w1, w2, topk_weights, topk_ids, gate_up)
         return y
 
@@ -244,12 +312,15 @@ class MoEForwardSaving(torch.autograd.Function):
 
 
 @torch.library.custom_op("gemmlab::route", mutates_args=())
-def route(router_logits: Tensor, top_k: int, renormalize: bool, scoring: str) -> tuple[Tensor, Tensor]:
+def route(router_logits: Tensor, top_k: int, renormalize: bool = True, scoring: str = "softmax"
+          ) -> tuple[Tensor, Tensor]:
+    check_route_args(router_logits, top_k, scoring, nd=False)
     return route_scores(router_logits, top_k, renormalize, scoring)
 
 
 @route.register_fake
-def _(router_logits, top_k, renormalize, scoring):
+def _(router_logits, top_k, renormalize=True, scoring="softmax"):
+    check_route_args(router_logits, top_k, scoring, nd=False)
     t = router_logits.shape[0]
     return (router_logits.new_empty((t, top_k), dtype=torch.float32),
             router_logits.new_empty((t, top_k), dtype=torch.int32))

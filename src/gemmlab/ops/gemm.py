@@ -9,7 +9,7 @@ through the ``torch.ops.gemmlab`` custom ops (``ops.custom``); a plain eager cal
 
 The lab's way into the details: ``choose`` (plan kernel-view operands, e.g. "meta" tensors for another GPU),
 ``constexprs`` and ``launch_options`` (what a plan's kernel is compiled with), ``KERNELS`` (the kernel of each
-path), ``last_kernel`` (the compiled kernel a path last ran).
+path), ``last_kernel`` (the compiled kernel a path last ran), ``launch_mode`` (how a cached signature launches).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import torch
 
-from gemmlab.ops import custom, dispatch
+from gemmlab.ops import custom, dispatch, gemm_launch
 from gemmlab.ops.gemm_checks import check_out, operands
 from gemmlab.ops.gemm_launch import KERNELS, execute, last_kernel, launch_gemm
 from gemmlab.ops.gemm_plan import (
@@ -37,18 +37,19 @@ from gemmlab.ops.layout import DTYPES, is_kmajor, padded_k, tma_ok
 from gemmlab.ops.packing import PackedB, pack_b
 
 __all__ = ["DTYPES", "KERNELS", "GemmConfig", "PackedB", "Plan", "check_out", "choose", "constexprs", "gemm",
-           "gemm_colmajor", "is_kmajor", "last_kernel", "launch_options", "pack_b", "padded_k", "paths", "plan",
-           "run", "staging_decision", "stream_k_tiles", "tma_ok"]
+           "gemm_colmajor", "is_kmajor", "last_kernel", "launch_mode", "launch_options", "pack_b", "padded_k", "paths",
+           "plan", "run", "staging_decision", "stream_k_tiles", "tma_ok"]
 
 
 def plan(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None,
-         config: GemmConfig | None = None, stage: bool | None = None) -> Plan:
+         config: GemmConfig | None = None, stage: bool | None = None, path: str | None = None) -> Plan:
     """Which path and config ``gemm(a, b, out=out)`` runs. Pure and cheap: checks, no allocation.
     ``config`` pins a config for the chosen path (the tuner's way in; run the result with ``run``);
     ``stage`` pins whether operands TMA cannot describe are staged (True) or left to the portable kernel
-    (False); None: the cost rule (``staging_decision``)."""
+    (False); None: the cost rule (``staging_decision``). ``path`` pins the kernel path (``paths()`` but
+    "empty"; a sweep's way to time every path): None, the config tables' route rules, then the planner's own."""
     a, b, c, swap = operands(a, b.view() if isinstance(b, PackedB) else b, out)
-    return choose(a, b, c, swap, config, stage=stage)
+    return choose(a, b, c, swap, config, stage=stage, path=path)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -97,13 +98,20 @@ def run(p: Plan, a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tenso
     """Run a plan made by ``plan(a, b, out=out, config=...)`` for operands laid out like these: the
     tuner's and the config sweep's way to launch a pinned config."""
     ka, kb, kc, swap = operands(a, b.view() if isinstance(b, PackedB) else b, out)
-    fresh = choose(ka, kb, kc, swap, p.config, stage=bool(p.staged))
+    fresh = choose(ka, kb, kc, swap, p.config, stage=bool(p.staged), path=None if p.path == "empty" else p.path)
     if replace(fresh, reason=p.reason) != p:  # (the reason says where the config came from)
         raise ValueError(f"run: the plan does not fit these operands (plan for them: {fresh})")
     if out is None:
         out = kc = torch.empty((p.m, p.n), dtype=p.dtype, device=ka.device)
     execute(p, ka, kb, kc)
     return out
+
+
+def launch_mode(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None) -> str:
+    """How the next eager ``gemm(a, b, out=out)`` of 2-D operands laid out like these launches: "uncached",
+    "empty", "jit", "kept" or "direct" (Triton's C launcher, descriptors kept per buffer: the hot path), with
+    " staged" where operands are copied first (``ops.gemm_launch.launch_mode``)."""
+    return gemm_launch.launch_mode(a, b.fixed_view() if isinstance(b, PackedB) else b, out)
 
 
 def gemm_colmajor(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, M: int, N: int, K: int) -> None:

@@ -2,7 +2,7 @@
 view of good ones.
 
     check_operand(name, t)       a 2-D fp16/bf16 tensor
-    operands(a, b, out)          every check of gemm(a, b, out=out); -> (a', b', c', swap_ab), c' row-major
+    operands(a, b, out, memory)  every check of gemm(a, b, out=out); -> (a', b', c', swap_ab), c' row-major
     check_out(op, out, **inputs) out shares memory neither with itself nor with an input (every public op's)
 """
 
@@ -22,9 +22,10 @@ def check_operand(name: str, t: object) -> None:
         raise TypeError(f"gemm: {name} has dtype {t.dtype}; supported: float16, bfloat16")
 
 
-def operands(a, b, out) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
+def operands(a, b, out, memory: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
     """Check the caller's 2-D operands (a PackedB already unpacked to its view); return the kernel view
-    (a', b', c', swap_ab) with c' row-major."""
+    (a', b', c', swap_ab) with c' row-major. ``memory`` False: not whether out overlaps a or b (fake tensors
+    have no memory)."""
     check_operand("a", a)
     check_operand("b", b)
     if a.dtype != b.dtype:
@@ -51,7 +52,8 @@ def operands(a, b, out) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None
         row = is_kmajor(out, 1)
         if row is None:
             raise ValueError(f"gemm: out (strides {out.stride()}) needs one unit-stride dimension")
-        check_out("gemm", out, a=a, b=b)
+        if memory:
+            check_out("gemm", out, a=a, b=b)
         if not row:  # column-major C: compute C^T (N, M) = B^T (N, K) @ A^T (K, M)
             a, b, out, swap = b.t(), a.t(), out.t(), True
     return a, b, out, swap

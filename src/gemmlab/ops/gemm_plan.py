@@ -9,7 +9,12 @@ Paths (``paths()``):
     empty           M, N or K is 0: nothing to multiply (C is empty, or zeros when K = 0)
     tma_persistent  Hopper fast path: persistent grid, TMA descriptors, grouped tile order, wgmma
     tma_splitk      small M (<= SMALL_M): small tiles, K split across programs, deterministic reduction
+    gemv            few rows (decode): pointer loads at any alignment, FFMA or HMMA, split-K (kernels.gemv)
     portable        pointer loads with masks: any alignment, any layout, any GPU, the CPU interpreter
+
+Which path: the one pinned by the caller (``path``), else the first "route" rule of the config tables that holds
+the shape (``ops.gemm_route``: data measured per GPU), else M <= SMALL_M split-K over TMA and the persistent
+kernel above, with operands TMA cannot describe staged or sent to the portable kernel as below.
 
 Staging (``Plan.staged``): when A or B cannot be described by TMA (an odd K or N makes the leading stride
 not a multiple of 16 bytes; a misaligned base; a broadcast stride 0) but copying it is cheap next to the
@@ -39,16 +44,19 @@ from triton import knobs
 
 from gemmlab.device import Target, target_for
 from gemmlab.ops import configs
+from gemmlab.ops.gemm_route import ROUTABLE, gemv_refusal, gemv_split_for, route, tail_split_for
 from gemmlab.ops.layout import is_kmajor, padded_k, tma_ok
 
-PATHS = ("empty", "tma_persistent", "tma_splitk", "portable")
+PATHS = ("empty", "tma_persistent", "tma_splitk", "gemv", "portable")
 SMALL_M = 256  # at or below this many output rows the small-M path is chosen
 PINNED = "config given by the caller"
 
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Launch parameters of one kernel path. ``split_k = 0`` means "choose from the shape" (tma_splitk).
+    """Launch parameters of one kernel path. ``split_k = 0`` means "choose from the shape" (tma_splitk, gemv).
+    ``tail_split`` (tma_persistent): at most this many K pieces per tile of the partial last wave, the number
+    chosen from the shape (``gemm_route.tail_split_for``; a plan holds the number chosen, 0 for none).
     ``stage_c`` only acts where C's stride or base rules out a TMA store: C then goes out through TMA into a
     16-byte-aligned scratch C and one copy into the caller's C (M N elements read and written once more),
     instead of masked pointer stores (which spill registers at 128x256 tiles)."""
@@ -65,6 +73,7 @@ class GemmConfig:
     max_nreg: int = 0  # Triton's maxnreg compile option (registers per thread); 0: the compiler's choice
     stage_c: bool = False  # TMA paths, C not TMA-aligned: TMA-store into an aligned copy, then copy into C
     stream_k: bool = False  # tma_persistent: data-parallel + stream-K hybrid for the last waves (stream_k_tiles)
+    tail_split: int = 0  # tma_persistent: data-parallel waves + the partial last wave split in K (< 2: off)
 
     @classmethod
     def from_dict(cls, d: dict) -> GemmConfig:
@@ -223,19 +232,27 @@ def _stage_c(cfg: GemmConfig, common: dict, c_note: str) -> str:
 
 
 def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bool,
-           config: GemmConfig | None = None, target: Target | None = None, stage: bool | None = None) -> Plan:
+           config: GemmConfig | None = None, target: Target | None = None, stage: bool | None = None,
+           path: str | None = None) -> Plan:
     """Plan for the kernel-view problem C (M, N) row-major = a (M, K) @ b (K, N); operands validated,
     ``c`` is None when ``gemm`` will allocate a contiguous C. ``config`` pins the config (else the table's);
     ``target`` overrides the operands' device (the inspector plans for an H200 from "meta" tensors);
-    ``stage`` pins the staging decision for operands TMA cannot describe (None: ``staging_decision``'s rule).
+    ``stage`` pins the staging decision for operands TMA cannot describe (None: ``staging_decision``'s rule);
+    ``path`` pins the kernel path (None: the route rules, then the planner's own choice).
     Steps: (1) the path, config and layout decisions (``decide``), (2) the launch they make (``launch_spec``)."""
-    p = decide(a, b, c, swap_ab, config, target, stage)
+    p = decide(a, b, c, swap_ab, config, target, stage, path)
     return p if p.path == "empty" else dataclasses.replace(p, launch=launch_spec(p, a, b, c))
 
 
 def decide(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bool,
-           config: GemmConfig | None = None, target: Target | None = None, stage: bool | None = None) -> Plan:
-    """``choose``'s step 1: the path, the config and the operand layouts (a Plan without its launch)."""
+           config: GemmConfig | None = None, target: Target | None = None, stage: bool | None = None,
+           path: str | None = None) -> Plan:
+    """``choose``'s step 1: the path, the config and the operand layouts (a Plan without its launch). Steps:
+    (1) empty problems; (2) the path wanted: pinned, routed by a rule, or none; (3) the GEMV kernel or the
+    portable one when wanted; (4) else TMA: operands it cannot describe staged where the cost rule says so (a
+    TMA path pinned for operands left unstaged is an error), else the portable kernel."""
+    if path is not None and path not in ROUTABLE:
+        raise ValueError(f"path {path!r}: one of {list(ROUTABLE)}")
     m, k = a.shape
     n = b.shape[1]
     a_kmajor = bool(is_kmajor(a, 1))
@@ -251,6 +268,18 @@ def decide(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
     common.update(c_tma=c_tma, num_sms=target.num_sms)
     unaligned = [(name, t) for name, t, inner in (("a", a, 1 if a_kmajor else 0), ("b", b, 0 if b_kmajor else 1))
                  if not tma_ok(t, inner)]
+    want, via = (path, "path pinned by the caller") if path else (
+        route(target, m, n, k, a.dtype, not unaligned) or (None, ""))
+    if stage and path is None and want in ("gemv", "portable"):  # staging pinned on: a TMA path is wanted
+        want, via = None, ""
+    if want == "gemv":
+        p = _gemv_plan(a, b, c, config, target, common, via, pinned=path is not None)
+        if p is not None:
+            return p
+        want, via = None, ""  # a route to a GEMV that cannot take these operands: the planner's own choice
+    if want == "portable":
+        cfg, source = (config, PINNED) if config else _pick(target, "portable", m, n, k, a.dtype)
+        return Plan("portable", cfg, f"portable kernel, {via}; {source}", **common)
     stage_note = ""
     if unaligned and target.has_tma:
         go, why_stage = staging_decision(target, m, n, k, a.element_size(), [t.numel() for _, t in unaligned],
@@ -265,32 +294,68 @@ def decide(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
     if not target.has_tma:
         why = f"sm_{target.capability[0]}{target.capability[1]} has no TMA"
     elif not unaligned:
-        c_note = ("" if c_tma else "; C stored with masked pointers (its stride is not 16-byte aligned)") + stage_note
-        if m <= SMALL_M:
-            cfg, source = (config, PINNED) if config else _pick(target, "tma_splitk", m, n, k, a.dtype)
-            split = split_k_for(cfg, m, n, k, target.num_sms)
-            cfg = dataclasses.replace(cfg, split_k=split)
-            c_note = _stage_c(cfg, common, c_note)
-            return Plan("tma_splitk", cfg, f"M={m} <= {SMALL_M}: small tiles, split-K {split}{c_note}; {source}",
-                        **common)
-        cfg, source = (config, PINNED) if config else _pick(target, "tma_persistent", m, n, k, a.dtype)
-        if cfg.warp_specialize and not os.environ.get("GEMMLAB_ALLOW_WS"):
-            raise ValueError("warp_specialize: the persistent kernel with Triton 3.6's Hopper warp "
-                             "specialization hung on the H200 (benchmarks/results/nvidia-h200-ws-probe-timeout.log); "
-                             "set GEMMLAB_ALLOW_WS=1 to try it anyway")
-        if cfg.warp_specialize and cfg.stream_k:
-            raise ValueError("stream_k with warp_specialize: not supported (the stream-K part is not specialized)")
-        if cfg.warp_specialize and c_tma:
-            # Triton 3.6's Hopper warp specialization splits the accumulator over two consumer warpgroups
-            # but not a TMA store's block; its C goes out through pointers instead.
-            common["c_tma"], c_note = False, "; warp-specialized, C stored with pointers" + stage_note
-        elif not cfg.warp_specialize:
-            c_note = _stage_c(cfg, common, c_note)
-        head = "TMA-aligned on sm_90+" if not stage_note else "TMA-aligned on sm_90+ once staged"
-        return Plan("tma_persistent", cfg, f"{head}: persistent TMA kernel{c_note}; {source}",
-                    **common)
+        tma_path = want or ("tma_splitk" if m <= SMALL_M else "tma_persistent")
+        return _tma_plan(tma_path, config, target, common, stage_note, via)
+    if path is not None:
+        raise ValueError(f"path {path!r} needs A and B TMA can describe (16-byte aligned base and rows): {why}")
     cfg, source = (config, PINNED) if config else _pick(target, "portable", m, n, k, a.dtype)
     return Plan("portable", cfg, f"{why}; {source}", **common)
+
+
+def _gemv_plan(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, config: GemmConfig | None,
+               target: Target, common: dict, via: str, pinned: bool) -> Plan | None:
+    """The GEMV kernel's plan (C through pointers, nothing staged), or None where it cannot take the operands
+    and was only routed (pinned: ValueError)."""
+    m, n, k = common["m"], common["n"], common["k"]
+    cfg, source = (config, PINNED) if config else _pick(target, "gemv", m, n, k, a.dtype)
+    why = gemv_refusal(cfg, a, b, c.stride() if c is not None else (n, 1), m, n)
+    if why:
+        if pinned:
+            raise ValueError(f"path 'gemv': {why}")
+        return None
+    split = gemv_split_for(cfg, m, n, k, target.num_sms)
+    cfg = dataclasses.replace(cfg, split_k=split)
+    kind = "FFMA, one-row tiles" if cfg.block_m == 1 else f"tensor cores, {cfg.block_m}-row tiles"
+    return Plan("gemv", cfg, f"GEMV kernel ({kind}; pointer loads at any alignment), split-K {split}, {via}; "
+                f"{source}", **dict(common, c_tma=False))
+
+
+def _tma_plan(path: str, config: GemmConfig | None, target: Target, common: dict, stage_note: str,
+              via: str) -> Plan:
+    """A TMA path's plan for operands TMA can describe (as given, or once staged)."""
+    m, n, k, c_tma = common["m"], common["n"], common["k"], common["c_tma"]
+    c_note = ("" if c_tma else "; C stored with masked pointers (its stride is not 16-byte aligned)") + stage_note
+    via = f"; {via}" if via else ""
+    if path == "tma_splitk":
+        cfg, source = (config, PINNED) if config else _pick(target, "tma_splitk", m, n, k, common["dtype"])
+        split = split_k_for(cfg, m, n, k, target.num_sms)
+        cfg = dataclasses.replace(cfg, split_k=split)
+        c_note = _stage_c(cfg, common, c_note)
+        head = f"M={m}" if via else f"M={m} <= {SMALL_M}"
+        return Plan("tma_splitk", cfg, f"{head}: small tiles, split-K {split}{c_note}{via}; {source}", **common)
+    cfg, source = (config, PINNED) if config else _pick(target, "tma_persistent", m, n, k, common["dtype"])
+    if cfg.warp_specialize and not os.environ.get("GEMMLAB_ALLOW_WS"):
+        raise ValueError("warp_specialize: the persistent kernel with Triton 3.6's Hopper warp "
+                         "specialization hung on the H200 (benchmarks/results/nvidia-h200-ws-probe-timeout.log); "
+                         "set GEMMLAB_ALLOW_WS=1 to try it anyway")
+    if cfg.warp_specialize and (cfg.stream_k or cfg.tail_split):
+        raise ValueError("stream_k or tail_split with warp_specialize: not supported (the last wave's part is not "
+                         "specialized)")
+    if cfg.stream_k and cfg.tail_split:
+        raise ValueError("stream_k and tail_split: one of them (both share out the partial last wave)")
+    if cfg.tail_split:
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+        tail, pieces = tail_split_for(tiles, target.num_sms, -(-k // cfg.block_k), cfg.tail_split)
+        cfg = dataclasses.replace(cfg, tail_split=pieces)
+        c_note += f"; split tail: the last {tail} tiles in {pieces} K pieces each" if pieces else ""
+    if cfg.warp_specialize and c_tma:
+        # Triton 3.6's Hopper warp specialization splits the accumulator over two consumer warpgroups
+        # but not a TMA store's block; its C goes out through pointers instead.
+        common["c_tma"], c_note = False, "; warp-specialized, C stored with pointers" + stage_note
+    elif not cfg.warp_specialize:
+        c_note = _stage_c(cfg, common, c_note)
+    head = "TMA-aligned on sm_90+" if not stage_note else "TMA-aligned on sm_90+ once staged"
+    return Plan("tma_persistent", cfg, f"{head}: persistent TMA kernel{c_note}{via}; {source}", **common)
 
 
 # ------------------------------------------------------------------------------------------ the launch
@@ -303,12 +368,15 @@ def constexprs(p: Plan) -> dict:
     if p.path == "portable":
         return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                     DOT_UPCAST=upcast)
+    if p.path == "gemv":
+        return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+                    DOT_UPCAST=upcast)
     common = dict(A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor, C_TMA=p.c_tma, BLOCK_M=cfg.block_m,
                   BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
                   DOT_UPCAST=upcast)
     if p.path == "tma_persistent":
         return dict(common, GROUP_M=cfg.group_m, NUM_SMS=p.num_sms, WARP_SPECIALIZE=cfg.warp_specialize,
-                    STREAM_K=cfg.stream_k)
+                    STREAM_K=cfg.stream_k or cfg.tail_split > 0, TAIL_SPLIT=cfg.tail_split)
     return dict(common, SPLIT_K=cfg.split_k)
 
 
@@ -355,15 +423,25 @@ def launch_spec(p: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | Non
         ints = (p.m, p.n, p.k, *la[1], *lb[1], *lc[1])
         return LaunchSpec(grid, (None, None, None), ints, consts, opts, None)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    if p.path == "gemv":
+        tiles = cdiv(p.m, bm) * cdiv(p.n, bn)
+        ints = (p.m, p.n, p.k, *la[1], *lb[1], *lc[1], cdiv(cdiv(p.k, bk), cfg.split_k))
+        scratch = (cfg.split_k * tiles * bm * bn, tiles) if cfg.split_k > 1 else (0, 0)
+        return LaunchSpec((cdiv(p.m, bm), cdiv(p.n, bn), cfg.split_k), (None, None, None), ints, consts, opts,
+                          scratch)
     descs = (_desc(la, 1, (bm, bk)) if p.a_kmajor else _desc(la, 0, (bk, bm)),
              _desc(lb, 0, (bn, bk)) if p.b_kmajor else _desc(lb, 1, (bk, bn)),
              _desc(lc, 1, (bm, bn // 2 if cfg.epilogue_subtile else bn)) if p.c_tma else None)
     descs = tuple(None if d is None else (tuple(d[0]), tuple(d[1]), tuple(d[2])) for d in descs)
     if p.path == "tma_persistent":
         tiles = cdiv(p.m, bm) * cdiv(p.n, bn)
-        sk = stream_k_tiles(tiles, p.num_sms) if cfg.stream_k else 0
-        grid = (p.num_sms if sk else min(p.num_sms, tiles), 1, 1)
-        scratch = (p.num_sms * 2 * bm * bn, sk) if sk else (0, 0)
+        if cfg.tail_split:  # the partial last wave, each tile in tail_split pieces with a slot each
+            sk = tiles % p.num_sms if tiles >= p.num_sms else tiles
+            grid, scratch = (p.num_sms, 1, 1), (sk * cfg.tail_split * bm * bn, sk)
+        else:
+            sk = stream_k_tiles(tiles, p.num_sms) if cfg.stream_k else 0
+            grid = (p.num_sms if sk else min(p.num_sms, tiles), 1, 1)
+            scratch = (p.num_sms * 2 * bm * bn, sk) if sk else (0, 0)
         return LaunchSpec(grid, descs, (p.m, p.n, p.k, lc[1][0], sk), consts, opts, scratch, staged)
     grid_n, grid_m = cdiv(p.n, bn), cdiv(p.m, bm)
     per_split = cdiv(cdiv(p.k, bk), cfg.split_k)

@@ -49,8 +49,9 @@ from gemmlab.ops.moe_backward import (
 from gemmlab.ops.moe_checks import check_gather, check_moe_args, check_route_args, check_tensor, check_weights
 from gemmlab.ops.moe_config import MODES, Mode, MoEConfig, moe_choice, moe_config
 from gemmlab.ops.moe_plan import launch_moe_forward
-from gemmlab.ops.moe_routing import Routes, route_kind, route_scores, sort_routes
+from gemmlab.ops.moe_routing import Routes, route_kind, sort_routes
 from gemmlab.ops.packing import PackedMoE, pack_moe_weights
+from gemmlab.ops.scores import route_scores
 
 __all__ = ["DTYPES", "MODES", "Mode", "MoEBackwardConfig", "MoEConfig", "PackedMoE", "Routes", "backward_config",
            "check_tensor", "check_weights", "epilogue_flags", "grid_programs", "grouped_gemm", "last_kernel",

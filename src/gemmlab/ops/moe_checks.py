@@ -7,8 +7,10 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k r
     check_weights(w1, w2) -> (E, H, I)       w1 (E, 2I, H) and w2 (E, H, I)
     check_moe_args(x, w1, w2, weights, ids) -> (T, H, I, E, k)
     check_grouped_args(x, w, offsets, out, memory) -> (S, K, E, N)
-    check_route_args(logits, top_k, scoring)
+    check_route_args(logits, top_k, scoring, nd)
     check_gather(gather)
+    check_grouped_backward_args(dy, x, w, offsets)
+    check_moe_backward_args(dy, x, w1, w2, weights, ids, gate_up)
     device_check(ok, message)                a 0-d bool on the device, checked without a host sync
 """
 
@@ -101,18 +103,41 @@ def check_grouped_args(x, w, offsets, out, memory: bool = True) -> tuple[int, in
     return s, k, e, n
 
 
-def check_route_args(router_logits: object, top_k: object, scoring: object) -> None:
-    """``route``'s checks, on (T, E) (or (..., E)) logits."""
-    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() < 2:
-        raise ValueError(f"route: router_logits must be a (T, E) (or (..., E)) tensor, got "
+def check_route_args(router_logits: object, top_k: object, scoring: object, nd: bool = True) -> None:
+    """``route``'s checks, on (T, E) logits (``nd``: or (..., E))."""
+    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() < 2 or (not nd and router_logits.dim() != 2):
+        raise ValueError(f"route: router_logits must be a (T, E) {'(or (..., E)) ' if nd else ''}tensor, got "
                          f"{getattr(router_logits, 'shape', type(router_logits).__name__)}")
     if not router_logits.is_floating_point():
         raise TypeError(f"route: router_logits must be floating point, got {router_logits.dtype}")
     e = router_logits.shape[-1]
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, torch.SymInt)) or not 1 <= top_k <= e:
         raise ValueError(f"route: top_k must be an integer in [1, E={e}], got {top_k!r}")
     if scoring not in SCORINGS:
         raise ValueError(f"route: scoring {scoring!r}: softmax or sigmoid")
+
+
+def check_grouped_backward_args(dy, x, w, offsets) -> None:
+    """``grouped_gemm``'s backward: the forward's tensors, and dy (S, N) like its output."""
+    s, _, _, n = check_grouped_args(x, w, offsets, None)
+    check_tensor("dy", dy, 2)
+    if tuple(dy.shape) != (s, n) or dy.dtype != x.dtype or dy.device != x.device:
+        raise ValueError(f"grouped_gemm backward: dy must be a ({s}, {n}) {x.dtype} tensor on {x.device}, got "
+                         f"{tuple(dy.shape)} {dy.dtype} on {dy.device}")
+
+
+def check_moe_backward_args(dy, x, w1, w2, topk_weights, topk_ids, gate_up) -> None:
+    """``moe_forward``'s backward: the forward's tensors, dy (T, H) like y, and gate_up (S, 2I) when given."""
+    t, h, i, e, k = check_moe_args(x, w1, w2, topk_weights, topk_ids)
+    check_tensor("dy", dy, 2)
+    if tuple(dy.shape) != (t, h) or dy.dtype != x.dtype or dy.device != x.device:
+        raise ValueError(f"moe_backward: dy must be a ({t}, {h}) {x.dtype} tensor on {x.device}, got "
+                         f"{tuple(dy.shape)} {dy.dtype} on {dy.device}")
+    if gate_up is not None:
+        check_tensor("gate_up", gate_up, 2)
+        if tuple(gate_up.shape) != (t * k, 2 * i) or gate_up.dtype != x.dtype or gate_up.device != x.device:
+            raise ValueError(f"moe_backward: gate_up must be a ({t * k}, {2 * i}) {x.dtype} tensor on {x.device}, "
+                             f"got {tuple(gate_up.shape)} {gate_up.dtype}")
 
 
 def device_check(ok: torch.Tensor, message: str) -> None:

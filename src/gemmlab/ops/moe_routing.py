@@ -1,8 +1,8 @@
-"""MoE routing: top-k scores, and the (token, slot) pairs sorted by expert on the device (no host sync).
+"""MoE routing tables: the (token, slot) pairs sorted by expert on the device (no host sync). The top-k scores
+themselves are ``ops.scores``'.
 
 Legend: T tokens, E experts, k top-k, S = T*k routed (token, slot) pairs.
 
-    route_scores(logits (T, E), k, renormalize, scoring) -> weights (T, k) fp32, ids (T, k) int32   (torch ops)
     sort_routes(ids (T, k), E, block_m, weights) -> Routes     the routing table, one launch up to ALIGN_MAX_S
                                                                pairs, a counting sort in three launches above
     route_kind(S, E), route_launches(...), route_args(...)     the launches, for a plan to keep
@@ -162,13 +162,3 @@ def sort_routes_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int,
     return Routes(order=order.to(torch.int32), inv=inv.to(torch.int32), token=(order // k).to(torch.int32),
                   offsets=torch.cumsum(counts, 0).to(torch.int32), tile_offsets=_tile_offsets(counts, block_m),
                   block_m=block_m, scale=scale)
-
-
-def route_scores(router_logits: torch.Tensor, top_k: int, renormalize: bool, scoring: str):
-    """``route`` on checked arguments, in torch ops."""
-    logits = router_logits.float()
-    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
-    weights, ids = torch.topk(scores, top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids.to(torch.int32)

@@ -20,12 +20,16 @@ SPACE: dict[str, dict[str, list]] = {
     "tma_persistent": {
         "block_m": [64, 128, 256], "block_n": [64, 128, 256], "block_k": [32, 64, 128], "group_m": [4, 8, 16],
         "num_warps": [4, 8], "num_stages": [2, 3, 4, 5], "epilogue_subtile": [False, True],
-        "warp_specialize": [False, True], "max_nreg": [0, 168, 232],
+        "warp_specialize": [False, True], "max_nreg": [0, 168, 232], "tail_split": [0, 4, 8],
     },
     "tma_splitk": {
         "block_m": [16, 64, 128], "block_n": [32, 64, 128, 256], "block_k": [64, 128, 256],
         "num_warps": [4, 8], "num_stages": [3, 4, 5, 6], "split_k": [0, 1, 2, 4, 8, 16],
         "epilogue_subtile": [False, True], "max_nreg": [0, 168],
+    },
+    "gemv": {  # block_m 1: FFMA one-row tiles; 16 and 64: tensor cores
+        "block_m": [1, 16, 64], "block_n": [16, 32, 64, 128], "block_k": [64, 128, 256, 512],
+        "num_warps": [2, 4, 8], "num_stages": [1, 2, 3], "split_k": [0, 1, 2, 4, 8, 16],
     },
     "portable": {
         "block_m": [64, 128], "block_n": [64, 128, 256], "block_k": [32, 64], "group_m": [8],
@@ -64,6 +68,17 @@ def key(cfg: GemmConfig) -> str:
 def prune(cfg: GemmConfig, path: str, m: int, n: int, k: int, elt: int = 2, smem: int = SMEM_BYTES) -> str | None:
     """Why ``cfg`` cannot run (or cannot be worth running) at this shape, before compiling; None if it may."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    if path == "gemv":  # pointer loads, no shared-memory ring to size; registers: the one-row tile's fp32 products
+        if bm == 1 and bk * bn // (32 * cfg.num_warps) > MAX_ACC_REGS:
+            return f"one-row tile {bk}x{bn} keeps {bk * bn // (32 * cfg.num_warps)} fp32 products per thread"
+        if bm > max(16, 1 << (max(m, 1) - 1).bit_length()):
+            return f"block_m {bm} is more than twice M = {m}: wasted rows"
+        if bm == 1 and m > 4:
+            return f"one-row tiles for M = {m}: each row reads all of B"
+        k_tiles = -(-k // bk)
+        if cfg.split_k and cfg.split_k > k_tiles:
+            return f"split_k {cfg.split_k} > {k_tiles} K tiles: empty splits"
+        return None
     if path in ("tma_persistent", "tma_splitk"):
         for name, d in (("block_m", bm), ("block_n", bn), ("block_k", bk)):
             if d > 256:

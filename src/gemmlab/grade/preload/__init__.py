@@ -48,8 +48,8 @@ Not guaranteed. A determined candidate in the same process and uid can still:
   cuBLAS internals. It can find a cuDNN entry point by handle, which is not guarded because cuDNN 9's own shim
   does exactly that.
 - Reach vendor kernels without any guarded API: ``cuLaunchKernel`` on cubins taken from cuBLAS or CUTLASS,
-  CUTLASS compiled in, cuSPARSELt, other cuDNN entry points. Only an outside kernel-activity observer sees
-  those.
+  CUTLASS compiled in (``torch._grouped_mm``), cuSPARSELt, other cuDNN entry points. The kernel observer
+  (``kernel_observer.c``, a CUPTI injection library; ``gemmlab.grade.observer``) sees those by name.
 - Silence or forge the observer. It can close or ``dup2`` over the log fds (``/proc/self/fd`` names them), zero
   or ``munmap`` the counter mapping (``/proc/self/maps``), truncate the log file (same uid), or patch this
   library's code or read its token from memory. Calls made before the tampering stay recorded. After it, the

@@ -1,0 +1,116 @@
+"""Building ``kernel_observer.so`` (``kernel_observer.c``: the CUPTI injection library) on the machine that
+grades, and finding the CUPTI it needs.
+
+    lib = build_observer()     # Unavailable(reason) where no compiler or no CUPTI headers are found
+    cupti = cupti_library()    # libcupti for the child to dlopen when torch has not loaded one (or None)
+
+The library is compiled against CUPTI's headers only (types, enums, record layouts) and links no CUPTI: the
+child dlopens the libcupti its process already has (torch's) at InitializeInjection, so one copy serves
+both. Headers are looked for in ``$GEMMLAB_CUPTI_INCLUDE``, ``$CUDA_HOME``/``$CUDA_PATH``, the toolkits under
+/usr/local (``include``, ``targets/*/include``, ``extras/CUPTI/include``) and the ``nvidia`` wheels on
+``sys.path``. ``$GEMMLAB_KERNEL_OBSERVER_SO`` names a prebuilt library instead.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gemmlab.grade.preload import Unavailable
+
+SOURCE = Path(__file__).with_name("kernel_observer.c")
+# hidden visibility and -s (stripped): only the entry points are named, no symbol table leads to the key
+FLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-fvisibility=hidden", "-pthread", "-s")
+LIBS = ("-ldl",)
+PREBUILT_ENV = "GEMMLAB_KERNEL_OBSERVER_SO"
+INCLUDE_ENV = "GEMMLAB_CUPTI_INCLUDE"
+
+
+def _toolkits() -> list[Path]:
+    """CUDA installations to look in: $CUDA_HOME, $CUDA_PATH, then /usr/local/cuda*, newest name first."""
+    roots = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")]
+    roots += ["/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)]
+    return [Path(r) for r in dict.fromkeys(r for r in roots if r)]
+
+
+def _wheels() -> list[Path]:
+    """The ``nvidia/*`` directories of NVIDIA's wheels on sys.path (torch's CUDA libraries live there)."""
+    return [Path(d) for p in sys.path if p for d in sorted(glob.glob(os.path.join(p, "nvidia", "*")))]
+
+
+def include_dirs() -> list[Path]:
+    """The directories to compile with: one holding cupti.h, and one holding cuda.h (often the same)."""
+    explicit = os.environ.get(INCLUDE_ENV)
+    candidates = [Path(explicit)] if explicit else []
+    for root in _toolkits():
+        candidates += [root / "include", *map(Path, sorted(glob.glob(str(root / "targets" / "*" / "include")))),
+                       root / "extras" / "CUPTI" / "include"]
+    candidates += [d / "include" for d in _wheels()]
+    cupti = next((d for d in candidates if (d / "cupti_activity.h").is_file()), None)
+    if cupti is None:
+        raise Unavailable("no CUPTI headers (cupti_activity.h) in $GEMMLAB_CUPTI_INCLUDE, $CUDA_HOME, /usr/local/cuda*"
+                          " or the nvidia wheels on sys.path")
+    cuda = cupti if (cupti / "cuda.h").is_file() else next((d for d in candidates if (d / "cuda.h").is_file()), None)
+    if cuda is None:
+        raise Unavailable(f"CUPTI headers in {cupti}, but no cuda.h to go with them")
+    return list(dict.fromkeys([cupti, cuda]))
+
+
+def cupti_library() -> str | None:
+    """A libcupti for the child to fall back on: torch's (the nvidia wheels), else a toolkit's; None if none."""
+    for d in _wheels():
+        found = sorted(glob.glob(str(d / "lib" / "libcupti.so*")))
+        if found:
+            return found[0]
+    for root in _toolkits():
+        for sub in ("lib64", "lib", "targets/*/lib", "extras/CUPTI/lib64"):
+            found = sorted(glob.glob(str(root / sub / "libcupti.so*")))
+            if found:
+                return found[0]
+    return None
+
+
+def build_observer(cache_dir: str | Path | None = None) -> Path:
+    """Compile kernel_observer.c into ``cache_dir`` (default ``~/.cache/gemmlab/preload``) under a name keyed by
+    the source, the flags and the headers, and return the .so (cached). Raises ``Unavailable`` with the reason."""
+    prebuilt = os.environ.get(PREBUILT_ENV)
+    if prebuilt:
+        if not Path(prebuilt).is_file():
+            raise Unavailable(f"${PREBUILT_ENV}={prebuilt}: no such file")
+        return Path(prebuilt).resolve()
+    wanted = os.environ.get("CC")
+    cc = shutil.which(wanted) if wanted else shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise Unavailable(f"no C compiler ({f'$CC={wanted}' if wanted else 'cc or gcc'}) to build kernel_observer.so")
+    includes = include_dirs()
+    version = (includes[0] / "cupti_version.h").read_bytes() if (includes[0] / "cupti_version.h").exists() else b""
+    key = hashlib.sha256(SOURCE.read_bytes() + version + repr((FLAGS, LIBS, platform.machine(),
+                                                                 [str(d) for d in includes])).encode()).hexdigest()[:16]
+    root = Path(cache_dir) if cache_dir else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    out_dir = root if cache_dir else root / "gemmlab" / "preload"
+    out = out_dir / f"kernel_observer-{key}.so"
+    if out.is_file():
+        return out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        argv = [cc, *FLAGS, *(f"-I{d}" for d in includes), "-o", tmp, str(SOURCE), *LIBS]
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise Unavailable(f"{cc} failed to build kernel_observer.so: {proc.stderr.strip()[-400:]}")
+        os.replace(tmp, out)  # atomic: a concurrent build never sees half a library
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+__all__ = ["build_observer", "cupti_library", "include_dirs"]

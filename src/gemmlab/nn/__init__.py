@@ -1,0 +1,27 @@
+"""Drop-in modules for PyTorch and Hugging Face models: ``Linear``, ``MoEExperts``, ``MoE``, and ``patch(model)``.
+
+Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k; M rows, N out_features, K in_features.
+
+    Linear(in_features, out_features, bias=True, device=None, dtype=None, *, dispatch="auto")   an nn.Linear
+        (subclass: same ``weight`` (N, K) and ``bias`` (N,), so an nn.Linear state_dict loads unchanged) whose
+        forward runs gemmlab's GEMM or torch's, whichever is faster at the shape: measured once per (M bucket, N,
+        K, dtype, layout, device), cached in the user's config directory, listed by ``choices()``
+        (``gemmlab.nn.per_shape``). fp32 and other dtypes run ``F.linear``.
+    MoEExperts(num_experts, hidden, intermediate)  ``gate_up_proj`` (E, 2I, H), ``down_proj`` (E, H, I), as
+        transformers 5 stores them; forward(hidden_states (T, H), top_k_index (T, k), top_k_weights (T, k)) ->
+        (T, H) through ``gemmlab.moe_forward`` (SiLU gate; ids outside [0, E) raise, checked on the device).
+    MoE(hidden, intermediate, num_experts, top_k)  ``gate`` (a Linear E x H, no bias) + ``experts``: route
+        (``gemmlab.route``: softmax or sigmoid, top-k, renormalized) then experts; x (..., H). ``ep_group=group``:
+        expert parallel over a torch.distributed group (``gemmlab.distributed``).
+    patch(model)  swaps nn.Linear (fp16/bf16) for Linear and every MoE experts module gemmlab computes exactly
+        for MoEExperts (whole softmax-routed blocks for MoE), by family name or by structure, sharing the model's
+        Parameter objects; reports and warns about what it leaves (``gemmlab.nn.patch``, ``gemmlab.nn.families``).
+    choices()  every per-shape Linear choice made or loaded in this process.
+"""
+
+from gemmlab.nn.linear import DTYPES, Linear
+from gemmlab.nn.moe import MoE, MoEExperts
+from gemmlab.nn.patch import PatchSummary, patch
+from gemmlab.nn.per_shape import choices
+
+__all__ = ["DTYPES", "Linear", "MoE", "MoEExperts", "PatchSummary", "choices", "patch"]

@@ -1,0 +1,112 @@
+"""``Linear``: an ``nn.Linear`` whose forward runs gemmlab's GEMM or torch's, whichever is faster at the shape.
+
+Legend: M rows of x (tokens), N out_features, K in_features.
+
+    y (..., N) = x (..., K) @ weight^T + bias,  weight (N, K), bias (N,)
+
+fp16/bf16 on CUDA (or the CPU interpreter) may go to ``gemmlab.gemm`` (weight^T is a strided view: no copy);
+anything else (fp32, CPU without the interpreter, mixed dtypes, K = 0) runs ``F.linear``, as nn.Linear does.
+``dispatch``: "auto" (per shape, ``gemmlab.nn.per_shape``: measured once, cached, listed by ``choices()``),
+"gemmlab" (always gemmlab's GEMM where it can run) or "torch" (always ``F.linear``).
+Under torch.compile and in CUDA-graph capture nothing is measured: the cached choices hold, and a shape never
+measured runs torch on CUDA (gemmlab on the CPU interpreter). Run the model eagerly once at the shapes it will
+see (or keep the cache file of an earlier run) before compiling or capturing it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import gemmlab
+from gemmlab.nn import per_shape
+
+DTYPES = (torch.float16, torch.bfloat16)
+POLICIES = ("auto", "gemmlab", "torch")
+
+
+def _interpreting() -> bool:
+    from triton import knobs
+
+    return bool(knobs.runtime.interpret)
+
+
+# read once (torch.compile cannot trace Triton's environment knobs); kernels choose at their import too
+INTERPRET = _interpreting()
+
+
+def gemmlab_runs(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """True when gemmlab can run this call: fp16/bf16, one dtype, on CUDA or the CPU interpreter."""
+    if x.dtype not in DTYPES or any(w.dtype != x.dtype for w in weights):
+        return False
+    if x.device.type == "cuda":
+        return True
+    return x.device.type == "cpu" and INTERPRET
+
+
+def check_policy(dispatch: str) -> str:
+    if dispatch not in POLICIES:
+        raise ValueError(f"dispatch {dispatch!r}: one of {', '.join(POLICIES)}")
+    return dispatch
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """(..., K) -> (M, K) for gemm: a view where one exists, with one unit-stride dim."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(1) != 1 and x2.stride(0) != 1:
+        x2 = x2.contiguous()
+    return x2
+
+
+def gemmlab_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x2 (M, K) @ weight (N, K)^T + bias on gemmlab's GEMM (weight.t() is the (K, N) strided view, no copy)."""
+    y = gemmlab.gemm(x2, weight.t())
+    return y if bias is None else y + bias
+
+
+CANDIDATES = {"gemmlab": gemmlab_linear, "torch": F.linear}  # one signature: (x2, weight, bias) -> (M, N)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` on gemmlab's GEMM or torch's, per shape (see the module docstring)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
+                 dispatch: str = "auto"):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.dispatch = check_policy(dispatch)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = self.weight, self.bias  # (N, K), (N,)
+        if (self.dispatch == "torch" or w.shape[1] == 0 or not gemmlab_runs(x, w)
+                or (b is not None and b.dtype != x.dtype)):
+            return F.linear(x, w, b)
+        x2 = _rows(x)
+        impl = self.dispatch if self.dispatch != "auto" else self._choose(x2, w, b)
+        y = gemmlab_linear(x2, w, b) if impl == "gemmlab" else F.linear(x2, w, b)
+        return y.reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def _choose(x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> str:
+        if torch.compiler.is_compiling():  # no measuring while tracing: the cached choice, baked in
+            return per_shape.traced_choice(w.shape[0], w.shape[1], str(x2.dtype).removeprefix("torch."),
+                                           per_shape.layout(x2, w), b is not None, str(x2.device))
+        return per_shape.choose(x2, w, b, CANDIDATES)
+
+    def choices(self) -> list[dict]:
+        """The per-shape choices made (or loaded) for this module's (N, K, dtype, bias)."""
+        dtype = str(self.weight.dtype).removeprefix("torch.")
+        return [c for c in per_shape.choices() if (c["n"], c["k"], c["dtype"], c["bias"])
+                == (self.out_features, self.in_features, dtype, self.bias is not None)]
+
+    @classmethod
+    def sharing(cls, linear: nn.Linear, *, dispatch: str = "auto") -> Linear:
+        """A Linear holding ``linear``'s own Parameter objects (no copy; training updates both)."""
+        new = cls(linear.in_features, linear.out_features, bias=False, device="meta", dispatch=dispatch)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.train(linear.training)
+        return new
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ("" if self.dispatch == "auto" else f", dispatch={self.dispatch!r}")

@@ -1,0 +1,312 @@
+"""Dispatch rules from the dense sweep's rows (``tune.dense``): data in, rules out, no hand-typed tiles.
+
+    derive(rows, sweep) -> {"route": {"gemm": [rule]}, "gemm": {path: [rule]}, "checks": [str]}
+    write(table, path, base)         the rules into a config file (the bundled one: its route and gemm replaced)
+    record(db, rows, sweep, note)    every row into the ledger; {(spec, variant): entry id}
+
+Per grid point the winner is the fastest correct candidate (device time, interleaved against cuBLAS and gemmlab's
+choice in the same run), unless gemmlab's choice there is within ``KEEP`` (1%): then the choice stands (a rule
+changes only for a measured gain). A plan timed once for several names (the same launch) wins under the first
+of them in ``dense.CANDIDATES`` (so a split tail that did not split at this point still writes the tail rule: it
+splits where the last wave is partial), and writes what that candidate asked for, not its resolution at one shape.
+
+Each point of a class's M x N x K product (``dense.AXES``) stands for a box: on each axis from the geometric
+midpoint with the value below to the one with the value above (the class's M range at the ends; 0 and 2^31 - 1
+for N and K), so a shape off the grid takes its nearest grid point's winner, in log scale; the wave arithmetic
+of the split tail (``ops.gemm_route.tail_split_for``) then fits the winner's tiles to the shape. Boxes with the
+same winner merge along K, then N, then M. Per box: a route rule {"m", "n", "k", "tma": [1, 1], "config":
+{"path"}} and a config rule in the winning path's list, each with a ``note`` and ``tuned`` (the sweep file, the
+points, the winner's ratios to cuBLAS and to the former choice; the ledger entries when recorded). Points off the
+product make no box: for operands TMA cannot describe (class odd) an M bucket whose points all chose one kernel
+path (not staged) gets a route rule with "tma": [0, 0]; every off-product point is checked against the rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from gemmlab.ops import configs
+from gemmlab.ops.gemm import GemmConfig
+from gemmlab.tune.dense import AXES, CANDIDATES, SPLIT_PATHS
+
+KEEP = 1.01  # gemmlab's choice stands unless a candidate beats it by more than this
+BIG = 2**31 - 1
+M_RANGE = {"gemv": (0, 16), "small": (17, 256), "large": (257, BIG)}
+ODD_M = ((0, 16), (17, 128), (129, BIG))  # M buckets of the route rules for operands TMA cannot describe
+ORDER = {cls: [c["name"] for c in cands] for cls, cands in CANDIDATES.items()}
+
+
+def bounds(values: tuple[int, ...], lo: int, hi: int) -> list[tuple[int, int]]:
+    """Each grid value's box on one axis: from the geometric midpoint below to the one above."""
+    cuts = [math.isqrt(x * y) for x, y in zip(values, values[1:], strict=False)]
+    return list(zip([lo] + [c + 1 for c in cuts], cuts + [hi], strict=True))
+
+
+def timed(r: dict) -> bool:
+    return "median_ms" in r and bool((r.get("check") or {}).get("ok")) and r.get("check_after", True) is not False
+
+
+def rule_config(path: str, fields: dict) -> dict:
+    """The GemmConfig fields that differ from the defaults (a split chosen from the shape stays automatic)."""
+    full = dataclasses.asdict(dataclasses.replace(GemmConfig(), **fields))
+    if path in SPLIT_PATHS:
+        full["split_k"] = fields.get("split_k", 0)
+    default = dataclasses.asdict(GemmConfig())
+    return {key: v for key, v in full.items() if v != default[key]}
+
+
+def winner(group: list[dict]) -> dict | None:
+    """One point's winner: {"path", "config", "name", "row", "vs_cublas", "vs_default"}; None if nothing timed."""
+    runs = [r for r in group if timed(r) and r["variant"] != "cublas"]
+    if not runs:
+        return None
+    mine = next((r for r in runs if r["variant"] == "gemmlab"), None)
+    best = min(runs, key=lambda r: r["median_ms"])
+    if mine is not None and mine["median_ms"] <= best["median_ms"] * KEEP:
+        best = mine
+    order = ORDER.get(best["grid_class"], [])
+    named = sorted((n for n in [best["variant"], *best.get("aliases", [])] if n in order), key=order.index)
+    if named:  # what the candidate asked for, not the plan's resolution for this one shape
+        fields = next(c for c in CANDIDATES[best["grid_class"]] if c["name"] == named[0])["fields"]
+        name = named[0]
+    else:  # gemmlab's choice, as its plan resolved it
+        fields, name = dict(best.get("config") or {}), "gemmlab's former choice"
+    return {"path": best["path"], "config": rule_config(best["path"], fields), "name": name, "row": best,
+            "vs_cublas": (best.get("vs_cublas") or {}).get("ratio"),
+            "vs_default": 1.0 if best is mine else (best.get("vs_gemmlab") or {}).get("ratio")}
+
+
+def cells(rows: list[dict]) -> tuple[dict, dict]:
+    """({(class, i_m, i_n, i_k): winner} of the product points, {spec: winner} of the others)."""
+    by_spec: dict[str, list[dict]] = {}
+    for r in rows:
+        by_spec.setdefault(r["spec"], []).append(r)
+    grid, off = {}, {}
+    for spec, group in by_spec.items():
+        w = winner(group)
+        if w is None:
+            continue
+        r0 = group[0]
+        (m, n, k), axes = r0["shape"], AXES.get(r0["grid_class"])
+        if (axes and r0["layout"] == "linear" and r0["dtype"] == "bfloat16" and not r0["case"].get("pad")
+                and not r0["case"].get("offset") and m in axes[0] and n in axes[1] and k in axes[2]):
+            grid[(r0["grid_class"], axes[0].index(m), axes[1].index(n), axes[2].index(k))] = w
+        else:
+            off[spec] = w
+    return grid, off
+
+
+def _key(w: dict) -> str:
+    return json.dumps([w["path"], w["config"]], sort_keys=True)
+
+
+def runs(items: list) -> list[tuple[int, int, object]]:
+    """[(first, last, value)] of the runs of equal neighbours."""
+    out: list[tuple[int, int, object]] = []
+    for i, v in enumerate(items):
+        if out and out[-1][2] == v:
+            out[-1] = (out[-1][0], i, v)
+        else:
+            out.append((i, i, v))
+    return out
+
+
+def merge(grid: dict, cls: str) -> list[dict]:
+    """One class's boxes: runs of equal winners along K, then of equal K layouts along N, then of equal N x K
+    layouts along M. Each box: its ranges and the winners of its grid points."""
+    ms, ns, ks = AXES[cls]
+    bm, bn, bk = bounds(ms, *M_RANGE[cls]), bounds(ns, 0, BIG), bounds(ks, 0, BIG)
+
+    def key(i, j, x):
+        w = grid.get((cls, i, j, x))
+        return None if w is None else _key(w)
+
+    k_layout = {(i, j): tuple(runs([key(i, j, x) for x in range(len(ks))])) for i in range(len(ms))
+                for j in range(len(ns))}
+    boxes = []
+    for m0, m1, n_layout in runs([tuple(runs([k_layout[(i, j)] for j in range(len(ns))])) for i in range(len(ms))]):
+        for n0, n1, k_runs in n_layout:
+            for k0, k1, kkey in k_runs:
+                if kkey is None:
+                    continue
+                members = [grid[(cls, i, j, x)] for i in range(m0, m1 + 1) for j in range(n0, n1 + 1)
+                           for x in range(k0, k1 + 1)]
+                boxes.append({"m": [bm[m0][0], bm[m1][1]], "n": [bn[n0][0], bn[n1][1]],
+                              "k": [bk[k0][0], bk[k1][1]], "winners": members})
+    return boxes
+
+
+def tuned(winners: list[dict], sweep: str, entries: dict) -> dict:
+    ratios = [w["vs_cublas"] for w in winners if w["vs_cublas"]]
+    gains = [w["vs_default"] for w in winners if w["vs_default"]]
+    t = {"sweep": sweep, "points": [w["row"]["spec"] for w in winners],
+         "vs_cublas": [round(min(ratios), 3), round(max(ratios), 3)] if ratios else None,
+         "vs_former_choice": [round(min(gains), 3), round(max(gains), 3)] if gains else None}
+    ids = [entries[(w["row"]["spec"], w["row"]["variant"])] for w in winners
+           if (w["row"]["spec"], w["row"]["variant"]) in entries]
+    if ids:
+        t["ledger_entries"] = ids
+    return t
+
+
+def derive(rows: list[dict], sweep: str, entries: dict | None = None) -> dict:
+    """The route and config rules the rows measure (see the module docstring), and the off-grid checks."""
+    entries = entries or {}
+    grid, off = cells(rows)
+    route, by_path = [], {}
+    for cls in AXES:
+        for box in merge(grid, cls):
+            w, ranges = box["winners"][0], {q: box[q] for q in ("m", "n", "k")}
+            note = f"{w['name']}: fastest at {len(box['winners'])} grid point(s) of this box (sweep_dense, {cls})"
+            t = tuned(box["winners"], sweep, entries)
+            route.append({**ranges, "tma": [1, 1], "config": {"path": w["path"]}, "note": note, "tuned": t})
+            by_path.setdefault(w["path"], []).append({**ranges, "config": w["config"], "note": note, "tuned": t})
+    odd = [w for w in off.values() if w["row"]["grid_class"] == "odd"]
+    for lo, hi in ODD_M:
+        mine = [w for w in odd if lo <= w["row"]["shape"][0] <= hi]
+        paths = {w["path"] for w in mine}
+        if len(paths) == 1 and paths != {"portable"} and not any(w["row"]["staged"] for w in mine):
+            path = paths.pop()
+            note = f"A or B not TMA-aligned, M {lo}..{hi}: {path} fastest at all {len(mine)} such point(s) (odd)"
+            route.append({"m": [lo, hi], "tma": [0, 0], "config": {"path": path}, "note": note,
+                          "tuned": tuned(mine, sweep, entries)})
+            by_m = {w["row"]["shape"][0]: w for w in sorted(mine, key=lambda w: w["row"]["shape"][0])}
+            for (m0, m1), (_, w) in zip(bounds(tuple(by_m), lo, hi), by_m.items(), strict=True):
+                # after the product's rules: a shape they cover takes theirs; these catch the rest of the bucket
+                by_path.setdefault(path, []).append({"m": [m0, m1], "config": w["config"], "tuned": tuned(
+                    [w], sweep, entries), "note": f"{w['name']}: fastest at {w['row']['spec']} (sweep_dense, odd)"})
+    table = {"route": {"gemm": route}, "gemm": by_path}
+    return {**table, "checks": check_off_grid(table, off)}
+
+
+def lookup(rules: list[dict], m: int, n: int, k: int, tma: int) -> dict | None:
+    """The first rule whose ranges hold the values (as ``ops.configs`` matches them)."""
+    for r in rules:
+        if all(r[q][0] <= v <= r[q][1] for q, v in (("m", m), ("n", n), ("k", k), ("tma", tma)) if q in r):
+            return r
+    return None
+
+
+def check_off_grid(table: dict, off: dict) -> list[str]:
+    """The points off the product whose winner (path and config) is not what the rules give them. A point left to
+    the planner's own choice (no route rule) whose winner was staged or portable is the staging rule's: no check."""
+    out = []
+    for spec, w in off.items():
+        m, n, k = w["row"]["shape"]
+        r = lookup(table["route"]["gemm"], m, n, k, 0 if w["row"]["grid_class"] == "odd" else 1)
+        if r is None:
+            if w["row"]["staged"] or w["path"] == "portable":
+                continue
+            got = "no route rule (the planner's own choice)"
+        else:
+            cfg = lookup(table["gemm"].get(r["config"]["path"], []), m, n, k, 0)
+            got = f"{r['config']['path']} {json.dumps(cfg['config'] if cfg else None, sort_keys=True)}"
+        if got != f"{w['path']} {json.dumps(w['config'], sort_keys=True)}":
+            out.append(f"{spec}: won by {w['name']} ({w['path']}, {w['vs_cublas'] or 0:.3f}x cuBLAS), rules give {got}")
+    return out
+
+
+def write(table: dict, path: Path, base: Path | None = None) -> Path:
+    """The derived route and gemm rules, then the base table's own untuned gemm rules as fallbacks, into ``path``;
+    the rest of the base (about, staging, moe) kept. Checked by reading it back as a table."""
+    from gemmlab.tune.tuner import dump_table
+
+    old = configs.read(base) if base and base.exists() else {}
+    data = {key: v for key, v in old.items() if key not in ("route", "gemm")}
+    data["route"] = {"gemm": table["route"]["gemm"]}
+    data["gemm"] = {p: table["gemm"].get(p, []) + [r for r in old.get("gemm", {}).get(p, []) if not r.get("tuned")]
+                    for p in configs.SECTIONS["gemm"][0]}
+    path.write_text(dump_table(data))
+    configs.reload()
+    configs.read(path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------- the ledger
+
+_INSPECTED: dict[tuple, int | None] = {}  # kernel (path, constexprs, options, signature) -> tensor-core ops
+
+
+def tensor_cores(row: dict) -> int | None:
+    """HGMMA/HMMA count of the sm_90 SASS of the kernel a row ran (its plan re-made for "meta" operands stored as
+    the case stores them, with the row's path, config and staging), compiled once per distinct kernel; None where
+    it cannot be inspected (the interpreter, a config this checkout refuses)."""
+    import torch
+
+    from gemmlab.device import H200
+    from gemmlab.instruments import sass
+    from gemmlab.ops.gemm import choose, constexprs, launch_options
+
+    c, dtype = row["case"], getattr(torch, row["dtype"])
+    m, n, k = row["shape"]
+
+    def stored(rows_, cols):
+        ld = cols + c.get("pad", 0)
+        flat = torch.empty(c.get("offset", 0) + rows_ * ld, dtype=dtype, device="meta")
+        return flat.as_strided((rows_, cols), (ld, 1), c.get("offset", 0))
+
+    try:
+        a, b = stored(m, k), (stored(n, k).t() if row["layout"] == "linear" else stored(k, n))
+        p = choose(a, b, None, False, config=GemmConfig(**row["config"]), target=H200, path=row["path"],
+                   stage=bool(set(row.get("staged") or ()) & {"a", "b"}))
+        key = (p.path, json.dumps(sorted(constexprs(p).items())), json.dumps(sorted(launch_options(p.config).items())),
+               json.dumps(sass.signature(p)))
+        if key not in _INSPECTED:
+            _INSPECTED[key] = sass.report(p)["tensor_core_ops"]
+        return _INSPECTED[key]
+    except Exception:
+        return None
+
+
+
+def record(db, rows: list[dict], sweep: str, note: str,
+           inspect: Callable[[dict], int | None] = tensor_cores) -> dict:
+    """Every row but cuBLAS's into the ledger ``db``, kept or dropped: per point gemmlab's choice first (decided
+    against the last accepted entry of the same shape, dtype and operand storage), then each candidate against it
+    with their paired interval from the same run. Provenance from the rows' env. {(spec, variant): entry id}."""
+    from gemmlab.ledger.store import Entry
+
+    ids = {}
+    for spec in dict.fromkeys(r["spec"] for r in rows):
+        group = [r for r in rows if r["spec"] == spec and r["variant"] != "cublas"]
+        group.sort(key=lambda r: r["variant"] != "gemmlab")
+        parent = None
+        for r in group:
+            m, n, k = r["shape"]
+            ok = "error" not in r and bool((r.get("check") or {}).get("ok")) and r.get("check_after", True) is not False
+            vs = r.get("vs_cublas") or {}
+            e = Entry(kind="sweep", op="gemm", shape=f"{m}x{n}x{k}", dtype=r["dtype"], backend="gemmlab",
+                      path=r.get("path"), config=r.get("config"), correct=ok,
+                      error=r.get("error") or (None if ok else f"wrong result: {r.get('check')}"),
+                      note=f"{note}: {spec}" + ("" if r["variant"] == "gemmlab" else f", candidate {r['variant']}"),
+                      command=f"benchmarks/sweep_dense.py ({sweep})", median_ms=r.get("median_ms"),
+                      p20_ms=r.get("p20_ms"), p80_ms=r.get("p80_ms"), tflops=r.get("tflops"), ratio=vs.get("ratio"),
+                      ratio_ci=vs.get("ci95"), per_round=vs.get("per_round"),
+                      sm_clock_mhz=(r.get("clocks") or {}).get("sm_clock_mhz_mean"),
+                      tensor_core_ops=inspect(r) if ok and r.get("config") else None,
+                      report={"case": r["case"], "variant": r["variant"], "spec": spec,
+                              "row": {key: v for key, v in r.items() if key not in ("env", "config")}})
+            if parent is not None and r.get("vs_gemmlab"):
+                e.vs_parent = dict(r["vs_gemmlab"], parent_median_ms=parent.median_ms)
+            _provenance(e, r.get("env"))
+            case = r["case"]
+            db.record(e, parent_id=parent.id if parent else None, provenance=False,
+                      same_problem=lambda p, case=case: (p.report.get("case") or {}) == case)
+            if r["variant"] == "gemmlab":
+                parent = e
+            ids[(spec, r["variant"])] = e.id
+    return ids
+
+
+def _provenance(e, env: dict | None) -> None:
+    """The run's provenance from a row's env ("unknown" where it has none)."""
+    env = env or {}
+    sha = env.get("git_sha") or ""
+    e.created, e.gemmlab_version = env.get("date"), env.get("gemmlab", "unknown")
+    e.git_sha, e.dirty = sha.removesuffix("-dirty") or "unknown", sha.endswith("-dirty") if sha else None
+    e.gpu, e.driver, e.torch, e.triton = env.get("gpu") or "unknown", env.get("driver"), env.get("torch"), env.get(
+        "triton")
