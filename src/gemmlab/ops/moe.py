@@ -55,9 +55,8 @@ from gemmlab.ops.scores import route_scores
 
 __all__ = ["DTYPES", "MODES", "Mode", "MoEBackwardConfig", "MoEConfig", "PackedMoE", "Routes", "backward_config",
            "check_tensor", "check_weights", "epilogue_flags", "grid_programs", "grouped_gemm", "last_kernel",
-           "launch_config",
-           "moe_backward", "moe_choice", "moe_config", "moe_forward", "moe_forward_saving", "moe_grouped_kernel",
-           "pack_moe_weights", "route", "route_kind", "sort_routes", "weight_grad"]
+           "launch_config", "moe_backward", "moe_choice", "moe_config", "moe_forward", "moe_forward_saving",
+           "moe_grouped_kernel", "pack_moe_weights", "route", "route_kind", "sort_routes", "weight_grad"]
 
 
 def route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = True,
@@ -159,7 +158,7 @@ def _lead(y: torch.Tensor, lead: torch.Size | None) -> torch.Tensor:
 
 def moe_forward_saving(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                        topk_ids: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
-    """``moe_forward`` (2-D x) whose autograd keeps the gate/up pre-activations instead of recomputing them
-    (``torch.ops.gemmlab.moe_forward_saving``): the trade to measure against the recomputing default."""
+    """``moe_forward(..., save_gate_up=True)``: its autograd keeps the gate/up pre-activations for the backward
+    whatever the tables say (``torch.ops.gemmlab.moe_forward_saving`` under tracing)."""
     check_moe_args(x, w1, w2, topk_weights, topk_ids)
     return moe_forward(x, w1, w2, topk_weights, topk_ids, validate=validate, save_gate_up=True)
