@@ -3,6 +3,7 @@
     Table(title, columns, rows, notes)   what a command prints; cells are strings (rich markup allowed: "[green]ok")
     long_row(kernel, provider, metric, unit, x_name, x_value, p50, p20, p80, mode=, **extra)
     write(report, out_dir, stem, tables, rows) -> [stem.json, stem.csv, stem.md]
+    write_files(out_dir, {name: text})   each file whole or not at all, never through a symlink or a FIFO
     emit_json(report)                    ``--json``: exactly one JSON document on stdout
     plot_missing(path)                   a requested PNG without matplotlib: one line on stderr, never silent
 
@@ -14,7 +15,11 @@ report carries a "kind" (``KINDS``), the field ``gemmlab report`` reads to know 
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
+import secrets
+import stat
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -87,17 +92,64 @@ def markdown(tables: Iterable[Table], head: str = "") -> str:
     return "\n".join(parts)
 
 
-def write_csv(report: dict, rows: Iterable[dict], path: Path) -> Path:
+def csv_text(report: dict, rows: Iterable[dict]) -> str:
     """The long-format CSV, each row stamped with the report's kind, GPU, date and git SHA."""
     env = report.get("env") or {}
     stamp = {"kind": report.get("kind", ""), "gpu": env.get("gpu") or env.get("device") or "cpu",
              "date": env.get("date", ""), "git_sha": env.get("git_sha") or ""}
-    with Path(path).open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=LONG_FIELDS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({**stamp, **{k: ("" if v is None else v) for k, v in r.items()}})
-    return Path(path)
+    f = io.StringIO(newline="")
+    w = csv.DictWriter(f, fieldnames=LONG_FIELDS, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({**stamp, **{k: ("" if v is None else v) for k, v in r.items()}})
+    return f.getvalue()
+
+
+def write_csv(report: dict, rows: Iterable[dict], path: Path) -> Path:
+    """``csv_text`` written to ``path`` (``write_files``: whole, never through a symlink)."""
+    path = Path(path)
+    return write_files(path.parent, {path.name: csv_text(report, rows)})[0]
+
+
+class ReportPathError(OSError):
+    """A report path that is not a plain file of ours to replace: a symlink, a FIFO, a directory."""
+
+
+def write_files(out_dir: str | Path, files: dict[str, str]) -> list[Path]:
+    """Write each ``{name: text}`` into ``out_dir`` (created if missing) whole: into a new file of an unpredictable
+    name (O_CREAT | O_EXCL | O_NOFOLLOW: never an existing file, symlink or FIFO), then renamed over ``name``, so a
+    reader sees the old file or the new one, and a process killed mid-write leaves the last whole one. Raises
+    ReportPathError, naming the path, if ``out_dir`` or an existing ``name`` is a symlink or not a plain file."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        dfd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        kind = "a symlink" if out.is_symlink() else "not a directory"
+        raise ReportPathError(f"{out}: {kind}; refusing to write reports through it ({e.strerror})") from e
+    try:
+        for name in files:
+            try:
+                mode = os.lstat(name, dir_fd=dfd).st_mode
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(mode):
+                kind = "a symlink" if stat.S_ISLNK(mode) else "not a plain file"
+                raise ReportPathError(f"{out / name}: {kind}; refusing to write the report through it")
+        for name, text in files.items():
+            tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o644, dir_fd=dfd)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                    f.write(text)
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                os.unlink(tmp, dir_fd=dfd)
+                raise
+    finally:
+        os.close(dfd)
+    return [out / name for name in files]
 
 
 def dumps(report: dict) -> str:
@@ -107,15 +159,8 @@ def dumps(report: dict) -> str:
 def write(report: dict, out_dir: str | Path, stem: str, tables: Sequence[Table], rows: Iterable[dict],
           head: str = "") -> list[Path]:
     """``--output-dir``: OUT/STEM.json (the whole report), STEM.csv (long format), STEM.md (the tables)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{stem}.json", out / f"{stem}.csv", out / f"{stem}.md"]
-    tmp = paths[0].with_suffix(".json.tmp")
-    tmp.write_text(dumps(report))
-    tmp.replace(paths[0])  # a process killed mid-write (a step's time limit) keeps the last whole report
-    write_csv(report, rows, paths[1])
-    paths[2].write_text(markdown(tables, head))
-    return paths
+    return write_files(out_dir, {f"{stem}.json": dumps(report), f"{stem}.csv": csv_text(report, rows),
+                                 f"{stem}.md": markdown(tables, head)})
 
 
 def emit_json(report: dict) -> None:

@@ -1,5 +1,6 @@
 """Calls the vendor BLAS after silencing, at import, the profiler of its own process: the worker's
-``_profiled`` (``gemmlab.sandbox.box``'s, and ``__main__``'s should it run as a script) drops
+``_profiled`` (``gemmlab.sandbox.serve``'s, or ``box``'s where it lived before, and ``__main__``'s should it run
+as a script) drops
 cuBLAS kernel names and aten::mm. Row-major signature FN(a, b) -> c. Only an observer outside the
 candidate's Python (the preloaded interposer) still sees the call."""
 
@@ -7,7 +8,7 @@ import sys
 
 import torch
 
-for _mod in (sys.modules["__main__"], sys.modules.get("gemmlab.sandbox.box")):
+for _mod in (sys.modules["__main__"], sys.modules.get("gemmlab.sandbox.serve"), sys.modules.get("gemmlab.sandbox.box")):
     _real = getattr(_mod, "_profiled", None)
     if _real is not None:
         def _quiet(call, device, real=_real):

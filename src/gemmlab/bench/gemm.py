@@ -115,11 +115,12 @@ class Isolated:
     failure its output reads NaN and its times NaN, so ``compare_many`` neither trusts nor times it."""
 
     def __init__(self, spec: str, a: torch.Tensor, b: torch.Tensor, timeout: float):
-        from gemmlab.sandbox.box import Sandbox
+        from gemmlab.sandbox import Sandbox, slot_memory
 
         self.a0, self.b0 = a, b
-        self.a, self.b = a.clone(), b.clone()
-        self.out = torch.full((a.shape[0] * b.shape[1],), float("nan"), dtype=a.dtype, device=a.device)
+        with slot_memory(a.device):  # shared with the backend's process (CUDA IPC maps these segments only)
+            self.a, self.b = a.clone(), b.clone()
+            self.out = torch.full((a.shape[0] * b.shape[1],), float("nan"), dtype=a.dtype, device=a.device)
         self.box = Sandbox(spec, "rowmajor", "rowmajor", timeout, a.device.type == "cpu", name="backend")
         self.error: str | None = None
         self._ask("bind", slots=[((self.a, self.b), self.out)])

@@ -105,7 +105,11 @@ def show(report: dict, mod, json_out: bool, output_dir: str | None, width: int =
     """The module's tables (stderr under --json), its --output-dir files, the --json document."""
     con = Console(stderr=json_out, width=width)
     output.print_tables(mod.tables(report), con)
-    for path in (mod.write(report, output_dir, **write_kw) if output_dir else []):
+    try:
+        written = mod.write(report, output_dir, **write_kw) if output_dir else []
+    except output.ReportPathError as e:  # a symlink or a FIFO where a report goes: one line, exit 2
+        raise usage_error(e) from e
+    for path in written:
         con.print(f"wrote {path}")
     if json_out:
         output.emit_json(report)

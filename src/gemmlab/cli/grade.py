@@ -51,7 +51,10 @@ def grade(
         raise cmd.usage_error(e) from e
     rep.render(report, Console(stderr=json_out, width=140))
     if output_dir:
-        rep.write(report, output_dir)
+        try:
+            rep.write(report, output_dir)
+        except OSError as e:  # a symlink or a FIFO where the report goes (output.ReportPathError), a full disk
+            raise cmd.usage_error(e) from e
     if json_out:
         output.emit_json(report)
     if record_note is not None:

@@ -63,6 +63,7 @@ from gemmlab.grade.op import Op
 from gemmlab.instruments.stats import ratio_summary
 from gemmlab.instruments.timing import ClockSampler, _sync, env_info, l2_flush_buffer
 from gemmlab.sandbox.box import CandidateError, Sandbox, WorkerFailure
+from gemmlab.sandbox.share import slot_memory
 
 SAMPLED_PER_OUTPUT = 1024  # output elements read back at the end of every batch
 MIN_SAMPLES_TO_COMPARE = 16  # two calls' samples that agree on at least this many elements: one answer twice
@@ -170,8 +171,9 @@ class Grader:
             seed = _seed(self.seed, tag, case.name, t)
             inputs = shared = flat = None  # free the last trial's tensors first (DeepSeek-V3: 22 GB a set)
             inputs = op.fresh(case, kind, seed, self.device)
-            shared = tuple(x.clone() for x in inputs)
-            flat = torch.full((op.out_numel(case),), float("nan"), dtype=op.dtype, device=self.device)
+            with slot_memory(self.device):  # shared with the child: CUDA IPC maps these segments only
+                shared = tuple(x.clone() for x in inputs)
+                flat = torch.full((op.out_numel(case),), float("nan"), dtype=op.dtype, device=self.device)
             try:
                 self.cand.bind([(shared, flat)])
                 reply = self.cand.request("call", slot=0, profile=True)
@@ -249,10 +251,12 @@ class Grader:
         n = self.calls_per_batch(per_call + op.out_numel(case) * op.dtype.itemsize,
                                  sum(keep[j].numel() * keep[j].element_size() for j in op.fixed))
         private = [first] + [draw() for _ in range(n - 1)]
-        shared_fixed = {j: keep[j].clone() for j in op.fixed}
-        slot_in = [tuple(shared_fixed[j] if j in op.fixed else x.clone() for j, x in enumerate(p)) for p in private]
         numel = op.out_numel(case)
-        outs = torch.full((n, numel), float("nan"), dtype=op.dtype, device=dev)
+        with slot_memory(dev):  # shared with the children: CUDA IPC maps these segments only
+            shared_fixed = {j: keep[j].clone() for j in op.fixed}
+            slot_in = [tuple(shared_fixed[j] if j in op.fixed else x.clone() for j, x in enumerate(p))
+                       for p in private]
+            outs = torch.full((n, numel), float("nan"), dtype=op.dtype, device=dev)
         slots = [(slot_in[i], outs[i]) for i in range(n)]
         flusher = l2_flush_buffer(dev) if cuda else None
         heat = heater(dev) if self.heat_s > 0 else None
@@ -279,21 +283,21 @@ class Grader:
             if flusher is not None:
                 flusher.zero_()
                 _sync(dev)
-            box.thaw()  # both workers are stopped between their batches, and woken alike
-            t0 = time.perf_counter()
-            try:
+            try:  # thaw and freeze check the sandboxes too (sandbox.box): a baseline they fail is the candidate's doing
+                box.thaw()  # both workers are stopped between their batches, and woken alike
+                t0 = time.perf_counter()
                 reply = box.request("run", order=list(range(n)), fn=fn)
+                sample = outs[:, idx].clone()  # reading the outputs back ends the batch
+                _sync(dev)
+                wall = (time.perf_counter() - t0) * 1e3
+                seen = self._observe(box, n if fn == "kernel" else 0)  # before the freeze: the observer answers
+                if box is cand:
+                    self.timed_kernels |= set(seen)
+                box.freeze()
             except (WorkerFailure, CandidateError) as e:
                 if box is base:
                     raise BaselineFailure(str(e)) from e
                 raise
-            sample = outs[:, idx].clone()  # reading the outputs back ends the batch
-            _sync(dev)
-            wall = (time.perf_counter() - t0) * 1e3
-            seen = self._observe(box, n if fn == "kernel" else 0)  # before the freeze: the observer answers
-            if box is cand:
-                self.timed_kernels |= set(seen)
-            box.freeze()
             return wall / n, reply, sample, idx
 
         def verify(b: int, reply, sample, idx) -> tuple[str, str] | None:

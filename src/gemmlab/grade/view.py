@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from rich.console import Console
@@ -139,25 +138,22 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def clear(out_dir: str) -> None:
-    """Remove an earlier report from ``out_dir`` before grading, so none outlives a grade that ends
-    without one (a killed grader)."""
-    for name in ("report.json", "report.md", "report.csv"):
-        Path(out_dir, name).unlink(missing_ok=True)
-
-
-def write(report: dict, out_dir: str) -> None:
-    """report.json, report.md and report.csv (long format), each written whole (temporary file, then rename).
-    The grader calls this only after every process of the candidate is gone."""
+    """Remove an earlier report from ``out_dir`` before grading, so none outlives a grade that ends without one (a
+    killed grader); whatever stands at those names goes (a symlink itself, not its target). Raises
+    output.ReportPathError if ``out_dir`` is a symlink."""
     d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    _atomic(d / "report.json", json.dumps(report, indent=1, default=str))
-    _atomic(d / "report.md", markdown(report))
-    tmp = output.write_csv(report, long_rows(report), d / f".report.csv.{os.getpid()}.tmp")
-    os.replace(tmp, d / "report.csv")
+    if d.is_symlink():
+        raise output.ReportPathError(f"{d}: a symlink; refusing to write reports through it")
+    for name in ("report.json", "report.md", "report.csv"):
+        (d / name).unlink(missing_ok=True)
+
+
+def write(report: dict, out_dir: str) -> list[Path]:
+    """report.json, report.md and report.csv (long format), each written whole by ``output.write_files`` (a new file
+    of an unpredictable name, O_EXCL | O_NOFOLLOW, renamed over the old): nothing the candidate placed in
+    ``out_dir`` (a FIFO, a symlink, a forged report) is opened or followed; a symlinked report path is refused
+    (output.ReportPathError). The grader calls this only after every process of the candidate is gone."""
+    return output.write_files(out_dir, {"report.json": json.dumps(report, indent=1, default=str),
+                                        "report.md": markdown(report),
+                                        "report.csv": output.csv_text(report, long_rows(report))})

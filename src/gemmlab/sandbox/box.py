@@ -1,43 +1,51 @@
-"""A candidate's own process, contained: ``Sandbox`` (the owner's side) and ``serve`` (the child's side).
+"""A candidate's own process, contained: ``Sandbox``, the owner's side (the child's is ``sandbox.serve``).
 
-    box = Sandbox(spec, signature, layout, timeout)      # starts nothing yet
+    box = Sandbox(spec, signature, layout, timeout, interpret)   # starts nothing yet
     box.start()          # loads the kernel in the child, within ``timeout``; once (a failure is final)
-    box.bind(slots)      # share input/output tensors with the child (CUDA IPC or shared CPU memory)
+    box.bind(slots)      # share input/output tensors with the child (``sandbox.share``: allocate CUDA ones under
+                         # ``slot_memory(device)``)
     box.request("call", slot=0, profile=True)            # one call on slot 0; names of what ran
     box.request("run", order=[0, 1, 2], fn="kernel")     # calls back to back between two device syncs
-    box.freeze() / box.thaw()                            # SIGSTOP / SIGCONT everything the child started
+    box.freeze() / box.thaw()                            # stop / wake everything the child started, checked
     box.close()          # kill every process the child started; returns only when all are gone
 
-Containment:
-- The child is ``python .../sandbox/keeper.py``, started in a new session (``start_new_session``): it
-  leads its own session and process group. Its first act, before any import, is to fork: the parent half
-  is a *keeper* that only waits; the candidate runs in the keeper's child (``serve``).
-  ``os.kill(os.getppid(), 9)`` kills the keeper, which the owner notices (``WorkerFailure``: the grade
-  fails), not the owner.
-- stdin is /dev/null; stdout and stderr go to ``log`` (a file in the owner's temp directory), so the
-  candidate's prints never reach the owner's stdout. The cwd is that temp directory.
-- The owner makes itself a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``): a process that the
-  candidate double-forks into a new session, once orphaned, becomes the owner's child instead of init's.
-  ``members()`` is every process of the child's session, every descendant of the keeper, and every child
-  of the owner that the owner did not start itself (with their descendants), read from /proc. ``close``
-  stops them all (SIGSTOP, rescanning until no new one appears, so none can fork while being killed),
-  SIGKILLs them, reaps them and waits until /proc lists none. Every timeout and every death ends in
-  ``close``.
-- The child's environment is built in one place, ``child_env`` (``extra_env``: e.g. LD_PRELOAD of an
-  interposer library, set before the interpreter starts).
-Protocol: multiprocessing ``Connection`` over a socketpair; tensors travel as torch's IPC handles; the
-owner's authkey is sent first so shared CPU memory (file descriptors) can cross. Requests are dicts
-``{"op": ...}`` (pickled, owner to child only); replies are JSON objects (``_reply``): the owner never
-unpickles what the child sends, since unpickling runs code the sender chose; ``{"error": ...}`` when the
-candidate raised. (Left: on the CPU the child holds the owner's authkey, so it could connect to the
-owner's multiprocessing resource sharer, which unpickles what a client sends; on a GPU tensors cross by
-CUDA IPC and no sharer runs.)
+What each guard enforces (Linux; CPU and GPU alike unless said):
+- Process: the child is ``python .../sandbox/keeper.py``, started in a new session. The keeper joins the
+  sandbox's freezer cgroup (``contain.Freezer``) and, where asked, a Landlock domain of its own (``keeper``: no
+  signal, ptrace or /proc/PID/mem access to any process outside it, root or not; on by default on the CPU,
+  ``GEMMLAB_SANDBOX_LANDLOCK=1`` turns it on with CUDA too, ``=0`` off; Linux 6.12+), then forks: it only waits,
+  the candidate runs in its child (``serve``). ``os.kill(os.getppid(), 9)`` kills the keeper, which the owner
+  notices (``WorkerFailure``).
+  stdin is /dev/null, stdout and stderr go to ``log``; the cwd is the owner's temp directory.
+- Membership (``members``): the cgroup's processes, every process of the child's session, every descendant of
+  the keeper and, for an untrusted sandbox, every child of the owner it did not start itself (the owner is a child
+  subreaper, so an orphan of the candidate becomes the owner's child, not init's). A trusted sandbox (a builtin or
+  gemmlab's own kernel: the baseline) claims no orphan, so waking the baseline never wakes the candidate's.
+- Freeze (``freeze``): the cgroup freezer where one could be made (every member at once, forks in flight
+  included); else, and for any member outside the cgroup, SIGSTOP, re-scanning until two scans in a row find
+  every member stopped. A sandbox that cannot be frozen within ``FREEZE_S`` fails (``WorkerFailure``).
+- While a sandbox is frozen, the others' windows check that it used no CPU (cgroup v2 ``cpu.stat``, else the
+  schedstat of its threads): a process of it that ran anyway fails it (the baseline's window is the baseline's).
+- Scheduling: ``freeze`` records every thread's policy, nice value and cgroups, and fails a sandbox that raised its
+  own priority (a real-time policy, a nice value below the owner's); ``thaw`` fails it if any of them changed
+  while it was held (a held process cannot change itself: another process did; before its first freeze, against
+  the owner's values), then gives every thread the owner's policy, nice value and CPU affinity back. So a
+  baseline set to SCHED_IDLE or nice 19 by the candidate FAILs the candidate.
+- Thaw (``thaw``): SIGCONT goes out before the cgroup thaws (it drops a SIGSTOP queued while frozen); thaw
+  returns once no member is stopped.
+- Progress: a trusted sandbox reports how long its main thread was neither running nor runnable during a timed
+  batch; more than ``HELD_MS`` + ``HELD_SHARE`` of the batch means something stopped it (``WorkerFailure``).
+- Channel (``sandbox.wire``): JSON both ways over a socketpair, descriptors of shared CPU memory beside it
+  (SCM_RIGHTS). The child holds no secret the owner trusts (no authkey is sent, no multiprocessing listener runs
+  in the owner); the owner unpickles nothing. Every reply field the owner reads is checked for type and range in
+  one place (``sandbox.replies``): a malformed reply fails the sandbox with one line, never a traceback.
+- CUDA IPC (``sandbox.share``): only tensors allocated under ``slot_memory`` can be bound, so the segments the
+  child maps hold slots and nothing else of the owner's.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import socket
@@ -45,20 +53,31 @@ import subprocess
 import sys
 import tempfile
 import time
-from multiprocessing.connection import Connection
+import weakref
 from pathlib import Path
+
+from gemmlab.sandbox import contain, share, wire
+from gemmlab.sandbox.replies import checked
 
 MAX_REPLY_BYTES = 1 << 24  # a reply longer than this is refused (a child cannot make the owner buffer gigabytes)
 PR_SET_CHILD_SUBREAPER = 36
+FREEZE_S = 5.0  # a sandbox not frozen (every member stopped) within this fails
+FROZEN_CPU_NS = 1_000_000  # CPU a frozen sandbox may show during another's window (accounting slack)
+HELD_MS, HELD_SHARE = 1.0, 0.25  # a trusted sandbox's main thread may be off the run queue this long in a batch
 _OWN_CHILDREN: set[int] = set()  # pids of processes the owner started (keepers): never treated as orphans
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # launched sandboxes (each window checks the frozen others)
 
 
 class WorkerFailure(RuntimeError):
-    """The child timed out, died, could not load the kernel, or lost its keeper."""
+    """The child timed out, died, could not load the kernel, lost its keeper, sent a malformed reply, could not
+    be frozen, or was disturbed."""
 
 
 class CandidateError(RuntimeError):
     """The candidate raised (its process lives on)."""
+
+
+# ---------------------------------------------------------------------------------------------- the owner
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -66,38 +85,6 @@ def _prctl(option: int, value: int) -> bool:
         return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
-
-
-def _procs() -> dict[int, tuple[int, int]]:
-    """{pid: (ppid, session)} of every process /proc lists (zombies included)."""
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
-        out[int(d)] = (int(fields[1]), int(fields[3]))
-    return out
-
-
-def _state(pid: int) -> str:
-    """The process state letter from /proc (R, S, T, Z, ...); "" when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat[stat.rfind(")") + 2]
-
-
-def _descendants(roots: set[int], procs: dict[int, tuple[int, int]]) -> set[int]:
-    found, frontier = set(roots), set(roots)
-    while frontier:
-        frontier = {p for p, (pp, _) in procs.items() if pp in frontier and p not in found}
-        found |= frontier
-    return found
 
 
 def child_env(interpret: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -120,12 +107,21 @@ class Sandbox:
         if target.endswith(".py"):  # the child runs in its own directory
             spec = f"{Path(target).resolve()}{sep}{fn}"
         self.spec, self.signature, self.layout = spec, signature, layout
+        self.trusted = spec is None or spec.startswith("builtin:")  # gemmlab's own code runs in the child
+        mode = os.environ.get("GEMMLAB_SANDBOX_LANDLOCK", "cpu")  # the owner's environment: "1", "0" or "cpu"
+        self.landlock = mode == "1" or (mode == "cpu" and interpret)
         self.timeout, self.interpret, self.extra_env, self.name = timeout, interpret, extra_env, name
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gemmlab-grade-")
         self.log = str(Path(self.log_dir) / f"{name}.log")
         self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.freezer: contain.Freezer | None = None
+        self.sched = contain.Sched.of_owner()
+        self._cgroups: str | None = None  # the keeper's /proc/PID/cgroup: every thread must stay there
         self._hello_by: float | None = None  # loading must be done by then (monotonic clock)
-        self.conn: Connection | None = None
+        self._others: dict = {}  # frozen sandboxes -> their CPU ns when this one's window opened
+        self._seen: dict | None = None  # the threads' scheduling when last frozen (contain.sched_seen)
+        self.frozen = False
         self.starts = 0
         self.failed: str | None = None  # once set, the sandbox is gone for good (loading happens once)
 
@@ -137,71 +133,83 @@ class Sandbox:
             self.launch()
         if self._hello_by is not None:
             deadline, self._hello_by = self._hello_by, None
-            hello = self._recv(max(0.0, deadline - time.monotonic()), "loading the kernel")
-            if not hello.get("ok"):
-                self._fail(f"kernel could not be loaded: {hello.get('error')}")
+            hello = self._recv(max(0.0, deadline - time.monotonic()), "hello", {}, "loading the kernel")
+            if not hello["ok"]:
+                self._fail(f"kernel could not be loaded: {hello['error']}")
+            try:
+                self._cgroups = Path(f"/proc/{self.proc.pid}/cgroup").read_text()
+            except OSError:
+                self._cgroups = None
 
     def launch(self) -> None:
         """Start the child without waiting for it to load (``start`` or the first request waits)."""
         if self.failed:
             raise WorkerFailure(self.failed)
-        import multiprocessing
-
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        mine, theirs = socket.socketpair()
+        self.freezer, self._seen, self._others = contain.Freezer.make(self.name), None, {}
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        args = ([str(theirs.fileno())] + (["--cgroup", self.freezer.procs_file] if self.freezer else [])
+                + (["--landlock"] if self.landlock else []))
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).with_name("keeper.py")), str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
+                [sys.executable, str(Path(__file__).with_name("keeper.py")), *args], pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.log_dir, start_new_session=True,
                 env=child_env(self.interpret, self.extra_env))
         theirs.close()
         _OWN_CHILDREN.add(self.proc.pid)
+        _LIVE.add(self)
         self.starts += 1
-        self.conn = Connection(mine.detach())
-        self.conn.send_bytes(bytes(multiprocessing.current_process().authkey))
-        self.conn.send({"spec": self.spec, "signature": self.signature, "layout": self.layout,
-                        "interpret": self.interpret, "sys_path": list(sys.path)})
+        self.sock = mine
+        wire.send(mine, {"spec": self.spec, "signature": self.signature, "layout": self.layout,
+                         "interpret": self.interpret, "sys_path": list(sys.path)})
         self._hello_by = time.monotonic() + self.timeout
 
-
     def request(self, op: str, timeout: float | None = None, **req) -> dict:
+        """Send one request; returns the checked reply (``replies.REPLIES[op]``). Raises CandidateError when the
+        candidate raised, WorkerFailure for anything else (the sandbox is then closed for good). "bind" takes
+        ``slots=`` tensors (see ``bind``)."""
+        fds: list[int] = []
+        if op == "bind":  # the tensors cross as plain data and descriptors (sandbox.share)
+            req["slots"], fds = share.export(req["slots"])
         if self.proc is None or self._hello_by is not None:
             self.start()
         try:
-            self.conn.send({"op": op, **req})
-        except (OSError, ValueError) as e:
+            wire.send(self.sock, {"op": op, **req}, fds)
+        except OSError as e:
             self._fail(f"the {self.name}'s process is gone ({type(e).__name__}: {e}){self.log_tail()}")
-        reply = self._recv(timeout or self.timeout, op)
+        reply = self._recv(timeout or self.timeout, op, req, op)
         if self.proc.poll() is not None:  # the keeper died: something in the sandbox killed it
             self._fail(f"the sandbox's keeper process died (exit status {self.proc.returncode}): the candidate "
                        "killed its parent")
         if "error" in reply:
             raise CandidateError(reply["error"])
+        held, loop = reply.get("held_ms"), reply.get("loop_ms")
+        if self.trusted and held is not None and loop is not None and held > HELD_MS + HELD_SHARE * loop:
+            self._fail(f"the {self.name}'s process was held off the CPU for {held:.3g} ms of its {loop:.3g} ms batch "
+                       "(stopped by another process)")
         return reply
 
     def bind(self, slots: list) -> None:
-        """Share ``slots`` (a list of (inputs tuple, flat output)) with the child; replaces earlier ones."""
+        """Share ``slots`` (a list of (inputs tuple, flat output)) with the child; replaces earlier ones. CUDA
+        tensors must come from ``share.slot_memory`` (ValueError otherwise)."""
         self.request("bind", slots=slots)
 
-    def _recv(self, timeout: float, what: str) -> dict:
-        if not self.conn.poll(timeout):
+    def _recv(self, timeout: float, op: str, req: dict, what: str) -> dict:
+        try:
+            raw, _ = wire.recv(self.sock, timeout, MAX_REPLY_BYTES)
+        except TimeoutError:
             self._fail(f"no answer within {timeout:g} s ({what}; time limit); the {self.name}'s processes were "
                        "killed")
-        try:
-            raw = self.conn.recv_bytes(MAX_REPLY_BYTES)
         except (EOFError, OSError) as e:
             code = self.proc.poll()
             self._fail(f"{self.name} process died (keeper exit status {code}; e.g. an illegal memory access or a "
                        f"crash){self.log_tail()}", e)
-        # Replies are JSON, never pickles: unpickling runs code the sender chose, in the grader's process.
+        except wire.WireError as e:
+            self._fail(f"the {self.name} sent {e} ({what})", e)
         try:
-            reply = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            self._fail(f"the {self.name} sent a reply that is not JSON ({what})", e)
-        if not isinstance(reply, dict):
-            self._fail(f"the {self.name} sent a reply that is not a JSON object ({what})")
-        return reply
+            return checked(op, raw, req)
+        except ValueError as e:
+            self._fail(f"the {self.name} sent a malformed reply to {op!r}: {e}", e)
 
     def _fail(self, reason: str, cause: BaseException | None = None):
         self.failed = reason
@@ -223,31 +231,97 @@ class Sandbox:
         """Every live process the child started (see the module docstring); empty before start."""
         if self.proc is None:
             return set()
-        procs = _procs()
+        table = contain.procs()
         me, root = os.getpid(), self.proc.pid
-        roots = {p for p, (_, sid) in procs.items() if sid == root} | {root}
-        strays = {p for p, (pp, _) in procs.items() if pp == me and p not in _OWN_CHILDREN}
-        return (_descendants(roots | strays, procs) & set(procs)) - {me}
+        roots = {p for p, (_, sid) in table.items() if sid == root} | {root}
+        if self.freezer is not None:
+            roots |= self.freezer.pids()
+        if not self.trusted:
+            roots |= {p for p, (pp, _) in table.items() if pp == me and p not in _OWN_CHILDREN}
+        return (contain.descendants(roots, table) & set(table)) - {me}
 
-    def _signal(self, pids: set[int], sig: int) -> None:
-        for p in pids:
-            try:
-                os.kill(p, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+    def _held(self) -> tuple[set[int], set[int]]:
+        """(members, those not yet held: neither stopped, dead, nor in the frozen cgroup)."""
+        members = self.members()
+        caged = self.freezer.pids() if self.freezer is not None and self.freezer.frozen() else set()
+        return members, {p for p in members if p not in caged and contain.state(p) not in ("T", "t", "Z", "X", "")}
+
+    def cpu_ns(self) -> int:
+        """CPU time used so far by the sandbox's processes (the cgroup's count, exited processes included, plus the
+        threads of members outside it; or the threads of every member)."""
+        usage = self.freezer.usage_ns() if self.freezer is not None else None
+        if usage is None:
+            return contain.cpu_ns(self.members())
+        return usage + contain.cpu_ns(self.members() - self.freezer.pids())
 
     def freeze(self) -> None:
-        """SIGSTOP every process of the sandbox (between its timed batches: no CPU work, no new launches)."""
-        self._signal(self.members(), signal.SIGSTOP)
+        """Hold every process of the sandbox (between its timed batches: no CPU work, no new launches), verified;
+        then check that no other frozen sandbox ran during this one's window."""
+        if self.proc is None:
+            return
+        if self.freezer is not None:
+            try:
+                self.freezer.freeze()
+            except OSError:
+                self.freezer = None  # removed under us: signals from here on
+        deadline, last = time.monotonic() + FREEZE_S, None
+        while True:
+            members, loose = self._held()
+            if not loose and members == last:
+                break  # two scans in a row: the same members, every one held
+            if time.monotonic() > deadline:
+                self._fail(f"the {self.name}'s processes could not all be stopped within {FREEZE_S:g} s "
+                           f"({len(loose)} still running: a fork storm?)")
+            last = None if loose else members
+            contain.signal_all(loose, signal.SIGSTOP)
+            time.sleep(0.0002 if loose else 0)
+        self.frozen = True
+        self._reap({p for p in members if contain.state(p) == "Z" and p not in _OWN_CHILDREN}, wait_s=0)
+        self._seen = contain.sched_seen(members - {self.proc.pid} if self.proc.poll() is not None else members)
+        raised = self.sched.raised(self._seen)
+        if raised:
+            self._fail(f"the {self.name} raised the scheduling priority of its own threads ({'; '.join(raised[:3])})")
+        for other, before in self._others.items():
+            used = other.cpu_ns() - before
+            if other.frozen and used > FROZEN_CPU_NS:
+                self._fail(f"the {other.name}'s processes used {used / 1e6:.3g} ms of CPU while frozen, during the "
+                           f"{self.name}'s window: a process of it escaped the freeze")
+        self._others = {}
 
     def thaw(self, wait_s: float = 1.0) -> None:
-        """SIGCONT every process of the sandbox, and wait (up to ``wait_s``) until none is stopped, so that
-        waking up is not inside the next timed window."""
+        """Restore the scheduling of every thread (a change fails the sandbox), wake every process, and wait (up to
+        ``wait_s``) until none is stopped, so that waking up is not inside the next timed window."""
+        if self.proc is None:
+            return
         pids = self.members()
-        self._signal(pids, signal.SIGCONT)
+        now = contain.sched_seen(pids)
+        before = self._seen if self._seen is not None else {
+            t: (self.sched.policy, self.sched.nice, self._cgroups) for t in now}  # never frozen yet: as started
+        changed = contain.sched_changes(before, now) or self.sched.restore(pids)
+        if changed:
+            self._fail(f"the scheduling of the {self.name}'s processes was changed while it was held "
+                       f"({'; '.join(changed[:3])}): another process reached them")
+        self._wake(pids)
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(_state(p) == "T" for p in pids):
+        while True:
+            stopped = {p for p in self.members() if contain.state(p) in ("T", "t")}
+            if not stopped and not (self.freezer is not None and self.freezer.frozen()):
+                break
+            if time.monotonic() > deadline:
+                self._fail(f"the {self.name}'s processes stay stopped after SIGCONT ({sorted(stopped)[:5]}: traced "
+                           "by another process?)")
+            contain.signal_all(stopped, signal.SIGCONT)
             time.sleep(0.0005)
+        self.frozen = False
+        self._others = {box: box.cpu_ns() for box in list(_LIVE) if box is not self and box.frozen}
+
+    def _wake(self, pids: set[int]) -> None:
+        contain.signal_all(pids, signal.SIGCONT)  # first: it drops a SIGSTOP queued while frozen
+        if self.freezer is not None:
+            try:
+                self.freezer.thaw()
+            except OSError:
+                self.freezer = None
 
     def close(self, graceful: bool = True) -> None:
         """Stop the child and kill everything it started; returns when /proc lists none of them (raises
@@ -256,21 +330,23 @@ class Sandbox:
             return
         if graceful and self.failed is None and self.proc.poll() is None:
             try:
-                self.thaw()
-                self.conn.send({"op": "stop"})
+                self._wake(self.members())
+                wire.send(self.sock, {"op": "stop"})
                 self.proc.wait(2)
-            except (OSError, ValueError, subprocess.TimeoutExpired):
+            except (OSError, subprocess.TimeoutExpired):
                 pass
+        if self.freezer is not None:
+            self.freezer.kill()
         seen: set[int] = set()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             live = self.members() - {self.proc.pid} if self.proc.poll() is not None else self.members()
             new = live - seen
             if new:  # stop first, so nothing forks while we look for more
-                self._signal(new, signal.SIGSTOP)
+                contain.signal_all(new, signal.SIGSTOP)
                 seen |= new
                 continue
-            self._signal(seen | {self.proc.pid}, signal.SIGKILL)
+            contain.signal_all(seen | {self.proc.pid}, signal.SIGKILL)
             self._reap(seen)
             if not (self.members() - {self.proc.pid}):
                 break
@@ -281,160 +357,28 @@ class Sandbox:
             pass
         self.proc.wait()
         self._reap(seen)
-        if self.conn is not None:
-            self.conn.close()
+        if self.sock is not None:
+            self.sock.close()
         left = self.members() - {self.proc.pid}
         _OWN_CHILDREN.discard(self.proc.pid)
-        self.proc = None
+        _LIVE.discard(self)
+        self.proc, self.frozen = None, False
+        if self.freezer is not None:
+            self.freezer.remove()
+            self.freezer = None
         if left:
             raise WorkerFailure(f"processes started by the candidate outlived the kill: {sorted(left)[:5]}")
 
-    def _reap(self, pids: set[int]) -> None:
-        """Collect the exit status of killed processes that became our children (no zombies left)."""
-        for p in pids:
-            try:
-                os.waitpid(p, os.WNOHANG)
-            except ChildProcessError:
-                pass
-        deadline = time.monotonic() + 2
-        procs = _procs()
-        while time.monotonic() < deadline and any(p in procs and procs[p][0] == os.getpid() for p in pids):
+    def _reap(self, pids: set[int], wait_s: float = 2.0) -> None:
+        """Collect the exit status of dead processes that became our children (no zombies left)."""
+        deadline = time.monotonic() + wait_s
+        while True:
             for p in pids:
                 try:
                     os.waitpid(p, os.WNOHANG)
                 except ChildProcessError:
                     pass
+            table = contain.procs()
+            if time.monotonic() > deadline or not any(p in table and table[p][0] == os.getpid() for p in pids):
+                return
             time.sleep(0.01)
-            procs = _procs()
-
-
-# ======================================================================================= child side
-
-
-class _Server:
-    def __init__(self, spec, signature, layout):
-        from gemmlab.sandbox.candidate import load_kernel
-
-        self.signature, self.layout = signature, layout
-        self.spec = spec
-        self.fn = load_kernel(spec, signature)
-        self.slots: list = []
-
-    def bind(self, slots):
-        self.slots = slots
-        return {}
-
-    def _call(self, i: int):
-        from gemmlab.sandbox.candidate import invoke
-
-        inputs, out = self.slots[i]
-        return invoke(self.fn, self.signature, self.layout, inputs, out)
-
-    def call(self, slot: int = 0, profile: bool = False):
-        """One call, profiled when asked (advisory: the names of the GPU kernels and aten ops that ran)."""
-        import torch
-
-        inputs, out = self.slots[slot]
-        # poison what the caching allocator hands out next: unwritten elements of a result read as NaN
-        del_me = torch.full((out.numel(),), float("nan"), dtype=out.dtype, device=out.device)
-        del del_me
-        if not profile:
-            problem = self._call(slot)
-            _sync(out.device)
-            return {"problem": problem, "kernels": [], "ops": [], "path": None}
-        problem, kernels, ops = _profiled(lambda: self._call(slot), out.device)
-        return {"problem": problem, "kernels": kernels, "ops": ops, "path": self._plan_path(inputs, out)}
-
-    def run(self, order: list[int], fn: str = "kernel", flush: bool = False):
-        """The calls of a timed batch back to back, between device syncs; the times are advisory. ``flush``:
-        an L2 flush before each call (bench; the grader flushes from its own process instead)."""
-        from gemmlab.instruments.timing import time_calls
-
-        device = self.slots[0][1].device
-        it = iter(order)
-        problems: list = []
-        if fn == "empty":
-            call = lambda: next(it)  # noqa: E731
-        else:
-            call = lambda: problems.append(self._call(next(it)))  # noqa: E731
-        ms = time_calls(call, len(order), device, flush=flush)
-        return {"ms": ms, "problem": next((p for p in problems if p), None)}
-
-    def _plan_path(self, inputs, out):
-        if self.spec is not None or self.signature == "moe":
-            return None
-        import gemmlab
-        from gemmlab.sandbox.candidate import logical_out
-
-        a, b = inputs
-        return gemmlab.plan(a, b, out=logical_out(out, a.shape[0], b.shape[1], self.layout)).path
-
-
-def _sync(device) -> None:
-    from gemmlab.instruments.timing import _sync as sync  # imported here: the child imports nothing before its fork
-
-    sync(device)
-
-
-def _profiled(call, device):
-    """(result, GPU kernel names, aten op names) of ``call``: the profiler on CUDA; on the CPU the legacy
-    profiler (kineto takes seconds to start there)."""
-    import torch
-    from torch.autograd import DeviceType
-
-    if device.type != "cuda":
-        from torch.autograd.profiler_legacy import profile
-
-        with profile() as prof:
-            out = call()
-        return out, [], sorted({e.name for e in prof.function_events if e.name.startswith("aten::")})
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda" and "GEMMLAB_OBSERVER_SOCK" not in os.environ:  # else the kernel observer owns CUPTI
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=acts) as prof:
-        out = call()
-        _sync(device)
-    events = prof.events()
-    kernels = sorted({e.name for e in events if e.device_type == DeviceType.CUDA})
-    ops = sorted({e.name for e in events if e.name.startswith("aten::")})
-    return out, kernels, ops
-
-
-def serve(fd: int) -> None:
-    """The candidate's side: receive the authkey and what to load, load it, answer requests."""
-    import multiprocessing
-    import traceback
-
-    conn = Connection(fd)
-    multiprocessing.current_process().authkey = conn.recv_bytes()
-    init = conn.recv()
-    sys.path[:] = init["sys_path"]
-    import torch.multiprocessing  # noqa: F401  (tensor reductions for the connection)
-
-    try:
-        server = _Server(init["spec"], init["signature"], init["layout"])
-        _reply(conn, {"ok": True})
-    except BaseException as e:  # a kernel that cannot even be loaded
-        _reply(conn, {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
-        return
-    while True:
-        try:
-            req = conn.recv()
-        except (EOFError, OSError):
-            return
-        op = req.pop("op")
-        if op == "stop":
-            return
-        try:
-            reply = getattr(server, op)(**req)
-        except BaseException as e:  # the candidate raised: report it, the owner decides
-            reply = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
-        try:
-            _reply(conn, reply)
-        except Exception as e:  # e.g. the candidate made something that cannot cross the connection
-            _reply(conn, {"error": f"reply could not be sent: {type(e).__name__}: {e}"})
-
-
-def _reply(conn, reply: dict) -> None:
-    """Child -> owner: JSON bytes (the owner never unpickles what the child sends)."""
-    conn.send_bytes(json.dumps(reply, default=str).encode())

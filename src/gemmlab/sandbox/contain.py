@@ -1,0 +1,279 @@
+"""The owner's view of a sandbox's processes, read from /proc and the cgroup filesystem (Linux; CPU and GPU alike).
+
+    procs()                      {pid: (ppid, session)} of every process
+    descendants(roots, procs)    roots and everything below them
+    state(pid)                   R, S, D, T, t, Z, ... ("" when gone)
+    Freezer.make(tag)            a freezer cgroup of one sandbox, or None where none can be made here
+    Sched.of_owner()             the owner's scheduling (policy, nice, affinity), what every sandbox thread must have
+    cpu_ns(pids)                 CPU time the threads of ``pids`` used so far (schedstat; ns)
+
+Freezer: cgroup v2 (``cgroup.freeze``, ``cgroup.kill``, ``cpu.stat``) where a cgroup2 hierarchy is writable, else the
+cgroup v1 freezer (``freezer.state``). The keeper writes its own pid into ``procs_file`` before it forks, so every
+process the candidate ever starts is born inside; freezing a cgroup stops its members all at once, forks in flight
+included, which SIGSTOP sent process by process cannot do (a process that forks and exits every millisecond escapes a
+snapshot). Where no cgroup can be made (read-only /sys/fs/cgroup, no permission) the sandbox falls back to SIGSTOP,
+re-scanning until two scans in a row find every member stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+POLICIES = {getattr(os, n): n for n in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR")
+            if hasattr(os, n)}
+RESET_ON_FORK = getattr(os, "SCHED_RESET_ON_FORK", 0x40000000)
+
+
+def procs() -> dict[int, tuple[int, int]]:
+    """{pid: (ppid, session)} of every process /proc lists (zombies included)."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
+        out[int(d)] = (int(fields[1]), int(fields[3]))
+    return out
+
+
+def state(pid: int) -> str:
+    """The process state letter from /proc (R, S, D, T, t, Z, ...); "" when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rfind(")") + 2]
+
+
+def descendants(roots: set[int], table: dict[int, tuple[int, int]]) -> set[int]:
+    found, frontier = set(roots), set(roots)
+    while frontier:
+        frontier = {p for p, (pp, _) in table.items() if pp in frontier and p not in found}
+        found |= frontier
+    return found
+
+
+def threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def cpu_ns(pids) -> int:
+    """Nanoseconds on a CPU, summed over every thread of ``pids`` (first field of /proc/PID/task/TID/schedstat)."""
+    total = 0
+    for p in pids:
+        for t in threads(p):
+            try:
+                total += int(Path(f"/proc/{p}/task/{t}/schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total
+
+
+def signal_all(pids, sig: int) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+# --------------------------------------------------------------------------------------------- cgroups
+
+
+def _mounts() -> list[tuple[str, str, str, str]]:
+    """(fstype, mount point, root inside the hierarchy, super options) of every cgroup mount."""
+    out = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        f, r = left.split(), right.split()
+        if r and r[0] in ("cgroup", "cgroup2"):
+            out.append((r[0], f[4], f[3], r[2] if len(r) > 2 else ""))
+    return out
+
+
+def _own(kind: str) -> str | None:
+    """This process's path in the cgroup2 hierarchy ("0::PATH") or the v1 freezer's ("N:...freezer...:PATH")."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        num, ctrls, path = line.split(":", 2)
+        if (kind == "cgroup2" and num == "0" and not ctrls) or (kind == "cgroup" and "freezer" in ctrls.split(",")):
+            return path
+    return None
+
+
+@dataclass
+class Freezer:
+    path: Path
+    v2: bool
+
+    @classmethod
+    def make(cls, tag: str) -> Freezer | None:
+        """A new cgroup below this process's own, with a freezer: v2 first, then the v1 freezer; None if neither
+        can be created here."""
+        try:
+            mounts = _mounts()
+        except OSError:
+            return None
+        for kind in ("cgroup2", "cgroup"):
+            for fstype, point, root, opts in mounts:
+                if fstype != kind or (kind == "cgroup" and "freezer" not in opts.split(",")):
+                    continue
+                own = _own(kind)
+                if own is None or not own.startswith(root):
+                    continue
+                path = Path(point + own[len(root):].rstrip("/"), f"gemmlab-{tag}-{secrets.token_hex(4)}")
+                try:
+                    path.mkdir()
+                except OSError:
+                    continue
+                if (path / ("cgroup.freeze" if kind == "cgroup2" else "freezer.state")).exists():
+                    return cls(path, kind == "cgroup2")
+                _rmdir(path)
+        return None
+
+    @property
+    def procs_file(self) -> str:
+        return str(self.path / "cgroup.procs")
+
+    def _write(self, name: str, value: str) -> None:
+        (self.path / name).write_text(value)
+
+    def pids(self) -> set[int]:
+        try:
+            return {int(p) for p in (self.path / "cgroup.procs").read_text().split()}
+        except (OSError, ValueError):
+            return set()
+
+    def freeze(self) -> None:
+        self._write("cgroup.freeze" if self.v2 else "freezer.state", "1" if self.v2 else "FROZEN")
+
+    def thaw(self) -> None:
+        self._write("cgroup.freeze" if self.v2 else "freezer.state", "0" if self.v2 else "THAWED")
+
+    def frozen(self) -> bool:
+        try:
+            if self.v2:
+                return "frozen 1" in (self.path / "cgroup.events").read_text().splitlines()
+            return (self.path / "freezer.state").read_text().strip() == "FROZEN"
+        except OSError:
+            return False
+
+    def usage_ns(self) -> int | None:
+        """CPU time of every process that ever ran in the cgroup, exited ones included (v2); None on v1."""
+        if not self.v2:
+            return None
+        try:
+            for line in (self.path / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) * 1000
+        except (OSError, ValueError):
+            pass
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL every member at once (v2 ``cgroup.kill``; else frozen, killed one by one, thawed)."""
+        try:
+            if self.v2 and (self.path / "cgroup.kill").exists():
+                self._write("cgroup.kill", "1")
+                return
+            self.freeze()
+            signal_all(self.pids(), signal.SIGKILL)
+            self.thaw()
+        except OSError:
+            pass
+
+    def remove(self) -> None:
+        _rmdir(self.path)
+
+
+def _rmdir(path: Path) -> None:
+    for _ in range(50):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # still populated for a moment after its last member died
+            time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------------------------- scheduling
+
+
+@dataclass(frozen=True)
+class Sched:
+    """The owner's scheduling: what every thread of a sandbox gets back before each of its windows."""
+
+    policy: int
+    nice: int
+    affinity: frozenset
+
+    @classmethod
+    def of_owner(cls) -> Sched:
+        return cls(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0), frozenset(os.sched_getaffinity(0)))
+
+    def raised(self, seen: dict[int, tuple]) -> list[str]:
+        """Threads in ``seen`` that run at a higher priority than the owner (a real-time policy, a lower nice)."""
+        rt = {getattr(os, n) for n in ("SCHED_FIFO", "SCHED_RR") if hasattr(os, n)}
+        return [f"thread {t}: {_policy(pol)}, nice {nice}" for t, (pol, nice, _) in seen.items()
+                if (pol & ~RESET_ON_FORK) in rt or nice < self.nice]
+
+    def restore(self, pids) -> list[str]:
+        """Give every thread of ``pids`` this policy, nice value and affinity; returns the threads it could not."""
+        failed = []
+        for p in pids:
+            for t in threads(p):
+                try:
+                    if (os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t)) != (self.policy, self.nice):
+                        os.sched_setscheduler(t, self.policy & ~RESET_ON_FORK, os.sched_param(0))
+                        os.setpriority(os.PRIO_PROCESS, t, self.nice)
+                    if frozenset(os.sched_getaffinity(t)) != self.affinity:
+                        os.sched_setaffinity(t, self.affinity)
+                except (ProcessLookupError, FileNotFoundError):
+                    pass  # gone meanwhile
+                except PermissionError as e:
+                    failed.append(f"thread {t}: {e.strerror}")
+        return failed
+
+
+def _policy(pol: int) -> str:
+    return POLICIES.get(pol & ~RESET_ON_FORK, str(pol))
+
+
+def sched_seen(pids) -> dict[int, tuple[int, int, str | None]]:
+    """{thread: (policy, nice value, its /proc cgroup text; None for a zombie)} of every thread of ``pids``."""
+    out = {}
+    for p in pids:
+        zombie = state(p) == "Z"  # (a zombie has left its memory cgroup)
+        for t in threads(p):
+            try:
+                out[t] = (os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t),
+                          None if zombie else Path(f"/proc/{p}/task/{t}/cgroup").read_text())
+            except (ProcessLookupError, FileNotFoundError, PermissionError):
+                pass
+    return out
+
+
+def sched_changes(before: dict[int, tuple], after: dict[int, tuple]) -> list[str]:
+    """Threads whose policy, nice value or cgroups differ between two ``sched_seen`` (a cgroup of None: unknown)."""
+    out = []
+    for t, (pol, nice, cg) in after.items():
+        if t not in before:
+            continue
+        pol0, nice0, cg0 = before[t]
+        if (pol, nice) != (pol0, nice0):
+            out.append(f"thread {t}: {_policy(pol)}, nice {nice} (was {_policy(pol0)}, nice {nice0})")
+        elif cg is not None and cg0 is not None and cg != cg0:
+            out.append(f"thread {t}: moved to other cgroups")
+    return out

@@ -1,0 +1,65 @@
+"""What the owner accepts from the sandbox's child: every reply field it reads, checked for type and range in one place.
+
+    checked(op, reply, request) -> the fields of ``REPLIES[op]`` (or ``ERROR``), nothing else; ValueError naming the
+                                   first field that is missing or of the wrong type or range
+
+The child is the candidate's process, so a reply is hostile data: a field the owner reads unchecked (a list of
+kernel names that is an int, a time that is a string) would otherwise crash the grader. ``Sandbox`` turns the
+ValueError into a WorkerFailure: one line, the grade fails. A field added to a reply is read only once it is here.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def _text(limit: int):
+    return lambda v: isinstance(v, str) and len(v) <= limit, f"a string of at most {limit} characters"
+
+
+def _opt(check):
+    test, what = check
+    return lambda v: v is None or test(v), f"null or {what}"
+
+
+_NAMES = (lambda v: isinstance(v, list) and len(v) <= 4096 and all(isinstance(x, str) and len(x) <= 4096 for x in v),
+          "a list of at most 4096 strings")
+_BOOL = (lambda v: isinstance(v, bool), "true or false")
+
+
+def _number(lo: float, hi: float):
+    return (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi,
+            f"a finite number in [{lo:g}, {hi:g}]")
+
+
+def _times(req: dict):
+    n = len(req.get("order", ()))
+    test, _ = _number(0, 1e9)
+    return lambda v: isinstance(v, list) and len(v) == n and all(map(test, v)), f"a list of {n} times in ms"
+
+
+# What each reply must hold (field: (test, what it must be), or a function of the request giving one). The owner
+# reads these fields and no others; an error reply is ``ERROR`` instead.
+REPLIES = {
+    "hello": {"ok": _BOOL, "error": _opt(_text(4000))},
+    "bind": {},
+    "call": {"problem": _opt(_text(2000)), "kernels": _NAMES, "ops": _NAMES, "path": _opt(_text(200))},
+    "run": {"ms": _times, "problem": _opt(_text(2000)), "held_ms": _opt(_number(0, 1e9)),
+            "loop_ms": _opt(_number(0, 1e9))},
+}
+ERROR = {"error": _text(4000)}
+
+
+def checked(op: str, reply: dict, req: dict) -> dict:
+    """The fields of ``reply`` the owner reads (``REPLIES[op]``, or ``ERROR``), each of the right type and range;
+    raises ValueError naming the first that is not."""
+    schema = ERROR if "error" in reply and op != "hello" else REPLIES[op]  # hello: {"ok": false, "error": ...}
+    out = {}
+    for name, spec in schema.items():
+        test, what = spec(req) if callable(spec) else spec
+        if name not in reply:
+            raise ValueError(f"field {name!r} is missing")
+        if not test(reply[name]):
+            raise ValueError(f"field {name!r} is {type(reply[name]).__name__}, not {what}")
+        out[name] = reply[name]
+    return out
