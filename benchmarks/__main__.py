@@ -23,6 +23,8 @@ SCRIPTS = {  # name: (file, one line)
     "loop-suite": ("loop_suite.sh", "probe, tune, health check and roofline (about 7 minutes on an H200)"),
     "moe-suite": ("moe_suite.sh", "the MoE tables of docs/results/moe.md, in two parts: bench, rest"),
     "session": ("session.sh", "one device call: named steps in order, each under its own time limit"),
+    "model-suite": ("model_suite.py", "whole models' tokens/s, torch vs gemmlab vs Liger (about 8 minutes on an "
+                                      "H200)"),
     "sweep-dense": ("sweep_dense.py", "issue 23's grid of paths and configs against cuBLAS (about 4 minutes on an "
                                       "H200)"),
     "dense-rules": ("dense_rules.py", "the dense sweep's rows into dispatch rules and ledger entries (CPU)"),

@@ -37,10 +37,12 @@ for s in "$@"; do
       done ;;
     gputests) step gputests 540 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ ;;
     host) step host 200 python3 -m benchmarks host-cost --quick --out "$RES" ;;
-    model) step model 300 python3 -m gemmlab bench model --model mixtral,qwen3-moe,deepseek-v3 --tokens 4096,1,8,64 \
+    model) step model 300 python3 -m gemmlab bench layer --model mixtral,qwen3-moe,deepseek-v3 --tokens 4096,1,8,64 \
       --modes eager,graph --output-dir "$RES/nvidia-h200-model" ;;
-    compile) step compile 300 python3 -m gemmlab bench model --model qwen3-moe --tokens 4096,8 --modes compile \
+    compile) step compile 300 python3 -m gemmlab bench layer --model qwen3-moe --tokens 4096,8 --modes compile \
       --output-dir "$RES/nvidia-h200-model" ;;
+    # whole models (bench model): its own per-model steps and time limits, about 8 minutes; see the script
+    models) step models 520 python3 -m benchmarks model-suite --out "$RES/nvidia-h200-models" ;;
     tune_moe) step tune_moe 150 python3 -m gemmlab tune --op moe --model qwen3-30b-a3b --tokens 1024 --moe-mode down \
       --budget-minutes 1 --ledger /tmp/moe.db --configs-dir /tmp/moe-cfg --output-dir "$RES/tune-moe" ;;
     ep1) step ep1 240 torchrun --nproc-per-node 1 -m gemmlab bench moe-ep --model qwen3-30b-a3b --model mixtral-8x7b \

@@ -223,7 +223,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("no_private_names_across_modules", v): _SYNC for v in (
         "gemmlab.grade.grader:imports _sync from gemmlab.instruments.timing",
         "gemmlab.sandbox.box:imports _sync from gemmlab.instruments.timing",
-        "gemmlab.bench.model:uses gemmlab.instruments.timing._sync",
         "gemmlab.bench.moe_liger:uses gemmlab.instruments.timing._sync",
         "gemmlab.instruments.compare:uses gemmlab.instruments.timing._sync",
         "gemmlab.tune.tuner:uses gemmlab.instruments.timing._sync",

@@ -74,11 +74,11 @@ def test_tune_json_and_output_dir(tmp_path):
     assert (tmp_path / "tune-report.csv").read_text().startswith(",".join(output.LONG_FIELDS))
 
 
-def test_bench_model_json_and_output_dir(tmp_path, monkeypatch):
-    """bench model behind a pretend GPU check, a tiny layer on the CPU (as tests/test_bench_model.py does)."""
+def test_bench_layer_json_and_output_dir(tmp_path, monkeypatch):
+    """bench layer behind a pretend GPU check, a tiny layer on the CPU (as tests/test_bench_layer.py does)."""
     pytest.importorskip("transformers")
-    from gemmlab.bench import model as bm
-    from test_bench_model import TINY
+    from gemmlab.bench import model_layer as bm
+    from test_bench_layer import TINY
 
     real = bm.bench_model
 
@@ -88,9 +88,9 @@ def test_bench_model_json_and_output_dir(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bm, "bench_model", tiny)
-    _, rep = _run(["bench", "model", "--model", "mixtral", "--tokens", "2", "--modes", "eager"], tmp_path)
+    _, rep = _run(["bench", "layer", "--model", "mixtral", "--tokens", "2", "--modes", "eager"], tmp_path)
     assert rep["kind"] == "model-bench"
-    rows = _files(tmp_path, "model-bench-mixtral-eager", "model-bench")
+    rows = _files(tmp_path, "layer-bench-mixtral-eager", "model-bench")
     assert {(r["provider"], r["mode"]) for r in rows if r["metric"] == "time"} == {("torch", "eager"),
                                                                                  ("gemmlab", "eager")}
 

@@ -25,8 +25,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = ("gemm-bench", "moe-bench", "moe-liger-bench", "stable-bench", "model-bench", "moe-ep-bench", "table",
-         "grade", "check", "tune", "device-profile", "device-health", "roofline", "ncu-profile", "profile-diff")
+KINDS = ("gemm-bench", "moe-bench", "moe-liger-bench", "stable-bench", "model-bench", "whole-model-bench",
+         "moe-ep-bench", "table", "grade", "check", "tune", "device-profile", "device-health", "roofline",
+         "ncu-profile", "profile-diff")
 LONG_FIELDS = ("kind", "kernel", "provider", "mode", "metric", "unit", "x_name", "x_value", "p50", "p20", "p80",
                "gpu", "date", "git_sha", "extra")
 

@@ -1,26 +1,22 @@
-"""``gemmlab bench model``: one Hugging Face decoder layer (attention projections + MoE block), unpatched
-torch against ``gemmlab.patch``-ed, eager, CUDA-graph replay and ``torch.compile``, verified first, interleaved.
+"""``gemmlab bench model``: whole Hugging Face MoE models, unpatched against ``gemmlab.patch`` against
+Liger-Kernel's patch, in tokens per second: prefill, decode with a KV cache, and a training step.
 
-Legend: T tokens (batch 1, no KV cache: decode T = 1, 8, 64 is the new tokens' own causal attention; prefill
-T = 4096), H hidden, E experts, k top-k.
-
-The layer is the transformers decoder layer class itself (e.g. ``MixtralDecoderLayer``) built from a config
-with the real model's dimensions and random weights (each weight uniform with the variance of its
-fan-in, so activations stay O(1); router weights too, so routing is neither uniform nor one-hot), bf16,
-attention "sdpa", experts "grouped_mm" (transformers' fastest own MoE path). The patched layer is a copy
-of the module tree sharing every Parameter and buffer (no weight copy), then ``gemmlab.patch``-ed.
-Rotary cos/sin are computed once outside the timed call, as a model does for all its layers.
-
-Verification (before timing, on the timed call, for every candidate): the relative error of the layer's
-update, e = ||y - y_torch|| / ||y_torch - x|| (the residual x passes through exactly), must be at most
-2 * s + 2^-7, where s is the same measure between the unpatched layer at x and at x perturbed by one bf16
-ulp: how far rounding-level noise moves this layer (routing near-ties included) in PyTorch itself.
+Each model is built from its published config (``model_presets``) with random weights (``model_build``), bf16,
+on one GPU; the variants are shared copies of it (no weight copied): "torch" (the model as transformers runs
+it: sdpa attention, grouped_mm experts), "gemmlab" (``gemmlab.patch``), "liger" (``apply_liger_kernel_to_<type>``
+where liger-kernel has one; otherwise the rows say why). What each phase calls, how a mode wraps it and how
+outputs are verified: ``model_run``. Per (model, phase, shape, mode) the variants are verified first against
+the unpatched eager model's logits (a wrong one is reported and never timed), then timed interleaved (ABAB
+rounds, L2 flushed, clocks sampled: ``compare_many``); compile and capture happen before, outside timing
+(``setup_s``). Results: tokens/s at the median (and p20/p80), the per-round ratio to torch and to Liger, the
+peak memory of one more call. The inference model and the training model are built one after the other
+(the training one with fewer layers where its gradients and optimizer states would not fit: ``train_layers``).
 """
 
 from __future__ import annotations
 
-import copy
-import importlib
+import contextlib
+import gc
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -28,296 +24,336 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gemmlab import output
-from gemmlab.instruments import timing
+from gemmlab.bench import model_build as mb
+from gemmlab.bench import model_run as run
+from gemmlab.bench.model_presets import PRESETS, make_config
+from gemmlab.instruments import stats, timing
 from gemmlab.instruments.compare import compare_many
-from gemmlab.output import Table, long_row, num
+
+VARIANTS = ("torch", "gemmlab", "liger")
+PREFILL_TOKENS, DECODE_BATCHES = (4096, 16384), (1, 8, 64)
+CACHE = "transformers StaticCache of P + n positions, one per batch size, shared by the variants"
+ADAMW_FRACTION = 0.75  # AdamW when weights + gradients + its two states fit in this share of the GPU
 
 
-@dataclass(frozen=True)
-class LayerPreset:
-    """A transformers architecture at a real model's dimensions."""
-
-    source: str  # the model whose dimensions these are
-    module: str  # transformers.models.<module>.modeling_<module>
-    config: str
-    layer: str
-    rotary: str
-    dims: dict = field(default_factory=dict)
-    note: str = ""
+@dataclass
+class Variant:
+    model: torch.nn.Module | None
+    scope: Callable = contextlib.nullcontext
+    info: dict = field(default_factory=dict)
+    compiled: torch.nn.Module | None = None
 
 
-PRESETS: dict[str, LayerPreset] = {
-    "mixtral": LayerPreset(
-        "mistralai/Mixtral-8x7B-v0.1", "mixtral", "MixtralConfig", "MixtralDecoderLayer", "MixtralRotaryEmbedding",
-        dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-             num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-5)),
-    "qwen3-moe": LayerPreset(
-        "Qwen/Qwen3-30B-A3B", "qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeDecoderLayer", "Qwen3MoeRotaryEmbedding",
-        dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
-             num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
-             decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6)),
-    "deepseek-v3": LayerPreset(
-        "deepseek-ai/DeepSeek-V3", "deepseek_v3", "DeepseekV3Config", "DeepseekV3DecoderLayer",
-        "DeepseekV3RotaryEmbedding",
-        dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_attention_heads=128,
-             num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-             v_head_dim=128, n_routed_experts=256, num_experts_per_tok=8, n_group=8, topk_group=4,
-             n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=0,
-             rms_norm_eps=1e-6),
-        note="all 256 routed experts (22.5 GB of bf16 expert weights); default RoPE instead of YaRN "
-             "(the projections and the MoE block, what is timed, are the real ones)"),
-}
-MODES = ("eager", "graph", "compile")
+@dataclass
+class Ctx:
+    """What every case of one run shares."""
+
+    report: dict
+    rounds: int
+    reps: int
+    warmup_s: float
+    device: torch.device
+    dtype: torch.dtype
+    seed: int
+    deadline: float | None
+    say: Callable[[str], None]
+    on_result: Callable[[dict], None] | None
+    compile_backend: str = "inductor"
 
 
-def _transformers():
-    try:
-        return importlib.import_module("transformers")
-    except ImportError as e:
-        raise RuntimeError("bench model needs transformers (pip install transformers)") from e
+def _short(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
-def _set(config, name: str, value: str) -> None:
-    """config._attn_implementation / _experts_implementation, across transformers 5 versions."""
-    try:
-        setattr(config, name, value)
-    except Exception:  # a read-only property: the internal field behind it
-        setattr(config, name + "_internal", value)
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
-def build_layer(preset: LayerPreset, dtype: torch.dtype, device: torch.device, seed: int = 0, dims=None):
-    """(layer, rotary, config): the decoder layer with random weights, in ``dtype`` on ``device``, eval.
-    ``dims`` overrides the preset's (tests use tiny ones)."""
-    _transformers()
-    mod = importlib.import_module(f"transformers.models.{preset.module}.modeling_{preset.module}")
-    cfg_cls = getattr(importlib.import_module("transformers"), preset.config)
-    config = cfg_cls(num_hidden_layers=1, vocab_size=256, **(dims or preset.dims))
-    _set(config, "_attn_implementation", "sdpa")
-    _set(config, "_experts_implementation", "grouped_mm" if device.type == "cuda" else "eager")
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # built in dtype directly: no fp32 copy of 22 GB of experts
-    try:
-        with torch.device(device):
-            layer = getattr(mod, preset.layer)(config, 0)
-            rotary = getattr(mod, preset.rotary)(config)
-    finally:
-        torch.set_default_dtype(old)
-    g = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in list(layer.named_parameters()) + list(layer.named_buffers()):
-            if not p.is_floating_point():
-                continue
-            if p.dim() == 1 and "norm" in name:  # RMSNorm scales
-                p.fill_(1.0)
-                continue
-            if p.dim() == 1:  # biases (DeepSeek's score correction): small
-                p.copy_(torch.rand(p.shape, generator=g, device=device).mul_(1e-2))
-                continue
-            bound = math.sqrt(3.0 / p.shape[-1])  # unit variance out for unit variance in
-            step = max(1, (1 << 28) // math.prod(p.shape[1:]))  # slices: no full-size fp32 temporary
-            for j in range(0, p.shape[0], step):
-                part = torch.rand((min(step, p.shape[0] - j), *p.shape[1:]), generator=g, device=device)
-                p[j:j + step].copy_(part.sub_(0.5).mul_(2 * bound))
-    return layer.eval(), rotary, config
-
-
-def shared_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy of the module tree whose Parameters and buffers are the original's (no data copied)."""
-    memo = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
-    return copy.deepcopy(module, memo)
-
-
-def _graphed(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """Capture ``fn`` in a CUDA graph (``timing.capture``); returns a replay that returns the graph's static
-    output (so the checks see what each replay wrote)."""
-    graph, out = timing.capture(fn)
-
-    def replay() -> torch.Tensor:
-        graph.replay()
-        return out
-
-    return replay
-
-
-def _rel(y: torch.Tensor, ref: torch.Tensor, x: torch.Tensor) -> float:
-    return ((y.float() - ref.float()).norm() / (ref.float() - x.float()).norm().clamp_min(1e-30)).item()
-
-
-def bench_case(model_name: str, ref_layer, layers: dict, rotary, tokens: int, mode: str, *, hidden: int,
-               dtype: torch.dtype, device: torch.device, rounds: int, reps: int, warmup_s: float,
-               seed: int = 0) -> dict:
-    """One (model, T, mode): ``layers`` {"torch": ..., "gemmlab": ...} (compiled ones for mode "compile";
-    captured here for mode "graph") verified against ``ref_layer``'s eager output, then interleaved."""
-    g = torch.Generator(device=device).manual_seed(seed + tokens)
-    x = torch.randn((1, tokens, hidden), generator=g, device=device).to(dtype)
-    pos = torch.arange(tokens, device=device)[None]
-    with torch.no_grad():
-        cos_sin = rotary(x, pos)
-
-    def call(layer):
-        def fn():
-            with torch.no_grad():
-                out = layer(x, position_embeddings=cos_sin, attention_mask=None, position_ids=pos)
-            return out[0] if isinstance(out, tuple) else out
-        return fn
-
-    with torch.no_grad():
-        ref = call(ref_layer)()
-        bump = torch.where(torch.rand(x.shape, generator=g, device=device) < 0.5, -1.0, 1.0)
-        x_noisy = (x.float() * (1 + bump * 2.0 ** -7)).to(dtype)  # each element moved by about one ulp
-        saved = x.clone()
-        x.copy_(x_noisy)
-        noisy = call(ref_layer)()
-        x.copy_(saved)
-    sens = _rel(noisy, ref, x)
-    allowed = 2 * sens + 2.0 ** -7
-
-    def check(out) -> dict:
-        err = _rel(out, ref, x) if torch.isfinite(out).all() else math.inf
-        return {"ok": err <= allowed, "rel_err": err, "allowed": allowed}
-
-    fns, setup = {}, {}
-    for name, layer in layers.items():
-        t0 = time.perf_counter()
+def _variants(model: torch.nn.Module, wanted: Sequence[str], liger_fns: dict | None) -> dict[str, Variant]:
+    out = {"torch": Variant(model)}
+    if "gemmlab" in wanted:
         try:
-            fns[name] = _graphed(call(layer)) if mode == "graph" else call(layer)
-            fns[name]()  # compiles here (mode compile): setup_s holds the compile time
-            timing._sync(device)
-        except Exception as e:  # a capture that fails is a result, not a crash
-            setup[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-        setup.setdefault(name, None)
-        setup[f"{name}_setup_s"] = time.perf_counter() - t0
-    failed = {n: setup[n] for n in layers if setup[n]}
-    if "torch" in failed:
-        res = {"candidates": {n: {"check": {"ok": False, "error": failed.get(n) or "baseline failed"}}
-                              for n in layers}, "timed": False}
-    else:
-        res = compare_many({n: f for n, f in fns.items() if n not in failed}, "torch", check=check, dtype="bfloat16",
-                           rounds=rounds, reps=reps, warmup_s=warmup_s, device=device)
-        for n, why in failed.items():
-            res["candidates"][n] = {"check": {"ok": False, "error": why}}
-    return {**res, "timing": res.get("mode"), "model": model_name, "tokens": tokens, "mode": mode,
-            "sensitivity": sens, "allowed": allowed, "setup": setup}
-
-
-def _compiled(layer: torch.nn.Module):
-    """``torch.compile`` of the layer's forward, T dynamic (one compile for every T > 1)."""
-    return torch.compile(layer, dynamic=True)
-
-
-def bench_model(models: Sequence[str], tokens: Sequence[int], modes: Sequence[str] = MODES, *,
-                dtype: torch.dtype = torch.bfloat16, rounds: int = 10, reps: int = 5, warmup_s: float = 0.5,
-                seed: int = 0, dims: dict | None = None, device: torch.device | str | None = None,
-                progress: Callable[[str], None] | None = None) -> dict:
-    """Every (model, T, mode). ``dims``: {model: config overrides} (tests build tiny layers on the CPU)."""
-    tf = _transformers()
-    import gemmlab
-
-    for name in models:
-        if name not in PRESETS:
-            raise ValueError(f"model {name!r}: one of {', '.join(PRESETS)}")
-    for m in modes:
-        if m not in MODES:
-            raise ValueError(f"mode {m!r}: one of {', '.join(MODES)}")
-    if any(t <= 0 for t in tokens):
-        raise ValueError(f"tokens must be positive, got {list(tokens)}")
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if "graph" in modes and device.type != "cuda":
-        raise ValueError("mode graph needs CUDA (CUDA-graph replay)")
-    results, built = [], {}
-    for name in models:
-        preset = PRESETS[name]
-        if progress:
-            progress(f"{name}: building the layer ({preset.source} dims, random weights)")
-        t0 = time.perf_counter()
-        layer, rotary, config = build_layer(preset, dtype, device, seed, (dims or {}).get(name))
-        patched, summary = gemmlab.patch(shared_copy(layer), return_summary=True)
-        built[name] = {"build_s": time.perf_counter() - t0, "patch": summary, "source": preset.source,
-                       "note": preset.note, "config": {k: getattr(config, k, None) for k in (dims or {}).get(
-                           name, preset.dims)}, "parameters": sum(p.numel() for p in layer.parameters()),
-                       "attn_implementation": getattr(config, "_attn_implementation", None),
-                       "experts_implementation": getattr(config, "_experts_implementation", None)}
-        layers = {"torch": layer, "gemmlab": patched}
-        compiled = {n: _compiled(m) for n, m in layers.items()} if "compile" in modes else {}
-        for t in tokens:
-            for mode in modes:
-                if progress:
-                    progress(f"{name} T={t} {mode}")
-                r = bench_case(name, layer, compiled if mode == "compile" else layers, rotary, t, mode,
-                               hidden=config.hidden_size, dtype=dtype, device=device, rounds=rounds, reps=reps,
-                               warmup_s=warmup_s, seed=seed)
-                results.append(r)
-        del layer, patched, layers, compiled
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    env = timing.env_info()
-    env["transformers"] = tf.__version__
-    return {"kind": "model-bench", "env": env, "args": {"models": list(models), "tokens": list(tokens),
-                                                       "modes": list(modes),
-                                "dtype": str(dtype).removeprefix("torch."), "rounds": rounds, "reps": reps,
-                                "warmup_s": warmup_s, "seed": seed},
-            "layers": built, "results": results}
-
-
-def rows(report: dict) -> list[dict]:
-    """One row per (model, T): torch and gemmlab median ms and the ratio (torch / gemmlab per round, > 1:
-    gemmlab faster) for each mode, side by side."""
-    table: dict[tuple, dict] = {}
-    for r in report["results"]:
-        row = table.setdefault((r["model"], r["tokens"]), {"model": r["model"], "T": r["tokens"], "ok": True,
-                                                          "errors": []})
-        for name, c in r["candidates"].items():
-            ok = bool(c["check"].get("ok")) and c.get("check_after", True) is True
-            row["ok"] &= ok or name != "torch"
-            if not ok:
-                row["errors"].append(f"{r['mode']} {name}: {c['check'].get('error') or c.get('skipped') or c['check']}")
-            row[f"{r['mode']}_{name}_ms"] = c.get("median_ms")
-            if name == "gemmlab":
-                row[f"{r['mode']}_ratio"] = (c.get("vs_baseline") or {}).get("ratio")
-                row[f"{r['mode']}_gemmlab_ok"] = ok
-    return list(table.values())
-
-
-def failures(report: dict) -> list[str]:
-    """Each gemmlab run that was wrong or failed (an unpatched torch row that fails is the layer's own problem)."""
-    return [f"{r['model']} T={r['T']} {e}" for r in rows(report) for e in r["errors"]
-            if any(e.startswith(f"{m} gemmlab") for m in report["args"]["modes"])]
-
-
-def tables(report: dict) -> list[Table]:
-    """One row per (model, T), each mode's torch ms, gemmlab ms and ratio side by side (eager against graph)."""
-    used = report["args"]["modes"]
-    t = Table(f"one decoder layer, bf16, on {report['env'].get('gpu')}: median ms, torch / gemmlab (> 1: gemmlab "
-              f"faster), transformers {report['env'].get('transformers')}",
-              ["model", "T"] + [f"{m} {col}" for m in used for col in ("torch", "gemmlab", "ratio")])
-    for r in rows(report):
-        cells = [r["model"], str(r["T"])]
-        for m in used:
-            cells += [num(r.get(f"{m}_torch_ms"), ".3f"), num(r.get(f"{m}_gemmlab_ms"), ".3f"),
-                      num(r.get(f"{m}_ratio"), ".2f") if r.get(f"{m}_gemmlab_ok", False) else "[red]WRONG/failed"]
-        t.rows.append(cells)
-    t.notes += [f"[red]{w}" for w in failures(report)]
-    return [t]
-
-
-def long_rows(report: dict) -> list[dict]:
-    """Per (model, mode, backend, T): the layer's time (p50/p20/p80) and gemmlab's ratio to torch."""
-    out = []
-    for r in report["results"]:
-        for name, c in r["candidates"].items():
-            out.append(long_row(f"{r['model']} layer", name, "time", "ms", "T", r["tokens"], c.get("median_ms"),
-                                c.get("p20_ms"), c.get("p80_ms"), mode=r["mode"]))
-            ratio = (c.get("vs_baseline") or {}).get("ratio")
-            if name == "gemmlab" and ratio is not None:
-                out.append(long_row(f"{r['model']} layer", name, "ratio_vs_torch", "x", "T", r["tokens"], ratio,
-                                    mode=r["mode"], ci95=(c.get("vs_baseline") or {}).get("ci95")))
+            patched, summary = mb.gemmlab_variant(model)
+            counts = {k: (len(v) if isinstance(v, (list, tuple)) and k != "skipped" else v)
+                      for k, v in summary.items()}  # what it replaced (counts) and skipped (why)
+            out["gemmlab"] = Variant(patched, info={"patch": counts})
+        except Exception as e:
+            out["gemmlab"] = Variant(None, info={"error": f"gemmlab.patch failed: {_short(e)}"})
+    if "liger" in wanted:
+        try:
+            patched, scope, info = mb.liger_variant(model, liger_fns)
+            out["liger"] = Variant(patched, scope, info)
+        except Exception as e:
+            out["liger"] = Variant(None, info={"error": f"Liger's patch failed: {_short(e)}"})
     return out
 
 
-def stem(report: dict) -> str:
-    return f"model-bench-{'+'.join(report['args']['models'])}-{'+'.join(report['args']['modes'])}"
+def _model_for(mode: str, v: Variant, backend: str) -> torch.nn.Module:
+    """The variant's model, or its torch.compile wrapper (one per variant; recompiles per shape)."""
+    if mode != "compile":
+        return v.model
+    if v.compiled is None:
+        v.compiled = torch.compile(v.model, dynamic=False, backend=backend)
+    return v.compiled
 
 
-def write(report: dict, out_dir) -> list:
-    return output.write(report, out_dir, stem(report), tables(report), long_rows(report))
+def run_case(ctx: Ctx, meta: dict, variants: dict[str, Variant], make_call: Callable, measure: Callable,
+             allowed: dict, tokens: int, fresh: bool = False) -> dict:
+    """One (model, phase, shape, mode): set every variant up (compile / capture: setup), verify, time
+    interleaved against torch (or the first variant that runs when torch cannot), peak memory, ratios."""
+    mode, cands, fns = meta["mode"], {}, {}
+    result = {**meta, "tokens_per_call": tokens, "allowed": allowed, "candidates": cands, "timed": False}
+    if mode == "graph" and ctx.device.type != "cuda":
+        return {**result, "error": "mode graph needs CUDA (CUDA-graph capture)"}
+    for name, v in variants.items():
+        if v.model is None:
+            cands[name] = {"unavailable": v.info.get("reason") or v.info.get("error")}
+            continue
+        t0, cands[name] = time.perf_counter(), {}
+        try:
+            fn = run.scoped(make_call(_model_for(mode, v, ctx.compile_backend), name), v.scope)
+            if mode == "graph":
+                before = torch.cuda.memory_allocated(ctx.device)
+                fn = run.graphed(fn, fresh)
+                cands[name]["captured_gib"] = (torch.cuda.memory_allocated(ctx.device) - before) / 2 ** 30
+            else:
+                fn()  # mode compile: compiles here
+                run.sync(ctx.device)
+            fn.variant = name  # which variant a timed function is (logs, an injected clock)
+            fns[name] = fn
+        except Exception as e:  # a variant that cannot run in this mode is a result, not a crash
+            cands[name]["error"] = _short(e)
+            _free(ctx.device)
+        cands[name]["setup_s"] = time.perf_counter() - t0
+    baseline = "torch" if "torch" in fns else next(iter(fns), None)
+    if baseline is None:
+        return result
+    try:
+        res = compare_many(fns, baseline, check=run.checker(measure, allowed), dtype="bfloat16",
+                           rounds=ctx.rounds, reps=ctx.reps, warmup_s=ctx.warmup_s, device=ctx.device)
+    except Exception as e:  # out of memory while timing, a replay that faults: said in the row
+        for name in fns:
+            cands[name]["error"] = f"while timing: {_short(e)}"
+        _free(ctx.device)
+        return result
+    result.update(timed=res.get("timed", False), baseline=baseline, timer=res.get("timer"), clocks=res.get("clocks"))
+    for name, c in res["candidates"].items():
+        cands[name].update(c, **run.throughput(tokens, c))
+        ok = bool(c.get("check", {}).get("ok")) and c.get("check_after", False) is True
+        cands[name]["ok"] = ok
+        if ok and "median_ms" in c:
+            with contextlib.suppress(Exception):
+                cands[name].update(run.memory(fns[name], ctx.device))
+        if baseline == "torch" and name != "torch":
+            cands[name]["vs_torch"] = c.get("vs_baseline")
+    gl, lg = cands.get("gemmlab", {}), cands.get("liger", {})
+    if gl.get("ok") and lg.get("ok") and gl.get("per_round_ms") and lg.get("per_round_ms"):
+        gl["vs_liger"] = stats.ratio_summary(gl["per_round_ms"], lg["per_round_ms"])
+    return result
+
+
+def _record(ctx: Ctx, result: dict) -> None:
+    ctx.report["results"].append(result)
+    if ctx.on_result:
+        ctx.on_result(ctx.report)
+
+
+def _cases(ctx: Ctx, model_name: str, layers: int, phase: str, shapes: list, modes: Sequence[str], setup: Callable,
+           variants: dict[str, Variant]) -> None:
+    """Every shape x mode of one phase: ``setup(shape)`` -> (make_call, measure, allowed, tokens, fresh)."""
+    for shape in shapes:
+        todo = list(modes)
+        if ctx.deadline is not None and time.perf_counter() > ctx.deadline:
+            ctx.report["not_run"] += [{"model": model_name, "phase": phase, "shape": shape, "mode": m} for m in todo]
+            continue
+        ctx.say(f"{model_name} ({layers} layers) {phase} {shape}: reference and sensitivity")
+        try:
+            make_call, measure, allowed, tokens, fresh = setup(shape)
+        except Exception as e:
+            for m in todo:
+                _record(ctx, {"model": model_name, "layers": layers, "phase": phase, "shape": shape, "mode": m,
+                              "candidates": {}, "timed": False, "error": f"reference run failed: {_short(e)}"})
+            _free(ctx.device)
+            continue
+        for mode in todo:
+            if ctx.deadline is not None and time.perf_counter() > ctx.deadline:
+                ctx.report["not_run"].append({"model": model_name, "phase": phase, "shape": shape, "mode": mode})
+                continue
+            ctx.say(f"{model_name} {phase} {shape} {mode}")
+            meta = {"model": model_name, "layers": layers, "phase": phase, "shape": shape, "mode": mode}
+            _record(ctx, run_case(ctx, meta, variants, make_call, measure, allowed, tokens, fresh))
+            _free(ctx.device)
+        del make_call, measure
+        _free(ctx.device)
+
+
+def _describe(name: str, model: torch.nn.Module, config, layers: int, variants: dict[str, Variant],
+              build_s: float) -> dict:
+    n = sum(p.numel() for p in model.parameters())
+    return {"source": PRESETS[name].source, "published_layers": PRESETS[name].published_layers, "layers": layers,
+            "note": PRESETS[name].note, "parameters": n, "weights_gib": n * 2 / 2 ** 30, "build_s": build_s,
+            "model_type": config.model_type, "class": type(model).__name__,
+            "attn_implementation": getattr(config, "_attn_implementation", None),
+            "experts_implementation": getattr(config, "_experts_implementation", None),
+            "variants": {k: v.info for k, v in variants.items()}}
+
+
+def _inference(ctx: Ctx, name: str, layers: int, overrides: dict | None, wanted: Sequence[str], phases, modes,
+               prefill_tokens, decode_batches, context: int, steps: int, liger_fns) -> None:
+    t0 = time.perf_counter()
+    config = make_config(PRESETS[name], layers, overrides)
+    model = mb.build(config, ctx.dtype, ctx.device, ctx.seed)
+    variants = _variants(model, wanted, liger_fns)
+    ctx.report["models"].setdefault(name, {})["inference"] = _describe(name, model, config, layers, variants,
+                                                                        time.perf_counter() - t0)
+    kw = {n: run.cache_kwarg(v.model) for n, v in variants.items() if v.model is not None}
+
+    def prefill(tokens: int):
+        inputs = run.prefill_inputs(config.vocab_size, tokens, ctx.device, ctx.seed)
+        ref = run.prefill_call(model, inputs)()
+        measure = (lambda out: run.logits_error(out, ref))
+        allowed = run.bound(model, run.prefill_call(model, inputs), measure)
+        return (lambda m, _n: run.prefill_call(m, inputs)), measure, allowed, tokens, False
+
+    def decode(batch: int):
+        state = run.decode_state(model, config, batch, context, steps, ctx.device, ctx.seed)
+        shape = (batch, steps, config.vocab_size)
+        ref = run.decode_call(model, state, torch.empty(shape, dtype=ctx.dtype, device=ctx.device), kw["torch"])()
+        scratch = torch.empty_like(ref)
+        measure = (lambda out: run.logits_error(out, ref))
+        allowed = run.bound(model, run.decode_call(model, state, scratch, kw["torch"]), measure)
+        outs = {n: torch.empty_like(ref) for n in variants}
+        return ((lambda m, n: run.decode_call(m, state, outs[n], kw[n])), measure, allowed, batch * steps, False)
+
+    if "prefill" in phases:
+        _cases(ctx, name, layers, "prefill", [int(t) for t in prefill_tokens], modes, prefill, variants)
+    if "decode" in phases:
+        _cases(ctx, name, layers, "decode", [int(b) for b in decode_batches], modes, decode, variants)
+
+
+def _optimizer_choice(choice: str, params: int, device: torch.device) -> tuple[str, str]:
+    """("adamw" | "sgd", why): "auto" is AdamW when weights, gradients, the reference gradients the check keeps
+    and AdamW's two states (5x the bf16 weights) fit in ADAMW_FRACTION of the GPU, else SGD."""
+    if choice != "auto":
+        return choice, "asked for"
+    need = 5 * params * 2
+    total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else math.inf
+    if need <= ADAMW_FRACTION * total:
+        return "adamw", f"weights, gradients (and the check's copy), AdamW states: {need / 2 ** 30:.0f} GiB fit"
+    return "sgd", (f"AdamW's two states would not fit (weights, gradients and the check's copy, states: "
+                   f"{need / 2 ** 30:.0f} GiB > "
+                   f"{ADAMW_FRACTION:.0%} of {total / 2 ** 30:.0f} GiB): SGD, no optimizer state")
+
+
+def _training(ctx: Ctx, name: str, layers: int, overrides: dict | None, wanted: Sequence[str], modes,
+              train_batch: int, train_tokens: int, optimizer: str, liger_fns) -> None:
+    t0 = time.perf_counter()
+    config = make_config(PRESETS[name], layers, overrides)
+    model = mb.build(config, ctx.dtype, ctx.device, ctx.seed).train()
+    variants = _variants(model, wanted, liger_fns)
+    for v in variants.values():
+        if v.model is not None:
+            v.model.train()
+    params = list(model.parameters())
+    choice, why = _optimizer_choice(optimizer, sum(p.numel() for p in params), ctx.device)
+    opt = run.optimizer_for(params, choice, ctx.device)
+    info = _describe(name, model, config, layers, variants, time.perf_counter() - t0)
+    ctx.report["models"].setdefault(name, {})["train"] = {**info, "optimizer": choice, "optimizer_why": why}
+
+    def train(batch_tokens: tuple[int, int]):
+        batch, tokens = batch_tokens
+        inputs = run.train_inputs(config.vocab_size, batch, tokens, ctx.device, ctx.seed)
+        loss = run.train_call(model, opt, inputs)()
+        ref = {"loss": float(loss), "grads": run.grads_of(params)}
+        measure = (lambda out: run.train_error(out, params, ref))
+        allowed = run.bound(model, run.train_call(model, opt, inputs), measure)
+        return (lambda m, _n: run.train_call(m, opt, inputs)), measure, allowed, batch * tokens, True
+
+    _cases(ctx, name, layers, "train", [(train_batch, train_tokens)], modes, train, variants)
+    opt.zero_grad(set_to_none=True)
+
+
+def _check_args(models, phases, modes, variants, prefill_tokens, decode_batches, context, steps, train_batch,
+                train_tokens, layers, optimizer) -> None:
+    for kind, values, known in (("model", models, PRESETS), ("phase", phases, run.PHASES),
+                                ("mode", modes, run.MODES), ("variant", variants, VARIANTS)):
+        bad = [v for v in values if v not in known]
+        if bad:
+            raise ValueError(f"{kind} {bad[0]!r}: one of {', '.join(known)}")
+    counts = {"prefill tokens": list(prefill_tokens), "decode batch": list(decode_batches), "context": [context],
+              "decode steps": [steps], "train batch": [train_batch], "train tokens": [train_tokens]}
+    if layers is not None:
+        counts["layers"] = [layers]
+    for what, values in counts.items():
+        if any(int(v) < 1 for v in values):
+            raise ValueError(f"{what} must be >= 1, got {values}")
+    if optimizer not in ("auto", "adamw", "sgd"):
+        raise ValueError(f"optimizer {optimizer!r}: auto, adamw or sgd")
+
+
+def bench_model(models: Sequence[str], *, layers: int | None = None, phases: Sequence[str] = run.PHASES,
+                modes: Sequence[str] = run.MODES, variants: Sequence[str] = VARIANTS,
+                prefill_tokens: Sequence[int] = PREFILL_TOKENS, decode_batches: Sequence[int] = DECODE_BATCHES,
+                context: int = 1024, steps: int = 16, train_batch: int = 4, train_tokens: int = 1024,
+                optimizer: str = "auto", compile_backend: str = "inductor", dtype: torch.dtype = torch.bfloat16,
+                rounds: int = 10, reps: int = 3,
+                warmup_s: float = 0.5, seed: int = 0, overrides: dict | None = None,
+                device: torch.device | str | None = None, budget_s: float | None = None,
+                progress: Callable[[str], None] | None = None,
+                on_result: Callable[[dict], None] | None = None) -> dict:
+    """Every model x phase x shape x mode (the module docstring). ``layers``: cut every model to this many
+    decoder layers (training: at most its ``train_layers``). ``overrides``: {model: config values} (tests
+    build tiny models). ``budget_s``: start no case after this many seconds (the rest: ``not_run``).
+    ``on_result(report)`` after every case (the CLI rewrites its files). ``compile_backend``: mode compile's
+    torch.compile backend (tests trace with "eager": Dynamo only)."""
+    import transformers
+
+    _check_args(models, phases, modes, variants, prefill_tokens, decode_batches, context, steps, train_batch,
+                train_tokens, layers, optimizer)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dyn = torch._dynamo.config
+    for limit in ("recompile_limit", "cache_size_limit"):  # one compile per variant x shape of a model
+        if hasattr(dyn, limit):
+            setattr(dyn, limit, max(getattr(dyn, limit), 64))
+    liger_fns, liger_info = mb.load_liger() if "liger" in variants else (None, {"available": False,
+                                                                                 "reason": "not asked for"})
+    env = timing.env_info()
+    env.update(transformers=transformers.__version__, liger_kernel=liger_info.get("version"))
+    args = {"models": list(models), "layers": layers, "phases": list(phases), "modes": list(modes),
+            "variants": list(variants), "prefill_tokens": list(prefill_tokens), "decode_batches": list(decode_batches),
+            "context": context, "steps": steps, "train_batch": train_batch, "train_tokens": train_tokens,
+            "optimizer": optimizer, "compile_backend": compile_backend, "dtype": str(dtype).removeprefix("torch."),
+            "rounds": rounds, "reps": reps, "warmup_s": warmup_s, "seed": seed, "budget_s": budget_s, "cache": CACHE,
+            "kept_positions": run.KEPT_POSITIONS, "overrides": overrides}
+    report = {"kind": "whole-model-bench", "env": env, "args": args, "liger": liger_info, "models": {},
+              "results": [], "not_run": []}
+    start = time.perf_counter()
+    ctx = Ctx(report, rounds, reps, warmup_s, device, dtype, seed, start + budget_s if budget_s else None,
+              progress or (lambda _m: None), on_result, compile_backend)
+    for name in models:
+        preset, over = PRESETS[name], (overrides or {}).get(name)
+        for part in ("inference", "train"):
+            asked = [p for p in phases if (p == "train") == (part == "train")]
+            if not asked:
+                continue
+            n = layers or (preset.train_layers if part == "train" else preset.layers)
+            if part == "train":
+                n = min(n, preset.train_layers)
+            ctx.say(f"{name}: building {n} layers ({preset.source} config, random weights) for {part}")
+            try:
+                if part == "train":
+                    _training(ctx, name, n, over, variants, modes, train_batch, train_tokens, optimizer, liger_fns)
+                else:
+                    _inference(ctx, name, n, over, variants, asked, modes, prefill_tokens, decode_batches, context,
+                               steps, liger_fns)
+            except Exception as e:  # a model that cannot be built (out of memory): its rows say so
+                report["models"].setdefault(name, {})[f"{part}_error"] = _short(e)
+                ctx.say(f"{name} {part}: {_short(e)}")
+            if "compile" in modes:  # compiled graphs of this model: not needed by the next one
+                torch._dynamo.reset()
+            _free(device)  # the part's model, variants and caches went with its frame
+    report["wall_s"] = time.perf_counter() - start
+    return report

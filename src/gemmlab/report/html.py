@@ -4,10 +4,10 @@
 
 Sections, each drawn from the reports of its kind (``collect.kind_of``) by the modules' own tables: the device
 profile and its roofline (with every ``bench gemm`` point), the GEMM benchmarks with their ratio plots, eager
-calls against CUDA-graph replays (``bench gemm`` pairs and ``bench model``), the MoE benchmarks against their
-peers, the MoE GEMM table, stable and expert-parallel benchmarks, tune sessions, grades (verdict, cases,
-coverage matrix), the ledgers' history curves, and every other file listed by name. A report that cannot be
-drawn says why in its place; the page is still written.
+calls against CUDA-graph replays (``bench gemm`` pairs and ``bench layer``), the MoE benchmarks against their
+peers, whole models' tokens per second (``bench model``), the MoE GEMM table, stable and expert-parallel
+benchmarks, tune sessions, grades (verdict, cases, coverage matrix), the ledgers' history curves, and every
+other file listed by name. A report that cannot be drawn says why in its place; the page is still written.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ LAYOUT_JS = """<script>(function () {
 SECTIONS = (("device", "Device profile and roofline", ("device-profile", "device-health", "roofline")),
             ("gemm", "GEMM benchmarks", ("gemm-bench",)), ("graph", "Eager calls against CUDA graphs", ()),
             ("moe", "MoE against its peers", ("moe-bench", "moe-liger-bench")),
+            ("model", "Whole models: tokens per second", ("whole-model-bench",)),
             ("table", "MoE GEMM table, stability, checks", ("table", "stable-bench", "check", "moe-ep-bench")),
             ("profile", "Hardware counters (gemmlab profile, ncu)", ("ncu-profile", "profile-diff")),
             ("tune", "Tune sessions", ("tune",)), ("grade", "Grades", ("grade",)), ("ledger", "Ledger history",
@@ -176,7 +177,8 @@ def _liger(f: Found, _all) -> str:
 
 
 def _model(f: Found, _all) -> str:
-    from gemmlab.bench import model
+    """``bench layer`` (kind model-bench: one decoder layer, eager / graph / compile side by side)."""
+    from gemmlab.bench import model_layer as model
 
     rows, modes = model.rows(f.data), f.data["args"]["modes"]
     chart = svg.bars([f"{r['model']} T={r['T']}" for r in rows], {f"{m}": [r.get(f"{m}_ratio") for r in rows]
@@ -184,6 +186,19 @@ def _model(f: Found, _all) -> str:
                      "one decoder layer: torch / gemmlab per mode (> 1: gemmlab faster)", "torch time / gemmlab time")
     return (_meta(f.data["env"]) + figure(chart, f"{f.path} ratio", "eager, CUDA graph and compile side by side")
             + "".join(table_html(t, f.path) for t in model.tables(f.data)))
+
+
+def _whole_model(f: Found, _all) -> str:
+    """``bench model`` (kind whole-model-bench): gemmlab / torch and gemmlab / Liger tokens/s per case."""
+    from gemmlab.bench import model_view
+
+    rows = model_view.rows(f.data)
+    cats = [f"{r['model']} {r['phase']} {r['label']} {r['mode']}" for r in rows]
+    chart = svg.bars(cats, {"gemmlab vs torch": [r["gemmlab_vs_torch"] for r in rows],
+                            "gemmlab vs Liger": [r["gemmlab_vs_liger"] for r in rows]},
+                     "whole models: tokens/s ratio (> 1: gemmlab faster)", "other time / gemmlab time")
+    return (_meta(f.data.get("env")) + figure(chart, f"{f.path} ratio", "prefill, decode, train; per mode")
+            + "".join(table_html(t, f.path) for t in model_view.tables(f.data)))
 
 
 def _tables_of(module: str, name: str = "tables"):
@@ -277,7 +292,8 @@ def _ledger(f: Found, _all, curves: int = 2) -> str:
     return "".join(out) + table_html(view.summary_table(entries, f"{len(entries)} entries by shape"), f.path)
 
 
-RENDER = {"gemm-bench": _gemm, "moe-bench": _moe, "moe-liger-bench": _liger, "model-bench": _model, "tune": _tune,
+RENDER = {"gemm-bench": _gemm, "moe-bench": _moe, "moe-liger-bench": _liger, "model-bench": _model,
+          "whole-model-bench": _whole_model, "tune": _tune,
           "grade": _grade,
           "device-profile": _profile, "roofline": _roofline, "device-health": _health, "ledger": _ledger,
           "table": _tables_of("gemmlab.bench.table"), "stable-bench": _tables_of("gemmlab.bench.stable"),
@@ -318,7 +334,7 @@ def build(paths, extra=()) -> tuple[str, list[Found]]:
     found = collect(paths) + [Found(label, kind_of(data), data) for label, data in extra]
     parts, nav = [], []
     for key, title, kinds in SECTIONS:
-        if key == "graph":  # bench gemm pairs, and the model benchmark (eager, graph, compile side by side)
+        if key == "graph":  # bench gemm pairs, and the layer benchmark (eager, graph, compile side by side)
             body = _graph_pairs(found) + "".join(_render(f, found) for f in found if f.kind == "model-bench")
         elif key == "other":
             rest = [f for f in found if f.kind not in RENDER]

@@ -194,7 +194,8 @@ def moe_liger(load, spec) -> Section:
 
 
 def model_bench(load, spec) -> Section:
-    """``bench model``: one decoder layer, torch / patched (> 1: gemmlab faster), eager / graph per T."""
+    """``bench layer`` (formerly ``bench model``): one decoder layer, torch / patched (> 1: gemmlab faster), eager /
+    graph per T."""
     rep = load(spec["file"])
     cells: dict[str, dict[int, dict[str, str]]] = {}
     for c in rep["results"]:
@@ -207,6 +208,43 @@ def model_bench(load, spec) -> Section:
     for model, row in cells.items():
         t.rows.append([model, *(" / ".join(row.get(x, {}).get(m, "-") for m in modes) for x in cols)])
     return Section(t, [rep["env"]], [_mhz(c) for c in rep["results"]])
+
+
+def _tps(c: dict | None) -> str:
+    """A variant's tokens/s where it was verified and timed; else why not, in a word."""
+    if not c:
+        return ""
+    if "unavailable" in c:
+        return "n/a"
+    if c.get("error") or (c.get("check") or {}).get("ok") is False:
+        return "WRONG" if "rel_err" in (c.get("check") or {}) and not c["check"]["ok"] else "failed"
+    v = c.get("tokens_per_s")
+    return "-" if v is None else format(v, ",.0f" if v >= 100 else ".1f")
+
+
+def whole_model(load, spec) -> Section:
+    """``bench model`` (kind whole-model-bench): whole models' tokens/s per phase, shape and mode, torch, gemmlab
+    and Liger, with gemmlab / torch and gemmlab / Liger (> 1: gemmlab faster). ``spec["files"]``: the runs'
+    JSON files (the suite writes one per model and phase)."""
+    envs, clocks = [], []
+    t = Table(spec.get("title", "bench model: whole models, tokens/s"),
+              ("model", "layers", "phase", "shape", "mode", "torch tok/s", "gemmlab tok/s", "liger tok/s",
+               "gemmlab/torch", "gemmlab/liger"))
+    for f in spec["files"]:
+        rep = load(f)
+        envs.append(rep["env"])
+        for r in rep["results"]:
+            c = r.get("candidates", {})
+            gl = c.get("gemmlab") or {}
+            shape = r["shape"]
+            label = {"prefill": f"T={shape}", "decode": f"B={shape}"}.get(r["phase"]) or _shape(shape)
+            timed = gl.get("tokens_per_s") is not None and gl.get("ok")
+            t.rows.append([r["model"], str(r.get("layers")), r["phase"], label, r["mode"],
+                           *(_tps(c.get(v)) if not r.get("error") else "n/a" for v in ("torch", "gemmlab", "liger")),
+                           num(_ratio(gl, "vs_torch") if timed else None, ".2f"),
+                           num(_ratio(gl, "vs_liger") if timed else None, ".2f")])
+            clocks.append(_mhz(r))
+    return Section(t, envs, clocks)
 
 
 def device_profile(load, spec) -> Section:
@@ -301,6 +339,6 @@ def host_cost(load, spec) -> Section:
 TABLES: dict[str, Callable[..., Section]] = {
     "gemm-suite": gemm_suite, "broad": broad, "broad-summary": broad_summary, "clock-order": clock_order,
     "stable": stable, "seed-table": seed_table, "moe-bench": moe_bench, "moe-liger": moe_liger,
-    "model-bench": model_bench, "device-profile": device_profile, "tune": tune, "grade": grade,
-    "grade-gap": grade_gap, "host-cost": host_cost,
+    "model-bench": model_bench, "whole-model": whole_model, "device-profile": device_profile, "tune": tune,
+    "grade": grade, "grade-gap": grade_gap, "host-cost": host_cost,
 }
