@@ -6,26 +6,26 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k r
         -> dx (T, H), dw1 (E, 2I, H), dw2 (E, H, I), d topk_weights (T, k)
     weight_grad(p, q, offsets, out (E, M, N)): out[e] = p[rows_e]^T q[rows_e], rows optionally gathered
 
-Saved from the forward: only its inputs (x, the weights, the routing as ids and weights). The backward sorts
-the routes again (one launch up to ``ALIGN_MAX_S`` rows), then five launches, none of which reads a value
+Saved from the forward: its inputs (x, the weights, the routing as ids and weights) and, after the saving
+forward (``launch_forward_saving``, Liger's trade, what ``moe_forward`` under autograd runs where the
+"moe_backward" config tables say ``save_gate_up``: the bundled tables say yes everywhere), the gate/up
+pre-activations gate_up (S, 2I) that its first GEMM stores beside SiLU(gate) * up (``SAVE_PRE``). The backward
+sorts the routes again (one launch up to ``ALIGN_MAX_S`` rows), then five launches, none of which reads a value
 on the host (capturable in a CUDA graph) and none of which loops over experts on the host:
 
-    1. dh kernel     recompute g, u = x[token] W1_e^T and d = dy[token] W2_e in one pass over H; write
-                     dgu (S, 2I) = w * [d h/dg, d h/du] . d, wh (S, I) = w * h, part (S, I/BLOCK_N) fp32
+    1. dh kernel     d = dy[token] W2_e in one pass over H, and g, u loaded from gate_up (or recomputed as
+                     x[token] W1_e^T in the same pass); write dgu (S, 2I) = w * [d h/dg, d h/du] . d,
+                     wh (S, I) = w * h, part (S, I/BLOCK_N) fp32
     2. dW2           dw2[e] = dy[token]^T wh over the expert's rows (dy is read by token: no gathered copy)
     3. dX GEMM       dxs (S, H) = dgu W1_e (W1 read in place as the (K = 2I, N = H) operand: no transpose copy)
     4. combine       dx[t] = sum_j dxs[inv[t, j]] in j order; d topk_weights[t, j] = sum of part's row
     5. dW1           dw1[e] = dgu^T x[token] over the expert's rows
 Transient memory beyond the gradients: dgu S*2I + max(wh S*I, dxs S*H) elements in x's dtype (wh is freed
-before dxs is made) and S*cdiv(I, BLOCK_N) fp32.
+before dxs is made) and S*cdiv(I, BLOCK_N) fp32 (Liger's backward holds S*(2I + I + H) at once).
 
-The saving forward (``launch_forward_saving``, Liger's trade) keeps the gate/up pre-activations (S, 2I) from
-the forward (held until the backward) and kernel 1 loads them instead of recomputing x W1^T: 4*S*H*I fewer
-flops in the backward (22% of forward + backward) and one fewer read of W1, for S*2I more elements written by the
-forward's first GEMM (``SAVE_PRE``) and held from forward to backward. ``moe_forward`` under
-autograd takes it where the "moe_backward" config tables say ``save_gate_up`` (``backward_config``: per GPU,
-by rows per expert, rows, experts, I and H; the bundled tables say yes everywhere), else the recomputing
-forward; ``benchmarks/moe_backward.py`` times both against Liger.
+Keeping gate/up saves the backward 4*S*H*I flops (22% of forward + backward) and a read of W1, for S*2I more
+elements written by the forward and held until the backward; ``benchmarks/moe_backward.py`` times both trades
+against Liger. The backward's tiles come from the same tables (``backward_config``).
 """
 
 from __future__ import annotations
