@@ -72,6 +72,25 @@ for s in "$@"; do
       step liger_bwd 170 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --part fwd+bwd \
         --tokens 1024 --tokens 4096 --tokens 16384 --rounds 4 --reps 3 --warmup-s 0.2 --time-limit-s 140 \
         --output-dir "$RES/nvidia-h200-moe-liger" ${LIGER_ARGS:-} ;;
+    # MoE training (issue 24): capture and sync GPU tests, then fwd+bwd against Liger for two models (eager and
+    # graph, peak memory; after liger_warm with LIGER_WARM_ARGS="--models qwen3-30b-a3b,olmoe-1b-7b --parts fwd+bwd")
+    moe_train) step moe_train_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_moe_train_gpu.py \
+        tests/test_moe_backward_gpu.py
+      step moe_train_bench 230 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --mode graph \
+        --part fwd+bwd --model qwen3-30b-a3b --model olmoe-1b-7b --tokens 1024 --tokens 4096 --routing uniform \
+        --rounds 4 --reps 3 --warmup-s 0.2 --time-limit-s 200 --output-dir "$RES/nvidia-h200-moe-liger-train" ;;
+    # the same for the other models the suite knows (liger_warm for them first)
+    moe_train_rest) step moe_train_rest 300 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager \
+        --part fwd+bwd --model deepseek-v3 --model mixtral-8x7b --model gpt-oss-120b-like --tokens 1024 \
+        --tokens 4096 --routing uniform --rounds 4 --reps 3 --warmup-s 0.2 --time-limit-s 270 \
+        --output-dir "$RES/nvidia-h200-moe-liger-train-rest" ;;
+    # where the fwd+bwd time goes, kernel by kernel, gemmlab's two trades and Liger
+    moe_train_profile) step moe_train_profile 200 env $LIGER_ENV python3 -m benchmarks moe-backward --profile \
+        --baseline liger --models qwen3-30b-a3b,olmoe-1b-7b --tokens 1024,4096 \
+        --out "$RES/nvidia-h200-moe-backward-profile.json" ;;
+    # the backward alone under other tiles (one factor at a time; prints a suggested "moe_backward" rule per case)
+    moe_train_sweep) step moe_train_sweep 420 python3 -m benchmarks moe-backward --sweep \
+        --models qwen3-30b-a3b,olmoe-1b-7b --tokens 1024,4096 --out "$RES/nvidia-h200-moe-backward-sweep.json" ;;
     # issue 23: the sweep whose JSONL benchmarks/dense_rules.py turns into rules (on the CPU, afterwards); the GEMV
     # kernel and the split tail's GPU tests (determinism, CUDA-graph capture); the dense suite with its targets, its
     # kernels compiled in parallel first

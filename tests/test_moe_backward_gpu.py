@@ -3,13 +3,14 @@ paths and the 128-row tiles run: gradients against torch.autograd on the float32
 captured in one CUDA graph (no host sync anywhere), and its transient memory against the bound the launcher's
 docstring states. Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k."""
 
+import functools
+
 import pytest
 import torch
 
 import gemmlab
 from gemmlab.bench.moe import problem
 from gemmlab.ops import moe_backward as bwd
-from gemmlab.ops.moe import moe_forward_saving
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.ref import mantissa_bits, moe_ref, moe_same_dtype
 
@@ -38,7 +39,7 @@ def test_moe_backward_gpu_matches_float32_autograd(dtype, model, t, routing, sav
     p = problem(m, t, routing, dtype, seed=t)
     dy = _dy(t, m.hidden, dtype)
     leaves = _leaves(p)
-    forward = moe_forward_saving if saving else gemmlab.moe_forward
+    forward = functools.partial(gemmlab.moe_forward, save_gate_up=saving)
     ours = torch.autograd.grad(forward(*leaves, p["ids"]), leaves, dy)
     ref = [p[n].detach().float().requires_grad_(True) for n in NAMES]
     want = torch.autograd.grad(moe_ref(*ref, p["ids"]), ref, dy.float())
@@ -60,7 +61,7 @@ def test_moe_forward_backward_captures_in_one_cuda_graph(saving):
     ids = p["ids"].clone()
     dy = _dy(t, m.hidden, torch.bfloat16)
 
-    forward = moe_forward_saving if saving else gemmlab.moe_forward
+    forward = functools.partial(gemmlab.moe_forward, save_gate_up=saving)
 
     def step():
         return torch.autograd.grad(forward(*leaves, ids, validate=False), leaves, dy)
@@ -91,18 +92,20 @@ def test_moe_forward_backward_captures_in_one_cuda_graph(saving):
         assert torch.equal(a, b)
 
 
-def test_moe_backward_transient_memory_bound():
+@pytest.mark.parametrize("saving", [False, True])
+def test_moe_backward_transient_memory_bound(saving):
     m = MOE_MODELS["qwen3-30b-a3b"]
     t = 1024
     p = problem(m, t, "uniform", torch.bfloat16, seed=3)
     dy = _dy(t, m.hidden, torch.bfloat16)
     args = (dy, p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
-    bwd.moe_backward(*args)  # compile first
+    gate_up = bwd.launch_forward_saving(*args[1:], False)[1] if saving else None  # held from the forward
+    bwd.moe_backward(*args, gate_up=gate_up)  # compile first
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    grads = bwd.moe_backward(*args)
+    grads = bwd.moe_backward(*args, gate_up=gate_up)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     s, h, i = t * m.top_k, m.hidden, m.intermediate
@@ -111,24 +114,38 @@ def test_moe_backward_transient_memory_bound():
     transient = s * (2 * i + max(i, h)) * elt + s * (i // 64 + 1) * 4 + s * 16 + (2 << 20)  # + routes, slack
     assert peak <= outputs + transient, (peak, outputs, transient)
     # against Liger's backward, which keeps the forward's gate/up (S, 2I) and holds d(gate/up), the weighted
-    # activation and the expanded dx at once: S * (2I + 2I + I + H) elements
-    assert peak - outputs < s * (5 * i + h) * elt
+    # activation and the expanded dx at once: S * (2I + 2I + I + H) elements, the kept gate/up included (ours is
+    # in ``base`` when saving)
+    assert peak - outputs + (s * 2 * i * elt if saving else 0) < s * (5 * i + h) * elt
 
 
 def test_backward_kernels_use_tensor_cores_and_report_spills(capsys):
-    """Each backward GEMM kernel compiled at Qwen3 sizes has tensor-core instructions (HGMMA where its tiles
-    allow); spills are printed (a perf finding, not a failure: the dh kernel holds three accumulators)."""
+    """Each backward GEMM kernel compiled at Qwen3 sizes (both dh variants: recomputing gate/up, loading them)
+    and the saving forward's first GEMM (gate/up stored beside SiLU * up) has tensor-core instructions (HGMMA
+    where its tiles allow); spills are printed (a perf finding, not a failure: the recomputing dh kernel holds
+    three accumulators)."""
     from gemmlab.instruments.sass import compiled_report
+    from gemmlab.ops import grouped
 
     m = MOE_MODELS["qwen3-30b-a3b"]
     p = problem(m, 512, "uniform", torch.bfloat16, seed=4)
+    args = (_dy(512, m.hidden, torch.bfloat16), p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
     bwd._KEPT.clear()
-    bwd.moe_backward(_dy(512, m.hidden, torch.bfloat16), p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
-    reports = {key[0].fn.__name__: compiled_report(k.compiled) for key, k in bwd._KEPT.items()}
+    grouped._KEPT.clear()
+    bwd.moe_backward(*args)
+    gate_up = bwd.launch_forward_saving(*args[1:], False)[1]
+    bwd.moe_backward(*args, gate_up=gate_up)
+    reports = {}
+    for key, k in [*bwd._KEPT.items(), *grouped._KEPT.items()]:
+        consts = dict(key[3])
+        name = key[0].fn.__name__ + (" recompute" if consts.get("RECOMPUTE") else " loads gate/up"
+                                     if "RECOMPUTE" in consts else " save_pre" if consts.get("SAVE_PRE") else "")
+        reports[name] = compiled_report(k.compiled)
     with capsys.disabled():
         for name, r in sorted(reports.items()):
             print(f"\n{name}: regs {r.get('registers')} local-memory ops {r['local_memory_ops']} "
                   f"HGMMA {r['sass'].get('HGMMA')} shared {r['triton_shared_bytes']}")
-    gemms = ("moe_bwd_dh_kernel", "moe_bwd_dx_kernel", "moe_weight_grad_kernel")
+    gemms = ("moe_bwd_dh_kernel recompute", "moe_bwd_dh_kernel loads gate/up", "moe_bwd_dx_kernel",
+             "moe_weight_grad_kernel", "moe_grouped_kernel save_pre")
     assert set(gemms) <= set(reports), reports.keys()
     assert all(reports[g]["tensor_core"] for g in gemms), reports

@@ -105,9 +105,11 @@ def test_scratch_regions_are_aligned_and_disjoint(plans):
     assert act.strides[0] * 2 % 16 == 0 and act.shape == (18, 21)  # rows padded to 16 bytes (TMA)
 
 
-def test_eager_autograd_path_matches_the_custom_op(plans):
-    """A plain eager call that needs a gradient goes through custom.MoEForward (no dispatcher): y and every
-    gradient bit for bit those of torch.ops.gemmlab.moe_forward."""
+@pytest.mark.parametrize("save", [True, False])
+def test_eager_autograd_path_matches_the_custom_op(plans, save):
+    """A plain eager call that needs a gradient goes through custom.MoEForwardSaving (gate/up kept) or
+    custom.MoEForward (recomputed), no dispatcher: y and every gradient bit for bit those of
+    torch.ops.gemmlab.moe_forward_saving / moe_forward."""
     t, h, i, e, k = 6, 32, 16, 4, 2
     x0, (w10, w20) = _r(t, h), _weights(e, h, i, torch.float16)
     wts0, ids = _routing(t, e, k)
@@ -116,8 +118,10 @@ def test_eager_autograd_path_matches_the_custom_op(plans):
     for path in ("eager", "op"):
         x, w1, w2, wts = (v.clone().requires_grad_(True) for v in (x0, w10, w20, wts0))
         if path == "eager":
-            y = moe_forward(x, w1, w2, wts, ids)
-            assert type(y.grad_fn).__name__ == "MoEForwardBackward"
+            y = moe_forward(x, w1, w2, wts, ids, save_gate_up=save)
+            assert type(y.grad_fn).__name__ == ("MoEForwardSavingBackward" if save else "MoEForwardBackward")
+        elif save:
+            y = torch.ops.gemmlab.moe_forward_saving(x, w1, w2, wts, ids, True, "auto")[0]
         else:
             y = torch.ops.gemmlab.moe_forward(x, w1, w2, wts, ids, True, "auto")
         y.backward(dy)

@@ -109,6 +109,21 @@ def moe_same_dtype(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     return y.to(x.dtype)
 
 
+def moe_layer_ref(x: torch.Tensor, gate_w: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                  topk_ids: torch.Tensor, *, scoring: str = "softmax", renormalize: bool = True,
+                  same_dtype: bool = False) -> torch.Tensor:
+    """A whole MoE layer (``gemmlab.nn.MoE``: router logits x gate_w^T (E, H), softmax or sigmoid scores, top-k
+    weights, the experts) with the expert choice ``topk_ids`` (T, k) held fixed, as torch.topk's backward holds
+    it: float32 (``moe_ref``), or with ``same_dtype`` in x's dtype as PyTorch computes it (``moe_same_dtype``;
+    the router's scores in float32 as ``route`` makes them). Differentiable in x, gate_w, w1 and w2."""
+    logits = torch.nn.functional.linear(x, gate_w) if same_dtype else x.float() @ gate_w.float().t()
+    scores = torch.softmax(logits.float(), -1) if scoring == "softmax" else torch.sigmoid(logits.float())
+    weights = scores.gather(1, topk_ids.long())
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return (moe_same_dtype if same_dtype else moe_ref)(x, w1, w2, weights, topk_ids)
+
+
 def moe_check(y: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, ref: torch.Tensor | None = None) -> dict:
     """|y - moe_ref| <= 2 * max |moe_same_dtype - moe_ref| + one ulp of max |moe_ref| (the style guide's

@@ -239,9 +239,9 @@ def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bf
     sig = {"a": f"tensordesc<{dt}[{bm}, {bk}]>" if a_tma and not clip else f"*{dt}", "a_rows": "*i32",
            "w": f"tensordesc<{dt}[{bn}, {bk}]>" if w_tma else f"*{dt}", "out": f"*{dt}",
            "out_desc": f"tensordesc<{dt}[{bm}, {bn // 2}]>" if out_tma else f"*{dt}", "scale": "*fp32",
-           "offsets": "*i32", "tile_offsets": "*i32", "N": "i32", "K": "i32", "E": "i32",
-           "stride_am": "i32", "stride_wn": "i32", "stride_om": "i32"}
-    consts = dict(MODE=mode, A_TMA=a_tma, A_GATHER=a_gather, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma,
+           "pre": f"*{dt}", "offsets": "*i32", "tile_offsets": "*i32", "N": "i32", "K": "i32", "E": "i32",
+           "stride_am": "i32", "stride_wn": "i32", "stride_om": "i32", "stride_pre": "i32"}
+    consts = dict(MODE=mode, A_TMA=a_tma, A_GATHER=a_gather, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma, SAVE_PRE=False,
                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                   GROUP_M=cfg.group_m, NUM_PROGRAMS=target.num_sms * cfg.programs_per_sm,
                   LOG2_E=max(1, (experts - 1).bit_length()) + 1, DOT_UPCAST=False)

@@ -9,6 +9,7 @@ and the items of one expert are ordered in groups of GROUP_M m-tiles (W tiles re
 
     moe_grouped_kernel   MODE 0: out[r] = A[r] @ W[e]^T                      (grouped GEMM)
                           MODE 1: out[r] = silu(A[r] @ Wg[e]^T) * (A[r] @ Wu[e]^T)   W[e] = [Wg; Wu] (2N rows)
+                                  (SAVE_PRE: pre[r] = [A[r] @ Wg[e]^T, A[r] @ Wu[e]^T] stored too, for the backward)
                           MODE 2: out[r] = scale[r] * (A[r] @ W[e]^T)          (second GEMM, top-k weight)
     moe_combine_kernel   y[t] = sum_j o[inv[t*k + j]]   in fixed j order (deterministic)
     moe_align_kernel     the routing table of S <= BLOCK_S pairs in one program
@@ -95,10 +96,10 @@ def _store_halves(o, acc, row0, off_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
-def _moe_tile(a, a_rows, w, out, out_desc, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
-              stride_om, MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr, W_TMA: tl.constexpr,
-              CLIP: tl.constexpr, OUT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, DOT_UPCAST: tl.constexpr):
+def _moe_tile(a, a_rows, w, out, out_desc, scale, pre, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
+              stride_om, stride_pre, MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr,
+              W_TMA: tl.constexpr, CLIP: tl.constexpr, OUT_TMA: tl.constexpr, SAVE_PRE: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_UPCAST: tl.constexpr):
     """One [BLOCK_M, BLOCK_N] output tile: the K loop (software-pipelined) and the epilogue.
     CLIP: A and out are pointers, and this tile reads and writes them through descriptors made here whose
     row count ends at the group's end: rows of the next group load as zeros and the TMA store clips them.
@@ -119,6 +120,9 @@ def _moe_tile(a, a_rows, w, out, out_desc, scale, row0, rows_end, off_n, w_row0,
             acc_up = dot(at, ut, acc_up, DOT_UPCAST)
     rows = row0 + tl.arange(0, BLOCK_M)
     if MODE == 1:
+        if SAVE_PRE:  # the pre-activations [gate, up], in pre's dtype, for the backward
+            store_rows(pre, acc, rows, rows_end, off_n, N, stride_pre, BLOCK_N)
+            store_rows(pre + N, acc_up, rows, rows_end, off_n, N, stride_pre, BLOCK_N)
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up, fp32
     if MODE == 2:
         acc = acc * tl.load(scale + rows, mask=rows < rows_end, other=0.0)[:, None]
@@ -162,13 +166,15 @@ def moe_grouped_kernel(
     out,  # (S, N) row-major pointer, A's dtype (16-byte aligned rows with CLIP)
     out_desc,  # out again: descriptor, blocks [BLOCK_M, BLOCK_N // 2] (OUT_TMA), else unused
     scale,  # (S,) fp32 per-row factor (MODE 2), else unused
+    pre,  # (S, 2N) out: [gate, up] pre-activations (MODE 1 with SAVE_PRE), A's dtype, else unused
     offsets,  # (E,) int32 cumulative row ends of the groups
     tile_offsets,  # (E + 1,) int32 cumulative m-tile counts
     N, K, E,
-    stride_am, stride_wn, stride_om,
+    stride_am, stride_wn, stride_om, stride_pre,
     MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr, W_TMA: tl.constexpr, CLIP: tl.constexpr,
-    OUT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    OUT_TMA: tl.constexpr, SAVE_PRE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """Grid (NUM_PROGRAMS,): program p takes work items p, p + NUM_PROGRAMS, ... of the
     tile_offsets[E] * cdiv(N, BLOCK_N) items (read on the device: no host sync). Expert e owns the items
@@ -182,8 +188,9 @@ def moe_grouped_kernel(
         e, row0, rows_end, off_n = tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E, BLOCK_M,
                                                  BLOCK_N)
         w_row0 = e * n_w + off_n  # int32: TMA coordinates (E * N_w < 2^31)
-        _moe_tile(a, a_rows, w, out, out_desc, scale, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
-                  stride_om, MODE, A_TMA, A_GATHER, W_TMA, CLIP, OUT_TMA, BLOCK_M, BLOCK_N, BLOCK_K, DOT_UPCAST)
+        _moe_tile(a, a_rows, w, out, out_desc, scale, pre, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
+                  stride_om, stride_pre, MODE, A_TMA, A_GATHER, W_TMA, CLIP, OUT_TMA, SAVE_PRE, BLOCK_M, BLOCK_N,
+                  BLOCK_K, DOT_UPCAST)
 
 
 @triton.jit

@@ -12,7 +12,6 @@ With g = x W_g^T, u = x W_u^T, h = silu(g) * u, y_e = h W2_e^T and y[t] = sum_j 
                                wh[r]  = w h                              (operand of dW2)
     moe_bwd_dx_kernel       dxs[r] = dgu[r] @ W1_e, W1_e (2I, H) read as a (K, N) row-major operand
     moe_bwd_combine_kernel  dx[t] = sum_j dxs[inv[t*k + j]] in j order; dtw[t, j] = sum_n part[inv[t*k+j], n]
-    moe_silu_mul_kernel     act[r] = silu(gate_up[r, :I]) * gate_up[r, I:]   (the saving forward)
     moe_weight_grad_kernel  dw[e] (M, N) = P[rows_e]^T @ Q[rows_e], P or Q rows gathered by token:
                              dW2 = dy[token]^T wh, dW1 = dgu^T x[token] (a K loop over the expert's rows)
 
@@ -201,19 +200,3 @@ def moe_weight_grad_kernel(
         acc = dot(tl.trans(pt), qt, acc, DOT_UPCAST)
     o = out + e.to(tl.int64) * stride_oe + mm.to(tl.int64)[:, None] * stride_om + nn[None, :]
     tl.store(o, acc.to(out.dtype.element_ty), mask=(mm[:, None] < M) & (nn[None, :] < N))
-
-
-@triton.jit
-def moe_silu_mul_kernel(
-    gate_up,  # (S, 2I) [gate, up]
-    act,  # (S, I) out
-    N_I, stride_gu, stride_act,  # N_I = I
-    BLOCK: tl.constexpr,
-):
-    """Grid (S, cdiv(I, BLOCK)): act[r] = silu(gate[r]) * up[r] in fp32, stored in act's dtype."""
-    r = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = cols < N_I
-    g = tl.load(gate_up + r * stride_gu + cols, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(gate_up + r * stride_gu + N_I + cols, mask=m, other=0.0).to(tl.float32)
-    tl.store(act + r * stride_act + cols, (g * tl.sigmoid(g) * u).to(act.dtype.element_ty), mask=m)

@@ -12,10 +12,11 @@ the tuner writes), and everything it does not match falls through to the bundled
 no ranges is a catch-all that shadows the bundled rules of its path.
 
 A file: ``{"about": "...", "triton": "3.6.0", "staging": {...}, "route": {"gemm": [rule, ...]}, "gemm": {path:
-[rule, ...]}, "moe": {mode: [rule, ...]}}`` ("triton": the version its rules were tuned with; "staging": the
-constants of the staging cost rule, ``staging()``, the user's keys over the bundled ones; "route": which kernel
-path a GEMM takes, ``{"config": {"path": ...}}`` per rule, ranged over m, n, k and "tma" (1: A and B are
-TMA-aligned as given, 0: not), ``gemmlab.ops.gemm_route``); a rule:
+[rule, ...]}, "moe": {mode: [rule, ...]}, "moe_backward": {"fused": [rule, ...]}}`` ("triton": the version its
+rules were tuned with; "staging": the constants of the staging cost rule, ``staging()``, the user's keys over the
+bundled ones; "route": which kernel path a GEMM takes, ``{"config": {"path": ...}}`` per rule, ranged over m, n, k
+and "tma" (1: A and B are TMA-aligned as given, 0: not), ``gemmlab.ops.gemm_route``; "moe_backward": the MoE
+backward's tiles and whether the autograd forward keeps gate/up, ``gemmlab.ops.moe_backward``); a rule:
 ``{"m": [lo, hi], ..., "dtype": "bfloat16", "config": {...}, "tuned": {...}, "note": "..."}``. Range keys
 per section are in ``SECTIONS`` (bounds inclusive integers; a key left out matches anything); ``dtype``
 optional; ``config`` the fields of the section's config dataclass that differ from its defaults.
@@ -41,6 +42,7 @@ SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "route": (("gemm",), ("m", "n", "k", "tma")),
     "gemm": (("tma_persistent", "tma_splitk", "gemv", "portable"), ("m", "n", "k")),
     "moe": (("grouped", "gate_up", "down"), ("rows_per_expert", "group_bound", "rows", "experts", "n", "k")),
+    "moe_backward": (("fused",), ("rows_per_expert", "rows", "experts", "n", "k")),  # ops.moe_backward
 }
 DTYPES = ("float16", "bfloat16")
 _META_KEYS = ("config", "dtype", "tuned", "note")

@@ -11,7 +11,8 @@ S = T*k routed rows.
                          validate=True, gather="auto") -> y (T, H)
     gemmlab::moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1=True, need_w2=True, gate_up=None)
                          -> (dx, dw1, dw2, dtw)
-    gemmlab::moe_forward_saving(x, w1, w2, topk_weights, topk_ids, validate=True) -> (y, gate_up (S, 2I))
+    gemmlab::moe_forward_saving(x, w1, w2, topk_weights, topk_ids, validate=True, gather="auto")
+                         -> (y, gate_up (S, 2I))
     gemmlab::route(logits (T, E), top_k, renormalize=True, scoring="softmax") -> (weights (T, k) fp32, ids (T, k) int32)
 
 Registered on ``import gemmlab`` (this module imports torch and the checks only): each op's body imports its
@@ -29,7 +30,10 @@ Backward kernels: the dense input gradients (dA, dB) run on gemmlab's gemm on tr
 input gradient dX on ``ops.moe_backward``'s grouped kernel that reads w in place as the (N, K) operand. The
 per-expert weight gradient dW[e] = dY_e^T X_e reduces over the expert's rows: one launch of
 ``ops.moe_backward``'s weight-gradient kernel over all experts (offsets read on the device). moe_forward's
-backward is ``ops.moe_backward.moe_backward`` (fused; no host sync, capturable).
+backward is ``ops.moe_backward.moe_backward`` (fused; no host sync, capturable): after ``moe_forward``, which
+recomputes gate/up; after ``moe_forward_saving``, which keeps them (``moe_forward`` under autograd takes one or
+the other as the "moe_backward" config tables say). ``MoEForward`` / ``MoEForwardSaving``: the same formulas as
+autograd.Functions for plain eager calls.
 """
 
 import torch
@@ -253,18 +257,23 @@ class MoEForward(torch.autograd.Function):
         return _moe_backward(ctx, dy)
 
 
-@torch.library.custom_op("gemmlab::moe_forward_saving", mutates_args=())
-def moe_forward_saving(x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
-                       validate: bool = True) -> tuple[Tensor, Tensor]:
-    """y and the gate/up pre-activations (S, 2I, routed order) that its backward loads instead of recomputing."""
+def _launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather):
     from gemmlab.ops.moe_backward import launch_forward_saving
 
-    return launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate)
+    return launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
+
+
+@torch.library.custom_op("gemmlab::moe_forward_saving", mutates_args=())
+def moe_forward_saving(x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+                       validate: bool = True, gather: str = "auto") -> tuple[Tensor, Tensor]:
+    """y and the gate/up pre-activations (S, 2I, routed order) that its backward loads instead of recomputing."""
+    return _launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
 
 
 @moe_forward_saving.register_fake
-def _(x, w1, w2, topk_weights, topk_ids, validate=True):
+def _(x, w1, w2, topk_weights, topk_ids, validate=True, gather="auto"):
     check_moe_args(x, w1, w2, topk_weights, topk_ids)
+    check_gather(gather)
     s, i2 = x.shape[0] * topk_ids.shape[1], w1.shape[1]
     return x.new_empty((x.shape[0], w2.shape[1])), x.new_empty((s, i2))
 
@@ -278,10 +287,25 @@ def _saving_backward(ctx, dy, _dgate_up):
     *saved, gate_up = ctx.saved_tensors
     dx, dw1, dw2, dtw = moe_backward(unit(dy), *saved, need[1], need[2], gate_up)
     return (dx if need[0] else None, dw1 if need[1] else None, dw2 if need[2] else None, dtw if need[3] else None,
-            None, None)
+            None, None, None)
 
 
 moe_forward_saving.register_autograd(_saving_backward, setup_context=_saving_setup)
+
+
+class MoEForwardSaving(torch.autograd.Function):
+    """``gemmlab::moe_forward_saving``'s y with its autograd formula, for plain eager calls that need a gradient
+    (as ``MoEForward``): gate/up kept for the backward, without the dispatcher and the custom op's wrappers."""
+
+    @staticmethod
+    def forward(ctx, x, w1, w2, topk_weights, topk_ids, validate, gather):
+        y, gate_up = _launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
+        ctx.save_for_backward(x, w1, w2, topk_weights, topk_ids, gate_up)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _saving_backward(ctx, dy, None)
 
 
 # ------------------------------------------------------------------------------------------------ route

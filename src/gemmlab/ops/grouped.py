@@ -4,8 +4,8 @@ the launch decisions the MoE forward and backward share.
 Legend: S routed rows, E experts (groups), N output width, K reduction.
 
     launch_grouped_gemm(x (S, K), w (E, N, K), offsets (E,), out, validate, config) -> out (S, N)
-    grouped_spec(mode, a, a_gather, w2d, out, n, e, cfg, target, rows_bound) -> GroupedLaunch (planned once)
-    launch_grouped(mode, a, a_rows, w, out, scale, offsets, tile_offsets, n, cfg, target, rows_bound)
+    grouped_spec(mode, a, a_gather, w2d, out, n, e, cfg, target, rows_bound, pre) -> GroupedLaunch (planned once)
+    launch_grouped(mode, a, a_rows, w, out, scale, offsets, tile_offsets, n, cfg, target, rows_bound, pre)
     w2d(w (E, N_w, K)) -> (E * N_w, K)   the rows the kernel reads
 """
 
@@ -78,13 +78,15 @@ class GroupedLaunch:
     a_desc: tuple | None
     w_desc: tuple | None
     out_desc: tuple | None
-    ints: tuple  # N, K, E, stride_am, stride_wn, stride_om
+    ints: tuple  # N, K, E, stride_am, stride_wn, stride_om, stride_pre
     clip: bool
 
 
 def grouped_spec(mode: Mode, a: torch.Tensor, a_gather: bool, w2d: torch.Tensor, out: torch.Tensor, n: int,
-                 e: int, cfg: MoEConfig, target: Target, rows_bound: int) -> GroupedLaunch:
-    """The decisions of a grouped launch for operands laid out like these (their shapes, strides, alignment)."""
+                 e: int, cfg: MoEConfig, target: Target, rows_bound: int,
+                 pre: torch.Tensor | None = None) -> GroupedLaunch:
+    """The decisions of a grouped launch for operands laid out like these (their shapes, strides, alignment).
+    ``pre`` (S, 2N), MODE 1 only: the gate/up pre-activations are stored there too (SAVE_PRE)."""
     k = a.shape[1]
     a_tma = not a_gather and target.has_tma and rows_tma_ok(a)
     w_tma = target.has_tma and rows_tma_ok(w2d)
@@ -97,14 +99,15 @@ def grouped_spec(mode: Mode, a: torch.Tensor, a_gather: bool, w2d: torch.Tensor,
     upcast = bool(knobs.runtime.interpret) and a.dtype == torch.bfloat16
     slot = kept_launch.Planned(
         moe_grouped_kernel, (programs, 1, 1),
-        dict(MODE=int(mode), A_TMA=a_tma, A_GATHER=a_gather, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma, BLOCK_M=bm,
-             BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast),
+        dict(MODE=int(mode), A_TMA=a_tma, A_GATHER=a_gather, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma,
+             SAVE_PRE=pre is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_PROGRAMS=programs,
+             LOG2_E=log2_e, DOT_UPCAST=upcast),
         dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     return GroupedLaunch(
         slot, ((list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma and not clip else None),
         ((list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else None),
         ((list(out.shape), [out.stride(0), 1], [bm, bn // 2]) if out_tma else None),
-        (n, k, e, a.stride(0), w2d.stride(0), out.stride(0)), clip)
+        (n, k, e, a.stride(0), w2d.stride(0), out.stride(0), 0 if pre is None else pre.stride(0)), clip)
 
 
 def jit_desc(base, shape, strides, block):
@@ -115,12 +118,12 @@ def host_desc(base, shape, strides, block):
     return kept_launch.HostDesc(base if isinstance(base, torch.Tensor) else kept_launch.Addr(base), shape, strides)
 
 
-def grouped_args(g: GroupedLaunch, a, a_rows, w, out, scale, offsets, tile_offsets, desc) -> list:
+def grouped_args(g: GroupedLaunch, a, a_rows, w, out, scale, offsets, tile_offsets, desc, pre=None) -> list:
     """The runtime arguments of ``g``'s launch: tensors (``desc`` = ``jit_desc``), or for a kept launch device
     addresses and ``host_desc``s."""
     return [a if g.a_desc is None else desc(a, *g.a_desc), offsets if a_rows is None else a_rows,
             w if g.w_desc is None else desc(w, *g.w_desc), out, out if g.out_desc is None else desc(out, *g.out_desc),
-            out if scale is None else scale, offsets, tile_offsets, *g.ints]
+            out if scale is None else scale, out if pre is None else pre, offsets, tile_offsets, *g.ints]
 
 
 def ensure_allocator(g: GroupedLaunch) -> None:
@@ -130,12 +133,12 @@ def ensure_allocator(g: GroupedLaunch) -> None:
 
 def launch_grouped(mode: Mode, a: torch.Tensor, a_rows: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
                    scale: torch.Tensor | None, offsets: torch.Tensor, tile_offsets: torch.Tensor, n: int,
-                   cfg: MoEConfig, target: Target, rows_bound: int) -> None:
-    """One persistent launch of ``moe_grouped_kernel`` over every expert's tiles."""
+                   cfg: MoEConfig, target: Target, rows_bound: int, pre: torch.Tensor | None = None) -> None:
+    """One persistent launch of ``moe_grouped_kernel`` over every expert's tiles (``pre``: see ``grouped_spec``)."""
     w_rows = w2d(w)
-    g = grouped_spec(mode, a, a_rows is not None, w_rows, out, n, offsets.numel(), cfg, target, rows_bound)
+    g = grouped_spec(mode, a, a_rows is not None, w_rows, out, n, offsets.numel(), cfg, target, rows_bound, pre)
     ensure_allocator(g)
-    args = grouped_args(g, a, a_rows, w_rows, out, scale, offsets, tile_offsets, jit_desc)
+    args = grouped_args(g, a, a_rows, w_rows, out, scale, offsets, tile_offsets, jit_desc, pre)
     compiled = kept_launch.start(_KEPT, g.slot.kernel, g.slot.grid, args, g.slot.consts, g.slot.opts)
     if compiled is not None:
         _LAST["grouped"] = compiled

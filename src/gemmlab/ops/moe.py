@@ -21,7 +21,8 @@ a GPU, so it works in CUDA graphs too); ``validate=False`` skips those few small
 The lab's way into the details: ``MoEConfig``, ``Mode``/``MODES``, ``moe_config``/``moe_choice`` (the config
 tables' choice), ``sort_routes`` (the routing table), ``launch_config``/``epilogue_flags`` (what a grouped launch
 compiles), ``moe_grouped_kernel`` and ``last_kernel`` (the grouped kernel, and its compiled form last run),
-``moe_backward`` (the fused backward).
+``moe_backward`` (the fused backward), ``MoEBackwardConfig``/``backward_config`` (its launch parameters and
+whether the autograd forward keeps gate/up, from the "moe_backward" config tables).
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ from gemmlab.ops.grouped import (
     moe_grouped_kernel,
 )
 from gemmlab.ops.layout import DTYPES
-from gemmlab.ops.moe_backward import MoEBackwardConfig, moe_backward, weight_grad
+from gemmlab.ops.moe_backward import (
+    MoEBackwardConfig,
+    backward_config,
+    moe_backward,
+    saves_gate_up,
+    weight_grad,
+)
 from gemmlab.ops.moe_checks import check_gather, check_moe_args, check_route_args, check_tensor, check_weights
 from gemmlab.ops.moe_config import MODES, Mode, MoEConfig, moe_choice, moe_config
 from gemmlab.ops.moe_plan import launch_moe_forward
@@ -46,10 +53,10 @@ from gemmlab.ops.moe_routing import Routes, route_kind, sort_routes
 from gemmlab.ops.packing import PackedMoE, pack_moe_weights
 from gemmlab.ops.scores import route_scores
 
-__all__ = ["DTYPES", "MODES", "Mode", "MoEBackwardConfig", "MoEConfig", "PackedMoE", "Routes", "check_tensor",
-           "check_weights", "epilogue_flags", "grid_programs", "grouped_gemm", "last_kernel", "launch_config",
-           "moe_backward", "moe_choice", "moe_config", "moe_forward", "moe_forward_saving", "moe_grouped_kernel",
-           "pack_moe_weights", "route", "route_kind", "sort_routes", "weight_grad"]
+__all__ = ["DTYPES", "MODES", "Mode", "MoEBackwardConfig", "MoEConfig", "PackedMoE", "Routes", "backward_config",
+           "check_tensor", "check_weights", "epilogue_flags", "grid_programs", "grouped_gemm", "last_kernel",
+           "launch_config", "moe_backward", "moe_choice", "moe_config", "moe_forward", "moe_forward_saving",
+           "moe_grouped_kernel", "pack_moe_weights", "route", "route_kind", "sort_routes", "weight_grad"]
 
 
 def route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = True,
@@ -99,7 +106,8 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
 
 def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor | None, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, *, validate: bool = True, gather: str = "auto",
-                configs: tuple[MoEConfig, MoEConfig] | None = None) -> torch.Tensor:
+                configs: tuple[MoEConfig, MoEConfig] | None = None,
+                save_gate_up: bool | None = None) -> torch.Tensor:
     """The MoE layer body (see the module docstring). ``w1`` may be a ``PackedMoE`` (then ``w2`` is None
     or ignored). x (T, H) or (..., H); returns y of x's shape and dtype. ``gather``: how the first GEMM gets
     x's rows in expert order: "copy" (x[token] gathered once, then read through TMA: pipelined wgmma; 2*S*H
@@ -109,7 +117,10 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor 
     ValueError on the CPU; see ``grouped_gemm``). Differentiable in x, w1, w2 and topk_weights
     (``gemmlab.ops.custom``; topk_ids (T, k) must then be 2-D like topk_weights). ``configs``: (first GEMM,
     second GEMM) launch parameters instead of ``moe_config``'s (tuning; eager only, no autograd); the second
-    takes the first's BLOCK_M (one tile schedule)."""
+    takes the first's BLOCK_M (one tile schedule). ``save_gate_up`` (when a gradient is needed): True keeps the
+    gate/up pre-activations (S, 2I) from the forward for the backward (``moe_forward_saving``, Liger's trade:
+    faster, S*2I more elements held until the backward), False has the backward recompute them; None: as the
+    "moe_backward" config tables say (``ops.moe_backward.backward_config``)."""
     check_gather(gather)
     if isinstance(w1, PackedMoE):
         w1, w2 = w1.w1, w1.w2
@@ -126,18 +137,28 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor 
         if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() >= 1:
             topk_ids = topk_ids.reshape(x.shape[0], topk_ids.shape[-1])
     if dispatch.direct(x, w1, w2, topk_weights, topk_ids):
-        y = launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
-    elif dispatch.eager(x, w1, w2, topk_weights, topk_ids):  # needs autograd only: no dispatcher (host time)
-        y = custom.MoEForward.apply(x, w1, w2, topk_weights, topk_ids, bool(validate), gather)
+        return _lead(launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None), lead)
+    eager = dispatch.eager(x, w1, w2, topk_weights, topk_ids)  # needs autograd only: no dispatcher (host time)
+    dims = None if eager else check_moe_args(x, w1, w2, topk_weights, topk_ids)  # errors before the op's fake
+    save = bool(save_gate_up)
+    if save_gate_up is None and torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in (x, w1, w2, topk_weights)):
+        save = saves_gate_up(x, dims or check_moe_args(x, w1, w2, topk_weights, topk_ids))
+    args = (x, w1, w2, topk_weights, topk_ids, bool(validate), gather)
+    if eager:
+        y = (custom.MoEForwardSaving if save else custom.MoEForward).apply(*args)
     else:
-        check_moe_args(x, w1, w2, topk_weights, topk_ids)  # clear errors before the op (and its fake) run
-        y = custom.moe_forward(x, w1, w2, topk_weights, topk_ids, bool(validate), gather)
+        y = custom.moe_forward_saving(*args)[0] if save else custom.moe_forward(*args)
+    return _lead(y, lead)
+
+
+def _lead(y: torch.Tensor, lead: torch.Size | None) -> torch.Tensor:
     return y if lead is None else y.view(lead)
 
 
 def moe_forward_saving(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                        topk_ids: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
-    """``moe_forward`` (2-D x) whose autograd keeps the gate/up pre-activations instead of recomputing them
-    (``torch.ops.gemmlab.moe_forward_saving``): the trade to measure against the recomputing default."""
+    """``moe_forward(..., save_gate_up=True)``: its autograd keeps the gate/up pre-activations for the backward
+    whatever the tables say (``torch.ops.gemmlab.moe_forward_saving`` under tracing)."""
     check_moe_args(x, w1, w2, topk_weights, topk_ids)
-    return custom.moe_forward_saving(x, w1, w2, topk_weights, topk_ids, bool(validate))[0]
+    return moe_forward(x, w1, w2, topk_weights, topk_ids, validate=validate, save_gate_up=True)

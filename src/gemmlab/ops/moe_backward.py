@@ -6,29 +6,32 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k r
         -> dx (T, H), dw1 (E, 2I, H), dw2 (E, H, I), d topk_weights (T, k)
     weight_grad(p, q, offsets, out (E, M, N)): out[e] = p[rows_e]^T q[rows_e], rows optionally gathered
 
-Saved from the forward: only its inputs (x, the weights, the routing as ids and weights). The backward sorts
-the routes again (one launch up to ``ALIGN_MAX_S`` rows), then five launches, none of which reads a value
+Saved from the forward: its inputs (x, the weights, the routing as ids and weights) and, after the saving
+forward (``launch_forward_saving``, Liger's trade, what ``moe_forward`` under autograd runs where the
+"moe_backward" config tables say ``save_gate_up``: the bundled tables say yes everywhere), the gate/up
+pre-activations gate_up (S, 2I) that its first GEMM stores beside SiLU(gate) * up (``SAVE_PRE``). The backward
+sorts the routes again (one launch up to ``ALIGN_MAX_S`` rows), then five launches, none of which reads a value
 on the host (capturable in a CUDA graph) and none of which loops over experts on the host:
 
-    1. dh kernel     recompute g, u = x[token] W1_e^T and d = dy[token] W2_e in one pass over H; write
-                     dgu (S, 2I) = w * [d h/dg, d h/du] . d, wh (S, I) = w * h, part (S, I/BLOCK_N) fp32
+    1. dh kernel     d = dy[token] W2_e in one pass over H, and g, u loaded from gate_up (or recomputed as
+                     x[token] W1_e^T in the same pass); write dgu (S, 2I) = w * [d h/dg, d h/du] . d,
+                     wh (S, I) = w * h, part (S, I/BLOCK_N) fp32
     2. dW2           dw2[e] = dy[token]^T wh over the expert's rows (dy is read by token: no gathered copy)
     3. dX GEMM       dxs (S, H) = dgu W1_e (W1 read in place as the (K = 2I, N = H) operand: no transpose copy)
     4. combine       dx[t] = sum_j dxs[inv[t, j]] in j order; d topk_weights[t, j] = sum of part's row
     5. dW1           dw1[e] = dgu^T x[token] over the expert's rows
 Transient memory beyond the gradients: dgu S*2I + max(wh S*I, dxs S*H) elements in x's dtype (wh is freed
-before dxs is made) and S*cdiv(I, BLOCK_N) fp32.
+before dxs is made) and S*cdiv(I, BLOCK_N) fp32 (Liger's backward holds S*(2I + I + H) at once).
 
-The option ``moe_forward_saving`` (Liger's trade) keeps the gate/up pre-activations (S, 2I) from the forward
-(held until the backward) and kernel 1 loads them instead of recomputing x W1^T: 4*S*H*I fewer flops in the
-backward (22% of forward + backward), a slower forward (gate/up stored, SiLU * up in a separate pass).
-Which one wins on a GPU is for ``benchmarks/moe_backward.py`` to measure.
+Keeping gate/up saves the backward 4*S*H*I flops (22% of forward + backward) and a read of W1, for S*2I more
+elements written by the forward and held until the backward; ``benchmarks/moe_backward.py`` times both trades
+against Liger. The backward's tiles come from the same tables (``backward_config``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 import triton
@@ -42,13 +45,13 @@ from gemmlab.kernels.moe_backward import (
     moe_bwd_combine_kernel,
     moe_bwd_dh_kernel,
     moe_bwd_dx_kernel,
-    moe_silu_mul_kernel,
     moe_weight_grad_kernel,
 )
+from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.grouped import launch_grouped, w2d
 from gemmlab.ops.layout import padded_k, rows_tma_ok
-from gemmlab.ops.moe_checks import check_moe_args, device_check
+from gemmlab.ops.moe_checks import check_gather, check_moe_args, device_check
 from gemmlab.ops.moe_config import Mode, moe_config
 from gemmlab.ops.moe_routing import sort_routes
 
@@ -74,8 +77,10 @@ def _start(kernel, grid: tuple, args: list, consts: dict, warps: int, stages: in
 
 @dataclass(frozen=True)
 class MoEBackwardConfig:
-    """Launch parameters of the backward kernels (``dh``: kernel 1, ``dx``: kernel 3, ``wg``: 2 and 5). The
-    dh and dx kernels share one tile schedule, so one BLOCK_M."""
+    """Launch parameters of the backward kernels (``dh``: kernel 1, ``dx``: kernel 3, ``wg``: 2 and 5; the dh and
+    dx kernels share one tile schedule, so one BLOCK_M), and ``save_gate_up``: whether ``moe_forward`` under
+    autograd keeps the gate/up pre-activations (S, 2I) for the backward (``launch_forward_saving``) instead of
+    the backward recomputing them. Chosen per call from the "moe_backward" config tables (``backward_config``)."""
 
     block_m: int = 128
     group_m: int = 8
@@ -92,15 +97,40 @@ class MoEBackwardConfig:
     wg_block_k: int = 32
     wg_warps: int = 8
     wg_stages: int = 3
+    save_gate_up: bool = True
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MoEBackwardConfig:
+        known = {f.name for f in fields(cls)}
+        if set(d) - known:
+            raise ValueError(f"unknown MoEBackwardConfig keys {sorted(set(d) - known)}; known: {sorted(known)}")
+        bad = [k for k, v in d.items() if type(v) is not (bool if k == "save_gate_up" else int)
+               or (k != "save_gate_up" and v < 1)]
+        if bad:
+            raise ValueError(f"MoEBackwardConfig: {bad[0]} = {d[bad[0]]!r} (integers >= 1; save_gate_up a bool)")
+        return cls(**d)
 
 
-def backward_config(target: Target, rows: int, experts: int) -> MoEBackwardConfig:
-    """The backward's config: 64-row tiles when experts average fewer than 128 routed rows (the forward's
-    rule of thumb), else 128. Untuned defaults: the tuner's tables do not cover the backward yet."""
-    per_expert = -(-rows // max(1, min(experts, rows)))
-    if per_expert <= 64:
-        return MoEBackwardConfig(block_m=64, dh_warps=4, dx_warps=4)
-    return MoEBackwardConfig()
+def backward_config(target: Target, rows: int, experts: int, *, dtype: torch.dtype | None = None, n: int = 0,
+                    k: int = 0) -> MoEBackwardConfig:
+    """The backward's config for ``rows`` routed rows over ``experts`` experts (``n`` = I, ``k`` = H): the first
+    rule of the target's "moe_backward" tables (the user's file, then the bundled one; ``ops.configs``) whose
+    ranges hold rows_per_expert = ceil(rows / experts used), rows, experts, n and k (and ``dtype``: rules naming
+    one match only it)."""
+    used = max(1, min(experts, rows))
+    dname = str(dtype).removeprefix("torch.") if dtype is not None else ""
+    return config_tables.pick(target.name, "moe_backward", "fused", MoEBackwardConfig.from_dict, dname,
+                              rows_per_expert=-(-rows // used), rows=rows, experts=experts, n=n, k=k).config
+
+
+def saves_gate_up(x: torch.Tensor, dims: tuple[int, int, int, int, int]) -> bool:
+    """Whether ``moe_forward`` under autograd keeps gate/up for the backward, per the tables, for checked
+    arguments (``dims`` = check_moe_args' (T, H, I, E, k)) on x's device. While torch.compile traces (sizes may
+    be symbolic; the tables are not traceable): the default config's answer."""
+    if torch.compiler.is_compiling():
+        return MoEBackwardConfig.save_gate_up
+    t, h, i, e, k = dims
+    return backward_config(target_for(x.device), t * k, e, dtype=x.dtype, n=i, k=h).save_gate_up
 
 
 def _block(want: int, size: int) -> int:
@@ -177,7 +207,7 @@ def grouped_input_grad(dy: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     if n == 0:
         return dx.zero_()
     target = target_for(dy.device)
-    cfg = backward_config(target, s, e)
+    cfg = backward_config(target, s, e, dtype=dy.dtype, n=k, k=n)
     tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=dy.device)
     ok = torch.empty(1, dtype=torch.bool, device=dy.device)  # the forward checked the offsets
     kept_launch.start(_KEPT, moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],
@@ -213,7 +243,7 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
             g.zero_()
         return dx, dw1, dw2, dtw
     target = target_for(dev)
-    cfg = config or backward_config(target, s, e)
+    cfg = config or backward_config(target, s, e, dtype=x.dtype, n=i, k=h)
     r = sort_routes(topk_ids, e, cfg.block_m, topk_weights)
     x = x if x.stride(1) == 1 else x.contiguous()
     dy = dy if dy.stride(1) == 1 else dy.contiguous()
@@ -271,11 +301,12 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
 
 
 def launch_forward_saving(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                          topk_ids: torch.Tensor, validate: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """y (T, H) as ``moe_forward`` computes it, and the pre-activations gate_up (S, 2I) in routed order, kept
-    for the backward (Liger's trade: S*2I more memory held from forward to backward, no recompute). The
-    first GEMM is the grouped kernel's plain mode (N = 2I, stored), then SiLU * up in a separate pass, then
-    the forward's down GEMM and combine. Routes are sorted with the first GEMM's BLOCK_M."""
+                          topk_ids: torch.Tensor, validate: bool, gather: str = "auto"
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """y (T, H) as ``moe_forward`` computes it (the same configs, routing and launches: the same values), and the
+    pre-activations gate_up (S, 2I) in routed order, kept for the backward (Liger's trade: S*2I more memory held
+    from forward to backward, no recompute): the first GEMM stores them beside SiLU(gate) * up (SAVE_PRE)."""
+    check_gather(gather)
     t, h, i, e, k = check_moe_args(x, w1, w2, topk_weights, topk_ids)
     s, dev = t * k, x.device
     y = torch.empty((t, h), dtype=x.dtype, device=dev)
@@ -284,25 +315,32 @@ def launch_forward_saving(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
         return y.zero_(), gate_up.zero_()
     target = target_for(dev)
     elt = x.element_size()
-    cfg1 = moe_config(target, s, e, Mode.GROUPED, elt, dtype=x.dtype, n=2 * i, k=h)
-    cfg2 = replace(moe_config(target, s, e, Mode.DOWN, elt, dtype=x.dtype, n=h, k=i), block_m=cfg1.block_m)
+    cfg1 = moe_config(target, s, e, Mode.GATE_UP, elt, dtype=x.dtype, n=i, k=h, max_group=t)
+    cfg2 = replace(moe_config(target, s, e, Mode.DOWN, elt, dtype=x.dtype, n=h, k=i, max_group=t),
+                   block_m=cfg1.block_m)  # one tile schedule for both GEMMs
     r = sort_routes(topk_ids, e, cfg1.block_m, topk_weights)
     if validate:  # no host sync: the routing kernel's flag, or min/max of the ids (as the forward)
         lo, hi = torch.aminmax(topk_ids) if r.ok is None else (None, None)
         ok = r.ok[0] if r.ok is not None else (lo >= 0) & (hi < e)
         device_check(ok, f"moe: topk_ids must be in [0, E={e})")
     x = x if x.stride(1) == 1 else x.contiguous()
-    if target.has_tma and (h * elt) % 16 == 0:  # as the forward's gather="auto": one gathered copy, TMA reads
-        launch_grouped(Mode.GROUPED, x.index_select(0, r.token), None, w1, gate_up, None, r.offsets, r.tile_offsets,
-                                2 * i, cfg1, target, s)
-    else:
-        launch_grouped(Mode.GROUPED, x, r.token, w1, gate_up, None, r.offsets, r.tile_offsets, 2 * i, cfg1, target, s)
     act = _padded(s, i, x.dtype, dev)
-    block = min(1024, triton.next_power_of_2(i))
-    kept_launch.start(_KEPT, moe_silu_mul_kernel, (s, triton.cdiv(i, block)),
-                      [gate_up, act, i, gate_up.stride(0), act.stride(0)], dict(BLOCK=block), {})
+    copy = gather == "copy" or (gather == "auto" and target.has_tma and (h * elt) % 16 == 0)  # one gathered copy
+    a, a_rows = (x.index_select(0, r.token), None) if copy else (x, r.token)
+    key = ("saving", cfg1, copy)
+    while True:  # the gate/up stores' layout conversion needs shared memory too: fewer stages where it must
+        try:
+            launch_grouped(Mode.GATE_UP, a, a_rows, w1, act, None, r.offsets, r.tile_offsets, i,
+                           replace(cfg1, num_stages=_STAGES.get(key, cfg1.num_stages)), target, s, pre=gate_up)
+            break
+        except OutOfResources:
+            if _STAGES.get(key, cfg1.num_stages) <= 2:
+                raise
+            _STAGES[key] = _STAGES.get(key, cfg1.num_stages) - 1
+    del a
     o = torch.empty((s, h), dtype=x.dtype, device=dev)
     launch_grouped(Mode.DOWN, act, None, w2, o, r.scale, r.offsets, r.tile_offsets, h, cfg2, target, s)
+    del act
     block_h = min(1024, triton.next_power_of_2(h))
     kept_launch.start(_KEPT, moe_combine_kernel, (t, triton.cdiv(h, block_h)),
                       [o, r.inv, y, h, o.stride(0), y.stride(0)], dict(TOP_K=k, BLOCK_H=block_h), {})
