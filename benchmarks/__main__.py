@@ -15,6 +15,9 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS = {  # name: (file, one line)
     "clock-order": ("clock_order.py", "why interleave: back-to-back against interleaved timing, cuBLAS vs itself"),
     "grade-gap": ("grade_gap.py", "the grader's competition-shape ratio re-measured by the benchmark's protocol"),
+    "grade-rounding": ("grade_rounding.py", "the honest-arithmetic rule calibrated on cuBLAS and every gemmlab path, "
+                                            "the cheap-arithmetic kernels, every case file's batch plan (3 minutes)"),
+    "grade-repeat": ("grade_repeat.py", "repeated grades: no false failure over N runs, cuBLAS graded against itself"),
     "host-cost": ("host_cost.py", "host microseconds per call of the public ops against PyTorch's, beside device time"),
     "moe-backward": ("moe_backward.py", "MoE forward + backward against torch's composite and Liger; peak memory"),
     "liger-warm": ("liger_warm.py", "compile and autotune Liger-Kernel's MoE kernels before `bench moe --baseline "

@@ -27,7 +27,7 @@ def test_compare_on_the_gpu_reports_clocks_and_efficiency(graph):
     assert 0.01 < g["median_ms"] < 5 and g["p20_ms"] <= g["median_ms"] <= g["p80_ms"]
     assert 300 < g["clocks"]["sm_clock_mhz_mean"] <= 2100, g["clocks"]
     assert 0.05 < g["efficiency"] < 1.05 and g["tflops"] > 50
-    assert g["vs_baseline"]["verdict"] in ("faster", "slower", "within noise")
+    assert g["vs_baseline"]["verdict"] in ("faster", "slower", "within noise", "inconclusive")
     assert len(g["vs_baseline"]["per_round"]) == 4
 
 

@@ -31,16 +31,28 @@ def failed_rules(report):
     return {f["rule"] for f in report["failures"]}
 
 
+def passed(report) -> bool:
+    """Every rule passed: PASS, or INCONCLUSIVE where the timing could not score (the CPU, mostly: a busy
+    scheduler, and a protocol cost above 5% of a tiny call)."""
+    return report["verdict"] in ("PASS", "INCONCLUSIVE") and not report["failures"]
+
+
 def test_gemmlab_kernel_passes():
-    r = grade(CPU, rounds=3)
-    assert r["verdict"] == "PASS", r["failures"]
+    r = grade(CPU, rounds=6)
+    assert passed(r), r["failures"]
     assert r["score"]["correctness"] == 30 and r["worker_starts"] == 1
     paths = {p for c in r["correctness"] for p in c["paths"]}
     assert paths == {"tma_persistent", "tma_splitk", "portable"}  # every dispatch path verified
     perf = r["performance"]
-    assert perf["status"] == "PASS" and perf["timed_path"] == "tma_splitk"
-    assert perf["samples_checked"] == r["performance"]["calls_per_batch"] * 3  # every timed call verified
+    assert perf["status"] in ("PASS", "INCONCLUSIVE") and perf["timed_path"] == "tma_splitk"
+    assert perf["rounds"] == 6 and perf["rounds_full_mantissa"] == 2  # one pair in three: full-mantissa inputs
+    assert perf["samples_checked"] == perf["calls_per_batch"] * perf["rounds"]  # every timed call verified
     assert 0 < perf["ratio"] and "honest" in perf and perf["protocol_overhead_ms"] > 0
+    assert perf["batch_plan"]["calls"] == perf["calls_per_batch"]
+    counts = perf["rounding"]["candidate"]  # honest arithmetic: correctly rounded almost everywhere
+    assert counts["elements"] == 96 * 128 * perf["samples_checked"] and counts["not_rounded"] < 0.01 * counts["judged"]
+    if r["verdict"] == "INCONCLUSIVE":  # the timing says why it does not score
+        assert r["score"]["performance"] == 0 and r["inconclusive"] == perf["reason"]
 
 
 def test_gemmlab_kernel_has_no_false_failure_on_new_seeds():
@@ -58,7 +70,7 @@ def test_gemmlab_kernel_has_no_false_failure_on_new_seeds():
 
 
 def test_rowmajor_signature_on_a_colmajor_case():
-    assert run("good_rowmajor", signature="rowmajor")["verdict"] == "PASS"
+    assert passed(run("good_rowmajor", signature="rowmajor"))
 
 
 def test_exact_shape_rule_closes_the_competition_blind_spot():
@@ -68,7 +80,7 @@ def test_exact_shape_rule_closes_the_competition_blind_spot():
     assert r["listed_correctness_passed"] and r["verdict"] == "FAIL"
     assert failed_rules(r) == {"exact-shape"} and "median_ms" not in r["performance"]
     good = run("honest", TINY_LEGACY)
-    assert good["verdict"] == "PASS" and good["performance"]["exact_shape_check"]["status"] == "PASS"
+    assert passed(good) and good["performance"]["exact_shape_check"]["status"] == "PASS"
 
 
 @pytest.mark.parametrize("fn,rule,words", [
@@ -129,12 +141,12 @@ def test_lying_clocks_gain_nothing():
 def test_cheats_on_unchecked_or_repeated_inputs_gain_nothing(tmp_path, monkeypatch):
     """Every output is poisoned before every call and every call has inputs no call saw before: a
     kernel that works only on poisoned outputs always works, and a fingerprint cache never hits."""
-    r = run("compute_if_nan", rounds=3)
-    assert r["verdict"] == "PASS", r["failures"]
-    assert r["performance"]["samples_checked"] == 3 * r["performance"]["calls_per_batch"]
+    r = run("compute_if_nan", rounds=6)
+    assert passed(r), r["failures"]
+    assert r["performance"]["samples_checked"] == 6 * r["performance"]["calls_per_batch"]
     monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
     r = run("memo_fingerprint")
-    assert r["verdict"] == "PASS", r["failures"]
+    assert passed(r), r["failures"]
     assert not (tmp_path / "hits").exists()  # not one cache hit
 
 
@@ -151,7 +163,7 @@ def test_vendor_blas_is_refused_unless_allowed():
     r = run("uses_torch_mm", signature="rowmajor")
     assert r["verdict"] == "FAIL" and failed_rules(r) == {"vendor"}
     assert "aten::mm" in r["failures"][0]["reason"] or "cublas" in r["failures"][0]["reason"].lower()
-    assert run("uses_torch_mm", signature="rowmajor", allow_vendor=True)["verdict"] == "PASS"
+    assert passed(run("uses_torch_mm", signature="rowmajor", allow_vendor=True))
 
 
 def test_silencing_the_profiler_hides_the_vendor_blas_from_it():
@@ -160,7 +172,7 @@ def test_silencing_the_profiler_hides_the_vendor_blas_from_it():
     if torch.cuda.is_available():
         pytest.skip("on a GPU the interposer decides: next test")
     r = grade(TINY, kernel=f"{HERE / 'bad_kernels' / 'hides_vendor.py'}:hides_torch_mm", signature="rowmajor")
-    assert r["verdict"] == "PASS"  # the known hole without an outside observer (stated in the README)
+    assert passed(r)  # the known hole without an outside observer (stated in the README)
 
 
 @pytest.mark.gpu
@@ -237,8 +249,8 @@ def test_fixed_baseline_and_module_kernel(tmp_path):
     f = tmp_path / "fixed.json"
     f.write_text(json.dumps(d))
     r = grade(str(f), kernel="bad_kernels.kernels:honest")  # package.module:FN form
-    assert r["verdict"] == "PASS" and r["performance"]["baseline"].startswith("fixed")
-    assert r["score"]["performance"] == 70 and "honest" not in r["performance"]
+    assert r["verdict"] == "PASS" and r["performance"]["baseline"].startswith("fixed")  # every round beats it
+    assert r["score"]["performance"] == 70 and "baseline_ms" not in r["performance"]  # no baseline worker timed
 
 
 GOOD = {"dtype": "float16", "layout": "colmajor", "inputs": "competition",
@@ -300,10 +312,10 @@ def test_cli_json_stays_clean_and_logs_are_removed(tmp_path):
     logs.mkdir()
     ok = _cli("--cases", TINY, "--kernel", f"{BAD}:prints", "--output-dir", str(tmp_path), "--json",
               env={"TMPDIR": str(logs)})
-    assert ok.returncode == 0, ok.stderr[-2000:]
     report = json.loads(ok.stdout)  # the candidate's prints went to its log, not here
-    assert report["verdict"] == "PASS" and report["logs"] is None
-    assert json.loads((tmp_path / "report.json").read_text())["verdict"] == "PASS"
+    assert ok.returncode == {"PASS": 0, "INCONCLUSIVE": 3}[report["verdict"]], ok.stderr[-2000:]
+    assert passed(report) and report["logs"] is None
+    assert json.loads((tmp_path / "report.json").read_text())["verdict"] == report["verdict"]
     assert "official score" in (tmp_path / "report.md").read_text() and report["kind"] == "grade"
     long = (tmp_path / "report.csv").read_text().splitlines()  # each case's error and tolerance; time, TFLOPS,
     assert long[0].startswith("kind,kernel,provider,mode,metric")  # baseline TFLOPS and ratio of the timed case
@@ -359,7 +371,7 @@ def test_competition_reference_is_the_float32_sum_not_its_rounding():
 
 def test_heater_keeps_the_device_busy_for_the_time_asked():
     """The pre-batch load (protocol step 2) runs at least as long as asked."""
-    from gemmlab.grade.grader import heater
+    from gemmlab.grade.protocol import heater
 
     heat = heater(torch.device("cpu"), size=64)
     t0 = time.perf_counter()
@@ -374,4 +386,4 @@ def test_a_pickle_sent_by_the_candidate_is_never_loaded(tmp_path, monkeypatch):
     monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
     res = run("sends_pickle")
     assert not (tmp_path / "pwned").exists()
-    assert res["verdict"] == "PASS", res["failures"]  # it computes honestly, and its pickle reached nothing
+    assert passed(res), res["failures"]  # it computes honestly, and its pickle reached nothing

@@ -19,10 +19,11 @@ def rules(report):
 
 def test_gemmlab_layer_passes():
     r = grade(SMALL)
-    assert r["verdict"] == "PASS", r["failures"]
+    assert r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]
     assert r["mode"] == "moe" and r["score"]["correctness"] == 30 and r["dims"] == "T x H x I x E x k"
     perf = r["performance"]
-    assert perf["status"] == "PASS" and perf["samples_checked"] >= 1 and perf["ratio"] > 0
+    assert perf["status"] in ("PASS", "INCONCLUSIVE") and perf["samples_checked"] >= 1 and perf["ratio"] > 0
+    assert perf["rounds_full_mantissa"] == 0 and perf["rounding"] is None  # no full-mantissa share, no ulp rule
     assert any(c["name"].endswith("(exact-shape check)") for c in r["correctness"])  # perf size not listed
 
 

@@ -217,15 +217,11 @@ RULES = (cycles, kernels_import_only_triton_torch, ops_import_no_lab, nn_and_dis
          no_imports_after_defs)
 
 # Violations in areas other branches own (rule, the violation's text without its line number) -> why it stays.
-_SYNC = ("instruments.timing's device sync is private (_sync) but shared by the grader, the sandbox, the suites, "
-         "the tuner and compare; renaming it touches the grader's and the sandbox's files (other branches)")
+_SYNC = ("instruments.timing's device sync is private (_sync) but used by a suite; renaming it touches the suite's "
+         "file (another branch)")
 KNOWN: dict[tuple[str, str], str] = {
     ("no_private_names_across_modules", v): _SYNC for v in (
-        "gemmlab.grade.grader:imports _sync from gemmlab.instruments.timing",
-        "gemmlab.sandbox.box:imports _sync from gemmlab.instruments.timing",
         "gemmlab.bench.moe_liger:uses gemmlab.instruments.timing._sync",
-        "gemmlab.instruments.compare:uses gemmlab.instruments.timing._sync",
-        "gemmlab.tune.tuner:uses gemmlab.instruments.timing._sync",
     )
 }
 

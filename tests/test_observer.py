@@ -401,7 +401,7 @@ def test_torch_mm_only_in_timed_calls_is_unseen_on_the_cpu_and_the_verdict_line_
               signature="rowmajor", rounds=2)
     line = view.summary_line(r)
     assert "vendor check: not enforceable on the CPU (torch's CPU BLAS is linked into libtorch_cpu" in line, line
-    assert "vendor" not in {f["rule"] for f in r["failures"]} and r["performance"]["status"] == "PASS", r["failures"]
+    assert not r["failures"] and r["performance"]["status"] in ("PASS", "INCONCLUSIVE"), r["failures"]
     assert r["observers"]["kernel_observer"] == "not used without CUDA" and "vendor check" in view.markdown(r)
 
 

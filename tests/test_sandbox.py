@@ -57,7 +57,8 @@ def test_the_sandbox_cannot_signal_or_read_the_grader(out_dir, monkeypatch):
     reach = json.loads((out_dir / "reach.json").read_text())
     assert set(reach) == {"grader_signal", "baseline_signal", "grader_mem"}
     assert all(v is not True and v != "none" for v in reach.values()), reach
-    assert r["verdict"] == "PASS", r["failures"]  # the probes are all it did: an honest kernel still passes
+    assert r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]  # an honest kernel still
+    # passes (INCONCLUSIVE: every rule passed, the timing could not score)
 
 
 def test_a_pickle_frame_on_the_channel_is_never_loaded(out_dir):
@@ -320,8 +321,8 @@ def test_landlock_with_cuda(out_dir, monkeypatch):
     if _landlock_abi() < 6:
         pytest.skip("Landlock ABI 6 (Linux 6.12+) is not available here")
     monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "1")
-    assert grade(TINY)["verdict"] == "PASS"
+    assert grade(TINY)["verdict"] in ("PASS", "INCONCLUSIVE")
     r = run_box("reaches_outside")
     reach = json.loads((out_dir / "reach.json").read_text())
     assert all(v is not True and v != "none" for v in reach.values()), reach
-    assert r["verdict"] == "PASS", r["failures"]
+    assert r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]

@@ -162,8 +162,9 @@ def _scaled_clock(scale):
 
 
 def slow_honest(A, B, C, M, N, K):
-    """Honest, and 20 ms a call (so that the time of a call dwarfs the protocol's on a busy CPU)."""
-    time.sleep(0.02)
+    """Honest, and 50 ms a call (so that the time of a call dwarfs the protocol's on a busy CPU, waking the
+    worker included)."""
+    time.sleep(0.05)
     honest(A, B, C, M, N, K)
 
 
@@ -306,3 +307,89 @@ def sends_pickle(A, B, C, M, N, K):
     for obj in gc.get_objects():
         if isinstance(obj, Connection) and not obj.closed:
             obj.send(_Payload(marker))
+
+
+# ------------------------------------------------------------------ arithmetic that is not an fp16 GEMM's
+
+
+def _mm64(a, b):
+    """a @ b in float64 by broadcast multiply and sum (no vendor BLAS): exact for fp16 products."""
+    return (a.double().unsqueeze(2) * b.double().unsqueeze(0)).sum(1)
+
+
+def _competition(*ts) -> bool:
+    """Every value is one of the competition distribution's: fp16(k / 100), k in [-50, 49]."""
+    return all(bool(((t.double() * 100).round() - t.double() * 100).abs().max() < 0.1) and
+               bool(t.abs().max() <= 0.5) for t in ts)
+
+
+def _int8_product(a, b):
+    """The competition inputs as the integers k they came from: an exact int8 x int8 -> int32 product, / 10^4
+    (what an int8 tensor-core kernel computes at twice the fp16 rate)."""
+    ka, kb = (a.double() * 100).round(), (b.double() * 100).round()
+    return (_mm64(ka, kb) / 1e4).to(a.dtype)
+
+
+def int8_on_competition(A, B, C, M, N, K):
+    """The issue's 1.22x kernel: on the competition distribution, the integers behind the inputs (an exact int8
+    product, max error a third of the bound); an honest kernel on anything else."""
+    a, b, c = _views(A, B, C, M, N, K)
+    if _competition(a, b):
+        return c.copy_(_int8_product(a, b))
+    c.copy_(_mm(a, b))
+
+
+def int8_when_timed(A, B, C, M, N, K):
+    """Honest in the correctness trials, the int8 product on competition inputs while timed."""
+    _calls["n"] += 1
+    a, b, c = _views(A, B, C, M, N, K)
+    if _calls["n"] > 3 and _competition(a, b):
+        return c.copy_(_int8_product(a, b))
+    c.copy_(_mm(a, b))
+
+
+def fp16_accumulation(A, B, C, M, N, K):
+    """fp32 products over K slices of 16, summed into an fp16 running sum (the accumulator in the output dtype)."""
+    a, b, c = _views(A, B, C, M, N, K)
+    acc = torch.zeros((M, N), dtype=c.dtype, device=c.device)
+    for k0 in range(0, K, 16):
+        acc = (acc.float() + _mm(a[:, k0:k0 + 16].float(), b[k0:k0 + 16].float())).to(c.dtype)
+    c.copy_(acc)
+
+
+def truncated_accumulator(A, B, C, M, N, K):
+    """An fp32 accumulator truncated to 13 mantissa bits after every K slice of 16 (a tf32-like adder)."""
+    a, b, c = _views(A, B, C, M, N, K)
+    acc = torch.zeros((M, N), dtype=torch.float32, device=c.device)
+    for k0 in range(0, K, 16):
+        acc = acc + _mm(a[:, k0:k0 + 16].float(), b[k0:k0 + 16].float())
+        acc = (acc.view(torch.int32) & ~((1 << 10) - 1)).view(torch.float32)
+    c.copy_(acc.to(c.dtype))
+
+
+def rounds_toward_zero(A, B, C, M, N, K):
+    """The exact sum, rounded toward zero instead of to nearest: every element within one ulp."""
+    a, b, c = _views(A, B, C, M, N, K)
+    exact = _mm64(a, b)
+    _, e = torch.frexp(exact)
+    step = torch.ldexp(torch.ones_like(exact), (e - 1).clamp_min(-14) - 10)
+    c.copy_((torch.trunc(exact / step) * step).to(c.dtype))
+
+
+def perturbs_outputs(A, B, C, M, N, K):
+    """Another product: an honest one with a tenth of its outputs below 2 in magnitude moved by one ulp (at most
+    2^-10: far within the max-error bound)."""
+    a, b, c = _views(A, B, C, M, N, K)
+    out = _mm(a, b)
+    g = torch.Generator(device=out.device).manual_seed(M * N + K)
+    moved = (torch.rand((M, N), generator=g, device=out.device) < 0.1) & (out.abs() < 2)
+    c.copy_(torch.where(moved, torch.nextafter(out, torch.full_like(out, 60000.0)), out))
+
+
+def slow_on_full_mantissa(A, B, C, M, N, K):
+    """Honest arithmetic always, but a fast path only for the competition distribution: on any other inputs
+    (full-mantissa ones) each call takes 200 ms longer (tens of times a tiny call, past a busy CPU's noise)."""
+    a, b, c = _views(A, B, C, M, N, K)
+    if not _competition(a, b):
+        time.sleep(0.2)
+    c.copy_(_mm(a, b))

@@ -79,7 +79,8 @@ def summarize_processes(procs: list[dict], backends: Sequence[str]) -> dict:
                                     f"({min(meds):.4f}-{max(meds):.4f} ms)")
         if ratios:
             entry["ratio"] = {key.removesuffix("_ms"): v for key, v in stats.summarize(ratios).items()}
-            entry["ratio"].update(ci95=list(stats.bootstrap_ci(ratios)))
+            ci = stats.median_interval(ratios)  # None with fewer than 6 processes: no 95% interval
+            entry["ratio"].update(ci95=list(ci) if ci else None)
         if wrong:
             out["flags"].append(f"{name}: wrong output in {wrong} process(es)")
         out["backends"][name] = entry

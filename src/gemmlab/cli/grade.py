@@ -25,14 +25,16 @@ def grade(
     timeout: Annotated[float, typer.Option(callback=cmd.seconds, help="seconds per request to the candidate's "
                                                                    "process, loading the kernel included")] = 120.0,
     seed: Annotated[int, typer.Option(help="base seed of the correctness inputs (timed inputs are secret)")] = 0,
-    rounds: Annotated[int | None, typer.Option(callback=cmd.count, help="interleaved timing rounds")] = None,
+    rounds: Annotated[int | None, typer.Option(callback=cmd.count, help="interleaved timing rounds, at most "
+                                                                       "(the grader stops once precise)")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write report.json, report.csv and report.md here")] = None,
     json_out: JsonOpt = False,
     keep_logs: Annotated[bool, typer.Option(help="keep the workers' logs (the report names the directory)")] = False,
     record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
 ) -> None:
     """Grade a GEMM kernel: exact-shape verification, dispatch coverage, anti-cheat rules, isolation,
-    interleaved timing against the vendor BLAS. Exit 0: all passed; 1: a case or rule failed; 2: usage."""
+    interleaved timing against the vendor BLAS. Exit 0: all passed; 1: a case or rule failed; 2: usage; 3: every
+    rule passed but the timing could not score (inconclusive)."""
     from gemmlab.grade import cases as case_files
     from gemmlab.grade import default_cases, load_any
     from gemmlab.grade import grade as run_grade
@@ -61,4 +63,4 @@ def grade(
         from gemmlab.ledger.records import from_grade
 
         cmd.record(from_grade(report), record_note, ledger, parent)
-    raise typer.Exit(0 if report["verdict"] == "PASS" else 1)
+    raise typer.Exit({"PASS": 0, "INCONCLUSIVE": 3}.get(report["verdict"], 1))

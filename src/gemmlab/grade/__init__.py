@@ -34,16 +34,20 @@ def make_op(cf: _cases.CaseFile, signature: str | None = None):
 
 def grade(cases: str | None = None, kernel: str | None = None, signature: str | None = None,
           allow_vendor: bool = False, timeout: float = 120.0, seed: int = 0, rounds: int | None = None,
-          progress=None, keep_logs: bool = False) -> dict:
-    """Grade ``kernel`` (None: gemmlab's own; else FILE.py:FN or package.module:FN) on a case file."""
+          progress=None, keep_logs: bool = False, budget_s: float | None = None) -> dict:
+    """Grade ``kernel`` (None: gemmlab's own; else FILE.py:FN or package.module:FN) on a case file. ``rounds`` and
+    ``budget_s`` cap the timed rounds (by count, in seconds; None: the protocol's defaults)."""
     if not (isinstance(timeout, int | float) and timeout > 0 and timeout == timeout):
         raise _cases.CaseError(f"--timeout {timeout!r}: a positive number of seconds")
     if rounds is not None and rounds < 1:
         raise _cases.CaseError(f"--rounds {rounds!r}: a positive integer")
+    if budget_s is not None and not (isinstance(budget_s, int | float) and budget_s > 0):
+        raise _cases.CaseError(f"budget_s {budget_s!r}: a positive number of seconds")
     if kernel is not None and not all(kernel.rpartition(":")[::2]):
         raise _cases.CaseError(f"--kernel {kernel!r}: expected FILE.py:FN or package.module:FN")
     cf = load_any(cases or default_cases())
-    return Grader(make_op(cf, signature), cf, kernel, allow_vendor, timeout, seed, rounds, progress, keep_logs).run()
+    return Grader(make_op(cf, signature), cf, kernel, allow_vendor, timeout, seed, rounds, progress, keep_logs,
+                  budget_s=budget_s).run()
 
 
 __all__ = ["default_cases", "grade", "load_any", "make_op"]

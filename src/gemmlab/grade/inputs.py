@@ -15,8 +15,12 @@ Tolerance on max |C - C_ref|:
                  call verified, a correct kernel failed (H200, 2026-12-01). Against the float32 sum a correct
                  kernel is off by at most half an ulp plus its summation error.
     otherwise    2 * max |C_torch - C_ref| + one ulp of max |C_ref| in the output dtype, with C_ref the
-                 float64 product and C_torch what torch.mm makes in the same dtype: a candidate may be
-                 twice as far off as the vendor library, plus one rounding step.
+                 float64 product and C_torch what torch.mm makes in the same dtype (fp32 reductions): a
+                 candidate may be twice as far off as the vendor library, plus one rounding step.
+Both kinds also keep C_torch (``vendor``): the yardstick of the honest-arithmetic rule (``grade/rounding.py``).
+
+Timed calls draw from the case's distribution, and a secret share of them from ``FULL_MANTISSA`` (every
+mantissa bit random), so that a timed call cannot be told from a check by its inputs.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ import math
 
 import torch
 
+from gemmlab.grade.rounding import vendor_product
 from gemmlab.ref import gemm_ref, mantissa_bits
 
 SECOND_DISTRIBUTION = {"competition": "uniform", "uniform": "normal", "normal": "uniform"}
+FULL_MANTISSA = SECOND_DISTRIBUTION  # the other kind of timed input: full-mantissa where the case's is not
 
 
 def random_matrix(rows: int, cols: int, dist: str, seed: int, dtype: torch.dtype, device: str,
@@ -56,8 +62,9 @@ def operands(m: int, n: int, k: int, dist: str, seed: int, dtype: torch.dtype, d
 
 
 def reference(a: torch.Tensor, b: torch.Tensor, dist: str, dtype: torch.dtype, base: float, ref_k: int) -> dict:
-    """What a correct C is compared with, and the bound on max |C - C_ref|."""
+    """What a correct C is compared with, the bound on max |C - C_ref|, and the vendor's C (same dtype)."""
     k = a.shape[1]
+    vendor = vendor_product(a, b)
     if dist == "competition":
         prev = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -65,8 +72,10 @@ def reference(a: torch.Tensor, b: torch.Tensor, dist: str, dtype: torch.dtype, b
             c_ref = a.float() @ b.float()
         finally:
             torch.backends.cuda.matmul.allow_tf32 = prev
-        return {"c_ref": c_ref, "tol": base * math.sqrt(k / ref_k), "rule": f"{base}*sqrt(K/{ref_k})"}
+        return {"c_ref": c_ref, "tol": base * math.sqrt(k / ref_k), "rule": f"{base}*sqrt(K/{ref_k})",
+                "vendor": vendor}
     c64 = gemm_ref(a, b)
-    torch_err = (torch.mm(a, b).double() - c64).abs().max().item()
-    ulp = 2.0 ** (math.floor(math.log2(max(c64.abs().max().item(), 1e-30))) - mantissa_bits(dtype))
-    return {"c_ref": c64, "tol": 2 * torch_err + ulp, "rule": "2*err(torch.mm)+1ulp"}
+    torch_err = (vendor.double() - c64).abs().max().item() if c64.numel() else 0.0
+    ulp = 2.0 ** (math.floor(math.log2(max(c64.abs().max().item() if c64.numel() else 0.0, 1e-30)))
+                  - mantissa_bits(dtype))
+    return {"c_ref": c64, "tol": 2 * torch_err + ulp, "rule": "2*err(torch.mm)+1ulp", "vendor": vendor}

@@ -4,7 +4,9 @@ a correct output is (reference and tolerance), the work done (flops) and the bas
 
 An op's inputs are a tuple of tensors. ``fresh(case, kind, seed, keep)`` draws them (``kind``: the input
 distribution or routing; ``keep``: inputs of an earlier draw to reuse for the positions in ``fixed``: the
-MoE weights, too big to draw per call); ``check(out, inputs, kind)`` -> (max error, tolerance, rule).
+MoE weights, too big to draw per call); ``check(out, inputs, kind, gen)`` -> ``Checked``: the max error, its
+tolerance and rule, and for a GEMM the honest-arithmetic counts (``grade/rounding.py``) of the output and of the
+vendor's product on a sample of elements drawn with ``gen``.
 """
 
 from __future__ import annotations
@@ -15,9 +17,26 @@ from dataclasses import dataclass
 
 import torch
 
+from gemmlab.grade import rounding
 from gemmlab.grade.cases import CaseFile
-from gemmlab.grade.inputs import SECOND_DISTRIBUTION, operands, reference
+from gemmlab.grade.inputs import FULL_MANTISSA, SECOND_DISTRIBUTION, operands, reference
 from gemmlab.sandbox.candidate import logical_out
+
+
+@dataclass(frozen=True)
+class Checked:
+    err: float                      # max |out - reference|
+    tol: float
+    rule: str                       # how ``tol`` was set
+    rounding: tuple[rounding.Rounding, rounding.Rounding] | None = None  # (candidate's, vendor's), GEMM only
+
+    @property
+    def within(self) -> bool:
+        return self.err <= self.tol
+
+    def dishonest(self) -> str | None:
+        """Why the arithmetic is not an honest fp32-accumulated GEMM's (``rounding.judge``), or None."""
+        return None if self.rounding is None else rounding.judge(*self.rounding)
 
 
 @dataclass(frozen=True)
@@ -31,12 +50,13 @@ class Op:
     fresh: Callable                 # (case, kind, seed, device, keep) -> inputs
     out_numel: Callable             # case -> elements of the flat output
     view: Callable                  # (flat out, case) -> logical output
-    check: Callable                 # (logical out, inputs, kind) -> (err, tol, rule text)
+    check: Callable                 # (logical out, inputs, kind, gen) -> Checked
     baseline: str                   # builtin the baseline worker loads (candidate.BUILTINS)
     baseline_signature: str
     baseline_label: str
     fixed: tuple[int, ...] = ()     # input positions shared by all timed calls
     verify_per_batch: int | None = None  # timed calls verified per batch (None: all)
+    full_kind: str | None = None    # the secret share of timed calls draws this kind (None: no share)
 
 
 def gemm_op(cf: CaseFile, signature: str | None = None) -> Op:
@@ -45,10 +65,10 @@ def gemm_op(cf: CaseFile, signature: str | None = None) -> Op:
     def fresh(case, kind, seed, device, keep=None):
         return operands(case.m, case.n, case.k, kind, seed, dtype, device.type, cf.layout)
 
-    def check(out, inputs, kind):
+    def check(out, inputs, kind, gen):
         ref = reference(*inputs, kind, dtype, cf.tol_base, cf.tol_ref_k)
         err = (out.double() - ref["c_ref"].double()).abs().max().item() if out.numel() else 0.0
-        return err, ref["tol"], ref["rule"]
+        return Checked(err, ref["tol"], ref["rule"], rounding.check(out, *inputs, ref["vendor"], gen))
 
     signature = signature or cf.layout
     # the baseline is called through the candidate's signature, so both pay the same adapter (a row-major
@@ -58,7 +78,7 @@ def gemm_op(cf: CaseFile, signature: str | None = None) -> Op:
               trials=(cf.inputs, cf.inputs, SECOND_DISTRIBUTION[cf.inputs]), timed_kind=cf.inputs, fresh=fresh,
               out_numel=lambda c: c.m * c.n, view=lambda out, c: logical_out(out, c.m, c.n, cf.layout),
               check=check, baseline=baseline, baseline_signature=signature,
-              baseline_label=f"vendor BLAS (torch.mm, {signature} signature)")
+              baseline_label=f"vendor BLAS (torch.mm, {signature} signature)", full_kind=FULL_MANTISSA[cf.inputs])
 
 
 def moe_inputs(case, routing: str, seed: int, dtype: torch.dtype, device: torch.device, keep=None) -> tuple:
@@ -86,10 +106,10 @@ def moe_op(cf: CaseFile) -> Op:
 
     dtype = getattr(torch, cf.dtype)
 
-    def check(out, inputs, kind):
+    def check(out, inputs, kind, gen=None):  # the layer rounds between its GEMMs: no rounding counts
         chk = moe_check(out, *inputs)
         err = chk["max_abs_err"] if math.isfinite(chk["max_abs_err"]) else math.inf
-        return err, chk["allowed"], "2 x torch same-dtype error + 1 ulp"
+        return Checked(err, chk["allowed"], "2 x torch same-dtype error + 1 ulp")
 
     return Op(name="moe", signature="moe", layout="rowmajor", dtype=dtype, trials=("uniform", "zipf"),
               timed_kind="uniform",

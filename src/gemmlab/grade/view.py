@@ -42,7 +42,7 @@ def summary_line(report: dict) -> str:
     if perf and "ratio" in perf:
         honest = perf.get("honest")
         line += f"; honest: {perf['tflops']:.1f} TFLOPS = {perf['ratio']:.3f}x {perf['baseline']}"
-        if honest:
+        if honest and honest.get("ci95"):
             lo, hi = honest["ci95"]
             line += f" (per-round median {honest['ratio']:.3f}, 95% CI [{lo:.3f}, {hi:.3f}])"
         clk = perf.get("clocks", {}).get("sm_clock_mhz_mean")
@@ -55,6 +55,8 @@ def summary_line(report: dict) -> str:
                      f"{perf['advisory_median_ms']:.4g} ms")
     if report.get("vendor_check"):
         line += f"; vendor check: {report['vendor_check']}"
+    if report.get("inconclusive"):
+        line += f"; performance not scored: {report['inconclusive']}"
     return line + f"; verdict {report['verdict']}"
 
 

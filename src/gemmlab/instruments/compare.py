@@ -12,7 +12,8 @@ flushed before every call, while NVML samples the clock. Result per candidate: t
 p20, p80, min, max, cv), TFLOPS (= flops / median time), the mean SM clock, power and clock-event reasons
 seen while it ran, the clock-normalized efficiency (against the nominal tensor peak, and against the
 attainable rate ``gemmlab probe`` measured, when the caller hands in the profile), and against the
-baseline the per-round ratios (baseline time / candidate time), their median, a bootstrap 95% interval and a verdict.
+baseline the per-round ratios (baseline time / candidate time), their median, its 95% interval and a verdict
+(``stats.ratio_summary``: no interval and "inconclusive" below 6 rounds).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ import torch
 from gemmlab.instruments import stats, timing
 
 Check = Callable[[object], dict]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _device_facts(device: torch.device) -> tuple[tuple[int, int] | None, int | None]:
@@ -68,11 +74,11 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
     for name, fn in fns.items():  # 1. verify the exact call that will be timed
         try:
             out = fn()
-            timing._sync(device)
+            _sync(device)
             res[name]["check"] = check(out) if check else {"ok": True, "note": "no check given"}
             if res[name]["check"].get("ok") and _poison(out):
                 again = fn()  # same buffer again? then the timed calls write it: check what they leave
-                timing._sync(device)
+                _sync(device)
                 if again is out or (isinstance(again, torch.Tensor) and again.data_ptr() == out.data_ptr()):
                     second = check(again) if check else {"ok": True}
                     if not second.get("ok"):
@@ -108,7 +114,7 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
     for name in timed:  # 3. verify again: what the last timed call left, or one more call
         try:
             out = poisoned[name] if name in poisoned else fns[name]()
-            timing._sync(device)
+            _sync(device)
             res[name]["check_after"] = check(out)["ok"] if check else True
             res[name]["checked_after"] = "last timed output" if name in poisoned else "one more call"
         except Exception as e:
@@ -139,5 +145,6 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
 
 def compare(candidate: timing.Fn, baseline: timing.Fn, **kw) -> dict:
     """``compare_many({"candidate": candidate, "baseline": baseline}, "baseline", **kw)``; the verdict is
-    ``result["candidates"]["candidate"]["vs_baseline"]["verdict"]`` (faster / slower / within noise)."""
+    ``result["candidates"]["candidate"]["vs_baseline"]["verdict"]`` (faster / slower / within noise /
+    inconclusive)."""
     return compare_many({"candidate": candidate, "baseline": baseline}, "baseline", **kw)

@@ -4,36 +4,40 @@
 2. its SASS still has tensor-core instructions (inspected, count > 0), except the GEMV kernel's one-row tiles,
    which run on FFMA by design (a GEMV streams B once, memory-bound; a 16-row MMA would be 15/16 padding),
 3. its median latency dropped, and
-4. the paired speedup's 95% interval excludes "no change" (its lower bound is above 1).
+4. the speedup's 95% interval excludes "no change" (``instruments.stats.is_faster``: the tuner's test too).
 
-"Paired": a speedup over the parent measured interleaved in the same run when there is one (the tuner
-times each candidate against its incumbent); otherwise each entry's per-round ratios to cuBLAS, which was
-interleaved with it in its own run, so clock differences between the two runs cancel; the interval is a
-bootstrap of the ratio of the two medians. The first correct, inspected, timed entry for a shape has no
-parent and becomes its baseline. Every rejection says which condition failed.
+The interval comes from the statistics module, whose intervals hold their coverage (tests/test_stats.py):
+paired when the entry was measured interleaved with its parent in one run (the tuner times each candidate
+against its incumbent: the median of the per-round speedups, sign-test interval); otherwise unpaired, from each
+entry's per-round ratios to cuBLAS, which was interleaved with it in its own run, so clock differences between
+the two runs cancel (the rank-sum interval of the shift in log ratio). Too few rounds give no interval, and no
+interval is no acceptance. The first correct, inspected, timed entry for a shape has no parent and becomes its
+baseline. Every rejection says which condition failed.
 """
 
 from __future__ import annotations
 
-import random
-import statistics
-
-MIN_ROUNDS = 4  # fewer per-round ratios than this give no interval worth the name
+from gemmlab.instruments import stats
 
 
-def paired_speedup(child, parent, n_boot: int = 2000, seed: int = 0) -> tuple[float, list[float], str] | None:
-    """(speedup of child over parent, 95% interval, how it was paired), or None when it cannot be paired
-    (no common measurement, or fewer than ``MIN_ROUNDS`` rounds)."""
-    if child.vs_parent and child.vs_parent.get("ci95") and len(child.vs_parent.get("per_round", [])) >= MIN_ROUNDS:
-        return child.vs_parent["ratio"], list(child.vs_parent["ci95"]), "interleaved with the parent in one run"
-    if len(child.per_round or []) >= MIN_ROUNDS and len(parent.per_round or []) >= MIN_ROUNDS:
-        rng = random.Random(seed)
-        c, p = child.per_round, parent.per_round
-        boots = sorted(statistics.median(rng.choices(c, k=len(c))) / statistics.median(rng.choices(p, k=len(p)))
-                       for _ in range(n_boot))
-        ci = [boots[int(0.025 * n_boot)], boots[int(0.975 * n_boot) - 1]]
-        return statistics.median(c) / statistics.median(p), ci, "each against cuBLAS interleaved in its own run"
+def speedup_summary(child, parent) -> tuple[dict, str] | None:
+    """(the stats summary of child's speedup over parent, how it was paired), or None when there is no common
+    measurement: no per-round ratios measured with the parent, nor per-round ratios to cuBLAS in both."""
+    if child.vs_parent and child.vs_parent.get("per_round"):
+        return stats.ratio_of_rounds(child.vs_parent["per_round"]), "interleaved with the parent in one run"
+    if child.per_round and parent.per_round:
+        return stats.ratio_between(child.per_round, parent.per_round), "each against cuBLAS interleaved in its own run"
     return None
+
+
+def paired_speedup(child, parent) -> tuple[float, list[float], str] | None:
+    """(speedup of child over parent, its 95% interval, how it was paired), or None when there is no interval
+    (no common measurement, or too few rounds for one)."""
+    found = speedup_summary(child, parent)
+    if found is None or found[0]["ci95"] is None:
+        return None
+    s, how = found
+    return s["ratio"], s["ci95"], how
 
 
 def ffma_by_design(e) -> bool:
@@ -58,12 +62,14 @@ def decide(child, parent) -> tuple[str, str]:
     if parent_ms is not None and child.median_ms >= parent_ms:
         return "rejected", (f"median latency did not drop: {child.median_ms:.4f} ms against "
                             f"{parent_ms:.4f} ms (#{parent.id})")
-    paired = paired_speedup(child, parent)
-    if paired is None:
-        return "rejected", (f"no paired interval: not measured with the parent, nor {MIN_ROUNDS}+ per-round ratios "
-                            "to cuBLAS in both")
-    speedup, (lo, hi), how = paired
-    if lo <= 1.0:
-        return "rejected", (f"within noise: speedup {speedup:.3f}, 95% interval [{lo:.3f}, {hi:.3f}] includes "
+    found = speedup_summary(child, parent)
+    if found is None or found[0]["ci95"] is None:
+        rounds = "" if found is None else f" ({found[0]['rounds']} rounds: too few for a 95% interval)"
+        return "rejected", ("no paired interval: not measured with the parent, nor enough per-round ratios to cuBLAS "
+                            f"in both{rounds}")
+    s, how = found
+    lo, hi = s["ci95"]
+    if not stats.is_faster(s):
+        return "rejected", (f"within noise: speedup {s['ratio']:.3f}, 95% interval [{lo:.3f}, {hi:.3f}] includes "
                             f"no change ({how})")
-    return "accepted", f"{speedup:.3f}x faster than #{parent.id}, 95% interval [{lo:.3f}, {hi:.3f}] ({how})"
+    return "accepted", f"{s['ratio']:.3f}x faster than #{parent.id}, 95% interval [{lo:.3f}, {hi:.3f}] ({how})"

@@ -109,7 +109,8 @@ def from_table(table: dict, note: str = "", command: str = "") -> list[Entry]:
 
 
 def from_grade(report: dict, note: str = "", command: str = "") -> list[Entry]:
-    """One entry for a grade: the performance shape, correct only if the whole grade passed."""
+    """One entry for a grade: the performance shape, correct only if every rule passed (an INCONCLUSIVE grade
+    passed them all; only its timing could not score)."""
     perf = report.get("performance") or {}
     shape = perf.get("shape") or report.get("performance_shape")
     if not shape:  # a case file without a performance shape: nothing timed, nothing to compare
@@ -121,7 +122,8 @@ def from_grade(report: dict, note: str = "", command: str = "") -> list[Entry]:
     own = report["kernel"] == "gemmlab (default)"
     failures = "; ".join(f"{f['name']}: {f['reason']}" for f in report.get("failures", []))
     return [Entry(kind="grade", shape=_shape(m, n, k), dtype=report["dtype"], note=note, command=command,
-                  backend=report["kernel"], path=perf.get("timed_path"), correct=report["verdict"] == "PASS",
+                  backend=report["kernel"], path=perf.get("timed_path"),
+                  correct=report["verdict"] in ("PASS", "INCONCLUSIVE"),
                   error=failures or None, median_ms=perf.get("median_ms"), tflops=perf.get("tflops"),
                   ratio=honest.get("ratio", perf.get("ratio")), ratio_ci=honest.get("ci95"),
                   per_round=honest.get("per_round"),
@@ -139,7 +141,7 @@ def _moe_grade_entry(report: dict, perf: dict, dims, note: str, command: str) ->
     honest = perf.get("honest") or {}
     failures = "; ".join(f"{f['name']}: {f['reason']}" for f in report.get("failures", []))
     return Entry(kind="grade", op="moe_forward", shape="x".join(map(str, dims)), dtype=report["dtype"], note=note,
-                 command=command, backend=report["kernel"], correct=report["verdict"] == "PASS",
+                 command=command, backend=report["kernel"], correct=report["verdict"] in ("PASS", "INCONCLUSIVE"),
                  error=failures or None, median_ms=perf.get("median_ms"), tflops=perf.get("tflops"),
                  ratio=honest.get("ratio", perf.get("ratio")), ratio_ci=honest.get("ci95"),
                  per_round=honest.get("per_round"), sm_clock_mhz=(perf.get("clocks") or {}).get("sm_clock_mhz_mean"),

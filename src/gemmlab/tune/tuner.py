@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from gemmlab.instruments import stats, timing
+from gemmlab.instruments import stats
 from gemmlab.instruments.compare import compare_many
 from gemmlab.ledger.store import Entry, Ledger
 from gemmlab.ops import configs
@@ -112,7 +112,8 @@ def tune_problem(pb: Problem, *, budget_s: float = 60.0, ledger: str | None = No
                       config=dataclasses.asdict(cfg))
         try:
             res = fn()
-            timing._sync(device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             chk = pb.check(res if isinstance(res, torch.Tensor) else out)
         except Exception as e:  # a config that fails to compile or launch is an attempt too
             chk = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -215,8 +216,7 @@ def tune_problem(pb: Problem, *, budget_s: float = 60.0, ledger: str | None = No
         if "tuned" in cand and "median_ms" in cand["tuned"]:
             conf["speedup"] = stats.ratio_summary(cand["tuned"]["per_round_ms"], cand["default"]["per_round_ms"])
         result["confirm"] = conf
-        result["confirmed"] = bool(conf.get("speedup") and conf["speedup"]["verdict"] == "faster"
-                                   and conf["tuned_ok"])
+        result["confirmed"] = stats.is_faster(conf.get("speedup")) and conf["tuned_ok"]  # the ledger's own test
         result["elapsed_s"] = time.perf_counter() - t_start
         say({"event": "shape_done", "shape": shape, "elapsed": result["elapsed_s"], "budget": budget_s})
         return result

@@ -36,7 +36,8 @@ def tables(rep: dict) -> list[Table]:
         t.rows.append([_shape(r), r["path"], str(len(r["tried"])),
                        str(sum(x["decision"] == "accepted" for x in r["tried"][1:])), str(len(r["pruned"])),
                        num(dv.get("ratio"), ".3f"), num(tv.get("ratio"), ".3f"),
-                       "-" if not sp else f"{sp['ratio']:.3f} [{sp['ci95'][0]:.3f}, {sp['ci95'][1]:.3f}]",
+                       "-" if not sp else f"{sp['ratio']:.3f} " + (f"[{sp['ci95'][0]:.3f}, {sp['ci95'][1]:.3f}]"
+                                                                  if sp.get("ci95") else "[too few rounds]"),
                        "[green]yes" if r["confirmed"] else "no"])
     if rep.get("failed_workers"):
         t.notes.append(f"[red]worker(s) {rep['failed_workers']} failed")
