@@ -363,6 +363,24 @@ def test_a_process_without_the_library_never_connects(libs, tmp_path):
         ch.close()
 
 
+def test_processes_that_inherit_the_library_never_wait_on_the_grader(libs, tmp_path):
+    """Every process that inherits the child's environment loads the library (the compiler and ptxas that
+    Triton runs on a first call, say). The grader accepts only after the request in flight, so past the
+    listener's queue a blocking connect in their constructors would wait forever, and the compile with them:
+    twenty such processes, started before the grader accepts anything, must all finish at once."""
+    ch = channel.Channel(tmp_path / "obs")
+    env = {**os.environ, **ch.env(libs["observer"], str(libs["fake"])), "LD_PRELOAD": str(libs["observer"])}
+    try:
+        procs = [subprocess.Popen(["true"], env=env) for _ in range(20)]
+        codes = [p.wait(timeout=20) for p in procs]  # a blocked constructor: TimeoutExpired
+        assert codes == [0] * 20
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        ch.close()
+
+
 def test_the_token_is_wiped_and_a_stranger_is_not_taken_for_the_child(libs, tmp_path):
     d = tmp_path / "s"
     d.mkdir()

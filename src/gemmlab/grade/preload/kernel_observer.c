@@ -33,6 +33,7 @@
 #include <cupti.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -582,9 +583,18 @@ __attribute__((constructor)) static void observer_load(void) {
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof addr.sun_path) return;
   strcpy(addr.sun_path, path);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  /* Non-blocking connect: every process that inherits the environment (the compiler and ptxas that Triton
+   * runs, say) loads this library too; once the listener's queue is full a blocking connect would wait until
+   * the grader accepts, which it does only after the request in flight, so the compile would never end. Such
+   * a process goes unconnected instead; the sandbox's own process connected first, at its exec. */
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return;
   if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+    close(fd);
+    return;
+  }
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
     close(fd);
     return;
   }
