@@ -32,7 +32,7 @@ def test_bad_shape_is_a_usage_error():
 def test_paths():
     res = gemmlab("paths")
     assert res.returncode == 0
-    assert res.stdout.split() == ["empty", "tma_persistent", "tma_splitk", "portable"]
+    assert res.stdout.split() == ["empty", "tma_persistent", "tma_splitk", "gemv", "portable"]
 
 
 def test_bench_gemm_command(tmp_path):

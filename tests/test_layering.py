@@ -216,14 +216,8 @@ RULES = (cycles, kernels_import_only_triton_torch, ops_import_no_lab, nn_and_dis
          lab_uses_ops_public_names_only, instruments_import_no_suite_grader_tuner, no_private_names_across_modules,
          no_imports_after_defs)
 
-# Violations in areas other branches own (rule, the violation's text without its line number) -> why it stays.
-_SYNC = ("instruments.timing's device sync is private (_sync) but used by a suite; renaming it touches the suite's "
-         "file (another branch)")
-KNOWN: dict[tuple[str, str], str] = {
-    ("no_private_names_across_modules", v): _SYNC for v in (
-        "gemmlab.bench.moe_liger:uses gemmlab.instruments.timing._sync",
-    )
-}
+# Known violations (rule, the violation's text without its line number) -> why it stays; none today.
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def _strip_line(v: str) -> str:

@@ -327,7 +327,7 @@ def tune_liger(liger: Provider, model: MoEModel, part: str, dtype: torch.dtype, 
         torch.autograd.grad(y, args, torch.ones_like(y))
     else:
         liger(*args, p["ids"].to(torch.int32))
-    timing._sync(p["x"].device)
+    timing.sync(p["x"].device)
     return {"tokens": tokens, "part": part, "seconds": time.perf_counter() - t0}
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gemmlab.instruments.timing import sync
 from gemmlab.sandbox.candidate import invoke, load_kernel
 
 try:  # the sandbox's own slot memory, where it has one
@@ -32,11 +33,6 @@ MAX_CALLS = {"cuda": 8192, "cpu": 2}  # the CPU's candidates run in Triton's int
 # of the free device memory, for the slots: where memory rather than time bounds N (decode-sized calls, each
 # with its own weights), what the workers and the references need besides is small
 MEMORY_SHARE = 0.7
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass(frozen=True)
@@ -82,11 +78,11 @@ def _baseline_call_ms(op, case, device: torch.device) -> tuple[float, int, int]:
     fn = load_kernel(op.baseline, op.baseline_signature)
 
     def calls(k: int) -> float:
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         for i in range(k):
             invoke(fn, op.baseline_signature, op.layout, probe[i % len(probe)], outs[i % len(probe)])
-        _sync(device)
+        sync(device)
         return (time.perf_counter() - t0) * 1e3 / k
 
     calls(2)  # library initialization, first launches

@@ -53,7 +53,7 @@ from gemmlab.grade import rules
 from gemmlab.grade.batches import BatchPlan, own_memory
 from gemmlab.grade.rounding import Rounding
 from gemmlab.instruments import stats
-from gemmlab.instruments.timing import ClockSampler, l2_flush_buffer
+from gemmlab.instruments.timing import ClockSampler, l2_flush_buffer, sync
 from gemmlab.sandbox.box import CandidateError, WorkerFailure
 
 HEAT_S = 0.5  # seconds of grader-owned GEMM load before every timed batch on a GPU (step 2)
@@ -65,11 +65,6 @@ MAX_ROUNDS = {"cuda": 96, "cpu": 12}  # the CPU (a shared scheduler, Triton's in
 PAIRS_PER_BLOCK, MIN_BLOCKS = 3, 2
 SAMPLED_PER_OUTPUT = 1024  # output elements read back at the end of every batch
 MIN_SAMPLES_TO_COMPARE = 16  # two calls' samples that agree on at least this many elements: one answer twice
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class BaselineFailure(RuntimeError):
@@ -108,7 +103,7 @@ def heater(device: torch.device, size: int = 4096):
         while time.perf_counter() < end:
             for _ in range(8):
                 torch.mm(a, b, out=c)
-            _sync(device)
+            sync(device)
 
     return heat
 
@@ -191,10 +186,10 @@ class Timing:
         idx = torch.randint(0, numel, (min(SAMPLED_PER_OUTPUT, numel),), generator=self.gen, device=self.dev)
         if self.heat is not None:
             self.heat(self.g.heat_s)
-        _sync(self.dev)
+        sync(self.dev)
         if self.flusher is not None:
             self.flusher.zero_()
-            _sync(self.dev)
+            sync(self.dev)
         return idx
 
     def window(self, box, side: Side | None, idx: torch.Tensor, fn: str = "kernel") -> Window:
@@ -205,7 +200,7 @@ class Timing:
             t0 = time.perf_counter()
             reply = box.request("run", order=list(range(self.n)), fn=fn)
             sample = self.outs[:, idx].clone()  # reading the outputs back ends the batch
-            _sync(self.dev)
+            sync(self.dev)
             t1 = time.perf_counter()
             self.g.observe(box, self.n if fn == "kernel" else 0, batch=True)  # before the freeze: it answers
             box.freeze()

@@ -27,11 +27,6 @@ from gemmlab.instruments import stats, timing
 Check = Callable[[object], dict]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _device_facts(device: torch.device) -> tuple[tuple[int, int] | None, int | None]:
     if device.type != "cuda":
         return None, None
@@ -74,11 +69,11 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
     for name, fn in fns.items():  # 1. verify the exact call that will be timed
         try:
             out = fn()
-            _sync(device)
+            timing.sync(device)
             res[name]["check"] = check(out) if check else {"ok": True, "note": "no check given"}
             if res[name]["check"].get("ok") and _poison(out):
                 again = fn()  # same buffer again? then the timed calls write it: check what they leave
-                _sync(device)
+                timing.sync(device)
                 if again is out or (isinstance(again, torch.Tensor) and again.data_ptr() == out.data_ptr()):
                     second = check(again) if check else {"ok": True}
                     if not second.get("ok"):
@@ -114,7 +109,7 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
     for name in timed:  # 3. verify again: what the last timed call left, or one more call
         try:
             out = poisoned[name] if name in poisoned else fns[name]()
-            _sync(device)
+            timing.sync(device)
             res[name]["check_after"] = check(out)["ok"] if check else True
             res[name]["checked_after"] = "last timed output" if name in poisoned else "one more call"
         except Exception as e:

@@ -56,7 +56,8 @@ def require_random(**tensors: torch.Tensor) -> None:
             raise ValueError(f"timing input {name!r} contains NaN")
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device (a no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -128,7 +129,7 @@ def warmup(fns: dict[str, Fn], seconds: float, device: torch.device | None = Non
     while True:
         for fn in fns.values():
             fn()
-        _sync(device)
+        sync(device)
         n += 1
         if n >= min_calls and time.perf_counter() - t0 >= seconds:
             return n
