@@ -326,8 +326,11 @@ def test_cli_diff_reads_two_files_and_refuses_other_json(tmp_path):
     assert "not a gemmlab profile" in one_line(invoke("--diff", str(pa), str(other)))
     assert "No such file" in one_line(invoke("--diff", str(pa), str(tmp_path / "missing.json")))
     assert "takes a ledger entry id" in one_line(invoke("--diff", str(pa), "entry:x"))
-    ledger = str(tmp_path / "l.db")
-    assert "no profile attached" in one_line(invoke("--diff", str(pa), "entry:7", "--ledger", ledger))
+    ledger = tmp_path / "l.db"
+    assert "no ledger at" in one_line(invoke("--diff", str(pa), "entry:7", "--ledger", str(ledger)))
+    assert not ledger.exists()  # a read command creates nothing
+    Ledger(ledger).close()
+    assert "no profile attached" in one_line(invoke("--diff", str(pa), "entry:7", "--ledger", str(ledger)))
 
 
 def test_cli_profile_json_and_output_dir_use_the_shared_writer(fake_ncu, tmp_path):
