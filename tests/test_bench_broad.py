@@ -20,7 +20,9 @@ from gemmlab.problems import (
     MODEL_M,
     SEEDS,
     Case,
+    case_operands,
     cases,
+    gemm_operands,
     model_cases,
     suite,
 )
@@ -127,14 +129,14 @@ def test_case_refuses_bad_fields(kw, match):
 
 def test_case_inputs_are_laid_out_as_the_case_says():
     dev = torch.device(DEVICE)
-    a, b = bg.case_inputs(Case(5, 7, 9, "bfloat16", "linear", pad=3, offset=1), dev)
+    a, b = case_operands(Case(5, 7, 9, "bfloat16", "linear", pad=3, offset=1), dev)
     assert a.shape == (5, 9) and a.stride() == (12, 1) and a.storage_offset() == 1 and a.dtype == torch.bfloat16
     assert b.shape == (9, 7) and b.stride() == (1, 12) and b.storage_offset() == 1  # B = W^T, W (7, 9+3)
     assert a.data_ptr() % 16 and b.data_ptr() % 16
-    a, b = bg.case_inputs(Case(5, 7, 9, pad=1), dev)
+    a, b = case_operands(Case(5, 7, 9, pad=1), dev)
     assert a.stride() == (10, 1) and b.stride() == (8, 1)
-    a0, b0 = bg.inputs(6, 10, 8, torch.float16, dev)  # a plain case: the very inputs of the shape benches
-    a1, b1 = bg.case_inputs(Case(6, 10, 8), dev)
+    a0, b0 = gemm_operands(6, 10, 8, torch.float16, dev)  # a plain case: the very inputs of the shape benches
+    a1, b1 = case_operands(Case(6, 10, 8), dev)
     assert torch.equal(a0, a1) and torch.equal(b0, b1) and a1.is_contiguous() and b1.is_contiguous()
     assert Case(4, 8, 8).aligned and not Case(4, 8, 9).aligned and not Case(4, 8, 8, offset=1).aligned
     assert not Case(4, 8, 8, "float16", "linear", pad=1).aligned and Case(4, 7, 8, "float16", "linear").aligned

@@ -305,7 +305,7 @@ def pinned_liger(monkeypatch):
 def test_real_liger_provider_matches_the_reference(pinned_liger):
     """Liger's argument order, id dtype and output, through ml.load_liger; on the CPU its kernels run in the
     interpreter (fp16: the interpreter has no bf16)."""
-    from gemmlab.bench.moe import problem
+    from gemmlab.problems import moe_inputs as problem
     from gemmlab.ref import moe_check
 
     liger, info = ml.load_liger()

@@ -12,9 +12,9 @@ on Inductor's Triton GEMM templates, a second baseline (skipped, with the reason
 ``cublas`` is always the baseline: ``torch.mm`` on the same operands in the same layout.
 A case (``problems.Case``) is a shape with its dtype and layout ("row" B (K, N); "linear" B = W^T with W (N, K)
 contiguous) and optionally padded or offset storage (unaligned rows); a bare (M, N, K) is a row-major case.
-Per case: A, B uniform in [-0.5, 0.5) from a seed of the shape (never constant: ``require_random``);
-every backend's output is checked against the float64 reference (``ref.gemm_check``) before timing and
-again after, in every mode; then ``compare_many`` once per timing mode:
+Per case: A, B uniform in [-0.5, 0.5) from a seed of the shape (``problems.case_operands``; never constant:
+``require_random``); every backend's output is checked against the float64 reference (``ref.gemm_check``)
+before timing and again after, in every mode; then ``compare_many`` once per timing mode:
     graph   device time: CUDA-graph replays, CUDA events, L2 flushed          -> device_ms, ratio
     wall    eager time: host clock from call to result, L2 flushed            -> eager_ms, eager_ratio
     eager   device time of eager calls (CUDA events), the legacy default
@@ -41,7 +41,7 @@ from gemmlab.bench import inductor, targets
 from gemmlab.instruments import stats, timing
 from gemmlab.instruments.compare import compare_many
 from gemmlab.output import Table, long_row, num
-from gemmlab.problems import Case, Shape
+from gemmlab.problems import Case, Shape, case_operands
 
 BASELINE = "cublas"
 BUILTIN = ("gemmlab", "gemmlab-packed", "cublas", "inductor")
@@ -52,33 +52,6 @@ FLOOR = 0.97  # the issue-14 bar: no case below this ratio to cuBLAS
 
 def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def inputs(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, seed: int = 0):
-    """A (M, K), B (K, N) uniform in [-0.5, 0.5), seeded by the shape (and ``seed``)."""
-    g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + 1009 * m + 17 * n + k)
-    a = (torch.rand((m, k), generator=g, device=device) - 0.5).to(dtype)
-    b = (torch.rand((k, n), generator=g, device=device) - 0.5).to(dtype)
-    return a, b
-
-
-def _stored(rows: int, cols: int, pad: int, offset: int, g: torch.Generator, dtype: torch.dtype,
-            device: torch.device) -> torch.Tensor:
-    """(rows, cols) row-major, row stride cols + pad, starting ``offset`` elements into its own buffer."""
-    ld = cols + pad
-    flat = (torch.rand(offset + rows * ld, generator=g, device=device) - 0.5).to(dtype)
-    return flat.as_strided((rows, cols), (ld, 1), offset)
-
-
-def case_inputs(case: Case, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A (M, K), B (K, N) of ``case``, uniform in [-0.5, 0.5), seeded by the shape (and ``seed``): the same
-    values as ``inputs`` for a plain row-major case. layout "linear": B = W^T, W (N, K) row-major."""
-    dtype = getattr(torch, case.dtype)
-    g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + 1009 * case.m + 17 * case.n + case.k)
-    a = _stored(case.m, case.k, case.pad, case.offset, g, dtype, device)  # (M, K), row stride K + pad
-    if case.layout == "row":
-        return a, _stored(case.k, case.n, case.pad, case.offset, g, dtype, device)  # (K, N), stride N + pad
-    return a, _stored(case.n, case.k, case.pad, case.offset, g, dtype, device).t()  # W (N, K) -> B = W^T
 
 
 def make_backend(name: str, a: torch.Tensor, b: torch.Tensor, timeout: float = 120.0,
@@ -210,7 +183,7 @@ def bench_case(case: Case, backends: Sequence[str], *, modes: Sequence[str] = ("
     """One case: build its inputs, the backends' calls (compiled once), verify, time interleaved against
     cuBLAS in each of ``modes`` (verified again in each)."""
     device = _device()
-    a, b = case_inputs(case, device, seed)
+    a, b = case_operands(case, device, seed)
     timing.require_random(a=a, b=b)
     check = _checker(case, a, b)
     fns, facts, by_mode = {}, {}, {}

@@ -8,7 +8,7 @@ topk_ids (T, k) int32) -> y (T, H):
     gemmlab          gemmlab.moe_forward (fwd+bwd: autograd through the custom op)
     liger            liger_kernel.ops.fused_moe.LigerFusedMoEFunction.apply(x, w1, w2, topk_ids, topk_weights)
                      (optional: when liger-kernel is not importable the baseline is skipped, with a message)
-    torch composite  bench.moe.composite_forward on torch._grouped_mm (optional; forward only)
+    torch composite  ref.moe_composite on torch._grouped_mm (optional; forward only)
 Cases: model x T x routing (uniform, zipf) x mode x part. mode "eager", or "graph": each provider captured once
 in a CUDA graph after its warm-up and autotuning, replays timed; a provider that cannot be captured (Liger reads
 its tile count on the host with .item()) is timed eager and its row says so. part "fwd", or "fwd+bwd": the forward,
@@ -41,11 +41,11 @@ from dataclasses import dataclass
 import torch
 
 from gemmlab import output
-from gemmlab.bench.moe import composite_forward, problem
 from gemmlab.instruments import timing
 from gemmlab.instruments.compare import compare_many
 from gemmlab.output import Table, long_row, num
-from gemmlab.problems import MOE_MODELS, MoEModel
+from gemmlab.problems import MOE_MODELS, MoEModel, generator, matrix, moe_inputs
+from gemmlab.ref import gemm_check, moe_check, moe_composite, moe_grad_check, moe_ref
 
 SUITE_MODELS = ("deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b", "gpt-oss-120b-like")
 SUITE_TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
@@ -137,12 +137,10 @@ def dense_call(model: MoEModel, tokens: int, dtype: torch.dtype, w1: torch.Tenso
                seed: int) -> tuple[Callable[[], DenseOut], Callable[[DenseOut], dict]]:
     """The dense bar: (S, H) @ w1[0]^T (H, 2I) then (S, I) @ w2[0]^T (I, H), the same FLOPs as the routed
     work in two torch.mm calls, and its check (three rows of each product against float64)."""
-    from gemmlab.ref import gemm_check
-
     s, h, i = tokens * model.top_k, model.hidden, model.intermediate
-    g = torch.Generator(device=w1.device).manual_seed(seed + 1)
-    a1 = (torch.rand((s, h), generator=g, device=w1.device) - 0.5).to(dtype)
-    a2 = (torch.rand((s, i), generator=g, device=w1.device) - 0.5).to(dtype)
+    g = generator(seed + 1, w1.device)
+    a1 = matrix(s, h, "centered", g, dtype)
+    a2 = matrix(s, i, "centered", g, dtype)
     b1, b2 = w1[0].t(), w2[0].t()
     out = DenseOut(torch.full((s, 2 * i), math.nan, dtype=dtype, device=w1.device),
                    torch.full((s, h), math.nan, dtype=dtype, device=w1.device))
@@ -215,11 +213,9 @@ def _forward_check(ref: torch.Tensor, allowed: float, dtype: torch.dtype) -> Cal
 
 
 def prepare(model: MoEModel, tokens: int, routing: str, dtype: torch.dtype, seed: int = 0) -> dict:
-    """A case's inputs (``bench.moe.problem``; int32 ids), its float32 reference y and the derived tolerance
+    """A case's inputs (``problems.moe_inputs``; int32 ids), its float32 reference y and the derived tolerance
     (``ref.moe_check``'s); eager and graph of one case share them."""
-    from gemmlab.ref import moe_check, moe_ref
-
-    p = problem(model, tokens, routing, dtype, seed)
+    p = moe_inputs(model, tokens, routing, dtype, seed)
     p["ids"] = p["ids"].to(torch.int32)
     p["ref"] = moe_ref(p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
     p["allowed"] = moe_check(p["ref"].to(dtype), p["x"], p["w1"], p["w2"], p["weights"], p["ids"],
@@ -235,8 +231,6 @@ def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode
     """One case: verify every provider, measure its peak memory, capture (graph mode), time interleaved,
     then the bars. The baseline is Liger when present, else the composite, else gemmlab itself (fwd+bwd: the
     composite is not run). ``prepared``: this case's ``prepare(...)``, made once for its eager and graph runs."""
-    from gemmlab.ref import moe_grad_check
-
     p = prepared if prepared is not None else prepare(model, tokens, routing, dtype, seed)
     if p["key"] != (model, tokens, routing, dtype, seed):
         raise ValueError(f"prepared inputs are for {p['key']}, not this case")
@@ -248,8 +242,7 @@ def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode
         calls = {name: functools.partial(f, x, w1, w2, wts, ids) for name, f in providers.items()}
         check_provider = check_y
     elif part == "fwd+bwd":
-        g = torch.Generator(device=x.device).manual_seed(seed + 2)
-        dy = (torch.rand(x.shape, generator=g, device=x.device) - 0.5).to(dtype)
+        dy = matrix(*x.shape, "centered", generator(seed + 2, x.device), dtype)
         leaves = [t.detach().requires_grad_() for t in (x, w1, w2, wts)]
 
         def fwd_bwd(f: Provider) -> tuple[torch.Tensor, ...]:
@@ -319,7 +312,7 @@ def tune_liger(liger: Provider, model: MoEModel, part: str, dtype: torch.dtype, 
     """One call of Liger (forward, or forward + backward) at ``tokens`` rows, outside timing: its Triton
     autotuning (keyed by H, I and the dtypes) happens here. Returns the seconds it took."""
     t0 = time.perf_counter()
-    p = problem(model, tokens, "uniform", dtype, seed + 7)
+    p = moe_inputs(model, tokens, "uniform", dtype, seed + 7)
     args = [p["x"], p["w1"], p["w2"], p["weights"]]
     if part == "fwd+bwd":
         args = [t.detach().requires_grad_() for t in args]
@@ -362,7 +355,7 @@ def bench_suite(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SU
     if liger is not None:
         providers[LIGER] = liger
     if composite or baseline == "torch":
-        providers[COMPOSITE] = composite_forward
+        providers[COMPOSITE] = moe_composite
     env = timing.env_info()
     env["liger_kernel"] = liger_info.get("version")
     hbm = None
