@@ -138,8 +138,7 @@ def _pick(target: Target, path: str, m: int, n: int, k: int, dtype: torch.dtype)
 def split_k_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
     """The split a tma_splitk launch uses. ``cfg.split_k = 0`` (auto): the smallest power of two that gives
     at least one program per two SMs while every split keeps at least 4 BLOCK_K steps (below that the
-    reduction costs more than the parallelism buys; measured on the H200, benchmarks/results/*-sweep.jsonl,
-    half the SMs streaming whole K beat all SMs plus a reduction). Then trimmed so no split is empty."""
+    reduction costs more than the parallelism buys: docs/history.md). Then trimmed so no split is empty."""
     k_tiles = -(-k // cfg.block_k)
     split = cfg.split_k
     if not split:
