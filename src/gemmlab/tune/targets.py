@@ -1,5 +1,5 @@
 """The ops the tuner knows, as data: one ``Problem`` per (op, shape), built by ``gemm_problem`` or
-``moe_problem``; the search loop (``tuner.tune_problem``) reads nothing else.
+``moe_problem``; the search loop (``search.tune_problem``) reads nothing else.
 
 Legend (MoE): T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k routed rows.
 
