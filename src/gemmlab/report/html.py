@@ -166,14 +166,14 @@ def _moe(f: Found, _all) -> str:
 
 def _liger(f: Found, _all) -> str:
     """``bench moe --baseline liger`` (bench.moe_liger): its tables, and Liger time / gemmlab time per case."""
-    from gemmlab.bench import moe_liger
+    from gemmlab.bench import moe_liger_view
 
-    rows = [r for r in moe_liger.report_rows(f.data) if "ratio_vs_liger" in r]
+    rows = [r for r in moe_liger_view.report_rows(f.data) if "ratio_vs_liger" in r]
     chart = svg.bars([f"{r.get('model')} {r.get('part')} {r.get('mode')} T={r.get('tokens')} {r.get('routing')}"
                       for r in rows], {"gemmlab vs Liger": [r.get("ratio_vs_liger") for r in rows]},
                      "Liger time / gemmlab time (> 1: gemmlab faster)", "Liger time / gemmlab time")
     return (_meta(f.data.get("env")) + figure(chart, f"{f.path} vs liger", "")
-            + "".join(table_html(t, f.path) for t in moe_liger.tables(f.data)))
+            + "".join(table_html(t, f.path) for t in moe_liger_view.tables(f.data)))
 
 
 def _model(f: Found, _all) -> str:
