@@ -46,7 +46,7 @@ def bench_gemm(
     """GEMM backends against cuBLAS: verified against float64 first, then interleaved with the L2 flushed,
     clocks sampled. Exit 1 when any backend is wrong."""
     from gemmlab.bench import gemm as bg
-    from gemmlab.bench import probe
+    from gemmlab.bench import gemm_view, probe
     from gemmlab.problems import CASE_SUITES, cases
 
     cuda = torch.cuda.is_available()
@@ -70,7 +70,7 @@ def bench_gemm(
                                                   "autotune_rep_ms": inductor_autotune_rep_ms})
         except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
             raise cmd.usage_error(e) from e
-    cmd.show(report, bg, json_out, output_dir)
+    cmd.show(report, gemm_view, json_out, output_dir)
     if record_note is not None:
         from gemmlab.ledger.records import from_bench
 
