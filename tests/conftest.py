@@ -56,14 +56,9 @@ def no_routes(monkeypatch):
 
 
 def rand(shape, dtype=torch.float16, device=DEVICE, *, major="row", seed=None, dist="uniform"):
-    """Random non-constant values, (rows, cols) stored row-major or column-major ("col")."""
-    g = torch.Generator(device=device)
-    g.manual_seed(int.from_bytes(os.urandom(4), "little") if seed is None else seed)
-    rows, cols = shape
-    store = (rows, cols) if major == "row" else (cols, rows)
-    if dist == "uniform":
-        t = torch.rand(store, generator=g, device=device, dtype=torch.float32) - 0.5
-    else:
-        t = torch.randn(store, generator=g, device=device, dtype=torch.float32)
-    t = t.to(dtype)
-    return t if major == "row" else t.t()
+    """Random non-constant values, (rows, cols) stored row-major or column-major ("col"): ``problems.matrix``
+    of dist "uniform" (its "centered", U[-0.5, 0.5)) or "normal"."""
+    from gemmlab.problems import generator, matrix
+
+    g = generator(int.from_bytes(os.urandom(4), "little") if seed is None else seed, device)
+    return matrix(*shape, "centered" if dist == "uniform" else "normal", g, dtype, colmajor=major != "row")

@@ -239,6 +239,7 @@ def ok(a, b):
 
 def test_bench_gemm_end_to_end(tmp_path):
     from gemmlab.bench import gemm as bg
+    from gemmlab.bench import gemm_view
 
     kern = tmp_path / "k.py"
     kern.write_text(BAD_KERNEL)
@@ -255,7 +256,7 @@ def test_bench_gemm_end_to_end(tmp_path):
         assert not bad["ok"] and bad["median_ms"] is None and "not timed" in bad["error"]
         assert (rows[(shape, "gemmlab")]["sm_clock_mhz"] is None) == (DEVICE == "cpu")  # no NVML: no clock
     assert rows[("48x40x64", "gemmlab")]["path"] == "tma_splitk"
-    paths = bg.write(rep, tmp_path / "out")
+    paths = gemm_view.write(rep, tmp_path / "out")
     assert [p.name for p in paths][:2] == ["gemm-bench.json", "gemm-bench.csv"]
     data = json.loads(paths[0].read_text())
     assert data["env"]["gemmlab"] and "git_sha" in data["env"]

@@ -9,7 +9,7 @@ import torch
 
 from conftest import DEVICE
 from gemmlab.bench import gemm as bg
-from gemmlab.bench import inductor, targets
+from gemmlab.bench import gemm_view, inductor, targets
 from gemmlab.problems import (
     BROAD,
     BROAD_CPU,
@@ -20,7 +20,9 @@ from gemmlab.problems import (
     MODEL_M,
     SEEDS,
     Case,
+    case_operands,
     cases,
+    gemm_operands,
     model_cases,
     suite,
 )
@@ -127,14 +129,14 @@ def test_case_refuses_bad_fields(kw, match):
 
 def test_case_inputs_are_laid_out_as_the_case_says():
     dev = torch.device(DEVICE)
-    a, b = bg.case_inputs(Case(5, 7, 9, "bfloat16", "linear", pad=3, offset=1), dev)
+    a, b = case_operands(Case(5, 7, 9, "bfloat16", "linear", pad=3, offset=1), dev)
     assert a.shape == (5, 9) and a.stride() == (12, 1) and a.storage_offset() == 1 and a.dtype == torch.bfloat16
     assert b.shape == (9, 7) and b.stride() == (1, 12) and b.storage_offset() == 1  # B = W^T, W (7, 9+3)
     assert a.data_ptr() % 16 and b.data_ptr() % 16
-    a, b = bg.case_inputs(Case(5, 7, 9, pad=1), dev)
+    a, b = case_operands(Case(5, 7, 9, pad=1), dev)
     assert a.stride() == (10, 1) and b.stride() == (8, 1)
-    a0, b0 = bg.inputs(6, 10, 8, torch.float16, dev)  # a plain case: the very inputs of the shape benches
-    a1, b1 = bg.case_inputs(Case(6, 10, 8), dev)
+    a0, b0 = gemm_operands(6, 10, 8, torch.float16, dev)  # a plain case: the very inputs of the shape benches
+    a1, b1 = case_operands(Case(6, 10, 8), dev)
     assert torch.equal(a0, a1) and torch.equal(b0, b1) and a1.is_contiguous() and b1.is_contiguous()
     assert Case(4, 8, 8).aligned and not Case(4, 8, 9).aligned and not Case(4, 8, 8, offset=1).aligned
     assert not Case(4, 8, 8, "float16", "linear", pad=1).aligned and Case(4, 7, 8, "float16", "linear").aligned
@@ -165,8 +167,8 @@ def test_bench_cases_end_to_end_on_this_device(tmp_path):
     assert rep["args"]["modes"] == list(modes) and rep["args"]["dtypes"] == ["bfloat16", "float16"]
     if DEVICE == "cpu":
         assert "no CUDA" in rep["skipped_backends"]["inductor"] and "inductor" not in res["candidates"]
-        assert any("no CUDA" in line for line in bg.summary_lines(rep))
-    paths = bg.write(rep, tmp_path)
+        assert any("no CUDA" in line for line in gemm_view.summary_lines(rep))
+    paths = gemm_view.write(rep, tmp_path)
     assert [p.name for p in paths[:4]] == ["gemm-bench.json", "gemm-bench.csv", "gemm-bench.md",
                                           "gemm-bench-rows.csv"]
     head = paths[3].read_text().splitlines()[0].split(",")
@@ -194,7 +196,7 @@ def test_bench_refuses_bad_modes_and_budget_skips_the_rest():
     rep = bg.bench_gemm([(8, 8, 8), (4, 8, 8), (2, 8, 8)], modes=("wall",), rounds=1, reps=1, warmup_s=0.0,
                         budget_s=1e-9)
     assert len(rep["results"]) == 1 and rep["not_run"] == ["4x8x8 fp16 row", "2x8x8 fp16 row"]
-    assert rep["summary"]["not_run"] == 2 and any("2 cases not run" in x for x in bg.summary_lines(rep))
+    assert rep["summary"]["not_run"] == 2 and any("2 cases not run" in x for x in gemm_view.summary_lines(rep))
 
 
 def test_timing_refuses_an_unknown_clock():
@@ -285,7 +287,7 @@ def test_inductor_is_skipped_without_cuda():
     assert "no CUDA" in inductor.unavailable()
     rep = bg.bench_gemm([(4, 8, 8)], backends=["inductor"], modes=("wall",), rounds=1, reps=1, warmup_s=0.0)
     assert "no CUDA" in rep["skipped_backends"]["inductor"] and rep["args"]["backends"] == []
-    assert rep["args"]["inductor"] is None and any("no CUDA" in line for line in bg.summary_lines(rep))
+    assert rep["args"]["inductor"] is None and any("no CUDA" in line for line in gemm_view.summary_lines(rep))
     assert [r["backend"] for r in bg.rows(rep)] == ["cublas"]
 
 

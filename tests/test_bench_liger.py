@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gemmlab.bench import moe_liger as ml
+from gemmlab.bench import moe_liger_view as mlv
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.ref import moe_grad_check, moe_same_dtype
 
@@ -114,7 +115,7 @@ def test_fake_liger_end_to_end_fwd_and_fwd_bwd(monkeypatch, tmp_path):
     monkeypatch.setattr(ml, "load_liger", lambda: (_fake_liger, {"available": True, "version": "fake"}))
     written = []
     rep = ml.bench_suite(["custom"], [3], ["zipf"], parts=ml.PARTS, custom=TINY, dtype=torch.float16,
-                         composite=False, on_result=lambda r: written.append(ml.write(r, str(tmp_path))), **FAST)
+                         composite=False, on_result=lambda r: written.append(mlv.write(r, str(tmp_path))), **FAST)
     rows = ml.rows(rep)
     assert [r["part"] for r in rows] == ["fwd", "fwd+bwd"] and all(r["ok"] for r in rows)
     assert all(r["ratio_vs_liger"] > 0 and r["liger_ms"] > 0 and r["mode"] == "eager" for r in rows)
@@ -227,13 +228,13 @@ def test_rows_and_summary_of_a_synthetic_report():
     assert eager["liger_eager_in_graph"] == 0
     assert graph["grads_outside_tolerance"] == ["a T=16 uniform graph fwd: liger {'dweights': 2.5}"]
     assert eager["grads_outside_tolerance"] == []
-    assert ml.report_name(["fwd", "fwd+bwd"], ["eager", "graph"]) == "moe-liger_fwd-fwd-bwd_eager-graph.json"
+    assert mlv.report_name(["fwd", "fwd+bwd"], ["eager", "graph"]) == "moe-liger_fwd-fwd-bwd_eager-graph.json"
     from rich.console import Console
 
     rep.update(args={"dtype": "bfloat16"}, env={"gpu": "test"}, liger={"available": True}, not_run=["x"],
                summary=[eager, graph])
     console = Console(record=True, width=250)
-    assert ml.render(rep, console) == 2  # the wrong case and the out-of-memory one
+    assert mlv.render(rep, console) == 2  # the wrong case and the out-of-memory one
     text = console.export_text()
     assert "2.000" in text and "(eager)" in text and "1 cases not run" in text and "WRONG" in text
 
@@ -250,7 +251,7 @@ def test_gemmlab_report_draws_the_liger_report_as_written(tmp_path):
            "liger": {"available": True, "version": "fake"}, "results": results, "not_run": ["x"]}
     rep["rows"] = ml.rows(rep)
     rep["summary"] = ml.summarize(rep["rows"])
-    ml.write(rep, str(tmp_path))
+    mlv.write(rep, str(tmp_path))
     page, found = html.build([tmp_path])
     assert [(f.kind, f.path.rsplit("/", 1)[-1]) for f in found] == [("moe-liger-bench",
                                                                      "moe-liger_fwd_eager-graph.json")]
@@ -305,7 +306,7 @@ def pinned_liger(monkeypatch):
 def test_real_liger_provider_matches_the_reference(pinned_liger):
     """Liger's argument order, id dtype and output, through ml.load_liger; on the CPU its kernels run in the
     interpreter (fp16: the interpreter has no bf16)."""
-    from gemmlab.bench.moe import problem
+    from gemmlab.problems import moe_inputs as problem
     from gemmlab.ref import moe_check
 
     liger, info = ml.load_liger()

@@ -14,8 +14,8 @@ from conftest import DEVICE, rand
 from gemmlab.device import Target
 from gemmlab.ops import configs, gemm_launch
 from gemmlab.ops import gemm as gemm_ops
-from gemmlab.ops import gemm_plan as plan_mod
-from gemmlab.ops.gemm_plan import staged_shape, staging_decision
+from gemmlab.ops import gemm_staging as plan_mod
+from gemmlab.ops.gemm_staging import staged_shape, staging_decision
 from gemmlab.ref import gemm_check
 
 DTYPES = [torch.float16, torch.bfloat16]

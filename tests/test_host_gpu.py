@@ -11,12 +11,12 @@ import torch
 
 import gemmlab
 from conftest import rand
-from gemmlab.bench.moe import problem
 from gemmlab.instruments import timing
 from gemmlab.ops import gemm_launch, moe_plan, moe_routing
 from gemmlab.ops.gemm import launch_mode
 from gemmlab.ops.moe import route_kind, sort_routes
 from gemmlab.problems import MOE_MODELS, MoEModel
+from gemmlab.problems import moe_inputs as problem
 from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check
 
 pytestmark = pytest.mark.gpu
@@ -133,7 +133,7 @@ def test_moe_ops_graph_capture_after_eager_calls(t, validate):
 _BAD_IDS = """
 import torch, gemmlab
 from gemmlab.instruments import timing
-from gemmlab.bench.moe import problem
+from gemmlab.problems import moe_inputs as problem
 from gemmlab.problems import MOE_MODELS, MoEModel
 p = problem(MoEModel(hidden=256, intermediate=128, experts=8, top_k=2), TOKENS, "uniform", torch.bfloat16)
 y = gemmlab.moe_forward(p["x"], p["w1"], p["w2"], p["weights"], p["ids"] + 8)

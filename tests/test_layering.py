@@ -1,6 +1,7 @@
 """The layering rules of src/gemmlab, checked over its import graph (every module parsed with ast, nothing imported):
 
-    kernels/ (@triton.jit only) -> ops/ -> nn, distributed -> the public API (gemmlab/__init__)
+    kernels/ (@triton.jit only) -> ops/ -> nn, distributed -> the public API (gemmlab/__init__), which ops, nn and
+    distributed never import (they import each other's modules: ``gemmlab.ops.gemm``, not ``gemmlab.gemm``)
     the lab (instruments, sandbox, grade, bench, tune, ledger, report, cli and the modules beside them: ref,
     problems, output, ...) imports ops only through its public modules, by public names; instruments import
     no suite, grader or tuner; no import circles; no private name imported across modules; no import statement
@@ -162,6 +163,13 @@ def nn_and_distributed_import_no_lab(srcs) -> list[str]:
             if area(i.module) in ("nn", "distributed") and _gemmlab(i) and area(i.target) in LAB + ("lab",)]
 
 
+def core_imports_no_package_root(srcs) -> list[str]:
+    """ops, nn and distributed sit below the public API: ``import gemmlab`` or ``from gemmlab import name`` there is
+    an upward import (``from gemmlab import device``, a module, is not)."""
+    return [f"{i.module}:{i.line} imports the package root gemmlab" for i in imports(srcs)
+            if area(i.module) in ("ops", "nn", "distributed") and i.target == "gemmlab"]
+
+
 def lab_uses_ops_public_names_only(srcs) -> list[str]:
     """The lab imports ops only through its public modules, by public names, and kernels not at all."""
     bad = []
@@ -213,8 +221,8 @@ def no_imports_after_defs(srcs) -> list[str]:
 
 
 RULES = (cycles, kernels_import_only_triton_torch, ops_import_no_lab, nn_and_distributed_import_no_lab,
-         lab_uses_ops_public_names_only, instruments_import_no_suite_grader_tuner, no_private_names_across_modules,
-         no_imports_after_defs)
+         core_imports_no_package_root, lab_uses_ops_public_names_only, instruments_import_no_suite_grader_tuner,
+         no_private_names_across_modules, no_imports_after_defs)
 
 # Known violations (rule, the violation's text without its line number) -> why it stays; none today.
 KNOWN: dict[tuple[str, str], str] = {}
@@ -264,6 +272,8 @@ BAD = {  # one violation of every rule
     "gemmlab.ops.b": "from gemmlab.ops import a\ndef f():\n    pass\nimport os\n",
     "gemmlab.ops.gemm": "_secret = 1\n",
     "gemmlab.nn": "from gemmlab.bench import s\n",
+    "gemmlab.nn.linear": "def f():\n    import gemmlab\n",
+    "gemmlab.distributed": "from gemmlab import moe_forward\n",
     "gemmlab.tune": "",
     "gemmlab.tune.t": ("from gemmlab.ops.a import x\nfrom gemmlab.ops.gemm import _secret\n"
                        "from gemmlab.kernels import k\n"),
@@ -292,5 +302,12 @@ def test_what_the_rules_allow():
         "gemmlab.tune.t": ("from gemmlab.ops.gemm import x\ndef f():\n    import triton\n"
                            "    from gemmlab import device\n"),
         "gemmlab.device": "",
+        "gemmlab.nn": "from gemmlab import device\nfrom gemmlab.ops import gemm\n",
     }
     assert all(not rule(ok) for rule in RULES), {r.__name__: r(ok) for r in RULES}
+
+
+def test_core_imports_of_the_package_root_are_each_named():
+    """Both forms of reaching the root from below are caught, inside a function too, each by its module."""
+    found = core_imports_no_package_root(BAD)
+    assert sorted(v.partition(":")[0] for v in found) == ["gemmlab.distributed", "gemmlab.nn.linear"], found

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab.bench.moe import problem
 from gemmlab.ops import moe_backward as bwd
 from gemmlab.problems import MOE_MODELS, MoEModel
+from gemmlab.problems import moe_inputs as problem
 from gemmlab.ref import mantissa_bits, moe_ref, moe_same_dtype
 
 pytestmark = pytest.mark.gpu

@@ -4,11 +4,12 @@ torch._grouped_mm; the compiled grouped kernel has tensor-core instructions."""
 import pytest
 import torch
 
-from gemmlab.bench.moe import composite_forward, problem
 from gemmlab.ops import grouped
 from gemmlab.ops.moe import grouped_gemm, moe_forward, pack_moe_weights, sort_routes
 from gemmlab.problems import MoEModel
+from gemmlab.problems import moe_inputs as problem
 from gemmlab.ref import grouped_gemm_ref, moe_check, moe_ref
+from gemmlab.ref import moe_composite as composite_forward
 
 pytestmark = pytest.mark.gpu
 

@@ -16,6 +16,8 @@ import gemmlab
 import gemmlab.nn as gnn
 from conftest import DEVICE
 from gemmlab.nn.patch import experts_fit
+from gemmlab.ops import gemm as ops_gemm
+from gemmlab.ops import moe as ops_moe
 from gemmlab.ref import mantissa_bits, moe_check, moe_ref
 from hf_tiny import float64, output, tf, tiny
 
@@ -62,14 +64,14 @@ def test_linear_runs_gemmlab_on_a_strided_weight_view(monkeypatch):
         seen.append((a.shape, b.data_ptr(), b.stride()))
         return real(a, b, **kw)
 
-    monkeypatch.setattr(gemmlab, "gemm", spy)
+    monkeypatch.setattr(ops_gemm, "gemm", spy)
     mod = gnn.Linear(16, 24, device=DEVICE, dtype=torch.float16, dispatch="gemmlab")
     mod(torch.randn(2, 3, 16, device=DEVICE, dtype=torch.float16))
     assert seen == [((6, 16), mod.weight.data_ptr(), (1, 16))]
 
 
 def test_linear_fp32_falls_back_to_f_linear(monkeypatch):
-    monkeypatch.setattr(gemmlab, "gemm", lambda *a, **k: pytest.fail("fp32 must not reach gemmlab.gemm"))
+    monkeypatch.setattr(ops_gemm, "gemm", lambda *a, **k: pytest.fail("fp32 must not reach gemmlab.gemm"))
     mod = gnn.Linear(8, 4, device=DEVICE)
     x = torch.randn(3, 8, device=DEVICE)
     assert torch.equal(mod(x), torch.nn.functional.linear(x, mod.weight, mod.bias))
@@ -102,7 +104,7 @@ def test_linear_dispatch_policies(monkeypatch):
     """"torch" never reaches gemmlab.gemm; "gemmlab" always does; anything else is refused."""
     calls = []
     real = gemmlab.gemm
-    monkeypatch.setattr(gemmlab, "gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(ops_gemm, "gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
     x = torch.randn(5, 16, device=DEVICE, dtype=torch.bfloat16)
     gnn.Linear(16, 8, device=DEVICE, dtype=torch.bfloat16, dispatch="torch")(x)
     assert calls == []
@@ -196,7 +198,7 @@ def test_moe_experts_id_check_runs_inside_the_op(monkeypatch):
     it holds in eager, autograd and compiled graphs alike (on a GPU: tests/test_nn_gpu.py, no host sync)."""
     seen = []
     real = gemmlab.moe_forward
-    monkeypatch.setattr(gemmlab, "moe_forward", lambda *a, **k: seen.append(k.get("validate")) or real(*a, **k))
+    monkeypatch.setattr(ops_moe, "moe_forward", lambda *a, **k: seen.append(k.get("validate")) or real(*a, **k))
     experts = _experts()
     experts(torch.randn(2, 32, device=DEVICE, dtype=torch.bfloat16), torch.tensor([[0, 1], [2, 3]], device=DEVICE),
             torch.rand(2, 2, device=DEVICE))

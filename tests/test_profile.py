@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from gemmlab.cli import app
 from gemmlab.instruments import ncu as pf
+from gemmlab.instruments import ncu_metrics
 from gemmlab.instruments import ncu_view as view
 from gemmlab.ledger import Entry, Ledger
 
@@ -103,14 +104,14 @@ def test_raw_csv_without_header_is_an_error():
 
 
 def test_units_convert_and_an_unknown_unit_is_refused():
-    assert pf.convert(150016.0, "nsecond", "us") == pytest.approx(150.016)
-    assert pf.convert(1.5, "msecond", "us") == pytest.approx(1500.0)
-    assert pf.convert(1.755e9, "cycle/second", "MHz") == pytest.approx(1755.0)
-    assert pf.convert(1.755, "cycle/nsecond", "MHz") == pytest.approx(1755.0)
-    assert pf.convert(7.0, "register/thread", "count") == 7.0
-    assert pf.convert(34816.0, "byte/block", "KB") == pytest.approx(34.816)
+    assert ncu_metrics.convert(150016.0, "nsecond", "us") == pytest.approx(150.016)
+    assert ncu_metrics.convert(1.5, "msecond", "us") == pytest.approx(1500.0)
+    assert ncu_metrics.convert(1.755e9, "cycle/second", "MHz") == pytest.approx(1755.0)
+    assert ncu_metrics.convert(1.755, "cycle/nsecond", "MHz") == pytest.approx(1755.0)
+    assert ncu_metrics.convert(7.0, "register/thread", "count") == 7.0
+    assert ncu_metrics.convert(34816.0, "byte/block", "KB") == pytest.approx(34.816)
     with pytest.raises(ValueError, match="ncu unit 'furlong'"):
-        pf.convert(1.0, "furlong", "us")
+        ncu_metrics.convert(1.0, "furlong", "us")
     bad = pf.parse_raw_csv(RAW)[0]
     bad["metrics"]["gpu__time_duration.sum"] = (1.0, "fortnight")
     s = pf.launch_summary(bad)
@@ -158,7 +159,7 @@ def test_requested_metrics_follow_what_this_ncu_knows():
     text = view.lacking_text({"unavailable": lacking})
     assert text.startswith("lts__throughput.avg") and "stall reasons branch_resolving, " in text
     everything, none = pf.requested(None)
-    assert none == [] and len(everything) == len(pf.METRICS) + len(pf.STALL_REASONS) + 1  # + DRAM's other name
+    assert none == [] and len(everything) == len(pf.METRICS) + len(ncu_metrics.STALL_REASONS) + 1  # + DRAM's other name
     # DRAM throughput under either name: the one this ncu has is asked for, neither is "unavailable"
     assert "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed" not in lacking
     renamed = pf.requested({"gpu__time_duration", "gpu__dram_throughput"})

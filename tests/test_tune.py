@@ -17,7 +17,8 @@ from gemmlab.ledger import Ledger
 from gemmlab.ops import configs
 from gemmlab.ops.gemm import GemmConfig
 from gemmlab.tune import space
-from gemmlab.tune.tuner import bucket, default_runner, tune_shape, write_configs
+from gemmlab.tune.targets import bucket, default_runner
+from gemmlab.tune.tuner import tune_shape, write_configs
 
 ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
