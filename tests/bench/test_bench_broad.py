@@ -280,7 +280,7 @@ def test_an_inductor_that_cannot_compile_is_reported_not_fatal(monkeypatch):
         fn()
 
 
-@pytest.mark.skipif(DEVICE == "cuda", reason="the CPU's answer")
+@pytest.mark.cpu_only("the CPU's answer")
 def test_inductor_is_skipped_without_cuda():
     assert "no CUDA" in inductor.unavailable()
     rep = bg.bench_gemm([(4, 8, 8)], backends=["inductor"], modes=("wall",), rounds=1, reps=1, warmup_s=0.0)

@@ -279,7 +279,7 @@ def test_out_overlapping_an_input_is_refused():
         gemmlab.gemm(a, b, out=b[:16, :16])
 
 
-@pytest.mark.skipif(DEVICE == "cuda", reason="CPU-only message")
+@pytest.mark.cpu_only("CPU-only message")
 def test_cpu_without_interpreter_is_a_clear_error(monkeypatch):
     from triton import knobs
 

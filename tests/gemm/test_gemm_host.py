@@ -18,7 +18,7 @@ from gemmlab.ops import direct, gemm_launch, launch
 from gemmlab.ops.gemm_plan import choose
 from tests.conftest import DEVICE, rand
 
-pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="simulates the GPU's launcher on the interpreter")
+pytestmark = pytest.mark.cpu_only("simulates the GPU's launcher on the interpreter")
 
 CASES = {  # name: (M, N, K, split-K or None for the table's)
     "splitk-1": (8, 40, 64, 1),

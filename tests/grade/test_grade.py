@@ -166,11 +166,10 @@ def test_vendor_blas_is_refused_unless_allowed():
     assert passed(run("uses_torch_mm", signature="rowmajor", allow_vendor=True))
 
 
+@pytest.mark.cpu_only("on a GPU the interposer decides: next test")
 def test_silencing_the_profiler_hides_the_vendor_blas_from_it():
     """The profiler runs in the candidate's process, so its names are advisory: silenced, it sees nothing
     (on the CPU no observer outside sees the CPU BLAS; on a GPU the interposer does, next test)."""
-    if torch.cuda.is_available():
-        pytest.skip("on a GPU the interposer decides: next test")
     r = grade(TINY, kernel=f"{BAD_KERNELS / 'hides_vendor.py'}:hides_torch_mm", signature="rowmajor")
     assert passed(r)  # the known hole without an outside observer (stated in the README)
 

@@ -407,15 +407,13 @@ def test_the_token_is_wiped_and_a_stranger_is_not_taken_for_the_child(libs, tmp_
 # ------------------------------------------------------------------------------------ the verdict line
 
 
+@pytest.mark.cpu_only("on a GPU the observers see it: tests/grade/test_observer_gpu.py")
 def test_torch_mm_only_in_timed_calls_is_unseen_on_the_cpu_and_the_verdict_line_says_so():
     """The CPU's BLAS is linked into libtorch_cpu: nothing outside the candidate's Python can see it, so the
     grade cannot fail it; the verdict line says that the check is not enforced, and why."""
-    import torch
 
     from gemmlab.grade import grade, view
 
-    if torch.cuda.is_available():
-        pytest.skip("on a GPU the observers see it: tests/test_observer_gpu.py")
     r = grade(str(CASES / "tiny.json"), kernel=f"{BAD_KERNELS / 'vendor_kernels.py'}:mm_when_timed",
               signature="rowmajor", rounds=2)
     line = view.summary_line(r)

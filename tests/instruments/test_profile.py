@@ -1,13 +1,14 @@
 """`gemmlab profile` without a GPU: the refusals (no GPU, no ncu, bad flags), the ncu CSV parser on a recorded
-raw-page layout, the summary and --diff, the ledger attachment, and the whole run against a fake ncu.
+raw-page layout, the summary and --diff, the ledger attachment, and the whole run against a fake ncu. On a real GPU
+with the real ncu (gpu-marked; skipped without ncu): the metric names of ncu.METRICS exist on this GPU and ncu, and
+the numbers they give are the ones a GEMM must have.
 
-tests/ncu/raw-two-launches.csv is shaped like ``ncu --import R --csv --page raw`` output (==PROF== line, a
+ncu/raw-two-launches.csv (beside this file) is shaped like ``ncu --import R --csv --page raw`` output (==PROF== line, a
 header of metric names, a units row, one row per launch, thousands separators); its values are invented for
-the parser, not measurements. tests/ncu/query-metrics.txt is shaped like ``ncu --query-metrics``.
+the parser, not measurements. ncu/query-metrics.txt is shaped like ``ncu --query-metrics``.
 """
 
 import json
-import os
 import stat
 import sys
 from pathlib import Path
@@ -372,11 +373,10 @@ def test_ledger_attachment_round_trip(tmp_path):
     assert len(db.attachments(eid)) == 3  # the refused one left nothing behind
 
 
+@pytest.mark.cpu_only("a GPU is here")
 def test_profile_target_refuses_without_a_gpu(tmp_path):
     from gemmlab.instruments import ncu_target as profile_target
 
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("a GPU is here")
     assert profile_target.main(["--backend", "cublas", "--shape", "8,8,8", "--result", str(tmp_path / "r")]) == 2
 
 
@@ -390,3 +390,37 @@ def test_ledger_entries_profile_refuses(tmp_path):
                     provenance=False)
     for eid, says in ((cublas, "backend cublas"), (moe, "a moe_grouped entry"), (odd, "not GemmConfig fields")):
         assert says in one_line(invoke("--ledger-entry", str(eid), "--ledger", str(db_path)))
+
+
+# On a real GPU with the real ncu (gpu-marked; skipped without ncu).
+
+# What must be measured on sm_90 for the summary to say anything (the gmma-only rows may be missing).
+CORE = ("duration", "sm_clock", "tensor_pipe", "tensor_pipe_active", "sm_throughput", "dram_throughput", "l2_hit",
+        "occupancy", "smem_conflicts_ld", "registers")
+
+
+@pytest.fixture(scope="module")
+def prof(tmp_path_factory):
+    if pf.unavailable():
+        pytest.skip(pf.unavailable())
+    return pf.profile(512, 1024, 2048, output_dir=str(tmp_path_factory.mktemp("profile")))
+
+
+@pytest.mark.gpu
+def test_both_backends_are_verified_and_measured(prof):
+    for backend in ("gemmlab", "cublas"):
+        p = prof["backends"][backend]
+        assert p["check"]["ok"], p["check"]
+        values = p["total"]["values"]
+        missing = [key for key in CORE if values.get(key) is None]
+        assert not missing, (backend, missing, prof["unavailable"])
+        assert values["duration"] > 0 and 100 < values["sm_clock"] < 3000
+        assert 0 <= values["l2_hit"] <= 100 and 0 < values["occupancy"] <= 100
+        assert p["total"]["top_stalls"], p["total"]["stalls"]
+
+
+@pytest.mark.gpu
+def test_gemmlab_runs_on_the_tensor_pipe(prof):
+    t = prof["backends"]["gemmlab"]["total"]["values"]
+    assert t["tensor_pipe"] > 1.0, t  # a GEMM that never used the tensor pipe is not gemmlab's kernel
+    assert prof["ratio_vs_baseline"] > 0

@@ -1,12 +1,15 @@
-"""MoE against the float32 references (CPU interpreter; the same tests run on a GPU). Legend: T tokens,
-H hidden, I expert intermediate, E experts, k top-k."""
+"""MoE against the float32 references (CPU interpreter; the same tests run on a GPU). The gpu-marked ones run at
+sizes where the Hopper paths (TMA, wgmma tiles) run: against torch._grouped_mm too, and the compiled grouped kernel
+has tensor-core instructions. Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k."""
 
 import pytest
 import torch
 
+from gemmlab.bench.moe import composite_forward, problem
 from gemmlab.ops import grouped, moe_plan, moe_routing
 from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import grouped_gemm, moe_forward, pack_moe_weights, route, sort_routes
+from gemmlab.problems import MoEModel
 from gemmlab.ref import grouped_gemm_ref, moe_check, moe_ref
 from tests.conftest import DEVICE
 
@@ -331,7 +334,7 @@ def test_every_kernel_variant_is_exercised(monkeypatch):
     assert want <= seen, seen
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="CPU command line")
+@pytest.mark.cpu_only("CPU command line")
 def test_bench_moe_command(tmp_path):
     import json
     import os
@@ -373,7 +376,7 @@ def _region(addr: int, like: torch.Tensor) -> torch.Tensor:
     return torch.frombuffer(raw, dtype=torch.uint8).view(like.dtype).as_strided(like.shape, like.stride())
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="simulates the GPU's kept-kernel launches on the interpreter")
+@pytest.mark.cpu_only("simulates the GPU's kept-kernel launches on the interpreter")
 def test_kept_moe_launches_end_to_end(monkeypatch):
     """Every MoE launch (routing table, tile schedule, grouped GEMMs, gather, combine) is kept after its first
     launch; with kernels kept as on a GPU, later calls hand the launcher header and every parameter (moe_forward's
@@ -454,3 +457,64 @@ def test_moe_forward_edge_calls():
     assert y.shape == (0, 2, h)
     with pytest.raises(RuntimeError, match="configs= .* no autograd"):
         moe_forward(x.clone().requires_grad_(True), w1, w2, wts, ids, configs=(None, None))
+
+
+# On the GPU (gpu-marked), at sizes where the Hopper paths (TMA, wgmma tiles) run.
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("t", "routing"), [(1, "uniform"), (8, "uniform"), (512, "uniform"), (512, "zipf"),
+                                            (4096, "zipf")])
+def test_moe_forward_gpu(dtype, t, routing):
+    m = MoEModel(hidden=1024, intermediate=512, experts=32, top_k=4)
+    p = problem(m, t, routing, dtype, seed=t)
+    y = moe_forward(p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
+    ref = moe_ref(p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
+    chk = moe_check(y, p["x"], p["w1"], p["w2"], p["weights"], p["ids"], ref)
+    assert chk["ok"], chk
+    packed = moe_forward(p["x"], pack_moe_weights(p["w1"], p["w2"]), None, p["weights"], p["ids"], validate=False)
+    assert moe_check(packed, p["x"], p["w1"], p["w2"], p["weights"], p["ids"], ref)["ok"]
+    if dtype == torch.bfloat16:
+        comp = composite_forward(p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
+        assert moe_check(comp, p["x"], p["w1"], p["w2"], p["weights"], p["ids"], ref)["ok"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("t", "e", "k"), [(16, 256, 8), (1024, 256, 8), (4096, 128, 8), (2048, 8, 2)])
+def test_grouped_gemm_matches_grouped_mm(t, e, k):
+    m = MoEModel(hidden=2048, intermediate=768, experts=e, top_k=k)
+    p = problem(m, t, "uniform", torch.bfloat16, seed=e)
+    r = sort_routes(p["ids"], e, 16)
+    xs = p["x"][r.token.long()].contiguous()
+    out = grouped_gemm(xs, p["w1"], r.offsets)
+    ref = grouped_gemm_ref(xs, p["w1"], r.offsets)
+    theirs = torch._grouped_mm(xs, p["w1"].transpose(1, 2), offs=r.offsets).float()
+    ours_err = (out.float() - ref).abs().max().item()
+    assert ours_err <= 2 * (theirs - ref).abs().max().item() + 2.0**-7 * ref.abs().max().item()
+
+
+@pytest.mark.gpu
+def test_grouped_kernel_uses_tensor_cores():
+    from gemmlab.instruments.sass import compiled_report
+
+    seen = []
+    real = grouped.moe_grouped_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                k = real[grid](*args, **kw)
+                seen.append((kw["BLOCK_M"], compiled_report(k)))
+                return k
+            return launch
+
+    grouped.moe_grouped_kernel = Spy()
+    try:
+        for t in (4, 4096):
+            p = problem(MoEModel(hidden=1024, intermediate=512, experts=16, top_k=2), t, "uniform", torch.bfloat16)
+            moe_forward(p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
+    finally:
+        grouped.moe_grouped_kernel = real
+    assert seen and all(r["tensor_core"] and r["local_memory_ops"] == 0 for _, r in seen), seen
+    assert any(bm >= 64 and r["sass"]["HGMMA"] > 0 for bm, r in seen)

@@ -9,7 +9,6 @@ from gemmlab.ops import configs as config_tables
 from gemmlab.ops import dispatch, moe_plan
 from gemmlab.ops.moe import moe_forward
 from gemmlab.ref import moe_check
-from tests.conftest import DEVICE
 from tests.moe.test_moe import _r, _routing, _weights
 
 
@@ -38,9 +37,8 @@ def test_a_hit_skips_the_checks_and_gives_the_same_y(plans, monkeypatch):
     assert len(plans) == 3 and len(checks) == 3
 
 
+@pytest.mark.cpu_only("on a GPU the check is a device-side assert (tests/ops/test_host_gpu.py)")
 def test_a_hit_still_validates_the_ids(plans):
-    if DEVICE != "cpu":
-        pytest.skip("on a GPU the check is a device-side assert (tests/test_host_gpu.py)")
     x = _r(9, 32)
     w1, w2 = _weights(4, 32, 16, torch.float16)
     wts, ids = _routing(9, 4, 2)

@@ -182,7 +182,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="compiles for sm_90 on the host")
+@pytest.mark.cpu_only("compiles for sm_90 on the host")
 def test_sweep_configs_stay_on_tensor_cores_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     pairs = json.dumps([[dataclasses.asdict(c) for c in pair] for pair in SMALL_T_PAIRS])

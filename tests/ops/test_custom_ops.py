@@ -331,7 +331,7 @@ def test_direct_launch_arguments_are_the_jit_bindings(shape, path, split):
     assert gemm_check(c, a, b)["ok"]
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="simulates the GPU's kept-kernel launch on the interpreter")
+@pytest.mark.cpu_only("simulates the GPU's kept-kernel launch on the interpreter")
 def test_cached_direct_launch_path_end_to_end(monkeypatch):
     """The hit path of launch_gemm with a kept kernel, on the CPU: a stand-in for CompiledKernel.run takes
     exactly what the GPU's launcher would (grid, stream, function, metadata, hooks, then every parameter) and

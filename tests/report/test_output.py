@@ -65,7 +65,7 @@ def test_stable_json_and_output_dir(tmp_path, monkeypatch):
     assert {r["provider"] for r in rows} == {"gemmlab", "cublas"}
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU command line (tests/test_tune_gpu.py tunes on the GPU)")
+@pytest.mark.cpu_only("CPU command line (tests/tune/test_tune.py tunes on the GPU)")
 def test_tune_json_and_output_dir(tmp_path):
     _, rep = _run(["tune", "--shapes", "8,16,16", "--budget-minutes", "0.02", "--ledger", str(tmp_path / "l.db"),
                    "--no-write", "--session", "out"], tmp_path)

@@ -1,6 +1,8 @@
 """The tuner on the CPU interpreter: pruning, a fast-but-wrong config rejected and never chosen, confirmed
 winners written as rules that `plan` then picks, resuming a session from the ledger; the probe's pure parts
-(health rule, profile files, the roofline)."""
+(health rule, profile files, the roofline). On a GPU (gpu-marked): the probe's figures are plausible, the tuner
+counts tensor cores in the kernels it launched and records them (GEMM and MoE), efficiency against the probe's
+measured rate appears once a profile exists."""
 
 import dataclasses
 import json
@@ -17,7 +19,7 @@ from gemmlab.ops import configs
 from gemmlab.ops.gemm import GemmConfig
 from gemmlab.tune import space
 from gemmlab.tune.tuner import bucket, default_runner, tune_shape, write_configs
-from tests.conftest import DEVICE, rand
+from tests.conftest import rand
 
 ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
@@ -116,7 +118,7 @@ def test_winners_are_written_and_picked_by_plan_and_a_session_resumes(tmp_path, 
         configs.reload()
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="CPU workers")
+@pytest.mark.cpu_only("CPU workers")
 def test_one_worker_process_per_device_sharing_one_ledger(tmp_path):
     from gemmlab.tune.tuner import tune
 
@@ -131,7 +133,7 @@ def test_one_worker_process_per_device_sharing_one_ledger(tmp_path):
     assert sum(len(r["tried"]) for r in res["results"]) == len(entries)
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="CPU command line")
+@pytest.mark.cpu_only("CPU command line")
 def test_tune_command(tmp_path):
     res = subprocess.run([sys.executable, "-m", "gemmlab", "tune", "--shapes", "40,48,64", "--budget-minutes", "0.3",
                           "--ledger", str(tmp_path / "l.db"), "--configs-dir", str(tmp_path), "--output-dir",
@@ -185,8 +187,58 @@ def test_profile_files_and_roofline(tmp_path, monkeypatch):
     assert res.returncode == 0 and (tmp_path / "r2.png").exists(), res.stderr
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="CPU message")
+@pytest.mark.cpu_only("CPU message")
 def test_probe_needs_a_gpu():
     res = subprocess.run([sys.executable, "-m", "gemmlab", "probe"], capture_output=True, text=True, env=ENV,
                          timeout=300)
     assert res.returncode == 2 and "needs a CUDA GPU" in res.stdout + res.stderr
+
+
+# On the GPU (gpu-marked): the probe's figures, the tuner's tensor-core counts and measured efficiency.
+
+
+@pytest.mark.gpu
+def test_probe_quick_is_plausible(tmp_path, monkeypatch):
+    from gemmlab.bench import probe
+
+    prof = probe.probe(quick=True)
+    assert prof["sm_count"] > 0 and prof["l2_bytes"] > 0
+    assert prof["hbm_copy"]["gbps"] > 500 and prof["cublas_8192"]["tflops"] > 100
+    assert prof["mma_peak"]["tflops"] > 0.5 * prof["cublas_8192"]["tflops"]
+    rate = prof["mma_peak"]["flop_per_clock_per_sm"]
+    assert rate is None or 1000 < rate < 4500  # sm_90 fp16 dense: 4096 nominal
+    assert 0 < prof["launch"]["triton_empty_us"] < 500
+    monkeypatch.setenv("GEMMLAB_HOME", str(tmp_path))
+    probe.save(prof)
+    from gemmlab.instruments.compare import compare
+
+    a, b = rand((2048, 2048), device="cuda"), rand((2048, 2048), device="cuda")
+    r = compare(lambda: a @ b, lambda: torch.mm(a, b), flops=2.0 * 2048**3, rounds=4, reps=3, warmup_s=0.2)
+    c = r["candidates"]["candidate"]
+    if rate:
+        assert 0.05 < c["efficiency_measured"] < 1.3
+
+
+@pytest.mark.gpu
+def test_tune_shape_on_the_gpu(tmp_path):
+    from gemmlab.tune.tuner import tune_shape
+
+    r = tune_shape(64, 4096, 4096, budget_s=25, ledger=str(tmp_path / "l.db"), session="g")
+    entries = Ledger.open(tmp_path / "l.db").list(session="g")
+    assert entries and entries[0].tensor_core_ops > 0 and entries[0].sm_clock_mhz > 300
+    assert all(e.tensor_core_ops is None or e.tensor_core_ops > 0 for e in entries)
+    assert r["confirm"]["tuned_ok"] and r["confirm"]["default_vs_baseline"]["ratio"] > 0.5
+
+
+@pytest.mark.gpu
+def test_tune_moe_on_the_gpu(tmp_path):
+    """`tune --op moe`'s loop on a real MoE GEMM (Qwen3-30B-A3B down projection, T = 1024): every attempt
+    recorded, the launched kernels' SASS on tensor cores, the default about as fast as torch's composite."""
+    from gemmlab.problems import MOE_MODELS
+    from gemmlab.tune.tuner import tune_moe
+
+    r = tune_moe(MOE_MODELS["qwen3-30b-a3b"], 1024, "down", budget_s=40, ledger=str(tmp_path / "l.db"), session="m")
+    entries = Ledger.open(tmp_path / "l.db").list(session="m")
+    assert len(entries) >= 2 and entries[0].op == "moe_down" and entries[0].tensor_core_ops > 0
+    assert all(e.tensor_core_ops is None or e.tensor_core_ops > 0 for e in entries)
+    assert r["confirm"]["tuned_ok"] and r["confirm"]["default_vs_baseline"]["ratio"] > 0.5

@@ -17,7 +17,6 @@ from gemmlab.ops.moe import MoEConfig, moe_choice
 from gemmlab.problems import MoEModel
 from gemmlab.tune import space
 from gemmlab.tune.tuner import moe_items, moe_model, tune_moe, write_configs
-from tests.conftest import DEVICE
 
 TINY = MoEModel(hidden=32, intermediate=32, experts=4, top_k=2)  # T = 8: S = 16 rows, 4 per expert
 ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -97,7 +96,7 @@ def test_moe_items_and_models_refuse_bad_input():
         moe_items(TINY, [0])
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="CPU command line")
+@pytest.mark.cpu_only("CPU command line")
 def test_tune_op_moe_command(tmp_path):
     env = dict(ENV, GEMMLAB_CONFIGS=str(tmp_path / "user"))
     res = subprocess.run([sys.executable, "-m", "gemmlab", "tune", "--op", "moe", "--moe", "32,32,4,2", "--tokens",
@@ -118,7 +117,7 @@ def test_tune_op_moe_command(tmp_path):
     assert bad.returncode == 2 and "gemm or moe" in bad.stdout + bad.stderr
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="graph capture fails only without CUDA")
+@pytest.mark.cpu_only("graph capture fails only without CUDA")
 def test_a_failed_graph_capture_is_recorded_and_the_session_goes_on_eagerly(tmp_path):
     ledger = str(tmp_path / "l.db")
     r = tune_moe(TINY, 8, "grouped", torch.bfloat16, budget_s=3, ledger=ledger, session="g", graph=True,
