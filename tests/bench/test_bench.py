@@ -22,7 +22,7 @@ from gemmlab.instruments import stats, timing
 from gemmlab.instruments.compare import compare, compare_many
 from gemmlab.problems import MOE_MODELS, moe_gemm_shape, resolve_moe, suite
 from gemmlab.ref import gemm_check, gemm_ref
-from tests.conftest import DEVICE, rand
+from tests.conftest import rand
 
 # ------------------------------------------------------------------------------------------ statistics
 
@@ -134,7 +134,7 @@ def _matmul_setup():
     return a, b, check
 
 
-def test_compare_verifies_first_and_never_times_a_wrong_candidate():
+def test_compare_verifies_first_and_never_times_a_wrong_candidate(device):
     a, b, check = _matmul_setup()
     out = torch.empty(16, 8, device=a.device)
     fns = {"good": lambda: torch.mm(a, b, out=out), "wrong": lambda: torch.mm(a, b) + 0.05,
@@ -149,7 +149,7 @@ def test_compare_verifies_first_and_never_times_a_wrong_candidate():
     assert not c["wrong"]["check"]["ok"] and "median_ms" not in c["wrong"] and "not timed" in c["wrong"]["skipped"]
     assert "ZeroDivisionError" in c["raises"]["check"]["error"] and "median_ms" not in c["raises"]
     assert c["good"]["tflops"] > 0
-    if DEVICE == "cpu":  # no GPU: no clocks, no efficiency, and the timer says so
+    if device == "cpu":  # no GPU: no clocks, no efficiency, and the timer says so
         assert c["good"]["efficiency"] is None and "nvml" in c["good"]["clocks"] and "host clock" in r["timer"]
 
 
@@ -241,7 +241,7 @@ def ok(a, b):
 """
 
 
-def test_bench_gemm_end_to_end(tmp_path):
+def test_bench_gemm_end_to_end(tmp_path, device):
     from gemmlab.bench import gemm as bg
 
     kern = tmp_path / "k.py"
@@ -253,11 +253,11 @@ def test_bench_gemm_end_to_end(tmp_path):
     for shape in ("48x40x64", "1x8x16"):
         assert rows[(shape, "gemmlab")]["ok"] and rows[(shape, "gemmlab")]["ratio_vs_cublas"] > 0
         assert rows[(shape, "gemmlab-packed")]["pack_ms"] > 0
-        assert rows[(shape, "cublas")]["path"] == ("torch.mm (CPU BLAS)" if DEVICE == "cpu" else "torch.mm (cuBLAS)")
+        assert rows[(shape, "cublas")]["path"] == ("torch.mm (CPU BLAS)" if device == "cpu" else "torch.mm (cuBLAS)")
         assert rows[(shape, f"{kern}:ok")]["ok"]
         bad = rows[(shape, f"{kern}:gemm")]
         assert not bad["ok"] and bad["median_ms"] is None and "not timed" in bad["error"]
-        assert (rows[(shape, "gemmlab")]["sm_clock_mhz"] is None) == (DEVICE == "cpu")  # no NVML: no clock
+        assert (rows[(shape, "gemmlab")]["sm_clock_mhz"] is None) == (device == "cpu")  # no NVML: no clock
     assert rows[("48x40x64", "gemmlab")]["path"] == "tma_splitk"
     paths = bg.write(rep, tmp_path / "out")
     assert [p.name for p in paths][:2] == ["gemm-bench.json", "gemm-bench.csv"]
@@ -278,7 +278,7 @@ def test_bench_gemm_end_to_end(tmp_path):
         bg.bench_gemm([(8, 8, 8)], torch.float16, ["cutlass"])
 
 
-def test_table_rows_and_rendering(tmp_path):
+def test_table_rows_and_rendering(tmp_path, device):
     from gemmlab.bench import table as bt
 
     t = bt.moe_table(1, 8, 2, 32, 24, warmup=1, repeat=2, warmup_s=0.0, inspect=False, num_experts=3)
@@ -290,7 +290,7 @@ def test_table_rows_and_rendering(tmp_path):
     for label in ("gemmlab GEMM (raw B)", "gemmlab GEMM (prepacked B)"):
         r = rows[label]
         assert r["ok"] and r["median_ms"] > 0 and r["tflops"] > 0 and r["max_abs_error"] is not None
-        assert r["ratio_vs_baseline"] > 0 and (r["sm_clock_mhz"] is None) == (DEVICE == "cpu")
+        assert r["ratio_vs_baseline"] > 0 and (r["sm_clock_mhz"] is None) == (device == "cpu")
     assert rows["gemmlab GEMM (prepacked B)"]["pack_ms"] > 0
     fused = rows["Fused MoE GEMM (gemmlab grouped_gemm)"]  # 16 rows in 3 groups, every weight B^T
     assert fused["ok"] and fused["median_ms"] > 0 and fused["path"] == "moe grouped, E=3"
@@ -299,7 +299,7 @@ def test_table_rows_and_rendering(tmp_path):
     assert [p.name for p in paths] == ["table.json", "table.csv", "table.md"]
     md = paths[2].read_text()
     assert "M = 1*8*2 = 16" in md and md.count("\n|") == 2 + len(bt.ROWS)
-    assert "moe grouped, E=3" in md and ("host-clock timing" in md) == (DEVICE == "cpu")
+    assert "moe grouped, E=3" in md and ("host-clock timing" in md) == (device == "cpu")
     long = list(csv.DictReader(paths[1].open()))  # long format: each row's time, TFLOPS, ratio, error
     assert {r["provider"] for r in long if r["metric"] == "time"} == set(bt.ROWS)
     assert all(r["kind"] == "table" and r["x_value"] == "16x24x32" for r in long)

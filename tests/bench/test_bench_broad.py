@@ -23,7 +23,6 @@ from gemmlab.problems import (
     model_cases,
     suite,
 )
-from tests.conftest import DEVICE
 
 
 def _is_prime(v: int) -> bool:
@@ -125,8 +124,8 @@ def test_case_refuses_bad_fields(kw, match):
         Case(**{"m": 4, "n": 4, "k": 4, **kw})
 
 
-def test_case_inputs_are_laid_out_as_the_case_says():
-    dev = torch.device(DEVICE)
+def test_case_inputs_are_laid_out_as_the_case_says(device):
+    dev = torch.device(device)
     a, b = bg.case_inputs(Case(5, 7, 9, "bfloat16", "linear", pad=3, offset=1), dev)
     assert a.shape == (5, 9) and a.stride() == (12, 1) and a.storage_offset() == 1 and a.dtype == torch.bfloat16
     assert b.shape == (9, 7) and b.stride() == (1, 12) and b.storage_offset() == 1  # B = W^T, W (7, 9+3)
@@ -140,10 +139,10 @@ def test_case_inputs_are_laid_out_as_the_case_says():
     assert not Case(4, 8, 8, "float16", "linear", pad=1).aligned and Case(4, 7, 8, "float16", "linear").aligned
 
 
-def test_bench_cases_end_to_end_on_this_device(tmp_path):
+def test_bench_cases_end_to_end_on_this_device(tmp_path, device):
     todo = [Case(8, 16, 32, "bfloat16", "linear"), Case(5, 8, 12, pad=1, note="seed"),
             Case(3, 8, 24, "float16", "linear", pad=3, offset=1)]
-    modes = ("graph", "wall") if DEVICE == "cuda" else ("eager", "wall")
+    modes = ("graph", "wall") if device == "cuda" else ("eager", "wall")
     rep = bg.bench_gemm(todo, backends=["gemmlab", "inductor"], modes=modes, rounds=1, reps=1, warmup_s=0.0)
     table = bg.rows(rep)
     assert [r["case"] for r in table if r["backend"] == "cublas"] == [c.label for c in todo]
@@ -151,7 +150,7 @@ def test_bench_cases_end_to_end_on_this_device(tmp_path):
         assert set(bg.CSV_FIELDS) <= set(r), set(bg.CSV_FIELDS) - set(r)
         assert r["ok"], r
         assert r["layout"] in ("row", "linear") and r["dtype"] in ("float16", "bfloat16")
-        assert r["eager_ms"] > 0 and (r["device_ms"] is None) == (DEVICE == "cpu")
+        assert r["eager_ms"] > 0 and (r["device_ms"] is None) == (device == "cpu")
         if r["backend"] == "gemmlab":
             assert r["eager_ratio"] > 0 and r["path"] in ("portable", "tma_splitk", "tma_persistent")
     assert {(r["case"], r["aligned"]) for r in table} >= {("5x8x12 fp16 row pad1", False)}
@@ -163,7 +162,7 @@ def test_bench_cases_end_to_end_on_this_device(tmp_path):
     s = rep["summary"]["backends"]["gemmlab"]
     assert s["cases"] == 3 and not s["wrong"] and s["eager"]["n"] == 3 and list(s["seeds"]) == [todo[1].label]
     assert rep["args"]["modes"] == list(modes) and rep["args"]["dtypes"] == ["bfloat16", "float16"]
-    if DEVICE == "cpu":
+    if device == "cpu":
         assert "no CUDA" in rep["skipped_backends"]["inductor"] and "inductor" not in res["candidates"]
         assert any("no CUDA" in line for line in bg.summary_lines(rep))
     paths = bg.write(rep, tmp_path)
@@ -177,7 +176,7 @@ def test_bench_cases_end_to_end_on_this_device(tmp_path):
     assert "gemmlab: 0 wrong of 3" in paths[2].read_text()
 
 
-def test_bench_refuses_bad_modes_and_budget_skips_the_rest():
+def test_bench_refuses_bad_modes_and_budget_skips_the_rest(device):
     with pytest.raises(ValueError, match="timing mode 'fast'"):
         bg.bench_gemm([(8, 8, 8)], modes=("fast",))
     with pytest.raises(ValueError, match="at most once"):
@@ -188,7 +187,7 @@ def test_bench_refuses_bad_modes_and_budget_skips_the_rest():
         bg.bench_gemm([(8, 8, 8)], budget_s=0)
     with pytest.raises(ValueError, match="search space 'HUGE'"):
         bg.bench_gemm([(8, 8, 8)], backends=["inductor"], inductor_opts={"search_space": "HUGE"})
-    if DEVICE == "cpu":
+    if device == "cpu":
         with pytest.raises(ValueError, match="--graph needs CUDA"):
             bg.bench_gemm([(8, 8, 8)], modes=("graph", "wall"))
     rep = bg.bench_gemm([(8, 8, 8), (4, 8, 8), (2, 8, 8)], modes=("wall",), rounds=1, reps=1, warmup_s=0.0,
@@ -303,7 +302,7 @@ def test_inductor_baseline_on_the_gpu():
         assert ind["device_ms"] > 0 and ind["eager_ms"] > 0 and mine["sm_clock_mhz"] is not None
 
 
-def test_bench_gemm_command_runs_a_case_suite(tmp_path):
+def test_bench_gemm_command_runs_a_case_suite(tmp_path, device):
     import json
     import os
     import subprocess
@@ -321,7 +320,7 @@ def test_bench_gemm_command_runs_a_case_suite(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "pad3" in res.stderr and "linear" in res.stderr  # under --json the tables go to stderr
     assert "gemmlab: 0 wrong of 5" in res.stderr
-    if DEVICE == "cpu":
+    if device == "cpu":
         assert "inductor skipped: no CUDA" in res.stderr
     rep = json.loads((tmp_path / "gemm-bench.json").read_text())
     assert json.loads(res.stdout) == rep and rep["kind"] == "gemm-bench"

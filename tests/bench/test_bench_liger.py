@@ -261,7 +261,7 @@ def test_gemmlab_report_draws_the_liger_report_as_written(tmp_path):
     assert "Liger time / gemmlab time (&gt; 1: gemmlab faster)" in section
 
 
-def test_cli_baseline_liger_skips_and_refuses_bad_input(monkeypatch, tmp_path):
+def test_cli_baseline_liger_skips_and_refuses_bad_input(monkeypatch, tmp_path, device):
     from typer.testing import CliRunner
 
     from gemmlab.cli import app
@@ -284,7 +284,7 @@ def test_cli_baseline_liger_skips_and_refuses_bad_input(monkeypatch, tmp_path):
     assert got["kind"] == "moe-liger-bench" and got["rows"][0]["ok"] and "the Liger baseline is skipped" in res.stderr
     for bad in (["--baseline", "cudnn"], ["--baseline", "liger", "--part", "grouped"],
                 ["--baseline", "liger", "--record", "x", "--ledger", str(tmp_path / "l.db")],
-                ["--baseline", "liger", "--mode", "graph"] if not torch.cuda.is_available() else ["--routing", "x"]):
+                ["--baseline", "liger", "--mode", "graph"] if device == "cpu" else ["--routing", "x"]):
         res = CliRunner().invoke(app, ["bench", "moe", "--custom", "32,16,4,2", "--tokens", "2", *bad])
         assert res.exit_code == 2, (bad, res.output)
 
@@ -302,7 +302,7 @@ def pinned_liger(monkeypatch):
             monkeypatch.setattr(obj, "configs", obj.configs[:1])
 
 
-def test_real_liger_provider_matches_the_reference(pinned_liger):
+def test_real_liger_provider_matches_the_reference(pinned_liger, device):
     """Liger's argument order, id dtype and output, through ml.load_liger; on the CPU its kernels run in the
     interpreter (fp16: the interpreter has no bf16)."""
     from gemmlab.bench.moe import problem
@@ -310,7 +310,7 @@ def test_real_liger_provider_matches_the_reference(pinned_liger):
 
     liger, info = ml.load_liger()
     assert info["available"] and info["version"]
-    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float16
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
     p = problem(TINY, 5, "zipf", dtype)
     y = liger(p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
     assert y.shape == (5, 32) and y.dtype == dtype

@@ -9,7 +9,7 @@ import gemmlab
 from gemmlab.ops import gemm as gemm_ops
 from gemmlab.ops import gemm_launch
 from gemmlab.ref import gemm_check
-from tests.conftest import DEVICE, rand
+from tests.conftest import rand
 
 DTYPES = [torch.float16, torch.bfloat16]
 LAYOUTS = ["NN", "NT", "TN", "TT"]  # first letter A, second B; T = stored transposed (column-major view)
@@ -64,14 +64,14 @@ def test_every_layout_normal_inputs(layout):
     assert_matches(gemmlab.gemm(a, b), a, b)
 
 
-def test_gemm_runs_exactly_the_plan(monkeypatch, user_dir):
+def test_gemm_runs_exactly_the_plan(monkeypatch, user_dir, device):
     """gemm launches the path and config plan() reports, for each path (the GEMV kernel through a route rule)."""
     import json
 
     from gemmlab.ops import configs, gemm_plan, gemm_route
 
     monkeypatch.setattr(gemm_plan, "route", gemm_route.route)  # this test's own route rule, over the module's none
-    target = "nvidia-h200" if DEVICE == "cuda" else "interpreter"
+    target = "nvidia-h200" if device == "cuda" else "interpreter"
     route = {"m": [0, 4], "tma": [0, 0], "config": {"path": "gemv"}}
     (user_dir / f"{target}.json").write_text(json.dumps({"route": {"gemm": [route]}}))
     configs.reload()
@@ -82,7 +82,7 @@ def test_gemm_runs_exactly_the_plan(monkeypatch, user_dir):
     cases = [operands(*s) for s in ((300, 72, 96), (8, 40, 64), (37, 53, 71), (3, 29, 71))] + [
         (rand((4, 0)), rand((0, 24)))]
     for a, b in cases:
-        out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=a.dtype, device=DEVICE)
+        out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=a.dtype, device=device)
         expected = gemmlab.plan(a, b, out=out)
         gemmlab.gemm(a, b, out=out)
         assert seen[-1] == expected
@@ -119,11 +119,11 @@ def test_split_k_pinned_is_correct_and_deterministic(split):
         assert int(counters.count_nonzero()) == 0
 
 
-def test_split_k_auto():
+def test_split_k_auto(device):
     a, b = operands(8, 32, 512)
     p = gemmlab.plan(a, b)
     assert p.path == "tma_splitk"
-    if DEVICE == "cpu":  # the interpreter pretends to have 3 SMs: 1 tile, split until 2 programs per 2 SMs
+    if device == "cpu":  # the interpreter pretends to have 3 SMs: 1 tile, split until 2 programs per 2 SMs
         assert p.config.split_k == 2
     assert_matches(gemmlab.gemm(a, b), a, b)
 
@@ -162,9 +162,9 @@ def test_broadcast_operand():
 
 @pytest.mark.parametrize("out_major", ["row", "col"])
 @pytest.mark.parametrize("m", [24, 264])
-def test_out_given(out_major, m):
+def test_out_given(out_major, m, device):
     a, b = operands(m, 40, 64)
-    out = torch.full((m, 40) if out_major == "row" else (40, m), float("nan"), dtype=a.dtype, device=DEVICE)
+    out = torch.full((m, 40) if out_major == "row" else (40, m), float("nan"), dtype=a.dtype, device=device)
     out = out if out_major == "row" else out.t()
     p = gemmlab.plan(a, b, out=out)
     assert p.swap_ab == (out_major == "col")
@@ -175,9 +175,9 @@ def test_out_given(out_major, m):
     assert_matches(out, a, b)
 
 
-def test_out_slice_of_larger_buffer():
+def test_out_slice_of_larger_buffer(device):
     a, b = operands(32, 40, 64)
-    big = torch.full((48, 64), float("nan"), dtype=a.dtype, device=DEVICE)
+    big = torch.full((48, 64), float("nan"), dtype=a.dtype, device=device)
     out = big[8:40, 16:56]
     gemmlab.gemm(a, b, out=out)
     assert_matches(out, a, b)
@@ -185,12 +185,12 @@ def test_out_slice_of_larger_buffer():
     assert torch.isnan(big[:, 56:]).all()  # nothing written outside out
 
 
-def test_empty_and_k_zero():
+def test_empty_and_k_zero(device):
     a, b = rand((5, 0)), rand((0, 7))
     assert gemmlab.plan(a, b).path == "empty"
     c = gemmlab.gemm(a, b)
     assert c.shape == (5, 7) and torch.count_nonzero(c) == 0
-    out = torch.full((5, 7), float("nan"), dtype=a.dtype, device=DEVICE)
+    out = torch.full((5, 7), float("nan"), dtype=a.dtype, device=device)
     gemmlab.gemm(a, b, out=out)
     assert torch.count_nonzero(out) == 0
     for m, n in ((0, 7), (5, 0), (0, 0)):
@@ -240,7 +240,7 @@ def test_packed_b_odd_n_stores_c_with_pointers():
 # --------------------------------------------------------------------------------------------- errors
 
 
-def test_errors():
+def test_errors(device):
     a, b = operands(16, 24, 32)
     cases = [
         (lambda: gemmlab.gemm(a, rand((31, 24))), ValueError, "inner dimensions"),
@@ -250,16 +250,16 @@ def test_errors():
         (lambda: gemmlab.gemm(a, b.to(torch.bfloat16)), TypeError, "same dtype"),
         (lambda: gemmlab.gemm(a.to(torch.int8), b.to(torch.int8)), TypeError, "dtype"),
         (lambda: gemmlab.gemm(a, b.to("meta")), ValueError, "different devices"),
-        (lambda: gemmlab.gemm(a.numpy() if DEVICE == "cpu" else a.cpu().numpy(), b), TypeError, "torch.Tensor"),
+        (lambda: gemmlab.gemm(a.numpy() if device == "cpu" else a.cpu().numpy(), b), TypeError, "torch.Tensor"),
         (lambda: gemmlab.gemm(rand((32, 64))[::2, ::2], b), ValueError, "unit-stride"),
-        (lambda: gemmlab.gemm(a, b, out=torch.empty(16, 25, dtype=a.dtype, device=DEVICE)), ValueError, "shape"),
-        (lambda: gemmlab.gemm(a, b, out=torch.empty(16, 24, dtype=torch.bfloat16, device=DEVICE)),
+        (lambda: gemmlab.gemm(a, b, out=torch.empty(16, 25, dtype=a.dtype, device=device)), ValueError, "shape"),
+        (lambda: gemmlab.gemm(a, b, out=torch.empty(16, 24, dtype=torch.bfloat16, device=device)),
          TypeError, "dtype"),
         (lambda: gemmlab.gemm(a, b, out=torch.empty(16, 24, dtype=a.dtype, device="meta")),
          ValueError, "out is on"),
-        (lambda: gemmlab.gemm(a, b, out=torch.empty(32, 48, dtype=a.dtype, device=DEVICE)[::2, ::2]),
+        (lambda: gemmlab.gemm(a, b, out=torch.empty(32, 48, dtype=a.dtype, device=device)[::2, ::2]),
          ValueError, "unit-stride"),
-        (lambda: gemmlab.gemm(a, b, out=torch.empty(1, 24, dtype=a.dtype, device=DEVICE).expand(16, 24)),
+        (lambda: gemmlab.gemm(a, b, out=torch.empty(1, 24, dtype=a.dtype, device=device).expand(16, 24)),
          ValueError, "overlap"),
         (lambda: gemmlab.gemm(a, b, out=[0]), TypeError, "out must be"),
         (lambda: gemmlab.pack_b(b[0]), ValueError, "2-D"),
@@ -326,7 +326,7 @@ def colmajor_buffers(m, n, k, dtype=torch.float16):
     a, b = rand((m, k), dtype), rand((k, n), dtype)
     A = a.t().contiguous().reshape(-1)
     B = b.t().contiguous().reshape(-1)
-    C = torch.full((m * n,), float("nan"), dtype=dtype, device=DEVICE)
+    C = torch.full((m * n,), float("nan"), dtype=dtype, device=a.device)
     return a, b, A, B, C
 
 
@@ -341,16 +341,16 @@ def test_gemm_colmajor_flat(m, n, k, dtype):
     assert torch.equal(A, A0) and torch.equal(B, B0)  # inputs untouched
 
 
-def test_gemm_colmajor_2d_with_leading_dimension():
+def test_gemm_colmajor_2d_with_leading_dimension(device):
     m, n, k = 40, 24, 32
     a, b = rand((m, k)), rand((k, n))
-    A = torch.empty((k, m + 8), dtype=a.dtype, device=DEVICE).t()[:m]  # (M, K), strides (1, M + 8)
+    A = torch.empty((k, m + 8), dtype=a.dtype, device=device).t()[:m]  # (M, K), strides (1, M + 8)
     A.copy_(a)
     B = b.t().contiguous().t()  # (K, N), strides (1, K)
-    C = torch.full((n, m), float("nan"), dtype=a.dtype, device=DEVICE).t()
+    C = torch.full((n, m), float("nan"), dtype=a.dtype, device=device).t()
     gemmlab.gemm_colmajor(A, B, C, m, n, k)
     assert_matches(C, a, b)
-    flat = torch.full((m * n + 5,), float("nan"), dtype=a.dtype, device=DEVICE)  # longer than needed
+    flat = torch.full((m * n + 5,), float("nan"), dtype=a.dtype, device=device)  # longer than needed
     gemmlab.gemm_colmajor(A, B, flat, m, n, k)
     assert_matches(flat[: m * n].view(n, m).t(), a, b)
     assert torch.isnan(flat[m * n:]).all()

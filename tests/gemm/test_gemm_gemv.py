@@ -13,7 +13,7 @@ from gemmlab.ops import gemm_launch
 from gemmlab.ops.gemm import GemmConfig
 from gemmlab.ops.gemm_route import gemv_split_for
 from gemmlab.ref import gemm_check
-from tests.conftest import DEVICE, rand
+from tests.conftest import rand
 
 FMA = GemmConfig(block_m=1, block_n=16, block_k=32, num_warps=4, num_stages=1, split_k=0)
 DOT = GemmConfig(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=1, split_k=0)
@@ -32,7 +32,7 @@ def operands(m, n, k, dtype, linear, pad=0, offset=0):
 def run_twice(p, a, b, out_shape, dtype):
     outs = []
     for _ in range(2):
-        out = torch.full(out_shape, float("nan"), dtype=dtype, device=DEVICE)
+        out = torch.full(out_shape, float("nan"), dtype=dtype, device=a.device)
         gemm_ops.run(p, a, b, out=out)
         outs.append(out)
     return outs
@@ -82,24 +82,24 @@ def test_gemv_split_auto():
     assert gemv_split_for(dataclasses.replace(cfg, split_k=4), 1, 64, 2560, 132) == 4
 
 
-def test_gemv_into_strided_and_column_major_out():
+def test_gemv_into_strided_and_column_major_out(device):
     a, b = operands(3, 40, 56, torch.bfloat16, True)
-    base = torch.full((3, 48), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    base = torch.full((3, 48), float("nan"), dtype=torch.bfloat16, device=device)
     out = base[:, 4:44]  # a slice of a wider buffer: row stride 48, base 8 bytes in
     p = gemmlab.plan(a, b, out=out, path="gemv", config=FMA)
     gemm_ops.run(p, a, b, out=out)
     assert gemm_check(out, a, b)["ok"] and torch.isnan(base[:, :4]).all() and torch.isnan(base[:, 44:]).all()
-    col = torch.full((40, 3), float("nan"), dtype=torch.bfloat16, device=DEVICE).t()  # C (3, 40) column-major
+    col = torch.full((40, 3), float("nan"), dtype=torch.bfloat16, device=device).t()  # C (3, 40) column-major
     p = gemmlab.plan(a, b, out=col, path="gemv", config=DOT)
     assert p.swap_ab  # the kernel writes C^T = B^T A^T: 40 rows, fine for the 16-row tile
     gemm_ops.run(p, a, b, out=col)
     assert gemm_check(col, a, b)["ok"]
 
 
-def test_gemv_route_from_the_table(user_dir):
+def test_gemv_route_from_the_table(user_dir, device):
     import json
 
-    target = "nvidia-h200" if DEVICE == "cuda" else "interpreter"
+    target = "nvidia-h200" if device == "cuda" else "interpreter"
     table = {"route": {"gemm": [{"m": [0, 16], "tma": [0, 0], "config": {"path": "gemv"}}]},
              "gemm": {"gemv": [{"m": [0, 1], "config": {"block_m": 1, "block_n": 16, "block_k": 32, "split_k": 0}}]}}
     (user_dir / f"{target}.json").write_text(json.dumps(table))
@@ -138,7 +138,7 @@ def test_gemv_refuses_what_it_cannot_do():
 @pytest.mark.parametrize("cfg", [dataclasses.replace(FMA, block_n=32, block_k=256),
                                  dataclasses.replace(DOT, block_n=32, block_k=128, num_stages=3)],
                          ids=["fma", "dot"])
-def test_gemv_on_the_gpu(m, n, k, dtype, linear, cfg):
+def test_gemv_on_the_gpu(m, n, k, dtype, linear, cfg, device):
     if cfg.block_m == 1 and m > 4:
         pytest.skip("one-row tiles are for a few rows")
     a, b = operands(m, n, k, dtype, linear)
@@ -146,7 +146,7 @@ def test_gemv_on_the_gpu(m, n, k, dtype, linear, cfg):
     out1, out2 = run_twice(p, a, b, (m, n), dtype)
     assert gemm_check(out1, a, b)["ok"] and torch.equal(out1, out2)
     g = torch.cuda.CUDAGraph()  # capturable: fresh workspace, counters left at zero
-    out3 = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+    out3 = torch.full((m, n), float("nan"), dtype=dtype, device=device)
     with torch.cuda.graph(g):
         gemm_ops.run(p, a, b, out=out3)
     g.replay()

@@ -16,7 +16,7 @@ import torch
 import gemmlab
 from gemmlab.ops import direct, gemm_launch, launch
 from gemmlab.ops.gemm_plan import choose
-from tests.conftest import DEVICE, rand
+from tests.conftest import rand
 
 pytestmark = pytest.mark.cpu_only("simulates the GPU's launcher on the interpreter")
 
@@ -42,7 +42,7 @@ def _fake_tensordesc(arg, meta):
 def _launch(name):
     m, n, k, split = CASES[name]
     a, b = rand((m, k)), rand((k, n))
-    c = torch.empty(m, n, dtype=a.dtype, device=DEVICE)
+    c = torch.empty(m, n, dtype=a.dtype, device=a.device)
     path = "gemv" if name.startswith("gemv") else None
     p = choose(a, b, c, False, path=path)
     if split:
@@ -164,7 +164,7 @@ def _profile(call, n: int) -> pstats.Stats:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_a_hot_call_is_short(name, gpu_stand_in, monkeypatch):
+def test_a_hot_call_is_short(name, gpu_stand_in, monkeypatch, device):
     """cProfile of hot gemmlab.gemm calls: at most HOT_CALLS_BOUND function calls each, the C launcher reached
     every time, and nothing of the planner, the checks, the JIT or Triton's Python launcher entered. Counted with
     a fixed out (the CPU allocator hands out a new address almost every call, so with out=None every call here
@@ -177,7 +177,7 @@ def test_a_hot_call_is_short(name, gpu_stand_in, monkeypatch):
         gemm_launch.clear_cache()
         monkeypatch.setattr(gemm_launch, "choose", lambda *args: choose(*args[:4], dataclasses.replace(
             p.config, split_k=split)))
-    for out in (torch.empty(m, n, dtype=a.dtype, device=DEVICE), None):
+    for out in (torch.empty(m, n, dtype=a.dtype, device=device), None):
         launched = []
         _hot(monkeypatch, a, b, launched, out)
         gemmlab.gemm(a, b, out=out)  # the first hot call encodes the descriptors
@@ -196,25 +196,25 @@ def _listing(stats) -> list[str]:
     return [f"{f.rsplit('/', 1)[-1]}:{fn} x{nc}" for (f, _, fn), (_, nc, *_) in stats.stats.items()]
 
 
-def test_the_call_bound_can_fail(gpu_stand_in, monkeypatch):
+def test_the_call_bound_can_fail(gpu_stand_in, monkeypatch, device):
     """The bound above sees a regression: the same hot call with the descriptor cache defeated (every call
     encodes again, as Triton's launcher does) costs more calls than HOT_CALLS_BOUND allows."""
     a, b = rand((264, 96)), rand((96, 72))
-    out = torch.empty(264, 72, dtype=a.dtype, device=DEVICE)
+    out = torch.empty(264, 72, dtype=a.dtype, device=device)
     _hot(monkeypatch, a, b, [], out)
     real = direct.desc_args
     monkeypatch.setattr(direct, "desc_args", lambda d, i, *args: (d.maps[i].clear(), real(d, i, *args))[1])
     assert _profile(lambda: gemmlab.gemm(a, b, out=out), 20).total_calls / 20 > HOT_CALLS_BOUND
 
 
-def test_host_microseconds_per_hot_call(gpu_stand_in, monkeypatch, capsys):
+def test_host_microseconds_per_hot_call(gpu_stand_in, monkeypatch, capsys, device):
     """What a hot call (out given) costs here with the launch stubbed out, beside a bare torch.empty of C (what
     an out=None call adds): printed for the record, not asserted (this machine's load varies)."""
     rows = []
     for name in CASES:
         m, n, k, _ = CASES[name]
         a, b = rand((m, k)), rand((k, n))
-        out = torch.empty(m, n, dtype=a.dtype, device=DEVICE)
+        out = torch.empty(m, n, dtype=a.dtype, device=device)
         _hot(monkeypatch, a, b, [], out)
         for _ in range(20):
             gemmlab.gemm(a, b, out=out)

@@ -16,7 +16,7 @@ from gemmlab.ops import gemm as gemm_ops
 from gemmlab.ops import gemm_plan as plan_mod
 from gemmlab.ops.gemm_plan import staged_shape, staging_decision
 from gemmlab.ref import gemm_check
-from tests.conftest import DEVICE, rand
+from tests.conftest import rand
 
 DTYPES = [torch.float16, torch.bfloat16]
 
@@ -34,11 +34,11 @@ def _misaligned(rows, cols, dtype):
     return rand((rows, cols + 1), dtype)[:, 1:]
 
 
-def _strided_out(m, n, dtype, major, pad=3):
+def _strided_out(m, n, dtype, major, pad=3, *, device):
     """A NaN-poisoned out with an odd leading stride (row-major: stride n + pad; column-major: m + pad)."""
     if major == "row":
-        return torch.full((m, n + pad), float("nan"), dtype=dtype, device=DEVICE)[:, :n]
-    return torch.full((n, m + pad), float("nan"), dtype=dtype, device=DEVICE)[:, :m].t()
+        return torch.full((m, n + pad), float("nan"), dtype=dtype, device=device)[:, :n]
+    return torch.full((n, m + pad), float("nan"), dtype=dtype, device=device)[:, :m].t()
 
 
 # (name, make(dtype) -> (a, b), staged kernel-view operands, kernel path, out major)
@@ -66,10 +66,10 @@ CASES = [
 
 @pytest.mark.parametrize("name,make,staged,path,out_major", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_staged_paths(name, make, staged, path, out_major, dtype):
+def test_staged_paths(name, make, staged, path, out_major, dtype, device):
     a, b = make(dtype)
     m, n = a.shape[0], b.shape[1]
-    out = None if out_major is None else _strided_out(m, n, dtype, out_major)
+    out = None if out_major is None else _strided_out(m, n, dtype, out_major, device=device)
     p = gemmlab.plan(a, b, out=out)
     assert (p.path, p.staged) == (path, staged), p
     assert "staged into 16-byte-aligned buffers" in p.reason and "staging" in p.reason
@@ -87,7 +87,7 @@ def test_staged_paths(name, make, staged, path, out_major, dtype):
 
 @pytest.mark.parametrize("m", [300, 24])  # tma_persistent, tma_splitk
 @pytest.mark.parametrize("out_major", [None, "row", "col"])
-def test_stage_c_writes_an_aligned_copy_then_c(m, out_major):
+def test_stage_c_writes_an_aligned_copy_then_c(m, out_major, device):
     """GemmConfig.stage_c: a C TMA cannot store to (N = 37 odd, or an odd out= stride) is written by TMA into
     an aligned scratch C, then copied into C; nothing outside C is touched."""
     dtype = torch.bfloat16 if m == 24 else torch.float16
@@ -95,10 +95,10 @@ def test_stage_c_writes_an_aligned_copy_then_c(m, out_major):
     b = w.t()
     big = None
     if out_major == "row":
-        big = torch.full((m + 2, 37 + 5), float("nan"), dtype=dtype, device=DEVICE)
+        big = torch.full((m + 2, 37 + 5), float("nan"), dtype=dtype, device=device)
         out = big[1:-1, 2:-3]
     elif out_major == "col":
-        big = torch.full((37 + 5, m + 2), float("nan"), dtype=dtype, device=DEVICE)
+        big = torch.full((37 + 5, m + 2), float("nan"), dtype=dtype, device=device)
         out = big[2:-3, 1:-1].t()
     else:
         out = None
@@ -115,12 +115,12 @@ def test_stage_c_writes_an_aligned_copy_then_c(m, out_major):
         assert torch.isnan(big[~inside]).all()  # the copy wrote C's elements only
 
 
-def test_stage_c_from_the_table_on_the_hot_path(user_dir, monkeypatch):
+def test_stage_c_from_the_table_on_the_hot_path(user_dir, monkeypatch, device):
     """A table rule with stage_c: gemm() (the signature cache's kept launch on the second call) stages C, with
     poisoned scratch buffers."""
     monkeypatch.setattr(gemm_launch, "_scratch", lambda shape, dtype, device: torch.full(
         shape, float("nan"), dtype=dtype, device=device))
-    target = "nvidia-h200" if DEVICE == "cuda" else "interpreter"
+    target = "nvidia-h200" if device == "cuda" else "interpreter"
     rule = {"config": {"block_m": 32, "block_n": 32, "block_k": 32, "group_m": 2, "stage_c": True}}
     (user_dir / f"{target}.json").write_text(json.dumps({"gemm": {"tma_persistent": [rule]}}))
     configs.reload()
@@ -131,12 +131,12 @@ def test_stage_c_from_the_table_on_the_hot_path(user_dir, monkeypatch):
         a.copy_(rand((300, 64)))
 
 
-def test_stage_c_with_staged_a_and_b():
+def test_stage_c_with_staged_a_and_b(device):
     a, b = rand((37, 71)), rand((71, 53))  # everything odd
     cfg = dataclasses.replace(gemmlab.plan(a, b, stage=True).config, stage_c=True)
     p = gemmlab.plan(a, b, stage=True, config=cfg)
     assert p.staged == ("a", "b", "c") and p.c_tma
-    out = torch.full((37, 53), float("nan"), dtype=a.dtype, device=DEVICE)
+    out = torch.full((37, 53), float("nan"), dtype=a.dtype, device=device)
     assert_matches(gemm_ops.run(p, a, b, out=out), a, b)
 
 
@@ -243,11 +243,11 @@ def test_no_staging_constants_means_no_staging(user_dir, monkeypatch):
     # (user_dir's teardown undoes the patches and reloads the tables, which clears plan's staging cache)
 
 
-def test_a_user_limit_makes_the_interpreter_stage_a_tiny_shape(user_dir):
+def test_a_user_limit_makes_the_interpreter_stage_a_tiny_shape(user_dir, device):
     (user_dir / "interpreter.json").write_text(json.dumps({"staging": {"max_copy_fraction": 1e9}}))
     configs.reload()
     a, b = rand((37, 71)), rand((71, 53))
-    if DEVICE == "cpu":
+    if device == "cpu":
         p = gemmlab.plan(a, b)
         assert p.staged == ("a", "b") and str(user_dir) in p.reason
         assert_matches(gemmlab.gemm(a, b), a, b)
@@ -287,11 +287,11 @@ def test_staged_gemm_captures_in_a_cuda_graph():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("stage_c", [False, True])
-def test_staged_odd_shape_on_the_gpu(stage_c):
+def test_staged_odd_shape_on_the_gpu(stage_c, device):
     """Issue 14's 8191x8193x4097: A and B staged, C through pointers or (stage_c) an aligned copy."""
     a, b = rand((8191, 4097)), rand((4097, 8193))
     base = gemmlab.plan(a, b)
     assert base.staged == ("a", "b")
     p = gemmlab.plan(a, b, config=dataclasses.replace(base.config, stage_c=stage_c))
-    out = torch.full((8191, 8193), float("nan"), dtype=a.dtype, device=DEVICE)
+    out = torch.full((8191, 8193), float("nan"), dtype=a.dtype, device=device)
     assert_matches(gemm_ops.run(p, a, b, out=out), a, b)

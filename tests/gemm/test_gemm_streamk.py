@@ -13,7 +13,7 @@ from gemmlab.ops import gemm as gemm_ops
 from gemmlab.ops import gemm_launch
 from gemmlab.ops.gemm import stream_k_tiles
 from gemmlab.ref import gemm_check
-from tests.conftest import DEVICE, rand
+from tests.conftest import rand
 
 # the planner's own choices, whatever route rules the bundled table holds (route rules: test_gemm_gemv.py)
 pytestmark = pytest.mark.usefixtures("no_routes")
@@ -43,14 +43,14 @@ CASES = [
 
 @pytest.mark.parametrize("m,n,k,bm,bn,layout", CASES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_stream_k_is_correct_and_deterministic(m, n, k, bm, bn, layout, dtype):
+def test_stream_k_is_correct_and_deterministic(m, n, k, bm, bn, layout, dtype, device):
     a = rand((m, k), dtype, major="row" if layout[0] == "N" else "col")
     b = rand((k, n), dtype, major="row" if layout[1] == "N" else "col")
     base = gemmlab.plan(a, b)
     assert base.path == "tma_persistent", base
     p = gemmlab.plan(a, b, config=dataclasses.replace(base.config, block_m=bm, block_n=bn, stream_k=True))
-    out1 = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
-    out2 = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+    out1 = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+    out2 = torch.full((m, n), float("nan"), dtype=dtype, device=device)
     gemm_ops.run(p, a, b, out=out1)
     gemm_ops.run(p, a, b, out=out2)
     assert_matches(out1, a, b)
@@ -68,13 +68,13 @@ def test_stream_k_with_staging_and_stage_c():
     assert_matches(gemm_ops.run(p, a, b), a, b)
 
 
-def test_stream_k_from_the_table_on_the_hot_path(tmp_path, monkeypatch):
+def test_stream_k_from_the_table_on_the_hot_path(tmp_path, monkeypatch, device):
     import json
 
     from gemmlab.ops import configs
 
     monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path))
-    target = "nvidia-h200" if DEVICE == "cuda" else "interpreter"
+    target = "nvidia-h200" if device == "cuda" else "interpreter"
     rule = {"config": {"block_m": 32, "block_n": 32, "block_k": 32, "group_m": 2, "stream_k": True}}
     (tmp_path / f"{target}.json").write_text(json.dumps({"gemm": {"tma_persistent": [rule]}}))
     configs.reload()
@@ -105,15 +105,15 @@ def test_stream_k_with_warp_specialization_is_refused(monkeypatch):
 @pytest.mark.parametrize("m,n,k,dtype,linear", [(3000, 5000, 7000, torch.float16, False),
                                                (2048, 5120, 5120, torch.bfloat16, True),
                                                (777, 3333, 1024, torch.float16, False)])
-def test_stream_k_on_the_gpu(m, n, k, dtype, linear):
+def test_stream_k_on_the_gpu(m, n, k, dtype, linear, device):
     """Issue 14's mid-size shapes on the H200 with stream-K (the last is staged: odd N)."""
     a = rand((m, k), dtype)
     b = rand((n, k), dtype).t() if linear else rand((k, n), dtype)
     base = gemmlab.plan(a, b, stage=True)
     p = gemmlab.plan(a, b, stage=True, config=dataclasses.replace(base.config, stream_k=True))
     assert p.path == "tma_persistent" and p.config.stream_k
-    out1 = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
-    out2 = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+    out1 = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+    out2 = torch.full((m, n), float("nan"), dtype=dtype, device=device)
     gemm_ops.run(p, a, b, out=out1)
     gemm_ops.run(p, a, b, out=out2)
     assert_matches(out1, a, b)
@@ -144,7 +144,7 @@ TAIL_CASES = [
 
 @pytest.mark.parametrize("m,n,k,bm,bn,split", TAIL_CASES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_tail_split_is_correct_and_deterministic(m, n, k, bm, bn, split, dtype):
+def test_tail_split_is_correct_and_deterministic(m, n, k, bm, bn, split, dtype, device):
     from gemmlab.ops.gemm_route import tail_split_for
 
     a, b = rand((m, k), dtype), rand((n, k), dtype).t()  # nn.Linear layout
@@ -154,8 +154,8 @@ def test_tail_split_is_correct_and_deterministic(m, n, k, bm, bn, split, dtype):
     tiles = -(-m // bm) * -(-n // bn)
     expect = tail_split_for(tiles, p.num_sms, -(-k // 32), split)
     assert p.config.tail_split == expect[1] and (expect != (0, 0)) == (m != 264)
-    out1 = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
-    out2 = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+    out1 = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+    out2 = torch.full((m, n), float("nan"), dtype=dtype, device=device)
     gemm_ops.run(p, a, b, out=out1)
     gemm_ops.run(p, a, b, out=out2)
     assert_matches(out1, a, b)
@@ -167,13 +167,13 @@ def test_tail_split_is_correct_and_deterministic(m, n, k, bm, bn, split, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,dtype", [(3000, 5000, 7000, torch.float16), (2048, 5120, 5120, torch.bfloat16),
                                          (2048, 576, 7168, torch.float16)])
-def test_tail_split_on_the_gpu(m, n, k, dtype):
+def test_tail_split_on_the_gpu(m, n, k, dtype, device):
     a, b = rand((m, k), dtype), rand((n, k), dtype).t()
     base = gemmlab.plan(a, b, path="tma_persistent")
     p = gemmlab.plan(a, b, path="tma_persistent", config=dataclasses.replace(base.config, tail_split=8))
     assert p.config.tail_split > 1, p  # each of these has a partial last wave
-    out1 = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
-    out2 = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+    out1 = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+    out2 = torch.full((m, n), float("nan"), dtype=dtype, device=device)
     gemm_ops.run(p, a, b, out=out1)
     gemm_ops.run(p, a, b, out=out2)
     assert_matches(out1, a, b)

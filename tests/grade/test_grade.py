@@ -203,9 +203,9 @@ def test_slow_loading_honours_the_time_limit():
     assert all("loading the kernel" in c["reason"] for c in r["correctness"]), r["correctness"]
 
 
-def test_sandbox_kills_every_process_it_started(tmp_path):
+def test_sandbox_kills_every_process_it_started(tmp_path, device):
     """A double-forked grandchild in a new session is found (the owner is a child subreaper) and killed."""
-    box = Sandbox(f"{BAD}:forks_report_writer", "colmajor", "colmajor", 30.0, not torch.cuda.is_available(),
+    box = Sandbox(f"{BAD}:forks_report_writer", "colmajor", "colmajor", 30.0, device == "cpu",
                   str(tmp_path), extra_env={"BAD_KERNEL_OUT_DIR": str(tmp_path)})
     a, b = torch.rand(4, 4, dtype=torch.float16).t(), torch.rand(4, 4, dtype=torch.float16).t()
     box.bind([((a, b), torch.full((16,), float("nan"), dtype=torch.float16))])

@@ -12,7 +12,6 @@ import gemmlab
 from gemmlab.grade import grade, rounding, rules
 from gemmlab.grade.inputs import operands
 from gemmlab.ops import gemm as gemm_ops
-from tests.conftest import DEVICE
 from tests.paths import BAD_KERNELS, CASES
 
 BAD = str(BAD_KERNELS / "kernels.py")
@@ -39,7 +38,7 @@ def _plan_variants(a, b):
     out = [(base.path + (" staged" if base.staged else ""), base)]
     if base.staged:
         out.append(("portable (staging refused)", gemmlab.plan(a, b, stage=False)))
-    if base.path == "tma_persistent" and not base.staged and DEVICE == "cpu":  # the interpreter's 3 "SMs"
+    if base.path == "tma_persistent" and not base.staged and a.device.type == "cpu":  # the interpreter's 3 "SMs"
         out.append(("stream-K", gemmlab.plan(a, b, config=dataclasses.replace(base.config, block_m=32, block_n=32,
                                                                                stream_k=True))))
     return out
@@ -52,20 +51,20 @@ SHAPES = [(96, 128, 256, "split-K"), (300, 40, 200, "persistent, stream-K"), (37
 
 @pytest.mark.parametrize(("m", "n", "k", "what"), SHAPES)
 @pytest.mark.parametrize("dist", ["competition", "uniform", "normal"])
-def test_honest_kernels_round_like_the_vendor(m, n, k, what, dist):
+def test_honest_kernels_round_like_the_vendor(m, n, k, what, dist, device):
     """Calibration on the CPU: gemmlab's paths under the interpreter, torch, an fp32 sum rounded once, and the
     worst honest order (one running fp32 sum over K) are all within the limit on fp16. (Triton's interpreter
     truncates fp32 -> bf16 where the GPU rounds to nearest, so bf16 is calibrated on the GPU:
     benchmarks/grade_rounding.py.)"""
-    a, b = operands(m, n, k, dist, 7, torch.float16, DEVICE, "rowmajor")
+    a, b = operands(m, n, k, dist, 7, torch.float16, device, "rowmajor")
     honest = {"torch.mm": torch.mm(a, b), "fp32 sum rounded once": (a.float() @ b.float()).half()}
     if k <= 256:
-        acc = torch.zeros((m, n), device=DEVICE)
+        acc = torch.zeros((m, n), device=device)
         for j in range(k):
             acc = acc + a[:, j:j + 1].float() * b[j:j + 1].float()
         honest["one running fp32 sum"] = acc.half()
     for name, plan in _plan_variants(a, b):
-        out = torch.full((m, n), float("nan"), dtype=torch.float16, device=DEVICE)
+        out = torch.full((m, n), float("nan"), dtype=torch.float16, device=device)
         gemm_ops.run(plan, a, b, out=out)
         honest[f"gemmlab {name}"] = out
     for name, out in honest.items():
@@ -77,11 +76,11 @@ def test_honest_kernels_round_like_the_vendor(m, n, k, what, dist):
 @pytest.mark.parametrize("fn", ["int8_on_competition", "fp16_accumulation", "truncated_accumulator",
                                 "rounds_toward_zero", "perturbs_outputs"])
 @pytest.mark.parametrize(("m", "n", "k"), [(16, 24, 32), (96, 128, 256)])
-def test_cheap_arithmetic_is_seen_where_the_max_error_is_not(fn, m, n, k):
+def test_cheap_arithmetic_is_seen_where_the_max_error_is_not(fn, m, n, k, device):
     from tests.bad_kernels import kernels as bk
 
-    a, b = operands(m, n, k, "competition", 3, torch.float16, DEVICE, "colmajor")
-    flat = torch.full((m * n,), float("nan"), dtype=torch.float16, device=DEVICE)
+    a, b = operands(m, n, k, "competition", 3, torch.float16, device, "colmajor")
+    flat = torch.full((m * n,), float("nan"), dtype=torch.float16, device=device)
     getattr(bk, fn)(a.t().reshape(-1), b.t().reshape(-1), flat, m, n, k)
     out = flat.view(n, m).t()
     err = (out.double() - a.double() @ b.double()).abs().max().item()

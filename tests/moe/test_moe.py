@@ -11,25 +11,25 @@ from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import grouped_gemm, moe_forward, pack_moe_weights, route, sort_routes
 from gemmlab.problems import MoEModel
 from gemmlab.ref import grouped_gemm_ref, moe_check, moe_ref
-from tests.conftest import DEVICE
 
 DT = [torch.float16, torch.bfloat16]
 
 
-def _r(*shape, dtype=torch.float16, scale=1.0, seed=None):
-    g = torch.Generator(device=DEVICE).manual_seed(seed if seed is not None else sum(shape) * 7919)
-    return ((torch.rand(shape, generator=g, device=DEVICE) - 0.5) * scale).to(dtype)
+def _r(*shape, dtype=torch.float16, scale=1.0, seed=None, device):
+    g = torch.Generator(device=device).manual_seed(seed if seed is not None else sum(shape) * 7919)
+    return ((torch.rand(shape, generator=g, device=device) - 0.5) * scale).to(dtype)
 
 
-def _weights(e, h, i, dtype, seed=1):
-    return _r(e, 2 * i, h, dtype=dtype, scale=1.0, seed=seed), _r(e, h, i, dtype=dtype, scale=1.0, seed=seed + 1)
+def _weights(e, h, i, dtype, seed=1, *, device):
+    return (_r(e, 2 * i, h, dtype=dtype, scale=1.0, seed=seed, device=device),
+            _r(e, h, i, dtype=dtype, scale=1.0, seed=seed + 1, device=device))
 
 
-def _routing(t, e, k, kind="random", seed=0):
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    logits = torch.randn((t, e), generator=g, device=DEVICE)
+def _routing(t, e, k, kind="random", seed=0, *, device):
+    g = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn((t, e), generator=g, device=device)
     if kind == "skewed":  # Zipf-like: expert j gets logit bias -1.5 log(j + 1)
-        logits = logits - 1.5 * torch.log(torch.arange(1, e + 1, device=DEVICE, dtype=torch.float32))[None, :] * 3
+        logits = logits - 1.5 * torch.log(torch.arange(1, e + 1, device=device, dtype=torch.float32))[None, :] * 3
     return route(logits, k)
 
 
@@ -37,11 +37,11 @@ def _routing(t, e, k, kind="random", seed=0):
 
 
 @pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
-def test_route(scoring):
-    logits = torch.randn(37, 16, device=DEVICE)
+def test_route(scoring, device):
+    logits = torch.randn(37, 16, device=device)
     w, ids = route(logits, 4, scoring=scoring)
     assert w.dtype == torch.float32 and ids.dtype == torch.int32 and w.shape == ids.shape == (37, 4)
-    assert torch.allclose(w.sum(-1), torch.ones(37, device=DEVICE))
+    assert torch.allclose(w.sum(-1), torch.ones(37, device=device))
     scores = torch.softmax(logits, -1) if scoring == "softmax" else torch.sigmoid(logits)
     top, top_ids = torch.topk(scores, 4)
     assert torch.equal(ids, top_ids.int()) and torch.allclose(w, top / top.sum(-1, keepdim=True))
@@ -61,13 +61,13 @@ def test_route_bad_inputs():
 
 @pytest.mark.parametrize(("t", "e", "k", "kind"), [(1, 4, 1, "random"), (37, 8, 2, "random"), (64, 8, 8, "random"),
                                                    (50, 16, 4, "skewed")])
-def test_sort_routes_invariants(t, e, k, kind):
-    _, ids = _routing(t, e, k, kind)
+def test_sort_routes_invariants(t, e, k, kind, device):
+    _, ids = _routing(t, e, k, kind, device=device)
     r = sort_routes(ids, e, block_m=16)
     s = t * k
     flat = ids.reshape(-1).long()
-    assert torch.equal(r.order[r.inv.long()].long(), torch.arange(s, device=DEVICE))  # inverse composes
-    assert torch.equal(r.inv[r.order.long()].long(), torch.arange(s, device=DEVICE))
+    assert torch.equal(r.order[r.inv.long()].long(), torch.arange(s, device=device))  # inverse composes
+    assert torch.equal(r.inv[r.order.long()].long(), torch.arange(s, device=device))
     assert int(r.offsets[-1]) == s and bool((r.offsets[1:] >= r.offsets[:-1]).all())
     sorted_e = flat[r.order.long()]
     assert bool((sorted_e[1:] >= sorted_e[:-1]).all())  # grouped by expert
@@ -82,12 +82,12 @@ def test_sort_routes_invariants(t, e, k, kind):
 
 
 @pytest.mark.parametrize(("t", "e", "k"), [(1, 4, 1), (37, 8, 2), (20, 16, 6), (512, 64, 8)])
-def test_routing_kernel_matches_torch_path(t, e, k, monkeypatch):
+def test_routing_kernel_matches_torch_path(t, e, k, monkeypatch, device):
     """The one-launch routing kernel (S <= ALIGN_MAX_S) and the torch-ops path give the same tables and
     routed weights; an id outside [0, E) clears the kernel's ok flag (what validate checks)."""
-    if DEVICE == "cpu" and t * k > moe_routing.INTERPRETER_ALIGN_MAX_S:
+    if device == "cpu" and t * k > moe_routing.INTERPRETER_ALIGN_MAX_S:
         pytest.skip("the interpreter's tl.sort is too slow for this size (the GPU runs it)")
-    wts, ids = _routing(t, e, k, "skewed")
+    wts, ids = _routing(t, e, k, "skewed", device=device)
     fast = sort_routes(ids, e, 16, wts)
     assert fast.ok is not None and bool(fast.ok[0])
     slow = moe_routing.sort_routes_torch(ids, e, 16, wts)
@@ -99,7 +99,7 @@ def test_routing_kernel_matches_torch_path(t, e, k, monkeypatch):
         ids_bad[t // 2, 0] = bad
         r = sort_routes(ids_bad, e, 16, wts)
         assert not bool(r.ok[0]) and int(r.offsets[-1]) == t * k - 1  # the bad pair is in no group
-        assert torch.equal(torch.sort(r.inv.long()).values, torch.arange(t * k, device=DEVICE))  # inv in bounds
+        assert torch.equal(torch.sort(r.inv.long()).values, torch.arange(t * k, device=device))  # inv in bounds
 
 
 def _counting_sort_only(monkeypatch, block=None):
@@ -113,13 +113,13 @@ def _counting_sort_only(monkeypatch, block=None):
 @pytest.mark.parametrize(("t", "e", "k", "kind", "block"), [(1, 4, 1, "random", 16), (37, 8, 2, "random", 16),
                                                              (20, 16, 6, "skewed", 16), (45, 5, 3, "skewed", 32),
                                                              (9, 3, 3, "random", 64)])
-def test_counting_sort_matches_torch_and_align_paths(t, e, k, kind, block, monkeypatch):
+def test_counting_sort_matches_torch_and_align_paths(t, e, k, kind, block, monkeypatch, device):
     """The large-S routing (three launches: histograms, scan, scatter; several blocks here through a small
     block) gives bit for bit the tables of the torch path on valid ids and of the one-launch kernel on ids
     with bad values (sorted after every valid pair, into no group, ok False)."""
     if k > e:
         pytest.skip("top-k above E")
-    wts, ids = _routing(t, e, k, kind, seed=t)
+    wts, ids = _routing(t, e, k, kind, seed=t, device=device)
     names = ("order", "inv", "token", "offsets", "tile_offsets", "scale")
     align = sort_routes(ids, e, 16, wts) if t * k <= moe_routing.INTERPRETER_ALIGN_MAX_S else None
     ids_bad = ids.clone().to(torch.int64)
@@ -136,27 +136,27 @@ def test_counting_sort_matches_torch_and_align_paths(t, e, k, kind, block, monke
             assert torch.equal(getattr(count, name), getattr(align, name)), name
     bad = sort_routes(ids_bad, e, 16, wts)
     assert not bool(bad.ok[0])
-    assert torch.equal(torch.sort(bad.inv.long()).values, torch.arange(t * k, device=DEVICE))
+    assert torch.equal(torch.sort(bad.inv.long()).values, torch.arange(t * k, device=device))
     if align_bad is not None:
         for name in names:
             assert torch.equal(getattr(bad, name), getattr(align_bad, name)), name
     assert int(bad.offsets[-1]) == t * k - len({(0, 0), (t // 2, k - 1), (t - 1, 0)})
 
 
-def test_counting_sort_serves_moe_forward(monkeypatch):
+def test_counting_sort_serves_moe_forward(monkeypatch, device):
     """moe_forward through the counting sort (and its validate check on bad ids)."""
     _counting_sort_only(monkeypatch, 16)
-    x = _r(21, 32)
-    w1, w2 = _weights(4, 32, 16, torch.float16)
-    wts, ids = _routing(21, 4, 2, "skewed")
+    x = _r(21, 32, device=device)
+    w1, w2 = _weights(4, 32, 16, torch.float16, device=device)
+    wts, ids = _routing(21, 4, 2, "skewed", device=device)
     assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"]
-    if DEVICE == "cpu":
+    if device == "cpu":
         ids[3, 1] = 4
         with pytest.raises(ValueError, match="topk_ids must be in"):
             moe_forward(x, w1, w2, wts, ids)
 
 
-def test_routing_kernel_that_cannot_build_falls_back_to_torch(monkeypatch):
+def test_routing_kernel_that_cannot_build_falls_back_to_torch(monkeypatch, device):
     from triton.runtime.errors import OutOfResources
 
     class Broken:
@@ -168,12 +168,12 @@ def test_routing_kernel_that_cannot_build_falls_back_to_torch(monkeypatch):
     monkeypatch.setattr(moe_routing, "moe_align_kernel", Broken())
     monkeypatch.setattr(moe_routing, "_ALIGN_BROKEN", [])
     monkeypatch.setattr(moe_plan, "PLANS", {})
-    wts, ids = _routing(9, 4, 2)
+    wts, ids = _routing(9, 4, 2, device=device)
     with pytest.warns(RuntimeWarning, match="routing kernel failed to compile"):
         r = sort_routes(ids, 4, 16, wts)
     assert r.ok is None and int(r.offsets[-1]) == 18 and moe_routing._ALIGN_BROKEN
-    x = _r(9, 32)
-    w1, w2 = _weights(4, 32, 16, torch.float16)
+    x = _r(9, 32, device=device)
+    w1, w2 = _weights(4, 32, 16, torch.float16, device=device)
     assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"]  # served by the torch path
 
 
@@ -185,17 +185,17 @@ def test_routing_kernel_that_cannot_build_falls_back_to_torch(monkeypatch):
                                                ([50], 24, 32),  # one expert
                                                ([0, 0, 5, 0], 33, 48),  # all rows on one expert of four
                                                ([3, 1, 7], 17, 37)])  # odd K: pointer loads
-def test_grouped_gemm(dtype, sizes, n, k):
+def test_grouped_gemm(dtype, sizes, n, k, device):
     s = sum(sizes)
-    x, w = _r(s, k, dtype=dtype), _r(len(sizes), n, k, dtype=dtype, seed=5)
-    offs = torch.cumsum(torch.tensor(sizes), 0).int().to(DEVICE)
+    x, w = _r(s, k, dtype=dtype, device=device), _r(len(sizes), n, k, dtype=dtype, seed=5, device=device)
+    offs = torch.cumsum(torch.tensor(sizes), 0).int().to(device)
     out = grouped_gemm(x, w, offs)
     ref = grouped_gemm_ref(x, w, offs)
     tol = 2.0 ** -(10 if dtype == torch.float16 else 7) * ref.abs().max().item() + 1e-3
     assert (out.float() - ref).abs().max().item() <= tol
-    extra = torch.full((s + 5, n), 7.0, dtype=dtype, device=DEVICE)  # rows past offsets[-1] stay untouched
-    grouped_gemm(torch.cat([x, _r(5, k, dtype=dtype)]), w, offs, out=extra)
-    assert torch.equal(extra[s:], torch.full((5, n), 7.0, dtype=dtype, device=DEVICE))
+    extra = torch.full((s + 5, n), 7.0, dtype=dtype, device=device)  # rows past offsets[-1] stay untouched
+    grouped_gemm(torch.cat([x, _r(5, k, dtype=dtype, device=device)]), w, offs, out=extra)
+    assert torch.equal(extra[s:], torch.full((5, n), 7.0, dtype=dtype, device=device))
     assert torch.equal(extra[:s], out)
 
 
@@ -203,17 +203,17 @@ def test_grouped_gemm(dtype, sizes, n, k):
 @pytest.mark.parametrize(("group_m", "clip", "out_tma"), [(1, False, True), (2, False, True), (8, False, True),
                                                          (2, True, False), (2, False, False)])
 @pytest.mark.parametrize("k", [64, 37])  # TMA and pointer loads
-def test_grouped_gemm_tiles(dtype, group_m, clip, out_tma, k):
+def test_grouped_gemm_tiles(dtype, group_m, clip, out_tma, k, device):
     """Partial last tiles (5, 1, 16 and 6 rows), an expert of 3 m-tiles walked in groups of ``group_m``
     m-tiles over 3 n-tiles, and full tiles: the same answer for every tile order and every epilogue (TMA
     store of full tiles, descriptors clipped at each group's end, masked stores)."""
     sizes = [5, 0, 33, 16, 70, 64]
     s = sum(sizes)
-    x, w = _r(s, k, dtype=dtype), _r(len(sizes), 80, k, dtype=dtype, seed=3)
-    offs = torch.cumsum(torch.tensor(sizes), 0).int().to(DEVICE)
+    x, w = _r(s, k, dtype=dtype, device=device), _r(len(sizes), 80, k, dtype=dtype, seed=3, device=device)
+    offs = torch.cumsum(torch.tensor(sizes), 0).int().to(device)
     cfg = moe_ops.MoEConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=1, group_m=group_m,
                             clip=clip, out_tma=out_tma)
-    out = grouped_gemm(x, w, offs, out=torch.full((s, 80), float("nan"), dtype=dtype, device=DEVICE), config=cfg)
+    out = grouped_gemm(x, w, offs, out=torch.full((s, 80), float("nan"), dtype=dtype, device=device), config=cfg)
     ref = grouped_gemm_ref(x, w, offs)
     tol = 2.0 ** -(10 if dtype == torch.float16 else 7) * ref.abs().max().item() + 1e-3
     assert (out.float() - ref).abs().max().item() <= tol
@@ -223,18 +223,18 @@ def test_grouped_gemm_tiles(dtype, group_m, clip, out_tma, k):
 VALUE_CHECKS = ("non-decreasing", "within", "in \\[0, E=4\\)")
 
 
-def test_grouped_gemm_errors():
-    x, w = _r(10, 16), _r(2, 8, 16)
-    offs = torch.tensor([4, 10], dtype=torch.int32, device=DEVICE)
-    for args, kw, err in [((x, _r(2, 8, 12), offs), {}, "K = 16"),
+def test_grouped_gemm_errors(device):
+    x, w = _r(10, 16, device=device), _r(2, 8, 16, device=device)
+    offs = torch.tensor([4, 10], dtype=torch.int32, device=device)
+    for args, kw, err in [((x, _r(2, 8, 12, device=device), offs), {}, "K = 16"),
                           ((x, w, offs[:1]), {}, "1 entries for E = 2"),
                           ((x, w.float(), offs), {}, "dtype"),
                           ((x, w, offs.long()), {}, "dtype"),
-                          ((x, w, torch.tensor([6, 4], dtype=torch.int32, device=DEVICE)), {}, "non-decreasing"),
-                          ((x, w, torch.tensor([4, 11], dtype=torch.int32, device=DEVICE)), {}, "within"),
+                          ((x, w, torch.tensor([6, 4], dtype=torch.int32, device=device)), {}, "non-decreasing"),
+                          ((x, w, torch.tensor([4, 11], dtype=torch.int32, device=device)), {}, "within"),
                           ((x[0], w, offs), {}, "2-D"),
-                          ((x, w, offs), {"out": torch.empty(10, 9, dtype=torch.float16, device=DEVICE)}, "out")]:
-        if DEVICE == "cuda" and err in VALUE_CHECKS:
+                          ((x, w, offs), {"out": torch.empty(10, 9, dtype=torch.float16, device=device)}, "out")]:
+        if device == "cuda" and err in VALUE_CHECKS:
             continue  # checked on the device there (a device-side assert ends the context: test_host_gpu.py)
         with pytest.raises((ValueError, TypeError), match=err):
             grouped_gemm(*args, **kw)
@@ -254,10 +254,10 @@ CASES = [  # (T, H, I, E, k, routing)
 
 @pytest.mark.parametrize("dtype", DT)
 @pytest.mark.parametrize(("t", "h", "i", "e", "k", "kind"), CASES)
-def test_moe_forward(dtype, t, h, i, e, k, kind):
-    x = _r(t, h, dtype=dtype, seed=11)
-    w1, w2 = _weights(e, h, i, dtype)
-    wts, ids = _routing(t, e, k, kind)
+def test_moe_forward(dtype, t, h, i, e, k, kind, device):
+    x = _r(t, h, dtype=dtype, seed=11, device=device)
+    w1, w2 = _weights(e, h, i, dtype, device=device)
+    wts, ids = _routing(t, e, k, kind, device=device)
     y = moe_forward(x, w1, w2, wts, ids)
     ref = moe_ref(x, w1, w2, wts, ids)
     chk = moe_check(y, x, w1, w2, wts, ids, ref)
@@ -267,29 +267,29 @@ def test_moe_forward(dtype, t, h, i, e, k, kind):
     assert moe_check(packed, x, w1, w2, wts, ids, ref)["ok"]
 
 
-def test_moe_edge_routings():
+def test_moe_edge_routings(device):
     t, h, i, e = 24, 32, 16, 6
-    x = _r(t, h, seed=3)
-    w1, w2 = _weights(e, h, i, torch.float16)
-    wts = torch.rand(t, 2, device=DEVICE)
-    one = torch.full((t, 2), 3, dtype=torch.int32, device=DEVICE)  # every token on expert 3, twice
+    x = _r(t, h, seed=3, device=device)
+    w1, w2 = _weights(e, h, i, torch.float16, device=device)
+    wts = torch.rand(t, 2, device=device)
+    one = torch.full((t, 2), 3, dtype=torch.int32, device=device)  # every token on expert 3, twice
     assert moe_check(moe_forward(x, w1, w2, wts, one), x, w1, w2, wts, one)["ok"]
-    zero = torch.stack([torch.zeros(t), torch.ones(t)], 1).int().to(DEVICE)  # experts 2..5 get nothing
+    zero = torch.stack([torch.zeros(t), torch.ones(t)], 1).int().to(device)  # experts 2..5 get nothing
     assert moe_check(moe_forward(x, w1, w2, wts, zero), x, w1, w2, wts, zero)["ok"]
     y1 = moe_forward(x, w1, w2, wts, zero)
     assert torch.equal(y1, moe_forward(x, w1, w2, wts, zero))  # deterministic combine
     assert moe_forward(x[:0], w1, w2, wts[:0], zero[:0]).shape == (0, h)
 
 
-def test_moe_bad_inputs():
+def test_moe_bad_inputs(device):
     t, h, i, e = 8, 32, 16, 4
-    x = _r(t, h)
-    w1, w2 = _weights(e, h, i, torch.float16)
-    wts, ids = _routing(t, e, 2)
+    x = _r(t, h, device=device)
+    w1, w2 = _weights(e, h, i, torch.float16, device=device)
+    wts, ids = _routing(t, e, 2, device=device)
     bad = [((x, w1, w2, wts, ids + e), "in \\[0, E=4\\)"),
            ((x, w1, w2, wts, ids - 1 - ids.max()), "in \\[0, E=4\\)"),
-           ((x, w1, _r(e + 1, h, i), wts, ids), "E = 4 experts but w2 has 5"),
-           ((x, w1, _r(e, h, i + 1), wts, ids), "w1 must be"),
+           ((x, w1, _r(e + 1, h, i, device=device), wts, ids), "E = 4 experts but w2 has 5"),
+           ((x, w1, _r(e, h, i + 1, device=device), wts, ids), "w1 must be"),
            ((x[:, :-1], w1, w2, wts, ids), "H = 31"),
            ((x.float(), w1, w2, wts, ids), "dtype"),
            ((x, w1, w2.bfloat16(), wts, ids), "dtypes differ"),
@@ -297,13 +297,13 @@ def test_moe_bad_inputs():
            ((x, w1, w2, wts, ids.float()), "dtype"),
            ((x, w1, w2, wts.unsqueeze(0), ids), "2-D")]
     for args, err in bad:
-        if DEVICE == "cuda" and err in VALUE_CHECKS:
+        if device == "cuda" and err in VALUE_CHECKS:
             continue  # checked on the device there (a device-side assert ends the context: test_host_gpu.py)
         with pytest.raises((ValueError, TypeError), match=err):
             moe_forward(*args)
 
 
-def test_every_kernel_variant_is_exercised(monkeypatch):
+def test_every_kernel_variant_is_exercised(monkeypatch, device):
     """The launch variants (A by TMA / pointers / gathered rows, W by TMA / pointers, the three modes)
     each run in this module's cases; here they are recorded on a few calls and checked against the ref."""
     seen = set()
@@ -319,15 +319,15 @@ def test_every_kernel_variant_is_exercised(monkeypatch):
     monkeypatch.setattr(grouped, "moe_grouped_kernel", Spy())
     monkeypatch.setattr(moe_plan, "PLANS", {})  # plans made earlier hold the real kernel
     for h, i in ((48, 40), (37, 21)):
-        x = _r(9, h)
-        w1, w2 = _weights(4, h, i, torch.float16)
-        wts, ids = _routing(9, 4, 2)
+        x = _r(9, h, device=device)
+        w1, w2 = _weights(4, h, i, torch.float16, device=device)
+        wts, ids = _routing(9, 4, 2, device=device)
         for weights in ((w1, w2), (pack_moe_weights(w1, w2), None)):
             for gather in ("auto", "fused"):
                 assert moe_check(moe_forward(x, *weights, wts, ids, gather=gather), x, w1, w2, wts, ids)["ok"]
-    offs = torch.tensor([3, 9], dtype=torch.int32, device=DEVICE)
+    offs = torch.tensor([3, 9], dtype=torch.int32, device=device)
     for k in (32, 37):
-        grouped_gemm(_r(9, k), _r(2, 8, k), offs)
+        grouped_gemm(_r(9, k, device=device), _r(2, 8, k, device=device), offs)
     want = {(1, False, True, True, False), (1, False, True, False, False), (1, True, False, True, True),
             (2, True, False, True, True), (2, True, False, False, False), (0, True, False, True, True),
             (0, False, False, False, False)}
@@ -377,7 +377,7 @@ def _region(addr: int, like: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.cpu_only("simulates the GPU's kept-kernel launches on the interpreter")
-def test_kept_moe_launches_end_to_end(monkeypatch):
+def test_kept_moe_launches_end_to_end(monkeypatch, device):
     """Every MoE launch (routing table, tile schedule, grouped GEMMs, gather, combine) is kept after its first
     launch; with kernels kept as on a GPU, later calls hand the launcher header and every parameter (moe_forward's
     plan: device addresses into its scratch buffer and HostDescs) to a stand-in for CompiledKernel.run, which maps
@@ -429,11 +429,11 @@ def test_kept_moe_launches_end_to_end(monkeypatch):
     monkeypatch.setattr(grouped, "_KEPT", {})
     monkeypatch.setattr(moe_routing, "_KEPT", {})
     monkeypatch.setattr(moe_plan, "PLANS", {})
-    w1, w2 = _weights(4, 48, 40, torch.float16)
-    wts, ids = _routing(9, 4, 2)
-    offs = torch.tensor([3, 3, 9, 9], dtype=torch.int32, device=DEVICE)
+    w1, w2 = _weights(4, 48, 40, torch.float16, device=device)
+    wts, ids = _routing(9, 4, 2, device=device)
+    offs = torch.tensor([3, 3, 9, 9], dtype=torch.int32, device=device)
     for rep in range(3):
-        x = _r(9, 48, seed=rep)
+        x = _r(9, 48, seed=rep, device=device)
         for gather in ("auto", "fused"):
             assert moe_check(moe_forward(x, w1, w2, wts, ids, gather=gather), x, w1, w2, wts, ids)["ok"], rep
         out = grouped_gemm(x, w1, offs)
@@ -446,13 +446,13 @@ def test_kept_moe_launches_end_to_end(monkeypatch):
     assert len(direct) == 2 * (5 + 4 + 2)
 
 
-def test_moe_forward_edge_calls():
+def test_moe_forward_edge_calls(device):
     """An empty N-D batch reshapes (T = 0 with leading dims); configs= (the tuner's eager path) refuses inputs
     that need grad instead of silently dropping the gradient."""
     t, h, i, e = 4, 32, 16, 4
-    w1, w2 = _weights(e, h, i, torch.float16)
-    x = _r(t, h)
-    wts, ids = _routing(t, e, 2)
+    w1, w2 = _weights(e, h, i, torch.float16, device=device)
+    x = _r(t, h, device=device)
+    wts, ids = _routing(t, e, 2, device=device)
     y = moe_forward(x.view(2, 2, h)[:0], w1, w2, wts.view(2, 2, 2)[:0], ids.view(2, 2, 2)[:0])
     assert y.shape == (0, 2, h)
     with pytest.raises(RuntimeError, match="configs= .* no autograd"):

@@ -18,10 +18,10 @@ def plans(monkeypatch):
     return moe_plan.PLANS
 
 
-def test_a_hit_skips_the_checks_and_gives_the_same_y(plans, monkeypatch):
-    x = _r(9, 48)
-    w1, w2 = _weights(4, 48, 40, torch.float16)
-    wts, ids = _routing(9, 4, 2)
+def test_a_hit_skips_the_checks_and_gives_the_same_y(plans, monkeypatch, device):
+    x = _r(9, 48, device=device)
+    w1, w2 = _weights(4, 48, 40, torch.float16, device=device)
+    wts, ids = _routing(9, 4, 2, device=device)
     checks = []
     real = moe_plan.check_moe_args
     monkeypatch.setattr(moe_plan, "check_moe_args", lambda *a: checks.append(1) or real(*a))
@@ -30,7 +30,7 @@ def test_a_hit_skips_the_checks_and_gives_the_same_y(plans, monkeypatch):
     for _ in range(2):
         assert torch.equal(moe_forward(x, w1, w2, wts, ids), first)
     assert len(checks) == 1  # the key proved them
-    x2 = _r(9, 48, seed=5)  # same signature, new values: the plan serves it
+    x2 = _r(9, 48, seed=5, device=device)  # same signature, new values: the plan serves it
     assert moe_check(moe_forward(x2, w1, w2, wts, ids), x2, w1, w2, wts, ids)["ok"] and len(plans) == 1
     moe_forward(x, w1, w2, wts, ids, gather="fused")  # another decision: another plan
     moe_forward(x, w1, w2, wts, ids, validate=False)
@@ -38,10 +38,10 @@ def test_a_hit_skips_the_checks_and_gives_the_same_y(plans, monkeypatch):
 
 
 @pytest.mark.cpu_only("on a GPU the check is a device-side assert (tests/ops/test_host_gpu.py)")
-def test_a_hit_still_validates_the_ids(plans):
-    x = _r(9, 32)
-    w1, w2 = _weights(4, 32, 16, torch.float16)
-    wts, ids = _routing(9, 4, 2)
+def test_a_hit_still_validates_the_ids(plans, device):
+    x = _r(9, 32, device=device)
+    w1, w2 = _weights(4, 32, 16, torch.float16, device=device)
+    wts, ids = _routing(9, 4, 2, device=device)
     moe_forward(x, w1, w2, wts, ids)
     for bad in (4, -1):
         ids_bad = ids.clone()
@@ -52,13 +52,13 @@ def test_a_hit_still_validates_the_ids(plans):
     moe_forward(x, w1, w2, wts, ids_bad, validate=False)  # no check asked for: none fires
 
 
-def test_the_cache_is_bounded_and_cleared_by_a_config_reload(plans, monkeypatch):
+def test_the_cache_is_bounded_and_cleared_by_a_config_reload(plans, monkeypatch, device):
     monkeypatch.setattr(moe_plan, "PLANS_SIZE", 2)
-    w1, w2 = _weights(4, 32, 16, torch.float16)
+    w1, w2 = _weights(4, 32, 16, torch.float16, device=device)
     keys = []
     for t in (3, 4, 5):
-        wts, ids = _routing(t, 4, 2)
-        moe_forward(_r(t, 32), w1, w2, wts, ids)
+        wts, ids = _routing(t, 4, 2, device=device)
+        moe_forward(_r(t, 32, device=device), w1, w2, wts, ids)
         keys.append(next(reversed(plans)))
     assert len(plans) == 2 and keys[0] not in plans and keys[2] in plans  # the oldest went
     config_tables.reload()
@@ -66,18 +66,18 @@ def test_the_cache_is_bounded_and_cleared_by_a_config_reload(plans, monkeypatch)
 
 
 @pytest.mark.parametrize("layout", ["x strided", "x unaligned", "ids strided", "w1 strided", "odd"])
-def test_plans_of_unusual_layouts(layout, plans):
+def test_plans_of_unusual_layouts(layout, plans, device):
     """Layouts the plan copies or passes differently (x rows not unit-stride, x off 16-byte alignment, strided
     routing tensors, weights not in the (E * N_w, K) layout, odd H and I): right on the first call and on hits."""
     t, h, i, e, k = 7, 48, 40, 4, 2
     if layout == "odd":
         h, i = 37, 21
-    x, (w1, w2) = _r(t, h), _weights(e, h, i, torch.float16)
-    wts, ids = _routing(t, e, k)
+    x, (w1, w2) = _r(t, h, device=device), _weights(e, h, i, torch.float16, device=device)
+    wts, ids = _routing(t, e, k, device=device)
     if layout == "x strided":
         x = x.t().contiguous().t()
     elif layout == "x unaligned":
-        x = _r(t * h + 1)[1:].view(t, h)
+        x = _r(t * h + 1, device=device)[1:].view(t, h)
     elif layout == "ids strided":
         wts, ids = torch.cat([wts, wts], 1)[:, ::2], torch.cat([ids, ids], 1)[:, ::2]
     elif layout == "w1 strided":
@@ -87,10 +87,10 @@ def test_plans_of_unusual_layouts(layout, plans):
     assert len(plans) == 1
 
 
-def test_scratch_regions_are_aligned_and_disjoint(plans):
-    x = _r(9, 37)
-    w1, w2 = _weights(4, 37, 21, torch.float16)
-    wts, ids = _routing(9, 4, 2)
+def test_scratch_regions_are_aligned_and_disjoint(plans, device):
+    x = _r(9, 37, device=device)
+    w1, w2 = _weights(4, 37, 21, torch.float16, device=device)
+    wts, ids = _routing(9, 4, 2, device=device)
     moe_forward(x, w1, w2, wts, ids, gather="copy")
     p = next(iter(plans.values()))
     ends = []
@@ -104,14 +104,14 @@ def test_scratch_regions_are_aligned_and_disjoint(plans):
 
 
 @pytest.mark.parametrize("save", [True, False])
-def test_eager_autograd_path_matches_the_custom_op(plans, save):
+def test_eager_autograd_path_matches_the_custom_op(plans, save, device):
     """A plain eager call that needs a gradient goes through custom.MoEForwardSaving (gate/up kept) or
     custom.MoEForward (recomputed), no dispatcher: y and every gradient bit for bit those of
     torch.ops.gemmlab.moe_forward_saving / moe_forward."""
     t, h, i, e, k = 6, 32, 16, 4, 2
-    x0, (w10, w20) = _r(t, h), _weights(e, h, i, torch.float16)
-    wts0, ids = _routing(t, e, k)
-    dy = _r(t, h, seed=9)
+    x0, (w10, w20) = _r(t, h, device=device), _weights(e, h, i, torch.float16, device=device)
+    wts0, ids = _routing(t, e, k, device=device)
+    dy = _r(t, h, seed=9, device=device)
     got = []
     for path in ("eager", "op"):
         x, w1, w2, wts = (v.clone().requires_grad_(True) for v in (x0, w10, w20, wts0))

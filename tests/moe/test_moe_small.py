@@ -18,14 +18,13 @@ from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import MoEConfig, moe_choice, moe_forward
 from gemmlab.ops.moe_config import fit_stages
 from gemmlab.ref import moe_check, moe_ref
-from tests.conftest import DEVICE
 
 H200 = Target("nvidia-h200", (9, 0), 132)
 
 
-def _r(*shape, dtype, seed):
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    return ((torch.rand(shape, generator=g, device=DEVICE) - 0.5) * 2.0).to(dtype)
+def _r(*shape, dtype, seed, device):
+    g = torch.Generator(device=device).manual_seed(seed)
+    return ((torch.rand(shape, generator=g, device=device) - 0.5) * 2.0).to(dtype)
 
 
 def _poison_empty(monkeypatch):
@@ -58,7 +57,7 @@ def test_tiles_come_from_the_largest_group_not_the_mean():
     assert moe_choice(H200, 1024, 128, 0, **bf)[0].block_m == 64
 
 
-def test_moe_forward_hands_t_as_the_group_bound(monkeypatch):
+def test_moe_forward_hands_t_as_the_group_bound(monkeypatch, device):
     seen = []
     real = moe_plan.moe_config
 
@@ -68,10 +67,11 @@ def test_moe_forward_hands_t_as_the_group_bound(monkeypatch):
 
     monkeypatch.setattr(moe_plan, "moe_config", spy)
     t, h, i, e = 5, 32, 16, 4
-    x, w1, w2 = _r(t, h, dtype=torch.float16, seed=1), _r(e, 2 * i, h, dtype=torch.float16, seed=2), \
-        _r(e, h, i, dtype=torch.float16, seed=3)
-    wts = torch.rand(t, 2, device=DEVICE)
-    ids = torch.tensor([[0, 1], [1, 2], [0, 3], [2, 1], [3, 0]], dtype=torch.int32, device=DEVICE)
+    x, w1, w2 = (_r(t, h, dtype=torch.float16, seed=1, device=device),
+                 _r(e, 2 * i, h, dtype=torch.float16, seed=2, device=device),
+                 _r(e, h, i, dtype=torch.float16, seed=3, device=device))
+    wts = torch.rand(t, 2, device=device)
+    ids = torch.tensor([[0, 1], [1, 2], [0, 3], [2, 1], [3, 0]], dtype=torch.int32, device=device)
     assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"]
     assert seen == [t, t]
 
@@ -122,25 +122,25 @@ ROUTINGS = {  # (T, H, I, E, k, how)
 }
 
 
-def _routing(t, e, k, how, seed=0):
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    logits = torch.randn((t, e), generator=g, device=DEVICE)
+def _routing(t, e, k, how, seed=0, *, device):
+    g = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn((t, e), generator=g, device=device)
     if how == "skewed":
-        logits = logits - 4.5 * torch.log(torch.arange(1, e + 1, device=DEVICE, dtype=torch.float32))[None, :]
+        logits = logits - 4.5 * torch.log(torch.arange(1, e + 1, device=device, dtype=torch.float32))[None, :]
     if how == "two":
-        ids = torch.stack([torch.zeros(t), torch.ones(t)], 1).int().to(DEVICE)
-        return torch.rand(t, 2, generator=g, device=DEVICE), ids
+        ids = torch.stack([torch.zeros(t), torch.ones(t)], 1).int().to(device)
+        return torch.rand(t, 2, generator=g, device=device), ids
     return moe_ops.route(logits, k)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("routing", list(ROUTINGS))
 @pytest.mark.parametrize("pair", list(PAIRS))
-def test_small_configs_match_the_reference(pair, routing, dtype, monkeypatch):
+def test_small_configs_match_the_reference(pair, routing, dtype, monkeypatch, device):
     t, h, i, e, k, how = ROUTINGS[routing]
-    x = _r(t, h, dtype=dtype, seed=11)
-    w1, w2 = _r(e, 2 * i, h, dtype=dtype, seed=12), _r(e, h, i, dtype=dtype, seed=13)
-    wts, ids = _routing(t, e, k, how)
+    x = _r(t, h, dtype=dtype, seed=11, device=device)
+    w1, w2 = _r(e, 2 * i, h, dtype=dtype, seed=12, device=device), _r(e, h, i, dtype=dtype, seed=13, device=device)
+    wts, ids = _routing(t, e, k, how, device=device)
     ref = moe_ref(x, w1, w2, wts, ids)
     _poison_empty(monkeypatch)
     y = moe_forward(x, w1, w2, wts, ids, configs=PAIRS[pair])
@@ -197,12 +197,13 @@ def test_sweep_configs_stay_on_tensor_cores_without_spills():
         assert r["sass"]["UTMALDG"] > 0, r
 
 
-def test_the_poison_shows_a_buffer_left_unwritten(monkeypatch):
+def test_the_poison_shows_a_buffer_left_unwritten(monkeypatch, device):
     """The check above can fail: with the down launch skipped, the NaN-poisoned rows reach y."""
     t, h, i, e, k, how = ROUTINGS["uneven"]
-    x = _r(t, h, dtype=torch.float16, seed=11)
-    w1, w2 = _r(e, 2 * i, h, dtype=torch.float16, seed=12), _r(e, h, i, dtype=torch.float16, seed=13)
-    wts, ids = _routing(t, e, k, how)
+    x = _r(t, h, dtype=torch.float16, seed=11, device=device)
+    w1, w2 = (_r(e, 2 * i, h, dtype=torch.float16, seed=12, device=device),
+              _r(e, h, i, dtype=torch.float16, seed=13, device=device))
+    wts, ids = _routing(t, e, k, how, device=device)
     real_launch = moe_plan.fire_grouped
     _poison_empty(monkeypatch)
     monkeypatch.setattr(moe_plan, "fire_grouped",

@@ -16,7 +16,7 @@ import gemmlab
 import gemmlab.nn as gnn
 from gemmlab.ops import configs
 from gemmlab.ops import moe_backward as bwd
-from tests.conftest import DEVICE, rand
+from tests.conftest import rand
 
 # Tensor methods that read a value on the host (a device sync on a GPU) or whose output size depends on values
 _TENSOR_READS = ("item", "tolist", "cpu", "numpy", "nonzero", "unique", "unique_consecutive", "masked_select",
@@ -80,9 +80,9 @@ class NoHostReads:
         self.mp.undo()
 
 
-def _moe(dtype=torch.bfloat16, seed=0):
+def _moe(dtype=torch.bfloat16, seed=0, *, device):
     torch.manual_seed(seed)
-    return gnn.MoE(32, 16, 4, 2, dtype=dtype, device=DEVICE)  # H 32, I 16, E 4, k 2
+    return gnn.MoE(32, 16, 4, 2, dtype=dtype, device=device)  # H 32, I 16, E 4, k 2
 
 
 def _step(moe, x, dy, opt):
@@ -94,18 +94,18 @@ def _step(moe, x, dy, opt):
 
 
 @pytest.mark.parametrize("save", [True, False])
-def test_a_training_step_reads_nothing_on_the_host(monkeypatch, user_dir, save):
+def test_a_training_step_reads_nothing_on_the_host(monkeypatch, user_dir, save, device):
     """nn.MoE forward + backward + SGD step, with gate/up kept (the default) and recomputed, and the grouped
     GEMM's and route's backward: no gemmlab frame reads a tensor on the host."""
     if not save:
-        (user_dir / f"{bwd.target_for(torch.device(DEVICE)).name}.json").write_text(
+        (user_dir / f"{bwd.target_for(torch.device(device)).name}.json").write_text(
             json.dumps({"moe_backward": {"fused": [{"config": {"save_gate_up": False}}]}}))
         configs.reload()
-    moe = _moe()
+    moe = _moe(device=device)
     x = rand((9, 32), torch.bfloat16, seed=1).requires_grad_()
     dy = rand((9, 32), torch.float32, seed=2)
     opt = torch.optim.SGD(moe.parameters(), lr=0.1)
-    offsets = torch.tensor([5, 5, 17], dtype=torch.int32, device=DEVICE)
+    offsets = torch.tensor([5, 5, 17], dtype=torch.int32, device=device)
     xg, w = rand((20, 24), seed=3).requires_grad_(), rand((3 * 16, 24), seed=4).view(3, 16, 24).requires_grad_()
     with NoHostReads(monkeypatch):
         _step(moe, x, dy, opt)
@@ -118,25 +118,25 @@ def test_a_training_step_reads_nothing_on_the_host(monkeypatch, user_dir, save):
     assert torch.isfinite(gx).all() and torch.isfinite(gw).all()
 
 
-def test_host_read_guard_fires(monkeypatch):
+def test_host_read_guard_fires(monkeypatch, device):
     """Each kind of host read the guard looks for raises when gemmlab code makes it."""
     from gemmlab.ref import grouped_gemm_ref
 
-    offsets = torch.tensor([2, 4], dtype=torch.int32, device=DEVICE)
+    offsets = torch.tensor([2, 4], dtype=torch.int32, device=device)
     with NoHostReads(monkeypatch), pytest.raises(AssertionError, match="host read tolist from gemmlab.ref"):
         grouped_gemm_ref(rand((4, 16)), rand((32, 16)).view(2, 16, 16), offsets)  # offsets read on the host
-    experts = gnn.MoEExperts(4, 16, 8, dtype=torch.float32, device=DEVICE)  # fp32: the torch fallback's loop
-    ids = torch.tensor([[0, 1], [2, 1]], device=DEVICE)
+    experts = gnn.MoEExperts(4, 16, 8, dtype=torch.float32, device=device)  # fp32: the torch fallback's loop
+    ids = torch.tensor([[0, 1], [2, 1]], device=device)
     with NoHostReads(monkeypatch), pytest.raises(AssertionError, match="host read unique from gemmlab.nn"):
-        experts(torch.randn(2, 16, device=DEVICE), ids, torch.rand(2, 2, device=DEVICE))
-    probe = {"__name__": "gemmlab.probe", "t": torch.arange(4.0, device=DEVICE)}  # code in a gemmlab module
+        experts(torch.randn(2, 16, device=device), ids, torch.rand(2, 2, device=device))
+    probe = {"__name__": "gemmlab.probe", "t": torch.arange(4.0, device=device)}  # code in a gemmlab module
     with NoHostReads(monkeypatch), pytest.raises(AssertionError, match="boolean mask from gemmlab.probe"):
         exec("t[t > 1]", probe)
     with NoHostReads(monkeypatch), pytest.raises(AssertionError, match="__bool__ from gemmlab.probe"):
         exec("bool(t[0])", probe)
     with NoHostReads(monkeypatch):
         exec("t[1:3]", probe)  # a slice is no host read
-    if DEVICE == "cpu":  # the CPU branch of the device check reads its flag (on a GPU: torch._assert_async) ...
+    if device == "cpu":  # the CPU branch of the device check reads its flag (on a GPU: torch._assert_async) ...
         from gemmlab.ops.moe_checks import device_check
 
         with NoHostReads(monkeypatch):
@@ -146,14 +146,14 @@ def test_host_read_guard_fires(monkeypatch):
             exec("bool(t)", probe)  # ... and only that branch: the same read elsewhere in the module raises
 
 
-def test_training_step_compiles_fullgraph_with_eager_gradients():
+def test_training_step_compiles_fullgraph_with_eager_gradients(device):
     """The forward traces whole, and so does its backward (AOTAutograd traces the autograd formulas of the
     gemm, route and MoE ops on fake tensors: a host read there would break the graph); gradients as eager."""
     x = rand((9, 32), torch.bfloat16, seed=5)
     dy = rand((9, 32), torch.float32, seed=6)
     grads = []
     for compiled in (False, True):
-        moe = _moe(seed=7)
+        moe = _moe(seed=7, device=device)
         leaf = x.clone().requires_grad_()
         fn = torch.compile(moe, fullgraph=True, backend="aot_eager") if compiled else moe
         (fn(leaf).float() * dy).sum().backward()
@@ -162,10 +162,10 @@ def test_training_step_compiles_fullgraph_with_eager_gradients():
         assert torch.equal(eager, traced)
 
 
-def test_moe_forward_keeps_gate_up_as_the_tables_say(user_dir):
+def test_moe_forward_keeps_gate_up_as_the_tables_say(user_dir, device):
     """Under autograd the bundled tables keep gate/up; a user rule can say recompute; save_gate_up= pins it.
     Either way y is the same (the saving forward runs the same launches, storing gate/up beside them)."""
-    moe = _moe(torch.float16)
+    moe = _moe(torch.float16, device=device)
     x = rand((6, 32), torch.float16, seed=8).requires_grad_()
     w, ids = gemmlab.route(moe.gate(x), 2)
     args = (x, moe.experts.gate_up_proj, moe.experts.down_proj, w, ids)
@@ -196,20 +196,20 @@ def test_moe_forward_keeps_gate_up_as_the_tables_say(user_dir):
     ({"config": {"save_gate_up": 1}}, "save_gate_up = 1"),
     ({"rows": [4, 1], "config": {}}, "lo <= hi"),
 ])
-def test_a_bad_backward_rule_is_refused_naming_the_file(user_dir, rule, words):
+def test_a_bad_backward_rule_is_refused_naming_the_file(user_dir, rule, words, device):
     (user_dir / "interpreter.json").write_text(json.dumps({"moe_backward": {"fused": [rule]}}))
     configs.reload()
     with pytest.raises(ValueError) as e:
-        bwd.backward_config(bwd.target_for(torch.device(DEVICE)), 12, 4)
+        bwd.backward_config(bwd.target_for(torch.device(device)), 12, 4)
     assert str(user_dir / "interpreter.json") in str(e.value) and words in str(e.value), str(e.value)
 
 
-def test_saving_op_schema_fake_and_autograd():
+def test_saving_op_schema_fake_and_autograd(device):
     """torch.ops.gemmlab.moe_forward_saving (what a compiled training step runs): schema, fake and autograd
     registration as torch.library.opcheck sees them; its gather argument has a default."""
-    moe = _moe(torch.float16)
+    moe = _moe(torch.float16, device=device)
     x = rand((6, 32), torch.float16, seed=9)
-    w, ids = gemmlab.route(torch.randn(6, 4, device=DEVICE), 2)
+    w, ids = gemmlab.route(torch.randn(6, 4, device=device), 2)
     args = (x.requires_grad_(), moe.experts.gate_up_proj.detach(), moe.experts.down_proj.detach(), w, ids, True)
     torch.library.opcheck(torch.ops.gemmlab.moe_forward_saving, args,
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))

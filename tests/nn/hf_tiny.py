@@ -9,8 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import DEVICE
-
 tf = pytest.importorskip("transformers")
 
 COMMON = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
@@ -91,7 +89,7 @@ FAMILIES = {
 ROUTER = re.compile(r"(router|\.gate)(\.layer)?\.weight$")  # router weights (E, H), not shared_expert_gate
 
 
-def tiny(name: str, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+def tiny(name: str, dtype: torch.dtype = torch.bfloat16, *, device) -> nn.Module:
     """One (or two, for hybrids) layers of ``name``'s architecture, random weights, in ``dtype``; router weights
     scaled up so that routing margins are wide (one rounding must not flip an expert choice)."""
     config_cls, model_cls, kw, _ = FAMILIES[name]
@@ -104,7 +102,7 @@ def tiny(name: str, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
         for path, p in model.named_parameters():
             if p.dim() == 2 and ROUTER.search(path):
                 p.mul_(30)
-    return model.to(device=DEVICE, dtype=dtype)
+    return model.to(device=device, dtype=dtype)
 
 
 def float64(model: nn.Module) -> nn.Module:

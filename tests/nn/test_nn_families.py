@@ -20,7 +20,6 @@ import gemmlab.nn as gnn
 from gemmlab.nn import families
 from gemmlab.nn.patch import experts_fit
 from gemmlab.ref import mantissa_bits, moe_ref
-from tests.conftest import DEVICE
 from tests.nn.hf_tiny import FAMILIES, float64, output, tf, tiny
 
 # compiled whole (one family per way patch swaps, and the skipped families whose own code traces; tracing a whole
@@ -62,11 +61,11 @@ def _patch(model: nn.Module, name: str):
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_family_forward_matches_the_unpatched_model(name):
-    model = tiny(name).eval()
+def test_family_forward_matches_the_unpatched_model(name, device):
+    model = tiny(name, device=device).eval()
     ref64 = float64(model)
     params, keys = dict(model.named_parameters()), set(model.state_dict())
-    ids = torch.randint(3, 128, (2, 3), device=DEVICE)
+    ids = torch.randint(3, 128, (2, 3), device=device)
     with torch.no_grad():
         theirs, ref = output(model, ids), output(ref64, ids)
     _patch(model, name)
@@ -79,18 +78,18 @@ def test_family_forward_matches_the_unpatched_model(name):
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_family_gradients_match_the_unpatched_model(name):
+def test_family_gradients_match_the_unpatched_model(name, device):
     """One backward of a fixed random projection of the output: every parameter's gradient."""
-    model = tiny(name).train()
+    model = tiny(name, device=device).train()
     ref64, theirs = float64(model), copy.deepcopy(model)
     _patch(model, name)
-    ids = torch.randint(3, 128, (2, 3), device=DEVICE)
+    ids = torch.randint(3, 128, (2, 3), device=device)
     proj = None
     grads = {}
     for key, m in (("ours", model), ("theirs", theirs), ("ref", ref64)):
         out = output(m, ids)
         if proj is None:
-            proj = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+            proj = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device)
         (out.double() * proj.double()).sum().backward()
         grads[key] = {n: p.grad for n, p in m.named_parameters() if p.requires_grad}
     assert set(grads["ours"]) == set(grads["ref"])
@@ -105,12 +104,12 @@ def test_family_gradients_match_the_unpatched_model(name):
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_family_compiles_fullgraph(name):
+def test_family_compiles_fullgraph(name, device):
     """The patched model (``WHOLE_MODEL``) or each patched MoE block traces with fullgraph=True and matches eager."""
     torch._dynamo.reset()  # the families share transformers' forward wrappers: fresh recompile counts per family
-    model = tiny(name).eval()
+    model = tiny(name, device=device).eval()
     summary = _patch(model, name)
-    ids = torch.randint(3, 128, (1, 4), device=DEVICE)
+    ids = torch.randint(3, 128, (1, 4), device=device)
     with torch.no_grad():
         if name in WHOLE_MODEL:
             eager = output(model, ids)
@@ -122,7 +121,7 @@ def test_family_compiles_fullgraph(name):
         assert blocks or FAMILIES[name][3] == "skip"
         for block in blocks or [model.get_submodule(p) for p in summary["linear"]]:
             h = block.experts.hidden_dim if hasattr(block, "experts") else block.in_features
-            x = torch.randn(1, 4, h, device=DEVICE, dtype=torch.bfloat16)
+            x = torch.randn(1, 4, h, device=device, dtype=torch.bfloat16)
             eager = block(x)
             compiled = torch.compile(block, fullgraph=True, backend="aot_eager")(x)
             for a, b in zip(*(o if isinstance(o, tuple) else (o,) for o in (compiled, eager)), strict=True):

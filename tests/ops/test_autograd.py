@@ -9,7 +9,7 @@ import torch
 import gemmlab
 from gemmlab.ops.scores import route_scores as route_impl
 from gemmlab.ref import gemm_check, gemm_ref, grouped_gemm_ref, mantissa_bits, moe_ref, moe_same_dtype
-from tests.conftest import DEVICE, rand
+from tests.conftest import rand
 
 DTYPES = [torch.float16, torch.bfloat16]
 
@@ -51,11 +51,11 @@ def test_gemm_grads_match_float64(dtype, layout):
         assert (ours.double() - ref).abs().max() <= 2.0 ** -mantissa_bits(dtype) * ref.abs().max() * 2
 
 
-def test_gemm_grad_of_one_operand_and_expanded_grad():
+def test_gemm_grad_of_one_operand_and_expanded_grad(device):
     a = _leaf(rand((8, 16)))
     b = rand((16, 24))  # no grad
     gemmlab.gemm(a, b).sum().backward()  # the grad of sum() is expanded (strides 0, 0)
-    assert gemm_check(a.grad, torch.ones(8, 24, dtype=a.dtype, device=DEVICE), b.t())["ok"]
+    assert gemm_check(a.grad, torch.ones(8, 24, dtype=a.dtype, device=device), b.t())["ok"]
 
 
 def test_gemm_nd_grads():
@@ -70,19 +70,19 @@ def test_gemm_nd_grads():
     assert gemm_check(b.grad, a.detach().reshape(6, 16).t(), dc.reshape(6, 8))["ok"]
 
 
-def test_out_requiring_grad_is_refused():
+def test_out_requiring_grad_is_refused(device):
     a, b = rand((8, 16)), rand((16, 8))
-    out = torch.empty(8, 8, dtype=a.dtype, device=DEVICE, requires_grad=True)
+    out = torch.empty(8, 8, dtype=a.dtype, device=device, requires_grad=True)
     with pytest.raises(RuntimeError, match="out= does not support autograd, but out requires grad"):
         gemmlab.gemm(a, b, out=out)
     with pytest.raises(RuntimeError, match="an input requires grad"):
-        gemmlab.gemm(_leaf(a), b, out=torch.empty(8, 8, dtype=a.dtype, device=DEVICE))
-    offs = torch.tensor([3, 8], dtype=torch.int32, device=DEVICE)
+        gemmlab.gemm(_leaf(a), b, out=torch.empty(8, 8, dtype=a.dtype, device=device))
+    offs = torch.tensor([3, 8], dtype=torch.int32, device=device)
     w = rand((16, 16)).view(2, 8, 16)
     with pytest.raises(RuntimeError, match="out requires grad"):
         gemmlab.grouped_gemm(a, w, offs, out=out)
     with torch.no_grad():  # an input that requires grad is fine outside autograd
-        gemmlab.gemm(_leaf(a), b, out=torch.empty(8, 8, dtype=a.dtype, device=DEVICE))
+        gemmlab.gemm(_leaf(a), b, out=torch.empty(8, 8, dtype=a.dtype, device=device))
 
 
 # ----------------------------------------------------------------------------------------- grouped_gemm
@@ -98,9 +98,9 @@ def _grouped_same_dtype(x, w, offsets):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_grouped_gemm_grads(dtype):
+def test_grouped_gemm_grads(dtype, device):
     s, n, k = 20, 24, 32
-    offsets = torch.tensor([5, 5, 17], dtype=torch.int32, device=DEVICE)  # an empty group; rows 17.. in none
+    offsets = torch.tensor([5, 5, 17], dtype=torch.int32, device=device)  # an empty group; rows 17.. in none
     x, w = _leaf(rand((s, k), dtype)), _leaf(rand((3 * n, k), dtype).view(3, n, k))
     dy = rand((s, n), dtype)
     gemmlab.grouped_gemm(x, w, offsets).backward(dy)
@@ -118,12 +118,12 @@ def test_grouped_gemm_grads(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_moe_forward_grads(dtype):
+def test_moe_forward_grads(dtype, device):
     t, h, i, e, k = 6, 32, 16, 4, 2
     x = _leaf(rand((t, h), dtype))
     w1 = _leaf(rand((e * 2 * i, h), dtype).view(e, 2 * i, h))
     w2 = _leaf(rand((e * h, i), dtype).view(e, h, i))
-    logits = torch.randn(t, e, device=DEVICE)
+    logits = torch.randn(t, e, device=device)
     tw, ids = gemmlab.route(logits, k)
     tw = _leaf(tw)
     dy = rand((t, h), dtype)
@@ -140,11 +140,11 @@ def test_moe_forward_grads(dtype):
         _within(ours.grad, ref.grad, sd.grad, dtype, ulps=4)
 
 
-def test_moe_forward_nd_and_partial_grads():
+def test_moe_forward_nd_and_partial_grads(device):
     t, h, i, e, k = 4, 16, 8, 3, 2
     x = _leaf(rand((t, h)).view(2, 2, h))
     w1, w2 = rand((e * 2 * i, h)).view(e, 2 * i, h), _leaf(rand((e * h, i)).view(e, h, i))
-    tw, ids = gemmlab.route(torch.randn(t, e, device=DEVICE), k)
+    tw, ids = gemmlab.route(torch.randn(t, e, device=device), k)
     y = gemmlab.moe_forward(x, w1, w2, tw.view(2, 2, k), ids.view(2, 2, k))
     assert y.shape == (2, 2, h)
     y.float().square().sum().backward()
@@ -162,8 +162,8 @@ def test_moe_forward_nd_and_partial_grads():
 
 @pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
 @pytest.mark.parametrize("renormalize", [True, False])
-def test_route_grads_match_torch(scoring, renormalize):
-    logits = _leaf(torch.randn(7, 6, device=DEVICE, dtype=torch.float64))
+def test_route_grads_match_torch(scoring, renormalize, device):
+    logits = _leaf(torch.randn(7, 6, device=device, dtype=torch.float64))
     w, ids = gemmlab.route(logits, 3, renormalize=renormalize, scoring=scoring)
     assert not ids.requires_grad and ids.dtype == torch.int32
     g = torch.randn_like(w)

@@ -12,7 +12,7 @@ import torch
 
 import gemmlab
 from gemmlab.ref import gemm_check, moe_check
-from tests.conftest import DEVICE, rand
+from tests.conftest import rand
 from tests.paths import REPO
 
 SRC = REPO / "src"
@@ -44,13 +44,13 @@ def test_import_registers_the_ops_and_loads_no_kernel():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
-def test_op_schemas_have_the_python_defaults():
+def test_op_schemas_have_the_python_defaults(device):
     """torch.ops.gemmlab.route(logits, 2) is route(logits, 2): renormalize=True, scoring="softmax"; validate and
     gather default as in the Python functions."""
-    logits = torch.randn(6, 4, device=DEVICE)
+    logits = torch.randn(6, 4, device=device)
     for got, want in zip(torch.ops.gemmlab.route(logits, 2), gemmlab.route(logits, 2), strict=True):
         assert torch.equal(got, want)
-    assert torch.allclose(torch.ops.gemmlab.route(logits, 2)[0].sum(-1), torch.ones(6, device=DEVICE))
+    assert torch.allclose(torch.ops.gemmlab.route(logits, 2)[0].sum(-1), torch.ones(6, device=device))
     schemas = {name: str(getattr(torch.ops.gemmlab, name).default._schema) for name in OPS + ["moe_forward_saving"]}
     assert 'renormalize=True, str scoring="softmax"' in schemas["route"]
     assert 'bool validate=True, str gather="auto"' in schemas["moe_forward"]
@@ -59,7 +59,7 @@ def test_op_schemas_have_the_python_defaults():
     x, w1, w2, tw, ids = _moe_inputs()
     assert moe_check(torch.ops.gemmlab.moe_forward(x, w1, w2, tw, ids), x, w1, w2, tw, ids)["ok"]
     assert moe_check(torch.ops.gemmlab.moe_forward_saving(x, w1, w2, tw, ids)[0], x, w1, w2, tw, ids)["ok"]
-    offs = torch.tensor([2, 2, 6], dtype=torch.int32, device=DEVICE)
+    offs = torch.tensor([2, 2, 6], dtype=torch.int32, device=device)
     w = rand((3 * 24, 32)).view(3, 24, 32)
     assert torch.equal(torch.ops.gemmlab.grouped_gemm(x, w, offs), torch.ops.gemmlab.grouped_gemm(x, w, offs, True))
     dx, dw1, dw2, dtw = torch.ops.gemmlab.moe_backward(rand((6, 32)), x, w1, w2, tw, ids)
@@ -70,9 +70,9 @@ def _bad_calls():
     """(name, call, exception, message) of op calls with one bad argument each."""
     a, b = rand((8, 16)), rand((16, 24))
     x, w1, w2, tw, ids = _moe_inputs()
-    offs = torch.tensor([2, 2, 6], dtype=torch.int32, device=DEVICE)
+    offs = torch.tensor([2, 2, 6], dtype=torch.int32, device=a.device)
     w = rand((3 * 24, 32)).view(3, 24, 32)
-    logits = torch.randn(6, 4, device=DEVICE)
+    logits = torch.randn(6, 4, device=a.device)
     g = torch.ops.gemmlab
     return [
         ("route scoring", lambda: g.route(logits, 2, True, "bad"), ValueError, "scoring 'bad'"),
@@ -81,12 +81,12 @@ def _bad_calls():
         ("route ints", lambda: g.route(logits.int(), 2), TypeError, "floating point"),
         ("gemm inner", lambda: g.gemm(a, a), ValueError, "inner dimensions differ"),
         ("gemm dtype", lambda: g.gemm(a.float(), b.float()), TypeError, "dtype"),
-        ("gemm_out shape", lambda: g.gemm_out(a, b, torch.empty(8, 23, dtype=a.dtype, device=DEVICE)), ValueError,
+        ("gemm_out shape", lambda: g.gemm_out(a, b, torch.empty(8, 23, dtype=a.dtype, device=a.device)), ValueError,
          "out has shape"),
         ("gemm_out overlap", lambda: g.gemm_out(a, b, b[:8]), ValueError, "overlaps"),
         ("grouped offsets dtype", lambda: g.grouped_gemm(x, w, offs.long()), TypeError, "offsets has dtype"),
         ("grouped K", lambda: g.grouped_gemm(x[:, :16], w, offs), ValueError, "K = 16"),
-        ("grouped out", lambda: g.grouped_gemm_out(x, w, offs, torch.empty(6, 23, dtype=x.dtype, device=DEVICE)),
+        ("grouped out", lambda: g.grouped_gemm_out(x, w, offs, torch.empty(6, 23, dtype=x.dtype, device=x.device)),
          ValueError, "row-major \\(6, 24\\)"),
         ("grouped backward dy", lambda: g.grouped_gemm_backward(rand((6, 23)), x, w, offs), ValueError, "dy must be"),
         ("moe gather", lambda: g.moe_forward(x, w1, w2, tw, ids, True, "bad"), ValueError, "gather 'bad'"),
@@ -123,25 +123,25 @@ def _moe_inputs(t=6, h=32, i=16, e=4, k=2, dtype=torch.float16):
     x = rand((t, h), dtype)
     w1 = rand((e * 2 * i, h), dtype).view(e, 2 * i, h)
     w2 = rand((e * h, i), dtype).view(e, h, i)
-    tw, ids = gemmlab.route(torch.randn(t, e, device=DEVICE), k)
+    tw, ids = gemmlab.route(torch.randn(t, e, device=x.device), k)
     return x, w1, w2, tw, ids
 
 
-def test_opcheck_schemas_fakes_and_autograd_registration():
+def test_opcheck_schemas_fakes_and_autograd_registration(device):
     a, b = rand((8, 16)), rand((16, 24))
     x, w1, w2, tw, ids = _moe_inputs()
-    offs = torch.tensor([3, 3, 8], dtype=torch.int32, device=DEVICE)
+    offs = torch.tensor([3, 3, 8], dtype=torch.int32, device=device)
     w = rand((3 * 24, 16)).view(3, 24, 16)
     tests = ("test_schema", "test_faketensor", "test_autograd_registration")
     cases = [
         (torch.ops.gemmlab.gemm, (a.requires_grad_(), b)),
-        (torch.ops.gemmlab.gemm_out, (a.detach(), b, torch.empty(8, 24, dtype=a.dtype, device=DEVICE))),
+        (torch.ops.gemmlab.gemm_out, (a.detach(), b, torch.empty(8, 24, dtype=a.dtype, device=device))),
         (torch.ops.gemmlab.grouped_gemm, (a.detach(), w.requires_grad_(), offs, True)),
         (torch.ops.gemmlab.moe_forward, (x.requires_grad_(), w1, w2, tw, ids, True, "auto")),
-        (torch.ops.gemmlab.route, (torch.randn(6, 4, device=DEVICE, requires_grad=True), 2, True, "softmax")),
-        (torch.ops.gemmlab.route, (torch.randn(6, 4, device=DEVICE), 2)),  # the schema's defaults
+        (torch.ops.gemmlab.route, (torch.randn(6, 4, device=device, requires_grad=True), 2, True, "softmax")),
+        (torch.ops.gemmlab.route, (torch.randn(6, 4, device=device), 2)),  # the schema's defaults
         (torch.ops.gemmlab.grouped_gemm_out, (a.detach(), w.detach(), offs, torch.empty(8, 24, dtype=a.dtype,
-                                                                                        device=DEVICE))),
+                                                                                        device=device))),
         (torch.ops.gemmlab.grouped_gemm_backward, (rand((8, 24)), a.detach(), w.detach(), offs)),
         (torch.ops.gemmlab.moe_forward_saving, (x.detach(), w1, w2, tw, ids)),
         (torch.ops.gemmlab.moe_backward, (rand((6, 32)), x.detach(), w1, w2, tw, ids)),
@@ -196,7 +196,7 @@ def test_compile_fullgraph_matches_eager_inductor():
     _compile_matches_eager("inductor")
 
 
-def test_compile_out_variant():
+def test_compile_out_variant(device):
     torch._dynamo.reset()
     a, b = rand((8, 16)), rand((16, 24))
 
@@ -204,7 +204,7 @@ def test_compile_out_variant():
         gemmlab.gemm(a, b, out=out)
         return out * 2
 
-    out = torch.full((8, 24), float("nan"), dtype=a.dtype, device=DEVICE)
+    out = torch.full((8, 24), float("nan"), dtype=a.dtype, device=device)
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(a, b, out)
     assert gemm_check(out, a, b)["ok"] and torch.equal(got, out * 2)
 
@@ -226,7 +226,7 @@ def test_fake_tensor_shapes():
 # ------------------------------------------------------------------------------------------ N-D inputs
 
 
-def test_gemm_nd_and_vectors_follow_matmul():
+def test_gemm_nd_and_vectors_follow_matmul(device):
     b = rand((16, 24))
     a3 = rand((6, 16)).view(2, 3, 16)
     c = gemmlab.gemm(a3, b)
@@ -240,13 +240,13 @@ def test_gemm_nd_and_vectors_follow_matmul():
     a2 = rand((5, 16))
     mv = gemmlab.gemm(a2, bv)  # (M, K) @ (K,) -> (M,)
     assert mv.shape == (5,) and gemm_check(mv[:, None], a2, bv[:, None])["ok"]
-    out = torch.full((2, 3, 24), float("nan"), dtype=b.dtype, device=DEVICE)
+    out = torch.full((2, 3, 24), float("nan"), dtype=b.dtype, device=device)
     assert gemmlab.gemm(a3, b, out=out) is out and gemm_check(out.view(6, 24), a3.reshape(6, 16), b)["ok"]
-    assert gemmlab.gemm(torch.empty(0, 4, 16, dtype=b.dtype, device=DEVICE), b).shape == (0, 4, 24)
+    assert gemmlab.gemm(torch.empty(0, 4, 16, dtype=b.dtype, device=device), b).shape == (0, 4, 24)
     with pytest.raises(ValueError, match="cannot be viewed"):
-        gemmlab.gemm(a3, b, out=torch.empty(3, 2, 24, dtype=b.dtype, device=DEVICE).transpose(0, 1))
+        gemmlab.gemm(a3, b, out=torch.empty(3, 2, 24, dtype=b.dtype, device=device).transpose(0, 1))
     with pytest.raises(ValueError, match="expected \\(2, 3, 24\\)"):
-        gemmlab.gemm(a3, b, out=torch.empty(6, 24, dtype=b.dtype, device=DEVICE))
+        gemmlab.gemm(a3, b, out=torch.empty(6, 24, dtype=b.dtype, device=device))
 
 
 def test_moe_forward_nd():
@@ -258,33 +258,33 @@ def test_moe_forward_nd():
 # ------------------------------------------------------------------------------------------ out= checks
 
 
-def test_grouped_gemm_out_overlap_and_stride0_refused():
+def test_grouped_gemm_out_overlap_and_stride0_refused(device):
     """Issue 11: grouped_gemm(x, w, offsets, out=x) was silently wrong and an expanded out was accepted."""
     x = rand((10, 16))
     w = rand((2 * 16, 16)).view(2, 16, 16)
-    offs = torch.tensor([4, 10], dtype=torch.int32, device=DEVICE)
+    offs = torch.tensor([4, 10], dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="out overlaps x"):
         gemmlab.grouped_gemm(x, w, offs, out=x)
     with pytest.raises(ValueError, match="out overlaps w"):
         gemmlab.grouped_gemm(x, w, offs, out=w.view(32, 16)[:10])
     with pytest.raises(ValueError, match="share memory"):
-        gemmlab.grouped_gemm(x, w, offs, out=torch.empty(1, 16, dtype=x.dtype, device=DEVICE).expand(10, 16))
+        gemmlab.grouped_gemm(x, w, offs, out=torch.empty(1, 16, dtype=x.dtype, device=device).expand(10, 16))
     with pytest.raises(ValueError, match="share memory"):  # rows overlapping each other
-        gemmlab.grouped_gemm(x, w, offs, out=torch.empty(40, dtype=x.dtype, device=DEVICE).as_strided((10, 16),
+        gemmlab.grouped_gemm(x, w, offs, out=torch.empty(40, dtype=x.dtype, device=device).as_strided((10, 16),
                                                                                                         (2, 1)))
-    out = torch.full((10, 16), float("nan"), dtype=x.dtype, device=DEVICE)
+    out = torch.full((10, 16), float("nan"), dtype=x.dtype, device=device)
     assert gemmlab.grouped_gemm(x, w, offs, out=out) is out and torch.isfinite(out).all()
 
 
-def test_gemm_out_overlap_and_stride0_refused():
+def test_gemm_out_overlap_and_stride0_refused(device):
     a, b = rand((16, 32)), rand((32, 16))
     with pytest.raises(ValueError, match="out overlaps a"):
         gemmlab.gemm(a, b, out=a[:, :16])
     with pytest.raises(ValueError, match="out overlaps b"):
         gemmlab.gemm(a, b, out=b[:16])
     with pytest.raises(ValueError, match="share memory"):
-        gemmlab.gemm(a, b, out=torch.empty(1, 16, dtype=a.dtype, device=DEVICE).expand(16, 16))
-    out = torch.empty(16, 16, dtype=a.dtype, device=DEVICE)
+        gemmlab.gemm(a, b, out=torch.empty(1, 16, dtype=a.dtype, device=device).expand(16, 16))
+    out = torch.empty(16, 16, dtype=a.dtype, device=device)
     gemmlab.gemm(a, b, out=out)  # cached signature: the overlap is still checked on every call
     with pytest.raises(ValueError, match="out overlaps a"):
         big = rand((16, 48))
@@ -296,7 +296,7 @@ def test_gemm_out_overlap_and_stride0_refused():
 
 @pytest.mark.parametrize("shape,path,split", [((8, 40, 64), "tma_splitk", 1), ((16, 40, 256), "tma_splitk", 2),
                                               ((264, 72, 96), "tma_persistent", 0), ((37, 53, 71), "portable", 0)])
-def test_direct_launch_arguments_are_the_jit_bindings(shape, path, split):
+def test_direct_launch_arguments_are_the_jit_bindings(shape, path, split, device):
     """What the kept launch hands ``CompiledKernel.run`` (after the grid/stream header) is, position by
     position, what the JIT binds from the same call: the runtime arguments, then every constexpr in parameter
     order (the GPU runs this path; here the argument lists are compared)."""
@@ -309,7 +309,7 @@ def test_direct_launch_arguments_are_the_jit_bindings(shape, path, split):
 
     m, n, k = shape
     a, b = rand((m, k)), rand((k, n))
-    c = torch.empty(m, n, dtype=a.dtype, device=DEVICE)
+    c = torch.empty(m, n, dtype=a.dtype, device=device)
     p = choose(a, b, c, False)
     if split:
         p = choose(a, b, c, False, dataclasses.replace(p.config, split_k=split))
@@ -332,7 +332,7 @@ def test_direct_launch_arguments_are_the_jit_bindings(shape, path, split):
 
 
 @pytest.mark.cpu_only("simulates the GPU's kept-kernel launch on the interpreter")
-def test_cached_direct_launch_path_end_to_end(monkeypatch):
+def test_cached_direct_launch_path_end_to_end(monkeypatch, device):
     """The hit path of launch_gemm with a kept kernel, on the CPU: a stand-in for CompiledKernel.run takes
     exactly what the GPU's launcher would (grid, stream, function, metadata, hooks, then every parameter) and
     runs the interpreted kernel with it. Results must match on fresh buffers, for each path and a column-major out."""
@@ -374,7 +374,7 @@ def test_cached_direct_launch_path_end_to_end(monkeypatch):
         for rep in range(3):
             a, b = rand((m, k), seed=rep), rand((k, n), seed=rep + 3)
             assert gemm_check(gemmlab.gemm(a, b), a, b)["ok"]
-            out = torch.full((n, m), float("nan"), dtype=a.dtype, device=DEVICE).t()
+            out = torch.full((n, m), float("nan"), dtype=a.dtype, device=device).t()
             gemmlab.gemm(a, b, out=out)
             assert gemm_check(out, a, b)["ok"]
     assert len(calls) == 3 * 2 * 2  # every call after the first of each signature went the direct way

@@ -18,7 +18,6 @@ from tests.grade.test_grade import TINY, _cli, failed_rules
 from tests.paths import BAD_KERNELS
 
 BOX = str(BAD_KERNELS / "containment.py")
-CPU = not torch.cuda.is_available()
 
 
 def run_box(fn, **kw):
@@ -128,7 +127,7 @@ def _beat(path):
 
 
 @pytest.mark.parametrize("mode", ["cgroup", "signals"])
-def test_a_fork_storm_stays_frozen_while_the_other_side_runs(out_dir, monkeypatch, mode):
+def test_a_fork_storm_stays_frozen_while_the_other_side_runs(out_dir, monkeypatch, mode, device):
     """A helper that forks and exits every millisecond: frozen, it must not run at all while the baseline's
     window is open (its heartbeat file stands still), in ten windows out of ten."""
     if mode == "signals":
@@ -139,8 +138,8 @@ def test_a_fork_storm_stays_frozen_while_the_other_side_runs(out_dir, monkeypatc
             pytest.skip("no writable cgroup freezer here")
         probe.remove()
     monkeypatch.setenv("BAD_STORM_NOW", "1")
-    cand = Sandbox(f"{BOX}:fork_storm", "colmajor", "colmajor", 30.0, CPU, str(out_dir))
-    base = Sandbox("builtin:cublas", "colmajor", "colmajor", 30.0, CPU, str(out_dir), name="baseline")
+    cand = Sandbox(f"{BOX}:fork_storm", "colmajor", "colmajor", 30.0, device == "cpu", str(out_dir))
+    base = Sandbox("builtin:cublas", "colmajor", "colmajor", 30.0, device == "cpu", str(out_dir), name="baseline")
     a, b = torch.rand(4, 4, dtype=torch.float16).t(), torch.rand(4, 4, dtype=torch.float16).t()
     slots = [((a, b), torch.full((16,), float("nan"), dtype=torch.float16))]
     try:
@@ -185,14 +184,14 @@ def test_renicing_the_baseline_fails_the_candidate(out_dir):
     assert "baseline" in reason and "scheduling" in reason and "SCHED_IDLE" in reason, reason
 
 
-def test_a_stopped_baseline_is_seen(tmp_path):
+def test_a_stopped_baseline_is_seen(tmp_path, device):
     """The progress check: a trusted sandbox held off the CPU during its batch (here SIGSTOP from the test, as an
     escaped helper would send) fails, though its own clock and the grader's cannot tell a stop from slow work."""
     import os
     import signal
     import threading
 
-    base = Sandbox("builtin:empty", "colmajor", "colmajor", 30.0, CPU, str(tmp_path), name="baseline")
+    base = Sandbox("builtin:empty", "colmajor", "colmajor", 30.0, device == "cpu", str(tmp_path), name="baseline")
     a = torch.rand(4, 4, dtype=torch.float16)
     base.bind([((a, a), torch.full((16,), float("nan"), dtype=torch.float16))])
     table = contain.procs()

@@ -13,7 +13,6 @@ import torch
 import gemmlab
 from gemmlab.ledger import Ledger
 from gemmlab.tune import dense, dense_rules
-from tests.conftest import DEVICE
 
 ENV = {"date": "2026-12-02T12:00:00+00:00", "gemmlab": "0.1.0", "torch": "2.11.0+cu130", "triton": "3.6.0",
        "git_sha": "abc123", "gpu": "NVIDIA H200", "driver": "580.1"}
@@ -137,8 +136,8 @@ def test_keep_margin_routes_and_off_grid_checks():
     assert dense_rules.bounds((1, 4, 16), 0, 16) == [(0, 2), (3, 8), (9, 16)]
 
 
-def test_a_written_table_is_what_plan_follows(user_dir):
-    target = "nvidia-h200" if DEVICE == "cuda" else "interpreter"
+def test_a_written_table_is_what_plan_follows(user_dir, device):
+    target = "nvidia-h200" if device == "cuda" else "interpreter"
     table = dense_rules.derive(synthetic(), "sweep.jsonl")
     dest = user_dir / f"{target}.json"
     dense_rules.write(table, dest)
@@ -147,12 +146,12 @@ def test_a_written_table_is_what_plan_follows(user_dir):
     from gemmlab.ops import configs
 
     configs.reload()
-    a = torch.rand((1, 71), device=DEVICE).half()
-    b = torch.rand((37, 71), device=DEVICE).half().t()  # odd K: the odd route rule sends M = 1 to the GEMV
+    a = torch.rand((1, 71), device=device).half()
+    b = torch.rand((37, 71), device=device).half().t()  # odd K: the odd route rule sends M = 1 to the GEMV
     p = gemmlab.plan(a, b)
     assert p.path == "gemv" and "route" in p.reason and p.config.block_m == 1 and "gemm.gemv[0]" in p.reason
-    a2 = torch.rand((600, 64), device=DEVICE).half()
-    b2 = torch.rand((600, 64), device=DEVICE).half().t()  # N 600 <= 1536, M 600 > 256: the 128x64 tail rule
+    a2 = torch.rand((600, 64), device=device).half()
+    b2 = torch.rand((600, 64), device=device).half().t()  # N 600 <= 1536, M 600 > 256: the 128x64 tail rule
     p2 = gemmlab.plan(a2, b2)
     assert p2.path == "tma_persistent" and p2.config.block_n == 64, p2.reason
     again = dense_rules.write(table, dest, dest)  # rewriting over itself keeps no stale derived rule
