@@ -1,7 +1,7 @@
-"""One rank of tests/test_distributed.py: launched by ``python -m torch.distributed.run --nproc-per-node 4
-tests/dist_ep_worker.py OUT_DIR`` on the CPU (gloo, TRITON_INTERPRET=1). Runs every case in CASES and every
-bad-input check in ERRORS, writes OUT_DIR/rank-R.json ({"results": [{"case", "ok", "detail"}]}) and exits 1
-if anything failed on this rank. One launch for everything: each costs seconds of imports.
+"""One rank of test_distributed.py (beside this file): launched by ``python -m torch.distributed.run
+--nproc-per-node 4 tests/distributed/dist_ep_worker.py OUT_DIR`` on the CPU (gloo, TRITON_INTERPRET=1). Runs
+every case in CASES and every bad-input check in ERRORS, writes OUT_DIR/rank-R.json ({"results": [{"case", "ok",
+"detail"}]}) and exits 1 if anything failed on this rank. One launch for everything: each costs seconds of imports.
 
 Legend: W ranks of the group, E experts in all, k top-k, T tokens per rank (a list: T differs per rank).
 """

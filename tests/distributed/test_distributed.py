@@ -1,6 +1,7 @@
 """gemmlab.distributed.moe_forward_ep across 4 CPU processes (torchrun, gloo, Triton interpreter) against the
 single-process moe_forward and the float32 reference, plus its bad-input errors. Every case runs inside ONE
-launch of tests/dist_ep_worker.py (imports cost seconds per process); each test reads that launch's report."""
+launch of dist_ep_worker.py beside this file (imports cost seconds per process); each test reads that launch's
+report."""
 
 import importlib.util
 import json

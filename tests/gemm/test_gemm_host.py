@@ -1,7 +1,7 @@
 """The eager gemm call's host path, on the CPU: the direct launch (ops.direct) hands Triton's C launcher exactly
 what Triton's own CudaLauncher would, for every path; descriptors are encoded once per buffer; and a hot call
 (signature cached, kernel kept) stays within a bound of Python function calls, entering neither the planner
-nor the checks nor Triton. The GPU half (real launches, timings) is tests/test_host_gpu.py and
+nor the checks nor Triton. The GPU half (real launches, timings) is tests/ops/test_host_gpu.py and
 benchmarks/host_cost.py."""
 
 import cProfile

@@ -1,4 +1,4 @@
-/* A fake libcupti (SONAME libcupti.so.13) for tests/test_observer.py: the CUPTI entry points that
+/* A fake libcupti (SONAME libcupti.so.13) for tests/grade/test_observer.py: the CUPTI entry points that
  * kernel_observer.c uses, with the real headers' types and record layouts, and fake_* functions that play
  * the driver: a kernel launch (a launch callback, then an activity record), a graph launch (the runtime's and
  * the driver's callbacks, then a record of one of their correlation ids), a copy. Records wait until

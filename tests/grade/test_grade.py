@@ -151,8 +151,8 @@ def test_cheats_on_unchecked_or_repeated_inputs_gain_nothing(tmp_path, monkeypat
 
 
 def test_killing_the_baseline_fails(monkeypatch):
-    """Where the sandbox has no Landlock domain (which refuses the signal: tests/test_sandbox.py), the kill lands,
-    and the grader notices."""
+    """Where the sandbox has no Landlock domain (which refuses the signal: tests/sandbox/test_sandbox.py), the kill
+    lands, and the grader notices."""
     monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
     r = run("kills_baseline")
     assert r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}
@@ -383,7 +383,7 @@ def test_heater_keeps_the_device_busy_for_the_time_asked():
 def test_a_pickle_sent_by_the_candidate_is_never_loaded(tmp_path, monkeypatch):
     """Replies from the child are JSON: a candidate that sends a pickle down any multiprocessing connection of its
     process (which, loaded, would run code in the grader) finds none (the channel is a plain socket, and a pickle
-    framed on it fails: tests/test_sandbox.py), and the code never runs."""
+    framed on it fails: tests/sandbox/test_sandbox.py), and the code never runs."""
     monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
     res = run("sends_pickle")
     assert not (tmp_path / "pwned").exists()

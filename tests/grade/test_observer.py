@@ -1,5 +1,5 @@
 """The kernel observer on the CPU: the policy table, the names Triton kernels have, the channel's MACs, and
-kernel_observer.so itself in a child process against a fake libcupti (tests/fake_cupti.c plays the driver:
+kernel_observer.so itself in a child process against a fake libcupti (tests/grade/fake_cupti.c plays the driver:
 launches, graph launches, copies, and a candidate's tampering through dlsym). Every silence, bypass and
 forgery the grader must catch is fed in and seen caught; the words the CPU's verdict line prints are checked
 on a graded kernel that calls torch.mm only inside timed calls."""

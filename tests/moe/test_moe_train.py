@@ -3,7 +3,7 @@ backward and an optimizer step, checked mechanically on the CPU: (1) no gemmlab 
 (``.item()``, ``bool(t)``, ``torch.nonzero``, a boolean-mask index, ...: each a device sync on a GPU) while
 the step runs, (2) the step traces whole under ``torch.compile(fullgraph=True)``, forward and backward, with the
 same gradients as eager. Also the choice between keeping gate/up and recomputing them (the "moe_backward" config
-tables). The GPU side (CUDA-graph capture, torch's sync debug mode) is tests/test_moe_train_gpu.py.
+tables). The GPU side (CUDA-graph capture, torch's sync debug mode) is tests/moe/test_moe_train_gpu.py.
 Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k."""
 
 import json

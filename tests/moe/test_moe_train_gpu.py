@@ -3,7 +3,7 @@ an SGD step, (1) under torch's sync debug mode set to "error" (any device sync r
 graph after warm-up and replayed on new inputs copied into the static buffers, every gradient checked against
 float32 autograd of the same layer after each replay (a stale capture fails) and the optimizer's update checked
 too. Both backward modes: gate/up kept from the forward (the default) and recomputed. The CPU side (host reads,
-fullgraph compile) is tests/test_moe_train.py. Legend: T tokens, H hidden, I expert intermediate, E experts,
+fullgraph compile) is tests/moe/test_moe_train.py. Legend: T tokens, H hidden, I expert intermediate, E experts,
 k top-k."""
 
 import json

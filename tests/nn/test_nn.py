@@ -192,7 +192,7 @@ def test_moe_experts_fp32_fallback_refuses_out_of_range_ids(device):
 
 def test_moe_experts_id_check_runs_inside_the_op(monkeypatch, device):
     """MoEExperts leaves the check on (validate=True): moe_forward checks the ids on the device, inside the op, so
-    it holds in eager, autograd and compiled graphs alike (on a GPU: tests/test_nn_gpu.py, no host sync)."""
+    it holds in eager, autograd and compiled graphs alike (on a GPU: tests/nn/test_nn_gpu.py, no host sync)."""
     seen = []
     real = gemmlab.moe_forward
     monkeypatch.setattr(gemmlab, "moe_forward", lambda *a, **k: seen.append(k.get("validate")) or real(*a, **k))

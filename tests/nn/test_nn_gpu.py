@@ -1,7 +1,7 @@
 """gemmlab.nn on the GPU: the per-shape Linear choice on real timings (it picks torch where gemmlab is slower and
 gemmlab where it is faster), and MoEExperts' expert-id check without a host sync (sync debug mode "error", CUDA-graph
 capture) that still stops a bad id (a device-side assert, in a child process: it ends the CUDA context).
-Run on the H200: python -m pytest -q -s tests/test_nn_gpu.py (a few minutes, most of it Triton compiling; prints
+Run on the H200: python -m pytest -q -s tests/nn/test_nn_gpu.py (a few minutes, most of it Triton compiling; prints
 a table of the choices, and writes them to $OUT/nn_linear_choices.json when $OUT is set)."""
 
 import json

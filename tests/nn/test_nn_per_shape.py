@@ -1,7 +1,7 @@
 """gemmlab.nn.Linear's per-shape choice between gemmlab's GEMM and torch's (gemmlab.nn.per_shape), on the CPU with an
 injected timer so that every choice is deterministic: which wins, once per key, the cache file (atomic, per device
 and versions, a malformed one left alone), the output check, and no measuring while tracing or capturing.
-Legend: M rows, N out_features, K in_features. Real timings on the H200: tests/test_nn_gpu.py."""
+Legend: M rows, N out_features, K in_features. Real timings on the H200: tests/nn/test_nn_gpu.py."""
 
 import json
 import os

@@ -75,7 +75,7 @@ def test_tune_json_and_output_dir(tmp_path):
 
 
 def test_bench_layer_json_and_output_dir(tmp_path, monkeypatch):
-    """bench layer behind a pretend GPU check, a tiny layer on the CPU (as tests/test_bench_layer.py does)."""
+    """bench layer behind a pretend GPU check, a tiny layer on the CPU (as tests/bench/test_bench_layer.py does)."""
     pytest.importorskip("transformers")
     from gemmlab.bench import model_layer as bm
     from tests.bench.test_bench_layer import TINY
