@@ -162,7 +162,27 @@ def test_reading_commands_refuse_a_corrupt_ledger(tmp_path, argv):
     assert res.exit_code == 2 and says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.output
 
 
-def test_reading_commands_migrate_an_old_file(tmp_path):
+def test_reading_commands_read_an_old_file_as_it_is(tmp_path):
     path = v0_file(tmp_path / "old.db")
+    before = path.read_bytes()
     res = CliRunner().invoke(app, ["ledger", "list", "--ledger", str(path)])
     assert res.exit_code == 0 and "64x64x64" in res.stdout
+    assert path.read_bytes() == before  # a read command migrates nothing: the next recording command does
+
+
+@pytest.mark.parametrize("argv", [["list"], ["show", "1"], ["compare", "1", "2"], ["history", "--shape", "1,1,1"],
+                                  ["export"]])
+@pytest.mark.parametrize("content", [None, b"x", b"a short text file\n", b""])
+def test_reading_commands_change_no_file(tmp_path, argv, content):
+    """A missing path is not created, and a file that is not a ledger (one byte, text, empty) is neither
+    overwritten nor turned into one: one line, exit 2, the bytes as they were."""
+    path = tmp_path / "sub" / "l.db"
+    if content is not None:
+        path.parent.mkdir()
+        path.write_bytes(content)
+    res = CliRunner().invoke(app, ["ledger", *argv, "--ledger", str(path)])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    if content is None:
+        assert not path.parent.exists() and "no ledger at" in res.stderr
+    else:
+        assert path.read_bytes() == content and sorted(p.name for p in path.parent.iterdir()) == ["l.db"]
