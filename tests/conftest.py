@@ -7,14 +7,13 @@ import tempfile
 
 import torch
 
-if not torch.cuda.is_available():
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the tests' tensors live (the `device` fixture)
+if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
 # the user's own config tables (~/.gemmlab/configs, $GEMMLAB_CONFIGS) must not change what tests see
 os.environ["GEMMLAB_CONFIGS"] = tempfile.mkdtemp(prefix="gemmlab-test-configs-")
 
 import pytest  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -30,6 +29,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def device() -> str:
+    """The device a test's tensors go to: "cuda" with CUDA, else "cpu" (the interpreter)."""
     return DEVICE
 
 
