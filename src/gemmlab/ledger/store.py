@@ -101,7 +101,7 @@ _SCHEMA = [
     "CREATE INDEX entries_session ON entries (session)",
     *_ATTACHMENTS,
 ]
-# _MIGRATIONS[v]: the statements that take a version v-1 file to version v (tests/test_ledger_schema.py
+# _MIGRATIONS[v]: the statements that take a version v-1 file to version v (tests/ledger/test_ledger_schema.py
 # opens a version 0 file and checks that a migrated file has every column and table a new one has).
 _MIGRATIONS = {
     1: ["ALTER TABLE entries ADD COLUMN gemmlab_version"],
