@@ -43,12 +43,34 @@ def test_bad_number_is_a_usage_error(cmd, flag, value):
     (["bench", "gemm", "--shapes", "8,8,8", "--backend", "my_kernel.py", "--warmup-s", "0"], ["my_kernel.py"]),
     (["bench", "gemm", "--shapes", "8,8", "--warmup-s", "0"], ["M,N,K"]),
     (["check", "--dtype", "float8"], ["--dtype"]),
+    # a kernel that is not there: a usage error before any grading or timing (gemmlab.cli.kernelspec)
+    (["grade", "--kernel", "/nonexist.py:f"], ["--kernel", "no file /nonexist.py"]),
+    (["grade", "--kernel", "src/gemmlab/cli/paths.py:no_such_fn"], ["--kernel", "defines no 'no_such_fn'"]),
+    (["grade", "--kernel", "no_such_pkg.mod:f"], ["--kernel", "no module no_such_pkg.mod"]),
+    (["grade", "--kernel", "gemmlab.ops:no_such_fn"], ["--kernel", "defines no 'no_such_fn'"]),
+    (["bench", "gemm", "--backend", "/nonexist.py:f"], ["--backend", "no file /nonexist.py"]),
+    (["bench", "stable", "--backend", "gemmlab.ops:no_such_fn"], ["--backend", "defines no 'no_such_fn'"]),
 ], ids=lambda x: " ".join(x) if isinstance(x, list) and x and x[0] in ("grade", "bench", "check") else None)
 def test_bad_spec_is_a_usage_error(args, words):
     res = _run(*args)
     assert res.exit_code == 2, (res.exit_code, res.output)
     for w in words:
         assert w in res.output, (w, res.output)
+
+
+def test_an_existing_kernel_passes_the_spec_check(tmp_path):
+    """Defined at the top level (a def, an assignment, an import), in a file or a module: no complaint; a file
+    whose names cannot be told without running it is left to the loader."""
+    from gemmlab.cli.kernelspec import problem
+
+    kern = tmp_path / "k.py"
+    kern.write_text("import torch\nfrom torch import matmul as mm\ndef gemm(a, b):\n    return a @ b\nalias = gemm\n")
+    for fn in ("gemm", "alias", "mm", "torch"):
+        assert problem(f"{kern}:{fn}") is None, fn
+    assert "defines no 'other'" in problem(f"{kern}:other")
+    assert problem("gemmlab:gemm") is None and problem("builtin:cublas") is None
+    (tmp_path / "star.py").write_text("from torch import *\n")
+    assert problem(f"{tmp_path / 'star.py'}:anything") is None
 
 
 def test_good_values_pass_the_checks():

@@ -23,7 +23,8 @@ def bench_gemm(
                                                    "models' nn.Linear shapes, with its targets): cases with "
                                                    "their own dtype and layout")] = None,
     dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
-    backend: Annotated[list[str] | None, typer.Option(help="gemmlab, gemmlab-packed, cublas, inductor, FILE.py:FN "
+    backend: Annotated[list[str] | None, typer.Option(
+        callback=cmd.backends, help="gemmlab, gemmlab-packed, cublas, inductor, FILE.py:FN "
                                                            "or package.module:FN (repeatable); cublas is always "
                                                            "the baseline")] = None,
     rounds: Rounds = 10, reps: Reps = 5, warmup_s: WarmupS = 1.0,
@@ -285,7 +286,8 @@ def bench_stable(
     shape: Annotated[str, typer.Option(help="M,N,K")] = "8192,8192,16384",
     processes: Annotated[int, typer.Option(callback=cmd.count, help="separate processes, each compiling fresh")] = 5,
     dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
-    backend: Annotated[list[str] | None, typer.Option(help="as for `bench gemm` (repeatable)")] = None,
+    backend: Annotated[list[str] | None, typer.Option(callback=cmd.backends,
+                                                      help="as for `bench gemm` (repeatable)")] = None,
     rounds: Annotated[int, typer.Option(callback=cmd.count, help="interleaved rounds per process")] = 6,
     reps: Reps = 5,
     warmup_s: Annotated[float, typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up per process")] = 1.0,

@@ -52,6 +52,16 @@ nonneg_count = checked(lambda v: v >= 0, "is negative: give a whole number >= 0"
 seconds = checked(lambda v: math.isfinite(v) and v > 0, "is not a time limit: give a finite number > 0")
 nonneg_seconds = checked(lambda v: math.isfinite(v) and v >= 0, "is not a duration: give a finite number >= 0")
 
+def backends(values: list[str] | None) -> list[str] | None:
+    """--backend: a FILE.py:FN or package.module:FN among the names must exist (gemmlab.cli.kernelspec)."""
+    from gemmlab.cli.kernelspec import check
+
+    for v in values or []:
+        if ":" in v or v.endswith(".py"):
+            check(v, "--backend")
+    return values
+
+
 RecordOpt = Annotated[str | None, typer.Option("--record", help="record this run in the ledger: what changed")]
 LedgerOpt = Annotated[str | None, typer.Option("--ledger", help="ledger file [default: $GEMMLAB_LEDGER or "
                                                                 "~/.gemmlab/ledger.db]")]
