@@ -15,12 +15,23 @@ COUNTS = [
     (["bench", "moe"], "--rounds"), (["bench", "moe"], "--reps"),
     (["bench", "stable"], "--processes"), (["bench", "stable"], "--rounds"), (["bench", "stable"], "--reps"),
     (["table"], "--repeat"), (["table"], "--num-experts"),
+    # sizes: a zero or negative one would start full-size work (or end in a traceback)
+    (["bench", "moe"], "--tokens"), (["bench", "moe"], "--liger-tune-tokens"), (["bench", "moe-ep"], "--tokens"),
+    (["bench", "moe-ep"], "--chunks"), (["bench", "layer"], "--rounds"), (["bench", "layer"], "--reps"),
+    (["bench", "model"], "--layers"), (["bench", "model"], "--context"), (["bench", "model"], "--decode-steps"),
+    (["bench", "model"], "--train-batch"), (["bench", "model"], "--train-tokens"), (["bench", "model"], "--rounds"),
+    (["table"], "--batch-size"), (["table"], "--seq-len"), (["table"], "--top-k"), (["table"], "--hidden-size"),
+    (["table"], "--intermediate-size"), (["tune"], "--tokens"), (["ledger", "list"], "--limit"),
 ]
+LISTS = [(["bench", "model"], "--prefill-tokens"), (["bench", "model"], "--decode-batch"),
+         (["bench", "layer"], "--tokens")]  # comma-separated: one bad entry among good ones
 LIMITS = [(["grade"], "--timeout"), (["bench", "gemm"], "--timeout"), (["tune"], "--budget-minutes")]
 WARMUPS = [(["bench", "gemm"], "--warmup-s"), (["bench", "moe"], "--warmup-s"), (["bench", "stable"], "--warmup-s"),
-           (["table"], "--warmup-s"), (["table"], "--warmup")]
+           (["table"], "--warmup-s"), (["table"], "--warmup"), (["bench", "moe"], "--min-bwd-tokens"),
+           (["bench", "layer"], "--warmup-s")]
 
 ROWS = ([(cmd, flag, v) for cmd, flag in COUNTS for v in ("0", "-3")]
+        + [(cmd, flag, v) for cmd, flag in LISTS for v in ("0", "8,-4", "8,x")]
         + [(cmd, flag, v) for cmd, flag in LIMITS for v in ("0", "-1", "nan", "inf")]
         + [(cmd, flag, v) for cmd, flag in WARMUPS for v in ("-1",)]
         + [(cmd, flag, "nan") for cmd, flag in WARMUPS if flag == "--warmup-s"])

@@ -84,7 +84,8 @@ def bench_gemm(
 def bench_moe_cmd(
     model: Annotated[list[str] | None, typer.Option(help="deepseek-v3, mixtral-8x7b, qwen3-30b-a3b, olmoe-1b-7b, "
                                                          "gpt-oss-120b-like (repeatable)")] = None,
-    tokens: Annotated[list[int] | None, typer.Option(help="T (repeatable) [default: 16 128 1024 4096 16384]")] = None,
+    tokens: Annotated[list[int] | None, typer.Option(callback=cmd.counts, help="T (repeatable) [default: 16 128 "
+                                                                              "1024 4096 16384]")] = None,
     routing: Annotated[list[str] | None, typer.Option(help="uniform or zipf (repeatable)")] = None,
     part: Annotated[list[str] | None, typer.Option(help="grouped (first GEMM) or forward (whole body); "
                                                         "--baseline liger: fwd or fwd+bwd")] = None,
@@ -101,7 +102,8 @@ def bench_moe_cmd(
     time_limit_s: Annotated[float | None, typer.Option(callback=cmd.seconds, help="--baseline liger: start no "
                                                        "case after this many seconds")] = None,
     composite: Annotated[bool, typer.Option(help="--baseline liger: time the torch composite too (fwd)")] = True,
-    min_bwd_tokens: Annotated[int, typer.Option(help="--baseline liger: fwd+bwd only at T >= this")] = 0,
+    min_bwd_tokens: Annotated[int, typer.Option(callback=cmd.nonneg_count,
+                                                help="--baseline liger: fwd+bwd only at T >= this")] = 0,
     liger_tune_tokens: Annotated[int, typer.Option(callback=cmd.count, help="--baseline liger: T of Liger's "
                                                    "autotuning call per model (outside timing)")] = 4096,
 ) -> None:
@@ -174,8 +176,10 @@ def bench_model_cmd(
     modes: Annotated[str, typer.Option(help="eager, compile, graph (comma-separated)")] = "eager,compile,graph",
     variants: Annotated[str, typer.Option(help="torch, gemmlab, liger (comma-separated; torch is the "
                                                "baseline)")] = "torch,gemmlab,liger",
-    prefill_tokens: Annotated[str, typer.Option(help="prefill T, comma-separated (batch 1)")] = "4096,16384",
-    decode_batch: Annotated[str, typer.Option(help="decode batch sizes, comma-separated")] = "1,8,64",
+    prefill_tokens: Annotated[str, typer.Option(callback=cmd.count_list,
+                                                help="prefill T, comma-separated (batch 1)")] = "4096,16384",
+    decode_batch: Annotated[str, typer.Option(callback=cmd.count_list,
+                                              help="decode batch sizes, comma-separated")] = "1,8,64",
     context: Annotated[int, typer.Option(callback=cmd.count, help="decode: prompt tokens in the KV cache")] = 1024,
     decode_steps: Annotated[int, typer.Option(callback=cmd.count, help="decode: steps per timed call")] = 16,
     train_batch: Annotated[int, typer.Option(callback=cmd.count, help="train: sequences per step")] = 4,
@@ -224,11 +228,11 @@ def bench_model_cmd(
 def bench_layer_cmd(
     model: Annotated[str, typer.Option(help="mixtral, qwen3-moe, deepseek-v3 (comma-separated)")] =
     "mixtral,qwen3-moe,deepseek-v3",
-    tokens: Annotated[str, typer.Option(help="T, comma-separated: prefill 4096, decode 1, 8, 64")] = "4096,1,8,64",
+    tokens: Annotated[str, typer.Option(callback=cmd.count_list, help="T, comma-separated: prefill 4096, decode 1, "
+                                                                      "8, 64")] = "4096,1,8,64",
     modes: Annotated[str, typer.Option(help="eager, graph, compile (comma-separated)")] = "eager,graph,compile",
-    rounds: Annotated[int, typer.Option(help="interleaved rounds")] = 10,
-    reps: Annotated[int, typer.Option(help="timed calls per candidate per round")] = 5,
-    warmup_s: Annotated[float, typer.Option(help="seconds of warm-up per case")] = 0.5,
+    rounds: Rounds = 10, reps: Reps = 5,
+    warmup_s: Annotated[float, typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up per case")] = 0.5,
     output_dir: Annotated[str | None, typer.Option(help="write layer-bench-MODELS-MODES.json, .csv, .md here")]
     = None,
     json_out: JsonOpt = False,
@@ -258,8 +262,10 @@ def bench_layer_cmd(
 def bench_moe_ep_cmd(
     model: Annotated[list[str] | None, typer.Option(help="deepseek-v3, qwen3-30b-a3b, mixtral-8x7b (repeatable)")]
     = None,
-    tokens: Annotated[list[int] | None, typer.Option(help="T per rank (repeatable) [default: 4096]")] = None,
-    chunks: Annotated[list[int] | None, typer.Option(help="overlap chunks (repeatable) [default: 1 2 4]")] = None,
+    tokens: Annotated[list[int] | None, typer.Option(callback=cmd.counts, help="T per rank (repeatable) "
+                                                                              "[default: 4096]")] = None,
+    chunks: Annotated[list[int] | None, typer.Option(callback=cmd.counts,
+                                                     help="overlap chunks (repeatable) [default: 1 2 4]")] = None,
     rounds: Rounds = 10, reps: Reps = 5,
     output_dir: Annotated[str | None, typer.Option(help="rank 0 writes moe-ep-bench.json, .csv, .md here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="rank 0 prints the report as JSON on stdout")] = False,

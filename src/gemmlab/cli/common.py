@@ -49,8 +49,31 @@ def checked(ok, message: str):
 
 count = checked(lambda v: v >= 1, "is not a count: give a whole number >= 1")  # --rounds, --reps, --processes
 nonneg_count = checked(lambda v: v >= 0, "is negative: give a whole number >= 0")  # --warmup calls
+
+
+def counts(values: list[int] | None) -> list[int] | None:
+    """A repeatable count (--tokens 16 --tokens 128): every one a whole number >= 1."""
+    for v in values or []:
+        count(v)
+    return values
+
+
+def count_list(text: str) -> str:
+    """A comma-separated list of counts (--prefill-tokens 4096,16384): whole numbers >= 1."""
+    for v in text.split(","):
+        try:
+            n = int(v.strip())
+        except ValueError:
+            raise typer.BadParameter(f"{text}: comma-separated whole numbers >= 1 ({v.strip()!r} is not "
+                                     "one)") from None
+        if n < 1:
+            raise typer.BadParameter(f"{text}: {n} is not a count: give whole numbers >= 1")
+    return text
+
+
 seconds = checked(lambda v: math.isfinite(v) and v > 0, "is not a time limit: give a finite number > 0")
 nonneg_seconds = checked(lambda v: math.isfinite(v) and v >= 0, "is not a duration: give a finite number >= 0")
+
 
 def backends(values: list[str] | None) -> list[str] | None:
     """--backend: a FILE.py:FN or package.module:FN among the names must exist (gemmlab.cli.kernelspec)."""

@@ -18,8 +18,8 @@ def grade(
     cases: Annotated[str | None, typer.Option(help="case file: a shipped name (competition, competition-legacy, "
                                                    "moe, llm, cpu, moe-layer, moe-layer-cpu) or a path; default "
                                                    "competition with CUDA, else cpu")] = None,
-    kernel: Annotated[str | None, typer.Option(callback=kernelspec.kernel_option, help="FILE.py:FN or package.module:FN; "
-                                                                             "default gemmlab's")] = None,
+    kernel: Annotated[str | None, typer.Option(callback=kernelspec.kernel_option,
+                                               help="FILE.py:FN or package.module:FN; default gemmlab's")] = None,
     signature: Annotated[str | None, typer.Option(help="rowmajor: FN(a, b) -> c; colmajor: FN(A, B, C, M, N, K); "
                                                        "default the case file's layout (moe case files: "
                                                        "FN(x, w1, w2, topk_weights, topk_ids) -> y)")] = None,

@@ -31,7 +31,7 @@ def ledger_list(
     shape: Annotated[str | None, typer.Option(help="MxNxK")] = None,
     kind: Annotated[str | None, typer.Option(help="grade, bench, table or tune")] = None,
     session: Annotated[str | None, typer.Option(help="a tune session")] = None,
-    limit: Annotated[int, typer.Option(help="the last N entries")] = 50,
+    limit: Annotated[int, typer.Option(callback=cmd.count, help="the last N entries")] = 50,
     ledger: LedgerOpt = None,
 ) -> None:
     """The last entries, with their decisions."""

@@ -13,11 +13,11 @@ from gemmlab.cli.common import JsonOpt, LedgerOpt, ParentOpt, RecordOpt
 def table_cmd(
     model: Annotated[str | None, typer.Option(help="deepseek-v3, mixtral-8x7b or qwen3-30b-a3b: fills hidden, "
                                                    "intermediate and top-k")] = None,
-    batch_size: Annotated[int, typer.Option(help="batch")] = 4,
-    seq_len: Annotated[int, typer.Option(help="sequence length")] = 8192,
-    top_k: Annotated[int | None, typer.Option(help="experts per token [default: 4]")] = None,
-    hidden_size: Annotated[int | None, typer.Option(help="K [default: 7168]")] = None,
-    intermediate_size: Annotated[int | None, typer.Option(help="N [default: 2048]")] = None,
+    batch_size: Annotated[int, typer.Option(callback=cmd.count, help="batch")] = 4,
+    seq_len: Annotated[int, typer.Option(callback=cmd.count, help="sequence length")] = 8192,
+    top_k: Annotated[int | None, typer.Option(callback=cmd.count, help="experts per token [default: 4]")] = None,
+    hidden_size: Annotated[int | None, typer.Option(callback=cmd.count, help="K [default: 7168]")] = None,
+    intermediate_size: Annotated[int | None, typer.Option(callback=cmd.count, help="N [default: 2048]")] = None,
     dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
     warmup: Annotated[int, typer.Option(callback=cmd.nonneg_count,
                                         help="warm-up calls per row (and at least --warmup-s seconds)")] = 10,

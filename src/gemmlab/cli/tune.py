@@ -25,7 +25,8 @@ def tune_cmd(
     op: Annotated[str, typer.Option(help="gemm, or moe (the MoE layer's grouped GEMMs)")] = "gemm",
     model: Annotated[str | None, typer.Option(help="--op moe: deepseek-v3, mixtral-8x7b, qwen3-30b-a3b")] = None,
     moe: Annotated[str | None, typer.Option(help="--op moe: H,I,E,k of a model of your own")] = None,
-    tokens: Annotated[list[int] | None, typer.Option(help="--op moe: T (repeatable) [default: 4096]")] = None,
+    tokens: Annotated[list[int] | None, typer.Option(callback=cmd.counts, help="--op moe: T (repeatable) "
+                                                                              "[default: 4096]")] = None,
     moe_mode: Annotated[list[str] | None, typer.Option(help="--op moe: gate_up, down, grouped (repeatable) "
                                                             "[default: all three]")] = None,
     write: Annotated[bool, typer.Option(help="write confirmed winners to the user's <gpu>.json")] = True,
