@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemmlab import provenance
+from gemmlab.ledger.cells import CellError, entry_fields
 from gemmlab.ledger.decide import decide
 
 
@@ -150,13 +151,10 @@ def check(path: str | Path | None = None) -> Path:
 
 
 def _row(r: sqlite3.Row) -> Entry:
-    d = dict(r)
-    for key in _JSON:
-        if d.get(key) is not None:
-            d[key] = json.loads(d[key])
-    d["correct"] = bool(d["correct"])
-    d["dirty"] = None if d["dirty"] is None else bool(d["dirty"])
-    return Entry(**d)
+    fields = entry_fields(r)
+    if unknown := set(fields) - set(_COLUMNS):
+        raise CellError(f"its entries table has columns a ledger does not: {', '.join(sorted(unknown))}")
+    return Entry(**fields)
 
 
 class Ledger:
@@ -321,14 +319,30 @@ class Ledger:
         sql, args = "SELECT * FROM attachments WHERE entry_id = ?", [entry_id]
         if kind is not None:
             sql, args = sql + " AND kind = ?", args + [kind]
-        rows = [dict(r) for r in self.conn.execute(sql + " ORDER BY id", args)]
-        for r in rows:
-            r["data"] = json.loads(r["data"]) if r["data"] is not None else None
+        with self.reading():
+            rows = [dict(r) for r in self.conn.execute(sql + " ORDER BY id", args).fetchall()]
+            for r in rows:
+                try:
+                    r["data"] = json.loads(r["data"]) if r["data"] is not None else None
+                except (TypeError, ValueError) as e:
+                    raise CellError(f"attachment {r['id']!r}: column data is not valid JSON ({e})") from None
         return rows
 
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Around a read: a damaged page (SQLite's "database disk image is malformed") or a cell of the wrong
+        type is ``LedgerError`` naming the file, not a traceback or a wrong table."""
+        try:
+            yield
+        except sqlite3.DatabaseError as e:
+            raise LedgerError(f"ledger {self.path} is damaged: {e}") from None
+        except CellError as e:
+            raise LedgerError(f"ledger {self.path}: {e}") from None
+
     def get(self, entry_id: int) -> Entry | None:
-        r = self.conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchone()
-        return _row(r) if r else None
+        with self.reading():
+            r = self.conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchone()
+            return _row(r) if r else None
 
     def last_accepted(self, op: str, shape: str, dtype: str, gpu: str | None,
                       same_problem: Callable[[Entry], bool] | None = None) -> Entry | None:
@@ -349,7 +363,8 @@ class Ledger:
         sql = "SELECT * FROM entries" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
         if limit:
             sql = f"SELECT * FROM ({sql} DESC LIMIT {int(limit)}) ORDER BY id"
-        return [_row(r) for r in self.conn.execute(sql, args)]
+        with self.reading():
+            return [_row(r) for r in self.conn.execute(sql, args).fetchall()]
 
     def history(self, shape: str, dtype: str | None = None, op: str = "gemm") -> list[Entry]:
         """Every entry for a shape, in order: accepted versions make the latency curve, rejected ones are
