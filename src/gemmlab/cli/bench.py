@@ -10,6 +10,7 @@ from rich.console import Console
 
 from gemmlab.cli import common as cmd
 from gemmlab.cli.common import JsonOpt, LedgerOpt, ParentOpt, RecordOpt, Reps, Rounds, WarmupS
+from gemmlab.cli.progress import Steps
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Time kernels against cuBLAS: verified first, interleaved, clocks logged.")
@@ -57,15 +58,10 @@ def bench_gemm(
         modes = "graph,wall"
     dt = cmd.dtype_of(dtype)
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
-    with cmd.progress(Console(stderr=True, width=150), len(todo)) as bar:
-        task, state = bar.add_task("bench", total=len(todo)), {"first": True}
-
-        def step(msg: str) -> None:
-            bar.update(task, advance=0 if state.pop("first", False) else 1, description=msg)
-
+    with Steps("bench", len(todo), Console(stderr=True)) as steps:
         try:
             report = bg.bench_gemm(todo, dt, backend or ["gemmlab"], rounds=rounds, reps=reps, warmup_s=warmup_s,
-                                   graph=graph, seed=seed, progress=step, timeout=timeout, profile=probe.load(),
+                                   graph=graph, seed=seed, progress=steps.step, timeout=timeout, profile=probe.load(),
                                    modes=modes.split(",") if modes else None, budget_s=budget_s,
                                    inductor_opts={"search_space": inductor_search_space.upper(),
                                                   "autotune_rep_ms": inductor_autotune_rep_ms})
@@ -80,19 +76,28 @@ def bench_gemm(
         raise typer.Exit(1)
 
 
+CPU_MOE = {"custom": "64,32,4,2", "tokens": [8, 32]}  # bench moe's default suite without CUDA (H,I,E,k; T)
+
+
 @bench_app.command("moe")
 def bench_moe_cmd(
     model: Annotated[list[str] | None, typer.Option(help="deepseek-v3, mixtral-8x7b, qwen3-30b-a3b, olmoe-1b-7b, "
                                                          "gpt-oss-120b-like (repeatable)")] = None,
     tokens: Annotated[list[int] | None, typer.Option(callback=cmd.counts, help="T (repeatable) [default: 16 128 "
-                                                                              "1024 4096 16384]")] = None,
+                                                     "1024 4096 16384; 8 32 without CUDA]")] = None,
     routing: Annotated[list[str] | None, typer.Option(help="uniform or zipf (repeatable)")] = None,
     part: Annotated[list[str] | None, typer.Option(help="grouped (first GEMM) or forward (whole body); "
                                                         "--baseline liger: fwd or fwd+bwd")] = None,
     dtype: Annotated[str, typer.Option(help="bfloat16 or float16")] = "bfloat16",
-    rounds: Rounds = 10, reps: Reps = 5, warmup_s: WarmupS = 1.0,
+    rounds: Annotated[int | None, typer.Option(callback=cmd.count, help="interleaved rounds [default: 10; 3 "
+                                                                        "without CUDA]")] = None,
+    reps: Annotated[int | None, typer.Option(callback=cmd.count, help="timed calls per candidate per round "
+                                                                      "[default: 5; 2 without CUDA]")] = None,
+    warmup_s: Annotated[float | None, typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up "
+                                                   "(clocks settle) [default: 1; 0 without CUDA]")] = None,
     graph: Annotated[bool, typer.Option(help="time CUDA-graph replays")] = False,
-    custom: Annotated[str | None, typer.Option(help="H,I,E,k of a model of your own (model name: custom)")] = None,
+    custom: Annotated[str | None, typer.Option(help="H,I,E,k of a model of your own (model name: custom) "
+                                                    "[default without CUDA: 64,32,4,2]")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write moe-bench.json, .csv and .md here (--baseline "
                                                         "liger: moe-liger_PARTS_MODES.json, .csv, .md)")] = None,
     json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
@@ -107,15 +112,26 @@ def bench_moe_cmd(
     liger_tune_tokens: Annotated[int, typer.Option(callback=cmd.count, help="--baseline liger: T of Liger's "
                                                    "autotuning call per model (outside timing)")] = 4096,
 ) -> None:
-    """gemmlab's MoE kernels against torch._grouped_mm (and a per-expert loop, and the dense GEMM of the same
-    size), verified first, interleaved; with --baseline liger, the suite against Liger-Kernel (five models x
-    T 1..16384, uniform and zipf, eager and graph, fwd and fwd+bwd) with the dense and HBM bars. Exit 1 if
-    anything is wrong."""
+    """gemmlab's MoE kernels against torch._grouped_mm, verified first, interleaved.
+
+    Also against a per-expert loop and the dense GEMM of the same size. With --baseline liger: the suite against
+    Liger-Kernel (five models x T 1..16384, uniform and zipf, eager and graph, fwd and fwd+bwd) with the dense and
+    HBM bars. Without CUDA the default is a small suite (a custom model H=64 I=32 E=4 k=2, T 8 and 32, 3 rounds
+    of 2 calls) that the interpreter finishes in seconds; --model, --custom, --tokens and the rest are honoured.
+    Exit 1 if anything is wrong."""
     from gemmlab.bench import moe as bm
     from gemmlab.problems import MoEModel
 
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
     err = Console(stderr=True)
+    small = not torch.cuda.is_available()
+    if small and not (model or custom or tokens):
+        custom, tokens = CPU_MOE["custom"], CPU_MOE["tokens"]
+        err.print(f"no CUDA: the small CPU suite (a custom model H,I,E,k = {custom}, T {' '.join(map(str, tokens))}"
+                  "); give --model, --custom or --tokens for others", highlight=False, soft_wrap=True)
+    rounds = rounds or (3 if small else 10)
+    reps = reps or (2 if small else 5)
+    warmup_s = (0.0 if small else 1.0) if warmup_s is None else warmup_s
     try:
         own = MoEModel(*cmd.ints(custom, 4)) if custom else None  # H, I, E, k
         if baseline == "liger":
@@ -128,9 +144,11 @@ def bench_moe_cmd(
             return
         if baseline != "torch":
             raise ValueError(f"--baseline {baseline!r}: torch or liger")
-        rep = bm.bench_moe(model or (["custom"] if own else ["deepseek-v3"]), tokens or [16, 128, 1024, 4096, 16384],
-                           routing or ["uniform"], part or ["grouped", "forward"], cmd.dtype_of(dtype), custom=own,
-                           rounds=rounds, reps=reps, warmup_s=warmup_s, graph=graph, progress=err.print)
+        models, tokens = model or (["custom"] if own else ["deepseek-v3"]), tokens or [16, 128, 1024, 4096, 16384]
+        routing, part = routing or ["uniform"], part or ["grouped", "forward"]
+        with Steps("bench moe", len(models) * len(tokens) * len(routing) * len(part), err) as steps:
+            rep = bm.bench_moe(models, tokens, routing, part, cmd.dtype_of(dtype), custom=own, rounds=rounds,
+                               reps=reps, warmup_s=warmup_s, graph=graph, progress=steps.step)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
     cmd.show(rep, bm, json_out, output_dir, width=170)

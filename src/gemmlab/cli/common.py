@@ -147,12 +147,3 @@ def show(report: dict, mod, json_out: bool, output_dir: str | None, width: int =
     if json_out:
         output.emit_json(report)
     return con
-
-
-def progress(err: Console, total: float, count: bool = True):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    cols = (TextColumn("{task.description}"), BarColumn()) + ((TextColumn("{task.completed}/{task.total}"),)
-                                                              if count else ()) + (TimeElapsedColumn(),
-                                                                                   TimeRemainingColumn())
-    return Progress(*cols, console=err, transient=True)

@@ -12,6 +12,13 @@ from gemmlab import output
 from gemmlab.cli import common as cmd
 from gemmlab.cli import kernelspec
 from gemmlab.cli.common import JsonOpt, LedgerOpt, ParentOpt, RecordOpt
+from gemmlab.cli.progress import Steps
+
+
+def grade_step(steps: Steps, msg: str) -> None:
+    """The grader's progress messages: one step per correctness case and one for the performance case (their
+    messages begin so); planning, exact-shape checks and timing rounds are notes within a step."""
+    (steps.step if msg.startswith(("correctness ", "performance ")) else steps.note)(msg)
 
 
 def grade(
@@ -44,13 +51,12 @@ def grade(
 
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
     try:
-        n_steps = len(load_any(cases or default_cases()).correctness)
+        cf = load_any(cases or default_cases())
         if output_dir:
             rep.clear(output_dir)  # no earlier report.json may stand for this grade
-        with cmd.progress(Console(stderr=True, width=140), n_steps + 1) as bar:
-            task = bar.add_task("grading", total=n_steps + 1)
+        with Steps("grading", len(cf.correctness) + (cf.performance is not None), Console(stderr=True)) as steps:
             report = run_grade(cases, kernel, signature, allow_vendor, timeout, seed, rounds,
-                               progress=lambda msg: bar.update(task, advance=1, description=msg), keep_logs=keep_logs)
+                               progress=lambda msg: grade_step(steps, msg), keep_logs=keep_logs)
     except (case_files.CaseError, OSError) as e:
         raise cmd.usage_error(e) from e
     rep.render(report, Console(stderr=json_out, width=140))

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from gemmlab.cli import common as cmd
 from gemmlab.cli.common import JsonOpt, LedgerOpt
+from gemmlab.cli.progress import Steps
 
 
 def tune_cmd(
@@ -67,13 +68,12 @@ def tune_cmd(
         raise typer.BadParameter(f"--op {op!r}: gemm or moe")
     cmd.ledger_ready(ledger)  # every attempt is recorded
     err, total = Console(stderr=True, width=150), 60.0 * budget_minutes
-    with cmd.progress(err, total, count=False) as bar:
-        task, t0, counts = bar.add_task("tuning", total=total), time.perf_counter(), {}
+    with Steps("tuning", total, err, seconds=True) as steps:
+        t0, counts = time.perf_counter(), {}
 
         def step(ev: dict) -> None:
             counts[ev["shape"]] = ev.get("tried", counts.get(ev["shape"], 0))
-            bar.update(task, completed=min(total, time.perf_counter() - t0),
-                       description=f"{ev['shape']}: {counts[ev['shape']]} tried")
+            steps.at(time.perf_counter() - t0, f"{ev['shape']}: {counts[ev['shape']]} tried")
 
         res = tr.report(tune(todo, cmd.dtype_of(dtype or ("bfloat16" if op == "moe" else "float16")),
                              budget_minutes=budget_minutes, ledger=ledger, session=resume or session, seed=seed,
