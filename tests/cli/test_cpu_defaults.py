@@ -10,7 +10,6 @@ import torch
 from typer.testing import CliRunner
 
 from gemmlab.cli import app
-
 from tests.cli.test_cli import ENV
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU defaults: a machine without CUDA")

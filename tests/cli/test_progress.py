@@ -10,7 +10,6 @@ from rich.console import Console
 
 from gemmlab.cli.grade import grade_step
 from gemmlab.cli.progress import Steps
-
 from tests.cli.test_cli import ENV
 
 
