@@ -12,7 +12,7 @@ from gemmlab.cli import common as cmd
 from gemmlab.cli.common import JsonOpt, LedgerOpt, ParentOpt, RecordOpt, Reps, Rounds, WarmupS
 from gemmlab.cli.progress import Steps
 
-bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                         help="Time kernels against cuBLAS: verified first, interleaved, clocks logged.")
 
 
@@ -45,8 +45,10 @@ def bench_gemm(
                                                         "here")] = None,
     json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
 ) -> None:
-    """GEMM backends against cuBLAS: verified against float64 first, then interleaved with the L2 flushed,
-    clocks sampled. Exit 1 when any backend is wrong."""
+    """GEMM backends against cuBLAS, verified first, interleaved.
+
+    Verified against float64 first, then interleaved with the L2 flushed, clocks sampled. Exit 1 when any backend is
+    wrong."""
     from gemmlab.bench import gemm as bg
     from gemmlab.bench import gemm_view, probe
     from gemmlab.problems import CASE_SUITES, cases
@@ -213,7 +215,9 @@ def bench_model_cmd(
                                                         ".md here (rewritten after every case)")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Whole Hugging Face MoE models (published configs, random bf16 weights, no download): tokens/s of
+    """Whole Hugging Face MoE models: tokens/s, torch against gemmlab.patch and Liger.
+
+    Published configs, random bf16 weights, no download: tokens/s of
     prefill, decode (StaticCache) and a training step, unpatched torch against gemmlab.patch against
     Liger-Kernel's patch, eager / torch.compile / CUDA graph, verified first, interleaved. Exit 1 if gemmlab is
     wrong anywhere."""
@@ -255,7 +259,9 @@ def bench_layer_cmd(
     = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """One Hugging Face decoder layer (real dims, random bf16 weights): unpatched torch against
+    """One Hugging Face decoder layer: unpatched torch against gemmlab.patch.
+
+    Real dims, random bf16 weights: unpatched torch against
     gemmlab.patch, eager / CUDA graph / torch.compile, verified first, interleaved. Exit 1 if gemmlab is wrong."""
     import importlib.util
 
@@ -288,8 +294,10 @@ def bench_moe_ep_cmd(
     output_dir: Annotated[str | None, typer.Option(help="rank 0 writes moe-ep-bench.json, .csv, .md here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="rank 0 prints the report as JSON on stdout")] = False,
 ) -> None:
-    """Expert-parallel MoE across the GPUs of a torchrun launch (``torchrun --nproc-per-node N -m gemmlab bench
-    moe-ep``): per-rank time, all-to-all GB/s against NCCL's equal-split all_to_all, speedup against one GPU
+    """Expert-parallel MoE across the GPUs of a torchrun launch.
+
+    Run as ``torchrun --nproc-per-node N -m gemmlab bench moe-ep``: per-rank time, all-to-all GB/s against NCCL's
+    equal-split all_to_all, speedup against one GPU
     holding every expert; verified first. Exit 2 without CUDA or a process group, 1 if an output is wrong."""
     from gemmlab.bench import moe_ep
 

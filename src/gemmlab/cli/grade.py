@@ -41,8 +41,10 @@ def grade(
     keep_logs: Annotated[bool, typer.Option(help="keep the workers' logs (the report names the directory)")] = False,
     record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
 ) -> None:
-    """Grade a GEMM kernel: exact-shape verification, dispatch coverage, anti-cheat rules, isolation,
-    interleaved timing against the vendor BLAS. Exit 0: all passed; 1: a case or rule failed; 2: usage; 3: every
+    """Grade a GEMM (or MoE) kernel: correct, honest, and how fast against the vendor BLAS.
+
+    Exact-shape verification, dispatch coverage, anti-cheat rules, isolation, interleaved timing against the
+    vendor BLAS. Exit 0: all passed; 1: a case or rule failed; 2: usage; 3: every
     rule passed but the timing could not score (inconclusive)."""
     from gemmlab.grade import cases as case_files
     from gemmlab.grade import default_cases, load_any

@@ -19,8 +19,10 @@ def inspect_cmd(
     packed: Annotated[bool, typer.Option(help="B prepacked by pack_b (K-major)")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
-    """What the compiler made of the kernel `plan` picks at this shape (on this GPU, or the H200 without
-    one): registers, spills, shared memory, warps, stages, blocks, SASS histogram, warp specialization.
+    """What the compiler made of the kernel `plan` picks at this shape.
+
+    On this GPU, or the H200 without one: registers, spills, shared memory, warps, stages, blocks, SASS histogram,
+    warp specialization.
     Exit 1 when the SASS has no tensor-core instruction."""
     from gemmlab.instruments.sass import inspect_shape, summary
     from gemmlab.problems import parse_shape

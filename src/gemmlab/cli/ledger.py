@@ -18,7 +18,7 @@ from gemmlab import output
 from gemmlab.cli import common as cmd
 from gemmlab.cli.common import LedgerOpt
 
-ledger_app = typer.Typer(add_completion=False, no_args_is_help=True,
+ledger_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                          help="The experiment ledger: every attempt, accepted or rejected with its reason.")
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout (and nothing else "
                                                       "there)")]

@@ -26,8 +26,10 @@ def probe_cmd(
                                                         ".csv and .md here")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Measure the GPU's constants (SMs, L2, clocks, power limit, HBM bandwidth, cuBLAS 8192^3, the attainable
-    tensor-core rate, launch overhead) and record them; or check health against them; or draw a roofline."""
+    """Measure the GPU's constants and record them; or check health; or draw a roofline.
+
+    The constants: SMs, L2, clocks, power limit, HBM bandwidth, cuBLAS 8192^3, the attainable tensor-core rate,
+    launch overhead; --check compares the GPU against them; --roofline draws a bench report on them."""
     import json
     from pathlib import Path
     from types import SimpleNamespace as View

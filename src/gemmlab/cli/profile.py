@@ -53,8 +53,10 @@ def profile_cmd(
     json_out: JsonOpt = False,
     ledger: LedgerOpt = None,
 ) -> None:
-    """Hardware counters (Nsight Compute) of one verified call of gemmlab and of cuBLAS, L2 flushed, clocks
-    recorded: tensor-pipe use, SM and DRAM throughput, L2 hit rate, occupancy, top warp stalls, bank
+    """Hardware counters (Nsight Compute) of one call of gemmlab and of cuBLAS.
+
+    One verified call each, L2 flushed, clocks recorded: tensor-pipe use, SM and DRAM throughput, L2 hit rate,
+    occupancy, top warp stalls, bank
     conflicts. Exit 2 without a GPU or ncu; 1 when a profile could not be taken."""
     from gemmlab.instruments import ncu as pf
     from gemmlab.instruments import ncu_view as view

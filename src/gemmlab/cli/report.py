@@ -22,7 +22,9 @@ def report_cmd(
     check: Annotated[bool, typer.Option("--check", help="--docs: write nothing; exit 1 if a page or the headline "
                                                         "differs from what the data gives")] = False,
 ) -> None:
-    """One self-contained HTML page (inline CSS and SVG, no network) from every JSON report under DIRS: bench
+    """One self-contained HTML page from every JSON report under DIRS.
+
+    Inline CSS and SVG, no network: bench
     tables with ratio plots, eager against graph, MoE, the roofline, the ledger's history, grades and their
     coverage, the device profile; files of an unknown kind are listed. With --docs: the documentation's results
     pages from DIR and its index.json, every table captioned with its GPU, clocks, versions, git SHA and date."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+from inspect import cleandoc
 from typing import Annotated
 
 import torch
@@ -34,7 +35,7 @@ from gemmlab.cli.bench import bench_app  # noqa: E402
 from gemmlab.cli.ledger import ledger_app  # noqa: E402
 from gemmlab.cli.profile import profile_cmd  # noqa: E402
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="gemmlab: fast FP16/BF16 GEMM in Triton, checked against a float64 reference.")
 app.add_typer(bench_app, name="bench")
 app.add_typer(ledger_app, name="ledger")
@@ -47,6 +48,20 @@ app.command("tune")(tune.tune_cmd)
 app.command("probe")(probe.probe_cmd)
 app.command("report")(report.report_cmd)
 app.command("paths")(paths.paths)
+
+
+def _summaries(typer_app: typer.Typer) -> None:
+    """Each command's summary in its group's list is the first paragraph of its help, whole (click would cut
+    it to fit beside the name, ending in "...")."""
+    for info in typer_app.registered_commands:
+        if info.short_help is None and info.callback is not None and info.callback.__doc__:
+            info.short_help = " ".join(cleandoc(info.callback.__doc__).split("\n\n")[0].split())
+    for group in typer_app.registered_groups:
+        group.short_help = group.short_help or group.typer_instance.info.help
+        _summaries(group.typer_instance)
+
+
+_summaries(app)
 
 
 def _version(value: bool) -> None:

@@ -40,7 +40,9 @@ def tune_cmd(
     ledger: LedgerOpt = None,
     seed: Annotated[int, typer.Option(help="seed of inputs and search order")] = 0,
 ) -> None:
-    """Search each shape's config space (--op gemm), or the MoE layer's grouped GEMMs (--op moe): verify every
+    """Search kernel configs per shape; record every attempt, keep only confirmed winners.
+
+    Each shape's config space (--op gemm), or the MoE layer's grouped GEMMs (--op moe): verify every
     candidate at the shape, time it against the incumbent and the baseline (cuBLAS; torch's grouped GEMM),
     accept only what is faster beyond noise on tensor cores; every attempt goes to the ledger; confirmed
     winners become rules in the user's <gpu>.json, which `plan` and the MoE ops read before the bundled ones."""
