@@ -86,3 +86,16 @@ def test_bench_on_a_pipe_shows_plain_lines_to_its_total(tmp_path):
     seen = counts(res.stderr.splitlines(), "bench")
     assert seen == [(1, 2), (2, 2), (2, 2)] and "bench 2/2: done" in res.stderr
     assert "\x1b[" not in res.stderr and "\r" not in res.stderr  # no terminal control codes on a pipe
+
+
+def test_grade_on_a_pipe_counts_its_cases_to_the_total():
+    """`gemmlab grade` on a one-case file with a performance case: 2 steps, whatever else the grader says
+    (planning, timing rounds) shown at the step it belongs to, ending at 2/2."""
+    from tests.paths import CASES
+
+    res = subprocess.run([sys.executable, "-m", "gemmlab", "grade", "--cases", str(CASES / "tiny.json")],
+                         capture_output=True, text=True, env=ENV, timeout=300)
+    assert res.returncode in (0, 3), res.stderr[-2000:]  # PASS, or INCONCLUSIVE timing on a CPU
+    seen = counts(res.stderr.splitlines(), "grading")
+    assert seen and {t for _, t in seen} == {2} and max(n for n, _ in seen) == 2, res.stderr
+    assert [n for n, _ in seen] == sorted(n for n, _ in seen) and "grading 2/2: done" in res.stderr
