@@ -10,7 +10,7 @@ from rich.console import Console
 
 from gemmlab.cli import common as cmd
 from gemmlab.cli.common import JsonOpt, LedgerOpt
-from gemmlab.cli.ledger import open_ledger
+from gemmlab.cli.ledger import open_ledger, reading
 
 
 def saved_profile(ref: str, ledger: str | None) -> dict:
@@ -71,7 +71,8 @@ def profile_cmd(
     entry = None
     if ledger_entry is not None:
         cmd.ledger_ready(ledger)
-        entry = open_ledger(ledger).get(ledger_entry)
+        with reading(ledger) as db:  # a damaged ledger: one line, exit 2
+            entry = db.get(ledger_entry)
         if entry is None:
             raise cmd.usage_error(f"--ledger-entry {ledger_entry}: no such entry in the ledger")
         if entry.op != "gemm" or not (entry.backend or "").startswith("gemmlab"):

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from gemmlab.cli import common as cmd
-from gemmlab.cli.ledger import open_ledger
+from gemmlab.cli.ledger import reading
 
 
 def report_cmd(
@@ -42,7 +42,8 @@ def report_cmd(
     if ledger:
         import json
 
-        extra.append((f"ledger {ledger}", json.loads(open_ledger(ledger).export("json"))))
+        with reading(ledger) as db:  # a damaged ledger: one line, exit 2
+            extra.append((f"ledger {ledger}", json.loads(db.export("json"))))
     page, found = html.build(dirs, extra)
     Path(output_file).write_text(page)
     print(f"wrote {output_file}: {len(found)} JSON file(s), " + ", ".join(

@@ -5,14 +5,14 @@ program (or a damaged file) filled with the wrong type, or a JSON column that do
 from __future__ import annotations
 
 import json
-import math
 
 TEXT = ("kind", "shape", "dtype", "op", "note", "command", "backend", "path", "error", "session", "created",
         "gemmlab_version", "git_sha", "gpu", "driver", "torch", "triton", "decision", "reason")
 NUMBERS = ("median_ms", "p20_ms", "p80_ms", "tflops", "ratio", "sm_clock_mhz")
 WHOLE = ("id", "tensor_core_ops", "parent_id")
 FLAGS = ("correct", "dirty")  # SQLite keeps booleans as 0/1
-JSON = {"config": dict, "ratio_ci": list, "per_round": list, "vs_parent": dict, "report": dict}
+# config: any JSON (a GemmConfig's fields, or a backend's own name for its config, such as "128x128")
+JSON = {"config": object, "ratio_ci": list, "per_round": list, "vs_parent": dict, "report": dict}
 NUMBER_LISTS = ("ratio_ci", "per_round")
 
 
@@ -21,7 +21,8 @@ class CellError(ValueError):
 
 
 def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and not (isinstance(v, float) and math.isnan(v))
+    """A number (NaN and infinities included: a measurement may record them)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _problem(key: str, v) -> str | None:
