@@ -16,7 +16,7 @@ from gemmlab.cli.common import JsonOpt, LedgerOpt, ParentOpt, RecordOpt
 
 # option: (with CUDA, without); top-k, hidden and intermediate with CUDA are resolve_moe's (4, 7168, 2048)
 DEFAULTS = {"batch_size": (4, 1), "seq_len": (8192, 16), "top_k": (None, 2), "hidden_size": (None, 64),
-            "intermediate_size": (None, 48), "num_experts": (None, 4), "warmup": (10, 2), "repeat": (50, 5),
+            "intermediate_size": (None, 48), "num_experts": (None, None), "warmup": (10, 2), "repeat": (50, 5),
             "warmup_s": (1.0, 0.0)}
 
 
@@ -42,8 +42,7 @@ def table_cmd(
                                                    "[default: 1; 0 without CUDA]")] = None,
     inspect: Annotated[bool, typer.Option(help="read tensor-core instructions from the SASS")] = True,
     num_experts: Annotated[int | None, typer.Option(
-        callback=cmd.count, help="experts of the fused MoE row [default: the model's, else 8; 4 without "
-                                 "CUDA]")] = None,
+        callback=cmd.count, help="experts of the fused MoE row [default: the model's, else 8]")] = None,
     output_dir: Annotated[str | None, typer.Option(help="write table.json, table.csv, table.md here")] = None,
     json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
 ) -> None:
@@ -51,7 +50,7 @@ def table_cmd(
 
     The dense GEMM (M = batch*seq_len*top_k, N = intermediate, K = hidden) through cuBLAS, gemmlab, gemmlab with
     a prepacked B, and gemmlab's grouped MoE kernel. Without CUDA the defaults are a small table (M=32 N=48
-    K=64, E=4) that the interpreter finishes in seconds; --model and every size given are honoured."""
+    K=64) that the interpreter finishes in seconds; --model and every size given are honoured."""
     from gemmlab.bench import table as bt
     from gemmlab.problems import MOE_MODELS, resolve_moe
 
@@ -62,7 +61,7 @@ def table_cmd(
     small = not torch.cuda.is_available()
     if small and model is None and all(v is None for v in given.values()):
         Console(stderr=True).print("no CUDA: the small CPU table (batch 1, seq 16, top-k 2, hidden 64, "
-                                   "intermediate 48, E=4); give --model or sizes for others", highlight=False,
+                                   "intermediate 48); give --model or sizes for others", highlight=False,
                                    soft_wrap=True)
     sizes = ("top_k", "hidden_size", "intermediate_size", "num_experts")
     a = {k: v if v is not None else (None if model and k in sizes else DEFAULTS[k][small]) for k, v in given.items()}
