@@ -43,7 +43,7 @@ def report_cmd(
         extra.append((f"ledger {ledger}", json.loads(open_ledger(ledger).export("json"))))
     page, found = html.build(dirs, extra)
     Path(output_file).write_text(page)
-    print(f"wrote {output_file}: {len(found)} JSON file(s), " + ", ".join(
+    print(f"wrote {output_file}: {len(found)} file(s), " + ", ".join(
         f"{n} {k}" for k, n in sorted(html.count_kinds(found).items())), file=sys.stderr)
 
 
