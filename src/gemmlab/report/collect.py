@@ -37,7 +37,7 @@ LEGACY = {
     "liger-warm": "Liger's warm-up and compile record (cache paths, seconds): no chart for it",
     "grade-repeat": "repeated grades of one kernel (rows and the grade reports)",
     "observer-tests": "the grader's observer tests on the GPU (test, verdict, detail): no chart for it",
-    "results-index": "the index of this results tree: what produced each entry (shown in the column beside)",
+    "results-index": "the index of this results tree (its lines are shown beside each file): listed, not drawn",
 }
 SUFFIXES = (  # (name ending, kind, reason it is listed and not drawn)
     (".ncu.log", "log", "ncu's own output (a log): listed, not drawn"),

@@ -52,7 +52,8 @@ LAYOUT_JS = """<script>(function () {
   document.body.appendChild(out);
 })();</script>"""
 SECTIONS = (("device", "Device profile and roofline", ("device-profile", "device-health", "roofline")),
-            ("gemm", "GEMM benchmarks", ("gemm-bench", "gemm-vs-cublas")), ("graph", "Eager calls against CUDA graphs", ()),
+            ("gemm", "GEMM benchmarks", ("gemm-bench", "gemm-vs-cublas")),
+            ("graph", "Eager calls against CUDA graphs", ()),
             ("moe", "MoE against its peers", ("moe-bench", "moe-liger-bench", "moe-sweep")),
             ("model", "Whole models: tokens per second", ("whole-model-bench",)),
             ("table", "MoE GEMM table, stability, checks, host cost", ("table", "stable-bench", "check", "moe-ep-bench",
