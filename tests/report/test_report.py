@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from gemmlab.cli import app
 from gemmlab.report import collect, html
 from tests.paths import REPO
+from tests.report.geometry import problems
 
 RESULTS = REPO / "benchmarks" / "results"
 EAGER = RESULTS / "nvidia-h200-bench" / "bench-all-eager" / "gemm-bench.json"
@@ -164,6 +165,8 @@ def test_page_renders_in_chromium(tmp_path, monkeypatch):
     assert m, dom.stderr[-2000:]
     layout = json.loads(m.group(1))
     assert len(layout["tables"]) >= 50 and len(layout["figures"]) >= 30
+    for f in layout["figures"]:  # the browser's own text boxes: inside the chart, on nothing else, off the plot
+        assert f["texts"] and problems(f) == [], (f["name"], problems(f)[:5])
     for t in layout["tables"]:  # each table rendered every row it was given, and has a height
         assert t["rendered"] == t["expected"] and t["expected"] >= 1 and t["h"] > 20, t
     eager = [t for t in layout["tables"] if t["source"] == str(EAGER.relative_to(REPO))

@@ -42,7 +42,18 @@ LAYOUT_JS = """<script>(function () {
     return {x: r.left + window.scrollX, y: r.top + window.scrollY, w: r.width, h: r.height}; }
   var figures = [].map.call(document.querySelectorAll("figure.plot svg"), function (s) {
     var b = box(s); b.name = s.parentNode.getAttribute("data-plot");
-    var frame = s.querySelector("rect.frame"); b.plot = frame ? box(frame) : null; return b; });
+    var frame = s.querySelector("rect.frame"); b.plot = frame ? box(frame) : null;
+    b.size = [+s.getAttribute("width"), +s.getAttribute("height")];  // the chart's own units from here on
+    b.frame = frame ? ["x", "y", "width", "height"].map(function (k) { return +frame.getAttribute(k); }) : null;
+    b.texts = [].map.call(s.querySelectorAll("text"), function (t) {  // each label's drawn box, rotation applied
+      var r = t.getBBox(), m = t.getCTM(), p = s.createSVGPoint();
+      var quad = [[r.x, r.y], [r.x + r.width, r.y], [r.x + r.width, r.y + r.height], [r.x, r.y + r.height]];
+      return {cls: t.getAttribute("class"), text: t.lastChild.nodeValue,
+              quad: quad.map(function (c) { p.x = c[0]; p.y = c[1]; var q = p.matrixTransform(m);
+                                            return [q.x, q.y]; })}; });
+    b.marks = [].map.call(s.querySelectorAll(".mark"), function (e) {  // bars and points
+      var r = e.getBBox(); return [r.x, r.y, r.width, r.height]; });
+    return b; });
   var tables = [].map.call(document.querySelectorAll("table.data"), function (t) {
     return {source: t.getAttribute("data-source"), title: t.caption ? t.caption.textContent : "",
             expected: +t.getAttribute("data-rows"), rendered: t.tBodies[0].rows.length, h: box(t).h}; });
@@ -156,7 +167,7 @@ def _moe(f: Found, _all) -> str:
 
     rows = moe.rows(f.data)
     mine = [r for r in rows if r["backend"] == "gemmlab"]
-    cats = [f"{r['part'][:4]} T={r['T']} {r['routing'][:4]}" for r in mine]
+    cats = [f"{r['model']} {r['part']} T={r['T']} {r['routing']}" for r in mine]
     peers = [b for b in dict.fromkeys(r["backend"] for r in rows) if b not in ("gemmlab",)]
     series = {"gemmlab vs " + (mine[0]["baseline"] if mine else "baseline"): [r["ratio"] for r in mine]}
     if any(r["ratio_vs_liger"] is not None for r in mine):
