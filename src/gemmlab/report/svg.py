@@ -33,8 +33,8 @@ def text_width(s: str, size: float) -> float:
 def _ticks(lo: float, hi: float, log: bool) -> list[float]:
     if log:
         return [10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)]
-    step = 10 ** math.floor(math.log10((hi - lo) or 1.0))
-    for mult in (1, 2, 5, 10):
+    step = 10 ** (math.floor(math.log10((hi - lo) or 1.0)) - 1)  # the finest of 1, 2, 5, 10 that gives <= 6 steps
+    for mult in (1, 2, 5, 10, 20, 50, 100):
         if (hi - lo) / (step * mult) <= 6:
             step *= mult
             break
@@ -42,7 +42,8 @@ def _ticks(lo: float, hi: float, log: bool) -> list[float]:
 
 
 def _fmt(v: float) -> str:
-    return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0e}"
+    """A tick's number: 6000, 0.25, 1e+06, 2e-05 (never 6e+03)."""
+    return "0" if v == 0 else f"{v:.6g}" if 1e-3 <= abs(v) < 1e6 else f"{v:.0e}"
 
 
 def _shorten(s: str, n: int = MAX_LABEL) -> str:
