@@ -242,6 +242,7 @@ def xy(series: dict[str, list[tuple[float, float]]], title: str, xlabel: str, yl
         px = xa(t)
         if box.left <= px <= box.right:
             body.append(_text("xtick", px, box.base + 14, _fmt(t), 10))
-    legend = [(name, COLORS[j % len(COLORS)]) for j, name in enumerate(series)] + [(n, "#000") for n in lines]
+    legend = [(name, COLORS[j % len(COLORS)]) for j, name in enumerate(series)]
+    legend += [(n, "#000" if k == 0 else "#888") for k, n in enumerate(lines)]  # as the curves are drawn
     return _frame(box, title, "", ylabel + (" (log scale)" if logy else ""), xlabel + (" (log scale)" if logx else ""),
                   ya, _ticks(ylo, yhi, logy), body, legend)
