@@ -1,4 +1,5 @@
-"""``gemmlab report``: one self-contained HTML page (inline CSS and SVG, no network) from gemmlab's JSON reports.
+"""``gemmlab report``: one self-contained HTML page (inline CSS and SVG, no network) from the files under some
+directories (gemmlab's JSON reports drawn, every other file listed with the reason).
 
     build(paths, extra=[(label, data)]) -> (html, [Found])
 
@@ -6,8 +7,9 @@ Sections, each drawn from the reports of its kind (``collect.kind_of``) by the m
 profile and its roofline (with every ``bench gemm`` point), the GEMM benchmarks with their ratio plots, eager
 calls against CUDA-graph replays (``bench gemm`` pairs and ``bench layer``), the MoE benchmarks against their
 peers, whole models' tokens per second (``bench model``), the MoE GEMM table, stable and expert-parallel
-benchmarks, tune sessions, grades (verdict, cases, coverage matrix), the ledgers' history curves, and every
-other file listed by name. A report that cannot be drawn says why in its place; the page is still written.
+benchmarks, tune sessions, grades (verdict, cases, coverage matrix), the ledgers' history curves, the older
+results' layouts (``legacy``), and every other file listed with the reason it is not drawn and index.json's line
+for it. A report that cannot be drawn says why in its place; the page is still written.
 """
 
 from __future__ import annotations
