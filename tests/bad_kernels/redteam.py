@@ -1,0 +1,54 @@
+"""Known-bad kernels of the red team's round (tests/test_redteam.py): attacks on the grader that the rounds before
+did not name. Competition signature FN(A, B, C, M, N, K); each does its arithmetic honestly (the attack is
+elsewhere), and writes what it managed to do under $BAD_KERNEL_OUT_DIR where it can, so a test can tell "refused"
+from "done unnoticed"."""
+
+import os
+
+import gemmlab.sandbox.share as share
+
+_state: dict = {}
+_kept_fds: list[int] = []
+_real_rebuild = share.rebuild
+
+
+def _keep_descriptors(meta, fds):
+    """The child's side of a bind, as the candidate owns it: a copy of every descriptor the grader sends is kept."""
+    _kept_fds.extend(os.dup(fd) for fd in fds)
+    return _real_rebuild(meta, fds)
+
+
+share.rebuild = _keep_descriptors  # the worker imports it at each bind: the candidate's version from now on
+
+
+def _out(name: str) -> str:
+    return os.path.join(os.environ.get("BAD_KERNEL_OUT_DIR", "/tmp"), name)
+
+
+def _note(name: str, text: str) -> None:
+    try:
+        with open(_out(name), "a") as f:
+            f.write(text + "\n")
+    except OSError:
+        pass
+
+
+def honest(A, B, C, M, N, K):
+    a, b = A[: M * K].view(K, M).t(), B[: K * N].view(N, K).t()
+    C[: M * N].view(N, M).t().copy_((a.float().unsqueeze(2) * b.float().unsqueeze(0)).sum(1).to(a.dtype))
+
+
+def truncates_shared_memory(A, B, C, M, N, K):
+    """Shrinks every shared-memory file the grader sent it to nothing (ftruncate on the kept descriptors): the
+    grader's own mapping of those pages then faults (SIGBUS) the next time it reads an output or writes an input.
+    Where a shrink is refused it computes honestly instead (and gains nothing). Notes each attempt in ``truncated``."""
+    shrunk = False
+    for fd in _kept_fds:
+        try:
+            os.ftruncate(fd, 0)
+            shrunk = True
+            _note("truncated", "done")
+        except OSError as e:
+            _note("truncated", f"refused: {e.strerror}")
+    if not shrunk:  # (touching the shrunk memory would fault here first)
+        honest(A, B, C, M, N, K)

@@ -1,0 +1,31 @@
+"""The red team's round: attacks of the issue's classes that the grader's tests did not name, each a known-bad kernel
+(tests/bad_kernels/redteam.py) graded here, and each FAILs or gains nothing. Those that could take the grader down run
+it as a subprocess (`gemmlab grade`), so a crash is seen as one, not as a dead test run."""
+
+from test_grade import HERE, TINY
+from test_sandbox import _grade_cli
+
+RED = str(HERE / "bad_kernels" / "redteam.py")
+
+
+def _one_verdict(r) -> None:
+    """The grader ended on its own (no signal, no traceback) with a verdict line."""
+    assert r is not None, "the grader hung"
+    assert r.returncode in (0, 1, 3), (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr[-3000:]
+    assert "verdict " in r.stdout, r.stdout[-2000:]
+
+
+# ------------------------------------------------------------------------------------- the grader survives
+
+
+def test_shrinking_the_shared_memory_cannot_crash_the_grader(tmp_path):
+    """The child owns the descriptors of the slots' shared memory; ftruncate on them made the grader's next read of
+    an output a SIGBUS (the grader died, no report). The slots live in sealed memfds: the shrink is refused."""
+    r = _grade_cli("--cases", TINY, "--kernel", f"{RED}:truncates_shared_memory",
+                   env={"BAD_KERNEL_OUT_DIR": str(tmp_path), "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path)})
+    _one_verdict(r)
+    notes = (tmp_path / "truncated").read_text().split("\n")
+    assert notes[0].startswith("refused"), notes
+    assert r.returncode in (0, 3), r.stdout[-2000:]  # honest after the refusal: it passes, and gained nothing
+
