@@ -2,7 +2,8 @@
 (tests/bad_kernels/redteam.py) graded here, and each FAILs or gains nothing. Those that could take the grader down run
 it as a subprocess (`gemmlab grade`), so a crash is seen as one, not as a dead test run."""
 
-from test_grade import HERE, TINY
+from gemmlab.grade import grade
+from test_grade import HERE, TINY, failed_rules
 from test_sandbox import _grade_cli
 
 RED = str(HERE / "bad_kernels" / "redteam.py")
@@ -29,3 +30,26 @@ def test_shrinking_the_shared_memory_cannot_crash_the_grader(tmp_path):
     assert notes[0].startswith("refused"), notes
     assert r.returncode in (0, 3), r.stdout[-2000:]  # honest after the refusal: it passes, and gained nothing
 
+
+
+def test_a_huge_log_is_quoted_by_its_end(tmp_path):
+    """A worker that dies is quoted by the end of its log; a log made a terabyte long (sparse, one ftruncate) must
+    not be read whole."""
+    r = grade(TINY, kernel=f"{RED}:grows_its_log_then_dies")
+    assert r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}, r["failures"]
+    assert "process died" in r["failures"][0]["reason"]
+
+
+def test_a_huge_observer_log_is_not_read_whole(tmp_path, monkeypatch):
+    """vendor_guard's log and counter files are the grader's evidence, read after every trial, but the child can
+    write them: made a terabyte long they are not read (MemoryError), and a log that is not the library's fails
+    the grade as tampered with (where the candidate could grow it)."""
+    monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(tmp_path))
+    r = grade(TINY, kernel=f"{RED}:grows_the_vendor_log")
+    grown = (tmp_path / "grown").read_text() if (tmp_path / "grown").exists() else ""
+    if "refused" in grown or not grown:  # the files were out of its reach: an honest kernel
+        assert r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]
+    else:
+        assert r["verdict"] == "FAIL" and failed_rules(r) == {"vendor"}, r["failures"]
+        assert "tampered" in r["failures"][0]["reason"]

@@ -52,3 +52,26 @@ def truncates_shared_memory(A, B, C, M, N, K):
             _note("truncated", f"refused: {e.strerror}")
     if not shrunk:  # (touching the shrunk memory would fault here first)
         honest(A, B, C, M, N, K)
+
+
+def grows_its_log_then_dies(A, B, C, M, N, K):
+    """Makes its stdout (the sandbox's log file, which the grader quotes the end of when a worker dies) a terabyte
+    long, sparse, in one ftruncate, then dies: a grader that read the whole log raised MemoryError."""
+    os.ftruncate(1, 1 << 40)
+    os._exit(3)
+
+
+def grows_the_vendor_log(A, B, C, M, N, K):
+    """Honest, but makes vendor_guard's log and counter files (which the grader reads after every trial) a terabyte
+    long, sparse: a grader that read them whole raised MemoryError. Notes what it grew in ``grown``."""
+    for var in ("GEMMLAB_VENDOR_LOG", "GEMMLAB_VENDOR_COUNTS"):
+        path = os.environ.get(var)
+        if path and not _state.get(var):
+            try:
+                with open(path, "ab") as f:
+                    os.ftruncate(f.fileno(), 1 << 40)
+                _state[var] = True
+                _note("grown", var)
+            except OSError as e:
+                _note("grown", f"{var} refused: {e.strerror}")
+    honest(A, B, C, M, N, K)

@@ -63,6 +63,7 @@ MAX_REPLY_BYTES = 1 << 24  # a reply longer than this is refused (a child cannot
 PR_SET_CHILD_SUBREAPER = 36
 FREEZE_S = 5.0  # a sandbox not frozen (every member stopped) within this fails
 FROZEN_CPU_NS = 1_000_000  # CPU a frozen sandbox may show during another's window (accounting slack)
+LOG_TAIL_BYTES = 1 << 16  # of a worker's log, read to quote its end
 HELD_MS, HELD_SHARE = 1.0, 0.25  # a trusted sandbox's main thread may be off the run queue this long in a batch
 _OWN_CHILDREN: set[int] = set()  # pids of processes the owner started (keepers): never treated as orphans
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # launched sandboxes (each window checks the frozen others)
@@ -217,9 +218,12 @@ class Sandbox:
         raise WorkerFailure(reason) from cause
 
     def log_tail(self, chars: int = 600) -> str:
-        """The end of the child's output, without the profiler's chatter."""
+        """The end of the child's output, without the profiler's chatter: its last ``LOG_TAIL_BYTES`` only (the
+        child owns the file: one ftruncate makes it a terabyte long)."""
         try:
-            lines = Path(self.log).read_text(errors="replace").splitlines()
+            with open(self.log, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - LOG_TAIL_BYTES))
+                lines = f.read(LOG_TAIL_BYTES).decode(errors="replace").splitlines()
         except OSError:
             return ""
         text = "\n".join(line for line in lines if not line.startswith("USDT:"))[-chars:].strip()
