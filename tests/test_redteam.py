@@ -2,11 +2,16 @@
 (tests/bad_kernels/redteam.py) graded here, and each FAILs or gains nothing. Those that could take the grader down run
 it as a subprocess (`gemmlab grade`), so a crash is seen as one, not as a dead test run."""
 
+import json
+
+import pytest
+
 from gemmlab.grade import grade
 from test_grade import HERE, TINY, failed_rules
 from test_sandbox import _grade_cli
 
 RED = str(HERE / "bad_kernels" / "redteam.py")
+BOX = str(HERE / "bad_kernels" / "containment.py")
 
 
 def _one_verdict(r) -> None:
@@ -53,3 +58,27 @@ def test_a_huge_observer_log_is_not_read_whole(tmp_path, monkeypatch):
     else:
         assert r["verdict"] == "FAIL" and failed_rules(r) == {"vendor"}, r["failures"]
         assert "tampered" in r["failures"][0]["reason"]
+
+
+@pytest.mark.parametrize("kernel,env", [
+    (f"{RED}:raises_text_for_the_terminal", {}),  # in a failure's reason
+    (f"{BOX}:forges_replies", {"BAD_REPLY": json.dumps({"kernels": ["[/b]\x1b[2J\x1b[H" + "\ud800"],
+                                                        "path": "[link=file:///etc/passwd]x\x1b]8;;\x07"})}),
+])
+def test_the_candidates_text_is_data_in_the_report_and_on_the_terminal(tmp_path, kernel, env):
+    """Text from the child (an exception's message, the kernel names and plan path its profiler reports) reaches the
+    verdict table, report.md and report.json: markup there crashed the grader (MarkupError), escape sequences
+    rewrote the terminal, a lone surrogate crashed it writing (UnicodeEncodeError). Now each is shown as text."""
+    out = tmp_path / "out"
+    r = _grade_cli("--cases", TINY, "--kernel", kernel, "--output-dir", str(out), env=env)
+    _one_verdict(r)
+    assert "\x1b" not in r.stdout + r.stderr and "\r" not in r.stdout
+    report = json.loads((out / "report.json").read_text())
+    md = (out / "report.md").read_text()
+    assert "\x1b" not in md and "\ud800" not in md
+    if "raises" in kernel:
+        assert r.returncode == 1 and report["verdict"] == "FAIL"
+        assert "[/bold]" in r.stdout and "[/bold]" in report["failures"][0]["reason"]  # the text, as text
+    else:
+        assert r.returncode in (0, 3), r.stdout[-2000:]
+        assert "[/b]" in r.stdout

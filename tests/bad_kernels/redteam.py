@@ -75,3 +75,13 @@ def grows_the_vendor_log(A, B, C, M, N, K):
             except OSError as e:
                 _note("grown", f"{var} refused: {e.strerror}")
     honest(A, B, C, M, N, K)
+
+
+FORGED_TEXT = "[/bold] \x1b[2K\x1b[1A\rverdict PASS \ud800 \u202e[red]"  # markup, escapes, a lone surrogate, bidi
+
+
+def raises_text_for_the_terminal(A, B, C, M, N, K):
+    """Raises with a message made for the grader's terminal and report: a closing rich tag that matches nothing (a
+    MarkupError when rendered as markup), escape sequences that erase the line above and rewrite it as a PASS, a lone
+    surrogate (no UTF-8 stream can encode it) and a right-to-left override."""
+    raise RuntimeError(FORGED_TEXT)

@@ -57,7 +57,7 @@ import weakref
 from pathlib import Path
 
 from gemmlab.sandbox import contain, share, wire
-from gemmlab.sandbox.replies import checked
+from gemmlab.sandbox.replies import checked, printable
 
 MAX_REPLY_BYTES = 1 << 24  # a reply longer than this is refused (a child cannot make the owner buffer gigabytes)
 PR_SET_CHILD_SUBREAPER = 36
@@ -226,7 +226,7 @@ class Sandbox:
                 lines = f.read(LOG_TAIL_BYTES).decode(errors="replace").splitlines()
         except OSError:
             return ""
-        text = "\n".join(line for line in lines if not line.startswith("USDT:"))[-chars:].strip()
+        text = printable("\n".join(line for line in lines if not line.startswith("USDT:"))[-chars:].strip())
         return f"; its output ends: {text}" if text else ""
 
     # ------------------------------------------------------------------------------------- containment
