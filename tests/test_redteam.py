@@ -22,6 +22,22 @@ def _one_verdict(r) -> None:
     assert "verdict " in r.stdout, r.stdout[-2000:]
 
 
+# ------------------------------------------------------------------------------------- the grader's clock
+
+
+def test_work_done_before_the_window_opens_is_timed():
+    """A thread of the candidate computed each batch while the grader was still waking the sandbox (its scheduling
+    restored thread by thread, /proc scanned), before t0: 4 ms of work a call was timed at well under 1 ms. Now
+    t0 is taken while the sandbox is still frozen, and only the wake-up lies between it and the request."""
+    from bad_kernels.redteam import WORK_S
+
+    r = grade(TINY, kernel=f"{RED}:works_before_window")
+    assert not r["failures"] or failed_rules(r) <= {"honest-timing", "isolation"}, r["failures"]
+    if not r["failures"]:
+        perf = r["performance"]
+        assert perf["median_ms"] >= WORK_S * 1e3, perf["median_ms"]  # gains nothing
+
+
 # ------------------------------------------------------------------------------------- the grader survives
 
 

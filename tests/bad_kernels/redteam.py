@@ -85,3 +85,45 @@ def raises_text_for_the_terminal(A, B, C, M, N, K):
     MarkupError when rendered as markup), escape sequences that erase the line above and rewrite it as a PASS, a lone
     surrogate (no UTF-8 stream can encode it) and a right-to-left override."""
     raise RuntimeError(FORGED_TEXT)
+
+
+WORK_S = 0.004  # what a call of ``works_before_window`` costs: its honest work and this much more
+
+
+def _server():
+    """The worker's server object in this process (the candidate owns it): it holds every bound slot."""
+    import gc
+
+    return next(o for o in gc.get_objects() if type(o).__name__ == "_Server" and hasattr(o, "slots"))
+
+
+def _precompute(server) -> None:
+    """Forever: the output of every slot still NaN (poisoned: new inputs) is computed, WORK_S a call."""
+    import time
+
+    while True:
+        for (a, b), out in list(server.slots):
+            if out.isnan().any():
+                time.sleep(WORK_S)
+                m, n = a.shape[0], b.shape[1]
+                out.view(n, m).t().copy_((a.float().unsqueeze(2) * b.float().unsqueeze(0)).sum(1).to(a.dtype))
+        time.sleep(0.0001)
+
+
+def works_before_window(A, B, C, M, N, K):
+    """Does its work before the grader's clock starts. A thread (frozen with the process between batches) computes
+    every slot whose output is poisoned as soon as it wakes, while the grader is still busy waking the sandbox
+    (restoring the scheduling of each of its threads, scanning /proc); 400 idle threads make that take longer. The
+    call itself only waits for its slot. Each call costs WORK_S of work: timed honestly, at least that."""
+    import threading
+    import time
+
+    if "worker" not in _state:
+        _state["worker"] = threading.Thread(target=_precompute, args=(_server(),), daemon=True)
+        _state["worker"].start()
+        for _ in range(400):
+            threading.Thread(target=time.sleep, args=(1e6,), daemon=True).start()
+    c = C[: M * N]
+    deadline = time.monotonic() + 10
+    while c.isnan().any() and time.monotonic() < deadline:
+        time.sleep(0.00005)

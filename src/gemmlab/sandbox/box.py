@@ -7,6 +7,7 @@
     box.request("call", slot=0, profile=True)            # one call on slot 0; names of what ran
     box.request("run", order=[0, 1, 2], fn="kernel")     # calls back to back between two device syncs
     box.freeze() / box.thaw()                            # stop / wake everything the child started, checked
+    box.ready(); t0 = now(); box.wake()                  # a timed window: the checks before t0, only waking after
     box.close()          # kill every process the child started; returns only when all are gone
 
 What each guard enforces (Linux; CPU and GPU alike unless said):
@@ -31,8 +32,11 @@ What each guard enforces (Linux; CPU and GPU alike unless said):
   while it was held (a held process cannot change itself: another process did; before its first freeze, against
   the owner's values), then gives every thread the owner's policy, nice value and CPU affinity back. So a
   baseline set to SCHED_IDLE or nice 19 by the candidate FAILs the candidate.
-- Thaw (``thaw``): SIGCONT goes out before the cgroup thaws (it drops a SIGSTOP queued while frozen); thaw
-  returns once no member is stopped.
+- Thaw (``thaw`` = ``ready``, ``wake``, ``running``): ``ready`` does every check and restore while the sandbox is
+  still frozen; ``wake`` only sends SIGCONT (first: it drops a SIGSTOP queued while frozen) and thaws the cgroup, so
+  a timed window opens between the two and holds the whole wake-up (nothing of the sandbox runs before t0: a thread
+  of it that worked while the owner was still busy waking it, before t0, was timed at a fraction of its work);
+  ``running`` returns once no member is stopped.
 - Progress: a trusted sandbox reports how long its main thread was neither running nor runnable during a timed
   batch; more than ``HELD_MS`` + ``HELD_SHARE`` of the batch means something stopped it (``WorkerFailure``).
 - Channel (``sandbox.wire``): JSON both ways over a socketpair, descriptors of shared CPU memory beside it
@@ -122,6 +126,7 @@ class Sandbox:
         self._hello_by: float | None = None  # loading must be done by then (monotonic clock)
         self._others: dict = {}  # frozen sandboxes -> their CPU ns when this one's window opened
         self._seen: dict | None = None  # the threads' scheduling when last frozen (contain.sched_seen)
+        self._waking: set[int] | None = None  # the members ``ready`` found, for ``wake``
         self.frozen = False
         self.starts = 0
         self.failed: str | None = None  # once set, the sandbox is gone for good (loading happens once)
@@ -293,8 +298,15 @@ class Sandbox:
         self._others = {}
 
     def thaw(self, wait_s: float = 1.0) -> None:
-        """Restore the scheduling of every thread (a change fails the sandbox), wake every process, and wait (up to
-        ``wait_s``) until none is stopped, so that waking up is not inside the next timed window."""
+        """``ready``, ``wake``, then ``running``: every process woken and none left stopped (outside a timed window)."""
+        self.ready()
+        self.wake()
+        self.running(wait_s)
+
+    def ready(self) -> None:
+        """The work of waking, done while the sandbox is still frozen (so none of it lies inside a timed window, and
+        nothing of the sandbox runs meanwhile): restore the scheduling of every thread (a change fails the sandbox),
+        note the members to wake and the CPU time of the other frozen sandboxes (its window checks they use none)."""
         if self.proc is None:
             return
         pids = self.members()
@@ -305,7 +317,25 @@ class Sandbox:
         if changed:
             self._fail(f"the scheduling of the {self.name}'s processes was changed while it was held "
                        f"({'; '.join(changed[:3])}): another process reached them")
-        self._wake(pids)
+        self._waking = pids
+        self._others = {box: box.cpu_ns() for box in list(_LIVE) if box is not self and box.frozen}
+
+    def wake(self) -> None:
+        """Wake the members ``ready`` noted (SIGCONT, the cgroup thawed) and nothing more: in a timed window the
+        only step between t0 and the request, so that nothing the sandbox does after it was frozen lies before t0."""
+        if self.proc is None:
+            return
+        if self._waking is None:
+            self.ready()
+        self._wake(self._waking)
+        self._waking = None
+        self.frozen = False
+
+    def running(self, wait_s: float = 1.0) -> None:
+        """Wait (up to ``wait_s``) until no member is stopped, SIGCONT to each that is; one that stays stopped fails
+        the sandbox (held by a tracer)."""
+        if self.proc is None:
+            return
         deadline = time.monotonic() + wait_s
         while True:
             stopped = {p for p in self.members() if contain.state(p) in ("T", "t")}
@@ -316,8 +346,6 @@ class Sandbox:
                            "by another process?)")
             contain.signal_all(stopped, signal.SIGCONT)
             time.sleep(0.0005)
-        self.frozen = False
-        self._others = {box: box.cpu_ns() for box in list(_LIVE) if box is not self and box.frozen}
 
     def _wake(self, pids: set[int]) -> None:
         contain.signal_all(pids, signal.SIGCONT)  # first: it drops a SIGSTOP queued while frozen
