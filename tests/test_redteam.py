@@ -3,6 +3,7 @@
 it as a subprocess (`gemmlab grade`), so a crash is seen as one, not as a dead test run."""
 
 import json
+import os
 
 import pytest
 
@@ -68,10 +69,10 @@ def test_a_huge_observer_log_is_not_read_whole(tmp_path, monkeypatch):
     monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
     monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(tmp_path))
     r = grade(TINY, kernel=f"{RED}:grows_the_vendor_log")
-    grown = (tmp_path / "grown").read_text() if (tmp_path / "grown").exists() else ""
-    if "refused" in grown or not grown:  # the files were out of its reach: an honest kernel
+    notes = (tmp_path / "grown").read_text().split("\n") if (tmp_path / "grown").exists() else []
+    if not [n for n in notes if n and "refused" not in n]:  # the files were out of its reach: an honest kernel
         assert r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]
-    else:
+    else:  # through the library's own descriptor (opened before any Landlock domain): the log was grown
         assert r["verdict"] == "FAIL" and failed_rules(r) == {"vendor"}, r["failures"]
         assert "tampered" in r["failures"][0]["reason"]
 
@@ -98,3 +99,54 @@ def test_the_candidates_text_is_data_in_the_report_and_on_the_terminal(tmp_path,
     else:
         assert r.returncode in (0, 3), r.stdout[-2000:]
         assert "[/b]" in r.stdout
+
+
+# ------------------------------------------------------------------------------------- files and /proc
+
+
+@pytest.fixture
+def out_dir(tmp_path, monkeypatch):
+    """$BAD_KERNEL_OUT_DIR, where the bad kernels note what they did, and writable for them (GEMMLAB_SANDBOX_WRITABLE,
+    the owner's environment); $BAD_PATH_DIR, a directory on the grader's PYTHONPATH, which the workers inherit."""
+    notes, path_dir = tmp_path / "notes", tmp_path / "on-the-path"
+    notes.mkdir()
+    path_dir.mkdir()
+    monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(notes))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(notes))
+    monkeypatch.setenv("BAD_PATH_DIR", str(path_dir))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(path_dir), os.environ.get("PYTHONPATH", "")]))
+    return notes
+
+
+def test_code_planted_for_the_baseline_is_never_written(out_dir):
+    """The candidate runs before the baseline's worker starts, and Python runs any sitecustomize.py (.pth file,
+    stale-checked .pyc) on its path: written by the candidate into a directory the grader's user can write, it slowed
+    the trusted baseline's torch.mm by 20 ms a call, unseen on the CPU. In its Landlock domain the candidate can
+    write only below its own scratch directory."""
+    r = grade(TINY, kernel=f"{RED}:writes_code_for_the_baseline")
+    assert (out_dir / "sitecustomize").read_text().startswith("refused"), (out_dir / "sitecustomize").read_text()
+    assert r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]
+    assert r["performance"]["baseline_ms"] < 20, r["performance"]["baseline_ms"]
+
+
+def test_a_file_write_reaches_nothing_outside_the_sandbox(out_dir):
+    """No write reaches the baseline's autogroup (/proc), the grader's log directory or its Python path."""
+    r = grade(TINY, kernel=f"{RED}:reaches_outside_by_files")
+    found = json.loads((out_dir / "files.json").read_text())
+    assert any(k.startswith("autogroup") for k in found) and {"log_dir", "python_path"} <= set(found), found
+    assert all(v is not True for v in found.values()), found
+    assert r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]
+
+
+def test_an_autogroup_reniced_baseline_fails_the_candidate(out_dir, monkeypatch):
+    """Without a Landlock domain (with CUDA by default) the write lands: the baseline's session then runs at
+    autogroup nice 19, which no thread's nice value shows. The scheduling record holds each process's autogroup:
+    changed while the baseline was held, it fails the candidate."""
+    monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
+    if open("/proc/self/autogroup").read() is None:
+        pytest.skip("no autogroups here")
+    r = grade(TINY, kernel=f"{RED}:reaches_outside_by_files")
+    found = json.loads((out_dir / "files.json").read_text())
+    assert any(v is True for k, v in found.items() if k.startswith("autogroup")), found
+    assert r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}, r["failures"]
+    assert "autogroup" in r["failures"][0]["reason"], r["failures"][0]["reason"]

