@@ -22,11 +22,10 @@ from pathlib import Path
 import torch
 
 import gemmlab
-from gemmlab.bench.gemm import inputs
 from gemmlab.device import gpu_slug
 from gemmlab.instruments.compare import compare_many
 from gemmlab.instruments.timing import env_info
-from gemmlab.problems import parse_shape
+from gemmlab.problems import gemm_operands, parse_shape
 from gemmlab.ref import gemm_check, gemm_ref
 
 
@@ -39,7 +38,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     m, n, k = parse_shape(args.shape)
-    a, b = inputs(m, n, k, torch.float16, torch.device("cuda"))
+    a, b = gemm_operands(m, n, k, torch.float16, torch.device("cuda"))
     ref = gemm_ref(a, b)
     bufs = [torch.empty((m, n), dtype=a.dtype, device="cuda") for _ in range(3)]
     calls = {

@@ -15,9 +15,9 @@ import torch
 
 import gemmlab
 from gemmlab.device import gpu_slug
-from gemmlab.grade.inputs import random_matrix
 from gemmlab.instruments import timing
 from gemmlab.instruments.compare import compare
+from gemmlab.problems import generator, matrix
 from gemmlab.ref import gemm_check
 
 
@@ -32,8 +32,8 @@ def main() -> None:
     for dist in ("competition", "uniform"):
         for layout in ("rowmajor", "colmajor"):
             col = layout == "colmajor"
-            a = random_matrix(m, k, dist, 11, torch.float16, "cuda", col)  # (M, K), strides per layout
-            b = random_matrix(k, n, dist, 12, torch.float16, "cuda", col)  # (K, N)
+            a = matrix(m, k, dist, generator(11, "cuda"), torch.float16, colmajor=col)  # (M, K), strides per layout
+            b = matrix(k, n, dist, generator(12, "cuda"), torch.float16, colmajor=col)  # (K, N)
             c = torch.empty((n, m) if col else (m, n), dtype=torch.float16, device="cuda")
             c = c.t() if col else c  # (M, N)
             c2 = torch.empty_like(c)

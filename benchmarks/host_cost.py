@@ -10,7 +10,7 @@ Rounds alternate the candidates' order (interleaved); each figure is the median 
 Cases: gemm vs torch.mm at M in {1, 16, 64, 256, 2048} x (N, K) pairs from 2048..7168 (and how gemmlab's call
 launched: ``gemmlab.ops.gemm.launch_mode``, "direct" on the hot path), plus a compiled pair
 (torch.compile of one call each) at M = 16; grouped_gemm vs torch._grouped_mm and moe_forward (validate on and
-off) vs the torch composite (``gemmlab.bench.moe.composite_forward``) at small T.
+off) vs the torch composite (``gemmlab.ref.moe_composite``) at small T.
 Writes benchmarks/results/<gpu>-host-cost.json with provenance (GPU, clocks, versions, git SHA), then prints the
 GEMM table: host and eager µs per call of both against CUDA-graph replay (device µs), and the host-cost target
 (gemmlab.gemm's host µs <= 1.25x torch.mm's) per case.
@@ -30,14 +30,13 @@ from pathlib import Path
 import torch
 
 import gemmlab
-from gemmlab.bench.moe import composite_forward, problem
 from gemmlab.device import gpu_slug
 from gemmlab.instruments import timing
 from gemmlab.instruments.stats import quantile
 from gemmlab.ops.gemm import launch_mode
 from gemmlab.ops.moe import sort_routes
-from gemmlab.problems import MOE_MODELS, MoEModel
-from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check
+from gemmlab.problems import MOE_MODELS, MoEModel, matrix, moe_inputs
+from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check, moe_composite
 
 GEMM_M = (1, 16, 64, 256, 2048)
 HOST_TARGET = 1.25  # gemmlab.gemm host µs per call <= this x torch.mm's
@@ -112,8 +111,8 @@ def gemm_cases(args) -> list[dict]:
     ms = (1, 16, 256) if args.quick else GEMM_M
     for m in ms:
         for n, k in GEMM_NK:
-            a = torch.rand((m, k), device="cuda").sub_(0.5).half()
-            b = torch.rand((k, n), device="cuda").sub_(0.5).half()
+            a = matrix(m, k, "centered", None, torch.float16, device="cuda")
+            b = matrix(k, n, "centered", None, torch.float16, device="cuda")
             chk = gemm_check(gemmlab.gemm(a, b), a, b)
             if not chk["ok"]:
                 raise SystemExit(f"gemm {m}x{n}x{k}: wrong result {chk}")
@@ -124,8 +123,8 @@ def gemm_cases(args) -> list[dict]:
             _print(results[-1])
     if not args.no_compile:
         m, n, k = 16, 4096, 4096
-        a = torch.rand((m, k), device="cuda").sub_(0.5).half()
-        b = torch.rand((k, n), device="cuda").sub_(0.5).half()
+        a = matrix(m, k, "centered", None, torch.float16, device="cuda")
+        b = matrix(k, n, "centered", None, torch.float16, device="cuda")
         ours = torch.compile(lambda a, b: gemmlab.gemm(a, b) * 2, fullgraph=True)
         theirs = torch.compile(lambda a, b: torch.mm(a, b) * 2, fullgraph=True)
         if not gemm_check(ours(a, b) / 2, a, b)["ok"]:
@@ -144,7 +143,7 @@ def moe_cases(args) -> list[dict]:
               "small (H 1024, I 512, E 16, k 2)": MoEModel(hidden=1024, intermediate=512, experts=16, top_k=2)}
     for name, model in models.items():
         for t in MOE_T if not args.quick else (1, 64):
-            p = problem(model, t, "uniform", torch.bfloat16, seed=t)
+            p = moe_inputs(model, t, "uniform", torch.bfloat16, seed=t)
             x, w1, w2, wts, ids = p["x"], p["w1"], p["w2"], p["weights"], p["ids"]
             r = sort_routes(ids, model.experts, 16)
             xs = x.index_select(0, r.token.long()).contiguous()
@@ -169,8 +168,8 @@ def moe_cases(args) -> list[dict]:
                                                                           p["ids"]),
                    "gemmlab.moe_forward validate=False": lambda p=p: gemmlab.moe_forward(
                        p["x"], p["w1"], p["w2"], p["weights"], p["ids"], validate=False),
-                   "torch composite": lambda p=p: composite_forward(p["x"], p["w1"], p["w2"], p["weights"],
-                                                                    p["ids"])}
+                   "torch composite": lambda p=p: moe_composite(p["x"], p["w1"], p["w2"], p["weights"],
+                                                                p["ids"])}
             res = measure(fns, "torch composite", args.rounds, max(50, args.calls // 4), args.graph_calls)
             results.append({"op": "moe_forward", "model": name, "tokens": t, "dtype": "bfloat16",
                             "check": chk["ok"], "candidates": res})
@@ -217,8 +216,8 @@ def profile_gemm(shape: str, out: Path, calls: int = 2000) -> Path:
     import pstats
 
     m, n, k = (int(v) for v in shape.split(","))
-    a = torch.rand((m, k), device="cuda").sub_(0.5).half()
-    b = torch.rand((k, n), device="cuda").sub_(0.5).half()
+    a = matrix(m, k, "centered", None, torch.float16, device="cuda")
+    b = matrix(k, n, "centered", None, torch.float16, device="cuda")
     for _ in range(5):
         gemmlab.gemm(a, b)
     torch.cuda.synchronize()

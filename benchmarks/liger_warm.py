@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from gemmlab.bench import moe_liger as ml
+from gemmlab.bench import moe_peers
 from gemmlab.instruments import timing
 from gemmlab.problems import MOE_MODELS, MoEModel
 
@@ -49,13 +50,13 @@ def compile_one(job: tuple[str, tuple[str, ...], int]) -> dict:
         tuner.configs = [configs[j] if j < len(configs) else configs[0]]
     m = MOE_MODELS[name]
     small = MoEModel(hidden=m.hidden, intermediate=m.intermediate, experts=max(m.top_k, 2), top_k=m.top_k)
-    liger, info = ml.load_liger()
+    liger, info = moe_peers.load_liger()
     if liger is None:
         raise RuntimeError(info["reason"])
     t0, errors = time.perf_counter(), []
     for part in parts:
         try:  # a config too large for the device fails here; Liger's own autotuner skips it the same way
-            ml.tune_liger(liger, small, part, torch.bfloat16, 64)
+            moe_peers.tune_liger(liger, small, part, torch.bfloat16, 64)
         except Exception as e:
             errors.append(f"{part}: {type(e).__name__}: {str(e)[:200]}")
     torch.cuda.empty_cache()
@@ -77,7 +78,7 @@ def main() -> int:
         print(f"liger_warm: unknown model or part {bad} (models {list(MOE_MODELS)}, parts {ml.PARTS}) "
               f"or --workers < 1", file=sys.stderr)
         return 2
-    liger, info = ml.load_liger()
+    liger, info = moe_peers.load_liger()
     if liger is None or not torch.cuda.is_available():
         print(f"liger_warm: nothing to do: {info.get('reason') or 'no CUDA device'}", file=sys.stderr)
         return 2
@@ -112,7 +113,7 @@ def main() -> int:
             if time.monotonic() - t0 > args.time_limit_s:
                 report.setdefault("not_tuned", []).append(f"{m} {part}")
                 continue
-            r = ml.tune_liger(liger, MOE_MODELS[m], part, torch.bfloat16, args.tune_tokens)
+            r = moe_peers.tune_liger(liger, MOE_MODELS[m], part, torch.bfloat16, args.tune_tokens)
             report["tune"].append({"model": m, **r})
             print(f"tuned {m} {part} at T={args.tune_tokens}: {r['seconds']:.1f}s", flush=True)
             torch.cuda.empty_cache()

@@ -29,13 +29,12 @@ from dataclasses import asdict, replace
 import torch
 
 import gemmlab
-from gemmlab.bench.moe import composite_forward, problem
 from gemmlab.instruments import timing
 from gemmlab.instruments.compare import compare_many
 from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import MoEBackwardConfig
-from gemmlab.problems import MOE_MODELS
-from gemmlab.ref import moe_grad_check
+from gemmlab.problems import MOE_MODELS, moe_inputs
+from gemmlab.ref import moe_composite, moe_grad_check
 
 
 def _liger():
@@ -59,7 +58,7 @@ def candidates(p: dict, dy: torch.Tensor, liger: bool) -> tuple[dict, list[str]]
                                                                       save_gate_up=True)),
            "gemmlab recomputes gate/up": grads(lambda: gemmlab.moe_forward(x, w1, w2, tw, ids, validate=False,
                                                                            save_gate_up=False)),
-           "torch composite (_grouped_mm)": grads(lambda: composite_forward(x, w1, w2, tw, ids))}
+           "torch composite (_grouped_mm)": grads(lambda: moe_composite(x, w1, w2, tw, ids))}
     notes = []
     if liger:
         apply, why = _liger()
@@ -92,7 +91,7 @@ def peak_bytes(fn) -> int:
 def run_case(model: str, tokens: int, routing: str, dtype: torch.dtype, liger: bool, rounds: int, reps: int,
              graph: bool) -> dict:
     m = MOE_MODELS[model]
-    p = problem(m, tokens, routing, dtype, seed=tokens)
+    p = moe_inputs(m, tokens, routing, dtype, seed=tokens)
     dy = torch.randn((tokens, m.hidden), device="cuda", dtype=torch.float32).mul_(0.5).to(dtype)
     fns, notes = candidates(p, dy, liger)
     if graph:  # Liger's routing reads a count on the host
@@ -143,7 +142,7 @@ def run_sweep(model: str, tokens: int, routing: str, dtype: torch.dtype, reps: i
     from gemmlab.device import target_for
 
     m = MOE_MODELS[model]
-    p = problem(m, tokens, routing, dtype, seed=tokens)
+    p = moe_inputs(m, tokens, routing, dtype, seed=tokens)
     dy = torch.randn((tokens, m.hidden), device="cuda", dtype=torch.float32).mul_(0.5).to(dtype)
     check = checker(p, dy)
     args = (dy, p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
@@ -205,7 +204,7 @@ def kernel_times(fn, reps: int = 3) -> list[tuple[str, float, int]]:
 def run_profile(model: str, tokens: int, routing: str, dtype: torch.dtype, liger: bool) -> dict:
     """Where each candidate's forward + backward spends device time, kernel by kernel (gradients checked first)."""
     m = MOE_MODELS[model]
-    p = problem(m, tokens, routing, dtype, seed=tokens)
+    p = moe_inputs(m, tokens, routing, dtype, seed=tokens)
     dy = torch.randn((tokens, m.hidden), device="cuda", dtype=torch.float32).mul_(0.5).to(dtype)
     fns, notes = candidates(p, dy, liger)
     fns.pop("torch composite (_grouped_mm)")

@@ -15,7 +15,7 @@ part=${2:-bench}
 mkdir -p "$out"
 py() { timeout "$1" python3 "${@:2}"; echo "exit $? : ${*:2}"; }
 if [ "$part" = bench ]; then
-  py 120 -m pytest -q tests/test_moe_gpu.py tests/test_moe.py > "$out/pytest-moe-gpu.log" 2>&1
+  py 120 -m pytest -q tests/moe/test_moe.py > "$out/pytest-moe-gpu.log" 2>&1
   for m in deepseek-v3 qwen3-30b-a3b mixtral-8x7b; do
     py 150 -m gemmlab bench moe --model "$m" --tokens 16 --tokens 128 --tokens 1024 --tokens 4096 --tokens 16384 \
        --routing uniform --routing zipf --rounds 6 --reps 3 --warmup-s 0.3 --graph --output-dir "$out/$m"

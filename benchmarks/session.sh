@@ -74,8 +74,8 @@ for s in "$@"; do
         --output-dir "$RES/nvidia-h200-moe-liger" ${LIGER_ARGS:-} ;;
     # MoE training (issue 24): capture and sync GPU tests, then fwd+bwd against Liger for two models (eager and
     # graph, peak memory; after liger_warm with LIGER_WARM_ARGS="--models qwen3-30b-a3b,olmoe-1b-7b --parts fwd+bwd")
-    moe_train) step moe_train_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_moe_train_gpu.py \
-        tests/test_moe_backward_gpu.py
+    moe_train) step moe_train_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/moe/test_moe_train_gpu.py \
+        tests/moe/test_moe_backward_gpu.py
       step moe_train_bench 230 env $LIGER_ENV python3 -m gemmlab bench moe --baseline liger --mode eager --mode graph \
         --part fwd+bwd --model qwen3-30b-a3b --model olmoe-1b-7b --tokens 1024 --tokens 4096 --routing uniform \
         --rounds 4 --reps 3 --warmup-s 0.2 --time-limit-s 200 --output-dir "$RES/nvidia-h200-moe-liger-train" ;;
@@ -95,8 +95,8 @@ for s in "$@"; do
     # kernel and the split tail's GPU tests (determinism, CUDA-graph capture); the dense suite with its targets, its
     # kernels compiled in parallel first
     dense_sweep) step dense_sweep 260 python3 benchmarks/sweep_dense.py --out "$RES/dense-sweep" --budget-s 200 ;;
-    dense_gputest) step dense_gputest 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_gemv.py \
-      tests/test_gemm_streamk.py ;;
+    dense_gputest) step dense_gputest 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gemm/test_gemm_gemv.py \
+      tests/gemm/test_gemm_streamk.py ;;
     dense) step dense_compile 80 python3 benchmarks/sweep_dense.py --grid dense-suite --compile-only --out "$RES"
       step dense 220 python3 -m gemmlab bench gemm --suite dense --backend gemmlab --rounds 5 --reps 3 \
         --warmup-s 0.2 --budget-s 190 --output-dir "$RES/nvidia-h200-dense" ;;

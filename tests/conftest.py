@@ -1,32 +1,35 @@
 """Without CUDA every test runs through Triton's CPU interpreter, which must be chosen before any kernel
-module is imported. With CUDA the same tests run on the GPU, and the `gpu`-marked ones run too."""
+module is imported. With CUDA the same tests run on the GPU, and the `gpu`-marked ones run too; the `cpu_only`-marked
+ones (what only the CPU shows) do not. Tests that need the device take the `device` fixture."""
 
 import os
 import tempfile
 
 import torch
 
-if not torch.cuda.is_available():
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the tests' tensors live (the `device` fixture)
+if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
 # the user's own config tables (~/.gemmlab/configs, $GEMMLAB_CONFIGS) must not change what tests see
 os.environ["GEMMLAB_CONFIGS"] = tempfile.mkdtemp(prefix="gemmlab-test-configs-")
 
 import pytest  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    """The one place where a test is skipped for the device it runs on: `gpu` tests without CUDA, `cpu_only` tests
+    with it (the marker's argument says why)."""
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if DEVICE == "cpu" and item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        cpu_only = item.get_closest_marker("cpu_only")
+        if DEVICE == "cuda" and cpu_only:
+            item.add_marker(pytest.mark.skip(reason=f"only without CUDA: {', '.join(cpu_only.args)}"))
 
 
 @pytest.fixture
 def device() -> str:
+    """The device a test's tensors go to: "cuda" with CUDA, else "cpu" (the interpreter)."""
     return DEVICE
 
 
@@ -56,14 +59,9 @@ def no_routes(monkeypatch):
 
 
 def rand(shape, dtype=torch.float16, device=DEVICE, *, major="row", seed=None, dist="uniform"):
-    """Random non-constant values, (rows, cols) stored row-major or column-major ("col")."""
-    g = torch.Generator(device=device)
-    g.manual_seed(int.from_bytes(os.urandom(4), "little") if seed is None else seed)
-    rows, cols = shape
-    store = (rows, cols) if major == "row" else (cols, rows)
-    if dist == "uniform":
-        t = torch.rand(store, generator=g, device=device, dtype=torch.float32) - 0.5
-    else:
-        t = torch.randn(store, generator=g, device=device, dtype=torch.float32)
-    t = t.to(dtype)
-    return t if major == "row" else t.t()
+    """Random non-constant values, (rows, cols) stored row-major or column-major ("col"): ``problems.matrix``
+    of dist "uniform" (its "centered", U[-0.5, 0.5)) or "normal"."""
+    from gemmlab.problems import generator, matrix
+
+    g = generator(int.from_bytes(os.urandom(4), "little") if seed is None else seed, device)
+    return matrix(*shape, "centered" if dist == "uniform" else "normal", g, dtype, colmajor=major != "row")

@@ -1,4 +1,7 @@
-"""References and tolerances shared by tests, the grader and the benchmarks: slow, obvious, exact-ish."""
+"""References, baselines and tolerances shared by tests, the grader and the benchmarks.
+
+References are slow, obvious and exact-ish (float64 / float32 loops); ``moe_composite`` is the MoE baseline
+the benchmarks, the tuner and the grader time gemmlab against (torch ops on ``torch._grouped_mm``)."""
 
 from __future__ import annotations
 
@@ -122,6 +125,24 @@ def moe_layer_ref(x: torch.Tensor, gate_w: torch.Tensor, w1: torch.Tensor, w2: t
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
     return (moe_same_dtype if same_dtype else moe_ref)(x, w1, w2, weights, topk_ids)
+
+
+def moe_composite(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                  ids: torch.Tensor) -> torch.Tensor:
+    """The MoE body from torch ops on ``torch._grouped_mm`` (the forward baseline): sort the (token, slot)
+    pairs by expert, gather, grouped gate/up, SiLU * up, grouped down, weight, index_add back to tokens.
+    x (T, H), w1 (E, 2I, H), w2 (E, H, I), weights (T, k), ids (T, k) -> y (T, H) in x's dtype."""
+    t, k = ids.shape
+    e, i = w1.shape[0], w2.shape[2]
+    flat = ids.reshape(-1).long()
+    _, order = torch.sort(flat, stable=True)
+    counts = torch.zeros(e, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    token = order // k
+    h = torch._grouped_mm(x[token], w1.transpose(1, 2), offs=offs)
+    act = torch.nn.functional.silu(h[:, :i]) * h[:, i:]
+    o = torch._grouped_mm(act, w2.transpose(1, 2), offs=offs) * weights.reshape(-1)[order].to(x.dtype)[:, None]
+    return torch.zeros_like(x, dtype=torch.float32).index_add_(0, token, o.float()).to(x.dtype)
 
 
 def moe_check(y: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

@@ -1,5 +1,5 @@
 """Bad `bench gemm --backend FILE.py:FN` backends (row-major FN(a, b) -> c): each must end with its own row
-and a reason while the others are benchmarked (tests/test_bench_isolated.py)."""
+and a reason while the others are benchmarked (tests/bench/test_bench_isolated.py)."""
 
 import os
 import time

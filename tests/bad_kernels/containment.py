@@ -1,4 +1,4 @@
-"""Known-bad kernels against the sandbox itself (tests/test_grade_box.py): reaching the grader's process, forging
+"""Known-bad kernels against the sandbox itself (tests/sandbox/test_sandbox.py): reaching the grader's process, forging
 the child's replies, escaping the freeze, disturbing the baseline. Competition signature FN(A, B, C, M, N, K); each
 writes what it managed to do under $BAD_KERNEL_OUT_DIR, so a test can tell "refused" from "did it unnoticed"."""
 

@@ -1,5 +1,5 @@
-"""Vendor GEMMs passed off as the candidate's own, for the kernel observer (tests/test_observer.py on the
-CPU, tests/test_observer_gpu.py on the H200), and one honest Triton kernel beside them. Row-major
+"""Vendor GEMMs passed off as the candidate's own, for the kernel observer (tests/grade/test_observer.py on the
+CPU, tests/grade/test_observer_gpu.py on the H200), and one honest Triton kernel beside them. Row-major
 signature FN(a, b) -> c."""
 
 import ctypes

@@ -17,7 +17,7 @@ import torch
 from gemmlab import output
 from gemmlab.instruments import timing
 from gemmlab.output import Table, long_row
-from gemmlab.problems import CPU_CHECK, SEEDS, SMALL_M, Shape
+from gemmlab.problems import CPU_CHECK, SEEDS, SMALL_M, Shape, generator, matrix
 
 DTYPE_SETS = {"float16": [torch.float16], "bfloat16": [torch.bfloat16], "both": [torch.float16, torch.bfloat16]}
 
@@ -41,12 +41,11 @@ def run_check(shapes: Sequence[Shape], dtypes: Sequence[torch.dtype], seed: int 
     from gemmlab.ref import gemm_check, gemm_ref
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = generator(seed, device)
     results = []
     for m, n, k in shapes:
         for dt in dtypes:
-            a = (torch.rand((m, k), generator=g, device=device) - 0.5).to(dt)
-            b = (torch.rand((k, n), generator=g, device=device) - 0.5).to(dt)
+            a, b = matrix(m, k, "centered", g, dt), matrix(k, n, "centered", g, dt)
             out = torch.full((m, n), float("nan"), dtype=dt, device=device)
             p = gemmlab.plan(a, b, out=out)
             t0 = time.perf_counter()

@@ -12,36 +12,33 @@ on Inductor's Triton GEMM templates, a second baseline (skipped, with the reason
 ``cublas`` is always the baseline: ``torch.mm`` on the same operands in the same layout.
 A case (``problems.Case``) is a shape with its dtype and layout ("row" B (K, N); "linear" B = W^T with W (N, K)
 contiguous) and optionally padded or offset storage (unaligned rows); a bare (M, N, K) is a row-major case.
-Per case: A, B uniform in [-0.5, 0.5) from a seed of the shape (never constant: ``require_random``);
-every backend's output is checked against the float64 reference (``ref.gemm_check``) before timing and
-again after, in every mode; then ``compare_many`` once per timing mode:
+Per case: A, B uniform in [-0.5, 0.5) from a seed of the shape (``problems.case_operands``; never constant:
+``require_random``); every backend's output is checked against the float64 reference (``ref.gemm_check``)
+before timing and again after, in every mode; then ``compare_many`` once per timing mode:
     graph   device time: CUDA-graph replays, CUDA events, L2 flushed          -> device_ms, ratio
     wall    eager time: host clock from call to result, L2 flushed            -> eager_ms, eager_ratio
     eager   device time of eager calls (CUDA events), the legacy default
 The first mode is the case's primary (``candidates``, ``median_ms``, ``ratio_vs_cublas``); the others are in
 ``other_modes``. ratio = cuBLAS time / backend time per interleaved round (> 1: faster), their median;
 inductor_ratio = inductor time / backend time, device time. TFLOPS = 2*M*N*K / median time.
+``rows`` and ``summary`` flatten and sum up a report; ``bench.gemm_view`` prints, plots and writes it.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
 import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import torch
 
-from gemmlab import output, provenance
 from gemmlab.bench import inductor, targets
 from gemmlab.instruments import stats, timing
 from gemmlab.instruments.compare import compare_many
-from gemmlab.output import Table, long_row, num
-from gemmlab.problems import Case, Shape
+from gemmlab.problems import Case, Shape, case_operands
 
 BASELINE = "cublas"
 BUILTIN = ("gemmlab", "gemmlab-packed", "cublas", "inductor")
@@ -52,33 +49,6 @@ FLOOR = 0.97  # the issue-14 bar: no case below this ratio to cuBLAS
 
 def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def inputs(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, seed: int = 0):
-    """A (M, K), B (K, N) uniform in [-0.5, 0.5), seeded by the shape (and ``seed``)."""
-    g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + 1009 * m + 17 * n + k)
-    a = (torch.rand((m, k), generator=g, device=device) - 0.5).to(dtype)
-    b = (torch.rand((k, n), generator=g, device=device) - 0.5).to(dtype)
-    return a, b
-
-
-def _stored(rows: int, cols: int, pad: int, offset: int, g: torch.Generator, dtype: torch.dtype,
-            device: torch.device) -> torch.Tensor:
-    """(rows, cols) row-major, row stride cols + pad, starting ``offset`` elements into its own buffer."""
-    ld = cols + pad
-    flat = (torch.rand(offset + rows * ld, generator=g, device=device) - 0.5).to(dtype)
-    return flat.as_strided((rows, cols), (ld, 1), offset)
-
-
-def case_inputs(case: Case, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A (M, K), B (K, N) of ``case``, uniform in [-0.5, 0.5), seeded by the shape (and ``seed``): the same
-    values as ``inputs`` for a plain row-major case. layout "linear": B = W^T, W (N, K) row-major."""
-    dtype = getattr(torch, case.dtype)
-    g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + 1009 * case.m + 17 * case.n + case.k)
-    a = _stored(case.m, case.k, case.pad, case.offset, g, dtype, device)  # (M, K), row stride K + pad
-    if case.layout == "row":
-        return a, _stored(case.k, case.n, case.pad, case.offset, g, dtype, device)  # (K, N), stride N + pad
-    return a, _stored(case.n, case.k, case.pad, case.offset, g, dtype, device).t()  # W (N, K) -> B = W^T
 
 
 def make_backend(name: str, a: torch.Tensor, b: torch.Tensor, timeout: float = 120.0,
@@ -210,7 +180,7 @@ def bench_case(case: Case, backends: Sequence[str], *, modes: Sequence[str] = ("
     """One case: build its inputs, the backends' calls (compiled once), verify, time interleaved against
     cuBLAS in each of ``modes`` (verified again in each)."""
     device = _device()
-    a, b = case_inputs(case, device, seed)
+    a, b = case_operands(case, device, seed)
     timing.require_random(a=a, b=b)
     check = _checker(case, a, b)
     fns, facts, by_mode = {}, {}, {}
@@ -400,156 +370,3 @@ def summary(report: dict) -> dict:
             "targets": targets.check(table, name, report["args"]["baseline"]),
         }
     return out
-
-
-def summary_lines(report: dict) -> list[str]:
-    """The summary as a few printable lines."""
-    def fmt(b: dict | None, what: str) -> str | None:
-        if not b or not b["n"]:
-            return None
-        s = f"{what} geomean {b['geomean']:.3f}, min {b['min']:.3f} ({b['min_case']}), {b['below']} below {b['floor']}"
-        return s + (f": {', '.join(b['below_cases'])}" if b["below_cases"] else "")
-
-    out = []
-    for name, s in report["summary"]["backends"].items():
-        parts = [fmt(s["device"], "device (graph) vs cuBLAS"), fmt(s["eager"], "eager (wall clock) vs cuBLAS"),
-                 fmt(s["vs_inductor"], "vs inductor")]
-        if report["args"]["modes"][0] not in ("graph", "wall"):
-            parts.insert(0, fmt(s["primary"], f"{report['args']['modes'][0]} mode vs cuBLAS"))
-        out.append(f"{name}: {len(s['wrong'])} wrong of {s['cases']}; " + "; ".join(p for p in parts if p))
-        if "targets" in s and name != "inductor":
-            out.extend(targets.lines(name, s["targets"]))
-    out.extend(report.get("skipped_backends", {}).values())
-    if report["summary"]["not_run"]:
-        out.append(f"{report['summary']['not_run']} cases not run: time budget {report['args']['budget_s']} s spent")
-    return out
-
-
-def plot(report: dict, path: Path) -> Path | None:
-    """TFLOPS per shape for each backend (bars) and each backend's ratio to cuBLAS (markers, right axis).
-    Returns None when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    table = rows(report)
-    shapes = list(dict.fromkeys(r["case"] for r in table))
-    names = list(dict.fromkeys(r["backend"] for r in table))
-    fig, ax = plt.subplots(figsize=(min(16.0, max(7.0, 0.9 * len(shapes) + 3)), 6.0))
-    width = 0.8 / max(1, len(names))
-    ax2 = ax.twinx()
-    for i, name in enumerate(names):
-        by = {r["case"]: r for r in table if r["backend"] == name}
-        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(shapes))]
-        ax.bar(xs, [(by.get(s) or {}).get("tflops") or 0.0 for s in shapes], width, label=f"{name} TFLOPS")
-        if name != (report.get("args") or {}).get("baseline", BASELINE):
-            ax2.plot(xs, [(by.get(s) or {}).get("ratio_vs_cublas") or float("nan") for s in shapes], "o", color=f"C{i}",
-                     markeredgecolor="black", label=f"{name} / cuBLAS")
-    ax2.axhline(1.0, color="gray", linewidth=0.8, linestyle="--")
-    ax.set_xticks(range(len(shapes)), shapes, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("TFLOPS (median)")
-    ax2.set_ylabel("speed ratio to cuBLAS (interleaved)")
-    env = report["env"]
-    args = report["args"]
-    ax.set_title(f"{env.get('gpu') or 'CPU interpreter'} {'/'.join(args.get('dtypes') or [args['dtype']])} "
-                 f"{args.get('modes', ['graph' if args['graph'] else 'eager'])[0]} "
-                 f"{provenance.label(env)}", fontsize=9)
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
-
-
-def mode(report: dict) -> str:
-    """The report's primary timing mode (graph, wall or eager; a report from before modes: graph or eager)."""
-    args = report.get("args") or {}
-    return (args.get("modes") or ["graph" if args.get("graph") else "eager"])[0]
-
-
-def tables(report: dict) -> list[Table]:
-    """The printed table: one row per (case, backend), the summary lines as its notes."""
-    env, args = report["env"], report.get("args") or {}
-    used = args.get("modes") or [mode(report)]
-    title = (f"{env.get('gpu') or 'CPU (Triton interpreter, host clock: not a GPU measurement)'} "
-             f"{'/'.join(args.get('dtypes') or [args.get('dtype', '')])} {used[0]} (primary; also "
-             f"{','.join(used[1:]) or '-'}), interleaved vs cuBLAS, {provenance.label(env)}")
-    notes = ["ratio = cuBLAS time / backend time per round (> 1: faster), median of rounds, bootstrap 95% CI; "
-             "TFLOPS = 2*M*N*K / median; eff = TFLOPS / dense tensor peak at the observed SM clock; eager ratio: "
-             "wall mode; vs inductor = inductor time / backend time (device time where graph ran)"]
-    t = Table(title, ("case", "backend", "path", "median ms", "p20-p80 ms", "TFLOPS", "ratio", "95% CI", "verdict",
-                      "eager ratio", "vs inductor", "MHz", "eff", "ok"),
-              notes=notes + (summary_lines(report) if "summary" in report else []))
-    for r in rows(report):
-        ci = "-" if r["ci95_lo"] is None else f"[{r['ci95_lo']:.3f}, {r['ci95_hi']:.3f}]"
-        spread = "-" if r["p20_ms"] is None else f"{r['p20_ms']:.4f}-{r['p80_ms']:.4f}"
-        t.rows.append([r["case"], r["backend"], r["path"] or "-", num(r["median_ms"], ".4f"), spread,
-                       num(r["tflops"], ".4g"), num(r["ratio_vs_cublas"], ".3f"), ci, r["verdict"] or "-",
-                       num(r["eager_ratio"], ".3f"), num(r["inductor_ratio"], ".3f"),
-                       num(r["sm_clock_mhz"], ".0f"), num(r["efficiency"], ".1%"),
-                       "[green]ok" if r["ok"] else f"[red]WRONG {r['error'] or ''}"])
-    return [t]
-
-
-def long_rows(report: dict) -> list[dict]:
-    """The long-format CSV per (backend, case): the primary mode's time (p50/p20/p80), TFLOPS and ratio to
-    cuBLAS; the wall mode's time and ratio and the ratio to inductor where measured."""
-    out, m = [], mode(report)
-    for r in rows(report):
-        extra = {"dtype": r["dtype"], "layout": r["layout"], "path": r["path"], "ok": r["ok"]}
-        x = ("case", r["case"])
-        out.append(long_row("gemm", r["backend"], "time", "ms", *x, r["median_ms"], r["p20_ms"], r["p80_ms"],
-                            mode=m, **extra))
-        out.append(long_row("gemm", r["backend"], "tflops", "TFLOPS", *x, r["tflops"], mode=m, **extra))
-        if r["ratio_vs_cublas"] is not None:
-            out.append(long_row("gemm", r["backend"], "ratio_vs_cublas", "x", *x, r["ratio_vs_cublas"], mode=m,
-                                ci95=[r["ci95_lo"], r["ci95_hi"]], **extra))
-        if m != "wall" and r["eager_ms"] is not None:
-            out.append(long_row("gemm", r["backend"], "time", "ms", *x, r["eager_ms"], mode="wall", **extra))
-        if m != "wall" and r["eager_ratio"] is not None:
-            out.append(long_row("gemm", r["backend"], "ratio_vs_cublas", "x", *x, r["eager_ratio"], mode="wall",
-                                **extra))
-        if r["inductor_ratio"] is not None:
-            out.append(long_row("gemm", r["backend"], "ratio_vs_inductor", "x", *x, r["inductor_ratio"],
-                                mode="graph" if r["device_ms"] is not None else m, **extra))
-    return out
-
-
-def write(report: dict, out_dir: str | Path, stem: str = "gemm-bench") -> list[Path]:
-    """``<stem>.json`` (everything), ``<stem>.csv`` (long format), ``<stem>.md`` (the table), ``<stem>-rows.csv``
-    (one wide row per case and backend: ``CSV_FIELDS``), ``<stem>.png`` (said on stderr without matplotlib)."""
-    written = output.write(report, out_dir, stem, tables(report), long_rows(report))
-    wide = Path(out_dir) / f"{stem}-rows.csv"
-    with wide.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows(report))
-    written.append(wide)
-    png = plot(report, Path(out_dir) / f"{stem}.png")
-    if png is None:
-        output.plot_missing(Path(out_dir) / f"{stem}.png")
-    else:
-        written.append(png)
-    return written
-
-
-def eager_graph(eager: dict, graph: dict) -> Table:
-    """The same (case, backend) timed as eager calls and as CUDA-graph replays (two reports): the host's
-    launch cost is what the graph takes away (eager / graph > 1)."""
-    ge = {(r["case"], r["backend"]): r for r in rows(graph)}
-    t = Table(f"eager calls against CUDA-graph replays: {eager['env'].get('gpu') or 'CPU'} "
-              f"{(eager.get('args') or {}).get('dtype', '')}",
-              ("case", "backend", "eager ms", "graph ms", "eager / graph", "eager vs cuBLAS", "graph vs cuBLAS"))
-    for r in rows(eager):
-        g = ge.get((r["case"], r["backend"]))
-        if g is None:
-            continue
-        both = r["median_ms"] and g["median_ms"]
-        t.rows.append([r["case"], r["backend"], num(r["median_ms"], ".4f"), num(g["median_ms"], ".4f"),
-                       num(r["median_ms"] / g["median_ms"] if both else None, ".3f"),
-                       num(r["ratio_vs_cublas"], ".3f"), num(g["ratio_vs_cublas"], ".3f")])
-    return t

@@ -6,15 +6,15 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k r
         gemmlab.grouped_gemm  vs  torch._grouped_mm (the baseline)  vs  a per-expert torch.mm loop
         and the dense torch.mm of the same total size (S, H) @ (H, 2I) as a roofline reference
     part "forward": the whole MoE body from (x, weights, ids) to y:
-        gemmlab.moe_forward  vs  a composite of torch ops on torch._grouped_mm (the baseline): sort,
+        gemmlab.moe_forward  vs  ``ref.moe_composite``, torch ops on torch._grouped_mm (the baseline): sort,
         gather, grouped gate/up, SiLU * up, grouped down, weight, index_add back to tokens
-Routing: "uniform" (random logits) or "zipf" (expert j's logit lowered by 1.5 ln(j + 1): a few experts
-take most tokens). TFLOPS count the routed work only: 2*S*H*2I (grouped); 2*S*H*2I + 2*S*I*H (forward).
+Inputs: ``problems.moe_inputs``. Routing: "uniform" (random logits) or "zipf" (expert j's logit lowered by 1.5
+ln(j + 1): a few experts take most tokens). TFLOPS count the routed work only: 2*S*H*2I (grouped); 2*S*H*2I +
+2*S*I*H (forward).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -23,52 +23,8 @@ from gemmlab import output
 from gemmlab.instruments import timing
 from gemmlab.instruments.compare import compare_many
 from gemmlab.output import Table, long_row, num
-from gemmlab.problems import MOE_MODELS, MoEModel
-
-
-def problem(model: MoEModel, tokens: int, routing: str = "uniform", dtype: torch.dtype = torch.bfloat16,
-            seed: int = 0, device: torch.device | None = None) -> dict:
-    """Random x, weights (scaled so activations stay O(1)) and a routing of ``tokens`` tokens."""
-    from gemmlab.ops.moe import route
-
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    g = torch.Generator(device=device).manual_seed(seed)
-    h, i, e, k = model.hidden, model.intermediate, model.experts, model.top_k
-
-    def rnd(*shape, scale):  # filled in slices of ~2^28 elements: no full-size float32 temporaries
-        out = torch.empty(shape, dtype=dtype, device=device)
-        step = max(1, (1 << 28) // max(1, math.prod(shape[1:])))
-        for j in range(0, shape[0], step):
-            part = torch.rand((min(step, shape[0] - j), *shape[1:]), generator=g, device=device)
-            out[j:j + step] = part.sub_(0.5).mul_(scale)
-        return out
-
-    x = rnd(tokens, h, scale=2.0)
-    w1 = rnd(e, 2 * i, h, scale=2.0 * math.sqrt(3.0 / h))
-    w2 = rnd(e, h, i, scale=2.0 * math.sqrt(3.0 / i))
-    logits = torch.randn((tokens, e), generator=g, device=device)
-    if routing == "zipf":
-        logits = logits - 1.5 * torch.log(torch.arange(1, e + 1, device=device, dtype=torch.float32))[None, :]
-    elif routing != "uniform":
-        raise ValueError(f"routing {routing!r}: uniform or zipf")
-    weights, ids = route(logits, k)
-    timing.require_random(x=x, w1=w1, w2=w2)
-    return {"x": x, "w1": w1, "w2": w2, "weights": weights, "ids": ids}
-
-
-def composite_forward(x, w1, w2, weights, ids) -> torch.Tensor:
-    """The MoE body from torch ops on ``torch._grouped_mm`` (the forward baseline)."""
-    t, k = ids.shape
-    e, i = w1.shape[0], w2.shape[2]
-    flat = ids.reshape(-1).long()
-    _, order = torch.sort(flat, stable=True)
-    counts = torch.zeros(e, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
-    offs = torch.cumsum(counts, 0).to(torch.int32)
-    token = order // k
-    h = torch._grouped_mm(x[token], w1.transpose(1, 2), offs=offs)
-    act = torch.nn.functional.silu(h[:, :i]) * h[:, i:]
-    o = torch._grouped_mm(act, w2.transpose(1, 2), offs=offs) * weights.reshape(-1)[order].to(x.dtype)[:, None]
-    return torch.zeros_like(x, dtype=torch.float32).index_add_(0, token, o.float()).to(x.dtype)
+from gemmlab.problems import MOE_MODELS, MoEModel, moe_inputs
+from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check, moe_composite, moe_ref
 
 
 def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, part: str, dtype: torch.dtype, *,
@@ -76,9 +32,8 @@ def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, part
     """One (model, T, routing, part): verify every candidate, then time them interleaved."""
     import gemmlab
     from gemmlab.ops.moe import sort_routes
-    from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check, moe_ref
 
-    p = problem(model, tokens, routing, dtype, seed)
+    p = moe_inputs(model, tokens, routing, dtype, seed)
     x, w1, w2, wts, ids = p["x"], p["w1"], p["w2"], p["weights"], p["ids"]
     s = tokens * model.top_k
     dname = str(dtype).removeprefix("torch.")
@@ -123,7 +78,7 @@ def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, part
             return {key: c[key] for key in ("ok", "max_abs_err", "allowed")}
 
         fns = {"gemmlab": lambda: gemmlab.moe_forward(x, w1, w2, wts, ids, validate=False),
-               "torch composite (_grouped_mm)": lambda: composite_forward(x, w1, w2, wts, ids)}
+               "torch composite (_grouped_mm)": lambda: moe_composite(x, w1, w2, wts, ids)}
         flops = 2.0 * s * model.hidden * 2 * model.intermediate + 2.0 * s * model.intermediate * model.hidden
         baseline = "torch composite (_grouped_mm)"
     else:

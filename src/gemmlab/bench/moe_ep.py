@@ -33,7 +33,7 @@ import torch.distributed as dist
 from gemmlab import output
 from gemmlab.instruments import stats, timing
 from gemmlab.output import Table, long_row, num
-from gemmlab.problems import MOE_MODELS
+from gemmlab.problems import MOE_MODELS, moe_inputs
 
 
 def init_from_env() -> tuple[int, int]:
@@ -128,7 +128,6 @@ def _gather_cat(t: torch.Tensor, world: int) -> torch.Tensor:
 def bench_case(model_name: str, tokens: int, chunks: Sequence[int], *, dtype: torch.dtype = torch.bfloat16,
                rounds: int = 10, reps: int = 5, warmup_calls: int = 3, seed: int = 0) -> dict:
     """One (model, T per rank) on every rank; rank 0's return value holds every rank's numbers."""
-    from gemmlab.bench.moe import problem
     from gemmlab.distributed import expert_range, moe_forward_ep
     from gemmlab.ops.moe import moe_forward
     from gemmlab.ref import moe_check
@@ -139,7 +138,7 @@ def bench_case(model_name: str, tokens: int, chunks: Sequence[int], *, dtype: to
     rank, world = dist.get_rank(), dist.get_world_size()
     first, end = expert_range(model.experts)
     dev = torch.device("cuda", torch.cuda.current_device())
-    p = problem(model, tokens, "uniform", dtype, seed + rank, dev)  # each rank's own tokens and routing
+    p = moe_inputs(model, tokens, "uniform", dtype, seed + rank, dev)  # each rank's own tokens and routing
     x, wts, ids = p["x"], p["weights"], p["ids"]
     w1, w2 = p["w1"][first:end].contiguous(), p["w2"][first:end].contiguous()  # rank r's slice of rank r's draw
     del p

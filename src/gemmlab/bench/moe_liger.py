@@ -8,7 +8,7 @@ topk_ids (T, k) int32) -> y (T, H):
     gemmlab          gemmlab.moe_forward (fwd+bwd: autograd through the custom op)
     liger            liger_kernel.ops.fused_moe.LigerFusedMoEFunction.apply(x, w1, w2, topk_ids, topk_weights)
                      (optional: when liger-kernel is not importable the baseline is skipped, with a message)
-    torch composite  bench.moe.composite_forward on torch._grouped_mm (optional; forward only)
+    torch composite  ref.moe_composite on torch._grouped_mm (optional; forward only)
 Cases: model x T x routing (uniform, zipf) x mode x part. mode "eager", or "graph": each provider captured once
 in a CUDA graph after its warm-up and autotuning, replays timed; a provider that cannot be captured (Liger reads
 its tile count on the host with .item()) is timed eager and its row says so. part "fwd", or "fwd+bwd": the forward,
@@ -28,6 +28,8 @@ Bars, measured in the same process (forward only):
         + topk ids and weights, over the device-to-device copy bandwidth (``probe.hbm_copy_gbps``):
         hbm_bound_ms; ratio_to_hbm_bound = median time / bound (>= 1 by physics; the target is <= 1.25).
 TFLOPS count the routed work: 2*S*H*2I + 2*S*I*H (fwd); three times that (fwd+bwd: dX and dW of both GEMMs).
+The providers are in ``bench.moe_peers``, the bars in ``bench.moe_bars``, the tables and files in
+``bench.moe_liger_view``.
 """
 
 from __future__ import annotations
@@ -36,16 +38,23 @@ import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
-from gemmlab import output
-from gemmlab.bench.moe import composite_forward, problem
+from gemmlab.bench.moe_bars import DenseOut, dense_call, hbm_bound, peak_memory
+from gemmlab.bench.moe_peers import (
+    COMPOSITE,
+    GEMMLAB,
+    LIGER,
+    Provider,
+    gemmlab_forward,
+    load_liger,
+    tune_liger_safely,
+)
 from gemmlab.instruments import timing
 from gemmlab.instruments.compare import compare_many
-from gemmlab.output import Table, long_row, num
-from gemmlab.problems import MOE_MODELS, MoEModel
+from gemmlab.problems import MOE_MODELS, MoEModel, generator, matrix, moe_inputs
+from gemmlab.ref import moe_check, moe_composite, moe_grad_check, moe_ref
 
 SUITE_MODELS = ("deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b", "gpt-oss-120b-like")
 SUITE_TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
@@ -54,39 +63,8 @@ MODES = ("eager", "graph")
 PARTS = ("fwd", "fwd+bwd")
 DENSE_MIN_TOKENS, HBM_MAX_TOKENS = 4096, 64
 GRAD_SLACK = 4.0  # fwd+bwd: a provider is timed with gradients within 4x the derived tolerance; "strict" says 1x
-GEMMLAB, LIGER, COMPOSITE, DENSE = "gemmlab", "liger", "torch composite (_grouped_mm)", "dense torch.mm x2"
+DENSE = "dense torch.mm x2"
 SHORT = {GEMMLAB: "gemmlab", LIGER: "liger", COMPOSITE: "composite", DENSE: "dense"}
-Provider = Callable[..., torch.Tensor]
-
-
-def gemmlab_forward(x, w1, w2, topk_weights, topk_ids) -> torch.Tensor:
-    import gemmlab
-
-    return gemmlab.moe_forward(x, w1, w2, topk_weights, topk_ids, validate=False)
-
-
-def load_liger() -> tuple[Provider | None, dict]:
-    """Liger's fused MoE as a provider, or None and why. Imports the submodule liger_kernel.ops.fused_moe
-    only (the package's own __init__ files still run; they need ``packaging``, and without CUDA they look for
-    ``transformers``, optionally). Liger wants int32 topk_ids and returns the combined y (T, H) in x's dtype."""
-    try:
-        from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
-    except Exception as e:  # not installed, or broken: the baseline is skipped, never a crash
-        return None, {"available": False, "reason": f"liger-kernel is not importable ({type(e).__name__}: {e}): "
-                                                    "the Liger baseline is skipped"}
-    import os
-    from importlib import metadata
-
-    try:
-        version = metadata.version("liger-kernel")
-    except metadata.PackageNotFoundError:
-        version = None
-
-    def liger(x, w1, w2, topk_weights, topk_ids) -> torch.Tensor:
-        return LigerFusedMoEFunction.apply(x, w1, w2, topk_ids, topk_weights)
-
-    return liger, {"available": True, "version": version,
-                   "autotune": os.environ.get("LIGER_FUSED_MOE_AUTOTUNE", "1") not in ("0", "false", "no")}
 
 
 def suite_cases(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SUITE_TOKENS,
@@ -109,72 +87,6 @@ def suite_cases(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SU
 def forward_flops(model: MoEModel, tokens: int) -> float:
     s = tokens * model.top_k
     return 2.0 * s * model.hidden * 2 * model.intermediate + 2.0 * s * model.intermediate * model.hidden
-
-
-def hbm_bound(model: MoEModel, topk_ids: torch.Tensor, topk_weights: torch.Tensor, elt: int,
-              gbps: float) -> dict:
-    """The least bytes a forward moves, over the measured copy bandwidth: every expert hit reads its
-    w1 (2I, H) and w2 (H, I) once, x (T, H) is read and y (T, H) written once, and the routing is read."""
-    t = topk_ids.shape[0]
-    hit = int(torch.unique(topk_ids).numel())
-    weight = hit * 3 * model.intermediate * model.hidden * elt
-    act = 2 * t * model.hidden * elt
-    route = topk_ids.numel() * topk_ids.element_size() + topk_weights.numel() * topk_weights.element_size()
-    total = weight + act + route
-    return {"experts_hit": hit, "weight_bytes": weight, "activation_bytes": act, "routing_bytes": route,
-            "bytes": total, "hbm_gbps": gbps, "hbm_bound_ms": total / (gbps * 1e9) * 1e3}
-
-
-@dataclass
-class DenseOut:
-    """The dense bar's two outputs (S, 2I) and (S, H)."""
-
-    c1: torch.Tensor
-    c2: torch.Tensor
-
-
-def dense_call(model: MoEModel, tokens: int, dtype: torch.dtype, w1: torch.Tensor, w2: torch.Tensor,
-               seed: int) -> tuple[Callable[[], DenseOut], Callable[[DenseOut], dict]]:
-    """The dense bar: (S, H) @ w1[0]^T (H, 2I) then (S, I) @ w2[0]^T (I, H), the same FLOPs as the routed
-    work in two torch.mm calls, and its check (three rows of each product against float64)."""
-    from gemmlab.ref import gemm_check
-
-    s, h, i = tokens * model.top_k, model.hidden, model.intermediate
-    g = torch.Generator(device=w1.device).manual_seed(seed + 1)
-    a1 = (torch.rand((s, h), generator=g, device=w1.device) - 0.5).to(dtype)
-    a2 = (torch.rand((s, i), generator=g, device=w1.device) - 0.5).to(dtype)
-    b1, b2 = w1[0].t(), w2[0].t()
-    out = DenseOut(torch.full((s, 2 * i), math.nan, dtype=dtype, device=w1.device),
-                   torch.full((s, h), math.nan, dtype=dtype, device=w1.device))
-
-    def call() -> DenseOut:
-        torch.mm(a1, b1, out=out.c1)
-        torch.mm(a2, b2, out=out.c2)
-        return out
-
-    def check(o: DenseOut) -> dict:
-        rows = torch.tensor(sorted({0, s // 2, s - 1}), device=w1.device)
-        c1, c2 = gemm_check(o.c1[rows], a1[rows], b1), gemm_check(o.c2[rows], a2[rows], b2)
-        return {"ok": c1["ok"] and c2["ok"], "max_abs_err": max(c1["max_abs_err"], c2["max_abs_err"]),
-                "note": "rows 0, S/2, S-1 of both products against float64"}
-
-    return call, check
-
-
-def peak_memory(fn: Callable[[], object]) -> dict | None:
-    """Peak bytes allocated during one call of ``fn`` (after one unmeasured call: autotuning, lazy buffers),
-    absolute and above what was allocated before it. None without CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    fn()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated()
-    del out
-    return {"peak_bytes": peak, "peak_above_inputs_bytes": peak - base}
 
 
 def _device_alive() -> None:
@@ -215,17 +127,66 @@ def _forward_check(ref: torch.Tensor, allowed: float, dtype: torch.dtype) -> Cal
 
 
 def prepare(model: MoEModel, tokens: int, routing: str, dtype: torch.dtype, seed: int = 0) -> dict:
-    """A case's inputs (``bench.moe.problem``; int32 ids), its float32 reference y and the derived tolerance
+    """A case's inputs (``problems.moe_inputs``; int32 ids), its float32 reference y and the derived tolerance
     (``ref.moe_check``'s); eager and graph of one case share them."""
-    from gemmlab.ref import moe_check, moe_ref
-
-    p = problem(model, tokens, routing, dtype, seed)
+    p = moe_inputs(model, tokens, routing, dtype, seed)
     p["ids"] = p["ids"].to(torch.int32)
     p["ref"] = moe_ref(p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
     p["allowed"] = moe_check(p["ref"].to(dtype), p["x"], p["w1"], p["w2"], p["weights"], p["ids"],
                              p["ref"])["allowed"]
     p["key"] = (model, tokens, routing, dtype, seed)
     return p
+
+
+def part_calls(part: str, providers: dict[str, Provider], p: dict, dtype: torch.dtype,
+               seed: int) -> tuple[dict[str, Callable[[], object]], Callable[[object], dict], int]:
+    """The calls of one part on a prepared case: (calls, their check, the work as a multiple of the forward's).
+    "fwd": each provider's y, checked against the float32 reference. "fwd+bwd": y and torch.autograd.grad of
+    sum(y * dy) for x, w1, w2 and topk_weights, checked by ``ref.moe_grad_check``; the composite is not run (a
+    forward baseline: its backward is autograd through torch ops, not a peer's kernel)."""
+    x, w1, w2, wts, ids = (p[key] for key in ("x", "w1", "w2", "weights", "ids"))
+    check_y = _forward_check(p["ref"], p["allowed"], dtype)
+    if part == "fwd":
+        return {name: functools.partial(f, x, w1, w2, wts, ids) for name, f in providers.items()}, check_y, 1
+    if part != "fwd+bwd":
+        raise ValueError(f"part {part!r}: one of {', '.join(PARTS)}")
+    dy = matrix(*x.shape, "centered", generator(seed + 2, x.device), dtype)
+    leaves = [t.detach().requires_grad_() for t in (x, w1, w2, wts)]
+
+    def fwd_bwd(f: Provider) -> tuple[torch.Tensor, ...]:
+        y = f(*leaves, ids)
+        return (y.detach(), *torch.autograd.grad(y, leaves, dy))
+
+    def check(out) -> dict:
+        c = check_y(out[0])
+        if not c["ok"]:
+            return dict(c, error=c.get("error") or "y off the float32 reference")
+        gc = moe_grad_check(out[1:], dy, x, w1, w2, wts, ids)
+        # timed when every gradient is within GRAD_SLACK x its derived tolerance (a real bug, a missed block
+        # or expert, is off by O(|ref|)); "strict" says whether it is within the tolerance itself
+        timed = gc.get("worst", math.inf) <= GRAD_SLACK
+        return dict(gc, ok=timed, strict=gc["ok"], y_max_abs_err=c["max_abs_err"], y_allowed=p["allowed"])
+
+    return {name: functools.partial(fwd_bwd, f) for name, f in providers.items() if name != COMPOSITE}, check, 3
+
+
+def case_bars(res: dict, model: MoEModel, tokens: int, part: str, p: dict, providers: dict[str, Provider],
+              hbm_gbps: float | None) -> dict:
+    """The case's bars from its timed run: gemmlab's share of the dense GEMM's rate, and each provider's time
+    over the HBM bound (forward only, T <= HBM_MAX_TOKENS)."""
+    bars = {}
+    gl = res["candidates"].get(GEMMLAB, {})
+    dn = res["candidates"].get(DENSE)
+    if dn is not None and dn.get("tflops") and gl.get("tflops"):
+        bars["dense"] = {"dense_ms": dn["median_ms"], "dense_tflops": dn["tflops"],
+                         "frac_of_dense": gl["tflops"] / dn["tflops"]}
+    if part == "fwd" and tokens <= HBM_MAX_TOKENS and hbm_gbps:
+        bars["hbm"] = hbm_bound(model, p["ids"], p["weights"], p["x"].element_size(), hbm_gbps)
+        for name in providers:
+            ms = res["candidates"].get(name, {}).get("median_ms")
+            if ms:
+                bars["hbm"][f"{SHORT.get(name, name)}_ratio_to_hbm_bound"] = ms / bars["hbm"]["hbm_bound_ms"]
+    return bars
 
 
 def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode: str, part: str,
@@ -235,42 +196,12 @@ def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode
     """One case: verify every provider, measure its peak memory, capture (graph mode), time interleaved,
     then the bars. The baseline is Liger when present, else the composite, else gemmlab itself (fwd+bwd: the
     composite is not run). ``prepared``: this case's ``prepare(...)``, made once for its eager and graph runs."""
-    from gemmlab.ref import moe_grad_check
-
     p = prepared if prepared is not None else prepare(model, tokens, routing, dtype, seed)
     if p["key"] != (model, tokens, routing, dtype, seed):
         raise ValueError(f"prepared inputs are for {p['key']}, not this case")
-    x, w1, w2, wts, ids, ref, allowed = (p[key] for key in ("x", "w1", "w2", "weights", "ids", "ref", "allowed"))
     dname = str(dtype).removeprefix("torch.")
-    check_y = _forward_check(ref, allowed, dtype)
-    flops = forward_flops(model, tokens)
-    if part == "fwd":
-        calls = {name: functools.partial(f, x, w1, w2, wts, ids) for name, f in providers.items()}
-        check_provider = check_y
-    elif part == "fwd+bwd":
-        g = torch.Generator(device=x.device).manual_seed(seed + 2)
-        dy = (torch.rand(x.shape, generator=g, device=x.device) - 0.5).to(dtype)
-        leaves = [t.detach().requires_grad_() for t in (x, w1, w2, wts)]
-
-        def fwd_bwd(f: Provider) -> tuple[torch.Tensor, ...]:
-            y = f(*leaves, ids)
-            return (y.detach(), *torch.autograd.grad(y, leaves, dy))
-
-        def check_provider(out) -> dict:
-            c = check_y(out[0])
-            if not c["ok"]:
-                return dict(c, error=c.get("error") or "y off the float32 reference")
-            gc = moe_grad_check(out[1:], dy, x, w1, w2, wts, ids)
-            # timed when every gradient is within GRAD_SLACK x its derived tolerance (a real bug, a missed block
-            # or expert, is off by O(|ref|)); "strict" says whether it is within the tolerance itself
-            timed = gc.get("worst", math.inf) <= GRAD_SLACK
-            return dict(gc, ok=timed, strict=gc["ok"], y_max_abs_err=c["max_abs_err"], y_allowed=allowed)
-
-        # the composite is a forward baseline (its backward is autograd through torch ops, not a peer's kernel)
-        calls = {name: functools.partial(fwd_bwd, f) for name, f in providers.items() if name != COMPOSITE}
-        flops *= 3
-    else:
-        raise ValueError(f"part {part!r}: one of {', '.join(PARTS)}")
+    calls, check_provider, work = part_calls(part, providers, p, dtype, seed)
+    flops = forward_flops(model, tokens) * work
     memory = {}
     for name, fn in calls.items():
         try:
@@ -279,7 +210,7 @@ def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode
             memory[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     check_dense = None
     if dense and part == "fwd" and tokens >= DENSE_MIN_TOKENS:
-        calls[DENSE], check_dense = dense_call(model, tokens, dtype, w1, w2, seed)
+        calls[DENSE], check_dense = dense_call(model, tokens, dtype, p["w1"], p["w2"], seed)
 
     def check(out) -> dict:
         return check_dense(out) if isinstance(out, DenseOut) else check_provider(out)
@@ -293,19 +224,8 @@ def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode
     baseline = next(n for n in (LIGER, COMPOSITE, GEMMLAB) if n in calls)
     res = compare_many(calls, baseline, check=check, flops=flops, dtype=dname, rounds=rounds, reps=reps,
                        warmup_s=warmup_s, graph=False)
-    counts = torch.bincount(ids.reshape(-1).long(), minlength=model.experts)
-    bars = {}
-    gl = res["candidates"].get(GEMMLAB, {})
-    dn = res["candidates"].get(DENSE)
-    if dn is not None and dn.get("tflops") and gl.get("tflops"):
-        bars["dense"] = {"dense_ms": dn["median_ms"], "dense_tflops": dn["tflops"],
-                         "frac_of_dense": gl["tflops"] / dn["tflops"]}
-    if part == "fwd" and tokens <= HBM_MAX_TOKENS and hbm_gbps:
-        bars["hbm"] = hbm_bound(model, ids, wts, x.element_size(), hbm_gbps)
-        for name in providers:
-            ms = res["candidates"].get(name, {}).get("median_ms")
-            if ms:
-                bars["hbm"][f"{SHORT.get(name, name)}_ratio_to_hbm_bound"] = ms / bars["hbm"]["hbm_bound_ms"]
+    counts = torch.bincount(p["ids"].reshape(-1).long(), minlength=model.experts)
+    bars = case_bars(res, model, tokens, part, p, providers, hbm_gbps)
     res["timing"] = res.pop("mode")  # interleaved; "mode" is the case's eager or graph
     return {**res, "model": model_name, "tokens": tokens, "routing": routing, "mode": mode, "part": part,
             "dtype": dname, "graph": mode == "graph",
@@ -315,24 +235,22 @@ def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode
             "flops": flops, "provider_modes": modes, "memory": memory, "bars": bars}
 
 
-def tune_liger(liger: Provider, model: MoEModel, part: str, dtype: torch.dtype, tokens: int, seed: int = 0) -> dict:
-    """One call of Liger (forward, or forward + backward) at ``tokens`` rows, outside timing: its Triton
-    autotuning (keyed by H, I and the dtypes) happens here. Returns the seconds it took."""
-    t0 = time.perf_counter()
-    p = problem(model, tokens, "uniform", dtype, seed + 7)
-    args = [p["x"], p["w1"], p["w2"], p["weights"]]
-    if part == "fwd+bwd":
-        args = [t.detach().requires_grad_() for t in args]
-        y = liger(*args, p["ids"].to(torch.int32))
-        torch.autograd.grad(y, args, torch.ones_like(y))
-    else:
-        liger(*args, p["ids"].to(torch.int32))
-    timing.sync(p["x"].device)
-    return {"tokens": tokens, "part": part, "seconds": time.perf_counter() - t0}
-
-
 def _label(c: dict) -> str:
     return f"{c['model']} T={c['tokens']} {c['routing']} {c['mode']} {c['part']}"
+
+
+def suite_providers(baseline: str, composite: bool, say: Callable[[str], None]
+                    ) -> tuple[dict[str, Provider], Provider | None, dict]:
+    """(the providers: gemmlab, Liger when asked and importable, the composite; Liger or None; Liger's info)."""
+    liger, liger_info = load_liger() if baseline == "liger" else (None, {"available": False, "reason": "not asked"})
+    if baseline == "liger" and liger is None:
+        say(liger_info["reason"])
+    providers: dict[str, Provider] = {GEMMLAB: gemmlab_forward}
+    if liger is not None:
+        providers[LIGER] = liger
+    if composite or baseline == "torch":
+        providers[COMPOSITE] = moe_composite
+    return providers, liger, liger_info
 
 
 def bench_suite(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SUITE_TOKENS,
@@ -355,14 +273,7 @@ def bench_suite(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SU
     if "graph" in modes and not torch.cuda.is_available():
         raise ValueError("mode graph needs CUDA (CUDA-graph replay)")
     say = progress or (lambda msg: None)
-    liger, liger_info = load_liger() if baseline == "liger" else (None, {"available": False, "reason": "not asked"})
-    if baseline == "liger" and liger is None:
-        say(liger_info["reason"])
-    providers: dict[str, Provider] = {GEMMLAB: gemmlab_forward}
-    if liger is not None:
-        providers[LIGER] = liger
-    if composite or baseline == "torch":
-        providers[COMPOSITE] = composite_forward
+    providers, liger, liger_info = suite_providers(baseline, composite, say)
     env = timing.env_info()
     env["liger_kernel"] = liger_info.get("version")
     hbm = None
@@ -390,11 +301,8 @@ def bench_suite(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SU
         try:
             if liger is not None and (c["model"], c["part"]) not in tuned:
                 tuned.add((c["model"], c["part"]))
-                try:
-                    tune = tune_liger(liger, model, c["part"], dtype, liger_tune_tokens)
-                except Exception as e:  # its cases then report Liger's failure, each verified as usual
-                    tune = {"tokens": liger_tune_tokens, "part": c["part"], "error": f"{type(e).__name__}: {e}"}
-                report["liger_tuning"].append({"model": c["model"], **tune})
+                report["liger_tuning"].append({"model": c["model"], **tune_liger_safely(liger, model, c["part"], dtype,
+                                                                                   liger_tune_tokens)})
             key = (model, c["tokens"], c["routing"], dtype, seed)
             if prepared is None or prepared["key"] != key:
                 prepared = None  # the last case's tensors go before this one's are made
@@ -481,83 +389,3 @@ def summarize(table: list[dict]) -> list[dict]:
                     "geomean_frac_of_dense": _geomean(dense),
                     "max_ratio_to_hbm_bound": max(hbm, default=None)})
     return out
-
-
-def report_name(parts: Sequence[str], modes: Sequence[str]) -> str:
-    """moe-liger_fwd-bwd_eager-graph.json: the parts and modes of a run, in plain file-name characters."""
-    return f"moe-liger_{'-'.join(p.replace('+', '-') for p in parts)}_{'-'.join(modes)}.json"
-
-
-def report_rows(report: dict) -> list[dict]:
-    """The report's flat rows (as written; recomputed from its results when it has none)."""
-    return report["rows"] if "rows" in report else rows(report)
-
-
-def tables(report: dict) -> list[Table]:
-    """The rows and the summary per part and mode; Liger's absence and the cases not run as notes."""
-    args, env = report.get("args") or {}, report.get("env") or {}
-    notes = ([] if (report.get("liger") or {}).get("available") else
-             [(report.get("liger") or {}).get("reason", "no Liger baseline")])
-    if report.get("not_run"):
-        notes.append(f"time limit reached: {len(report['not_run'])} cases not run")
-    t = Table(f"MoE vs Liger, {args.get('dtype', '')}, on {env.get('gpu') or 'CPU (host clock)'}",
-              ("model", "T", "routing", "mode", "part", "gemmlab ms", "TFLOPS", "liger ms", "TFLOPS ", "vs liger",
-               "dense frac", "x HBM bound", "peak GiB g/l", "ok"), notes=notes)
-    for r in report_rows(report):
-        liger_mode = r.get("liger_mode") or ""
-        mem = f"{num(r.get('gemmlab_peak_gib'), '.2f')}/{num(r.get('liger_peak_gib'), '.2f')}"
-        t.rows.append([str(r["model"]), str(r["tokens"]), str(r["routing"]), str(r["mode"]), str(r["part"]),
-                       num(r.get("gemmlab_ms"), ".4f"), num(r.get("gemmlab_tflops"), ".1f"),
-                       num(r.get("liger_ms"), ".4f") + (" (eager)" if liger_mode.startswith("eager:") else ""),
-                       num(r.get("liger_tflops"), ".1f"), num(r.get("ratio_vs_liger"), ".3f"),
-                       num(r.get("frac_of_dense"), ".2f"), num(r.get("ratio_to_hbm_bound"), ".2f"), mem,
-                       "[green]ok" if r["ok"] else f"[red]WRONG {r.get('error') or ''}"])
-    summary = Table("summary per part and mode (ratio = Liger time / gemmlab time; > 1: gemmlab faster)",
-                    ("part", "mode", "cases", "wrong", "geomean vs liger", "min vs liger", "below 1.0",
-                     "min dense frac", "max x HBM bound"))
-    for s in report.get("summary") or []:
-        summary.rows.append([s["part"], s["mode"], str(s["cases"]), str(s["wrong"]),
-                             num(s["geomean_ratio_vs_liger"], ".3f"), num(s["min_ratio_vs_liger"], ".3f"),
-                             str(len(s["below_1"])), num(s["min_frac_of_dense"], ".2f"),
-                             num(s["max_ratio_to_hbm_bound"], ".2f")])
-    return [t, summary]
-
-
-def long_rows(report: dict) -> list[dict]:
-    """The long-format CSV: each provider's time (ms) and TFLOPS per case, the ratio to Liger and the bars;
-    x = T, the case's model, routing and part in ``extra``."""
-    out = []
-    for r in report_rows(report):
-        extra = {"model": r["model"], "routing": r["routing"], "ok": r["ok"]}
-        kernel, mode = f"moe-{r['part']}", r["mode"]
-        for s in SHORT.values():
-            for metric, unit, key in (("time", "ms", "ms"), ("tflops", "TFLOPS", "tflops"),
-                                      ("peak_memory", "GiB", "peak_gib")):
-                if (v := r.get(f"{s}_{key}")) is not None:
-                    out.append(long_row(kernel, s, metric, unit, "T", r["tokens"], v,
-                                        mode=r.get(f"{s}_mode") or mode, **extra))
-        for metric, unit in (("ratio_vs_liger", "x"), ("frac_of_dense", "fraction"), ("ratio_to_hbm_bound", "x"),
-                             ("liger_ratio_to_hbm_bound", "x")):
-            if r.get(metric) is not None:
-                out.append(long_row(kernel, "liger" if metric.startswith("liger") else "gemmlab",
-                                    metric.removeprefix("liger_"), unit, "T", r["tokens"], r[metric], mode=mode,
-                                    **extra, **({"ci95": r.get("ratio_ci95")} if metric == "ratio_vs_liger" else {})))
-    return out
-
-
-def write(report: dict, output_dir: str) -> list:
-    """OUTPUT_DIR/report_name(...) as JSON (replaced whole: a step killed mid-write keeps the last report), with
-    the long-format .csv and the tables' .md beside it (``gemmlab.output``); returns the paths."""
-    stem = report_name(report["args"]["parts"], report["args"]["modes"]).removesuffix(".json")
-    return output.write(report, output_dir, stem, tables(report), long_rows(report))
-
-
-def wrong(report: dict) -> int:
-    """How many cases were wrong (an out-of-memory case counts)."""
-    return sum(not r["ok"] for r in report_rows(report))
-
-
-def render(report: dict, console) -> int:
-    """The tables on ``console``; returns how many cases were wrong."""
-    output.print_tables(tables(report), console)
-    return wrong(report)

@@ -27,6 +27,7 @@ import triton.language as tl
 from gemmlab.device import gpu_slug, tensor_peak_tflops
 from gemmlab.instruments import timing
 from gemmlab.output import Table, long_row
+from gemmlab.problems import matrix
 
 HEALTH_MIN = 0.8  # a re-measured figure below this fraction of the profile's is a problem
 
@@ -93,8 +94,7 @@ def hbm_copy_gbps(nbytes: int = 1 << 30, reps: int = 20) -> dict:
 
 
 def cublas_tflops(n: int = 8192, reps: int = 20, dtype: torch.dtype = torch.float16) -> dict:
-    a = (torch.rand((n, n), device="cuda") - 0.5).to(dtype)
-    b = (torch.rand((n, n), device="cuda") - 0.5).to(dtype)
+    a, b = (matrix(n, n, "centered", None, dtype, device="cuda") for _ in range(2))
     timing.require_random(a=a, b=b)
     c = torch.empty((n, n), dtype=dtype, device="cuda")
     ms, clk = _timed(lambda: torch.mm(a, b, out=c), reps, 1.0)
@@ -106,8 +106,8 @@ def mma_peak(iters: int = 4096, reps: int = 10, block: tuple[int, int, int] = (1
     """The attainable dense fp16 tensor-core rate: ``_mma_peak_kernel`` on every SM (one program each)."""
     bm, bn, bk = block
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    a = (torch.rand((bm, bk), device="cuda") - 0.5).half()
-    b = (torch.rand((bk, bn), device="cuda") - 0.5).half() / iters
+    a = matrix(bm, bk, "centered", None, torch.float16, device="cuda")
+    b = matrix(bk, bn, "centered", None, torch.float16, device="cuda") / iters
     c = torch.empty((sms, bm, bn), dtype=torch.float16, device="cuda")
     call = lambda: _mma_peak_kernel[(sms,)](a, b, c, iters, BM=bm, BN=bn, BK=bk, num_warps=8)  # noqa: E731
     call()

@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 from gemmlab import output, provenance
-from gemmlab.bench.gemm import inputs, make_backend
+from gemmlab.bench.gemm import make_backend
 from gemmlab.instruments import timing
 from gemmlab.instruments.compare import compare_many
 from gemmlab.output import Table, long_row
-from gemmlab.problems import moe_gemm_shape
+from gemmlab.problems import gemm_operands, moe_gemm_shape
 
 ROWS = {  # row label -> backend (bench.gemm's, or "moe-grouped")
     "GEMM baseline (torch.mm, cuBLAS, raw B)": "cublas",
@@ -99,7 +99,7 @@ def moe_table(batch_size: int = 4, seq_len: int = 8192, top_k: int = 4, hidden_s
         raise ValueError(f"warmup must be >= 0 and repeat >= 1, got {warmup} and {repeat}")
     m, n, k = moe_gemm_shape(batch_size, seq_len, top_k, hidden_size, intermediate_size)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    a, b = inputs(m, n, k, dtype, device, seed)
+    a, b = gemm_operands(m, n, k, dtype, device, seed)
     timing.require_random(a=a, b=b)
     reps = max(1, min(reps_per_round, repeat))
     rounds = -(-repeat // reps)

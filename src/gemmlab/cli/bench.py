@@ -46,7 +46,7 @@ def bench_gemm(
     """GEMM backends against cuBLAS: verified against float64 first, then interleaved with the L2 flushed,
     clocks sampled. Exit 1 when any backend is wrong."""
     from gemmlab.bench import gemm as bg
-    from gemmlab.bench import probe
+    from gemmlab.bench import gemm_view, probe
     from gemmlab.problems import CASE_SUITES, cases
 
     cuda = torch.cuda.is_available()
@@ -70,7 +70,7 @@ def bench_gemm(
                                                   "autotune_rep_ms": inductor_autotune_rep_ms})
         except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
             raise cmd.usage_error(e) from e
-    cmd.show(report, bg, json_out, output_dir)
+    cmd.show(report, gemm_view, json_out, output_dir)
     if record_note is not None:
         from gemmlab.ledger.records import from_bench
 
@@ -143,13 +143,14 @@ def _bench_moe_liger(model, tokens, routing, part, mode, dtype, own, output_dir,
     """``bench moe --baseline liger``: bench.moe_liger's suite; the files are rewritten after every case (a step
     killed by its time limit keeps what it measured)."""
     from gemmlab.bench import moe_liger as ml
+    from gemmlab.bench import moe_liger_view as view
 
     models = model or (["custom"] if own else ml.SUITE_MODELS)
-    write = (lambda r: ml.write(r, output_dir)) if output_dir else None
+    write = (lambda r: view.write(r, output_dir)) if output_dir else None
     rep = ml.bench_suite(models, tokens or ml.SUITE_TOKENS, routing or ml.ROUTINGS, mode, part or ["fwd"], dtype,
                          custom=own, progress=err.print, on_result=write, **kw)
-    cmd.show(rep, ml, json_out, output_dir, width=200)
-    if ml.wrong(rep):
+    cmd.show(rep, view, json_out, output_dir, width=200)
+    if view.wrong(rep):
         raise typer.Exit(1)
 
 

@@ -15,12 +15,13 @@ ledger_app = typer.Typer(add_completion=False, no_args_is_help=True,
                          help="The experiment ledger: every attempt, accepted or rejected with its reason.")
 
 
-def open_ledger(path: str | None):
-    """The ledger to read (list, show, compare, history, export); an unusable one is one line and exit 2."""
+def open_ledger(path: str | None, write: bool = False):
+    """The ledger to read (list, show, compare, history, export: opened read-only, so a read never creates,
+    migrates or overwrites a file) or, with ``write``, to attach to; an unusable one is one line and exit 2."""
     from gemmlab.ledger import Ledger, LedgerError
 
     try:
-        return Ledger.open(path)
+        return Ledger.open(path, read_only=not write)
     except LedgerError as e:
         raise cmd.usage_error(e) from e
 

@@ -96,7 +96,7 @@ def profile_cmd(
         Console(stderr=True, soft_wrap=True).print(f"[red]gemmlab profile: {e}", highlight=False, markup=False)
         raise typer.Exit(e.code) from e
     if entry is not None:
-        aid = open_ledger(ledger).attach(ledger_entry, "profile", prof, prof.get("file"))
+        aid = open_ledger(ledger, write=True).attach(ledger_entry, "profile", prof, prof.get("file"))
         Console(stderr=True).print(f"attached the profile to ledger entry #{ledger_entry} (attachment {aid})")
     g = prof["backends"]["gemmlab"]
     if entry is not None and entry.path and entry.path != g["path"]:

@@ -1,6 +1,6 @@
 """Grader inputs and tolerances: seeded, never zero, in the case's layout.
 
-Distributions:
+Distributions (drawn by ``problems.matrix``, the one input generator, from the grader's own seeds):
     competition  (r % 100 - 50) / 100 from a seeded integer RNG: uniform on {-0.50, -0.49, ..., 0.49}
     uniform      U[-1, 1)
     normal       N(0, 1)
@@ -12,8 +12,8 @@ Tolerance on max |C - C_ref|:
                  summation order), and where the two straddle a rounding boundary the rounded outputs differ by
                  one output ulp, 0.0625 for |C| in [64, 128) in fp16, above the bound 0.0566 at K = 16384. The
                  competition inputs reach |C| >= 64 in a few elements of an 8192x8192 output, so with every timed
-                 call verified, a correct kernel failed (H200, 2026-12-01). Against the float32 sum a correct
-                 kernel is off by at most half an ulp plus its summation error.
+                 call verified a correct kernel would fail. Against the float32 sum a correct kernel is off by
+                 at most half an ulp plus its summation error.
     otherwise    2 * max |C_torch - C_ref| + one ulp of max |C_ref| in the output dtype, with C_ref the
                  float64 product and C_torch what torch.mm makes in the same dtype (fp32 reductions): a
                  candidate may be twice as far off as the vendor library, plus one rounding step.
@@ -30,34 +30,19 @@ import math
 import torch
 
 from gemmlab.grade.rounding import vendor_product
+from gemmlab.problems import generator, matrix
 from gemmlab.ref import gemm_ref, mantissa_bits
 
 SECOND_DISTRIBUTION = {"competition": "uniform", "uniform": "normal", "normal": "uniform"}
 FULL_MANTISSA = SECOND_DISTRIBUTION  # the other kind of timed input: full-mantissa where the case's is not
 
 
-def random_matrix(rows: int, cols: int, dist: str, seed: int, dtype: torch.dtype, device: str,
-                  colmajor: bool) -> torch.Tensor:
-    """A (rows, cols) matrix of ``dist`` from ``seed``; stored column-major (strides (1, rows)) if asked."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    shape = (cols, rows) if colmajor else (rows, cols)
-    if dist == "competition":
-        r = torch.randint(0, 1 << 30, shape, generator=g, device=device)
-        t = ((r % 100 - 50).to(torch.float32) / 100).to(dtype)
-    elif dist == "uniform":
-        t = (torch.rand(shape, generator=g, device=device) * 2 - 1).to(dtype)
-    elif dist == "normal":
-        t = torch.randn(shape, generator=g, device=device).to(dtype)
-    else:
-        raise ValueError(f"unknown input distribution {dist!r}")
-    return t.t() if colmajor else t
-
-
 def operands(m: int, n: int, k: int, dist: str, seed: int, dtype: torch.dtype, device: str, layout: str):
-    """Logical A (M, K) and B (K, N), stored in ``layout``, from two seeds derived from ``seed``."""
+    """Logical A (M, K) and B (K, N), stored in ``layout`` (colmajor: strides (1, rows)), each from a
+    generator of its own seeded from ``seed`` (2 seed + 1 for A, 2 seed + 2 for B)."""
     col = layout == "colmajor"
-    a = random_matrix(m, k, dist, 2 * seed + 1, dtype, device, col)
-    b = random_matrix(k, n, dist, 2 * seed + 2, dtype, device, col)
+    a = matrix(m, k, dist, generator(2 * seed + 1, device), dtype, colmajor=col)
+    b = matrix(k, n, dist, generator(2 * seed + 2, device), dtype, colmajor=col)
     return a, b
 
 

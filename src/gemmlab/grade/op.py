@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gemmlab import problems
 from gemmlab.grade import rounding
 from gemmlab.grade.cases import CaseFile
 from gemmlab.grade.inputs import FULL_MANTISSA, SECOND_DISTRIBUTION, operands, reference
@@ -81,23 +82,14 @@ def gemm_op(cf: CaseFile, signature: str | None = None) -> Op:
               baseline_label=f"vendor BLAS (torch.mm, {signature} signature)", full_kind=FULL_MANTISSA[cf.inputs])
 
 
-def moe_inputs(case, routing: str, seed: int, dtype: torch.dtype, device: torch.device, keep=None) -> tuple:
-    """(x, w1, w2, topk_weights, topk_ids): random (never constant), activations O(1); with ``keep`` its
-    w1 and w2 and a fresh x and routing."""
-    from gemmlab.bench.moe import problem
-    from gemmlab.ops.moe import route
-    from gemmlab.problems import MoEModel
-
+def moe_fresh(case, routing: str, seed: int, dtype: torch.dtype, device: torch.device, keep=None) -> tuple:
+    """(x, w1, w2, topk_weights, topk_ids) from ``problems.moe_inputs``: random (never constant), activations
+    O(1); with ``keep`` its w1 and w2 and a fresh x and routing (``problems.moe_tokens``)."""
     if keep is None:
-        p = problem(MoEModel(hidden=case.h, intermediate=case.i, experts=case.e, top_k=case.k), case.t, routing,
-                    dtype, seed, device)
+        p = problems.moe_inputs(problems.MoEModel(hidden=case.h, intermediate=case.i, experts=case.e, top_k=case.k),
+                                case.t, routing, dtype, seed, device)
         return p["x"], p["w1"], p["w2"], p["weights"], p["ids"]
-    g = torch.Generator(device=device).manual_seed(seed)
-    x = (torch.rand((case.t, case.h), generator=g, device=device) - 0.5).mul_(2.0).to(dtype)
-    logits = torch.randn((case.t, case.e), generator=g, device=device)
-    if routing == "zipf":
-        logits -= 1.5 * torch.log(torch.arange(1, case.e + 1, device=device, dtype=torch.float32))[None, :]
-    weights, ids = route(logits, case.k)
+    x, weights, ids = problems.moe_tokens(case.t, case.h, case.e, case.k, routing, dtype, seed, device)
     return x, keep[1], keep[2], weights, ids
 
 
@@ -113,7 +105,7 @@ def moe_op(cf: CaseFile) -> Op:
 
     return Op(name="moe", signature="moe", layout="rowmajor", dtype=dtype, trials=("uniform", "zipf"),
               timed_kind="uniform",
-              fresh=lambda case, kind, seed, device, keep=None: moe_inputs(case, kind, seed, dtype, device, keep),
+              fresh=lambda case, kind, seed, device, keep=None: moe_fresh(case, kind, seed, dtype, device, keep),
               out_numel=lambda c: c.t * c.h, view=lambda out, c: out.view(c.t, c.h), check=check,
               baseline="builtin:composite", baseline_signature="moe",
               baseline_label="torch composite on torch._grouped_mm", fixed=(1, 2), verify_per_batch=2)

@@ -24,11 +24,10 @@ VENDOR_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::ad
               "aten::dot", "aten::matmul", "aten::linear", "aten::_scaled_mm", "aten::_grouped_mm",
               "aten::_int_mm", "aten::_addmm_activation", "aten::einsum", "aten::tensordot"}
 BASELINE_SLACK = {"cuda": 0.10, "cpu": None}  # interleaved baseline may be this much slower than solo
-# An honest GEMM's time does not depend on the values it multiplies; the power they draw moves both sides by a
-# percent or two (H200, competition vs uniform inputs: benchmarks/grade_gap.py), which the ratio cancels. The
-# comparison is judged on a 98% interval (1% one-sided) and beyond this margin. On a busy shared CPU whole stretches
-# of rounds run several times slower than others (one side's intervals there reached 0.1-0.4 for identical
-# kernels), so there only a kernel ten times as fast on the case's inputs is caught.
+# An honest GEMM's time does not depend on the values it multiplies; the power they draw moves both sides alike
+# (benchmarks/grade_gap.py measures it), which the ratio cancels. The comparison is judged on a 98% interval (1%
+# one-sided) and beyond this margin. On a busy shared CPU whole stretches of rounds run several times slower than
+# others, so there only a kernel ten times as fast on the case's inputs is caught (docs/history.md).
 VALUE_MARGIN = {"cuda": 0.05, "cpu": 9.0}
 VALUE_LEVEL = 0.98
 

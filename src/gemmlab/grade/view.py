@@ -24,6 +24,11 @@ def _text(x) -> str:
     return escape(printable(str(x)))
 
 
+def _status(status: str) -> str:
+    """A case's status as the table shows it: PASS green, INCONCLUSIVE yellow, anything else red."""
+    return {"PASS": "[green]PASS", "INCONCLUSIVE": "[yellow]INCONCLUSIVE"}.get(status, f"[red]{status}")
+
+
 def _shape(s) -> str:
     return "x".join(map(str, s))
 
@@ -63,9 +68,12 @@ def summary_line(report: dict) -> str:
             line += f" at {clk:.0f} MHz"
         if perf.get("calls_per_batch"):
             over = perf["protocol_overhead_ms"]
+            share = f"{over / perf['baseline_ms']:.1%} of a baseline call" if perf.get("baseline_ms") \
+                else f"{over / perf['median_ms']:.1%} of a call"
             line += (f"; grader's clock, {perf['calls_per_batch']} calls a batch, protocol overhead {over:.3g} ms a "
-                     f"call ({over / perf['median_ms']:.1%}), the worker's own clock said "
-                     f"{perf['advisory_median_ms']:.4g} ms")
+                     f"call ({share}), the worker's own clock said {perf['advisory_median_ms']:.4g} ms")
+    if perf is None and report.get("performance_shape") is None:
+        line += "; performance: not graded (the case file has no performance case)"
     if report.get("vendor_check"):
         line += f"; vendor check: {report['vendor_check']}"
     if report.get("inconclusive"):
@@ -80,7 +88,7 @@ def tables(report: dict) -> list[Table]:
               ("case", report.get("dims", "M x N x K"), "status", "max |err|", "tolerance", "path / kernels",
                "reason"))
     for c in report["correctness"]:
-        t.rows.append([_text(c["name"]), _shape(c["shape"]), "[green]PASS" if c["status"] == "PASS" else "[red]FAIL",
+        t.rows.append([_text(c["name"]), _shape(c["shape"]), _status(c["status"]),
                        _fmt(c["max_abs_err"]), _fmt(c["tolerance"]), _text(", ".join(c["paths"] + c["kernels"][:2])),
                        _text((f"[{c['rule']}] " if c["rule"] else "") + c["reason"])])
     out = [t]
@@ -90,8 +98,7 @@ def tables(report: dict) -> list[Table]:
                   "L2 flushed, fresh inputs every call)",
                   ("case", report.get("dims", "M x N x K"), "status", "median ms", "TFLOPS", "baseline TFLOPS",
                    "ratio", "SM MHz", "reason"))
-        p.rows.append([_text(perf["name"]), _shape(perf["shape"]),
-                       "[green]PASS" if perf["status"] == "PASS" else "[red]FAIL",
+        p.rows.append([_text(perf["name"]), _shape(perf["shape"]), _status(perf["status"]),
                        _fmt(perf.get("median_ms"), ".4g"), _fmt(perf.get("tflops"), ".1f"),
                        _fmt(perf.get("baseline_tflops"), ".1f"), _fmt(perf.get("ratio"), ".3f"),
                        _fmt(perf.get("clocks", {}).get("sm_clock_mhz_mean"), ".0f"),

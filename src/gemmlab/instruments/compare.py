@@ -64,9 +64,54 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
         raise ValueError(f"clock {clock!r}: events, or wall with mode interleaved")
     if inputs:
         timing.require_random(**inputs)
+    res, poisoned = _verify(fns, check, device)  # 1. verify the exact call that will be timed
+    timed = {name: fn for name, fn in fns.items() if res[name]["check"].get("ok")}
+    if baseline not in timed:
+        for name in fns:
+            res[name]["skipped"] = "the baseline failed its check: nothing is timed"
+        return {"candidates": res, "baseline": baseline, "mode": mode, "timed": False}
+    for name in fns:
+        if name not in timed:
+            res[name]["skipped"] = "failed its check before timing: not timed"
+    windows: timing.Windows = {}
+    with timing.ClockSampler(device.index or 0) as sampler:  # 2. time
+        if mode == "interleaved":
+            times = timing.interleave(timed, rounds, reps, warmup_s, graph=graph, device=device, windows=windows,
+                                      warmup_calls=warmup_calls, clock=clock)
+        else:
+            timed_fns = {name: timing.as_graph(fn) for name, fn in timed.items()} if graph else timed
+            times = timing.back_to_back(timed_fns, rounds, reps, warmup_s, device=device, windows=windows,
+                                        warmup_calls=warmup_calls)
+    arch, sms = _device_facts(device)
+    # the probe's attainable FLOP/clock/SM, when the caller handed in this GPU's recorded profile
+    measured_rate = ((profile or {}).get("mma_peak") or {}).get("flop_per_clock_per_sm")
+    all_windows = [w for ws in windows.values() for w in ws]
+    for name in timed:  # 3. verify again: what the last timed call left, or one more call
+        res[name].update(_check_after(poisoned.get(name), fns[name], check, device))
+        s = stats.summarize([t for r in times[name] for t in r])
+        clocks = sampler.summary(windows.get(name), fallback=all_windows)
+        s["per_round_ms"] = times[name]
+        s["clocks"] = clocks
+        if flops is not None:
+            s.update(_rates(flops, s["median_ms"], clocks.get("sm_clock_mhz_mean"), sms, arch, dtype, measured_rate))
+        if name != baseline:
+            s["vs_baseline"] = stats.ratio_summary(times[name], times[baseline])
+        res[name].update(s)
+    return {"candidates": res, "baseline": baseline, "mode": mode, "graph": graph, "timed": True,
+            "rounds": rounds, "reps": reps, "warmup_s": warmup_s, "warmup_calls": warmup_calls,
+            "clocks": sampler.summary(all_windows, min_samples=1),  # the timed batches, not the warm-up
+            "clock": clock, "timer": ("host clock, call to result, L2 flushed" if clock == "wall" else
+                                      "CUDA events, L2 flushed") if device.type == "cuda" else
+            "host clock (CPU): not a GPU measurement"}
+
+
+def _verify(fns: dict[str, timing.Fn], check: Check | None, device: torch.device
+            ) -> tuple[dict[str, dict], dict[str, torch.Tensor]]:
+    """Step 1: each candidate called and checked once; an output written in place is poisoned, written again
+    and checked again (then poisoned for the timed calls). -> ({name: {"check"}}, {name: poisoned output})."""
     res: dict[str, dict] = {name: {} for name in fns}
     poisoned: dict[str, torch.Tensor] = {}  # outputs written in place: poisoned, checked again after timing
-    for name, fn in fns.items():  # 1. verify the exact call that will be timed
+    for name, fn in fns.items():
         try:
             out = fn()
             timing.sync(device)
@@ -82,60 +127,29 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
                         poisoned[name] = out
         except Exception as e:  # a candidate that raises is reported, not timed
             res[name]["check"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-    timed = {name: fn for name, fn in fns.items() if res[name]["check"].get("ok")}
-    if baseline not in timed:
-        for name in fns:
-            res[name]["skipped"] = "the baseline failed its check: nothing is timed"
-        return {"candidates": res, "baseline": baseline, "mode": mode, "timed": False}
-    for name in fns:
-        if name not in timed:
-            res[name]["skipped"] = "failed its check before timing: not timed"
-    windows: timing.Windows = {}
-    with timing.ClockSampler(device.index or 0) as sampler:  # 2. time
-        if mode == "interleaved":
-            times = timing.interleave(timed, rounds, reps, warmup_s, graph=graph, device=device, windows=windows,
-                                      warmup_calls=warmup_calls, clock=clock)
-        else:
-            if graph:
-                timed_fns = {name: timing.as_graph(fn) for name, fn in timed.items()}
-            else:
-                timed_fns = timed
-            times = timing.back_to_back(timed_fns, rounds, reps, warmup_s, device=device, windows=windows,
-                                        warmup_calls=warmup_calls)
-    arch, sms = _device_facts(device)
-    # the probe's attainable FLOP/clock/SM, when the caller handed in this GPU's recorded profile
-    measured_rate = ((profile or {}).get("mma_peak") or {}).get("flop_per_clock_per_sm")
-    all_windows = [w for ws in windows.values() for w in ws]
-    for name in timed:  # 3. verify again: what the last timed call left, or one more call
-        try:
-            out = poisoned[name] if name in poisoned else fns[name]()
-            timing.sync(device)
-            res[name]["check_after"] = check(out)["ok"] if check else True
-            res[name]["checked_after"] = "last timed output" if name in poisoned else "one more call"
-        except Exception as e:
-            res[name]["check_after"] = False
-            res[name]["check_after_error"] = f"{type(e).__name__}: {e}"
-        flat = [t for r in times[name] for t in r]
-        s = stats.summarize(flat)
-        clocks = sampler.summary(windows.get(name), fallback=all_windows)
-        s["per_round_ms"] = times[name]
-        s["clocks"] = clocks
-        if flops is not None:
-            s["tflops"] = flops / (s["median_ms"] * 1e-3) / 1e12
-            s["efficiency"] = stats.efficiency(flops, s["median_ms"], clocks.get("sm_clock_mhz_mean"), sms, arch,
-                                               dtype)
-            if measured_rate and clocks.get("sm_clock_mhz_mean"):
-                s["efficiency_measured"] = s["tflops"] * 1e12 / (measured_rate * sms * clocks["sm_clock_mhz_mean"]
-                                                                 * 1e6)
-        if name != baseline:
-            s["vs_baseline"] = stats.ratio_summary(times[name], times[baseline])
-        res[name].update(s)
-    return {"candidates": res, "baseline": baseline, "mode": mode, "graph": graph, "timed": True,
-            "rounds": rounds, "reps": reps, "warmup_s": warmup_s, "warmup_calls": warmup_calls,
-            "clocks": sampler.summary(all_windows, min_samples=1),  # the timed batches, not the warm-up
-            "clock": clock, "timer": ("host clock, call to result, L2 flushed" if clock == "wall" else
-                                      "CUDA events, L2 flushed") if device.type == "cuda" else
-            "host clock (CPU): not a GPU measurement"}
+    return res, poisoned
+
+
+def _check_after(poisoned: torch.Tensor | None, fn: timing.Fn, check: Check | None, device: torch.device) -> dict:
+    """Step 3: the output the last timed call left (``poisoned``), or one more call's, checked."""
+    try:
+        out = poisoned if poisoned is not None else fn()
+        timing.sync(device)
+        return {"check_after": check(out)["ok"] if check else True,
+                "checked_after": "last timed output" if poisoned is not None else "one more call"}
+    except Exception as e:
+        return {"check_after": False, "check_after_error": f"{type(e).__name__}: {e}"}
+
+
+def _rates(flops: float, median_ms: float, sm_mhz: float | None, sms: int | None, arch, dtype: str,
+           measured_rate: float | None) -> dict:
+    """TFLOPS = flops / median time; the efficiency against the nominal tensor peak at the observed clock, and
+    against the probe's measured rate when there is one."""
+    out = {"tflops": flops / (median_ms * 1e-3) / 1e12}
+    out["efficiency"] = stats.efficiency(flops, median_ms, sm_mhz, sms, arch, dtype)
+    if measured_rate and sm_mhz:
+        out["efficiency_measured"] = out["tflops"] * 1e12 / (measured_rate * sms * sm_mhz * 1e6)
+    return out
 
 
 def compare(candidate: timing.Fn, baseline: timing.Fn, **kw) -> dict:

@@ -3,12 +3,12 @@
     python -m gemmlab.instruments.ncu_target --backend gemmlab|cublas --shape M,N,K [--dtype float16]
         [--layout row|linear] [--config JSON] [--seed S] --result OUT.json
 
-Fresh random inputs (uniform in [-0.5, 0.5)): A (M, K); B (K, N) row-major ("row") or B = W^T with W (N, K)
-row-major ("linear", nn.Linear's layout). Three warm-up calls (compilation, cuBLAS's heuristics), each
-output checked; then the output is poisoned (NaN), the one profiled call runs between cudaProfilerStart and
-cudaProfilerStop (ncu runs with --profile-from-start off), and its output is checked against
-``gemmlab.ref.gemm_check`` (float64 reference, derived tolerance). Writes {"backend", "path", "config",
-"reason", "check"} to OUT.json. Exit 0: checked ok; 1: wrong output; 2: bad arguments or no GPU.
+Fresh random inputs (``problems.gemm_operands``: uniform in [-0.5, 0.5), seeded by the shape): A (M, K); B (K, N)
+row-major ("row") or B = W^T with W (N, K) row-major ("linear", nn.Linear's layout). Three warm-up calls
+(compilation, cuBLAS's heuristics), each output checked; then the output is poisoned (NaN), the one profiled call
+runs between cudaProfilerStart and cudaProfilerStop (ncu runs with --profile-from-start off), and its output is
+checked against ``gemmlab.ref.gemm_check`` (float64 reference, derived tolerance). Writes {"backend", "path",
+"config", "reason", "check"} to OUT.json. Exit 0: checked ok; 1: wrong output; 2: bad arguments or no GPU.
 """
 
 from __future__ import annotations
@@ -21,17 +21,6 @@ import sys
 import torch
 
 WARMUP_CALLS = 3
-
-
-def operands(m: int, n: int, k: int, dtype: torch.dtype, layout: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A (M, K) and B (K, N) on the GPU, B stored as ``layout`` says."""
-    g = torch.Generator(device="cuda").manual_seed(seed * 1_000_003 + 1009 * m + 17 * n + k)
-    a = (torch.rand((m, k), generator=g, device="cuda") - 0.5).to(dtype)
-    if layout == "linear":
-        b = (torch.rand((n, k), generator=g, device="cuda") - 0.5).to(dtype).t()  # W (N, K) -> B = W^T
-    else:
-        b = (torch.rand((k, n), generator=g, device="cuda") - 0.5).to(dtype)
-    return a, b
 
 
 def call(backend: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: dict | None):
@@ -59,11 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("profile_target: no CUDA GPU", file=sys.stderr)
         return 2
-    from gemmlab.problems import parse_shape
+    from gemmlab.problems import gemm_operands, parse_shape
     from gemmlab.ref import gemm_check, gemm_ref
 
     m, n, k = parse_shape(args.shape)
-    a, b = operands(m, n, k, getattr(torch, args.dtype), args.layout, args.seed)
+    a, b = gemm_operands(m, n, k, getattr(torch, args.dtype), "cuda", args.seed, layout=args.layout)
     out = torch.empty((m, n), dtype=a.dtype, device="cuda")
     fn, facts = call(args.backend, a, b, out, json.loads(args.config) if args.config else None)
     ref = gemm_ref(a, b)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 
 from gemmlab import output
-from gemmlab.instruments.ncu import FORMAT, METRICS, STALL_METRIC, stem
+from gemmlab.instruments.ncu import FORMAT, stem
+from gemmlab.instruments.ncu_metrics import METRICS, STALL_METRIC
 from gemmlab.output import Table, long_row
 
 

@@ -84,7 +84,7 @@ def _store_c(c, acc, off_m, off_n, M, N, stride_cm,
     (C_TMA; its blocks match the parts written) or a pointer with row stride ``stride_cm`` (any alignment).
     EPILOGUE_SUBTILE writes two [BLOCK_M, BLOCK_N // 2] halves: for TMA half the staging buffer; for the
     pointer store half the live pointers and masks (sm_90, 128x256x64, 8 warps: 2 LDL/STL, against 102 when
-    the whole tile was stored at once; tests/test_inspect.py checks)."""
+    the whole tile was stored at once; tests/instruments/test_inspect.py checks)."""
     if EPILOGUE_SUBTILE:
         acc = tl.reshape(acc, (acc.shape[0], 2, BLOCK_N // 2))
         acc0, acc1 = tl.split(tl.permute(acc, (0, 2, 1)))

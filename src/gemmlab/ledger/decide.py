@@ -6,7 +6,7 @@
 3. its median latency dropped, and
 4. the speedup's 95% interval excludes "no change" (``instruments.stats.is_faster``: the tuner's test too).
 
-The interval comes from the statistics module, whose intervals hold their coverage (tests/test_stats.py):
+The interval comes from the statistics module, whose intervals hold their coverage (tests/instruments/test_stats.py):
 paired when the entry was measured interleaved with its parent in one run (the tuner times each candidate
 against its incumbent: the median of the per-round speedups, sign-test interval); otherwise unpaired, from each
 entry's per-round ratios to cuBLAS, which was interleaved with it in its own run, so clock differences between

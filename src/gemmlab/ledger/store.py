@@ -24,6 +24,7 @@ import json
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -100,7 +101,7 @@ _SCHEMA = [
     "CREATE INDEX entries_session ON entries (session)",
     *_ATTACHMENTS,
 ]
-# _MIGRATIONS[v]: the statements that take a version v-1 file to version v (tests/test_ledger_schema.py
+# _MIGRATIONS[v]: the statements that take a version v-1 file to version v (tests/ledger/test_ledger_schema.py
 # opens a version 0 file and checks that a migrated file has every column and table a new one has).
 _MIGRATIONS = {
     1: ["ALTER TABLE entries ADD COLUMN gemmlab_version"],
@@ -161,21 +162,48 @@ def _row(r: sqlite3.Row) -> Entry:
 class Ledger:
     """A ledger file. Cheap to open; open one per process (or thread)."""
 
-    def __init__(self, path: str | Path, timeout: float = 60.0):
+    def __init__(self, path: str | Path, timeout: float = 60.0, read_only: bool = False):
+        """Open (and, unless ``read_only``, create or migrate) the ledger at ``path``. ``read_only``: the read
+        commands' way in; it changes no file: an older schema is read as it is, and a missing file or anything
+        that is not a ledger raises ``LedgerError`` instead of being created or overwritten."""
         self.path = Path(path)
         if self.path.is_dir():
             raise LedgerError(f"ledger {self.path} is a directory, not a file")
+        if read_only and not self.path.is_file():
+            raise LedgerError(f"no ledger at {self.path} (nothing has been recorded there)")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)  # explicit transactions
+            if read_only:
+                uri = f"file:{urllib.parse.quote(str(self.path.resolve()))}?mode=ro"
+                self.conn = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)  # explicit transactions
         except (OSError, sqlite3.Error) as e:
             raise LedgerError(f"ledger {self.path} cannot be opened: {e}") from None
         self.conn.row_factory = sqlite3.Row
         try:
-            self._open(timeout)
+            if read_only:
+                self._check_readable()
+            else:
+                self._open(timeout)
         except BaseException:
             self.conn.close()
             raise
+
+    def _check_readable(self) -> None:
+        """A ledger this gemmlab can read, read as it is: an older schema is not migrated (its entries table
+        is read; the next command that records migrates it), nothing is created."""
+        try:
+            version = self.schema_version()
+            has_entries = self.conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'entries'").fetchone()
+        except sqlite3.DatabaseError as e:  # "file is not a database"
+            raise LedgerError(f"ledger {self.path} is not a SQLite ledger ({e})") from None
+        if version > SCHEMA_VERSION:
+            raise LedgerError(f"ledger {self.path} has schema version {version}, newer than this gemmlab's "
+                              f"{SCHEMA_VERSION} (gemmlab {provenance.version()}): upgrade gemmlab")
+        if not has_entries:
+            raise LedgerError(f"ledger {self.path} is a SQLite file without a ledger in it")
 
     def _open(self, timeout: float) -> None:
         # Several processes opening one new file at once (tuner workers) can get "database is locked" at
@@ -221,8 +249,8 @@ class Ledger:
             c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @classmethod
-    def open(cls, path: str | Path | None = None) -> Ledger:
-        return cls(path or default_path())
+    def open(cls, path: str | Path | None = None, read_only: bool = False) -> Ledger:
+        return cls(path or default_path(), read_only=read_only)
 
     def close(self) -> None:
         self.conn.close()

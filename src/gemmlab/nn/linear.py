@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import gemmlab
 from gemmlab.nn import per_shape
+from gemmlab.ops import gemm as ops_gemm
 
 DTYPES = (torch.float16, torch.bfloat16)
 POLICIES = ("auto", "gemmlab", "torch")
@@ -61,7 +61,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def gemmlab_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x2 (M, K) @ weight (N, K)^T + bias on gemmlab's GEMM (weight.t() is the (K, N) strided view, no copy)."""
-    y = gemmlab.gemm(x2, weight.t())
+    y = ops_gemm.gemm(x2, weight.t())
     return y if bias is None else y + bias
 
 

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import gemmlab
 from gemmlab.nn.linear import Linear, gemmlab_runs
+from gemmlab.ops import moe as ops_moe
 
 
 def _experts_torch(x, w1, w2, weights, ids) -> torch.Tensor:
@@ -67,7 +67,7 @@ class MoEExperts(nn.Module):
                                top_k_index.reshape(-1, k))
             return y.view(hidden_states.shape)
         # validate: the ids are checked on the device, inside the op (no host sync; eager, autograd and compiled)
-        return gemmlab.moe_forward(hidden_states, w1, w2, top_k_weights, top_k_index, validate=True)
+        return ops_moe.moe_forward(hidden_states, w1, w2, top_k_weights, top_k_index, validate=True)
 
     @classmethod
     def sharing(cls, experts: nn.Module) -> MoEExperts:
@@ -110,7 +110,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])  # (T, H)
-        weights, ids = gemmlab.route(self.gate(x2), self.top_k, renormalize=self.renormalize, scoring=self.scoring)
+        weights, ids = ops_moe.route(self.gate(x2), self.top_k, renormalize=self.renormalize, scoring=self.scoring)
         if self.ep_group is not None:
             from gemmlab.distributed import moe_forward_ep
 

@@ -48,7 +48,7 @@ DTYPES = ("float16", "bfloat16")
 _META_KEYS = ("config", "dtype", "tuned", "note")
 _TOP_KEYS = ("about", "triton", "staging", *SECTIONS)  # "triton": the version the rules were tuned with
 # "staging": the cost model that decides whether a GEMM whose A or B TMA cannot describe is copied into
-# 16-byte-aligned buffers (``gemmlab.ops.gemm_plan.staging_decision``); every key a number >= 0
+# 16-byte-aligned buffers (``gemmlab.ops.gemm_staging.staging_decision``); every key a number >= 0
 STAGING_KEYS = ("flops_per_s", "dram_bytes_per_s", "copy_fixed_s", "max_copy_fraction", "note")
 
 

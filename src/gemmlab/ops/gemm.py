@@ -30,9 +30,9 @@ from gemmlab.ops.gemm_plan import (
     constexprs,
     launch_options,
     paths,
-    staging_decision,
     stream_k_tiles,
 )
+from gemmlab.ops.gemm_staging import staging_decision
 from gemmlab.ops.layout import DTYPES, is_kmajor, padded_k, tma_ok
 from gemmlab.ops.packing import PackedB, pack_b
 

@@ -20,8 +20,8 @@ Staging (``Plan.staged``): when A or B cannot be described by TMA (an odd K or N
 not a multiple of 16 bytes; a misaligned base; a broadcast stride 0) but copying it is cheap next to the
 GEMM, the launcher copies it into a fresh buffer with 16-byte-aligned rows (same values, same layout) and runs
 tma_persistent or tma_splitk on the copy. The descriptor keeps the logical shape, so TMA zero-fills past K
-(or N) and the pad columns are never read (no memset). ``staging_decision`` is the cost rule; its constants
-are data (the "staging" object of the config file). A C that TMA cannot describe is stored through masked
+(or N) and the pad columns are never read (no memset). ``staging_decision`` (``ops.gemm_staging``) is the cost rule; its
+constants are data (the "staging" object of the config file). A C that TMA cannot describe is stored through masked
 pointers, or, with ``GemmConfig.stage_c``, by TMA into an aligned scratch C copied out after the kernel.
 
 Config tables are data: the "gemm" section of ``<gpu-slug>.json`` ("interpreter" under TRITON_INTERPRET=1),
@@ -35,7 +35,6 @@ names the file and rule its config came from.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from dataclasses import dataclass, field, fields
 
@@ -45,7 +44,8 @@ from triton import knobs
 from gemmlab.device import Target, target_for
 from gemmlab.ops import configs
 from gemmlab.ops.gemm_route import ROUTABLE, gemv_refusal, gemv_split_for, route, tail_split_for
-from gemmlab.ops.layout import is_kmajor, padded_k, tma_ok
+from gemmlab.ops.gemm_staging import staged_shape, staging_decision
+from gemmlab.ops.layout import is_kmajor, tma_ok
 
 PATHS = ("empty", "tma_persistent", "tma_splitk", "gemv", "portable")
 SMALL_M = 256  # at or below this many output rows the small-M path is chosen
@@ -138,8 +138,7 @@ def _pick(target: Target, path: str, m: int, n: int, k: int, dtype: torch.dtype)
 def split_k_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
     """The split a tma_splitk launch uses. ``cfg.split_k = 0`` (auto): the smallest power of two that gives
     at least one program per two SMs while every split keeps at least 4 BLOCK_K steps (below that the
-    reduction costs more than the parallelism buys; measured on the H200, benchmarks/results/*-sweep.jsonl,
-    half the SMs streaming whole K beat all SMs plus a reduction). Then trimmed so no split is empty."""
+    reduction costs more than the parallelism buys: docs/history.md). Then trimmed so no split is empty."""
     k_tiles = -(-k // cfg.block_k)
     split = cfg.split_k
     if not split:
@@ -159,67 +158,6 @@ def stream_k_tiles(tiles: int, num_sms: int) -> int:
     if rem == 0:
         return 0
     return rem + num_sms if tiles > num_sms else tiles
-
-
-def stage_inner(p: Plan, name: str) -> int:
-    """The unit-stride dim of kernel-view operand ``name`` ("a" (M, K) or "b" (K, N)): what staging keeps."""
-    if name == "a":
-        return 1 if p.a_kmajor else 0
-    return 0 if p.b_kmajor else 1
-
-
-def staged_shape(t: torch.Tensor, inner: int) -> tuple[int, int]:
-    """(rows, row length) of the buffer an operand is staged into: its outer dim by its unit-stride dim padded
-    to a multiple of 16 bytes (``padded_k``)."""
-    return (t.shape[1 - inner], padded_k(t.shape[inner]))
-
-
-@dataclass(frozen=True)
-class Staging:
-    """The constants of the staging cost rule (the "staging" object of a config file)."""
-
-    flops_per_s: float  # the GEMM's compute rate
-    dram_bytes_per_s: float  # HBM bandwidth (copies and memory-bound GEMMs)
-    copy_fixed_s: float  # fixed cost of one copy kernel (launch, ramp)
-    max_copy_fraction: float  # stage when the copies cost at most this fraction of the GEMM
-    source: str
-
-
-@functools.cache
-def _staging(target: str) -> Staging | None:
-    st, source = configs.staging(target)
-    if "max_copy_fraction" not in st:
-        return None
-    missing = {"flops_per_s", "dram_bytes_per_s"} - set(st)
-    if missing:
-        raise ValueError(f"config {source}: staging lacks {sorted(missing)}")
-    return Staging(float(st["flops_per_s"]), float(st["dram_bytes_per_s"]), float(st.get("copy_fixed_s", 0.0)),
-                   float(st["max_copy_fraction"]), source)
-
-
-configs.on_reload(_staging.cache_clear)
-
-
-def staging_decision(target: Target, m: int, n: int, k: int, elt: int, copies: list[int],
-                     stage: bool | None = None) -> tuple[bool, str]:
-    """Whether to stage, and why. ``copies``: elements of each operand that would be copied. The rule:
-
-        t_copy = sum(2 * elements * elt) / dram_bytes_per_s + len(copies) * copy_fixed_s   (read + write)
-        t_gemm = max(2 M N K / flops_per_s, (M K + K N + M N) * elt / dram_bytes_per_s)   (compute or memory)
-        stage when t_copy <= max_copy_fraction * t_gemm
-
-    ``stage`` True or False overrides the rule (a sweep's way to time both)."""
-    if stage is not None:
-        return stage, "staging pinned by the caller" if stage else "staging refused by the caller"
-    st = _staging(target.name)
-    if st is None:
-        return False, f"no staging constants for {target.name}"
-    t_copy = sum(2 * e * elt for e in copies) / st.dram_bytes_per_s + len(copies) * st.copy_fixed_s
-    t_gemm = max(2.0 * m * n * k / st.flops_per_s, (m * k + k * n + m * n) * elt / st.dram_bytes_per_s)
-    frac = t_copy / t_gemm
-    verdict = "<=" if frac <= st.max_copy_fraction else ">"
-    return frac <= st.max_copy_fraction, (f"copy {frac:.1%} of the GEMM's estimated time {verdict} "
-                                          f"{st.max_copy_fraction:.0%} ({st.source} staging)")
 
 
 def _stage_c(cfg: GemmConfig, common: dict, c_note: str) -> str:

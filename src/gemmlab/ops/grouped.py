@@ -41,7 +41,7 @@ def w2d(w: torch.Tensor) -> torch.Tensor:
 
 def launch_config(cfg: MoEConfig, a_tma: bool, a_gather: bool, w_tma: bool) -> MoEConfig:
     """The config a launch uses given how A and W are read (checked in the sm_90 SASS by
-    tests/test_inspect.py: no spills). BLOCK_M stays: the tile schedule was built with it."""
+    tests/instruments/test_inspect.py: no spills). BLOCK_M stays: the tile schedule was built with it."""
     if not (a_tma or a_gather) or not w_tma:  # pointer loads (odd K): smaller W tiles, 2 stages
         return replace(cfg, block_n=64, block_k=32, num_warps=8 if cfg.block_m >= 64 else 4, num_stages=2)
     if a_gather:  # gathered A rows pass through registers: 4 stages, or the GROUP_M tile order, spill at 128 rows

@@ -70,8 +70,8 @@ def moe_choice(target: Target, rows: int, experts: int, mode: int, elt: int = 2,
     ceil(rows / experts used), group_bound = min(rows, max_group) (``max_group``: an upper bound on the rows of
     the largest group known on the host, 0 for none; ``moe_forward`` passes T, as a token's k slots name k
     distinct experts; the group sizes themselves stay on the device), rows, experts, n, k (and ``dtype``: rules
-    naming one match only it). Pipeline stages are then trimmed to fit the target's shared memory. The bundled
-    H200 choices and how they were made: ``configs/nvidia-h200.json``'s "about"."""
+    naming one match only it). Pipeline stages are then trimmed to fit the target's shared memory. How the bundled
+    H200 choices were made: docs/history.md."""
     used = max(1, min(experts, rows))
     dname = str(dtype).removeprefix("torch.") if dtype is not None else ""
     bound = min(rows, max_group) if max_group > 0 else rows

@@ -92,16 +92,17 @@ def _meta(env: dict | None) -> str:
 
 
 def _gemm(f: Found, _all) -> str:
-    from gemmlab.bench import gemm
+    from gemmlab.bench import gemm, gemm_view
 
     rep, rows = f.data, gemm.rows(f.data)
     base = (rep.get("args") or {}).get("baseline", gemm.BASELINE)
     shapes = list(dict.fromkeys(r["case"] for r in rows))
     series = {b: [next((r["ratio_vs_cublas"] for r in rows if r["case"] == s and r["backend"] == b), None)
                   for s in shapes] for b in dict.fromkeys(r["backend"] for r in rows) if b != base}
-    chart = svg.bars(shapes, series, f"speed ratio to cuBLAS, {gemm.mode(rep)} (> 1: faster)", "cuBLAS time / time")
+    chart = svg.bars(shapes, series, f"speed ratio to cuBLAS, {gemm_view.mode(rep)} (> 1: faster)",
+                     "cuBLAS time / time")
     return (_meta(rep["env"]) + figure(chart, f"{f.path} ratio", "per-round ratio, median of rounds")
-            + "".join(table_html(t, f.path) for t in gemm.tables(rep)))
+            + "".join(table_html(t, f.path) for t in gemm_view.tables(rep)))
 
 
 def _gemm_reports(found: list[Found]) -> list[Found]:
@@ -120,7 +121,7 @@ def _gemm_reports(found: list[Found]) -> list[Found]:
 
 def _graph_pairs(found: list[Found]) -> str:
     """``bench gemm`` reports of one GPU and dtype, one eager and one graph: side by side, and the plot."""
-    from gemmlab.bench import gemm
+    from gemmlab.bench import gemm_view as gemm
 
     reps = _gemm_reports(found)
     out = []
@@ -166,14 +167,14 @@ def _moe(f: Found, _all) -> str:
 
 def _liger(f: Found, _all) -> str:
     """``bench moe --baseline liger`` (bench.moe_liger): its tables, and Liger time / gemmlab time per case."""
-    from gemmlab.bench import moe_liger
+    from gemmlab.bench import moe_liger_view
 
-    rows = [r for r in moe_liger.report_rows(f.data) if "ratio_vs_liger" in r]
+    rows = [r for r in moe_liger_view.report_rows(f.data) if "ratio_vs_liger" in r]
     chart = svg.bars([f"{r.get('model')} {r.get('part')} {r.get('mode')} T={r.get('tokens')} {r.get('routing')}"
                       for r in rows], {"gemmlab vs Liger": [r.get("ratio_vs_liger") for r in rows]},
                      "Liger time / gemmlab time (> 1: gemmlab faster)", "Liger time / gemmlab time")
     return (_meta(f.data.get("env")) + figure(chart, f"{f.path} vs liger", "")
-            + "".join(table_html(t, f.path) for t in moe_liger.tables(f.data)))
+            + "".join(table_html(t, f.path) for t in moe_liger_view.tables(f.data)))
 
 
 def _model(f: Found, _all) -> str:
@@ -239,7 +240,7 @@ def _profile(f: Found, found: list[Found]) -> str:
     prof = f.data
     points: dict[str, list] = {}
     for g in (g for g in _gemm_reports(found) if g.data["env"].get("gpu") == prof["gpu"]):
-        from gemmlab.bench.gemm import mode
+        from gemmlab.bench.gemm_view import mode
 
         for p in probe.roofline(prof, g.data)["points"]:
             points.setdefault(f"{p['backend']} ({mode(g.data)})", []).append((p["intensity"], p["tflops"]))

@@ -11,7 +11,7 @@ Signatures (``inputs`` are the logical operands; ``out`` a flat output buffer th
 ``out`` is stored in ``layout`` (rowmajor: (M, N) row-major; colmajor: column-major), so the caller reads
 the same logical C whatever the signature. Builtins (trusted, for baselines): ``builtin:cublas`` (torch.mm
 into ``out``, colmajor signature), ``builtin:cublas_rowmajor`` (returns torch.mm, rowmajor: it pays the
-same copy into ``out`` as a row-major candidate), ``builtin:composite`` (the MoE composite of torch ops, moe signature),
+same copy into ``out`` as a row-major candidate), ``builtin:composite`` (``ref.moe_composite``, moe signature),
 ``builtin:empty`` (does nothing: the protocol's own overhead).
 """
 
@@ -38,9 +38,9 @@ def _cublas_rowmajor(a, b):
 
 
 def _composite(x, w1, w2, weights, ids):
-    from gemmlab.bench.moe import composite_forward
+    from gemmlab.ref import moe_composite
 
-    return composite_forward(x, w1, w2, weights, ids)
+    return moe_composite(x, w1, w2, weights, ids)
 
 
 def _empty(*args):

@@ -6,7 +6,8 @@ exists it
 - with ``--landlock``, enters a Landlock domain of its own, root or not:
   - files (ABI 1+, Linux 5.13+): no file can be written, created, removed, renamed, linked or truncated by path but
     below the ``--writable`` directories (the sandbox's scratch directory), ``/dev/shm``, and ``/dev/null`` and the
-    GPU's device files (and appended to vendor_guard's log and counter files, the observer's own evidence). So nothing the grader or the baseline reads after the candidate started can be the
+    GPU's device files (and appended to vendor_guard's log and counter files, the observer's own evidence). So
+    nothing the grader or the baseline reads after the candidate started can be the
     candidate's: not a module, ``.pth``, ``sitecustomize`` or ``.pyc`` of theirs (the baseline's worker starts after
     the candidate's first call), not the preloaded observers' libraries or logs, not the grader's log directory,
     not ``/proc/PID/autogroup`` or ``oom_score_adj`` of another process, not a cgroup's files (the baseline's

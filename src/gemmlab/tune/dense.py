@@ -14,7 +14,7 @@ padded shapes) that check the rules:
 Candidates are data (``CANDIDATES``): a name, the path it pins (None: the plan's own), the staging pin and the
 GemmConfig fields it sets over the table's config of that path.
 
-Per point (``sweep_point``): the inputs of ``bench.gemm.case_inputs`` (uniform in [-0.5, 0.5), seeded by the
+Per point (``sweep_point``): the inputs of ``problems.case_operands`` (uniform in [-0.5, 0.5), seeded by the
 shape), the float64 reference; every candidate planned (``gemmlab.ops.gemm.plan(..., path, config, stage)``),
 run into a NaN-poisoned C and verified, a refused, failing or wrong candidate recorded and never timed; two
 candidates whose plans launch the same work timed once (the second name in the first's ``aliases``). Then cuBLAS
@@ -36,11 +36,10 @@ from dataclasses import dataclass
 import torch
 
 import gemmlab
-from gemmlab.bench.gemm import case_inputs
 from gemmlab.instruments.stats import ratio_summary, summarize
 from gemmlab.instruments.timing import ClockSampler, interleave
 from gemmlab.ops import gemm as gemm_ops
-from gemmlab.problems import Case
+from gemmlab.problems import Case, case_operands
 from gemmlab.ref import gemm_check, gemm_ref
 
 
@@ -250,7 +249,7 @@ def sweep_point(point: GridPoint, env: dict, *, rounds: int = 5, reps: int = 3, 
 
 def _sweep(point: GridPoint, env: dict, device: torch.device, rounds: int, reps: int, warmup_s: float,
            check_only: bool) -> list[dict]:
-    a, b = case_inputs(point.case, device)
+    a, b = case_operands(point.case, device)
     ref = gemm_ref(a, b)
     c = point.case
     found, refused = entries(point, a, b, torch.empty((c.m, c.n), dtype=a.dtype, device=device))
@@ -301,7 +300,7 @@ def _time(c: Case, rows: list[dict], fns: dict, rounds: int, reps: int, warmup_s
 
 
 def meta_operands(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
-    """"meta" operands stored as ``case_inputs`` stores them (the planner sees the same strides)."""
+    """"meta" operands stored as ``problems.case_operands`` stores them (the planner sees the same strides)."""
     dtype = getattr(torch, case.dtype)
 
     def stored(rows, cols):
@@ -351,7 +350,7 @@ def compile_job(point: GridPoint, name: str) -> dict:
     """Run one candidate of a point once on its operands, no check, no timing (a compile child: the kernel lands
     in Triton's on-disk cache); its seconds or its error."""
     device = torch.device("cuda")
-    a, b = case_inputs(point.case, device)
+    a, b = case_operands(point.case, device)
     out = torch.empty((point.case.m, point.case.n), dtype=a.dtype, device=device)
     t0 = time.perf_counter()
     try:

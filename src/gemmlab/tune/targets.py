@@ -1,5 +1,5 @@
 """The ops the tuner knows, as data: one ``Problem`` per (op, shape), built by ``gemm_problem`` or
-``moe_problem``; the search loop (``tuner.tune_problem``) reads nothing else.
+``moe_problem``; the search loop (``search.tune_problem``) reads nothing else.
 
 Legend (MoE): T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k routed rows.
 
@@ -8,7 +8,7 @@ Legend (MoE): T tokens, H hidden, I expert intermediate, E experts, k top-k, S =
            grouped  grouped_gemm(x sorted by expert (S, H), w1 (E, 2I, H)) vs torch._grouped_mm
            gate_up  moe_forward with this config for its first GEMM (the second keeps its table config)
            down     moe_forward with this config for its second GEMM (BLOCK_M stays the first's)
-           forward modes against the torch composite (bench.moe.composite_forward); rule ranges
+           forward modes against the torch composite (ref.moe_composite); rule ranges
            rows_per_expert, experts, n, k (the launch's output width and reduction)
 """
 
@@ -136,12 +136,12 @@ def gemm_problem(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, see
                  make_runner=default_runner, count_tensor_cores: Callable[[Plan], int | None] = tensor_cores
                  ) -> Problem:
     """C (m, n) = A (m, k) @ B (k, n): gemmlab's plan against cuBLAS."""
-    from gemmlab.bench.gemm import inputs
     from gemmlab.instruments import timing
+    from gemmlab.problems import gemm_operands
     from gemmlab.ref import gemm_check, gemm_ref
 
     device = _device()
-    a, b = inputs(m, n, k, dtype, device, seed)
+    a, b = gemm_operands(m, n, k, dtype, device, seed)
     timing.require_random(a=a, b=b)
     ref = gemm_ref(a, b)
     cub_out = torch.empty((m, n), dtype=dtype, device=device)
@@ -170,18 +170,18 @@ def moe_problem(model, tokens: int, mode: str, dtype: torch.dtype = torch.bfloat
     """One MoE layer (``problems.MoEModel``: H, I, E, k) at ``tokens`` tokens, uniform routing; ``mode``
     one of ``ops.moe.MODES``: which grouped GEMM's config is tuned (see the module docstring)."""
     import gemmlab
-    from gemmlab.bench.moe import composite_forward, problem
     from gemmlab.device import target_for
     from gemmlab.ledger.records import moe_shape
     from gemmlab.ops.moe import MODES, moe_config, pack_moe_weights, sort_routes
-    from gemmlab.ref import grouped_gemm_ref, mantissa_bits, moe_check, moe_ref
+    from gemmlab.problems import moe_inputs
+    from gemmlab.ref import grouped_gemm_ref, mantissa_bits, moe_check, moe_composite, moe_ref
 
     if mode not in MODES:
         raise ValueError(f"MoE mode {mode!r}: one of {', '.join(MODES)}")
     device = _device()
     h, i, e, top_k = model.hidden, model.intermediate, model.experts, model.top_k
     s = tokens * top_k
-    p = problem(model, tokens, "uniform", dtype, seed, device)
+    p = moe_inputs(model, tokens, "uniform", dtype, seed, device)
     x, w1, w2, wts, ids = p["x"], p["w1"], p["w2"], p["weights"], p["ids"]
     target = target_for(x.device)
     elt, dname, m_i = x.element_size(), str(dtype).removeprefix("torch."), MODES.index(mode)
@@ -227,7 +227,7 @@ def moe_problem(model, tokens: int, mode: str, dtype: torch.dtype = torch.bfloat
             return {"ok": c["ok"], "max_abs_err": c["max_abs_err"],
                     "worst": c["max_abs_err"] / max(c["allowed"], 1e-30)}
 
-        baseline_name, baseline = "torch composite", lambda: composite_forward(x, w1, w2, wts, ids)
+        baseline_name, baseline = "torch composite", lambda: moe_composite(x, w1, w2, wts, ids)
         flops = 2.0 * s * h * 2 * i + 2.0 * s * i * h
 
     def prune(cfg, path, smem):

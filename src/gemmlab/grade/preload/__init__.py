@@ -12,13 +12,12 @@ a lookup of a cuBLAS name by handle gets the guard, and a lookup that finds a se
 recorded as a bypass. After the process is gone, the grader reads the log, its pipe and the counter file in
 its own process, and ``assess`` gives the verdict.
 
-Checked on the H200 (torch 2.11+cu130, libcublas.so.13). torch.mm, F.linear, bmm and bf16 mm go to
-``cublasGemmEx``; addmm with a bias goes to ``cublasLtMatmul``, and refused there, torch falls back to
-``cublasGemmEx``; fp32 mm goes to ``cublasSgemm_v2``. ``ctypes.CDLL(libcublas).cublasGemmEx`` is seen too. Under
-``refuse`` each of these raises CUBLAS_STATUS_NOT_SUPPORTED. A 1x1 fp16 ``conv2d`` goes to
-``cudnnBackendExecute``, which itself called ``cublasLtMatmul``, and both were seen; refused, torch tried 44
-engines and raised. gemmlab's Triton GEMM runs clean. The guard costs tens of ns per call, measured on a
-shared CPU against a fake cuBLAS.
+What it sees (torch 2.11+cu130, libcublas.so.13; the record: docs/history.md): torch.mm, F.linear, bmm and
+bf16 mm go to ``cublasGemmEx``; addmm with a bias goes to ``cublasLtMatmul``, and refused there, torch falls back
+to ``cublasGemmEx``; fp32 mm goes to ``cublasSgemm_v2``. ``ctypes.CDLL(libcublas).cublasGemmEx`` is seen too.
+Under ``refuse`` each of these raises CUBLAS_STATUS_NOT_SUPPORTED. A 1x1 fp16 ``conv2d`` goes to
+``cudnnBackendExecute``, which itself calls ``cublasLtMatmul``, and both are seen; refused, torch raises.
+gemmlab's Triton GEMM runs clean.
 
 Use it from the grader (one fresh log, counter file and token per child):
     lib = build()                   # Unavailable(reason): report the observer as absent, never as clean
