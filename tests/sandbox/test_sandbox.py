@@ -4,6 +4,8 @@ fails the candidate, CUDA IPC maps only the slots. Sizes are tiny: the candidate
 
 import json
 import multiprocessing.resource_sharer
+import subprocess
+import sys
 import time
 
 import pytest
@@ -329,3 +331,15 @@ def test_landlock_with_cuda(out_dir, monkeypatch):
     reach = json.loads((out_dir / "reach.json").read_text())
     assert all(v is not True and v != "none" for v in reach.values()), reach
     assert r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]
+
+
+def test_cpu_children_compute_on_one_thread(monkeypatch):
+    """Without CUDA both sides get pools of one thread (a main thread waiting on a pool would read as held off the
+    CPU); with CUDA the owner's settings pass through unchanged."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    cpu, gpu = sandbox_box.child_env(True), sandbox_box.child_env(False)
+    assert all(cpu[v] == "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"))
+    assert gpu["OMP_NUM_THREADS"] == "7" and "TRITON_INTERPRET" not in gpu
+    code = "import torch; print(torch.get_num_threads())"
+    out = subprocess.run([sys.executable, "-c", code], env=cpu, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "1", out.stderr

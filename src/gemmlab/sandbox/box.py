@@ -98,13 +98,16 @@ def _prctl(option: int, value: int) -> bool:
 
 def child_env(interpret: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: the owner's, this gemmlab first on PYTHONPATH, the interpreter flag, and
-    ``extra`` (the one place where LD_PRELOAD and friends are added)."""
+    ``extra`` (the one place where LD_PRELOAD and friends are added). Without CUDA both sides compute on one CPU
+    thread (torch's and the BLAS's pools of one): a main thread that waits on a pool sleeps, and on a busy machine
+    that sleep read as the baseline held off the CPU (the off-CPU check, ``HELD_MS``)."""
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([src, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
     env.pop("TRITON_INTERPRET", None)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
+        env.update({v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
     env.update(extra or {})
     return env
 
