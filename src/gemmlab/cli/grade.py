@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gemmlab import output
 from gemmlab.cli import common as cmd
@@ -48,7 +49,8 @@ def grade(
         with cmd.progress(Console(stderr=True, width=140), n_steps + 1) as bar:
             task = bar.add_task("grading", total=n_steps + 1)
             report = run_grade(cases, kernel, signature, allow_vendor, timeout, seed, rounds,
-                               progress=lambda msg: bar.update(task, advance=1, description=msg), keep_logs=keep_logs)
+                               progress=lambda msg: bar.update(task, advance=1, description=escape(msg)),
+                               keep_logs=keep_logs)
     except (case_files.CaseError, OSError) as e:
         raise cmd.usage_error(e) from e
     rep.render(report, Console(stderr=json_out, width=140))
