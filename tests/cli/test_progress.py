@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from rich.console import Console
+from rich.text import Text
 
 from gemmlab.cli.grade import grade_step
 from gemmlab.cli.progress import Steps
@@ -49,6 +50,16 @@ def test_the_terminal_bar_never_passes_its_total():
         steps.at(99.0, "past the end")
         seen.append(steps.bar.tasks[0].completed)
     assert max(seen) <= 3 and steps.bar.tasks[0].completed == 3 == steps.bar.tasks[0].total
+
+
+def test_a_message_is_text_not_markup():
+    """A case named like rich markup ('[/bold]' made the grader's bar raise MarkupError) shows as it is."""
+    con = Console(file=io.StringIO(), force_terminal=True, width=80)
+    with Steps("work", 1, con) as steps:
+        steps.step("case [/bold] [red]x")
+        steps.bar.refresh()  # rendered as markup here: unescaped, '[/bold]' would raise
+        assert "[/bold] [red]x" in Text.from_markup(steps.bar.tasks[0].description).plain
+    assert "[/bold] [red]x" in plain(1, [("step", "case [/bold] [red]x")])[0]
 
 
 def test_a_failure_leaves_the_count_where_it_was():

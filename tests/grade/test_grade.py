@@ -145,6 +145,7 @@ def test_cheats_on_unchecked_or_repeated_inputs_gain_nothing(tmp_path, monkeypat
     assert passed(r), r["failures"]
     assert r["performance"]["samples_checked"] == 6 * r["performance"]["calls_per_batch"]
     monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(tmp_path))
     r = run("memo_fingerprint")
     assert passed(r), r["failures"]
     assert not (tmp_path / "hits").exists()  # not one cache hit
@@ -203,8 +204,9 @@ def test_slow_loading_honours_the_time_limit():
     assert all("loading the kernel" in c["reason"] for c in r["correctness"]), r["correctness"]
 
 
-def test_sandbox_kills_every_process_it_started(tmp_path, device):
+def test_sandbox_kills_every_process_it_started(tmp_path, monkeypatch, device):
     """A double-forked grandchild in a new session is found (the owner is a child subreaper) and killed."""
+    monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(tmp_path))  # as where no Landlock domain stops its writes
     box = Sandbox(f"{BAD}:forks_report_writer", "colmajor", "colmajor", 30.0, device == "cpu",
                   str(tmp_path), extra_env={"BAD_KERNEL_OUT_DIR": str(tmp_path)})
     a, b = torch.rand(4, 4, dtype=torch.float16).t(), torch.rand(4, 4, dtype=torch.float16).t()
@@ -329,7 +331,7 @@ def test_cli_json_stays_clean_and_logs_are_removed(tmp_path):
 
 def test_cli_forked_grandchild_cannot_rewrite_the_report(tmp_path):
     bad = _cli("--cases", TINY, "--kernel", f"{BAD}:forks_report_writer", "--output-dir", str(tmp_path),
-               env={"BAD_KERNEL_OUT_DIR": str(tmp_path)})
+               env={"BAD_KERNEL_OUT_DIR": str(tmp_path), "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path)})
     assert bad.returncode == 1 and "FAIL" in bad.stdout
     pid = int((tmp_path / "grandchild.pid").read_text())
     time.sleep(2.5)

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 from gemmlab.cli import app
 from gemmlab.report import collect, html
 from tests.paths import REPO
+from tests.report.geometry import problems
 
 RESULTS = REPO / "benchmarks" / "results"
 EAGER = RESULTS / "nvidia-h200-bench" / "bench-all-eager" / "gemm-bench.json"
@@ -35,8 +37,10 @@ def test_kinds_of_the_committed_results():
     assert found["nvidia-h200-loop/device-nvidia-h200.json"] == "device-profile"
     assert found["nvidia-h200-loop/ledger.json"] == "ledger" and found["nvidia-h200-loop/tune-report.json"] == "tune"
     assert found["grade-h200/competition-gemmlab.json"] == "grade"
-    assert found["nvidia-h200-bench/inspect-8192x8192x16384.json"] == "unreadable"  # two JSON documents
-    assert found["nvidia-h200-moe/sweep-5-b18be00-tma-store.json"] == "unknown"
+    assert found["nvidia-h200-bench/inspect-8192x8192x16384.json"] == "inspect"  # JSON, then the run's exit line
+    assert found["nvidia-h200-moe/sweep-5-b18be00-tma-store.json"] == "moe-sweep"
+    assert found["nvidia-h200-gemm.json"] == "gemm-vs-cublas" and found["index.json"] == "results-index"
+    assert found["nvidia-h200-gemmlab-check.log"] == "log" and found["grade-h200/competition-gemmlab.md"] == "markdown"
     assert [k for k, v in found.items() if v == "model-bench"] == [
         "nvidia-h200-2026-12-01/3-ce4884e/nvidia-h200-model/model-bench-mixtral+qwen3-moe+deepseek-v3-eager+graph.json"]
     s2 = "nvidia-h200-2026-12-01-s2/"
@@ -44,8 +48,38 @@ def test_kinds_of_the_committed_results():
     assert found[s2 + "1-2ca601d/nvidia-h200-broad-quick/gemm-bench.json"] == "gemm-bench"
     assert found[s2 + "2-c362710/nvidia-h200-profile/profile-777x3333x1024-float16-row.json"] == "ncu-profile"
     assert found[s2 + "2-c362710/nvidia-h200-profile/profile-777x3333x1024-float16-row-gemmlab.target.json"] == \
-        "unknown"
+        "ncu-target"
     assert collect.kind_of({"kind": "no-such-kind"}) == "unknown" and collect.kind_of([1, 2]) == "unknown"
+
+
+def _committed() -> list[str]:
+    """The files of benchmarks/results that git tracks (every file there, where git is not at hand)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "benchmarks/results"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        out = []
+    return out or [p.relative_to(REPO).as_posix() for p in RESULTS.rglob("*") if p.is_file()]
+
+
+def test_every_committed_result_is_drawn_or_listed_with_its_reason():
+    """Each committed file is on the page: drawn in its kind's section, or in the listed table with a specific
+    reason; none is "unknown" or "unreadable"; a listed file also carries index.json's line for it."""
+    page, found = html.build([RESULTS])
+    by_path = {Path(f.path).resolve().relative_to(REPO).as_posix(): f for f in found}
+    committed = _committed()
+    assert len(committed) > 150 and set(committed) <= set(by_path)
+    listed = re.search(r'data-source="other"><caption>[^<]*</caption>.*?<tbody>(.*?)</tbody>', page).group(1)
+    for path in committed:
+        f = by_path[path]
+        assert f.kind not in ("unknown", "unreadable"), (path, f.kind, f.reason)
+        if f.kind in html.RENDER:
+            assert f'<h3 id="{f.path}">' in page, path  # drawn in its section
+        else:
+            assert f"<td>{escape(f.path)}</td><td>{f.kind}</td><td>{escape(f.reason)}</td>" in listed, path
+            assert "listed" in f.reason or "no chart" in f.reason or "drawn" in f.reason, (path, f.reason)
+            assert f.about or path == "benchmarks/results/index.json", path
+    assert "could not draw" not in page
 
 
 def test_page_from_committed_results_is_self_contained(tmp_path):
@@ -59,7 +93,7 @@ def test_page_from_committed_results_is_self_contained(tmp_path):
     assert not re.search(r'(src|href)="(?!#)|<link|url\(|@import', page)  # nothing fetched: no network
     for section in ("Device profile and roofline", "GEMM benchmarks", "Eager calls against CUDA graphs",
                     "MoE against its peers", "Hardware counters (gemmlab profile, ncu)", "Tune sessions", "Grades",
-                    "Ledger history", "Other files"):
+                    "Ledger history", "Files listed, not drawn"):
         assert f">{section}</h2>" in page
     tables = re.findall(r'<table class="data" data-rows="(\d+)" data-source="([^"]*)"><caption>([^<]*)</caption>'
                         r'.*?<tbody>(.*?)</tbody>', page)
@@ -131,6 +165,8 @@ def test_page_renders_in_chromium(tmp_path, monkeypatch):
     assert m, dom.stderr[-2000:]
     layout = json.loads(m.group(1))
     assert len(layout["tables"]) >= 50 and len(layout["figures"]) >= 30
+    for f in layout["figures"]:  # the browser's own text boxes: inside the chart, on nothing else, off the plot
+        assert f["texts"] and problems(f) == [], (f["name"], problems(f)[:5])
     for t in layout["tables"]:  # each table rendered every row it was given, and has a height
         assert t["rendered"] == t["expected"] and t["expected"] >= 1 and t["h"] > 20, t
     eager = [t for t in layout["tables"] if t["source"] == str(EAGER.relative_to(REPO))
@@ -205,3 +241,29 @@ def test_the_liger_comparison_is_drawn(tmp_path):
     page, found = html.build([tmp_path])
     assert [f.kind for f in found] == ["moe-liger-bench"] and "could not draw" not in page
     assert "Liger time / gemmlab time (&gt; 1: gemmlab faster)" in page and 'data-rows="2"' in page
+
+
+def test_hostile_json_files_are_listed_unreadable_and_the_page_goes_on(tmp_path, monkeypatch):
+    """A JSON file nested 100000 deep (the parser's recursion), one over the size bound (not read at all), one
+    nested a little deeper than a report may be, and one not UTF-8: each listed as unreadable with its reason,
+    beside a report that is drawn."""
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "deeper-than-reports.json").write_text("[" * (collect.MAX_DEPTH + 1) + "]" * (collect.MAX_DEPTH + 1))
+    with open(tmp_path / "huge.json", "wb") as f:  # sparse: its size is past the bound, no disk is spent
+        f.truncate(collect.MAX_BYTES + 1)
+    (tmp_path / "latin1.json").write_bytes('{"name": "caf\u00e9"}'.encode("latin-1"))
+    shutil.copy(RESULTS / "grade-h200" / "competition-gemmlab.json", tmp_path / "grade.json")
+    page, found = html.build([tmp_path])
+    kinds = {Path(f.path).name: (f.kind, f.error) for f in found}
+    assert kinds["grade.json"] == ("grade", None) and 'class="badge pass"' in page
+    assert kinds["deep.json"][0] == kinds["deeper-than-reports.json"][0] == "unreadable"
+    assert "nested deeper than the 64 levels" in kinds["deep.json"][1]
+    assert "nested deeper than the 64 levels" in kinds["deeper-than-reports.json"][1]
+    assert kinds["huge.json"] == ("unreadable", "64 MiB: larger than the 64 MiB the report reads")
+    assert kinds["latin1.json"] == ("unreadable", "not UTF-8 text: byte 0xe9 at offset 13")  # {"name": "caf
+    for name in ("deep.json", "huge.json", "latin1.json"):
+        assert re.search(rf"<td>[^<]*{name}</td><td>unreadable</td><td>unreadable: [^<]+</td>", page), name
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(app, ["report", str(tmp_path), "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "1 grade" in res.stderr and "4 unreadable" in res.stderr and "deep.json" in out.read_text()

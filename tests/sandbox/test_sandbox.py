@@ -4,6 +4,8 @@ fails the candidate, CUDA IPC maps only the slots. Sizes are tiny: the candidate
 
 import json
 import multiprocessing.resource_sharer
+import subprocess
+import sys
 import time
 
 import pytest
@@ -26,7 +28,9 @@ def run_box(fn, **kw):
 
 @pytest.fixture
 def out_dir(tmp_path, monkeypatch):
+    """Where the bad kernels note what they did: writable for them (the owner's GEMMLAB_SANDBOX_WRITABLE)."""
     monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(tmp_path))
     return tmp_path
 
 
@@ -264,7 +268,7 @@ def test_cuda_ipc_shares_only_the_slots():
 # -------------------------------------------------------------------------------------------- the report
 
 
-def _grade_cli(*args, env, timeout=300):
+def grade_cli(*args, env, timeout=300):
     """`gemmlab grade` in a subprocess; None if it hangs past ``timeout`` (killed)."""
     import os
     import subprocess
@@ -287,8 +291,9 @@ def _grade_cli(*args, env, timeout=300):
 def test_the_report_is_never_written_through_what_the_candidate_placed(tmp_path, mode, code, words):
     out, victim = tmp_path / "out", tmp_path / "victim.txt"
     victim.write_text("precious")
-    r = _grade_cli("--cases", TINY, "--kernel", f"{BOX}:sabotages_report", "--output-dir", str(out),
-                   env={"BAD_REPORT_DIR": str(out), "BAD_REPORT_MODE": mode, "BAD_VICTIM": str(victim)})
+    r = grade_cli("--cases", TINY, "--kernel", f"{BOX}:sabotages_report", "--output-dir", str(out),
+                   env={"BAD_REPORT_DIR": str(out), "BAD_REPORT_MODE": mode, "BAD_VICTIM": str(victim),
+                        "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path)})  # as where no Landlock domain stops it
     assert r is not None, "the grader hung"
     assert r.returncode == code, (r.returncode, r.stderr[-2000:])
     assert victim.read_text() == "precious"
@@ -326,3 +331,15 @@ def test_landlock_with_cuda(out_dir, monkeypatch):
     reach = json.loads((out_dir / "reach.json").read_text())
     assert all(v is not True and v != "none" for v in reach.values()), reach
     assert r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]
+
+
+def test_cpu_children_compute_on_one_thread(monkeypatch):
+    """Without CUDA both sides get pools of one thread (a main thread waiting on a pool would read as held off the
+    CPU); with CUDA the owner's settings pass through unchanged."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    cpu, gpu = sandbox_box.child_env(True), sandbox_box.child_env(False)
+    assert all(cpu[v] == "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"))
+    assert gpu["OMP_NUM_THREADS"] == "7" and "TRITON_INTERPRET" not in gpu
+    code = "import torch; print(torch.get_num_threads())"
+    out = subprocess.run([sys.executable, "-c", code], env=cpu, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "1", out.stderr

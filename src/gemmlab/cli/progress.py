@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from rich.console import Console
+from rich.markup import escape
 
 
 class Steps:
@@ -39,7 +40,7 @@ class Steps:
 
     def _show(self, msg: str) -> None:
         if self.bar is not None:
-            self.bar.update(self.task, completed=self.done, description=f"{self.label}: {msg}")
+            self.bar.update(self.task, completed=self.done, description=escape(f"{self.label}: {msg}"))
         elif self.seconds:
             self.console.print(f"{self.label} {self.done:.0f}/{self.total:.0f} s: {msg}", markup=False,
                                highlight=False, soft_wrap=True)

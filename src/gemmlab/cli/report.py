@@ -13,7 +13,7 @@ from gemmlab.cli.ledger import reading
 
 
 def report_cmd(
-    dirs: Annotated[list[str], typer.Argument(help="directories (or files) holding gemmlab's JSON reports")],
+    dirs: Annotated[list[str], typer.Argument(help="directories (or files) holding gemmlab's results")],
     output_file: Annotated[str, typer.Option("--output", help="the HTML page to write")] = "report.html",
     ledger: Annotated[str | None, typer.Option(help="also draw this ledger's history curves")] = None,
     docs: Annotated[str | None, typer.Option(help="instead of the page: write the results pages (Markdown) of one "
@@ -22,11 +22,11 @@ def report_cmd(
     check: Annotated[bool, typer.Option("--check", help="--docs: write nothing; exit 1 if a page or the headline "
                                                         "differs from what the data gives")] = False,
 ) -> None:
-    """One self-contained HTML page from every JSON report under DIRS.
+    """One self-contained HTML page from every file under DIRS.
 
-    Inline CSS and SVG, no network: bench
-    tables with ratio plots, eager against graph, MoE, the roofline, the ledger's history, grades and their
-    coverage, the device profile; files of an unknown kind are listed. With --docs: the documentation's results
+    Inline CSS and SVG, no network: bench tables with ratio plots, eager against graph, MoE, the roofline, the
+    ledger's history, grades and their coverage, the device profile; every other file is listed with the reason
+    it is not drawn. With --docs: the results
     pages from DIR and its index.json, every table captioned with its GPU, clocks, versions, git SHA and date."""
     from pathlib import Path
 
@@ -46,7 +46,7 @@ def report_cmd(
             extra.append((f"ledger {ledger}", json.loads(db.export("json"))))
     page, found = html.build(dirs, extra)
     Path(output_file).write_text(page)
-    print(f"wrote {output_file}: {len(found)} JSON file(s), " + ", ".join(
+    print(f"wrote {output_file}: {len(found)} file(s), " + ", ".join(
         f"{n} {k}" for k, n in sorted(html.count_kinds(found).items())), file=sys.stderr)
 
 

@@ -96,6 +96,8 @@ class Grader:
                             self.watch.env("candidate"))
         self.base = Sandbox(op.baseline, op.baseline_signature, op.layout, timeout, self.interpret, self.log_dir,
                             self.watch.env("baseline"), name="baseline")
+        if self.cand.triton_cache:  # a Landlock sandbox compiles into a cache of its own
+            self.watch.triton_caches.append(self.cand.triton_cache)
 
     def _recorded(self) -> list[str]:
         """What the observers recorded against the candidate so far (kept after it is gone)."""

@@ -205,6 +205,7 @@ class Watch:
 
         self.device_type, self.allow_vendor, self.log_dir = device_type, allow_vendor, log_dir
         self.triton = triton_names(source_files(kernel))
+        self.triton_caches = [triton_cache()]  # where Triton compiled for the candidate (grader.py adds its own)
         self.findings: list[str] = []  # the candidate's vendor kernels and the observer's problems, once each
         self.kernels: dict[str, list] = {}  # name -> [category, family, times it ran], over the candidate's answers
         self.refused: dict[str, int] = {}
@@ -253,7 +254,9 @@ class Watch:
         ep = ch.epoch(keeper)
         if who != "candidate":
             return sorted(ep.names)
-        self.triton |= compiled_by_triton([n for n in ep.names if n not in self.triton and _GEMM_CLASS.search(n)])
+        unknown = [n for n in ep.names if n not in self.triton and _GEMM_CLASS.search(n)]
+        for cache in self.triton_caches:
+            self.triton |= compiled_by_triton(unknown, Path(cache))
         vendor, problems, unknown = assess(ep, calls, self.triton)
         for finding in vendor + hello_problems(ch.hello) + problems:
             if finding not in self.findings:

@@ -12,13 +12,16 @@
    boost clock and the ratio measured bursts); L2 flushed from the grader's process; synced. No call sees inputs
    another call saw, so nothing can be memoized, and each call's inputs are cold. The MoE weights, too large to
    redraw, are the exception: fixed for the run, as in inference.
-3. The window (``window``): the worker is woken (it is stopped between its batches, so nothing it does can
-   start before the inputs are final: at most the wake-up, reported per side as ``wake_ms_by_side``, lies
-   between its waking and t0); t0 = the grader's ``time.perf_counter()``; the worker is asked to run the N calls
+3. The window (``window``): the worker is stopped between its batches, so nothing it does can start before the
+   inputs are final; every check and restore of waking it is done while it is still frozen (``Sandbox.ready``),
+   then t0 = the grader's ``time.perf_counter()``, then it is woken (``Sandbox.wake``: signals and the cgroup
+   only; its cost, inside the window, is reported per side as ``wake_ms_by_side``), so that nothing the worker
+   does lies before t0 (a thread of a candidate that computed the batch while the grader was still waking it, as
+   it once could, is timed); the worker is asked to run the N calls
    back to back between two device syncs (``instruments.timing.time_calls``, no flush) and answers; the grader
    reads a secret random sample of every output into its own memory and syncs; t1; the worker is stopped
-   again. A child that answers before its work is done gains nothing: the batch fails unless every sampled
-   value equals the final output.
+   again (after a check that no process of it stays stopped). A child that answers before its work is done gains
+   nothing: the batch fails unless every sampled value equals the final output.
 4. After the window, nothing reaching the child (``verify``): every input is compared with its private copy
    (regenerated from its seed), and the calls to verify (all for GEMM, a secret ``op.verify_per_batch`` for
    MoE) are checked against references computed from the private copies: max error and honest arithmetic
@@ -87,7 +90,7 @@ class Window:
 class Side:
     name: str
     windows: list = field(default_factory=list)  # host (t0, t1) of its timed batches, for the clock sampler
-    wake_ms: list = field(default_factory=list)  # how long waking it took before each window (the device idle)
+    wake_ms: list = field(default_factory=list)  # how long waking it took, at the start of each window
 
 
 def heater(device: torch.device, size: int = 4096):
@@ -195,13 +198,15 @@ class Timing:
     def window(self, box, side: Side | None, idx: torch.Tensor, fn: str = "kernel") -> Window:
         """Step 3: one timed batch of ``box``, woken right before its window and stopped right after."""
         try:  # waking and stopping may fail too (the sandbox checks its processes): the window's own failure
-            woken = time.perf_counter()
-            box.thaw()  # both workers are stopped between their batches, and woken alike, right before t0
+            box.ready()  # both workers are frozen between their batches: every check of waking done before t0
             t0 = time.perf_counter()
+            box.wake()  # inside the window: nothing the worker does comes before t0
+            woken = time.perf_counter()
             reply = box.request("run", order=list(range(self.n)), fn=fn)
             sample = self.outs[:, idx].clone()  # reading the outputs back ends the batch
             sync(self.dev)
             t1 = time.perf_counter()
+            box.running()
             self.g.observe(box, self.n if fn == "kernel" else 0, batch=True)  # before the freeze: it answers
             box.freeze()
         except (WorkerFailure, CandidateError) as e:
@@ -210,7 +215,7 @@ class Timing:
             raise Failed("isolation", f"raised {e}" if isinstance(e, CandidateError) else str(e)) from e
         if side is not None:
             side.windows.append((t0, t1))
-            side.wake_ms.append((t0 - woken) * 1e3)
+            side.wake_ms.append((woken - t0) * 1e3)
         return Window((t1 - t0) * 1e3 / self.n, reply, sample, idx)
 
     def batch(self, box, side: Side | None, kind: str, fn: str = "kernel") -> Window:

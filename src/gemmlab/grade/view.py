@@ -1,4 +1,10 @@
-"""Rendering a grade report: tables (the terminal, the HTML page), report.json, report.md and report.csv on disk."""
+"""Rendering a grade report: tables (the terminal, the HTML page), report.json, report.md and report.csv on disk.
+
+Much of a report's text comes from the candidate (its exceptions, its log, the kernel names it reports) or from the
+user (the kernel's spec, case names): every such string reaches a table as data (``_text``: rich markup escaped, so
+"[/b]" is neither a style nor a MarkupError, and ``printable``: no terminal escape sequence), report.md as
+``printable`` text.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,16 @@ import json
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from gemmlab import output, provenance
 from gemmlab.output import Table, long_row
+from gemmlab.sandbox.replies import printable
+
+
+def _text(x) -> str:
+    """A report's string as table data: printable, its rich markup escaped."""
+    return escape(printable(str(x)))
 
 
 def _status(status: str) -> str:
@@ -70,14 +83,14 @@ def summary_line(report: dict) -> str:
 
 def tables(report: dict) -> list[Table]:
     """Correctness per case, the performance case, the dispatch coverage matrix; the verdict under the last."""
-    t = Table(f"gemmlab grade: {report['cases_name']} ({report['layout']}, {report['dtype']}) — "
-              f"kernel {report['kernel']} on {report['env'].get('gpu') or report['device']}",
+    t = Table(_text(f"gemmlab grade: {report['cases_name']} ({report['layout']}, {report['dtype']}) — "
+                    f"kernel {report['kernel']} on {report['env'].get('gpu') or report['device']}"),
               ("case", report.get("dims", "M x N x K"), "status", "max |err|", "tolerance", "path / kernels",
                "reason"))
     for c in report["correctness"]:
-        t.rows.append([c["name"], _shape(c["shape"]), _status(c["status"]),
-                       _fmt(c["max_abs_err"]), _fmt(c["tolerance"]), ", ".join(c["paths"] + c["kernels"][:2]),
-                       (f"[{c['rule']}] " if c["rule"] else "") + c["reason"]])
+        t.rows.append([_text(c["name"]), _shape(c["shape"]), _status(c["status"]),
+                       _fmt(c["max_abs_err"]), _fmt(c["tolerance"]), _text(", ".join(c["paths"] + c["kernels"][:2])),
+                       _text((f"[{c['rule']}] " if c["rule"] else "") + c["reason"])])
     out = [t]
     perf = report["performance"]
     if perf:
@@ -85,21 +98,21 @@ def tables(report: dict) -> list[Table]:
                   "L2 flushed, fresh inputs every call)",
                   ("case", report.get("dims", "M x N x K"), "status", "median ms", "TFLOPS", "baseline TFLOPS",
                    "ratio", "SM MHz", "reason"))
-        p.rows.append([perf["name"], _shape(perf["shape"]), _status(perf["status"]),
+        p.rows.append([_text(perf["name"]), _shape(perf["shape"]), _status(perf["status"]),
                        _fmt(perf.get("median_ms"), ".4g"), _fmt(perf.get("tflops"), ".1f"),
                        _fmt(perf.get("baseline_tflops"), ".1f"), _fmt(perf.get("ratio"), ".3f"),
                        _fmt(perf.get("clocks", {}).get("sm_clock_mhz_mean"), ".0f"),
-                       (f"[{perf['rule']}] " if perf["rule"] else "") + perf["reason"]])
+                       _text((f"[{perf['rule']}] " if perf["rule"] else "") + perf["reason"])])
         out.append(p)
     rows, cols, cells = coverage(report)
     if rows:
-        m = Table("dispatch coverage (what ran in each case)", ["path / kernel", *cols])
-        m.rows = [[r[:60], *("x" if cells.get((r, c)) else "" for c in cols)] for r in rows]
+        m = Table("dispatch coverage (what ran in each case)", ["path / kernel", *map(_text, cols)])
+        m.rows = [[_text(r[:60]), *("x" if cells.get((r, c)) else "" for c in cols)] for r in rows]
         out.append(m)
     if report["listed_correctness_passed"] and report["verdict"] != "PASS":
         out[-1].notes.append("[yellow]The listed correctness cases all passed (what the original grader checked); "
                              "a rule beyond them failed.")
-    out[-1].notes.append(summary_line(report))
+    out[-1].notes.append(_text(summary_line(report)))
     return out
 
 
@@ -145,7 +158,7 @@ def markdown(report: dict) -> str:
                   f"{_fmt(perf.get('baseline_tflops'), '.1f')} | "
                   f"{_fmt(perf.get('ratio'), '.3f')} | {perf['reason']} |"]
     lines += ["", summary_line(report), ""]
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 def clear(out_dir: str) -> None:

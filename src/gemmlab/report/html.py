@@ -1,4 +1,5 @@
-"""``gemmlab report``: one self-contained HTML page (inline CSS and SVG, no network) from gemmlab's JSON reports.
+"""``gemmlab report``: one self-contained HTML page (inline CSS and SVG, no network) from the files under some
+directories (gemmlab's JSON reports drawn, every other file listed with the reason).
 
     build(paths, extra=[(label, data)]) -> (html, [Found])
 
@@ -6,8 +7,9 @@ Sections, each drawn from the reports of its kind (``collect.kind_of``) by the m
 profile and its roofline (with every ``bench gemm`` point), the GEMM benchmarks with their ratio plots, eager
 calls against CUDA-graph replays (``bench gemm`` pairs and ``bench layer``), the MoE benchmarks against their
 peers, whole models' tokens per second (``bench model``), the MoE GEMM table, stable and expert-parallel
-benchmarks, tune sessions, grades (verdict, cases, coverage matrix), the ledgers' history curves, and every
-other file listed by name. A report that cannot be drawn says why in its place; the page is still written.
+benchmarks, tune sessions, grades (verdict, cases, coverage matrix), the ledgers' history curves, the older
+results' layouts (``legacy``), and every other file listed with the reason it is not drawn and index.json's line
+for it. A report that cannot be drawn says why in its place; the page is still written.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from html import escape
 
 from gemmlab import provenance
 from gemmlab.output import Table, plain
-from gemmlab.report import svg
+from gemmlab.report import legacy, svg
 from gemmlab.report.collect import Found, collect
 
 CSS = """
@@ -42,7 +44,18 @@ LAYOUT_JS = """<script>(function () {
     return {x: r.left + window.scrollX, y: r.top + window.scrollY, w: r.width, h: r.height}; }
   var figures = [].map.call(document.querySelectorAll("figure.plot svg"), function (s) {
     var b = box(s); b.name = s.parentNode.getAttribute("data-plot");
-    var frame = s.querySelector("rect.frame"); b.plot = frame ? box(frame) : null; return b; });
+    var frame = s.querySelector("rect.frame"); b.plot = frame ? box(frame) : null;
+    b.size = [+s.getAttribute("width"), +s.getAttribute("height")];  // the chart's own units from here on
+    b.frame = frame ? ["x", "y", "width", "height"].map(function (k) { return +frame.getAttribute(k); }) : null;
+    b.texts = [].map.call(s.querySelectorAll("text"), function (t) {  // each label's drawn box, rotation applied
+      var r = t.getBBox(), m = t.getCTM(), p = s.createSVGPoint();
+      var quad = [[r.x, r.y], [r.x + r.width, r.y], [r.x + r.width, r.y + r.height], [r.x, r.y + r.height]];
+      return {cls: t.getAttribute("class"), text: t.lastChild.nodeValue,
+              quad: quad.map(function (c) { p.x = c[0]; p.y = c[1]; var q = p.matrixTransform(m);
+                                            return [q.x, q.y]; })}; });
+    b.marks = [].map.call(s.querySelectorAll(".mark"), function (e) {  // bars and points
+      var r = e.getBBox(); return [r.x, r.y, r.width, r.height]; });
+    return b; });
   var tables = [].map.call(document.querySelectorAll("table.data"), function (t) {
     return {source: t.getAttribute("data-source"), title: t.caption ? t.caption.textContent : "",
             expected: +t.getAttribute("data-rows"), rendered: t.tBodies[0].rows.length, h: box(t).h}; });
@@ -52,14 +65,16 @@ LAYOUT_JS = """<script>(function () {
   document.body.appendChild(out);
 })();</script>"""
 SECTIONS = (("device", "Device profile and roofline", ("device-profile", "device-health", "roofline")),
-            ("gemm", "GEMM benchmarks", ("gemm-bench",)), ("graph", "Eager calls against CUDA graphs", ()),
-            ("moe", "MoE against its peers", ("moe-bench", "moe-liger-bench")),
+            ("gemm", "GEMM benchmarks", ("gemm-bench", "gemm-vs-cublas")),
+            ("graph", "Eager calls against CUDA graphs", ()),
+            ("moe", "MoE against its peers", ("moe-bench", "moe-liger-bench", "moe-sweep")),
             ("model", "Whole models: tokens per second", ("whole-model-bench",)),
-            ("table", "MoE GEMM table, stability, checks", ("table", "stable-bench", "check", "moe-ep-bench")),
+            ("table", "MoE GEMM table, stability, checks, host cost", ("table", "stable-bench", "check", "moe-ep-bench",
+                                                                      "clock-order", "host-cost", "grade-gap",
+                                                                      "inspect")),
             ("profile", "Hardware counters (gemmlab profile, ncu)", ("ncu-profile", "profile-diff")),
-            ("tune", "Tune sessions", ("tune",)), ("grade", "Grades", ("grade",)), ("ledger", "Ledger history",
-                                                                                    ("ledger",)),
-            ("other", "Other files", ()))
+            ("tune", "Tune sessions", ("tune",)), ("grade", "Grades", ("grade", "grade-repeat")),
+            ("ledger", "Ledger history", ("ledger",)), ("other", "Files listed, not drawn", ()))
 
 
 def _cell(cell: object) -> str:
@@ -154,7 +169,7 @@ def _moe(f: Found, _all) -> str:
 
     rows = moe.rows(f.data)
     mine = [r for r in rows if r["backend"] == "gemmlab"]
-    cats = [f"{r['part'][:4]} T={r['T']} {r['routing'][:4]}" for r in mine]
+    cats = [f"{r['model']} {r['part']} T={r['T']} {r['routing']}" for r in mine]
     peers = [b for b in dict.fromkeys(r["backend"] for r in rows) if b not in ("gemmlab",)]
     series = {"gemmlab vs " + (mine[0]["baseline"] if mine else "baseline"): [r["ratio"] for r in mine]}
     if any(r["ratio_vs_liger"] is not None for r in mine):
@@ -293,6 +308,12 @@ def _ledger(f: Found, _all, curves: int = 2) -> str:
     return "".join(out) + table_html(view.summary_table(entries, f"{len(entries)} entries by shape"), f.path)
 
 
+def _legacy(f: Found, _all) -> str:
+    drawn = legacy.DRAW[f.kind](f.data, f.path)
+    return ((_meta(drawn.env) if drawn.env else "") + "".join(figure(c, name, cap) for c, name, cap in drawn.charts)
+            + "".join(table_html(t, f.path) for t in drawn.tables))
+
+
 RENDER = {"gemm-bench": _gemm, "moe-bench": _moe, "moe-liger-bench": _liger, "model-bench": _model,
           "whole-model-bench": _whole_model, "tune": _tune,
           "grade": _grade,
@@ -300,7 +321,7 @@ RENDER = {"gemm-bench": _gemm, "moe-bench": _moe, "moe-liger-bench": _liger, "mo
           "table": _tables_of("gemmlab.bench.table"), "stable-bench": _tables_of("gemmlab.bench.stable"),
           "check": _tables_of("gemmlab.bench.check"), "moe-ep-bench": _tables_of("gemmlab.bench.moe_ep"),
           "ncu-profile": _tables_of("gemmlab.instruments.ncu_view"),
-          "profile-diff": _tables_of("gemmlab.instruments.ncu_view")}
+          "profile-diff": _tables_of("gemmlab.instruments.ncu_view"), **dict.fromkeys(legacy.DRAW, _legacy)}
 
 
 def _render(f: Found, found: list[Found]) -> str:
@@ -313,11 +334,9 @@ def _render(f: Found, found: list[Found]) -> str:
 
 
 def _other(found: list[Found]) -> str:
-    t = Table(f"{len(found)} file(s) of no known kind", ("file", "kind", "what it holds"))
-    for f in found:
-        what = f.error or (", ".join(list(f.data)[:10]) if isinstance(f.data, dict) else
-                           f"{type(f.data).__name__} of {len(f.data) if hasattr(f.data, '__len__') else '?'}")
-        t.rows.append([f.path, f.kind, what])
+    """Every file not drawn, with the reason, and what the results' index says it is."""
+    t = Table(f"{len(found)} file(s) listed, not drawn", ("file", "kind", "why not drawn", "what it is (index.json)"))
+    t.rows = [[f.path, f.kind, f.reason or f"no chart for a {f.kind} report", f.about or "-"] for f in found]
     return table_html(t, "other")
 
 
@@ -329,7 +348,7 @@ def count_kinds(found: list[Found]) -> dict[str, int]:
 
 
 def build(paths, extra=()) -> tuple[str, list[Found]]:
-    """The page from every JSON file under ``paths``, plus ``extra`` (label, data) reports (a ledger's export)."""
+    """The page from every file under ``paths``, plus ``extra`` (label, data) reports (a ledger's export)."""
     from gemmlab.report.collect import kind_of
 
     found = collect(paths) + [Found(label, kind_of(data), data) for label, data in extra]
@@ -347,7 +366,7 @@ def build(paths, extra=()) -> tuple[str, list[Found]]:
             parts.append(f'<h2 id="{key}">{escape(title)}</h2>{body}')
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>gemmlab report</title>'
-            f'<style>{CSS}</style></head><body><h1>gemmlab report</h1><p class="meta">{len(found)} JSON file(s) from '
+            f'<style>{CSS}</style></head><body><h1>gemmlab report</h1><p class="meta">{len(found)} file(s) from '
             f'{escape(", ".join(map(str, paths)))}; generated {now} by gemmlab {escape(provenance.version())}</p>'
             f'<nav>{"".join(nav)}</nav>{"".join(parts)}{LAYOUT_JS}</body></html>')
     return page, found

@@ -7,16 +7,19 @@
     box.request("call", slot=0, profile=True)            # one call on slot 0; names of what ran
     box.request("run", order=[0, 1, 2], fn="kernel")     # calls back to back between two device syncs
     box.freeze() / box.thaw()                            # stop / wake everything the child started, checked
+    box.ready(); t0 = now(); box.wake()                  # a timed window: the checks before t0, only waking after
     box.close()          # kill every process the child started; returns only when all are gone
 
 What each guard enforces (Linux; CPU and GPU alike unless said):
 - Process: the child is ``python .../sandbox/keeper.py``, started in a new session. The keeper joins the
   sandbox's freezer cgroup (``contain.Freezer``) and, where asked, a Landlock domain of its own (``keeper``: no
-  signal, ptrace or /proc/PID/mem access to any process outside it, root or not; on by default on the CPU,
-  ``GEMMLAB_SANDBOX_LANDLOCK=1`` turns it on with CUDA too, ``=0`` off; Linux 6.12+), then forks: it only waits,
-  the candidate runs in its child (``serve``). ``os.kill(os.getppid(), 9)`` kills the keeper, which the owner
-  notices (``WorkerFailure``).
-  stdin is /dev/null, stdout and stderr go to ``log``; the cwd is the owner's temp directory.
+  signal, ptrace or /proc/PID/mem access to any process outside it, Linux 6.12+; no file written by path outside the
+  sandbox's scratch directory, ``/dev/shm`` and the devices, Linux 5.13+; root or not; on by default on the CPU,
+  ``GEMMLAB_SANDBOX_LANDLOCK=1`` turns it on with CUDA too, ``=0`` off; ``GEMMLAB_SANDBOX_WRITABLE`` (the owner's,
+  ``os.pathsep``-separated) names more writable directories), then forks: it only waits, the candidate runs in its
+  child (``serve``). ``os.kill(os.getppid(), 9)`` kills the keeper, which the owner notices (``WorkerFailure``).
+  stdin is /dev/null, stdout and stderr go to ``log``; the cwd and ``$TMPDIR`` are the scratch directory (with
+  Landlock also ``$TRITON_CACHE_DIR``: a cache of its own, so the shared one is never the candidate's).
 - Membership (``members``): the cgroup's processes, every process of the child's session, every descendant of
   the keeper and, for an untrusted sandbox, every child of the owner it did not start itself (the owner is a child
   subreaper, so an orphan of the candidate becomes the owner's child, not init's). A trusted sandbox (a builtin or
@@ -26,13 +29,18 @@ What each guard enforces (Linux; CPU and GPU alike unless said):
   every member stopped. A sandbox that cannot be frozen within ``FREEZE_S`` fails (``WorkerFailure``).
 - While a sandbox is frozen, the others' windows check that it used no CPU (cgroup v2 ``cpu.stat``, else the
   schedstat of its threads): a process of it that ran anyway fails it (the baseline's window is the baseline's).
-- Scheduling: ``freeze`` records every thread's policy, nice value and cgroups, and fails a sandbox that raised its
-  own priority (a real-time policy, a nice value below the owner's); ``thaw`` fails it if any of them changed
+- Scheduling: ``freeze`` records every thread's policy, nice value, cgroups and autogroup (``/proc/PID/autogroup``,
+  which any process of the owner's user can write where no Landlock domain stops it), and fails a sandbox that
+  raised its own priority (a real-time policy, a nice value below the owner's); ``thaw`` fails it if any of them changed
   while it was held (a held process cannot change itself: another process did; before its first freeze, against
-  the owner's values), then gives every thread the owner's policy, nice value and CPU affinity back. So a
+  the owner's values), then gives every thread the owner's policy, nice value and CPU affinity back (and every
+  process the owner's autogroup nice value). So a
   baseline set to SCHED_IDLE or nice 19 by the candidate FAILs the candidate.
-- Thaw (``thaw``): SIGCONT goes out before the cgroup thaws (it drops a SIGSTOP queued while frozen); thaw
-  returns once no member is stopped.
+- Thaw (``thaw`` = ``ready``, ``wake``, ``running``): ``ready`` does every check and restore while the sandbox is
+  still frozen; ``wake`` only sends SIGCONT (first: it drops a SIGSTOP queued while frozen) and thaws the cgroup, so
+  a timed window opens between the two and holds the whole wake-up (nothing of the sandbox runs before t0: a thread
+  of it that worked while the owner was still busy waking it, before t0, was timed at a fraction of its work);
+  ``running`` returns once no member is stopped.
 - Progress: a trusted sandbox reports how long its main thread was neither running nor runnable during a timed
   batch; more than ``HELD_MS`` + ``HELD_SHARE`` of the batch means something stopped it (``WorkerFailure``).
 - Channel (``sandbox.wire``): JSON both ways over a socketpair, descriptors of shared CPU memory beside it
@@ -57,12 +65,13 @@ import weakref
 from pathlib import Path
 
 from gemmlab.sandbox import contain, share, wire
-from gemmlab.sandbox.replies import checked
+from gemmlab.sandbox.replies import checked, printable
 
 MAX_REPLY_BYTES = 1 << 24  # a reply longer than this is refused (a child cannot make the owner buffer gigabytes)
 PR_SET_CHILD_SUBREAPER = 36
 FREEZE_S = 5.0  # a sandbox not frozen (every member stopped) within this fails
 FROZEN_CPU_NS = 1_000_000  # CPU a frozen sandbox may show during another's window (accounting slack)
+LOG_TAIL_BYTES = 1 << 16  # of a worker's log, read to quote its end
 HELD_MS, HELD_SHARE = 1.0, 0.25  # a trusted sandbox's main thread may be off the run queue this long in a batch
 _OWN_CHILDREN: set[int] = set()  # pids of processes the owner started (keepers): never treated as orphans
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # launched sandboxes (each window checks the frozen others)
@@ -89,13 +98,16 @@ def _prctl(option: int, value: int) -> bool:
 
 def child_env(interpret: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: the owner's, this gemmlab first on PYTHONPATH, the interpreter flag, and
-    ``extra`` (the one place where LD_PRELOAD and friends are added)."""
+    ``extra`` (the one place where LD_PRELOAD and friends are added). Without CUDA both sides compute on one CPU
+    thread (torch's and the BLAS's pools of one): a main thread that waits on a pool sleeps, and on a busy machine
+    that sleep read as the baseline held off the CPU (the off-CPU check, ``HELD_MS``)."""
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([src, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
     env.pop("TRITON_INTERPRET", None)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
+        env.update({v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
     env.update(extra or {})
     return env
 
@@ -113,6 +125,9 @@ class Sandbox:
         self.timeout, self.interpret, self.extra_env, self.name = timeout, interpret, extra_env, name
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gemmlab-grade-")
         self.log = str(Path(self.log_dir) / f"{name}.log")
+        # the only directory the sandbox may write below, where Landlock is on (its cwd, $TMPDIR, its Triton cache)
+        self.scratch = Path(self.log_dir) / f"{name}.scratch"
+        self.triton_cache = str(self.scratch / "triton-cache") if self.landlock else None
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.freezer: contain.Freezer | None = None
@@ -121,6 +136,7 @@ class Sandbox:
         self._hello_by: float | None = None  # loading must be done by then (monotonic clock)
         self._others: dict = {}  # frozen sandboxes -> their CPU ns when this one's window opened
         self._seen: dict | None = None  # the threads' scheduling when last frozen (contain.sched_seen)
+        self._waking: set[int] | None = None  # the members ``ready`` found, for ``wake``
         self.frozen = False
         self.starts = 0
         self.failed: str | None = None  # once set, the sandbox is gone for good (loading happens once)
@@ -148,13 +164,17 @@ class Sandbox:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         self.freezer, self._seen, self._others = contain.Freezer.make(self.name), None, {}
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.scratch.mkdir(exist_ok=True)
+        writable = [str(self.scratch), *[d for d in os.environ.get("GEMMLAB_SANDBOX_WRITABLE", "").split(os.pathsep)
+                                         if d]]  # the owner's environment: more directories, for tests
         args = ([str(theirs.fileno())] + (["--cgroup", self.freezer.procs_file] if self.freezer else [])
-                + (["--landlock"] if self.landlock else []))
+                + (["--landlock", *[a for d in writable for a in ("--writable", d)]] if self.landlock else []))
+        env = child_env(self.interpret, {"TMPDIR": str(self.scratch), **(self.extra_env or {}),
+                                         **({"TRITON_CACHE_DIR": self.triton_cache} if self.triton_cache else {})})
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("keeper.py")), *args], pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.log_dir, start_new_session=True,
-                env=child_env(self.interpret, self.extra_env))
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.scratch, start_new_session=True, env=env)
         theirs.close()
         _OWN_CHILDREN.add(self.proc.pid)
         _LIVE.add(self)
@@ -217,12 +237,15 @@ class Sandbox:
         raise WorkerFailure(reason) from cause
 
     def log_tail(self, chars: int = 600) -> str:
-        """The end of the child's output, without the profiler's chatter."""
+        """The end of the child's output, without the profiler's chatter: its last ``LOG_TAIL_BYTES`` only (the
+        child owns the file: one ftruncate makes it a terabyte long)."""
         try:
-            lines = Path(self.log).read_text(errors="replace").splitlines()
+            with open(self.log, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - LOG_TAIL_BYTES))
+                lines = f.read(LOG_TAIL_BYTES).decode(errors="replace").splitlines()
         except OSError:
             return ""
-        text = "\n".join(line for line in lines if not line.startswith("USDT:"))[-chars:].strip()
+        text = printable("\n".join(line for line in lines if not line.startswith("USDT:"))[-chars:].strip())
         return f"; its output ends: {text}" if text else ""
 
     # ------------------------------------------------------------------------------------- containment
@@ -289,19 +312,44 @@ class Sandbox:
         self._others = {}
 
     def thaw(self, wait_s: float = 1.0) -> None:
-        """Restore the scheduling of every thread (a change fails the sandbox), wake every process, and wait (up to
-        ``wait_s``) until none is stopped, so that waking up is not inside the next timed window."""
+        """``ready``, ``wake``, then ``running``: every process woken and none left stopped (outside a timed window)."""
+        self.ready()
+        self.wake()
+        self.running(wait_s)
+
+    def ready(self) -> None:
+        """The work of waking, done while the sandbox is still frozen (so none of it lies inside a timed window, and
+        nothing of the sandbox runs meanwhile): restore the scheduling of every thread (a change fails the sandbox),
+        note the members to wake and the CPU time of the other frozen sandboxes (its window checks they use none)."""
         if self.proc is None:
             return
         pids = self.members()
         now = contain.sched_seen(pids)
-        before = self._seen if self._seen is not None else {
-            t: (self.sched.policy, self.sched.nice, self._cgroups) for t in now}  # never frozen yet: as started
+        before = self._seen if self._seen is not None else {  # never frozen yet: as started (autogroup: restored)
+            t: (self.sched.policy, self.sched.nice, self._cgroups, None) for t in now}
         changed = contain.sched_changes(before, now) or self.sched.restore(pids)
         if changed:
             self._fail(f"the scheduling of the {self.name}'s processes was changed while it was held "
                        f"({'; '.join(changed[:3])}): another process reached them")
-        self._wake(pids)
+        self._waking = pids
+        self._others = {box: box.cpu_ns() for box in list(_LIVE) if box is not self and box.frozen}
+
+    def wake(self) -> None:
+        """Wake the members ``ready`` noted (SIGCONT, the cgroup thawed) and nothing more: in a timed window the
+        only step between t0 and the request, so that nothing the sandbox does after it was frozen lies before t0."""
+        if self.proc is None:
+            return
+        if self._waking is None:
+            self.ready()
+        self._wake(self._waking)
+        self._waking = None
+        self.frozen = False
+
+    def running(self, wait_s: float = 1.0) -> None:
+        """Wait (up to ``wait_s``) until no member is stopped, SIGCONT to each that is; one that stays stopped fails
+        the sandbox (held by a tracer)."""
+        if self.proc is None:
+            return
         deadline = time.monotonic() + wait_s
         while True:
             stopped = {p for p in self.members() if contain.state(p) in ("T", "t")}
@@ -312,8 +360,6 @@ class Sandbox:
                            "by another process?)")
             contain.signal_all(stopped, signal.SIGCONT)
             time.sleep(0.0005)
-        self.frozen = False
-        self._others = {box: box.cpu_ns() for box in list(_LIVE) if box is not self and box.frozen}
 
     def _wake(self, pids: set[int]) -> None:
         contain.signal_all(pids, signal.SIGCONT)  # first: it drops a SIGSTOP queued while frozen

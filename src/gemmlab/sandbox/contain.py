@@ -4,7 +4,8 @@
     descendants(roots, procs)    roots and everything below them
     state(pid)                   R, S, D, T, t, Z, ... ("" when gone)
     Freezer.make(tag)            a freezer cgroup of one sandbox, or None where none can be made here
-    Sched.of_owner()             the owner's scheduling (policy, nice, affinity), what every sandbox thread must have
+    Sched.of_owner()             the owner's scheduling (policy, nice, affinity, autogroup nice), what every sandbox
+                                 thread must have
     cpu_ns(pids)                 CPU time the threads of ``pids`` used so far (schedstat; ns)
 
 Freezer: cgroup v2 (``cgroup.freeze``, ``cgroup.kill``, ``cpu.stat``) where a cgroup2 hierarchy is writable, else the
@@ -211,28 +212,58 @@ def _rmdir(path: Path) -> None:
 # --------------------------------------------------------------------------------------------- scheduling
 
 
+def autogroup(pid: int | str) -> str | None:
+    """The autogroup line of a process ("/autogroup-N nice X"); None without autogroups (or when it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/autogroup").read_text().strip()
+    except OSError:
+        return None
+
+
+def autogroup_nice(line: str | None) -> int | None:
+    try:
+        return int(line.rsplit(" ", 1)[1]) if line else None
+    except (IndexError, ValueError):
+        return None
+
+
 @dataclass(frozen=True)
 class Sched:
-    """The owner's scheduling: what every thread of a sandbox gets back before each of its windows."""
+    """The owner's scheduling: what every thread of a sandbox gets back before each of its windows. With autogroups
+    (each session a scheduling group of its own, ``kernel.sched_autogroup_enabled``) the group's nice value weighs
+    the whole session: written by another process into ``/proc/PID/autogroup``, it slows a sandbox that no thread's
+    nice value shows."""
 
     policy: int
     nice: int
     affinity: frozenset
+    group_nice: int | None = None  # the owner's autogroup nice value (None: no autogroups)
 
     @classmethod
     def of_owner(cls) -> Sched:
-        return cls(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0), frozenset(os.sched_getaffinity(0)))
+        return cls(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0), frozenset(os.sched_getaffinity(0)),
+                   autogroup_nice(autogroup("self")))
 
     def raised(self, seen: dict[int, tuple]) -> list[str]:
-        """Threads in ``seen`` that run at a higher priority than the owner (a real-time policy, a lower nice)."""
+        """Threads in ``seen`` that run at a higher priority than the owner (a real-time policy, a lower nice, a lower
+        autogroup nice)."""
         rt = {getattr(os, n) for n in ("SCHED_FIFO", "SCHED_RR") if hasattr(os, n)}
-        return [f"thread {t}: {_policy(pol)}, nice {nice}" for t, (pol, nice, _) in seen.items()
-                if (pol & ~RESET_ON_FORK) in rt or nice < self.nice]
+        low = (lambda g: self.group_nice is not None and g is not None and g < self.group_nice)
+        return [f"thread {t}: {_policy(pol)}, nice {nice}, autogroup nice {autogroup_nice(ag)}"
+                for t, (pol, nice, _, ag) in seen.items()
+                if (pol & ~RESET_ON_FORK) in rt or nice < self.nice or low(autogroup_nice(ag))]
 
     def restore(self, pids) -> list[str]:
-        """Give every thread of ``pids`` this policy, nice value and affinity; returns the threads it could not."""
+        """Give every thread of ``pids`` this policy, nice value and affinity, and every process the owner's autogroup
+        nice value; returns the threads it could not."""
         failed = []
         for p in pids:
+            group = autogroup_nice(autogroup(p))
+            if self.group_nice is not None and group is not None and group != self.group_nice:
+                try:
+                    Path(f"/proc/{p}/autogroup").write_text(str(self.group_nice))
+                except OSError as e:
+                    failed.append(f"process {p}: autogroup nice {group}: {e.strerror}")
             for t in threads(p):
                 try:
                     if (os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t)) != (self.policy, self.nice):
@@ -251,29 +282,33 @@ def _policy(pol: int) -> str:
     return POLICIES.get(pol & ~RESET_ON_FORK, str(pol))
 
 
-def sched_seen(pids) -> dict[int, tuple[int, int, str | None]]:
-    """{thread: (policy, nice value, its /proc cgroup text; None for a zombie)} of every thread of ``pids``."""
+def sched_seen(pids) -> dict[int, tuple[int, int, str | None, str | None]]:
+    """{thread: (policy, nice value, its /proc cgroup text, its process's autogroup line; None for a zombie or
+    unknown)} of every thread of ``pids``."""
     out = {}
     for p in pids:
         zombie = state(p) == "Z"  # (a zombie has left its memory cgroup)
+        group = None if zombie else autogroup(p)
         for t in threads(p):
             try:
                 out[t] = (os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t),
-                          None if zombie else Path(f"/proc/{p}/task/{t}/cgroup").read_text())
+                          None if zombie else Path(f"/proc/{p}/task/{t}/cgroup").read_text(), group)
             except (ProcessLookupError, FileNotFoundError, PermissionError):
                 pass
     return out
 
 
 def sched_changes(before: dict[int, tuple], after: dict[int, tuple]) -> list[str]:
-    """Threads whose policy, nice value or cgroups differ between two ``sched_seen`` (a cgroup of None: unknown)."""
+    """Threads whose policy, nice value, cgroups or autogroup differ between two ``sched_seen`` (None: unknown)."""
     out = []
-    for t, (pol, nice, cg) in after.items():
+    for t, (pol, nice, cg, ag) in after.items():
         if t not in before:
             continue
-        pol0, nice0, cg0 = before[t]
+        pol0, nice0, cg0, ag0 = before[t]
         if (pol, nice) != (pol0, nice0):
             out.append(f"thread {t}: {_policy(pol)}, nice {nice} (was {_policy(pol0)}, nice {nice0})")
         elif cg is not None and cg0 is not None and cg != cg0:
             out.append(f"thread {t}: moved to other cgroups")
+        elif ag is not None and ag0 is not None and ag != ag0:
+            out.append(f"thread {t}: autogroup {ag!r} (was {ag0!r})")
     return out

@@ -2,15 +2,36 @@
 
     checked(op, reply, request) -> the fields of ``REPLIES[op]`` (or ``ERROR``), nothing else; ValueError naming the
                                    first field that is missing or of the wrong type or range
+    printable(text)             -> the text with every control, format and surrogate character replaced
 
 The child is the candidate's process, so a reply is hostile data: a field the owner reads unchecked (a list of
 kernel names that is an int, a time that is a string) would otherwise crash the grader. ``Sandbox`` turns the
 ValueError into a WorkerFailure: one line, the grade fails. A field added to a reply is read only once it is here.
+The strings it lets through are ``printable``: they land in the report, the terminal and report.md, where a
+terminal's escape sequences (clearing the verdict line, writing a forged one) or a lone surrogate (which no UTF-8
+stream can encode: the grader died writing its report) would otherwise act.
 """
 
 from __future__ import annotations
 
 import math
+import unicodedata
+
+_REPLACED = ("Cc", "Cf", "Cs", "Co")  # control (ESC, CR, ...), format (bidi overrides), surrogates, private use
+
+
+def printable(text: str) -> str:
+    """``text`` with every control, format, surrogate and private-use character but newline and tab replaced by
+    U+FFFD: safe on a terminal, in JSON and in any UTF-8 file."""
+    if text.isprintable():
+        return text
+    return "".join(c if c in "\n\t" or unicodedata.category(c) not in _REPLACED else "\ufffd" for c in text)
+
+
+def _clean(value):
+    if isinstance(value, str):
+        return printable(value)
+    return [_clean(v) for v in value] if isinstance(value, list) else value
 
 
 def _text(limit: int):
@@ -61,5 +82,5 @@ def checked(op: str, reply: dict, req: dict) -> dict:
             raise ValueError(f"field {name!r} is missing")
         if not test(reply[name]):
             raise ValueError(f"field {name!r} is {type(reply[name]).__name__}, not {what}")
-        out[name] = reply[name]
+        out[name] = _clean(reply[name])
     return out

@@ -6,10 +6,14 @@
     slots = rebuild(meta, fds)          # child: the same tensors, on the same memory
 
 What crosses, and what the child can reach through it:
-- CPU: each storage is moved into shared memory (torch's file-descriptor strategy, in place) and its descriptor
-  crosses the socketpair with the request (SCM_RIGHTS, ``wire.send``). The child maps those storages and nothing
-  else of the owner's; no listener is started in the owner (torch.multiprocessing would start multiprocessing's
-  resource sharer, which unpickles what any holder of the authkey sends it).
+- CPU: each storage is moved, in place, into a memfd of its own, sealed against shrinking and growing
+  (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``), and that descriptor crosses the socketpair with the request
+  (SCM_RIGHTS, ``wire.send``). The child maps those storages and nothing else of the owner's; no listener is started
+  in the owner (torch.multiprocessing would start multiprocessing's resource sharer, which unpickles what any
+  holder of the authkey sends it). The seals matter because the child owns the descriptor: on a plain shared-memory
+  file (torch's own strategy) ``ftruncate(fd, 0)`` in the child made the owner's next touch of the slot a SIGBUS,
+  which killed the grader; a sealed memfd refuses it (EPERM). A hole punched in it reads as zeros (the grade fails,
+  the grader lives).
 - CUDA: a storage crosses as its CUDA IPC handle, and a handle maps the whole cudaMalloc'd block the storage lives
   in: with the caching allocator, a segment that may hold other tensors of the owner (the grader's private copies of
   the inputs, its references). So every CUDA tensor to share must be allocated under ``slot_memory(device)``, a
@@ -21,6 +25,7 @@ What crosses, and what the child can reach through it:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 
 import torch
@@ -70,6 +75,29 @@ def _tensor_meta(t: torch.Tensor, index: dict[int, int]) -> dict:
             "size": list(t.shape), "stride": list(t.stride()), "offset": t.storage_offset()}
 
 
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+def _sealed_fd(st: torch.UntypedStorage) -> tuple[int, int]:
+    """(descriptor, bytes) of a CPU storage's memory, a memfd sealed against resizing; a storage not yet in one is
+    moved there first, in place (every tensor on it follows), so a storage bound to both workers is moved once."""
+    if st.is_shared():
+        fd, size = st._share_fd_cpu_()
+        if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS == SEALS:
+            return fd, size
+    n = st.nbytes()
+    memfd = os.memfd_create("gemmlab-slot", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(memfd, n)
+        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, SEALS)
+        mapped = torch.UntypedStorage._new_shared_fd_cpu(memfd, n)  # torch keeps a duplicate of the descriptor
+    finally:
+        os.close(memfd)
+    mapped.copy_(st)
+    st._swap_data_ptr_(mapped)  # st now lives in the memfd; ``mapped`` holds (and frees) the old memory
+    return st._share_fd_cpu_()
+
+
 def export(slots) -> tuple[dict, list[int]]:
     """Plain data describing ``slots`` and the descriptors to send with it (CPU storages); the storages are kept
     by the caller's tensors. Raises ValueError for a CUDA tensor outside ``slot_memory``."""
@@ -88,7 +116,7 @@ def export(slots) -> tuple[dict, list[int]]:
         if st.nbytes() == 0:
             metas.append({"kind": "empty", "device": str(st.device)})
         elif st.device.type == "cpu":
-            fd, size = st._share_fd_cpu_()
+            fd, size = _sealed_fd(st)
             metas.append({"kind": "fd", "fd": len(fds), "nbytes": size})
             fds.append(fd)
         elif st.device.type == "cuda":

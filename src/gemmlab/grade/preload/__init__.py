@@ -153,6 +153,7 @@ class Observation:
     exits: dict[int, str] = field(default_factory=dict)
     bypass: dict[str, int] = field(default_factory=dict)  # symbol -> processes that found a second cuBLAS copy
     malformed: int = 0
+    oversized: int | None = None  # bytes of a log too long to be the library's (rewritten): not read
 
 
 def parse_log(text: str) -> Observation:
@@ -193,10 +194,28 @@ def parse_log(text: str) -> Observation:
     return obs
 
 
+MAX_LOG_BYTES = 1 << 24  # the library writes a few lines per symbol and process: a longer log is not its own
+MAX_COUNTS_BYTES = 1 << 20  # the counter file: a header and 64 bytes per symbol
+
+
+def _bounded(path: Path, limit: int) -> tuple[bytes, int]:
+    """(the file's bytes, its size); nothing is read past ``limit`` (the child can make the file any size: one
+    ftruncate). A missing file reads as empty."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            return f.read(limit) if size <= limit else b"", size
+    except FileNotFoundError:
+        return b"", 0
+
+
 def read_log(path: str | Path) -> Observation:
-    """The log file after the child is gone; a missing file reads as an empty log (so: observer absent)."""
-    p = Path(path)
-    return parse_log(p.read_text(errors="replace") if p.exists() else "")
+    """The log file after the child is gone; a missing file reads as an empty log (so: observer absent); one over
+    ``MAX_LOG_BYTES`` is not read (``oversized``)."""
+    data, size = _bounded(Path(path), MAX_LOG_BYTES)
+    if size > MAX_LOG_BYTES:
+        return Observation(oversized=size)
+    return parse_log(data.decode(errors="replace"))
 
 
 @dataclass
@@ -212,8 +231,7 @@ class Counts:
 
 def read_counts(path: str | Path) -> Counts | None:
     """The counter file, or None if it is missing or not one (the library never mapped it)."""
-    p = Path(path)
-    data = p.read_bytes() if p.exists() else b""
+    data, _ = _bounded(Path(path), MAX_COUNTS_BYTES)
     if len(data) < 32 or data[:8] != b"GMLVG001":
         return None
     nsym, lost, bypassed = struct.unpack_from("<QQQ", data, 8)
@@ -232,7 +250,11 @@ def assess(obs: Observation, pid: int, token: str | None = None, counts: Counts 
     "absent": no ``loaded`` line from ``pid``, so nothing is known; "vendor": some GEMM call was recorded
     (forwarded or refused), or a GEMM entry point was looked up in a second copy of cuBLAS; "incomplete":
     loaded, none recorded, but no exit line with ``token`` (the child was killed, left with ``os._exit``, or
-    silenced the log); "clean": loaded, none recorded, exited properly."""
+    silenced the log); "clean": loaded, none recorded, exited properly. A log too long to be the library's
+    (``oversized``) was rewritten by the child: "vendor", as tampered with."""
+    if obs.oversized is not None:
+        return "vendor", (f"vendor_guard's log was tampered with: {obs.oversized} bytes long, not the library's "
+                          "(rewritten by the candidate's process)")
     if pid not in obs.loaded:
         return "absent", f"vendor_guard never loaded in pid {pid} (no 'loaded' line): vendor use unobserved"
     seen: dict[str, int] = {}
