@@ -87,29 +87,41 @@ def build(cache_dir: str | Path | None = None) -> Path:
     """Compile vendor_guard.c into ``cache_dir`` (default ``~/.cache/gemmlab/preload``) under a name keyed by
     the source and flags, and return the .so; a second call returns the cached file. ``$GEMMLAB_VENDOR_GUARD_SO``
     names a prebuilt library instead. Raises ``Unavailable`` with the reason otherwise."""
-    prebuilt = os.environ.get(PREBUILT_ENV)
+    return build_library(SOURCE, FLAGS, LIBS, PREBUILT_ENV, cache_dir)
+
+
+def build_library(source: Path, flags: tuple, libs: tuple, prebuilt_env: str, cache_dir: str | Path | None = None,
+                  includes: tuple = (), key_extra: bytes = b"") -> Path:
+    """The shared library built from ``source`` (one C file) by cc or gcc (``$CC``), cached under a name keyed by
+    the source, the flags, the include directories, ``key_extra`` and the machine; ``$prebuilt_env`` names a
+    prebuilt one instead. Built into a temporary name and renamed, so a concurrent build never sees half a library.
+    Raises ``Unavailable`` with the reason."""
+    prebuilt = os.environ.get(prebuilt_env)
     if prebuilt:
         if not Path(prebuilt).is_file():
-            raise Unavailable(f"${PREBUILT_ENV}={prebuilt}: no such file")
+            raise Unavailable(f"${prebuilt_env}={prebuilt}: no such file")
         return Path(prebuilt).resolve()
+    name = source.stem + ".so"
     wanted = os.environ.get("CC")
     cc = shutil.which(wanted) if wanted else shutil.which("cc") or shutil.which("gcc")
     if not cc:
-        raise Unavailable(f"no C compiler ({f'$CC={wanted}' if wanted else 'cc or gcc'}) to build vendor_guard.so")
-    key = hashlib.sha256(SOURCE.read_bytes() + repr((FLAGS, LIBS, platform.machine())).encode()).hexdigest()[:16]
+        raise Unavailable(f"no C compiler ({f'$CC={wanted}' if wanted else 'cc or gcc'}) to build {name}")
+    material = repr((flags, libs, platform.machine(), *([[str(d) for d in includes]] if includes else [])))
+    key = hashlib.sha256(source.read_bytes() + key_extra + material.encode()).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     out_dir = root if cache_dir else root / "gemmlab" / "preload"
-    out = out_dir / f"vendor_guard-{key}.so"
+    out = out_dir / f"{source.stem}-{key}.so"
     if out.is_file():
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), *LIBS], capture_output=True, text=True)
+        argv = [cc, *flags, *(f"-I{d}" for d in includes), "-o", tmp, str(source), *libs]
+        proc = subprocess.run(argv, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise Unavailable(f"{cc} failed to build vendor_guard.so: {proc.stderr.strip()[-400:]}")
-        os.replace(tmp, out)  # atomic: a concurrent build never sees half a library
+            raise Unavailable(f"{cc} failed to build {name}: {proc.stderr.strip()[-400:]}")
+        os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -14,16 +14,11 @@ both. Headers are looked for in ``$GEMMLAB_CUPTI_INCLUDE``, ``$CUDA_HOME``/``$CU
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from gemmlab.grade.preload import Unavailable
+from gemmlab.grade.preload import Unavailable, build_library
 
 SOURCE = Path(__file__).with_name("kernel_observer.c")
 # hidden visibility and -s (stripped): only the entry points are named, no symbol table leads to the key
@@ -80,37 +75,11 @@ def cupti_library() -> str | None:
 def build_observer(cache_dir: str | Path | None = None) -> Path:
     """Compile kernel_observer.c into ``cache_dir`` (default ``~/.cache/gemmlab/preload``) under a name keyed by
     the source, the flags and the headers, and return the .so (cached). Raises ``Unavailable`` with the reason."""
-    prebuilt = os.environ.get(PREBUILT_ENV)
-    if prebuilt:
-        if not Path(prebuilt).is_file():
-            raise Unavailable(f"${PREBUILT_ENV}={prebuilt}: no such file")
-        return Path(prebuilt).resolve()
-    wanted = os.environ.get("CC")
-    cc = shutil.which(wanted) if wanted else shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise Unavailable(f"no C compiler ({f'$CC={wanted}' if wanted else 'cc or gcc'}) to build kernel_observer.so")
+    if os.environ.get(PREBUILT_ENV):
+        return build_library(SOURCE, FLAGS, LIBS, PREBUILT_ENV, cache_dir)
     includes = include_dirs()
     version = (includes[0] / "cupti_version.h").read_bytes() if (includes[0] / "cupti_version.h").exists() else b""
-    key = hashlib.sha256(SOURCE.read_bytes() + version + repr((FLAGS, LIBS, platform.machine(),
-                                                                 [str(d) for d in includes])).encode()).hexdigest()[:16]
-    root = Path(cache_dir) if cache_dir else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    out_dir = root if cache_dir else root / "gemmlab" / "preload"
-    out = out_dir / f"kernel_observer-{key}.so"
-    if out.is_file():
-        return out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        argv = [cc, *FLAGS, *(f"-I{d}" for d in includes), "-o", tmp, str(SOURCE), *LIBS]
-        proc = subprocess.run(argv, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise Unavailable(f"{cc} failed to build kernel_observer.so: {proc.stderr.strip()[-400:]}")
-        os.replace(tmp, out)  # atomic: a concurrent build never sees half a library
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+    return build_library(SOURCE, FLAGS, LIBS, PREBUILT_ENV, cache_dir, tuple(includes), version)
 
 
 __all__ = ["build_observer", "cupti_library", "include_dirs"]
