@@ -79,7 +79,8 @@ def build_observer(cache_dir: str | Path | None = None) -> Path:
         return build_library(SOURCE, FLAGS, LIBS, PREBUILT_ENV, cache_dir)
     includes = include_dirs()
     version = (includes[0] / "cupti_version.h").read_bytes() if (includes[0] / "cupti_version.h").exists() else b""
-    return build_library(SOURCE, FLAGS, LIBS, PREBUILT_ENV, cache_dir, tuple(includes), version)
+    headers = SOURCE.with_name("siphash.h").read_bytes()  # included by the source: a change rebuilds it
+    return build_library(SOURCE, FLAGS, LIBS, PREBUILT_ENV, cache_dir, tuple(includes), headers + version)
 
 
 __all__ = ["build_observer", "cupti_library", "include_dirs"]
