@@ -7,6 +7,9 @@ fake implementations and autograd: they trace under torch.compile(fullgraph=True
     gemm_colmajor(A, B, C, M, N, K)    the competition signature (column-major buffers)
     plan(a, b, *, out=None) -> Plan    which path/config gemm runs; paths() lists them all
     gemm_ref(a, b)                     the float64 reference
+    gemm_fp8(a, b, a_scale, b_scale)   FP8 (e4m3) C = (A*a_scale) @ (B*b_scale): scales per tensor, row/col or block
+    quantize_fp8(x, granularity)       (q e4m3, scale fp32): per tensor, row, column or block (1x128, 128x128)
+    gemm_fp8_ref(a, b, a_scale, b_scale)   the float64 reference on the dequantized inputs
     route(logits, k) -> (weights, ids) top-k routing (softmax or sigmoid scores)
     grouped_gemm(x, w, offsets)        rows grouped by expert times each expert's weight, one launch
     moe_forward(x, w1, w2, weights, ids)   the MoE body: grouped gate/up + SiLU*up, down, weighted combine
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from gemmlab._version import __version__ as __version__
 from gemmlab.ops import custom as _ops  # noqa: F401  (registers torch.ops.gemmlab.*; imports no kernel)
+from gemmlab.ops import custom_fp8 as _ops_fp8  # noqa: F401  (registers torch.ops.gemmlab.gemm_fp8, quantize_fp8)
 from gemmlab.provenance import check_triton
 
 _EXPORTS = {
@@ -37,18 +41,22 @@ _EXPORTS = {
     "Plan": "gemmlab.ops.gemm", "paths": "gemmlab.ops.gemm", "gemm_ref": "gemmlab.ref",
     "route": "gemmlab.ops.moe", "grouped_gemm": "gemmlab.ops.moe", "moe_forward": "gemmlab.ops.moe",
     "pack_moe_weights": "gemmlab.ops.moe", "PackedMoE": "gemmlab.ops.moe", "patch": "gemmlab.nn",
+    "gemm_fp8": "gemmlab.ops.gemm_fp8", "quantize_fp8": "gemmlab.ops.quantize_fp8", "gemm_fp8_ref": "gemmlab.ref",
 }
 _MODULES = {"nn": "gemmlab.nn"}  # submodules that load on first use
-__all__ = ["GemmConfig", "PackedB", "PackedMoE", "Plan", "gemm", "gemm_colmajor", "gemm_ref", "grouped_gemm",
-           "moe_forward", "nn", "pack_b", "pack_moe_weights", "patch", "paths", "plan", "route"]
+__all__ = ["GemmConfig", "PackedB", "PackedMoE", "Plan", "gemm", "gemm_colmajor", "gemm_fp8", "gemm_fp8_ref",
+           "gemm_ref", "grouped_gemm", "moe_forward", "nn", "pack_b", "pack_moe_weights", "patch", "paths", "plan",
+           "quantize_fp8", "route"]
 check_triton()  # once: the shipped GPU configs were tuned with one Triton (configs/*.json "triton")
 
 if TYPE_CHECKING:
     from gemmlab import nn
     from gemmlab.nn import patch
     from gemmlab.ops.gemm import GemmConfig, PackedB, Plan, gemm, gemm_colmajor, pack_b, paths, plan
+    from gemmlab.ops.gemm_fp8 import gemm_fp8
     from gemmlab.ops.moe import PackedMoE, grouped_gemm, moe_forward, pack_moe_weights, route
-    from gemmlab.ref import gemm_ref
+    from gemmlab.ops.quantize_fp8 import quantize_fp8
+    from gemmlab.ref import gemm_fp8_ref, gemm_ref
 
 
 def __getattr__(name: str):

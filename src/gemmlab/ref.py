@@ -59,6 +59,75 @@ def gemm_check(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ref: torch.Ten
             "ok": finite and worst <= 1.0}
 
 
+# ------------------------------------------------------------------------------------------------ FP8
+# Legend: M, N, K as for gemm; Kb = cdiv(K, 128), Nb = cdiv(N, 128).
+
+FP8_SCALE_BLOCK = 128
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] = (1, 1)) -> torch.Tensor:
+    """q * scale in float64, the scale broadcast over its group: () per tensor, (M, 1) or (1, N) per row or column,
+    else one per ``block`` (rows, cols) block of q (the last blocks may be partial)."""
+    s = scale.to(torch.float64)
+    if s.dim() == 2 and tuple(s.shape) not in ((q.shape[0], 1), (1, q.shape[1])):
+        s = s.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[: q.shape[0], : q.shape[1]]
+    return q.to(torch.float64) * s
+
+
+def gemm_fp8_ref(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
+    """C = (A * a_scale) @ (B * b_scale) in float64 on the dequantized inputs: a (M, K), b (K, N) e4m3; scales per
+    tensor, per row/column, or block (1x128 blocks of A, 128x128 of B), as ``gemm_fp8`` takes them;
+    -> (M, N) float64."""
+    blk = FP8_SCALE_BLOCK
+    return dequantize_fp8(a, a_scale, (1, blk)) @ dequantize_fp8(b, b_scale, (blk, blk))
+
+
+def gemm_fp8_bound(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+                   dtype: torch.dtype, ref: torch.Tensor | None = None) -> torch.Tensor:
+    """The largest error ``gemm_fp8`` may make per element of C (M, N) in ``dtype``, against ``gemm_fp8_ref``:
+
+        |C - ref| <= g + u (|ref| + g) + eta,   g = gamma(n) * D,  gamma(n) = n 2^-24 / (1 - n 2^-24)
+
+    - D = |A * a_scale| @ |B * b_scale| (float64, elementwise absolute values). An e4m3 value has 4 significant bits,
+      so a product of two has at most 8 and is exact in fp32: the only errors are the fp32 additions and the scale
+      multiplications, each one rounding of relative size <= 2^-24. Whatever the order of the sum, the error of
+      adding n' terms is at most gamma(n' - 1) times the sum of their magnitudes (Higham, Accuracy and Stability of
+      Numerical Algorithms, 2nd ed., eq. 4.4).
+    - n = K + 2 + cdiv(K, 16): K - 1 additions inside the tensor-core dots, at most 2 scale multiplications per term,
+      and, with block scales, one addition of a scaled partial per BLOCK_K step (BLOCK_K >= 16), one more rounding.
+    - The fp32 result is rounded once into ``dtype``, to nearest on the GPU (half an ulp); Triton 3.6's CPU
+      interpreter truncates to bf16 (one ulp), so the contract allows any faithful rounding: u = 2^-p (p its stored
+      mantissa bits; 2^-7 for bf16, 2^-10 for fp16, 2^-23 for fp32) relative, or eta (its smallest subnormal)
+      absolute near zero.
+    Assumes the tensor cores add fp32-exactly within one instruction (the CPU interpreter does; the GPU tests check
+    that the H200 keeps within the bound) and that no scaled value under- or overflows fp32 or ``dtype``.
+    A dropped or repeated K step, a wrong scale, or a wrong block index is orders of magnitude above this bound."""
+    k = a.shape[1]
+    blk = FP8_SCALE_BLOCK
+    ref = gemm_fp8_ref(a, b, a_scale, b_scale) if ref is None else ref
+    d = dequantize_fp8(a, a_scale, (1, blk)).abs() @ dequantize_fp8(b, b_scale, (blk, blk)).abs()
+    n = k + 2 + -(-k // 16)
+    gamma = n * 2.0**-24 / (1 - n * 2.0**-24)
+    g = gamma * d
+    u = 2.0 ** -mantissa_bits(dtype)
+    eta = torch.finfo(dtype).smallest_normal * 2.0 ** -mantissa_bits(dtype)
+    return g + u * (ref.abs() + g) + eta
+
+
+def gemm_fp8_check(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
+                   b_scale: torch.Tensor) -> dict:
+    """Compare a ``gemm_fp8`` result with the float64 reference under ``gemm_fp8_bound``. Returns max_abs_err, the
+    worst ratio of error to bound (<= 1 passes; NaN or Inf anywhere fails), and ok."""
+    ref = gemm_fp8_ref(a, b, a_scale, b_scale)
+    if c.numel() == 0:
+        return {"max_abs_err": 0.0, "worst": 0.0, "ok": True}
+    bound = gemm_fp8_bound(a, b, a_scale, b_scale, c.dtype, ref)
+    err = (c.to(torch.float64) - ref).abs()
+    finite = bool(torch.isfinite(c).all())
+    worst = (err / bound).max().item() if finite else math.inf
+    return {"max_abs_err": err.max().item() if finite else math.inf, "worst": worst, "ok": finite and worst <= 1.0}
+
+
 # ------------------------------------------------------------------------------------------------ MoE
 # Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k.
 

@@ -23,7 +23,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """Grouped ("super-tile") order: GROUP_M tile rows are walked column by column, so the B columns
     a group needs stay in L2 while its A rows are reused."""
     num_pid_in_group = GROUP_M * num_pid_n
@@ -45,7 +45,7 @@ def dot(a, b, acc, DOT_UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _load_a(a_desc, off_m, off_k, A_KMAJOR: tl.constexpr):
+def load_a(a_desc, off_m, off_k, A_KMAJOR: tl.constexpr):
     if A_KMAJOR:
         a = a_desc.load([off_m, off_k])  # [BLOCK_M, BLOCK_K]
     else:
@@ -54,7 +54,7 @@ def _load_a(a_desc, off_m, off_k, A_KMAJOR: tl.constexpr):
 
 
 @triton.jit
-def _load_b(b_desc, off_k, off_n, B_KMAJOR: tl.constexpr):
+def load_b(b_desc, off_k, off_n, B_KMAJOR: tl.constexpr):
     if B_KMAJOR:
         b = b_desc.load([off_n, off_k]).T  # [BLOCK_N, BLOCK_K] -> [BLOCK_K, BLOCK_N]
     else:
@@ -78,7 +78,7 @@ def _store_part(c, part, off_m, off_n, M, N, stride_cm, C_TMA: tl.constexpr):
 
 
 @triton.jit
-def _store_c(c, acc, off_m, off_n, M, N, stride_cm,
+def store_c(c, acc, off_m, off_n, M, N, stride_cm,
              BLOCK_N: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, C_TMA: tl.constexpr):
     """Write an fp32 [BLOCK_M, BLOCK_N] tile into C (M, N) row-major, in C's dtype. ``c`` is a descriptor
     (C_TMA; its blocks match the parts written) or a pointer with row stride ``stride_cm`` (any alignment).
@@ -102,8 +102,8 @@ def _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, k_end,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ki in range(k_begin, k_end):
         off_k = ki * BLOCK_K
-        a = _load_a(a_desc, off_m, off_k, A_KMAJOR)
-        b = _load_b(b_desc, off_k, off_n, B_KMAJOR)
+        a = load_a(a_desc, off_m, off_k, A_KMAJOR)
+        b = load_b(b_desc, off_k, off_n, B_KMAJOR)
         acc = dot(a, b, acc, DOT_UPCAST)
     return acc
 
@@ -166,12 +166,12 @@ def gemm_tma_persistent_kernel(
     num_tiles = num_pid_m * num_pid_n
     dp_tiles = num_tiles - SK_TILES
     for tile_id in tl.range(start_pid, dp_tiles, NUM_SMS, flatten=False, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = _tile_dot(a_desc, b_desc, off_m, off_n, 0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR,
                         DOT_UPCAST)
-        _store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+        store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
     if STREAM_K and TAIL_SPLIT > 0:
         per_piece = tl.cdiv(k_tiles, TAIL_SPLIT)  # BLOCK_K steps per piece
         offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -179,7 +179,7 @@ def gemm_tma_persistent_kernel(
             sk_tile = piece // TAIL_SPLIT
             part = piece % TAIL_SPLIT
             k_begin = part * per_piece
-            pid_m, pid_n = _tile_coords(dp_tiles + sk_tile, num_pid_m, num_pid_n, GROUP_M)
+            pid_m, pid_n = tile_coords(dp_tiles + sk_tile, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
             acc = _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, min(k_begin + per_piece, k_tiles), BLOCK_M,
@@ -188,7 +188,7 @@ def gemm_tma_persistent_kernel(
             if split_arrive(ws_tile + part * (BLOCK_M * BLOCK_N), acc, count_ptr + sk_tile, TAIL_SPLIT, offs):
                 total = split_sum(ws_tile, BLOCK_M * BLOCK_N, count_ptr + sk_tile, TAIL_SPLIT, offs, BLOCK_M,
                                    BLOCK_N)
-                _store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+                store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
     elif STREAM_K:
         per_run = tl.cdiv(SK_TILES * k_tiles, NUM_SMS)  # BLOCK_K steps per program
         it = start_pid * per_run
@@ -199,13 +199,13 @@ def gemm_tma_persistent_kernel(
             tile_begin = sk_tile * k_tiles
             k_begin = it - tile_begin
             k_end = min(k_tiles, run_end - tile_begin)
-            pid_m, pid_n = _tile_coords(dp_tiles + sk_tile, num_pid_m, num_pid_n, GROUP_M)
+            pid_m, pid_n = tile_coords(dp_tiles + sk_tile, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
             acc = _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, k_end, BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR,
                             B_KMAJOR, DOT_UPCAST)
             if k_begin == 0 and k_end == k_tiles:
-                _store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+                store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
             else:
                 # slot 1: the piece starts mid-tile (so it is the run's first); slot 0: it starts at the tile's
                 # start and, being partial, ends mid-tile (the run's last). A run has at most one of each.
@@ -221,7 +221,7 @@ def gemm_tma_persistent_kernel(
                         p_slot = (p * per_run > tile_begin).to(tl.int64)  # p's run starts inside the tile
                         total += tl.load(ws_ptr + (p * 2 + p_slot) * (BLOCK_M * BLOCK_N) + offs,
                                          cache_modifier=".cg")
-                    _store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+                    store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
                     tl.atomic_xchg(count_ptr + sk_tile, 0, sem="relaxed", scope="gpu")
             it = tile_begin + k_end
 
@@ -253,7 +253,7 @@ def gemm_tma_splitk_kernel(
     acc = _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, k_end, BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR,
                     DOT_UPCAST)
     if SPLIT_K == 1:
-        _store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+        store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
     else:
         tile = pid_m * tl.num_programs(0) + pid_n
         num_tiles = tl.num_programs(0) * tl.num_programs(1)
@@ -262,7 +262,7 @@ def gemm_tma_splitk_kernel(
         split_stride = num_tiles.to(tl.int64) * (BLOCK_M * BLOCK_N)
         if split_arrive(ws_tile + pid_k * split_stride, acc, count_ptr + tile, SPLIT_K, offs):
             total = split_sum(ws_tile, split_stride, count_ptr + tile, SPLIT_K, offs, BLOCK_M, BLOCK_N)
-            _store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+            store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
 
 
 @triton.jit
@@ -275,7 +275,7 @@ def gemm_portable_kernel(
 ):
     """Portable path: pointer loads with masks, 64-bit offsets, any alignment, any GPU Triton supports and
     the CPU interpreter. Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),) in grouped order."""
-    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)

@@ -80,7 +80,7 @@ def load_w_tile(w, w_row0, n_rows_left, off_k, K, stride_wn,
 @triton.jit
 def store_rows(out, acc, rows, rows_end, off_n, N, stride_om, BLOCK_N: tl.constexpr):
     """Masked pointer store of an fp32 tile into rows ``rows`` (those below ``rows_end``) of out. Not
-    ``kernels.gemm._store_c``: inside this kernel that one (and its TMA halves) spills at 128 rows (sm_90
+    ``kernels.gemm.store_c``: inside this kernel that one (and its TMA halves) spills at 128 rows (sm_90
     SASS: 255 registers, 34-50 local-memory ops, against 157-175 and none)."""
     cols = off_n + tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < rows_end) & (cols[None, :] < N)

@@ -1,0 +1,124 @@
+"""FP8 (e4m3) dense GEMM and the quantizer of activations: C (M, N) = (A * a_scale) @ (B * b_scale).
+
+A (M, K) and B (K, N) hold float8_e4m3fn values; the scales are fp32; the products accumulate in fp32 and C is
+written in its own dtype (bf16, fp16 or fp32). SCALE says how the scales are laid out:
+
+    SCALE = 0  per tensor     a_scale (),            b_scale ()                     applied in the epilogue
+    SCALE = 1  per row / col  a_scale (M, 1),        b_scale (1, N)                 applied in the epilogue
+    SCALE = 2  block          a_scale (M, cdiv(K, 128)) over 1x128 blocks of A,
+                              b_scale (cdiv(K, 128), cdiv(N, 128)) over 128x128 blocks of B
+                              applied per BLOCK_K step inside the main loop: each step's product goes into a fresh
+                              fp32 accumulator, is scaled and added to the tile's fp32 sum (BLOCK_K divides 128)
+
+Layouts as in ``kernels.gemm`` (whose helpers this module uses): A is K-major (a_desc over A (M, K)); B_KMAJOR: b_desc
+over B^T (N, K) (the nn.Linear weight layout), else over B (K, N). TMA zero-fills loads past M, N and K, so a partial
+K step adds zeros. Launchers: ``gemmlab.ops.gemm_fp8``.
+"""
+
+import triton
+import triton.language as tl
+
+from gemmlab.kernels.gemm import load_a, load_b, store_c, tile_coords
+
+FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
+
+
+@triton.jit
+def gemm_fp8_tma_kernel(
+    a_desc,  # A (M, K) e4m3, K contiguous, blocks [BLOCK_M, BLOCK_K]
+    b_desc,  # B^T (N, K) e4m3 (B_KMAJOR, blocks [BLOCK_N, BLOCK_K]) or B (K, N) (blocks [BLOCK_K, BLOCK_N])
+    c,  # C (M, N) row-major bf16/fp16/fp32: descriptor (C_TMA, blocks [BLOCK_M, BLOCK_N or BLOCK_N // 2]) or pointer
+    a_scale_ptr,  # fp32: () SCALE 0, (M, 1) SCALE 1, (M, cdiv(K, 128)) SCALE 2
+    b_scale_ptr,  # fp32: () SCALE 0, (1, N) SCALE 1, (cdiv(K, 128), cdiv(N, 128)) SCALE 2
+    M, N, K,
+    stride_cm,  # C's row stride (pointer epilogue only)
+    stride_sam, stride_sak,  # a_scale's strides (rows, K blocks)
+    stride_sbk, stride_sbn,  # b_scale's strides (K blocks, columns or column blocks)
+    SCALE: tl.constexpr, B_KMAJOR: tl.constexpr, C_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, PROMOTE: tl.constexpr,
+):
+    """Persistent TMA kernel, wgmma with e4m3 operands. Grid: (min(NUM_SMS, tiles),); each program walks tiles
+    start, start + NUM_SMS, ... in grouped order. PROMOTE (SCALE 0 and 1): the tensor cores' running sum is moved
+    into the fp32 accumulator every BLOCK_K (``max_num_imprecise_acc``), as the block-scaled path does by
+    construction; off, the hardware accumulates the whole K in place."""
+    start_pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile_id in tl.range(start_pid, num_pid_m * num_pid_n, NUM_SMS, flatten=False):
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            a = load_a(a_desc, off_m, off_k, True)
+            b = load_b(b_desc, off_k, off_n, B_KMAJOR)
+            if SCALE == 2:
+                kb = off_k // 128
+                sa = tl.load(a_scale_ptr + rows.to(tl.int64) * stride_sam + kb * stride_sak, mask=rows < M,
+                             other=0.0)  # [BLOCK_M]
+                sb = tl.load(b_scale_ptr + kb * stride_sbk + (cols // 128) * stride_sbn, mask=cols < N,
+                             other=0.0)  # [BLOCK_N]
+                acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+            elif PROMOTE:
+                acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+            else:
+                acc = tl.dot(a, b, acc)
+        if SCALE == 0:
+            acc = acc * (tl.load(a_scale_ptr) * tl.load(b_scale_ptr))
+        elif SCALE == 1:
+            sa = tl.load(a_scale_ptr + rows.to(tl.int64) * stride_sam, mask=rows < M, other=0.0)
+            sb = tl.load(b_scale_ptr + cols.to(tl.int64) * stride_sbn, mask=cols < N, other=0.0)
+            acc = acc * sa[:, None] * sb[None, :]
+        store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
+
+
+@triton.jit
+def round_e4m3(v):
+    """The e4m3 value nearest to fp32 ``v`` (|v| <= 448; ties to even), as fp32, so the cast to e4m3 after it is
+    exact. Rounded here rather than by the cast: Triton 3.6's CPU interpreter loses the carry of a rounding that
+    crosses a power of two (124.3 becomes 64); on the GPU the result is what the cast itself would give. Normal
+    range: round the fp32 mantissa to 3 bits on the bit pattern (the carry runs into the exponent); below 2^-6
+    (e4m3's subnormals, spacing 2^-9): round v * 2^9 to an integer by adding and removing 1.5 * 2^23."""
+    bits = v.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # -1048576 = ~0xFFFFF
+    sub = ((v * 512.0 + 12582912.0) - 12582912.0) / 512.0
+    return tl.where(tl.abs(v) < 0.015625, sub, normal)
+
+
+@triton.jit
+def quantize_groups_kernel(
+    x_ptr,  # X (M, K) fp32/fp16/bf16, unit column stride
+    q_ptr,  # Q (M, K) e4m3, unit column stride
+    s_ptr,  # S (M, cdiv(K, GROUP)) fp32
+    K,
+    stride_xm, stride_qm, stride_sm,
+    GROUP,  # columns per scale: K for one scale per row, 128 for 1x128 blocks
+    BLOCK: tl.constexpr,  # columns per chunk of a group
+):
+    """Per-group amax quantization of rows: S[m, g] = amax(|X[m, g*GROUP : (g+1)*GROUP]|) / 448 (1 for an all-zero
+    group, so Q is 0 there, not NaN), Q = clamp(X / S, -448, 448) in e4m3 (saturating). Grid: (M, cdiv(K, GROUP));
+    each program reads its group twice, in BLOCK chunks (amax, then the quantized values)."""
+    m = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    begin = g * GROUP
+    end = min(begin + GROUP, K)
+    x_row = x_ptr + m * stride_xm
+    q_row = q_ptr + m * stride_qm
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(begin, end, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < end, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    group_max = tl.max(amax, axis=0)
+    scale = tl.where(group_max > 0, group_max / FP8_MAX, 1.0)
+    tl.store(s_ptr + m * stride_sm + g, scale)
+    for start in range(begin, end, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < end, other=0.0).to(tl.float32)
+        q = round_e4m3(tl.minimum(tl.maximum(x / scale, -FP8_MAX), FP8_MAX))  # saturating
+        tl.store(q_row + cols, q.to(tl.float8e4nv), mask=cols < end)
