@@ -75,6 +75,8 @@ def plan_fp8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: t
     (the inspector plans for an H200 from "meta" tensors). Pure: no allocation."""
     mode = check_gemm_fp8_args(a, b, a_scale, b_scale, out_dtype, out)
     (m, k), n = a.shape, b.shape[1]
+    if m == 0 or n == 0 or k == 0:
+        return Fp8Plan(Fp8Config(), f"M={m} N={n} K={k}: nothing to multiply", m, n, k, mode, True, False, 0)
     target = target or target_for(a.device)
     if not target.has_tma:
         raise ValueError(f"gemm_fp8: needs sm_90 (TMA and e4m3 wgmma); {target.name} is "
