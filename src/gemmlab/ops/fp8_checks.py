@@ -61,9 +61,10 @@ def check_gemm_fp8_args(a, b, a_scale, b_scale, out_dtype, out=None) -> int:
 def scale_mode(sa: tuple, sb: tuple, m: int, n: int, k: int) -> int:
     """The scale mode of scale shapes ``sa`` (of a_scale) and ``sb`` (of b_scale) for an (M, K) @ (K, N) product."""
     kb, nb = _cdiv(k, SCALE_BLOCK), _cdiv(n, SCALE_BLOCK)
-    modes = {((), ()): 0, ((m, 1), (1, n)): 1, ((m, kb), (kb, nb)): 2}
-    if (sa, sb) in modes:
-        return modes[(sa, sb)]
+    for mode, (want_a, want_b) in enumerate((((), ()), ((m, 1), (1, n)), ((m, kb), (kb, nb)))):
+        if len(sa) == len(want_a) and len(sb) == len(want_b) and all(
+                x == y for x, y in zip(sa + sb, want_a + want_b, strict=True)):  # (== holds for symbolic sizes)
+            return mode
     raise ValueError(f"gemm_fp8: scale shapes a_scale {sa}, b_scale {sb} fit no granularity for M={m} N={n} K={k}; "
                      f"expected per tensor () and (), per row/column ({m}, 1) and (1, {n}), or block "
                      f"({m}, {kb}) and ({kb}, {nb}) (1x128 blocks of A, 128x128 blocks of B)")
