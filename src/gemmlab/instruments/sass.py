@@ -110,14 +110,20 @@ def compile_plan(plan: Plan, arch: int = 90):
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
-def sass_histogram(cubin: bytes) -> tuple[collections.Counter, dict]:
-    """Opcode counts of a cubin's SASS, and its resource usage (registers, stack, shared memory)."""
+def sass_text(cubin: bytes) -> tuple[str, str]:
+    """A cubin's SASS listing and its resource usage, as ``cuobjdump -sass`` and ``-res-usage`` print them."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         sass = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True).stdout
         res = subprocess.run([_cuobjdump(), "-res-usage", f.name], capture_output=True, text=True,
                              check=True).stdout
+    return sass, res
+
+
+def sass_histogram(cubin: bytes) -> tuple[collections.Counter, dict]:
+    """Opcode counts of a cubin's SASS, and its resource usage (registers, stack, shared memory)."""
+    sass, res = sass_text(cubin)
     ops = collections.Counter()
     for line in sass.splitlines():
         m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
