@@ -41,7 +41,7 @@ _EXPORTS = {
     "Plan": "gemmlab.ops.gemm", "paths": "gemmlab.ops.gemm", "gemm_ref": "gemmlab.ref",
     "route": "gemmlab.ops.moe", "grouped_gemm": "gemmlab.ops.moe", "moe_forward": "gemmlab.ops.moe",
     "pack_moe_weights": "gemmlab.ops.moe", "PackedMoE": "gemmlab.ops.moe", "patch": "gemmlab.nn",
-    "gemm_fp8": "gemmlab.ops.gemm_fp8", "quantize_fp8": "gemmlab.ops.quantize_fp8", "gemm_fp8_ref": "gemmlab.ref",
+    "gemm_fp8": "gemmlab.ops.gemm_fp8", "quantize_fp8": "gemmlab.ops.gemm_fp8", "gemm_fp8_ref": "gemmlab.ref",
 }
 _MODULES = {"nn": "gemmlab.nn"}  # submodules that load on first use
 __all__ = ["GemmConfig", "PackedB", "PackedMoE", "Plan", "gemm", "gemm_colmajor", "gemm_fp8", "gemm_fp8_ref",
@@ -53,9 +53,8 @@ if TYPE_CHECKING:
     from gemmlab import nn
     from gemmlab.nn import patch
     from gemmlab.ops.gemm import GemmConfig, PackedB, Plan, gemm, gemm_colmajor, pack_b, paths, plan
-    from gemmlab.ops.gemm_fp8 import gemm_fp8
+    from gemmlab.ops.gemm_fp8 import gemm_fp8, quantize_fp8
     from gemmlab.ops.moe import PackedMoE, grouped_gemm, moe_forward, pack_moe_weights, route
-    from gemmlab.ops.quantize_fp8 import quantize_fp8
     from gemmlab.ref import gemm_fp8_ref, gemm_ref
 
 

@@ -15,7 +15,7 @@ from gemmlab.ops.fp8_checks import FP8, check_gemm_fp8_args, check_quantize_args
 
 
 def _launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out):
-    from gemmlab.ops.gemm_fp8 import launch_gemm_fp8  # (the first call loads the kernel)
+    from gemmlab.ops.gemm_fp8_launch import launch_gemm_fp8  # (the first call loads the kernel)
 
     return launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out)
 
@@ -45,7 +45,7 @@ def _(a, b, a_scale, b_scale, out):
 @torch.library.custom_op("gemmlab::quantize_fp8", mutates_args=(), schema="(Tensor x, str granularity=\"tensor\", "
                          "int[2] block=[1, 128]) -> (Tensor, Tensor)")
 def quantize_fp8(x: Tensor, granularity: str = "tensor", block: tuple[int, int] = (1, 128)) -> tuple[Tensor, Tensor]:
-    from gemmlab.ops.quantize_fp8 import launch_quantize_fp8
+    from gemmlab.ops.fp8_quantize import launch_quantize_fp8
 
     return launch_quantize_fp8(x, granularity, block)
 

@@ -1,4 +1,5 @@
-"""FP8 quantization: ``quantize_fp8(x, granularity, block)`` -> (q float8_e4m3fn, scale fp32), with x ~= q * scale.
+"""FP8 quantization, the details behind ``ops.gemm_fp8.quantize_fp8(x, granularity, block)`` -> (q e4m3, scale fp32),
+with x ~= q * scale.
 
     "tensor"  scale ()                        one amax over x (torch ops)
     "row"     scale (M, 1)                    one per row: activations on the fly (Triton kernel)
@@ -17,8 +18,8 @@ The scales ``gemm_fp8`` takes: A (M, K) by "tensor", "row" or "block" (1, 128); 
 from __future__ import annotations
 
 import torch
+import triton
 
-from gemmlab.ops import custom_fp8, dispatch
 from gemmlab.ops.fp8_checks import FP8, check_quantize_args
 
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -34,7 +35,7 @@ def _cast(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
-def _quantize_torch(x: torch.Tensor, granularity: str, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_torch(x: torch.Tensor, granularity: str, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch ops: per tensor, per column, and r x c blocks (x padded with zeros to whole blocks for the amax)."""
     if x.numel() == 0:
         shape = {"tensor": (), "row": (x.shape[0], 1), "col": (1, x.shape[-1])}.get(granularity)
@@ -68,14 +69,10 @@ def _quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.T
     groups = -(-k // group)
     q = torch.empty((m, k), dtype=FP8, device=x.device)
     scale = torch.empty((m, groups), dtype=torch.float32, device=x.device)
-    block = min(CHUNK, triton_next_pow2(group))
+    block = min(CHUNK, triton.next_power_of_2(group))
     quantize_groups_kernel[(m, groups)](x, q, scale, k, x.stride(0), q.stride(0), scale.stride(0), group,
                                         BLOCK=block, num_warps=4 if block >= 512 else 1)
     return q, scale
-
-
-def triton_next_pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def launch_quantize_fp8(x: torch.Tensor, granularity: str, block) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,15 +83,4 @@ def launch_quantize_fp8(x: torch.Tensor, granularity: str, block) -> tuple[torch
         return _quantize_groups(x, x.shape[1])
     if x.numel() and granularity == "block" and block[0] == 1:
         return _quantize_groups(x, block[1])
-    return _quantize_torch(x, granularity, block)
-
-
-def quantize_fp8(x: torch.Tensor, granularity: str = "tensor", block: tuple[int, int] = (1, 128)
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q, scale) with x ~= q * scale (scale broadcast over its group): q float8_e4m3fn like x, scale fp32 shaped by
-    ``granularity`` ("tensor" (), "row" (M, 1), "col" (1, N), "block" over ``block`` = (rows, cols)); x bf16, fp16
-    or fp32 (any shape for "tensor", else 2-D). No autograd. A ``torch.library`` custom op
-    (``torch.ops.gemmlab.quantize_fp8``) under torch.compile."""
-    if dispatch.direct(x):
-        return launch_quantize_fp8(x, granularity, block)
-    return custom_fp8.quantize_fp8(x, granularity, list(block) if isinstance(block, tuple) else block)
+    return quantize_torch(x, granularity, block)

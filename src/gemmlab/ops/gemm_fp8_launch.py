@@ -1,0 +1,182 @@
+"""FP8 dense GEMM, the details behind ``ops.gemm_fp8``: the config, the planner ``plan_fp8`` and the launcher.
+
+    C (M, N) = (A * a_scale) @ (B * b_scale)     A (M, K), B (K, N) float8_e4m3fn; scales fp32; fp32 accumulation;
+                                                 C in out_dtype (bf16, fp16 or fp32)
+
+The scale granularity is read from the scale shapes (``ops.fp8_checks.scale_mode``): per tensor () and (); per row of
+A (M, 1) and column of B (1, N); block (M, cdiv(K, 128)) over 1x128 blocks of A and (cdiv(K, 128), cdiv(N, 128))
+over 128x128 blocks of B (DeepSeek-V3's layout). B is (K, N) either way round: row-major, or K-major, i.e. ``w.t()``
+of an nn.Linear weight w (N, K), no copy (quantize w (N, K) and pass ``q.t()``, ``scale.t()``: the scales transpose
+with it). One kernel, ``kernels.gemm_fp8.gemm_fp8_tma_kernel`` (persistent, TMA, wgmma on e4m3).
+
+Alignment (TMA needs 16-byte aligned bases and row strides; fp8 is one byte per element): A needs K % 16 == 0, a
+K-major B K % 16 == 0, a row-major B N % 16 == 0, all bases 16-byte aligned. There is no portable path: anything
+else is a ValueError that says which operand and why (quantize into fresh tensors with K padded to 16, or pass B
+K-major). C is stored by TMA where its row stride allows, else through masked pointers (any N). Needs sm_90 (or the
+CPU under Triton's interpreter). Configs: the "gemm_fp8" section of the config tables (``ops.configs``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from gemmlab.device import Target, target_for
+from gemmlab.ops import configs
+from gemmlab.ops.fp8_checks import SCALE_BLOCK, check_gemm_fp8_args
+from gemmlab.ops.layout import is_kmajor, overlap, tma_ok
+
+SCALES = ("tensor", "row/col", "block")  # by scale mode 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    """Launch parameters of the FP8 kernel. ``promote`` (per-tensor and row/col scales): move the tensor cores' sum
+    into the fp32 accumulator every BLOCK_K (the block-scaled path always does)."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 128
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+    epilogue_subtile: bool = False
+    promote: bool = True
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Fp8Config:
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown Fp8Config keys {sorted(unknown)}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Fp8Plan:
+    """What ``gemm_fp8`` runs: the config, where it came from, the scale mode and the layouts."""
+
+    config: Fp8Config
+    reason: str
+    m: int
+    n: int
+    k: int
+    scale: int  # 0 per tensor, 1 row/col, 2 block
+    b_kmajor: bool
+    c_tma: bool
+    num_sms: int
+
+
+def plan_fp8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
+             out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
+             config: Fp8Config | None = None, target: Target | None = None) -> Fp8Plan:
+    """The plan of ``gemm_fp8(a, b, a_scale, b_scale, out_dtype=..., out=...)``: checks (alignment included), the
+    config (pinned, else the table's first matching rule), the layouts. ``target`` overrides the operands' device
+    (the inspector plans for an H200 from "meta" tensors). Pure: no allocation."""
+    mode = check_gemm_fp8_args(a, b, a_scale, b_scale, out_dtype, out)
+    (m, k), n = a.shape, b.shape[1]
+    if m == 0 or n == 0 or k == 0:
+        return Fp8Plan(Fp8Config(), f"M={m} N={n} K={k}: nothing to multiply", m, n, k, mode, True, False, 0)
+    target = target or target_for(a.device)
+    if not target.has_tma:
+        raise ValueError(f"gemm_fp8: needs sm_90 (TMA and e4m3 wgmma); {target.name} is "
+                         f"sm_{target.capability[0]}{target.capability[1]}")
+    b_kmajor = bool(is_kmajor(b, 0))
+    if not tma_ok(a, 1):
+        raise ValueError(f"gemm_fp8: a (M={m}, K={k}, strides {a.stride()}) is not TMA-aligned: needs a 16-byte "
+                         "aligned base and K % 16 == 0 (one byte per e4m3 element); there is no portable FP8 path")
+    if not tma_ok(b, 0 if b_kmajor else 1):
+        need = "K % 16 == 0 for a K-major b" if b_kmajor else "N % 16 == 0 for a row-major b (or pass b K-major)"
+        raise ValueError(f"gemm_fp8: b (K={k}, N={n}, strides {b.stride()}) is not TMA-aligned: needs a 16-byte "
+                         f"aligned base and {need}; there is no portable FP8 path")
+    if config is None:
+        rule = configs.pick(target.name, "gemm_fp8", "tma", Fp8Config.from_dict, "float8_e4m3fn", m=m, n=n, k=k)
+        config, source = rule.config, "config " + rule.source
+    else:
+        source = "config given by the caller"
+    if mode == 2 and SCALE_BLOCK % config.block_k:
+        raise ValueError(f"gemm_fp8: block scales need block_k dividing {SCALE_BLOCK}, config has {config.block_k}")
+    size = torch.empty((), dtype=out_dtype).element_size()
+    c_tma = tma_ok(out, 1) if out is not None else (m == 1 or (n * size) % 16 == 0)
+    tiles = -(-m // config.block_m) * -(-n // config.block_n)
+    reason = (f"persistent TMA kernel, {SCALES[mode]} scales, B {'K' if b_kmajor else 'N'}-major, C by "
+              f"{'TMA' if c_tma else 'masked pointers'}, {tiles} tiles; {source}")
+    return Fp8Plan(config, reason, m, n, k, mode, b_kmajor, c_tma, target.num_sms)
+
+
+def constexprs_fp8(p: Fp8Plan) -> dict:
+    """The compile-time parameters of a plan's kernel (shared with the inspector)."""
+    cfg = p.config
+    return dict(SCALE=p.scale, B_KMAJOR=p.b_kmajor, C_TMA=p.c_tma, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_SMS=p.num_sms, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
+                PROMOTE=cfg.promote)
+
+
+def launch_options_fp8(cfg: Fp8Config) -> dict:
+    return {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
+def _desc(t: torch.Tensor, inner: int, block: tuple[int, int]):
+    """A TMA descriptor over the 2-D view of ``t`` whose unit-stride dim is ``inner`` (shape (outer, inner));
+    a size-1 outer dim gets a canonical 16-byte stride."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    view = t if inner == 1 else t.t()
+    rows, cols = view.shape
+    stride = view.stride(0) if rows > 1 else -(-max(cols, 1) // 16) * 16
+    return TensorDescriptor(view, [rows, cols], [stride, 1], list(block))
+
+
+def _scale_strides(s: torch.Tensor) -> tuple[int, int]:
+    return (s.stride(0), s.stride(1)) if s.dim() == 2 else (0, 0)
+
+
+def execute_fp8(p: Fp8Plan, a, b, a_scale, b_scale, c) -> None:
+    """Launch a plan on its operands (``c`` (M, N) row-major, allocated)."""
+    from gemmlab.kernels.gemm_fp8 import gemm_fp8_tma_kernel  # (the first call loads the kernel)
+
+    if p.m == 0 or p.n == 0 or p.k == 0:
+        if c.numel():
+            c.zero_()  # K = 0: a sum over nothing
+        return
+    cfg = p.config
+    a_desc = _desc(a, 1, (cfg.block_m, cfg.block_k))
+    b_desc = _desc(b, 0, (cfg.block_n, cfg.block_k)) if p.b_kmajor else _desc(b, 1, (cfg.block_k, cfg.block_n))
+    c_arg = _desc(c, 1, (cfg.block_m, cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n)) if p.c_tma else c
+    tiles = -(-p.m // cfg.block_m) * -(-p.n // cfg.block_n)
+    grid = (min(p.num_sms, tiles),)
+    gemm_fp8_tma_kernel[grid](a_desc, b_desc, c_arg, a_scale, b_scale, p.m, p.n, p.k, c.stride(0),
+                              *_scale_strides(a_scale), *_scale_strides(b_scale), **constexprs_fp8(p),
+                              **launch_options_fp8(cfg))
+
+
+_PLANS: dict[tuple, Fp8Plan] = {}  # signature -> plan (checks, alignment and config lookup once per signature)
+
+
+@configs.on_reload
+def clear_plans() -> None:
+    _PLANS.clear()
+
+
+def launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out) -> torch.Tensor:
+    """The launcher behind ``gemm_fp8`` and its custom ops: plan once per signature, allocate C, launch."""
+    try:
+        key = tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in (a, b, a_scale, b_scale)
+                    ) + (out_dtype, None if out is None else (out.shape, out.stride(), out.dtype, out.data_ptr() % 16))
+    except (AttributeError, TypeError):
+        key = None  # not tensors: the checks say what is wrong
+    p = _PLANS.get(key) if key is not None else None
+    if p is None:
+        p = plan_fp8(a, b, a_scale, b_scale, out_dtype=out_dtype, out=out)
+        if key is not None:
+            _PLANS[key] = p
+    if out is not None and any(out.numel() and t.numel() and overlap(out, t) for t in (a, b, a_scale, b_scale)):
+        raise ValueError("gemm_fp8: out overlaps an input; pass a fresh out")
+    if out is None:
+        out = torch.empty((p.m, p.n), dtype=out_dtype, device=a.device)
+    execute_fp8(p, a, b, a_scale, b_scale, out)
+    return out
+
+
+__all__ = ["Fp8Config", "Fp8Plan", "constexprs_fp8", "execute_fp8", "launch_gemm_fp8", "launch_options_fp8",
+           "plan_fp8"]
