@@ -177,3 +177,25 @@ def test_quantize_saturates_instead_of_overflowing():
     assert torch.isfinite(q.to(FP8).float()).all()
     q8, s = gemmlab.quantize_fp8(x, "row")
     assert q8.float().abs().max().item() == 448.0 and torch.isfinite(q8.float()).all()
+
+
+@pytest.mark.parametrize("target", ["nvidia-h200", "default", "interpreter"])
+def test_bundled_fp8_configs_load_and_gpu_rules_say_untuned(target):
+    from gemmlab.ops import configs
+    from gemmlab.ops.gemm_fp8 import Fp8Config
+
+    rules = configs.rules(target, "gemm_fp8", "tma", Fp8Config.from_dict)
+    assert rules and all(128 % r.config.block_k == 0 for r in rules)
+    if target != "interpreter":
+        data = configs.read(configs.bundled_file(target))
+        assert all("not yet tuned" in r.get("note", "") for r in data["gemm_fp8"]["tma"])
+
+
+def test_config_checks_fire():
+    from gemmlab.ops.gemm_fp8 import Fp8Config, plan_fp8
+
+    with pytest.raises(ValueError, match="unknown Fp8Config keys"):
+        Fp8Config.from_dict({"block_m": 64, "blok_n": 64})
+    qa, qb, sa, sb = _operands(8, 16, 256, "block", seed=4)
+    with pytest.raises(ValueError, match="block_k dividing 128"):
+        plan_fp8(qa, qb, sa, sb, config=Fp8Config(block_k=96))
