@@ -253,8 +253,9 @@ def test_gemmlab_report_draws_the_liger_report_as_written(tmp_path):
     rep["summary"] = ml.summarize(rep["rows"])
     mlv.write(rep, str(tmp_path))
     page, found = html.build([tmp_path])
-    assert [(f.kind, f.path.rsplit("/", 1)[-1]) for f in found] == [("moe-liger-bench",
-                                                                     "moe-liger_fwd_eager-graph.json")]
+    assert sorted((f.kind, f.path.rsplit("/", 1)[-1]) for f in found) == [  # the table files listed beside it
+        ("csv", "moe-liger_fwd_eager-graph.csv"), ("markdown", "moe-liger_fwd_eager-graph.md"),
+        ("moe-liger-bench", "moe-liger_fwd_eager-graph.json")]
     section = page.split(">MoE against its peers</h2>")[1]
     assert "could not draw" not in page and "MoE vs Liger, bfloat16, on test GPU" in section
     assert 'data-rows="3"' in section and 'data-rows="2"' in section  # three cases; two (part, mode) groups

@@ -357,7 +357,9 @@ def test_cli_profile_json_and_output_dir_use_the_shared_writer(fake_ncu, tmp_pat
     kinds = {Path(f.path).name: f.kind for f in collect([out, tmp_path / "d"])}
     assert kinds.pop(stem.with_suffix(".json").name) == "ncu-profile" and kinds.pop("profile-diff.json") == \
         "profile-diff"
-    assert set(kinds.values()) == {"unknown"}  # the targets' own JSON, listed by gemmlab report
+    # the targets' own JSON and the tables and logs beside them: each listed by gemmlab report with its kind
+    assert {k for name, k in kinds.items() if name.endswith(".json")} == {"ncu-target"}
+    assert not {"unknown", "unreadable"} & set(kinds.values()), kinds
 
 
 def test_ledger_attachment_round_trip(tmp_path):
