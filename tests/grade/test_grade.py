@@ -70,7 +70,8 @@ def test_gemmlab_kernel_has_no_false_failure_on_new_seeds():
 
 
 def test_rowmajor_signature_on_a_colmajor_case():
-    assert passed(run("good_rowmajor", signature="rowmajor"))
+    r = run("good_rowmajor", signature="rowmajor")
+    assert passed(r), (r["verdict"], r["failures"], r["performance"].get("reason"))
 
 
 def test_exact_shape_rule_closes_the_competition_blind_spot():
