@@ -25,7 +25,7 @@ import torch
 from gemmlab.device import Target, target_for
 from gemmlab.ops import configs
 from gemmlab.ops.fp8_checks import SCALE_BLOCK, check_gemm_fp8_args
-from gemmlab.ops.layout import is_kmajor, overlap, tma_ok
+from gemmlab.ops.layout import descriptor_layout, is_kmajor, overlap, tma_ok
 
 SCALES = ("tensor", "row/col", "block")  # by scale mode 0, 1, 2
 
@@ -117,14 +117,11 @@ def launch_options_fp8(cfg: Fp8Config) -> dict:
 
 
 def _desc(t: torch.Tensor, inner: int, block: tuple[int, int]):
-    """A TMA descriptor over the 2-D view of ``t`` whose unit-stride dim is ``inner`` (shape (outer, inner));
-    a size-1 outer dim gets a canonical 16-byte stride."""
+    """A TMA descriptor over the 2-D view of ``t`` whose unit-stride dim is ``inner`` (shape (outer, inner))."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     view = t if inner == 1 else t.t()
-    rows, cols = view.shape
-    stride = view.stride(0) if rows > 1 else -(-max(cols, 1) // 16) * 16
-    return TensorDescriptor(view, [rows, cols], [stride, 1], list(block))
+    return TensorDescriptor(view, *descriptor_layout(view.shape, view.stride(), 1, block, t.element_size()))
 
 
 def _scale_strides(s: torch.Tensor) -> tuple[int, int]:

@@ -45,7 +45,7 @@ from gemmlab.device import Target, target_for
 from gemmlab.ops import configs
 from gemmlab.ops.gemm_route import ROUTABLE, gemv_refusal, gemv_split_for, route, tail_split_for
 from gemmlab.ops.gemm_staging import staged_shape, staging_decision
-from gemmlab.ops.layout import is_kmajor, tma_ok
+from gemmlab.ops.layout import descriptor_layout, is_kmajor, tma_ok
 
 PATHS = ("empty", "tma_persistent", "tma_splitk", "gemv", "portable")
 SMALL_M = 256  # at or below this many output rows the small-M path is chosen
@@ -336,15 +336,6 @@ def _layout(t: torch.Tensor, staged: tuple[int, int] | None, inner: int) -> tupl
     return tuple(t.shape), tuple(strides)
 
 
-def _desc(layout: tuple[tuple, tuple], kmajor_inner: int, block: tuple[int, int]) -> tuple[list, list, list]:
-    """(shape, strides, block) of the TMA descriptor over the 2-D view whose unit-stride dim is ``kmajor_inner``:
-    shape (outer, inner). A size-1 outer dim gets a canonical stride."""
-    (shape, strides), outer = layout, 1 - kmajor_inner
-    rows, cols = shape[outer], shape[kmajor_inner]
-    stride = strides[outer] if rows > 1 else -(-max(cols, 1) // 8) * 8
-    return [rows, cols], [stride, 1], list(block)
-
-
 def launch_spec(p: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None) -> LaunchSpec:
     """The launch of a (non-empty) plan for kernel-view operands shaped and strided like these (c None: a
     fresh contiguous (M, N)); the layouts of staged copies are derived here."""
@@ -367,9 +358,10 @@ def launch_spec(p: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | Non
         scratch = (cfg.split_k * tiles * bm * bn, tiles) if cfg.split_k > 1 else (0, 0)
         return LaunchSpec((cdiv(p.m, bm), cdiv(p.n, bn), cfg.split_k), (None, None, None), ints, consts, opts,
                           scratch)
-    descs = (_desc(la, 1, (bm, bk)) if p.a_kmajor else _desc(la, 0, (bk, bm)),
-             _desc(lb, 0, (bn, bk)) if p.b_kmajor else _desc(lb, 1, (bk, bn)),
-             _desc(lc, 1, (bm, bn // 2 if cfg.epilogue_subtile else bn)) if p.c_tma else None)
+    desc = descriptor_layout  # (shape, strides, inner, block) -> the descriptor's shape, strides, block
+    descs = (desc(*la, 1, (bm, bk)) if p.a_kmajor else desc(*la, 0, (bk, bm)),
+             desc(*lb, 0, (bn, bk)) if p.b_kmajor else desc(*lb, 1, (bk, bn)),
+             desc(*lc, 1, (bm, bn // 2 if cfg.epilogue_subtile else bn)) if p.c_tma else None)
     descs = tuple(None if d is None else (tuple(d[0]), tuple(d[1]), tuple(d[2])) for d in descs)
     if p.path == "tma_persistent":
         tiles = cdiv(p.m, bm) * cdiv(p.n, bn)

@@ -63,6 +63,18 @@ def extent(t: torch.Tensor) -> int:
     return hi - lo
 
 
+def descriptor_layout(shape, strides, inner: int, block: tuple[int, int], elem_bytes: int = 2
+                      ) -> tuple[list, list, list]:
+    """(shape, strides, block) of a TMA descriptor over the 2-D view of a buffer shaped and strided like this whose
+    unit-stride dim is ``inner``: shape (outer, inner). A size-1 outer dim gets a canonical stride (its row rounded
+    up to 16 bytes of ``elem_bytes``-byte elements)."""
+    outer = 1 - inner
+    rows, cols = shape[outer], shape[inner]
+    per_16 = 16 // elem_bytes
+    stride = strides[outer] if rows > 1 else -(-max(cols, 1) // per_16) * per_16
+    return [rows, cols], [stride, 1], list(block)
+
+
 def overlap(x: torch.Tensor, y: torch.Tensor) -> bool:
     (x0, x1), (y0, y1) = span(x), span(y)
     return x0 < y1 and y0 < x1
