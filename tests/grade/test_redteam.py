@@ -8,6 +8,7 @@ import os
 import pytest
 
 from gemmlab.grade import grade
+from gemmlab.sandbox import contain
 from tests.grade.test_grade import TINY, failed_rules
 from tests.paths import BAD_KERNELS
 from tests.sandbox.test_sandbox import grade_cli
@@ -34,7 +35,8 @@ def test_work_done_before_the_window_opens_is_timed():
     from tests.bad_kernels.redteam import WORK_S
 
     r = grade(TINY, kernel=f"{RED}:works_before_window")
-    assert not r["failures"] or failed_rules(r) <= {"honest-timing", "isolation"}, r["failures"]
+    # its thread may also leave a slot half written when the call sees it no longer NaN: timed-outputs
+    assert not r["failures"] or failed_rules(r) <= {"honest-timing", "isolation", "timed-outputs"}, r["failures"]
     if not r["failures"]:
         perf = r["performance"]
         assert perf["median_ms"] >= WORK_S * 1e3, perf["median_ms"]  # gains nothing
@@ -144,7 +146,7 @@ def test_an_autogroup_reniced_baseline_fails_the_candidate(out_dir, monkeypatch)
     autogroup nice 19, which no thread's nice value shows. The scheduling record holds each process's autogroup:
     changed while the baseline was held, it fails the candidate."""
     monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
-    if open("/proc/self/autogroup").read() is None:
+    if contain.autogroup_nice(contain.autogroup("self")) is None:
         pytest.skip("no autogroups here")
     r = grade(TINY, kernel=f"{RED}:reaches_outside_by_files")
     found = json.loads((out_dir / "files.json").read_text())

@@ -218,6 +218,39 @@ def test_a_stopped_baseline_is_seen(tmp_path, device):
         base.close()
 
 
+def _renice_group(box, nice: int) -> None:
+    for pid in box.members():
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+
+
+@pytest.mark.parametrize("when", ["in its window", "after its last window"])
+def test_a_reniced_autogroup_of_the_baseline_is_seen(tmp_path, when):
+    """The baseline never sets its own autogroup: one whose nice value is not the owner's fails, whenever the write
+    landed: during the baseline's own window (so its freeze records it: comparing with that record alone misses
+    it) or after its last window (no later ``ready`` would compare: ``check_held``, after the last round)."""
+    if contain.autogroup_nice(contain.autogroup("self")) is None:
+        pytest.skip("no autogroups here")
+    base = Sandbox("builtin:empty", "colmajor", "colmajor", 30.0, True, str(tmp_path), name="baseline")
+    a = torch.rand(4, 4, dtype=torch.float16)
+    try:
+        base.bind([((a, a), torch.full((16,), float("nan"), dtype=torch.float16))])
+        base.freeze()
+        base.check_held()  # undisturbed: nothing to see
+        base.thaw()
+        if when == "in its window":
+            _renice_group(base, 19)
+            with pytest.raises(sandbox_box.WorkerFailure, match="autogroup was reniced"):
+                base.freeze()
+        else:
+            base.freeze()
+            _renice_group(base, 19)
+            with pytest.raises(sandbox_box.WorkerFailure, match="autogroup was reniced"):
+                base.check_held()
+    finally:
+        base.close()
+
+
 # -------------------------------------------------------------------------------------------- CUDA IPC
 
 

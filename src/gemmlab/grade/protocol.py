@@ -381,6 +381,10 @@ class Timing:
         self.allocate()
         overhead = self.warm_up()
         why = self.time_rounds(overhead)
+        try:  # the candidate's last window comes after the baseline's last one: its checks, now
+            self.g.base.check_held()
+        except WorkerFailure as e:
+            raise BaselineFailure(str(e)) from e
         honest, value = self.summaries()
         main = [r for r in self.records if r["kind"] == self.op.timed_kind]
         out = {"honest": honest, "value_dependence": value, "inconclusive": why, "protocol_overhead_ms": overhead,

@@ -34,8 +34,9 @@ What each guard enforces (Linux; CPU and GPU alike unless said):
   raised its own priority (a real-time policy, a nice value below the owner's); ``thaw`` fails it if any of them changed
   while it was held (a held process cannot change itself: another process did; before its first freeze, against
   the owner's values), then gives every thread the owner's policy, nice value and CPU affinity back (and every
-  process the owner's autogroup nice value). So a
-  baseline set to SCHED_IDLE or nice 19 by the candidate FAILs the candidate.
+  process the owner's autogroup nice value). A trusted sandbox, which never sets its own autogroup, also fails at any
+  freeze or ``ready`` (and ``check_held``, after the other side's last window) where its autogroup nice value is not
+  the owner's. So a baseline set to SCHED_IDLE or nice 19 by the candidate FAILs the candidate.
 - Thaw (``thaw`` = ``ready``, ``wake``, ``running``): ``ready`` does every check and restore while the sandbox is
   still frozen; ``wake`` only sends SIGCONT (first: it drops a SIGSTOP queued while frozen) and thaws the cgroup, so
   a timed window opens between the two and holds the whole wake-up (nothing of the sandbox runs before t0: a thread
@@ -304,6 +305,7 @@ class Sandbox:
         raised = self.sched.raised(self._seen)
         if raised:
             self._fail(f"the {self.name} raised the scheduling priority of its own threads ({'; '.join(raised[:3])})")
+        self._check_group(self._seen)
         for other, before in self._others.items():
             used = other.cpu_ns() - before
             if other.frozen and used > FROZEN_CPU_NS:
@@ -327,12 +329,32 @@ class Sandbox:
         now = contain.sched_seen(pids)
         before = self._seen if self._seen is not None else {  # never frozen yet: as started (autogroup: restored)
             t: (self.sched.policy, self.sched.nice, self._cgroups, None) for t in now}
+        if self._seen is not None:  # (a new session's autogroup starts at nice 0: restored below, not checked)
+            self._check_group(now)
         changed = contain.sched_changes(before, now) or self.sched.restore(pids)
         if changed:
             self._fail(f"the scheduling of the {self.name}'s processes was changed while it was held "
                        f"({'; '.join(changed[:3])}): another process reached them")
         self._waking = pids
         self._others = {box: box.cpu_ns() for box in list(_LIVE) if box is not self and box.frozen}
+
+    def check_held(self) -> None:
+        """The checks of ``ready`` on a held sandbox, nothing restored or woken: after the last window of another
+        sandbox, which no later window of this one would check."""
+        if self.proc is None or not self.frozen:
+            return
+        now = contain.sched_seen(self.members())
+        self._check_group(now)
+        changed = contain.sched_changes(self._seen or {}, now)
+        if changed:
+            self._fail(f"the scheduling of the {self.name}'s processes was changed while it was held "
+                       f"({'; '.join(changed[:3])}): another process reached them")
+
+    def _check_group(self, seen: dict) -> None:
+        """A trusted sandbox whose autogroup nice value is not the owner's fails (it never sets its own)."""
+        moved = self.sched.regrouped(seen) if self.trusted else []
+        if moved:
+            self._fail(f"the {self.name}'s autogroup was reniced by another process ({'; '.join(moved[:3])})")
 
     def wake(self) -> None:
         """Wake the members ``ready`` noted (SIGCONT, the cgroup thawed) and nothing more: in a timed window the

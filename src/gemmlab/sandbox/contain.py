@@ -253,6 +253,16 @@ class Sched:
                 for t, (pol, nice, _, ag) in seen.items()
                 if (pol & ~RESET_ON_FORK) in rt or nice < self.nice or low(autogroup_nice(ag))]
 
+    def regrouped(self, seen: dict[int, tuple]) -> list[str]:
+        """Threads in ``seen`` whose process's autogroup nice value is not the owner's: for a trusted sandbox, which
+        never writes its own, only another process can have set it (and the record it is compared with may already
+        hold the write)."""
+        if self.group_nice is None:
+            return []
+        return [f"thread {t}: autogroup nice {autogroup_nice(ag)} (the owner's: {self.group_nice})"
+                for t, (_, _, _, ag) in seen.items()
+                if autogroup_nice(ag) is not None and autogroup_nice(ag) != self.group_nice]
+
     def restore(self, pids) -> list[str]:
         """Give every thread of ``pids`` this policy, nice value and affinity, and every process the owner's autogroup
         nice value; returns the threads it could not."""
