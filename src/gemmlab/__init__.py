@@ -14,6 +14,9 @@ fake implementations and autograd: they trace under torch.compile(fullgraph=True
     grouped_gemm(x, w, offsets)        rows grouped by expert times each expert's weight, one launch
     moe_forward(x, w1, w2, weights, ids)   the MoE body: grouped gate/up + SiLU*up, down, weighted combine
     pack_moe_weights(w1, w2)           lay MoE weights out once (16-byte rows) outside timed regions
+    pack_moe_fp8(w1, w2) -> PackedMoEFP8   FP8 experts: e4m3 weights, 128x128 block scales; moe_forward runs it
+    grouped_gemm_fp8(x, w, offsets, x_scale, w_scale)   FP8 grouped GEMM (x e4m3 1x128-scaled, or bf16 on the fly)
+    moe_fp8_ref(x, packed, weights, ids)   the float64 reference of the FP8 experts (moe_fp8_check: the tolerance)
     nn.Linear, nn.MoE                  drop-in modules (nn.Linear-compatible; router + experts)
     patch(model)                       swap a model's nn.Linear and Hugging Face MoE blocks for gemmlab's
 
@@ -42,11 +45,13 @@ _EXPORTS = {
     "route": "gemmlab.ops.moe", "grouped_gemm": "gemmlab.ops.moe", "moe_forward": "gemmlab.ops.moe",
     "pack_moe_weights": "gemmlab.ops.moe", "PackedMoE": "gemmlab.ops.moe", "patch": "gemmlab.nn",
     "gemm_fp8": "gemmlab.ops.gemm_fp8", "quantize_fp8": "gemmlab.ops.gemm_fp8", "gemm_fp8_ref": "gemmlab.ref",
+    "pack_moe_fp8": "gemmlab.ops.moe_fp8", "PackedMoEFP8": "gemmlab.ops.moe_fp8",
+    "grouped_gemm_fp8": "gemmlab.ops.moe_fp8", "moe_fp8_ref": "gemmlab.ref",
 }
 _MODULES = {"nn": "gemmlab.nn"}  # submodules that load on first use
-__all__ = ["GemmConfig", "PackedB", "PackedMoE", "Plan", "gemm", "gemm_colmajor", "gemm_fp8", "gemm_fp8_ref",
-           "gemm_ref", "grouped_gemm", "moe_forward", "nn", "pack_b", "pack_moe_weights", "patch", "paths", "plan",
-           "quantize_fp8", "route"]
+__all__ = ["GemmConfig", "PackedB", "PackedMoE", "PackedMoEFP8", "Plan", "gemm", "gemm_colmajor", "gemm_fp8",
+           "gemm_fp8_ref", "gemm_ref", "grouped_gemm", "grouped_gemm_fp8", "moe_forward", "moe_fp8_ref", "nn", "pack_b",
+           "pack_moe_fp8", "pack_moe_weights", "patch", "paths", "plan", "quantize_fp8", "route"]
 check_triton()  # once: the shipped GPU configs were tuned with one Triton (configs/*.json "triton")
 
 if TYPE_CHECKING:
@@ -55,7 +60,8 @@ if TYPE_CHECKING:
     from gemmlab.ops.gemm import GemmConfig, PackedB, Plan, gemm, gemm_colmajor, pack_b, paths, plan
     from gemmlab.ops.gemm_fp8 import gemm_fp8, quantize_fp8
     from gemmlab.ops.moe import PackedMoE, grouped_gemm, moe_forward, pack_moe_weights, route
-    from gemmlab.ref import gemm_fp8_ref, gemm_ref
+    from gemmlab.ops.moe_fp8 import PackedMoEFP8, grouped_gemm_fp8, pack_moe_fp8
+    from gemmlab.ref import gemm_fp8_ref, gemm_ref, moe_fp8_ref
 
 
 def __getattr__(name: str):

@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from gemmlab.ops.fp8_quantize import quantize_torch
 from gemmlab.ops.gemm import PackedB
 
 
@@ -289,3 +290,132 @@ def moe_grad_check(grads: tuple[torch.Tensor, ...], dy: torch.Tensor, x: torch.T
     return {"ok": not bad, "max_abs_err": max(c["max_abs_err"] for c in out.values()),
             "worst": max(c["worst"] for c in out.values()), "grads": out,
             **({"error": f"gradients off the float32 autograd reference: {', '.join(bad)}"} if bad else {})}
+
+
+# ------------------------------------------------------------------------------------------------ FP8 experts
+# Legend: S routed rows, E experts, N, K as for grouped_gemm; T, H, I, k as for MoE; Xb = cdiv(X, 128).
+
+
+def _gamma(k: int) -> float:
+    n = k + 2 + -(-k // 16)  # as gemm_fp8_bound: the dot's additions, two scale products, one add per step
+    return n * 2.0**-24 / (1 - n * 2.0**-24)
+
+
+def _act_quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (R, C) bf16/fp16 quantized per 1x128 block by gemmlab's own quantizer (the op's activation contract)."""
+    from gemmlab.ops.gemm_fp8 import quantize_fp8
+
+    return quantize_fp8(x, "block", (1, FP8_SCALE_BLOCK))
+
+
+def grouped_gemm_fp8_check(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
+                           x_scale: torch.Tensor | None, w_scale: torch.Tensor) -> dict:
+    """``grouped_gemm_fp8`` against ``gemm_fp8_ref`` group by group, under ``gemm_fp8_bound`` (a bf16/fp16 x is
+    first quantized per 1x128 block as the op does). Rows past offsets[-1] are not compared. -> worst, ok."""
+    if x_scale is None:
+        x, x_scale = _act_quantized(x)
+    worst, start, finite = 0.0, 0, True
+    for e, end in enumerate(offsets.tolist()):
+        if end > start:
+            a, sa, b, sb = x[start:end], x_scale[start:end], w[e].t(), w_scale[e].t()
+            ref = gemm_fp8_ref(a, b, sa, sb)
+            c = out[start:end]
+            finite = finite and bool(torch.isfinite(c).all())
+            bound = gemm_fp8_bound(a, b, sa, sb, out.dtype, ref)
+            worst = max(worst, ((c.double() - ref).abs() / bound).max().item())
+        start = end
+    worst = worst if finite else math.inf
+    return {"worst": worst, "ok": worst <= 1.0}
+
+
+def _requantized_spread(h: torch.Tensor, r: torch.Tensor, d_ref: torch.Tensor) -> torch.Tensor:
+    """How far the op's dequantized intermediate may be from the reference's, elementwise: the op's value before
+    quantization lies in [h - r, h + r]; each 1x128 block's scale is its amax / 448, so it lies in [s_lo, s_hi]
+    from the blocks' amax range; e4m3 rounding is monotone, so the op's q lies between the roundings of the
+    extreme ratios (widened by 2^-20 for fp32 division), and its s * q between the four corners."""
+    rows, cols = h.shape
+    blk = FP8_SCALE_BLOCK
+    nb = -(-cols // blk)
+    pad = nb * blk - cols
+
+    def block_max(v):
+        return torch.nn.functional.pad(v, (0, pad)).view(rows, nb, blk).amax(2).repeat_interleave(blk, 1)[:, :cols]
+
+    fmax = float(torch.finfo(torch.float8_e4m3fn).max)
+    s_lo = block_max((h.abs() - r).clamp_min(0)).clamp_min(1e-30) / fmax * (1 - 2.0**-20)
+    s_hi = block_max(h.abs() + r) / fmax * (1 + 2.0**-20)
+    ratios = torch.stack([(h - r) / s_lo, (h - r) / s_hi, (h + r) / s_lo, (h + r) / s_hi])
+    lo, hi = ratios.amin(0), ratios.amax(0)
+    lo, hi = lo - 2.0**-20 * lo.abs(), hi + 2.0**-20 * hi.abs()
+
+    def rne(v):
+        return v.clamp(-fmax, fmax).float().to(torch.float8_e4m3fn).double()
+
+    corners = torch.stack([s * q for s in (s_lo, s_hi) for q in (rne(lo), rne(hi))])
+    return (corners - d_ref).abs().amax(0)
+
+
+def _moe_fp8_expert(xq, xs, packed, e: int, tok, wts, dtype, out_bound: bool):
+    """Reference rows o (R, H) of expert e for routed rows of tokens ``tok`` with weights ``wts`` (float64), and
+    with ``out_bound`` the bound of |o_op - o| (before o's rounding to ``dtype``)."""
+    blk, i = FP8_SCALE_BLOCK, packed.w2.shape[2]
+    a = dequantize_fp8(xq[tok], xs[tok], (1, blk))
+    w1 = dequantize_fp8(packed.w1[e], packed.w1_scale[e], (blk, blk))
+    w2 = dequantize_fp8(packed.w2[e], packed.w2_scale[e], (blk, blk))
+    g, u = a @ w1[:i].t(), a @ w1[i:].t()
+    silu = torch.nn.functional.silu(g)
+    h = silu * u
+    hq, hs = quantize_torch(h.to(dtype), "block", (1, blk))  # the intermediate, as the op stores and quantizes it
+    d = dequantize_fp8(hq, hs, (1, blk))
+    o = (d @ w2.t()) * wts[:, None]
+    if not out_bound:
+        return o, None
+    dg, du = _gamma(a.shape[1]) * (a.abs() @ w1[:i].abs().t()), _gamma(a.shape[1]) * (a.abs() @ w1[i:].abs().t())
+    delta = 1.1 * dg * (u.abs() + du) + (silu.abs() + 1.1 * dg) * du + 2.0**-20 * h.abs()  # 1.1 > max |silu'|
+    ulp = 2.0 ** -mantissa_bits(dtype)
+    r = delta + ulp * (h.abs() + delta) + torch.finfo(dtype).smallest_normal * ulp
+    eps = _requantized_spread(h, r, d)
+    spread = eps @ w2.abs().t() + _gamma(i) * ((d.abs() + eps) @ w2.abs().t())
+    return o, wts.abs()[:, None] * spread * (1 + 2.0**-22)
+
+
+def moe_fp8_ref(x: torch.Tensor, packed, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                bound: bool = False):
+    """The FP8 experts' reference, float64 on the dequantized weights (docs/fp8.md, "MoE experts"): x quantized per
+    1x128 block by gemmlab's quantizer; per expert, act = silu(x w_gate^T) * (x w_up^T) in float64, rounded to x's
+    dtype and quantized per 1x128 block (``quantize_fp8``'s rule), its dequantized value times w2^T, times the
+    top-k weight, summed over the k slots. -> y (T, H) float64; with ``bound`` also the per-element bound of
+    ``moe_fp8_check``."""
+    t, h = x.shape
+    xq, xs = _act_quantized(x)
+    y = torch.zeros((t, h), dtype=torch.float64, device=x.device)
+    slack = torch.zeros_like(y)  # sum over slots of the bound of the op's routed row before and after its rounding
+    mag = torch.zeros_like(y)  # sum over slots of |o|
+    ulp, eta = 2.0 ** -mantissa_bits(x.dtype), torch.finfo(x.dtype).smallest_normal * 2.0 ** -mantissa_bits(x.dtype)
+    for e in range(packed.w1.shape[0]):
+        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        o, b = _moe_fp8_expert(xq, xs, packed, e, tok, topk_weights[tok, slot].double(), x.dtype, bound)
+        y.index_add_(0, tok, o)
+        mag.index_add_(0, tok, o.abs())
+        if bound:
+            slack.index_add_(0, tok, b + 2.0**-23 * o.abs() + ulp * (o.abs() + b) + eta)
+    if not bound:
+        return y
+    k = topk_ids.shape[1]
+    slack = slack + k * 2.0**-24 * (slack + mag)  # the combine's fp32 sum of k rows
+    return y, slack + ulp * (y.abs() + slack) + eta
+
+
+def moe_fp8_check(y: torch.Tensor, x: torch.Tensor, packed, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor) -> dict:
+    """An FP8 ``moe_forward`` result against ``moe_fp8_ref`` under its bound, elementwise. -> max_abs_err, worst
+    (error / bound; <= 1 passes; NaN or Inf anywhere fails), ok."""
+    if y.numel() == 0:
+        return {"max_abs_err": 0.0, "worst": 0.0, "ok": True}
+    ref, bound = moe_fp8_ref(x, packed, topk_weights, topk_ids, bound=True)
+    err = (y.double() - ref).abs()
+    finite = bool(torch.isfinite(y).all())
+    worst = (err / bound).max().item() if finite else math.inf
+    return {"max_abs_err": err.max().item() if finite else math.inf, "worst": worst, "ok": finite and worst <= 1.0}

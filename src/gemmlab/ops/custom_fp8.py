@@ -3,6 +3,8 @@
     gemmlab::gemm_fp8(a (M, K), b (K, N), a_scale, b_scale, out_dtype=bfloat16) -> (M, N)
     gemmlab::gemm_fp8_out(a, b, a_scale, b_scale, out!)                          out= variant, out's dtype
     gemmlab::quantize_fp8(x, granularity="tensor", block=[1, 128]) -> (q e4m3, scale fp32)
+    gemmlab::grouped_gemm_fp8(x (S, K), w (E, N, K), offsets, x_scale?, w_scale, out_dtype, validate) -> (S, N)
+    gemmlab::moe_forward_fp8(x (T, H), w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, validate) -> (T, H)
 
 Registered on ``import gemmlab`` (torch and the checks only; each op's body imports its launcher on first call, as
 ``ops.custom`` does). Each op checks its arguments in the real implementation and, on metadata, in the fake one.
@@ -12,6 +14,7 @@ import torch
 from torch import Tensor
 
 from gemmlab.ops.fp8_checks import FP8, check_gemm_fp8_args, check_quantize_args, quantize_scale_shape
+from gemmlab.ops.moe_fp8_checks import check_grouped_fp8_args, check_moe_fp8_args
 
 
 def _launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out):
@@ -55,3 +58,31 @@ def _(x, granularity="tensor", block=(1, 128)):
     blk = check_quantize_args(x, granularity, block)
     scale = x.new_empty(quantize_scale_shape(tuple(x.shape), granularity, blk), dtype=torch.float32)
     return x.new_empty(x.shape, dtype=FP8), scale
+
+
+@torch.library.custom_op("gemmlab::grouped_gemm_fp8", mutates_args=())
+def grouped_gemm_fp8(x: Tensor, w: Tensor, offsets: Tensor, x_scale: Tensor | None, w_scale: Tensor,
+                     out_dtype: torch.dtype = torch.bfloat16, validate: bool = True) -> Tensor:
+    from gemmlab.ops.moe_fp8_launch import launch_grouped_gemm_fp8
+
+    return launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate)
+
+
+@grouped_gemm_fp8.register_fake
+def _(x, w, offsets, x_scale, w_scale, out_dtype=torch.bfloat16, validate=True):
+    s, _, _, n = check_grouped_fp8_args(x, w, offsets, x_scale, w_scale, out_dtype)
+    return x.new_empty((s, n), dtype=out_dtype)
+
+
+@torch.library.custom_op("gemmlab::moe_forward_fp8", mutates_args=())
+def moe_forward_fp8(x: Tensor, w1: Tensor, w1_scale: Tensor, w2: Tensor, w2_scale: Tensor, topk_weights: Tensor,
+                    topk_ids: Tensor, validate: bool = True) -> Tensor:
+    from gemmlab.ops.moe_fp8_launch import launch_moe_forward_fp8
+
+    return launch_moe_forward_fp8(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, validate)
+
+
+@moe_forward_fp8.register_fake
+def _(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, validate=True):
+    check_moe_fp8_args(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)

@@ -48,6 +48,7 @@ from gemmlab.ops.moe_backward import (
 )
 from gemmlab.ops.moe_checks import check_gather, check_moe_args, check_route_args, check_tensor, check_weights
 from gemmlab.ops.moe_config import MODES, Mode, MoEConfig, moe_choice, moe_config
+from gemmlab.ops.moe_fp8 import PackedMoEFP8, moe_forward_fp8
 from gemmlab.ops.moe_plan import launch_moe_forward
 from gemmlab.ops.moe_routing import Routes, route_kind, sort_routes
 from gemmlab.ops.packing import PackedMoE, pack_moe_weights
@@ -104,12 +105,14 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     return custom.grouped_gemm(x, w, offsets, bool(validate))
 
 
-def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor | None, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, *, validate: bool = True, gather: str = "auto",
+def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE | PackedMoEFP8, w2: torch.Tensor | None,
+                topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, validate: bool = True, gather: str = "auto",
                 configs: tuple[MoEConfig, MoEConfig] | None = None,
                 save_gate_up: bool | None = None) -> torch.Tensor:
     """The MoE layer body (see the module docstring). ``w1`` may be a ``PackedMoE`` (then ``w2`` is None
-    or ignored). x (T, H) or (..., H); returns y of x's shape and dtype. ``gather``: how the first GEMM gets
+    or ignored); a ``PackedMoEFP8`` (``pack_moe_fp8``) runs the FP8 experts (``ops.moe_fp8.moe_forward_fp8``:
+    inference only, ``validate`` as here, the other keywords ignored). x (T, H) or (..., H); returns y of x's
+    shape and dtype. ``gather``: how the first GEMM gets
     x's rows in expert order: "copy" (x[token] gathered once, then read through TMA: pipelined wgmma; 2*S*H
     bytes of extra traffic), "fused" (pointer loads of x rows by token index inside the GEMM: no copy, but on
     sm_90 those loads are not software-pipelined), "auto" (copy when x's rows are 16-byte aligned on a TMA
@@ -121,6 +124,8 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE, w2: torch.Tensor 
     gate/up pre-activations (S, 2I) from the forward for the backward (``moe_forward_saving``, Liger's trade:
     faster, S*2I more elements held until the backward), False has the backward recompute them; None: as the
     "moe_backward" config tables say (``ops.moe_backward.backward_config``)."""
+    if isinstance(w1, PackedMoEFP8):
+        return moe_forward_fp8(x, w1, topk_weights, topk_ids, validate=validate)
     check_gather(gather)
     if isinstance(w1, PackedMoE):
         w1, w2 = w1.w1, w1.w2
