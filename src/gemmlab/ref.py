@@ -328,30 +328,31 @@ def grouped_gemm_fp8_check(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, 
     return {"worst": worst, "ok": worst <= 1.0}
 
 
-def _requantized_spread(h: torch.Tensor, r: torch.Tensor, d_ref: torch.Tensor) -> torch.Tensor:
-    """How far the op's dequantized intermediate may be from the reference's, elementwise: the op's value before
-    quantization lies in [h - r, h + r]; each 1x128 block's scale is its amax / 448, so it lies in [s_lo, s_hi]
-    from the blocks' amax range; e4m3 rounding is monotone, so the op's q lies between the roundings of the
-    extreme ratios (widened by 2^-20 for fp32 division), and its s * q between the four corners."""
-    rows, cols = h.shape
+def _requantized_spread(lo: torch.Tensor, hi: torch.Tensor, d_ref: torch.Tensor) -> torch.Tensor:
+    """How far the op's dequantized intermediate may be from the reference's ``d_ref``, elementwise, when the op's
+    stored value lies in [lo, hi]: each 1x128 block's scale is its amax / 448, so it lies in [s_lo, s_hi] from the
+    block's amax range; e4m3 rounding is monotone, so the op's q lies between the roundings of the extreme ratios
+    (widened by 2^-20 for fp32 division), and its s * q between the four corners."""
+    rows, cols = lo.shape
     blk = FP8_SCALE_BLOCK
     nb = -(-cols // blk)
-    pad = nb * blk - cols
 
     def block_max(v):
-        return torch.nn.functional.pad(v, (0, pad)).view(rows, nb, blk).amax(2).repeat_interleave(blk, 1)[:, :cols]
+        v = torch.nn.functional.pad(v, (0, nb * blk - cols)).view(rows, nb, blk).amax(2)
+        return v.repeat_interleave(blk, 1)[:, :cols]
 
     fmax = float(torch.finfo(torch.float8_e4m3fn).max)
-    s_lo = block_max((h.abs() - r).clamp_min(0)).clamp_min(1e-30) / fmax * (1 - 2.0**-20)
-    s_hi = block_max(h.abs() + r) / fmax * (1 + 2.0**-20)
-    ratios = torch.stack([(h - r) / s_lo, (h - r) / s_hi, (h + r) / s_lo, (h + r) / s_hi])
-    lo, hi = ratios.amin(0), ratios.amax(0)
-    lo, hi = lo - 2.0**-20 * lo.abs(), hi + 2.0**-20 * hi.abs()
+    least = torch.where((lo <= 0) & (hi >= 0), torch.zeros_like(lo), torch.minimum(lo.abs(), hi.abs()))
+    s_lo = block_max(least).clamp_min(1e-30) / fmax * (1 - 2.0**-20)
+    s_hi = block_max(torch.maximum(lo.abs(), hi.abs())) / fmax * (1 + 2.0**-20)
+    ratios = torch.stack([lo / s_lo, lo / s_hi, hi / s_lo, hi / s_hi])
+    q_lo, q_hi = ratios.amin(0), ratios.amax(0)
+    q_lo, q_hi = q_lo - 2.0**-20 * q_lo.abs(), q_hi + 2.0**-20 * q_hi.abs()
 
     def rne(v):
         return v.clamp(-fmax, fmax).float().to(torch.float8_e4m3fn).double()
 
-    corners = torch.stack([s * q for s in (s_lo, s_hi) for q in (rne(lo), rne(hi))])
+    corners = torch.stack([s * q for s in (s_lo, s_hi) for q in (rne(q_lo), rne(q_hi))])
     return (corners - d_ref).abs().amax(0)
 
 
@@ -372,9 +373,7 @@ def _moe_fp8_expert(xq, xs, packed, e: int, tok, wts, dtype, out_bound: bool):
         return o, None
     dg, du = _gamma(a.shape[1]) * (a.abs() @ w1[:i].abs().t()), _gamma(a.shape[1]) * (a.abs() @ w1[i:].abs().t())
     delta = 1.1 * dg * (u.abs() + du) + (silu.abs() + 1.1 * dg) * du + 2.0**-20 * h.abs()  # 1.1 > max |silu'|
-    ulp = 2.0 ** -mantissa_bits(dtype)
-    r = delta + ulp * (h.abs() + delta) + torch.finfo(dtype).smallest_normal * ulp
-    eps = _requantized_spread(h, r, d)
+    eps = _requantized_spread((h - delta).to(dtype).double(), (h + delta).to(dtype).double(), d)  # stored: RNE
     spread = eps @ w2.abs().t() + _gamma(i) * ((d.abs() + eps) @ w2.abs().t())
     return o, wts.abs()[:, None] * spread * (1 + 2.0**-22)
 

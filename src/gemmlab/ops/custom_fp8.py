@@ -4,6 +4,7 @@
     gemmlab::gemm_fp8_out(a, b, a_scale, b_scale, out!)                          out= variant, out's dtype
     gemmlab::quantize_fp8(x, granularity="tensor", block=[1, 128]) -> (q e4m3, scale fp32)
     gemmlab::grouped_gemm_fp8(x (S, K), w (E, N, K), offsets, x_scale?, w_scale, out_dtype, validate) -> (S, N)
+    gemmlab::grouped_gemm_fp8_out(x, w, offsets, x_scale?, w_scale, out!, validate)      out= variant, out's dtype
     gemmlab::moe_forward_fp8(x (T, H), w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, validate) -> (T, H)
 
 Registered on ``import gemmlab`` (torch and the checks only; each op's body imports its launcher on first call, as
@@ -72,6 +73,19 @@ def grouped_gemm_fp8(x: Tensor, w: Tensor, offsets: Tensor, x_scale: Tensor | No
 def _(x, w, offsets, x_scale, w_scale, out_dtype=torch.bfloat16, validate=True):
     s, _, _, n = check_grouped_fp8_args(x, w, offsets, x_scale, w_scale, out_dtype)
     return x.new_empty((s, n), dtype=out_dtype)
+
+
+@torch.library.custom_op("gemmlab::grouped_gemm_fp8_out", mutates_args=("out",))
+def grouped_gemm_fp8_out(x: Tensor, w: Tensor, offsets: Tensor, x_scale: Tensor | None, w_scale: Tensor, out: Tensor,
+                         validate: bool = True) -> None:
+    from gemmlab.ops.moe_fp8_launch import launch_grouped_gemm_fp8
+
+    launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out.dtype, validate, out)
+
+
+@grouped_gemm_fp8_out.register_fake
+def _(x, w, offsets, x_scale, w_scale, out, validate=True):
+    check_grouped_fp8_args(x, w, offsets, x_scale, w_scale, out.dtype, out)
 
 
 @torch.library.custom_op("gemmlab::moe_forward_fp8", mutates_args=())

@@ -80,24 +80,33 @@ def pack_moe_fp8(w1, w2) -> PackedMoEFP8:
 
 
 def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_scale: torch.Tensor | None,
-                     w_scale: torch.Tensor, *, out_dtype: torch.dtype | None = None,
+                     w_scale: torch.Tensor, *, out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
                      validate: bool = True) -> torch.Tensor:
     """out (S, N) = rows offsets[e-1]:offsets[e] of (x * x_scale) times (w[e] * w_scale[e])^T, fp32 accumulation,
-    in ``out_dtype`` (default: x's dtype for a bf16/fp16 x, else bf16). x (S, K) either e4m3 with x_scale (S, Kb)
-    (one per 1x128 block) or bf16/fp16 with x_scale None (quantized by the op per 1x128 block, as ``quantize_fp8(x,
-    "block")``); w (E, N, K) e4m3 with w_scale (E, Nb, Kb) (one per 128x128 block of each expert: ``pack_moe_fp8``'s
-    layout); offsets (E,) int32 cumulative group ends, as ``grouped_gemm``. Rows past offsets[-1] are unspecified.
-    ``validate``: the offsets are checked as ``grouped_gemm`` checks them. K % 16 == 0, else ValueError.
+    in ``out_dtype`` (default: out's dtype if given, else x's for a bf16/fp16 x, else bf16). x (S, K) either e4m3
+    with x_scale (S, Kb) (one per 1x128 block) or bf16/fp16 with x_scale None (quantized by the op per 1x128 block,
+    as ``quantize_fp8(x, "block")``); w (E, N, K) e4m3 with w_scale (E, Nb, Kb) (one per 128x128 block of each
+    expert: ``pack_moe_fp8``'s layout); offsets (E,) int32 cumulative group ends, as ``grouped_gemm``. ``out``
+    (S, N), if given, is written and returned; rows past offsets[-1] are left untouched (without ``out``, they are
+    unspecified). ``validate``: the offsets are checked as ``grouped_gemm`` checks them. K % 16 == 0, else
+    ValueError.
 
-    A separate function rather than scale keywords on ``grouped_gemm``: its scales are required operands, not
-    options, and it has neither autograd nor ``out=``/``config=``, so ``grouped_gemm``'s signature and contract stay
-    the fp16/bf16 ones. A ``torch.library`` custom op (``torch.ops.gemmlab.grouped_gemm_fp8``) under tracing."""
+    A separate function rather than scale keywords on ``grouped_gemm``: its scales are operands, not options, and
+    it has no autograd and no ``config=``, so ``grouped_gemm``'s signature and contract stay the fp16/bf16 ones (a
+    benchmark swaps the two by name). A ``torch.library`` custom op (``torch.ops.gemmlab.grouped_gemm_fp8``, and
+    ``grouped_gemm_fp8_out`` with ``out``) under tracing."""
     refuse_grad("grouped_gemm_fp8", x, w)
     if out_dtype is None:
-        out_dtype = x.dtype if getattr(x, "dtype", None) in ACT_DTYPES else torch.bfloat16
-    if dispatch.direct(x, w, offsets, x_scale, w_scale):
-        return launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate)
-    return custom_fp8.grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, bool(validate))
+        out_dtype = getattr(out, "dtype", None) or (x.dtype if getattr(x, "dtype", None) in ACT_DTYPES
+                                                    else torch.bfloat16)
+    if dispatch.direct(x, w, offsets, x_scale, w_scale, out):
+        return launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate, out)
+    if out is None:
+        return custom_fp8.grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, bool(validate))
+    if isinstance(out, torch.Tensor) and out.dtype != out_dtype:  # (the out= op takes out's dtype)
+        raise ValueError(f"grouped_gemm_fp8: out has dtype {out.dtype}, out_dtype is {out_dtype}")
+    custom_fp8.grouped_gemm_fp8_out(x, w, offsets, x_scale, w_scale, out, bool(validate))
+    return out
 
 
 def moe_forward_fp8(x: torch.Tensor, packed: PackedMoEFP8, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,

@@ -41,9 +41,10 @@ def check_expert_weight(op: str, name: str, w, w_scale) -> tuple[int, int, int]:
     return e, n, k
 
 
-def check_grouped_fp8_args(x, w, offsets, x_scale, w_scale, out_dtype) -> tuple[int, int, int, int]:
+def check_grouped_fp8_args(x, w, offsets, x_scale, w_scale, out_dtype, out=None) -> tuple[int, int, int, int]:
     """``grouped_gemm_fp8``'s arguments -> (S, K, E, N). x (S, K) e4m3 with x_scale (S, Kb) fp32, or bf16/fp16 with
-    x_scale None (quantized by the op); w (E, N, K) e4m3 with w_scale (E, Nb, Kb); offsets (E,) int32."""
+    x_scale None (quantized by the op); w (E, N, K) e4m3 with w_scale (E, Nb, Kb); offsets (E,) int32; out, if
+    given, (S, N) in out_dtype with unit column stride and distinct rows."""
     op = "grouped_gemm_fp8"
     _tensor(op, "x", x)
     _tensor(op, "offsets", offsets)
@@ -71,6 +72,14 @@ def check_grouped_fp8_args(x, w, offsets, x_scale, w_scale, out_dtype) -> tuple[
     devices = {t.device for t in (x, w, offsets) + ((x_scale,) if x_scale is not None else ())}
     if len(devices) > 1 or w_scale.device not in devices:
         raise ValueError(f"{op}: x, w, offsets and the scales must be on one device, got {sorted(map(str, devices))}")
+    if out is not None:
+        _tensor(op, "out", out)
+        if tuple(out.shape) != (s, n) or out.dtype != out_dtype or out.device != x.device:
+            raise ValueError(f"{op}: out must be ({s}, {n}) {out_dtype} on {x.device}, got {tuple(out.shape)} "
+                             f"{out.dtype} on {out.device}")
+        if n > 1 and out.stride(1) != 1 or s > 1 and out.stride(0) < max(n, 1):
+            raise ValueError(f"{op}: out needs unit column stride and rows that do not share memory, got strides "
+                             f"{out.stride()}")
     return s, k, e, n
 
 

@@ -2,7 +2,7 @@
 
 Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k routed rows; Xb = cdiv(X, 128).
 
-    launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate) -> out (S, N)
+    launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate, out) -> out (S, N)
     launch_moe_forward_fp8(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, validate) -> y (T, H)
 
 The MoE body, step by step (what is quantized where: docs/fp8.md, "MoE experts"):
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.device import Target, target_for
@@ -33,7 +34,7 @@ from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.fp8_checks import FP8, SCALE_BLOCK
 from gemmlab.ops.fp8_quantize import launch_quantize_fp8
 from gemmlab.ops.grouped import w2d
-from gemmlab.ops.layout import descriptor_layout, tma_ok
+from gemmlab.ops.layout import descriptor_layout, overlap, tma_ok
 from gemmlab.ops.moe_checks import device_check
 from gemmlab.ops.moe_config import Mode
 from gemmlab.ops.moe_fp8_checks import check_grouped_fp8_args, check_moe_fp8_args
@@ -100,7 +101,7 @@ def launch_fp8_grouped(mode: Mode, a: torch.Tensor, a_scale: torch.Tensor, w: to
     args = [_desc(a, (bm, bk)), a_scale, _desc(w_rows, (bn, bk)), w_scale.contiguous(), out,
             out if scale is None else scale, offsets, tile_offsets, n, k, e, a_scale.stride(0), out.stride(0)]
     consts = dict(MODE=int(mode), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_PROGRAMS=programs,
-                  LOG2_E=log2_e)
+                  LOG2_E=log2_e, ROUND_BF16=bool(knobs.runtime.interpret) and out.dtype == torch.bfloat16)
     kept_launch.start(_KEPT, moe_fp8_grouped_kernel, (programs,), args, consts,
                       dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
 
@@ -110,10 +111,14 @@ def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return launch_quantize_fp8(x, "block", (1, SCALE_BLOCK))
 
 
-def launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate) -> torch.Tensor:
+def launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate, out=None) -> torch.Tensor:
     """``grouped_gemm_fp8``'s launcher: checks, quantizes x when it is bf16/fp16, plans the tiles, launches."""
-    s, k, e, n = check_grouped_fp8_args(x, w, offsets, x_scale, w_scale, out_dtype)
-    out = torch.empty((s, n), dtype=out_dtype, device=x.device)
+    s, k, e, n = check_grouped_fp8_args(x, w, offsets, x_scale, w_scale, out_dtype, out)
+    if out is None:
+        out = torch.empty((s, n), dtype=out_dtype, device=x.device)
+    elif any(t.numel() and overlap(out, t) for t in (x, w, offsets, w_scale) + ((x_scale,) if x_scale is not None
+                                                                                  else ())):
+        raise ValueError("grouped_gemm_fp8: out overlaps an input; pass a fresh out")
     if e == 0 or s == 0 or n == 0:
         return out
     target = target_for(x.device)
@@ -131,7 +136,8 @@ def launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate
     if validate:
         device_check(ok[0], f"grouped_gemm_fp8: offsets must be non-decreasing cumulative ends within [0, S={s}]")
     if k == 0:
-        return out.zero_()
+        out[:s].zero_() if out.numel() else None
+        return out
     launch_fp8_grouped(Mode.GROUPED, x, x_scale, w, w_scale, out, None, offsets, tile_offsets, n, cfg, target, s)
     return out
 
