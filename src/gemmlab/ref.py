@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from gemmlab.ops.fp8_quantize import quantize_torch
+import gemmlab
 from gemmlab.ops.gemm import PackedB
 
 
@@ -302,10 +302,9 @@ def _gamma(k: int) -> float:
 
 
 def _act_quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (R, C) bf16/fp16 quantized per 1x128 block by gemmlab's own quantizer (the op's activation contract)."""
-    from gemmlab.ops.gemm_fp8 import quantize_fp8
-
-    return quantize_fp8(x, "block", (1, FP8_SCALE_BLOCK))
+    """x (R, C) bf16/fp16 quantized per 1x128 block by gemmlab's own quantizer (the op's activation contract; equal
+    to the torch rule, ``ops.fp8_quantize.quantize_torch``, bit for bit: tests/fp8)."""
+    return gemmlab.quantize_fp8(x, "block", (1, FP8_SCALE_BLOCK))
 
 
 def grouped_gemm_fp8_check(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
@@ -366,7 +365,7 @@ def _moe_fp8_expert(xq, xs, packed, e: int, tok, wts, dtype, out_bound: bool):
     g, u = a @ w1[:i].t(), a @ w1[i:].t()
     silu = torch.nn.functional.silu(g)
     h = silu * u
-    hq, hs = quantize_torch(h.to(dtype), "block", (1, blk))  # the intermediate, as the op stores and quantizes it
+    hq, hs = _act_quantized(h.to(dtype))  # the intermediate, as the op stores and quantizes it
     d = dequantize_fp8(hq, hs, (1, blk))
     o = (d @ w2.t()) * wts[:, None]
     if not out_bound:
