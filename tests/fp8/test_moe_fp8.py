@@ -120,6 +120,21 @@ def test_grouped_gemm_fp8_within_bound(k_dim, empty, given):
     assert not grouped_gemm_fp8_check(out, xq, w, offsets, xs, bad)["ok"]
     plain = gemmlab.grouped_gemm_fp8(xq, w, offsets, xs, ws)
     assert plain.dtype == (torch.bfloat16) and grouped_gemm_fp8_check(plain, xq, w, offsets, xs, ws)["ok"]
+    if given:  # a bf16 x is quantized by the op exactly as quantize_fp8 does: the same bits out
+        on_the_fly = gemmlab.grouped_gemm_fp8(x, w, offsets, None, ws, out_dtype=torch.bfloat16)
+        assert torch.equal(on_the_fly[:end], plain[:end])
+
+
+def test_empty_inputs_and_no_validation():
+    w1, w2 = _experts(2, 128, 128)
+    p = gemmlab.pack_moe_fp8(w1, w2)
+    x, weights, ids = _tokens(0, 128, 2, 2)
+    assert gemmlab.moe_forward(x, p, None, weights, ids).shape == (0, 128)
+    offs = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    assert gemmlab.grouped_gemm_fp8(x, p.w2, offs, None, p.w2_scale).shape == (0, 128)
+    x, weights, ids = _tokens(3, 128, 2, 2)
+    y = gemmlab.moe_forward(x, p, None, weights, ids, validate=False)
+    assert moe_fp8_check(y, x, p, weights, ids)["ok"]
 
 
 def _bad_calls():

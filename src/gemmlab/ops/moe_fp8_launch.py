@@ -63,7 +63,7 @@ CONFIGS = {
         "large": MoEFp8Config(),
         "large_gate_up": MoEFp8Config(block_n=64),  # two accumulators: half the width
         "small": MoEFp8Config(block_m=64, num_warps=4),
-        "small_gate_up": MoEFp8Config(block_m=64, block_n=64),  # 8 warps: 4 spill (sm_90 SASS)
+        "small_gate_up": MoEFp8Config(block_m=64, block_n=64),  # 8 warps (at 4 the sm_90 build spills)
     },
 }
 
@@ -152,6 +152,8 @@ def launch_moe_forward_fp8(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids
     _need_tma("moe_forward (fp8)", target)
     s = t * k
     cfg1, cfg2 = moe_fp8_config(target, Mode.GATE_UP, s, e), moe_fp8_config(target, Mode.DOWN, s, e)
+    if cfg1.block_m != cfg2.block_m:  # one tile schedule for both GEMMs
+        raise AssertionError(f"moe_fp8_config: block_m {cfg1.block_m} (gate/up) != {cfg2.block_m} (down)")
     routes = sort_routes(topk_ids, e, cfg1.block_m, topk_weights)  # (1)
     if validate:
         ok = routes.ok[0] if routes.ok is not None else ((topk_ids >= 0) & (topk_ids < e)).all()
