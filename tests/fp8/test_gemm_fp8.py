@@ -191,6 +191,26 @@ def test_bundled_fp8_configs_load_and_gpu_rules_say_untuned(target):
         assert all("not yet tuned" in r.get("note", "") for r in data["gemm_fp8"]["tma"])
 
 
+@pytest.mark.parametrize("target", ["nvidia-h200", "default", "interpreter"])
+def test_bundled_moe_fp8_configs_load_and_share_block_m(target):
+    """Every mode has a rule for every size; the two MoE GEMMs of one call (gate/up, down) get one block_m (one
+    tile schedule), and block_k divides the 128-wide scale block; the GPU rules say they are untuned."""
+    from gemmlab.ops import configs
+    from gemmlab.ops.moe_fp8_launch import MoEFp8Config
+
+    for rpe in (0, 1, 127, 128, 4096):
+        picked = {m: configs.pick(target, "moe_fp8", m, MoEFp8Config.from_dict, "float8_e4m3fn",
+                                  rows_per_expert=rpe, rows=rpe * 8, experts=8, n=256, k=256).config
+                  for m in ("grouped", "gate_up", "down")}
+        assert picked["gate_up"].block_m == picked["down"].block_m, (target, rpe, picked)
+        assert all(128 % c.block_k == 0 for c in picked.values())
+    if target != "interpreter":
+        data = configs.read(configs.bundled_file(target))
+        assert all("not yet tuned" in r.get("note", "") for rules in data["moe_fp8"].values() for r in rules)
+    with pytest.raises(ValueError, match="unknown MoEFp8Config keys"):
+        MoEFp8Config.from_dict({"blok_m": 64})
+
+
 def test_config_checks_fire():
     from gemmlab.ops.gemm_fp8 import Fp8Config, plan_fp8
 

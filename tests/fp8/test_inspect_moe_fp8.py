@@ -1,5 +1,5 @@
 """The FP8 grouped kernel stays on Hopper's tensor cores with e4m3 operands: build the sm_90 cubin of every config
-the H200 launches (``ops.moe_fp8_launch.CONFIGS["gpu"]``, each with the modes that use it) from a signature (no GPU
+the H200 launches (the bundled "moe_fp8" tables of nvidia-h200.json, each rule with its mode) from a signature (no GPU
 needed: ``triton.compile`` for GPUTarget("cuda", 90, 32)), and read its SASS as tests/fp8/test_inspect_fp8.py does:
 QGMMA on E4M3 operands, no fp16/bf16 upcast (HGMMA, HMMA), TMA loads, no spills. Runs in a child process: the
 compiler, not the interpreter the rest of the suite may use."""
@@ -19,13 +19,13 @@ from triton.compiler import ASTSource
 from gemmlab.instruments.sass import compiled_report, sass_text
 from gemmlab.kernels.moe_fp8 import moe_fp8_grouped_kernel
 from gemmlab.ops.moe_config import Mode
-from gemmlab.ops.moe_fp8_launch import CONFIGS
+from gemmlab.ops import configs
+from gemmlab.ops.moe_fp8_launch import MoEFp8Config
 
-uses = {"large": (Mode.GROUPED, Mode.DOWN), "small": (Mode.GROUPED, Mode.DOWN), "large_gate_up": (Mode.GATE_UP,),
-        "small_gate_up": (Mode.GATE_UP,)}
 out = {}
-for name, cfg in CONFIGS["gpu"].items():
-    for mode in uses[name]:
+for mode in Mode:
+    for i, rule in enumerate(configs.rules("nvidia-h200", "moe_fp8", mode.table, MoEFp8Config.from_dict)):
+        cfg, name = rule.config, f"{mode.table}[{i}]"
         sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {cfg.block_k}]>", "a_scale": "*fp32",
                "w_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {cfg.block_k}]>", "w_scale": "*fp32", "out": "*bf16",
                "scale": "*fp32", "offsets": "*i32", "tile_offsets": "*i32"}
@@ -42,7 +42,7 @@ for name, cfg in CONFIGS["gpu"].items():
         r["gmma_e4m3"] = len(re.findall(r"QGMMA\.[^ ;]*E4M3", sass))
         r["gmma_lines"] = sorted({w for line in sass.splitlines() for w in line.split()
                                   if w.startswith(("QGMMA", "HGMMA"))})
-        out[f"{name}-mode{int(mode)}"] = r
+        out[name] = r
 print(json.dumps(out))
 """
 
@@ -56,7 +56,7 @@ def reports():
 
 
 def test_fp8_grouped_kernel_runs_e4m3_wgmma_without_spills(reports):
-    assert len(reports) == 6
+    assert len(reports) == 6  # three modes, a rule for decode sizes and one for the rest each
     for name, r in reports.items():
         assert r["tensor_core"] and r["gmma_e4m3"] > 0, (name, r["gmma_lines"], r["sass"])
         assert not r["sass"]["HMMA"] and not r["sass"]["HGMMA"], (name, r["gmma_lines"])  # no fp16/bf16 upcast

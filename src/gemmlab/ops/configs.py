@@ -44,6 +44,7 @@ SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "moe": (("grouped", "gate_up", "down"), ("rows_per_expert", "group_bound", "rows", "experts", "n", "k")),
     "moe_backward": (("fused",), ("rows_per_expert", "rows", "experts", "n", "k")),  # ops.moe_backward
     "gemm_fp8": (("tma",), ("m", "n", "k")),  # ops.gemm_fp8
+    "moe_fp8": (("grouped", "gate_up", "down"), ("rows_per_expert", "rows", "experts", "n", "k")),  # ops.moe_fp8
 }
 DTYPES = ("float16", "bfloat16")
 _META_KEYS = ("config", "dtype", "tuned", "note")

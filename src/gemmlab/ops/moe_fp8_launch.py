@@ -20,7 +20,7 @@ Needs sm_90 (TMA and e4m3 wgmma) or the CPU under Triton's interpreter. No autog
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import triton
@@ -30,6 +30,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from gemmlab.device import Target, target_for
 from gemmlab.kernels.moe import moe_combine_kernel, moe_tiles_kernel
 from gemmlab.kernels.moe_fp8 import moe_fp8_grouped_kernel
+from gemmlab.ops import configs
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.fp8_checks import FP8, SCALE_BLOCK
 from gemmlab.ops.fp8_quantize import launch_quantize_fp8
@@ -54,27 +55,21 @@ class MoEFp8Config:
     num_warps: int = 8
     num_stages: int = 3
 
-
-# Config space, as data: per target, per mode; "small" where a group holds fewer than 128 rows on average (decode).
-# Untuned starting points (none measured yet); the interpreter's are small so CPU tests stay fast.
-CONFIGS = {
-    "interpreter": {"any": MoEFp8Config(block_m=16, block_n=32, block_k=64, group_m=2, num_warps=4, num_stages=1)},
-    "gpu": {
-        "large": MoEFp8Config(),
-        "large_gate_up": MoEFp8Config(block_n=64),  # two accumulators: half the width
-        "small": MoEFp8Config(block_m=64, num_warps=4),
-        "small_gate_up": MoEFp8Config(block_m=64, block_n=64),  # 8 warps (at 4 the sm_90 build spills)
-    },
-}
+    @classmethod
+    def from_dict(cls, d: dict) -> MoEFp8Config:
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown MoEFp8Config keys {sorted(unknown)}")
+        return cls(**d)
 
 
-def moe_fp8_config(target: Target, mode: Mode, s: int, e: int) -> MoEFp8Config:
-    """The config of a launch of ``mode`` over S routed rows in E groups (``CONFIGS``). Both MoE GEMMs of one call
-    get the same block_m (they share one tile schedule)."""
-    if target.name == "interpreter":
-        return CONFIGS["interpreter"]["any"]
-    size = "small" if s < 128 * max(e, 1) else "large"
-    return CONFIGS["gpu"][size + ("_gate_up" if mode == Mode.GATE_UP else "")]
+def moe_fp8_config(target: Target, mode: Mode, s: int, e: int, n: int, k: int) -> MoEFp8Config:
+    """The config of a launch of ``mode`` over S routed rows in E groups, N x K weights: the first rule of the
+    target's "moe_fp8" tables (``ops.configs``, path ``mode.table``) whose ranges hold them. The bundled tables give
+    both MoE GEMMs of one call the same block_m (they share one tile schedule; checked at launch)."""
+    rule = configs.pick(target.name, "moe_fp8", mode.table, MoEFp8Config.from_dict, "float8_e4m3fn",
+                        rows_per_expert=s // max(e, 1), rows=s, experts=e, n=n, k=k)
+    return rule.config
 
 
 def _need_tma(op: str, target: Target) -> None:
@@ -128,7 +123,7 @@ def launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate
     elif k and not tma_ok(x, 1):
         raise ValueError(f"grouped_gemm_fp8: x (S={s}, K={k}, strides {x.stride()}) is not TMA-aligned: needs a "
                          "16-byte aligned base, unit K stride and a row stride of a multiple of 16 bytes")
-    cfg = moe_fp8_config(target, Mode.GROUPED, s, e)
+    cfg = moe_fp8_config(target, Mode.GROUPED, s, e, n, k)
     tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=x.device)
     ok = torch.empty(1, dtype=torch.bool, device=x.device)
     kept_launch.start(_KEPT, moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],  # schedule + check
@@ -151,7 +146,7 @@ def launch_moe_forward_fp8(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids
     target = target_for(x.device)
     _need_tma("moe_forward (fp8)", target)
     s = t * k
-    cfg1, cfg2 = moe_fp8_config(target, Mode.GATE_UP, s, e), moe_fp8_config(target, Mode.DOWN, s, e)
+    cfg1, cfg2 = moe_fp8_config(target, Mode.GATE_UP, s, e, 2 * i, h), moe_fp8_config(target, Mode.DOWN, s, e, h, i)
     if cfg1.block_m != cfg2.block_m:  # one tile schedule for both GEMMs
         raise AssertionError(f"moe_fp8_config: block_m {cfg1.block_m} (gate/up) != {cfg2.block_m} (down)")
     routes = sort_routes(topk_ids, e, cfg1.block_m, topk_weights)  # (1)
@@ -176,5 +171,5 @@ def launch_moe_forward_fp8(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids
     return y
 
 
-__all__ = ["CONFIGS", "MoEFp8Config", "launch_fp8_grouped", "launch_grouped_gemm_fp8", "launch_moe_forward_fp8",
+__all__ = ["MoEFp8Config", "launch_fp8_grouped", "launch_grouped_gemm_fp8", "launch_moe_forward_fp8",
            "moe_fp8_config"]
