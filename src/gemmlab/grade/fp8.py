@@ -16,7 +16,8 @@ Honest arithmetic, FP8 form (``rounding.py``'s rule on the e4m3 inputs as given)
 the exact sums are the float64 reference's (the products of two e4m3 values times fp32 scales are exact in
 float64 to 2^-53, far below an output ulp); the counts of outputs that are not the correctly rounded value of the
 exact sum, and of those more than one ulp off, are judged (``rounding.judge``) against the vendor's counts on the
-same sample: ``torch._scaled_mm`` in the grader's own process (``candidate.scaled_mm_fp8``). Honest = computes on
+same sample: ``torch._scaled_mm`` in the grader's own process (``candidate.scaled_mm_fp8``; its fallback, an fp32
+matmul of the dequantized inputs, where torch._scaled_mm cannot run, as for N % 16 != 0 on a GPU). Honest = computes on
 the given e4m3 values and scales with fp32 accumulation and rounds once to nearest. A candidate that
 re-quantizes, rounds its inputs or partial sums to bf16, accumulates in lower precision or truncates C misses
 the correctly rounded value on a large share of the sample (tens of percent) while an honest one misses it only
@@ -68,11 +69,11 @@ def fp8_check(out: torch.Tensor, inputs: tuple, dtype: torch.dtype, gen: torch.G
     return Checked(err.flatten()[worst].item(), bound.flatten()[worst].item(), RULE, counts)
 
 
-def baseline_label(per_row: bool) -> str:
-    """What the baseline is on this machine: torch._scaled_mm, or its labelled fallback where it cannot run."""
+def baseline_label(per_row: bool, dtype: torch.dtype, n: int) -> str:
+    """What the baseline is on this machine at the timed N: torch._scaled_mm, or its labelled fallback."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     scales = "per-row/column" if per_row else "per-tensor"
-    if scaled_mm_runs(device, per_row):
+    if scaled_mm_runs(device, per_row, dtype, n):
         return f"torch._scaled_mm ({scales} scales, fp8 signature)"
     return f"fallback: {SCALED_MM_FALLBACK} ({scales} scales, fp8 signature)"
 
@@ -81,6 +82,7 @@ def fp8_op(cf: CaseFile) -> Op:
     """The op of an fp8 case file: the fp8 signature, C in ``cf.dtype``, baseline builtin:scaled_mm."""
     dtype = getattr(torch, cf.dtype)
     per_row = cf.scales == "row"
+    label = baseline_label(per_row, dtype, cf.performance.n if cf.performance else 16)
 
     def fresh(case, kind, seed, device, keep=None):
         return fp8_operands(case.m, case.n, case.k, kind, per_row, seed, device)
@@ -89,5 +91,5 @@ def fp8_op(cf: CaseFile) -> Op:
               trials=(cf.inputs, cf.inputs, SECOND_KIND[cf.inputs]), timed_kind=cf.inputs, fresh=fresh,
               out_numel=lambda c: c.m * c.n, view=lambda out, c: out.view(c.m, c.n),
               check=lambda out, inputs, kind, gen: fp8_check(out, inputs, dtype, gen),
-              baseline="builtin:scaled_mm", baseline_signature="fp8", baseline_label=baseline_label(per_row),
+              baseline="builtin:scaled_mm", baseline_signature="fp8", baseline_label=label,
               full_kind=FULL_MANTISSA)

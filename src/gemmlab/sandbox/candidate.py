@@ -19,7 +19,7 @@ into ``out``, colmajor signature), ``builtin:cublas_rowmajor`` (returns torch.mm
 same copy into ``out`` as a row-major candidate), ``builtin:composite`` (``ref.moe_composite``, moe signature),
 ``builtin:empty`` (does nothing: the protocol's own overhead); fp8 signature: ``builtin:scaled_mm``
 (``scaled_mm_fp8``: torch._scaled_mm, or where torch cannot run it for these scales on this device, a dequantize +
-fp32 matmul fallback, ``SCALED_MM_FALLBACK``), ``builtin:gemmlab_fp8`` (gemmlab.gemm_fp8).
+fp32 matmul fallback, ``SCALED_MM_FALLBACK``: on a GPU for N % 16 != 0), ``builtin:gemmlab_fp8`` (gemmlab.gemm_fp8).
 """
 
 from __future__ import annotations
@@ -55,20 +55,23 @@ def _empty(*args):
     return None
 
 
-_SCALED_MM_RUNS: dict = {}  # (device type, scale ndim) -> whether torch._scaled_mm runs there
+_SCALED_MM_RUNS: dict = {}  # (device, per row, out dtype, N % 16 == 0) -> whether torch._scaled_mm runs there
 
 
-def scaled_mm_runs(device, per_row: bool) -> bool:
-    """Whether torch._scaled_mm multiplies e4m3 with these scales (per tensor, or per row and column) into bf16 on
-    ``device``: tried once on a 16x16x16 product (torch may lack it, or the device's BLAS these scales)."""
+def scaled_mm_runs(device, per_row: bool, dtype, n: int) -> bool:
+    """Whether torch._scaled_mm multiplies e4m3 with these scales (per tensor, or per row and column) into ``dtype``
+    on ``device`` for an N like ``n`` (cuBLASLt wants N % 16 == 0; torch may lack the op, or the device's BLAS these
+    scales): tried once on a 16 x 16 x (16 or 17) product."""
     import torch
 
-    key = (str(device), per_row)
+    key = (str(device), per_row, dtype, n % 16 == 0)
     if key not in _SCALED_MM_RUNS:
-        a = torch.ones(16, 16, device=device).to(torch.float8_e4m3fn)
-        s = torch.ones((16, 1) if per_row else (), device=device)
+        cols = 16 if n % 16 == 0 else 17
+        a, b = (torch.ones(rows, 16, device=device).to(torch.float8_e4m3fn) for rows in (16, cols))
+        sa, sb = (torch.ones((16, 1), device=device), torch.ones((1, cols), device=device)) if per_row else \
+            (torch.ones((), device=device), torch.ones((), device=device))
         try:
-            torch._scaled_mm(a, a.t(), s, s.t() if per_row else s, out_dtype=torch.bfloat16)
+            torch._scaled_mm(a, b.t(), sa, sb, out_dtype=dtype)
             _SCALED_MM_RUNS[key] = True
         except (AttributeError, RuntimeError, NotImplementedError):
             _SCALED_MM_RUNS[key] = False
@@ -80,7 +83,7 @@ def scaled_mm_fp8(a, b, a_scale, b_scale, c, M, N, K):
     it cannot run (``scaled_mm_runs``), ``SCALED_MM_FALLBACK``: dequantized to fp32, one fp32 matmul, rounded once."""
     import torch
 
-    if scaled_mm_runs(a.device, a_scale.dim() == 2):
+    if scaled_mm_runs(a.device, a_scale.dim() == 2, c.dtype, N):
         torch._scaled_mm(a, b.t(), a_scale, b_scale, out_dtype=c.dtype, out=c)
     else:
         c.copy_(torch.mm(a.float() * a_scale, (b.float() * b_scale.t()).t()))
