@@ -149,3 +149,24 @@ def test_gemmlab_fp8_against_scaled_mm_on_the_gpu(tmp_path):
     assert grade(row, kernel="builtin:gemmlab_fp8")["verdict"] == "PASS"
     bad = grade(row, kernel=f"{BAD}:rounds_toward_zero", allow_vendor=True)
     assert bad["verdict"] == "FAIL" and bad["failures"][0]["rule"] == "honest-arithmetic", bad["failures"]
+
+
+def test_scaled_mm_fallback_is_honest_and_labelled(monkeypatch):
+    """Where torch._scaled_mm cannot run, the baseline is dequantize + fp32 matmul: within the contract, correctly
+    rounded where torch._scaled_mm is, and the report's label says it is the fallback."""
+    from gemmlab.grade import fp8 as grade_fp8
+    from gemmlab.grade.rounding import measure
+    from gemmlab.ref import gemm_fp8_check, gemm_fp8_ref
+    from gemmlab.sandbox import candidate
+
+    inputs = fp8_operands(37, 53, 144, "uniform", True, 5, "cpu")
+    real = grade_fp8.vendor_fp8(inputs, torch.bfloat16)
+    monkeypatch.setattr(candidate, "scaled_mm_runs", lambda *args: False)
+    monkeypatch.setattr(grade_fp8, "scaled_mm_runs", lambda *args: False)
+    a, b, sa, sb = inputs
+    fallback = grade_fp8.vendor_fp8(inputs, torch.bfloat16)
+    assert gemm_fp8_check(fallback, a, b.t(), sa, sb)["ok"]
+    exact = gemm_fp8_ref(a, b.t(), sa, sb)
+    counts = measure(fallback, exact, torch.bfloat16), measure(real, exact, torch.bfloat16)
+    assert counts[0].judged > 1000 and counts[0].not_rounded <= 2 * counts[1].not_rounded + 20, counts
+    assert "fallback" in grade_fp8.baseline_label(True, torch.bfloat16, 37, 53)

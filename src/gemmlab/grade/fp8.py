@@ -69,11 +69,11 @@ def fp8_check(out: torch.Tensor, inputs: tuple, dtype: torch.dtype, gen: torch.G
     return Checked(err.flatten()[worst].item(), bound.flatten()[worst].item(), RULE, counts)
 
 
-def baseline_label(per_row: bool, dtype: torch.dtype, n: int) -> str:
-    """What the baseline is on this machine at the timed N: torch._scaled_mm, or its labelled fallback."""
+def baseline_label(per_row: bool, dtype: torch.dtype, m: int, n: int) -> str:
+    """What the baseline is on this machine at the timed M, N: torch._scaled_mm, or its labelled fallback."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     scales = "per-row/column" if per_row else "per-tensor"
-    if scaled_mm_runs(device, per_row, dtype, n):
+    if scaled_mm_runs(device, per_row, dtype, m, n):
         return f"torch._scaled_mm ({scales} scales, fp8 signature)"
     return f"fallback: {SCALED_MM_FALLBACK} ({scales} scales, fp8 signature)"
 
@@ -82,7 +82,7 @@ def fp8_op(cf: CaseFile) -> Op:
     """The op of an fp8 case file: the fp8 signature, C in ``cf.dtype``, baseline builtin:scaled_mm."""
     dtype = getattr(torch, cf.dtype)
     per_row = cf.scales == "row"
-    label = baseline_label(per_row, dtype, cf.performance.n if cf.performance else 16)
+    label = baseline_label(per_row, dtype, *((cf.performance.m, cf.performance.n) if cf.performance else (16, 16)))
 
     def fresh(case, kind, seed, device, keep=None):
         return fp8_operands(case.m, case.n, case.k, kind, per_row, seed, device)

@@ -55,25 +55,25 @@ def _empty(*args):
     return None
 
 
-_SCALED_MM_RUNS: dict = {}  # (device, per row, out dtype, N % 16 == 0) -> whether torch._scaled_mm runs there
+_SCALED_MM_RUNS: dict = {}  # (device, per row, out dtype, M % 16 == 0, N % 16 == 0) -> whether it runs
 
 
-def scaled_mm_runs(device, per_row: bool, dtype, n: int) -> bool:
+def scaled_mm_runs(device, per_row: bool, dtype, m: int, n: int) -> bool:
     """Whether torch._scaled_mm multiplies e4m3 with these scales (per tensor, or per row and column) into ``dtype``
-    on ``device`` for an N like ``n`` (cuBLASLt wants N % 16 == 0; torch may lack the op, or the device's BLAS these
-    scales): tried once on a 16 x 16 x (16 or 17) product."""
+    on ``device`` for an M and N like ``m`` and ``n`` (cuBLASLt wants N % 16 == 0; torch may lack the op, or the
+    device's BLAS these scales): tried once on a (16 or 17) x 16 x (16 or 17) product."""
     import torch
 
-    key = (str(device), per_row, dtype, n % 16 == 0)
+    key = (str(device), per_row, dtype, m % 16 == 0, n % 16 == 0)
     if key not in _SCALED_MM_RUNS:
-        cols = 16 if n % 16 == 0 else 17
-        a, b = (torch.ones(rows, 16, device=device).to(torch.float8_e4m3fn) for rows in (16, cols))
-        sa, sb = (torch.ones((16, 1), device=device), torch.ones((1, cols), device=device)) if per_row else \
+        rows, cols = (16 if x % 16 == 0 else 17 for x in (m, n))
+        a, b = (torch.ones(r, 16, device=device).to(torch.float8_e4m3fn) for r in (rows, cols))
+        sa, sb = (torch.ones((rows, 1), device=device), torch.ones((1, cols), device=device)) if per_row else \
             (torch.ones((), device=device), torch.ones((), device=device))
         try:
             torch._scaled_mm(a, b.t(), sa, sb, out_dtype=dtype)
             _SCALED_MM_RUNS[key] = True
-        except (AttributeError, RuntimeError, NotImplementedError):
+        except (AttributeError, RuntimeError, NotImplementedError, ValueError):
             _SCALED_MM_RUNS[key] = False
     return _SCALED_MM_RUNS[key]
 
@@ -83,7 +83,7 @@ def scaled_mm_fp8(a, b, a_scale, b_scale, c, M, N, K):
     it cannot run (``scaled_mm_runs``), ``SCALED_MM_FALLBACK``: dequantized to fp32, one fp32 matmul, rounded once."""
     import torch
 
-    if scaled_mm_runs(a.device, a_scale.dim() == 2, c.dtype, N):
+    if scaled_mm_runs(a.device, a_scale.dim() == 2, c.dtype, M, N):
         torch._scaled_mm(a, b.t(), a_scale, b_scale, out_dtype=c.dtype, out=c)
     else:
         c.copy_(torch.mm(a.float() * a_scale, (b.float() * b_scale.t()).t()))
