@@ -3,9 +3,13 @@ scales () or (M, 1) and (1, N) fp32, c (M, N) written in place (``gemmlab.sandbo
 rule of the fp8 grader (tests/grade/test_fp8_grade.py); ``dequantized_fp32`` is their honest twin (no vendor GEMM:
 a float32 matmul on the CPU is torch's BLAS, so it runs with --allow-vendor)."""
 
+import time
+
 import torch
 
 PERF_M = 24  # the performance case's M in tests/cases/fp8-small.json
+
+_calls = {"perf": 0}
 
 
 def _exact32(a, b, a_scale, b_scale):
@@ -37,6 +41,23 @@ def rounds_toward_zero(a, b, a_scale, b_scale, c, M, N, K):
     r = exact.to(c.dtype)
     bits = r.view(torch.int16)
     c.copy_(torch.where(r.float().abs() > exact.abs(), (bits - 1).view(c.dtype), r))
+
+
+def rounds_toward_zero_when_timed(a, b, a_scale, b_scale, c, M, N, K):
+    """Honest through every check of the timed size (its three exact-shape trials), toward zero while timed."""
+    if M == PERF_M:
+        _calls["perf"] += 1
+        if _calls["perf"] > 3:
+            return rounds_toward_zero(a, b, a_scale, b_scale, c, M, N, K)
+    return dequantized_fp32(a, b, a_scale, b_scale, c, M, N, K)
+
+
+def slow_on_full_mantissa(a, b, a_scale, b_scale, c, M, N, K):
+    """Honest arithmetic always, but a fast path only for quantized inputs: on e4m3 values with every mantissa bit
+    set (the full-mantissa kind) each call takes 200 ms longer (tens of times a tiny call, past a busy CPU's noise)."""
+    if bool(((a.view(torch.uint8) & 0x7) == 0x7).all()):
+        time.sleep(0.2)
+    dequantized_fp32(a, b, a_scale, b_scale, c, M, N, K)
 
 
 def wrong_only_at_perf_size(a, b, a_scale, b_scale, c, M, N, K):

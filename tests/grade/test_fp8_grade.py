@@ -84,6 +84,23 @@ def test_wrong_only_at_the_timed_size_fails_exact_shape():
     assert r["listed_correctness_passed"]  # every listed case passed, as in the competition
 
 
+def test_dishonest_only_while_timed_fails_honest_arithmetic():
+    """Every timed call is verified: rounding toward zero only while timed fails there, not in the listed cases."""
+    r = grade(SMALL, kernel=f"{BAD}:rounds_toward_zero_when_timed", allow_vendor=True)
+    assert r["listed_correctness_passed"] and r["verdict"] == "FAIL"
+    f = r["failures"][0]
+    assert f["rule"] == "honest-arithmetic" and "timed in batch" in f["reason"], r["failures"]
+
+
+def test_a_fast_path_for_quantized_inputs_fails_honest_inputs():
+    """Honest arithmetic on every input, fast only on the case's quantized ones: the secret full-mantissa rounds
+    show that its speed depends on the values."""
+    r = grade(SMALL, kernel=f"{BAD}:slow_on_full_mantissa", allow_vendor=True)
+    assert r["listed_correctness_passed"] and r["verdict"] == "FAIL", r["failures"]
+    f = r["failures"][0]
+    assert f["rule"] == "honest-inputs" and "depends on the input values" in f["reason"], r["failures"]
+
+
 def test_fp8_case_files():
     cf = load_any("fp8")
     assert cf.mode == "fp8" and cf.scales == "tensor" and cf.dtype == "bfloat16"
