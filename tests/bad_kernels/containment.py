@@ -99,15 +99,24 @@ def forges_replies(A, B, C, M, N, K):
 _SESSION = os.getsid(0)  # the candidate's own sandbox (its helpers may leave it by setsid)
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _baseline_threads() -> list[int]:
     """Threads of the other sandbox's server (the baseline's): the child of a keeper outside the candidate's
-    session."""
+    session, started by the same grader (never a keeper of another grader running at the same time)."""
     me, keepers = _SESSION, set()
+    grader = _parent(os.getppid())
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
-            if b"sandbox/keeper.py" in open(f"/proc/{d}/cmdline", "rb").read() and os.getsid(int(d)) != me:
+            if (b"sandbox/keeper.py" in open(f"/proc/{d}/cmdline", "rb").read() and os.getsid(int(d)) != me
+                    and _parent(int(d)) == grader):
                 keepers.add(int(d))
         except OSError:
             pass

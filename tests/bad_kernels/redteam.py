@@ -167,19 +167,21 @@ def writes_code_for_the_baseline(A, B, C, M, N, K):
 
 
 def _baseline_pids() -> list[int]:
-    """The processes of the other sandbox (the baseline's keeper and server): keepers outside this session."""
+    """The processes of the other sandbox (the baseline's keeper and server): keepers of this grader (the parent of
+    this worker's keeper) outside this session; never those of another grader running at the same time."""
     me, keepers = os.getsid(0), set()
     table = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
-            cmd = open(f"/proc/{d}/cmdline", "rb").read()
             table[int(d)] = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-            if b"sandbox/keeper.py" in cmd and os.getsid(int(d)) != me:
+            if b"sandbox/keeper.py" in open(f"/proc/{d}/cmdline", "rb").read() and os.getsid(int(d)) != me:
                 keepers.add(int(d))
         except (OSError, ValueError, IndexError):
             pass
+    grader = table.get(os.getppid())
+    keepers = {k for k in keepers if table.get(k) == grader}
     return sorted(keepers | {p for p, pp in table.items() if pp in keepers})
 
 
