@@ -12,6 +12,7 @@ Inputs (every test, bench, tuner and the grader draw here, from a generator or s
     gemm_operands(m, n, k, dtype, device)    A, B as the benches draw them: "centered", seeded by the shape
     moe_inputs(model, tokens, routing)       x, w1, w2 and a routing (weights, ids); ``moe_tokens``: new x
                                              and routing for weights drawn before
+    fp8_operands(m, n, k, kind, per_row)     e4m3 A (M, K), B^T (N, K) and their fp32 scales
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gemmlab import quantize_fp8
 from gemmlab.instruments import timing
 from gemmlab.models import MODEL_LINEARS, MOE_MODELS, MoEModel
 from gemmlab.ops.moe import route
@@ -390,3 +392,34 @@ def moe_tokens(tokens: int, hidden: int, experts: int, top_k: int, routing: str,
     x = (torch.rand((tokens, hidden), generator=g, device=g.device) - 0.5).mul_(2.0).to(dtype)
     weights, ids = route(routing_logits(tokens, experts, routing, g), top_k)
     return x, weights, ids
+
+
+FP8_KINDS = ("uniform", "normal", "full-mantissa")
+
+
+def fp8_operands(m: int, n: int, k: int, kind: str, per_row: bool, seed: int, device: torch.device | str) -> tuple:
+    """(a (M, K), b (N, K), a_scale, b_scale): e4m3 A and B^T (the nn.Linear layout), scales fp32 () per tensor or,
+    ``per_row``, (M, 1) per row of A and (1, N) per column of B; A from a generator seeded 2 seed + 1, B 2 seed + 2.
+    uniform, normal: x of that distribution (``draw``) quantized (``quantize_fp8``: amax / 448), so the
+    values spread over e4m3's range up to +-448; full-mantissa: +-1.875 2^e (all 3 mantissa bits set), e uniform over
+    [-6, 7] (the normal exponents whose all-ones mantissa is finite), random signs, scales (1 + U[0, 1)) 2^-8."""
+    if kind not in FP8_KINDS:
+        raise ValueError(f"fp8 inputs {kind!r}: one of {', '.join(FP8_KINDS)}")
+    out = []
+    for rows, s in ((m, 2 * seed + 1), (n, 2 * seed + 2)):
+        g = generator(s, device)
+        if kind == "full-mantissa":
+            e = torch.randint(-6, 8, (rows, k), generator=g, device=g.device).float()
+            sign = torch.randint(0, 2, (rows, k), generator=g, device=g.device).float() * 2 - 1
+            q = (sign * 1.875 * torch.exp2(e)).to(torch.float8_e4m3fn)
+            scale = (1 + torch.rand((rows, 1) if per_row else (), generator=g, device=g.device)) * 2.0**-8
+        else:
+            x = draw((rows, k), kind, g, torch.float32)
+            if per_row:  # per row as the columns of x^T: torch ops on any device, the row kernel's bits
+                q, scale = quantize_fp8(x.t(), "col")
+                q, scale = q.t().contiguous(), scale.reshape(rows, 1)  # (rows, 1), strides (1, 1)
+            else:
+                q, scale = quantize_fp8(x, "tensor")
+        out.append((q, scale))
+    (a, a_scale), (b, b_scale) = out
+    return a, b, a_scale, b_scale.reshape(1, n) if per_row else b_scale

@@ -1,12 +1,13 @@
 """The grader: ``grade(cases, kernel=None, ...)`` -> report dict; `gemmlab grade` is its command line.
 One grader (``grade/grader.py``) over an op description (``grade/op.py``: GEMM, or MoE for case files of
-"mode": "moe"), with its rules as data (``grade/rules.py``)."""
+"mode": "moe", FP8 for "mode": "fp8": ``grade/fp8.py``), with its rules as data (``grade/rules.py``)."""
 
 from __future__ import annotations
 
 import torch
 
 from gemmlab.grade import cases as _cases
+from gemmlab.grade.fp8 import fp8_op
 from gemmlab.grade.grader import Grader
 from gemmlab.grade.op import gemm_op, moe_op
 
@@ -27,6 +28,11 @@ def make_op(cf: _cases.CaseFile, signature: str | None = None):
         if signature not in (None, "moe"):
             raise _cases.CaseError(f"--signature {signature!r}: an moe case file takes FN(x, w1, w2, weights, ids)")
         return moe_op(cf)
+    if cf.mode == "fp8":
+        if signature not in (None, "fp8"):
+            raise _cases.CaseError(f"--signature {signature!r}: an fp8 case file takes FN(a, b, a_scale, b_scale, c, "
+                                   "M, N, K)")
+        return fp8_op(cf)
     if signature not in (None, "rowmajor", "colmajor"):
         raise _cases.CaseError(f"--signature {signature!r}: rowmajor or colmajor")
     return gemm_op(cf, signature)

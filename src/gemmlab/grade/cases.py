@@ -22,6 +22,15 @@ MoE (``"mode": "moe"``; T tokens, H hidden, I expert intermediate, E experts, k 
      "performance": {"name": "deepseek_t4096", "T": 4096, "H": 7168, "I": 2048, "E": 256, "k": 8,
                      "full_score_ratio": 2.0},
      "score": {"correctness": 30, "performance": 70}}
+
+FP8 dense GEMM (``"mode": "fp8"``; the fp8 signature, ``sandbox/candidate.py``; ``dtype`` is C's)::
+
+    {"name": "fp8", "mode": "fp8", "dtype": "bfloat16", "scales": "tensor", "inputs": "uniform",
+     "correctness": [{"name": "prime", "M": 61, "N": 67, "K": 272}, ...],
+     "performance": {"name": "perf_8k", "M": 8192, "N": 8192, "K": 8192, "full_score_ratio": 1.0}}
+
+``scales``: tensor (one per operand) or row (per row of A, per column of B). ``inputs``: uniform or normal,
+quantized (``problems.fp8_operands``). K % 16 == 0 in every case (TMA's 16-byte rows of e4m3); M and N any.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
 LAYOUTS = ("rowmajor", "colmajor")
 DISTRIBUTIONS = ("competition", "uniform", "normal")
 DTYPES = ("float16", "bfloat16")
+FP8_SCALES = ("tensor", "row")
+FP8_ALIGN = 16  # K % 16 == 0: an e4m3 row of A and of B^T is a TMA row, 16-byte aligned
 
 
 class CaseError(ValueError):
@@ -94,6 +105,7 @@ class CaseFile:
     tol_ref_k: int = 512
     baseline_gflops: float | None = None
     about: str = ""
+    scales: str = "tensor"          # fp8: "tensor" or "row"
 
 
 MoECaseFile = CaseFile  # one case file type; ``mode`` says which op
@@ -190,6 +202,9 @@ _COMMON = {"name": (False, _str), "about": (False, _str), "dtype": (True, _one_o
 GEMM_SCHEMA = {**_COMMON, "mode": (False, _one_of("gemm")), "layout": (True, _one_of(*LAYOUTS)),
                "inputs": (True, _one_of(*DISTRIBUTIONS)),
                "tolerance": (False, None), "correctness": (True, None), "performance": (False, None)}
+FP8_SCHEMA = {**_COMMON, "mode": (True, _one_of("fp8")), "scales": (False, _one_of(*FP8_SCALES)),
+              "inputs": (False, _one_of("uniform", "normal")), "correctness": (True, None),
+              "performance": (False, None)}
 MOE_SCHEMA = {**_COMMON, "mode": (True, _one_of("moe")), "correctness": (True, None), "performance": (False, None)}
 
 
@@ -234,9 +249,9 @@ def load(name_or_path: str) -> CaseFile:
     path = resolve(name_or_path)
     d = read(path)
     mode = d.get("mode", "gemm")
-    if mode not in ("gemm", "moe"):
-        raise CaseError(f"{path}: mode: expected one of gemm, moe, got {mode!r}")
-    top = _validate(d, GEMM_SCHEMA if mode == "gemm" else MOE_SCHEMA, str(path))
+    if mode not in ("gemm", "moe", "fp8"):
+        raise CaseError(f"{path}: mode: expected one of gemm, moe, fp8, got {mode!r}")
+    top = _validate(d, {"gemm": GEMM_SCHEMA, "moe": MOE_SCHEMA, "fp8": FP8_SCHEMA}[mode], str(path))
     score = _validate(d.get("score", {}), _SCORE, f"{path}: score")
     common = dict(name=top.get("name", path.stem), path=str(path), dtype=top["dtype"], about=top.get("about", ""),
                   score_correctness=score.get("correctness", 30.0), score_performance=score.get("performance", 70.0))
@@ -249,6 +264,8 @@ def load(name_or_path: str) -> CaseFile:
         return CaseFile(mode="moe", correctness=tuple(correctness),
                         performance=make(perf, f"{path}: performance") if perf else None,
                         full_score_ratio=(perf or {}).get("full_score_ratio", 1.0), **common)
+    if mode == "fp8":
+        return _fp8_file(d, top, path, common)
     tol = _validate(d.get("tolerance", {}), {"base": (False, _pos), "ref_k": (False, _pos_int)},
                     f"{path}: tolerance")
     correctness = [_shape(c) for c in _cases(d["correctness"], _GEMM_CASE, f"{path}: correctness")]
@@ -256,6 +273,19 @@ def load(name_or_path: str) -> CaseFile:
     return CaseFile(mode="gemm", layout=top["layout"], inputs=top["inputs"], tol_base=tol.get("base", 0.01),
                     tol_ref_k=tol.get("ref_k", 512), correctness=tuple(correctness),
                     performance=_shape(perf) if perf else None,
+                    baseline_gflops=(perf or {}).get("baseline_gflops"),
+                    full_score_ratio=(perf or {}).get("full_score_ratio", 1.0), **common)
+
+
+def _fp8_file(d: dict, top: dict, path: Path, common: dict) -> CaseFile:
+    """An fp8 case file: GEMM shapes, each with K % 16 == 0."""
+    correctness = _cases(d["correctness"], _GEMM_CASE, f"{path}: correctness")
+    perf = None if d.get("performance") is None else _validate(d["performance"], _GEMM_PERF, f"{path}: performance")
+    for where, c in [(f"correctness[{i}]", c) for i, c in enumerate(correctness)] + [("performance", perf)]:
+        if c is not None and c["K"] % FP8_ALIGN:
+            raise CaseError(f"{path}: {where}.K: {c['K']} is not a multiple of {FP8_ALIGN} (fp8 rows are TMA rows)")
+    return CaseFile(mode="fp8", scales=top.get("scales", "tensor"), inputs=top.get("inputs", "uniform"),
+                    correctness=tuple(_shape(c) for c in correctness), performance=_shape(perf) if perf else None,
                     baseline_gflops=(perf or {}).get("baseline_gflops"),
                     full_score_ratio=(perf or {}).get("full_score_ratio", 1.0), **common)
 

@@ -1,6 +1,7 @@
 """What the grader grades, as data: an ``Op`` says how to make inputs, how the candidate is called, what
 a correct output is (reference and tolerance), the work done (flops) and the baseline. One grader
-(``grader.py``) serves every op; ``gemm_op`` and ``moe_op`` are the two instances.
+(``grader.py``) serves every op; ``gemm_op`` and ``moe_op`` are two instances, ``grade/fp8.py``'s ``fp8_op``
+the third.
 
 An op's inputs are a tuple of tensors. ``fresh(case, kind, seed, keep)`` draws them (``kind``: the input
 distribution or routing; ``keep``: inputs of an earlier draw to reuse for the positions in ``fixed``: the

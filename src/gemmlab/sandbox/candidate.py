@@ -8,11 +8,18 @@ Signatures (``inputs`` are the logical operands; ``out`` a flat output buffer th
     rowmajor  FN(a (M, K), b (K, N)) -> c (M, N)             the result is copied into ``out``
     colmajor  FN(A, B, C, M, N, K)   writes C in place        (the competition's: flat column-major buffers)
     moe       FN(x, w1, w2, topk_weights, topk_ids) -> y      the result is copied into ``out``
+    fp8       FN(a, b, a_scale, b_scale, c, M, N, K)         writes c in place: a (M, K) and b (N, K) e4m3,
+              both K-major (b in the nn.Linear layout, B = b^T); a_scale () or (M, 1), b_scale () or (1, N) fp32
+              (per tensor, or per row of A and column of B); c (M, N) row-major in the case's dtype. No copy in
+              the call: ``torch._scaled_mm(a, b.t(), a_scale, b_scale, out=c)`` and ``gemmlab.gemm_fp8(a, b.t(),
+              a_scale, b_scale, out=c)`` take exactly these tensors.
 ``out`` is stored in ``layout`` (rowmajor: (M, N) row-major; colmajor: column-major), so the caller reads
 the same logical C whatever the signature. Builtins (trusted, for baselines): ``builtin:cublas`` (torch.mm
 into ``out``, colmajor signature), ``builtin:cublas_rowmajor`` (returns torch.mm, rowmajor: it pays the
 same copy into ``out`` as a row-major candidate), ``builtin:composite`` (``ref.moe_composite``, moe signature),
-``builtin:empty`` (does nothing: the protocol's own overhead).
+``builtin:empty`` (does nothing: the protocol's own overhead); fp8 signature: ``builtin:scaled_mm``
+(``scaled_mm_fp8``: torch._scaled_mm, or where torch cannot run it for these scales on this device, a dequantize +
+fp32 matmul fallback, ``SCALED_MM_FALLBACK``: on a GPU for N % 16 != 0), ``builtin:gemmlab_fp8`` (gemmlab.gemm_fp8).
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-SIGNATURES = ("rowmajor", "colmajor", "moe")
+SIGNATURES = ("rowmajor", "colmajor", "moe", "fp8")
+SCALED_MM_FALLBACK = "dequantize to fp32 + fp32 matmul (torch._scaled_mm cannot run these scales here)"
 
 
 def _cublas_colmajor(A, B, C, M, N, K):
@@ -47,8 +55,48 @@ def _empty(*args):
     return None
 
 
+_SCALED_MM_RUNS: dict = {}  # (device, per row, out dtype, M % 16 == 0, N % 16 == 0) -> whether it runs
+
+
+def scaled_mm_runs(device, per_row: bool, dtype, m: int, n: int) -> bool:
+    """Whether torch._scaled_mm multiplies e4m3 with these scales (per tensor, or per row and column) into ``dtype``
+    on ``device`` for an M and N like ``m`` and ``n`` (cuBLASLt wants N % 16 == 0; torch may lack the op, or the
+    device's BLAS these scales): tried once on a (16 or 17) x 16 x (16 or 17) product."""
+    import torch
+
+    key = (str(device), per_row, dtype, m % 16 == 0, n % 16 == 0)
+    if key not in _SCALED_MM_RUNS:
+        rows, cols = (16 if x % 16 == 0 else 17 for x in (m, n))
+        a, b = (torch.ones(r, 16, device=device).to(torch.float8_e4m3fn) for r in (rows, cols))
+        sa, sb = (torch.ones((rows, 1), device=device), torch.ones((1, cols), device=device)) if per_row else \
+            (torch.ones((), device=device), torch.ones((), device=device))
+        try:
+            torch._scaled_mm(a, b.t(), sa, sb, out_dtype=dtype)
+            _SCALED_MM_RUNS[key] = True
+        except (AttributeError, RuntimeError, NotImplementedError, ValueError):
+            _SCALED_MM_RUNS[key] = False
+    return _SCALED_MM_RUNS[key]
+
+
+def scaled_mm_fp8(a, b, a_scale, b_scale, c, M, N, K):
+    """The fp8 baseline: c (M, N) = (a * a_scale) @ (b * b_scale)^T by torch._scaled_mm, written into c; where
+    it cannot run (``scaled_mm_runs``), ``SCALED_MM_FALLBACK``: dequantized to fp32, one fp32 matmul, rounded once."""
+    import torch
+
+    if scaled_mm_runs(a.device, a_scale.dim() == 2, c.dtype, M, N):
+        torch._scaled_mm(a, b.t(), a_scale, b_scale, out_dtype=c.dtype, out=c)
+    else:
+        c.copy_(torch.mm(a.float() * a_scale, (b.float() * b_scale.t()).t()))
+
+
+def _gemmlab_fp8(a, b, a_scale, b_scale, c, M, N, K):
+    import gemmlab
+
+    gemmlab.gemm_fp8(a, b.t(), a_scale, b_scale, out_dtype=c.dtype, out=c)
+
+
 BUILTINS = {"cublas": _cublas_colmajor, "cublas_rowmajor": _cublas_rowmajor, "composite": _composite,
-            "empty": _empty}
+            "empty": _empty, "scaled_mm": scaled_mm_fp8, "gemmlab_fp8": _gemmlab_fp8}
 
 
 def load_kernel(spec: str | None, signature: str):
@@ -57,7 +105,8 @@ def load_kernel(spec: str | None, signature: str):
     if spec is None:
         import gemmlab
 
-        return {"colmajor": gemmlab.gemm_colmajor, "moe": gemmlab.moe_forward}.get(signature, gemmlab.gemm)
+        return {"colmajor": gemmlab.gemm_colmajor, "moe": gemmlab.moe_forward,
+                "fp8": _gemmlab_fp8}.get(signature, gemmlab.gemm)
     target, _, name = spec.rpartition(":")
     if not target or not name:
         raise ValueError(f"--kernel {spec!r}: expected FILE.py:FN or package.module:FN")
@@ -103,6 +152,10 @@ def _result_problem(res, want) -> str | None:
 def invoke(fn, signature: str, layout: str, inputs: tuple, out) -> str | None:
     """Call ``fn`` on ``inputs`` so that its result lands in the flat buffer ``out`` (stored in
     ``layout``); returns None, or what was wrong with a returned result (then ``out`` is left as it was)."""
+    if signature == "fp8":
+        a, b, a_scale, b_scale = inputs
+        fn(a, b, a_scale, b_scale, out.view(a.shape[0], b.shape[0]), a.shape[0], b.shape[0], a.shape[1])
+        return None
     if signature == "moe":
         res = fn(*inputs)
         want = out.view(inputs[0].shape)

@@ -1,0 +1,95 @@
+"""The FP8 dense GEMM as a graded op: ``fp8_op(cf)`` for case files of ``"mode": "fp8"``, the third instance of
+``op.Op`` beside ``gemm_op`` and ``moe_op``. Legend: M, N, K as for a GEMM; C (M, N) = (A a_scale) @ (B b_scale).
+
+Inputs (``problems.fp8_operands``, fresh per call from the grader's seeds): a (M, K) and b (N, K) e4m3, B = b^T
+(the nn.Linear layout, what torch._scaled_mm takes as its second operand transposed); fp32 scales per the case's
+``scales``: () and () per tensor, or (M, 1) per row of A and (1, N) per column of B. Kinds: the case's
+``inputs`` (uniform or normal, quantized with amax / 448 scales), the other of the two for the third trial, and
+``full-mantissa`` (every element +-1.875 2^e, all three mantissa bits set) for the secret share of timed calls.
+
+Correct: every element within ``ref.gemm_fp8_bound`` of ``ref.gemm_fp8_ref`` (float64 on the dequantized
+inputs), the contract of ``gemmlab.gemm_fp8`` (docs/fp8.md). The bound is per element, so ``Checked`` carries
+the element where |C - ref| / bound is largest: ``err`` its error, ``tol`` its bound (err > tol exactly when some
+element is beyond its bound).
+
+Honest arithmetic, FP8 form (``rounding.py``'s rule on the e4m3 inputs as given): on a secret sample of outputs,
+the exact sums are the float64 reference's (the products of two e4m3 values times fp32 scales are exact in
+float64 to 2^-53, far below an output ulp); the counts of outputs that are not the correctly rounded value of the
+exact sum, and of those more than one ulp off, are judged (``rounding.judge``) against the vendor's counts on the
+same sample: ``torch._scaled_mm`` in the grader's own process (``candidate.scaled_mm_fp8``; its fallback, an fp32
+matmul of the dequantized inputs, where torch._scaled_mm cannot run, as for N % 16 != 0 on a GPU). Honest = computes on
+the given e4m3 values and scales with fp32 accumulation and rounds once to nearest. A candidate that
+re-quantizes, rounds its inputs or partial sums to bf16, accumulates in lower precision or truncates C misses
+the correctly rounded value on a large share of the sample (tens of percent) while an honest one misses it only
+next to rounding midpoints. (Triton's CPU interpreter truncates fp32 to bf16, so on the CPU gemmlab's own
+kernel is graded with an fp16 C: ``cases/fp8-cpu.json``.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gemmlab.grade import rounding
+from gemmlab.grade.cases import CaseFile
+from gemmlab.grade.op import Checked, Op
+from gemmlab.problems import fp8_operands
+from gemmlab.ref import gemm_fp8_bound, gemm_fp8_ref
+from gemmlab.sandbox.candidate import SCALED_MM_FALLBACK, scaled_mm_fp8, scaled_mm_runs
+
+SECOND_KIND = {"uniform": "normal", "normal": "uniform"}
+FULL_MANTISSA = "full-mantissa"
+RULE = "ref.gemm_fp8_bound per element (err, tol: at the element nearest its bound)"
+
+
+def vendor_fp8(inputs: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """The yardstick: the baseline's C (M, N) in ``dtype`` on the same inputs, made in the grader's process."""
+    a, b, a_scale, b_scale = inputs
+    c = torch.empty((a.shape[0], b.shape[0]), dtype=dtype, device=a.device)
+    scaled_mm_fp8(a, b, a_scale, b_scale, c, a.shape[0], b.shape[0], a.shape[1])
+    return c
+
+
+def fp8_check(out: torch.Tensor, inputs: tuple, dtype: torch.dtype, gen: torch.Generator) -> Checked:
+    """``out`` (M, N) against the float64 reference under ``gemm_fp8_bound``, with the rounding counts of ``out``
+    and of the vendor's C on one sample of elements drawn with ``gen`` (module docstring)."""
+    a, b, a_scale, b_scale = inputs
+    if out.numel() == 0:
+        return Checked(0.0, 0.0, RULE)
+    ref = gemm_fp8_ref(a, b.t(), a_scale, b_scale)
+    bound = gemm_fp8_bound(a, b.t(), a_scale, b_scale, dtype, ref)
+    err = (out.to(torch.float64) - ref).abs()
+    if not bool(torch.isfinite(err).all()):
+        return Checked(float("inf"), 0.0, RULE)
+    worst = (err / bound).argmax()
+    rows, cols = rounding.sample(out.shape[0], out.shape[1], gen)
+    rows, cols = rows.to(out.device), cols.to(out.device)
+    exact = ref[rows][:, cols]
+    vendor = vendor_fp8(inputs, dtype)
+    counts = (rounding.measure(out[rows][:, cols], exact, dtype), rounding.measure(vendor[rows][:, cols], exact, dtype))
+    return Checked(err.flatten()[worst].item(), bound.flatten()[worst].item(), RULE, counts)
+
+
+def baseline_label(per_row: bool, dtype: torch.dtype, m: int, n: int) -> str:
+    """What the baseline is on this machine at the timed M, N: torch._scaled_mm, or its labelled fallback."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    scales = "per-row/column" if per_row else "per-tensor"
+    if scaled_mm_runs(device, per_row, dtype, m, n):
+        return f"torch._scaled_mm ({scales} scales, fp8 signature)"
+    return f"fallback: {SCALED_MM_FALLBACK} ({scales} scales, fp8 signature)"
+
+
+def fp8_op(cf: CaseFile) -> Op:
+    """The op of an fp8 case file: the fp8 signature, C in ``cf.dtype``, baseline builtin:scaled_mm."""
+    dtype = getattr(torch, cf.dtype)
+    per_row = cf.scales == "row"
+    label = baseline_label(per_row, dtype, *((cf.performance.m, cf.performance.n) if cf.performance else (16, 16)))
+
+    def fresh(case, kind, seed, device, keep=None):
+        return fp8_operands(case.m, case.n, case.k, kind, per_row, seed, device)
+
+    return Op(name="fp8", signature="fp8", layout="rowmajor", dtype=dtype,
+              trials=(cf.inputs, cf.inputs, SECOND_KIND[cf.inputs]), timed_kind=cf.inputs, fresh=fresh,
+              out_numel=lambda c: c.m * c.n, view=lambda out, c: out.view(c.m, c.n),
+              check=lambda out, inputs, kind, gen: fp8_check(out, inputs, dtype, gen),
+              baseline="builtin:scaled_mm", baseline_signature="fp8", baseline_label=label,
+              full_kind=FULL_MANTISSA)
