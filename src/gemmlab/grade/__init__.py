@@ -1,13 +1,14 @@
 """The grader: ``grade(cases, kernel=None, ...)`` -> report dict; `gemmlab grade` is its command line.
 One grader (``grade/grader.py``) over an op description (``grade/op.py``: GEMM, or MoE for case files of
-"mode": "moe", FP8 for "mode": "fp8": ``grade/fp8.py``), with its rules as data (``grade/rules.py``)."""
+"mode": "moe", FP8 for "mode": "fp8" and FP8 experts for "mode": "moe_fp8": ``grade/fp8.py``), with its rules as
+data (``grade/rules.py``)."""
 
 from __future__ import annotations
 
 import torch
 
 from gemmlab.grade import cases as _cases
-from gemmlab.grade.fp8 import fp8_op
+from gemmlab.grade.fp8 import fp8_op, moe_fp8_op
 from gemmlab.grade.grader import Grader
 from gemmlab.grade.op import gemm_op, moe_op
 
@@ -33,6 +34,11 @@ def make_op(cf: _cases.CaseFile, signature: str | None = None):
             raise _cases.CaseError(f"--signature {signature!r}: an fp8 case file takes FN(a, b, a_scale, b_scale, c, "
                                    "M, N, K)")
         return fp8_op(cf)
+    if cf.mode == "moe_fp8":
+        if signature not in (None, "moe_fp8"):
+            raise _cases.CaseError(f"--signature {signature!r}: a moe_fp8 case file takes FN(x, w1, w1_scale, w2, "
+                                   "w2_scale, topk_weights, topk_ids, out)")
+        return moe_fp8_op(cf)
     if signature not in (None, "rowmajor", "colmajor"):
         raise _cases.CaseError(f"--signature {signature!r}: rowmajor or colmajor")
     return gemm_op(cf, signature)

@@ -29,6 +29,12 @@ FP8 dense GEMM (``"mode": "fp8"``; the fp8 signature, ``sandbox/candidate.py``; 
      "correctness": [{"name": "prime", "M": 61, "N": 67, "K": 272}, ...],
      "performance": {"name": "perf_8k", "M": 8192, "N": 8192, "K": 8192, "full_score_ratio": 1.0}}
 
+FP8 experts (``"mode": "moe_fp8"``; the moe_fp8 signature; cases as MoE's, with H % 16 == 0 and I % 16 == 0)::
+
+    {"name": "fp8-moe", "mode": "moe_fp8", "dtype": "bfloat16",
+     "correctness": [{"name": "decode", "T": 1, "H": 7168, "I": 2048, "E": 256, "k": 8}, ...],
+     "performance": {"name": "deepseek_t4096", "T": 4096, "H": 7168, "I": 2048, "E": 256, "k": 8}}
+
 ``scales``: tensor (one per operand) or row (per row of A, per column of B). ``inputs``: uniform or normal,
 quantized (``problems.fp8_operands``). K % 16 == 0 in every case (TMA's 16-byte rows of e4m3); M and N any.
 """
@@ -206,6 +212,7 @@ FP8_SCHEMA = {**_COMMON, "mode": (True, _one_of("fp8")), "scales": (False, _one_
               "inputs": (False, _one_of("uniform", "normal")), "correctness": (True, None),
               "performance": (False, None)}
 MOE_SCHEMA = {**_COMMON, "mode": (True, _one_of("moe")), "correctness": (True, None), "performance": (False, None)}
+MOE_FP8_SCHEMA = {**MOE_SCHEMA, "mode": (True, _one_of("moe_fp8"))}
 
 
 def _cases(items, schema: dict, where: str) -> list[dict]:
@@ -249,19 +256,20 @@ def load(name_or_path: str) -> CaseFile:
     path = resolve(name_or_path)
     d = read(path)
     mode = d.get("mode", "gemm")
-    if mode not in ("gemm", "moe", "fp8"):
-        raise CaseError(f"{path}: mode: expected one of gemm, moe, fp8, got {mode!r}")
-    top = _validate(d, {"gemm": GEMM_SCHEMA, "moe": MOE_SCHEMA, "fp8": FP8_SCHEMA}[mode], str(path))
+    schemas = {"gemm": GEMM_SCHEMA, "moe": MOE_SCHEMA, "fp8": FP8_SCHEMA, "moe_fp8": MOE_FP8_SCHEMA}
+    if mode not in schemas:
+        raise CaseError(f"{path}: mode: expected one of {', '.join(schemas)}, got {mode!r}")
+    top = _validate(d, schemas[mode], str(path))
     score = _validate(d.get("score", {}), _SCORE, f"{path}: score")
     common = dict(name=top.get("name", path.stem), path=str(path), dtype=top["dtype"], about=top.get("about", ""),
                   score_correctness=score.get("correctness", 30.0), score_performance=score.get("performance", 70.0))
-    if mode == "moe":
-        make = _moe_case
+    if mode in ("moe", "moe_fp8"):
+        make = _moe_fp8_case if mode == "moe_fp8" else _moe_case
         correctness = [make(c, f"{path}: correctness[{i}]")
                        for i, c in enumerate(_cases(d["correctness"], _MOE_CASE, f"{path}: correctness"))]
         perf = None if d.get("performance") is None else _validate(d["performance"], _MOE_PERF,
                                                                     f"{path}: performance")
-        return CaseFile(mode="moe", correctness=tuple(correctness),
+        return CaseFile(mode=mode, correctness=tuple(correctness),
                         performance=make(perf, f"{path}: performance") if perf else None,
                         full_score_ratio=(perf or {}).get("full_score_ratio", 1.0), **common)
     if mode == "fp8":
@@ -298,3 +306,10 @@ def _moe_case(d: dict, where: str) -> MoECase:
     if d["k"] > d["E"]:
         raise CaseError(f"{where}.k: top-k {d['k']} must be <= E = {d['E']}")
     return MoECase(d.get("name", f"T{d['T']}"), d["T"], d["H"], d["I"], d["E"], d["k"])
+
+
+def _moe_fp8_case(d: dict, where: str) -> MoECase:
+    for dim in ("H", "I"):
+        if d[dim] % FP8_ALIGN:
+            raise CaseError(f"{where}.{dim}: {d[dim]} is not a multiple of {FP8_ALIGN} (fp8 rows are TMA rows)")
+    return _moe_case(d, where)

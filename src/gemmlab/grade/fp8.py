@@ -23,22 +23,35 @@ re-quantizes, rounds its inputs or partial sums to bf16, accumulates in lower pr
 the correctly rounded value on a large share of the sample (tens of percent) while an honest one misses it only
 next to rounding midpoints. (Triton's CPU interpreter truncates fp32 to bf16, so on the CPU gemmlab's own
 kernel is graded with an fp16 C: ``cases/fp8-cpu.json``.)
+
+FP8 experts (``moe_fp8_op(cf)``, case files of ``"mode": "moe_fp8"``; T, H, I, E, k as for MoE): the MoE layer body
+on e4m3 weights with 128x128 block scales, the moe_fp8 signature (``sandbox/candidate.py``). Inputs as ``moe_op``'s
+(``op.moe_fresh``) with the weights packed by ``gemmlab.pack_moe_fp8``: (x, w1, w1_scale, w2, w2_scale,
+topk_weights, topk_ids), the four weight tensors fixed for the run, tokens and routing fresh per call. Correct:
+``ref.moe_fp8_check``, the contract of gemmlab's FP8 experts (docs/fp8.md, "MoE experts": activations and the
+intermediate quantized per 1x128 block as gemmlab does, fp32 accumulation), every element within its bound; err is
+the largest |y - ref| / bound, tol 1. Baseline ``builtin:composite_fp8``: the bf16 torch composite
+(``ref.moe_composite``) on the weights dequantized once (``candidate.dequantized_experts``), so it times the layer,
+not the dequantization. It does not quantize activations, so it would not meet the contract: as in the bf16 moe
+mode, the grader checks only the candidate's outputs, and the baseline only runs.
 """
 
 from __future__ import annotations
 
 import torch
 
+from gemmlab import PackedMoEFP8, pack_moe_fp8
 from gemmlab.grade import rounding
 from gemmlab.grade.cases import CaseFile
-from gemmlab.grade.op import Checked, Op
+from gemmlab.grade.op import Checked, Op, moe_fresh
 from gemmlab.problems import fp8_operands
-from gemmlab.ref import gemm_fp8_bound, gemm_fp8_ref
+from gemmlab.ref import gemm_fp8_bound, gemm_fp8_ref, moe_fp8_check
 from gemmlab.sandbox.candidate import SCALED_MM_FALLBACK, scaled_mm_fp8, scaled_mm_runs
 
 SECOND_KIND = {"uniform": "normal", "normal": "uniform"}
 FULL_MANTISSA = "full-mantissa"
 RULE = "ref.gemm_fp8_bound per element (err, tol: at the element nearest its bound)"
+MOE_RULE = "ref.moe_fp8_check per element (err: max |y - ref| / bound, tol 1)"
 
 
 def vendor_fp8(inputs: tuple, dtype: torch.dtype) -> torch.Tensor:
@@ -93,3 +106,34 @@ def fp8_op(cf: CaseFile) -> Op:
               check=lambda out, inputs, kind, gen: fp8_check(out, inputs, dtype, gen),
               baseline="builtin:scaled_mm", baseline_signature="fp8", baseline_label=label,
               full_kind=FULL_MANTISSA)
+
+
+def moe_fp8_fresh(case, routing: str, seed: int, dtype: torch.dtype, device: torch.device, keep=None) -> tuple:
+    """(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids): ``moe_fresh``'s draw with its weights packed by
+    ``pack_moe_fp8``; with ``keep`` its four weight tensors and a fresh x and routing."""
+    if keep is None:
+        x, w1, w2, weights, ids = moe_fresh(case, routing, seed, dtype, device)
+        p = pack_moe_fp8(w1, w2)
+        return x, p.w1, p.w1_scale, p.w2, p.w2_scale, weights, ids
+    x, _, _, weights, ids = moe_fresh(case, routing, seed, dtype, device, keep)
+    return (x, *keep[1:5], weights, ids)
+
+
+def moe_fp8_check_op(out: torch.Tensor, inputs: tuple) -> Checked:
+    """``out`` (T, H) against ``ref.moe_fp8_check`` (module docstring)."""
+    x, w1, w1_scale, w2, w2_scale, weights, ids = inputs
+    chk = moe_fp8_check(out, x, PackedMoEFP8(w1, w1_scale, w2, w2_scale), weights, ids)
+    return Checked(chk["worst"], 1.0, MOE_RULE)
+
+
+def moe_fp8_op(cf: CaseFile) -> Op:
+    """The op of a moe_fp8 case file: the moe_fp8 signature, baseline builtin:composite_fp8."""
+    dtype = getattr(torch, cf.dtype)
+    return Op(name="moe_fp8", signature="moe_fp8", layout="rowmajor", dtype=dtype, trials=("uniform", "zipf"),
+              timed_kind="uniform",
+              fresh=lambda case, kind, seed, device, keep=None: moe_fp8_fresh(case, kind, seed, dtype, device, keep),
+              out_numel=lambda c: c.t * c.h, view=lambda out, c: out.view(c.t, c.h),
+              check=lambda out, inputs, kind, gen=None: moe_fp8_check_op(out, inputs),
+              baseline="builtin:composite_fp8", baseline_signature="moe_fp8",
+              baseline_label="bf16 torch composite on torch._grouped_mm, weights dequantized once (not FP8)",
+              fixed=(1, 2, 3, 4), verify_per_batch=2)

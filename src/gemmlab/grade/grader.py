@@ -282,7 +282,7 @@ class Grader:
 
     def _report(self, listed: list[CaseResult], results: list[CaseResult], perf: dict | None) -> dict:
         cf, op = self.cases, self.op
-        dims = "T x H x I x E x k" if op.name == "moe" else "M x N x K"
+        dims = "T x H x I x E x k" if op.name in ("moe", "moe_fp8") else "M x N x K"
         return {
             "kind": "grade", "cases_file": cf.path, "cases_name": cf.name, "mode": op.name,
             "kernel": self.kernel or "gemmlab (default)",

@@ -115,7 +115,7 @@ def from_grade(report: dict, note: str = "", command: str = "") -> list[Entry]:
     shape = perf.get("shape") or report.get("performance_shape")
     if not shape:  # a case file without a performance shape: nothing timed, nothing to compare
         return []
-    if report.get("mode") == "moe":
+    if report.get("mode") in ("moe", "moe_fp8"):
         return [_moe_grade_entry(report, perf, shape, note, command)]
     m, n, k = shape
     honest = perf.get("honest") or {}

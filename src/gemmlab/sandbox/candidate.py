@@ -13,13 +13,21 @@ Signatures (``inputs`` are the logical operands; ``out`` a flat output buffer th
               (per tensor, or per row of A and column of B); c (M, N) row-major in the case's dtype. No copy in
               the call: ``torch._scaled_mm(a, b.t(), a_scale, b_scale, out=c)`` and ``gemmlab.gemm_fp8(a, b.t(),
               a_scale, b_scale, out=c)`` take exactly these tensors.
+    moe_fp8   FN(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out)   writes out (T, H) in place: x (T, H)
+              bf16/fp16; w1 (E, 2I, H) and w2 (E, H, I) e4m3, both K-major (gate rows [0, I) then up rows [I, 2I)
+              in w1), their fp32 scales (E, cdiv(2I, 128), cdiv(H, 128)) and (E, cdiv(H, 128), cdiv(I, 128)), one
+              per 128x128 block of each expert (``gemmlab.PackedMoEFP8``'s fields, ``pack_moe_fp8``'s layout);
+              topk_weights (T, k) fp32, topk_ids (T, k) int; out (T, H) in x's dtype.
 ``out`` is stored in ``layout`` (rowmajor: (M, N) row-major; colmajor: column-major), so the caller reads
 the same logical C whatever the signature. Builtins (trusted, for baselines): ``builtin:cublas`` (torch.mm
 into ``out``, colmajor signature), ``builtin:cublas_rowmajor`` (returns torch.mm, rowmajor: it pays the
 same copy into ``out`` as a row-major candidate), ``builtin:composite`` (``ref.moe_composite``, moe signature),
 ``builtin:empty`` (does nothing: the protocol's own overhead); fp8 signature: ``builtin:scaled_mm``
 (``scaled_mm_fp8``: torch._scaled_mm, or where torch cannot run it for these scales on this device, a dequantize +
-fp32 matmul fallback, ``SCALED_MM_FALLBACK``: on a GPU for N % 16 != 0), ``builtin:gemmlab_fp8`` (gemmlab.gemm_fp8).
+fp32 matmul fallback, ``SCALED_MM_FALLBACK``: on a GPU for N % 16 != 0), ``builtin:gemmlab_fp8`` (gemmlab.gemm_fp8);
+moe_fp8 signature: ``builtin:gemmlab_moe_fp8`` (``moe_forward`` on a ``PackedMoEFP8`` of the given tensors, no
+copy), ``builtin:composite_fp8`` (``ref.moe_composite`` on the weights dequantized to x's dtype, once per set of
+weights: ``dequantized_experts``).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-SIGNATURES = ("rowmajor", "colmajor", "moe", "fp8")
+SIGNATURES = ("rowmajor", "colmajor", "moe", "fp8", "moe_fp8")
 SCALED_MM_FALLBACK = "dequantize to fp32 + fp32 matmul (torch._scaled_mm cannot run these scales here)"
 
 
@@ -95,8 +103,50 @@ def _gemmlab_fp8(a, b, a_scale, b_scale, c, M, N, K):
     gemmlab.gemm_fp8(a, b.t(), a_scale, b_scale, out_dtype=c.dtype, out=c)
 
 
+def _gemmlab_moe_fp8(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out):
+    import gemmlab
+
+    packed = gemmlab.PackedMoEFP8(w1, w1_scale, w2, w2_scale)  # the given tensors themselves (moe_forward checks)
+    out.copy_(gemmlab.moe_forward(x, packed, None, topk_weights, topk_ids))
+
+
+_DEQUANTIZED: list = []  # at most one (key, the four tensors, (w1, w2) dequantized)
+
+
+def dequantized_experts(w1, w1_scale, w2, w2_scale, dtype):
+    """(w1 (E, 2I, H), w2 (E, H, I)) in ``dtype``: each expert's e4m3 times its 128x128 block scales
+    (``ref.dequantize_fp8``), made once per set of weights (the MoE weights are fixed for a run) and kept. The
+    key is the tensors' addresses, shapes and dtypes; the kept entry holds the four tensors, so their memory
+    cannot be reused by other weights while the entry stands."""
+    import torch
+
+    from gemmlab.ref import FP8_SCALE_BLOCK, dequantize_fp8
+
+    tensors = (w1, w1_scale, w2, w2_scale)
+    key = (dtype, *((t.data_ptr(), tuple(t.shape), t.dtype, str(t.device)) for t in tensors))
+    if not _DEQUANTIZED or _DEQUANTIZED[0][0] != key:
+        _DEQUANTIZED.clear()  # the old entry's memory goes before the new one is made
+        block = (FP8_SCALE_BLOCK, FP8_SCALE_BLOCK)
+        pair = []
+        for q, s in ((w1, w1_scale), (w2, w2_scale)):
+            w = torch.empty(q.shape, dtype=dtype, device=q.device)
+            for e in range(q.shape[0]):
+                w[e] = dequantize_fp8(q[e], s[e], block).to(dtype)
+            pair.append(w)
+        _DEQUANTIZED.append((key, tensors, tuple(pair)))
+    return _DEQUANTIZED[0][2]
+
+
+def _composite_fp8(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out):
+    from gemmlab.ref import moe_composite
+
+    dw1, dw2 = dequantized_experts(w1, w1_scale, w2, w2_scale, x.dtype)
+    out.copy_(moe_composite(x, dw1, dw2, topk_weights, topk_ids))
+
+
 BUILTINS = {"cublas": _cublas_colmajor, "cublas_rowmajor": _cublas_rowmajor, "composite": _composite,
-            "empty": _empty, "scaled_mm": scaled_mm_fp8, "gemmlab_fp8": _gemmlab_fp8}
+            "empty": _empty, "scaled_mm": scaled_mm_fp8, "gemmlab_fp8": _gemmlab_fp8,
+            "gemmlab_moe_fp8": _gemmlab_moe_fp8, "composite_fp8": _composite_fp8}
 
 
 def load_kernel(spec: str | None, signature: str):
@@ -106,7 +156,7 @@ def load_kernel(spec: str | None, signature: str):
         import gemmlab
 
         return {"colmajor": gemmlab.gemm_colmajor, "moe": gemmlab.moe_forward,
-                "fp8": _gemmlab_fp8}.get(signature, gemmlab.gemm)
+                "fp8": _gemmlab_fp8, "moe_fp8": _gemmlab_moe_fp8}.get(signature, gemmlab.gemm)
     target, _, name = spec.rpartition(":")
     if not target or not name:
         raise ValueError(f"--kernel {spec!r}: expected FILE.py:FN or package.module:FN")
@@ -155,6 +205,9 @@ def invoke(fn, signature: str, layout: str, inputs: tuple, out) -> str | None:
     if signature == "fp8":
         a, b, a_scale, b_scale = inputs
         fn(a, b, a_scale, b_scale, out.view(a.shape[0], b.shape[0]), a.shape[0], b.shape[0], a.shape[1])
+        return None
+    if signature == "moe_fp8":
+        fn(*inputs, out.view(inputs[0].shape))
         return None
     if signature == "moe":
         res = fn(*inputs)

@@ -82,7 +82,7 @@ class _Server:
                 "loop_ms": (t1 - t0) / 1e6}
 
     def _plan_path(self, inputs, out):
-        if self.spec is not None or self.signature in ("moe", "fp8"):
+        if self.spec is not None or self.signature in ("moe", "fp8", "moe_fp8"):
             return None
         import gemmlab
         from gemmlab.sandbox.candidate import logical_out
