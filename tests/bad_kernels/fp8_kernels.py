@@ -73,3 +73,38 @@ def writes_part_of_c(a, b, a_scale, b_scale, c, M, N, K):
     """Only the first half of C's rows (rounded up): the rest keeps the grader's NaN poison."""
     c[: (M + 1) // 2].copy_(_exact32(a[: (M + 1) // 2], b, a_scale if a_scale.dim() == 0 else a_scale[: (M + 1) // 2],
                                      b_scale))
+
+
+# ------------------------------------------------------------------------------- FP8 experts (moe_fp8 signature)
+# FN(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out): x (T, H) bf16, w1 (E, 2I, H) and w2 (E, H, I)
+# e4m3 with 128x128 block scales, out (T, H) written in place (tests/grade/test_fp8_moe_grade.py).
+
+
+def _dequantized(q, scale):
+    """(E, N, K) e4m3 times its (E, Nb, Kb) block scales, in bf16 (elementwise torch ops only: no vendor GEMM)."""
+    s = scale.repeat_interleave(128, 1).repeat_interleave(128, 2)[:, : q.shape[1], : q.shape[2]]
+    return (q.float() * s).to(torch.bfloat16)
+
+
+def bf16_on_dequantized_weights(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out):
+    """The contract's violation: gemmlab's bf16 layer on the dequantized weights, activations never quantized."""
+    import gemmlab
+
+    out.copy_(gemmlab.moe_forward(x, _dequantized(w1, w1_scale), _dequantized(w2, w2_scale), topk_weights, topk_ids))
+
+
+def ignores_topk_weights(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out):
+    """Sums the experts' outputs without the top-k weights."""
+    import gemmlab
+
+    packed = gemmlab.PackedMoEFP8(w1, w1_scale, w2, w2_scale)
+    out.copy_(gemmlab.moe_forward(x, packed, None, torch.ones_like(topk_weights), topk_ids))
+
+
+def writes_part_of_out(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out):
+    """The right layer, but only the first half of each row of out (rounded up): the rest keeps the NaN poison."""
+    import gemmlab
+
+    y = gemmlab.moe_forward(x, gemmlab.PackedMoEFP8(w1, w1_scale, w2, w2_scale), None, topk_weights, topk_ids)
+    half = (out.shape[1] + 1) // 2
+    out[:, :half].copy_(y[:, :half])
