@@ -23,14 +23,16 @@ def grade_step(steps: Steps, msg: str) -> None:
 
 def grade(
     cases: Annotated[str | None, typer.Option(help="case file: a shipped name (competition, competition-legacy, "
-                                                   "moe, llm, cpu, moe-layer, moe-layer-cpu, fp8, fp8-cpu) or a path; "
+                                                   "moe, llm, cpu, moe-layer, moe-layer-cpu, fp8, fp8-cpu, fp8-moe, "
+                                                   "fp8-moe-cpu) or a path; "
                                                    "default competition with CUDA, else cpu")] = None,
     kernel: Annotated[str | None, typer.Option(callback=kernelspec.kernel_option,
                                                help="FILE.py:FN or package.module:FN; default gemmlab's")] = None,
     signature: Annotated[str | None, typer.Option(help="rowmajor: FN(a, b) -> c; colmajor: FN(A, B, C, M, N, K); "
                                                        "default the case file's layout (moe case files: "
                                                        "FN(x, w1, w2, topk_weights, topk_ids) -> y; fp8: "
-                                                       "FN(a, b, a_scale, b_scale, c, M, N, K))")] = None,
+                                                       "FN(a, b, a_scale, b_scale, c, M, N, K); moe_fp8: FN(x, w1, "
+                                                       "w1_scale, w2, w2_scale, topk_weights, topk_ids, out))")] = None,
     allow_vendor: Annotated[bool, typer.Option(help="allow cuBLAS/CUTLASS/aten::mm in the candidate")] = False,
     timeout: Annotated[float, typer.Option(callback=cmd.seconds, help="seconds per request to the candidate's "
                                                                    "process, loading the kernel included")] = 120.0,
