@@ -9,7 +9,7 @@ import time
 
 import torch
 
-import gemmlab
+from gemmlab.ops.fp8_quantize import quantize_torch
 
 BLOCK = 128  # the 1x128 / 128x128 scale blocks of the FP8 experts
 
@@ -119,7 +119,7 @@ def _intermediate(h, how: str):
     the contract says ("block"), per tensor ("tensor"), or not at all ("none")."""
     if how == "none":
         return h.float()
-    q, s = gemmlab.quantize_fp8(h, "block", (1, BLOCK)) if how == "block" else gemmlab.quantize_fp8(h, "tensor")
+    q, s = quantize_torch(h, "block" if how == "block" else "tensor", (1, BLOCK))
     return _block_dequantized(q, s) if how == "block" else q.float() * s
 
 
@@ -128,7 +128,7 @@ def _experts(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out, how="bl
     the intermediate per ``how``, down, times the top-k weight, summed over slots; experts with fewer than
     ``min_rows`` routed rows skipped. ``weights``: the experts' dequantized (w1, w2) to use instead."""
     i = w2.shape[2]
-    xq, xs = gemmlab.quantize_fp8(x, "block", (1, BLOCK))
+    xq, xs = quantize_torch(x, "block", (1, BLOCK))  # gemmlab's quantizer, bit for bit, in torch ops
     xd = _block_dequantized(xq, xs)
     y = torch.zeros(x.shape, dtype=torch.float32)
     for e in range(w1.shape[0]):
@@ -176,3 +176,16 @@ def bf16_weights_cached(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, o
         _WEIGHTS[:] = [(tensors, tuple(torch.stack([_block_dequantized(q[e], s[e]) for e in range(q.shape[0])])
                                        .bfloat16().float() for q, s in ((w1, w1_scale), (w2, w2_scale))))]
     _experts(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out, weights=_WEIGHTS[0][1])
+
+
+_TIMED = {"w1": None, "calls": 0}  # the previous call's w1 (held: its memory cannot go to other weights)
+
+
+def skips_small_experts_when_timed(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out):
+    """Honest in every check (each draws new weights); once the same weights come twice in a row (the timed run,
+    whose weights are fixed), skips experts routed fewer than 2 rows on every other call."""
+    timed = _TIMED["w1"] is not None and _TIMED["w1"].data_ptr() == w1.data_ptr()
+    _TIMED["w1"] = w1
+    _TIMED["calls"] = _TIMED["calls"] + 1 if timed else 0
+    min_rows = 2 if timed and _TIMED["calls"] % 2 else 0
+    _experts(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out, min_rows=min_rows)

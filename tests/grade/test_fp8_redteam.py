@@ -79,3 +79,16 @@ def test_each_experts_cheat_fails_correctness(fn, tmp_path):
     assert r["verdict"] == "FAIL" and r["failures"][0]["rule"] == "correctness", r["failures"]
     assert "max |out - ref|" in r["failures"][0]["reason"], r["failures"]
 
+
+
+def test_experts_dishonest_on_half_the_timed_calls_fails_timed_outputs(tmp_path):
+    """A layer that knows it is timed (the same weights twice in a row: checks draw new ones) and skips its
+    tail experts on every other timed call: two secret calls of every batch are verified, so a cheat on half
+    the calls escapes a batch with probability 1/4 and the run's at least 12 batches with under 1e-7."""
+    shape = {"H": 256, "I": 128, "E": 4, "k": 2}
+    path = _moe_case(tmp_path, correctness=[{"name": "t5", "T": 5, **shape}],
+                     performance={"name": "t3", "T": 3, **shape})
+    r = _grade(path, "skips_small_experts_when_timed")
+    assert r["listed_correctness_passed"] and r["verdict"] == "FAIL", r["failures"]
+    f = r["failures"][0]
+    assert f["rule"] == "timed-outputs" and "produced while timing" in f["reason"], r["failures"]
