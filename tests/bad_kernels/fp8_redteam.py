@@ -189,3 +189,13 @@ def skips_small_experts_when_timed(x, w1, w1_scale, w2, w2_scale, topk_weights, 
     _TIMED["calls"] = _TIMED["calls"] + 1 if timed else 0
     min_rows = 2 if timed and _TIMED["calls"] % 2 else 0
     _experts(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out, min_rows=min_rows)
+
+
+def truncates_on_full_mantissa(a, b, a_scale, b_scale, c, M, N, K):
+    """Honest on every kind but the secret full-mantissa one (only ever timed), there rounded toward zero."""
+    x, w = _dequantized(a, b, a_scale, b_scale)
+    exact = x @ w.t()
+    r = exact.to(c.dtype)
+    if _full_mantissa(a):
+        r = torch.where(r.float().abs() > exact.abs(), (r.view(torch.int16) - 1).view(c.dtype), r)
+    c.copy_(r)

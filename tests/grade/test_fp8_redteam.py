@@ -49,6 +49,14 @@ def test_scales_are_fresh_per_draw(kind, per_row):
     assert len(scales) == 16
 
 
+def test_dishonest_on_the_full_mantissa_share_fails_honest_arithmetic():
+    """The secret full-mantissa share is recognisable, but its calls are verified like every timed call."""
+    r = _grade(SMALL, "truncates_on_full_mantissa")
+    assert r["listed_correctness_passed"] and r["verdict"] == "FAIL", r["failures"]
+    f = r["failures"][0]
+    assert f["rule"] == "honest-arithmetic" and "timed in batch" in f["reason"], r["failures"]
+
+
 @pytest.mark.xfail(strict=True, raises=AssertionError,
                    reason="open hole: the secret full-mantissa share is recognisable from 32 bytes "
                    "(every mantissa bit set) and the case's kind from its value statistics, so a kernel slow on "
