@@ -2,6 +2,9 @@
 verdict the grader should give (an xfail, strict, where it does not: the hole is named in its reason). Small CPU
 cases; the cheats are torch matmuls, so vendor GEMMs are allowed throughout."""
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from gemmlab.grade import grade
@@ -66,6 +69,24 @@ def test_slow_off_the_timed_kinds_fails_honest_inputs():
     r = _grade(SMALL, "slow_off_the_timed_kinds")
     assert r["listed_correctness_passed"] and r["verdict"] == "FAIL", r["failures"]
     assert r["failures"][0]["rule"] == "honest-inputs", r["failures"]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="open hole: every slot's inputs are ready and shared before the window, and the slots are "
+                   "the same tensors every batch, so the first call of a batch can compute the whole batch (one "
+                   "fused launch; for MoE, the fixed weights read once for N calls) and the others return at once; "
+                   "every output is correct and complete when the batch's time is taken, and no rule sees which "
+                   "call did the work")
+def test_one_call_doing_the_whole_batch_fails():
+    r = grade(SMALL, kernel=f"{RT}:fuses_the_batch", allow_vendor=True, keep_logs=True)
+    try:
+        logs = "".join(p.read_text(errors="replace") for p in Path(r["logs"]).rglob("*") if p.is_file())
+    finally:
+        shutil.rmtree(r["logs"], ignore_errors=True)
+    if "fused" not in logs:  # not an AssertionError: the xfail must not hide a kernel that never fused
+        raise RuntimeError("the kernel never computed more than its own call: the test shows nothing")
+    assert r["listed_correctness_passed"], r["failures"]
+    assert r["verdict"] == "FAIL", r["failures"]
 
 
 # ------------------------------------------------------------------------------------------------ FP8 experts
