@@ -117,7 +117,8 @@ def _block_dequantized(q, scale):
 
 def _intermediate(h, how: str):
     """The intermediate (R, I) in x's dtype as the second GEMM reads it (float32): quantized per 1x128 block as
-    the contract says ("block"), per tensor ("tensor"), or not at all ("none")."""
+    the contract says ("block"), per tensor ("tensor"), or not at all ("none"; "w8a16" is "block" here and x
+    unquantized in ``_experts``)."""
     if how == "none":
         return h.float()
     q, s = quantize_torch(h, "block" if how == "block" else "tensor", (1, BLOCK))
@@ -129,8 +130,11 @@ def _experts(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out, how="bl
     the intermediate per ``how``, down, times the top-k weight, summed over slots; experts with fewer than
     ``min_rows`` routed rows skipped. ``weights``: the experts' dequantized (w1, w2) to use instead."""
     i = w2.shape[2]
-    xq, xs = quantize_torch(x, "block", (1, BLOCK))  # gemmlab's quantizer, bit for bit, in torch ops
-    xd = _block_dequantized(xq, xs)
+    if how == "w8a16":  # the activations not quantized (weight-only FP8, the decode practice), the intermediate is
+        xd, how = x.float(), "block"
+    else:
+        xq, xs = quantize_torch(x, "block", (1, BLOCK))  # gemmlab's quantizer, bit for bit, in torch ops
+        xd = _block_dequantized(xq, xs)
     y = torch.zeros(x.shape, dtype=torch.float32)
     for e in range(w1.shape[0]):
         tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
@@ -159,6 +163,11 @@ def per_tensor_intermediate(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_id
 def unquantized_intermediate(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out):
     """The intermediate fed to the down GEMM in x's dtype, never quantized (a bf16 x fp8-dequantized GEMM)."""
     _experts(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out, how="none")
+
+
+def unquantized_activations(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out):
+    """x never quantized (weight-only FP8, as decode kernels do it), the intermediate per the contract."""
+    _experts(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out, how="w8a16")
 
 
 def skips_small_experts(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out):

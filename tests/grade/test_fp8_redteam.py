@@ -102,12 +102,13 @@ def test_experts_honest_twin_passes(tmp_path):
     assert r["verdict"] == "PASS", r["failures"]
 
 
-@pytest.mark.parametrize("fn", ["per_tensor_intermediate", "unquantized_intermediate", "skips_small_experts",
-                                "bf16_weights_cached"])
+@pytest.mark.parametrize("fn", ["per_tensor_intermediate", "unquantized_intermediate", "unquantized_activations",
+                                "skips_small_experts", "bf16_weights_cached"])
 def test_each_experts_cheat_fails_correctness(fn, tmp_path):
-    """A per-tensor or missing quantization of the intermediate, experts with one routed row skipped, weights
-    dequantized once to bf16: each beyond moe_fp8_check's bound at T 5 (at T 1 with I 128 a per-tensor scale of
-    one row is its 1x128 block scale, the same arithmetic, and bf16 weights may stay within it)."""
+    """A per-tensor or missing quantization of the intermediate, unquantized activations (weight-only FP8), experts
+    with one routed row skipped, weights dequantized once to bf16: each beyond moe_fp8_check's bound at T 5 (at T 1
+    with I 128 a per-tensor scale of one row is its 1x128 block scale, the same arithmetic, and bf16 weights may
+    stay within it)."""
     r = _grade(_moe_case(tmp_path), fn)
     assert r["verdict"] == "FAIL" and r["failures"][0]["rule"] == "correctness", r["failures"]
     assert "max |out - ref|" in r["failures"][0]["reason"], r["failures"]
