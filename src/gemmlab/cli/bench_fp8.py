@@ -71,6 +71,10 @@ def bench_fp8_cmd(
     moe_tokens = ([] if suite == "dense" else tokens or list(fp8.CPU_MOE_TOKENS if not cuda else
                                                              fp8.MOE_QUICK if quick else fp8.MOE_TOKENS))
     modes = ["eager", "graph"] if graph and cuda else ["eager"]
+    try:
+        fp8.check_args(modes, rounds)
+    except ValueError as e:
+        raise cmd.usage_error(e) from e
     if not cuda:
         err.print("no CUDA: tiny shapes under the Triton interpreter, host clock, eager only (not a GPU "
                   "measurement)" + ("; torch._scaled_mm: " + p if (p := fp8.scaled_mm_problem(torch.device("cpu")))
@@ -78,7 +82,6 @@ def bench_fp8_cmd(
     kw = {"rounds": rounds, "reps": reps or (5 if cuda else 1),
           "warmup_s": (0.3 if cuda else 0.0) if warmup_s is None else warmup_s}
     try:
-        fp8.check_args(modes, rounds)
         with Steps("bench fp8", (len(dense) + len(moe_tokens)) * len(modes), err) as steps:
             report = fp8.bench_fp8(dense, moe_tokens, modes=modes, progress=steps.step, **kw)
     except ValueError as e:
