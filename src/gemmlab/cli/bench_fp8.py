@@ -33,9 +33,11 @@ def bench_fp8_cmd(
                                             "experts vs bf16 experts) or all")] = "all",
     shapes: Annotated[list[str] | None, typer.Option(help="dense M,N,K (repeatable; K a multiple of 16) "
                                                           "[default: 4096^3, 8192^3, 8192x8192x16384 and "
-                                                          "DeepSeek-V3's nn.Linear shapes at T 4096]")] = None,
+                                                          "DeepSeek-V3's nn.Linear shapes at T 4096; "
+                                                          "32x48x64 and 24x40x160 without CUDA]")] = None,
     tokens: Annotated[list[int] | None, typer.Option(callback=cmd.counts, help="MoE T (repeatable) [default: "
-                                                     "4096 128 at DeepSeek-V3's experts]")] = None,
+                                                     "4096 128 at DeepSeek-V3's experts; 5 at H 128 I 128 E 2 "
+                                                     "k 2 without CUDA]")] = None,
     quick: Annotated[bool, typer.Option(help="dense 8192^3 and dsv3-o only, MoE T 4096 only")] = False,
     rounds: Annotated[int, typer.Option(callback=cmd.count, help="interleaved rounds (>= 6: the ratios' 95% "
                                                                  "intervals)")] = 10,
