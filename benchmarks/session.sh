@@ -100,6 +100,15 @@ for s in "$@"; do
     dense) step dense_compile 80 python3 benchmarks/sweep_dense.py --grid dense-suite --compile-only --out "$RES"
       step dense 220 python3 -m gemmlab bench gemm --suite dense --backend gemmlab --rounds 5 --reps 3 \
         --warmup-s 0.2 --budget-s 190 --output-dir "$RES/nvidia-h200-dense" ;;
+    # issue 25: the FP8 GPU tests (dense, experts, grading, shared memory), then the FP8 bench rows (dense against
+    # torch._scaled_mm and gemmlab bf16, experts against gemmlab bf16; eager and graph) and the fp8 grades
+    fp8_tests) step fp8_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/fp8 tests/grade/test_fp8_grade.py \
+      tests/grade/test_fp8_moe_grade.py tests/sandbox/test_share_fp8.py tests/bench/test_bench_fp8.py ;;
+    fp8_bench) step fp8_dense 300 python3 -m benchmarks fp8-dense --out "$RES"
+      step fp8_moe 300 python3 -m benchmarks fp8-moe --out "$RES" ;;
+    fp8_grade) step fp8_grade 400 python3 -m gemmlab grade --cases fp8 --kernel builtin:gemmlab_fp8 \
+      --output-dir "$RES/grade-h200-cli-fp8" --record "grade fp8: gemm_fp8 against torch._scaled_mm" \
+      --ledger "$RES/ledger-grade.db" ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done

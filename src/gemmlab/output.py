@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 KINDS = ("gemm-bench", "moe-bench", "moe-liger-bench", "stable-bench", "model-bench", "whole-model-bench",
-         "moe-ep-bench", "table", "grade", "check", "tune", "device-profile", "device-health", "roofline",
+         "moe-ep-bench", "fp8-bench", "table", "grade", "check", "tune", "device-profile", "device-health", "roofline",
          "ncu-profile", "profile-diff")
 LONG_FIELDS = ("kind", "kernel", "provider", "mode", "metric", "unit", "x_name", "x_value", "p50", "p20", "p80",
                "gpu", "date", "git_sha", "extra")

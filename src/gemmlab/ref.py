@@ -409,11 +409,14 @@ def moe_fp8_ref(x: torch.Tensor, packed, topk_weights: torch.Tensor, topk_ids: t
 def moe_fp8_check(y: torch.Tensor, x: torch.Tensor, packed, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor) -> dict:
     """An FP8 ``moe_forward`` result against ``moe_fp8_ref`` under its bound, elementwise. -> max_abs_err, worst
-    (error / bound; <= 1 passes; NaN or Inf anywhere fails), ok."""
+    (error / bound; <= 1 passes; NaN or Inf anywhere fails), err and bound at that worst element, ok."""
     if y.numel() == 0:
-        return {"max_abs_err": 0.0, "worst": 0.0, "ok": True}
+        return {"max_abs_err": 0.0, "worst": 0.0, "err": 0.0, "bound": 0.0, "ok": True}
     ref, bound = moe_fp8_ref(x, packed, topk_weights, topk_ids, bound=True)
     err = (y.double() - ref).abs()
-    finite = bool(torch.isfinite(y).all())
-    worst = (err / bound).max().item() if finite else math.inf
-    return {"max_abs_err": err.max().item() if finite else math.inf, "worst": worst, "ok": finite and worst <= 1.0}
+    if not bool(torch.isfinite(y).all()):
+        return {"max_abs_err": math.inf, "worst": math.inf, "err": math.inf, "bound": 0.0, "ok": False}
+    at = (err / bound).argmax()
+    worst = (err / bound).flatten()[at].item()
+    return {"max_abs_err": err.max().item(), "worst": worst, "err": err.flatten()[at].item(),
+            "bound": bound.flatten()[at].item(), "ok": worst <= 1.0}

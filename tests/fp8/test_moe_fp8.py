@@ -88,6 +88,13 @@ def test_moe_fp8_check_fires():
     assert not moe_fp8_check(gemmlab.moe_forward(x, bad, None, weights, ids), x, packed, weights, ids)["ok"]
     y = gemmlab.moe_forward(x, packed, None, weights, ids)
     assert not moe_fp8_check(torch.full_like(y, float("nan")), x, packed, weights, ids)["ok"]
+    good = moe_fp8_check(y, x, packed, weights, ids)
+    assert good["ok"] and good["err"] <= good["bound"] and good["worst"] == pytest.approx(good["err"] / good["bound"])
+    worse = y.clone()
+    worse[1, 7] += 1.0  # one element far off: reported at that element, with its own bound
+    off = moe_fp8_check(worse, x, packed, weights, ids)
+    assert not off["ok"] and off["err"] > off["bound"] and off["err"] == pytest.approx(
+        (worse[1, 7].double() - y[1, 7].double()).abs().item(), rel=0.5)
 
 
 def test_pack_accepts_pairs_and_matches_per_expert_quantize():

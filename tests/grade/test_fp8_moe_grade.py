@@ -30,7 +30,7 @@ def test_gemmlab_moe_fp8_passes_the_cpu_case_file():
     assert [c["status"] for c in r["correctness"]] == ["PASS"] * 3 and r["score"]["correctness"] == 30
     trials = [t for c in r["correctness"] for t in c["trials"]]
     assert {t["kind"] for t in trials} == {"uniform", "zipf"} and all("moe_fp8_check" in t["rule"] for t in trials)
-    assert all(0 < t["max_abs_err"] <= t["tolerance"] == 1.0 for t in trials)  # a real, non-zero error ratio
+    assert all(0 < t["max_abs_err"] <= t["tolerance"] for t in trials)  # at the element nearest its bound
 
 
 @pytest.mark.parametrize(("fn", "rule", "words"), [

@@ -222,3 +222,19 @@ def test_bench_records_itself(tmp_path):
     assert e.kind == "bench" and e.note == "first try" and e.correct and e.tensor_core_ops > 0
     assert e.decision == "accepted" and e.median_ms > 0 and len(e.per_round) == 4 and e.report["env"]["gemmlab"]
     assert "gemmlab bench gemm" in e.command or "gemmlab" in e.command
+
+
+@pytest.mark.parametrize("mode, shape, op", [("fp8", [64, 48, 32], "gemm_fp8"), ("moe_fp8", [5, 256, 128, 4, 2],
+                                                                                   "moe_forward_fp8"),
+                                             ("gemm", [64, 48, 32], "gemm")])
+def test_an_fp8_grade_records_as_an_op_of_its_own(mode, shape, op):
+    """FP8 grades never land beside the bf16 ops' (a compare or an accept across them would mix two problems), and
+    gemmlab's own FP8 kernels are not reported with the bf16 kernels' SASS."""
+    from gemmlab.ledger.records import from_grade
+
+    report = {"mode": mode, "kernel": "gemmlab (default)", "dtype": "bfloat16", "verdict": "PASS", "failures": [],
+              "performance": {"shape": shape, "median_ms": 1.0, "tflops": 1.0, "ratio": 1.0}}
+    (entry,) = from_grade(report)
+    assert entry.op == op, entry.op
+    if mode != "gemm":
+        assert entry.tensor_core_ops is None

@@ -1,4 +1,4 @@
-"""``gemmlab bench gemm|moe|model|layer|moe-ep|stable``: argument handling; the work and tables are gemmlab.bench's."""
+"""``gemmlab bench gemm|moe|model|layer|moe-ep|stable|fp8``: arguments; the work and tables are gemmlab.bench's."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import typer
 from rich.console import Console
 
 from gemmlab.cli import common as cmd
+from gemmlab.cli.bench_fp8 import bench_fp8_cmd
 from gemmlab.cli.common import JsonOpt, LedgerOpt, ParentOpt, RecordOpt, Reps, Rounds, WarmupS
 from gemmlab.cli.progress import Steps
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                         help="Time kernels against cuBLAS: verified first, interleaved, clocks logged.")
+bench_app.command("fp8")(bench_fp8_cmd)
 
 
 @bench_app.command("gemm")

@@ -119,9 +119,11 @@ def from_grade(report: dict, note: str = "", command: str = "") -> list[Entry]:
         return [_moe_grade_entry(report, perf, shape, note, command)]
     m, n, k = shape
     honest = perf.get("honest") or {}
-    own = report["kernel"] == "gemmlab (default)"
+    fp8 = report.get("mode") == "fp8"  # an op of its own; its SASS is not the fp16/bf16 GEMM's (not inspected)
+    own = report["kernel"] == "gemmlab (default)" and not fp8
     failures = "; ".join(f"{f['name']}: {f['reason']}" for f in report.get("failures", []))
-    return [Entry(kind="grade", shape=_shape(m, n, k), dtype=report["dtype"], note=note, command=command,
+    return [Entry(kind="grade", op="gemm_fp8" if fp8 else "gemm", shape=_shape(m, n, k), dtype=report["dtype"],
+                  note=note, command=command,
                   backend=report["kernel"], path=perf.get("timed_path"),
                   correct=report["verdict"] in ("PASS", "INCONCLUSIVE"),
                   error=failures or None, median_ms=perf.get("median_ms"), tflops=perf.get("tflops"),
@@ -133,15 +135,18 @@ def from_grade(report: dict, note: str = "", command: str = "") -> list[Entry]:
 
 
 def _moe_grade_entry(report: dict, perf: dict, dims, note: str, command: str) -> Entry:
-    """An MoE layer grade: its own op ("moe_forward") and shape key (T x H x I x E x k); gemmlab's own
-    kernel is inspected through the first GEMM's sm_90 SASS (``instruments.sass.moe_report``)."""
+    """An MoE layer grade: its own op ("moe_forward", with FP8 experts "moe_forward_fp8") and shape key
+    (T x H x I x E x k); gemmlab's own bf16/fp16 kernel is inspected through the first GEMM's sm_90 SASS
+    (``instruments.sass.moe_report``; the FP8 experts' kernel is not)."""
     t, h, i, e, k = dims
-    own = report["kernel"] == "gemmlab (default)"
+    fp8 = report.get("mode") == "moe_fp8"
+    own = report["kernel"] == "gemmlab (default)" and not fp8
     tc = moe_tensor_core_ops((1,), t * k, e, report["dtype"]) if own else None
     honest = perf.get("honest") or {}
     failures = "; ".join(f"{f['name']}: {f['reason']}" for f in report.get("failures", []))
-    return Entry(kind="grade", op="moe_forward", shape="x".join(map(str, dims)), dtype=report["dtype"], note=note,
-                 command=command, backend=report["kernel"], correct=report["verdict"] in ("PASS", "INCONCLUSIVE"),
+    return Entry(kind="grade", op="moe_forward_fp8" if fp8 else "moe_forward", shape="x".join(map(str, dims)),
+                 dtype=report["dtype"], note=note, command=command, backend=report["kernel"],
+                 correct=report["verdict"] in ("PASS", "INCONCLUSIVE"),
                  error=failures or None, median_ms=perf.get("median_ms"), tflops=perf.get("tflops"),
                  ratio=honest.get("ratio", perf.get("ratio")), ratio_ci=honest.get("ci95"),
                  per_round=honest.get("per_round"), sm_clock_mhz=(perf.get("clocks") or {}).get("sm_clock_mhz_mean"),
