@@ -26,11 +26,12 @@
    (regenerated from its seed), and the calls to verify (all for GEMM, a secret ``op.verify_per_batch`` for
    MoE) are checked against references computed from the private copies: max error and honest arithmetic
    (``rules.BATCH_RULES``).
-5. Rounds (``time_rounds``): pairs of rounds A B / B A of one kind of input, so each kind is timed in both
-   orders; in blocks of three pairs of which one, at a secret place, draws full-mantissa inputs for both sides
-   (``op.full_kind``): a timed call cannot be told from a check by its inputs. At least ``MIN_BLOCKS`` blocks,
-   then more until the 95% interval of the ratio (``instruments.stats``) is within ``TARGET_HALF_WIDTH`` and the
-   comparison of the two kinds is decided, or until ``rounds`` or ``BUDGET_S`` are spent: then the performance
+5. Rounds (``time_rounds``): pairs of rounds A B / B A of one kind of input, so each kind is timed in both orders;
+   in blocks of three pairs of which one, at a secret place, draws full-mantissa inputs for both sides
+   (``op.full_kind``): every kind is timed and verified alike, so a kernel that tells the kinds apart by their
+   values (it can: docs/grading.md, "What is not enforced") gains only where both are fast. At least ``MIN_BLOCKS``
+   blocks, then more until the 95% interval of the ratio (``instruments.stats``) is within ``TARGET_HALF_WIDTH`` and
+   the comparison of the two kinds is decided, or until ``rounds`` or ``BUDGET_S`` are spent: then the performance
    is "inconclusive" and not scored. The time of a call is (t1 - t0) / N on the grader's clock; nothing is
    subtracted. The ratio is measured on the case's own inputs; per-round ratios on full-mantissa inputs against
    those on the case's tell whether the candidate's speed depends on the values, as an honest GEMM's does not
