@@ -153,3 +153,30 @@ def test_an_autogroup_reniced_baseline_fails_the_candidate(out_dir, monkeypatch)
     assert any(v is True for k, v in found.items() if k.startswith("autogroup")), found
     assert r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}, r["failures"]
     assert "autogroup" in r["failures"][0]["reason"], r["failures"][0]["reason"]
+
+
+@pytest.mark.parametrize("held_batches", [1, "every"])
+def test_a_held_baseline_batch_is_run_again_and_held_every_time_fails(monkeypatch, held_batches):
+    """A baseline batch held off the CPU is not the baseline's time (stopped by another process, or on a virtual
+    machine its CPU taken by the host, which an honest run on a busy CI machine meets): it is drawn and run again.
+    Held once, the run goes on and says how often; held in every try, it fails the candidate (isolation)."""
+    from gemmlab.grade import protocol
+    from gemmlab.sandbox.box import Sandbox
+
+    seen = {"held": 0}
+
+    def held_off(self, reply):
+        if self.trusted and reply.get("loop_ms") is not None and (held_batches == "every" or seen["held"] < 1):
+            seen["held"] += 1
+            return f"the {self.name}'s process was held off the CPU (as the test says)"
+        return None
+
+    monkeypatch.setattr(Sandbox, "held_off", held_off)
+    r = grade(TINY)
+    if held_batches == "every":
+        assert r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}, r["failures"]
+        reason = r["failures"][0]["reason"]
+        assert "held off the CPU" in reason and f"{protocol.HELD_RETRIES + 1} tries in a row" in reason, reason
+    else:
+        assert not r["failures"], r["failures"]
+        assert r["performance"]["held_retries"] == 1 and seen["held"] == 1

@@ -210,10 +210,12 @@ def test_a_stopped_baseline_is_seen(tmp_path, device):
         time.sleep(2.0)
         os.kill(server, signal.SIGCONT)
     try:
-        assert base.request("run", order=[0] * 5, fn="empty")["held_ms"] <= sandbox_box.HELD_MS  # undisturbed
+        calm = base.request("run", order=[0] * 5, fn="empty")
+        assert calm["held_ms"] <= sandbox_box.HELD_MS and base.held_off(calm) is None  # undisturbed
         threading.Thread(target=hold, daemon=True).start()
-        with pytest.raises(sandbox_box.WorkerFailure, match="held off the CPU"):
-            base.request("run", order=[0] * 10_000)  # builtin:empty through the signature: about 0.5 s
+        held = base.request("run", order=[0] * 10_000)  # builtin:empty through the signature: about 0.5 s
+        assert "held off the CPU" in (base.held_off(held) or ""), held
+        assert base.request("run", order=[0] * 5, fn="empty")["held_ms"] <= sandbox_box.HELD_MS  # still usable
     finally:
         base.close()
 
