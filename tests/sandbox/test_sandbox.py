@@ -172,11 +172,13 @@ def test_a_fork_storm_stays_frozen_while_the_other_side_runs(out_dir, monkeypatc
 
 def test_a_fork_storm_cannot_hold_the_baseline(out_dir):
     """Graded, the storm's helper stops the baseline whenever it sees it use CPU: frozen through every baseline
-    window, it never does (or the grade fails by isolation)."""
+    window, it never does (or the grade fails by isolation, or the held batches were run again)."""
     r = run_box("fork_storm")
     stops = out_dir / "stops"
     held = stops.read_text().split() if stops.exists() else []
-    assert not held or (r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}), (held, r["failures"])
+    seen = (r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}) or (r.get("performance") or {}).get(
+        "held_retries", 0) > 0
+    assert not held or seen, (held, r["failures"])
     assert (out_dir / "heartbeat").exists()  # the storm did run
 
 
