@@ -8,6 +8,7 @@ import torch
 
 import gemmlab
 from gemmlab.ops.moe_fp8 import quantize_experts
+from gemmlab.ops.moe_fp8_launch import MoEFp8Config
 from gemmlab.ref import grouped_gemm_fp8_check, moe_fp8_check
 from tests.conftest import DEVICE
 
@@ -175,6 +176,11 @@ def _bad_calls():
         "gg-out-shape": (lambda: gg(x, p.w2, offs, None, p.w2_scale, out=x[:2]), ValueError, "out must be"),
         "gg-x-misaligned": (lambda: gg(torch.zeros(3, 160, dtype=FP8, device=DEVICE)[:, 8:136], p.w2, offs,
                                        xs, p.w2_scale), ValueError, "not TMA-aligned"),
+        "gg-w-misaligned": (lambda: gg(xq, torch.zeros(2, 128, 144, dtype=FP8, device=DEVICE)[:, :, 8:136], offs,
+                                       xs, p.w2_scale), ValueError, "w .* is not TMA-aligned"),
+        "moe-topk-over-e": (lambda: mf(x, p, None, torch.cat([weights] * 3, 1), torch.cat([ids] * 3, 1)),
+                            ValueError, "at most E=2"),
+        "config-block-k": (lambda: MoEFp8Config(block_k=256), ValueError, "must divide 128"),
     }
 
 
@@ -194,3 +200,48 @@ def test_no_autograd():
     offs = torch.tensor([3, 3], dtype=torch.int32, device=DEVICE)
     with pytest.raises(RuntimeError, match="no autograd"):
         gemmlab.grouped_gemm_fp8(x, p.w2, offs, None, p.w2_scale)
+
+
+def test_strided_scales_and_offsets_are_read_as_given():
+    """An x_scale that is a transposed copy and offsets that are a strided view give the contiguous answer (the
+    kernels read both densely: the launchers make them contiguous); the bf16 grouped_gemm's offsets too."""
+    w1, w2 = _experts(2, 256, 128, seed=5)
+    p = gemmlab.pack_moe_fp8(w1, w2)
+    x, _, _ = _tokens(6, 256, 2, 1, seed=5)
+    xq, xs = gemmlab.quantize_fp8(x, "block", (1, 128))
+    xs_t = xs.t().contiguous().t()  # same values, strides (1, 6)
+    assert xs_t.stride() != xs.stride()
+    offs = torch.tensor([2, 6], dtype=torch.int32, device=DEVICE)
+    offs_strided = torch.tensor([2, 99, 6, 99], dtype=torch.int32, device=DEVICE)[::2]
+    want = gemmlab.grouped_gemm_fp8(xq, p.w1, offs, xs, p.w1_scale)
+    assert torch.equal(gemmlab.grouped_gemm_fp8(xq, p.w1, offs, xs_t, p.w1_scale), want)
+    assert torch.equal(gemmlab.grouped_gemm_fp8(xq, p.w1, offs_strided, xs, p.w1_scale), want)
+    assert torch.equal(gemmlab.grouped_gemm(x, w1, offs_strided), gemmlab.grouped_gemm(x, w1, offs))
+
+
+def test_a_user_table_with_two_block_m_still_shares_one_schedule(tmp_path, monkeypatch):
+    """The down GEMM takes the gate/up GEMM's block_m (one tile schedule for both), whatever a user's table says."""
+    import json
+
+    from gemmlab.ops import configs
+
+    rule = {"block_n": 32, "block_k": 64, "group_m": 2, "num_warps": 4, "num_stages": 1}
+    table = {"moe_fp8": {"grouped": [{"config": dict(rule, block_m=16)}],
+                         "gate_up": [{"config": dict(rule, block_m=16)}], "down": [{"config": dict(rule, block_m=32)}]}}
+    (tmp_path / "interpreter.json").write_text(json.dumps(table))
+    monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path))
+    configs.reload()
+    try:
+        from gemmlab.device import target_for
+        from gemmlab.ops.moe_config import Mode
+        from gemmlab.ops.moe_fp8_launch import moe_fp8_config
+
+        target = target_for(torch.device(DEVICE))
+        assert moe_fp8_config(target, Mode.DOWN, 10, 3, 128, 128).block_m == 32  # the user's table is read
+        w1, w2 = _experts(3, 128, 128, seed=6)
+        packed = gemmlab.pack_moe_fp8(w1, w2)
+        x, weights, ids = _tokens(5, 128, 3, 2, seed=6)
+        assert moe_fp8_check(gemmlab.moe_forward(x, packed, None, weights, ids), x, packed, weights, ids)["ok"]
+    finally:
+        monkeypatch.delenv("GEMMLAB_CONFIGS")
+        configs.reload()

@@ -168,6 +168,7 @@ def launch_grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
         else MoEConfig()
     tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=x.device)
     ok = torch.empty(1, dtype=torch.bool, device=x.device)
+    offsets = offsets.contiguous()  # (the schedule kernel reads it densely)
     kept_launch.start(_KEPT, moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],  # schedule + check
                       dict(BLOCK_M=cfg.block_m, BLOCK_E=max(16, triton.next_power_of_2(e))), {})
     if validate:

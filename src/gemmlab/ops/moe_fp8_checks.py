@@ -103,6 +103,8 @@ def check_moe_fp8_args(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids) ->
         if tt.dim() != 2 or tt.shape[0] != t:
             raise ValueError(f"{op}: {name} must be (T={t}, k), got shape {tuple(tt.shape)}")
     k = topk_ids.shape[1]
+    if k > e:
+        raise ValueError(f"{op}: top-k = {k} must be at most E={e}")
     if tuple(topk_weights.shape) != (t, k):
         raise ValueError(f"{op}: topk_weights {tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} differ")
     if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_weights.dtype.is_floating_point:

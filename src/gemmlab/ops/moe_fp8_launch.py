@@ -20,7 +20,7 @@ Needs sm_90 (TMA and e4m3 wgmma) or the CPU under Triton's interpreter. No autog
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 import triton
@@ -55,6 +55,11 @@ class MoEFp8Config:
     num_warps: int = 8
     num_stages: int = 3
 
+    def __post_init__(self) -> None:
+        if self.block_k <= 0 or SCALE_BLOCK % self.block_k:
+            raise ValueError(f"MoEFp8Config: block_k {self.block_k} must divide {SCALE_BLOCK} (one scale block per "
+                             "K step)")
+
     @classmethod
     def from_dict(cls, d: dict) -> MoEFp8Config:
         unknown = set(d) - {f.name for f in fields(cls)}
@@ -65,8 +70,8 @@ class MoEFp8Config:
 
 def moe_fp8_config(target: Target, mode: Mode, s: int, e: int, n: int, k: int) -> MoEFp8Config:
     """The config of a launch of ``mode`` over S routed rows in E groups, N x K weights: the first rule of the
-    target's "moe_fp8" tables (``ops.configs``, path ``mode.table``) whose ranges hold them. The bundled tables give
-    both MoE GEMMs of one call the same block_m (they share one tile schedule; checked at launch)."""
+    target's "moe_fp8" tables (``ops.configs``, path ``mode.table``) whose ranges hold them. The two MoE GEMMs of
+    one call share one tile schedule: the down GEMM takes the gate/up GEMM's block_m (``launch_moe_forward_fp8``)."""
     rule = configs.pick(target.name, "moe_fp8", mode.table, MoEFp8Config.from_dict, "float8_e4m3fn",
                         rows_per_expert=s // max(e, 1), rows=s, experts=e, n=n, k=k)
     return rule.config
@@ -76,6 +81,14 @@ def _need_tma(op: str, target: Target) -> None:
     if not target.has_tma:
         raise ValueError(f"{op}: needs sm_90 (TMA and e4m3 wgmma); {target.name} is "
                          f"sm_{target.capability[0]}{target.capability[1]}")
+
+
+def _check_weights_tma(op: str, **weights: torch.Tensor) -> None:
+    """Expert weights (E, N, K) that TMA can read as (E*N, K) rows: a 16-byte aligned base and row stride."""
+    for name, w in weights.items():
+        if w.numel() and not tma_ok(w2d(w), 1):
+            raise ValueError(f"{op}: {name} (shape {tuple(w.shape)}, strides {w.stride()}) is not TMA-aligned: needs "
+                             "a 16-byte aligned base and a row stride of a multiple of 16 bytes (pass it contiguous)")
 
 
 def _desc(t: torch.Tensor, block: tuple[int, int]) -> TensorDescriptor:
@@ -118,11 +131,15 @@ def launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate
         return out
     target = target_for(x.device)
     _need_tma("grouped_gemm_fp8", target)
+    _check_weights_tma("grouped_gemm_fp8", w=w)
+    offsets = offsets.contiguous()  # (the schedule kernel reads it densely)
     if x.dtype != FP8:
         x, x_scale = _quantize_rows(x)
     elif k and not tma_ok(x, 1):
         raise ValueError(f"grouped_gemm_fp8: x (S={s}, K={k}, strides {x.stride()}) is not TMA-aligned: needs a "
                          "16-byte aligned base, unit K stride and a row stride of a multiple of 16 bytes")
+    else:
+        x_scale = x_scale.contiguous()  # (the kernel reads one scale per 1x128 block along a unit-stride row)
     cfg = moe_fp8_config(target, Mode.GROUPED, s, e, n, k)
     tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=x.device)
     ok = torch.empty(1, dtype=torch.bool, device=x.device)
@@ -145,10 +162,10 @@ def launch_moe_forward_fp8(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids
         return y.zero_()
     target = target_for(x.device)
     _need_tma("moe_forward (fp8)", target)
+    _check_weights_tma("moe_forward (fp8)", w1=w1, w2=w2)
     s = t * k
-    cfg1, cfg2 = moe_fp8_config(target, Mode.GATE_UP, s, e, 2 * i, h), moe_fp8_config(target, Mode.DOWN, s, e, h, i)
-    if cfg1.block_m != cfg2.block_m:  # one tile schedule for both GEMMs
-        raise AssertionError(f"moe_fp8_config: block_m {cfg1.block_m} (gate/up) != {cfg2.block_m} (down)")
+    cfg1 = moe_fp8_config(target, Mode.GATE_UP, s, e, 2 * i, h)
+    cfg2 = replace(moe_fp8_config(target, Mode.DOWN, s, e, h, i), block_m=cfg1.block_m)  # one tile schedule
     routes = sort_routes(topk_ids, e, cfg1.block_m, topk_weights)  # (1)
     if validate:
         ok = routes.ok[0] if routes.ok is not None else ((topk_ids >= 0) & (topk_ids < e)).all()
