@@ -4,13 +4,13 @@ first, timed interleaved, in eager and in CUDA-graph replay: ``gemmlab bench fp8
 
 Per shape one interleaved run of every candidate (``gemmlab.bench.fp8.dense_row``), baseline torch._scaled_mm with
 per-tensor scales: scaled_mm, fp8_tensor (gemm_fp8 per tensor), fp8_block (A 1x128, B 128x128) and bf16
-(gemmlab.gemm on the dequantized operands, only at 8192^3: the issue's 1.6x target), each output checked against
+(gemmlab.gemm on the dequantized operands, only at 8192^3), each output checked against
 the float64 reference of its own operands under ``gemmlab.ref.gemm_fp8_bound`` (bf16: ``gemmlab.ref.gemm_check``).
 TFLOPS = 2*M*N*K / t. Ratios are speeds, the median over rounds of the denominator's time / the numerator's (> 1:
-the numerator is faster), with their 95% intervals: fp8_tensor / scaled_mm (issue target >= 1.00), fp8_block /
-fp8_tensor (>= 0.9), fp8_tensor / bf16 (>= 1.6 at 8192^3). Shapes: ``gemmlab.bench.fp8.DENSE_SHAPES``.
+the numerator is faster), with their 95% intervals: fp8_tensor / scaled_mm, fp8_block / fp8_tensor and
+fp8_tensor / bf16 (issue 25 names the targets). Shapes: ``gemmlab.bench.fp8.DENSE_SHAPES``.
 Writes <out>/<gpu>-fp8-dense.json (GPU, clocks, versions, git SHA: GEMMLAB_GIT_SHA where the checkout is not a git
-one) and prints the table last. About 4 minutes on an H200 (--quick: two shapes).
+one) and prints the table last (--quick: two shapes).
 
     PYTHONPATH=src python -m benchmarks fp8-dense [--quick] [--rounds 10] [--out benchmarks/results]
 """

@@ -9,9 +9,9 @@ Per token count one interleaved run of both candidates (``gemmlab.bench.fp8.moe_
 at DeepSeek-V3's routed experts (H 7168, I 2048, E 256, top_k 8, sigmoid routing of random logits), T 4096 and 128.
 Checks: fp8 against ``gemmlab.ref.moe_fp8_ref`` under its bound (``moe_fp8_check``), bf16 by ``gemmlab.ref.moe_check``.
 TFLOPS = 2 * T * k * 3 * H * I / t (the three expert matmuls of each routed row). The ratio is a speed, the median
-over rounds of bf16's time / fp8's (> 1: FP8 is faster; the issue's target is >= 1.5 at T 4096), with its 95%
+over rounds of bf16's time / fp8's (> 1: FP8 is faster; issue 25 names the target), with its 95%
 interval. Writes <out>/<gpu>-fp8-moe.json (GPU, clocks, versions, git SHA: GEMMLAB_GIT_SHA where the checkout is
-not a git one) and prints the table last. Sized to finish within 6 minutes on an H200 (--quick: T 4096 only).
+not a git one) and prints the table last (--quick: T 4096 only).
 
     PYTHONPATH=src python -m benchmarks fp8-moe [--quick] [--rounds 10] [--out benchmarks/results]
 """

@@ -56,7 +56,7 @@ DENSE_RATIOS = {"fp8_tensor/scaled_mm": ("fp8_tensor", "scaled_mm"),
                 "fp8_block/fp8_tensor": ("fp8_block", "fp8_tensor"), "fp8_tensor/bf16": ("fp8_tensor", "bf16")}
 MOE_RATIOS = {"fp8/bf16": ("fp8", "bf16")}
 MIN_ROUNDS = 6  # the fewest rounds with a 95% interval of the median ratio
-METHOD = "\n\n".join(__doc__.split("\n\n")[2:])  # how the rows were measured, into every report
+METHOD = "\n\n".join((__doc__ or "").split("\n\n")[2:])  # how the rows were measured, into every report
 
 
 def _device() -> torch.device:
