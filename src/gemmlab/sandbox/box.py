@@ -332,26 +332,25 @@ class Sandbox:
         if self.proc is None:
             return
         pids = self.members()
-        now = contain.sched_seen(pids)
-        before = self._seen if self._seen is not None else {  # never frozen yet: as started (autogroup: restored)
-            t: (self.sched.policy, self.sched.nice, self._cgroups, None) for t in now}
-        if self._seen is not None:  # (a new session's autogroup starts at nice 0: restored below, not checked)
-            self._check_group(now)
-        changed = contain.sched_changes(before, now) or self.sched.restore(pids)
-        if changed:
-            self._fail(f"the scheduling of the {self.name}'s processes was changed while it was held "
-                       f"({'; '.join(changed[:3])}): another process reached them")
+        self._check_sched(contain.sched_seen(pids), restore=pids)
         self._waking = pids
         self._others = {box: box.cpu_ns() for box in list(_LIVE) if box is not self and box.frozen}
 
     def check_held(self) -> None:
         """The checks of ``ready`` on a held sandbox, nothing restored or woken: after the last window of another
         sandbox, which no later window of this one would check."""
-        if self.proc is None or not self.frozen:
-            return
-        now = contain.sched_seen(self.members())
-        self._check_group(now)
-        changed = contain.sched_changes(self._seen or {}, now)
+        if self.proc is not None and self.frozen:
+            self._check_sched(contain.sched_seen(self.members()))
+
+    def _check_sched(self, now: dict, restore: set[int] | None = None) -> None:
+        """Fail where the scheduling of ``now`` changed since the last freeze (never frozen yet: against the
+        owner's, autogroup aside: a new session's starts at nice 0 and is restored, not checked), or where a trusted
+        sandbox's autogroup is not the owner's; then give ``restore``'s processes the owner's scheduling."""
+        before = self._seen if self._seen is not None else {
+            t: (self.sched.policy, self.sched.nice, self._cgroups, None) for t in now}
+        if self._seen is not None:
+            self._check_group(now)
+        changed = contain.sched_changes(before, now) or (self.sched.restore(restore) if restore else [])
         if changed:
             self._fail(f"the scheduling of the {self.name}'s processes was changed while it was held "
                        f"({'; '.join(changed[:3])}): another process reached them")
