@@ -33,7 +33,7 @@ import functools
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -52,6 +52,16 @@ _TOP_KEYS = ("about", "triton", "staging", *SECTIONS)  # "triton": the version t
 # "staging": the cost model that decides whether a GEMM whose A or B TMA cannot describe is copied into
 # 16-byte-aligned buffers (``gemmlab.ops.gemm_staging.staging_decision``); every key a number >= 0
 STAGING_KEYS = ("flops_per_s", "dram_bytes_per_s", "copy_fixed_s", "max_copy_fraction", "note")
+
+
+def config_of(cls: type, d: dict):
+    """The config dataclass ``cls`` of a section from a rule's "config" object (what each config's ``from_dict``
+    calls): keys it does not have are a ValueError naming them and the known ones."""
+    known = {f.name for f in fields(cls)}
+    unknown = set(d) - known
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} keys {sorted(unknown)}; known: {sorted(known)}")
+    return cls(**d)
 
 
 def user_dir() -> Path:

@@ -18,7 +18,7 @@ CPU under Triton's interpreter). Configs: the "gemm_fp8" section of the config t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -46,10 +46,7 @@ class Fp8Config:
 
     @classmethod
     def from_dict(cls, d: dict) -> Fp8Config:
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown Fp8Config keys {sorted(unknown)}")
-        return cls(**d)
+        return configs.config_of(cls, d)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 from triton import knobs
@@ -77,11 +77,7 @@ class GemmConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> GemmConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown GemmConfig keys {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**d)
+        return configs.config_of(cls, d)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -55,10 +55,7 @@ class MoEConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> MoEConfig:
-        known = {f.name for f in fields(cls)}
-        if set(d) - known:
-            raise ValueError(f"unknown MoEConfig keys {sorted(set(d) - known)}; known: {sorted(known)}")
-        return cls(**d)
+        return configs.config_of(cls, d)
 
 
 def moe_choice(target: Target, rows: int, experts: int, mode: int, elt: int = 2, *,

@@ -20,7 +20,7 @@ Needs sm_90 (TMA and e4m3 wgmma) or the CPU under Triton's interpreter. No autog
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -62,10 +62,7 @@ class MoEFp8Config:
 
     @classmethod
     def from_dict(cls, d: dict) -> MoEFp8Config:
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown MoEFp8Config keys {sorted(unknown)}")
-        return cls(**d)
+        return configs.config_of(cls, d)
 
 
 def moe_fp8_config(target: Target, mode: Mode, s: int, e: int, n: int, k: int) -> MoEFp8Config:
