@@ -18,14 +18,13 @@ one) and prints the table last (--quick: two shapes).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-from gemmlab.bench import fp8
+from gemmlab.bench import fp8, fp8_view
+from gemmlab.bench.fp8_view import short
 from gemmlab.device import gpu_slug
 from gemmlab.instruments import timing
 
@@ -33,10 +32,6 @@ SHAPES = fp8.DENSE_SHAPES
 QUICK = fp8.DENSE_QUICK
 BF16_AT = ("square-8192",)
 MODES = ("eager", "graph")
-
-
-def _fmt(x):
-    return "-" if x is None else f"{x:.2f}"
 
 
 def run_shape(name, shape, args):
@@ -52,8 +47,8 @@ def _line(row):
         tf = {c: f"{v:.1f}" for c, v in t.items()}
         cells.append(f"{mode}: TFLOPS mm {tf.get('scaled_mm', '-')} t {tf.get('fp8_tensor', '-')} "
                      f"b {tf.get('fp8_block', '-')}" + (f" bf16 {tf['bf16']}" if "bf16" in tf else "")
-                     + f" | t/mm {_fmt(r['fp8_tensor/scaled_mm'])} b/t {_fmt(r['fp8_block/fp8_tensor'])}"
-                     + (f" t/bf16 {_fmt(r['fp8_tensor/bf16'])}" if r["fp8_tensor/bf16"] else "")
+                     + f" | t/mm {short(r['fp8_tensor/scaled_mm'])} b/t {short(r['fp8_block/fp8_tensor'])}"
+                     + (f" t/bf16 {short(r['fp8_tensor/bf16'])}" if r["fp8_tensor/bf16"] else "")
                      + ("" if all(ok.values()) else f" CHECK FAILED {[c for c, v in ok.items() if not v]}"))
     return "  ".join(cells)
 
@@ -64,26 +59,22 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("fp8_dense: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    if args.rounds < fp8.MIN_ROUNDS:
-        print(f"fp8_dense: --rounds must be at least {fp8.MIN_ROUNDS} (the ratio's 95% interval)", file=sys.stderr)
+    problem = fp8_view.script_problem("fp8_dense", args.rounds, torch.cuda.is_available())
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     env = timing.env_info()
     rows = [run_shape(name, shape, args) for name, shape in SHAPES.items() if not args.quick or name in QUICK]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{gpu_slug(torch.cuda.get_device_name())}-fp8-dense{'-quick' if args.quick else ''}.json"
-    path.write_text(json.dumps({"env": env, "args": vars(args), "method": __doc__.split("\n\n")[1], "rows": rows},
-                               indent=1, default=str))
+    path = fp8_view.write_script_json(args.out, gpu_slug(torch.cuda.get_device_name()), "dense", args.quick,
+                                      {"env": env, "args": vars(args), "method": __doc__.split("\n\n")[1],
+                                       "rows": rows})
     print(f"wrote {path}")
     print("\nshape               mode   fp8_tensor/scaled_mm  fp8_block/fp8_tensor  fp8_tensor/bf16  checks")
     for row in rows:
         for mode in MODES:
             r = row[f"{mode}_ratios"]
-            print(f"{row['shape']:<19} {mode:<6} {_fmt(r['fp8_tensor/scaled_mm']):>20}  "
-                  f"{_fmt(r['fp8_block/fp8_tensor']):>20}  {_fmt(r['fp8_tensor/bf16']):>15}  "
+            print(f"{row['shape']:<19} {mode:<6} {short(r['fp8_tensor/scaled_mm']):>20}  "
+                  f"{short(r['fp8_block/fp8_tensor']):>20}  {short(r['fp8_tensor/bf16']):>15}  "
                   f"{'ok' if all(row[f'{mode}_checks'].values()) else 'FAILED'}")
     medians = [row[f"{m}_ratios"]["fp8_tensor/scaled_mm"] for row in rows for m in MODES]
     medians = [x for x in medians if x is not None]

@@ -19,13 +19,12 @@ not a git one) and prints the table last (--quick: T 4096 only).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 import torch
 
-from gemmlab.bench import fp8
+from gemmlab.bench import fp8, fp8_view
+from gemmlab.bench.fp8_view import short
 from gemmlab.device import gpu_slug
 from gemmlab.instruments import timing
 
@@ -34,15 +33,11 @@ TOKENS, QUICK = fp8.MOE_TOKENS, fp8.MOE_QUICK
 MODES = ("eager", "graph")
 
 
-def _fmt(x):
-    return "-" if x is None else f"{x:.2f}"
-
-
 def run_tokens(t, packs, args):
     row = fp8.moe_row(t, packs, MODES, top_k=DIMS["top_k"], rounds=args.rounds)
     for mode in MODES:
         tf = {c: round(v, 1) for c, v in row[f"{mode}_tflops"].items()}
-        print(f"T={t:<5} {mode:<5} TFLOPS {tf}  fp8/bf16 {_fmt(row[f'{mode}_fp8/bf16'])}  "
+        print(f"T={t:<5} {mode:<5} TFLOPS {tf}  fp8/bf16 {short(row[f'{mode}_fp8/bf16'])}  "
               f"checks {row[f'{mode}_checks']}", flush=True)
     return row
 
@@ -53,27 +48,23 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("fp8_moe: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    if args.rounds < fp8.MIN_ROUNDS:
-        print(f"fp8_moe: --rounds must be at least {fp8.MIN_ROUNDS} (the ratio's 95% interval)", file=sys.stderr)
+    problem = fp8_view.script_problem("fp8_moe", args.rounds, torch.cuda.is_available())
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     env = timing.env_info()
     packs = fp8.moe_packs(DIMS["h"], DIMS["i"], DIMS["e"])
     rows = [run_tokens(t, packs, args) for t in TOKENS if not args.quick or t in QUICK]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{gpu_slug(torch.cuda.get_device_name())}-fp8-moe{'-quick' if args.quick else ''}.json"
-    path.write_text(json.dumps({"env": env, "args": vars(args), "method": __doc__.split("\n\n")[1], "rows": rows},
-                               indent=1, default=str))
+    path = fp8_view.write_script_json(args.out, gpu_slug(torch.cuda.get_device_name()), "moe", args.quick,
+                                      {"env": env, "args": vars(args), "method": __doc__.split("\n\n")[1],
+                                       "rows": rows})
     print(f"wrote {path}")
     print("\ntokens  mode   TFLOPS bf16  TFLOPS fp8  fp8/bf16  checks")
     for row in rows:
         for mode in MODES:
             tf = {c: round(v, 1) for c, v in row[f"{mode}_tflops"].items()}
             print(f"{row['tokens']:<7} {mode:<6} {tf.get('bf16', '-'):>11}  {tf.get('fp8', '-'):>10}  "
-                  f"{_fmt(row[f'{mode}_fp8/bf16']):>8}  {'ok' if all(row[f'{mode}_checks'].values()) else 'FAILED'}")
+                  f"{short(row[f'{mode}_fp8/bf16']):>8}  {'ok' if all(row[f'{mode}_checks'].values()) else 'FAILED'}")
     return 0
 
 

@@ -135,3 +135,15 @@ def test_bench_fp8_quick_on_the_gpu(tmp_path):
             assert all(r[f"{mode}_checks"].values()), (r["shape"], mode, r[f"{mode}_checks"])
             assert all(s and s["ci95"] for s in r[f"{mode}_intervals"].values()), (r["shape"], mode)
     print(res.stderr[-4000:])
+
+
+def test_the_scripts_json_lands_where_results_readers_look(tmp_path):
+    """The fp8 benchmark scripts' shared steps: why they cannot run (no CUDA, too few rounds), their JSON's name."""
+    from gemmlab.bench import fp8, fp8_view
+
+    assert fp8_view.script_problem("fp8_dense", 10, cuda=False) == "fp8_dense: needs a CUDA GPU"
+    assert "at least" in fp8_view.script_problem("fp8_moe", fp8.MIN_ROUNDS - 1, cuda=True)
+    assert fp8_view.script_problem("fp8_moe", fp8.MIN_ROUNDS, cuda=True) is None
+    path = fp8_view.write_script_json(tmp_path / "r", "nvidia-h200", "moe", True, {"rows": [1]})
+    assert path == tmp_path / "r" / "nvidia-h200-fp8-moe-quick.json" and json.loads(path.read_text()) == {"rows": [1]}
+    assert fp8_view.short(None) == "-" and fp8_view.short(1.234) == "1.23"

@@ -8,10 +8,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from gemmlab import output, provenance
-from gemmlab.bench.fp8 import DENSE_RATIOS, MOE_RATIOS
+from gemmlab.bench.fp8 import DENSE_RATIOS, MIN_ROUNDS, MOE_RATIOS
 from gemmlab.output import Table, long_row, num
 
 CANDIDATES = {"dense": ("scaled_mm", "fp8_tensor", "fp8_block", "bf16"), "moe": ("bf16", "fp8")}
@@ -84,3 +85,27 @@ def long_rows(report: dict) -> list[dict]:
 def write(report: dict, out_dir: str | Path, stem: str = "fp8-bench") -> list[Path]:
     """``<stem>.json`` (everything, env included), ``<stem>.csv`` (long format), ``<stem>.md`` (the tables)."""
     return output.write(report, out_dir, stem, tables(report), long_rows(report))
+
+
+def script_problem(script: str, rounds: int, cuda: bool) -> str | None:
+    """Why the ``benchmarks/fp8_*.py`` script ``script`` cannot run (one line), or None."""
+    if not cuda:
+        return f"{script}: needs a CUDA GPU"
+    if rounds < MIN_ROUNDS:
+        return f"{script}: --rounds must be at least {MIN_ROUNDS} (the ratio's 95% interval)"
+    return None
+
+
+def write_script_json(out_dir: str | Path, gpu: str, suite: str, quick: bool, payload: dict) -> Path:
+    """A ``benchmarks/fp8_*.py`` script's result, ``<out_dir>/<gpu>-fp8-<suite>[-quick].json`` (where
+    benchmarks/results readers look); returns its path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{gpu}-fp8-{suite}{'-quick' if quick else ''}.json"
+    path.write_text(json.dumps(payload, indent=1, default=str))
+    return path
+
+
+def short(x: float | None) -> str:
+    """A ratio in a script's plain table: two decimals, "-" for none."""
+    return "-" if x is None else f"{x:.2f}"
