@@ -20,6 +20,23 @@ to arrive sums the slots in piece order (whoever arrives last, the same sum) and
 
 import triton
 import triton.language as tl
+from triton import knobs
+
+# Triton 3.6's CPU interpreter casts fp32 to bf16 by dropping the low 16 bits (toward zero), where the GPU rounds to
+# nearest even; set at import, as the interpreter itself is chosen (``narrow``)
+INTERPRETED = tl.constexpr(bool(knobs.runtime.interpret))
+
+
+@triton.jit
+def narrow(v, dtype: tl.constexpr):
+    """fp32 v in ``dtype``, rounded to nearest even as the GPU's cvt.rn rounds. Under the interpreter a bf16 result
+    is made from v's bits: + 0x7FFF + the last kept bit, the high half kept (NaN stays NaN)."""
+    if INTERPRETED:
+        if dtype == tl.bfloat16:
+            bits = v.to(tl.float32).to(tl.uint32, bitcast=True)
+            bits = tl.where(v == v, (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16, 0x7FC0)
+            return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return v.to(dtype)
 
 
 @triton.jit
@@ -65,11 +82,11 @@ def load_b(b_desc, off_k, off_n, B_KMAJOR: tl.constexpr):
 @triton.jit
 def _store_part(c, part, off_m, off_n, M, N, stride_cm, C_TMA: tl.constexpr):
     if C_TMA:
-        c.store([off_m, off_n], part.to(c.dtype))
+        c.store([off_m, off_n], narrow(part, c.dtype))
     else:  # masked pointer store: 64-bit tile base, 32-bit offsets inside the tile
         # (converted to C's dtype first and masked against scalar bounds: half the registers of the fp32 tile
         # and no per-element add; with the subtile split this keeps a 128x256 tile from spilling)
-        val = part.to(c.dtype.element_ty)
+        val = narrow(part, c.dtype.element_ty)
         rows = tl.arange(0, part.shape[0])
         cols = tl.arange(0, part.shape[1])
         c_tile = c + off_m.to(tl.int64) * stride_cm + off_n
@@ -292,4 +309,4 @@ def gemm_portable_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    tl.store(c_ptrs, narrow(acc, c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])

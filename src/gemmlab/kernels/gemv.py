@@ -24,7 +24,7 @@ Split-K is reduced deterministically as in ``gemmlab.kernels.gemm`` (``split_arr
 import triton
 import triton.language as tl
 
-from gemmlab.kernels.gemm import dot, split_arrive, split_sum
+from gemmlab.kernels.gemm import dot, narrow, split_arrive, split_sum
 
 
 @triton.jit
@@ -94,7 +94,7 @@ def gemv_kernel(
     c_offs = rows[:, None] * stride_cm + cols[None, :] * stride_cn
     c_mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K == 1:
-        tl.store(c_tile + c_offs, out.to(c_ptr.dtype.element_ty), mask=c_mask)
+        tl.store(c_tile + c_offs, narrow(out, c_ptr.dtype.element_ty), mask=c_mask)
     else:
         tile = pid_n * tl.num_programs(0) + pid_m
         ws_offs = rows[:, None] * BLOCK_N + cols[None, :]
@@ -102,4 +102,4 @@ def gemv_kernel(
         split_stride = (tl.num_programs(0) * tl.num_programs(1)).to(tl.int64) * (BLOCK_M * BLOCK_N)
         if split_arrive(ws_tile + pid_k * split_stride, out, count_ptr + tile, SPLIT_K, ws_offs):
             total = split_sum(ws_tile, split_stride, count_ptr + tile, SPLIT_K, ws_offs, BLOCK_M, BLOCK_N)
-            tl.store(c_tile + c_offs, total.to(c_ptr.dtype.element_ty), mask=c_mask)
+            tl.store(c_tile + c_offs, narrow(total, c_ptr.dtype.element_ty), mask=c_mask)

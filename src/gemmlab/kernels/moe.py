@@ -29,7 +29,7 @@ by a masked store.
 import triton
 import triton.language as tl
 
-from gemmlab.kernels.gemm import dot
+from gemmlab.kernels.gemm import dot, narrow
 
 
 @triton.jit
@@ -84,15 +84,15 @@ def store_rows(out, acc, rows, rows_end, off_n, N, stride_om, BLOCK_N: tl.conste
     SASS: 255 registers, 34-50 local-memory ops, against 157-175 and none)."""
     cols = off_n + tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < rows_end) & (cols[None, :] < N)
-    tl.store(out + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], acc.to(out.dtype.element_ty), mask=mask)
+    tl.store(out + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], narrow(acc, out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _store_halves(o, acc, row0, off_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """TMA store of an fp32 tile in two [BLOCK_M, BLOCK_N / 2] halves (half the staging buffer)."""
     acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-    o.store([row0, off_n], acc0.to(o.dtype))
-    o.store([row0, off_n + BLOCK_N // 2], acc1.to(o.dtype))
+    o.store([row0, off_n], narrow(acc0, o.dtype))
+    o.store([row0, off_n + BLOCK_N // 2], narrow(acc1, o.dtype))
 
 
 @triton.jit
@@ -216,7 +216,7 @@ def moe_combine_kernel(
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     acc = sum_slots(o, stride_o, inv, t, cols, H, TOP_K, BLOCK_H)
-    tl.store(y + t.to(tl.int64) * stride_y + cols, acc.to(y.dtype.element_ty), mask=cols < H)
+    tl.store(y + t.to(tl.int64) * stride_y + cols, narrow(acc, y.dtype.element_ty), mask=cols < H)
 
 
 @triton.jit

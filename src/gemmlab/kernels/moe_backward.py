@@ -22,7 +22,7 @@ order, so the backward is deterministic.
 import triton
 import triton.language as tl
 
-from gemmlab.kernels.gemm import dot
+from gemmlab.kernels.gemm import dot, narrow
 from gemmlab.kernels.moe import load_a_tile, load_w_tile, store_rows, sum_slots, tile_of_item
 
 
@@ -153,13 +153,13 @@ def moe_bwd_combine_kernel(
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     acc = sum_slots(dxs, stride_dxs, inv, t, cols, H, TOP_K, BLOCK_H)
-    tl.store(dx + t.to(tl.int64) * stride_dx + cols, acc.to(dx.dtype.element_ty), mask=cols < H)
+    tl.store(dx + t.to(tl.int64) * stride_dx + cols, narrow(acc, dx.dtype.element_ty), mask=cols < H)
     if tl.program_id(1) == 0:
         pp = tl.arange(0, BLOCK_P)
         for j in tl.static_range(TOP_K):
             r = tl.load(inv + t * TOP_K + j).to(tl.int64)
             p = tl.load(part + r * NUM_PART + pp, mask=pp < NUM_PART, other=0.0)
-            tl.store(dtw + t * TOP_K + j, tl.sum(p, 0).to(dtw.dtype.element_ty))
+            tl.store(dtw + t * TOP_K + j, narrow(tl.sum(p, 0), dtw.dtype.element_ty))
 
 
 @triton.jit
@@ -199,4 +199,4 @@ def moe_weight_grad_kernel(
         qt = tl.load(q + qr[:, None] * stride_q + nn[None, :], mask=live[:, None] & (nn[None, :] < N), other=0.0)
         acc = dot(tl.trans(pt), qt, acc, DOT_UPCAST)
     o = out + e.to(tl.int64) * stride_oe + mm.to(tl.int64)[:, None] * stride_om + nn[None, :]
-    tl.store(o, acc.to(out.dtype.element_ty), mask=(mm[:, None] < M) & (nn[None, :] < N))
+    tl.store(o, narrow(acc, out.dtype.element_ty), mask=(mm[:, None] < M) & (nn[None, :] < N))
