@@ -115,10 +115,10 @@ def quantize_groups_kernel(
         x = tl.load(x_row + cols, mask=cols < end, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
     group_max = tl.max(amax, axis=0)
-    scale = tl.where(group_max > 0, group_max / FP8_MAX, 1.0)
+    scale = tl.where(group_max > 0, tl.div_rn(group_max, FP8_MAX), 1.0)  # IEEE division, as torch divides
     tl.store(s_ptr + m * stride_sm + g, scale)
     for start in range(begin, end, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_row + cols, mask=cols < end, other=0.0).to(tl.float32)
-        q = round_e4m3(tl.minimum(tl.maximum(x / scale, -FP8_MAX), FP8_MAX))  # saturating
+        q = round_e4m3(tl.minimum(tl.maximum(tl.div_rn(x, scale), -FP8_MAX), FP8_MAX))  # saturating
         tl.store(q_row + cols, q.to(tl.float8e4nv), mask=cols < end)
