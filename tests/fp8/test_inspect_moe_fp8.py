@@ -31,7 +31,7 @@ for mode in Mode:
                "scale": "*fp32", "offsets": "*i32", "tile_offsets": "*i32"}
         sig.update({n: "i32" for n in ("N", "K", "E", "stride_sa", "stride_om")})
         consts = dict(MODE=int(mode), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                      GROUP_M=cfg.group_m, NUM_PROGRAMS=132, LOG2_E=9, ROUND_BF16=False)
+                      GROUP_M=cfg.group_m, NUM_PROGRAMS=132, LOG2_E=9)
         sig.update({n: "constexpr" for n in consts})
         sig = {n: sig[n] for n in moe_fp8_grouped_kernel.arg_names}
         kernel = triton.compile(ASTSource(moe_fp8_grouped_kernel, sig, constexprs=consts),

@@ -214,7 +214,8 @@ def test_probe_quick_is_plausible(tmp_path, monkeypatch):
     from gemmlab.instruments.compare import compare
 
     a, b = rand((2048, 2048), device="cuda"), rand((2048, 2048), device="cuda")
-    r = compare(lambda: a @ b, lambda: torch.mm(a, b), flops=2.0 * 2048**3, rounds=4, reps=3, warmup_s=0.2)
+    r = compare(lambda: a @ b, lambda: torch.mm(a, b), flops=2.0 * 2048**3, rounds=4, reps=3, warmup_s=0.2,
+                profile=probe.load())
     c = r["candidates"]["candidate"]
     if rate:
         assert 0.05 < c["efficiency_measured"] < 1.3

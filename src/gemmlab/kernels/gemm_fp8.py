@@ -18,7 +18,7 @@ K step adds zeros. Launchers: ``gemmlab.ops.gemm_fp8``.
 import triton
 import triton.language as tl
 
-from gemmlab.kernels.gemm import load_a, load_b, store_c, tile_coords
+from gemmlab.kernels.gemm import INTERPRETED, load_a, load_b, store_c, tile_coords
 
 FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
 
@@ -80,8 +80,8 @@ def gemm_fp8_tma_kernel(
 @triton.jit
 def round_e4m3(v):
     """The e4m3 value nearest to fp32 ``v`` (|v| <= 448; ties to even), as fp32, so the cast to e4m3 after it is
-    exact. Rounded here rather than by the cast: Triton 3.6's CPU interpreter loses the carry of a rounding that
-    crosses a power of two (124.3 becomes 64); on the GPU the result is what the cast itself would give. Normal
+    exact. Used under the interpreter only: Triton 3.6's CPU interpreter loses the carry of a rounding that
+    crosses a power of two (124.3 becomes 64); on the GPU the cast itself rounds to nearest even. Normal
     range: round the fp32 mantissa to 3 bits on the bit pattern (the carry runs into the exponent); below 2^-6
     (e4m3's subnormals, spacing 2^-9): round v * 2^9 to an integer by adding and removing 1.5 * 2^23."""
     bits = v.to(tl.int32, bitcast=True)
@@ -120,5 +120,7 @@ def quantize_groups_kernel(
     for start in range(begin, end, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_row + cols, mask=cols < end, other=0.0).to(tl.float32)
-        q = round_e4m3(tl.minimum(tl.maximum(tl.div_rn(x, scale), -FP8_MAX), FP8_MAX))  # saturating
+        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -FP8_MAX), FP8_MAX)  # saturating
+        if INTERPRETED:  # the interpreter's own cast loses carries; on the GPU the cast (cvt.rn) rounds
+            q = round_e4m3(q)
         tl.store(q_row + cols, q.to(tl.float8e4nv), mask=cols < end)

@@ -11,8 +11,7 @@ contiguous). Each BLOCK_K step (BLOCK_K divides 128, so a step lies in one scale
 tile and adds it, scaled by sa[row] * sw[n-block], to the fp32 sum; in MODE 1 SiLU(gate) * up is taken in fp32 from
 the two sums. The rows, tile schedule and walk are those of ``kernels.moe`` (``tile_of_item``): rows of a tile that
 belong to the next group are computed and never stored (masked stores); TMA zero-fills past K and past the last
-row. ROUND_BF16 (set by the launcher under Triton's CPU interpreter only, whose fp32 -> bf16 cast truncates):
-round the fp32 result to nearest-even bf16 before the store, so the stored values are what the GPU's cast gives.
+row; the stores round to nearest even (``kernels.gemm.narrow``, under the CPU interpreter too).
 Launchers: ``gemmlab.ops.moe_fp8_launch``.
 """
 
@@ -32,13 +31,6 @@ def _scaled_step(a, w_desc, w_row, sa, w_scale_ptr, sw_row0, cols, n_w_rows, off
 
 
 @triton.jit
-def _round_bf16(v):
-    """fp32 ``v`` rounded to the nearest bf16 (ties to even), as fp32: the later cast to bf16 is then exact."""
-    bits = v.to(tl.int32, bitcast=True)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)  # -65536 = ~0xFFFF
-
-
-@triton.jit
 def moe_fp8_grouped_kernel(
     a_desc,  # A (S, K) e4m3: descriptor, blocks [BLOCK_M, BLOCK_K]
     a_scale,  # (S, Kb) fp32: 1x128 block scales of A, row stride stride_sa
@@ -51,7 +43,7 @@ def moe_fp8_grouped_kernel(
     N, K, E,
     stride_sa, stride_om,
     MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr, ROUND_BF16: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr,
 ):
     """Grid (NUM_PROGRAMS,): program p takes work items p, p + NUM_PROGRAMS, ... of the tile_offsets[E] *
     cdiv(N, BLOCK_N) items (read on the device: no host sync), as ``kernels.moe.moe_grouped_kernel`` does."""
@@ -82,6 +74,4 @@ def moe_fp8_grouped_kernel(
             acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up, fp32
         if MODE == 2:
             acc = acc * tl.load(scale + rows, mask=rows < rows_end, other=0.0)[:, None]
-        if ROUND_BF16:
-            acc = _round_bf16(acc)
         store_rows(out, acc, rows, rows_end, off_n, N, stride_om, BLOCK_N)

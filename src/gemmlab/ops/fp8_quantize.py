@@ -27,8 +27,10 @@ CHUNK = 1024  # the Triton kernel's columns per chunk of a row ("row" granularit
 
 
 def _scale_of(amax: torch.Tensor) -> torch.Tensor:
+    """amax / 448, divided: by a tensor, not a Python number, which CUDA torch multiplies by 1 / 448 instead (one
+    rounding more; the Triton kernel divides)."""
     amax = amax.float()
-    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return torch.where(amax > 0, amax / amax.new_full((), FP8_MAX), torch.ones_like(amax))
 
 
 def _cast(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 
 import torch
 import triton
-from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.device import Target, target_for
@@ -106,7 +105,7 @@ def launch_fp8_grouped(mode: Mode, a: torch.Tensor, a_scale: torch.Tensor, w: to
     args = [_desc(a, (bm, bk)), a_scale, _desc(w_rows, (bn, bk)), w_scale.contiguous(), out,
             out if scale is None else scale, offsets, tile_offsets, n, k, e, a_scale.stride(0), out.stride(0)]
     consts = dict(MODE=int(mode), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_PROGRAMS=programs,
-                  LOG2_E=log2_e, ROUND_BF16=bool(knobs.runtime.interpret) and out.dtype == torch.bfloat16)
+                  LOG2_E=log2_e)
     kept_launch.start(_KEPT, moe_fp8_grouped_kernel, (programs,), args, consts,
                       dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
 
