@@ -6,8 +6,11 @@ import itertools
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import gemmlab
+from gemmlab.kernels.gemm_fp8 import e4m3_of
 from gemmlab.ops.fp8_quantize import quantize_torch
 from gemmlab.ref import dequantize_fp8, gemm_fp8_bound, gemm_fp8_check, gemm_fp8_ref
 from tests.conftest import DEVICE
@@ -219,3 +222,27 @@ def test_config_checks_fire():
     qa, qb, sa, sb = _operands(8, 16, 256, "block", seed=4)
     with pytest.raises(ValueError, match="block_k dividing 128"):
         plan_fp8(qa, qb, sa, sb, config=Fp8Config(block_k=96))
+
+
+@triton.jit
+def _e4m3_kernel(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(src + offs, mask=offs < n, other=0.0)
+    tl.store(dst + offs, e4m3_of(v), mask=offs < n)
+
+
+def test_the_kernels_e4m3_rounding_is_torchs_cast_bit_for_bit(device):
+    """kernels.gemm_fp8.e4m3_of against torch's cast on the same device: every finite e4m3 value, every midpoint
+    between neighbours (ties to even) and the fp32 values either side of it, both signs, zero, an fp32 subnormal,
+    then random values over the normal and subnormal ranges."""
+    codes = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+    grid = torch.sort(codes[torch.isfinite(codes) & (codes >= 0)]).values
+    mids = (grid[1:] + grid[:-1]) / 2
+    g = torch.Generator().manual_seed(5)
+    v = torch.cat([grid, mids, torch.nextafter(mids, torch.zeros(())), torch.nextafter(mids, torch.full((), 1e9)),
+                   torch.rand(20000, generator=g) * 448, torch.rand(20000, generator=g) * 2.0**-5,
+                   torch.tensor([1e-40, 2.0**-10, 2.0**-11, 3 * 2.0**-11])])
+    v = torch.cat([v, -v]).to(device)
+    out = torch.full(v.shape, float("nan"), dtype=FP8, device=device)
+    _e4m3_kernel[(triton.cdiv(v.numel(), 1024),)](v, out, v.numel(), BLOCK=1024)
+    assert torch.equal(out.view(torch.uint8), v.to(FP8).view(torch.uint8))

@@ -18,7 +18,7 @@ K step adds zeros. Launchers: ``gemmlab.ops.gemm_fp8``.
 import triton
 import triton.language as tl
 
-from gemmlab.kernels.gemm import INTERPRETED, load_a, load_b, store_c, tile_coords
+from gemmlab.kernels.gemm import load_a, load_b, store_c, tile_coords
 
 FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
 
@@ -78,16 +78,28 @@ def gemm_fp8_tma_kernel(
 
 
 @triton.jit
-def round_e4m3(v):
-    """The e4m3 value nearest to fp32 ``v`` (|v| <= 448; ties to even), as fp32, so the cast to e4m3 after it is
-    exact. Used under the interpreter only: Triton 3.6's CPU interpreter loses the carry of a rounding that
-    crosses a power of two (124.3 becomes 64); on the GPU the cast itself rounds to nearest even. Normal
-    range: round the fp32 mantissa to 3 bits on the bit pattern (the carry runs into the exponent); below 2^-6
-    (e4m3's subnormals, spacing 2^-9): round v * 2^9 to an integer by adding and removing 1.5 * 2^23."""
-    bits = v.to(tl.int32, bitcast=True)
-    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # -1048576 = ~0xFFFFF
-    sub = ((v * 512.0 + 12582912.0) - 12582912.0) / 512.0
-    return tl.where(tl.abs(v) < 0.015625, sub, normal)
+def e4m3_of(v):
+    """fp32 ``v`` (|v| <= 448, or NaN) as the nearest e4m3 value, ties to even, NaN as 0x7F, the sign kept (the rule of
+    torch's cast). Built from v's bits with integer arithmetic, so it is the same under the CPU interpreter (whose own
+    cast loses the carry of a rounding across a power of two) as on the GPU. Normal range (|v| >= 2^-6): the fp32
+    mantissa rounded to 3 bits on the bit pattern, the carry running into the exponent (re-biased 127 -> 7).
+    Below (e4m3's subnormals, spacing 2^-9): the 24-bit significand shifted down to units of 2^-9, rounded to nearest
+    even; 8 units is 2^-6, whose code 0x08 it is too."""
+    bits = v.to(tl.uint32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    sign = (bits >> 24) & 0x80
+    up = (mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20  # [exponent | 3 mantissa bits], rounded
+    normal = up - (120 << 3)  # re-bias the exponent: 127 -> 7
+    # units of 2^-9: v = sig 2^(E - 23), so shift by 14 - E = 141 - exp (in [1, 31]: the normal range's lanes unused)
+    shift = tl.maximum(tl.minimum(141 - (mag >> 23).to(tl.int32), 31), 1).to(tl.uint32)
+    sig = (mag & 0x7FFFFF) | 0x800000
+    units = sig >> shift
+    rest = sig & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    sub = units + ((rest > half) | ((rest == half) & ((units & 1) == 1))).to(tl.uint32)
+    code = tl.where(mag >= 0x3C800000, normal, sub)  # 0x3C800000 = 2^-6
+    code = tl.where(v == v, code, 0x7F) | sign
+    return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
 
 
 @triton.jit
@@ -121,6 +133,4 @@ def quantize_groups_kernel(
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_row + cols, mask=cols < end, other=0.0).to(tl.float32)
         q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -FP8_MAX), FP8_MAX)  # saturating
-        if INTERPRETED:  # the interpreter's own cast loses carries; on the GPU the cast (cvt.rn) rounds
-            q = round_e4m3(q)
-        tl.store(q_row + cols, q.to(tl.float8e4nv), mask=cols < end)
+        tl.store(q_row + cols, e4m3_of(q), mask=cols < end)
