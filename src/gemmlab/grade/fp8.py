@@ -21,8 +21,8 @@ matmul of the dequantized inputs, where torch._scaled_mm cannot run, as for N % 
 the given e4m3 values and scales with fp32 accumulation and rounds once to nearest. A candidate that
 re-quantizes, rounds its inputs or partial sums to bf16, accumulates in lower precision or truncates C misses
 the correctly rounded value on a large share of the sample (tens of percent) while an honest one misses it only
-next to rounding midpoints. (Triton's CPU interpreter truncates fp32 to bf16, so on the CPU gemmlab's own
-kernel is graded with an fp16 C: ``cases/fp8-cpu.json``.)
+next to rounding midpoints. (Triton's CPU interpreter truncates fp32 to bf16 in its own casts, so on the CPU a
+Triton kernel is graded with an fp16 C: ``cases/fp8-cpu.json``; gemmlab's stores round first, ``kernels.gemm.narrow``.)
 
 FP8 experts (``moe_fp8_op(cf)``, case files of ``"mode": "moe_fp8"``; T, H, I, E, k as for MoE): the MoE layer body
 on e4m3 weights with 128x128 block scales, the moe_fp8 signature (``sandbox/candidate.py``). Inputs as ``moe_op``'s
