@@ -25,6 +25,7 @@ from gemmlab.problems import (
     model_cases,
     suite,
 )
+from tests.child import no_interpreter_env
 
 
 def _is_prime(v: int) -> bool:
@@ -306,11 +307,10 @@ def test_inductor_baseline_on_the_gpu():
 
 def test_bench_gemm_command_runs_a_case_suite(tmp_path, device):
     import json
-    import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = no_interpreter_env()
 
     def gemmlab(*args):
         return subprocess.run([sys.executable, "-m", "gemmlab", "bench", "gemm", *args], capture_output=True,

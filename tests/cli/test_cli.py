@@ -1,10 +1,11 @@
 """The README's main command works from a fresh process (it picks the interpreter itself without CUDA)."""
 
-import os
 import subprocess
 import sys
 
-ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+from tests.child import no_interpreter_env
+
+ENV = no_interpreter_env()
 
 
 def gemmlab(*args):

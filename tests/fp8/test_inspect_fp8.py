@@ -4,12 +4,10 @@ plans for large and small-M shapes, every scale granularity and both B layouts (
 QGMMA.<shape>.F32.E4M3.E4M3; HGMMA is the fp16/bf16 form), TMA loads, no spills. Runs in a child process: the
 compiler, not the interpreter the rest of the suite may use."""
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.child import child_json
 
 SCRIPT = r"""
 import json, re, torch, triton
@@ -58,10 +56,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def reports():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return child_json(["-c", SCRIPT])
 
 
 def test_fp8_kernel_runs_e4m3_wgmma_without_spills(reports):

@@ -4,12 +4,10 @@ needed: ``triton.compile`` for GPUTarget("cuda", 90, 32)), and read its SASS as 
 QGMMA on E4M3 operands, no fp16/bf16 upcast (HGMMA, HMMA), TMA loads, no spills. Runs in a child process: the
 compiler, not the interpreter the rest of the suite may use."""
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.child import child_json
 
 SCRIPT = r"""
 import json, re, math
@@ -49,10 +47,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def reports():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return child_json(["-c", SCRIPT])
 
 
 def test_fp8_grouped_kernel_runs_e4m3_wgmma_without_spills(reports):

@@ -3,7 +3,6 @@ and gemmlab's own kernel passing. Without CUDA this runs small case files throug
 most exploits are graded on tests/cases/tiny.json with fast torch-op kernels."""
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import torch
 from gemmlab.grade import cases, grade, make_op, rules
 from gemmlab.grade.grader import Grader
 from gemmlab.sandbox.box import Sandbox
+from tests.child import no_interpreter_env
 from tests.paths import BAD_KERNELS, CASES
 
 BAD = str(BAD_KERNELS / "kernels.py")
@@ -306,7 +306,7 @@ def test_case_files_that_are_not_case_files(tmp_path):
 
 
 def _cli(*args, env=None):
-    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, **(env or {})}
+    env = {**no_interpreter_env(), **(env or {})}
     return subprocess.run([sys.executable, "-m", "gemmlab", "grade", *args], capture_output=True, text=True,
                           env=env, timeout=600)
 

@@ -3,11 +3,10 @@ and small-M shapes (no GPU needed) and read their SASS. Runs in a child process:
 interpreter the rest of the suite may use."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.child import child_json, run_child
 
 SCRIPT = r"""
 import json, torch
@@ -41,10 +40,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def reports():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return child_json(["-c", SCRIPT], timeout=600)
 
 
 def test_hopper_paths_use_wgmma_and_tma(reports):
@@ -104,12 +100,9 @@ print(json.dumps(compiled_report(triton.compile(src, target=GPUTarget("cuda", 90
 
 
 def test_a_kernel_without_tensor_cores_is_flagged(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = tmp_path / "no_mma.py"  # @triton.jit needs its source in a file
     script.write_text(NO_MMA)
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    r = json.loads(res.stdout.strip().splitlines()[-1])
+    r = child_json([str(script)], timeout=600)
     assert r["tensor_core"] is False and r["tensor_core_ops"] == 0 and r["sass"]["LDG"] > 0
     assert any("NO TENSOR-CORE INSTRUCTION" in f for f in r["flags"])
 
@@ -125,19 +118,15 @@ def test_flags():
 
 
 def test_inspect_command_reports_the_seed_kernel():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "gemmlab", "inspect", "--shape", "131072,2048,7168", "--json"],
-                         capture_output=True, text=True, env=env, timeout=600)
+    res = run_child(["-m", "gemmlab", "inspect", "--shape", "131072,2048,7168", "--json"], timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    r = json.loads(res.stdout)
+    r = json.loads(res.stdout)  # one JSON document, indented
     assert r["shape"] == [131072, 2048, 7168] and r["path"] == "tma_persistent" and r["flags"] == []
     assert r["sass"]["HGMMA"] > 0 and r["registers"] > 0 and r["num_warps"] in (4, 8) and r["num_stages"] >= 2
     assert r["warp_specialized"] is False and r["target"] in ("nvidia-h200", r["target"])
-    text = subprocess.run([sys.executable, "-m", "gemmlab", "inspect", "--shape", "16,7168,2048", "--packed"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    text = run_child(["-m", "gemmlab", "inspect", "--shape", "16,7168,2048", "--packed"], timeout=600)
     assert text.returncode == 0 and "tma_splitk" in text.stdout and "registers/thread" in text.stdout
-    bad = subprocess.run([sys.executable, "-m", "gemmlab", "inspect", "--layout", "NX"], capture_output=True,
-                         text=True, env=env, timeout=600)
+    bad = run_child(["-m", "gemmlab", "inspect", "--layout", "NX"], timeout=600)
     assert bad.returncode == 2 and "layout" in bad.stdout + bad.stderr
 
 
@@ -155,10 +144,7 @@ print(json.dumps(out))
 
 
 def test_moe_kernels_stay_on_tensor_cores_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", MOE], capture_output=True, text=True, env=env, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    reports = json.loads(res.stdout.strip().splitlines()[-1])
+    reports = child_json(["-c", MOE])
     for name, r in reports.items():
         assert r["tensor_core"] and r["local_memory_ops"] == 0 and r["stack_bytes"] == 0, (name, r)
         if r["block"][0] >= 64:
@@ -200,10 +186,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def dense_reports():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", DENSE_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return child_json(["-c", DENSE_SCRIPT], timeout=600)
 
 
 def test_gemv_tiles_run_on_ffma_or_hmma_without_spills(dense_reports):

@@ -12,6 +12,7 @@ from gemmlab.problems import MoEModel
 from gemmlab.problems import moe_inputs as problem
 from gemmlab.ref import grouped_gemm_ref, moe_check, moe_ref
 from gemmlab.ref import moe_composite as composite_forward
+from tests.child import no_interpreter_env
 
 DT = [torch.float16, torch.bfloat16]
 
@@ -338,11 +339,10 @@ def test_every_kernel_variant_is_exercised(monkeypatch, device):
 @pytest.mark.cpu_only("CPU command line")
 def test_bench_moe_command(tmp_path):
     import json
-    import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = no_interpreter_env()
     db = tmp_path / "ledger.db"
     res = subprocess.run([sys.executable, "-m", "gemmlab", "bench", "moe", "--custom", "64,32,8,2", "--tokens", "16",
                           "--routing", "zipf", "--rounds", "4", "--reps", "1", "--warmup-s", "0", "--output-dir",

@@ -5,7 +5,6 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k."
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 
@@ -18,6 +17,7 @@ from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import MoEConfig, moe_choice, moe_forward
 from gemmlab.ops.moe_config import fit_stages
 from gemmlab.ref import moe_check, moe_ref
+from tests.child import no_interpreter_env
 
 H200 = Target("nvidia-h200", (9, 0), 132)
 
@@ -184,7 +184,7 @@ print(json.dumps(out))
 
 @pytest.mark.cpu_only("compiles for sm_90 on the host")
 def test_sweep_configs_stay_on_tensor_cores_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = no_interpreter_env()
     pairs = json.dumps([[dataclasses.asdict(c) for c in pair] for pair in SMALL_T_PAIRS])
     res = subprocess.run([sys.executable, "-c", SASS, pairs], capture_output=True, text=True, env=env, timeout=1200)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from gemmlab import output
 from gemmlab.cli import app
+from tests.child import no_interpreter_env
 from tests.paths import REPO
 
 FAST = ["--rounds", "1", "--reps", "1", "--warmup-s", "0"]
@@ -194,14 +195,13 @@ def test_probe_and_probe_check_json_and_output_dir(tmp_path, monkeypatch):
 def test_json_stdout_is_clean_in_a_real_process(tmp_path):
     """The whole process: stdout is one JSON document although a backend prints (it runs in its own process,
     its prints go to its log) and the tables, progress and "wrote" lines go to stderr."""
-    import os
     import subprocess
     import sys
 
     kern = tmp_path / "k.py"
     kern.write_text("import sys\n\ndef gemm(a, b):\n    print('hello on stdout')\n    print('and stderr', "
                     "file=sys.stderr)\n    return (a.float() @ b.float()).to(a.dtype)\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = no_interpreter_env()
     res = subprocess.run([sys.executable, "-m", "gemmlab", "bench", "gemm", "--shapes", "8,16,16", "--backend",
                           f"{kern}:gemm", *FAST, "--json", "--output-dir", str(tmp_path / "o")], capture_output=True,
                          text=True, env=env, timeout=300)

@@ -16,6 +16,7 @@ from gemmlab.sandbox import box as sandbox_box
 from gemmlab.sandbox import contain, share
 from gemmlab.sandbox.box import Sandbox
 from gemmlab.sandbox.replies import checked
+from tests.child import no_interpreter_env
 from tests.grade.test_grade import TINY, _cli, failed_rules
 from tests.paths import BAD_KERNELS
 
@@ -307,11 +308,10 @@ def test_cuda_ipc_shares_only_the_slots():
 
 def grade_cli(*args, env, timeout=300):
     """`gemmlab grade` in a subprocess; None if it hangs past ``timeout`` (killed)."""
-    import os
     import subprocess
     import sys
 
-    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, **env}
+    env = {**no_interpreter_env(), **env}
     try:
         return subprocess.run([sys.executable, "-m", "gemmlab", "grade", *args], capture_output=True, text=True,
                               env=env, timeout=timeout)

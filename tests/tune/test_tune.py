@@ -6,7 +6,6 @@ measured rate appears once a profile exists."""
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 
@@ -20,9 +19,10 @@ from gemmlab.ops.gemm import GemmConfig
 from gemmlab.tune import space
 from gemmlab.tune.targets import bucket, default_runner
 from gemmlab.tune.tuner import tune_shape, write_configs
+from tests.child import no_interpreter_env
 from tests.conftest import rand
 
-ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+ENV = no_interpreter_env()
 
 
 def test_pruning_reasons():

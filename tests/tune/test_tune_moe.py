@@ -3,7 +3,6 @@ correctness gate, ledger and accept rule), winners written to the user's file an
 ``moe_config`` with the file named; bad arguments refused."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -17,9 +16,10 @@ from gemmlab.ops.moe import MoEConfig, moe_choice
 from gemmlab.problems import MoEModel
 from gemmlab.tune import space
 from gemmlab.tune.tuner import moe_items, moe_model, tune_moe, write_configs
+from tests.child import no_interpreter_env
 
 TINY = MoEModel(hidden=32, intermediate=32, experts=4, top_k=2)  # T = 8: S = 16 rows, 4 per expert
-ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+ENV = no_interpreter_env()
 
 
 def test_tune_moe_records_attempts_and_its_winner_is_read_back(tmp_path, monkeypatch):
