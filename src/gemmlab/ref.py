@@ -97,7 +97,8 @@ def gemm_fp8_bound(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_sc
     - n = K + 2 + cdiv(K, 16): K - 1 additions inside the tensor-core dots, at most 2 scale multiplications per term,
       and, with block scales, one addition of a scaled partial per BLOCK_K step (BLOCK_K >= 16), one more rounding.
     - The fp32 result is rounded once into ``dtype``, to nearest on the GPU (half an ulp); Triton 3.6's CPU
-      interpreter truncates to bf16 (one ulp), so the contract allows any faithful rounding: u = 2^-p (p its stored
+      interpreter truncates to bf16 in its own casts (one ulp; gemmlab's stores round first, a candidate's may not),
+      so the contract allows any faithful rounding: u = 2^-p (p its stored
       mantissa bits; 2^-7 for bf16, 2^-10 for fp16, 2^-23 for fp32) relative, or eta (its smallest subnormal)
       absolute near zero.
     Assumes the tensor cores add fp32-exactly within one instruction (the CPU interpreter does; the GPU tests check

@@ -246,3 +246,17 @@ def test_the_kernels_e4m3_rounding_is_torchs_cast_bit_for_bit(device):
     out = torch.full(v.shape, float("nan"), dtype=FP8, device=device)
     _e4m3_kernel[(triton.cdiv(v.numel(), 1024),)](v, out, v.numel(), BLOCK=1024)
     assert torch.equal(out.view(torch.uint8), v.to(FP8).view(torch.uint8))
+
+
+@pytest.mark.parametrize("granularity,block", [("row", (1, 1)), ("block", (1, 128))])
+def test_nan_and_inf_quantize_as_the_torch_ops_do(granularity, block, device):
+    """A NaN gives its group the scale 1 and stays NaN; an Inf gives its group an infinite scale (the GPU's max.f32
+    drops a NaN: the kernel counts them apart). Kernel and torch ops agree bit for bit."""
+    x = torch.randn(3, 384, generator=torch.Generator().manual_seed(9))
+    x[0, 5], x[1, 7], x[2, 300] = float("nan"), float("inf"), -float("inf")
+    x = x.to(device)
+    q, s = gemmlab.quantize_fp8(x, granularity, block)
+    want_q, want_s = quantize_torch(x, granularity, block)
+    assert torch.equal(s, want_s) and s.flatten()[0].item() == 1.0 and torch.isinf(s).any()
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.isnan(q[0, 5].float())

@@ -153,7 +153,6 @@ def test_open_retries_a_lock_sqlite_reports_without_waiting(tmp_path, monkeypatc
 KILLED = """
 import sys, time
 from gemmlab.ledger import Entry, Ledger
-from tests.child import no_interpreter_env
 db = Ledger.open(sys.argv[1])
 for i in range(3):
     db.record(Entry(kind="tune", shape="2x2x2", dtype="float16", correct=True, median_ms=1.0, tensor_core_ops=1,

@@ -113,8 +113,9 @@ def quantize_groups_kernel(
     BLOCK: tl.constexpr,  # columns per chunk of a group
 ):
     """Per-group amax quantization of rows: S[m, g] = amax(|X[m, g*GROUP : (g+1)*GROUP]|) / 448 (1 for an all-zero
-    group, so Q is 0 there, not NaN), Q = clamp(X / S, -448, 448) in e4m3 (saturating). Grid: (M, cdiv(K, GROUP));
-    each program reads its group twice, in BLOCK chunks (amax, then the quantized values)."""
+    group, so Q is 0 there, not NaN; 1 for a group holding a NaN, as torch.where(amax > 0, ...) gives), Q = clamp(X /
+    S, -448, 448) in e4m3 (saturating; NaN stays NaN). Grid: (M, cdiv(K, GROUP)); each program reads its group twice,
+    in BLOCK chunks (amax, then the quantized values)."""
     m = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     begin = g * GROUP
@@ -122,15 +123,20 @@ def quantize_groups_kernel(
     x_row = x_ptr + m * stride_xm
     q_row = q_ptr + m * stride_qm
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    nans = tl.zeros((BLOCK,), dtype=tl.int32)  # max.f32 on the GPU drops a NaN: counted apart
     for start in range(begin, end, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_row + cols, mask=cols < end, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
+        nans += (x != x).to(tl.int32)
     group_max = tl.max(amax, axis=0)
-    scale = tl.where(group_max > 0, tl.div_rn(group_max, FP8_MAX), 1.0)  # IEEE division, as torch divides
+    ok = (group_max > 0) & (tl.sum(nans, axis=0) == 0)
+    scale = tl.where(ok, tl.div_rn(group_max, FP8_MAX), 1.0)  # IEEE division, as torch divides
     tl.store(s_ptr + m * stride_sm + g, scale)
     for start in range(begin, end, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_row + cols, mask=cols < end, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -FP8_MAX), FP8_MAX)  # saturating
+        q = tl.div_rn(x, scale)
+        q = tl.minimum(tl.maximum(q, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL), FP8_MAX,
+                       propagate_nan=tl.PropagateNan.ALL)  # saturating; NaN stays NaN
         tl.store(q_row + cols, e4m3_of(q), mask=cols < end)

@@ -8,8 +8,9 @@ with x ~= q * scale.
                                               for weights once (torch ops); any other block through torch ops
 
 Every scale is amax / 448 over its group (448 the largest finite e4m3), 1 for an all-zero group (q is 0 there, never
-NaN); q = clamp(x / scale, -448, 448) rounded to e4m3 (saturating: no Inf from rounding). A NaN or Inf in x gives a
-non-finite scale for its group: the input's values are not checked (that would cost a device sync per call).
+NaN); q = clamp(x / scale, -448, 448) rounded to e4m3 (saturating: no Inf from rounding). A NaN in x gives its group
+the scale 1 (its NaNs stay NaN, the rest saturate at 448); an Inf gives its group an infinite scale (its finite values
+become 0, the Inf NaN). The input's values are not checked (that would cost a device sync per call).
 The scales ``gemm_fp8`` takes: A (M, K) by "tensor", "row" or "block" (1, 128); B (K, N) by "tensor", "col" or
 "block" (128, 128); an nn.Linear weight w (N, K) by "row" or "block" (128, 128), then passed as ``q.t()``,
 ``scale.t()``.
