@@ -78,16 +78,28 @@ def test_slow_off_the_timed_kinds_fails_honest_inputs():
                    "every output is correct and complete when the batch's time is taken, and no rule sees which "
                    "call did the work")
 def test_one_call_doing_the_whole_batch_fails():
-    _assert_fails_if_it_fused(grade(SMALL, kernel=f"{RT}:fuses_the_batch", allow_vendor=True, keep_logs=True))
+    _assert_fails_if_it_fused(lambda: grade(SMALL, kernel=f"{RT}:fuses_the_batch", allow_vendor=True, keep_logs=True))
 
 
-def _assert_fails_if_it_fused(r):
-    try:
-        logs = "".join(p.read_text(errors="replace") for p in Path(r["logs"]).rglob("*") if p.is_file())
-    finally:
-        shutil.rmtree(r["logs"], ignore_errors=True)
-    if "fused" not in logs:  # not an AssertionError: the xfail must not hide a kernel that never fused
-        raise RuntimeError("the kernel never computed more than its own call: the test shows nothing")
+def _assert_fails_if_it_fused(run, tries: int = 3):
+    """``run()`` grades the fusing kernel (keep_logs); the grade must FAIL once the kernel did fuse. On a loaded
+    machine a grade can end before a batch finds two poisoned slots it knows (the slots are learnt in the first
+    batch), so a grade in which it never fused is run again, up to ``tries`` grades in all."""
+    seen = []
+    for _ in range(tries):
+        r = run()
+        try:
+            logs = "".join(p.read_text(errors="replace") for p in Path(r["logs"]).rglob("*") if p.is_file())
+        finally:
+            shutil.rmtree(r["logs"], ignore_errors=True)
+        if "fused" in logs:
+            break
+        perf = r.get("performance") or {}
+        seen.append((r["verdict"], [f["rule"] for f in r["failures"]], perf.get("status"), perf.get("rounds"),
+                     perf.get("calls_per_batch")))
+    else:  # not an AssertionError: the xfail must not hide a kernel that never fused
+        raise RuntimeError(f"the kernel never computed more than its own call in {tries} grades (verdict, rules, "
+                           f"perf status, rounds, calls per batch: {seen}): the test shows nothing")
     if not r["listed_correctness_passed"]:  # a wrong kernel fails for the wrong reason
         raise RuntimeError(f"the fusing kernel failed its listed cases: {r['failures']}")
     assert r["verdict"] == "FAIL", (r["verdict"], r["performance"])
@@ -135,7 +147,7 @@ def test_experts_doing_the_whole_batch_in_one_call_fail(tmp_path):
     shape = {"H": 256, "I": 128, "E": 4, "k": 2}
     path = _moe_case(tmp_path, correctness=[{"name": "t5", "T": 5, **shape}],
                      performance={"name": "t3", "T": 3, **shape})
-    _assert_fails_if_it_fused(grade(path, kernel=f"{RT}:fuses_the_moe_batch", keep_logs=True))
+    _assert_fails_if_it_fused(lambda: grade(path, kernel=f"{RT}:fuses_the_moe_batch", keep_logs=True))
 
 
 @pytest.mark.gpu
@@ -147,7 +159,10 @@ def test_experts_doing_the_whole_batch_on_the_gpu(tmp_path):
     path = _moe_case(tmp_path, correctness=[{"name": "t5", "T": 5, **shape}],
                      performance={"name": "decode_t16", "T": 16, **shape})
     honest = grade(path, kernel="builtin:gemmlab_moe_fp8", budget_s=30)
-    r = grade(path, kernel=f"{RT}:fuses_the_moe_batch", budget_s=30, keep_logs=True)
-    print("honest", honest["verdict"], honest["performance"].get("ratio"), "fused", r["verdict"],
-          r["performance"].get("ratio"), "calls per batch", r["performance"].get("calls_per_batch"))
-    _assert_fails_if_it_fused(r)
+    def run():
+        r = grade(path, kernel=f"{RT}:fuses_the_moe_batch", budget_s=30, keep_logs=True)
+        print("honest", honest["verdict"], honest["performance"].get("ratio"), "fused", r["verdict"],
+              r["performance"].get("ratio"), "calls per batch", r["performance"].get("calls_per_batch"))
+        return r
+
+    _assert_fails_if_it_fused(run)
