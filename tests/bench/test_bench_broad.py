@@ -248,6 +248,9 @@ def test_summary_math_on_a_synthetic_report():
     assert g["vs_inductor"]["geomean"] == pytest.approx(math.sqrt(1.5 * 0.5))  # device time, not wall
     assert g["vs_inductor"]["below"] == 1 and g["vs_inductor"]["floor"] == 1.0
     assert g["seeds"] == {"1x2x3 fp16 linear": 2.0}
+    wrong = [r for r in bg.rows(rep) if not r["ok"]]  # a row that is not ok says why
+    assert [(r["case"], r["backend"]) for r in wrong] == [("7x8x9 fp16 linear", "gemmlab")]
+    assert wrong[0]["error"].startswith("wrong after the timed calls"), wrong[0]
     i = s["inductor"]
     assert i["vs_inductor"] is None and i["device"]["geomean"] == pytest.approx((4 / 3 * 1.0 * 0.24) ** (1 / 3))
     row = next(r for r in bg.rows(rep) if r["backend"] == "gemmlab" and r["case"] == "1x2x3 fp16 linear")

@@ -34,6 +34,14 @@ def fresh(user_dir):
     per_shape.forget()
 
 
+def _choice_of(mod: torch.nn.Module, x: torch.Tensor) -> dict:
+    """The one choice made for this call's key (M bucket, layout, device) among the module's (N, K, dtype, bias)."""
+    key = per_shape.described(per_shape.key_of(x.reshape(-1, x.shape[-1]), mod.weight, mod.bias is not None))
+    mine = [c for c in mod.choices() if all(c[f] == v for f, v in key.items())]
+    assert len(mine) == 1 and mine[0]["source"] == "measured", (key, mod.choices())
+    return mine[0]
+
+
 def _independent_ratio(mod: torch.nn.Module, x: torch.Tensor, rounds: int = 40, reps: int = 10) -> float:
     """torch's median time / gemmlab's, measured apart from the dispatcher: interleaved, CUDA events, more rounds."""
     w, b = mod.weight.detach(), mod.bias
@@ -63,7 +71,7 @@ def test_linear_choice_follows_real_timings(fresh):
             mod = gnn.Linear(k, n, device="cuda", dtype=dtype)
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             mod(x)  # the first call measures
-            (c,) = mod.choices()
+            c = _choice_of(mod, x)
             ratio = _independent_ratio(mod, x)
             rows.append((m, k, n, str(dtype)[6:], c["impl"], c["gemmlab_us"], c["torch_us"], ratio))
     if os.environ.get("OUT"):  # the device runner's output folder: the rows as data

@@ -295,6 +295,15 @@ def _ok(c: dict) -> bool:
     return bool(c.get("check", {}).get("ok")) and c.get("check_after", True) is True
 
 
+def _why(c: dict) -> str:
+    """Why a candidate that is not ``_ok`` failed: its check's error, why it was not timed, or its check after
+    the timed calls."""
+    check = c.get("check", {})
+    if not check.get("ok"):
+        return check.get("error") or c.get("skipped") or f"wrong (max abs err {check.get('max_abs_err')})"
+    return c.get("check_after_error") or f"wrong after the timed calls ({c.get('checked_after', 'checked again')})"
+
+
 def rows(report: dict) -> list[dict]:
     """One flat row per (case, backend): the CSV and the printed table. ``ratio``/``device_ms`` come from
     the graph mode, ``eager_ratio``/``eager_ms`` from the wall mode, ``inductor_ratio`` from the graph mode
@@ -327,8 +336,8 @@ def rows(report: dict) -> list[dict]:
                 "sm_clock_mhz": clk.get("sm_clock_mhz_mean"), "power_w": clk.get("power_w_mean"),
                 "clock_event_reasons": " ".join(clk.get("clock_event_reasons", [])) or None,
                 "efficiency": c.get("efficiency"), "pack_ms": c.get("pack_ms"),
-                "error": next((cands[name]["check"].get("error") or cands[name].get("skipped")
-                               for cands in modes.values() if name in cands and not _ok(cands[name])), None),
+                "error": next((_why(cands[name]) for cands in modes.values() if name in cands and not _ok(cands[name])),
+                              None),
             })
     return out
 

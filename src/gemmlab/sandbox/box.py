@@ -22,7 +22,9 @@ What each guard enforces (Linux; CPU and GPU alike unless said):
   Landlock also ``$TRITON_CACHE_DIR``: a cache of its own, so the shared one is never the candidate's).
 - Membership (``members``): the cgroup's processes, every process of the child's session, every descendant of
   the keeper and, for an untrusted sandbox, every child of the owner it did not start itself (the owner is a child
-  subreaper, so an orphan of the candidate becomes the owner's child, not init's). A trusted sandbox (a builtin or
+  subreaper, so an orphan of the candidate becomes the owner's child, not init's) outside the owner's session (the
+  keeper starts a session of its own and no process can join another one, so the owner's own children, such as
+  a compile worker pool, are never claimed, frozen or killed). A trusted sandbox (a builtin or
   gemmlab's own kernel: the baseline) claims no orphan, so waking the baseline never wakes the candidate's.
 - Freeze (``freeze``): the cgroup freezer where one could be made (every member at once, forks in flight
   included); else, and for any member outside the cgroup, SIGSTOP, re-scanning until two scans in a row find
@@ -266,8 +268,9 @@ class Sandbox:
         roots = {p for p, (_, sid) in table.items() if sid == root} | {root}
         if self.freezer is not None:
             roots |= self.freezer.pids()
-        if not self.trusted:
-            roots |= {p for p, (pp, _) in table.items() if pp == me and p not in _OWN_CHILDREN}
+        if not self.trusted:  # orphans it left: no process of the sandbox can join the owner's session
+            own_sid = os.getsid(0)
+            roots |= {p for p, (pp, sid) in table.items() if pp == me and sid != own_sid and p not in _OWN_CHILDREN}
         return (contain.descendants(roots, table) & set(table)) - {me}
 
     def _held(self) -> tuple[set[int], set[int]]:
