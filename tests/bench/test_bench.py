@@ -19,7 +19,7 @@ import gemmlab
 from gemmlab import output
 from gemmlab.device import tensor_peak_tflops
 from gemmlab.instruments import stats, timing
-from gemmlab.instruments.compare import compare, compare_many
+from gemmlab.instruments.compare import compare, compare_many, outcome
 from gemmlab.problems import MOE_MODELS, moe_gemm_shape, resolve_moe, suite
 from gemmlab.ref import gemm_check, gemm_ref
 from tests.conftest import rand
@@ -151,6 +151,26 @@ def test_compare_verifies_first_and_never_times_a_wrong_candidate(device):
     assert c["good"]["tflops"] > 0
     if device == "cpu":  # no GPU: no clocks, no efficiency, and the timer says so
         assert c["good"]["efficiency"] is None and "nvml" in c["good"]["clocks"] and "host clock" in r["timer"]
+
+
+def test_outcome_says_why_each_candidate_failed():
+    """``outcome``: right before and after timing, or the reason, for every way of failing."""
+    a, b, check = _matmul_setup()
+    calls = {"n": 0}
+
+    def turns():  # right when verified, wrong once timed (a fresh tensor each call: checked by one more call)
+        calls["n"] += 1
+        return a @ b if calls["n"] == 1 else a @ b + 0.05
+
+    fns = {"turns": turns, "wrong": lambda: a @ b + 0.05, "raises": lambda: 1 / 0, "base": lambda: a @ b}
+    c = compare_many(fns, "base", check=check, rounds=2, reps=1, warmup_s=0.0)["candidates"]
+    assert outcome(c["base"]) == (True, None)
+    assert outcome(c["turns"]) == (False, "wrong after the timed calls (one more call)")
+    ok, why = outcome(c["wrong"])
+    assert not ok and why.startswith("wrong (max abs err")
+    assert outcome(c["raises"])[1].startswith("ZeroDivisionError")
+    c = compare(lambda: a @ b, lambda: a @ b + 1, check=check, rounds=2, reps=1, warmup_s=0.0)["candidates"]
+    assert outcome(c["candidate"]) == (True, "the baseline failed its check: nothing is timed")  # right, not timed
 
 
 def test_compare_catches_an_output_that_is_not_rewritten():

@@ -37,7 +37,7 @@ import torch
 
 from gemmlab.bench import inductor, targets
 from gemmlab.instruments import stats, timing
-from gemmlab.instruments.compare import compare_many
+from gemmlab.instruments.compare import compare_many, outcome
 from gemmlab.problems import Case, Shape, case_operands
 
 BASELINE = "cublas"
@@ -291,19 +291,6 @@ def _by_mode(r: dict) -> dict[str, dict]:
     return {first: r.get("candidates", {}), **{m: v.get("candidates", {}) for m, v in r.get("other_modes", {}).items()}}
 
 
-def _ok(c: dict) -> bool:
-    return bool(c.get("check", {}).get("ok")) and c.get("check_after", True) is True
-
-
-def _why(c: dict) -> str:
-    """Why a candidate that is not ``_ok`` failed: its check's error, why it was not timed, or its check after
-    the timed calls."""
-    check = c.get("check", {})
-    if not check.get("ok"):
-        return check.get("error") or c.get("skipped") or f"wrong (max abs err {check.get('max_abs_err')})"
-    return c.get("check_after_error") or f"wrong after the timed calls ({c.get('checked_after', 'checked again')})"
-
-
 def rows(report: dict) -> list[dict]:
     """One flat row per (case, backend): the CSV and the printed table. ``ratio``/``device_ms`` come from
     the graph mode, ``eager_ratio``/``eager_ms`` from the wall mode, ``inductor_ratio`` from the graph mode
@@ -323,7 +310,7 @@ def rows(report: dict) -> list[dict]:
                 "case": r.get("label") or f"{m}x{n}x{k}", "shape": f"{m}x{n}x{k}", "m": m, "n": n, "k": k,
                 "dtype": r["dtype"], "layout": case["layout"], "pad": case["pad"], "offset": case["offset"],
                 "aligned": r.get("aligned", True), "note": case.get("note", ""), "backend": name,
-                "path": c.get("path"), "ok": all(_ok(cands[name]) for cands in modes.values() if name in cands),
+                "path": c.get("path"), "ok": all(outcome(cands[name])[0] for cands in modes.values() if name in cands),
                 "max_abs_err": c["check"].get("max_abs_err"), "median_ms": c.get("median_ms"),
                 "p20_ms": c.get("p20_ms"), "p80_ms": c.get("p80_ms"), "min_ms": c.get("min_ms"),
                 "max_ms": c.get("max_ms"), "cv": c.get("cv"), "tflops": c.get("tflops"),
@@ -336,8 +323,8 @@ def rows(report: dict) -> list[dict]:
                 "sm_clock_mhz": clk.get("sm_clock_mhz_mean"), "power_w": clk.get("power_w_mean"),
                 "clock_event_reasons": " ".join(clk.get("clock_event_reasons", [])) or None,
                 "efficiency": c.get("efficiency"), "pack_ms": c.get("pack_ms"),
-                "error": next((_why(cands[name]) for cands in modes.values() if name in cands and not _ok(cands[name])),
-                              None),
+                "error": next((why for cands in modes.values() if name in cands
+                               for ok, why in [outcome(cands[name])] if not ok), None),
             })
     return out
 

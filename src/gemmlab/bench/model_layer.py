@@ -32,7 +32,7 @@ import torch
 from gemmlab import output
 from gemmlab.bench.model_build import init_weights, set_impl, shared_copy
 from gemmlab.instruments import timing
-from gemmlab.instruments.compare import compare_many
+from gemmlab.instruments.compare import compare_many, outcome
 from gemmlab.output import Table, long_row, num
 
 
@@ -242,10 +242,10 @@ def rows(report: dict) -> list[dict]:
         row = table.setdefault((r["model"], r["tokens"]), {"model": r["model"], "T": r["tokens"], "ok": True,
                                                           "errors": []})
         for name, c in r["candidates"].items():
-            ok = bool(c["check"].get("ok")) and c.get("check_after", True) is True
+            ok, why = outcome(c)
             row["ok"] &= ok or name != "torch"
             if not ok:
-                row["errors"].append(f"{r['mode']} {name}: {c['check'].get('error') or c.get('skipped') or c['check']}")
+                row["errors"].append(f"{r['mode']} {name}: {why}")
             row[f"{r['mode']}_{name}_ms"] = c.get("median_ms")
             if name == "gemmlab":
                 row[f"{r['mode']}_ratio"] = (c.get("vs_baseline") or {}).get("ratio")

@@ -21,7 +21,7 @@ import torch
 
 from gemmlab import output
 from gemmlab.instruments import timing
-from gemmlab.instruments.compare import compare_many
+from gemmlab.instruments.compare import compare_many, outcome
 from gemmlab.output import Table, long_row, num
 from gemmlab.problems import MOE_MODELS, MoEModel, moe_inputs
 from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check, moe_composite, moe_ref
@@ -121,11 +121,10 @@ def rows(report: dict) -> list[dict]:
         for name, c in r["candidates"].items():
             vs = c.get("vs_baseline") or {}
             out.append({"model": r["model"], "T": r["tokens"], "routing": r["routing"], "part": r["part"],
-                        "backend": name, "baseline": base, "ok": bool(c["check"].get("ok"))
-                        and c.get("check_after", True) is True, "median_ms": c.get("median_ms"),
+                        "backend": name, "baseline": base, "ok": outcome(c)[0], "median_ms": c.get("median_ms"),
                         "tflops": c.get("tflops"), "ratio": vs.get("ratio"), "ci95": vs.get("ci95"),
                         "verdict": vs.get("verdict"), "ratio_vs_liger": c.get("ratio_vs_liger"),
-                        "error": c["check"].get("error") or c.get("skipped")})
+                        "error": outcome(c)[1]})
     return out
 
 

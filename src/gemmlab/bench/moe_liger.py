@@ -52,7 +52,7 @@ from gemmlab.bench.moe_peers import (
     tune_liger_safely,
 )
 from gemmlab.instruments import timing
-from gemmlab.instruments.compare import compare_many
+from gemmlab.instruments.compare import compare_many, outcome
 from gemmlab.problems import MOE_MODELS, MoEModel, generator, matrix, moe_inputs
 from gemmlab.ref import moe_check, moe_composite, moe_grad_check, moe_ref
 
@@ -338,9 +338,9 @@ def rows(report: dict) -> list[dict]:
         cands, errors = r["candidates"], []
         for name, c in cands.items():
             s = SHORT.get(name, name)
-            ok = bool(c["check"].get("ok")) and c.get("check_after", True) is True
+            ok, why = outcome(c)
             if not ok:
-                errors.append(f"{s}: {c['check'].get('error') or c.get('check_after_error') or 'wrong'}")
+                errors.append(f"{s}: {why}")
             mem = (r.get("memory") or {}).get(name) or {}
             if c["check"].get("strict") is False:
                 worst = {n: round(g["worst"], 2) for n, g in c["check"]["grads"].items() if g["worst"] > 1}

@@ -23,6 +23,7 @@ import torch
 
 from gemmlab import output
 from gemmlab.instruments import stats, timing
+from gemmlab.instruments.compare import outcome
 from gemmlab.output import Table, long_row, num
 from gemmlab.problems import Shape
 
@@ -37,9 +38,9 @@ def _child(args: dict) -> dict:
                     reps=args["reps"], warmup_s=args["warmup_s"], graph=args["graph"], seed=args["seed"])
     out = {"clocks": r.get("clocks", {}), "candidates": {}}
     for name, c in r["candidates"].items():
+        ok, why = outcome(c)
         out["candidates"][name] = {
-            "ok": bool(c["check"].get("ok")) and c.get("check_after", True) is True,
-            "error": c["check"].get("error") or c.get("skipped"), "median_ms": c.get("median_ms"),
+            "ok": ok, "error": why, "median_ms": c.get("median_ms"),
             "tflops": c.get("tflops"), "ratio": (c.get("vs_baseline") or {}).get("ratio"),
             "clocks": c.get("clocks", {})}
     return out

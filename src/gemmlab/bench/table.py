@@ -26,7 +26,7 @@ import torch
 from gemmlab import output, provenance
 from gemmlab.bench.gemm import make_backend
 from gemmlab.instruments import timing
-from gemmlab.instruments.compare import compare_many
+from gemmlab.instruments.compare import compare_many, outcome
 from gemmlab.output import Table, long_row
 from gemmlab.problems import gemm_operands, moe_gemm_shape
 
@@ -126,7 +126,7 @@ def moe_table(batch_size: int = 4, seq_len: int = 8192, top_k: int = 4, hidden_s
         c = res["candidates"][label]
         row = {"row": label, "backend": backend, "path": facts[label].get("path"),
                "config": facts[label].get("config"), "pack_ms": facts[label].get("pack_ms"),
-               "ok": bool(c["check"].get("ok")) and c.get("check_after", True) is True,
+               "ok": outcome(c)[0],
                "max_abs_error_vs_ref": c["check"].get("max_abs_err"), "status": c.get("skipped") or "ok"}
         if "median_ms" in c:
             out = fns[label]()

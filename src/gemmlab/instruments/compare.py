@@ -141,6 +141,19 @@ def _check_after(poisoned: torch.Tensor | None, fn: timing.Fn, check: Check | No
         return {"check_after": False, "check_after_error": f"{type(e).__name__}: {e}"}
 
 
+def outcome(c: dict) -> tuple[bool, str | None]:
+    """One candidate of a ``compare_many`` result: (right, before and after timing; why not, else why it was not
+    timed, else None). Why not: its check's error, its error, or its check after the timed calls."""
+    check = c.get("check") or {}
+    if not check.get("ok"):
+        err = check.get("max_abs_err")
+        why = check.get("error") or (f"wrong (max abs err {err:.3g})" if err is not None else "wrong")
+        return False, "; ".join(w for w in (why, c.get("skipped")) if w)
+    if c.get("check_after", True) is not True:
+        return False, c.get("check_after_error") or f"wrong after the timed calls ({c.get('checked_after', 'checked')})"
+    return True, c.get("skipped")
+
+
 def _rates(flops: float, median_ms: float, sm_mhz: float | None, sms: int | None, arch, dtype: str,
            measured_rate: float | None) -> dict:
     """TFLOPS = flops / median time; the efficiency against the nominal tensor peak at the observed clock, and

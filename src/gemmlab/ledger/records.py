@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import sys
 
+from gemmlab.instruments.compare import outcome
 from gemmlab.ledger.store import Entry, Ledger
 
 
@@ -43,11 +44,11 @@ def from_bench(report: dict, note: str = "", command: str = "") -> list[Entry]:
             if name == report["args"]["baseline"]:
                 continue
             vs = c.get("vs_baseline") or {}
-            correct = bool(c["check"].get("ok")) and c.get("check_after", True) is True
+            correct, why = outcome(c)
             tc = tensor_core_ops(m, n, k, r["dtype"], name == "gemmlab-packed") if _gemmlab_backend(name) else None
             out.append(Entry(kind="bench", shape=_shape(m, n, k), dtype=r["dtype"], note=note, command=command,
                              backend=name, path=c.get("path"), config=c.get("config"), correct=correct,
-                             error=c["check"].get("error") or c.get("skipped"), median_ms=c.get("median_ms"),
+                             error=why, median_ms=c.get("median_ms"),
                              p20_ms=c.get("p20_ms"), p80_ms=c.get("p80_ms"), tflops=c.get("tflops"),
                              ratio=vs.get("ratio"), ratio_ci=vs.get("ci95"), per_round=vs.get("per_round"),
                              sm_clock_mhz=(c.get("clocks") or {}).get("sm_clock_mhz_mean"), tensor_core_ops=tc,
@@ -196,8 +197,7 @@ def from_moe_bench(report: dict, note: str = "", command: str = "") -> list[Entr
             tc = moe_tensor_core_ops(modes, z["S"], z["E"], r["dtype"]) if name == "gemmlab" else None
             out.append(Entry(kind="bench", op=op, shape=shape, dtype=r["dtype"], note=note, command=command,
                              backend=name, path="moe_grouped" if name == "gemmlab" else None,
-                             correct=bool(c["check"].get("ok")) and c.get("check_after", True) is True,
-                             error=c["check"].get("error") or c.get("skipped"), median_ms=c.get("median_ms"),
+                             correct=outcome(c)[0], error=outcome(c)[1], median_ms=c.get("median_ms"),
                              p20_ms=c.get("p20_ms"), p80_ms=c.get("p80_ms"), tflops=c.get("tflops"),
                              ratio=vs.get("ratio"), ratio_ci=vs.get("ci95"), per_round=vs.get("per_round"),
                              sm_clock_mhz=(c.get("clocks") or {}).get("sm_clock_mhz_mean"), tensor_core_ops=tc,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gemmlab.instruments import stats
-from gemmlab.instruments.compare import compare_many
+from gemmlab.instruments.compare import compare_many, outcome
 from gemmlab.ledger.store import Entry, Ledger
 from gemmlab.tune import space
 from gemmlab.tune.targets import Problem
@@ -118,13 +118,14 @@ def timed(run: Run, entry: Entry, fn: Callable, inc: dict | None) -> None:
         r = {"candidates": {"candidate": {"check": {"ok": False, "error": f"timing failed: {e}"}}}}
     c = r["candidates"]["candidate"]
     if "median_ms" not in c:
-        entry.correct, entry.error = False, c["check"].get("error") or c.get("skipped")
+        entry.correct, entry.error = False, outcome(c)[1] or "not timed"
         return
     vs = c["vs_baseline"]
     entry.median_ms, entry.p20_ms, entry.p80_ms = c["median_ms"], c["p20_ms"], c["p80_ms"]
     entry.tflops, entry.ratio, entry.ratio_ci, entry.per_round = c["tflops"], vs["ratio"], vs["ci95"], vs["per_round"]
     entry.sm_clock_mhz = c["clocks"].get("sm_clock_mhz_mean")
-    entry.correct = c.get("check_after") is True
+    entry.correct, why = outcome(c)
+    entry.error = entry.error or why
     if inc is not None and "median_ms" in r["candidates"]["incumbent"]:
         ic = r["candidates"]["incumbent"]
         sp = stats.ratio_summary(c["per_round_ms"], ic["per_round_ms"])
