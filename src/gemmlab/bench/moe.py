@@ -120,11 +120,12 @@ def rows(report: dict) -> list[dict]:
         base = r["baseline"]
         for name, c in r["candidates"].items():
             vs = c.get("vs_baseline") or {}
+            ok, why = outcome(c)
             out.append({"model": r["model"], "T": r["tokens"], "routing": r["routing"], "part": r["part"],
-                        "backend": name, "baseline": base, "ok": outcome(c)[0], "median_ms": c.get("median_ms"),
+                        "backend": name, "baseline": base, "ok": ok, "median_ms": c.get("median_ms"),
                         "tflops": c.get("tflops"), "ratio": vs.get("ratio"), "ci95": vs.get("ci95"),
                         "verdict": vs.get("verdict"), "ratio_vs_liger": c.get("ratio_vs_liger"),
-                        "error": outcome(c)[1]})
+                        "error": why})
     return out
 
 

@@ -195,9 +195,10 @@ def from_moe_bench(report: dict, note: str = "", command: str = "") -> list[Entr
             vs = c.get("vs_baseline") or {}
             modes = (0,) if r["part"] == "grouped" else (1, 2)
             tc = moe_tensor_core_ops(modes, z["S"], z["E"], r["dtype"]) if name == "gemmlab" else None
+            correct, why = outcome(c)
             out.append(Entry(kind="bench", op=op, shape=shape, dtype=r["dtype"], note=note, command=command,
                              backend=name, path="moe_grouped" if name == "gemmlab" else None,
-                             correct=outcome(c)[0], error=outcome(c)[1], median_ms=c.get("median_ms"),
+                             correct=correct, error=why, median_ms=c.get("median_ms"),
                              p20_ms=c.get("p20_ms"), p80_ms=c.get("p80_ms"), tflops=c.get("tflops"),
                              ratio=vs.get("ratio"), ratio_ci=vs.get("ci95"), per_round=vs.get("per_round"),
                              sm_clock_mhz=(c.get("clocks") or {}).get("sm_clock_mhz_mean"), tensor_core_ops=tc,
