@@ -209,23 +209,25 @@ def test_sandbox_kills_every_process_it_started(tmp_path, monkeypatch, device):
     """A double-forked grandchild in a new session is found (the owner is a child subreaper) and killed; the
     owner's own child (in the owner's session, as a compile worker pool is) is neither claimed nor killed."""
     own = subprocess.Popen(["sleep", "60"])
-    monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(tmp_path))  # as where no Landlock domain stops its writes
-    box = Sandbox(f"{BAD}:forks_report_writer", "colmajor", "colmajor", 30.0, device == "cpu",
-                  str(tmp_path), extra_env={"BAD_KERNEL_OUT_DIR": str(tmp_path)})
-    a, b = torch.rand(4, 4, dtype=torch.float16).t(), torch.rand(4, 4, dtype=torch.float16).t()
-    box.bind([((a, b), torch.full((16,), float("nan"), dtype=torch.float16))])
-    box.request("call", slot=0)
-    deadline = time.monotonic() + 5
-    while not (tmp_path / "grandchild.pid").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    pid = int((tmp_path / "grandchild.pid").read_text())
-    assert pid in box.members() and own.pid not in box.members()
-    box.close()
-    assert not Path(f"/proc/{pid}").exists()
-    assert own.poll() is None, "the sandbox killed a process the owner started"
-    own.kill()
-    own.wait()
-    time.sleep(2.5)
+    try:
+        monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(tmp_path))  # as where no Landlock domain stops its writes
+        box = Sandbox(f"{BAD}:forks_report_writer", "colmajor", "colmajor", 30.0, device == "cpu",
+                      str(tmp_path), extra_env={"BAD_KERNEL_OUT_DIR": str(tmp_path)})
+        a, b = torch.rand(4, 4, dtype=torch.float16).t(), torch.rand(4, 4, dtype=torch.float16).t()
+        box.bind([((a, b), torch.full((16,), float("nan"), dtype=torch.float16))])
+        box.request("call", slot=0)
+        deadline = time.monotonic() + 5
+        while not (tmp_path / "grandchild.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = int((tmp_path / "grandchild.pid").read_text())
+        assert pid in box.members() and own.pid not in box.members()
+        box.close()
+        assert not Path(f"/proc/{pid}").exists()
+        assert own.poll() is None, "the sandbox killed a process the owner started"
+        time.sleep(2.5)
+    finally:
+        own.kill()
+        own.wait()
     assert not (tmp_path / "report.json").exists()
 
 

@@ -358,9 +358,8 @@ def test_write_files_refuses_a_symlinked_directory(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(reason="open: under the opt-in Landlock domain the child's cudaGetDeviceCount() failed with "
-                   "error 304 (cudaErrorOperatingSystem) on the H200, 2026-12-02; the default keeps Landlock off with "
-                   "CUDA", strict=False)
+@pytest.mark.xfail(reason="open: under the opt-in Landlock domain the child's cudaGetDeviceCount() fails (error 304, "
+                   "cudaErrorOperatingSystem); the default keeps Landlock off with CUDA", strict=False)
 def test_landlock_with_cuda(out_dir, monkeypatch):
     """GEMMLAB_SANDBOX_LANDLOCK=1 with CUDA: the children still open the slots' IPC handles and gemmlab's own kernel
     passes, and the candidate reaches nothing outside (what the default could turn on with CUDA once this passes)."""
