@@ -5,9 +5,15 @@
     db.get(entry_id), db.list(shape=...), db.history("8192x8192x16384"), db.export("csv")
     db.attach(entry_id, "profile", {...}), db.attachments(entry_id)   # instruments' findings about an entry
 
-WAL journal, one transaction per write (``BEGIN IMMEDIATE``: the parent is looked up and the row inserted
-under the same write lock), a busy timeout so concurrent writers (tuner workers) wait instead of failing.
-A process killed mid-transaction leaves the file as it was before that transaction.
+WAL journal while a writer has it open, one transaction per write (``BEGIN IMMEDIATE``: the parent is looked
+up and the row inserted under the same write lock), a busy timeout so concurrent writers (tuner workers) wait
+instead of failing. A process killed mid-transaction leaves the file as it was before that transaction. The
+last writer to close puts the file back in the rollback journal mode, so that readers (``read_only``, opened
+``mode=ro``) leave no ``-wal``/``-shm`` files beside it (``sqlfile``).
+
+gemmlab writes only to its own files: a ledger carries ``PRAGMA application_id`` (``sqlfile.APPLICATION_ID``;
+one from before that is known by its tables), and any other existing file (another application's SQLite
+database, a text file) is refused with one line and left as it was.
 
 The file carries its schema version (``PRAGMA user_version``, ``SCHEMA_VERSION``); opening an older file
 migrates it in one transaction (``_MIGRATIONS``; version 0 is a file from before versions were recorded),
@@ -23,8 +29,8 @@ import io
 import json
 import os
 import sqlite3
+import stat
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,6 +39,7 @@ from pathlib import Path
 from gemmlab import provenance
 from gemmlab.ledger.cells import CellError, entry_fields
 from gemmlab.ledger.decide import decide
+from gemmlab.ledger.sqlfile import APPLICATION_ID, connect_reading, peek
 
 
 def default_path() -> Path:
@@ -164,15 +171,16 @@ class Ledger:
         """Open (and, unless ``read_only``, create or migrate) the ledger at ``path``. ``read_only``: the read
         commands' way in; it changes no file: an older schema is read as it is, and a missing file or anything
         that is not a ledger raises ``LedgerError`` instead of being created or overwritten."""
-        self.path = Path(path)
+        self.path, self.read_only = Path(path), read_only
         if self.path.is_dir():
             raise LedgerError(f"ledger {self.path} is a directory, not a file")
-        if read_only and not self.path.is_file():
+        if read_only and not self.path.exists():
             raise LedgerError(f"no ledger at {self.path} (nothing has been recorded there)")
+        if self.path.exists():
+            self._refuse_foreign()
         try:
             if read_only:
-                uri = f"file:{urllib.parse.quote(str(self.path.resolve()))}?mode=ro"
-                self.conn = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
+                self.conn = connect_reading(self.path, timeout)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self.conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)  # explicit transactions
@@ -187,6 +195,21 @@ class Ledger:
         except BaseException:
             self.conn.close()
             raise
+
+    def _refuse_foreign(self) -> None:
+        """An existing file that is not a gemmlab ledger (not a regular file, not SQLite, another application's
+        database) is ``LedgerError``, before anything opens it to write; reading, an empty file is refused too."""
+        if not stat.S_ISREG(self.path.stat().st_mode):
+            raise LedgerError(f"ledger {self.path} is not a regular file")
+        try:
+            why = peek(self.path, set(_COLUMNS))
+        except OSError as e:
+            raise LedgerError(f"ledger {self.path} cannot be opened: {e}") from None
+        if why is None and self.read_only and self.path.stat().st_size == 0:
+            why = "is empty (not a SQLite ledger)"
+        if why is not None:
+            raise LedgerError(f"ledger {self.path} {why}" + ("" if self.read_only else "; gemmlab writes only to "
+                                                               "its own ledgers: give another --ledger path"))
 
     def _check_readable(self) -> None:
         """A ledger this gemmlab can read, read as it is: an older schema is not migrated (its entries table
@@ -231,10 +254,13 @@ class Ledger:
         if self.schema_version() > SCHEMA_VERSION:
             raise LedgerError(f"ledger {self.path} has schema version {self.schema_version()}, newer than this "
                               f"gemmlab's {SCHEMA_VERSION} (gemmlab {provenance.version()}): upgrade gemmlab")
-        if self.schema_version() == SCHEMA_VERSION:
+        if self.schema_version() == SCHEMA_VERSION and self._application_id() == APPLICATION_ID:
             return
         with self.transaction() as c:  # under the write lock: another process may have migrated it meanwhile
             version = self.schema_version()
+            if version == SCHEMA_VERSION and self._application_id() == APPLICATION_ID:
+                return
+            c.execute(f"PRAGMA application_id = {APPLICATION_ID}")  # ours from now on (sqlfile.peek)
             if version == SCHEMA_VERSION:
                 return
             if c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'entries'").fetchone():
@@ -250,7 +276,19 @@ class Ledger:
     def open(cls, path: str | Path | None = None, read_only: bool = False) -> Ledger:
         return cls(path or default_path(), read_only=read_only)
 
+    def _application_id(self) -> int:
+        return self.conn.execute("PRAGMA application_id").fetchone()[0]
+
     def close(self) -> None:
+        """Close; a writer that is the last one open puts the file back in the rollback journal mode (no
+        -wal/-shm at rest, so a reader creates none); while others have it open that fails, and is left to
+        them."""
+        if not self.read_only:
+            try:
+                self.conn.execute("PRAGMA busy_timeout = 0")
+                self.conn.execute("PRAGMA journal_mode = DELETE")
+            except sqlite3.Error:
+                pass
         self.conn.close()
 
     @contextmanager
@@ -306,6 +344,8 @@ class Ledger:
     def attach(self, entry_id: int, kind: str, data: dict, path: str | None = None) -> int:
         """Attach ``data`` (JSON) of ``kind`` (e.g. "profile") to entry ``entry_id``; returns the attachment's
         id. KeyError if there is no such entry."""
+        if self.get(entry_id) is None:
+            raise KeyError(f"no ledger entry {entry_id}")
         with self.transaction() as c:
             if c.execute("SELECT 1 FROM entries WHERE id = ?", (entry_id,)).fetchone() is None:
                 raise KeyError(f"no ledger entry {entry_id}")
@@ -340,6 +380,9 @@ class Ledger:
             raise LedgerError(f"ledger {self.path}: {e}") from None
 
     def get(self, entry_id: int) -> Entry | None:
+        """The entry of that id, or None (also for an id no ledger can hold: beyond SQLite's 64-bit integers)."""
+        if not -(2**63) <= entry_id < 2**63:
+            return None
         with self.reading():
             r = self.conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchone()
             return _row(r) if r else None
@@ -361,8 +404,11 @@ class Ledger:
                 where.append(f"{col} = ?")
                 args.append(v)
         sql = "SELECT * FROM entries" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
-        if limit:
-            sql = f"SELECT * FROM ({sql} DESC LIMIT {int(limit)}) ORDER BY id"
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"limit {limit!r}: a whole number >= 0 (0: all)")
+        if limit:  # one beyond SQLite's 64-bit integers asks for no fewer than every entry
+            sql = f"SELECT * FROM ({sql} DESC LIMIT ?) ORDER BY id"
+            args.append(min(limit, 2**63 - 1))
         with self.reading():
             return [_row(r) for r in self.conn.execute(sql, args).fetchall()]
 
