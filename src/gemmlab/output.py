@@ -4,6 +4,7 @@
     long_row(kernel, provider, metric, unit, x_name, x_value, p50, p20, p80, mode=, **extra)
     write(report, out_dir, stem, tables, rows) -> [stem.json, stem.csv, stem.md]
     write_files(out_dir, {name: text})   each file whole or not at all, never through a symlink or a FIFO
+    write_text(path, text, keep=inputs)  ``--output FILE``: write_files, refusing the command's inputs and ledgers
     emit_json(report)                    ``--json``: exactly one JSON document on stdout
     plot_missing(path)                   a requested PNG without matplotlib: one line on stderr, never silent
 
@@ -151,6 +152,21 @@ def write_files(out_dir: str | Path, files: dict[str, str]) -> list[Path]:
     finally:
         os.close(dfd)
     return [out / name for name in files]
+
+
+def write_text(path: str | Path, text: str, keep: Iterable[str | Path] = ()) -> Path:
+    """``--output FILE``: ``text`` written whole through ``write_files`` (a new file renamed over ``path``; never
+    through a symlink, a FIFO or into a directory). Raises ReportPathError, naming the path, where ``path`` is
+    one of ``keep`` (the files the command read: its ledger, its inputs) or an existing SQLite database."""
+    path = Path(path)
+    if path.is_file() and not path.is_symlink():
+        for k in keep:
+            if Path(k).exists() and os.path.samefile(path, k):
+                raise ReportPathError(f"{path}: is {k}, which this command reads; refusing to overwrite it")
+        with open(path, "rb") as f:
+            if f.read(16) == b"SQLite format 3\x00":
+                raise ReportPathError(f"{path}: a SQLite database (a ledger?); refusing to overwrite it")
+    return write_files(path.parent, {path.name: text})[0]
 
 
 def dumps(report: dict) -> str:

@@ -263,27 +263,21 @@ def test_gemmlab_report_draws_the_liger_report_as_written(tmp_path):
     assert "Liger time / gemmlab time (&gt; 1: gemmlab faster)" in section
 
 
-def test_cli_baseline_liger_skips_and_refuses_bad_input(monkeypatch, tmp_path, device):
+def test_cli_baseline_liger_without_liger_is_a_usage_error(monkeypatch, tmp_path, device):
+    """A baseline the user asked for that cannot run: exit 2 and one line naming the install, before any work
+    (no report written); other bad input to --baseline liger is exit 2 as well."""
     from typer.testing import CliRunner
 
     from gemmlab.cli import app
 
     _hide_liger(monkeypatch)
-    res = CliRunner().invoke(app, ["bench", "moe", "--baseline", "liger", "--custom", "32,16,4,2", "--tokens", "2",
-                                   "--routing", "uniform", "--dtype", "float16", "--no-composite", "--rounds", "1",
-                                   "--reps", "1", "--warmup-s", "0", "--liger-tune-tokens", "2",
-                                   "--output-dir", str(tmp_path)])
-    assert res.exit_code == 0, res.output
-    assert "the Liger baseline is skipped" in res.output
-    rep = json.loads((tmp_path / "moe-liger_fwd_eager.json").read_text())
-    assert rep["results"][0]["candidates"]["gemmlab"]["check"]["ok"] and not rep["liger"]["available"]
-    assert rep["kind"] == "moe-liger-bench" and (tmp_path / "moe-liger_fwd_eager.md").exists()
-    res = CliRunner().invoke(app, ["bench", "moe", "--baseline", "liger", "--custom", "32,16,4,2", "--tokens", "2",
-                                   "--routing", "uniform", "--dtype", "float16", "--no-composite", "--rounds", "1",
-                                   "--reps", "1", "--warmup-s", "0", "--liger-tune-tokens", "2", "--json"])
-    assert res.exit_code == 0, res.output
-    got = json.loads(res.stdout)  # stdout: the one JSON document; the tables and the skip went to stderr
-    assert got["kind"] == "moe-liger-bench" and got["rows"][0]["ok"] and "the Liger baseline is skipped" in res.stderr
+    for extra in (["--output-dir", str(tmp_path / "out")], ["--json"]):
+        res = CliRunner().invoke(app, ["bench", "moe", "--baseline", "liger", "--custom", "32,16,4,2", "--tokens",
+                                       "2", "--routing", "uniform", "--dtype", "float16", "--no-composite",
+                                       "--rounds", "1", "--reps", "1", "--warmup-s", "0", *extra])
+        assert res.exit_code == 2, res.output
+        assert "pip install liger-kernel" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert res.stdout == "" and not (tmp_path / "out" / "moe-liger_fwd_eager.json").exists()
     for bad in (["--baseline", "cudnn"], ["--baseline", "liger", "--part", "grouped"],
                 ["--baseline", "liger", "--record", "x", "--ledger", str(tmp_path / "l.db")],
                 ["--baseline", "liger", "--mode", "graph"] if device == "cpu" else ["--routing", "x"]):

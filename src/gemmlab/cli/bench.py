@@ -35,7 +35,7 @@ def bench_gemm(
     modes: Annotated[str | None, typer.Option(help="timing modes, first primary: graph (device time), wall "
                                                    "(eager, host+device per call), eager (device time of eager "
                                                    "calls); default graph,wall for broad suites on CUDA")] = None,
-    seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    seed: Annotated[int, typer.Option(callback=cmd.seed, help="seed of the random inputs")] = 0,
     timeout: Annotated[float, typer.Option(callback=cmd.seconds, help="seconds per request to a FILE.py:FN backend's "
                                                                    "own process, loading included")] = 120.0,
     budget_s: Annotated[float | None, typer.Option(callback=cmd.seconds, help="start no case after this many "
@@ -43,7 +43,8 @@ def bench_gemm(
     inductor_search_space: Annotated[str, typer.Option(help="inductor backend: DEFAULT or EXHAUSTIVE")] = "DEFAULT",
     inductor_autotune_rep_ms: Annotated[int | None, typer.Option(
         callback=cmd.count, help="inductor backend: ms measured per autotune choice (its default 100)")] = None,
-    output_dir: Annotated[str | None, typer.Option(help="write gemm-bench.json, .csv, .md, -rows.csv and .png "
+    output_dir: Annotated[str | None, typer.Option(
+        callback=cmd.out_dir, help="write gemm-bench.json, .csv, .md, -rows.csv and .png "
                                                         "here")] = None,
     json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
 ) -> None:
@@ -56,17 +57,21 @@ def bench_gemm(
     from gemmlab.problems import CASE_SUITES, cases
 
     cuda = torch.cuda.is_available()
+    if shapes and suite:
+        raise cmd.usage_error(f"bench gemm: --shapes or --suite, not both (--suite {suite} with --shapes "
+                              f"{' '.join(shapes)})")
     todo = cases(suite) if suite in CASE_SUITES and not shapes else cmd.shapes_of(shapes, suite,
                                                                                    "all" if cuda else "cpu")
     if modes is None and suite in CASE_SUITES and cuda and not graph:
         modes = "graph,wall"
     dt = cmd.dtype_of(dtype)
-    cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
+    cmd.fit_shapes(c.shape if hasattr(c, "shape") else c for c in todo)
+    cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     with Steps("bench", len(todo), Console(stderr=True)) as steps:
         try:
             report = bg.bench_gemm(todo, dt, backend or ["gemmlab"], rounds=rounds, reps=reps, warmup_s=warmup_s,
                                    graph=graph, seed=seed, progress=steps.step, timeout=timeout, profile=probe.load(),
-                                   modes=modes.split(",") if modes else None, budget_s=budget_s,
+                                   modes=modes.split(",") if modes is not None else None, budget_s=budget_s,
                                    inductor_opts={"search_space": inductor_search_space.upper(),
                                                   "autotune_rep_ms": inductor_autotune_rep_ms})
         except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
@@ -102,7 +107,8 @@ def bench_moe_cmd(
     graph: Annotated[bool, typer.Option(help="time CUDA-graph replays")] = False,
     custom: Annotated[str | None, typer.Option(help="H,I,E,k of a model of your own (model name: custom) "
                                                     "[default without CUDA: 64,32,4,2]")] = None,
-    output_dir: Annotated[str | None, typer.Option(help="write moe-bench.json, .csv and .md here (--baseline "
+    output_dir: Annotated[str | None, typer.Option(
+        callback=cmd.out_dir, help="write moe-bench.json, .csv and .md here (--baseline "
                                                         "liger: moe-liger_PARTS_MODES.json, .csv, .md)")] = None,
     json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
     baseline: Annotated[str, typer.Option(help="torch, or liger: the suite against Liger-Kernel's fused MoE "
@@ -126,7 +132,13 @@ def bench_moe_cmd(
     from gemmlab.bench import moe as bm
     from gemmlab.problems import MoEModel
 
-    cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
+    if baseline == "liger":  # a baseline asked for that cannot run is an error, not a skip
+        from gemmlab.bench import moe_liger
+
+        if moe_liger.load_liger()[0] is None:
+            why = moe_liger.load_liger()[1]["reason"].removesuffix(": the Liger baseline is skipped")
+            raise cmd.usage_error(f"bench moe --baseline liger: {why}; install it: pip install liger-kernel")
+    cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     err = Console(stderr=True)
     small = not torch.cuda.is_available()
     if small and not (model or custom or tokens):
@@ -137,7 +149,7 @@ def bench_moe_cmd(
     reps = reps or (2 if small else 5)
     warmup_s = (0.0 if small else 1.0) if warmup_s is None else warmup_s
     try:
-        own = MoEModel(*cmd.ints(custom, 4)) if custom else None  # H, I, E, k
+        own = MoEModel(*moe_sizes(custom)) if custom else None  # H, I, E, k
         if baseline == "liger":
             if record_note is not None:
                 raise ValueError("--record: not with --baseline liger (its rows are not ledger entries yet)")
@@ -162,6 +174,19 @@ def bench_moe_cmd(
         cmd.record(from_moe_bench(rep), record_note, ledger, parent)
     if not all(r["ok"] for r in bm.rows(rep)):
         raise typer.Exit(1)
+
+
+def moe_sizes(text: str) -> list[int]:
+    """--custom H,I,E,k: four whole numbers, H, I and E >= 1, 1 <= k <= E (ValueError naming the one that is not),
+    small enough to hold: the expert weights (E x 3I x H) in memory."""
+    h, i, e, k = cmd.ints(text, 4)
+    for name, v in (("H", h), ("I", i), ("E", e), ("k", k)):
+        if v < 1:
+            raise ValueError(f"--custom {text}: {name} = {v}; H, I, E and k are whole numbers >= 1")
+    if k > e:
+        raise ValueError(f"--custom {text}: top-k {k} is more than the {e} experts")
+    cmd.fit(cmd.GEMM_BYTES_PER_ELEMENT * 3 * e * i * h, f"--custom {text} (the expert weights)")
+    return [h, i, e, k]
 
 
 def _bench_moe_liger(model, tokens, routing, part, mode, dtype, own, output_dir, json_out, err, **kw) -> None:
@@ -210,10 +235,11 @@ def bench_model_cmd(
                                                 "sgd; lr 0")] = "auto",
     compile_backend: Annotated[str, typer.Option(help="mode compile: torch.compile backend")] = "inductor",
     rounds: Rounds = 10, reps: Reps = 3, warmup_s: WarmupS = 0.5,
-    seed: Annotated[int, typer.Option(help="seed of the weights and inputs")] = 0,
+    seed: Annotated[int, typer.Option(callback=cmd.seed, help="seed of the weights and inputs")] = 0,
     budget_s: Annotated[float | None, typer.Option(callback=cmd.seconds, help="start no case after this many "
                                                                               "seconds (the rest: not_run)")] = None,
-    output_dir: Annotated[str | None, typer.Option(help="write whole-model-bench-MODELS-PHASES-MODES.json, .csv, "
+    output_dir: Annotated[str | None, typer.Option(
+        callback=cmd.out_dir, help="write whole-model-bench-MODELS-PHASES-MODES.json, .csv, "
                                                         ".md here (rewritten after every case)")] = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -257,7 +283,8 @@ def bench_layer_cmd(
     modes: Annotated[str, typer.Option(help="eager, graph, compile (comma-separated)")] = "eager,graph,compile",
     rounds: Rounds = 10, reps: Reps = 5,
     warmup_s: Annotated[float, typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up per case")] = 0.5,
-    output_dir: Annotated[str | None, typer.Option(help="write layer-bench-MODELS-MODES.json, .csv, .md here")]
+    output_dir: Annotated[str | None, typer.Option(
+        callback=cmd.out_dir, help="write layer-bench-MODELS-MODES.json, .csv, .md here")]
     = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -293,7 +320,8 @@ def bench_moe_ep_cmd(
     chunks: Annotated[list[int] | None, typer.Option(callback=cmd.counts,
                                                      help="overlap chunks (repeatable) [default: 1 2 4]")] = None,
     rounds: Rounds = 10, reps: Reps = 5,
-    output_dir: Annotated[str | None, typer.Option(help="rank 0 writes moe-ep-bench.json, .csv, .md here")] = None,
+    output_dir: Annotated[str | None, typer.Option(
+        callback=cmd.out_dir, help="rank 0 writes moe-ep-bench.json, .csv, .md here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="rank 0 prints the report as JSON on stdout")] = False,
 ) -> None:
     """Expert-parallel MoE across the GPUs of a torchrun launch.
@@ -325,14 +353,15 @@ def bench_stable(
     rounds: Annotated[int, typer.Option(callback=cmd.count, help="interleaved rounds per process")] = 6,
     reps: Reps = 5,
     warmup_s: Annotated[float, typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up per process")] = 1.0,
-    output_dir: Annotated[str | None, typer.Option(help="write stable-bench.json, .csv and .md here")] = None,
+    output_dir: Annotated[str | None, typer.Option(
+        callback=cmd.out_dir, help="write stable-bench.json, .csv and .md here")] = None,
     json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
 ) -> None:
     """The same measurement in N fresh processes: the spread across processes, and clock warnings."""
     from gemmlab.bench import stable
     from gemmlab.problems import parse_shape
 
-    cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
+    cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     try:
         res = stable.stable_bench(parse_shape(shape), cmd.dtype_of(dtype), backend or ["gemmlab"], processes=processes,
                                   rounds=rounds, reps=reps, warmup_s=warmup_s, progress=Console(stderr=True).print)

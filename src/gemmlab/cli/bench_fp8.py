@@ -46,7 +46,8 @@ def bench_fp8_cmd(
     warmup_s: Annotated[float | None, typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up "
                                                    "[default: 0.3; 0 without CUDA]")] = None,
     graph: Annotated[bool, typer.Option(help="also time CUDA-graph replays (eager always; needs CUDA)")] = True,
-    out: Annotated[str | None, typer.Option("--out", "--output-dir", help="write fp8-bench.json (env: GPU, "
+    out: Annotated[str | None, typer.Option("--out", "--output-dir",
+        callback=cmd.out_dir, help="write fp8-bench.json (env: GPU, "
                                                                          "clocks, versions, git SHA), .csv and "
                                                                          ".md here")] = None,
     json_out: JsonOpt = False,

@@ -14,7 +14,8 @@ from gemmlab.cli.common import JsonOpt, OutOpt
 def check(
     shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable); default: a suite")] = None,
     dtype: Annotated[str, typer.Option(help="float16, bfloat16 or both")] = "float16",
-    seed: Annotated[int, typer.Option(help="seed of the random inputs (uniform in [-0.5, 0.5))")] = 0,
+    seed: Annotated[int, typer.Option(
+        callback=cmd.seed, help="seed of the random inputs (uniform in [-0.5, 0.5))")] = 0,
     output_dir: OutOpt = None, json_out: JsonOpt = False,
 ) -> None:
     """Multiply random matrices with gemmlab.gemm, check against gemm_ref, report plan, error and time."""
@@ -25,6 +26,7 @@ def check(
         todo = [parse_shape(s) for s in shapes] if shapes else bc.default_shapes()
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
+    cmd.fit_shapes(todo)
     if dtype not in bc.DTYPE_SETS:
         raise typer.BadParameter(f"--dtype {dtype!r}: float16, bfloat16 or both")
     report = bc.run_check(todo, bc.DTYPE_SETS[dtype], seed)

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Annotated
 
 import torch
@@ -71,6 +74,57 @@ def count_list(text: str) -> str:
     return text
 
 
+seed = checked(lambda v: 0 <= v < 2**63, "is not a seed: give a whole number from 0 to 2**63 - 1")  # --seed
+entry_count = checked(lambda v: 1 <= v < 2**63, "is not a count of entries: give a whole number from 1 to "
+                      "2**63 - 1")  # ledger list --limit
+
+
+def out_dir(value: str | None) -> str | None:
+    """--output-dir, checked before any work: a directory (created now if missing, never through a symlink) that
+    takes a file; else a usage error naming it (a file, /dev/full, /proc/x)."""
+    if value is None:
+        return value
+    p = Path(value)
+    if p.is_symlink():
+        raise typer.BadParameter(f"{value}: a symlink; refusing to write reports through it")
+    if p.exists() and not p.is_dir():
+        raise typer.BadParameter(f"{value}: exists and is not a directory")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=p, prefix=".gemmlab-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise typer.BadParameter(f"{value}: cannot write a file there ({e.strerror or e})") from None
+    return value
+
+
+# Bytes per element of A, B and C that the smallest GEMM run needs at least: the fp16/bf16 operand and its
+# float64 copy for the reference (the float32 draw and the output come on top).
+GEMM_BYTES_PER_ELEMENT = 2 + 8
+
+
+def memory() -> tuple[int, str]:
+    """(bytes, what): the CUDA device's memory, else the host's."""
+    if torch.cuda.is_available():
+        return torch.cuda.mem_get_info()[1], "the GPU holds"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host holds"
+
+
+def fit(need: int, what: str) -> None:
+    """A usage error "WHAT is too large: needs N GiB, the GPU holds M GiB" where ``need`` bytes cannot fit."""
+    have, where = memory()
+    if need > have:
+        raise usage_error(f"{what} is too large: needs at least {need / 2**30:,.1f} GiB, {where} "
+                          f"{have / 2**30:,.1f} GiB")
+
+
+def fit_shapes(shapes, what: str = "shape") -> None:
+    """``fit`` for each GEMM M,N,K (A MxK, B KxN, C MxN)."""
+    for m, n, k in shapes:
+        fit(GEMM_BYTES_PER_ELEMENT * (m * k + k * n + m * n), f"{what} {m},{n},{k}")
+
+
 seconds = checked(lambda v: math.isfinite(v) and v > 0, "is not a time limit: give a finite number > 0")
 nonneg_seconds = checked(lambda v: math.isfinite(v) and v >= 0, "is not a duration: give a finite number >= 0")
 
@@ -92,7 +146,8 @@ ParentOpt = Annotated[int | None, typer.Option("--parent", help="ledger entry to
                                                                 "last accepted entry of the same shape]")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the report as one JSON document on stdout (the "
                                                       "tables go to stderr)")]
-OutOpt = Annotated[str | None, typer.Option(help="write NAME.json, NAME.csv (long format) and NAME.md here")]
+OutOpt = Annotated[str | None, typer.Option(
+        callback=out_dir, help="write NAME.json, NAME.csv (long format) and NAME.md here")]
 Rounds = Annotated[int, typer.Option(callback=count, help="interleaved rounds")]
 Reps = Annotated[int, typer.Option(callback=count, help="timed calls per candidate per round")]
 WarmupS = Annotated[float, typer.Option(callback=nonneg_seconds, help="seconds of warm-up (clocks settle)")]
@@ -104,13 +159,24 @@ def usage_error(message: object) -> typer.Exit:
     return typer.Exit(2)
 
 
-def ledger_ready(ledger: str | None, when: bool = True) -> None:
-    """Before any work of a command that records: an unusable ledger is one line and exit 2."""
-    from gemmlab.ledger import LedgerError, check
+def ledger_ready(ledger: str | None, when: bool = True, parent: int | None = None, recording: bool = True) -> None:
+    """Before any work of a command that records: an unusable ledger, or a --parent it does not hold, is one line
+    and exit 2."""
+    from gemmlab.ledger import Ledger, LedgerError, check
 
+    if parent is not None and not recording:
+        raise usage_error(f"--parent {parent}: goes with --record (it is the entry a recorded run is decided "
+                          "against)")
     try:
         if when:
-            check(ledger)
+            path = check(ledger)
+            if parent is not None:
+                db = Ledger.open(path, read_only=True)
+                try:
+                    if db.get(parent) is None:
+                        raise usage_error(f"--parent {parent}: no such entry in ledger {path}")
+                finally:
+                    db.close()
     except LedgerError as e:
         raise usage_error(e) from e
 
@@ -140,8 +206,8 @@ def show(report: dict, mod, json_out: bool, output_dir: str | None, width: int =
     output.print_tables(mod.tables(report), con)
     try:
         written = mod.write(report, output_dir, **write_kw) if output_dir else []
-    except output.ReportPathError as e:  # a symlink or a FIFO where a report goes: one line, exit 2
-        raise usage_error(e) from e
+    except OSError as e:  # a symlink or a FIFO where a report goes (output.ReportPathError), a full disk
+        raise usage_error(f"{output_dir}: {e}" if not isinstance(e, output.ReportPathError) else e) from e
     for path in written:
         con.print(f"wrote {path}")
     if json_out:

@@ -21,6 +21,22 @@ def grade_step(steps: Steps, msg: str) -> None:
     (steps.step if msg.startswith(("correctness ", "performance ")) else steps.note)(msg)
 
 
+def fits(cf, recording: bool) -> None:
+    """Before grading: every case fits in memory (operands, and their float64 copies for the reference), and a
+    run to record has a timed case; else one line and exit 2."""
+    for c in (*cf.correctness, *([cf.performance] if cf.performance else [])):
+        if hasattr(c, "mnk"):
+            m, n, k = c.mnk
+            elements = m * k + k * n + m * n
+        else:  # MoE: x, w1 (E x 2I x H), w2 (E x H x I), the routed rows' intermediates and the output
+            t, h, i, e, k = c.dims
+            elements = t * h + 3 * e * i * h + t * k * (2 * i + h) + t * h
+        cmd.fit(cmd.GEMM_BYTES_PER_ELEMENT * elements, f"case {c.name} of {cf.name} ({'x'.join(map(str, c.dims))})")
+    if recording and cf.performance is None:
+        raise cmd.usage_error(f"--record: case file {cf.name} has no timed (performance) case, so a grade of it "
+                              "has nothing to record")
+
+
 def grade(
     cases: Annotated[str | None, typer.Option(help="case file: a shipped name (competition, competition-legacy, "
                                                    "moe, llm, cpu, moe-layer, moe-layer-cpu, fp8, fp8-cpu, fp8-moe, "
@@ -36,10 +52,12 @@ def grade(
     allow_vendor: Annotated[bool, typer.Option(help="allow cuBLAS/CUTLASS/aten::mm in the candidate")] = False,
     timeout: Annotated[float, typer.Option(callback=cmd.seconds, help="seconds per request to the candidate's "
                                                                    "process, loading the kernel included")] = 120.0,
-    seed: Annotated[int, typer.Option(help="base seed of the correctness inputs (timed inputs are secret)")] = 0,
+    seed: Annotated[int, typer.Option(
+        callback=cmd.seed, help="base seed of the correctness inputs (timed inputs are secret)")] = 0,
     rounds: Annotated[int | None, typer.Option(callback=cmd.count, help="interleaved timing rounds, at most "
                                                                        "(the grader stops once precise)")] = None,
-    output_dir: Annotated[str | None, typer.Option(help="write report.json, report.csv and report.md here")] = None,
+    output_dir: Annotated[str | None, typer.Option(
+        callback=cmd.out_dir, help="write report.json, report.csv and report.md here")] = None,
     json_out: JsonOpt = False,
     keep_logs: Annotated[bool, typer.Option(help="keep the workers' logs (the report names the directory)")] = False,
     record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
@@ -54,9 +72,10 @@ def grade(
     from gemmlab.grade import grade as run_grade
     from gemmlab.grade import view as rep
 
-    cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
+    cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     try:
         cf = load_any(cases or default_cases())
+        fits(cf, record_note is not None)
         if output_dir:
             rep.clear(output_dir)  # no earlier report.json may stand for this grade
         with Steps("grading", len(cf.correctness) + (cf.performance is not None), Console(stderr=True)) as steps:
@@ -64,6 +83,8 @@ def grade(
                                progress=lambda msg: grade_step(steps, msg), keep_logs=keep_logs)
     except (case_files.CaseError, OSError) as e:
         raise cmd.usage_error(e) from e
+    except RecursionError:  # the JSON parser gave up on the case file
+        raise cmd.usage_error(f"case file {cases}: nested too deep to be a case file") from None
     rep.render(report, Console(stderr=json_out, width=140))
     if output_dir:
         try:

@@ -52,6 +52,20 @@ def open_ledger(path: str | None, write: bool = False):
         raise cmd.usage_error(e) from e
 
 
+KINDS = ("grade", "bench", "table", "tune")  # what recorded an entry (Entry.kind)
+
+
+def shape_key(text: str) -> str:
+    """--shape as the ledger keys it: M,N,K (or MxNxK) -> "MxNxK"; an MoE shape T,H,I,E,k -> "TxHxIxExk", with
+    its routing after a space ("... zipf"). A usage error for anything else (it would match nothing)."""
+    sizes, _, routing = text.strip().partition(" ")
+    parts = sizes.replace(",", "x").split("x")
+    if len(parts) not in (3, 5) or not all(p.isdigit() for p in parts) or (routing and len(parts) != 5):
+        raise typer.BadParameter(f"{text!r}: M,N,K (a GEMM) or T,H,I,E,k (an MoE layer, optionally followed by "
+                                 "its routing, e.g. '4096,7168,2048,256,8 zipf')", param_hint="'--shape'")
+    return "x".join(str(int(p)) for p in parts) + (f" {routing}" if routing else "")
+
+
 def _entry(db, entry_id: int):
     e = db.get(entry_id)
     if e is None:
@@ -64,14 +78,17 @@ def ledger_list(
     shape: Annotated[str | None, typer.Option(help="MxNxK")] = None,
     kind: Annotated[str | None, typer.Option(help="grade, bench, table or tune")] = None,
     session: Annotated[str | None, typer.Option(help="a tune session")] = None,
-    limit: Annotated[int, typer.Option(callback=cmd.count, help="the last N entries")] = 50,
+    limit: Annotated[int, typer.Option(callback=cmd.entry_count, help="the last N entries")] = 50,
     ledger: LedgerOpt = None, json_out: JsonOpt = False,
 ) -> None:
     """The last entries, with their decisions."""
     from gemmlab.ledger import view
 
+    if kind is not None and kind not in KINDS:
+        raise typer.BadParameter(f"{kind!r}: {', '.join(KINDS)}", param_hint="'--kind'")
+    key = shape_key(shape) if shape is not None else None
     with reading(ledger) as db:
-        entries = db.list(shape=shape.replace(",", "x") if shape else None, kind=kind, session=session, limit=limit)
+        entries = db.list(shape=key, kind=kind, session=session, limit=limit)
     if json_out:
         output.emit_json({"ledger": str(db.path), "entries": [dataclasses.asdict(e) for e in entries]})
         return
@@ -186,8 +203,6 @@ def ledger_export(
     json_out: Annotated[bool, typer.Option("--json", help="the same as --format json, on stdout")] = False,
 ) -> None:
     """Every entry as JSON or CSV."""
-    from pathlib import Path
-
     if json_out and (fmt != "json" or output_file):
         raise cmd.usage_error("ledger export: --json prints JSON on stdout; not with --format csv or --output")
     if fmt not in ("json", "csv"):
@@ -195,6 +210,9 @@ def ledger_export(
     with reading(ledger) as db:
         text = db.export(fmt)
     if output_file:
-        Path(output_file).write_text(text)
+        try:  # whole (a new file renamed over it), never through a symlink, never over the ledger itself
+            output.write_text(output_file, text, keep=[db.path, f"{db.path}-wal", f"{db.path}-shm"])
+        except OSError as e:
+            raise cmd.usage_error(e if isinstance(e, output.ReportPathError) else f"{output_file}: {e}") from e
     else:
         print(text)

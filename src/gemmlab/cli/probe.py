@@ -22,7 +22,8 @@ def probe_cmd(
     roofline: Annotated[str | None, typer.Option(help="a `bench gemm` JSON to place on the roofline")] = None,
     plot: Annotated[str, typer.Option(help="roofline PNG")] = "roofline.png",
     min_fraction: Annotated[float, typer.Option(help="--check: figures below this fraction are problems")] = 0.8,
-    output_dir: Annotated[str | None, typer.Option(help="write device-profile (device-health, roofline) .json, "
+    output_dir: Annotated[str | None, typer.Option(
+        callback=cmd.out_dir, help="write device-profile (device-health, roofline) .json, "
                                                         ".csv and .md here")] = None,
     json_out: JsonOpt = False,
 ) -> None:

@@ -44,10 +44,11 @@ def profile_cmd(
     baseline: Annotated[str, typer.Option(help="cublas (torch.mm) or none")] = "cublas",
     clock_control: Annotated[str, typer.Option(help="ncu --clock-control: none (the GPU's own clocks, as bench "
                                                     "runs) or base (locked at base clock)")] = "none",
-    seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    seed: Annotated[int, typer.Option(callback=cmd.seed, help="seed of the random inputs")] = 0,
     diff: Annotated[tuple[str, str] | None, typer.Option(help="A B: two saved profiles (JSON files from "
                                                                "--output-dir, or entry:ID) side by side")] = None,
-    output_dir: Annotated[str | None, typer.Option(help="keep the profile JSON (.csv, .md), the ncu reports and "
+    output_dir: Annotated[str | None, typer.Option(
+        callback=cmd.out_dir, help="keep the profile JSON (.csv, .md), the ncu reports and "
                                                         "their CSVs here; with --diff: profile-diff.json, .csv, "
                                                         ".md")] = None,
     json_out: JsonOpt = False,

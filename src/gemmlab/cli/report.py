@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from gemmlab import output
 from gemmlab.cli import common as cmd
 from gemmlab.cli.ledger import reading
 
@@ -45,7 +46,13 @@ def report_cmd(
         with reading(ledger) as db:  # a damaged ledger: one line, exit 2
             extra.append((f"ledger {ledger}", json.loads(db.export("json"))))
     page, found = html.build(dirs, extra)
-    Path(output_file).write_text(page)
+    inputs = [*(ledger and [ledger] or [])]
+    if Path(output_file).is_file():  # one of the files the page was made from is not overwritten by it
+        inputs += [x for d in map(Path, dirs) for x in (d.rglob("*") if d.is_dir() else [d]) if x.is_file()]
+    try:
+        output.write_text(output_file, page.encode("utf-8", "backslashreplace").decode("utf-8"), keep=inputs)
+    except OSError as e:
+        raise cmd.usage_error(e if isinstance(e, output.ReportPathError) else f"{output_file}: {e}") from e
     print(f"wrote {output_file}: {len(found)} file(s), " + ", ".join(
         f"{n} {k}" for k, n in sorted(html.count_kinds(found).items())), file=sys.stderr)
 

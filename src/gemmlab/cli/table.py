@@ -43,7 +43,8 @@ def table_cmd(
     inspect: Annotated[bool, typer.Option(help="read tensor-core instructions from the SASS")] = True,
     num_experts: Annotated[int | None, typer.Option(
         callback=cmd.count, help="experts of the fused MoE row [default: the model's, else 8]")] = None,
-    output_dir: Annotated[str | None, typer.Option(help="write table.json, table.csv, table.md here")] = None,
+    output_dir: Annotated[str | None, typer.Option(
+        callback=cmd.out_dir, help="write table.json, table.csv, table.md here")] = None,
     json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
 ) -> None:
     """The seed's GEMM table: one MoE configuration's GEMM four ways.
@@ -54,7 +55,7 @@ def table_cmd(
     from gemmlab.bench import table as bt
     from gemmlab.problems import MOE_MODELS, resolve_moe
 
-    cmd.ledger_ready(ledger, record_note is not None or bool(ledger))
+    cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     given = {"batch_size": batch_size, "seq_len": seq_len, "top_k": top_k, "hidden_size": hidden_size,
              "intermediate_size": intermediate_size, "num_experts": num_experts, "warmup": warmup,
              "repeat": repeat, "warmup_s": warmup_s}

@@ -14,6 +14,16 @@ from gemmlab.cli.common import JsonOpt, LedgerOpt
 from gemmlab.cli.progress import Steps
 
 
+def resumable(session: str, ledger: str | None) -> None:
+    """--resume NAME: a session the ledger holds attempts of; else one line and exit 2."""
+    from gemmlab.cli.ledger import reading
+
+    with reading(ledger) as db:
+        if not db.list(session=session, limit=1):
+            raise cmd.usage_error(f"--resume {session}: ledger {db.path} holds no tune session of that name "
+                                  "(start one with --session, or leave --resume out)")
+
+
 def tune_cmd(
     shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable)")] = None,
     suite: Annotated[list[str] | None, typer.Option(help="shape suites (repeatable) [default: seeds and small-m "
@@ -34,11 +44,12 @@ def tune_cmd(
     configs_dir: Annotated[str | None, typer.Option(help="where to write <gpu>.json [default: $GEMMLAB_CONFIGS, "
                                                          "else $GEMMLAB_HOME/configs, else ~/.gemmlab/configs: "
                                                          "the directory plan reads]")] = None,
-    output_dir: Annotated[str | None, typer.Option(help="write tune-report.json, .csv and .md here")] = None,
+    output_dir: Annotated[str | None, typer.Option(
+        callback=cmd.out_dir, help="write tune-report.json, .csv and .md here")] = None,
     json_out: JsonOpt = False,
     record_note: Annotated[str, typer.Option("--record", help="what this tuning run is about")] = "tune",
     ledger: LedgerOpt = None,
-    seed: Annotated[int, typer.Option(help="seed of inputs and search order")] = 0,
+    seed: Annotated[int, typer.Option(callback=cmd.seed, help="seed of inputs and search order")] = 0,
 ) -> None:
     """Search kernel configs per shape; record every attempt, keep only confirmed winners.
 
@@ -68,7 +79,11 @@ def tune_cmd(
         todo = list(dict.fromkeys(todo))
     else:
         raise typer.BadParameter(f"--op {op!r}: gemm or moe")
+    if op == "gemm":
+        cmd.fit_shapes(todo)
     cmd.ledger_ready(ledger)  # every attempt is recorded
+    if resume is not None:
+        resumable(resume, ledger)
     err, total = Console(stderr=True, width=150), 60.0 * budget_minutes
     with Steps("tuning", total, err, seconds=True) as steps:
         t0, counts = time.perf_counter(), {}

@@ -16,6 +16,9 @@ JSON = {"config": object, "ratio_ci": list, "per_round": list, "vs_parent": dict
 NUMBER_LISTS = ("ratio_ci", "per_round")
 
 
+MAX_DEPTH = 64  # a report nests about 10 deep; deeper is not gemmlab's (and would break printing it as JSON)
+
+
 class CellError(ValueError):
     """A cell of the ledger that does not hold what its column means."""
 
@@ -23,6 +26,19 @@ class CellError(ValueError):
 def _number(v) -> bool:
     """A number (NaN and infinities included: a measurement may record them)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _depth(data: object) -> int:
+    """How deep ``data`` nests (a scalar: 0), counted without recursion and only up to ``MAX_DEPTH + 1``."""
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        item, d = todo.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, d)
+            if d > MAX_DEPTH:
+                return deepest
+            todo += [(v, d + 1) for v in (item.values() if isinstance(item, dict) else item)]
+    return deepest
 
 
 def _problem(key: str, v) -> str | None:
@@ -56,10 +72,15 @@ def entry_fields(row: dict) -> dict:
             continue
         if not isinstance(d[key], str):
             raise CellError(f"{who}: column {key} holds {type(d[key]).__name__}, not JSON text")
+        deep = f"{who}: column {key} is JSON nested deeper than the {MAX_DEPTH} levels a ledger cell may have"
         try:
             d[key] = json.loads(d[key])
         except ValueError as e:
             raise CellError(f"{who}: column {key} is not valid JSON ({e})") from None
+        except RecursionError:  # the parser gave up: deeper still
+            raise CellError(deep) from None
+        if _depth(d[key]) > MAX_DEPTH:
+            raise CellError(deep)
     for key, v in d.items():
         if why := _problem(key, v):
             raise CellError(f"{who}: column {key} {why}")

@@ -15,6 +15,7 @@ results tree's ``index.json`` says of the file (the entry whose path is the file
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,6 +237,12 @@ def _classify(f: Path) -> Found:
     return Found(str(f), kind, data, reason=LEGACY.get(kind, ""))
 
 
+def shown(path: Path) -> str:
+    """The path as text the page can hold: a name that is not UTF-8 (bytes the file system kept) with those
+    bytes written as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def collect(paths) -> list[Found]:
     """Every file under each path (sorted; a path may be a file), read and classified, with index.json's line."""
     files: list[Path] = []
@@ -246,6 +253,7 @@ def collect(paths) -> list[Found]:
     out = []
     for f in files:
         found = _classify(f)
+        found.path = shown(f)
         found.about = _about(f, index)
         out.append(found)
     return out
