@@ -147,19 +147,26 @@ def wal_at_rest(tmp_path):
 
 
 @pytest.mark.parametrize("argv", READS, ids=" ".join)
-def test_a_wal_ledger_is_read_where_nothing_can_be_created_beside_it(tmp_path, monkeypatch, capsys, argv):
-    """A read-only mount or directory: SQLite's read-only open of a WAL file wants to create -shm and fails
-    ("unable to open database file"); a directory standing at the -shm name makes that fail as it would there
-    (root ignores a chmod, so the chmod alone would prove nothing when the tests run as root)."""
-    path = wal_at_rest(tmp_path)
-    (tmp_path / "l.db-shm").mkdir()
+@pytest.mark.parametrize("at_rest", ["rollback", "wal"])
+def test_a_ledger_is_read_where_nothing_can_be_created_beside_it(tmp_path, monkeypatch, capsys, argv, at_rest):
+    """A read-only mount or directory: SQLite's ``mode=ro`` open of a WAL file must create -wal and -shm and
+    there fails ("attempt to write a readonly database", measured as an unprivileged user); ``immutable=1``
+    reads it. The directory is made read-only (which binds only an unprivileged run: root ignores it), and every
+    open is seen: a file in the rollback mode is opened ``mode=ro`` (needs no file beside it), a WAL one with
+    nothing pending ``immutable=1``."""
+    from gemmlab.ledger import sqlfile
+
+    path = wal_at_rest(tmp_path) if at_rest == "wal" else ledger(tmp_path)
+    uris, real = [], sqlfile._sqlite_connect
+    monkeypatch.setattr(sqlfile, "_sqlite_connect", lambda target, **kw: uris.append(target) or real(target, **kw))
     os.chmod(tmp_path, 0o555)
     try:
         status, out, err = cli(["ledger", *argv, "--ledger", str(path)], monkeypatch, capsys)
     finally:
         os.chmod(tmp_path, 0o755)
     assert status == 0, err
-    assert listing(tmp_path) == ["l.db", "l.db-shm"] and not any((tmp_path / "l.db-shm").iterdir())
+    assert listing(tmp_path) == ["l.db"]
+    assert uris and all(u.endswith("?immutable=1" if at_rest == "wal" else "?mode=ro") for u in uris), uris
 
 
 def test_a_wal_ledger_is_read_and_left_as_it_was(tmp_path):
