@@ -4,6 +4,7 @@
 """
 
 from gemmlab.ledger.decide import decide, paired_speedup
-from gemmlab.ledger.store import SCHEMA_VERSION, Entry, Ledger, LedgerError, check, default_path
+from gemmlab.ledger.ready import check
+from gemmlab.ledger.store import SCHEMA_VERSION, Entry, Ledger, LedgerError, default_path
 
 __all__ = ["SCHEMA_VERSION", "Entry", "Ledger", "LedgerError", "check", "decide", "default_path", "paired_speedup"]

@@ -1,0 +1,106 @@
+"""Bad input that nothing bounded, and errors that came late or never: each is exit 2 and one line from the real
+entry point, before any work (grading, timing, tuning, allocating).
+
+Sizes are bounded by what memory can hold ("too large: needs at least N GiB"), seeds by 63 bits, output
+directories are checked up front (a file, /dev/full, /proc/x), and options that used to be accepted in
+silence (--suite with --shapes, --modes '', tune --resume of no session, --parent without --record or of no
+entry, grade --record of a case file with no timed case) say so."""
+
+import json
+import sys
+
+import pytest
+
+from gemmlab.ledger import Entry, Ledger
+
+# A kernel that leaves a mark when it is loaded: a grade that refused before grading leaves none.
+MARKER_KERNEL = """
+import pathlib
+pathlib.Path({marker!r}).write_text("graded")
+def gemm(a, b):
+    return a @ b
+"""
+
+
+def cli(argv, monkeypatch, capsys):
+    """``gemmlab ARGV`` in-process, through the real entry point (its one-line usage errors): (status, out, err)."""
+    from gemmlab.cli.root import main
+
+    monkeypatch.setattr(sys, "argv", ["gemmlab", *map(str, argv)])
+    with pytest.raises(SystemExit) as e:
+        main()
+    got = capsys.readouterr()
+    return e.value.code, got.out, got.err
+
+
+@pytest.fixture
+def env(tmp_path):
+    """Paths the rows refer to: a ledger with one entry (L), a plain file (FILE), a marker kernel (KERNEL) and
+    its mark (MARK), case files too deep (DEEP), too large (HUGE, HUGE64) and with no timed case (UNTIMED)."""
+    ledger = tmp_path / "l.db"
+    db = Ledger.open(ledger)
+    db.record(Entry(kind="bench", shape="8x8x8", dtype="float16", correct=True, median_ms=1.0), provenance=False)
+    db.close()
+    (tmp_path / "file").write_text("a file, not a directory")
+    kernel = tmp_path / "k.py"
+    kernel.write_text(MARKER_KERNEL.format(marker=str(tmp_path / "mark")))
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    case = {"name": "mine", "dtype": "float16", "layout": "rowmajor", "inputs": "competition",
+            "tolerance": {"base": 0.01, "ref_k": 512}, "score": {"correctness": 30, "performance": 70},
+            "correctness": [{"name": "a", "M": 8, "N": 8, "K": 8}]}
+    (tmp_path / "untimed.json").write_text(json.dumps(case))
+    for name, size in (("huge", 10**7), ("huge64", 2**64)):
+        big = {**case, "correctness": [{"name": "big", "M": size, "N": size, "K": size}]}
+        (tmp_path / f"{name}.json").write_text(json.dumps(big))
+    return {"L": ledger, "FILE": tmp_path / "file", "KERNEL": f"{kernel}:gemm", "MARK": tmp_path / "mark",
+            "DEEP": tmp_path / "deep.json", "HUGE": tmp_path / "huge.json", "HUGE64": tmp_path / "huge64.json",
+            "UNTIMED": tmp_path / "untimed.json"}
+
+
+GRADE = ["grade", "--kernel", "KERNEL", "--signature", "rowmajor"]
+ROWS = [  # (argv, words the one line must hold); capitals are the fixture's paths
+    (["check", "--shapes", "100000000,100000000,100000000"], ["too large", "GiB"]),
+    (["check", "--shapes", f"{2**64},{2**64},{2**64}"], ["too large", "GiB"]),
+    (["bench", "gemm", "--shapes", "100000000,100000000,100000000", "--warmup-s", "0"], ["too large"]),
+    (["tune", "--shapes", "100000000,100000000,100000000", "--ledger", "L"], ["too large"]),
+    (["check", "--seed", str(10**23)], ["--seed", str(10**23)]),
+    (["check", "--seed", "-1"], ["--seed"]),
+    (["check", "--shapes", "8,8,8", "--output-dir", "FILE"], ["--output-dir", "not a directory"]),
+    (["check", "--shapes", "8,8,8", "--output-dir", "/proc/x"], ["--output-dir", "/proc/x"]),
+    (["check", "--shapes", "8,8,8", "--output-dir", "/dev/full"], ["--output-dir", "/dev/full"]),
+    (["bench", "moe", "--custom", "0,0,0,0"], ["--custom", "H = 0"]),
+    (["bench", "moe", "--custom", "-32,16,4,2"], ["--custom", "H = -32"]),
+    (["bench", "moe", "--custom", "32,16,4,8"], ["--custom", "top-k 8"]),
+    (["bench", "moe", "--custom", "100000000,100000000,1000,2"], ["--custom", "too large"]),
+    (["bench", "gemm", "--suite", "nosuch", "--shapes", "8,8,8"], ["--shapes", "--suite"]),
+    (["bench", "gemm", "--modes", "", "--shapes", "8,8,8", "--warmup-s", "0"], ["timing mode ''"]),
+    (["tune", "--resume", "nosuch", "--shapes", "8,8,8", "--ledger", "L"], ["--resume nosuch", "no tune session"]),
+    ([*GRADE, "--cases", "DEEP"], ["nested too deep"]),
+    ([*GRADE, "--cases", "HUGE"], ["too large", "GiB"]),
+    ([*GRADE, "--cases", "HUGE64"], ["too large", "GiB"]),
+    ([*GRADE, "--cases", "UNTIMED", "--record", "x", "--ledger", "L"], ["--record", "no timed"]),
+    ([*GRADE, "--cases", "UNTIMED", "--parent", "999", "--record", "x", "--ledger", "L"], ["--parent 999",
+                                                                                           "no such entry"]),
+    ([*GRADE, "--cases", "UNTIMED", "--parent", "1", "--ledger", "L"], ["--parent 1", "--record"]),
+    ([*GRADE, "--cases", "UNTIMED", "--output-dir", "/proc/x"], ["--output-dir", "/proc/x"]),
+    (["bench", "gemm", "--shapes", "8,8,8", "--parent", "999", "--record", "x", "--ledger", "L"], ["--parent 999"]),
+]
+
+
+@pytest.mark.parametrize("argv,words", ROWS, ids=lambda x: " ".join(map(str, x)) if isinstance(x, list) else None)
+def test_bad_input_is_one_line_before_any_work(env, monkeypatch, capsys, argv, words):
+    status, out, err = cli([env.get(a, a) for a in argv], monkeypatch, capsys)
+    assert status == 2, (status, out, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for w in words:
+        assert w in err, err
+    assert not env["MARK"].exists()  # a grade refused before its kernel was loaded
+
+
+def test_the_memory_bound_passes_what_fits(monkeypatch, capsys, tmp_path):
+    """The bound refuses only what cannot fit: a small check still runs (and its --output-dir, created up front,
+    receives the report)."""
+    status, out, err = cli(["check", "--shapes", "8,8,8", "--output-dir", tmp_path / "new" / "dir"], monkeypatch,
+                           capsys)
+    assert status == 0, err
+    assert (tmp_path / "new" / "dir" / "check.json").exists()
