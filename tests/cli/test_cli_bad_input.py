@@ -36,7 +36,8 @@ def cli(argv, monkeypatch, capsys):
 @pytest.fixture
 def env(tmp_path):
     """Paths the rows refer to: a ledger with one entry (L), a plain file (FILE), a marker kernel (KERNEL) and
-    its mark (MARK), case files too deep (DEEP), too large (HUGE, HUGE64) and with no timed case (UNTIMED)."""
+    its mark (MARK), a symlink to a directory (LINKDIR), case files too deep (DEEP), too large (HUGE, HUGE64)
+    and with no timed case (UNTIMED)."""
     ledger = tmp_path / "l.db"
     db = Ledger.open(ledger)
     db.record(Entry(kind="bench", shape="8x8x8", dtype="float16", correct=True, median_ms=1.0), provenance=False)
@@ -52,9 +53,10 @@ def env(tmp_path):
     for name, size in (("huge", 10**7), ("huge64", 2**64)):
         big = {**case, "correctness": [{"name": "big", "M": size, "N": size, "K": size}]}
         (tmp_path / f"{name}.json").write_text(json.dumps(big))
-    return {"L": ledger, "FILE": tmp_path / "file", "KERNEL": f"{kernel}:gemm", "MARK": tmp_path / "mark",
-            "DEEP": tmp_path / "deep.json", "HUGE": tmp_path / "huge.json", "HUGE64": tmp_path / "huge64.json",
-            "UNTIMED": tmp_path / "untimed.json"}
+    (tmp_path / "linkdir").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    return {"L": ledger, "FILE": tmp_path / "file", "LINKDIR": tmp_path / "linkdir", "KERNEL": f"{kernel}:gemm",
+            "MARK": tmp_path / "mark", "DEEP": tmp_path / "deep.json", "HUGE": tmp_path / "huge.json",
+            "HUGE64": tmp_path / "huge64.json", "UNTIMED": tmp_path / "untimed.json"}
 
 
 GRADE = ["grade", "--kernel", "KERNEL", "--signature", "rowmajor"]
@@ -68,6 +70,7 @@ ROWS = [  # (argv, words the one line must hold); capitals are the fixture's pat
     (["check", "--shapes", "8,8,8", "--output-dir", "FILE"], ["--output-dir", "not a directory"]),
     (["check", "--shapes", "8,8,8", "--output-dir", "/proc/x"], ["--output-dir", "/proc/x"]),
     (["check", "--shapes", "8,8,8", "--output-dir", "/dev/full"], ["--output-dir", "/dev/full"]),
+    (["check", "--shapes", "8,8,8", "--output-dir", "LINKDIR"], ["--output-dir", "symlink"]),
     (["bench", "moe", "--custom", "0,0,0,0"], ["--custom", "H = 0"]),
     (["bench", "moe", "--custom", "-32,16,4,2"], ["--custom", "H = -32"]),
     (["bench", "moe", "--custom", "32,16,4,8"], ["--custom", "top-k 8"]),
@@ -104,3 +107,15 @@ def test_the_memory_bound_passes_what_fits(monkeypatch, capsys, tmp_path):
                            capsys)
     assert status == 0, err
     assert (tmp_path / "new" / "dir" / "check.json").exists()
+
+
+def test_a_write_that_fails_late_is_one_line(monkeypatch, capsys, tmp_path):
+    """A disk that fills after the up-front check: the writer's OSError is one line naming the directory."""
+    from gemmlab import output
+
+    def full(*args, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(output, "write_files", full)
+    status, out, err = cli(["check", "--shapes", "8,8,8", "--output-dir", tmp_path], monkeypatch, capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "No space left" in err and str(tmp_path) in err, err

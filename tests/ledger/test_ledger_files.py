@@ -185,6 +185,10 @@ def test_limits_and_ids_beyond_64_bits(tmp_path, monkeypatch, capsys):
     with pytest.raises(ValueError, match="limit"):
         db.list(limit=-1)
     db.close()
+    db = Ledger(path)
+    with pytest.raises(KeyError, match="no ledger entry"):
+        db.attach(10**23, "profile", {})
+    db.close()
     status, out, err = cli(["ledger", "list", "--limit", "99999999999999999999", "--ledger", str(path)],
                            monkeypatch, capsys)
     one_line(status, err, "--limit", "99999999999999999999")
