@@ -99,6 +99,15 @@ def out_dir(value: str | None) -> str | None:
     return value
 
 
+def out_file(value: str | None) -> str | None:
+    """--output FILE, checked before any work: not a symlink, a directory or anything but a plain file where it
+    exists (``output.write_text`` writes it whole later, and refuses the command's own inputs then)."""
+    if value is not None and (os.path.lexists(value) and (os.path.islink(value) or not os.path.isfile(value))):
+        kind = "a symlink" if os.path.islink(value) else "a directory" if os.path.isdir(value) else "not a plain file"
+        raise typer.BadParameter(f"{value}: {kind}; refusing to write through it")
+    return value
+
+
 # Bytes per element of A, B and C that the smallest GEMM run needs at least: the fp16/bf16 operand and its
 # float64 copy for the reference (the float32 draw and the output come on top).
 GEMM_BYTES_PER_ELEMENT = 2 + 8

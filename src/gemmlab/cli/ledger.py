@@ -198,7 +198,8 @@ def ledger_history(
 @ledger_app.command("export")
 def ledger_export(
     fmt: Annotated[str, typer.Option("--format", help="json or csv")] = "json",
-    output_file: Annotated[str | None, typer.Option("--output", help="file [default: stdout]")] = None,
+    output_file: Annotated[str | None, typer.Option("--output", callback=cmd.out_file,
+                                                    help="file [default: stdout]")] = None,
     ledger: LedgerOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="the same as --format json, on stdout")] = False,
 ) -> None:

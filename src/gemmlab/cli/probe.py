@@ -16,7 +16,7 @@ from gemmlab.cli.common import JsonOpt
 def probe_cmd(
     check: Annotated[bool, typer.Option("--check", help="health check: a short re-measurement against the "
                                                         "recorded profile; exit 1 if degraded")] = False,
-    output_file: Annotated[str | None, typer.Option("--output", help="profile file [default: "
+    output_file: Annotated[str | None, typer.Option("--output", callback=cmd.out_file, help="profile file [default: "
                                                                      "~/.gemmlab/device-<gpu>.json]")] = None,
     profile: Annotated[str | None, typer.Option(help="a recorded profile to use (--check, --roofline)")] = None,
     roofline: Annotated[str | None, typer.Option(help="a `bench gemm` JSON to place on the roofline")] = None,
@@ -67,5 +67,8 @@ def probe_cmd(
         cmd.show(res, view(lambda r: pr.health_tables(r, prof), pr.long_rows, "device-health"), json_out, output_dir)
         raise typer.Exit(1 if res["problems"] else 0)
     prof = pr.probe()
-    path = pr.save(prof, output_file)
+    try:  # --output: written whole, never through a symlink
+        path = output.write_text(output_file, json.dumps(prof, indent=1)) if output_file else pr.save(prof)
+    except OSError as e:
+        raise cmd.usage_error(f"--output {output_file}: {e}") from e
     cmd.show(prof, view(pr.tables, pr.long_rows, "device-profile"), json_out, output_dir).print(f"wrote {path}")

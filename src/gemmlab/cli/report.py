@@ -15,7 +15,8 @@ from gemmlab.cli.ledger import reading
 
 def report_cmd(
     dirs: Annotated[list[str], typer.Argument(help="directories (or files) holding gemmlab's results")],
-    output_file: Annotated[str, typer.Option("--output", help="the HTML page to write")] = "report.html",
+    output_file: Annotated[str, typer.Option("--output", callback=cmd.out_file,
+                                             help="the HTML page to write")] = "report.html",
     ledger: Annotated[str | None, typer.Option(help="also draw this ledger's history curves")] = None,
     docs: Annotated[str | None, typer.Option(help="instead of the page: write the results pages (Markdown) of one "
                                                   "results tree with an index.json into this directory")] = None,
