@@ -73,6 +73,7 @@ ROWS = [  # (argv, words the one line must hold); capitals are the fixture's pat
     (["check", "--shapes", "8,8,8", "--output-dir", "LINKDIR"], ["--output-dir", "symlink"]),
     (["probe", "--output", "LINKDIR"], ["--output", "symlink"]),  # refused before it probes (or needs CUDA)
     (["ledger", "export", "--ledger", "L", "--output", "LINKDIR"], ["--output", "symlink"]),
+    (["ledger", "history", "--shape", "8,8,8", "--ledger", "L", "--plot", "LINKDIR"], ["--plot", "symlink"]),
     (["bench", "moe", "--custom", "0,0,0,0"], ["--custom", "H = 0"]),
     (["bench", "moe", "--custom", "-32,16,4,2"], ["--custom", "H = -32"]),
     (["bench", "moe", "--custom", "32,16,4,8"], ["--custom", "top-k 8"]),

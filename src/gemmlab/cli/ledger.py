@@ -166,7 +166,7 @@ def ledger_compare(first: int, second: int, ledger: LedgerOpt = None, json_out: 
 def ledger_history(
     shape: Annotated[str, typer.Option(help="M,N,K")],
     dtype: Annotated[str | None, typer.Option(help="float16 or bfloat16")] = None,
-    plot: Annotated[str | None, typer.Option(help="write the latency curve as a PNG")] = None,
+    plot: Annotated[str | None, typer.Option(callback=cmd.out_file, help="write the latency curve as a PNG")] = None,
     ledger: LedgerOpt = None, json_out: JsonOpt = False,
 ) -> None:
     """The latency curve of a shape.

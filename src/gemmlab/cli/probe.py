@@ -20,7 +20,7 @@ def probe_cmd(
                                                                      "~/.gemmlab/device-<gpu>.json]")] = None,
     profile: Annotated[str | None, typer.Option(help="a recorded profile to use (--check, --roofline)")] = None,
     roofline: Annotated[str | None, typer.Option(help="a `bench gemm` JSON to place on the roofline")] = None,
-    plot: Annotated[str, typer.Option(help="roofline PNG")] = "roofline.png",
+    plot: Annotated[str, typer.Option(callback=cmd.out_file, help="roofline PNG")] = "roofline.png",
     min_fraction: Annotated[float, typer.Option(help="--check: figures below this fraction are problems")] = 0.8,
     output_dir: Annotated[str | None, typer.Option(
         callback=cmd.out_dir, help="write device-profile (device-health, roofline) .json, "
