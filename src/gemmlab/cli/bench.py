@@ -150,6 +150,7 @@ def bench_moe_cmd(
     warmup_s = (0.0 if small else 1.0) if warmup_s is None else warmup_s
     try:
         own = MoEModel(*moe_sizes(custom)) if custom else None  # H, I, E, k
+        moe_fits(model, own, tokens)
         if baseline == "liger":
             if record_note is not None:
                 raise ValueError("--record: not with --baseline liger (its rows are not ledger entries yet)")
@@ -185,8 +186,20 @@ def moe_sizes(text: str) -> list[int]:
             raise ValueError(f"--custom {text}: {name} = {v}; H, I, E and k are whole numbers >= 1")
     if k > e:
         raise ValueError(f"--custom {text}: top-k {k} is more than the {e} experts")
-    cmd.fit(cmd.GEMM_BYTES_PER_ELEMENT * 3 * e * i * h, f"--custom {text} (the expert weights)")
+    cmd.fit(cmd.MOE_BYTES_PER_ELEMENT * 3 * e * i * h, f"--custom {text} (the expert weights)")
     return [h, i, e, k]
+
+
+def moe_fits(names: list[str] | None, own, tokens: list[int] | None) -> None:
+    """Each model (a preset by name, or ``own``) at the largest --tokens fits in memory: the expert weights, and x,
+    the routed rows' intermediates and y (a usage error, "too large: needs N GiB", where not)."""
+    from gemmlab.problems import MOE_MODELS
+
+    t = max(tokens or [1])
+    for m in [MOE_MODELS[n] for n in names or [] if n in MOE_MODELS] + ([own] if own else []):
+        h, i, e, k = m.hidden, m.intermediate, m.experts, m.top_k
+        cmd.fit(cmd.MOE_BYTES_PER_ELEMENT * (3 * e * i * h + t * (2 * h + k * (2 * i + h))),
+                f"the MoE H,I,E,k = {h},{i},{e},{k} at T {t}")
 
 
 def _bench_moe_liger(model, tokens, routing, part, mode, dtype, own, output_dir, json_out, err, **kw) -> None:

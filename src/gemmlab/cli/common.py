@@ -111,6 +111,9 @@ def out_file(value: str | None) -> str | None:
 # Bytes per element of A, B and C that the smallest GEMM run needs at least: the fp16/bf16 operand and its
 # float64 copy for the reference (the float32 draw and the output come on top).
 GEMM_BYTES_PER_ELEMENT = 2 + 8
+# An MoE layer's weights and activations: only the bf16/fp16 operands themselves (its references go expert by
+# expert), so the bound never refuses what fits.
+MOE_BYTES_PER_ELEMENT = 2
 
 
 def memory() -> tuple[int, str]:

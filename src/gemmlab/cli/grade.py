@@ -27,11 +27,11 @@ def fits(cf, recording: bool) -> None:
     for c in (*cf.correctness, *([cf.performance] if cf.performance else [])):
         if hasattr(c, "mnk"):
             m, n, k = c.mnk
-            elements = m * k + k * n + m * n
+            need = cmd.GEMM_BYTES_PER_ELEMENT * (m * k + k * n + m * n)
         else:  # MoE: x, w1 (E x 2I x H), w2 (E x H x I), the routed rows' intermediates and the output
             t, h, i, e, k = c.dims
-            elements = t * h + 3 * e * i * h + t * k * (2 * i + h) + t * h
-        cmd.fit(cmd.GEMM_BYTES_PER_ELEMENT * elements, f"case {c.name} of {cf.name} ({'x'.join(map(str, c.dims))})")
+            need = cmd.MOE_BYTES_PER_ELEMENT * (t * h + 3 * e * i * h + t * k * (2 * i + h) + t * h)
+        cmd.fit(need, f"case {c.name} of {cf.name} ({'x'.join(map(str, c.dims))})")
     if recording and cf.performance is None:
         raise cmd.usage_error(f"--record: case file {cf.name} has no timed (performance) case, so a grade of it "
                               "has nothing to record")

@@ -69,9 +69,14 @@ def tune_cmd(
         if shapes or suite:
             raise typer.BadParameter("--shapes and --suite are for --op gemm; --op moe takes --model/--moe, --tokens")
         try:
-            todo = moe_items(moe_model(model, moe), tokens or [4096], moe_mode or ("gate_up", "down", "grouped"))
+            sizes = moe_model(model, moe)
+            todo = moe_items(sizes, tokens or [4096], moe_mode or ("gate_up", "down", "grouped"))
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
+        h, i, e, k = sizes.hidden, sizes.intermediate, sizes.experts, sizes.top_k
+        t = max(tokens or [4096])  # the expert weights, and x, the routed rows' intermediates and y at the largest T
+        cmd.fit(cmd.MOE_BYTES_PER_ELEMENT * (3 * e * i * h + t * (2 * h + k * (2 * i + h))),
+                f"--op moe with H,I,E,k = {h},{i},{e},{k} at T {t}")
     elif op == "gemm":
         todo = cmd.shapes_of(shapes, None, "cpu") if shapes else []
         for name in suite or ([] if shapes else (["seeds", "small-m"] if torch.cuda.is_available() else ["cpu"])):
