@@ -126,3 +126,19 @@ def test_a_write_that_fails_late_is_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(output, "write_files", full)
     status, out, err = cli(["check", "--shapes", "8,8,8", "--output-dir", tmp_path], monkeypatch, capsys)
     assert status == 2 and len(err.strip().splitlines()) == 1 and "No space left" in err and str(tmp_path) in err, err
+
+
+@pytest.mark.gpu
+def test_the_memory_bound_refuses_nothing_the_shipped_work_needs():
+    """On the GPU: every shipped shape suite, MoE preset (at the largest default T) and case file fits the bound
+    (a bound that refused the benchmarks themselves would be a defect of its own)."""
+    from gemmlab.cli import bench, common
+    from gemmlab.cli import grade as grade_cli
+    from gemmlab.grade import load_any
+    from gemmlab.problems import CASE_SUITES, MOE_MODELS, SUITES, suite
+
+    for name in [*SUITES, *CASE_SUITES, "all"]:
+        common.fit_shapes(suite(name))
+    bench.moe_fits(list(MOE_MODELS), None, [16384])
+    for name in ("competition", "competition-legacy", "moe", "llm", "moe-layer", "fp8", "fp8-moe"):
+        grade_cli.fits(load_any(name), recording=False)
