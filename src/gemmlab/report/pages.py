@@ -226,7 +226,9 @@ def moe_liger(load, spec) -> Section:
     for r in rep["rows"]:
         bar = (f" (x{r['ratio_to_hbm_bound']:.2f} HBM)" if r.get("ratio_to_hbm_bound") is not None else
                f" ({r['frac_of_dense']:.2f} dense)" if r.get("frac_of_dense") is not None else "")
-        cells.setdefault((r["model"], r["routing"], r["mode"]), {})[r["tokens"]] = \
+        liger = str(r.get("liger_mode") or r["mode"]).split(":")[0].strip()
+        mode = r["mode"] if liger == r["mode"] else f"{r['mode']} (Liger {liger})"  # Liger could not run that way
+        cells.setdefault((r["model"], r["routing"], mode), {})[r["tokens"]] = \
             num(r.get("ratio_vs_liger"), ".3f") + (bar if r.get("ratio_vs_liger") is not None else "")
     cols = sorted({r["tokens"] for r in rep["rows"]})
     t = Table(spec.get("title", f"against Liger-Kernel {rep['liger'].get('version')}, {rep['args']['parts'][0]}"),
