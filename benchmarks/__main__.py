@@ -31,6 +31,8 @@ SCRIPTS = {  # name: (file, one line)
     "sweep-dense": ("sweep_dense.py", "issue 23's grid of paths and configs against cuBLAS (about 4 minutes on an "
                                       "H200)"),
     "dense-rules": ("dense_rules.py", "the dense sweep's rows into dispatch rules and ledger entries (CPU)"),
+    "dense-ab": ("dense_ab.py", "two bench gemm runs of one suite (dispatch table before and after), case by case "
+                                "(CPU)"),
     "fp8-dense": ("fp8_dense.py", "FP8 gemm_fp8 (per-tensor, block) vs torch._scaled_mm and gemmlab bf16, eager and "
                                   "graph (about 4 minutes on an H200)"),
     "fp8-moe": ("fp8_moe.py", "FP8 experts' moe_forward vs gemmlab bf16 at DeepSeek-V3 (T 4096, 128), eager and graph "

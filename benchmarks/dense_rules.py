@@ -2,6 +2,7 @@
 are derived), every row recorded in the ledger first. CPU only, no GPU.
 
     python -m benchmarks dense-rules SWEEP.jsonl [SWEEP.jsonl ...] [--write FILE] [--ledger DB] [--note "..."]
+        [--keep 1.05] [--classes large,odd] [--box M0:M1,N0:N1]
 
 Prints the rules and the off-grid checks. --write FILE: the table with the derived rules (FILE may be the
 bundled ``src/gemmlab/configs/nvidia-h200.json``: its "route" and "gemm" sections are replaced, the rest kept;
@@ -16,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from gemmlab.tune.dense_rules import derive, record, write
+from gemmlab.tune.dense_rules import derive, inside, record, write
 
 
 def main() -> None:
@@ -25,6 +26,12 @@ def main() -> None:
     ap.add_argument("--write", default=None, help="write the table here (the bundled one: its gemm/route replaced)")
     ap.add_argument("--ledger", default=None, help="record every row in this ledger first")
     ap.add_argument("--note", default="sweep_dense", help="the ledger entries' note")
+    ap.add_argument("--keep", type=float, default=None, help="a candidate must beat gemmlab's choice by more than "
+                    "this factor to change a rule (default: tune.dense_rules.KEEP)")
+    ap.add_argument("--box", default=None, help="M0:M1,N0:N1: keep only the derived rules of boxes inside these M and "
+                    "N ranges (rules of operands TMA cannot describe, which have no N range, are kept)")
+    ap.add_argument("--classes", default=None, help="comma-separated grid classes (gemv, small, large, odd) to "
+                    "derive rules for; the others keep the table's rules")
     args = ap.parse_args()
     rows, entries = [], {}
     for sweep in args.sweeps:
@@ -38,7 +45,12 @@ def main() -> None:
             finally:
                 db.close()
         rows += mine
-    table = derive(rows, ", ".join(args.sweeps), entries)
+    extra = {"keep": args.keep} if args.keep else {}
+    if args.classes:
+        extra["classes"] = tuple(args.classes.split(","))
+    table = derive(rows, ", ".join(args.sweeps), entries, **extra)
+    if args.box:
+        table = inside(table, *(tuple(int(x) for x in part.split(":")) for part in args.box.split(",")))
     for path, rules in [("route", table["route"]["gemm"]), *table["gemm"].items()]:
         print(f"{path}: {len(rules)} rule(s)")
         for r in rules:

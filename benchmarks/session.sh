@@ -100,6 +100,18 @@ for s in "$@"; do
     dense) step dense_compile 80 python3 benchmarks/sweep_dense.py --grid dense-suite --compile-only --out "$RES"
       step dense 220 python3 -m gemmlab bench gemm --suite dense --backend gemmlab --rounds 5 --reps 3 \
         --warmup-s 0.2 --budget-s 190 --output-dir "$RES/nvidia-h200-dense" ;;
+    # the dense suite under the table in $RULES (a folder holding nvidia-h200.json: `dense-rules --write`), then under
+    # the bundled one, each compiled in parallel first; dense-ab lines the two runs up, case by case
+    dense_ab) step dense_after_compile 90 env GEMMLAB_CONFIGS="$RULES" python3 benchmarks/sweep_dense.py \
+        --grid dense-suite --compile-only --out "$RES/dense-ab-compile"
+      step dense_after 200 env GEMMLAB_CONFIGS="$RULES" python3 -m gemmlab bench gemm --suite dense --backend gemmlab \
+        --rounds 5 --reps 3 --warmup-s 0.2 --budget-s 175 --output-dir "$RES/nvidia-h200-dense-after"
+      step dense_before_compile 60 python3 benchmarks/sweep_dense.py --grid dense-suite --compile-only \
+        --out "$RES/dense-ab-compile"
+      step dense_before 200 python3 -m gemmlab bench gemm --suite dense --backend gemmlab --rounds 5 --reps 3 \
+        --warmup-s 0.2 --budget-s 175 --output-dir "$RES/nvidia-h200-dense-before"
+      step dense_ab 20 python3 benchmarks/dense_ab.py "$RES/nvidia-h200-dense-before/gemm-bench.json" \
+        "$RES/nvidia-h200-dense-after/gemm-bench.json" --out "$RES/dense-ab.json" ;;
     # issue 25: the FP8 GPU tests (dense, experts, grading, shared memory), then the FP8 bench rows (dense against
     # torch._scaled_mm and gemmlab bf16, experts against gemmlab bf16; eager and graph) and the fp8 grades
     fp8_tests) step fp8_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/fp8 tests/grade/test_fp8_grade.py \

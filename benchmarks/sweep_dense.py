@@ -70,7 +70,8 @@ def table(rows: list[dict]) -> None:
         ms = f"{r['median_ms']:.4f}" if "median_ms" in r else "ok"
         vs = f"{r['vs_cublas']['ratio']:.3f}" if r.get("vs_cublas") else "-"
         vg = r.get("vs_gemmlab")
-        vg_s = f"{vg['ratio']:.3f} [{vg['ci95'][0]:.3f}, {vg['ci95'][1]:.3f}]" if vg else ""
+        ci = (vg or {}).get("ci95")
+        vg_s = (f"{vg['ratio']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else " (no interval)")) if vg else ""
         print(f"{r['spec']:32s} {r['variant'][:38]:38s} {r['path']:14s} {ms:>8s} {vs:>9s}  {vg_s}")
 
 

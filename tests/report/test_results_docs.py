@@ -52,7 +52,7 @@ def test_the_readme_headline_is_generated(tmp_path):
     assert text.startswith("intro\n") and text.endswith("\nrest\n") and "9.99" not in text
     assert docs.stale(RESULTS, tmp_path, readme) == []
     body = text.split(docs.HEADLINE_BEGIN)[1].split(docs.HEADLINE_END)[0]
-    assert re.search(r"\[1\] `benchmarks/results/[^`]+` \(git [0-9a-f]{7}, \d{4}-\d\d-\d\d\)", body)
+    assert re.search(r"\[1\] `benchmarks/results/[^`]+` \(git [0-9a-f]{7}(, [0-9a-f]{7})*, \d{4}-\d\d-\d\d", body)
     readme.write_text("no markers\n")
     with pytest.raises(docs.ResultsError, match="headline block"):
         docs.write(RESULTS, tmp_path, readme)

@@ -186,3 +186,18 @@ def test_every_row_is_recorded_and_ffma_gemv_tiles_are_accepted(tmp_path):
     assert got["broken"].decision == "rejected" and "incorrect" in got["broken"].reason
     assert got["cuda cores"].decision == "rejected" and "no tensor-core" in got["cuda cores"].reason
     assert got[fma].git_sha == "abc123" and got[fma].gpu == "NVIDIA H200" and got[fma].report["spec"] == point.spec
+
+
+def test_keep_classes_and_inside_narrow_what_changes():
+    route = dense_rules.derive(synthetic(), "sweep.jsonl", keep=1.5)["route"]["gemm"]
+    one_row = dense_rules.lookup(route, 1, 4096, 4096, 1)  # 1/0.7 = 1.43x faster: under a 1.5x margin, kept
+    assert one_row["config"] == {"path": "tma_persistent"} and "former choice" in one_row["note"]
+    large = dense_rules.derive(synthetic(), "sweep.jsonl", classes=("large", "odd"))
+    assert large["route"]["gemm"] and all(r["m"][0] >= 257 or r["tma"] == [0, 0] for r in large["route"]["gemm"])
+    assert all(r["m"][0] >= 257 or r.get("n") is None for rules in large["gemm"].values() for r in rules)
+    narrow = dense_rules.inside(large, (257, dense_rules.BIG), (0, 1536))  # the N-576 box kept, the wide one not
+    kept = narrow["route"]["gemm"]
+    assert [r for r in kept if r["tma"] == [0, 0]] == [r for r in large["route"]["gemm"] if r["tma"] == [0, 0]]
+    boxed = [r for r in kept if r.get("n") is not None]
+    assert boxed and all(257 <= r["m"][0] and r["n"][1] <= 1536 for r in boxed)
+    assert len(boxed) < len([r for r in large["route"]["gemm"] if r.get("n") is not None])

@@ -18,6 +18,7 @@ and the SM clocks its rows ran at. Paths in the pages are relative to the result
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from gemmlab.output import Table
@@ -211,31 +212,118 @@ def pages(results: str | Path) -> dict[str, str]:
             **{p["file"]: page(results, p, load) for p in index.get("pages", [])}}
 
 
+def grades(index: dict, load) -> list[tuple[str, dict]]:
+    """(file, report) of every passing grade with an honest ratio among the files of the index's "grade" tables."""
+    files = dict.fromkeys(f for p in index.get("pages", []) for t in p.get("tables", []) if t.get("table") == "grade"
+                          for f in t.get("files", []))
+    out = []
+    for f in files:
+        r = load(f)
+        perf = r.get("performance") or {}
+        if r.get("verdict") == "PASS" and (perf.get("honest") or {}).get("ratio") is not None and perf.get("shape"):
+            out.append((f, r))
+    return out
+
+
+def _shape_of(row: dict) -> str | None:
+    """A headline row's shape: its "shape", or the leading M x N x K of its row label."""
+    if row.get("shape"):
+        return "x".join(map(str, row["shape"]))
+    key = row.get("row")
+    m = re.match(r"(\d+(?:x\d+)+)\b", str(key[0] if isinstance(key, list) else key or ""))
+    return m.group(1) if m else None
+
+
+def _grade_row(results: Path, row: dict, graded: list[tuple[str, dict]]) -> tuple[str, str, list[str], list[dict]]:
+    """The grader's honest figure at a shape: one grade's ratio and interval, or the median and range of several."""
+    shape = _shape_of(row)
+    picked = [(f, r) for f, r in graded if "x".join(map(str, r["performance"]["shape"])) == shape]
+    if not picked:
+        raise ResultsError(f"{results / INDEX}: headline row {row['what']!r}: no passing grade at {shape}")
+    picked.sort(key=lambda fr: str(fr[1]["env"].get("date", "")))
+    ratios = sorted(r["performance"]["honest"]["ratio"] for _, r in picked)
+    n, mid = len(ratios), len(ratios) // 2
+    timer = "the grader's own clock, interleaved with the baseline"
+    if n == 1:
+        ci = picked[0][1]["performance"]["honest"].get("ci95")
+        figure = f"{ratios[0]:.3f}" + (f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})" if ci else "")
+        what = f"`gemmlab grade`'s honest ratio at this shape ({timer}): the one passing grade"
+    else:
+        median = ratios[mid] if n % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+        figure = f"{median:.3f} (lowest {ratios[0]:.3f}, highest {ratios[-1]:.3f})"
+        what = (f"`gemmlab grade`'s honest ratio at this shape ({timer}): the median of {n} passing grades, "
+                f"the lowest and highest; the latest ({str(picked[-1][1]['env'].get('date'))[:10]}) gave "
+                f"{picked[-1][1]['performance']['honest']['ratio']:.3f}")
+    return figure, what, [f for f, _ in picked], [r["env"] for _, r in picked]
+
+
+def _distribution_row(results: Path, row: dict, load) -> tuple[str, str, list[str], list[dict]]:
+    """A broad suite's distribution against one baseline: median, worst, the share at par, a capped geomean."""
+    from gemmlab.report.pages import BROAD_KEYS, CAP, PAR, broad_ratios, distribution
+
+    src = row["distribution"]
+    if src.get("key") not in BROAD_KEYS:
+        raise ResultsError(f"{results / INDEX}: headline row {row['what']!r}: key one of {', '.join(BROAD_KEYS)}")
+    rep = load(src["file"])
+    ratios = broad_ratios(rep, src["key"])
+    if not ratios:
+        raise ResultsError(f"{results / INDEX}: headline row {row['what']!r}: no timed case in {src['file']}")
+    d = distribution([(label, r) for label, _, r in ratios], src.get("cap", CAP), src.get("par", PAR))
+    aligned = [(label, r) for label, ok, r in ratios if ok]
+    apart = (f"; {distribution(aligned)['geomean']:.3f} over the {len(aligned)} aligned cases alone"
+             if 0 < len(aligned) < len(ratios) else "")
+    figure = (f"median {d['median']:.3f}; worst {d['worst']:.3f}; {d['at_par']} of {d['n']} at >= {d['par']:g}x; "
+              f"capped geomean {d['capped_geomean']:.3f}")
+    what = (f"the {d['n']} timed cases of `bench gemm --suite broad`: the median ratio, the worst "
+            f"({d['worst_case']}), how many are at >= {d['par']:g}x, and the geomean with each ratio capped at "
+            f"{d['cap']:g}x (uncapped: {d['geomean']:.3f}{apart})")
+    return figure, what, [src["file"]], [rep["env"]]
+
+
+def _cell_row(results: Path, row: dict, load, graded) -> tuple[str, str, list[str], list[dict]]:
+    """One cell of a results table, where no grade at the row's shape exists; its spec says what it summarises."""
+    shape = _shape_of(row)
+    if shape and any("x".join(map(str, r["performance"]["shape"])) == shape for _, r in graded):
+        raise ResultsError(f"{results / INDEX}: headline row {row['what']!r}: a grade at {shape} exists; the "
+                           "headline takes the grader's figure there (\"grade\": true)")
+    if not row.get("summarises"):
+        raise ResultsError(f"{results / INDEX}: headline row {row['what']!r} does not say what it summarises")
+    s = section(results, row["from"], load)
+    key = row["row"] if isinstance(row["row"], list) else [row["row"]]
+    cells = next((r for r in s.table.rows if r[:len(key)] == key), None)
+    if cells is None:
+        raise ResultsError(f"{results / INDEX}: headline row {row['row']!r} is not in {row['from']['table']}")
+    col = list(s.table.columns).index(row["column"])
+    return cells[col].split(" ")[0], row["summarises"], _sources(row["from"]), s.envs
+
+
 def headline(results: str | Path) -> str:
-    """The README's headline table: one row per entry of the index's "headline", each a cell of a results table,
-    and a caption naming each row's source, GPU, SHA and date."""
+    """The README's headline table: one row per entry of the index's "headline", each the grader's honest figure
+    at a shape ("grade": true), a broad suite's distribution ("distribution") or a cell of a results table, and a
+    column saying what the figure summarises; a caption names each row's source, GPU, SHA and date."""
     results = Path(results)
-    spec = load_index(results).get("headline")
+    index = load_index(results)
+    spec = index.get("headline")
     if not spec:
         raise ResultsError(f"{results / INDEX}: no \"headline\"")
-    load, t, refs, envs = _loader(results), Table(spec["title"], ("what", "against", "ratio", "source")), [], []
+    load, refs, envs = _loader(results), [], []
+    graded = grades(index, load)
+    t = Table(spec["title"], ("what", "against", "figure", "what the figure summarises", "source"))
     for row in spec["rows"]:
-        s = section(results, row["from"], load)
-        key = row["row"] if isinstance(row["row"], list) else [row["row"]]
-        cells = next((r for r in s.table.rows if r[:len(key)] == key), None)
-        if cells is None:
-            raise ResultsError(f"{results / INDEX}: headline row {row['row']!r} is not in {row['from']['table']}")
-        col = list(s.table.columns).index(row["column"])
-        source = ", ".join(_sources(row["from"]))
-        ref = f"git {_unique(s.envs, 'git_sha', 7)}, {_unique(s.envs, 'date', 10)}"
+        figure, what, sources, row_envs = (
+            _grade_row(results, row, graded) if row.get("grade") else
+            _distribution_row(results, row, load) if row.get("distribution") else _cell_row(results, row, load, graded))
+        source = ", ".join(sources)
+        ref = f"git {_unique(row_envs, 'git_sha', 7)}, {_unique(row_envs, 'date', 10)}"
         if (source, ref) not in refs:
             refs.append((source, ref))
-        t.rows.append([row["what"], row["against"], cells[col].split(" ")[0], f"[{refs.index((source, ref)) + 1}]"])
-        envs += s.envs
+        t.rows.append([row["what"], row["against"], figure, what, f"[{refs.index((source, ref)) + 1}]"])
+        envs += row_envs
     cap = (f"{spec['title']}: {_unique(envs, 'gpu')}, torch {_unique(envs, 'torch')}, "
            f"triton {_unique(envs, 'triton')}. {spec.get('note', '')} Sources: "
            + "; ".join(f"[{i + 1}] `benchmarks/results/{src}` ({ref})" for i, (src, ref) in enumerate(refs)) + ".")
-    body = ["| " + " | ".join(t.columns) + " |", "|---|---|---:|---|", *("| " + " | ".join(r) + " |" for r in t.rows)]
+    body = ["| " + " | ".join(t.columns) + " |", "|---|---|---|---|---|",
+            *("| " + " | ".join(map(_cell, r)) + " |" for r in t.rows)]
     return "\n".join([HEADLINE_BEGIN, "", *body, "", cap.replace("  ", " "), "", HEADLINE_END])
 
 

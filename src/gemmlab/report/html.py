@@ -20,6 +20,7 @@ from html import escape
 from gemmlab import provenance
 from gemmlab.output import Table, plain
 from gemmlab.report import legacy, svg
+from gemmlab.report.cells import NUMERIC, baseline_checks, same_mode
 from gemmlab.report.collect import Found, collect
 
 CSS = """
@@ -29,7 +30,8 @@ h3 { font-size: 14px; margin: 20px 0 6px; font-family: ui-monospace, monospace; 
 table.data { border-collapse: collapse; margin: 6px 0 4px; font-size: 12px; }
 table.data caption { text-align: left; font-weight: 600; padding: 4px 0; }
 table.data th, table.data td { border: 1px solid #d0d0d0; padding: 2px 6px; text-align: left; }
-table.data td { max-width: 420px; overflow-wrap: anywhere; } .item { display: flex; flex-wrap: wrap; gap: 0 20px; }
+table.data td { max-width: 420px; overflow-wrap: break-word; } .item { display: flex; flex-wrap: wrap; gap: 0 20px; }
+table.data td.num { white-space: nowrap; overflow-wrap: normal; text-align: right; }
 .item > * { flex: 0 1 auto; } .item > p { flex-basis: 100%; }
 table.data th { background: #f1f3f5; } table.data tbody tr:nth-child(even) { background: #fafafa; }
 .good { color: #137a2b; font-weight: 600; } .bad { color: #b3261e; font-weight: 600; } .warn { color: #9a6700; }
@@ -80,7 +82,9 @@ SECTIONS = (("device", "Device profile and roofline", ("device-profile", "device
 def _cell(cell: object) -> str:
     s = str(cell)
     cls = next((c for tag, c in (("[green]", "good"), ("[red]", "bad"), ("[yellow]", "warn")) if tag in s), "")
-    return f'<td class="{cls}">' if cls else "<td>", escape(plain(s))
+    text = plain(s)
+    cls = " ".join(c for c in (cls, "num" if NUMERIC.match(text.strip()) else "") if c)
+    return f'<td class="{cls}">' if cls else "<td>", escape(text)
 
 
 def table_html(t: Table, source: str) -> str:
@@ -117,7 +121,7 @@ def _gemm(f: Found, _all) -> str:
     chart = svg.bars(shapes, series, f"speed ratio to cuBLAS, {gemm_view.mode(rep)} (> 1: faster)",
                      "cuBLAS time / time")
     return (_meta(rep["env"]) + figure(chart, f"{f.path} ratio", "per-round ratio, median of rounds")
-            + "".join(table_html(t, f.path) for t in gemm_view.tables(rep)))
+            + "".join(table_html(baseline_checks(t, base), f.path) for t in gemm_view.tables(rep)))
 
 
 def _gemm_reports(found: list[Found]) -> list[Found]:
@@ -185,10 +189,16 @@ def _liger(f: Found, _all) -> str:
     from gemmlab.bench import moe_liger_view
 
     rows = [r for r in moe_liger_view.report_rows(f.data) if "ratio_vs_liger" in r]
+    same = [r for r in rows if same_mode(r)]
+    left = len(rows) - len(same)
     chart = svg.bars([f"{r.get('model')} {r.get('part')} {r.get('mode')} T={r.get('tokens')} {r.get('routing')}"
-                      for r in rows], {"gemmlab vs Liger": [r.get("ratio_vs_liger") for r in rows]},
-                     "Liger time / gemmlab time (> 1: gemmlab faster)", "Liger time / gemmlab time")
-    return (_meta(f.data.get("env")) + figure(chart, f"{f.path} vs liger", "")
+                      for r in same], {"gemmlab vs Liger": [r.get("ratio_vs_liger") for r in same]},
+                     "Liger time / gemmlab time, both sides in the same mode (> 1: gemmlab faster)",
+                     "Liger time / gemmlab time")
+    caption = "each bar: gemmlab and Liger timed in the mode it names" + (
+        f"; {left} case(s) left out, where Liger could not run in gemmlab's mode (it ran eager beside gemmlab's "
+        "graph replay: not like with like; they stay in the table)" if left else "")
+    return (_meta(f.data.get("env")) + figure(chart, f"{f.path} vs liger", caption)
             + "".join(table_html(t, f.path) for t in moe_liger_view.tables(f.data)))
 
 
@@ -302,6 +312,11 @@ def _ledger(f: Found, _all, curves: int = 2) -> str:
     for key, es in sorted(by.items(), key=lambda kv: -sum(e.get("median_ms") is not None for e in kv[1]))[:curves]:
         acc = [(i, e["median_ms"]) for i, e in enumerate(es) if e.get("decision") == "accepted" and e.get("median_ms")]
         rej = [(i, e["median_ms"]) for i, e in enumerate(es) if e.get("decision") != "accepted" and e.get("median_ms")]
+        if len(acc) + len(rej) < 2:  # one point is no history: its value, said
+            out.append(f'<p class="note">{escape(key)}: {len(es)} attempt(s), ' + (
+                f"one timed: {(acc or rej)[0][1]:.4g} ms ({'accepted' if acc else 'rejected'}); no history to draw"
+                if acc or rej else "none timed") + "</p>")
+            continue
         chart = svg.xy({"accepted": acc, "rejected": rej}, f"{key}: accepted versions and rejected attempts",
                        "attempt (ledger order)", "median latency (ms)", joined=("accepted",))
         out.append(figure(chart, f"{f.path} {key}", f"{len(es)} attempts, {len(acc)} accepted"))

@@ -10,6 +10,7 @@ faster), the median of per-round ratios of an interleaved run, with its bootstra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -85,16 +86,61 @@ def broad(load, spec) -> Section:
     return Section(t, [rep["env"]], clocks)
 
 
+PAR = 0.98  # a ratio at or above this counts as "at par" in a distribution
+CAP = 1.0  # a distribution's capped geomean counts every ratio above this as this (a win counts as par)
+BROAD_KEYS = {"device": "cuBLAS (graph)", "eager": "cuBLAS (eager)", "vs_inductor": "inductor (graph)"}
+
+
+def broad_ratios(rep: dict, key: str) -> list[tuple[str, bool, float]]:
+    """(label, aligned, ratio) of every timed case of a broad-suite report, by ``key`` of ``BROAD_KEYS``."""
+    out = []
+    for c in (c for c in rep["results"] if c.get("timed")):
+        gl = c["candidates"]["gemmlab"]
+        if key == "eager":
+            gl = ((c.get("other_modes") or {}).get("wall") or {}).get("candidates", {}).get("gemmlab", {})
+        r = _ratio(gl, "vs_inductor" if key == "vs_inductor" else "vs_baseline")
+        if r is not None:
+            out.append((c["label"], c.get("aligned", True) is not False, r))
+    return out
+
+
+def distribution(cases: list[tuple[str, float]], cap: float = CAP, par: float = PAR) -> dict:
+    """What a set of (label, ratio) says beyond its geomean: median, worst and its case, how many are at or above
+    ``par``, and the geomean with each ratio capped at ``cap`` (so a few pathological wins cannot hide losses)."""
+    if not cases:
+        raise ValueError("a distribution of no cases")
+    ratios = sorted(r for _, r in cases)
+    n, mid = len(ratios), len(ratios) // 2
+    worst = min(cases, key=lambda c: c[1])
+    return {"n": n, "median": ratios[mid] if n % 2 else (ratios[mid - 1] + ratios[mid]) / 2,
+            "worst": worst[1], "worst_case": worst[0], "at_par": sum(r >= par for r in ratios), "par": par,
+            "cap": cap, "capped_geomean": math.exp(sum(math.log(min(r, cap)) for r in ratios) / n),
+            "geomean": math.exp(sum(map(math.log, ratios)) / n)}
+
+
 def broad_summary(load, spec) -> Section:
-    """The broad suite's summary: geomean and minimum ratio per timing, the cases below the floor."""
+    """The broad suite's summary per timing, over all timed cases, then the aligned and the unaligned ones apart:
+    median, worst, the share at par, the geomean with wins capped (``spec["cap"]``) and uncapped."""
     rep = load(spec["file"])
+    cap, par = spec.get("cap", CAP), spec.get("par", PAR)
     t = Table(spec.get("title", "bench gemm --suite broad: summary"),
-              ("gemmlab against", "cases", "geomean", "min", "min case", "below floor", "floor"))
-    names = {"device": "cuBLAS (graph)", "eager": "cuBLAS (eager)", "vs_inductor": "inductor (graph)"}
-    for key, name in names.items():
-        v = rep["summary"]["backends"]["gemmlab"][key]
-        t.rows.append([name, str(v["n"]), f"{v['geomean']:.3f}", f"{v['min']:.3f}", v["min_case"], str(v["below"]),
-                       str(v["floor"])])
+              ("gemmlab against", "cases", "median", "worst", "worst case", f"at >= {par:g}x",
+               f"geomean, each ratio capped at {cap:g}x", "geomean, uncapped"))
+    for key, name in BROAD_KEYS.items():
+        cases = broad_ratios(rep, key)
+        for subset, keep in (("all", None), ("aligned", True), ("unaligned", False)):
+            picked = [(label, r) for label, aligned, r in cases if keep is None or aligned == keep]
+            if not picked or (keep is not None and len(picked) == len(cases)):
+                continue
+            d = distribution(picked, cap, par)
+            t.rows.append([name if keep is None else f"{name}, {subset} only", str(d["n"]), f"{d['median']:.3f}",
+                           f"{d['worst']:.3f}", d["worst_case"], f"{d['at_par']}/{d['n']}",
+                           f"{d['capped_geomean']:.3f}", f"{d['geomean']:.3f}"])
+    t.notes.append(f"Ratios: cuBLAS or inductor time / gemmlab time (> 1: gemmlab faster). \"at >= {par:g}x\": "
+                   f"cases where gemmlab is within {1 - par:.0%} of the baseline or faster. The capped geomean counts "
+                   f"every ratio above {cap:g}x as {cap:g}x, so wins on cases where the baseline is pathological "
+                   "(unaligned strides and sizes, for cuBLAS) cannot hide losses elsewhere. \"unaligned\": a case "
+                   "whose sizes or strides TMA cannot describe.")
     return Section(t, [rep["env"]], [_mhz(c["candidates"]["gemmlab"]) for c in rep["results"] if c.get("timed")])
 
 
@@ -180,7 +226,9 @@ def moe_liger(load, spec) -> Section:
     for r in rep["rows"]:
         bar = (f" (x{r['ratio_to_hbm_bound']:.2f} HBM)" if r.get("ratio_to_hbm_bound") is not None else
                f" ({r['frac_of_dense']:.2f} dense)" if r.get("frac_of_dense") is not None else "")
-        cells.setdefault((r["model"], r["routing"], r["mode"]), {})[r["tokens"]] = \
+        liger = str(r.get("liger_mode") or r["mode"]).split(":")[0].strip()
+        mode = r["mode"] if liger == r["mode"] else f"{r['mode']} (Liger {liger})"  # Liger could not run that way
+        cells.setdefault((r["model"], r["routing"], mode), {})[r["tokens"]] = \
             num(r.get("ratio_vs_liger"), ".3f") + (bar if r.get("ratio_vs_liger") is not None else "")
     cols = sorted({r["tokens"] for r in rep["rows"]})
     t = Table(spec.get("title", f"against Liger-Kernel {rep['liger'].get('version')}, {rep['args']['parts'][0]}"),

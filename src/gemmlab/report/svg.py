@@ -22,6 +22,8 @@ W, PLOT_H, LEFT, RIGHT = 760, 200, 64, 16  # the default box; bars may grow it
 TICK_FONT, SLANT = 9, 45  # bar labels: font size, degrees below the horizontal
 BOLD = 0.75  # em a character of the bold title
 MAX_LABEL = 44  # characters of a bar label before it is shortened in the middle (the tooltip keeps it whole)
+YLINE = 13  # px between the two lines of a y-axis label
+MAX_COLUMNS = 32  # categories beyond which bars are drawn across (one row each, sorted), not up
 
 
 def text_width(s: str, size: float) -> float:
@@ -44,6 +46,24 @@ def _ticks(lo: float, hi: float, log: bool) -> list[float]:
 def _fmt(v: float) -> str:
     """A tick's number: 6000, 0.25, 1e+06, 2e-05 (never 6e+03)."""
     return "0" if v == 0 else f"{v:.6g}" if 1e-3 <= abs(v) < 1e6 else f"{v:.0e}"
+
+
+def ylabel_lines(label: str, span: float) -> list[str]:
+    """The y-axis label in one line, or two (split at the space nearest its middle) where one does not fit the plot's
+    height ``span``; a line that still does not fit is shortened (its tooltip keeps it whole). [] for no label."""
+    fits = int(span / text_width("x", 11))
+    if not label or len(label) <= fits:
+        return [label] if label else []
+    spaces = [i for i, c in enumerate(label) if c == " " and label[i + 1:i + 2] not in ("/", ")", ",", ";")]
+    if not spaces:
+        return [_shorten(label, fits)]
+    cut = min(spaces, key=lambda i: abs(i - len(label) / 2))
+    return [_shorten(label[:cut], fits), _shorten(label[cut + 1:], fits)]
+
+
+def _left(ylabel: str, span: float) -> float:
+    """The left margin: the y-axis label's lines, then the tick numbers."""
+    return LEFT + YLINE * max(0, len(ylabel_lines(ylabel, span)) - 1)
 
 
 def _shorten(s: str, n: int = MAX_LABEL) -> str:
@@ -127,9 +147,10 @@ def _frame(box: Box, title: str, subtitle: str, ylabel: str, xlabel: str, y: _Ax
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{box.w:.0f}" height="{box.h:.0f}" '
            f'viewBox="0 0 {box.w:.0f} {box.h:.0f}" role="img"><title>{escape(title)}</title>',
            f'<rect x="0" y="0" width="{box.w:.0f}" height="{box.h:.0f}" fill="#ffffff"/>',
-           _text("title", box.w / 2, 18, shown, round(title_size, 1), extra=' font-weight="bold"', full=title),
-           _text("ylabel", 14, mid, _shorten(ylabel, int((box.base - box.top) / text_width("x", 11))), 11,
-                 extra=f' transform="rotate(-90 14 {mid:.1f})"', full=ylabel)]
+           _text("title", box.w / 2, 18, shown, round(title_size, 1), extra=' font-weight="bold"', full=title)]
+    for i, line in enumerate(ylabel_lines(ylabel, box.base - box.top)):
+        x = 14 + i * YLINE
+        out.append(_text("ylabel", x, mid, line, 11, extra=f' transform="rotate(-90 {x} {mid:.1f})"', full=ylabel))
     if subtitle:
         out.append(_text("subtitle", box.w / 2, 33, _shorten("every bar: " + subtitle, int((box.w - 20) / 6.5)),
                          10, full="every bar: " + subtitle))
@@ -152,16 +173,17 @@ def _frame(box: Box, title: str, subtitle: str, ylabel: str, xlabel: str, y: _Ax
     return "".join(out) + "</svg>"
 
 
-def _bar_box(labels: list[str], legend: list[str], subtitle: bool) -> Box:
+def _bar_box(labels: list[str], legend: list[str], subtitle: bool, ylabel: str = "") -> Box:
     """Wide enough that neighbouring slanted labels keep a line apart, margins that hold the longest label."""
     n = max(1, len(labels))
     sin, cos = math.sin(math.radians(SLANT)), math.cos(math.radians(SLANT))
     pitch = (TICK_FONT + 3) / sin  # group width at which two parallel slanted labels are one line apart
     lengths = [text_width(s, TICK_FONT) for s in labels] or [0.0]
-    left = float(LEFT)
+    left = least = _left(ylabel, PLOT_H)
     for _ in range(2):  # the first labels reach left of the plot: the margin holds them (width depends on it)
         width = max((W - left - RIGHT) / n, pitch)
-        left = max(LEFT, max(ln * cos + 1.2 * TICK_FONT * sin - (i + 0.5) * width + 4 for i, ln in enumerate(lengths)))
+        left = max(least, max(ln * cos + 1.2 * TICK_FONT * sin - (i + 0.5) * width + 4
+                              for i, ln in enumerate(lengths)))
     w = left + RIGHT + width * n
     bottom = 12 + max(lengths) * sin + TICK_FONT * cos + 8
     top = _top(legend, w, left, subtitle)
@@ -173,8 +195,10 @@ def bars(categories: list[str], series: dict[str, list], title: str, ylabel: str
     vals = [v for vs in series.values() for v in vs if v is not None and math.isfinite(v)]
     if not vals:
         return ""
+    if len(categories) > MAX_COLUMNS:
+        return hbars(categories, series, title, ylabel, ref)
     labels, common = short_labels([str(c) for c in categories])
-    box = _bar_box(labels, list(series), bool(common))
+    box = _bar_box(labels, list(series), bool(common), ylabel)
     lo = min(vals + [0.0]) * 1.08
     hi = max(vals + [ref if ref is not None else 0.0, 1e-9]) * 1.08
     y = _Axis(lo, hi, box.base, box.top, False)
@@ -202,6 +226,52 @@ def bars(categories: list[str], series: dict[str, list], title: str, ylabel: str
     return _frame(box, title, common, ylabel, "", y, _ticks(lo, hi, False), body, legend)
 
 
+def hbars(categories: list[str], series: dict[str, list], title: str, xlabel: str, ref: float | None = 1.0) -> str:
+    """Bars drawn across, one row per category (its label whole, on the left), sorted by the first series, lowest
+    first, so that a suite of 50 cases reads from its worst case down; a dashed line at ``ref``. "" if no values."""
+    vals = [v for vs in series.values() for v in vs if v is not None and math.isfinite(v)]
+    if not vals:
+        return ""
+    first = next(iter(series.values()))
+    order = sorted(range(len(categories)), key=lambda i: (first[i] is None or not math.isfinite(first[i]),
+                                                          first[i] if first[i] is not None else 0.0))
+    labels, common = short_labels([str(categories[i]) for i in order])
+    group = max(TICK_FONT + 5, 5 * len(series) + 6)  # a row: the label's line, or the bars of every series
+    left = max(LEFT, max(text_width(s, TICK_FONT) for s in labels) + 10)
+    w = max(W, left + 420 + RIGHT)
+    top = _top(list(series), w, left, bool(common))
+    box = Box(w, top + group * len(order) + 40, left, top, 40)
+    lo = min(vals + [0.0]) * 1.08
+    hi = max(vals + [ref if ref is not None else 0.0, 1e-9]) * 1.08
+    x = _Axis(lo, hi, box.left, box.right, False)
+    bar = 0.8 * group / max(1, len(series))
+    body = []
+    for t in _ticks(lo, hi, False):
+        px = x(t)
+        if box.left - 0.5 <= px <= box.right + 0.5:
+            body.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{box.top}" y2="{box.base}" stroke="#e4e4e4"/>'
+                        + _text("xtick", px, box.base + 14, _fmt(t), 10))
+    for row, i in enumerate(order):
+        for j, (name, vs) in enumerate(series.items()):
+            v = vs[i]
+            if v is None or not math.isfinite(v):
+                continue
+            y0, start, end = box.top + row * group + 0.1 * group + j * bar, x(min(v, 0.0)), x(max(v, 0.0))
+            end = max(end, start + 0.5)  # a zero still shows
+            body.append(f'<rect class="mark" x="{start:.1f}" y="{y0:.1f}" width="{end - start:.1f}" '
+                        f'height="{max(bar - 1, 1):.1f}" fill="{COLORS[j % len(COLORS)]}">'
+                        f'<title>{escape(name)} {escape(str(categories[i]))}: {v:.4g}</title></rect>')
+        body.append(_text("ytick", box.left - 4, box.top + (row + 0.5) * group + 3, labels[row], TICK_FONT, "end",
+                          full=str(categories[i])))
+    if ref is not None:
+        body.append(f'<line x1="{x(ref):.1f}" x2="{x(ref):.1f}" y1="{box.top}" y2="{box.base}" stroke="#444" '
+                    f'stroke-dasharray="5,4"/>')
+    note = f"{xlabel}; rows sorted by {next(iter(series))}, lowest first"
+    legend = [(name, COLORS[j % len(COLORS)]) for j, name in enumerate(series)]
+    room = int((box.w - box.left + RIGHT - 10) / text_width("x", 11))  # the x label is centred under the plot
+    return _frame(box, title, common, "", _shorten(note, room), x, [], body, legend)
+
+
 def xy(series: dict[str, list[tuple[float, float]]], title: str, xlabel: str, ylabel: str, *, logx: bool = False,
        logy: bool = False, lines: dict[str, list[tuple[float, float]]] | None = None,
        joined: tuple[str, ...] = ()) -> str:
@@ -215,8 +285,9 @@ def xy(series: dict[str, list[tuple[float, float]]], title: str, xlabel: str, yl
     if not pts:
         pts = [(1.0, 1.0)]
     names = list(series) + list(lines)
-    top = _top(names, W, LEFT, False)
-    box = Box(W, top + PLOT_H + 40, LEFT, top, 40)
+    left = _left(ylabel + (" (log scale)" if logy else ""), PLOT_H)
+    top = _top(names, W, left, False)
+    box = Box(W, top + PLOT_H + 40, left, top, 40)
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
     xa = _Axis(min(xs), max(xs), box.left + 12, box.right - 12, logx)
     pad = 0 if logy else 0.05 * (max(ys) - min(ys) or 1.0)

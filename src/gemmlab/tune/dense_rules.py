@@ -1,6 +1,7 @@
 """Dispatch rules from the dense sweep's rows (``tune.dense``): data in, rules out, no hand-typed tiles.
 
-    derive(rows, sweep) -> {"route": {"gemm": [rule]}, "gemm": {path: [rule]}, "checks": [str]}
+    derive(rows, sweep, keep=KEEP, classes=None) -> {"route": {"gemm": [rule]}, "gemm": {path: [rule]}, "checks": [str]}
+    inside(table, (m0, m1), (n0, n1))   only the rules of boxes inside those M and N ranges
     write(table, path, base)         the rules into a config file (the bundled one: its route and gemm replaced)
     record(db, rows, sweep, note)    every row into the ledger; {(spec, variant): entry id}
 
@@ -59,14 +60,15 @@ def rule_config(path: str, fields: dict) -> dict:
     return {key: v for key, v in full.items() if v != default[key]}
 
 
-def winner(group: list[dict]) -> dict | None:
-    """One point's winner: {"path", "config", "name", "row", "vs_cublas", "vs_default"}; None if nothing timed."""
+def winner(group: list[dict], keep: float = KEEP) -> dict | None:
+    """One point's winner: {"path", "config", "name", "row", "vs_cublas", "vs_default"}; None if nothing timed.
+    gemmlab's choice stands unless a candidate is faster by more than ``keep``."""
     runs = [r for r in group if timed(r) and r["variant"] != "cublas"]
     if not runs:
         return None
     mine = next((r for r in runs if r["variant"] == "gemmlab"), None)
     best = min(runs, key=lambda r: r["median_ms"])
-    if mine is not None and mine["median_ms"] <= best["median_ms"] * KEEP:
+    if mine is not None and mine["median_ms"] <= best["median_ms"] * keep:
         best = mine
     order = ORDER.get(best["grid_class"], [])
     named = sorted((n for n in [best["variant"], *best.get("aliases", [])] if n in order), key=order.index)
@@ -80,14 +82,14 @@ def winner(group: list[dict]) -> dict | None:
             "vs_default": 1.0 if best is mine else (best.get("vs_gemmlab") or {}).get("ratio")}
 
 
-def cells(rows: list[dict]) -> tuple[dict, dict]:
+def cells(rows: list[dict], keep: float = KEEP) -> tuple[dict, dict]:
     """({(class, i_m, i_n, i_k): winner} of the product points, {spec: winner} of the others)."""
     by_spec: dict[str, list[dict]] = {}
     for r in rows:
         by_spec.setdefault(r["spec"], []).append(r)
     grid, off = {}, {}
     for spec, group in by_spec.items():
-        w = winner(group)
+        w = winner(group, keep)
         if w is None:
             continue
         r0 = group[0]
@@ -153,10 +155,15 @@ def tuned(winners: list[dict], sweep: str, entries: dict) -> dict:
     return t
 
 
-def derive(rows: list[dict], sweep: str, entries: dict | None = None) -> dict:
-    """The route and config rules the rows measure (see the module docstring), and the off-grid checks."""
+def derive(rows: list[dict], sweep: str, entries: dict | None = None, keep: float = KEEP,
+           classes: tuple[str, ...] | None = None) -> dict:
+    """The route and config rules the rows measure (see the module docstring), and the off-grid checks.
+    ``keep``: the margin a candidate must beat gemmlab's choice by (a noisy sweep needs more than ``KEEP``);
+    ``classes``: derive rules for these grid classes only (the others keep the table's rules)."""
     entries = entries or {}
-    grid, off = cells(rows)
+    if classes is not None:
+        rows = [r for r in rows if r["grid_class"] in classes]
+    grid, off = cells(rows, keep)
     route, by_path = [], {}
     for cls in AXES:
         for box in merge(grid, cls):
@@ -181,6 +188,18 @@ def derive(rows: list[dict], sweep: str, entries: dict | None = None) -> dict:
                     [w], sweep, entries), "note": f"{w['name']}: fastest at {w['row']['spec']} (sweep_dense, odd)"})
     table = {"route": {"gemm": route}, "gemm": by_path}
     return {**table, "checks": check_off_grid(table, off)}
+
+
+def inside(table: dict, m: tuple[int, int], n: tuple[int, int]) -> dict:
+    """The derived table with only the rules whose M and N ranges lie inside ``m`` and ``n`` (the rules of operands
+    TMA cannot describe have no N range and are kept), so a change can be adopted where it was measured to help."""
+
+    def keep(r: dict) -> bool:
+        return r.get("n") is None or (m[0] <= r["m"][0] and r["m"][1] <= m[1] and n[0] <= r["n"][0]
+                                      and r["n"][1] <= n[1])
+
+    return {**table, "route": {"gemm": [r for r in table["route"]["gemm"] if keep(r)]},
+            "gemm": {p: [r for r in rules if keep(r)] for p, rules in table["gemm"].items()}}
 
 
 def lookup(rules: list[dict], m: int, n: int, k: int, tma: int) -> dict | None:
