@@ -12,6 +12,9 @@ Reading: a file in the rollback journal mode (how a ledger is left at rest: ``Le
 ``mode=ro`` (shared locks, no file created); a file in WAL mode whose ``-wal`` is gone (nothing pending) is read
 ``immutable`` (SQLite would otherwise create ``-wal`` and ``-shm`` beside it and, read-only, never remove them,
 or fail where the directory is read-only); one with a ``-wal`` is read ``mode=ro`` (its files exist already).
+An immutable read takes no lock: a writer that starts meanwhile writes to a new ``-wal`` and copies it into the
+file only when it closes, so only a read overlapping that copy can see a torn page (one "damaged" line, no
+change to the file); gemmlab itself no longer leaves a ledger in WAL mode at rest.
 """
 
 from __future__ import annotations
