@@ -35,6 +35,8 @@ LEGACY = {
     "inspect": "gemmlab inspect: the compiled kernel's registers, shared memory and SASS counts",
     "ncu-target": "the kernel a gemmlab profile run pointed ncu at: drawn with its profile-*.json",
     "gemm-rules": "GEMM config rules (data for configs/, not a measurement): no chart for it",
+    "dense-ab": "two bench gemm runs of one suite lined up case by case (python -m benchmarks dense-ab): listed; "
+                "both runs' gemm-bench.json are drawn",
     "liger-warm": "Liger's warm-up and compile record (cache paths, seconds): no chart for it",
     "grade-repeat": "repeated grades of one kernel (rows and the grade reports)",
     "observer-tests": "the grader's observer tests on the GPU (test, verdict, detail): no chart for it",
@@ -98,8 +100,10 @@ def legacy_kind(data: object) -> str:
         return "inspect"
     if {"backend", "path", "config", "reason", "check"} <= set(data):
         return "ncu-target"
-    if set(data) == {"gemm"} and isinstance(data["gemm"], (dict, list)):
+    if (set(data) == {"gemm"} or {"about", "triton", "gemm"} <= set(data)) and isinstance(data["gemm"], (dict, list)):
         return "gemm-rules"
+    if {"rows", "summary", "cap", "only_before", "only_after"} <= set(data):
+        return "dense-ab"
     if {"liger", "triton_cache_dir"} <= set(data):
         return "liger-warm"
     if {"rows", "reports"} <= set(data) and "verdict" in _first(data, "rows"):
