@@ -10,7 +10,8 @@ against ``torch._scaled_mm`` (use_fast_accum False, the promoted one; and True, 
 is verified first against ``ref.gemm_fp8_ref`` under ``ref.gemm_fp8_bound`` (worst error / bound; also the worst
 against the bound without its tensor-core term, ``ref.fp8_mma_gamma``), then all are timed interleaved in CUDA-graph
 replay (``instruments.compare.compare_many``: L2 flushed, the order alternating, checked again after timing). A
-baseline counts as verified within 4x the bound (it is recorded, not graded). TFLOPS = 2*M*N*K / t; ratios are
+baseline counts as verified within 4x the bound (it is recorded, not graded); the DIAGNOSTIC candidates (unpromoted)
+are timed whatever their error. TFLOPS = 2*M*N*K / t; ratios are
 speeds against the shape's cuBLASLt (> 1: the variant is faster). Registers and spills: the launched kernel's
 ``n_regs`` and ``n_spills``. The kernels are compiled first, in parallel child processes (Triton's disk cache).
 
@@ -66,6 +67,9 @@ VARIANTS = {
     "unpromoted_n256": (("tensor",), {"promote": False, "block_n": 256, "num_stages": 3}),
     "ws_unpromoted": (("tensor",), {"promote": False, "warp_specialize": True, "num_warps": 4}),
 }
+# not candidates: what the tensor cores do unpromoted (timed and recorded whatever their error; the bound covers only
+# a promoted sum), beside cuBLASLt's own unpromoted use_fast_accum
+DIAGNOSTIC = ("unpromoted", "unpromoted_n256", "ws_unpromoted", "cublas_fast")
 MMA_KS = (32, 64, 96, 128, 160, 256, 384, 512)
 
 
@@ -126,8 +130,9 @@ def compile_all(todo: list, workers: int) -> list[dict]:
     return out
 
 
-def checker(qa, qb, sa, sb, shape, lenient: set[str]):
-    """A check routing each output to its writer (``tag``); worst error / bound with and without the MMA term."""
+def checker(qa, qb, sa, sb, shape, limits: dict[str, float]):
+    """A check routing each output to its writer (``tag``); worst error / bound with and without the MMA term. A
+    candidate passes with worst <= its limit (1 unless ``limits`` says otherwise)."""
     ref = gemm_fp8_ref(qa, qb, sa, sb)
     bound = gemm_fp8_bound(qa, qb, sa, sb, torch.bfloat16, ref)
     old = bound
@@ -147,7 +152,7 @@ def checker(qa, qb, sa, sb, shape, lenient: set[str]):
         err = (out.double() - ref).abs()
         worst = (err / bound).max().item()
         r = {"worst": worst, "worst_without_mma_term": (err / old).max().item()}
-        return {"ok": worst <= (4.0 if name in lenient else 1.0), **r}
+        return {"ok": worst <= limits.get(name, 1.0), **r}
 
     def tag(name, fn):
         def call():
@@ -193,7 +198,8 @@ def variants_row(shape_name: str, mode: str, rounds: int) -> dict:
     (m, n, k), _ = SHAPES[shape_name]
     qa, qb, sa, sb = operands(m, n, k, mode, device)
     base, problems = baselines(mode, qa, qb, sa, sb)
-    check, tag = checker(qa, qb, sa, sb, (m, n), set(base))
+    limits = {**{name: 4.0 for name in base}, **{name: math.inf for name in DIAGNOSTIC}}
+    check, tag = checker(qa, qb, sa, sb, (m, n), limits)
     fns, kernels = {name: tag(name, fn) for name, fn in base.items()}, {}
     for name, (modes, fields) in VARIANTS.items():
         if mode not in modes:

@@ -93,7 +93,8 @@ def plan_fp8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: t
         raise ValueError(f"gemm_fp8: b (K={k}, N={n}, strides {b.stride()}) is not TMA-aligned: needs a 16-byte "
                          f"aligned base and {need}; there is no portable FP8 path")
     if config is None:
-        rule = configs.pick(target.name, "gemm_fp8", "tma", Fp8Config.from_dict, "float8_e4m3fn", m=m, n=n, k=k)
+        rule = configs.pick(target.name, "gemm_fp8", "tma", Fp8Config.from_dict, "float8_e4m3fn", m=m, n=n, k=k,
+                            scale=mode)
         config, source = rule.config, "config " + rule.source
     else:
         source = "config given by the caller"
