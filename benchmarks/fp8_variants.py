@@ -26,6 +26,7 @@ Writes <out>/<gpu>-fp8-variants.json (GPU, clocks, versions, git SHA) and prints
 7 minutes on an H200 with compilation (--quick: square-8192 only, fewer draws).
 
     PYTHONPATH=src python -m benchmarks fp8-variants [--quick] [--part variants,mma] [--out benchmarks/results]
+    PYTHONPATH=src python -m benchmarks fp8-variants --plan | --inspect all      (CPU: the plans; the sm_90 builds)
 """
 
 from __future__ import annotations
@@ -97,6 +98,66 @@ def variant_config(qa, qb, sa, sb, fields: dict) -> Fp8Config:
 def jobs(shapes: list[str]) -> list[tuple[str, str, str]]:
     return [(s, mode, v) for s in shapes for mode in SHAPES[s][1] for v, (modes, _) in VARIANTS.items()
             if mode in modes]
+
+
+def meta_plan(shape: tuple[int, int, int], mode: str, name: str):
+    """The H200's plan of variant ``name`` at ``shape`` and ``mode``, on "meta" operands (no GPU, no allocation)."""
+    import dataclasses
+
+    from gemmlab.device import H200
+
+    m, n, k = shape
+    a, b = torch.empty((m, k), dtype=torch.float8_e4m3fn, device="meta"), \
+        torch.empty((n, k), dtype=torch.float8_e4m3fn, device="meta").t()
+    kb, nb = -(-k // 128), -(-n // 128)
+    sa, sb = (torch.empty((kb, m), device="meta").t(), torch.empty((nb, kb), device="meta").t()) \
+        if mode == "block" else (torch.empty((), device="meta"), torch.empty((), device="meta"))
+    base = plan_fp8(a, b, sa, sb, target=H200).config
+    return plan_fp8(a, b, sa, sb, target=H200, config=dataclasses.replace(base, **VARIANTS[name][1]))
+
+
+def plan_all(shapes: list[str]) -> list[dict]:
+    """--plan: every (shape, mode, variant) planned for the H200 (CPU): its config and the plan's reason."""
+    return [{"job": [s, mode, name], "scale": p.scale, "c_tma": p.c_tma, "reason": p.reason}
+            for s, mode, name in jobs(shapes) for p in [meta_plan(SHAPES[s][0], mode, name)]]
+
+
+def inspect(names: list[str]) -> dict:
+    """--inspect: each variant's sm_90 build at 8192^3 (``triton.compile`` on the CPU, no GPU; run without
+    TRITON_INTERPRET): SASS registers, local-memory ops (spills), warp specialization applied, tensor-core ops,
+    wgmma waits per loop in the PTX, shared memory."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from gemmlab.instruments.sass import compiled_report
+    from gemmlab.kernels.gemm_fp8 import gemm_fp8_tma_kernel as kernel
+    from gemmlab.ops.gemm_fp8 import constexprs_fp8
+    from gemmlab.ops.gemm_fp8_launch import launch_options_fp8
+
+    out = {}
+    for name, (modes, _) in VARIANTS.items():
+        for mode in modes if name in names else ():
+            p = meta_plan((8192, 8192, 8192), mode, name)
+            cfg = p.config
+            sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {cfg.block_k}]>",
+                   "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {cfg.block_k}]>",
+                   "c": (f"tensordesc<bf16[{cfg.block_m}, {cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n}]>"
+                         if p.c_tma else "*bf16"), "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32"}
+            sig.update({x: "i32" for x in ("M", "N", "K", "stride_cm", "stride_sam", "stride_sak", "stride_sbk",
+                                           "stride_sbn")})
+            consts = constexprs_fp8(p)
+            sig.update({x: "constexpr" for x in consts})
+            built = triton.compile(ASTSource(kernel, {x: sig[x] for x in kernel.arg_names}, constexprs=consts),
+                                   target=GPUTarget("cuda", 90, 32), options=launch_options_fp8(cfg))
+            r = compiled_report(built)
+            waits = re.findall(r"wgmma.wait_group.sync.aligned (\d+)", built.asm["ptx"])
+            out[f"{mode}-{name}"] = {**{key: r[key] for key in ("registers", "local_memory_ops", "warp_specialized",
+                                                                "tensor_core_ops")},
+                                     "shared": built.metadata.shared, "wgmma_waits": waits}
+    return out
 
 
 def compile_child(todo: list[tuple[str, str, str]]) -> None:
@@ -302,10 +363,21 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--workers", type=int, default=12, help="compile children")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--plan", action="store_true", help="no GPU: print every variant's H200 plan as JSON")
+    ap.add_argument("--inspect", metavar="NAMES", help="no GPU: the sm_90 builds of these variants (comma-separated, "
+                    "or all) as JSON: registers, spills, warp specialization, wgmma waits")
     ap.add_argument("--compile-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.compile_child:
         compile_child([tuple(j) for j in json.loads(args.compile_child)])
+        return 0
+    if args.plan or args.inspect:
+        names = list(VARIANTS) if args.inspect == "all" else (args.inspect or "").split(",")
+        unknown = [x for x in names if args.inspect and x not in VARIANTS]
+        if unknown:
+            print(f"fp8_variants: unknown variant(s) {unknown}; known: {list(VARIANTS)}", file=sys.stderr)
+            return 2
+        print(json.dumps(plan_all(list(SHAPES)) if args.plan else inspect(names)))
         return 0
     parts = set(args.part.split(","))
     if not torch.cuda.is_available() or parts - {"variants", "mma"} or args.rounds < 2 or args.workers < 1:

@@ -13,8 +13,9 @@ import gemmlab
 from gemmlab.ops.gemm_fp8 import Fp8Config, execute_fp8, plan_fp8
 from gemmlab.problems import fp8_operands
 from gemmlab.ref import FP8_MMA_UNIT, dequantize_fp8, fp8_mma_gamma, gemm_fp8_bound, gemm_fp8_check, gemm_fp8_ref
-from tests.child import child_json
+from tests.child import child_json, run_child
 from tests.conftest import DEVICE
+from tests.paths import REPO
 
 SMALL = dict(block_m=32, block_n=64, block_k=128, group_m=2, num_warps=4, num_stages=1)  # the interpreter's tiles
 VARIANTS = {"b_scale_scalar": {"b_scale_scalar": True}, "warp_specialize": {"warp_specialize": True},
@@ -94,101 +95,60 @@ def test_mma_term_admits_a_tensor_core_short_of_fp32():
     assert math.log2(FP8_MMA_UNIT) == -15  # the placeholder the docs name; benchmarks/fp8_variants.py measures it
 
 
-COMPILE = r"""
-import dataclasses, json, re, torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from benchmarks.fp8_variants import VARIANTS
-from gemmlab.device import H200
-from gemmlab.instruments.sass import compiled_report
-from gemmlab.kernels.gemm_fp8 import gemm_fp8_tma_kernel
-from gemmlab.ops.gemm_fp8_launch import constexprs_fp8, launch_options_fp8, plan_fp8
-
-m = n = k = 8192
-def meta(shape, dtype=torch.float8_e4m3fn):
-    return torch.empty(shape, dtype=dtype, device="meta")
-out = {}
-for mode, name in (("block", "table"), ("block", "sbs"), ("block", "ws"), ("tensor", "ws")):
-    a, b = meta((m, k)), meta((n, k)).t()
-    sa, sb = ((m, k // 128), (k // 128, n // 128)) if mode == "block" else ((), ())
-    sa, sb = meta(sa, torch.float32), meta(sb, torch.float32)
-    base = plan_fp8(a, b, sa, sb, target=H200).config
-    p = plan_fp8(a, b, sa, sb, target=H200, config=dataclasses.replace(base, **VARIANTS[name][1]))
-    cfg = p.config
-    sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {cfg.block_k}]>",
-           "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {cfg.block_k}]>",
-           "c": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_n}]>" if p.c_tma else "*bf16",
-           "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32"}
-    sig.update({x: "i32" for x in ("M", "N", "K", "stride_cm", "stride_sam", "stride_sak", "stride_sbk",
-                                     "stride_sbn")})
-    consts = constexprs_fp8(p)
-    sig.update({x: "constexpr" for x in consts})
-    sig = {x: sig[x] for x in gemm_fp8_tma_kernel.arg_names}
-    kernel = triton.compile(ASTSource(gemm_fp8_tma_kernel, sig, constexprs=consts),
-                            target=GPUTarget("cuda", 90, 32), options=launch_options_fp8(cfg))
-    r = compiled_report(kernel)
-    out[f"{mode}-{name}"] = {key: r[key] for key in ("registers", "local_memory_ops", "warp_specialized",
-                                                     "tensor_core_ops")}
-print(json.dumps(out))
-"""
+SCRIPT = str(REPO / "benchmarks" / "fp8_variants.py")
 
 
 @pytest.fixture(scope="module")
 def built():
-    return child_json(["-c", COMPILE], timeout=1200)
+    return child_json([SCRIPT, "--inspect", "table,sbs,ws"], timeout=1800)
 
 
 def test_sm90_builds_do_what_the_variants_claim(built):
-    """The scalar B scale saves registers on block scales (235 -> 167 in Triton 3.6); warp_specialize is applied
-    (at num_warps=4, pointer epilogue) for both scale modes; nothing spills more than a few words."""
+    """benchmarks/fp8_variants.py --inspect: the scalar B scale saves registers on block scales (235 -> 167 in
+    Triton 3.6); warp_specialize is applied (num_warps=4, pointer epilogue) for both scale modes; nothing spills more
+    than a few words; the table's block-scaled loop waits for all its wgmma once per K step."""
+    assert set(built) == {"block-table", "tensor-table", "block-sbs", "block-ws", "tensor-ws"}, built
     assert built["block-sbs"]["registers"] < built["block-table"]["registers"], built
+    assert built["block-table"]["wgmma_waits"] == ["0"], built
     for name, r in built.items():
         assert r["tensor_core_ops"] > 0, (name, r)
         assert r["warp_specialized"] == name.endswith("-ws"), (name, r)
         assert r["local_memory_ops"] <= 8, (name, r)  # ws on block scales: 4 (Triton 3.6)
 
 
-def test_benchmark_refuses_without_a_gpu_and_plans_every_variant(capsys):
-    """benchmarks/fp8_variants.py: one line and exit 2 without CUDA; every variant plans for the H200 at every
-    shape and scale mode it is listed for."""
-    import dataclasses
-
-    from benchmarks import fp8_variants as fv
-    from gemmlab.device import H200
-
+def test_benchmark_says_it_needs_a_gpu_and_plans_every_variant():
+    """Without CUDA: one line and exit 2; bad --inspect names: exit 2; --plan plans every variant for the H200 at
+    every shape and scale mode it is listed for (a refused config would raise)."""
     if not torch.cuda.is_available():
-        assert fv.main([]) == 2 and "needs a CUDA GPU" in capsys.readouterr().err
-    assert fv.main(["--part", "nonsense"]) == 2
-    todo = fv.jobs(list(fv.SHAPES))
-    assert {v for _, _, v in todo} == set(fv.VARIANTS)
-    for shape, mode, name in todo:
-        (m, n, k), _ = fv.SHAPES[shape]
-        a, b = torch.empty((m, k), dtype=torch.float8_e4m3fn, device="meta"), \
-            torch.empty((n, k), dtype=torch.float8_e4m3fn, device="meta").t()
-        sa, sb = ((m, -(-k // 128)), (-(-k // 128), -(-n // 128))) if mode == "block" else ((), ())
-        sa, sb = torch.empty(sa, device="meta"), torch.empty(sb, device="meta")
-        base = plan_fp8(a, b, sa, sb, target=H200).config
-        p = plan_fp8(a, b, sa, sb, target=H200, config=dataclasses.replace(base, **fv.VARIANTS[name][1]))
-        assert p.scale == (2 if mode == "block" else 0), (shape, mode, name)
+        res = run_child([SCRIPT], timeout=600)
+        assert res.returncode == 2 and "needs a CUDA GPU" in res.stderr and len(res.stderr.splitlines()) == 1
+    res = run_child([SCRIPT, "--inspect", "nonsense"], timeout=600)
+    assert res.returncode == 2 and "unknown variant" in res.stderr, res.stderr[-500:]
+    plans = child_json([SCRIPT, "--plan"], timeout=600)
+    names = {j["job"][2] for j in plans}
+    assert len(names) >= 8 and all(j["scale"] == (2 if j["job"][1] == "block" else 0) for j in plans), plans
+    ws = [j for j in plans if "ws" in j["job"][2]]
+    assert ws and all(not j["c_tma"] and "masked pointers" in j["reason"] for j in ws)
+
+
+GPU_VARIANTS = [{"b_scale_scalar": True, "num_stages": 6}, {"b_scale_scalar": True, "warp_specialize": True,
+                                                          "num_warps": 4, "num_stages": 5}]
 
 
 @pytest.mark.gpu
-def test_benchmark_variants_on_the_gpu():
-    """Each promoted variant of benchmarks/fp8_variants.py on the H200 at 1040 x 2064 x 2176 (partial tiles in M, N
-    and K; the alignment of the benchmark's 16384 x 4096 x 7168, so its kernels come from Triton's cache when the
-    benchmark ran first) within the bound."""
+@pytest.mark.parametrize("mode", ["block", "tensor"])
+@pytest.mark.parametrize("fields", GPU_VARIANTS, ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+def test_variants_on_the_gpu(fields, mode):
+    """The H200 tiles of the benchmark's variants at 1031 x 2053 x 2176 (partial tiles in M, N and K), within the
+    bound."""
     import dataclasses
 
-    from benchmarks import fp8_variants as fv
-
-    m, n, k = 1040, 2064, 2176
-    for name, (modes, fields) in fv.VARIANTS.items():
-        if name in fv.DIAGNOSTIC:
-            continue
-        for mode in modes:
-            qa, qb, sa, sb = fv.operands(m, n, k, mode, torch.device("cuda"))
-            cfg = dataclasses.replace(plan_fp8(qa, qb, sa, sb).config, **fields)
-            c = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            execute_fp8(plan_fp8(qa, qb, sa, sb, config=cfg), qa, qb, sa, sb, c)
-            chk = gemm_fp8_check(c, qa, qb, sa, sb)
-            assert chk["ok"], (name, mode, chk)
+    m, n, k = 1031, 2053, 2176
+    qa, qb, sa, sb = _operands(m, n, k, mode, seed=4)
+    if mode == "block":
+        sa = sa.t().contiguous().t()  # outer-dim-major, as cuBLASLt takes them
+    cfg = dataclasses.replace(plan_fp8(qa, qb, sa, sb).config, **fields)
+    c = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    execute_fp8(plan_fp8(qa, qb, sa, sb, config=cfg), qa, qb, sa, sb, c)
+    chk = gemm_fp8_check(c, qa, qb, sa, sb)
+    assert chk["ok"], chk
