@@ -24,6 +24,15 @@ FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
 
 
 @triton.jit
+def block_step_scale(a_scale_ptr, b_scale_ptr, rows, M, off_n, off_k, stride_sam, stride_sak, stride_sbk, stride_sbn):
+    """[BLOCK_M] fp32, the block scale of one K step's partial product at rows ``rows`` of a tile from column off_n:
+    A's 1x128 scale times B's 128x128 one, a scalar per tile (BLOCK_N divides 128)."""
+    kb = off_k // 128
+    sa = tl.load(a_scale_ptr + rows.to(tl.int64) * stride_sam + kb * stride_sak, mask=rows < M, other=0.0)
+    return sa * tl.load(b_scale_ptr + kb * stride_sbk + (off_n // 128) * stride_sbn)
+
+
+@triton.jit
 def gemm_fp8_tma_kernel(
     a_desc,  # A (M, K) e4m3, K contiguous, blocks [BLOCK_M, BLOCK_K]
     b_desc,  # B^T (N, K) e4m3 (B_KMAJOR, blocks [BLOCK_N, BLOCK_K]) or B (K, N) (blocks [BLOCK_K, BLOCK_N])
@@ -63,17 +72,16 @@ def gemm_fp8_tma_kernel(
             off_k = ki * BLOCK_K
             a = load_a(a_desc, off_m, off_k, True)
             b = load_b(b_desc, off_k, off_n, B_KMAJOR)
-            if SCALE == 2:
+            if SCALE == 2 and SB_SCALAR:  # BLOCK_N divides 128: one column block of B's scales per tile
+                acc += tl.dot(a, b) * block_step_scale(a_scale_ptr, b_scale_ptr, rows, M, off_n, off_k, stride_sam,
+                                                       stride_sak, stride_sbk, stride_sbn)[:, None]
+            elif SCALE == 2:
                 kb = off_k // 128
                 sa = tl.load(a_scale_ptr + rows.to(tl.int64) * stride_sam + kb * stride_sak, mask=rows < M,
                              other=0.0)  # [BLOCK_M]
-                if SB_SCALAR:  # BLOCK_N divides 128: one column block of B's scales per tile
-                    sb = tl.load(b_scale_ptr + kb * stride_sbk + (off_n // 128) * stride_sbn)
-                    acc += tl.dot(a, b) * (sa * sb)[:, None]
-                else:
-                    sb = tl.load(b_scale_ptr + kb * stride_sbk + (cols // 128) * stride_sbn, mask=cols < N,
-                                 other=0.0)  # [BLOCK_N]
-                    acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+                sb = tl.load(b_scale_ptr + kb * stride_sbk + (cols // 128) * stride_sbn, mask=cols < N,
+                             other=0.0)  # [BLOCK_N]
+                acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
             elif PROMOTE:
                 acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
             else:
