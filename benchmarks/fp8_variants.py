@@ -16,12 +16,14 @@ speeds against the shape's cuBLASLt (> 1: the variant is faster). Registers and 
 ``n_regs`` and ``n_spills``. The kernels are compiled first, in parallel child processes (Triton's disk cache).
 
 Part "mma": the raw FP8 MMA. Random e4m3 operands (``problems.fp8_operands``: uniform, normal, full-mantissa), unit
-scales, fp32 C, M and N random in [64, 512], K = 32..512: gemm_fp8 with promote off (the tensor cores accumulate
-the whole K) and on (an fp32 add every 128 of K), and torch._scaled_mm (fp32 out, use_fast_accum False and True).
+scales, fp32 C, M and N random multiples of 16 in [64, 512], K = 32..512: gemm_fp8 with promote off (the tensor
+cores accumulate the whole K) and on (an fp32 add every 128 of K), and torch._scaled_mm (fp32 out, use_fast_accum
+False and True).
 Per K the max over elements and draws of |C - ref| / D; the fit of ``ref.fp8_mma_gamma``'s model is
 u = max over K of that / cdiv(min(K, window), 32) (window: K unpromoted, 128 promoted), and the constant to put in
 ``ref.FP8_MMA_UNIT`` is the promoted fit times 2, rounded up to a power of two.
 
+A variant whose compile child failed or did not finish (``--compile-limit-s``) is not run in the timing process.
 Writes <out>/<gpu>-fp8-variants.json (GPU, clocks, versions, git SHA) and prints the tables last. Sized for under
 7 minutes on an H200 with compilation (--quick: square-8192 only, fewer draws).
 
@@ -177,17 +179,25 @@ def compile_child(todo: list[tuple[str, str, str]]) -> None:
                   flush=True)
 
 
-def compile_all(todo: list, workers: int) -> list[dict]:
+def compile_all(todo: list, workers: int, limit_s: float) -> list[dict]:
     """Compile children, each on every ``workers``-th job (every shape: Triton specializes on the integer arguments'
-    divisibility by 16, which differs between shapes, e.g. B's scale stride K/128)."""
-    first = todo
+    divisibility by 16, which differs between shapes, e.g. B's scale stride K/128). A child still running after
+    ``limit_s`` is killed; its unfinished jobs are recorded as errors (a kernel that hangs is never timed)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    procs = [subprocess.Popen([sys.executable, __file__, "--compile-child", json.dumps(first[i::workers])], env=env,
-                              stdout=subprocess.PIPE, text=True) for i in range(min(workers, len(first)))]
-    out = []
-    for proc in procs:
-        stdout, _ = proc.communicate()
-        out += [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    shares = [todo[i::workers] for i in range(min(workers, len(todo)))]
+    procs = [subprocess.Popen([sys.executable, __file__, "--compile-child", json.dumps(share)], env=env,
+                              stdout=subprocess.PIPE, text=True) for share in shares]
+    deadline, out = time.monotonic() + limit_s, []
+    for proc, share in zip(procs, shares, strict=True):
+        try:
+            stdout, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, _ = proc.communicate()
+        done = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+        seen = {tuple(r["job"]) for r in done}
+        out += done + [{"job": list(j), "error": f"not finished within {limit_s:.0f} s (a hang?): not timed"}
+                       for j in share if tuple(j) not in seen]
     return out
 
 
@@ -226,36 +236,51 @@ def checker(qa, qb, sa, sb, shape, limits: dict[str, float]):
 
 
 def baselines(mode: str, qa, qb, sa, sb) -> tuple[dict, dict]:
-    """cuBLASLt's calls for ``mode`` and why any cannot run here."""
+    """cuBLASLt's calls for ``mode`` (each run once here) and why any cannot run. Block scales: the first of
+    torch.nn.functional.scaled_mm and torch._scaled_mm, with B's scales (K/128, N/128) as given or contiguous, that
+    runs (the same values either way)."""
     bf16, calls, problems = torch.bfloat16, {}, {}
     if mode == "block":
-        try:
-            import torch.nn.functional as F
+        tries = []
+        for sb_layout in (sb, sb.contiguous()):
+            try:
+                import torch.nn.functional as F
 
-            st = F.ScalingType
-            calls["cublas"] = lambda: F.scaled_mm(qa, qb, sa, st.BlockWise1x128, sb, st.BlockWise128x128,
-                                                  output_dtype=bf16)
-        except (AttributeError, ImportError) as e:
-            calls["cublas"] = lambda: torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, out_dtype=bf16)
-            problems["scaled_mm"] = f"torch.nn.functional.scaled_mm: {e}; torch._scaled_mm instead"
-    else:
-        calls["cublas"] = lambda: torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, out_dtype=bf16)
-        calls["cublas_fast"] = lambda: torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, out_dtype=bf16,
-                                                        use_fast_accum=True)
+                fn, st = F.scaled_mm, F.ScalingType
+                tries.append(lambda s=sb_layout, fn=fn, st=st: fn(qa, qb, sa, st.BlockWise1x128, s, st.BlockWise128x128,
+                                                                  output_dtype=bf16))
+            except (AttributeError, ImportError):
+                pass
+            tries.append(lambda s=sb_layout: torch._scaled_mm(qa, qb, scale_a=sa, scale_b=s, out_dtype=bf16))
+        errors = []
+        for fn in tries:
+            try:
+                fn()
+                torch.cuda.synchronize()
+                calls["cublas"] = fn
+                break
+            except Exception as e:  # the next form
+                errors.append(f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__)
+        if "cublas" not in calls:
+            problems["cublas"] = " | ".join(errors)
+        return calls, problems
+    calls["cublas"] = lambda: torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, out_dtype=bf16)
+    calls["cublas_fast"] = lambda: torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, out_dtype=bf16,
+                                                    use_fast_accum=True)
     for name, fn in list(calls.items()):
         try:
             fn()
             torch.cuda.synchronize()
         except Exception as e:
-            problems[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            problems[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             del calls[name]
     return calls, problems
 
 
-def variants_row(shape_name: str, mode: str, rounds: int) -> dict:
+def variants_row(shape_name: str, mode: str, rounds: int, broken: dict[str, str], device=None) -> dict:
     from gemmlab.instruments.compare import compare_many
 
-    device = torch.device("cuda")
+    device = device or torch.device("cuda")
     (m, n, k), _ = SHAPES[shape_name]
     qa, qb, sa, sb = operands(m, n, k, mode, device)
     base, problems = baselines(mode, qa, qb, sa, sb)
@@ -264,6 +289,9 @@ def variants_row(shape_name: str, mode: str, rounds: int) -> dict:
     fns, kernels = {name: tag(name, fn) for name, fn in base.items()}, {}
     for name, (modes, fields) in VARIANTS.items():
         if mode not in modes:
+            continue
+        if name in broken:
+            problems[name] = broken[name]
             continue
         try:
             cfg = variant_config(qa, qb, sa, sb, fields)
@@ -287,16 +315,17 @@ def variants_row(shape_name: str, mode: str, rounds: int) -> dict:
             "checks": {c: v.get("check") for c, v in cands.items()}, "compare": res}
 
 
-def mma_part(draws: int, seed: int = 0) -> dict:
+def mma_part(draws: int, seed: int = 0, device=None) -> dict:
     """Max |C - ref| / D per implementation and K (module docstring, part "mma")."""
-    from gemmlab.problems import fp8_operands
+    from gemmlab.problems import FP8_KINDS, fp8_operands
 
-    device, rng = torch.device("cuda"), random.Random(seed)
+    device, rng = device or torch.device("cuda"), random.Random(seed)
     f32, worst = torch.float32, {}
     impls = {"gemmlab_unpromoted": Fp8Config(promote=False), "gemmlab_promoted": Fp8Config(promote=True)}
     for k in MMA_KS:
         for i in range(draws):
-            m, n, kind = rng.randint(64, 512), rng.randint(64, 512), ("uniform", "normal", "full-mantissa")[i % 3]
+            # M, N multiples of 16 (one specialization of each kernel; cuBLASLt's FP8 needs N % 16 == 0)
+            m, n, kind = rng.randrange(64, 513, 16), rng.randrange(64, 513, 16), FP8_KINDS[i % len(FP8_KINDS)]
             a, b_nk, _, _ = fp8_operands(m, n, k, kind, False, seed * 1000 + k + i, device)
             one = torch.ones((), dtype=f32, device=device)
             b = b_nk.t()
@@ -362,6 +391,7 @@ def main(argv=None) -> int:
     ap.add_argument("--part", default="variants,mma", help="comma-separated: variants, mma")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--workers", type=int, default=12, help="compile children")
+    ap.add_argument("--compile-limit-s", type=float, default=200.0, help="the compile children's time limit")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--plan", action="store_true", help="no GPU: print every variant's H200 plan as JSON")
     ap.add_argument("--inspect", metavar="NAMES", help="no GPU: the sm_90 builds of these variants (comma-separated, "
@@ -392,11 +422,16 @@ def main(argv=None) -> int:
     report = {"env": timing.env_info(), "args": vars(args), "method": __doc__, "variants": VARIANTS}
     rows = []
     if "variants" in parts:
-        report["compile"] = compile_all(jobs(shapes), args.workers)
+        report["compile"] = compile_all(jobs(shapes), args.workers, args.compile_limit_s)
         print(f"compiled {len(report['compile'])} kernels in {time.perf_counter() - t0:.0f} s", flush=True)
+        for r in report["compile"]:
+            if "error" in r:
+                print(f"  {' '.join(r['job'])}: {r['error'][:200]}", flush=True)
         for s in shapes:
             for mode in SHAPES[s][1]:
-                rows.append(variants_row(s, mode, args.rounds))
+                broken = {r["job"][2]: r["error"] for r in report["compile"]
+                          if "error" in r and r["job"][:2] == [s, mode]}  # (a CUDA error would poison the rest)
+                rows.append(variants_row(s, mode, args.rounds, broken))
                 print(f"{s} {mode}: " + " ".join(f"{c} {v:.3f}" for c, v in rows[-1]["vs_baseline"].items()),
                       f"({time.perf_counter() - t0:.0f} s)", flush=True)
     report["rows"] = rows
