@@ -60,6 +60,35 @@ def test_variant_config_checks_fire():
     assert not p.c_tma and "masked pointers" in p.reason
 
 
+def test_a_table_rule_picks_a_variant_by_scale_mode(monkeypatch, tmp_path):
+    """A "gemm_fp8" rule ranged over "scale" (2: block) applies to block scales only; per-tensor scales fall through
+    to the bundled rule. A bad "scale" range is refused with the file named."""
+    import json
+
+    from gemmlab.ops import configs
+
+    rule = {"scale": [2, 2], "config": dict(SMALL, b_scale_scalar=True, warp_specialize=True)}
+    (tmp_path / "interpreter.json").write_text(json.dumps({"gemm_fp8": {"tma": [rule]}}))
+    monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path))
+    configs.reload()
+    try:
+        qa, qb, sa, sb = _operands(33, 200, 272, "block", seed=5)
+        p = plan_fp8(qa, qb, sa, sb)
+        assert p.config.b_scale_scalar and p.config.warp_specialize and "scale 2..2" in p.reason, p.reason
+        c = torch.full((33, 200), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        execute_fp8(p, qa, qb, sa, sb, c)
+        assert gemm_fp8_check(c, qa, qb, sa, sb)["ok"]
+        ta, tb, tsa, tsb = _operands(33, 200, 272, "tensor", seed=5)
+        assert not plan_fp8(ta, tb, tsa, tsb).config.warp_specialize
+        (tmp_path / "interpreter.json").write_text(json.dumps({"gemm_fp8": {"tma": [dict(rule, scale=[2, 1])]}}))
+        configs.reload()
+        with pytest.raises(ValueError, match="interpreter.json.*scale must be"):
+            plan_fp8(qa, qb, sa, sb)
+    finally:
+        monkeypatch.delenv("GEMMLAB_CONFIGS")
+        configs.reload()
+
+
 def _model_mma(a: torch.Tensor, b: torch.Tensor, bits: int) -> torch.Tensor:
     """A model FP8 tensor core (float64 in, fp32 out): per 32 of K it adds the products to its accumulator with every
     term aligned to the largest and truncated to ``bits`` bits below it, rounds to fp32; each 128 of K promoted into an
