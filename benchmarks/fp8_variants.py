@@ -23,7 +23,8 @@ Per K the max over elements and draws of |C - ref| / D; the fit of ``ref.fp8_mma
 u = max over K of that / cdiv(min(K, window), 32) (window: K unpromoted, 128 promoted), and the constant to put in
 ``ref.FP8_MMA_UNIT`` is the promoted fit times 2, rounded up to a power of two.
 
-A variant whose compile child failed or did not finish (``--compile-limit-s``) is not run in the timing process.
+The mma part runs while the children compile. A variant whose compile child failed or did not finish
+(``--compile-limit-s``) is not run in the timing process. The JSON is rewritten after each part and row.
 Writes <out>/<gpu>-fp8-variants.json (GPU, clocks, versions, git SHA) and prints the tables last. Sized for under
 7 minutes on an H200 with compilation (--quick: square-8192 only, fewer draws).
 
@@ -179,16 +180,20 @@ def compile_child(todo: list[tuple[str, str, str]]) -> None:
                   flush=True)
 
 
-def compile_all(todo: list, workers: int, limit_s: float) -> list[dict]:
-    """Compile children, each on every ``workers``-th job (every shape: Triton specializes on the integer arguments'
-    divisibility by 16, which differs between shapes, e.g. B's scale stride K/128). A child still running after
-    ``limit_s`` is killed; its unfinished jobs are recorded as errors (a kernel that hangs is never timed)."""
+def start_compiles(todo: list, workers: int) -> list:
+    """Start the compile children, each on every ``workers``-th job (every shape: Triton specializes on the integer
+    arguments' divisibility by 16, which differs between shapes, e.g. B's scale stride K/128)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     shares = [todo[i::workers] for i in range(min(workers, len(todo)))]
-    procs = [subprocess.Popen([sys.executable, __file__, "--compile-child", json.dumps(share)], env=env,
-                              stdout=subprocess.PIPE, text=True) for share in shares]
-    deadline, out = time.monotonic() + limit_s, []
-    for proc, share in zip(procs, shares, strict=True):
+    return [(subprocess.Popen([sys.executable, __file__, "--compile-child", json.dumps(share)], env=env,
+                              stdout=subprocess.PIPE, text=True), share) for share in shares]
+
+
+def finish_compiles(children: list, deadline: float) -> list[dict]:
+    """The children's lines; one still running at ``deadline`` (time.monotonic) is killed and its unfinished jobs
+    are recorded as errors (a kernel that hangs is never timed)."""
+    out = []
+    for proc, share in children:
         try:
             stdout, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -196,7 +201,7 @@ def compile_all(todo: list, workers: int, limit_s: float) -> list[dict]:
             stdout, _ = proc.communicate()
         done = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
         seen = {tuple(r["job"]) for r in done}
-        out += done + [{"job": list(j), "error": f"not finished within {limit_s:.0f} s (a hang?): not timed"}
+        out += done + [{"job": list(j), "error": "not finished within --compile-limit-s (a hang?): not timed"}
                        for j in share if tuple(j) not in seen]
     return out
 
@@ -391,7 +396,8 @@ def main(argv=None) -> int:
     ap.add_argument("--part", default="variants,mma", help="comma-separated: variants, mma")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--workers", type=int, default=12, help="compile children")
-    ap.add_argument("--compile-limit-s", type=float, default=200.0, help="the compile children's time limit")
+    ap.add_argument("--compile-limit-s", type=float, default=150.0,
+                    help="how long the compile children may still run once the mma part is done")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--plan", action="store_true", help="no GPU: print every variant's H200 plan as JSON")
     ap.add_argument("--inspect", metavar="NAMES", help="no GPU: the sm_90 builds of these variants (comma-separated, "
@@ -419,11 +425,24 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     shapes = [s for s in SHAPES if not args.quick or s in QUICK]
-    report = {"env": timing.env_info(), "args": vars(args), "method": __doc__, "variants": VARIANTS}
-    rows = []
+    report = {"env": timing.env_info(), "args": vars(args), "method": __doc__, "variants": VARIANTS, "rows": [],
+              "mma": None}
+    rows = report["rows"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{gpu_slug(torch.cuda.get_device_name())}-fp8-variants{'-quick' if args.quick else ''}.json"
+
+    def save() -> None:  # after each part and row: a run cut short keeps what it measured
+        path.write_text(json.dumps(report, indent=1, default=str))
+
+    children = start_compiles(jobs(shapes), args.workers) if "variants" in parts else []
+    if "mma" in parts:  # while the children compile
+        report["mma"] = mma_part(3 if args.quick else 9)
+        print(f"mma part done ({time.perf_counter() - t0:.0f} s)", flush=True)
+        save()
     if "variants" in parts:
-        report["compile"] = compile_all(jobs(shapes), args.workers, args.compile_limit_s)
-        print(f"compiled {len(report['compile'])} kernels in {time.perf_counter() - t0:.0f} s", flush=True)
+        report["compile"] = finish_compiles(children, time.monotonic() + args.compile_limit_s)
+        print(f"compiled {len(report['compile'])} kernels ({time.perf_counter() - t0:.0f} s)", flush=True)
         for r in report["compile"]:
             if "error" in r:
                 print(f"  {' '.join(r['job'])}: {r['error'][:200]}", flush=True)
@@ -434,12 +453,8 @@ def main(argv=None) -> int:
                 rows.append(variants_row(s, mode, args.rounds, broken))
                 print(f"{s} {mode}: " + " ".join(f"{c} {v:.3f}" for c, v in rows[-1]["vs_baseline"].items()),
                       f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    report["rows"] = rows
-    report["mma"] = mma_part(3 if args.quick else 9) if "mma" in parts else None
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{gpu_slug(torch.cuda.get_device_name())}-fp8-variants{'-quick' if args.quick else ''}.json"
-    path.write_text(json.dumps(report, indent=1, default=str))
+                save()
+    save()
     print(f"wrote {path} ({time.perf_counter() - t0:.0f} s)")
     print_tables(rows, report["mma"])
     return 0
