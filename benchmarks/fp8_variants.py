@@ -66,6 +66,7 @@ VARIANTS = {
     "ws_s5": (("block", "tensor"), {"b_scale_scalar": True, "warp_specialize": True, "num_warps": 4,
                                     "num_stages": 5}),
     "sbs_g16": (("block",), {"b_scale_scalar": True, "group_m": 16}),
+    "flat": (("block", "tensor"), {"b_scale_scalar": True, "flatten": True}),
     "n256": (("tensor",), {"block_n": 256, "num_stages": 3}),
     "unpromoted": (("tensor",), {"promote": False}),
     "unpromoted_n256": (("tensor",), {"promote": False, "block_n": 256, "num_stages": 3}),
