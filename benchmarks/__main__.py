@@ -35,6 +35,8 @@ SCRIPTS = {  # name: (file, one line)
                                 "(CPU)"),
     "fp8-dense": ("fp8_dense.py", "FP8 gemm_fp8 (per-tensor, block) vs torch._scaled_mm and gemmlab bf16, eager and "
                                   "graph (about 4 minutes on an H200)"),
+    "fp8-variants": ("fp8_variants.py", "issue 31: FP8 kernel variants vs cuBLASLt (block, per tensor) and the FP8 "
+                                        "tensor cores' accumulation error (under 7 minutes on an H200)"),
     "fp8-moe": ("fp8_moe.py", "FP8 experts' moe_forward vs gemmlab bf16 at DeepSeek-V3 (T 4096, 128), eager and graph "
                               "(sized for 6 minutes on an H200)"),
 }

@@ -121,6 +121,11 @@ for s in "$@"; do
     fp8_grade) step fp8_grade 400 python3 -m gemmlab grade --cases fp8 --kernel builtin:gemmlab_fp8 \
       --output-dir "$RES/grade-h200-cli-fp8" --record "grade fp8: gemm_fp8 against torch._scaled_mm" \
       --ledger "$RES/ledger-grade.db" ;;
+    # issue 31: the FP8 kernel variants against cuBLASLt (block and per-tensor scales, graph replay) and the FP8 MMA's
+    # accumulation error (the constant of ref.FP8_MMA_UNIT); then the GPU test the bound's MMA term is for
+    fp8_variants) step fp8_variants 400 python3 benchmarks/fp8_variants.py --out "$RES" ;;
+    fp8_bound) step fp8_bound 180 python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/grade/test_fp8_grade.py::test_gemmlab_fp8_against_scaled_mm_on_the_gpu tests/fp8/test_fp8_variants.py ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
   esac
 done

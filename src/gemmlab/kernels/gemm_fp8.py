@@ -24,6 +24,15 @@ FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
 
 
 @triton.jit
+def block_step_scale(a_scale_ptr, b_scale_ptr, rows, M, off_n, off_k, stride_sam, stride_sak, stride_sbk, stride_sbn):
+    """[BLOCK_M] fp32, the block scale of one K step's partial product at rows ``rows`` of a tile from column off_n:
+    A's 1x128 scale times B's 128x128 one, a scalar per tile (BLOCK_N divides 128)."""
+    kb = off_k // 128
+    sa = tl.load(a_scale_ptr + rows.to(tl.int64) * stride_sam + kb * stride_sak, mask=rows < M, other=0.0)
+    return sa * tl.load(b_scale_ptr + kb * stride_sbk + (off_n // 128) * stride_sbn)
+
+
+@triton.jit
 def gemm_fp8_tma_kernel(
     a_desc,  # A (M, K) e4m3, K contiguous, blocks [BLOCK_M, BLOCK_K]
     b_desc,  # B^T (N, K) e4m3 (B_KMAJOR, blocks [BLOCK_N, BLOCK_K]) or B (K, N) (blocks [BLOCK_K, BLOCK_N])
@@ -37,27 +46,36 @@ def gemm_fp8_tma_kernel(
     SCALE: tl.constexpr, B_KMAJOR: tl.constexpr, C_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, PROMOTE: tl.constexpr,
+    SB_SCALAR: tl.constexpr, WARP_SPEC: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     """Persistent TMA kernel, wgmma with e4m3 operands. Grid: (min(NUM_SMS, tiles),); each program walks tiles
     start, start + NUM_SMS, ... in grouped order. PROMOTE (SCALE 0 and 1): the tensor cores' running sum is moved
     into the fp32 accumulator every BLOCK_K (``max_num_imprecise_acc``), as the block-scaled path does by
-    construction; off, the hardware accumulates the whole K in place."""
+    construction; off, the hardware accumulates the whole K in place. Variants (the same sums, other code):
+    SB_SCALAR (SCALE 2, BLOCK_N divides 128): B's scale is one scalar per tile and step, not a gathered [BLOCK_N]
+    vector; WARP_SPEC: Triton's Hopper warp specialization of the K loop (a producer warp group issuing the TMA
+    loads, two consumer warp groups of BLOCK_M // 2 rows each; applied at num_warps=4 with a pointer epilogue);
+    FLATTEN: the tile and K loops flattened into one software-pipelined loop (the next tile's loads start during
+    this tile's epilogue)."""
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile_id in tl.range(start_pid, num_pid_m * num_pid_n, NUM_SMS, flatten=False):
+    for tile_id in tl.range(start_pid, num_pid_m * num_pid_n, NUM_SMS, flatten=FLATTEN):
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         rows = off_m + tl.arange(0, BLOCK_M)
         cols = off_n + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
+        for ki in tl.range(k_tiles, warp_specialize=WARP_SPEC):
             off_k = ki * BLOCK_K
             a = load_a(a_desc, off_m, off_k, True)
             b = load_b(b_desc, off_k, off_n, B_KMAJOR)
-            if SCALE == 2:
+            if SCALE == 2 and SB_SCALAR:  # BLOCK_N divides 128: one column block of B's scales per tile
+                acc += tl.dot(a, b) * block_step_scale(a_scale_ptr, b_scale_ptr, rows, M, off_n, off_k, stride_sam,
+                                                       stride_sak, stride_sbk, stride_sbn)[:, None]
+            elif SCALE == 2:
                 kb = off_k // 128
                 sa = tl.load(a_scale_ptr + rows.to(tl.int64) * stride_sam + kb * stride_sak, mask=rows < M,
                              other=0.0)  # [BLOCK_M]

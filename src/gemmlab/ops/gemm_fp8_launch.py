@@ -33,7 +33,10 @@ SCALES = ("tensor", "row/col", "block")  # by scale mode 0, 1, 2
 @dataclass(frozen=True)
 class Fp8Config:
     """Launch parameters of the FP8 kernel. ``promote`` (per-tensor and row/col scales): move the tensor cores' sum
-    into the fp32 accumulator every BLOCK_K (the block-scaled path always does)."""
+    into the fp32 accumulator every BLOCK_K (the block-scaled path always does). Code variants, the same sums
+    (``kernels.gemm_fp8``): ``b_scale_scalar`` (block scales, block_n dividing 128: B's scale loaded once per step
+    as a scalar), ``warp_specialize`` (Triton's Hopper producer/consumer warp groups; C then goes by masked
+    pointers, which that pass takes), ``flatten`` (tile and K loops pipelined as one)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -43,6 +46,9 @@ class Fp8Config:
     num_stages: int = 3
     epilogue_subtile: bool = False
     promote: bool = True
+    b_scale_scalar: bool = False
+    warp_specialize: bool = False
+    flatten: bool = False
 
     @classmethod
     def from_dict(cls, d: dict) -> Fp8Config:
@@ -87,14 +93,19 @@ def plan_fp8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: t
         raise ValueError(f"gemm_fp8: b (K={k}, N={n}, strides {b.stride()}) is not TMA-aligned: needs a 16-byte "
                          f"aligned base and {need}; there is no portable FP8 path")
     if config is None:
-        rule = configs.pick(target.name, "gemm_fp8", "tma", Fp8Config.from_dict, "float8_e4m3fn", m=m, n=n, k=k)
+        rule = configs.pick(target.name, "gemm_fp8", "tma", Fp8Config.from_dict, "float8_e4m3fn", m=m, n=n, k=k,
+                            scale=mode)
         config, source = rule.config, "config " + rule.source
     else:
         source = "config given by the caller"
     if mode == 2 and SCALE_BLOCK % config.block_k:
         raise ValueError(f"gemm_fp8: block scales need block_k dividing {SCALE_BLOCK}, config has {config.block_k}")
+    if mode == 2 and config.b_scale_scalar and SCALE_BLOCK % config.block_n:
+        raise ValueError(f"gemm_fp8: b_scale_scalar needs block_n dividing {SCALE_BLOCK}, config has "
+                         f"{config.block_n}")
     size = torch.empty((), dtype=out_dtype).element_size()
     c_tma = tma_ok(out, 1) if out is not None else (m == 1 or (n * size) % 16 == 0)
+    c_tma = c_tma and not config.warp_specialize  # (Triton 3.6's Hopper warp specialization fails on a TMA store)
     tiles = -(-m // config.block_m) * -(-n // config.block_n)
     reason = (f"persistent TMA kernel, {SCALES[mode]} scales, B {'K' if b_kmajor else 'N'}-major, C by "
               f"{'TMA' if c_tma else 'masked pointers'}, {tiles} tiles; {source}")
@@ -106,7 +117,8 @@ def constexprs_fp8(p: Fp8Plan) -> dict:
     cfg = p.config
     return dict(SCALE=p.scale, B_KMAJOR=p.b_kmajor, C_TMA=p.c_tma, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_SMS=p.num_sms, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
-                PROMOTE=cfg.promote)
+                PROMOTE=cfg.promote, SB_SCALAR=p.scale == 2 and cfg.b_scale_scalar, WARP_SPEC=cfg.warp_specialize,
+                FLATTEN=cfg.flatten)
 
 
 def launch_options_fp8(cfg: Fp8Config) -> dict:
@@ -125,23 +137,24 @@ def _scale_strides(s: torch.Tensor) -> tuple[int, int]:
     return (s.stride(0), s.stride(1)) if s.dim() == 2 else (0, 0)
 
 
-def execute_fp8(p: Fp8Plan, a, b, a_scale, b_scale, c) -> None:
-    """Launch a plan on its operands (``c`` (M, N) row-major, allocated)."""
+def execute_fp8(p: Fp8Plan, a, b, a_scale, b_scale, c):
+    """Launch a plan on its operands (``c`` (M, N) row-major, allocated); returns Triton's launched kernel (its
+    ``n_regs``, ``n_spills``), None where nothing was launched."""
     from gemmlab.kernels.gemm_fp8 import gemm_fp8_tma_kernel  # (the first call loads the kernel)
 
     if p.m == 0 or p.n == 0 or p.k == 0:
         if c.numel():
             c.zero_()  # K = 0: a sum over nothing
-        return
+        return None
     cfg = p.config
     a_desc = _desc(a, 1, (cfg.block_m, cfg.block_k))
     b_desc = _desc(b, 0, (cfg.block_n, cfg.block_k)) if p.b_kmajor else _desc(b, 1, (cfg.block_k, cfg.block_n))
     c_arg = _desc(c, 1, (cfg.block_m, cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n)) if p.c_tma else c
     tiles = -(-p.m // cfg.block_m) * -(-p.n // cfg.block_n)
     grid = (min(p.num_sms, tiles),)
-    gemm_fp8_tma_kernel[grid](a_desc, b_desc, c_arg, a_scale, b_scale, p.m, p.n, p.k, c.stride(0),
-                              *_scale_strides(a_scale), *_scale_strides(b_scale), **constexprs_fp8(p),
-                              **launch_options_fp8(cfg))
+    return gemm_fp8_tma_kernel[grid](a_desc, b_desc, c_arg, a_scale, b_scale, p.m, p.n, p.k, c.stride(0),
+                                     *_scale_strides(a_scale), *_scale_strides(b_scale), **constexprs_fp8(p),
+                                     **launch_options_fp8(cfg))
 
 
 _PLANS: dict[tuple, Fp8Plan] = {}  # signature -> plan (checks, alignment and config lookup once per signature)
