@@ -107,20 +107,28 @@ def requirement_names(deps: list[str]) -> dict[str, str]:
 
 
 def test_pins_only_where_needed():
-    """numpy is not capped for everyone (only Triton 3.6's interpreter needs < 2.4, and it is refused in one line:
-    test_interpreter_numpy_blocker); the test extra pins neither torch nor triton, so the tests run on what the main
-    install resolved (one triton in the venv); transformers >= 5 wherever it is asked for (the MoE swap)."""
+    """numpy is not capped for everyone: only the `cpu` extra (a CPU build of torch) pins the interpreter's tested
+    triton and the numpy it needs (Triton 3.6 with numpy >= 2.4 is refused in one line:
+    test_interpreter_numpy_blocker); the test extra pins neither, so `.[cpu]` then `.[cpu,test]` (the README's two
+    commands) resolve one triton; transformers >= 5 wherever it is asked for (the MoE swap)."""
     project = pyproject()["project"]
     deps = requirement_names(project["dependencies"])
     extras = project["optional-dependencies"]
     assert not any(d.startswith("tqdm") for deps_ in extras.values() for d in deps_)
     assert deps["numpy"] == "numpy"  # no cap for every user
     assert deps["triton"].startswith("triton>=3.6;")  # only a floor: a CUDA torch's own triton wins
+    cpu = requirement_names(extras["cpu"])
+    assert cpu == {"triton": "triton==3.6.0; platform_system == 'Linux'", "numpy": "numpy<2.4"}
     test = requirement_names(extras["test"])
-    assert {"pytest", "matplotlib"} <= set(test) and "triton" not in test and "torch" not in test
-    assert "numpy" not in test
+    assert {"pytest", "matplotlib"} <= set(test) and not {"triton", "torch", "numpy"} & set(test)
     assert test["transformers"] == "transformers>=5" and requirement_names(extras["hf"]) == {
         "transformers": "transformers>=5"}
+    readme = (REPO / "README.md").read_text().splitlines()
+    main, tests = 'pip install torch==2.13.0 -e ".[cpu]" && gemmlab grade', \
+        'pip install torch==2.13.0 -e ".[cpu,test]" && pytest'
+    assert main in readme and tests in readme  # the same pins in both (.ci/run runs these two lines)
+    ci = (REPO / ".ci" / "run").read_text()
+    assert f"MAIN_JOB='{main}'" in ci and f"TESTS='{tests}'" in ci
 
 
 @pytest.mark.parametrize("triton_v, numpy_v, blocked", [
