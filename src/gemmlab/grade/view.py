@@ -73,7 +73,9 @@ def summary_line(report: dict) -> str:
             line += (f"; grader's clock, {perf['calls_per_batch']} calls a batch, protocol overhead {over:.3g} ms a "
                      f"call ({share}), the worker's own clock said {perf['advisory_median_ms']:.4g} ms")
     if perf is None and report.get("performance_shape") is None:
-        line += "; performance: not graded (the case file has no performance case)"
+        why = ("no timed case: in Triton's CPU interpreter a kernel's time means nothing" if report.get("device") ==
+               "cpu" else "the case file has no performance case")
+        line += f"; performance: not graded ({why}), so the score is the correctness points alone"
     if report.get("vendor_check"):
         line += f"; vendor check: {report['vendor_check']}"
     if report.get("inconclusive"):
