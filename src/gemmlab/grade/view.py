@@ -111,9 +111,12 @@ def tables(report: dict) -> list[Table]:
         m = Table("dispatch coverage (what ran in each case)", ["path / kernel", *map(_text, cols)])
         m.rows = [[_text(r[:60]), *("x" if cells.get((r, c)) else "" for c in cols)] for r in rows]
         out.append(m)
-    if report["listed_correctness_passed"] and report["verdict"] != "PASS":
+    if report["listed_correctness_passed"] and report["verdict"] == "FAIL":
         out[-1].notes.append("[yellow]The listed correctness cases all passed (what the original grader checked); "
                              "a rule beyond them failed.")
+    elif report["verdict"] == "INCONCLUSIVE":
+        out[-1].notes.append("[yellow]Every case and rule passed; the timing could not be scored (the performance "
+                             "row says why), so the performance points are not given.")
     out[-1].notes.append(_text(summary_line(report)))
     return out
 
