@@ -24,8 +24,8 @@ fake implementations and autograd: they trace under torch.compile(fullgraph=True
 checks only) and imports no kernel: names load on first use, and each op loads its launcher on its first call.
 Triton decides at a kernel's import whether it runs compiled or under its CPU interpreter (TRITON_INTERPRET=1), so
 the `gemmlab` command can still choose the interpreter on machines without CUDA. Importing it warns once
-(RuntimeWarning) when the running Triton is not the one the shipped GPU configs were tuned with
-(``gemmlab.provenance``).
+(RuntimeWarning) when the running Triton is not the one the shipped GPU configs were tuned with, on a CUDA build
+of torch only (``gemmlab.provenance``).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ are asked inside the functions that query a device).
                                                     opt-in shared memory per block
     H200, INTERPRETER                               the reference GPU, and the CPU under Triton's interpreter
     target_for(device) -> Target                    the Target of a torch device
+    interpreter_blocker(triton, numpy) -> str|None  why this Triton's CPU interpreter cannot run with this numpy
     gpu_slug("NVIDIA H200") -> "nvidia-h200"        the key of config tables and results files
     tensor_peak_tflops(arch, dtype, sms, mhz)       dense tensor-core peak at a clock
     peak_tflops(device)                             the datasheet dense fp16/bf16 peak at the maximum clock
@@ -69,10 +70,38 @@ def target_for(device) -> Target:
                 "gemmlab: CPU tensors run only under Triton's interpreter; set TRITON_INTERPRET=1 "
                 "before importing gemmlab (the `gemmlab` command does this on machines without CUDA)"
             )
+        blocker = _interpreter_blocker()
+        if blocker:
+            raise RuntimeError(blocker)
         return INTERPRETER
     if device.type != "cuda":
         raise ValueError(f"gemmlab: unsupported device type {device.type!r} (need cuda, or cpu + interpreter)")
     return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """'3.6.0+git12ab' -> (3, 6, 0); the leading numbers only."""
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def interpreter_blocker(triton_version: str, numpy_version: str) -> str | None:
+    """Why Triton's CPU interpreter cannot run gemmlab's kernels with these versions, or None. Triton 3.6's
+    interpreter converts a loop bound (a one-element array) to an int in a way numpy 2.4 refuses ("only
+    0-dimensional arrays can be converted to Python scalars"): every kernel with a runtime loop bound fails.
+    Triton 3.7 fixed it."""
+    if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
+        return (f"gemmlab: Triton {triton_version}'s CPU interpreter cannot run with numpy {numpy_version} (it "
+                "fails on every loop with a runtime bound; fixed in Triton 3.7): pip install 'triton>=3.7', "
+                "or 'numpy<2.4'")
+    return None
+
+
+@functools.cache
+def _interpreter_blocker() -> str | None:
+    import numpy
+    import triton
+
+    return interpreter_blocker(triton.__version__, numpy.__version__)
 
 
 @functools.cache

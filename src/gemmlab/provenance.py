@@ -5,7 +5,7 @@ only): reports (``instruments.timing.env_info``), the ledger and the probe all a
     version()            "0.1.0"
     git_sha()            "1a2b3c...(-dirty)" from a git checkout of gemmlab, else None
     label(env)           "gemmlab 0.1.0, git 1a2b3c4d5e6f" for report titles
-    check_triton()       warns once if triton differs from configs/*.json's "triton"
+    check_triton()       warns once if triton differs from configs/*.json's "triton" (with a GPU build of torch)
 """
 
 from __future__ import annotations
@@ -114,12 +114,26 @@ _warned = False
 _WARNED_ENV = "GEMMLAB_TRITON_WARNED"  # child processes (the grader's worker) inherit it: one warning per run
 
 
-def check_triton(running: str | None = None, config_dir: Path = CONFIG_DIR) -> str | None:
+def gpu_build() -> bool:
+    """Whether the running torch is a CUDA (or ROCm) build: only there can the shipped GPU configs run. A CPU
+    build (no CUDA at all) runs Triton's interpreter and its own small configs. Asks the torch already imported
+    (no import here); without one, True."""
+    torch = sys.modules.get("torch")
+    built = getattr(torch, "version", None) if torch is not None else None
+    if built is None:
+        return True
+    return bool(getattr(built, "cuda", None) or getattr(built, "hip", None))
+
+
+def check_triton(running: str | None = None, config_dir: Path = CONFIG_DIR, *, gpu: bool | None = None) -> str | None:
     """Warn (once per process, and not again in its child processes) when the running Triton is not the one
-    the shipped configs were tuned with: they may then be slower, or fail to compile. Returns the warning's
+    the shipped configs were tuned with: they may then be slower, or fail to compile. Silent on a CPU build of
+    torch (``gpu``: ``gpu_build()`` unless given), where the GPU configs are never used. Returns the warning's
     text, or None."""
     global _warned
     if _warned or os.environ.get(_WARNED_ENV):  # warned here, or in the process that started this one
+        return None
+    if not (gpu_build() if gpu is None else gpu):
         return None
     running = running or triton_version()
     if running is None:

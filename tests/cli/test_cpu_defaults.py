@@ -1,9 +1,9 @@
 """Without CUDA, `gemmlab table` and `gemmlab bench moe` with no options run a small suite the interpreter
 finishes in seconds (and say so); options given are still honoured as given."""
 
+import resource
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -18,13 +18,15 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU defau
 @pytest.mark.parametrize("argv,says", [(["table"], "M=32 N=48 K=64"), (["bench", "moe"], "custom T=32 uniform")],
                          ids=" ".join)
 def test_the_default_run_is_small(argv, says):
-    t0 = time.perf_counter()
+    """Small is counted in the child's CPU seconds, not wall time, which a busy machine stretches at will."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     res = subprocess.run([sys.executable, "-m", "gemmlab", *argv], capture_output=True, text=True, env=ENV,
-                         timeout=300)
-    wall = time.perf_counter() - t0
+                         timeout=1200)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     assert res.returncode == 0, res.stderr[-2000:]
     assert "no CUDA: the small CPU" in res.stderr and says in res.stdout + res.stderr
-    assert wall < 90, f"{argv}: {wall:.0f} s"  # seconds of interpreter work here (a shared 2-core machine: slack)
+    assert cpu < 60, f"{argv}: {cpu:.0f} CPU s"  # measured 10-17 CPU s, the import included; full sizes: hours
 
 
 def captured(monkeypatch, module: str, fn: str, argv: list[str]) -> dict:
@@ -61,3 +63,4 @@ def test_table_honours_what_is_given(monkeypatch):
     seen = captured(monkeypatch, "gemmlab.bench.table", "moe_table", ["table", "--seq-len", "8192", "--repeat",
                                                                       "9"])
     assert seen["args"][:3] == (1, 8192, 2) and seen["kw"]["repeat"] == 9
+

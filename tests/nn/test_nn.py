@@ -379,6 +379,26 @@ def test_patch_names_every_misfit_and_warns(what, experts, says, device):
     assert says in summary["skipped"][0] and says in str(caught[0].message)
 
 
+
+def test_patch_says_the_moe_swap_needs_transformers_5(monkeypatch, device):
+    """Under transformers 4 (per-expert module lists, as its Mixtral and Qwen-MoE keep them) a skipped experts
+    module's reason starts with what to do: the MoE swap needs transformers >= 5; under 5 it does not say so."""
+    import sys
+    import types
+
+    def model():
+        holder = nn.Module()
+        holder.experts = nn.ModuleList([nn.Linear(8, 8) for _ in range(2)])
+        return nn.Sequential(holder).to(device, torch.bfloat16)
+
+    _, summary = gemmlab.patch(model(), return_summary=True, warn=False)  # transformers 5 here
+    assert "transformers >= 5" not in summary["skipped"][0] and "one module per expert" in summary["skipped"][0]
+    monkeypatch.setitem(sys.modules, "transformers", types.SimpleNamespace(__version__="4.57.1"))
+    with pytest.warns(UserWarning, match=r"MoE swap needs transformers >= 5 \(this is 4\.57\.1\)"):
+        _, summary = gemmlab.patch(model(), return_summary=True)
+    assert summary["skipped"][0].startswith("0.experts (ModuleList): gemmlab's MoE swap needs transformers >= 5")
+    assert "one module per expert" in summary["skipped"][0] and not summary["moe_experts"]
+
 def test_patch_warns_once_per_skipped_class(device):
     class Gate(nn.Linear):  # a Linear subclass with a forward of its own (e.g. Llama-4's router)
         pass

@@ -99,13 +99,67 @@ def test_one_version_everywhere():
     assert out.returncode == 0 and out.stdout.startswith(f"gemmlab {gemmlab.__version__}")
 
 
-def test_tqdm_extra_is_gone_and_numpy_is_capped():
+def requirement_names(deps: list[str]) -> dict[str, str]:
+    """{name: the whole requirement} of a dependency list."""
+    import re
+
+    return {re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0].strip().lower(): d for d in deps}
+
+
+def test_pins_only_where_needed():
+    """numpy is not capped for everyone: only the `cpu` extra (a CPU build of torch) pins the interpreter's tested
+    triton and the numpy it needs (Triton 3.6 with numpy >= 2.4 is refused in one line:
+    test_interpreter_numpy_blocker); the test extra pins neither, so `.[cpu]` then `.[cpu,test]` (the README's two
+    commands) resolve one triton; transformers >= 5 wherever it is asked for (the MoE swap)."""
     project = pyproject()["project"]
-    extras = [d for deps in project["optional-dependencies"].values() for d in deps]
-    assert not any(d.startswith("tqdm") for d in extras)
-    assert "numpy<2.4" in project["dependencies"]  # the CPU interpreter (`gemmlab grade` without CUDA)
-    assert not any(d.startswith("triton==") for d in project["dependencies"])  # torch's own triton wins
-    assert {"pytest", "matplotlib"} <= {d.split(";")[0].strip() for d in project["optional-dependencies"]["test"]}
+    deps = requirement_names(project["dependencies"])
+    extras = project["optional-dependencies"]
+    assert not any(d.startswith("tqdm") for deps_ in extras.values() for d in deps_)
+    assert deps["numpy"] == "numpy"  # no cap for every user
+    assert deps["triton"].startswith("triton>=3.6;")  # only a floor: a CUDA torch's own triton wins
+    cpu = requirement_names(extras["cpu"])
+    assert cpu == {"triton": "triton==3.6.0; platform_system == 'Linux'", "numpy": "numpy<2.4"}
+    test = requirement_names(extras["test"])
+    assert {"pytest", "matplotlib"} <= set(test) and not {"triton", "torch", "numpy"} & set(test)
+    assert test["transformers"] == "transformers>=5" and requirement_names(extras["hf"]) == {
+        "transformers": "transformers>=5"}
+    readme = (REPO / "README.md").read_text().splitlines()
+    main, tests = 'pip install torch==2.13.0 -e ".[cpu]" && gemmlab grade', \
+        'pip install torch==2.13.0 -e ".[cpu,test]" && pytest'
+    assert main in readme and tests in readme  # the same pins in both (.ci/run runs these two lines)
+    ci = (REPO / ".ci" / "run").read_text()
+    assert f"MAIN_JOB='{main}'" in ci and f"TESTS='{tests}'" in ci
+
+
+@pytest.mark.parametrize("triton_v, numpy_v, blocked", [
+    ("3.6.0", "2.4.6", True), ("3.6.0+git1234", "2.4.0", True), ("3.6.0", "2.3.5", False),
+    ("3.7.0", "2.4.6", False), ("3.9.0", "2.5.0", False)])
+def test_interpreter_numpy_blocker(triton_v, numpy_v, blocked):
+    """Triton 3.6's interpreter with numpy >= 2.4 fails every kernel with a runtime loop bound (measured: the CPU
+    grade's every case raised "only 0-dimensional arrays can be converted to Python scalars"); that pair is
+    refused in one line that names the fix, and no other pair is."""
+    from gemmlab import device
+
+    why = device.interpreter_blocker(triton_v, numpy_v)
+    if blocked:
+        assert why and f"Triton {triton_v}" in why and f"numpy {numpy_v}" in why and "triton>=3.7" in why
+        assert "\n" not in why
+    else:
+        assert why is None
+
+
+@pytest.mark.cpu_only("CPU tensors run only under the interpreter")
+def test_target_for_refuses_the_broken_interpreter_pair(monkeypatch):
+    """A CPU tensor under that pair: RuntimeError with the one line, before any kernel runs."""
+    import torch
+
+    from gemmlab import device
+
+    monkeypatch.setattr(device, "_interpreter_blocker", lambda: device.interpreter_blocker("3.6.0", "2.4.6"))
+    with pytest.raises(RuntimeError, match=r"Triton 3\.6\.0's CPU interpreter cannot run with numpy 2\.4\.6"):
+        device.target_for(torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="numpy 2.4.6"):
+        gemmlab.gemm(torch.ones(8, 16, dtype=torch.float16), torch.ones(16, 8, dtype=torch.float16))
 
 
 @pytest.fixture
@@ -119,18 +173,36 @@ def test_warns_once_when_triton_differs_from_the_configs(fresh_warning):
     assert tuned["nvidia-h200.json"] == "3.6.0"
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert provenance.check_triton(tuned["nvidia-h200.json"]) is None  # the same: silent
-        assert provenance.check_triton(tuned["nvidia-h200.json"] + "+git1234") is None  # a local build of it
+        assert provenance.check_triton(tuned["nvidia-h200.json"], gpu=True) is None  # the same: silent
+        assert provenance.check_triton(tuned["nvidia-h200.json"] + "+git1234", gpu=True) is None  # a local build
+        assert provenance.check_triton("9.9.9", gpu=False) is None  # a CPU build of torch: the configs never run
         assert not seen
-        msg = provenance.check_triton("9.9.9")
+        msg = provenance.check_triton("9.9.9", gpu=True)
         assert msg and "nvidia-h200.json (triton 3.6.0)" in msg and "9.9.9" in msg
-        assert provenance.check_triton("9.9.9") is None  # once
+        assert provenance.check_triton("9.9.9", gpu=True) is None  # once
     assert [str(w.message) for w in seen] == [msg] and seen[0].category is RuntimeWarning
 
 
+def test_a_cpu_build_of_torch_is_not_warned(fresh_warning, monkeypatch):
+    """A CPU build of torch never runs the GPU configs: the first line a CPU user sees is not about them."""
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert not provenance.gpu_build()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert provenance.check_triton("9.9.9") is None
+    assert not seen
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert provenance.gpu_build()
+
+
 def test_import_warns_about_another_triton(fresh_warning):
+    """With a CUDA build of torch, importing gemmlab under another Triton warns (test_a_cpu_build_of_torch_is_not_
+    warned: a CPU build does not)."""
     code = ("import sys, types; t = types.ModuleType('triton'); t.__version__ = '9.9.9'; sys.modules['triton'] = t; "
-            "import gemmlab")
+            "import torch; torch.version.cuda = '13.0'; import gemmlab")
     env = {k: v for k, v in ENV.items() if k != provenance._WARNED_ENV}
     out = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code], env=env, capture_output=True,
                          text=True)

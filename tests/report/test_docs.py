@@ -16,7 +16,8 @@ FAMILIES_BEGIN = ("<!-- families: generated from gemmlab.nn.families.FAMILIES an
                   "do not edit -->")
 FAMILIES_END = "<!-- /families -->"
 SWAP = {"block": "router + experts: `nn.MoE`", "experts": "experts: `nn.MoEExperts`", "none": "left as it is"}
-COMMANDS = ('pip install torch==2.13.0 -e . && gemmlab grade', 'pip install torch==2.13.0 -e ".[test]" && pytest')
+COMMANDS = ('pip install torch==2.13.0 -e ".[cpu]" && gemmlab grade',
+            'pip install torch==2.13.0 -e ".[cpu,test]" && pytest')
 
 
 def families_table(families: tuple[Family, ...] = FAMILIES) -> str:

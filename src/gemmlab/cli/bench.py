@@ -21,10 +21,12 @@ bench_app.command("fp8")(bench_fp8_cmd)
 @bench_app.command("gemm")
 def bench_gemm(
     shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable)")] = None,
-    suite: Annotated[str | None, typer.Option(help="seeds, square, llm, small-m, all (cpu without CUDA); "
-                                                   "broad, broad-quick, broad-cpu, dense (issue 23: broad + ten "
-                                                   "models' nn.Linear shapes, with its targets): cases with "
-                                                   "their own dtype and layout")] = None,
+    suite: Annotated[str | None, typer.Option(help="seeds (8192x8192x16384 and 131072x2048x7168), "
+                                                   "square, llm, small-m, all (cpu without CUDA); broad, "
+                                                   "broad-quick, broad-cpu, dense (broad + ten models' "
+                                                   "nn.Linear shapes): cases with their own dtype and layout; "
+                                                   "the summary judges each backend against the dense targets "
+                                                   "(docs/measuring.md)")] = None,
     dtype: Annotated[str, typer.Option(help="float16 or bfloat16")] = "float16",
     backend: Annotated[list[str] | None, typer.Option(
         callback=cmd.backends, help="gemmlab, gemmlab-packed, cublas, inductor, FILE.py:FN "

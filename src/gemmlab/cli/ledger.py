@@ -81,12 +81,21 @@ def ledger_list(
     limit: Annotated[int, typer.Option(callback=cmd.entry_count, help="the last N entries")] = 50,
     ledger: LedgerOpt = None, json_out: JsonOpt = False,
 ) -> None:
-    """The last entries, with their decisions."""
-    from gemmlab.ledger import view
+    """The last entries, with their decisions (none yet, exit 0, before anything was recorded)."""
+    from pathlib import Path
+
+    from gemmlab.ledger import default_path, view
 
     if kind is not None and kind not in KINDS:
         raise typer.BadParameter(f"{kind!r}: {', '.join(KINDS)}", param_hint="'--kind'")
     key = shape_key(shape) if shape is not None else None
+    path = Path(ledger) if ledger else default_path()
+    if not path.exists() and not path.is_symlink():  # a fresh machine: nothing recorded yet is no error
+        if json_out:
+            output.emit_json({"ledger": str(path), "entries": []})
+        else:
+            print(f"no ledger yet at {path} (grade --record, bench gemm --record, table --record and tune write one)")
+        return
     with reading(ledger) as db:
         entries = db.list(shape=key, kind=kind, session=session, limit=limit)
     if json_out:

@@ -47,7 +47,7 @@ def table_cmd(
         callback=cmd.out_dir, help="write table.json, table.csv, table.md here")] = None,
     json_out: JsonOpt = False, record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
 ) -> None:
-    """The seed's GEMM table: one MoE configuration's GEMM four ways.
+    """One MoE configuration's GEMM four ways: cuBLAS, gemmlab, gemmlab packed, the grouped MoE kernel.
 
     The dense GEMM (M = batch*seq_len*top_k, N = intermediate, K = hidden) through cuBLAS, gemmlab, gemmlab with
     a prepacked B, and gemmlab's grouped MoE kernel. Without CUDA the defaults are a small table (M=32 N=48

@@ -73,7 +73,9 @@ def summary_line(report: dict) -> str:
             line += (f"; grader's clock, {perf['calls_per_batch']} calls a batch, protocol overhead {over:.3g} ms a "
                      f"call ({share}), the worker's own clock said {perf['advisory_median_ms']:.4g} ms")
     if perf is None and report.get("performance_shape") is None:
-        line += "; performance: not graded (the case file has no performance case)"
+        why = ("no timed case: in Triton's CPU interpreter a kernel's time means nothing" if report.get("device") ==
+               "cpu" else "the case file has no performance case")
+        line += f"; performance: not graded ({why}), so the score is the correctness points alone"
     if report.get("vendor_check"):
         line += f"; vendor check: {report['vendor_check']}"
     if report.get("inconclusive"):
@@ -109,9 +111,12 @@ def tables(report: dict) -> list[Table]:
         m = Table("dispatch coverage (what ran in each case)", ["path / kernel", *map(_text, cols)])
         m.rows = [[_text(r[:60]), *("x" if cells.get((r, c)) else "" for c in cols)] for r in rows]
         out.append(m)
-    if report["listed_correctness_passed"] and report["verdict"] != "PASS":
+    if report["listed_correctness_passed"] and report["verdict"] == "FAIL":
         out[-1].notes.append("[yellow]The listed correctness cases all passed (what the original grader checked); "
                              "a rule beyond them failed.")
+    elif report["verdict"] == "INCONCLUSIVE":
+        out[-1].notes.append("[yellow]Every case and rule passed; the timing could not be scored (the performance "
+                             "row says why), so the performance points are not given.")
     out[-1].notes.append(_text(summary_line(report)))
     return out
 

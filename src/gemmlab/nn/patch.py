@@ -16,6 +16,7 @@ other dtypes; ``patch`` warns once per skipped class.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections import Counter
 
@@ -29,6 +30,15 @@ from gemmlab.nn.linear import DTYPES, Linear, check_policy
 from gemmlab.nn.moe import MoE, MoEExperts
 
 MOE_MODES = ("auto", "experts", "none")
+
+
+def old_transformers() -> str | None:
+    """The running transformers' version when it is older than 5 (its MoE experts are per-expert module lists,
+    which the MoE swap does not read), else None; not imported: None."""
+    tf = sys.modules.get("transformers")
+    version = str(getattr(tf, "__version__", "")) if tf is not None else ""
+    major = version.split(".")[0]
+    return version if major.isdigit() and int(major) < 5 else None
 
 
 class PatchSummary(dict):
@@ -203,6 +213,8 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
             moe_done += (name + ".",)
             why = experts_fit(mod)
             if why is not None:
+                if old_transformers():
+                    why = f"gemmlab's MoE swap needs transformers >= 5 (this is {old_transformers()}); {why}"
                 skipped.append((name, cls, why))
                 continue
             swaps.append((name, MoEExperts.sharing(mod)))
