@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from gemmlab.ops import custom_fp8, dispatch
-from gemmlab.ops.fp8_checks import SCALE_BLOCK
+from gemmlab.ops.fp8_checks import SCALE_BLOCK, fp8_out_dtype
 from gemmlab.ops.fp8_quantize import quantize_torch
 from gemmlab.ops.moe_fp8_checks import ACT_DTYPES, check_expert_weight, refuse_grad
 from gemmlab.ops.moe_fp8_launch import MoEFp8Config, launch_grouped_gemm_fp8, launch_moe_forward_fp8
@@ -96,15 +96,12 @@ def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_
     benchmark swaps the two by name). A ``torch.library`` custom op (``torch.ops.gemmlab.grouped_gemm_fp8``, and
     ``grouped_gemm_fp8_out`` with ``out``) under tracing."""
     refuse_grad("grouped_gemm_fp8", x, w)
-    if out_dtype is None:
-        out_dtype = getattr(out, "dtype", None) or (x.dtype if getattr(x, "dtype", None) in ACT_DTYPES
-                                                    else torch.bfloat16)
+    out_dtype = fp8_out_dtype("grouped_gemm_fp8", out_dtype, out,
+                              x.dtype if getattr(x, "dtype", None) in ACT_DTYPES else torch.bfloat16)
     if dispatch.direct(x, w, offsets, x_scale, w_scale, out):
         return launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate, out)
     if out is None:
         return custom_fp8.grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, bool(validate))
-    if isinstance(out, torch.Tensor) and out.dtype != out_dtype:  # (the out= op takes out's dtype)
-        raise ValueError(f"grouped_gemm_fp8: out has dtype {out.dtype}, out_dtype is {out_dtype}")
     custom_fp8.grouped_gemm_fp8_out(x, w, offsets, x_scale, w_scale, out, bool(validate))
     return out
 
