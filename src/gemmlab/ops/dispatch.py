@@ -2,12 +2,19 @@
 
     direct(*tensors)     eager, plain tensors, no dispatch mode or functorch transform, no autograd needed
     eager(*tensors)      ``direct`` but for the gradient: an autograd.Function may serve the call
+    refuse_neg_out(op, out)   an out with the negative bit (``torch._neg_view``) is refused
+    refuse_neg_fp8(op, **named)   e4m3 operands with the negative bit are refused (torch has no e4m3 negation)
     compiling()          torch.compile is tracing
     refuse_grad_out(op, out, *inputs)   out= runs outside autograd: refuse it where a gradient is wanted
     unit(t)              a gradient with no unit-stride dim made contiguous for the kernels
 
 A plain eager call with no grad goes straight to the launcher, so it does not pay the dispatcher's and the
-autograd wrapper's host cost; everything else goes through the custom ops (``ops.custom``).
+autograd wrapper's host cost; everything else goes through the custom ops (``ops.custom``). A tensor with the
+negative bit (a lazily negated view, ``torch._neg_view``: its memory holds -x) is not plain: the kernels read raw
+memory, so such inputs go through the dispatcher, whose Negative fallback materializes them first (the conjugate bit
+exists only on complex tensors, which every op refuses by dtype). An ``out`` with the negative bit cannot be written
+through that fallback: the public ops refuse it (``refuse_neg_out``); nor can e4m3 data be (torch implements no
+negation for float8_e4m3fn), so the FP8 ops refuse it with one line before the dispatcher (``refuse_neg_fp8``).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ def direct(*tensors) -> bool:
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad)):
+        if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad) or t.is_neg()):
             return False
     return True
 
@@ -38,7 +45,15 @@ def eager(*tensors) -> bool:
     autograd.Function with the custom op's formula serves it."""
     if compiling() or _dispatch_modes() or _functorch():
         return False
-    return all(t is None or type(t) in _PLAIN for t in tensors)
+    return all(t is None or (type(t) in _PLAIN and not t.is_neg()) for t in tensors)
+
+
+def refuse_neg_out(op: str, out: object) -> None:
+    """An ``out`` with the negative bit (``torch._neg_view``) would get -C written where C is read back (the kernels
+    store raw memory), and the dispatcher's Negative fallback cannot write it either: refused."""
+    if isinstance(out, Tensor) and out.is_neg():
+        raise ValueError(f"{op}: out is a negated view (torch._neg_view: its memory holds -out); pass a plain tensor "
+                         "(out.resolve_neg() makes one, a copy)")
 
 
 def refuse_grad_out(op: str, out: Tensor, *inputs: Tensor) -> None:
@@ -56,3 +71,12 @@ def refuse_grad_out(op: str, out: Tensor, *inputs: Tensor) -> None:
 def unit(t: Tensor) -> Tensor:
     """A gradient with no unit-stride dim (autograd hands out expanded ones) made contiguous for the kernels."""
     return t if t.dim() != 2 or t.stride(-1) == 1 or t.stride(0) == 1 else t.contiguous()
+
+
+def refuse_neg_fp8(op: str, **named: object) -> None:
+    """e4m3 operands with the negative bit: torch has no e4m3 negation (the dispatcher's fallback would raise
+    NotImplementedError), so one clear error instead, before any dispatch."""
+    for name, t in named.items():
+        if isinstance(t, Tensor) and t.is_neg() and t.dtype == torch.float8_e4m3fn:
+            raise ValueError(f"{op}: {name} is a negated view (torch._neg_view) of e4m3 data, which torch cannot "
+                             "negate; negate its scale instead")

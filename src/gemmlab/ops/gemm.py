@@ -82,6 +82,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     if tuple(out.shape) != shape:
         raise ValueError(f"gemm: out has shape {tuple(out.shape)}, expected {shape}")
     dispatch.refuse_grad_out("gemm", out, a, b)
+    dispatch.refuse_neg_out("gemm", out)
     try:
         out2 = out if out.dim() == 2 and b.dim() == 2 else out.view(a2.shape[0], n)
     except RuntimeError as err:
@@ -97,6 +98,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
 def run(p: Plan, a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Run a plan made by ``plan(a, b, out=out, config=...)`` for operands laid out like these: the
     tuner's and the config sweep's way to launch a pinned config."""
+    dispatch.refuse_neg_out("run", out)
+    a, b = (t.resolve_neg() if isinstance(t, torch.Tensor) else t for t in (a, b))  # (the kernels read raw memory)
     ka, kb, kc, swap = operands(a, b.view() if isinstance(b, PackedB) else b, out)
     fresh = choose(ka, kb, kc, swap, p.config, stage=bool(p.staged), path=None if p.path == "empty" else p.path)
     if replace(fresh, reason=p.reason) != p:  # (the reason says where the config came from)

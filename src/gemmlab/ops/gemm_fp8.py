@@ -31,6 +31,8 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: t
     N % 16 == 0 for a row-major b), else ValueError (``ops.gemm_fp8_launch``). A ``torch.library`` custom op
     (``torch.ops.gemmlab.gemm_fp8``) under torch.compile; see ``gemmlab.ops.custom_fp8``."""
     out_dtype = fp8_out_dtype("gemm_fp8", out_dtype, out, torch.bfloat16)
+    dispatch.refuse_neg_out("gemm_fp8", out)
+    dispatch.refuse_neg_fp8("gemm_fp8", a=a, b=b)
     if dispatch.direct(a, b, a_scale, b_scale, out):
         return launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out)
     if out is None:

@@ -98,6 +98,8 @@ def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_
     refuse_grad("grouped_gemm_fp8", x, w)
     out_dtype = fp8_out_dtype("grouped_gemm_fp8", out_dtype, out,
                               x.dtype if getattr(x, "dtype", None) in ACT_DTYPES else torch.bfloat16)
+    dispatch.refuse_neg_out("grouped_gemm_fp8", out)
+    dispatch.refuse_neg_fp8("grouped_gemm_fp8", x=x, w=w)
     if dispatch.direct(x, w, offsets, x_scale, w_scale, out):
         return launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate, out)
     if out is None:
@@ -115,6 +117,7 @@ def moe_forward_fp8(x: torch.Tensor, packed: PackedMoEFP8, topk_weights: torch.T
         raise TypeError(f"moe_forward (fp8): expected a PackedMoEFP8 (gemmlab.pack_moe_fp8), got "
                         f"{type(packed).__name__}")
     refuse_grad("moe_forward (fp8)", x, topk_weights)
+    dispatch.refuse_neg_fp8("moe_forward (fp8)", w1=packed.w1, w2=packed.w2)
     lead = None
     if isinstance(x, torch.Tensor) and x.dim() != 2 and x.dim() >= 1:
         lead, x = x.shape, x.reshape(-1, x.shape[-1])
