@@ -246,7 +246,9 @@ def test_config_checks_fire():
         Fp8Config.from_dict({"block_m": 64, "blok_n": 64})
     qa, qb, sa, sb = _operands(8, 16, 256, "block", seed=4)
     with pytest.raises(ValueError, match="block_k dividing 128"):
-        plan_fp8(qa, qb, sa, sb, config=Fp8Config(block_k=96))
+        plan_fp8(qa, qb, sa, sb, config=Fp8Config(block_k=256))
+    with pytest.raises(ValueError, match="Fp8Config: block_k must be a power of two"):
+        Fp8Config(block_k=96)
 
 
 @triton.jit

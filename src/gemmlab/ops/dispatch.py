@@ -4,6 +4,8 @@
     eager(*tensors)      ``direct`` but for the gradient: an autograd.Function may serve the call
     refuse_neg_out(op, out)   an out with the negative bit (``torch._neg_view``) is refused
     refuse_neg_fp8(op, **named)   e4m3 operands with the negative bit are refused (torch has no e4m3 negation)
+    need_tensors(op, **named)     one TypeError naming an argument that is not a tensor (before a custom op, whose
+                                  schema error is five lines)
     compiling()          torch.compile is tracing
     refuse_grad_out(op, out, *inputs)   out= runs outside autograd: refuse it where a gradient is wanted
     unit(t)              a gradient with no unit-stride dim made contiguous for the kernels
@@ -80,3 +82,11 @@ def refuse_neg_fp8(op: str, **named: object) -> None:
         if isinstance(t, Tensor) and t.is_neg() and t.dtype == torch.float8_e4m3fn:
             raise ValueError(f"{op}: {name} is a negated view (torch._neg_view) of e4m3 data, which torch cannot "
                              "negate; negate its scale instead")
+
+
+def need_tensors(op: str, **named: object) -> None:
+    """Arguments a custom op's schema types as Tensor: one TypeError naming the first that is not one (None included:
+    leave optional ones out), instead of the dispatcher's five-line schema error."""
+    for name, t in named.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")

@@ -61,7 +61,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     (``torch.ops.gemmlab.gemm``) under torch.compile and autograd, see ``gemmlab.ops.custom``."""
     if isinstance(b, PackedB):
         b = b.view() if b.data.requires_grad or dispatch.compiling() else b.fixed_view()
-    if dispatch.direct(a, b, out) and a.dim() == 2 and b.dim() == 2 and (out is None or out.dim() == 2):
+    if (a is not None and b is not None and dispatch.direct(a, b, out) and a.dim() == 2 and b.dim() == 2
+            and (out is None or out.dim() == 2)):
         return launch_gemm(a, b, out)  # the eager hot path: no dispatcher, no autograd wrapper
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):

@@ -35,8 +35,10 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: t
     dispatch.refuse_neg_fp8("gemm_fp8", a=a, b=b)
     if dispatch.direct(a, b, a_scale, b_scale, out):
         return launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out)
+    dispatch.need_tensors("gemm_fp8", a=a, b=b, a_scale=a_scale, b_scale=b_scale)
     if out is None:
         return custom_fp8.gemm_fp8(a, b, a_scale, b_scale, out_dtype)
+    dispatch.need_tensors("gemm_fp8", out=out)
     custom_fp8.gemm_fp8_out(a, b, a_scale, b_scale, out)
     return out
 
@@ -49,4 +51,5 @@ def quantize_fp8(x: torch.Tensor, granularity: str = "tensor", block: tuple[int,
     (``torch.ops.gemmlab.quantize_fp8``) under torch.compile."""
     if dispatch.direct(x):
         return launch_quantize_fp8(x, granularity, block)
+    dispatch.need_tensors("quantize_fp8", x=x)
     return custom_fp8.quantize_fp8(x, granularity, list(block) if isinstance(block, tuple) else block)

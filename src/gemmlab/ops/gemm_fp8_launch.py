@@ -45,6 +45,10 @@ class Fp8Config:
     epilogue_subtile: bool = False
     promote: bool = True
 
+    def __post_init__(self) -> None:
+        configs.check_fields(self, pow2=("block_m", "block_n", "block_k", "num_warps"),
+                             positive=("group_m", "num_stages"))
+
     @classmethod
     def from_dict(cls, d: dict) -> Fp8Config:
         return configs.config_of(cls, d)

@@ -102,6 +102,8 @@ def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_
     dispatch.refuse_neg_fp8("grouped_gemm_fp8", x=x, w=w)
     if dispatch.direct(x, w, offsets, x_scale, w_scale, out):
         return launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate, out)
+    dispatch.need_tensors("grouped_gemm_fp8", x=x, w=w, offsets=offsets, w_scale=w_scale,
+                          **({} if x_scale is None else {"x_scale": x_scale}), **({} if out is None else {"out": out}))
     if out is None:
         return custom_fp8.grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, bool(validate))
     custom_fp8.grouped_gemm_fp8_out(x, w, offsets, x_scale, w_scale, out, bool(validate))
@@ -121,12 +123,15 @@ def moe_forward_fp8(x: torch.Tensor, packed: PackedMoEFP8, topk_weights: torch.T
     lead = None
     if isinstance(x, torch.Tensor) and x.dim() != 2 and x.dim() >= 1:
         lead, x = x.shape, x.reshape(-1, x.shape[-1])
-        topk_weights = topk_weights.reshape(x.shape[0], topk_weights.shape[-1])
-        topk_ids = topk_ids.reshape(x.shape[0], topk_ids.shape[-1])
+        if isinstance(topk_weights, torch.Tensor) and topk_weights.dim() >= 1:
+            topk_weights = topk_weights.reshape(x.shape[0], topk_weights.shape[-1])
+        if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() >= 1:
+            topk_ids = topk_ids.reshape(x.shape[0], topk_ids.shape[-1])
     args = (x, packed.w1, packed.w1_scale, packed.w2, packed.w2_scale, topk_weights, topk_ids)
     if dispatch.direct(*args):
         y = launch_moe_forward_fp8(*args, validate)
     else:
+        dispatch.need_tensors("moe_forward (fp8)", x=x, topk_weights=topk_weights, topk_ids=topk_ids)
         y = custom_fp8.moe_forward_fp8(*args, bool(validate))
     return y if lead is None else y.view(lead)
 
