@@ -53,7 +53,7 @@ def eager(*tensors) -> bool:
 def refuse_neg_out(op: str, out: object) -> None:
     """An ``out`` with the negative bit (``torch._neg_view``) would get -C written where C is read back (the kernels
     store raw memory), and the dispatcher's Negative fallback cannot write it either: refused."""
-    if isinstance(out, Tensor) and out.is_neg():
+    if not compiling() and isinstance(out, Tensor) and out.is_neg():  # (traced graphs hold no negated views)
         raise ValueError(f"{op}: out is a negated view (torch._neg_view: its memory holds -out); pass a plain tensor "
                          "(out.resolve_neg() makes one, a copy)")
 
@@ -78,6 +78,8 @@ def unit(t: Tensor) -> Tensor:
 def refuse_neg_fp8(op: str, **named: object) -> None:
     """e4m3 operands with the negative bit: torch has no e4m3 negation (the dispatcher's fallback would raise
     NotImplementedError), so one clear error instead, before any dispatch."""
+    if compiling():  # (traced graphs hold no negated views)
+        return
     for name, t in named.items():
         if isinstance(t, Tensor) and t.is_neg() and t.dtype == torch.float8_e4m3fn:
             raise ValueError(f"{op}: {name} is a negated view (torch._neg_view) of e4m3 data, which torch cannot "
