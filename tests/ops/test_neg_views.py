@@ -149,3 +149,28 @@ def test_nn_linear_reads_a_negated_input():
     x = _r(4, 32, seed=17)
     with torch.no_grad():
         assert torch.equal(lin(neg(x)), lin(-x))
+
+
+def test_direct_out_ops_read_negated_inputs_and_refuse_a_negated_out():
+    """``torch.ops.gemmlab.*_out`` called directly: torch's Negative fallback cannot write a mutated out (it raised
+    "Expected Tensor but got None"); gemmlab's Negative kernel materializes negated inputs and refuses a negated out
+    or negated e4m3 data with one line (``ops.dispatch.negative_kernel``)."""
+    a, b = _r(8, 32, seed=18), _r(32, 16, seed=19)
+    out = torch.zeros(8, 16, dtype=torch.float16, device=DEVICE)
+    torch.ops.gemmlab.gemm_out(neg(a), b, out)
+    assert torch.equal(out, gemmlab.gemm(-a, b))
+    torch.ops.gemmlab.gemm_out(a, b=neg(b), out=out)  # keyword arguments too
+    assert torch.equal(out, gemmlab.gemm(a, -b))
+    with pytest.raises(ValueError, match="gemm_out: out is a negated view"):
+        torch.ops.gemmlab.gemm_out(a, b, neg(out))
+    x, w = _r(10, 32, seed=20), _r(3, 16, 32, seed=21)
+    offsets = torch.tensor([3, 7, 10], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="grouped_gemm_out: out is a negated view"):
+        torch.ops.gemmlab.grouped_gemm_out(x, w, offsets, neg(torch.zeros(10, 16, dtype=torch.float16, device=DEVICE)))
+    qa, sa = gemmlab.quantize_fp8(_r(8, 32, dtype=torch.float32, seed=22), "row")
+    qw, sw = gemmlab.quantize_fp8(_r(16, 32, dtype=torch.float32, seed=23), "row")
+    c = torch.zeros(8, 16, dtype=torch.bfloat16, device=DEVICE)
+    torch.ops.gemmlab.gemm_fp8_out(qa, qw.t(), neg(sa), sw.t(), c)
+    assert torch.equal(c, gemmlab.gemm_fp8(qa, qw.t(), -sa, sw.t()))
+    with pytest.raises(ValueError, match="gemm_fp8_out: a is a negated view .* of e4m3 data"):
+        torch.ops.gemmlab.gemm_fp8_out(neg(qa), qw.t(), sa, sw.t(), c)

@@ -6,6 +6,7 @@
     refuse_neg_fp8(op, **named)   e4m3 operands with the negative bit are refused (torch has no e4m3 negation)
     need_tensors(op, **named)     one TypeError naming an argument that is not a tensor (before a custom op, whose
                                   schema error is five lines)
+    negative_kernel(name, out_index)   an out= custom op's kernel for the Negative dispatch key
     compiling()          torch.compile is tracing
     refuse_grad_out(op, out, *inputs)   out= runs outside autograd: refuse it where a gradient is wanted
     unit(t)              a gradient with no unit-stride dim made contiguous for the kernels
@@ -92,3 +93,25 @@ def need_tensors(op: str, **named: object) -> None:
     for name, t in named.items():
         if not isinstance(t, Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+_LIBS: list = []  # the torch.library registrations below (dropped with their Library object)
+
+
+def negative_kernel(name: str, out_index: int) -> None:
+    """Register the kernel of the out= custom op ``gemmlab::name`` for the Negative dispatch key (a negated view
+    among its arguments), in place of torch's Negative fallback, which cannot write a mutated argument back: a
+    negated ``out`` (the argument at ``out_index``) or negated e4m3 data is one ValueError, other negated inputs are
+    materialized and the op runs again on them."""
+    lib = torch.library.Library("gemmlab", "IMPL")
+    _LIBS.append(lib)
+    op = getattr(torch.ops.gemmlab, name).default
+    names = [arg.name for arg in op._schema.arguments]
+
+    def kernel(*args, **kwargs):
+        refuse_neg_out(name, args[out_index] if len(args) > out_index else kwargs.get("out"))
+        refuse_neg_fp8(name, **dict(zip(names, args, strict=False)), **kwargs)
+        return op(*(a.resolve_neg() if isinstance(a, Tensor) else a for a in args),
+                  **{k: v.resolve_neg() if isinstance(v, Tensor) else v for k, v in kwargs.items()})
+
+    lib.impl(name, kernel, "Negative")
