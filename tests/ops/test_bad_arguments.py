@@ -91,6 +91,11 @@ def _calls():
                        r"Linear: input must be \(..., in_features=16\), got shape \(\)"),
         "Linear-wrong-K": (lambda: lin(_t(4, 15)), ValueError, r"in_features=16\), got shape \(4, 15\)"),
         "Linear-None": (lambda: lin(None), TypeError, "Linear: input must be a torch.Tensor"),
+        "Linear-fp32-input": (lambda: lin(_t(4, 16, dtype=torch.float32)), TypeError,
+                              "Linear: input has dtype torch.float32, the weight torch.float16"),
+        "MoE-fp32-input": (lambda: moe(_t(3, 16, dtype=torch.float32)), TypeError, "Linear: input has dtype"),
+        "MoEExperts-fp32-input": (lambda: moe.experts(_t(3, 16, dtype=torch.float32), ti[:3], tw[:3]), TypeError,
+                                  "MoEExperts: input has dtype torch.float32"),
         "Linear-negative": (lambda: Linear(-1, 8), ValueError, "Linear: in_features must be an integer >= 0"),
         "Linear-str": (lambda: Linear("16", 8), ValueError, "Linear: in_features must be an integer"),
         "Linear-int-dtype": (lambda: Linear(16, 8, dtype=torch.int32), TypeError, "Linear: dtype must be a floating"),
@@ -128,6 +133,14 @@ def test_bad_argument_is_one_clear_line(name):
     with pytest.raises(exc, match=want) as info:
         call()
     assert "\n" not in str(info.value)
+
+
+def test_mixed_dtypes_under_autocast_still_run():
+    """The dtype check of nn.Linear's input steps aside under autocast, where torch casts (as nn.Linear does)."""
+    lin = Linear(16, 8, dtype=torch.float32, device=DEVICE)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        y = lin(_t(4, 16, dtype=torch.float16))
+    assert y.shape == (4, 8)
 
 
 def test_configs_in_range_still_build():

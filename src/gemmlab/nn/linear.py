@@ -52,6 +52,14 @@ def check_sizes(who: str, least: int, **sizes: object) -> None:
             raise ValueError(f"{who}: {name} must be an integer >= {least}, got {v!r}")
 
 
+def check_dtypes(who: str, x: torch.Tensor, w: torch.Tensor) -> None:
+    """An input whose dtype is not the weight's: fine under autocast (torch casts), else one TypeError (where
+    F.linear's own error is a RuntimeError)."""
+    if not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"{who}: input has dtype {x.dtype}, the weight {w.dtype}; convert one (or run under "
+                        "torch.autocast)")
+
+
 def check_dtype(who: str, dtype: object) -> None:
     """A module's parameter dtype: None (torch's default) or a floating-point torch.dtype."""
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -102,6 +110,8 @@ class Linear(nn.Linear):
         w, b = self.weight, self.bias  # (N, K), (N,)
         if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != w.shape[1]:
             raise bad_input(type(self).__name__, x, w.shape[1])
+        if x.dtype != w.dtype:
+            check_dtypes(type(self).__name__, x, w)
         if (self.dispatch == "torch" or w.shape[1] == 0 or not gemmlab_runs(x, w)
                 or (b is not None and b.dtype != x.dtype)):
             return F.linear(x, w, b)

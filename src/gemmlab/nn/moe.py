@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gemmlab.nn.linear import Linear, bad_input, check_dtype, check_sizes, gemmlab_runs
+from gemmlab.nn.linear import Linear, bad_input, check_dtype, check_dtypes, check_sizes, gemmlab_runs
 from gemmlab.ops import moe as ops_moe
 
 
@@ -65,6 +65,8 @@ class MoEExperts(nn.Module):
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() == 0 \
                 or hidden_states.shape[-1] != w1.shape[2]:
             raise bad_input("MoEExperts", hidden_states, w1.shape[2], "hidden")
+        if hidden_states.dtype != w1.dtype:
+            check_dtypes("MoEExperts", hidden_states, w1)
         if not gemmlab_runs(hidden_states, w1, w2):
             h = hidden_states.shape[-1]
             k = top_k_index.shape[-1]
