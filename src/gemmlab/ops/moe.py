@@ -90,10 +90,10 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     share memory (stride 0). Differentiable in x and w (``gemmlab.ops.custom``; rows past offsets[-1] get zero
     gradient). ``config``: launch parameters instead of ``moe_config``'s (tuning; eager only, no autograd)."""
     if config is not None:
-        if not isinstance(config, MoEConfig):
-            raise TypeError(f"grouped_gemm: config must be a MoEConfig, got {type(config).__name__}")
         if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (x, w)):
             raise RuntimeError("grouped_gemm: config= is the tuner's eager path and has no autograd")
+        if not isinstance(config, MoEConfig):
+            raise TypeError(f"grouped_gemm: config must be a MoEConfig, got {type(config).__name__}")
         dispatch.refuse_neg_out("grouped_gemm", out)
         x, w, offsets = (t.resolve_neg() if isinstance(t, torch.Tensor) else t for t in (x, w, offsets))
         return launch_grouped_gemm(x, w, offsets, out, validate, config)
@@ -137,11 +137,11 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE | PackedMoEFP8, w2
     if isinstance(w1, PackedMoE):
         w1, w2 = w1.w1, w1.w2
     if configs is not None:
+        if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (x, w1, w2, topk_weights)):
+            raise RuntimeError("moe_forward: configs= is the tuner's eager path and has no autograd")
         if not (isinstance(configs, (tuple, list)) and len(configs) == 2
                 and all(isinstance(c, MoEConfig) for c in configs)):
             raise TypeError(f"moe_forward: configs must be a (MoEConfig, MoEConfig) pair, got {configs!r:.80}")
-        if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (x, w1, w2, topk_weights)):
-            raise RuntimeError("moe_forward: configs= is the tuner's eager path and has no autograd")
         x, w1, w2, topk_weights, topk_ids = (t.resolve_neg() if isinstance(t, torch.Tensor) else t
                                              for t in (x, w1, w2, topk_weights, topk_ids))
         return launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, configs)
