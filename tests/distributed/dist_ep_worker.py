@@ -125,6 +125,17 @@ def run_errors() -> list[dict]:
     say("error-chunks-differ")
     out.append(_expect("error-chunks-differ", lambda: moe_forward_ep(
         x, w1, w2, weights, ids, chunks=1 + (rank == 3)), "same chunks"))
+    say("error-validate-differs")  # rank 2 alone skips the ids check: once a hang until the 30-minute timeout
+    out.append(_expect("error-validate-differs", lambda: moe_forward_ep(x, w1, w2, weights, ids, validate=rank != 2),
+                       "same validate", "[True, True, False, True]"))
+    h1, w1h, w2h = x[:, :16].contiguous(), w1[:, :, :16].contiguous(), w2[:, :16].contiguous()  # rank 1: H = 16
+    say("error-H-differs-no-validate")  # sound on each rank, mismatched across them: once a SIGABRT in gloo
+    out.append(_expect("error-H-differs-no-validate", lambda: moe_forward_ep(
+        h1 if rank == 1 else x, w1h if rank == 1 else w1, w2h if rank == 1 else w2, weights, ids, validate=False),
+        "same H", "[32, 16, 32, 32]"))
+    say("error-bad-arg-one-rank-no-validate")  # rank 3 alone raised, the others waited in the all-to-all
+    out.append(_expect("error-bad-arg-one-rank-no-validate", lambda: moe_forward_ep(
+        x[:, :8] if rank == 3 else x, w1, w2, weights, ids, validate=False), "bad arguments on rank(s) [3]"))
     say("error-chunks-zero")
     out.append(_expect("error-chunks-zero", lambda: moe_forward_ep(x, w1, w2, weights, ids, chunks=0),
                        "chunks must be a positive integer"))

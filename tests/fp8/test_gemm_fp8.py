@@ -123,7 +123,7 @@ def _bad_calls():
         (lambda: gemmlab.gemm_fp8(odd_a, qb[:20], one, one), ValueError, "a .* not TMA-aligned.*K % 16"),
         (lambda: gemmlab.gemm_fp8(qa, odd_b, one, one), ValueError, "b .* not TMA-aligned.*N % 16"),
         (lambda: gemmlab.gemm_fp8(qa.t().contiguous().t(), qb, sa, sb), ValueError, "a must be K-major"),
-        (lambda: gemmlab.gemm_fp8(qa, qb, sa, sb, out=torch.empty((8, 16), device=DEVICE)), ValueError,
+        (lambda: gemmlab.gemm_fp8(qa, qb, sa, sb, out=torch.empty((8, 8), device=DEVICE)), ValueError,
          "out must be"),
         (lambda: gemmlab.quantize_fp8(qa, "row"), TypeError, "quantize_fp8: x has dtype"),
         (lambda: gemmlab.quantize_fp8(torch.ones(4, 4, device=DEVICE), "rows"), ValueError, "granularity"),
@@ -150,6 +150,31 @@ def test_out_overlapping_an_input_is_refused():
     for _ in range(2):
         with pytest.raises(ValueError, match="overlaps"):
             gemmlab.gemm_fp8(qa, qb, buf[:16].view(16, 1), sb, out_dtype=torch.float32, out=buf.view(16, 16))
+
+
+def test_out_whose_elements_share_memory_is_refused():
+    """A stride-0 out (an expanded row) or one whose rows overlap would get several results in one place: refused
+    as gemm refuses it, not written (issue 34, item 5)."""
+    qa, qb, sa, sb = _operands(8, 16, 16, "tensor", seed=3)
+    expanded = torch.zeros((1, 16), dtype=torch.bfloat16, device=DEVICE).expand(8, 16)
+    rows_overlap = torch.zeros(32, dtype=torch.bfloat16, device=DEVICE).as_strided((8, 16), (2, 1))
+    for out in (expanded, rows_overlap):
+        with pytest.raises(ValueError, match="gemm_fp8: out .* share memory"):
+            gemmlab.gemm_fp8(qa, qb, sa, sb, out=out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
+def test_out_dtype_defaults_to_outs(dtype):
+    """With ``out`` and no ``out_dtype``, C takes out's dtype (the sandbox's fp8 call: ``gemm_fp8(a, b.t(), sa, sb,
+    out=c)`` with an fp16 c); an out_dtype that differs from out's is one clear error (issue 34, item 7)."""
+    qa, qb, sa, sb = _operands(8, 16, 32, "rowcol", seed=4)
+    out = torch.full((8, 16), float("nan"), dtype=dtype, device=DEVICE)
+    assert gemmlab.gemm_fp8(qa, qb, sa, sb, out=out) is out
+    assert gemm_fp8_check(out, qa, qb, sa, sb)["ok"]
+    other = torch.float32 if dtype != torch.float32 else torch.float16
+    with pytest.raises(ValueError, match=f"gemm_fp8: out has dtype {dtype} but out_dtype is {other}"):
+        gemmlab.gemm_fp8(qa, qb, sa, sb, out_dtype=other, out=out)
+    assert gemmlab.gemm_fp8(qa, qb, sa, sb).dtype == torch.bfloat16  # no out: bf16, as before
 
 
 @pytest.mark.parametrize("granularity,block", [("tensor", (1, 128)), ("row", (1, 128)), ("col", (1, 128)),
@@ -221,7 +246,9 @@ def test_config_checks_fire():
         Fp8Config.from_dict({"block_m": 64, "blok_n": 64})
     qa, qb, sa, sb = _operands(8, 16, 256, "block", seed=4)
     with pytest.raises(ValueError, match="block_k dividing 128"):
-        plan_fp8(qa, qb, sa, sb, config=Fp8Config(block_k=96))
+        plan_fp8(qa, qb, sa, sb, config=Fp8Config(block_k=256))
+    with pytest.raises(ValueError, match="Fp8Config: block_k must be a power of two"):
+        Fp8Config(block_k=96)
 
 
 @triton.jit

@@ -15,7 +15,8 @@ must hold the same number (checked).
 Steps, all on x's device with no host loop over experts:
 (1) dispatch: each pair's destination rank ids // E_local; per-(chunk, rank) counts by one bincount; one
     ``all_to_all_single`` of the counts and ONE device-to-host copy of them: ``all_to_all_single`` takes its
-    split sizes as Python ints, so this read is unavoidable (it is the only one with ``validate=False``).
+    split sizes as Python ints, so this read is unavoidable (the other is the header every call starts with,
+    ``_agree``: the ranks' shapes, dtypes and flags, so that ranks that disagree raise instead of hanging).
     Then per chunk an ``all_to_all_single`` of the pairs' x rows (sorted by destination rank, stably) and one
     of their (local expert id, routing weight) as an int32 pair (the weight's fp32 bits);
 (2) compute: ``moe_forward`` on the received rows with k = 1 (each row one pair: grouped gate/up + SiLU*up,
@@ -86,37 +87,51 @@ def _local_problem(x, w1, w2, weights, ids, chunks) -> str | None:
     return None
 
 
-def _agree(x, w1, w2, ids, chunks, problem: str | None, group, world: int) -> None:
-    """One all_gather of every rank's (problem?, E_local, H, I, dtype, chunks, ids in range?): each rank then
-    raises the same ValueError, so a bad argument on one rank cannot leave the others waiting in a collective."""
-    device = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+HEADER = ("problem", "validate", "E_local (w1_local.shape[0])", "H", "I", "dtype", "chunks", "ids in range")
+
+
+def _header_device(x, group) -> torch.device:
+    """Where the header travels: x's GPU, else the current GPU under NCCL (which moves only CUDA tensors), else
+    the CPU (gloo)."""
+    if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+        return x.device
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _agree(x, w1, w2, ids, chunks, validate: bool, problem: str | None, group, world: int) -> None:
+    """The first collective of every call, whatever ``validate`` says: one all_gather of a fixed-size header per
+    rank (``HEADER``: a local problem?, validate, E_local, H, I, dtype, chunks, and with validate whether the ids
+    are in [0, E)), then one host read. Every rank sees every header and raises the same ValueError where they
+    disagree, so no rank is left waiting in a collective the others never join (ranks that disagree on
+    ``validate`` would run different collectives), and no all-to-all runs with mismatched row widths (which
+    aborts the process)."""
+    device = _header_device(x, group)
+    vals = [1] + [0] * (len(HEADER) - 1)
     if problem is None:
-        e_local = w1.shape[0]
-        ok = torch.ones((), dtype=torch.bool, device=device)
-        if ids.numel():
-            lo, hi = torch.aminmax(ids)
-            ok = (lo >= 0) & (hi < e_local * world)
-        mine = torch.stack([torch.zeros((), dtype=torch.int64, device=device)] + [
-            torch.tensor(v, dtype=torch.int64, device=device)
-            for v in (e_local, w1.shape[2], w2.shape[2], DTYPES.index(x.dtype) if x.dtype in DTYPES else -1,
-                      chunks)] + [ok.to(torch.int64)])
-    else:
-        mine = torch.tensor([1, 0, 0, 0, 0, 0, 0], dtype=torch.int64, device=device)
+        vals = [0, int(bool(validate)), w1.shape[0], w1.shape[2], w2.shape[2],
+                DTYPES.index(x.dtype) if x.dtype in DTYPES else -1, chunks, 1]
+    mine = torch.tensor(vals, dtype=torch.int64).to(device)
+    if problem is None and validate and ids.numel():  # on the device: no host read of the ids
+        lo, hi = torch.aminmax(ids)
+        mine[7] = ((lo >= 0) & (hi < w1.shape[0] * world)).to(device=device, dtype=torch.int64)
     rows = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(rows, mine, group=group)
-    table = torch.stack(rows).tolist()  # (W, 7): one host read (validate=False skips this exchange)
+    table = torch.stack(rows).tolist()  # (W, 8): the call's first host read
     where = lambda col: [r for r, row in enumerate(table) if row[col]]  # noqa: E731
     if where(0):
         raise ValueError(f"moe_forward_ep: bad arguments on rank(s) {where(0)}" + (f": {problem}" if problem else ""))
-    for col, name in ((1, "E_local (w1_local.shape[0])"), (2, "H"), (3, "I"), (4, "dtype"), (5, "chunks")):
+    for col in range(1, 7):
         values = [row[col] for row in table]
         if len(set(values)) > 1:
-            shown = [str(DTYPES[v]) if col == 4 and v >= 0 else v for v in values]
-            raise ValueError(f"moe_forward_ep: every rank of the group must use the same {name}; per rank: {shown}")
-    bad = [r for r, row in enumerate(table) if not row[6]]
+            shown = [str(DTYPES[v]) if col == 5 and v >= 0 else bool(v) if col == 1 else v for v in values]
+            raise ValueError(f"moe_forward_ep: every rank of the group must use the same {HEADER[col]}; per rank: "
+                             f"{shown}")
+    bad = [r for r, row in enumerate(table) if not row[7]]
     if bad:
-        e = table[0][1] * world
-        raise ValueError(f"moe_forward_ep: topk_ids must be in [0, E={e}) (E = E_local {table[0][1]} x world size "
+        e = table[0][2] * world
+        raise ValueError(f"moe_forward_ep: topk_ids must be in [0, E={e}) (E = E_local {table[0][2]} x world size "
                          f"{world}); out of range on rank(s) {bad}")
 
 
@@ -134,15 +149,14 @@ def moe_forward_ep(x: torch.Tensor, w1_local: torch.Tensor, w2_local: torch.Tens
     """The MoE body across the ranks of ``group`` (default: the world); see the module docstring for the
     expert placement and the steps. x (T, H) fp16/bf16, this rank's tokens (T may differ between ranks, and
     be 0); topk_ids (T, k) hold GLOBAL expert ids in [0, E); returns y (T, H) for this rank's tokens.
-    Collective: every rank of the group must call it (with the same ``chunks``). ``validate``: one extra
-    all_gather (and host read) that checks every rank's shapes, E_local, dtype and ids, and makes every rank
-    raise the same ValueError on bad input; ``validate=False`` skips it (a bad argument may then hang)."""
+    Collective: every rank of the group must call it (with the same ``chunks`` and ``validate``). Every call
+    starts with one small all_gather (and host read) of each rank's header (E_local, H, I, dtype, chunks,
+    validate, whether its arguments are sound): where the ranks disagree, or one rank's arguments are bad, every
+    rank raises the same ValueError (nothing hangs or aborts). ``validate``: the ids are also checked to lie in
+    [0, E) (on the device, carried in that header); ``validate=False`` skips that check only."""
     group, rank, world = _group_of(group, "moe_forward_ep")
     problem = _local_problem(x, w1_local, w2_local, topk_weights, topk_ids, chunks)
-    if validate:
-        _agree(x, w1_local, w2_local, topk_ids, chunks, problem, group, world)
-    elif problem is not None:
-        raise ValueError(f"moe_forward_ep: {problem}")
+    _agree(x, w1_local, w2_local, topk_ids, chunks, validate, problem, group, world)
     (t, h), k, e_local = x.shape, topk_ids.shape[1], w1_local.shape[0]
     s, dev = t * k, x.device
     async_op = dev.type == "cuda"

@@ -18,7 +18,7 @@ K step adds zeros. Launchers: ``gemmlab.ops.gemm_fp8``.
 import triton
 import triton.language as tl
 
-from gemmlab.kernels.gemm import load_a, load_b, store_c, tile_coords
+from gemmlab.kernels.gemm import INTERPRETED, load_a, load_b, store_c, tile_coords
 
 FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
 
@@ -30,6 +30,18 @@ def block_step_scale(a_scale_ptr, b_scale_ptr, rows, M, off_n, off_k, stride_sam
     kb = off_k // 128
     sa = tl.load(a_scale_ptr + rows.to(tl.int64) * stride_sam + kb * stride_sak, mask=rows < M, other=0.0)
     return sa * tl.load(b_scale_ptr + kb * stride_sbk + (off_n // 128) * stride_sbn)
+
+
+@triton.jit
+def e4m3_operand(x):
+    """An e4m3 tile as a dot operand. On the GPU: x itself (the tensor cores decode NaN). Under Triton 3.6's CPU
+    interpreter, whose dot widens e4m3 with a generic cast that reads the NaN codes 0x7F / 0xFF as +-480: x decoded
+    to fp32 (exact for every e4m3 value), NaN where the low 7 bits are all set (both operands of a dot then come here,
+    so their types agree)."""
+    if INTERPRETED:
+        bits = x.to(tl.uint8, bitcast=True)
+        return tl.where((bits & 0x7F) == 0x7F, float("nan"), x.to(tl.float32))
+    return x
 
 
 @triton.jit
@@ -70,8 +82,8 @@ def gemm_fp8_tma_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in tl.range(k_tiles, warp_specialize=WARP_SPEC):
             off_k = ki * BLOCK_K
-            a = load_a(a_desc, off_m, off_k, True)
-            b = load_b(b_desc, off_k, off_n, B_KMAJOR)
+            a = e4m3_operand(load_a(a_desc, off_m, off_k, True))
+            b = e4m3_operand(load_b(b_desc, off_k, off_n, B_KMAJOR))
             if SCALE == 2 and SB_SCALAR:  # BLOCK_N divides 128: one column block of B's scales per tile
                 acc += tl.dot(a, b) * block_step_scale(a_scale_ptr, b_scale_ptr, rows, M, off_n, off_k, stride_sam,
                                                        stride_sak, stride_sbk, stride_sbn)[:, None]

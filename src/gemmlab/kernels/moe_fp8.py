@@ -18,13 +18,14 @@ Launchers: ``gemmlab.ops.moe_fp8_launch``.
 import triton
 import triton.language as tl
 
+from gemmlab.kernels.gemm_fp8 import e4m3_operand
 from gemmlab.kernels.moe import store_rows, tile_of_item
 
 
 @triton.jit
 def _scaled_step(a, w_desc, w_row, sa, w_scale_ptr, sw_row0, cols, n_w_rows, off_k, Kb):
     """One BLOCK_K step of one operand of W: dot(A, W^T) scaled per row of A and per 128-row block of W."""
-    wt = w_desc.load([w_row, off_k]).T  # [BLOCK_K, BLOCK_N]
+    wt = e4m3_operand(w_desc.load([w_row, off_k]).T)  # [BLOCK_K, BLOCK_N]
     kb = off_k // 128
     sw = tl.load(w_scale_ptr + (sw_row0 + cols // 128).to(tl.int64) * Kb + kb, mask=cols < n_w_rows, other=0.0)
     return tl.dot(a, wt) * sa[:, None] * sw[None, :]
@@ -65,7 +66,7 @@ def moe_fp8_grouped_kernel(
             acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(tl.cdiv(K, BLOCK_K)):
             off_k = ki * BLOCK_K
-            at = a_desc.load([row0, off_k])  # [BLOCK_M, BLOCK_K]
+            at = e4m3_operand(a_desc.load([row0, off_k]))  # [BLOCK_M, BLOCK_K]
             sa = tl.load(a_scale + rows.to(tl.int64) * stride_sa + off_k // 128, mask=rows < rows_end, other=0.0)
             acc += _scaled_step(at, w_desc, w_row0, sa, w_scale, sw_row0, cols, N, off_k, Kb)
             if MODE == 1:

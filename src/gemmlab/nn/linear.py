@@ -45,10 +45,38 @@ def gemmlab_runs(x: torch.Tensor, *weights: torch.Tensor) -> bool:
     return x.device.type == "cpu" and INTERPRET
 
 
+def check_sizes(who: str, least: int, **sizes: object) -> None:
+    """Module sizes: integers (not bools) >= ``least``; one ValueError naming the first that is not."""
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < least:
+            raise ValueError(f"{who}: {name} must be an integer >= {least}, got {v!r}")
+
+
+def check_dtypes(who: str, x: torch.Tensor, w: torch.Tensor) -> None:
+    """An input whose dtype is not the weight's: fine under autocast (torch casts), else one TypeError (where
+    F.linear's own error is a RuntimeError)."""
+    if not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"{who}: input has dtype {x.dtype}, the weight {w.dtype}; convert one (or run under "
+                        "torch.autocast)")
+
+
+def check_dtype(who: str, dtype: object) -> None:
+    """A module's parameter dtype: None (torch's default) or a floating-point torch.dtype."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{who}: dtype must be a floating-point torch.dtype (or None), got {dtype!r}")
+
+
 def check_policy(dispatch: str) -> str:
     if dispatch not in POLICIES:
         raise ValueError(f"dispatch {dispatch!r}: one of {', '.join(POLICIES)}")
     return dispatch
+
+
+def bad_input(who: str, x: object, k: int, dim: str = "in_features") -> Exception:
+    """The one error of a forward whose input is not a (..., in_features) tensor (Linear's, the MoE modules')."""
+    if not isinstance(x, torch.Tensor):
+        return TypeError(f"{who}: input must be a torch.Tensor, got {type(x).__name__}")
+    return ValueError(f"{who}: input must be (..., {dim}={k}), got shape {tuple(x.shape)}")
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -73,11 +101,17 @@ class Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
                  dispatch: str = "auto"):
+        check_sizes("Linear", 0, in_features=in_features, out_features=out_features)
+        check_dtype("Linear", dtype)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.dispatch = check_policy(dispatch)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, b = self.weight, self.bias  # (N, K), (N,)
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != w.shape[1]:
+            raise bad_input(type(self).__name__, x, w.shape[1])
+        if x.dtype != w.dtype:
+            check_dtypes(type(self).__name__, x, w)
         if (self.dispatch == "torch" or w.shape[1] == 0 or not gemmlab_runs(x, w)
                 or (b is not None and b.dtype != x.dtype)):
             return F.linear(x, w, b)

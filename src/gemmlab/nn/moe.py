@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gemmlab.nn.linear import Linear, gemmlab_runs
+from gemmlab.nn.linear import Linear, bad_input, check_dtype, check_dtypes, check_sizes, gemmlab_runs
 from gemmlab.ops import moe as ops_moe
 
 
@@ -43,6 +43,8 @@ class MoEExperts(nn.Module):
     ``gemmlab.moe_forward`` (fp16/bf16) or a torch loop (other dtypes)."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, device=None, dtype=None):
+        check_sizes("MoEExperts", 1, num_experts=num_experts, hidden=hidden, intermediate=intermediate)
+        check_dtype("MoEExperts", dtype)
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self.num_experts, self.hidden_dim, self.intermediate_dim = num_experts, hidden, intermediate
@@ -60,6 +62,11 @@ class MoEExperts(nn.Module):
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         """hidden_states (T, H) or (..., H); top_k_index, top_k_weights (T, k) or (..., k)."""
         w1, w2 = self.gate_up_proj, self.down_proj
+        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() == 0 \
+                or hidden_states.shape[-1] != w1.shape[2]:
+            raise bad_input("MoEExperts", hidden_states, w1.shape[2], "hidden")
+        if hidden_states.dtype != w1.dtype:
+            check_dtypes("MoEExperts", hidden_states, w1)
         if not gemmlab_runs(hidden_states, w1, w2):
             h = hidden_states.shape[-1]
             k = top_k_index.shape[-1]
@@ -94,8 +101,12 @@ class MoE(nn.Module):
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, *, renormalize: bool = True,
                  scoring: str = "softmax", device=None, dtype=None, ep_group=None):
         super().__init__()
+        check_sizes("MoE", 1, hidden=hidden, intermediate=intermediate, num_experts=num_experts, top_k=top_k)
+        check_dtype("MoE", dtype)
         if scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"MoE: scoring {scoring!r}: softmax or sigmoid")
+        if not isinstance(renormalize, bool):
+            raise TypeError(f"MoE: renormalize must be a bool, got {renormalize!r}")
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"MoE: top_k = {top_k} must be in [1, num_experts={num_experts}]")
         self.top_k, self.renormalize, self.scoring = top_k, renormalize, scoring
@@ -109,6 +120,8 @@ class MoE(nn.Module):
                                   device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.gate.in_features:
+            raise bad_input("MoE", x, self.gate.in_features, "hidden")
         x2 = x.reshape(-1, x.shape[-1])  # (T, H)
         weights, ids = ops_moe.route(self.gate(x2), self.top_k, renormalize=self.renormalize, scoring=self.scoring)
         if self.ep_group is not None:

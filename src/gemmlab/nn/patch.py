@@ -179,6 +179,8 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
     refused (TypeError), never silently left as it was. ``dispatch``: the patched Linears' policy ("auto": per
     shape, measured on first use; "gemmlab"; "torch"). ``warn``: one UserWarning per skipped module class.
     Returns the model, or (model, PatchSummary) with ``return_summary``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"patch: model must be a torch.nn.Module, got {type(model).__name__}")
     if moe not in MOE_MODES:
         raise ValueError(f"patch: moe {moe!r}: auto, experts or none")
     check_policy(dispatch)

@@ -64,6 +64,31 @@ def config_of(cls: type, d: dict):
     return cls(**d)
 
 
+def check_fields(cfg, *, pow2: tuple[str, ...] = (), positive: tuple[str, ...] = (),
+                 nonneg: tuple[str, ...] = ()) -> None:
+    """A config dataclass's fields checked on construction (its ``__post_init__`` calls this): ``pow2`` fields are
+    powers of two (tile sizes, warps: Triton's aranges and layouts need them), ``positive`` integers >= 1,
+    ``nonneg`` integers >= 0, and every bool-typed field a bool. One ValueError (TypeError for a wrong type) naming
+    the config, the field and the rule."""
+    name = type(cfg).__name__
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        if f.type in ("bool", bool):
+            if not isinstance(v, bool):
+                raise TypeError(f"{name}: {f.name} must be a bool, got {v!r}")
+            continue
+        if f.name not in pow2 + positive + nonneg:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name}: {f.name} must be an integer, got {v!r}")
+        if f.name in pow2 and (v < 1 or v & (v - 1)):
+            raise ValueError(f"{name}: {f.name} must be a power of two >= 1, got {v}")
+        if f.name in positive and v < 1:
+            raise ValueError(f"{name}: {f.name} must be >= 1, got {v}")
+        if f.name in nonneg and v < 0:
+            raise ValueError(f"{name}: {f.name} must be >= 0, got {v}")
+
+
 def user_dir() -> Path:
     """``$GEMMLAB_CONFIGS``, else ``$GEMMLAB_HOME/configs``, else ``~/.gemmlab/configs``."""
     if os.environ.get("GEMMLAB_CONFIGS"):

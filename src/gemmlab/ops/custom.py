@@ -39,7 +39,7 @@ autograd.Functions for plain eager calls.
 import torch
 from torch import Tensor
 
-from gemmlab.ops.dispatch import unit
+from gemmlab.ops.dispatch import negative_kernel, unit
 from gemmlab.ops.gemm_checks import check_operand, operands
 from gemmlab.ops.moe_checks import (
     check_gather,
@@ -123,6 +123,9 @@ def _(a, b, out):
     return None
 
 
+negative_kernel("gemm_out", 2)
+
+
 # ----------------------------------------------------------------------------------------- grouped_gemm
 
 
@@ -146,6 +149,9 @@ def grouped_gemm_out(x: Tensor, w: Tensor, offsets: Tensor, out: Tensor, validat
 def _(x, w, offsets, out, validate=True):
     check_grouped_args(x, w, offsets, out, memory=False)
     return None
+
+
+negative_kernel("grouped_gemm_out", 3)
 
 
 def weight_grad(dy: Tensor, x: Tensor, offsets: Tensor, dw: Tensor) -> Tensor:

@@ -14,6 +14,7 @@ Registered on ``import gemmlab`` (torch and the checks only; each op's body impo
 import torch
 from torch import Tensor
 
+from gemmlab.ops.dispatch import negative_kernel
 from gemmlab.ops.fp8_checks import FP8, check_gemm_fp8_args, check_quantize_args, quantize_scale_shape
 from gemmlab.ops.moe_fp8_checks import check_grouped_fp8_args, check_moe_fp8_args
 
@@ -44,6 +45,9 @@ def gemm_fp8_out(a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tensor, out: Te
 @gemm_fp8_out.register_fake
 def _(a, b, a_scale, b_scale, out):
     check_gemm_fp8_args(a, b, a_scale, b_scale, out.dtype, out)
+
+
+negative_kernel("gemm_fp8_out", 4)
 
 
 @torch.library.custom_op("gemmlab::quantize_fp8", mutates_args=(), schema="(Tensor x, str granularity=\"tensor\", "
@@ -86,6 +90,9 @@ def grouped_gemm_fp8_out(x: Tensor, w: Tensor, offsets: Tensor, x_scale: Tensor 
 @grouped_gemm_fp8_out.register_fake
 def _(x, w, offsets, x_scale, w_scale, out, validate=True):
     check_grouped_fp8_args(x, w, offsets, x_scale, w_scale, out.dtype, out)
+
+
+negative_kernel("grouped_gemm_fp8_out", 5)
 
 
 @torch.library.custom_op("gemmlab::moe_forward_fp8", mutates_args=())

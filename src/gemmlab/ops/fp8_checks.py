@@ -17,6 +17,17 @@ def _cdiv(x: int, y: int) -> int:
     return -(-x // y)
 
 
+def fp8_out_dtype(op: str, out_dtype, out, default: torch.dtype) -> torch.dtype:
+    """The output dtype of an FP8 op: ``out_dtype`` if given, else out's dtype if ``out`` is given, else
+    ``default``. Both given and different: a ValueError (which one the caller meant is not ours to guess)."""
+    out_type = out.dtype if isinstance(out, torch.Tensor) else None
+    if out_dtype is None:
+        return out_type or default
+    if out_type is not None and out_dtype != out_type:
+        raise ValueError(f"{op}: out has dtype {out_type} but out_dtype is {out_dtype}; pass one, or both the same")
+    return out_dtype
+
+
 def check_gemm_fp8_args(a, b, a_scale, b_scale, out_dtype, out=None) -> int:
     """Check ``gemm_fp8``'s arguments and return the scale mode the scale shapes name: 0 per tensor, 1 per row of A
     and column of B, 2 block (``kernels.gemm_fp8``). One ValueError or TypeError naming the problem otherwise."""

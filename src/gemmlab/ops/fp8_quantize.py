@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 import triton
+from triton import knobs
 
 from gemmlab.ops.fp8_checks import FP8, check_quantize_args
 
@@ -80,10 +81,12 @@ def _quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.T
 
 def launch_quantize_fp8(x: torch.Tensor, granularity: str, block) -> tuple[torch.Tensor, torch.Tensor]:
     """The launcher behind ``quantize_fp8`` and its custom op: checks, then the kernel for rows and 1 x c blocks
-    of a 2-D x, torch ops otherwise."""
+    of a 2-D x on a device it runs on (CUDA, or the CPU under the interpreter), torch ops otherwise (the same
+    values bit for bit: tests/fp8/test_gemm_fp8.py), e.g. on "meta" tensors (shapes only)."""
     block = check_quantize_args(x, granularity, block)
-    if x.numel() and granularity == "row":
+    kernel = x.numel() and (x.is_cuda or (x.device.type == "cpu" and knobs.runtime.interpret))
+    if kernel and granularity == "row":
         return _quantize_groups(x, x.shape[1])
-    if x.numel() and granularity == "block" and block[0] == 1:
+    if kernel and granularity == "block" and block[0] == 1:
         return _quantize_groups(x, block[1])
     return quantize_torch(x, granularity, block)

@@ -61,7 +61,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     (``torch.ops.gemmlab.gemm``) under torch.compile and autograd, see ``gemmlab.ops.custom``."""
     if isinstance(b, PackedB):
         b = b.view() if b.data.requires_grad or dispatch.compiling() else b.fixed_view()
-    if dispatch.direct(a, b, out) and a.dim() == 2 and b.dim() == 2 and (out is None or out.dim() == 2):
+    if (a is not None and b is not None and dispatch.direct(a, b, out) and a.dim() == 2 and b.dim() == 2
+            and (out is None or out.dim() == 2)):
         return launch_gemm(a, b, out)  # the eager hot path: no dispatcher, no autograd wrapper
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -82,6 +83,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     if tuple(out.shape) != shape:
         raise ValueError(f"gemm: out has shape {tuple(out.shape)}, expected {shape}")
     dispatch.refuse_grad_out("gemm", out, a, b)
+    dispatch.refuse_neg_out("gemm", out)
     try:
         out2 = out if out.dim() == 2 and b.dim() == 2 else out.view(a2.shape[0], n)
     except RuntimeError as err:
@@ -97,6 +99,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
 def run(p: Plan, a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Run a plan made by ``plan(a, b, out=out, config=...)`` for operands laid out like these: the
     tuner's and the config sweep's way to launch a pinned config."""
+    dispatch.refuse_neg_out("run", out)
+    a, b = (t.resolve_neg() if isinstance(t, torch.Tensor) else t for t in (a, b))  # (the kernels read raw memory)
     ka, kb, kc, swap = operands(a, b.view() if isinstance(b, PackedB) else b, out)
     fresh = choose(ka, kb, kc, swap, p.config, stage=bool(p.staged), path=None if p.path == "empty" else p.path)
     if replace(fresh, reason=p.reason) != p:  # (the reason says where the config came from)

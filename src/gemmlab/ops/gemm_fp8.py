@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from gemmlab.ops import custom_fp8, dispatch
+from gemmlab.ops.fp8_checks import fp8_out_dtype
 from gemmlab.ops.fp8_quantize import launch_quantize_fp8
 from gemmlab.ops.gemm_fp8_launch import Fp8Config, Fp8Plan, constexprs_fp8, execute_fp8, launch_gemm_fp8, plan_fp8
 
@@ -21,19 +22,23 @@ __all__ = ["Fp8Config", "Fp8Plan", "constexprs_fp8", "execute_fp8", "gemm_fp8", 
 
 
 def gemm_fp8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
-             out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None) -> torch.Tensor:
-    """C (M, N) = (A * a_scale) @ (B * b_scale), fp32 accumulation, C in ``out_dtype``: a (M, K) and b (K, N)
+             out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """C (M, N) = (A * a_scale) @ (B * b_scale), fp32 accumulation, C in ``out_dtype`` (default: out's dtype if out
+    is given, else bf16; a different out_dtype from out's is a ValueError): a (M, K) and b (K, N)
     float8_e4m3fn (b row-major or K-major, e.g. ``q.t()`` of a quantized nn.Linear weight); fp32 scales per tensor
     (), per row/column (M, 1) and (1, N), or block (M, cdiv(K, 128)) and (cdiv(K, 128), cdiv(N, 128)). ``out``
     (M, N) row-major in out_dtype, if given, is written and returned. No autograd. Alignment: K % 16 == 0 (and
     N % 16 == 0 for a row-major b), else ValueError (``ops.gemm_fp8_launch``). A ``torch.library`` custom op
     (``torch.ops.gemmlab.gemm_fp8``) under torch.compile; see ``gemmlab.ops.custom_fp8``."""
+    out_dtype = fp8_out_dtype("gemm_fp8", out_dtype, out, torch.bfloat16)
+    dispatch.refuse_neg_out("gemm_fp8", out)
+    dispatch.refuse_neg_fp8("gemm_fp8", a=a, b=b)
     if dispatch.direct(a, b, a_scale, b_scale, out):
         return launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out)
+    dispatch.need_tensors("gemm_fp8", a=a, b=b, a_scale=a_scale, b_scale=b_scale)
     if out is None:
         return custom_fp8.gemm_fp8(a, b, a_scale, b_scale, out_dtype)
-    if isinstance(out, torch.Tensor) and out.dtype != out_dtype:  # (the out= op takes out's dtype)
-        raise ValueError(f"gemm_fp8: out has dtype {out.dtype}, out_dtype is {out_dtype}")
+    dispatch.need_tensors("gemm_fp8", out=out)
     custom_fp8.gemm_fp8_out(a, b, a_scale, b_scale, out)
     return out
 
@@ -46,4 +51,5 @@ def quantize_fp8(x: torch.Tensor, granularity: str = "tensor", block: tuple[int,
     (``torch.ops.gemmlab.quantize_fp8``) under torch.compile."""
     if dispatch.direct(x):
         return launch_quantize_fp8(x, granularity, block)
+    dispatch.need_tensors("quantize_fp8", x=x)
     return custom_fp8.quantize_fp8(x, granularity, list(block) if isinstance(block, tuple) else block)

@@ -24,8 +24,9 @@ import torch
 
 from gemmlab.device import Target, target_for
 from gemmlab.ops import configs
-from gemmlab.ops.fp8_checks import SCALE_BLOCK, check_gemm_fp8_args
-from gemmlab.ops.layout import descriptor_layout, is_kmajor, overlap, tma_ok
+from gemmlab.ops.fp8_checks import SCALE_BLOCK, check_gemm_fp8_args, fp8_out_dtype
+from gemmlab.ops.gemm_checks import check_out
+from gemmlab.ops.layout import descriptor_layout, is_kmajor, tma_ok
 
 SCALES = ("tensor", "row/col", "block")  # by scale mode 0, 1, 2
 
@@ -50,6 +51,10 @@ class Fp8Config:
     warp_specialize: bool = False
     flatten: bool = False
 
+    def __post_init__(self) -> None:
+        configs.check_fields(self, pow2=("block_m", "block_n", "block_k", "num_warps"),
+                             positive=("group_m", "num_stages"))
+
     @classmethod
     def from_dict(cls, d: dict) -> Fp8Config:
         return configs.config_of(cls, d)
@@ -71,11 +76,12 @@ class Fp8Plan:
 
 
 def plan_fp8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
-             out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
+             out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
              config: Fp8Config | None = None, target: Target | None = None) -> Fp8Plan:
     """The plan of ``gemm_fp8(a, b, a_scale, b_scale, out_dtype=..., out=...)``: checks (alignment included), the
     config (pinned, else the table's first matching rule), the layouts. ``target`` overrides the operands' device
     (the inspector plans for an H200 from "meta" tensors). Pure: no allocation."""
+    out_dtype = fp8_out_dtype("gemm_fp8", out_dtype, out, torch.bfloat16)
     mode = check_gemm_fp8_args(a, b, a_scale, b_scale, out_dtype, out)
     (m, k), n = a.shape, b.shape[1]
     if m == 0 or n == 0 or k == 0:
@@ -177,8 +183,8 @@ def launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out) -> torch.Tensor:
         p = plan_fp8(a, b, a_scale, b_scale, out_dtype=out_dtype, out=out)
         if key is not None:
             _PLANS[key] = p
-    if out is not None and any(out.numel() and t.numel() and overlap(out, t) for t in (a, b, a_scale, b_scale)):
-        raise ValueError("gemm_fp8: out overlaps an input; pass a fresh out")
+    if out is not None:
+        check_out("gemm_fp8", out, a=a, b=b, a_scale=a_scale, b_scale=b_scale)
     if out is None:
         out = torch.empty((p.m, p.n), dtype=out_dtype, device=a.device)
     execute_fp8(p, a, b, a_scale, b_scale, out)

@@ -75,6 +75,10 @@ class GemmConfig:
     stream_k: bool = False  # tma_persistent: data-parallel + stream-K hybrid for the last waves (stream_k_tiles)
     tail_split: int = 0  # tma_persistent: data-parallel waves + the partial last wave split in K (< 2: off)
 
+    def __post_init__(self) -> None:
+        configs.check_fields(self, pow2=("block_m", "block_n", "block_k", "num_warps"),
+                             positive=("group_m", "num_stages"), nonneg=("split_k", "max_nreg", "tail_split"))
+
     @classmethod
     def from_dict(cls, d: dict) -> GemmConfig:
         return configs.config_of(cls, d)
@@ -175,6 +179,10 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
     ``path`` pins the kernel path (None: the route rules, then the planner's own choice).
     Steps: (1) the path, config and layout decisions (``decide``), (2) the launch they make (``launch_spec``)."""
     p = decide(a, b, c, swap_ab, config, target, stage, path)
+    if config is not None and p.path in ("portable", "tma_persistent", "tma_splitk") and min(
+            config.block_m, config.block_n, config.block_k) < 16:  # (the GEMV kernel's own rule: gemv_refusal)
+        raise ValueError(f"plan: the {p.path} kernel needs block_m, block_n and block_k >= 16 (tl.dot's smallest "
+                         f"tile), config has {config.block_m}, {config.block_n}, {config.block_k}")
     return p if p.path == "empty" else dataclasses.replace(p, launch=launch_spec(p, a, b, c))
 
 
@@ -187,6 +195,10 @@ def decide(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
     TMA path pinned for operands left unstaged is an error), else the portable kernel."""
     if path is not None and path not in ROUTABLE:
         raise ValueError(f"path {path!r}: one of {list(ROUTABLE)}")
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"plan: config must be a GemmConfig (or None), got {type(config).__name__} {config!r:.40}")
+    if stage is not None and not isinstance(stage, bool):
+        raise TypeError(f"plan: stage must be True, False or None, got {stage!r:.40}")
     m, k = a.shape
     n = b.shape[1]
     a_kmajor = bool(is_kmajor(a, 1))

@@ -92,16 +92,23 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     if config is not None:
         if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (x, w)):
             raise RuntimeError("grouped_gemm: config= is the tuner's eager path and has no autograd")
+        if not isinstance(config, MoEConfig):
+            raise TypeError(f"grouped_gemm: config must be a MoEConfig, got {type(config).__name__}")
+        dispatch.refuse_neg_out("grouped_gemm", out)
+        x, w, offsets = (t.resolve_neg() if isinstance(t, torch.Tensor) else t for t in (x, w, offsets))
         return launch_grouped_gemm(x, w, offsets, out, validate, config)
     if out is not None:
+        dispatch.refuse_neg_out("grouped_gemm", out)
         if isinstance(out, torch.Tensor):
             dispatch.refuse_grad_out("grouped_gemm", out, *(t for t in (x, w) if isinstance(t, torch.Tensor)))
         if dispatch.direct(x, w, offsets, out):
             return launch_grouped_gemm(x, w, offsets, out, validate)
+        dispatch.need_tensors("grouped_gemm", x=x, w=w, offsets=offsets, out=out)
         custom.grouped_gemm_out(x, w, offsets, out, bool(validate))
         return out
     if dispatch.direct(x, w, offsets):
         return launch_grouped_gemm(x, w, offsets, None, validate)
+    dispatch.need_tensors("grouped_gemm", x=x, w=w, offsets=offsets)
     return custom.grouped_gemm(x, w, offsets, bool(validate))
 
 
@@ -132,6 +139,11 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE | PackedMoEFP8, w2
     if configs is not None:
         if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (x, w1, w2, topk_weights)):
             raise RuntimeError("moe_forward: configs= is the tuner's eager path and has no autograd")
+        if not (isinstance(configs, (tuple, list)) and len(configs) == 2
+                and all(isinstance(c, MoEConfig) for c in configs)):
+            raise TypeError(f"moe_forward: configs must be a (MoEConfig, MoEConfig) pair, got {configs!r:.80}")
+        x, w1, w2, topk_weights, topk_ids = (t.resolve_neg() if isinstance(t, torch.Tensor) else t
+                                             for t in (x, w1, w2, topk_weights, topk_ids))
         return launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, configs)
     lead = None
     if isinstance(x, torch.Tensor) and x.dim() != 2 and x.dim() >= 1:

@@ -99,6 +99,12 @@ class MoEBackwardConfig:
     wg_stages: int = 3
     save_gate_up: bool = True
 
+    def __post_init__(self) -> None:
+        config_tables.check_fields(
+            self, pow2=("block_m", "dh_block_n", "dh_block_k", "dh_warps", "dx_block_n", "dx_block_k", "dx_warps",
+                        "wg_block_m", "wg_block_n", "wg_block_k", "wg_warps"),
+            positive=("group_m", "dh_stages", "dx_stages", "wg_stages"))
+
     @classmethod
     def from_dict(cls, d: dict) -> MoEBackwardConfig:
         known = {f.name for f in fields(cls)}

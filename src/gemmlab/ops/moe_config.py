@@ -52,6 +52,8 @@ class MoEConfig:
         if isinstance(self.programs_per_sm, bool) or not isinstance(self.programs_per_sm, int) or \
                 self.programs_per_sm < 1:
             raise ValueError(f"MoEConfig: programs_per_sm must be an integer >= 1, got {self.programs_per_sm!r}")
+        configs.check_fields(self, pow2=("block_m", "block_n", "block_k", "num_warps"),
+                             positive=("num_stages", "group_m"))
 
     @classmethod
     def from_dict(cls, d: dict) -> MoEConfig:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from gemmlab.ops import custom_fp8, dispatch
-from gemmlab.ops.fp8_checks import SCALE_BLOCK
+from gemmlab.ops.fp8_checks import SCALE_BLOCK, fp8_out_dtype
 from gemmlab.ops.fp8_quantize import quantize_torch
 from gemmlab.ops.moe_fp8_checks import ACT_DTYPES, check_expert_weight, refuse_grad
 from gemmlab.ops.moe_fp8_launch import MoEFp8Config, launch_grouped_gemm_fp8, launch_moe_forward_fp8
@@ -96,15 +96,16 @@ def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_
     benchmark swaps the two by name). A ``torch.library`` custom op (``torch.ops.gemmlab.grouped_gemm_fp8``, and
     ``grouped_gemm_fp8_out`` with ``out``) under tracing."""
     refuse_grad("grouped_gemm_fp8", x, w)
-    if out_dtype is None:
-        out_dtype = getattr(out, "dtype", None) or (x.dtype if getattr(x, "dtype", None) in ACT_DTYPES
-                                                    else torch.bfloat16)
+    out_dtype = fp8_out_dtype("grouped_gemm_fp8", out_dtype, out,
+                              x.dtype if getattr(x, "dtype", None) in ACT_DTYPES else torch.bfloat16)
+    dispatch.refuse_neg_out("grouped_gemm_fp8", out)
+    dispatch.refuse_neg_fp8("grouped_gemm_fp8", x=x, w=w)
     if dispatch.direct(x, w, offsets, x_scale, w_scale, out):
         return launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate, out)
+    dispatch.need_tensors("grouped_gemm_fp8", x=x, w=w, offsets=offsets, w_scale=w_scale,
+                          **({} if x_scale is None else {"x_scale": x_scale}), **({} if out is None else {"out": out}))
     if out is None:
         return custom_fp8.grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, bool(validate))
-    if isinstance(out, torch.Tensor) and out.dtype != out_dtype:  # (the out= op takes out's dtype)
-        raise ValueError(f"grouped_gemm_fp8: out has dtype {out.dtype}, out_dtype is {out_dtype}")
     custom_fp8.grouped_gemm_fp8_out(x, w, offsets, x_scale, w_scale, out, bool(validate))
     return out
 
@@ -118,15 +119,19 @@ def moe_forward_fp8(x: torch.Tensor, packed: PackedMoEFP8, topk_weights: torch.T
         raise TypeError(f"moe_forward (fp8): expected a PackedMoEFP8 (gemmlab.pack_moe_fp8), got "
                         f"{type(packed).__name__}")
     refuse_grad("moe_forward (fp8)", x, topk_weights)
+    dispatch.refuse_neg_fp8("moe_forward (fp8)", w1=packed.w1, w2=packed.w2)
     lead = None
     if isinstance(x, torch.Tensor) and x.dim() != 2 and x.dim() >= 1:
         lead, x = x.shape, x.reshape(-1, x.shape[-1])
-        topk_weights = topk_weights.reshape(x.shape[0], topk_weights.shape[-1])
-        topk_ids = topk_ids.reshape(x.shape[0], topk_ids.shape[-1])
+        if isinstance(topk_weights, torch.Tensor) and topk_weights.dim() >= 1:
+            topk_weights = topk_weights.reshape(x.shape[0], topk_weights.shape[-1])
+        if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() >= 1:
+            topk_ids = topk_ids.reshape(x.shape[0], topk_ids.shape[-1])
     args = (x, packed.w1, packed.w1_scale, packed.w2, packed.w2_scale, topk_weights, topk_ids)
     if dispatch.direct(*args):
         y = launch_moe_forward_fp8(*args, validate)
     else:
+        dispatch.need_tensors("moe_forward (fp8)", x=x, topk_weights=topk_weights, topk_ids=topk_ids)
         y = custom_fp8.moe_forward_fp8(*args, bool(validate))
     return y if lead is None else y.view(lead)
 

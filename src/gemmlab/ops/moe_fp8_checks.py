@@ -28,6 +28,9 @@ def check_expert_weight(op: str, name: str, w, w_scale) -> tuple[int, int, int]:
     if w.dim() != 3 or w.dtype != FP8:
         raise TypeError(f"{op}: {name} must be a 3-D (E, N, K) torch.float8_e4m3fn tensor, got {w.dtype} of shape "
                         f"{tuple(w.shape)} (gemmlab.pack_moe_fp8 makes it)")
+    if w.is_neg():
+        raise ValueError(f"{op}: {name} is a negated view (torch._neg_view) of e4m3 data, which torch cannot negate; "
+                         "negate its scale instead")
     e, n, k = w.shape
     want = (e, _cdiv(n, SCALE_BLOCK), _cdiv(k, SCALE_BLOCK))
     if w_scale.dtype != torch.float32 or tuple(w_scale.shape) != want:

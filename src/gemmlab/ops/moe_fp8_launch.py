@@ -55,7 +55,9 @@ class MoEFp8Config:
     num_stages: int = 3
 
     def __post_init__(self) -> None:
-        if self.block_k <= 0 or SCALE_BLOCK % self.block_k:
+        configs.check_fields(self, pow2=("block_m", "block_n", "block_k", "num_warps"),
+                             positive=("group_m", "num_stages"))
+        if SCALE_BLOCK % self.block_k:
             raise ValueError(f"MoEFp8Config: block_k {self.block_k} must divide {SCALE_BLOCK} (one scale block per "
                              "K step)")
 
