@@ -88,7 +88,11 @@ class Grader:
         self.timeout, self.keep_logs = timeout, keep_logs
         self.progress = progress or (lambda msg: None)
         self.log_dir = tempfile.mkdtemp(prefix="gemmlab-grade-")
-        self.watch = _preload(self.log_dir, self.device, kernel, allow_vendor)
+        try:  # reads the sources beside the kernel: one that is a FIFO or a device is refused (output.UnreadableFile)
+            self.watch = _preload(self.log_dir, self.device, kernel, allow_vendor)
+        except BaseException:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+            raise
         self.vendor_seen: list[str] = []
         self.timed_kernels: set[str] = set()  # what the kernel observer saw in the candidate's batches
         self.plan = None  # batches.BatchPlan, made before the candidate starts

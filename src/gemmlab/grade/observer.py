@@ -48,6 +48,8 @@ import secrets
 import sys
 from pathlib import Path
 
+from gemmlab import output
+
 POLICY = {
     # family -> pattern, searched in the name: vendor whatever Triton names
     "vendor": {
@@ -101,15 +103,22 @@ def _jit(decorator: ast.expr) -> bool:
     return (isinstance(d, ast.Attribute) and d.attr == "jit") or (isinstance(d, ast.Name) and d.id == "jit")
 
 
+MAX_SOURCE_BYTES = 2 << 20  # a source file beside the kernel longer than this is skipped, not read
+
+
 def triton_names(files) -> set[str]:
     """Names of the ``@triton.jit`` (or ``@jit``) functions defined in ``files``, read with ``ast``: nothing
-    is imported or run. Files that cannot be read or parsed, or are over 2 MiB, are skipped."""
+    is imported or run. Files that cannot be parsed, are missing or are over 2 MiB are skipped; one that is not a
+    regular file (a FIFO, /dev/zero behind a symlink: the candidate's directory is the candidate's) raises
+    ``output.UnreadableFile`` naming it, before anything of the candidate runs (``output.read_bounded``)."""
     names: set[str] = set()
     for f in files:
         try:
-            if Path(f).stat().st_size > 2 << 20:
+            tree = ast.parse(output.read_bounded(f, MAX_SOURCE_BYTES).decode(errors="replace"))
+        except output.UnreadableFile as e:
+            if e.too_long:
                 continue
-            tree = ast.parse(Path(f).read_text(errors="replace"))
+            raise
         except (OSError, SyntaxError, ValueError):
             continue
         names |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
