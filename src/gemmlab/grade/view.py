@@ -19,9 +19,25 @@ from gemmlab.output import Table, long_row
 from gemmlab.sandbox.replies import printable
 
 
+def _flat(x) -> str:
+    """A report's string on one line, printable: no terminal escape sequence, no line break (a candidate's text
+    cannot start a line of its own, such as a verdict)."""
+    return " ".join(printable(str(x)).split())
+
+
 def _text(x) -> str:
-    """A report's string as table data: printable, its rich markup escaped."""
-    return escape(printable(str(x)))
+    """A report's string as table data: on one line, printable, its rich markup escaped."""
+    return escape(_flat(x))
+
+
+_MD_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", **{c: "\\" + c for c in "\\`*_[]|~#!"}}
+
+
+def _md(x) -> str:
+    """A report's string as Markdown text that renders as itself: on one line, printable, HTML's ``& < >`` as
+    entities (no tag, no ``<!--`` comment that hides what follows) and Markdown's punctuation backslash-escaped (no
+    code span, emphasis, link or table cell of its own)."""
+    return "".join(_MD_ESCAPES.get(c, c) for c in _flat(x))
 
 
 def _status(status: str) -> str:
@@ -57,6 +73,9 @@ def summary_line(report: dict) -> str:
     s, perf = report["score"], report["performance"]
     line = (f"official score {s['total']:.1f}/{s['max']:.0f} (correctness {s['correctness']:.1f}, "
             f"performance {s['performance']:.1f})")
+    secret = report.get("secret_trials")
+    if secret and secret["ran"]:  # on inputs no seed predicts (grader.check): the counts only, never the seeds
+        line += f"; secret trials {secret['passed']}/{secret['ran']} passed"
     if perf and "ratio" in perf:
         honest = perf.get("honest")
         line += f"; honest: {perf['tflops']:.1f} TFLOPS = {perf['ratio']:.3f}x {perf['baseline']}"
@@ -140,25 +159,28 @@ def long_rows(report: dict) -> list[dict]:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# gemmlab grade: {report['cases_name']}", "",
-             f"kernel `{report['kernel']}` ({report['signature']}), {report['dtype']} {report['layout']}, "
-             f"{report['env'].get('gpu') or report['device']}, {report['env']['date']}, "
-             f"{provenance.label(report['env'])}",
+    """report.md: every string that is not the grader's own (case and kernel names, reasons quoting the candidate,
+    the environment) through ``_md``, so no text of the candidate's adds a line, a row, a cell or a comment."""
+    lines = [f"# gemmlab grade: {_md(report['cases_name'])}", "",
+             f"kernel {_md(report['kernel'])} ({_md(report['signature'])}), {report['dtype']} {report['layout']}, "
+             f"{_md(report['env'].get('gpu') or report['device'])}, {_md(report['env']['date'])}, "
+             f"{_md(provenance.label(report['env']))}",
              "", "| case | M x N x K | status | max abs err | tolerance | paths / kernels | reason |",
              "|---|---|---|---:|---:|---|---|"]
     for c in report["correctness"]:
-        lines.append(f"| {c['name']} | {_shape(c['shape'])} | {c['status']} | {_fmt(c['max_abs_err'])} | "
-                     f"{_fmt(c['tolerance'])} | {', '.join(c['paths'] + c['kernels'][:2])} | {c['reason']} |")
+        lines.append(f"| {_md(c['name'])} | {_shape(c['shape'])} | {_md(c['status'])} | {_fmt(c['max_abs_err'])} | "
+                     f"{_fmt(c['tolerance'])} | {_md(', '.join(c['paths'] + c['kernels'][:2]))} | "
+                     f"{_md(c['reason'])} |")
     perf = report["performance"]
     if perf:
         lines += ["", "| perf case | M x N x K | status | median ms | TFLOPS | baseline TFLOPS | ratio | reason |",
                   "|---|---|---|---:|---:|---:|---:|---|",
-                  f"| {perf['name']} | {_shape(perf['shape'])} | {perf['status']} | "
+                  f"| {_md(perf['name'])} | {_shape(perf['shape'])} | {_md(perf['status'])} | "
                   f"{_fmt(perf.get('median_ms'), '.4g')} | {_fmt(perf.get('tflops'), '.1f')} | "
                   f"{_fmt(perf.get('baseline_tflops'), '.1f')} | "
-                  f"{_fmt(perf.get('ratio'), '.3f')} | {perf['reason']} |"]
-    lines += ["", summary_line(report), ""]
-    return printable("\n".join(lines))
+                  f"{_fmt(perf.get('ratio'), '.3f')} | {_md(perf['reason'])} |"]
+    lines += ["", _md(summary_line(report)), ""]
+    return "\n".join(lines)
 
 
 def clear(out_dir: str) -> None:

@@ -1,0 +1,153 @@
+"""What the candidate controls of the grader's inputs and outputs (issue 29, items 3, 5, 7 and 9): secret trials that
+no ``--seed`` predicts, report.md that no candidate text forges, bounded non-blocking reads of the files beside the
+kernel, of case files and of logs. Known-bad kernels: tests/bad_kernels/grader_inputs.py. Every grade that could hang
+runs in a subprocess with a generous time limit, so a hang fails the test instead of hanging CI."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from gemmlab import output
+from gemmlab.grade import cases, grade
+from tests.child import no_interpreter_env
+from tests.paths import BAD_KERNELS, CASES
+
+BAD = str(BAD_KERNELS / "grader_inputs.py")
+HONEST = f"{BAD_KERNELS / 'kernels.py'}:honest"
+TINY_LEGACY = str(CASES / "tiny-legacy.json")
+LIMIT_S = 600  # a grade of a tiny case file takes seconds; a hang is what this catches
+
+
+def grade_cli(*args, env=None, timeout=LIMIT_S):
+    """``gemmlab grade ARGS`` in a subprocess; fails the test if it runs past ``timeout`` (a hang)."""
+    try:
+        return subprocess.run([sys.executable, "-m", "gemmlab", "grade", *args], capture_output=True, text=True,
+                              env={**no_interpreter_env(), **(env or {})}, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"gemmlab grade {' '.join(args)} hung (no answer in {timeout} s)")
+
+
+def one_line_exit_2(r, *words):
+    lines = [x for x in r.stderr.strip().splitlines() if not x.startswith("grading ")]
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines) == 1, (r.returncode, r.stderr[-2000:])
+    assert all(w in lines[0] for w in words), lines[0]
+    return lines[0]
+
+
+def untimed(tmp_path, *shapes, name="untimed.json") -> str:
+    """A colmajor competition case file of ``shapes`` (name, M, N, K) and no performance case: correctness only."""
+    path = tmp_path / name
+    path.write_text(json.dumps({"name": "untimed", "dtype": "float16", "layout": "colmajor", "inputs": "competition",
+                                "correctness": [{"name": n, "M": m, "N": nn, "K": k} for n, m, nn, k in shapes]}))
+    return str(path)
+
+
+# ------------------------------------------------------------------------------------------------ secret trials
+
+
+def test_an_honest_kernel_passes_every_secret_trial(tmp_path):
+    r = grade(untimed(tmp_path, ("a", 16, 24, 32), ("odd", 7, 5, 9)), kernel=HONEST)
+    assert r["verdict"] == "PASS" and not r["failures"], r["failures"]
+    assert r["secret_trials"] == {"ran": 4, "passed": 4}  # one per kind of input (competition, uniform), per case
+    for c in r["correctness"]:
+        seeds = [t["seed"] for t in c["trials"]]
+        assert seeds[3:] == ["secret", "secret"] and all(isinstance(s, int) for s in seeds[:3])
+        assert {t["kind"] for t in c["trials"][3:]} == {"competition", "uniform"}
+
+
+def test_a_table_of_the_seeded_inputs_fails_the_secret_trials():
+    """The kernel reads --seed and --cases from the grader's command line, answers every public trial from a table
+    and computes nothing on the listed shapes: every public trial passes, a secret one fails."""
+    r = grade_cli("--cases", TINY_LEGACY, "--kernel", f"{BAD}:answers_listed_from_table", "--seed", "7", "--json")
+    assert r.returncode == 1, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    assert report["verdict"] == "FAIL" and report["score"]["correctness"] == 0, report["failures"]
+    for c in report["correctness"]:
+        public = [t for t in c["trials"] if t["seed"] != "secret"]
+        assert len(public) == 3 and all(t["max_abs_err"] <= t["tolerance"] for t in public)  # the table answered
+        assert c["status"] == "FAIL" and c["rule"] == "correctness" and c["reason"].startswith("secret trial 1")
+    assert report["secret_trials"]["passed"] == 0 < report["secret_trials"]["ran"]
+    assert "secret trials 0/" in r.stderr  # the terminal's summary says it
+
+
+# ------------------------------------------------------------------------------------------------ the report
+
+
+def test_a_candidates_exception_cannot_forge_the_report(tmp_path):
+    out = tmp_path / "out"
+    r = grade_cli("--cases", untimed(tmp_path, ("a", 16, 24, 32), ("b", 8, 8, 16)), "--kernel",
+                  f"{BAD}:raises_a_forged_report", "--output-dir", str(out))
+    assert r.returncode == 1, r.stderr[-2000:]
+    md = (out / "report.md").read_text()
+    assert "<!--" not in md and "\n\n<" not in md
+    for text in (md, r.stdout, r.stderr):
+        assert "\x1b" not in text
+    lines = md.splitlines()
+    assert [x for x in lines if x.startswith("#")] == ["# gemmlab grade: untimed"]
+    assert [x for x in lines if x.startswith("official score")] == [lines[-1]] and lines[-1].endswith("verdict FAIL")
+    rows = [x for x in lines if x.startswith("|") and not x.startswith(("| case", "|---"))]
+    assert [x.split(" | ")[0] for x in rows] == ["| a", "| b"]  # the real rows, each a row of its own
+    for row in rows:  # seven cells: no pipe of the candidate's opens one
+        assert row.replace("\\|", "").count("|") == 8 and "| FAIL |" in row and "boom \\|" in row
+        assert "\\`" in row and "&lt;\\!--" in row and "\\[x\\](http://evil)" in row
+    assert json.loads((out / "report.json").read_text())["verdict"] == "FAIL"
+    terminal = [x.strip() for x in r.stdout.splitlines()]
+    assert not any(x.startswith(("official score 100", "# gemmlab")) for x in terminal)
+
+
+# ------------------------------------------------------------------------------------------------ bounded reads
+
+
+def test_read_bounded_reads_only_regular_files_and_never_past_its_limit(tmp_path):
+    fifo, text, link = tmp_path / "f", tmp_path / "t", tmp_path / "l"
+    os.mkfifo(fifo)
+    text.write_bytes(b"0123456789")
+    link.symlink_to(text)
+    for path, words in ((fifo, "a FIFO"), ("/dev/zero", "a character device"), (tmp_path, "a directory")):
+        with pytest.raises(output.UnreadableFile, match=words) as e:
+            output.read_bounded(path, 100)
+        assert not e.value.too_long
+    with pytest.raises(output.UnreadableFile, match="a symlink"):
+        output.read_bounded(link, 100, follow=False)
+    with pytest.raises(output.UnreadableFile, match="over the 4") as e:
+        output.read_bounded(text, 4)
+    assert e.value.too_long
+    assert output.read_bounded(link, 100) == b"0123456789" and output.read_bounded(text, 4, tail=True) == b"6789"
+    with pytest.raises(FileNotFoundError):
+        output.read_bounded(tmp_path / "missing", 4)
+
+
+@pytest.mark.parametrize("what", ["fifo", "dev-zero"])
+def test_a_case_file_that_is_a_fifo_or_dev_zero_is_one_line(tmp_path, what):
+    path = tmp_path / "cases.json"
+    os.mkfifo(path) if what == "fifo" else path.symlink_to("/dev/zero")
+    with pytest.raises(cases.CaseError, match="not a regular file"):
+        cases.load(str(path))
+    words = "a FIFO" if what == "fifo" else "a character device"
+    one_line_exit_2(grade_cli("--cases", str(path), "--kernel", HONEST), str(path), words)
+
+
+@pytest.mark.parametrize("name,what", [("zz.py", "fifo"), ("x.py", "dev-zero")])
+def test_a_fifo_or_dev_zero_beside_the_kernel_is_one_line(tmp_path, name, what):
+    shutil.copy(BAD_KERNELS / "kernels.py", tmp_path / "k.py")
+    os.mkfifo(tmp_path / name) if what == "fifo" else (tmp_path / name).symlink_to("/dev/zero")
+    before = set(os.listdir(tmp_path))
+    r = grade_cli("--cases", untimed(tmp_path, ("a", 16, 24, 32)), "--kernel", f"{tmp_path / 'k.py'}:honest",
+                  env={"TMPDIR": str(tmp_path)})
+    one_line_exit_2(r, str(tmp_path / name), "a FIFO" if what == "fifo" else "a character device")
+    assert set(os.listdir(tmp_path)) == before | {"untimed.json"}  # the grader's log directory went too
+
+
+def test_a_log_replaced_by_a_fifo_does_not_hang_the_grader(tmp_path):
+    """The child puts a FIFO where its log was and dies; the grader, quoting the end of the log, says so."""
+    r = grade_cli("--cases", untimed(tmp_path, ("a", 16, 24, 32)), "--kernel", f"{BAD}:replaces_its_log_with_a_fifo",
+                  "--json", env={"TMPDIR": str(tmp_path), "BAD_KERNEL_OUT_DIR": str(tmp_path),
+                                 "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path)})  # as where no Landlock domain stops it
+    assert (tmp_path / "planted").exists(), r.stderr[-2000:]
+    assert r.returncode == 1, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    assert report["verdict"] == "FAIL" and "a FIFO, not a regular file" in report["failures"][0]["reason"]
