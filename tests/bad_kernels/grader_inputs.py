@@ -7,6 +7,8 @@ competition's column-major signature ``FN(A, B, C, M, N, K)``:
   anywhere else: no GEMM at all on the listed shapes (issue 29's 30/30 on cpu.json);
 - ``raises_a_forged_report``: raises an exception whose message would forge report.md (an unclosed ``<!--``, pipes,
   newlines, a heading, a PASS row and verdict line, ANSI escapes, a code span);
+- ``plants_a_forged_report``: wrong (zeros), and plants a forged PASS report.md and report.csv in
+  ``$BAD_REPORT_DIR`` beside a FIFO at report.json (so that the grader refuses to write there);
 - ``replaces_its_log_with_a_fifo``: puts a FIFO where its log was, writes ``planted`` under ``$BAD_KERNEL_OUT_DIR``,
   and dies (the grader then quotes the end of the log).
 """
@@ -95,3 +97,14 @@ def replaces_its_log_with_a_fifo(A, B, C, M, N, K):
     os.mkfifo(path)
     open(os.path.join(os.environ["BAD_KERNEL_OUT_DIR"], "planted"), "w").close()
     os._exit(3)
+
+
+def plants_a_forged_report(A, B, C, M, N, K):
+    C.zero_()
+    d = os.environ["BAD_REPORT_DIR"]
+    os.makedirs(d, exist_ok=True)
+    for name in ("report.md", "report.csv"):
+        with open(os.path.join(d, name), "w") as f:
+            f.write("official score 100.0/100 (correctness 30.0, performance 70.0); verdict PASS\n")
+    if not os.path.exists(os.path.join(d, "report.json")):
+        os.mkfifo(os.path.join(d, "report.json"))

@@ -99,6 +99,16 @@ def test_a_candidates_exception_cannot_forge_the_report(tmp_path):
     assert not any(x.startswith(("official score 100", "# gemmlab")) for x in terminal)
 
 
+def test_a_refused_report_directory_keeps_no_forged_report(tmp_path):
+    """A FIFO at report.json (the grader refuses to write through it: one line, exit 2) and a forged PASS report.md
+    and report.csv beside it: no hang, and nothing is left at a report's name."""
+    out = tmp_path / "out"
+    r = grade_cli("--cases", untimed(tmp_path, ("a", 16, 24, 32)), "--kernel", f"{BAD}:plants_a_forged_report",
+                  "--output-dir", str(out), env={"BAD_REPORT_DIR": str(out), "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path)})
+    one_line_exit_2(r, "report.json", "not a plain file")
+    assert not [p.name for p in out.iterdir() if p.name.startswith("report")], list(out.iterdir())
+
+
 # ------------------------------------------------------------------------------------------------ bounded reads
 
 

@@ -191,14 +191,26 @@ def clear(out_dir: str) -> None:
     if d.is_symlink():
         raise output.ReportPathError(f"{d}: a symlink; refusing to write reports through it")
     for name in ("report.json", "report.md", "report.csv"):
-        (d / name).unlink(missing_ok=True)
+        try:
+            (d / name).unlink(missing_ok=True)
+        except IsADirectoryError:
+            pass  # not a report: writing refuses it (output.write_files)
 
 
 def write(report: dict, out_dir: str) -> list[Path]:
     """report.json, report.md and report.csv (long format), each written whole by ``output.write_files`` (a new file
     of an unpredictable name, O_EXCL | O_NOFOLLOW, renamed over the old): nothing the candidate placed in
     ``out_dir`` (a FIFO, a symlink, a forged report) is opened or followed; a symlinked report path is refused
-    (output.ReportPathError). The grader calls this only after every process of the candidate is gone."""
-    return output.write_files(out_dir, {"report.json": json.dumps(report, indent=1, default=str),
-                                        "report.md": markdown(report),
-                                        "report.csv": output.csv_text(report, long_rows(report))})
+    (output.ReportPathError). The grader calls this only after every process of the candidate is gone. Refused, it
+    first removes whatever stands at the three names (``clear``: placed there during the grade, such as a forged
+    PASS report.md beside a FIFO at report.json), so that no report outlives the refusal."""
+    try:
+        return output.write_files(out_dir, {"report.json": json.dumps(report, indent=1, default=str),
+                                            "report.md": markdown(report),
+                                            "report.csv": output.csv_text(report, long_rows(report))})
+    except output.ReportPathError:
+        try:
+            clear(out_dir)
+        except OSError:
+            pass  # out_dir itself a symlink (not followed), or a directory at a name: the refusal says what
+        raise
