@@ -74,6 +74,23 @@ def test_a_table_of_the_seeded_inputs_fails_the_secret_trials():
     assert "secret trials 0/" in r.stderr  # the terminal's summary says it
 
 
+@pytest.mark.gpu
+def test_a_table_of_the_seeded_inputs_fails_the_secret_trials_on_competition():
+    """The issue's H200 story: on competition.json the table answered every listed case and gemmlab's kernel only the
+    timed shape (also the listed correctness_8k), for the full 30 correctness points. Now every other case fails a
+    secret trial."""
+    r = grade_cli("--cases", "competition", "--kernel", f"{BAD}:answers_listed_from_table", "--seed", "7", "--json")
+    assert r.returncode == 1, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    assert report["verdict"] == "FAIL" and report["performance"] is None, report["failures"]
+    timed = report["performance_shape"]
+    for c in report["correctness"]:
+        public = [t for t in c["trials"] if t["seed"] != "secret"]
+        assert len(public) == 3 and all(t["max_abs_err"] <= t["tolerance"] for t in public)
+        if list(c["shape"]) != timed:
+            assert c["status"] == "FAIL" and c["reason"].startswith("secret trial 1"), c
+
+
 # ------------------------------------------------------------------------------------------------ the report
 
 
