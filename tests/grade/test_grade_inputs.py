@@ -158,6 +158,14 @@ def test_a_case_file_that_is_a_fifo_or_dev_zero_is_one_line(tmp_path, what):
     one_line_exit_2(grade_cli("--cases", str(path), "--kernel", HONEST), str(path), words)
 
 
+def test_a_case_name_with_a_terminal_escape_is_refused(tmp_path):
+    path = tmp_path / "escape.json"
+    path.write_text(json.dumps({"dtype": "float16", "layout": "colmajor", "inputs": "competition",
+                                "correctness": [{"name": "a\x1b[2J\nverdict PASS", "M": 8, "N": 8, "K": 8}]}))
+    with pytest.raises(cases.CaseError, match=r"correctness\[0\]\.name: expected printable text"):
+        cases.load(str(path))
+
+
 @pytest.mark.parametrize("name,what", [("zz.py", "fifo"), ("x.py", "dev-zero")])
 def test_a_fifo_or_dev_zero_beside_the_kernel_is_one_line(tmp_path, name, what):
     shutil.copy(BAD_KERNELS / "kernels.py", tmp_path / "k.py")

@@ -130,6 +130,8 @@ class _Bad(Exception):
 def _str(v):
     if not isinstance(v, str):
         raise _Bad(f"expected a string, got {type(v).__name__} {v!r}")
+    if not v.isprintable():  # names reach the terminal, the progress line and the reports: no escape sequence
+        raise _Bad(f"expected printable text on one line, got {v!r}")
     return v
 
 
