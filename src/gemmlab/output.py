@@ -155,9 +155,10 @@ def write_files(out_dir: str | Path, files: dict[str, str]) -> list[Path]:
     return [out / name for name in files]
 
 
-class UnreadableFile(OSError):
+class UnreadableFile(OSError, ValueError):
     """A file that ``read_bounded`` refuses: not a regular file (a FIFO, a device, a socket, a directory), a symlink
-    where none may be, or longer than the reader's cap (``too_long``). The message names the path and what it is."""
+    where none may be, or longer than the reader's cap (``too_long``). The message names the path and what it is. A
+    ValueError too: bad input, as the API reports it."""
 
     def __init__(self, message: str, too_long: bool = False):
         super().__init__(message)

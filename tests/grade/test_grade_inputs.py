@@ -171,10 +171,12 @@ def test_a_fifo_or_dev_zero_beside_the_kernel_is_one_line(tmp_path, name, what):
     shutil.copy(BAD_KERNELS / "kernels.py", tmp_path / "k.py")
     os.mkfifo(tmp_path / name) if what == "fifo" else (tmp_path / name).symlink_to("/dev/zero")
     before = set(os.listdir(tmp_path))
-    r = grade_cli("--cases", untimed(tmp_path, ("a", 16, 24, 32)), "--kernel", f"{tmp_path / 'k.py'}:honest",
-                  env={"TMPDIR": str(tmp_path)})
-    one_line_exit_2(r, str(tmp_path / name), "a FIFO" if what == "fifo" else "a character device")
+    case_file, words = untimed(tmp_path, ("a", 16, 24, 32)), "a FIFO" if what == "fifo" else "a character device"
+    r = grade_cli("--cases", case_file, "--kernel", f"{tmp_path / 'k.py'}:honest", env={"TMPDIR": str(tmp_path)})
+    one_line_exit_2(r, str(tmp_path / name), words)
     assert set(os.listdir(tmp_path)) == before | {"untimed.json"}  # the grader's log directory went too
+    with pytest.raises(ValueError, match=words):  # the API: a ValueError (output.UnreadableFile) naming the file
+        grade(case_file, kernel=f"{tmp_path / 'k.py'}:honest")
 
 
 def test_a_log_replaced_by_a_fifo_does_not_hang_the_grader(tmp_path):
