@@ -179,6 +179,20 @@ def test_a_fifo_or_dev_zero_beside_the_kernel_is_one_line(tmp_path, name, what):
         grade(case_file, kernel=f"{tmp_path / 'k.py'}:honest")
 
 
+def test_sources_nested_past_the_parsers_depth_are_skipped(tmp_path):
+    """A file beside the kernel (or the kernel's own) that the parser cannot take (RecursionError, the parser's
+    MemoryError) is skipped by the observer and left to the loader by the CLI's spec check: no traceback."""
+    from gemmlab.cli import kernelspec
+    from gemmlab.grade import observer
+
+    files = [tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"]
+    texts = ("x" + "[0]" * 200000, "-" * 1000000 + "1", "import triton\n@triton.jit\ndef k(x): pass\n")
+    for f, text in zip(files, texts, strict=True):
+        f.write_text(text)
+    assert observer.triton_names(files) == {"k"}
+    assert kernelspec.problem(f"{files[0]}:fn") is None and kernelspec.problem(f"{files[1]}:fn") is None
+
+
 def test_a_log_replaced_by_a_fifo_does_not_hang_the_grader(tmp_path):
     """The child puts a FIFO where its log was and dies; the grader, quoting the end of the log, says so."""
     r = grade_cli("--cases", untimed(tmp_path, ("a", 16, 24, 32)), "--kernel", f"{BAD}:replaces_its_log_with_a_fifo",

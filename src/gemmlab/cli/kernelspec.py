@@ -22,7 +22,7 @@ def _top_level_names(path: Path) -> set[str] | None:
     try:  # a regular file only, bounded: a FIFO or /dev/zero at the path never blocks or fills the CLI
         tree = ast.parse(output.read_bounded(path, MAX_SOURCE_BYTES).decode("utf-8", errors="replace"),
                          filename=str(path))
-    except (SyntaxError, ValueError, OSError):
+    except (SyntaxError, ValueError, OSError, RecursionError, MemoryError):  # nested past the parser's depth too
         return None
     names: set[str] = set()
     for node in ast.walk(tree):  # bindings under if/try at the top level count too

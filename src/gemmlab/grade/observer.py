@@ -104,22 +104,29 @@ def _jit(decorator: ast.expr) -> bool:
 
 
 MAX_SOURCE_BYTES = 2 << 20  # a source file beside the kernel longer than this is skipped, not read
+MAX_SOURCES_BYTES = 64 << 20  # of all of them: the files after are skipped
 
 
 def triton_names(files) -> set[str]:
     """Names of the ``@triton.jit`` (or ``@jit``) functions defined in ``files``, read with ``ast``: nothing
-    is imported or run. Files that cannot be parsed, are missing or are over 2 MiB are skipped; one that is not a
-    regular file (a FIFO, /dev/zero behind a symlink: the candidate's directory is the candidate's) raises
-    ``output.UnreadableFile`` naming it, before anything of the candidate runs (``output.read_bounded``)."""
+    is imported or run. Files that cannot be parsed (nested past the parser's depth too), are missing or are over
+    2 MiB are skipped, and all after the first 64 MiB read; one that is not a regular file (a FIFO, /dev/zero behind a
+    symlink: the candidate's directory is the candidate's) raises ``output.UnreadableFile`` naming it, before
+    anything of the candidate runs (``output.read_bounded``)."""
     names: set[str] = set()
+    total = 0
     for f in files:
         try:
-            tree = ast.parse(output.read_bounded(f, MAX_SOURCE_BYTES).decode(errors="replace"))
+            text = output.read_bounded(f, MAX_SOURCE_BYTES)
+            total += len(text)
+            if total > MAX_SOURCES_BYTES:
+                break
+            tree = ast.parse(text.decode(errors="replace"))
         except output.UnreadableFile as e:
             if e.too_long:
                 continue
             raise
-        except (OSError, SyntaxError, ValueError):
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):  # MemoryError: the parser's stack
             continue
         names |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
                   and any(_jit(d) for d in n.decorator_list)}
