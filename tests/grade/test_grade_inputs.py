@@ -193,6 +193,21 @@ def test_sources_nested_past_the_parsers_depth_are_skipped(tmp_path):
     assert kernelspec.problem(f"{files[0]}:fn") is None and kernelspec.problem(f"{files[1]}:fn") is None
 
 
+def test_the_interposers_files_replaced_by_a_fifo_or_a_symlink_read_as_tampered(tmp_path):
+    """vendor_guard's log and counter file (a GPU's observer) as the child could leave them: a FIFO, a symlink to
+    /dev/zero. Read without blocking: the log is tampered with (a FAIL by the vendor rule), the counters absent."""
+    from gemmlab.grade import preload
+
+    fifo, link = tmp_path / "vg.log", tmp_path / "vg.counts"
+    os.mkfifo(fifo)
+    link.symlink_to("/dev/zero")
+    for path, words in ((fifo, "a FIFO"), (link, "a symlink")):
+        obs = preload.read_log(path)
+        state, detail = preload.assess(obs, 1234)
+        assert state == "vendor" and "tampered" in detail and words in detail, detail
+        assert preload.read_counts(path) is None
+
+
 def test_a_log_replaced_by_a_fifo_does_not_hang_the_grader(tmp_path):
     """The child puts a FIFO where its log was and dies; the grader, quoting the end of the log, says so."""
     r = grade_cli("--cases", untimed(tmp_path, ("a", 16, 24, 32)), "--kernel", f"{BAD}:replaces_its_log_with_a_fifo",
