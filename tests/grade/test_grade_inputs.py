@@ -179,6 +179,13 @@ def test_a_fifo_or_dev_zero_beside_the_kernel_is_one_line(tmp_path, name, what):
         grade(case_file, kernel=f"{tmp_path / 'k.py'}:honest")
 
 
+@pytest.mark.parametrize("what", ["fifo", "dev-zero"])
+def test_a_kernel_file_that_is_a_fifo_or_dev_zero_is_one_line(tmp_path, what):
+    kernel = tmp_path / "k.py"
+    os.mkfifo(kernel) if what == "fifo" else kernel.symlink_to("/dev/zero")
+    one_line_exit_2(grade_cli("--kernel", f"{kernel}:fn"), str(kernel), "is not a regular file")
+
+
 def test_sources_nested_past_the_parsers_depth_are_skipped(tmp_path):
     """A file beside the kernel (or the kernel's own) that the parser cannot take (RecursionError, the parser's
     MemoryError) is skipped by the observer and left to the loader by the CLI's spec check: no traceback."""
