@@ -1,9 +1,10 @@
 """Rendering a grade report: tables (the terminal, the HTML page), report.json, report.md and report.csv on disk.
 
 Much of a report's text comes from the candidate (its exceptions, its log, the kernel names it reports) or from the
-user (the kernel's spec, case names): every such string reaches a table as data (``_text``: rich markup escaped, so
-"[/b]" is neither a style nor a MarkupError, and ``printable``: no terminal escape sequence), report.md as
-``printable`` text.
+user (the kernel's spec, case names): every such string reaches a table as data (``_text``: one line, rich markup
+escaped, so "[/b]" is neither a style nor a MarkupError, and ``printable``: no terminal escape sequence), report.md as
+Markdown text that renders as itself (``_md``: one line, printable, HTML's ``& < >`` as entities, Markdown's
+punctuation backslash-escaped), the HTML page through ``html.escape`` (``report/html.py``).
 """
 
 from __future__ import annotations
