@@ -5,6 +5,7 @@
     write(report, out_dir, stem, tables, rows) -> [stem.json, stem.csv, stem.md]
     write_files(out_dir, {name: text})   each file whole or not at all, never through a symlink or a FIFO
     write_text(path, text, keep=inputs)  ``--output FILE``: write_files, refusing the command's inputs and ledgers
+    read_bounded(path, limit)            a regular file's bytes, never a FIFO's or a device's, never past ``limit``
     emit_json(report)                    ``--json``: exactly one JSON document on stdout
     plot_missing(path)                   a requested PNG without matplotlib: one line on stderr, never silent
 
@@ -16,6 +17,7 @@ report carries a "kind" (``KINDS``), the field ``gemmlab report`` reads to know 
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -167,6 +169,66 @@ def write_text(path: str | Path, text: str, keep: Iterable[str | Path] = ()) -> 
             if f.read(16) == b"SQLite format 3\x00":
                 raise ReportPathError(f"{path}: a SQLite database (a ledger?); refusing to overwrite it")
     return write_files(path.parent, {path.name: text})[0]
+
+
+class UnreadableFile(OSError, ValueError):
+    """A file that ``read_bounded`` refuses: not a regular file (a FIFO, a device, a socket, a directory), a symlink
+    where none may be, or longer than the reader's cap (``too_long``). The message names the path and what it is. A
+    ValueError too: bad input, as the API reports it."""
+
+    def __init__(self, message: str, too_long: bool = False):
+        super().__init__(message)
+        self.too_long = too_long
+
+
+def _what(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink"))
+    return next((word for test, word in kinds if test(mode)), "not a regular file")
+
+
+def read_bounded(path: str | Path, limit: int, follow: bool = True, tail: bool = False) -> bytes:
+    """The bytes of the regular file ``path``, for a file someone else controls (a candidate's sources, a case file,
+    a child's log): never opened when it is not a regular file (checked again on the open descriptor, so a swap in
+    between is caught), opened O_NONBLOCK (a FIFO swapped in cannot block the open), and never read past ``limit``
+    bytes, however long it is or grows. ``follow=False``: a symlink at ``path`` is refused too (O_NOFOLLOW).
+    ``tail``: the last ``limit`` bytes of a longer file instead of refusing it. Raises ``UnreadableFile`` naming the
+    path and what it is; a missing file is FileNotFoundError, as ``open``'s."""
+    shown = str(path) if str(path).isprintable() else ascii(str(path))  # a name can carry terminal escapes
+    try:
+        mode = (os.stat if follow else os.lstat)(path).st_mode
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, shown) from None
+    if not stat.S_ISREG(mode):
+        raise UnreadableFile(f"{shown}: {_what(mode)}, not a regular file; refusing to read it")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow:
+            raise UnreadableFile(f"{shown}: a symlink, not a regular file; refusing to read it") from None
+        raise OSError(e.errno, e.strerror, shown) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnreadableFile(f"{shown}: {_what(st.st_mode)}, not a regular file; refusing to read it")
+        if tail and st.st_size > limit:
+            os.lseek(fd, st.st_size - limit, os.SEEK_SET)
+        elif st.st_size > limit:
+            raise UnreadableFile(f"{shown}: {st.st_size} bytes, over the {limit} read of it", too_long=True)
+        chunks, n = [], 0
+        while n <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - n))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            n += len(chunk)
+        if n > limit and tail:
+            return b"".join(chunks)[-limit:]
+        if n > limit:
+            raise UnreadableFile(f"{shown}: grew past the {limit} bytes read of it while read", too_long=True)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def dumps(report: dict) -> str:

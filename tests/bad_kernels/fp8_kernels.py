@@ -3,13 +3,23 @@ scales () or (M, 1) and (1, N) fp32, c (M, N) written in place (``gemmlab.sandbo
 rule of the fp8 grader (tests/grade/test_fp8_grade.py); ``dequantized_fp32`` is their honest twin (no vendor GEMM:
 a float32 matmul on the CPU is torch's BLAS, so it runs with --allow-vendor)."""
 
+import sys
 import time
 
 import torch
 
 PERF_M = 24  # the performance case's M in tests/cases/fp8-small.json
 
-_calls = {"perf": 0}
+
+def _timed() -> bool:
+    """Whether this call is one of a timed batch (the worker's timing loop, ``time_calls``, is on the stack): a kernel
+    that cheats only while timed is honest in every correctness trial, however many the grader runs."""
+    f = sys._getframe()
+    while f is not None:
+        if f.f_code.co_name == "time_calls":
+            return True
+        f = f.f_back
+    return False
 
 
 def _exact32(a, b, a_scale, b_scale):
@@ -44,11 +54,9 @@ def rounds_toward_zero(a, b, a_scale, b_scale, c, M, N, K):
 
 
 def rounds_toward_zero_when_timed(a, b, a_scale, b_scale, c, M, N, K):
-    """Honest through every check of the timed size (its three exact-shape trials), toward zero while timed."""
-    if M == PERF_M:
-        _calls["perf"] += 1
-        if _calls["perf"] > 3:
-            return rounds_toward_zero(a, b, a_scale, b_scale, c, M, N, K)
+    """Honest through every check of the timed size (its exact-shape trials), toward zero while timed."""
+    if M == PERF_M and _timed():
+        return rounds_toward_zero(a, b, a_scale, b_scale, c, M, N, K)
     return dequantized_fp32(a, b, a_scale, b_scale, c, M, N, K)
 
 

@@ -6,6 +6,7 @@ gemmlab's own kernel."""
 
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -17,6 +18,16 @@ PERF_SHAPE = (96, 128, 256)  # cpu.json's performance shape
 TINY_LEGACY_PERF = (24, 16, 48)  # tests/cases/tiny-legacy.json's
 _cache = {}
 _calls = {"n": 0}
+
+def _timed() -> bool:
+    """Whether this call is one of a timed batch (the worker's timing loop, ``time_calls``, is on the stack): a kernel
+    that cheats only while timed is honest in every correctness trial, however many the grader runs."""
+    f = sys._getframe()
+    while f is not None:
+        if f.f_code.co_name == "time_calls":
+            return True
+        f = f.f_back
+    return False
 
 
 def _mm(a, b):
@@ -100,27 +111,26 @@ def replays_seeded_inputs(A, B, C, M, N, K):
     from gemmlab.grade.grader import _seed
     from gemmlab.grade.inputs import operands
 
-    _calls["n"] += 1
-    if _calls["n"] <= 3:
+    if not _timed():
         return honest(A, B, C, M, N, K)
+    _calls["n"] += 1
     argv = open(f"/proc/{os.getppid()}/cmdline", "rb").read().split(b"\0")
     seed = int(argv[argv.index(b"--seed") + 1]) if b"--seed" in argv else 0
-    i = (_calls["n"] - 4) % 2
+    i = (_calls["n"] - 1) % 2
     a, b = operands(M, N, K, "competition", _seed(seed, "perf", "t", i), A.dtype, A.device.type, "colmajor")
     C[: M * N].view(N, M).t().copy_(_mm(a, b))
 
 
 def lazy_after_warmup(A, B, C, M, N, K):
-    """Honest for its first 3 calls (the correctness trials), then skips the work: C keeps what it held."""
-    _calls["n"] += 1
-    if _calls["n"] <= 3:
+    """Honest in the correctness trials, then skips the work while timed: C keeps what it held."""
+    if not _timed():
         honest(A, B, C, M, N, K)
 
 
 def skip_every_4th(A, B, C, M, N, K):
     """Honest, except that every 4th call after the correctness trials does nothing (the H200 story)."""
-    _calls["n"] += 1
-    if _calls["n"] <= 3 or _calls["n"] % 4:
+    _calls["n"] += _timed()
+    if not _timed() or _calls["n"] % 4:
         honest(A, B, C, M, N, K)
 
 
@@ -133,8 +143,7 @@ def compute_if_nan(A, B, C, M, N, K):
 def fills_all_outputs(A, B, C, M, N, K):
     """Computes the first call of a batch, then writes that answer into every output buffer it can reach
     through C's storage (the other calls' outputs), and does nothing for the rest."""
-    _calls["n"] += 1
-    if _calls["n"] <= 3:
+    if not _timed():
         return honest(A, B, C, M, N, K)
     whole = torch.empty(0, dtype=C.dtype, device=C.device).set_(C.untyped_storage())
     if torch.isnan(whole).all():
@@ -144,8 +153,7 @@ def fills_all_outputs(A, B, C, M, N, K):
 
 def finishes_in_background(A, B, C, M, N, K):
     """Answers at once during timing and finishes each call in a thread, 20 ms later."""
-    _calls["n"] += 1
-    if _calls["n"] <= 3:
+    if not _timed():
         return honest(A, B, C, M, N, K)
 
     def later():
@@ -341,9 +349,8 @@ def int8_on_competition(A, B, C, M, N, K):
 
 def int8_when_timed(A, B, C, M, N, K):
     """Honest in the correctness trials, the int8 product on competition inputs while timed."""
-    _calls["n"] += 1
     a, b, c = _views(A, B, C, M, N, K)
-    if _calls["n"] > 3 and _competition(a, b):
+    if _timed() and _competition(a, b):
         return c.copy_(_int8_product(a, b))
     c.copy_(_mm(a, b))
 

@@ -1,6 +1,8 @@
 """Known-bad MoE layers FN(x, w1, w2, topk_weights, topk_ids) -> y for the grader's MoE mode: each breaks
 one rule. ``torch_layer`` is a correct one built from aten matmuls (vendor BLAS: needs --allow-vendor)."""
 
+import sys
+
 import torch
 
 from gemmlab.ref import moe_same_dtype
@@ -9,6 +11,16 @@ PERF_T = 24  # the performance case's T in tests/cases/moe-small.json
 
 _cache = {}
 _calls = {"n": 0}
+
+def _timed() -> bool:
+    """Whether this call is one of a timed batch (the worker's timing loop, ``time_calls``, is on the stack): a kernel
+    that cheats only while timed is honest in every correctness trial, however many the grader runs."""
+    f = sys._getframe()
+    while f is not None:
+        if f.f_code.co_name == "time_calls":
+            return True
+        f = f.f_back
+    return False
 
 
 def torch_layer(x, w1, w2, w, ids):
@@ -66,32 +78,30 @@ def zeroes_topk_weights(x, w1, w2, w, ids):
 
 
 def zeroes_topk_weights_when_timed(x, w1, w2, w, ids):
-    """Honest through the correctness and exact-shape trials (6 calls of tests/cases/moe-small.json), then
-    zeroes the routing weights and returns zeros while being timed."""
+    """Honest through the correctness and exact-shape trials, then zeroes the routing weights and returns zeros while
+    being timed."""
     import gemmlab
 
-    _calls["n"] += 1
-    if _calls["n"] <= 6:
+    if not _timed():
         return gemmlab.moe_forward(x, w1, w2, w, ids)
     w.zero_()
     return torch.zeros_like(x)
 
 
 def skips_timed_calls(x, w1, w2, w, ids):
-    """Honest through the trials (6 calls), then every other call is skipped: its output stays unwritten."""
+    """Honest through the trials, then every other timed call is skipped: its output stays unwritten."""
     import gemmlab
 
-    _calls["n"] += 1
-    if _calls["n"] <= 6 or _calls["n"] % 2:
+    _calls["n"] += _timed()
+    if not _timed() or _calls["n"] % 2:
         return gemmlab.moe_forward(x, w1, w2, w, ids)
     return torch.full_like(x, float("nan"))
 
 
 def repeats_timed_outputs(x, w1, w2, w, ids):
-    """Honest through the trials (6 calls); after that it computes once and returns that answer again."""
+    """Honest through the trials; while timed it computes once and returns that answer again."""
     import gemmlab
 
-    _calls["n"] += 1
-    if _calls["n"] <= 6 or "last" not in _calls:
+    if not _timed() or "last" not in _calls:
         _calls["last"] = gemmlab.moe_forward(x, w1, w2, w, ids)
     return _calls["last"].clone()

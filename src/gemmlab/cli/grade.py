@@ -53,7 +53,8 @@ def grade(
     timeout: Annotated[float, typer.Option(callback=cmd.seconds, help="seconds per request to the candidate's "
                                                                    "process, loading the kernel included")] = 120.0,
     seed: Annotated[int, typer.Option(
-        callback=cmd.seed, help="base seed of the correctness inputs (timed inputs are secret)")] = 0,
+        callback=cmd.seed, help="base seed of the public correctness trials, to reproduce them (each case also "
+                                "runs secret trials; timed inputs are secret)")] = 0,
     rounds: Annotated[int | None, typer.Option(callback=cmd.count, help="interleaved timing rounds, at most "
                                                                        "(the grader stops once precise)")] = None,
     output_dir: Annotated[str | None, typer.Option(

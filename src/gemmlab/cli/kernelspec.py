@@ -11,13 +11,18 @@ from pathlib import Path
 
 import typer
 
+from gemmlab import output
+
+MAX_SOURCE_BYTES = 16 << 20  # a kernel's file longer than this is left to the loader to judge
+
 
 def _top_level_names(path: Path) -> set[str] | None:
     """The names a Python file binds at its top level; None when that cannot be told without running it (a
     syntax error, a star import, a module ``__getattr__``): the loader then decides."""
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"), filename=str(path))
-    except (SyntaxError, ValueError, OSError):
+    try:  # a regular file only, bounded: a FIFO or /dev/zero at the path never blocks or fills the CLI
+        tree = ast.parse(output.read_bounded(path, MAX_SOURCE_BYTES).decode("utf-8", errors="replace"),
+                         filename=str(path))
+    except (SyntaxError, ValueError, OSError, RecursionError, MemoryError):  # nested past the parser's depth too
         return None
     names: set[str] = set()
     for node in ast.walk(tree):  # bindings under if/try at the top level count too
@@ -58,8 +63,10 @@ def problem(spec: str) -> str | None:
         return None  # the grader's own baselines, checked where they are looked up
     if target.endswith(".py"):
         path = Path(target)
-        if not path.is_file():
+        if not path.exists():
             return f"{spec!r}: no file {path}"
+        if not path.is_file():
+            return f"{spec!r}: {path} is not a regular file"
         where = path
     elif not all(p.isidentifier() for p in target.split(".")):
         return f"{spec!r}: {target!r} is neither a FILE.py nor a package.module"

@@ -46,11 +46,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from gemmlab import output
+
 CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
 LAYOUTS = ("rowmajor", "colmajor")
 DISTRIBUTIONS = ("competition", "uniform", "normal")
 DTYPES = ("float16", "bfloat16")
 FP8_SCALES = ("tensor", "row")
+MAX_CASE_FILE_BYTES = 1 << 22  # a case file lists a few shapes: 4 MiB is far past any
 FP8_ALIGN = 16  # K % 16 == 0: an e4m3 row of A and of B^T is a TMA row, 16-byte aligned
 
 
@@ -127,6 +130,8 @@ class _Bad(Exception):
 def _str(v):
     if not isinstance(v, str):
         raise _Bad(f"expected a string, got {type(v).__name__} {v!r}")
+    if not v.isprintable():  # names reach the terminal, the progress line and the reports: no escape sequence
+        raise _Bad(f"expected printable text on one line, got {v!r}")
     return v
 
 
@@ -236,10 +241,14 @@ def resolve(name_or_path: str) -> Path:
 
 
 def read(path: Path) -> dict:
+    """The JSON object in ``path``: read only if it is a regular file (a FIFO or /dev/zero is a ``CaseError``, never
+    a hang or an unbounded read), and at most ``MAX_CASE_FILE_BYTES`` of it."""
     try:
-        text = path.read_text()
+        text = output.read_bounded(path, MAX_CASE_FILE_BYTES).decode()
     except UnicodeDecodeError as e:
         raise CaseError(f"{path}: not a text file ({e.reason} at byte {e.start})") from None
+    except output.UnreadableFile as e:
+        raise CaseError(str(e)) from None
     except OSError as e:
         raise CaseError(f"{path}: cannot be read ({e.strerror})") from None
     try:

@@ -11,8 +11,11 @@ A grade (``Grader.run``):
 0. With a timed case, the calls per timed batch are planned first, from the baseline timed in the grader's own
    process and the free memory, before any candidate process exists (``protocol.plan_batches``).
 1. Correctness: each listed case runs ``op.trials`` trials, each on fresh inputs drawn by the grader from a
-   seed of ``--seed`` (reproducible); the child gets copies in shared memory (CUDA IPC on a GPU, shared CPU
-   memory without), and a NaN-poisoned output buffer the grader owns. ``rules.TRIAL_RULES`` judge each: the
+   seed of ``--seed`` (reproducible), then one secret trial per kind of input among them, on inputs from a seed of
+   ``os.urandom`` made in the grader as the trial starts (never written, passed or reported: a kernel that reads
+   ``--seed`` and answers the public trials from a table fails them; the report counts them); the child gets
+   copies in shared memory (CUDA IPC on a GPU, shared CPU memory without), and a NaN-poisoned output buffer the
+   grader owns. ``rules.TRIAL_RULES`` judge each: the
    max error against the reference, and for a GEMM honest arithmetic (``rounding.py``: how the outputs round
    against the exact sum, next to the vendor's GEMM on the same inputs). The baseline's worker loads meanwhile.
 2. The timed case, verified through the same call first when no listed case has its sizes, then timed by
@@ -27,6 +30,7 @@ is then not scored; else PASS.
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import shutil
 import tempfile
@@ -58,6 +62,8 @@ class CaseResult:
     trials: list[dict] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     kernels: list[str] = field(default_factory=list)
+    secret_trials: int = 0  # trials on inputs from a secret seed (``_secret_seed``) run, and passed
+    secret_passed: int = 0
 
     def fail(self, rule: str, reason: str) -> CaseResult:
         self.status, self.rule, self.reason = "FAIL", rule, reason
@@ -66,6 +72,18 @@ class CaseResult:
 
 def _seed(base: int, *parts) -> int:
     return (zlib.crc32("/".join(map(str, parts)).encode()) + 7919 * base) % (1 << 31)
+
+
+def _trial_seeds(kinds: tuple[str, ...], base: int, tag: str, case: str) -> list[tuple[str, int | None]]:
+    """(kind, seed) of a case's trials: the public ones, seeded from ``--seed`` (a candidate can read it, from the
+    grader's command line, and draw the same inputs), then one secret trial (seed None) per kind among them."""
+    public = [(kind, _seed(base, tag, case, t)) for t, kind in enumerate(kinds)]
+    return public + [(kind, None) for kind in dict.fromkeys(kinds)]
+
+
+def _secret_seed() -> int:
+    """A seed from ``os.urandom``, made in the grader when the trial starts: never written, passed or reported."""
+    return int.from_bytes(os.urandom(8), "little") >> 2
 
 
 def _preload(log_dir: str, device: torch.device, kernel: str | None, allow_vendor: bool) -> observer.Watch:
@@ -88,7 +106,11 @@ class Grader:
         self.timeout, self.keep_logs = timeout, keep_logs
         self.progress = progress or (lambda msg: None)
         self.log_dir = tempfile.mkdtemp(prefix="gemmlab-grade-")
-        self.watch = _preload(self.log_dir, self.device, kernel, allow_vendor)
+        try:  # reads the sources beside the kernel: one that is a FIFO or a device is refused (output.UnreadableFile)
+            self.watch = _preload(self.log_dir, self.device, kernel, allow_vendor)
+        except BaseException:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+            raise
         self.vendor_seen: list[str] = []
         self.timed_kernels: set[str] = set()  # what the kernel observer saw in the candidate's batches
         self.plan = None  # batches.BatchPlan, made before the candidate starts
@@ -122,14 +144,16 @@ class Grader:
     # -------------------------------------------------------------------------------- correctness
 
     def check(self, case, tag: str = "correctness") -> CaseResult:
-        """``op.trials`` trials on fresh inputs, each judged by ``rules.TRIAL_RULES``."""
+        """``op.trials`` trials on fresh inputs from seeds of ``--seed`` (reproducible), then one secret trial per
+        kind of input among them, each judged by ``rules.TRIAL_RULES``."""
         op = self.op
         res = CaseResult(case.name, case.dims)
         prev = None
-        for t, kind in enumerate(op.trials):
-            seed = _seed(self.seed, tag, case.name, t)
+        for t, (kind, seed) in enumerate(_trial_seeds(op.trials, self.seed, tag, case.name)):
+            secret = seed is None
             inputs = shared = flat = None  # free the last trial's tensors first (DeepSeek-V3: 22 GB a set)
-            inputs = op.fresh(case, kind, seed, self.device)
+            inputs = op.fresh(case, kind, _secret_seed() if secret else seed, self.device)
+            res.secret_trials += secret
             with own_memory(self.device):  # shared with the child: IPC maps the slots' memory only
                 shared = tuple(x.clone() for x in inputs)
                 flat = torch.full((op.out_numel(case),), float("nan"), dtype=op.dtype, device=self.device)
@@ -152,13 +176,17 @@ class Grader:
             failed = rules.first_failure(rules.TRIAL_RULES, trial)
             if trial.result is not None:
                 c = trial.result
-                res.trials.append({"kind": kind, "seed": seed, "max_abs_err": c.err, "tolerance": c.tol,
+                res.trials.append({"kind": kind, "seed": "secret" if secret else seed, "max_abs_err": c.err,
+                                   "tolerance": c.tol,
                                    "rule": c.rule, "rounding": None if c.rounding is None else {
                                        "candidate": c.rounding[0].as_dict(), "vendor": c.rounding[1].as_dict()}})
                 if res.max_abs_err is None or c.err / max(c.tol, 1e-30) > res.max_abs_err / max(res.tolerance, 1e-30):
                     res.max_abs_err, res.tolerance, res.tolerance_rule = c.err, c.tol, c.rule
             if failed:
-                return res.fail(*failed)
+                rule, why = failed
+                return res.fail(rule, f"secret trial {t + 1 - len(op.trials)} ({kind} inputs no seed predicts): {why}"
+                                if secret else why)
+            res.secret_passed += secret
             prev = out
         return res
 
@@ -290,6 +318,8 @@ class Grader:
             "dims": dims, "env": env_info(), "seed": self.seed, "allow_vendor": self.allow_vendor,
             "worker_starts": self.cand.starts, "logs": self.log_dir if self.keep_logs else None,
             "correctness": [r.__dict__ for r in results], "performance": perf,
+            "secret_trials": {"ran": sum(r.secret_trials for r in results),
+                              "passed": sum(r.secret_passed for r in results)},
             "vendor_check": self.watch.words(), "observers": self.watch.summary(),
             "performance_shape": list(cf.performance.dims) if cf.performance is not None else None,
             **verdict(cf, listed, perf),

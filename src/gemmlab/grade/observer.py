@@ -48,6 +48,8 @@ import secrets
 import sys
 from pathlib import Path
 
+from gemmlab import output
+
 POLICY = {
     # family -> pattern, searched in the name: vendor whatever Triton names
     "vendor": {
@@ -101,16 +103,30 @@ def _jit(decorator: ast.expr) -> bool:
     return (isinstance(d, ast.Attribute) and d.attr == "jit") or (isinstance(d, ast.Name) and d.id == "jit")
 
 
+MAX_SOURCE_BYTES = 2 << 20  # a source file beside the kernel longer than this is skipped, not read
+MAX_SOURCES_BYTES = 64 << 20  # of all of them: the files after are skipped
+
+
 def triton_names(files) -> set[str]:
     """Names of the ``@triton.jit`` (or ``@jit``) functions defined in ``files``, read with ``ast``: nothing
-    is imported or run. Files that cannot be read or parsed, or are over 2 MiB, are skipped."""
+    is imported or run. Files that cannot be parsed (nested past the parser's depth too), are missing or are over
+    2 MiB are skipped, and all after the first 64 MiB read; one that is not a regular file (a FIFO, /dev/zero behind a
+    symlink: the candidate's directory is the candidate's) raises ``output.UnreadableFile`` naming it, before
+    anything of the candidate runs (``output.read_bounded``)."""
     names: set[str] = set()
+    total = 0
     for f in files:
         try:
-            if Path(f).stat().st_size > 2 << 20:
+            text = output.read_bounded(f, MAX_SOURCE_BYTES)
+            total += len(text)
+            if total > MAX_SOURCES_BYTES:
+                break
+            tree = ast.parse(text.decode(errors="replace"))
+        except output.UnreadableFile as e:
+            if e.too_long:
                 continue
-            tree = ast.parse(Path(f).read_text(errors="replace"))
-        except (OSError, SyntaxError, ValueError):
+            raise
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):  # MemoryError: the parser's stack
             continue
         names |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
                   and any(_jit(d) for d in n.decorator_list)}

@@ -1,9 +1,10 @@
 """Rendering a grade report: tables (the terminal, the HTML page), report.json, report.md and report.csv on disk.
 
 Much of a report's text comes from the candidate (its exceptions, its log, the kernel names it reports) or from the
-user (the kernel's spec, case names): every such string reaches a table as data (``_text``: rich markup escaped, so
-"[/b]" is neither a style nor a MarkupError, and ``printable``: no terminal escape sequence), report.md as
-``printable`` text.
+user (the kernel's spec, case names): every such string reaches a table as data (``_text``: one line, rich markup
+escaped, so "[/b]" is neither a style nor a MarkupError, and ``printable``: no terminal escape sequence), report.md as
+Markdown text that renders as itself (``_md``: one line, printable, HTML's ``& < >`` as entities, Markdown's
+punctuation backslash-escaped), the HTML page through ``html.escape`` (``report/html.py``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,25 @@ from gemmlab.output import Table, long_row
 from gemmlab.sandbox.replies import printable
 
 
+def _flat(x) -> str:
+    """A report's string on one line, printable: no terminal escape sequence, no line break (a candidate's text
+    cannot start a line of its own, such as a verdict)."""
+    return " ".join(printable(str(x)).split())
+
+
 def _text(x) -> str:
-    """A report's string as table data: printable, its rich markup escaped."""
-    return escape(printable(str(x)))
+    """A report's string as table data: on one line, printable, its rich markup escaped."""
+    return escape(_flat(x))
+
+
+_MD_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", **{c: "\\" + c for c in "\\`*_[]|~#!"}}
+
+
+def _md(x) -> str:
+    """A report's string as Markdown text that renders as itself: on one line, printable, HTML's ``& < >`` as
+    entities (no tag, no ``<!--`` comment that hides what follows) and Markdown's punctuation backslash-escaped (no
+    code span, emphasis, link or table cell of its own)."""
+    return "".join(_MD_ESCAPES.get(c, c) for c in _flat(x))
 
 
 def _status(status: str) -> str:
@@ -57,6 +74,9 @@ def summary_line(report: dict) -> str:
     s, perf = report["score"], report["performance"]
     line = (f"official score {s['total']:.1f}/{s['max']:.0f} (correctness {s['correctness']:.1f}, "
             f"performance {s['performance']:.1f})")
+    secret = report.get("secret_trials")
+    if secret and secret["ran"]:  # on inputs no seed predicts (grader.check): the counts only, never the seeds
+        line += f"; secret trials {secret['passed']}/{secret['ran']} passed"
     if perf and "ratio" in perf:
         honest = perf.get("honest")
         line += f"; honest: {perf['tflops']:.1f} TFLOPS = {perf['ratio']:.3f}x {perf['baseline']}"
@@ -145,25 +165,28 @@ def long_rows(report: dict) -> list[dict]:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# gemmlab grade: {report['cases_name']}", "",
-             f"kernel `{report['kernel']}` ({report['signature']}), {report['dtype']} {report['layout']}, "
-             f"{report['env'].get('gpu') or report['device']}, {report['env']['date']}, "
-             f"{provenance.label(report['env'])}",
+    """report.md: every string that is not the grader's own (case and kernel names, reasons quoting the candidate,
+    the environment) through ``_md``, so no text of the candidate's adds a line, a row, a cell or a comment."""
+    lines = [f"# gemmlab grade: {_md(report['cases_name'])}", "",
+             f"kernel {_md(report['kernel'])} ({_md(report['signature'])}), {report['dtype']} {report['layout']}, "
+             f"{_md(report['env'].get('gpu') or report['device'])}, {_md(report['env']['date'])}, "
+             f"{_md(provenance.label(report['env']))}",
              "", "| case | M x N x K | status | max abs err | tolerance | paths / kernels | reason |",
              "|---|---|---|---:|---:|---|---|"]
     for c in report["correctness"]:
-        lines.append(f"| {c['name']} | {_shape(c['shape'])} | {c['status']} | {_fmt(c['max_abs_err'])} | "
-                     f"{_fmt(c['tolerance'])} | {', '.join(c['paths'] + c['kernels'][:2])} | {c['reason']} |")
+        lines.append(f"| {_md(c['name'])} | {_shape(c['shape'])} | {_md(c['status'])} | {_fmt(c['max_abs_err'])} | "
+                     f"{_fmt(c['tolerance'])} | {_md(', '.join(c['paths'] + c['kernels'][:2]))} | "
+                     f"{_md(c['reason'])} |")
     perf = report["performance"]
     if perf:
         lines += ["", "| perf case | M x N x K | status | median ms | TFLOPS | baseline TFLOPS | ratio | reason |",
                   "|---|---|---|---:|---:|---:|---:|---|",
-                  f"| {perf['name']} | {_shape(perf['shape'])} | {perf['status']} | "
+                  f"| {_md(perf['name'])} | {_shape(perf['shape'])} | {_md(perf['status'])} | "
                   f"{_fmt(perf.get('median_ms'), '.4g')} | {_fmt(perf.get('tflops'), '.1f')} | "
                   f"{_fmt(perf.get('baseline_tflops'), '.1f')} | "
-                  f"{_fmt(perf.get('ratio'), '.3f')} | {perf['reason']} |"]
-    lines += ["", summary_line(report), ""]
-    return printable("\n".join(lines))
+                  f"{_fmt(perf.get('ratio'), '.3f')} | {_md(perf['reason'])} |"]
+    lines += ["", _md(summary_line(report)), ""]
+    return "\n".join(lines)
 
 
 def clear(out_dir: str) -> None:
@@ -174,14 +197,26 @@ def clear(out_dir: str) -> None:
     if d.is_symlink():
         raise output.ReportPathError(f"{d}: a symlink; refusing to write reports through it")
     for name in ("report.json", "report.md", "report.csv"):
-        (d / name).unlink(missing_ok=True)
+        try:
+            (d / name).unlink(missing_ok=True)
+        except IsADirectoryError:
+            pass  # not a report: writing refuses it (output.write_files)
 
 
 def write(report: dict, out_dir: str) -> list[Path]:
     """report.json, report.md and report.csv (long format), each written whole by ``output.write_files`` (a new file
     of an unpredictable name, O_EXCL | O_NOFOLLOW, renamed over the old): nothing the candidate placed in
     ``out_dir`` (a FIFO, a symlink, a forged report) is opened or followed; a symlinked report path is refused
-    (output.ReportPathError). The grader calls this only after every process of the candidate is gone."""
-    return output.write_files(out_dir, {"report.json": json.dumps(report, indent=1, default=str),
-                                        "report.md": markdown(report),
-                                        "report.csv": output.csv_text(report, long_rows(report))})
+    (output.ReportPathError). The grader calls this only after every process of the candidate is gone. Refused, it
+    first removes whatever stands at the three names (``clear``: placed there during the grade, such as a forged
+    PASS report.md beside a FIFO at report.json), so that no report outlives the refusal."""
+    try:
+        return output.write_files(out_dir, {"report.json": json.dumps(report, indent=1, default=str),
+                                            "report.md": markdown(report),
+                                            "report.csv": output.csv_text(report, long_rows(report))})
+    except output.ReportPathError:
+        try:
+            clear(out_dir)
+        except OSError:
+            pass  # out_dir itself a symlink (not followed), or a directory at a name: the refusal says what
+        raise

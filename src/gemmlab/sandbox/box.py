@@ -68,6 +68,7 @@ import time
 import weakref
 from pathlib import Path
 
+from gemmlab import output
 from gemmlab.sandbox import contain, share, wire
 from gemmlab.sandbox.replies import checked, printable
 
@@ -175,7 +176,9 @@ class Sandbox:
                 + (["--landlock", *[a for d in writable for a in ("--writable", d)]] if self.landlock else []))
         env = child_env(self.interpret, {"TMPDIR": str(self.scratch), **(self.extra_env or {}),
                                          **({"TRITON_CACHE_DIR": self.triton_cache} if self.triton_cache else {})})
-        with open(self.log, "ab") as log:
+        # O_NONBLOCK | O_NOFOLLOW: a FIFO or symlink a child planted at the log's name fails the start, never blocks it
+        with open(os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                          | os.O_CLOEXEC, 0o600), "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("keeper.py")), *args], pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.scratch, start_new_session=True, env=env)
@@ -248,10 +251,11 @@ class Sandbox:
     def log_tail(self, chars: int = 600) -> str:
         """The end of the child's output, without the profiler's chatter: its last ``LOG_TAIL_BYTES`` only (the
         child owns the file: one ftruncate makes it a terabyte long)."""
-        try:
-            with open(self.log, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - LOG_TAIL_BYTES))
-                lines = f.read(LOG_TAIL_BYTES).decode(errors="replace").splitlines()
+        try:  # the child can put a FIFO or a symlink to /dev/zero there: read only a regular file, bounded
+            lines = output.read_bounded(self.log, LOG_TAIL_BYTES, follow=False, tail=True).decode(
+                errors="replace").splitlines()
+        except output.UnreadableFile as e:
+            return f"; its log was replaced ({e})"
         except OSError:
             return ""
         text = printable("\n".join(line for line in lines if not line.startswith("USDT:"))[-chars:].strip())

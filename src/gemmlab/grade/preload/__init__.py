@@ -71,6 +71,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gemmlab import output
+
 SOURCE = Path(__file__).with_name("vendor_guard.c")
 # -foptimize-sibling-calls: the interposed dlsym passes other lookups on by a tail call (tests check it)
 FLAGS = ("-shared", "-fPIC", "-O2", "-foptimize-sibling-calls", "-Wall", "-pthread")
@@ -166,6 +168,7 @@ class Observation:
     bypass: dict[str, int] = field(default_factory=dict)  # symbol -> processes that found a second cuBLAS copy
     malformed: int = 0
     oversized: int | None = None  # bytes of a log too long to be the library's (rewritten): not read
+    replaced: str = ""  # why the log was not read: not a regular file (a FIFO, a symlink the child put there)
 
 
 def parse_log(text: str) -> Observation:
@@ -213,18 +216,24 @@ MAX_COUNTS_BYTES = 1 << 20  # the counter file: a header and 64 bytes per symbol
 def _bounded(path: Path, limit: int) -> tuple[bytes, int]:
     """(the file's bytes, its size); nothing is read past ``limit`` (the child can make the file any size: one
     ftruncate). A missing file reads as empty."""
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            return f.read(limit) if size <= limit else b"", size
+    try:  # a regular file only (a FIFO there would block the grader), not through a symlink
+        data = output.read_bounded(path, limit, follow=False)
+        return data, len(data)
     except FileNotFoundError:
         return b"", 0
+    except output.UnreadableFile as e:
+        if e.too_long:
+            return b"", limit + 1
+        raise
 
 
 def read_log(path: str | Path) -> Observation:
     """The log file after the child is gone; a missing file reads as an empty log (so: observer absent); one over
     ``MAX_LOG_BYTES`` is not read (``oversized``)."""
-    data, size = _bounded(Path(path), MAX_LOG_BYTES)
+    try:
+        data, size = _bounded(Path(path), MAX_LOG_BYTES)
+    except output.UnreadableFile as e:
+        return Observation(replaced=str(e))
     if size > MAX_LOG_BYTES:
         return Observation(oversized=size)
     return parse_log(data.decode(errors="replace"))
@@ -243,7 +252,10 @@ class Counts:
 
 def read_counts(path: str | Path) -> Counts | None:
     """The counter file, or None if it is missing or not one (the library never mapped it)."""
-    data, _ = _bounded(Path(path), MAX_COUNTS_BYTES)
+    try:
+        data, _ = _bounded(Path(path), MAX_COUNTS_BYTES)
+    except output.UnreadableFile:
+        return None
     if len(data) < 32 or data[:8] != b"GMLVG001":
         return None
     nsym, lost, bypassed = struct.unpack_from("<QQQ", data, 8)
@@ -267,6 +279,8 @@ def assess(obs: Observation, pid: int, token: str | None = None, counts: Counts 
     if obs.oversized is not None:
         return "vendor", (f"vendor_guard's log was tampered with: {obs.oversized} bytes long, not the library's "
                           "(rewritten by the candidate's process)")
+    if obs.replaced:
+        return "vendor", f"vendor_guard's log was tampered with: {obs.replaced}"
     if pid not in obs.loaded:
         return "absent", f"vendor_guard never loaded in pid {pid} (no 'loaded' line): vendor use unobserved"
     seen: dict[str, int] = {}
