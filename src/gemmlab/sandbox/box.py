@@ -126,6 +126,9 @@ class Sandbox:
         self.trusted = spec is None or spec.startswith("builtin:")  # gemmlab's own code runs in the child
         mode = os.environ.get("GEMMLAB_SANDBOX_LANDLOCK", "cpu")  # the owner's environment: "1", "0" or "cpu"
         self.landlock = mode == "1" or (mode == "cpu" and interpret)
+        self.seccomp = os.environ.get("GEMMLAB_SANDBOX_SECCOMP", "1") != "0"  # the owner's: "0" turns it off
+        self.pidns = os.environ.get("GEMMLAB_SANDBOX_PIDNS", "0") == "1"  # the owner's: "1" turns it on
+        self.isolation: dict[str, str] | None = None  # what the keeper put in force (its first message)
         self.timeout, self.interpret, self.extra_env, self.name = timeout, interpret, extra_env, name
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gemmlab-grade-")
         self.log = str(Path(self.log_dir) / f"{name}.log")
@@ -153,6 +156,7 @@ class Sandbox:
             self.launch()
         if self._hello_by is not None:
             deadline, self._hello_by = self._hello_by, None
+            self.isolation = self._recv(max(0.0, deadline - time.monotonic()), "keeper", {}, "starting")["isolation"]
             hello = self._recv(max(0.0, deadline - time.monotonic()), "hello", {}, "loading the kernel")
             if not hello["ok"]:
                 self._fail(f"kernel could not be loaded: {hello['error']}")
@@ -172,7 +176,9 @@ class Sandbox:
         writable = [str(self.scratch), *[d for d in os.environ.get("GEMMLAB_SANDBOX_WRITABLE", "").split(os.pathsep)
                                          if d]]  # the owner's environment: more directories, for tests
         args = ([str(theirs.fileno())] + (["--cgroup", self.freezer.procs_file] if self.freezer else [])
-                + (["--landlock", *[a for d in writable for a in ("--writable", d)]] if self.landlock else []))
+                + (["--landlock", *[a for d in writable for a in ("--writable", d)]] if self.landlock else [])
+                + (["--seccomp", str(os.getpid()), str(os.getpgid(0))] if self.seccomp else [])
+                + (["--pidns"] if self.pidns else []))
         env = child_env(self.interpret, {"TMPDIR": str(self.scratch), **(self.extra_env or {}),
                                          **({"TRITON_CACHE_DIR": self.triton_cache} if self.triton_cache else {})})
         with open(self.log, "ab") as log:

@@ -31,6 +31,8 @@ def printable(text: str) -> str:
 def _clean(value):
     if isinstance(value, str):
         return printable(value)
+    if isinstance(value, dict):
+        return {printable(k): _clean(v) for k, v in value.items()}
     return [_clean(v) for v in value] if isinstance(value, list) else value
 
 
@@ -46,6 +48,9 @@ def _opt(check):
 _NAMES = (lambda v: isinstance(v, list) and len(v) <= 4096 and all(isinstance(x, str) and len(x) <= 4096 for x in v),
           "a list of at most 4096 strings")
 _BOOL = (lambda v: isinstance(v, bool), "true or false")
+_WORDS = (lambda v: isinstance(v, dict) and len(v) <= 16 and all(
+    isinstance(k, str) and len(k) <= 64 and isinstance(x, str) and len(x) <= 2000 for k, x in v.items()),
+    "an object of at most 16 strings")
 
 
 def _number(lo: float, hi: float):
@@ -62,6 +67,7 @@ def _times(req: dict):
 # What each reply must hold (field: (test, what it must be), or a function of the request giving one). The owner
 # reads these fields and no others; an error reply is ``ERROR`` instead.
 REPLIES = {
+    "keeper": {"isolation": _WORDS},  # the keeper's first message, before any candidate code exists
     "hello": {"ok": _BOOL, "error": _opt(_text(4000))},
     "bind": {},
     "call": {"problem": _opt(_text(2000)), "kernels": _NAMES, "ops": _NAMES, "path": _opt(_text(200))},
