@@ -1,0 +1,159 @@
+"""The candidate's isolation from the grader's process and the user's terminal (gemmlab.sandbox: seccomp, keeper):
+the filter's program, the filter in force in a process, and a graded candidate (tests/bad_kernels/containment.py:
+``attacks_the_grader``) that tries TIOCSTI on a terminal the test holds, ptrace, process_vm_readv, prlimit and a
+signal on the grader, and clone3 into the grader's cgroup, and gains nothing."""
+
+import errno
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gemmlab.sandbox import seccomp
+from tests.grade.test_grade import passed
+from tests.sandbox.test_sandbox import run_box
+
+EPERM, ENOSYS, ALLOW = seccomp.ERRNO | errno.EPERM, seccomp.ERRNO | errno.ENOSYS, seccomp.ALLOW
+OWNER, PGID = 4321, 4000
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_the_filter_program(arch):
+    """What the program returns, call by call (its own interpreter): each denial fires, its neighbours pass."""
+    prog = seccomp.program(arch, OWNER, PGID)
+    col = 0 if arch == "x86_64" else 1
+
+    def nr(name):
+        return seccomp.NR[name][col]
+
+    def ret(name, *args, on=arch):
+        return seccomp.run(prog, nr(name), args, on)
+    for name in ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "setns", "unshare",
+                 "umount2", "mount"):
+        assert ret(name) == EPERM, name
+    assert ret("ioctl", 1, 0x5412) == EPERM and ret("ioctl", 1, 0x541C) == EPERM and ret("ioctl", 1, 0x540E) == EPERM
+    assert ret("ioctl", 1, (1 << 32) | 0x5412) == EPERM  # the kernel drops the high bits: so does the filter
+    assert ret("ioctl", 1, 0x5401) == ALLOW and ret("ioctl", 1, 0xC0104601) == ALLOW  # TCGETS; a driver's request
+    assert ret("prlimit64", 0) == ALLOW and ret("prlimit64", OWNER) == EPERM and ret("prlimit64", 1) == EPERM
+    assert ret("perf_event_open", 0, 0) == ALLOW and ret("perf_event_open", 0, OWNER) == EPERM
+    assert ret("kill", OWNER) == EPERM and ret("kill", -PGID & 0xFFFFFFFF) == EPERM and ret("kill", 0xFFFFFFFF) == EPERM
+    assert ret("kill", OWNER + 1) == ALLOW and ret("tgkill", OWNER, 5) == EPERM and ret("tgkill", 7, 7) == ALLOW
+    assert ret("clone3") == ENOSYS
+    assert ret("clone", 0x01200011) == ALLOW and ret("clone", 0x01200011 | 0x10000000) == EPERM  # fork; +NEWUSER
+    assert seccomp.run(prog, 0, (), arch) == ALLOW  # read (x86_64), io_setup (aarch64): anything not named
+    assert seccomp.run(prog, 0, (), "i386") == EPERM  # another ABI's numbers: refused whole
+    if arch == "x86_64":
+        assert seccomp.run(prog, 0x40000000 | nr("ptrace"), ()) == EPERM  # x32
+    with pytest.raises(ValueError, match="riscv64"):
+        seccomp.program("riscv64", OWNER, PGID)
+
+
+CHILD = textwrap.dedent("""
+    import ctypes, fcntl, importlib.util, json, os, resource, sys, termios
+    spec = importlib.util.spec_from_file_location("sc", sys.argv[1])
+    sc = importlib.util.module_from_spec(spec); spec.loader.exec_module(sc)
+    owner = os.getppid()
+    missing = sc.install(owner, os.getpgid(owner))
+    libc = ctypes.CDLL(None, use_errno=True)
+    found = {"missing": missing}
+    def attempt(name, fn):
+        try:
+            fn(); found[name] = True
+        except OSError as e:
+            found[name] = e.errno
+    def check(r):
+        if r == -1:
+            raise OSError(ctypes.get_errno(), "")
+    fd = os.open(sys.argv[2], os.O_RDWR | os.O_NOCTTY)
+    attempt("tiocsti", lambda: [fcntl.ioctl(fd, termios.TIOCSTI, bytes([c])) for c in b"pwned\\n"])
+    attempt("ptrace", lambda: check(libc.ptrace(0x4206, owner, None, None)))
+    attempt("prlimit", lambda: resource.prlimit(owner, resource.RLIMIT_CORE))
+    attempt("kill", lambda: os.kill(owner, 0))
+    attempt("clone3", lambda: check(libc.syscall(435, None, ctypes.c_size_t(0))))
+    attempt("own_prlimit", lambda: resource.prlimit(0, resource.RLIMIT_NOFILE))
+    def fork():
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    attempt("fork", fork)
+    print(json.dumps(found))
+""")
+
+
+def test_the_filter_in_force_refuses_the_terminal_and_the_owner():
+    """A process under the filter, holding a terminal of the test's (a pty, as a grader's terminal) and knowing the
+    test's pid: TIOCSTI, ptrace, prlimit and a signal on the test all fail with EPERM, clone3 with ENOSYS, and
+    nothing was typed into the terminal; its own prlimit and fork still work."""
+    if platform.machine() not in seccomp.AUDIT_ARCH:
+        pytest.skip(f"no seccomp filter for {platform.machine()}")
+    master, slave = os.openpty()
+    try:
+        r = subprocess.run([sys.executable, "-c", CHILD, seccomp.__file__, os.ttyname(slave)], capture_output=True,
+                           text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stderr[-2000:]
+        found = json.loads(r.stdout)
+        os.set_blocking(slave, False)
+        with pytest.raises(BlockingIOError):
+            os.read(slave, 100)  # nothing was typed into the terminal
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert found["missing"] == []
+    assert {k: found[k] for k in ("tiocsti", "ptrace", "prlimit", "kill")} == dict.fromkeys(
+        ("tiocsti", "ptrace", "prlimit", "kill"), errno.EPERM), found
+    assert found["clone3"] == errno.ENOSYS and found["own_prlimit"] is True and found["fork"] is True, found
+
+
+def _attacks(out_dir, monkeypatch, **env):
+    """Grade ``attacks_the_grader`` holding a pty (its path in $BAD_TTY); (report, attacks.json, what the pty got)."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    master, slave = os.openpty()
+    monkeypatch.setenv("BAD_TTY", os.ttyname(slave))
+    try:
+        r = run_box("attacks_the_grader")
+        got = b""
+        for fd in (slave, master):
+            os.set_blocking(fd, False)
+            try:
+                got += os.read(fd, 1000)
+            except BlockingIOError:
+                pass
+    finally:
+        os.close(master)
+        os.close(slave)
+    return r, json.loads((out_dir / "attacks.json").read_text()), got
+
+
+@pytest.mark.parametrize("landlock", ["0", "1"])
+def test_a_candidate_reaches_neither_the_grader_nor_its_terminal(out_dir, monkeypatch, landlock):
+    """Graded, the candidate tries TIOCSTI and a write on a terminal the grader holds, ptrace, process_vm_readv,
+    prlimit and a signal on the grader, and clone3 into the grader's cgroup: every one fails, the terminal got
+    nothing, the honest arithmetic passes, and the report says what was in force. Without Landlock (as with CUDA)
+    the seccomp filter and the keeper's mount namespace alone hold."""
+    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK=landlock)
+    assert got == b"", got
+    assert set(found) == {"tiocsti", "tty_write", "ptrace", "process_vm_readv", "prlimit", "kill", "clone3"}, found
+    assert not [k for k, v in found.items() if v is True], found
+    assert found["clone3"] == "ENOSYS" and found["ptrace"] in ("EPERM", "invisible"), found
+    iso = r["isolation"]["candidate"]
+    assert iso["seccomp"] == "on" and iso["terminal_fds"] == "none", iso
+    assert iso["landlock"].startswith("on" if landlock == "1" else "off"), iso
+    assert passed(r), r["failures"]
+
+
+def test_without_the_filter_the_same_candidate_reaches_the_grader(out_dir, monkeypatch):
+    """The control: with the filter and Landlock off (as before), the same candidate attaches to the grader, reads
+    its memory, sets its resource limit and signals it (as root, or as the grader's user); so the refusals above
+    are the filter's. The terminal stays out of reach (the keeper's mount namespace hides it, where it is root)."""
+    if os.geteuid() != 0:
+        pytest.skip("the control needs the keeper's mount namespace (root) to keep the terminal out of reach")
+    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK="0", GEMMLAB_SANDBOX_SECCOMP="0")
+    assert got == b"" and found["tiocsti"] == "ENOENT" and found["tty_write"] == "ENOENT", (got, found)
+    assert all(found[k] is True for k in ("ptrace", "process_vm_readv", "prlimit", "kill")), found
+    assert r["isolation"]["candidate"]["seccomp"] == "off"
