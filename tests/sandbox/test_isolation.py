@@ -109,6 +109,14 @@ def test_the_filter_in_force_refuses_the_terminal_and_the_owner():
     assert found["clone3"] == errno.ENOSYS and found["own_prlimit"] is True and found["fork"] is True, found
 
 
+@pytest.fixture
+def out_dir(tmp_path, monkeypatch):
+    """Where the bad kernel notes what it did: writable for it (the owner's GEMMLAB_SANDBOX_WRITABLE)."""
+    monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(tmp_path))
+    return tmp_path
+
+
 def _attacks(out_dir, monkeypatch, **env):
     """Grade ``attacks_the_grader`` holding a pty (its path in $BAD_TTY); (report, attacks.json, what the pty got)."""
     for k, v in env.items():
