@@ -33,7 +33,7 @@ def test_the_filter_program(arch):
     def ret(name, *args, on=arch):
         return seccomp.run(prog, nr(name), args, on)
     for name in ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "setns", "unshare",
-                 "umount2", "mount"):
+                 "umount2", "mount", "open_by_handle_at"):
         assert ret(name) == EPERM, name
     assert ret("ioctl", 1, 0x5412) == EPERM and ret("ioctl", 1, 0x541C) == EPERM and ret("ioctl", 1, 0x540E) == EPERM
     assert ret("ioctl", 1, (1 << 32) | 0x5412) == EPERM  # the kernel drops the high bits: so does the filter
@@ -156,12 +156,42 @@ def test_a_candidate_reaches_neither_the_grader_nor_its_terminal(out_dir, monkey
 
 
 def test_without_the_filter_the_same_candidate_reaches_the_grader(out_dir, monkeypatch):
-    """The control: with the filter and Landlock off (as before), the same candidate attaches to the grader, reads
-    its memory, sets its resource limit and signals it (as root, or as the grader's user); so the refusals above
-    are the filter's. The terminal stays out of reach (the keeper's mount namespace hides it, where it is root)."""
+    """The control: with the filter, Landlock and the uid of its own off (as before), the same candidate attaches to
+    the grader, reads its memory, sets its resource limit and signals it (as root, or as the grader's user); so the
+    refusals above are the filter's (or the uid's). The terminal stays out of reach (the keeper's mount namespace
+    hides it, where it is root)."""
     if os.geteuid() != 0:
         pytest.skip("the control needs the keeper's mount namespace (root) to keep the terminal out of reach")
-    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK="0", GEMMLAB_SANDBOX_SECCOMP="0")
+    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK="0", GEMMLAB_SANDBOX_SECCOMP="0",
+                             GEMMLAB_SANDBOX_UID="0")
     assert got == b"" and found["tiocsti"] == "ENOENT" and found["tty_write"] == "ENOENT", (got, found)
     assert all(found[k] is True for k in ("ptrace", "process_vm_readv", "prlimit", "kill")), found
     assert r["isolation"]["candidate"]["seccomp"] == "off"
+
+
+def test_a_uid_of_its_own_alone_keeps_the_grader_out_of_reach(out_dir, monkeypatch):
+    """Where the grader is root, a uid of the sandbox's own (no filter, no Landlock: as with CUDA where the filter
+    would be off) refuses the same attacks: no ptrace, memory, resource limit or signal reaches a process of another
+    uid; the candidate still loads (its files read as the grader reads them) and writes its own directories."""
+    if os.geteuid() != 0:
+        pytest.skip("only a grader running as root can give the sandbox a uid of its own")
+    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK="0", GEMMLAB_SANDBOX_SECCOMP="0",
+                             GEMMLAB_SANDBOX_UID="1")
+    assert got == b"", got
+    assert all(found[k] in ("EPERM", "EACCES") for k in ("ptrace", "process_vm_readv", "prlimit", "kill")), found
+    uid = r["isolation"]["candidate"]["uid"]
+    assert "its own" in uid and int(uid.split()[0]) != 0, uid
+    assert (out_dir / "attacks.json").stat().st_uid == int(uid.split()[0])
+    assert passed(r), r["failures"]
+
+
+def test_without_root_the_uid_is_the_graders_and_the_report_says_why(monkeypatch):
+    """A grader that is not root cannot give a uid: the keeper is asked for none and the report says why."""
+    from gemmlab.sandbox.isolate import Isolation
+
+    monkeypatch.setenv("GEMMLAB_SANDBOX_UID", "1")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    iso = Isolation.from_env(True)
+    assert iso.uid is None and iso.uid_why == "the grader is not root"
+    args = iso.keeper_args(["/tmp"], None)
+    assert "--uid" not in args and args[args.index("--uid-why") + 1] == "the grader is not root"

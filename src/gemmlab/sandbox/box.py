@@ -69,6 +69,7 @@ import weakref
 from pathlib import Path
 
 from gemmlab.sandbox import contain, share, wire
+from gemmlab.sandbox.isolate import Isolation, child_env
 from gemmlab.sandbox.replies import checked, printable
 
 MAX_REPLY_BYTES = 1 << 24  # a reply longer than this is refused (a child cannot make the owner buffer gigabytes)
@@ -100,22 +101,6 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
-def child_env(interpret: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: the owner's, this gemmlab first on PYTHONPATH, the interpreter flag, and
-    ``extra`` (the one place where LD_PRELOAD and friends are added). Without CUDA both sides compute on one CPU
-    thread (torch's and the BLAS's pools of one): a main thread that waits on a pool sleeps, and on a busy machine
-    that sleep read as the baseline held off the CPU (the off-CPU check, ``HELD_MS``)."""
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([src, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
-    env.pop("TRITON_INTERPRET", None)
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-        env.update({v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-    env.update(extra or {})
-    return env
-
-
 class Sandbox:
     def __init__(self, spec: str | None, signature: str, layout: str, timeout: float, interpret: bool,
                  log_dir: str | None = None, extra_env: dict[str, str] | None = None, name: str = "candidate"):
@@ -124,17 +109,15 @@ class Sandbox:
             spec = f"{Path(target).resolve()}{sep}{fn}"
         self.spec, self.signature, self.layout = spec, signature, layout
         self.trusted = spec is None or spec.startswith("builtin:")  # gemmlab's own code runs in the child
-        mode = os.environ.get("GEMMLAB_SANDBOX_LANDLOCK", "cpu")  # the owner's environment: "1", "0" or "cpu"
-        self.landlock = mode == "1" or (mode == "cpu" and interpret)
-        self.seccomp = os.environ.get("GEMMLAB_SANDBOX_SECCOMP", "1") != "0"  # the owner's: "0" turns it off
-        self.pidns = os.environ.get("GEMMLAB_SANDBOX_PIDNS", "0") == "1"  # the owner's: "1" turns it on
+        self.iso = Isolation.from_env(interpret)  # what the keeper is asked for (sandbox.isolate)
+        self.landlock = self.iso.landlock
         self.isolation: dict[str, str] | None = None  # what the keeper put in force (its first message)
         self.timeout, self.interpret, self.extra_env, self.name = timeout, interpret, extra_env, name
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gemmlab-grade-")
         self.log = str(Path(self.log_dir) / f"{name}.log")
         # the only directory the sandbox may write below, where Landlock is on (its cwd, $TMPDIR, its Triton cache)
         self.scratch = Path(self.log_dir) / f"{name}.scratch"
-        self.triton_cache = str(self.scratch / "triton-cache") if self.landlock else None
+        self.triton_cache = str(self.scratch / "triton-cache") if self.landlock or self.iso.uid is not None else None
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.freezer: contain.Freezer | None = None
@@ -173,15 +156,14 @@ class Sandbox:
         self.freezer, self._seen, self._others = contain.Freezer.make(self.name), None, {}
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.scratch.mkdir(exist_ok=True)
-        writable = [str(self.scratch), *[d for d in os.environ.get("GEMMLAB_SANDBOX_WRITABLE", "").split(os.pathsep)
-                                         if d]]  # the owner's environment: more directories, for tests
-        args = ([str(theirs.fileno())] + (["--cgroup", self.freezer.procs_file] if self.freezer else [])
-                + (["--landlock", *[a for d in writable for a in ("--writable", d)]] if self.landlock else [])
-                + (["--seccomp", str(os.getpid()), str(os.getpgid(0))] if self.seccomp else [])
-                + (["--pidns"] if self.pidns else []))
+        extra = [d for d in os.environ.get("GEMMLAB_SANDBOX_WRITABLE", "").split(os.pathsep) if d]  # for tests
+        args = [str(theirs.fileno())] + self.iso.keeper_args([str(self.scratch), *extra],
+                                                              self.freezer.procs_file if self.freezer else None)
         env = child_env(self.interpret, {"TMPDIR": str(self.scratch), **(self.extra_env or {}),
-                                         **({"TRITON_CACHE_DIR": self.triton_cache} if self.triton_cache else {})})
-        with open(self.log, "ab") as log:
+                                         **({"TRITON_CACHE_DIR": self.triton_cache} if self.triton_cache else {}),
+                                         **({"HOME": str(self.scratch)} if self.iso.uid is not None else {})})
+        self.iso.grant(self.log_dir, self.scratch, extra, env)
+        with open(os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("keeper.py")), *args], pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.scratch, start_new_session=True, env=env)

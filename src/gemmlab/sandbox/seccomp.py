@@ -20,6 +20,8 @@ Denied with EPERM (x86_64 and aarch64; any other architecture refuses, and the k
 - ``setns``, ``unshare``, ``clone`` with a CLONE_NEW* flag, and the mount calls (``mount``, ``umount2``,
   ``pivot_root``, ``open_tree``, ``move_mount``, ``fsopen``, ``fsmount``, ``fspick``, ``mount_setattr``): the
   candidate neither leaves nor rearranges its namespaces (e.g. unmounts the PID namespace's /proc);
+- ``open_by_handle_at``: a file by its handle, past the mount namespace (with CAP_DAC_READ_SEARCH, which a sandbox
+  of its own uid keeps: ``sandbox.isolate``);
 - ``bpf``, ``userfaultfd``, ``keyctl``/``add_key``/``request_key``: kernel attack surface no kernel needs.
 ``clone3`` fails with ENOSYS, so glibc falls back to ``clone``, which has no CLONE_INTO_CGROUP: no process of the
 sandbox is born outside its cgroup. A system call of another ABI (i386 or x32 on x86_64, arm32 on aarch64) fails with
@@ -46,10 +48,11 @@ NR = {
     "pivot_root": (155, 41), "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430),
     "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442), "bpf": (321, 280),
     "userfaultfd": (323, 282), "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+    "open_by_handle_at": (304, 265),
 }
 DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_open", "pidfd_getfd", "pidfd_send_signal",
           "setns", "unshare", "mount", "umount2", "pivot_root", "open_tree", "move_mount", "fsopen", "fsmount",
-          "fspick", "mount_setattr", "bpf", "userfaultfd", "keyctl", "add_key", "request_key")
+          "fspick", "mount_setattr", "bpf", "userfaultfd", "keyctl", "add_key", "request_key", "open_by_handle_at")
 TTY_IOCTLS = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C, "TIOCSCTTY": 0x540E, "TIOCCONS": 0x541D, "TIOCSETD": 0x5423}
 CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000  # NS..NET
 
