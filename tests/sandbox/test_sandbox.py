@@ -183,9 +183,17 @@ def test_a_fork_storm_cannot_hold_the_baseline(out_dir):
     assert (out_dir / "heartbeat").exists()  # the storm did run
 
 
-def test_renicing_the_baseline_fails_the_candidate(out_dir):
+@pytest.mark.parametrize("uid", ["1", "0"])
+def test_renicing_the_baseline_fails_the_candidate(out_dir, monkeypatch, uid):
+    """SCHED_IDLE and nice 19 for the baseline's threads: refused where each sandbox has a uid of its own (the grade
+    passes: it gained nothing); where it lands (the grader not root, or with CUDA by default), the grade fails."""
+    monkeypatch.setenv("GEMMLAB_SANDBOX_UID", uid)
     r = run_box("renices_baseline")
-    assert max(int(n) for n in (out_dir / "reniced").read_text().split()) > 0  # it reached the baseline
+    reniced = max(int(n) for n in (out_dir / "reniced").read_text().split())
+    if uid == "1" and r["isolation"]["candidate"]["uid"].split()[0] != "0":
+        assert reniced == 0 and r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]
+        return
+    assert reniced > 0  # it reached the baseline
     assert r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}, r["failures"]
     reason = r["failures"][0]["reason"]
     assert "baseline" in reason and "scheduling" in reason and "SCHED_IDLE" in reason, reason
