@@ -390,3 +390,30 @@ def attacks_the_grader(A, B, C, M, N, K):
     _try(found, "clone3", _clone3_into_cgroup)
     with open(_out("attacks.json"), "w") as f:
         json.dump(found, f)
+
+
+def _beat_forever() -> None:
+    beat = 0
+    while True:
+        beat += 1
+        with open(_out("heartbeat"), "w") as f:
+            f.write(str(beat))
+        time.sleep(0.001)
+
+
+def zombie_leader(A, B, C, M, N, K):
+    """Computes honestly; at its first call leaves a helper whose main thread exits (the exit system call: that
+    thread alone) while another thread of it writes a heartbeat every millisecond: /proc reads the helper as a
+    zombie, which a freeze by signals once took for held."""
+    import ctypes
+    import platform
+    import threading
+
+    honest(A, B, C, M, N, K)
+    if _state.get("zombie"):
+        return
+    _state["zombie"] = True
+    if os.fork() == 0:
+        threading.Thread(target=_beat_forever, daemon=True).start()
+        time.sleep(0.05)
+        ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[platform.machine()], 0)  # exit: this thread only

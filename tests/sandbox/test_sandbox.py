@@ -171,6 +171,42 @@ def test_a_fork_storm_stays_frozen_while_the_other_side_runs(out_dir, monkeypatc
     assert not cand.members()
 
 
+@pytest.mark.parametrize("mode", ["cgroup", "signals"])
+def test_a_helper_whose_main_thread_exited_stays_frozen(out_dir, mode):
+    """A helper whose main thread exited reads as a zombie in /proc while its other thread works: a freeze by
+    signals took it for held. Frozen, its heartbeat stands still, in five windows out of five."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("the bad kernel exits its main thread by the x86_64 or aarch64 system call number")
+    make = contain.Freezer.make
+    cand = Sandbox(f"{BOX}:zombie_leader", "colmajor", "colmajor", 60.0, True, str(out_dir))
+    a = torch.rand(4, 4, dtype=torch.float16).t()
+    try:
+        if mode == "signals":
+            contain.Freezer.make = classmethod(lambda cls, tag: None)
+        cand.bind([((a, a), torch.full((16,), float("nan"), dtype=torch.float16))])
+        cand.request("call", slot=0)  # leaves the helper
+        assert _beat(out_dir / "heartbeat") is not None
+        deadline = time.monotonic() + 60
+        while not any(contain.state(p, leader=True) == "Z" and contain.state(p) != "Z" for p in cand.members()):
+            assert time.monotonic() < deadline, "the helper's main thread never exited"
+            time.sleep(0.01)
+        moved = []
+        for _ in range(5):
+            cand.freeze()
+            before = _beat(out_dir / "heartbeat")
+            time.sleep(0.1)
+            moved.append(_beat(out_dir / "heartbeat") != before)
+            cand.thaw()
+            time.sleep(0.02)
+        assert not any(moved), moved
+    finally:
+        contain.Freezer.make = make
+        cand.close()
+    assert not cand.members()
+
+
 def test_a_fork_storm_cannot_hold_the_baseline(out_dir):
     """Graded, the storm's helper stops the baseline whenever it sees it use CPU: frozen through every baseline
     window, it never does (or the grade fails by isolation, or the held batches were run again)."""
