@@ -72,7 +72,7 @@ from pathlib import Path
 
 from gemmlab.sandbox import contain, share, wire
 from gemmlab.sandbox.isolate import Isolation, child_env
-from gemmlab.sandbox.replies import checked, printable
+from gemmlab.sandbox.replies import checked, log_tail
 
 MAX_REPLY_BYTES = 1 << 24  # a reply longer than this is refused (a child cannot make the owner buffer gigabytes)
 FREEZE_S = 5.0  # a sandbox not frozen (every member stopped) within this fails
@@ -228,15 +228,8 @@ class Sandbox:
         raise WorkerFailure(reason) from cause
 
     def log_tail(self, chars: int = 600) -> str:
-        """The end of the child's output, without the profiler's chatter: its last ``LOG_TAIL_BYTES`` only (the
-        child owns the file: one ftruncate makes it a terabyte long)."""
-        try:
-            with open(self.log, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - LOG_TAIL_BYTES))
-                lines = f.read(LOG_TAIL_BYTES).decode(errors="replace").splitlines()
-        except OSError:
-            return ""
-        text = printable("\n".join(line for line in lines if not line.startswith("USDT:"))[-chars:].strip())
+        """The end of the child's output, as a clause to quote ("" when it has none): ``replies.log_tail``."""
+        text = log_tail(self.log, chars, LOG_TAIL_BYTES)
         return f"; its output ends: {text}" if text else ""
 
     # ------------------------------------------------------------------------------------- containment

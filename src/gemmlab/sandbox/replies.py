@@ -3,6 +3,7 @@
     checked(op, reply, request) -> the fields of ``REPLIES[op]`` (or ``ERROR``), nothing else; ValueError naming the
                                    first field that is missing or of the wrong type or range
     printable(text)             -> the text with every control, format and surrogate character replaced
+    log_tail(path, chars, limit) -> the printable end of a child's log, read by its last ``limit`` bytes
 
 The child is the candidate's process, so a reply is hostile data: a field the owner reads unchecked (a list of
 kernel names that is an int, a time that is a string) would otherwise crash the grader. ``Sandbox`` turns the
@@ -15,6 +16,7 @@ stream can encode: the grader died writing its report) would otherwise act.
 from __future__ import annotations
 
 import math
+import os
 import unicodedata
 
 _REPLACED = ("Cc", "Cf", "Cs", "Co")  # control (ESC, CR, ...), format (bidi overrides), surrogates, private use
@@ -90,3 +92,15 @@ def checked(op: str, reply: dict, req: dict) -> dict:
             raise ValueError(f"field {name!r} is {type(reply[name]).__name__}, not {what}")
         out[name] = _clean(reply[name])
     return out
+
+
+def log_tail(path: str, chars: int, limit: int) -> str:
+    """The end of a child's log, printable, without the profiler's chatter: its last ``limit`` bytes only (the child
+    owns the file: one ftruncate makes it a terabyte long)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            lines = f.read(limit).decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return printable("\n".join(line for line in lines if not line.startswith("USDT:"))[-chars:].strip())
