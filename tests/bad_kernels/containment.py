@@ -417,3 +417,26 @@ def zombie_leader(A, B, C, M, N, K):
         threading.Thread(target=_beat_forever, daemon=True).start()
         time.sleep(0.05)
         ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[platform.machine()], 0)  # exit: this thread only
+
+
+def leaves_its_cgroup(A, B, C, M, N, K):
+    """Computes honestly; at its first call leaves a helper that moves itself into the grader's cgroup (writing its
+    pid into that cgroup's cgroup.procs, as root can) and then sleeps; notes ``moved`` (true, or why not)."""
+    honest(A, B, C, M, N, K)
+    if _state.get("left"):
+        return
+    _state["left"] = True
+    if os.fork() == 0:
+        found: dict = {}
+
+        def move():
+            where = _own_cgroup_dir()
+            if where is None:
+                raise OSError(2, "no cgroup v2 here")
+            with open(os.path.join(where, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        _try(found, "moved", move)
+        with open(_out("moved.json"), "w") as f:
+            json.dump(found, f)
+        while True:
+            time.sleep(1)

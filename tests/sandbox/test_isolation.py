@@ -10,12 +10,15 @@ import platform
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
+import torch
 
-from gemmlab.sandbox import seccomp
+from gemmlab.sandbox import contain, seccomp
+from gemmlab.sandbox.box import Sandbox, WorkerFailure
 from tests.grade.test_grade import passed
-from tests.sandbox.test_sandbox import run_box
+from tests.sandbox.test_sandbox import BOX, run_box
 
 EPERM, ENOSYS, ALLOW = seccomp.ERRNO | errno.EPERM, seccomp.ERRNO | errno.ENOSYS, seccomp.ALLOW
 OWNER, PGID = 4321, 4000
@@ -195,3 +198,41 @@ def test_without_root_the_uid_is_the_graders_and_the_report_says_why(monkeypatch
     assert iso.uid is None and iso.uid_why == "the grader is not root"
     args = iso.keeper_args(["/tmp"], None)
     assert "--uid" not in args and args[args.index("--uid-why") + 1] == "the grader is not root"
+
+
+def _wait_for(path, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, f"{path.name} never written"
+        time.sleep(0.01)
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("uid", ["0", "1"])
+def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypatch, uid):
+    """A helper writes itself into the grader's cgroup (root, without a Landlock domain): its CPU time would no
+    longer be the sandbox's, nor its freeze the cgroup's. The next freeze fails the sandbox. With a uid of its own
+    the move is refused (the cgroup's files are root's) and the freeze holds."""
+    monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_UID", uid)
+    probe = contain.Freezer.make("probe")
+    if probe is None or not probe.v2:
+        pytest.skip("no writable cgroup v2 here")
+    probe.remove()
+    cand = Sandbox(f"{BOX}:leaves_its_cgroup", "colmajor", "colmajor", 60.0, True, str(out_dir))
+    a = torch.rand(4, 4, dtype=torch.float16).t()
+    try:
+        cand.bind([((a, a), torch.full((16,), float("nan"), dtype=torch.float16))])
+        cand.request("call", slot=0)
+        moved = _wait_for(out_dir / "moved.json")["moved"]
+        if moved is True:
+            assert os.geteuid() == 0 and (uid == "0" or "its own" not in cand.isolation["uid"]), cand.isolation
+            with pytest.raises(WorkerFailure, match="left its cgroup"):
+                cand.freeze()
+        else:
+            assert uid == "1" and moved in ("EACCES", "EPERM"), moved
+            cand.freeze()
+            cand.thaw()
+    finally:
+        cand.close()
+    assert not cand.members()
