@@ -158,6 +158,18 @@ def test_a_candidate_reaches_neither_the_grader_nor_its_terminal(out_dir, monkey
     assert passed(r), r["failures"]
 
 
+def test_in_a_pid_namespace_the_grader_is_not_in_view(out_dir, monkeypatch):
+    """GEMMLAB_SANDBOX_PIDNS=1 (root): the candidate's /proc is its namespace's, so the grader (its keeper's parent)
+    is not there to aim at, even with the filter, Landlock and the uid off; the grade still passes."""
+    if os.geteuid() != 0:
+        pytest.skip("a PID namespace of the keeper's own needs root")
+    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_PIDNS="1", GEMMLAB_SANDBOX_LANDLOCK="0",
+                             GEMMLAB_SANDBOX_SECCOMP="0", GEMMLAB_SANDBOX_UID="0")
+    assert r["isolation"]["candidate"]["pid_namespace"] == "on", r["isolation"]
+    assert got == b"" and all(found[k] == "invisible" for k in ("ptrace", "process_vm_readv", "prlimit", "kill"))
+    assert passed(r), r["failures"]
+
+
 def test_without_the_filter_the_same_candidate_reaches_the_grader(out_dir, monkeypatch):
     """The control: with the filter, Landlock and the uid of its own off (as before), the same candidate attaches to
     the grader, reads its memory, sets its resource limit and signals it (as root, or as the grader's user); so the
