@@ -142,11 +142,13 @@ def _attacks(out_dir, monkeypatch, **env):
 
 
 @pytest.mark.parametrize("landlock", ["0", "1"])
-def test_a_candidate_reaches_neither_the_grader_nor_its_terminal(out_dir, monkeypatch, landlock):
+def test_a_candidate_reaches_neither_the_grader_nor_its_terminal(out_dir, monkeypatch, landlock, device):
     """Graded, the candidate tries TIOCSTI and a write on a terminal the grader holds, ptrace, process_vm_readv,
     prlimit and a signal on the grader, and clone3 into the grader's cgroup: every one fails, the terminal got
     nothing, the honest arithmetic passes, and the report says what was in force. Without Landlock (as with CUDA)
     the seccomp filter and the keeper's mount namespace alone hold."""
+    if device == "cuda" and landlock == "1":
+        pytest.skip("Landlock with CUDA is open (tests/sandbox/test_sandbox.py::test_landlock_with_cuda)")
     r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK=landlock)
     assert got == b"", got
     assert set(found) == {"tiocsti", "tty_write", "ptrace", "process_vm_readv", "prlimit", "kill", "clone3"}, found
@@ -248,3 +250,25 @@ def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypa
     finally:
         cand.close()
     assert not cand.members()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("switch", [{}, {"GEMMLAB_SANDBOX_UID": "1"}, {"GEMMLAB_SANDBOX_PIDNS": "1"}],
+                         ids=["default", "uid", "pidns"])
+def test_isolation_with_cuda(monkeypatch, switch):
+    """With CUDA: the default isolation (the seccomp filter, the hidden terminals) and each switch that is off by
+    default there (a uid of its own, a PID namespace) still let both children open the slots' IPC handles, and
+    gemmlab's own kernel passes; the report says what held."""
+    from gemmlab.grade import grade
+    from tests.grade.test_grade import TINY
+
+    for k, v in switch.items():
+        monkeypatch.setenv(k, v)
+    r = grade(TINY)
+    assert passed(r), r["failures"]
+    iso = r["isolation"]["candidate"]
+    assert iso["seccomp"] == "on", iso
+    if "GEMMLAB_SANDBOX_UID" in switch and os.geteuid() == 0:
+        assert "its own" in iso["uid"], iso
+    if "GEMMLAB_SANDBOX_PIDNS" in switch and os.geteuid() == 0:
+        assert iso["pid_namespace"] == "on", iso
