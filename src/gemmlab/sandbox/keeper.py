@@ -1,8 +1,13 @@
 """The sandbox's first process, run by path (``python .../keeper.py FD [--cgroup PROCS_FILE] [--landlock]
-[--writable DIR]...``) so that nothing is imported before it forks (no CUDA, no gemmlab). Before any candidate code
-exists it
+[--writable DIR]... [--uid UID | --uid-why WHY] [--seccomp OWNER PGID] [--pidns]``; ``sandbox.isolate`` builds it)
+so that nothing is imported before it forks (no CUDA, no gemmlab). Before any candidate code exists it, in order,
 - writes its own pid into PROCS_FILE (the sandbox's freezer cgroup, ``sandbox.contain.Freezer``), so every process
   of the sandbox is born inside;
+- closes any inherited descriptor that is a terminal (``no_terminal``; it has no controlling terminal: the owner
+  started it in a session of its own);
+- where it is root, enters a mount namespace of its own where the terminals are hidden (an empty /dev/pts,
+  /dev/null over the consoles: ``namespaces``) and, with ``--pidns``, a PID namespace whose first process mounts a
+  /proc of its own (``proc_mount``) and reaps its orphans;
 - with ``--landlock``, enters a Landlock domain of its own, root or not:
   - files (ABI 1+, Linux 5.13+): no file can be written, created, removed, renamed, linked or truncated by path but
     below the ``--writable`` directories (the sandbox's scratch directory), ``/dev/shm``, and ``/dev/null`` and the
@@ -16,8 +21,13 @@ exists it
     no process of the sandbox can signal, ptrace (nor read /proc/PID/mem of) or connect to an abstract socket of
     any process outside the domain (the grader, the other sandbox); inside it (the keeper, the candidate's own
     processes) all of that still works.
-Then it forks: the parent half is the keeper, which only waits and exits with the candidate's status; the child half
-serves the candidate (``sandbox.serve``). What it could not do it says on stderr (the sandbox's log)."""
+- with ``--uid``, becomes that uid, keeping only CAP_DAC_READ_SEARCH (``own_uid``);
+- with ``--seccomp``, installs the filter of ``sandbox/seccomp.py`` (loaded by path), naming the owner's pid and
+  process group;
+- sends its first message on the channel: what isolation is in force (``tell``; ``Sandbox.isolation``).
+Then it forks: the parent half is the keeper, which only waits (reaping) and exits with the candidate's status; the
+child half serves the candidate (``sandbox.serve``). What it could not do it says on stderr (the sandbox's log) and
+in that message."""
 
 import glob
 import os
