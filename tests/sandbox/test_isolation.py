@@ -27,7 +27,7 @@ OWNER, PGID = 4321, 4000
 @pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
 def test_the_filter_program(arch):
     """What the program returns, call by call (its own interpreter): each denial fires, its neighbours pass."""
-    prog = seccomp.program(arch, OWNER, PGID)
+    prog = seccomp.program(arch, OWNER, PGID, tids=[OWNER, 4330, 4331])
     col = 0 if arch == "x86_64" else 1
 
     def nr(name):
@@ -45,6 +45,9 @@ def test_the_filter_program(arch):
     assert ret("perf_event_open", 0, 0) == ALLOW and ret("perf_event_open", 0, OWNER) == EPERM
     assert ret("kill", OWNER) == EPERM and ret("kill", -PGID & 0xFFFFFFFF) == EPERM and ret("kill", 0xFFFFFFFF) == EPERM
     assert ret("kill", OWNER + 1) == ALLOW and ret("tgkill", OWNER, 5) == EPERM and ret("tgkill", 7, 7) == ALLOW
+    assert ret("kill", 4331, 9) == EPERM and ret("tkill", 4330, 9) == EPERM and ret("rt_sigqueueinfo", 4330) == EPERM
+    big = seccomp.program(arch, OWNER, PGID, tids=range(10_000, 11_000))  # capped, still assembled
+    assert seccomp.run(big, nr("kill"), (10_000 + seccomp.MAX_TIDS - 2,), arch) == EPERM
     assert ret("clone3") == ENOSYS
     assert ret("clone", 0x01200011) == ALLOW and ret("clone", 0x01200011 | 0x10000000) == EPERM  # fork; +NEWUSER
     assert seccomp.run(prog, 0, (), arch) == ALLOW  # read (x86_64), io_setup (aarch64): anything not named
@@ -76,6 +79,9 @@ CHILD = textwrap.dedent("""
     attempt("ptrace", lambda: check(libc.ptrace(0x4206, owner, None, None)))
     attempt("prlimit", lambda: resource.prlimit(owner, resource.RLIMIT_CORE))
     attempt("kill", lambda: os.kill(owner, 0))
+    others = [int(t) for t in os.listdir(f"/proc/{owner}/task") if int(t) != owner]
+    attempt("kill_thread", lambda: [os.kill(t, 0) for t in others] and None)
+    found["threads"] = len(others)
     attempt("clone3", lambda: check(libc.syscall(435, None, ctypes.c_size_t(0))))
     attempt("own_prlimit", lambda: resource.prlimit(0, resource.RLIMIT_NOFILE))
     def fork():
@@ -90,11 +96,16 @@ CHILD = textwrap.dedent("""
 
 def test_the_filter_in_force_refuses_the_terminal_and_the_owner():
     """A process under the filter, holding a terminal of the test's (a pty, as a grader's terminal) and knowing the
-    test's pid: TIOCSTI, ptrace, prlimit and a signal on the test all fail with EPERM, clone3 with ENOSYS, and
-    nothing was typed into the terminal; its own prlimit and fork still work."""
+    test's pid: TIOCSTI, ptrace, prlimit and a signal on the test (by its pid or a thread's id) all fail with EPERM,
+    clone3 with ENOSYS, and nothing was typed into the terminal; its own prlimit and fork still work."""
     if platform.machine() not in seccomp.AUDIT_ARCH:
         pytest.skip(f"no seccomp filter for {platform.machine()}")
+    import threading
+
     master, slave = os.openpty()
+    done = threading.Event()
+    waiter = threading.Thread(target=done.wait, daemon=True)  # a thread of the test's: a thread id to aim at
+    waiter.start()
     try:
         r = subprocess.run([sys.executable, "-c", CHILD, seccomp.__file__, os.ttyname(slave)], capture_output=True,
                            text=True, timeout=120, stdin=subprocess.DEVNULL)
@@ -104,9 +115,11 @@ def test_the_filter_in_force_refuses_the_terminal_and_the_owner():
         with pytest.raises(BlockingIOError):
             os.read(slave, 100)  # nothing was typed into the terminal
     finally:
+        done.set()
         os.close(master)
         os.close(slave)
     assert found["missing"] == []
+    assert found["threads"] >= 1 and found["kill_thread"] == errno.EPERM, found  # a signal by thread id
     assert {k: found[k] for k in ("tiocsti", "ptrace", "prlimit", "kill")} == dict.fromkeys(
         ("tiocsti", "ptrace", "prlimit", "kill"), errno.EPERM), found
     assert found["clone3"] == errno.ENOSYS and found["own_prlimit"] is True and found["fork"] is True, found

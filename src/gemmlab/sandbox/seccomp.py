@@ -14,9 +14,10 @@ Denied with EPERM (x86_64 and aarch64; any other architecture refuses, and the k
   the argument's low 32 bits are compared (the kernel drops the high ones too);
 - ``prlimit64`` on any process but the caller (pid 0): no SIGXCPU for the grader by a CPU limit;
 - ``perf_event_open`` on any process but the caller;
-- ``kill``/``tkill``/``rt_sigqueueinfo`` of the owner's pid, ``tgkill``/``rt_tgsigqueueinfo`` of its thread group,
-  ``kill`` of the owner's process group and of -1 (every process); a signal sent to one of the owner's other threads
-  by its thread id is not matched here (a PID namespace, another uid or Landlock's signal scope close that);
+- ``kill``/``tkill``/``tgkill``/``rt_sigqueueinfo``/``rt_tgsigqueueinfo`` aimed at the owner's pid or at one of its
+  threads' ids (those it had when the filter was built, up to ``MAX_TIDS``), ``kill`` of the owner's process group
+  and of -1 (every process); a thread the owner starts later is not named (a PID namespace, another uid or
+  Landlock's signal scope close that too);
 - ``setns``, ``unshare``, ``clone`` with a CLONE_NEW* flag, and the mount calls (``mount``, ``umount2``,
   ``pivot_root``, ``open_tree``, ``move_mount``, ``fsopen``, ``fsmount``, ``fspick``, ``mount_setattr``): the
   candidate neither leaves nor rearranges its namespaces (e.g. unmounts the PID namespace's /proc);
@@ -57,7 +58,8 @@ TTY_IOCTLS = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C, "TIOCSCTTY": 0x540E, "TIOC
 CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000  # NS..NET
 
 # classic BPF
-LD_W_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+LD_W_ABS, JA, JEQ, JGE, JSET, RET = 0x20, 0x05, 0x15, 0x35, 0x45, 0x06
+MAX_TIDS = 250  # of the owner's threads named in the filter (a conditional jump reaches 255 ahead)
 ALLOW, ERRNO = 0x7FFF0000, 0x00050000
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 
@@ -67,34 +69,40 @@ def _arg(i: int) -> int:
     return 16 + 8 * i
 
 
-def program(arch: str, owner: int, owner_pgid: int) -> list[tuple[int, int, int, int]]:
-    """The filter for ``arch`` (``platform.machine()``), naming ``owner`` (the grader's pid) and its process group;
-    ValueError for an architecture it has no numbers for."""
+def program(arch: str, owner: int, owner_pgid: int, tids=()) -> list[tuple[int, int, int, int]]:
+    """The filter for ``arch`` (``platform.machine()``), naming ``owner`` (the grader's pid), its process group and
+    its threads' ids ``tids`` (the first ``MAX_TIDS``); ValueError for an architecture it has no numbers for."""
     if arch not in AUDIT_ARCH:
         raise ValueError(f"no seccomp filter for the {arch} architecture (x86_64 and aarch64 only)")
     col = 0 if arch == "x86_64" else 1
     eperm = ERRNO | errno.EPERM
     me = lambda v: v & 0xFFFFFFFF  # noqa: E731 (a pid_t as the filter sees its low word)
     # (syscall, argument, values that deny) for calls judged by one argument; the rest of each allowed
-    by_arg = [("ioctl", 1, list(TTY_IOCTLS.values())), ("kill", 0, [owner, me(-owner_pgid), me(-1)]),
-              ("tkill", 0, [owner]), ("tgkill", 0, [owner]), ("rt_sigqueueinfo", 0, [owner]),
-              ("rt_tgsigqueueinfo", 0, [owner])]
+    by_arg = [("ioctl", 1, list(TTY_IOCTLS.values())), ("kill", 0, [me(-owner_pgid), me(-1)])]
+    signals = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # then: the owner's ids
+    ids = sorted({owner, *tids} - {0})[:MAX_TIDS]
     code: list = [("ld", 4), ("jeq", AUDIT_ARCH[arch], None, "foreign"), ("ld", 0)]
     if arch == "x86_64":
         code.append(("jge", X32_SYSCALL_BIT, "foreign", None))
     code += [("jeq", NR[n][col], "deny", None) for n in DENIED]
     code += [("jeq", NR["clone3"][col], "enosys", None)]
     code += [("jeq", NR[n][col], n, None) for n in ("prlimit64", "perf_event_open", "clone")]
-    code += [("jeq", NR[n][col], n, None) for n, _, _ in by_arg]
+    code += [("jeq", NR[n][col], n, None) for n in ("ioctl", *signals)]
     code += [("ret", ALLOW)]
     for n, i, values in by_arg:
-        code += [("label", n), ("ld", _arg(i))] + [("jeq", v, "deny", None) for v in values] + [("ret", ALLOW)]
+        code += [("label", n), ("ld", _arg(i))] + [("jeq", v, "deny", None) for v in values]
+        code += [("ja", "owner")] if n == "kill" else [("ret", ALLOW)]
+    for n in signals[1:]:
+        code += [("label", n), ("ld", _arg(0)), ("ja", "owner")]
     pid = {"prlimit64": 0, "perf_event_open": 1}
     for n, i in pid.items():  # only the caller itself (pid 0)
         code += [("label", n), ("ld", _arg(i)), ("jeq", 0, None, "deny"), ("ret", ALLOW)]
     code += [("label", "clone"), ("ld", _arg(0)), ("jset", CLONE_NEW, "deny", None), ("ret", ALLOW)]
     code += [("label", "deny"), ("ret", eperm), ("label", "foreign"), ("ret", eperm),
              ("label", "enosys"), ("ret", ERRNO | errno.ENOSYS)]
+    # last, reached by "ja" alone (no conditional jump passes over it)
+    code += [("label", "owner")] + [("jeq", v, "deny_id", None) for v in ids]
+    code += [("ret", ALLOW), ("label", "deny_id"), ("ret", eperm)]
     return _assemble(code)
 
 
@@ -115,6 +123,8 @@ def _assemble(code: list) -> list[tuple[int, int, int, int]]:
             out.append((LD_W_ABS, 0, 0, ins[1]))
         elif op == "ret":
             out.append((RET, 0, 0, ins[1]))
+        elif op == "ja":  # unconditional: a 32-bit offset
+            out.append((JA, 0, 0, at[ins[1]] - n - 1))
         else:
             jt, jf = (0 if t is None else at[t] - n - 1 for t in ins[2:4])
             if not (0 <= jt <= 255 and 0 <= jf <= 255):
@@ -132,6 +142,9 @@ def run(prog: list[tuple[int, int, int, int]], nr: int, args=(), arch: str = "x8
         code, jt, jf, k = prog[pc]
         if code == RET:
             return k
+        if code == JA:
+            pc += 1 + k
+            continue
         if code == LD_W_ABS:
             acc = struct.unpack_from("<I", words, k)[0]
             pc += 1
@@ -152,7 +165,11 @@ def install(owner: int, owner_pgid: int) -> list[str]:
     """Set no_new_privs and install the filter on the calling thread (inherited by its children); returns what could
     not be had ([]: the filter is in force)."""
     try:
-        prog = program(platform.machine(), owner, owner_pgid)
+        tids = [int(t) for t in os.listdir(f"/proc/{owner}/task")]
+    except (OSError, ValueError):
+        tids = []
+    try:
+        prog = program(platform.machine(), owner, owner_pgid, tids)
     except ValueError as e:
         return [str(e)]
     libc = ctypes.CDLL(None, use_errno=True)
