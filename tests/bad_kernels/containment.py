@@ -332,6 +332,13 @@ def _clone3_into_cgroup() -> None:
         os.close(fd)
 
 
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
 def attacks_the_grader(A, B, C, M, N, K):
     """Computes honestly; at its first call tries every system call that reaches another process or the user's
     terminal, and writes ``attacks.json`` ({attack: true where done, else why not}):
@@ -340,7 +347,8 @@ def attacks_the_grader(A, B, C, M, N, K):
     grader and stops it (detached at once where it worked); ``process_vm_readv``: reads the grader's
     memory; ``prlimit``: sets a resource limit of the grader's (RLIMIT_CORE, to what it is: harmless, and as good as
     RLIMIT_CPU's SIGXCPU); ``kill``: signal 0 to the grader; ``clone3``: a child born in the grader's cgroup
-    (CLONE_INTO_CGROUP). "invisible": the grader is not in this process's view of /proc."""
+    (CLONE_INTO_CGROUP); ``ctty``: opens its controlling terminal (/dev/tty); ``tty_fds``: the descriptors it holds
+    that are terminals. "invisible": the grader is not in this process's view of /proc."""
     import ctypes
     import fcntl
     import resource
@@ -365,6 +373,8 @@ def attacks_the_grader(A, B, C, M, N, K):
             os.close(fd)
     _try(found, "tiocsti", lambda: tty(True))
     _try(found, "tty_write", lambda: tty(False))
+    _try(found, "ctty", lambda: os.close(os.open("/dev/tty", os.O_RDONLY)))  # its controlling terminal, if any
+    found["tty_fds"] = [int(fd) for fd in os.listdir("/proc/self/fd") if _isatty(int(fd))]
     grader = _grader_visible()
     if grader is None:
         found.update({k: "invisible" for k in ("ptrace", "process_vm_readv", "prlimit", "kill")})

@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from gemmlab.grade import view
 from gemmlab.sandbox import contain, seccomp
 from gemmlab.sandbox.box import Sandbox, WorkerFailure
 from tests.grade.test_grade import passed
@@ -138,6 +139,7 @@ def _attacks(out_dir, monkeypatch, **env):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     master, slave = os.openpty()
+    os.set_inheritable(slave, True)  # as a grader's own terminal descriptors may be: none may reach the candidate
     monkeypatch.setenv("BAD_TTY", os.ttyname(slave))
     try:
         r = run_box("attacks_the_grader")
@@ -164,12 +166,15 @@ def test_a_candidate_reaches_neither_the_grader_nor_its_terminal(out_dir, monkey
         pytest.skip("Landlock with CUDA is open (tests/sandbox/test_sandbox.py::test_landlock_with_cuda)")
     r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK=landlock)
     assert got == b"", got
-    assert set(found) == {"tiocsti", "tty_write", "ptrace", "process_vm_readv", "prlimit", "kill", "clone3"}, found
+    assert set(found) == {"tiocsti", "tty_write", "ptrace", "process_vm_readv", "prlimit", "kill", "clone3", "ctty",
+                          "tty_fds"}, found
     assert not [k for k, v in found.items() if v is True], found
+    assert found["tty_fds"] == [] and found["ctty"] == "ENXIO", found  # no terminal held, none to open
     assert found["clone3"] == "ENOSYS" and found["ptrace"] in ("EPERM", "invisible"), found
     iso = r["isolation"]["candidate"]
     assert iso["seccomp"] == "on" and iso["terminal_fds"] == "none", iso
     assert iso["landlock"].startswith("on" if landlock == "1" else "off"), iso
+    assert "seccomp on" in view.markdown(r)  # report.md says it too
     assert passed(r), r["failures"]
 
 
