@@ -265,3 +265,188 @@ def reaches_outside(A, B, C, M, N, K):
     probe("grader_mem", lambda: open(f"/proc/{grader}/mem", "rb").close())
     with open(_out("reach.json"), "w") as f:
         json.dump(found, f)
+
+
+def _try(found: dict, name: str, fn) -> None:
+    """``found[name]``: True where ``fn`` did it, else why not (the errno's name)."""
+    import errno
+
+    try:
+        fn()
+        found[name] = True
+    except OSError as e:
+        found[name] = errno.errorcode.get(e.errno, str(e.errno))
+
+
+def _libc_call(fn, *args) -> int:
+    """A libc call through ctypes; OSError with its errno where it returns -1."""
+    import ctypes
+
+    r = fn(*args)
+    if r == -1:
+        raise OSError(ctypes.get_errno(), "")
+    return r
+
+
+def _grader_visible() -> int | None:
+    """The grader's pid (the keeper's parent) where this process can see it; None in a PID namespace of its own."""
+    try:
+        pid = _grader_pid()
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if pid > 1 else None
+
+
+def _own_cgroup_dir() -> str | None:
+    """The cgroup v2 directory above this process's own (the grader's), where one is mounted."""
+    for line in open("/proc/self/mountinfo").read().splitlines():
+        left, _, right = line.partition(" - ")
+        if right.split()[:1] == ["cgroup2"]:
+            point = left.split()[4]
+            own = next((ln.split(":", 2)[2] for ln in open("/proc/self/cgroup").read().splitlines()
+                        if ln.startswith("0::")), None)
+            if own is not None:
+                return os.path.dirname(point + own.rstrip("/")) or point
+    return None
+
+
+def _clone3_into_cgroup() -> None:
+    """clone3 with CLONE_INTO_CGROUP into the grader's cgroup (a helper born outside the sandbox's cgroup); the
+    child, if one is born, exits at once."""
+    import ctypes
+    import struct
+
+    where = _own_cgroup_dir()
+    if where is None:
+        raise OSError(2, "no cgroup v2 here")
+    fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        args = struct.pack("<11Q", 0x200000000, 0, 0, 0, signal.SIGCHLD, 0, 0, 0, 0, 0, fd)  # flags ... cgroup
+        buf = ctypes.create_string_buffer(args, len(args))
+        libc = ctypes.CDLL(None, use_errno=True)
+        pid = _libc_call(libc.syscall, 435, buf, ctypes.c_size_t(len(args)))
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def attacks_the_grader(A, B, C, M, N, K):
+    """Computes honestly; at its first call tries every system call that reaches another process or the user's
+    terminal, and writes ``attacks.json`` ({attack: true where done, else why not}):
+    ``tiocsti``: types "pwned" and a newline into the terminal $BAD_TTY (a pty the test holds, as a grader's
+    terminal) with ioctl(TIOCSTI); ``tty_write``: writes a forged verdict line onto it; ``ptrace``: attaches to the
+    grader and stops it (detached at once where it worked); ``process_vm_readv``: reads the grader's
+    memory; ``prlimit``: sets a resource limit of the grader's (RLIMIT_CORE, to what it is: harmless, and as good as
+    RLIMIT_CPU's SIGXCPU); ``kill``: signal 0 to the grader; ``clone3``: a child born in the grader's cgroup
+    (CLONE_INTO_CGROUP); ``ctty``: opens its controlling terminal (/dev/tty); ``tty_fds``: the descriptors it holds
+    that are terminals. "invisible": the grader is not in this process's view of /proc."""
+    import ctypes
+    import fcntl
+    import resource
+    import termios
+
+    honest(A, B, C, M, N, K)
+    if _state.get("attacked"):
+        return
+    _state["attacked"] = True
+    libc = ctypes.CDLL(None, use_errno=True)
+    found: dict = {}
+
+    def tty(inject: bool) -> None:
+        fd = os.open(os.environ["BAD_TTY"], os.O_RDWR | os.O_NOCTTY)
+        try:
+            if inject:
+                for ch in b"pwned\n":
+                    fcntl.ioctl(fd, termios.TIOCSTI, bytes([ch]))
+            else:
+                os.write(fd, b"\nPASS 100/100\n")
+        finally:
+            os.close(fd)
+    _try(found, "tiocsti", lambda: tty(True))
+    _try(found, "tty_write", lambda: tty(False))
+    _try(found, "ctty", lambda: os.close(os.open("/dev/tty", os.O_RDONLY)))  # its controlling terminal, if any
+    found["tty_fds"] = [int(fd) for fd in os.listdir("/proc/self/fd") if _isatty(int(fd))]
+    grader = _grader_visible()
+    if grader is None:
+        found.update({k: "invisible" for k in ("ptrace", "process_vm_readv", "prlimit", "kill")})
+    else:
+        def attach():  # PTRACE_SEIZE, PTRACE_INTERRUPT: the grader's main thread stops (and no other thread);
+            # PTRACE_DETACH: it runs on (PTRACE_ATTACH's SIGSTOP could stop the whole grader for good)
+            _libc_call(libc.ptrace, 0x4206, grader, None, None)
+            _libc_call(libc.ptrace, 0x4207, grader, None, None)
+            os.waitpid(grader, 0x40000000)  # __WALL
+            _libc_call(libc.ptrace, 17, grader, None, None)
+
+        def read_memory():
+            start = int(open(f"/proc/{grader}/maps").readline().split("-")[0], 16)
+            buf = ctypes.create_string_buffer(64)
+            local = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 64)
+            remote = (ctypes.c_void_p * 2)(start, 64)
+            _libc_call(libc.process_vm_readv, grader, local, 1, remote, 1, 0)
+        _try(found, "ptrace", attach)
+        _try(found, "process_vm_readv", read_memory)
+        _try(found, "prlimit", lambda: resource.prlimit(grader, resource.RLIMIT_CORE,
+                                                        resource.prlimit(grader, resource.RLIMIT_CORE)))
+        _try(found, "kill", lambda: os.kill(grader, 0))
+    _try(found, "clone3", _clone3_into_cgroup)
+    with open(_out("attacks.json"), "w") as f:
+        json.dump(found, f)
+
+
+def _beat_forever() -> None:
+    beat = 0
+    while True:
+        beat += 1
+        with open(_out("heartbeat"), "w") as f:
+            f.write(str(beat))
+        time.sleep(0.001)
+
+
+def zombie_leader(A, B, C, M, N, K):
+    """Computes honestly; at its first call leaves a helper whose main thread exits (the exit system call: that
+    thread alone) while another thread of it writes a heartbeat every millisecond: /proc reads the helper as a
+    zombie, which a freeze by signals once took for held."""
+    import ctypes
+    import platform
+    import threading
+
+    honest(A, B, C, M, N, K)
+    if _state.get("zombie"):
+        return
+    _state["zombie"] = True
+    if os.fork() == 0:
+        threading.Thread(target=_beat_forever, daemon=True).start()
+        time.sleep(0.05)
+        ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[platform.machine()], 0)  # exit: this thread only
+
+
+def leaves_its_cgroup(A, B, C, M, N, K):
+    """Computes honestly; at its first call leaves a helper that moves itself into the grader's cgroup (writing its
+    pid into that cgroup's cgroup.procs, as root can) and then sleeps; notes ``moved`` (true, or why not)."""
+    honest(A, B, C, M, N, K)
+    if _state.get("left"):
+        return
+    _state["left"] = True
+    if os.fork() == 0:
+        found: dict = {}
+
+        def move():
+            where = _own_cgroup_dir()
+            if where is None:
+                raise OSError(2, "no cgroup v2 here")
+            with open(os.path.join(where, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        _try(found, "moved", move)
+        with open(_out("moved.json"), "w") as f:
+            json.dump(found, f)
+        while True:
+            time.sleep(1)

@@ -153,9 +153,10 @@ def test_cheats_on_unchecked_or_repeated_inputs_gain_nothing(tmp_path, monkeypat
 
 
 def test_killing_the_baseline_fails(monkeypatch):
-    """Where the sandbox has no Landlock domain (which refuses the signal: tests/sandbox/test_sandbox.py), the kill
-    lands, and the grader notices."""
+    """Where the sandbox has no Landlock domain and no uid of its own (either refuses the signal:
+    tests/sandbox/test_sandbox.py, tests/sandbox/test_isolation.py), the kill lands, and the grader notices."""
     monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_UID", "0")
     r = run("kills_baseline")
     assert r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}
     assert "baseline worker" in r["failures"][0]["reason"]

@@ -142,10 +142,11 @@ def test_a_file_write_reaches_nothing_outside_the_sandbox(out_dir):
 
 
 def test_an_autogroup_reniced_baseline_fails_the_candidate(out_dir, monkeypatch):
-    """Without a Landlock domain (with CUDA by default) the write lands: the baseline's session then runs at
-    autogroup nice 19, which no thread's nice value shows. The scheduling record holds each process's autogroup:
-    changed while the baseline was held, it fails the candidate."""
+    """Without a Landlock domain or a uid of its own (with CUDA by default) the write lands: the baseline's session
+    then runs at autogroup nice 19, which no thread's nice value shows. The scheduling record holds each process's
+    autogroup: changed while the baseline was held, it fails the candidate."""
     monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_UID", "0")
     if contain.autogroup_nice(contain.autogroup("self")) is None:
         pytest.skip("no autogroups here")
     r = grade(TINY, kernel=f"{RED}:reaches_outside_by_files")

@@ -171,6 +171,59 @@ def test_a_fork_storm_stays_frozen_while_the_other_side_runs(out_dir, monkeypatc
     assert not cand.members()
 
 
+def _zombie_with_threads(pid: int) -> bool:
+    """Whether /proc reads ``pid`` as a zombie while a thread of it lives (read here, not through contain)."""
+    import os
+
+    def letter(path):
+        try:
+            text = open(path).read()
+        except OSError:
+            return ""
+        return text[text.rfind(")") + 2]
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    return letter(f"/proc/{pid}/stat") == "Z" and any(letter(f"/proc/{pid}/task/{t}/stat") not in "ZX" for t in tasks)
+
+
+@pytest.mark.parametrize("mode", ["cgroup", "signals"])
+def test_a_helper_whose_main_thread_exited_stays_frozen(out_dir, mode):
+    """A helper whose main thread exited reads as a zombie in /proc while its other thread works: a freeze by
+    signals took it for held. Frozen, its heartbeat stands still, in five windows out of five."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("the bad kernel exits its main thread by the x86_64 or aarch64 system call number")
+    make = contain.Freezer.make
+    cand = Sandbox(f"{BOX}:zombie_leader", "colmajor", "colmajor", 60.0, True, str(out_dir))
+    a = torch.rand(4, 4, dtype=torch.float16).t()
+    try:
+        if mode == "signals":
+            contain.Freezer.make = classmethod(lambda cls, tag: None)
+        cand.bind([((a, a), torch.full((16,), float("nan"), dtype=torch.float16))])
+        cand.request("call", slot=0)  # leaves the helper
+        assert _beat(out_dir / "heartbeat") is not None
+        deadline = time.monotonic() + 60
+        while not any(_zombie_with_threads(p) for p in cand.members()):
+            assert time.monotonic() < deadline, "the helper's main thread never exited"
+            time.sleep(0.01)
+        moved = []
+        for _ in range(5):
+            cand.freeze()
+            before = _beat(out_dir / "heartbeat")
+            time.sleep(0.1)
+            moved.append(_beat(out_dir / "heartbeat") != before)
+            cand.thaw()
+            time.sleep(0.02)
+        assert not any(moved), moved
+    finally:
+        contain.Freezer.make = make
+        cand.close()
+    assert not cand.members()
+
+
 def test_a_fork_storm_cannot_hold_the_baseline(out_dir):
     """Graded, the storm's helper stops the baseline whenever it sees it use CPU: frozen through every baseline
     window, it never does (or the grade fails by isolation, or the held batches were run again)."""
@@ -183,9 +236,17 @@ def test_a_fork_storm_cannot_hold_the_baseline(out_dir):
     assert (out_dir / "heartbeat").exists()  # the storm did run
 
 
-def test_renicing_the_baseline_fails_the_candidate(out_dir):
+@pytest.mark.parametrize("uid", ["1", "0"])
+def test_renicing_the_baseline_fails_the_candidate(out_dir, monkeypatch, uid):
+    """SCHED_IDLE and nice 19 for the baseline's threads: refused where each sandbox has a uid of its own (the grade
+    passes: it gained nothing); where it lands (the grader not root, or with CUDA by default), the grade fails."""
+    monkeypatch.setenv("GEMMLAB_SANDBOX_UID", uid)
     r = run_box("renices_baseline")
-    assert max(int(n) for n in (out_dir / "reniced").read_text().split()) > 0  # it reached the baseline
+    reniced = max(int(n) for n in (out_dir / "reniced").read_text().split())
+    if uid == "1" and r["isolation"]["candidate"]["uid"].split()[0] != "0":
+        assert reniced == 0 and r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]
+        return
+    assert reniced > 0  # it reached the baseline
     assert r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}, r["failures"]
     reason = r["failures"][0]["reason"]
     assert "baseline" in reason and "scheduling" in reason and "SCHED_IDLE" in reason, reason

@@ -317,6 +317,7 @@ class Grader:
             "signature": op.signature, "layout": op.layout, "dtype": cf.dtype, "device": str(self.device),
             "dims": dims, "env": env_info(), "seed": self.seed, "allow_vendor": self.allow_vendor,
             "worker_starts": self.cand.starts, "logs": self.log_dir if self.keep_logs else None,
+            "isolation": {"candidate": self.cand.isolation, "baseline": self.base.isolation},
             "correctness": [r.__dict__ for r in results], "performance": perf,
             "secret_trials": {"ran": sum(r.secret_trials for r in results),
                               "passed": sum(r.secret_passed for r in results)},

@@ -186,7 +186,16 @@ def markdown(report: dict) -> str:
                   f"{_fmt(perf.get('baseline_tflops'), '.1f')} | "
                   f"{_fmt(perf.get('ratio'), '.3f')} | {_md(perf['reason'])} |"]
     lines += ["", _md(summary_line(report)), ""]
+    lines += [_md(isolation_line(report)), ""] if isolation_line(report) else []
     return "\n".join(lines)
+
+
+def isolation_line(report: dict) -> str:
+    """What isolated the candidate's process (the keeper's own account, ``Sandbox.isolation``); "" when none ran."""
+    iso = (report.get("isolation") or {}).get("candidate")
+    if not iso:
+        return ""
+    return "candidate isolation: " + "; ".join(f"{k.replace('_', ' ')} {v}" for k, v in iso.items())
 
 
 def clear(out_dir: str) -> None:

@@ -11,15 +11,18 @@
     box.close()          # kill every process the child started; returns only when all are gone
 
 What each guard enforces (Linux; CPU and GPU alike unless said):
-- Process: the child is ``python .../sandbox/keeper.py``, started in a new session. The keeper joins the
-  sandbox's freezer cgroup (``contain.Freezer``) and, where asked, a Landlock domain of its own (``keeper``: no
-  signal, ptrace or /proc/PID/mem access to any process outside it, Linux 6.12+; no file written by path outside the
-  sandbox's scratch directory, ``/dev/shm`` and the devices, Linux 5.13+; root or not; on by default on the CPU,
-  ``GEMMLAB_SANDBOX_LANDLOCK=1`` turns it on with CUDA too, ``=0`` off; ``GEMMLAB_SANDBOX_WRITABLE`` (the owner's,
-  ``os.pathsep``-separated) names more writable directories), then forks: it only waits, the candidate runs in its
-  child (``serve``). ``os.kill(os.getppid(), 9)`` kills the keeper, which the owner notices (``WorkerFailure``).
-  stdin is /dev/null, stdout and stderr go to ``log``; the cwd and ``$TMPDIR`` are the scratch directory (with
-  Landlock also ``$TRITON_CACHE_DIR``: a cache of its own, so the shared one is never the candidate's).
+- Process: the child is ``python .../sandbox/keeper.py``, started in a new session (no controlling terminal;
+  stdin /dev/null, stdout and stderr to ``log``, no other descriptor but its channel). The keeper joins the
+  sandbox's freezer cgroup (``contain.Freezer``), then puts in force what ``sandbox.isolate`` says (the owner's
+  ``GEMMLAB_SANDBOX_*``): the terminals hidden in a mount namespace of its own (root), a PID namespace (opt-in), a
+  Landlock domain (``keeper``: no signal, ptrace or /proc/PID/mem access outside it, Linux 6.12+; no file written
+  by path outside the scratch directory, ``/dev/shm`` and the devices, Linux 5.13+; on by default on the CPU), a
+  uid of its own (root; on by default on the CPU), the seccomp filter (``sandbox.seccomp``; on by default), and
+  says what it got in its first message (``isolation``, for the report); then it forks: it only waits, the
+  candidate runs in its child (``serve``). ``os.kill(os.getppid(), 9)`` kills the keeper (outside a PID
+  namespace), which the owner notices (``WorkerFailure``). The cwd and ``$TMPDIR`` are the scratch directory
+  (with Landlock or a uid also ``$TRITON_CACHE_DIR``: a cache of its own, so the shared one is never the
+  candidate's).
 - Membership (``members``): the cgroup's processes, every process of the child's session, every descendant of
   the keeper and, for an untrusted sandbox, every child of the owner it did not start itself (the owner is a child
   subreaper, so an orphan of the candidate becomes the owner's child, not init's) outside the owner's session (the
@@ -57,7 +60,6 @@ What each guard enforces (Linux; CPU and GPU alike unless said):
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -70,10 +72,10 @@ from pathlib import Path
 
 from gemmlab import output
 from gemmlab.sandbox import contain, share, wire
-from gemmlab.sandbox.replies import checked, printable
+from gemmlab.sandbox.isolate import Isolation, child_env
+from gemmlab.sandbox.replies import checked, log_tail
 
 MAX_REPLY_BYTES = 1 << 24  # a reply longer than this is refused (a child cannot make the owner buffer gigabytes)
-PR_SET_CHILD_SUBREAPER = 36
 FREEZE_S = 5.0  # a sandbox not frozen (every member stopped) within this fails
 FROZEN_CPU_NS = 1_000_000  # CPU a frozen sandbox may show during another's window (accounting slack)
 LOG_TAIL_BYTES = 1 << 16  # of a worker's log, read to quote its end
@@ -94,29 +96,6 @@ class CandidateError(RuntimeError):
 # ---------------------------------------------------------------------------------------------- the owner
 
 
-def _prctl(option: int, value: int) -> bool:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def child_env(interpret: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: the owner's, this gemmlab first on PYTHONPATH, the interpreter flag, and
-    ``extra`` (the one place where LD_PRELOAD and friends are added). Without CUDA both sides compute on one CPU
-    thread (torch's and the BLAS's pools of one): a main thread that waits on a pool sleeps, and on a busy machine
-    that sleep read as the baseline held off the CPU (the off-CPU check, ``HELD_MS``)."""
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([src, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
-    env.pop("TRITON_INTERPRET", None)
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-        env.update({v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-    env.update(extra or {})
-    return env
-
-
 class Sandbox:
     def __init__(self, spec: str | None, signature: str, layout: str, timeout: float, interpret: bool,
                  log_dir: str | None = None, extra_env: dict[str, str] | None = None, name: str = "candidate"):
@@ -125,14 +104,15 @@ class Sandbox:
             spec = f"{Path(target).resolve()}{sep}{fn}"
         self.spec, self.signature, self.layout = spec, signature, layout
         self.trusted = spec is None or spec.startswith("builtin:")  # gemmlab's own code runs in the child
-        mode = os.environ.get("GEMMLAB_SANDBOX_LANDLOCK", "cpu")  # the owner's environment: "1", "0" or "cpu"
-        self.landlock = mode == "1" or (mode == "cpu" and interpret)
+        self.iso = Isolation.from_env(interpret)  # what the keeper is asked for (sandbox.isolate)
+        self.landlock = self.iso.landlock
+        self.isolation: dict[str, str] | None = None  # what the keeper put in force (its first message)
         self.timeout, self.interpret, self.extra_env, self.name = timeout, interpret, extra_env, name
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gemmlab-grade-")
         self.log = str(Path(self.log_dir) / f"{name}.log")
         # the only directory the sandbox may write below, where Landlock is on (its cwd, $TMPDIR, its Triton cache)
         self.scratch = Path(self.log_dir) / f"{name}.scratch"
-        self.triton_cache = str(self.scratch / "triton-cache") if self.landlock else None
+        self.triton_cache = str(self.scratch / "triton-cache") if self.landlock or self.iso.uid is not None else None
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.freezer: contain.Freezer | None = None
@@ -154,6 +134,7 @@ class Sandbox:
             self.launch()
         if self._hello_by is not None:
             deadline, self._hello_by = self._hello_by, None
+            self.isolation = self._recv(max(0.0, deadline - time.monotonic()), "keeper", {}, "starting")["isolation"]
             hello = self._recv(max(0.0, deadline - time.monotonic()), "hello", {}, "loading the kernel")
             if not hello["ok"]:
                 self._fail(f"kernel could not be loaded: {hello['error']}")
@@ -166,16 +147,17 @@ class Sandbox:
         """Start the child without waiting for it to load (``start`` or the first request waits)."""
         if self.failed:
             raise WorkerFailure(self.failed)
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        contain.subreaper()
         self.freezer, self._seen, self._others = contain.Freezer.make(self.name), None, {}
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.scratch.mkdir(exist_ok=True)
-        writable = [str(self.scratch), *[d for d in os.environ.get("GEMMLAB_SANDBOX_WRITABLE", "").split(os.pathsep)
-                                         if d]]  # the owner's environment: more directories, for tests
-        args = ([str(theirs.fileno())] + (["--cgroup", self.freezer.procs_file] if self.freezer else [])
-                + (["--landlock", *[a for d in writable for a in ("--writable", d)]] if self.landlock else []))
+        extra = [d for d in os.environ.get("GEMMLAB_SANDBOX_WRITABLE", "").split(os.pathsep) if d]  # for tests
+        args = [str(theirs.fileno())] + self.iso.keeper_args([str(self.scratch), *extra],
+                                                              self.freezer.procs_file if self.freezer else None)
         env = child_env(self.interpret, {"TMPDIR": str(self.scratch), **(self.extra_env or {}),
-                                         **({"TRITON_CACHE_DIR": self.triton_cache} if self.triton_cache else {})})
+                                         **({"TRITON_CACHE_DIR": self.triton_cache} if self.triton_cache else {}),
+                                         **({"HOME": str(self.scratch)} if self.iso.uid is not None else {})})
+        self.iso.grant(self.log_dir, self.scratch, extra, env)
         # O_NONBLOCK | O_NOFOLLOW: a FIFO or symlink a child planted at the log's name fails the start, never blocks it
         with open(os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                           | os.O_CLOEXEC, 0o600), "ab") as log:
@@ -249,16 +231,11 @@ class Sandbox:
         raise WorkerFailure(reason) from cause
 
     def log_tail(self, chars: int = 600) -> str:
-        """The end of the child's output, without the profiler's chatter: its last ``LOG_TAIL_BYTES`` only (the
-        child owns the file: one ftruncate makes it a terabyte long)."""
-        try:  # the child can put a FIFO or a symlink to /dev/zero there: read only a regular file, bounded
-            lines = output.read_bounded(self.log, LOG_TAIL_BYTES, follow=False, tail=True).decode(
-                errors="replace").splitlines()
-        except output.UnreadableFile as e:
+        """The end of the child's output, as a clause to quote ("" when it has none): ``replies.log_tail``."""
+        try:
+            text = log_tail(self.log, chars, LOG_TAIL_BYTES)
+        except output.UnreadableFile as e:  # the child put a FIFO or a symlink to /dev/zero there
             return f"; its log was replaced ({e})"
-        except OSError:
-            return ""
-        text = printable("\n".join(line for line in lines if not line.startswith("USDT:"))[-chars:].strip())
         return f"; its output ends: {text}" if text else ""
 
     # ------------------------------------------------------------------------------------- containment
@@ -267,15 +244,8 @@ class Sandbox:
         """Every live process the child started (see the module docstring); empty before start."""
         if self.proc is None:
             return set()
-        table = contain.procs()
-        me, root = os.getpid(), self.proc.pid
-        roots = {p for p, (_, sid) in table.items() if sid == root} | {root}
-        if self.freezer is not None:
-            roots |= self.freezer.pids()
-        if not self.trusted:  # orphans it left: no process of the sandbox can join the owner's session
-            own_sid = os.getsid(0)
-            roots |= {p for p, (pp, sid) in table.items() if pp == me and sid != own_sid and p not in _OWN_CHILDREN}
-        return (contain.descendants(roots, table) & set(table)) - {me}
+        return contain.members(self.proc.pid, self.freezer.pids() if self.freezer is not None else set(),
+                               None if self.trusted else _OWN_CHILDREN)
 
     def _held(self) -> tuple[set[int], set[int]]:
         """(members, those not yet held: neither stopped, dead, nor in the frozen cgroup)."""
@@ -313,7 +283,8 @@ class Sandbox:
             contain.signal_all(loose, signal.SIGSTOP)
             time.sleep(0.0002 if loose else 0)
         self.frozen = True
-        self._reap({p for p in members if contain.state(p) == "Z" and p not in _OWN_CHILDREN}, wait_s=0)
+        self._check_caged(members)
+        contain.reap({p for p in members if contain.state(p) == "Z" and p not in _OWN_CHILDREN}, wait_s=0)
         self._seen = contain.sched_seen(members - {self.proc.pid} if self.proc.poll() is not None else members)
         raised = self.sched.raised(self._seen)
         if raised:
@@ -325,6 +296,17 @@ class Sandbox:
                 self._fail(f"the {other.name}'s processes used {used / 1e6:.3g} ms of CPU while frozen, during the "
                            f"{self.name}'s window: a process of it escaped the freeze")
         self._others = {}
+
+    def _check_caged(self, members: set[int]) -> None:
+        """Every live member must be in the sandbox's cgroup, where its keeper got in: each is born inside
+        (``clone3``'s CLONE_INTO_CGROUP is refused by the seccomp filter), so one outside was moved (by root)."""
+        if self.freezer is None or not self.freezer.holds(self.proc.pid):
+            return
+        out = sorted(p for p in members if contain.state(p, leader=True) not in ("Z", "X", "")
+                     and self.freezer.holds(p) is False)
+        if out:
+            self._fail(f"the {self.name}'s processes {out[:5]} left its cgroup: its CPU time and its freeze are not "
+                       "the cgroup's")
 
     def thaw(self, wait_s: float = 1.0) -> None:
         """``ready``, ``wake``, then ``running``: every process woken and none left stopped (outside a timed window)."""
@@ -427,7 +409,7 @@ class Sandbox:
                 seen |= new
                 continue
             contain.signal_all(seen | {self.proc.pid}, signal.SIGKILL)
-            self._reap(seen)
+            contain.reap(seen)
             if not (self.members() - {self.proc.pid}):
                 break
             time.sleep(0.01)
@@ -436,7 +418,7 @@ class Sandbox:
         except ProcessLookupError:
             pass
         self.proc.wait()
-        self._reap(seen)
+        contain.reap(seen)
         if self.sock is not None:
             self.sock.close()
         left = self.members() - {self.proc.pid}
@@ -448,17 +430,3 @@ class Sandbox:
             self.freezer = None
         if left:
             raise WorkerFailure(f"processes started by the candidate outlived the kill: {sorted(left)[:5]}")
-
-    def _reap(self, pids: set[int], wait_s: float = 2.0) -> None:
-        """Collect the exit status of dead processes that became our children (no zombies left)."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            for p in pids:
-                try:
-                    os.waitpid(p, os.WNOHANG)
-                except ChildProcessError:
-                    pass
-            table = contain.procs()
-            if time.monotonic() > deadline or not any(p in table and table[p][0] == os.getpid() for p in pids):
-                return
-            time.sleep(0.01)

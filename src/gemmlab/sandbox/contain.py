@@ -3,6 +3,8 @@
     procs()                      {pid: (ppid, session)} of every process
     descendants(roots, procs)    roots and everything below them
     state(pid)                   R, S, D, T, t, Z, ... ("" when gone)
+    members(keeper, caged, ...)  every live process of one sandbox (``Sandbox.members``)
+    reap(pids) / subreaper()     the owner collects the orphans it adopted / adopts them
     Freezer.make(tag)            a freezer cgroup of one sandbox, or None where none can be made here
     Sched.of_owner()             the owner's scheduling (policy, nice, affinity, autogroup nice), what every sandbox
                                  thread must have
@@ -28,6 +30,7 @@ from pathlib import Path
 POLICIES = {getattr(os, n): n for n in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR")
             if hasattr(os, n)}
 RESET_ON_FORK = getattr(os, "SCHED_RESET_ON_FORK", 0x40000000)
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def procs() -> dict[int, tuple[int, int]]:
@@ -45,13 +48,25 @@ def procs() -> dict[int, tuple[int, int]]:
     return out
 
 
-def state(pid: int) -> str:
-    """The process state letter from /proc (R, S, D, T, t, Z, ...); "" when it is gone."""
+def state(pid: int, leader: bool = False) -> str:
+    """The process state letter from /proc (R, S, D, T, t, Z, ...); "" when it is gone. A process whose main thread
+    exited while others live reads as a zombie there: its state is then that of its threads (a running one's first,
+    else a stopped one's; "Z" only when every thread is dead). ``leader``: the main thread's own letter."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return ""
-    return stat[stat.rfind(")") + 2]
+    letter = stat[stat.rfind(")") + 2]
+    if letter != "Z" or leader:
+        return letter
+    seen = []
+    for t in threads(pid):
+        try:
+            task = Path(f"/proc/{pid}/task/{t}/stat").read_text()
+        except OSError:
+            continue
+        seen.append(task[task.rfind(")") + 2])
+    return next((x for x in seen if x not in "TtZX"), next((x for x in seen if x in "Tt"), letter))
 
 
 def descendants(roots: set[int], table: dict[int, tuple[int, int]]) -> set[int]:
@@ -79,6 +94,44 @@ def cpu_ns(pids) -> int:
             except (OSError, ValueError, IndexError):
                 pass
     return total
+
+
+def members(root: int, caged: set[int], orphans_but: set[int] | None) -> set[int]:
+    """Every live process of a sandbox whose keeper is ``root``: its session, the processes of its cgroup
+    (``caged``), their descendants and, unless ``orphans_but`` is None (a trusted sandbox), every child of the owner
+    outside the owner's session that is not in ``orphans_but`` (the owner's own keepers); never the owner."""
+    table = procs()
+    me = os.getpid()
+    roots = {p for p, (_, sid) in table.items() if sid == root} | {root} | caged
+    if orphans_but is not None:  # orphans it left: no process of the sandbox can join the owner's session
+        own_sid = os.getsid(0)
+        roots |= {p for p, (pp, sid) in table.items() if pp == me and sid != own_sid and p not in orphans_but}
+    return (descendants(roots, table) & set(table)) - {me}
+
+
+def reap(pids: set[int], wait_s: float = 2.0) -> None:
+    """Collect the exit status of dead processes that became the owner's children (no zombies left)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for p in pids:
+            try:
+                os.waitpid(p, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        table = procs()
+        if time.monotonic() > deadline or not any(p in table and table[p][0] == os.getpid() for p in pids):
+            return
+        time.sleep(0.01)
+
+
+def subreaper() -> bool:
+    """Make the owner a child subreaper (an orphan of a sandbox becomes its child, not init's)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def signal_all(pids, sig: int) -> None:
@@ -116,6 +169,7 @@ def _own(kind: str) -> str | None:
 class Freezer:
     path: Path
     v2: bool
+    rel: str = ""  # its path inside the hierarchy, as /proc/PID/cgroup names it
 
     @classmethod
     def make(cls, tag: str) -> Freezer | None:
@@ -138,7 +192,7 @@ class Freezer:
                 except OSError:
                     continue
                 if (path / ("cgroup.freeze" if kind == "cgroup2" else "freezer.state")).exists():
-                    return cls(path, kind == "cgroup2")
+                    return cls(path, kind == "cgroup2", f"{own.rstrip('/')}/{path.name}")
                 _rmdir(path)
         return None
 
@@ -154,6 +208,19 @@ class Freezer:
             return {int(p) for p in (self.path / "cgroup.procs").read_text().split()}
         except (OSError, ValueError):
             return set()
+
+    def holds(self, pid: int) -> bool | None:
+        """Whether ``pid`` is in this cgroup (its /proc/PID/cgroup, set when it is born: a process still being
+        forked reads as its parent's); None when it is gone."""
+        try:
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            num, ctrls, path = line.split(":", 2)
+            if (self.v2 and num == "0" and not ctrls) or (not self.v2 and "freezer" in ctrls.split(",")):
+                return path == self.rel
+        return False
 
     def freeze(self) -> None:
         self._write("cgroup.freeze" if self.v2 else "freezer.state", "1" if self.v2 else "FROZEN")

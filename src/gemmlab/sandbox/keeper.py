@@ -1,8 +1,13 @@
 """The sandbox's first process, run by path (``python .../keeper.py FD [--cgroup PROCS_FILE] [--landlock]
-[--writable DIR]...``) so that nothing is imported before it forks (no CUDA, no gemmlab). Before any candidate code
-exists it
+[--writable DIR]... [--uid UID | --uid-why WHY] [--seccomp OWNER PGID] [--pidns]``; ``sandbox.isolate`` builds it)
+so that nothing is imported before it forks (no CUDA, no gemmlab). Before any candidate code exists it, in order,
 - writes its own pid into PROCS_FILE (the sandbox's freezer cgroup, ``sandbox.contain.Freezer``), so every process
   of the sandbox is born inside;
+- closes any inherited descriptor that is a terminal (``no_terminal``; it has no controlling terminal: the owner
+  started it in a session of its own);
+- where it is root, enters a mount namespace of its own where the terminals are hidden (an empty /dev/pts,
+  /dev/null over the consoles: ``namespaces``) and, with ``--pidns``, a PID namespace whose first process mounts a
+  /proc of its own (``proc_mount``) and reaps its orphans;
 - with ``--landlock``, enters a Landlock domain of its own, root or not:
   - files (ABI 1+, Linux 5.13+): no file can be written, created, removed, renamed, linked or truncated by path but
     below the ``--writable`` directories (the sandbox's scratch directory), ``/dev/shm``, and ``/dev/null`` and the
@@ -16,14 +21,20 @@ exists it
     no process of the sandbox can signal, ptrace (nor read /proc/PID/mem of) or connect to an abstract socket of
     any process outside the domain (the grader, the other sandbox); inside it (the keeper, the candidate's own
     processes) all of that still works.
-Then it forks: the parent half is the keeper, which only waits and exits with the candidate's status; the child half
-serves the candidate (``sandbox.serve``). What it could not do it says on stderr (the sandbox's log)."""
+- with ``--uid``, becomes that uid, keeping only CAP_DAC_READ_SEARCH (``own_uid``);
+- with ``--seccomp``, installs the filter of ``sandbox/seccomp.py`` (loaded by path), naming the owner's pid and
+  process group;
+- sends its first message on the channel: what isolation is in force (``tell``; ``Sandbox.isolation``).
+Then it forks: the parent half is the keeper, which only waits (reaping) and exits with the candidate's status; the
+child half serves the candidate (``sandbox.serve``). What it could not do it says on stderr (the sandbox's log) and
+in that message."""
 
 import glob
 import os
 import sys
 
 sys.path.pop(0)  # this file's directory: its siblings must not shadow top-level modules
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446  # x86_64 and aarch64 alike
 LANDLOCK_RULE_PATH_BENEATH = 1
@@ -88,23 +99,122 @@ def landlock(writable: list[str]) -> list[str]:
     return missing
 
 
-def main() -> None:
-    fd, args = int(sys.argv[1]), sys.argv[2:]
-    if "--cgroup" in args:
+TERMINALS = ("/dev/console", "/dev/tty[0-9]*", "/dev/ttyS*", "/dev/vcs*")  # hidden behind /dev/null
+CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
+PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH = 8, 47, 2, 2
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+
+
+def _load(name: str):
+    """A sibling module of this file, by path (importing ``gemmlab`` here would import torch before the fork)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_gemmlab_keeper_{name}", os.path.join(HERE, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def no_terminal() -> str:
+    """Close every inherited descriptor that is a terminal; the process has no controlling terminal (a new session's
+    leader never opened one). Returns what was found ("none": nothing to close)."""
+    closed = []
+    for fd in sorted(int(f) for f in os.listdir("/proc/self/fd")):
         try:
-            with open(args[args.index("--cgroup") + 1], "w") as f:
-                f.write(str(os.getpid()))
-        except OSError as e:  # no permission to move: the owner stops this sandbox by signals instead
-            print(f"keeper: not in the sandbox's cgroup ({e})", file=sys.stderr)
-    if "--landlock" in args:
-        writable = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--writable"]
-        for why in landlock(writable):
-            print(f"keeper: Landlock: {why}", file=sys.stderr)
+            if os.isatty(fd):
+                os.close(fd)
+                closed.append(fd)
+        except OSError:
+            pass
+    with open("/proc/self/stat") as f:
+        tty_nr = int(f.read().rsplit(")", 1)[1].split()[4])
+    return ("none" if not closed else f"closed inherited terminal descriptors {closed}") + (
+        "" if tty_nr == 0 else f"; a controlling terminal ({tty_nr}) remains")
+
+
+def namespaces(pidns: bool) -> tuple[str, str]:
+    """A mount namespace of its own (root only) where the terminals are hidden: an empty /dev/pts (no other
+    session's pseudo-terminal can be opened by path) and /dev/null over the consoles; with ``pidns`` a PID namespace
+    too (its /proc is mounted by its first process, ``proc_mount``). Returns (terminals, pid namespace) as said in
+    the report."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags = CLONE_NEWNS | (CLONE_NEWPID if pidns else 0)
+    if libc.unshare(flags) != 0:
+        why = os.strerror(ctypes.get_errno())
+        return f"not hidden (no mount namespace: {why})", f"off (unshare: {why})" if pidns else "off"
+    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:  # else a mount here would reach the host's
+        return f"not hidden (mounts not private: {os.strerror(ctypes.get_errno())})", "off" if not pidns else \
+            "on, but /proc still the grader's"
+    hidden = []
+    if libc.mount(b"none", b"/dev/pts", b"tmpfs", MS_NOSUID | MS_NOEXEC, b"mode=755,size=4k") == 0:
+        hidden.append("/dev/pts")
+    for path in sorted({f for p in TERMINALS for f in glob.glob(p)}):
+        if libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None) == 0:
+            hidden.append(path)
+    terminals = "hidden (/dev/pts empty, consoles /dev/null)" if "/dev/pts" in hidden else "not hidden"
+    return terminals, "on" if pidns else "off"
+
+
+def proc_mount() -> str:
+    """In a new PID namespace's first process: a /proc of that namespace (the grader's processes are not in it)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+        return f"on, but /proc still the grader's ({os.strerror(ctypes.get_errno())})"
+    return "on"
+
+
+def own_uid(uid: int) -> str:
+    """Become ``uid`` (its own group too, no supplementary groups), keeping only CAP_DAC_READ_SEARCH (reading and
+    searching any file), also across exec (an ambient capability). Returns what the report says."""
+    import ctypes
+    import platform
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0)
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    except OSError as e:
+        return f"the grader's (setuid {uid}: {e.strerror})"
+    keep = 1 << CAP_DAC_READ_SEARCH
+    head = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0), 8)  # _LINUX_CAPABILITY_VERSION_3
+    data = ctypes.create_string_buffer(struct.pack("=6I", keep, keep, keep, 0, 0, 0), 24)
+    nr = {"x86_64": 126, "aarch64": 91}.get(platform.machine())
+    if nr is None or libc.syscall(nr, head, data) != 0 or libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE,
+                                                                        CAP_DAC_READ_SEARCH, 0, 0) != 0:
+        return f"{uid} (its own; reading files the grader's user alone may read: not kept)"
+    return f"{uid} (its own; reads files as the grader can, writes only its own)"
+
+
+def tell(fd: int, isolation: dict) -> None:
+    """The first message on the channel, before any candidate code exists: what isolation is in force (the
+    framing of ``sandbox.wire``)."""
+    import json
+    import struct
+
+    body = json.dumps({"isolation": isolation}).encode()
+    os.write(fd, struct.pack("<I", len(body)) + body)
+
+
+def serve_in_child(fd: int) -> None:
+    """Fork: the parent half waits (reaping every orphan, as a PID namespace's first process must) and exits with
+    the candidate's status; the child half serves the candidate (``sandbox.serve``)."""
     pid = os.fork()
     if pid:
         os.close(fd)
-        _, status = os.waitpid(pid, 0)
-        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+        while True:
+            try:
+                done, status = os.wait()
+            except ChildProcessError:
+                os._exit(0)
+            if done == pid:
+                os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     try:
         from gemmlab.sandbox.serve import serve
 
@@ -113,6 +223,49 @@ def main() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # no atexit handlers of a candidate's making
+
+
+def main() -> None:
+    fd, args = int(sys.argv[1]), sys.argv[2:]
+    isolation = {"session": "own (no controlling terminal)"}
+    if "--cgroup" in args:
+        try:
+            with open(args[args.index("--cgroup") + 1], "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as e:  # no permission to move: the owner stops this sandbox by signals instead
+            print(f"keeper: not in the sandbox's cgroup ({e})", file=sys.stderr)
+    isolation["terminal_fds"] = no_terminal()
+    pidns = "--pidns" in args
+    isolation["terminals"], isolation["pid_namespace"] = namespaces(pidns)
+    if isolation["pid_namespace"] == "on":  # this process stays outside; its first child is the namespace's init
+        child = os.fork()
+        if child:
+            os.close(fd)
+            _, status = os.waitpid(child, 0)
+            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+        isolation["pid_namespace"] = proc_mount()
+    isolation["landlock"] = "off"
+    if "--landlock" in args:
+        writable = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--writable"]
+        missing = landlock(writable)
+        for why in missing:
+            print(f"keeper: Landlock: {why}", file=sys.stderr)
+        isolation["landlock"] = "on" if not missing else "partial: " + "; ".join(missing)
+        if any(m.startswith(("no Landlock", "landlock_create", "no domain")) for m in missing):
+            isolation["landlock"] = "off: " + "; ".join(missing)
+    isolation["uid"] = f"{os.getuid()} (the grader's" + (f": {args[args.index('--uid-why') + 1]})" if "--uid-why"
+                                                          in args else ")")
+    if "--uid" in args:
+        isolation["uid"] = own_uid(int(args[args.index("--uid") + 1]))
+    isolation["seccomp"] = "off"
+    if "--seccomp" in args:
+        i = args.index("--seccomp")
+        missing = _load("seccomp").install(int(args[i + 1]), int(args[i + 2]))
+        for why in missing:
+            print(f"keeper: seccomp: {why}", file=sys.stderr)
+        isolation["seccomp"] = "on" if not missing else "off: " + "; ".join(missing)
+    tell(fd, isolation)
+    serve_in_child(fd)
 
 
 main()

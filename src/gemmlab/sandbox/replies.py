@@ -3,6 +3,7 @@
     checked(op, reply, request) -> the fields of ``REPLIES[op]`` (or ``ERROR``), nothing else; ValueError naming the
                                    first field that is missing or of the wrong type or range
     printable(text)             -> the text with every control, format and surrogate character replaced
+    log_tail(path, chars, limit) -> the printable end of a child's log, read by its last ``limit`` bytes
 
 The child is the candidate's process, so a reply is hostile data: a field the owner reads unchecked (a list of
 kernel names that is an int, a time that is a string) would otherwise crash the grader. ``Sandbox`` turns the
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import math
 import unicodedata
+
+from gemmlab import output
 
 _REPLACED = ("Cc", "Cf", "Cs", "Co")  # control (ESC, CR, ...), format (bidi overrides), surrogates, private use
 
@@ -31,6 +34,8 @@ def printable(text: str) -> str:
 def _clean(value):
     if isinstance(value, str):
         return printable(value)
+    if isinstance(value, dict):
+        return {printable(k): _clean(v) for k, v in value.items()}
     return [_clean(v) for v in value] if isinstance(value, list) else value
 
 
@@ -46,6 +51,9 @@ def _opt(check):
 _NAMES = (lambda v: isinstance(v, list) and len(v) <= 4096 and all(isinstance(x, str) and len(x) <= 4096 for x in v),
           "a list of at most 4096 strings")
 _BOOL = (lambda v: isinstance(v, bool), "true or false")
+_WORDS = (lambda v: isinstance(v, dict) and len(v) <= 16 and all(
+    isinstance(k, str) and len(k) <= 64 and isinstance(x, str) and len(x) <= 2000 for k, x in v.items()),
+    "an object of at most 16 strings")
 
 
 def _number(lo: float, hi: float):
@@ -62,6 +70,7 @@ def _times(req: dict):
 # What each reply must hold (field: (test, what it must be), or a function of the request giving one). The owner
 # reads these fields and no others; an error reply is ``ERROR`` instead.
 REPLIES = {
+    "keeper": {"isolation": _WORDS},  # the keeper's first message, before any candidate code exists
     "hello": {"ok": _BOOL, "error": _opt(_text(4000))},
     "bind": {},
     "call": {"problem": _opt(_text(2000)), "kernels": _NAMES, "ops": _NAMES, "path": _opt(_text(200))},
@@ -84,3 +93,16 @@ def checked(op: str, reply: dict, req: dict) -> dict:
             raise ValueError(f"field {name!r} is {type(reply[name]).__name__}, not {what}")
         out[name] = _clean(reply[name])
     return out
+
+
+def log_tail(path: str, chars: int, limit: int) -> str:
+    """The end of a child's log, printable, without the profiler's chatter: its last ``limit`` bytes only (the child
+    owns the file: one ftruncate makes it a terabyte long), and only while it is a regular file: a FIFO or a symlink
+    to /dev/zero put in its place raises ``output.UnreadableFile`` naming it."""
+    try:
+        lines = output.read_bounded(path, limit, follow=False, tail=True).decode(errors="replace").splitlines()
+    except output.UnreadableFile:
+        raise
+    except OSError:
+        return ""
+    return printable("\n".join(line for line in lines if not line.startswith("USDT:"))[-chars:].strip())

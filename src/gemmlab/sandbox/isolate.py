@@ -1,0 +1,121 @@
+"""What the owner asks the keeper to put in force (``sandbox.keeper`` does it; its first message says what it got,
+``Sandbox.isolation``), and the child's environment.
+
+    Isolation.from_env(interpret)   the switches, from the owner's environment (below)
+    iso.keeper_args(...)            the keeper's command line for them
+    iso.grant(...)                  the owner's part before the keeper starts: what the sandbox's uid must own
+    child_env(interpret, extra)     the child's environment
+
+The owner's environment (unset: the default):
+- ``GEMMLAB_SANDBOX_LANDLOCK``: a Landlock domain (``keeper.landlock``); unset: on without CUDA only, ``1`` on with
+  CUDA too (its ``cudaGetDeviceCount`` fails under it on an H200), ``0`` off.
+- ``GEMMLAB_SANDBOX_SECCOMP``: the seccomp filter (``sandbox.seccomp``); unset: on (CPU and CUDA), ``0`` off.
+- ``GEMMLAB_SANDBOX_UID``: a uid of the sandbox's own, where the grader runs as root; unset: on without CUDA only,
+  ``1`` on with CUDA too (unverified there), ``0`` off. Each sandbox gets an unused uid (no process runs as it,
+  ``/etc/passwd`` names none), owning its scratch directory and the observers' files it appends to; it keeps
+  ``CAP_DAC_READ_SEARCH`` (read any file, as the grader's root can: the interpreter, torch, the kernel's own
+  directory), nothing else: no signal, ptrace, ``prlimit`` or scheduling change reaches a process of another uid,
+  no file is written but its own (and world-writable ones), no cgroup is left. A grader that is not root cannot
+  give one: the report says "the grader's", and the rest holds.
+- ``GEMMLAB_SANDBOX_PIDNS``: ``1``: a PID namespace of its own (root only), with a /proc of its own in the keeper's
+  mount namespace: the grader, the other sandbox and every process outside are not in its view; unset or ``0``: off.
+- ``GEMMLAB_SANDBOX_WRITABLE`` (``os.pathsep``-separated): more directories the sandbox may write below (tests);
+  with a uid of its own they are made writable to any user (mode 1777).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+UID_BASE, UID_SPAN = 0x60000000, 1 << 24  # where a sandbox's own uid is drawn from
+
+
+def _mode(var: str, default: str, interpret: bool) -> bool:
+    mode = os.environ.get(var, default)  # "1", "0" or "cpu"
+    return mode == "1" or (mode == "cpu" and interpret)
+
+
+def unused_uid() -> int:
+    """A uid no process runs as and ``/etc/passwd`` does not name (drawn at random from a range of its own)."""
+    taken = set()
+    try:
+        taken |= {int(line.split(":")[2]) for line in Path("/etc/passwd").read_text().splitlines()
+                  if line.count(":") >= 3 and line.split(":")[2].isdigit()}
+    except OSError:
+        pass
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit():
+                taken.add(os.stat(f"/proc/{d}").st_uid)
+        except OSError:
+            pass
+    while True:
+        uid = UID_BASE + secrets.randbelow(UID_SPAN)
+        if uid not in taken:
+            return uid
+
+
+@dataclass
+class Isolation:
+    landlock: bool
+    seccomp: bool
+    pidns: bool
+    uid: int | None  # the sandbox's own uid, None: the grader's
+    uid_why: str = ""  # why it has none though one was asked for
+
+    @classmethod
+    def from_env(cls, interpret: bool) -> Isolation:
+        uid, why = None, ""
+        if _mode("GEMMLAB_SANDBOX_UID", "cpu", interpret):
+            if os.geteuid() == 0:
+                uid = unused_uid()
+            else:
+                why = "the grader is not root"
+        return cls(_mode("GEMMLAB_SANDBOX_LANDLOCK", "cpu", interpret),
+                   _mode("GEMMLAB_SANDBOX_SECCOMP", "1", interpret), _mode("GEMMLAB_SANDBOX_PIDNS", "0", interpret),
+                   uid, why)
+
+    def keeper_args(self, writable: list[str], cgroup: str | None) -> list[str]:
+        return ((["--cgroup", cgroup] if cgroup else [])
+                + (["--landlock", *[a for d in writable for a in ("--writable", d)]] if self.landlock else [])
+                + (["--uid", str(self.uid)] if self.uid is not None else [])
+                + (["--uid-why", self.uid_why] if self.uid_why else [])
+                + (["--seccomp", str(os.getpid()), str(os.getpgid(0))] if self.seccomp else [])
+                + (["--pidns"] if self.pidns else []))
+
+    def grant(self, log_dir: str, scratch: Path, writable: list[str], env: dict[str, str]) -> None:
+        """With a uid of its own: the sandbox can reach its scratch directory (the log directory searchable, not
+        listable) and owns it, the observers' files it appends to (created empty where missing), their sockets;
+        the ``writable`` directories are open to any user."""
+        if self.uid is None:
+            return
+        os.chmod(log_dir, 0o711)
+        os.chown(scratch, self.uid, self.uid)
+        for var in ("GEMMLAB_VENDOR_LOG", "GEMMLAB_VENDOR_COUNTS", "GEMMLAB_OBSERVER_SOCK"):
+            path = env.get(var)
+            if path and var != "GEMMLAB_OBSERVER_SOCK" and not os.path.exists(path):
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+            if path and os.path.exists(path) and not os.path.islink(path):
+                os.chown(path, self.uid, self.uid)
+        for d in writable:
+            if os.path.isdir(d):
+                os.chmod(d, 0o1777)
+
+
+def child_env(interpret: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: the owner's, this gemmlab first on PYTHONPATH, the interpreter flag, and
+    ``extra`` (the one place where LD_PRELOAD and friends are added). Without CUDA both sides compute on one CPU
+    thread (torch's and the BLAS's pools of one): a main thread that waits on a pool sleeps, and on a busy machine
+    that sleep read as the baseline held off the CPU (the off-CPU check, ``HELD_MS``)."""
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([src, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    env.pop("TRITON_INTERPRET", None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+        env.update({v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+    env.update(extra or {})
+    return env

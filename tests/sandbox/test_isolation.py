@@ -1,0 +1,292 @@
+"""The candidate's isolation from the grader's process and the user's terminal (gemmlab.sandbox: seccomp, keeper):
+the filter's program, the filter in force in a process, and a graded candidate (tests/bad_kernels/containment.py:
+``attacks_the_grader``) that tries TIOCSTI on a terminal the test holds, ptrace, process_vm_readv, prlimit and a
+signal on the grader, and clone3 into the grader's cgroup, and gains nothing."""
+
+import errno
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from gemmlab.grade import view
+from gemmlab.sandbox import contain, seccomp
+from gemmlab.sandbox.box import Sandbox, WorkerFailure
+from tests.grade.test_grade import passed
+from tests.sandbox.test_sandbox import BOX, run_box
+
+EPERM, ENOSYS, ALLOW = seccomp.ERRNO | errno.EPERM, seccomp.ERRNO | errno.ENOSYS, seccomp.ALLOW
+OWNER, PGID = 4321, 4000
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_the_filter_program(arch):
+    """What the program returns, call by call (its own interpreter): each denial fires, its neighbours pass."""
+    prog = seccomp.program(arch, OWNER, PGID, tids=[OWNER, 4330, 4331])
+    col = 0 if arch == "x86_64" else 1
+
+    def nr(name):
+        return seccomp.NR[name][col]
+
+    def ret(name, *args, on=arch):
+        return seccomp.run(prog, nr(name), args, on)
+    for name in ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "setns", "unshare",
+                 "umount2", "mount", "open_by_handle_at"):
+        assert ret(name) == EPERM, name
+    assert ret("ioctl", 1, 0x5412) == EPERM and ret("ioctl", 1, 0x541C) == EPERM and ret("ioctl", 1, 0x540E) == EPERM
+    assert ret("ioctl", 1, (1 << 32) | 0x5412) == EPERM  # the kernel drops the high bits: so does the filter
+    assert ret("ioctl", 1, 0x5401) == ALLOW and ret("ioctl", 1, 0xC0104601) == ALLOW  # TCGETS; a driver's request
+    assert ret("prlimit64", 0) == ALLOW and ret("prlimit64", OWNER) == EPERM and ret("prlimit64", 1) == EPERM
+    assert ret("perf_event_open", 0, 0) == ALLOW and ret("perf_event_open", 0, OWNER) == EPERM
+    assert ret("kill", OWNER) == EPERM and ret("kill", -PGID & 0xFFFFFFFF) == EPERM and ret("kill", 0xFFFFFFFF) == EPERM
+    assert ret("kill", OWNER + 1) == ALLOW and ret("tgkill", OWNER, 5) == EPERM and ret("tgkill", 7, 7) == ALLOW
+    assert ret("kill", 4331, 9) == EPERM and ret("tkill", 4330, 9) == EPERM and ret("rt_sigqueueinfo", 4330) == EPERM
+    big = seccomp.program(arch, OWNER, PGID, tids=range(10_000, 11_000))  # capped, still assembled
+    assert seccomp.run(big, nr("kill"), (10_000 + seccomp.MAX_TIDS - 2,), arch) == EPERM
+    assert ret("clone3") == ENOSYS
+    assert ret("clone", 0x01200011) == ALLOW and ret("clone", 0x01200011 | 0x10000000) == EPERM  # fork; +NEWUSER
+    assert seccomp.run(prog, 0, (), arch) == ALLOW  # read (x86_64), io_setup (aarch64): anything not named
+    assert seccomp.run(prog, 0, (), "i386") == EPERM  # another ABI's numbers: refused whole
+    if arch == "x86_64":
+        assert seccomp.run(prog, 0x40000000 | nr("ptrace"), ()) == EPERM  # x32
+    with pytest.raises(ValueError, match="riscv64"):
+        seccomp.program("riscv64", OWNER, PGID)
+
+
+CHILD = textwrap.dedent("""
+    import ctypes, fcntl, importlib.util, json, os, resource, sys, termios
+    spec = importlib.util.spec_from_file_location("sc", sys.argv[1])
+    sc = importlib.util.module_from_spec(spec); spec.loader.exec_module(sc)
+    owner = os.getppid()
+    missing = sc.install(owner, os.getpgid(owner))
+    libc = ctypes.CDLL(None, use_errno=True)
+    found = {"missing": missing}
+    def attempt(name, fn):
+        try:
+            fn(); found[name] = True
+        except OSError as e:
+            found[name] = e.errno
+    def check(r):
+        if r == -1:
+            raise OSError(ctypes.get_errno(), "")
+    fd = os.open(sys.argv[2], os.O_RDWR | os.O_NOCTTY)
+    attempt("tiocsti", lambda: [fcntl.ioctl(fd, termios.TIOCSTI, bytes([c])) for c in b"pwned\\n"])
+    attempt("ptrace", lambda: check(libc.ptrace(0x4206, owner, None, None)))
+    attempt("prlimit", lambda: resource.prlimit(owner, resource.RLIMIT_CORE))
+    attempt("kill", lambda: os.kill(owner, 0))
+    others = [int(t) for t in os.listdir(f"/proc/{owner}/task") if int(t) != owner]
+    attempt("kill_thread", lambda: [os.kill(t, 0) for t in others] and None)
+    found["threads"] = len(others)
+    attempt("clone3", lambda: check(libc.syscall(435, None, ctypes.c_size_t(0))))
+    attempt("own_prlimit", lambda: resource.prlimit(0, resource.RLIMIT_NOFILE))
+    def fork():
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    attempt("fork", fork)
+    print(json.dumps(found))
+""")
+
+
+def test_the_filter_in_force_refuses_the_terminal_and_the_owner():
+    """A process under the filter, holding a terminal of the test's (a pty, as a grader's terminal) and knowing the
+    test's pid: TIOCSTI, ptrace, prlimit and a signal on the test (by its pid or a thread's id) all fail with EPERM,
+    clone3 with ENOSYS, and nothing was typed into the terminal; its own prlimit and fork still work."""
+    if platform.machine() not in seccomp.AUDIT_ARCH:
+        pytest.skip(f"no seccomp filter for {platform.machine()}")
+    import threading
+
+    master, slave = os.openpty()
+    done = threading.Event()
+    waiter = threading.Thread(target=done.wait, daemon=True)  # a thread of the test's: a thread id to aim at
+    waiter.start()
+    try:
+        r = subprocess.run([sys.executable, "-c", CHILD, seccomp.__file__, os.ttyname(slave)], capture_output=True,
+                           text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stderr[-2000:]
+        found = json.loads(r.stdout)
+        os.set_blocking(slave, False)
+        with pytest.raises(BlockingIOError):
+            os.read(slave, 100)  # nothing was typed into the terminal
+    finally:
+        done.set()
+        os.close(master)
+        os.close(slave)
+    assert found["missing"] == []
+    assert found["threads"] >= 1 and found["kill_thread"] == errno.EPERM, found  # a signal by thread id
+    assert {k: found[k] for k in ("tiocsti", "ptrace", "prlimit", "kill")} == dict.fromkeys(
+        ("tiocsti", "ptrace", "prlimit", "kill"), errno.EPERM), found
+    assert found["clone3"] == errno.ENOSYS and found["own_prlimit"] is True and found["fork"] is True, found
+
+
+@pytest.fixture
+def out_dir(tmp_path, monkeypatch):
+    """Where the bad kernel notes what it did: writable for it (the owner's GEMMLAB_SANDBOX_WRITABLE)."""
+    monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(tmp_path))
+    return tmp_path
+
+
+def _attacks(out_dir, monkeypatch, **env):
+    """Grade ``attacks_the_grader`` holding a pty (its path in $BAD_TTY); (report, attacks.json, what the pty got)."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    master, slave = os.openpty()
+    os.set_inheritable(slave, True)  # as a grader's own terminal descriptors may be: none may reach the candidate
+    monkeypatch.setenv("BAD_TTY", os.ttyname(slave))
+    try:
+        r = run_box("attacks_the_grader")
+        got = b""
+        for fd in (slave, master):
+            os.set_blocking(fd, False)
+            try:
+                got += os.read(fd, 1000)
+            except BlockingIOError:
+                pass
+    finally:
+        os.close(master)
+        os.close(slave)
+    return r, json.loads((out_dir / "attacks.json").read_text()), got
+
+
+@pytest.mark.parametrize("landlock", ["0", "1"])
+def test_a_candidate_reaches_neither_the_grader_nor_its_terminal(out_dir, monkeypatch, landlock, device):
+    """Graded, the candidate tries TIOCSTI and a write on a terminal the grader holds, ptrace, process_vm_readv,
+    prlimit and a signal on the grader, and clone3 into the grader's cgroup: every one fails, the terminal got
+    nothing, the honest arithmetic passes, and the report says what was in force. Without Landlock (as with CUDA)
+    the seccomp filter and the keeper's mount namespace alone hold."""
+    if device == "cuda" and landlock == "1":
+        pytest.skip("Landlock with CUDA is open (tests/sandbox/test_sandbox.py::test_landlock_with_cuda)")
+    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK=landlock)
+    assert got == b"", got
+    assert set(found) == {"tiocsti", "tty_write", "ptrace", "process_vm_readv", "prlimit", "kill", "clone3", "ctty",
+                          "tty_fds"}, found
+    assert not [k for k, v in found.items() if v is True], found
+    assert found["tty_fds"] == [] and found["ctty"] == "ENXIO", found  # no terminal held, none to open
+    assert found["clone3"] == "ENOSYS" and found["ptrace"] in ("EPERM", "invisible"), found
+    iso = r["isolation"]["candidate"]
+    assert iso["seccomp"] == "on" and iso["terminal_fds"] == "none", iso
+    assert iso["landlock"].startswith("on" if landlock == "1" else "off"), iso
+    assert "seccomp on" in view.markdown(r)  # report.md says it too
+    assert passed(r), r["failures"]
+
+
+def test_in_a_pid_namespace_the_grader_is_not_in_view(out_dir, monkeypatch):
+    """GEMMLAB_SANDBOX_PIDNS=1 (root): the candidate's /proc is its namespace's, so the grader (its keeper's parent)
+    is not there to aim at, even with the filter, Landlock and the uid off; the grade still passes."""
+    if os.geteuid() != 0:
+        pytest.skip("a PID namespace of the keeper's own needs root")
+    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_PIDNS="1", GEMMLAB_SANDBOX_LANDLOCK="0",
+                             GEMMLAB_SANDBOX_SECCOMP="0", GEMMLAB_SANDBOX_UID="0")
+    assert r["isolation"]["candidate"]["pid_namespace"] == "on", r["isolation"]
+    assert got == b"" and all(found[k] == "invisible" for k in ("ptrace", "process_vm_readv", "prlimit", "kill"))
+    assert passed(r), r["failures"]
+
+
+def test_without_the_filter_the_same_candidate_reaches_the_grader(out_dir, monkeypatch):
+    """The control: with the filter, Landlock and the uid of its own off (as before), the same candidate attaches to
+    the grader, reads its memory, sets its resource limit and signals it (as root, or as the grader's user); so the
+    refusals above are the filter's (or the uid's). The terminal stays out of reach (the keeper's mount namespace
+    hides it, where it is root)."""
+    if os.geteuid() != 0:
+        pytest.skip("the control needs the keeper's mount namespace (root) to keep the terminal out of reach")
+    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK="0", GEMMLAB_SANDBOX_SECCOMP="0",
+                             GEMMLAB_SANDBOX_UID="0")
+    assert got == b"" and found["tiocsti"] == "ENOENT" and found["tty_write"] == "ENOENT", (got, found)
+    assert all(found[k] is True for k in ("ptrace", "process_vm_readv", "prlimit", "kill")), found
+    assert r["isolation"]["candidate"]["seccomp"] == "off"
+
+
+def test_a_uid_of_its_own_alone_keeps_the_grader_out_of_reach(out_dir, monkeypatch):
+    """Where the grader is root, a uid of the sandbox's own (no filter, no Landlock: as with CUDA where the filter
+    would be off) refuses the same attacks: no ptrace, memory, resource limit or signal reaches a process of another
+    uid; the candidate still loads (its files read as the grader reads them) and writes its own directories."""
+    if os.geteuid() != 0:
+        pytest.skip("only a grader running as root can give the sandbox a uid of its own")
+    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK="0", GEMMLAB_SANDBOX_SECCOMP="0",
+                             GEMMLAB_SANDBOX_UID="1")
+    assert got == b"", got
+    assert all(found[k] in ("EPERM", "EACCES") for k in ("ptrace", "process_vm_readv", "prlimit", "kill")), found
+    uid = r["isolation"]["candidate"]["uid"]
+    assert "its own" in uid and int(uid.split()[0]) != 0, uid
+    assert (out_dir / "attacks.json").stat().st_uid == int(uid.split()[0])
+    assert passed(r), r["failures"]
+
+
+def test_without_root_the_uid_is_the_graders_and_the_report_says_why(monkeypatch):
+    """A grader that is not root cannot give a uid: the keeper is asked for none and the report says why."""
+    from gemmlab.sandbox.isolate import Isolation
+
+    monkeypatch.setenv("GEMMLAB_SANDBOX_UID", "1")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    iso = Isolation.from_env(True)
+    assert iso.uid is None and iso.uid_why == "the grader is not root"
+    args = iso.keeper_args(["/tmp"], None)
+    assert "--uid" not in args and args[args.index("--uid-why") + 1] == "the grader is not root"
+
+
+def _wait_for(path, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, f"{path.name} never written"
+        time.sleep(0.01)
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("uid", ["0", "1"])
+def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypatch, uid):
+    """A helper writes itself into the grader's cgroup (root, without a Landlock domain): its CPU time would no
+    longer be the sandbox's, nor its freeze the cgroup's. The next freeze fails the sandbox. With a uid of its own
+    the move is refused (the cgroup's files are root's) and the freeze holds."""
+    monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_UID", uid)
+    probe = contain.Freezer.make("probe")
+    if probe is None or not probe.v2:
+        pytest.skip("no writable cgroup v2 here")
+    probe.remove()
+    cand = Sandbox(f"{BOX}:leaves_its_cgroup", "colmajor", "colmajor", 60.0, True, str(out_dir))
+    a = torch.rand(4, 4, dtype=torch.float16).t()
+    try:
+        cand.bind([((a, a), torch.full((16,), float("nan"), dtype=torch.float16))])
+        cand.request("call", slot=0)
+        moved = _wait_for(out_dir / "moved.json")["moved"]
+        if moved is True:
+            assert os.geteuid() == 0 and (uid == "0" or "its own" not in cand.isolation["uid"]), cand.isolation
+            with pytest.raises(WorkerFailure, match="left its cgroup"):
+                cand.freeze()
+        else:
+            assert uid == "1" and moved in ("EACCES", "EPERM"), moved
+            cand.freeze()
+            cand.thaw()
+    finally:
+        cand.close()
+    assert not cand.members()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("switch", [{}, {"GEMMLAB_SANDBOX_UID": "1"}, {"GEMMLAB_SANDBOX_PIDNS": "1"}],
+                         ids=["default", "uid", "pidns"])
+def test_isolation_with_cuda(monkeypatch, switch):
+    """With CUDA: the default isolation (the seccomp filter, the hidden terminals) and each switch that is off by
+    default there (a uid of its own, a PID namespace) still let both children open the slots' IPC handles, and
+    gemmlab's own kernel passes; the report says what held."""
+    from gemmlab.grade import grade
+    from tests.grade.test_grade import TINY
+
+    for k, v in switch.items():
+        monkeypatch.setenv(k, v)
+    r = grade(TINY)
+    assert passed(r), r["failures"]
+    iso = r["isolation"]["candidate"]
+    assert iso["seccomp"] == "on", iso
+    if "GEMMLAB_SANDBOX_UID" in switch and os.geteuid() == 0:
+        assert "its own" in iso["uid"], iso
+    if "GEMMLAB_SANDBOX_PIDNS" in switch and os.geteuid() == 0:
+        assert iso["pid_namespace"] == "on", iso
