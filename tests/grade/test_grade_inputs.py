@@ -105,7 +105,10 @@ def test_a_candidates_exception_cannot_forge_the_report(tmp_path):
         assert "\x1b" not in text
     lines = md.splitlines()
     assert [x for x in lines if x.startswith("#")] == ["# gemmlab grade: untimed"]
-    assert [x for x in lines if x.startswith("official score")] == [lines[-1]] and lines[-1].endswith("verdict FAIL")
+    verdict = [x for x in lines if x.startswith("official score")]  # one verdict line, after every row
+    assert len(verdict) == 1 and verdict[0].endswith("verdict FAIL") and lines.index(verdict[0]) > max(
+        i for i, x in enumerate(lines) if x.startswith("|"))
+    assert lines[-1].startswith("candidate isolation: ")  # the grader's own account, last
     rows = [x for x in lines if x.startswith("|") and not x.startswith(("| case", "|---"))]
     assert [x.split(" | ")[0] for x in rows] == ["| a", "| b"]  # the real rows, each a row of its own
     for row in rows:  # seven cells: no pipe of the candidate's opens one
@@ -121,7 +124,8 @@ def test_a_refused_report_directory_keeps_no_forged_report(tmp_path):
     and report.csv beside it: no hang, and nothing is left at a report's name."""
     out = tmp_path / "out"
     r = grade_cli("--cases", untimed(tmp_path, ("a", 16, 24, 32)), "--kernel", f"{BAD}:plants_a_forged_report",
-                  "--output-dir", str(out), env={"BAD_REPORT_DIR": str(out), "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path)})
+                  "--output-dir", str(out), env={"BAD_REPORT_DIR": str(out), "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path),
+                                                 "GEMMLAB_SANDBOX_UID": "0"})  # no uid of its own: the plant lands
     one_line_exit_2(r, "report.json", "not a plain file")
     assert not [p.name for p in out.iterdir() if p.name.startswith("report")], list(out.iterdir())
 
@@ -219,7 +223,8 @@ def test_a_log_replaced_by_a_fifo_does_not_hang_the_grader(tmp_path):
     """The child puts a FIFO where its log was and dies; the grader, quoting the end of the log, says so."""
     r = grade_cli("--cases", untimed(tmp_path, ("a", 16, 24, 32)), "--kernel", f"{BAD}:replaces_its_log_with_a_fifo",
                   "--json", env={"TMPDIR": str(tmp_path), "BAD_KERNEL_OUT_DIR": str(tmp_path),
-                                 "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path)})  # as where no Landlock domain stops it
+                                 "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path),  # as where no Landlock domain stops it
+                                 "GEMMLAB_SANDBOX_UID": "0"})  # nor a uid of its own: the FIFO must land
     assert (tmp_path / "planted").exists(), r.stderr[-2000:]
     assert r.returncode == 1, r.stderr[-2000:]
     report = json.loads(r.stdout)

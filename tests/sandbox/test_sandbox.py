@@ -391,7 +391,8 @@ def test_the_report_is_never_written_through_what_the_candidate_placed(tmp_path,
     victim.write_text("precious")
     r = grade_cli("--cases", TINY, "--kernel", f"{BOX}:sabotages_report", "--output-dir", str(out),
                    env={"BAD_REPORT_DIR": str(out), "BAD_REPORT_MODE": mode, "BAD_VICTIM": str(victim),
-                        "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path)})  # as where no Landlock domain stops it
+                        "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path),  # as where no Landlock domain stops it
+                        "GEMMLAB_SANDBOX_UID": "0"})  # nor a uid of its own: the writes must land to be tested
     assert r is not None, "the grader hung"
     assert r.returncode == code, (r.returncode, r.stderr[-2000:])
     assert victim.read_text() == "precious"
