@@ -35,8 +35,10 @@
    is "inconclusive" and not scored. The time of a call is (t1 - t0) / N on the grader's clock; nothing is
    subtracted. The ratio is measured on the case's own inputs; per-round ratios on full-mantissa inputs against
    those on the case's tell whether the candidate's speed depends on the values, as an honest GEMM's does not
-   (``rules.speed_independent_of_values``). The protocol's own cost (the empty call) must stay under
-   ``MAX_OVERHEAD`` of a baseline call for a score. The child's clock is advisory: cross-checked, never used.
+   (``rules.speed_independent_of_values``; on the CPU also by the workers' own clocks, which the protocol's cost on
+   a busy host does not enter: they can only fail a grade). The protocol's own cost (the empty call) must stay
+   under ``MAX_OVERHEAD`` of a baseline call for a score; over it, the rounds stop once the comparison of the kinds
+   is decided. The child's clock is advisory: cross-checked against the interleaved baseline's, never scored.
 6. When the candidate's processes are all gone (``solo``), the baseline is timed again alone; an interleaved
    baseline clearly slower than that says the candidate slowed it down (``rules.baseline_undisturbed``).
 Both sides alike: the same environment (the observer library), one profiled call each before timing, the same
