@@ -51,7 +51,7 @@ def kernel_runs(specs: list[str], runs: int) -> list[tuple[str, int]]:
     for spec in specs:
         name, eq, n = spec.rpartition("=") if "=" in spec else (spec, "", "")
         if eq and not (n.isdigit() and int(n) > 0):
-            raise SystemExit(f"--kernel {spec!r}: RUNS must be a positive integer")
+            raise ValueError(f"--kernel {spec!r}: RUNS must be a positive integer")
         out.append((name, int(n) if eq else runs))
     return out
 
@@ -93,7 +93,13 @@ def main() -> int:
     ap.add_argument("--time-limit-s", type=float, default=None, help="no grade starts after this many seconds")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
-    kernels = kernel_runs(args.kernel or ["gemmlab", "builtin:cublas"], args.runs)
+    try:
+        kernels = kernel_runs(args.kernel or ["gemmlab", "builtin:cublas"], args.runs)
+        if args.runs < 1 or (args.time_limit_s is not None and not args.time_limit_s > 0):
+            raise ValueError(f"--runs {args.runs} and --time-limit-s {args.time_limit_s}: positive numbers")
+    except ValueError as e:
+        print(f"grade-repeat: {e}", file=sys.stderr)
+        return 2
     rows, reports, skipped, start = [], [], [], time.time()
     out = Path(args.out) / f"grade-repeat-{Path(args.cases).stem}-{args.first_seed}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
