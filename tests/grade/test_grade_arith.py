@@ -148,6 +148,9 @@ def test_the_timing_rules_allow_a_busy_machine_and_still_fire():
     got = rules.first_failure(rules.RUN_RULES, rules.Run(**busy))  # no gap measured alongside: the old verdict
     assert got is not None and got[0] == "honest-timing" and "outside the timed stream" in got[1], got
     assert rules.first_failure(rules.RUN_RULES, rules.Run(**busy, baseline_gap_ms=29.0)) is None
+    # measured: an honest kernel's gap ten times its baseline's on a loaded CPU, both small (scheduling periods)
+    assert rules.first_failure(rules.RUN_RULES, rules.Run(**dict(busy, wall_ms=4.072, advisory_ms=0.1912,
+                                                                 overhead_ms=0.39), baseline_gap_ms=0.393)) is None
     liar = dict(busy, wall_ms=280.0, advisory_ms=0.005)  # a clock 10000x slow on a 250 ms call, same machine
     got = rules.first_failure(rules.RUN_RULES, rules.Run(**liar, baseline_gap_ms=29.0))
     assert got is not None and got[0] == "honest-timing", got

@@ -210,7 +210,9 @@ def advisory_clock_agrees(r: Run):
     if r.advisory_ms > 1.05 * r.wall_ms + 0.05:
         return (f"the candidate's clock says {r.advisory_ms:.4g} ms a call, more than the {r.wall_ms:.4g} ms "
                 "the grader measured around it: a broken or faked clock")
-    noise = 0.05 if r.device == "cuda" else 1.0  # ms: a busy CPU's scheduler
+    # ms a call: on a loaded CPU each of a batch's wake-ups and replies can wait a scheduling period, and the two
+    # sides' gaps can differ by that much (tests/grade/test_grade_arith.py has a measured case)
+    noise = 0.05 if r.device == "cuda" else 10.0
     cost = max(r.overhead_ms, r.baseline_gap_ms or 0.0)
     if r.advisory_ms < 0.5 * r.wall_ms and r.wall_ms - r.advisory_ms > 4 * cost + noise:
         return (f"the candidate's clock says {r.advisory_ms:.4g} ms a call, the grader measured "
