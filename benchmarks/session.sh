@@ -35,6 +35,16 @@ for s in "$@"; do
         step "grade_$c" 200 python3 -m gemmlab grade --cases "$c" --output-dir "$RES/grade-h200-cli-$c" \
           --record "grade $c: the grader's clock protocol" --ledger "$RES/ledger-grade.db"
       done ;;
+    # issue 29: cuBLAS graded against itself GRADE_SELF_RUNS (10) times (within +-3% in 10 of 10), and gemmlab's
+    # kernel at the seed shape (8192x8192x16384 fp16) GRADE_SEED_RUNS (10) times (the same verdict each time); the
+    # timed protocol as graded, the first listed correctness case only; no grade starts after 470 s of a step (the
+    # JSON's not_run lists the rest: run the step again with GRADE_FIRST_SEED past the last seed that ran).
+    grade_self) step grade_self 560 python3 -m benchmarks grade-repeat --cases competition \
+      --kernel "builtin:cublas=${GRADE_SELF_RUNS:-10}" --first-seed "${GRADE_FIRST_SEED:-0}" --quick-correctness \
+      --time-limit-s 470 --out "$RES/grade-repeat-h200-self" ;;
+    grade_seed) step grade_seed 560 python3 -m benchmarks grade-repeat --cases competition \
+      --kernel "gemmlab=${GRADE_SEED_RUNS:-10}" --first-seed "${GRADE_FIRST_SEED:-0}" --quick-correctness \
+      --time-limit-s 470 --out "$RES/grade-repeat-h200-seed" ;;
     gputests) step gputests 540 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ ;;
     host) step host 200 python3 -m benchmarks host-cost --quick --out "$RES" ;;
     model) step model 300 python3 -m gemmlab bench layer --model mixtral,qwen3-moe,deepseek-v3 --tokens 4096,1,8,64 \

@@ -258,7 +258,8 @@ class Grader:
         evidence = rules.Run(wall, out["advisory_median_ms"], got["protocol_overhead_ms"], tflops, peak_tflops(dev),
                              dev.type, b_med, solo, kernels, ops, self.vendor_seen, self.allow_vendor, path,
                              {p for r in seen for p in r.paths}, {k for r in seen for k in r.kernels},
-                             got["value_dependence"])
+                             got["value_dependence"], got.get("value_dependence_advisory"),
+                             got.get("baseline_gap_ms"))
         failed = rules.first_failure(rules.RUN_RULES, evidence)
         if failed:
             return dict(out, status="FAIL", rule=failed[0], reason=failed[1])

@@ -35,8 +35,10 @@
    is "inconclusive" and not scored. The time of a call is (t1 - t0) / N on the grader's clock; nothing is
    subtracted. The ratio is measured on the case's own inputs; per-round ratios on full-mantissa inputs against
    those on the case's tell whether the candidate's speed depends on the values, as an honest GEMM's does not
-   (``rules.speed_independent_of_values``). The protocol's own cost (the empty call) must stay under
-   ``MAX_OVERHEAD`` of a baseline call for a score. The child's clock is advisory: cross-checked, never used.
+   (``rules.speed_independent_of_values``; on the CPU also by the workers' own clocks, which the protocol's cost on
+   a busy host does not enter: they can only fail a grade). The protocol's own cost (the empty call) must stay
+   under ``MAX_OVERHEAD`` of a baseline call for a score; over it, the rounds stop once the comparison of the kinds
+   is decided. The child's clock is advisory: cross-checked against the interleaved baseline's, never scored.
 6. When the candidate's processes are all gone (``solo``), the baseline is timed again alone; an interleaved
    baseline clearly slower than that says the candidate slowed it down (``rules.baseline_undisturbed``).
 Both sides alike: the same environment (the observer library), one profiled call each before timing, the same
@@ -115,6 +117,26 @@ def heater(device: torch.device, size: int = 4096):
             sync(device)
 
     return heat
+
+
+def advisory_ms(reply: dict, n: int) -> float:
+    """The worker's own time a call of a batch (its clock: advisory), NaN where it reported none that adds up."""
+    ms = reply.get("ms")
+    try:
+        total = float(sum(ms)) if isinstance(ms, list) and ms else math.nan
+    except (TypeError, ValueError):
+        total = math.nan
+    return total / n
+
+
+def round_ratios(records: list[dict], kind: str, clock: str = "ms") -> list[float]:
+    """Per-round ratios base / candidate on inputs of ``kind``, by the grader's clock ("ms") or by the workers'
+    own ("advisory_ms"): empty unless every such time is a positive finite number (a worker's clock may say
+    anything)."""
+    pairs = [(r.get(f"base_{clock}"), r.get(f"cand_{clock}")) for r in records if r["kind"] == kind]
+    if not all(isinstance(x, int | float) and 0 < x < math.inf for p in pairs for x in p):
+        return []
+    return [b / c for b, c in pairs]
 
 
 def repeated_samples(sample: torch.Tensor, skip: set[int]) -> list[tuple[int, int]]:
@@ -311,28 +333,38 @@ class Timing:
 
     def one_round(self, r: int, kind: str) -> None:
         """Round r: both sides, the candidate first in even rounds; the candidate's batch verified."""
-        ms = {}
+        ms, adv = {}, {}
         for who in (("cand", "base") if r % 2 == 0 else ("base", "cand")):
             if who == "base":
                 if self.fixed_ms is None:
-                    ms["base"] = self.batch(self.g.base, self.base, kind).ms
+                    w = self.batch(self.g.base, self.base, kind)
+                    ms["base"], adv["base"] = w.ms, advisory_ms(w.reply, self.n)
                 continue
             w = self.batch(self.g.cand, self.cand, kind)
             self.verify(r, w)
-            ms["cand"] = w.ms
+            ms["cand"], adv["cand"] = w.ms, advisory_ms(w.reply, self.n)
             if kind == self.op.timed_kind:
-                self.advisory.append(sum(w.reply.get("ms") or [math.nan]) / self.n)
-        self.records.append({"kind": kind, "cand_ms": ms["cand"], "base_ms": ms.get("base", self.fixed_ms)})
+                self.advisory.append(adv["cand"])
+        self.records.append({"kind": kind, "cand_ms": ms["cand"], "base_ms": ms.get("base", self.fixed_ms),
+                             "cand_advisory_ms": adv["cand"], "base_advisory_ms": adv.get("base", self.fixed_ms)})
 
     def summaries(self) -> tuple[dict | None, dict | None]:
         """(the ratio on the case's inputs, the ratio of that to the ratio on full-mantissa inputs)."""
-        def ratios(kind):
-            return [r["base_ms"] / r["cand_ms"] for r in self.records if r["kind"] == kind]
-
-        main = ratios(self.op.timed_kind)
+        main = self.ratios(self.op.timed_kind)
         honest = stats.ratio_of_rounds(main) if main else None
-        full = ratios(self.op.full_kind) if self.op.full_kind else []
+        full = self.ratios(self.op.full_kind) if self.op.full_kind else []
         return honest, (stats.ratio_between(main, full, (rules.VALUE_LEVEL,)) if main and full else None)
+
+    def ratios(self, kind: str, clock: str = "ms") -> list[float]:
+        return round_ratios(self.records, kind, clock)
+
+    def value_by_advisory(self) -> dict | None:
+        """The value comparison by the workers' own clocks (``rules.ADVISORY_VALUE``: the CPU), free of the
+        protocol's cost that a busy host adds to the grader's: evidence that can only fail a grade."""
+        if not (rules.ADVISORY_VALUE.get(self.dev.type) and self.op.full_kind):
+            return None
+        main, full = self.ratios(self.op.timed_kind, "advisory_ms"), self.ratios(self.op.full_kind, "advisory_ms")
+        return stats.ratio_between(main, full, (rules.VALUE_LEVEL,)) if main and full else None
 
     def unscored(self, honest: dict | None, value: dict | None, overhead: float) -> str | None:
         """Why the timing does not determine the score, or None. The score is determined when the ratio's
@@ -364,8 +396,13 @@ class Timing:
     def precise(self, honest: dict | None, value: dict | None) -> bool:
         """The ratio within ``TARGET_HALF_WIDTH`` and the two kinds' comparison decided: no more rounds needed."""
         return (honest is not None and honest["ci95"] is not None
-                and honest["half_width"] <= TARGET_HALF_WIDTH
-                and (value is None or rules.value_dependence_decided(value, self.dev.type)))
+                and honest["half_width"] <= TARGET_HALF_WIDTH and self.value_decided(value))
+
+    def value_decided(self, value: dict | None) -> bool:
+        """The two kinds' comparison decided by the grader's clock, or failed by the workers' own."""
+        adv = self.value_by_advisory()
+        return (value is None or rules.value_dependence_decided(value, self.dev.type)
+                or (adv is not None and rules.depends_on_values(adv, self.dev.type)))
 
     def time_rounds(self, overhead: float) -> str | None:
         """Step 5: blocks of rounds until precise, or until the rounds or the budget are spent (or the protocol's
@@ -381,7 +418,9 @@ class Timing:
             blocks += 1
             honest, value = self.summaries()
             why = self.unscored(honest, value, overhead)
-            hopeless = why is not None and why.startswith("the protocol's")  # more rounds cannot help
+            # more rounds cannot make the score: they go on only while the value comparison (which can fail the
+            # grade) is undecided, as long as the rounds and the budget last
+            hopeless = why is not None and why.startswith("the protocol's") and self.value_decided(value)
             spent = r >= self.max_rounds or time.perf_counter() - t_start > self.budget_s
             settled = hopeless or self.precise(honest, value) or (why is None and self.fixed_ms is not None)
             if spent or (blocks >= MIN_BLOCKS and settled):
@@ -407,7 +446,8 @@ class Timing:
             raise BaselineFailure(str(e)) from e
         honest, value = self.summaries()
         main = [r for r in self.records if r["kind"] == self.op.timed_kind]
-        out = {"honest": honest, "value_dependence": value, "inconclusive": why, "protocol_overhead_ms": overhead,
+        out = {"honest": honest, "value_dependence": value, "value_dependence_advisory": self.value_by_advisory(),
+               "inconclusive": why, "protocol_overhead_ms": overhead,
                "median_ms": statistics.median(r["cand_ms"] for r in main), "rounds": len(self.records),
                "rounds_full_mantissa": len(self.records) - len(main), "full_mantissa_kind": self.op.full_kind,
                "calls_per_batch": self.n, "samples_checked": self.checked, "held_retries": self.held_retries,
@@ -418,4 +458,6 @@ class Timing:
                "wake_ms_by_side": {s.name: statistics.median(s.wake_ms) for s in (self.cand, self.base) if s.wake_ms}}
         if self.fixed_ms is None:
             out["baseline_ms"] = statistics.median(r["base_ms"] for r in main)
+            gaps = [r["base_ms"] - r["base_advisory_ms"] for r in main if math.isfinite(r["base_advisory_ms"])]
+            out["baseline_gap_ms"] = statistics.median(gaps) if gaps else None
         return out
