@@ -45,6 +45,12 @@ for s in "$@"; do
     grade_seed) step grade_seed 560 python3 -m benchmarks grade-repeat --cases competition \
       --kernel "gemmlab=${GRADE_SEED_RUNS:-10}" --first-seed "${GRADE_FIRST_SEED:-0}" --quick-correctness \
       --time-limit-s 470 --out "$RES/grade-repeat-h200-seed" ;;
+    # the grader on CUDA with the sandbox's isolation (seccomp, hidden terminals) and its secret trials: the isolation
+    # and NaN GPU tests, then one competition grade (the seed shapes against cuBLAS)
+    isolation) step isolation_gpu 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/sandbox/test_isolation.py \
+        tests/fp8/test_fp8_nan.py
+      step grade_competition 200 python3 -m gemmlab grade --cases competition \
+        --output-dir "$RES/grade-h200-cli-competition" ;;
     gputests) step gputests 540 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ ;;
     host) step host 200 python3 -m benchmarks host-cost --quick --out "$RES" ;;
     model) step model 300 python3 -m gemmlab bench layer --model mixtral,qwen3-moe,deepseek-v3 --tokens 4096,1,8,64 \
@@ -133,7 +139,8 @@ for s in "$@"; do
       --ledger "$RES/ledger-grade.db" ;;
     # issue 31: the FP8 kernel variants against cuBLASLt (block and per-tensor scales, graph replay) and the FP8 MMA's
     # accumulation error (the constant of ref.FP8_MMA_UNIT); then the GPU test the bound's MMA term is for
-    fp8_variants) step fp8_variants 400 python3 benchmarks/fp8_variants.py --out "$RES" ;;
+    fp8_variants) step fp8_variants "${FP8_VARIANTS_S:-400}" python3 benchmarks/fp8_variants.py --out "$RES" \
+        ${FP8_VARIANTS_ARGS:-} ;;
     fp8_bound) step fp8_bound 180 python3 -m pytest -q -m gpu -p no:cacheprovider \
       tests/grade/test_fp8_grade.py::test_gemmlab_fp8_against_scaled_mm_on_the_gpu tests/fp8/test_fp8_variants.py ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
