@@ -47,8 +47,8 @@ for s in "$@"; do
       --time-limit-s 470 --out "$RES/grade-repeat-h200-seed" ;;
     # the grader on CUDA with the sandbox's isolation (seccomp, hidden terminals) and its secret trials: the isolation
     # and NaN GPU tests, then one competition grade (the seed shapes against cuBLAS)
-    isolation) step isolation_gpu 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/sandbox/test_isolation.py \
-        tests/fp8/test_fp8_nan.py
+    isolation) step isolation_gpu 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/sandbox/test_isolation.py
+      step nan_gpu 60 python3 -m pytest -q -p no:cacheprovider tests/fp8/test_fp8_nan.py
       step grade_competition 200 python3 -m gemmlab grade --cases competition \
         --output-dir "$RES/grade-h200-cli-competition" ;;
     gputests) step gputests 540 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ ;;
