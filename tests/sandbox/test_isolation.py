@@ -274,9 +274,12 @@ def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypa
 @pytest.mark.parametrize("switch", [{}, {"GEMMLAB_SANDBOX_UID": "1"}, {"GEMMLAB_SANDBOX_PIDNS": "1"}],
                          ids=["default", "uid", "pidns"])
 def test_isolation_with_cuda(monkeypatch, switch):
-    """With CUDA: the default isolation (the seccomp filter, the hidden terminals) and each switch that is off by
-    default there (a uid of its own, a PID namespace) still let both children open the slots' IPC handles, and
-    gemmlab's own kernel passes; the report says what held."""
+    """With CUDA: the seccomp filter and the hidden terminals (off by default there until this test has passed on
+    a GPU, so turned on here) and each other switch that is off by default there (a uid of its own, a PID
+    namespace) still let both children open the slots' IPC handles, and gemmlab's own kernel passes; the report
+    says what held."""
+    monkeypatch.setenv("GEMMLAB_SANDBOX_SECCOMP", "1")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "1")
     from gemmlab.grade import grade
     from tests.grade.test_grade import TINY
 
@@ -290,3 +293,24 @@ def test_isolation_with_cuda(monkeypatch, switch):
         assert "its own" in iso["uid"], iso
     if "GEMMLAB_SANDBOX_PIDNS" in switch and os.geteuid() == 0:
         assert iso["pid_namespace"] == "on", iso
+
+
+def test_the_unverified_layers_are_off_by_default_with_cuda_and_each_has_its_switch(monkeypatch):
+    """Without CUDA every layer is on by default; with CUDA the filter, the hidden terminals, the uid and Landlock are
+    off until asked for (none has run on a GPU yet), and each switch turns its layer on or off."""
+    from gemmlab.sandbox.isolate import Isolation
+
+    for var in ("LANDLOCK", "SECCOMP", "TERMINALS", "UID", "PIDNS"):
+        monkeypatch.delenv(f"GEMMLAB_SANDBOX_{var}", raising=False)
+    cpu, cuda = Isolation.from_env(interpret=True), Isolation.from_env(interpret=False)
+    assert cpu.seccomp and cpu.terminals and cpu.landlock and not cpu.pidns
+    assert not (cuda.seccomp or cuda.terminals or cuda.landlock or cuda.pidns or cuda.uid)
+    assert "--seccomp" not in cuda.keeper_args([], None) and "--hide-terminals" not in cuda.keeper_args([], None)
+    monkeypatch.setenv("GEMMLAB_SANDBOX_SECCOMP", "1")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "1")
+    on = Isolation.from_env(interpret=False)
+    assert on.seccomp and on.terminals and {"--seccomp", "--hide-terminals"} <= set(on.keeper_args([], None))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_SECCOMP", "0")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "0")
+    off = Isolation.from_env(interpret=True)
+    assert not off.seccomp and not off.terminals

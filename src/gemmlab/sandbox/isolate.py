@@ -9,7 +9,10 @@
 The owner's environment (unset: the default):
 - ``GEMMLAB_SANDBOX_LANDLOCK``: a Landlock domain (``keeper.landlock``); unset: on without CUDA only, ``1`` on with
   CUDA too (its ``cudaGetDeviceCount`` fails under it on an H200), ``0`` off.
-- ``GEMMLAB_SANDBOX_SECCOMP``: the seccomp filter (``sandbox.seccomp``); unset: on (CPU and CUDA), ``0`` off.
+- ``GEMMLAB_SANDBOX_SECCOMP``: the seccomp filter (``sandbox.seccomp``); unset: on without CUDA only, ``1`` on
+  with CUDA too (not yet run on a GPU: turned on by default there once its GPU test has passed), ``0`` off.
+- ``GEMMLAB_SANDBOX_TERMINALS``: the terminals hidden in a mount namespace of the keeper's own (root only:
+  ``keeper.namespaces``); unset: on without CUDA only, ``1`` on with CUDA too (likewise), ``0`` off.
 - ``GEMMLAB_SANDBOX_UID``: a uid of the sandbox's own, where the grader runs as root; unset: on without CUDA only,
   ``1`` on with CUDA too (unverified there), ``0`` off. Each sandbox gets an unused uid (no process runs as it,
   ``/etc/passwd`` names none), owning its scratch directory and the observers' files it appends to; it keeps
@@ -65,6 +68,7 @@ class Isolation:
     pidns: bool
     uid: int | None  # the sandbox's own uid, None: the grader's
     uid_why: str = ""  # why it has none though one was asked for
+    terminals: bool = True  # hide the terminals (a mount namespace of the keeper's own, where it is root)
 
     @classmethod
     def from_env(cls, interpret: bool) -> Isolation:
@@ -75,8 +79,8 @@ class Isolation:
             else:
                 why = "the grader is not root"
         return cls(_mode("GEMMLAB_SANDBOX_LANDLOCK", "cpu", interpret),
-                   _mode("GEMMLAB_SANDBOX_SECCOMP", "1", interpret), _mode("GEMMLAB_SANDBOX_PIDNS", "0", interpret),
-                   uid, why)
+                   _mode("GEMMLAB_SANDBOX_SECCOMP", "cpu", interpret), _mode("GEMMLAB_SANDBOX_PIDNS", "0", interpret),
+                   uid, why, _mode("GEMMLAB_SANDBOX_TERMINALS", "cpu", interpret))
 
     def keeper_args(self, writable: list[str], cgroup: str | None) -> list[str]:
         return ((["--cgroup", cgroup] if cgroup else [])
@@ -84,7 +88,7 @@ class Isolation:
                 + (["--uid", str(self.uid)] if self.uid is not None else [])
                 + (["--uid-why", self.uid_why] if self.uid_why else [])
                 + (["--seccomp", str(os.getpid()), str(os.getpgid(0))] if self.seccomp else [])
-                + (["--pidns"] if self.pidns else []))
+                + (["--pidns"] if self.pidns else []) + (["--hide-terminals"] if self.terminals else []))
 
     def grant(self, log_dir: str, scratch: Path, writable: list[str], env: dict[str, str]) -> None:
         """With a uid of its own: the sandbox can reach its scratch directory (the log directory searchable, not

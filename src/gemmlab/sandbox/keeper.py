@@ -236,7 +236,10 @@ def main() -> None:
             print(f"keeper: not in the sandbox's cgroup ({e})", file=sys.stderr)
     isolation["terminal_fds"] = no_terminal()
     pidns = "--pidns" in args
-    isolation["terminals"], isolation["pid_namespace"] = namespaces(pidns)
+    if "--hide-terminals" in args or pidns:
+        isolation["terminals"], isolation["pid_namespace"] = namespaces(pidns)
+    else:
+        isolation["terminals"], isolation["pid_namespace"] = "not hidden (off: GEMMLAB_SANDBOX_TERMINALS)", "off"
     if isolation["pid_namespace"] == "on":  # this process stays outside; its first child is the namespace's init
         child = os.fork()
         if child:
