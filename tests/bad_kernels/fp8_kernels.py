@@ -3,8 +3,8 @@ scales () or (M, 1) and (1, N) fp32, c (M, N) written in place (``gemmlab.sandbo
 rule of the fp8 grader (tests/grade/test_fp8_grade.py); ``dequantized_fp32`` is their honest twin (no vendor GEMM:
 a float32 matmul on the CPU is torch's BLAS, so it runs with --allow-vendor)."""
 
-import sys
 import time
+import traceback
 
 import torch
 
@@ -12,14 +12,8 @@ PERF_M = 24  # the performance case's M in tests/cases/fp8-small.json
 
 
 def _timed() -> bool:
-    """Whether this call is one of a timed batch (the worker's timing loop, ``time_calls``, is on the stack): a kernel
-    that cheats only while timed is honest in every correctness trial, however many the grader runs."""
-    f = sys._getframe()
-    while f is not None:
-        if f.f_code.co_name == "time_calls":
-            return True
-        f = f.f_back
-    return False
+    """Whether this call is one of a timed batch (the worker's timing loop, ``time_calls``, is on the stack)."""
+    return any(f.f_code.co_name == "time_calls" for f, _ in traceback.walk_stack(None))
 
 
 def _exact32(a, b, a_scale, b_scale):

@@ -1,7 +1,7 @@
 """Known-bad MoE layers FN(x, w1, w2, topk_weights, topk_ids) -> y for the grader's MoE mode: each breaks
 one rule. ``torch_layer`` is a correct one built from aten matmuls (vendor BLAS: needs --allow-vendor)."""
 
-import sys
+import traceback
 
 import torch
 
@@ -13,14 +13,8 @@ _cache = {}
 _calls = {"n": 0}
 
 def _timed() -> bool:
-    """Whether this call is one of a timed batch (the worker's timing loop, ``time_calls``, is on the stack): a kernel
-    that cheats only while timed is honest in every correctness trial, however many the grader runs."""
-    f = sys._getframe()
-    while f is not None:
-        if f.f_code.co_name == "time_calls":
-            return True
-        f = f.f_back
-    return False
+    """Whether this call is one of a timed batch (the worker's timing loop, ``time_calls``, is on the stack)."""
+    return any(f.f_code.co_name == "time_calls" for f, _ in traceback.walk_stack(None))
 
 
 def torch_layer(x, w1, w2, w, ids):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+from gemmlab.output import nesting
+
 TEXT = ("kind", "shape", "dtype", "op", "note", "command", "backend", "path", "error", "session", "created",
         "gemmlab_version", "git_sha", "gpu", "driver", "torch", "triton", "decision", "reason")
 NUMBERS = ("median_ms", "p20_ms", "p80_ms", "tflops", "ratio", "sm_clock_mhz")
@@ -27,18 +29,6 @@ def _number(v) -> bool:
     """A number (NaN and infinities included: a measurement may record them)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
-
-def _depth(data: object) -> int:
-    """How deep ``data`` nests (a scalar: 0), counted without recursion and only up to ``MAX_DEPTH + 1``."""
-    deepest, todo = 0, [(data, 1)]
-    while todo:
-        item, d = todo.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, d)
-            if d > MAX_DEPTH:
-                return deepest
-            todo += [(v, d + 1) for v in (item.values() if isinstance(item, dict) else item)]
-    return deepest
 
 
 def _problem(key: str, v) -> str | None:
@@ -79,7 +69,7 @@ def entry_fields(row: dict) -> dict:
             raise CellError(f"{who}: column {key} is not valid JSON ({e})") from None
         except RecursionError:  # the parser gave up: deeper still
             raise CellError(deep) from None
-        if _depth(d[key]) > MAX_DEPTH:
+        if nesting(d[key], MAX_DEPTH) > MAX_DEPTH:
             raise CellError(deep)
     for key, v in d.items():
         if why := _problem(key, v):

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gemmlab.output import KINDS
+from gemmlab.output import KINDS, nesting
 
 MAX_BYTES = 64 << 20  # a JSON file larger than this is listed, not read (the committed ones are under 3 MB)
 MAX_DEPTH = 64  # nesting deeper than this is not a report (the committed ones nest 10 deep)
@@ -146,18 +146,6 @@ def kind_of(data: object) -> str:
     return legacy_kind(data)
 
 
-def _depth(data: object, limit: int) -> int:
-    """How deep ``data`` nests (a scalar: 0), counted without recursion and only up to ``limit + 1``."""
-    deepest, todo = 0, [(data, 1)]
-    while todo:
-        item, d = todo.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, d)
-            if d > limit:
-                return deepest
-            todo += [(v, d + 1) for v in (item.values() if isinstance(item, dict) else item)]
-    return deepest
-
 
 def _documents(text: str) -> list:
     """Several JSON documents one after another (a command's output appended twice), possibly ending in one line
@@ -200,7 +188,7 @@ def read_json(path: Path) -> tuple[object, str | None]:
         return None, f"nested deeper than the {MAX_DEPTH} levels a report may have (the JSON parser gave up)"
     except ValueError as e:
         return None, f"not JSON: {type(e).__name__}: {e}"
-    if _depth(data, MAX_DEPTH) > MAX_DEPTH:
+    if nesting(data, MAX_DEPTH) > MAX_DEPTH:
         return None, f"nested deeper than the {MAX_DEPTH} levels a report may have"
     return data, None
 
