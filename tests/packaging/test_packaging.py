@@ -123,6 +123,7 @@ def test_pins_only_where_needed():
     assert {"pytest", "matplotlib"} <= set(test) and not {"triton", "torch", "numpy"} & set(test)
     assert test["transformers"] == "transformers>=5" and requirement_names(extras["hf"]) == {
         "transformers": "transformers>=5"}
+    assert set(requirement_names(extras["liger"])) == {"liger-kernel"}  # bench moe --baseline liger's own extra
     readme = (REPO / "README.md").read_text().splitlines()
     main, tests = 'pip install torch==2.13.0 -e ".[cpu]" && gemmlab grade', \
         'pip install torch==2.13.0 -e ".[cpu,test]" && pytest'

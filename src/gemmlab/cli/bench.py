@@ -139,7 +139,8 @@ def bench_moe_cmd(
 
         if moe_liger.load_liger()[0] is None:
             why = moe_liger.load_liger()[1]["reason"].removesuffix(": the Liger baseline is skipped")
-            raise cmd.usage_error(f"bench moe --baseline liger: {why}; install it: pip install liger-kernel")
+            raise cmd.usage_error(f"bench moe --baseline liger: {why}; install it: pip install liger-kernel "
+                                    "(gemmlab's extra: pip install -e '.[liger]')")
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     err = Console(stderr=True)
     small = not torch.cuda.is_available()
