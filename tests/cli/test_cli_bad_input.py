@@ -67,6 +67,7 @@ ROWS = [  # (argv, words the one line must hold); capitals are the fixture's pat
     (["tune", "--shapes", "100000000,100000000,100000000", "--ledger", "L"], ["too large"]),
     (["tune", "--op", "moe", "--moe", "100000000,100000000,1000,2", "--ledger", "L"], ["too large", "GiB"]),
     (["tune", "--op", "moe", "--moe", "64,32,4,2", "--tokens", str(10**15), "--ledger", "L"], ["too large"]),
+    (["table", "--batch-size", str(10**14), "--seq-len", "5"], ["too large", "GiB"]),  # M = batch*seq*top_k
     (["check", "--seed", str(10**23)], ["--seed", str(10**23)]),
     (["check", "--seed", "-1"], ["--seed"]),
     (["check", "--shapes", "8,8,8", "--output-dir", "FILE"], ["--output-dir", "not a directory"]),

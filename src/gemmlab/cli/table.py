@@ -53,7 +53,7 @@ def table_cmd(
     a prepacked B, and gemmlab's grouped MoE kernel. Without CUDA the defaults are a small table (M=32 N=48
     K=64) that the interpreter finishes in seconds; --model and every size given are honoured."""
     from gemmlab.bench import table as bt
-    from gemmlab.problems import MOE_MODELS, resolve_moe
+    from gemmlab.problems import MOE_MODELS, moe_gemm_shape, resolve_moe
 
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     given = {"batch_size": batch_size, "seq_len": seq_len, "top_k": top_k, "hidden_size": hidden_size,
@@ -68,6 +68,7 @@ def table_cmd(
     a = {k: v if v is not None else (None if model and k in sizes else DEFAULTS[k][small]) for k, v in given.items()}
     try:
         k, hidden, inter = resolve_moe(model, a["top_k"], a["hidden_size"], a["intermediate_size"])
+        cmd.fit_shapes([moe_gemm_shape(a["batch_size"], a["seq_len"], k, hidden, inter)], "the table's GEMM")
         res = bt.moe_table(a["batch_size"], a["seq_len"], k, hidden, inter, dtype=cmd.dtype_of(dtype),
                            warmup=a["warmup"], repeat=a["repeat"], warmup_s=a["warmup_s"], inspect=inspect,
                            model=model, num_experts=a["num_experts"] or (MOE_MODELS[model].experts if model else 8))
