@@ -260,7 +260,7 @@ def test_gemmlab_report_draws_the_liger_report_as_written(tmp_path):
     assert "could not draw" not in page and "MoE vs Liger, bfloat16, on test GPU" in section
     assert 'data-rows="3"' in section and 'data-rows="2"' in section  # three cases; two (part, mode) groups
     assert "2.000" in section and "WRONG out of memory" in section and "1 cases not run" in section
-    assert "Liger time / gemmlab time (&gt; 1: gemmlab faster)" in section
+    assert "Liger time / gemmlab time, both sides in the same mode (&gt; 1: gemmlab faster)" in section
 
 
 def test_cli_baseline_liger_without_liger_is_a_usage_error(monkeypatch, tmp_path, device):
