@@ -246,6 +246,8 @@ def test_gemmlab_report_draws_the_liger_report_as_written(tmp_path):
 
     results = [_case("a", 16, "eager", "fwd", 2.0, hbm=1.5), _case("a", 4096, "graph", "fwd", 0.5, frac=0.8),
                {"model": "c", "tokens": 1, "routing": "zipf", "mode": "eager", "part": "fwd", "error": "out of memory"}]
+    results[0]["provider_modes"] = {ml.GEMMLAB: "eager", ml.LIGER: "eager"}  # like with like: charted; the graph
+    # row, whose Liger ran eager, stays in the table only
     rep = {"kind": "moe-liger-bench", "env": {"gpu": "test GPU"}, "args": {"dtype": "bfloat16", "parts": ["fwd"],
                                                                          "modes": ["eager", "graph"]},
            "liger": {"available": True, "version": "fake"}, "results": results, "not_run": ["x"]}
@@ -261,6 +263,7 @@ def test_gemmlab_report_draws_the_liger_report_as_written(tmp_path):
     assert 'data-rows="3"' in section and 'data-rows="2"' in section  # three cases; two (part, mode) groups
     assert "2.000" in section and "WRONG out of memory" in section and "1 cases not run" in section
     assert "Liger time / gemmlab time, both sides in the same mode (&gt; 1: gemmlab faster)" in section
+    assert "1 case(s) left out" in section
 
 
 def test_cli_baseline_liger_without_liger_is_a_usage_error(monkeypatch, tmp_path, device):
