@@ -3,25 +3,15 @@
 directory, and leaves no temporary file; a ledger given with --ledger is read, leaving no -wal/-shm."""
 
 import os
-import sys
 
 import pytest
 
 from gemmlab.ledger import Entry, Ledger
 from gemmlab.output import write_text
 from gemmlab.report import collect
+from tests.cli.test_cli_bad_input import cli  # gemmlab ARGV in-process: (status, out, err)
 
 NOT_UTF8 = b"r\xffport.json"  # 0xff never occurs in UTF-8
-
-
-def cli(argv, monkeypatch, capsys):
-    from gemmlab.cli.root import main
-
-    monkeypatch.setattr(sys, "argv", ["gemmlab", *map(str, argv)])
-    with pytest.raises(SystemExit) as e:
-        main()
-    got = capsys.readouterr()
-    return e.value.code, got.out, got.err
 
 
 @pytest.fixture
