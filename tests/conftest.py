@@ -16,6 +16,26 @@ os.environ["GEMMLAB_CONFIGS"] = tempfile.mkdtemp(prefix="gemmlab-test-configs-")
 import pytest  # noqa: E402
 
 
+def workers() -> int:
+    """How many processes run the tests: one per core without CUDA (the interpreter is CPU-bound, and many tests
+    wait on child processes), at most 8 (each holds torch); none with CUDA (all in pytest's own process), where
+    tests that time the device must not share it."""
+    if DEVICE == "cuda":
+        return 0
+    return max(1, min(8, len(os.sched_getaffinity(0))))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """With pytest-xdist installed (the ``test`` extra) and no ``-n`` given, spread the tests over ``workers()``
+    processes; ``-n 0`` (or ``-p no:xdist``) runs them all in this one."""
+    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", 0) is None \
+            and "PYTEST_XDIST_WORKER" not in os.environ and not config.option.collectonly:
+        config.option.numprocesses = workers()
+        if config.option.numprocesses and config.option.dist == "no":
+            config.option.dist = "worksteal"  # the long tests do not leave one worker idle at the end
+
+
 def pytest_collection_modifyitems(config, items):
     """The one place where a test is skipped for the device it runs on: `gpu` tests without CUDA, `cpu_only` tests
     with it (the marker's argument says why)."""
