@@ -193,3 +193,38 @@ def test_quantize_swaps_linears_and_experts_and_keeps_routers_and_lm_head(device
         gemmlab.quantize_("model")
     with pytest.raises(ValueError, match="the model itself is a Linear"):
         gemmlab.quantize_(torch.nn.Linear(16, 16))
+
+
+def test_fp8_experts_refuse_bad_calls(device):
+    fe = gnn.Fp8MoEExperts.from_experts(_experts(4, 128, 32, device), dispatch="torch")
+    x = torch.randn(3, 128, device=device, dtype=BF16)
+    ids, w = torch.zeros(3, 2, dtype=torch.int64, device=device), torch.ones(3, 2, device=device)
+    with pytest.raises(ValueError, match="Fp8MoEExperts: input must be \\(..., hidden=128\\)"):
+        fe(x[:, :64], ids, w)
+    with pytest.raises(RuntimeError, match="inference only"):
+        fe(x.requires_grad_(), ids, w)
+    with torch.no_grad(), pytest.raises(ValueError, match="top_k_index must be in \\[0, E=4\\)"):
+        fe(x, ids + 7, w)  # the torch emulation's own id check (the op checks on the device)
+    with pytest.raises(ValueError, match="from_experts: needs materialized 3-D"):
+        gnn.Fp8MoEExperts.from_experts(torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="down_proj must be a 3-D"):
+        gnn.Fp8MoEExperts.from_fp8(None, None, torch.zeros(4, 4), None)
+    q = torch.zeros(128, 128, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="weight and its scale must be on one device"):
+        gnn.Fp8Linear.from_fp8(q, torch.ones(1, 1, device="meta"))
+
+
+def test_quantize_reports_what_it_cannot_make_fp8(device):
+    fp8 = pytest.importorskip("transformers.integrations.finegrained_fp8")
+    model = torch.nn.Module()
+    model.odd = gnn.MoE(120, 32, 4, 2, device=device, dtype=BF16)  # H % 16 != 0
+    model.other = fp8.FP8Linear(128, 128, block_size=(64, 64))  # another FP8 scheme
+    with pytest.warns(UserWarning) as caught:
+        _, summary = gemmlab.quantize_(model, return_summary=True)
+    assert summary["fp8"] == [] and len(summary["skipped"]) == 2, summary
+    said = " ".join(str(w.message) for w in caught)
+    assert "H=120, I=32: FP8 experts need multiples of 16" in said and "weight block size (64, 64)" in said, said
+    with pytest.raises(TypeError, match="skip must be a tuple of module names"):
+        gemmlab.quantize_(model, skip="lm_head")
+    with pytest.raises(ValueError, match="dispatch 'gemmlab': auto or torch"):
+        gemmlab.quantize_(model, dispatch="gemmlab")
