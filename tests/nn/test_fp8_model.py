@@ -173,3 +173,10 @@ def test_patch_fp8_refuses_before_it_changes_anything(device):
         gemmlab.patch(model, fp8="yes")
     with pytest.warns(UserWarning, match="Hugging Face experts modules left"):
         gemmlab.quantize_(model)  # quantize_ alone leaves transformers' bf16 experts, and says so
+
+
+@pytest.mark.parametrize("kw,kinds", [({"moe": "none"}, {gnn.Fp8Linear}), ({"linear": False}, {gnn.Fp8MoEExperts})])
+def test_patch_fp8_respects_what_patch_is_told_to_leave(kw, kinds, device):
+    model = tiny("deepseek-v3", device)
+    summary = patched_fp8(model, **kw)
+    assert {type(model.get_submodule(p)) for p in summary["fp8"]} == kinds, summary

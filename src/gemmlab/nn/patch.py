@@ -195,7 +195,8 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
         raise TypeError(f"patch: fp8 must be a bool, got {fp8!r}")
     if fp8 and (dtype is None or dtype not in DTYPES):
         _convert(model, dtype)  # (no conversion asked: only its checks, before anything changes)
-    first = fp8_swaps(model) if fp8 else None  # an FP8 checkpoint's modules first (their weights are not fp16/bf16)
+    kinds = {"linears": linear, "want_experts": moe != "none"}
+    first = fp8_swaps(model, **kinds) if fp8 else None  # an FP8 checkpoint's modules first (not fp16/bf16 weights)
     have, converted = _convert(model, dtype)
     summary = PatchSummary(dtype=str(have).removeprefix("torch."), converted=converted, dispatch=dispatch,
                            linear=[], moe_block=[], moe_experts=[], matched={}, skipped=[], linear_shapes=[])
@@ -252,7 +253,7 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
     for name, new in swaps:
         model.set_submodule(name, new)
     if first is not None:  # then what patch made gemmlab's: experts, and Linears it would have kept in bf16
-        then = fp8_swaps(model)
+        then = fp8_swaps(model, **kinds)
         summary.update(fp8=first["fp8"] + then["fp8"], fp8_kept=then["kept"])
         skipped += then["skipped"]
     summary["skipped"] = [f"{path} ({cls}): {why}" for path, cls, why in skipped]

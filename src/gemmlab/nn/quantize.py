@@ -60,9 +60,11 @@ def _hf_experts(mod: nn.Module) -> bool:
                if n in ("gate_up_proj", "down_proj", "up_proj"))
 
 
-def fp8_swaps(model: nn.Module, skip: tuple[str, ...] = ("lm_head",), dispatch: str = "auto") -> dict:
+def fp8_swaps(model: nn.Module, skip: tuple[str, ...] = ("lm_head",), dispatch: str = "auto", *,
+              linears: bool = True, want_experts: bool = True) -> dict:
     """The swaps of ``quantize_``, done: {"fp8": paths replaced, "kept": ["path: why"], "skipped": [(path, class,
-    why)], "hf_experts": paths of bf16 Hugging Face experts modules left (``patch(model, fp8=True)`` swaps them)}."""
+    why)], "hf_experts": paths of bf16 Hugging Face experts modules left (``patch(model, fp8=True)`` swaps them)}.
+    ``linears`` / ``want_experts`` False: leave that kind as it is (patch's ``linear=False`` and ``moe="none"``)."""
     mods = dict(model.named_modules())
     done: dict = {"fp8": [], "kept": [], "skipped": [], "hf_experts": []}
     swaps: list[tuple[str, nn.Module]] = []
@@ -73,9 +75,12 @@ def fp8_swaps(model: nn.Module, skip: tuple[str, ...] = ("lm_head",), dispatch: 
         cls, leaf = type(mod).__name__, name.rpartition(".")[2]
         parent = mods.get(name.rpartition(".")[0]) if name else None
         fp8_weight = getattr(mod, "weight", None) is not None and getattr(mod.weight, "dtype", None) == FP8
-        linear = type(mod) in (nn.Linear, Linear) or (cls == "FP8Linear" and isinstance(mod, nn.Linear))
+        linear = linears and (type(mod) in (nn.Linear, Linear) or (cls == "FP8Linear" and isinstance(mod, nn.Linear)))
         experts = isinstance(mod, MoEExperts) or _hf_experts(mod) or (
             getattr(getattr(mod, "gate_up_proj", None), "dtype", None) == FP8)
+        if experts and not want_experts:
+            replaced += (name + ".",)
+            continue
         if (linear or experts) and (name in skip or leaf in skip):
             done["kept"].append(f"{name}: named in skip")
             replaced += (name + ".",)
