@@ -152,6 +152,17 @@ def test_fp8_experts_within_the_fp8_bound(e, h, i, t, k, dispatch, device):
     assert res["ok"], res
 
 
+def test_fp8_experts_hold_the_experts_weights(device):
+    """from_experts holds each expert's weights to e4m3's precision per 128x128 block (half an e4m3 ulp, 2^-4,
+    relative; blocks straddle gate and up where I % 128 != 0, as the op's layout has them)."""
+    ex = _experts(3, 256, 144, device)
+    fe = gnn.Fp8MoEExperts.from_experts(ex)
+    for name in ("gate_up_proj", "down_proj"):
+        w = getattr(ex, name).detach().float()
+        deq = gnn.fp8.dequantize(getattr(fe, name), getattr(fe, name + "_scale_inv"), 128, 128)
+        assert ((deq - w).abs() <= 2.0**-4 * w.abs() + 2.0**-9 * w.abs().amax(dim=(1, 2), keepdim=True)).all(), name
+
+
 def test_fp8_experts_load_and_refuse_checkpoints(device):
     fe = gnn.Fp8MoEExperts.from_experts(_experts(2, 128, 64, device))
     sd = fe.state_dict()
