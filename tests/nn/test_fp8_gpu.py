@@ -89,3 +89,16 @@ def test_a_qwen3_30b_a3b_sized_model_in_fp8():
     ms_fp8, ms_bf16 = _prefill_ms(fp8, ids), _prefill_ms(bf16, ids)
     print(f"\nprefill 1 x 1024, 2 layers at Qwen3-30B-A3B dims: fp8 {ms_fp8:.3f} ms, bf16-patched {ms_bf16:.3f} ms, "
           f"{ms_bf16 / ms_fp8:.2f}x")
+
+
+def test_fp8_modules_compile_fullgraph():
+    """Both FP8 modules trace whole (gemmlab's FP8 ops are torch.library custom ops) and compute what eager does."""
+    torch.manual_seed(0)
+    f = gnn.Fp8Linear.from_linear(torch.nn.Linear(2048, 4096, device="cuda", dtype=BF16))
+    fe = gnn.Fp8MoEExperts.from_experts(gnn.MoEExperts(16, 2048, 768, device="cuda", dtype=BF16))
+    x = torch.randn(64, 2048, device="cuda", dtype=BF16)
+    ids = torch.stack([torch.randperm(16, device="cuda")[:4] for _ in range(64)]).to(torch.int32)
+    w = torch.softmax(torch.randn(64, 4, device="cuda"), -1)
+    with torch.no_grad():
+        assert torch.equal(torch.compile(f, fullgraph=True)(x), f(x))
+        assert torch.equal(torch.compile(fe, fullgraph=True)(x, ids, w), fe(x, ids, w))
