@@ -84,6 +84,8 @@ def test_fp8_linear_loads_a_checkpoint_state_dict(device):
         pow2 = torch.exp2(torch.log2(sd["weight_scale_inv"]).ceil())
         g.load_state_dict({**sd, "weight_scale_inv": pow2.to(torch.float8_e8m0fnu)})
         assert torch.equal(g.weight_scale_inv, pow2) and g.weight_scale_inv.dtype == torch.float32
+    g.load_state_dict({**sd, "weight_scale_inv": sd["weight_scale_inv"].to(BF16)}, assign=True)
+    assert g.weight_scale_inv.dtype == torch.float32  # (assign=True too: the scales are held in fp32)
 
 
 @pytest.mark.parametrize("bad,match", [

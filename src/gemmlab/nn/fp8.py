@@ -102,12 +102,16 @@ class _HeldDtypes(nn.Module):
         return self
 
     def _check_state(self, state_dict: dict, prefix: str) -> None:
-        """Every FP8 pair present in a state dict, checked before torch copies (and casts) it."""
+        """Every FP8 pair present in a state dict, checked before torch copies (and casts) it; scales in another
+        float dtype converted to fp32 (exactly) in load_state_dict's own copy of the dict, so that ``assign=True``
+        holds fp32 scales too."""
         for w in self.HELD[::2]:
-            if prefix + w in state_dict or prefix + w + "_scale_inv" in state_dict:
+            key = prefix + w + "_scale_inv"
+            if prefix + w in state_dict or key in state_dict:
                 check_fp8_weight(type(self).__name__, prefix + w, state_dict.get(prefix + w, self._buffers[w]),
-                                 state_dict.get(prefix + w + "_scale_inv", self._buffers[w + "_scale_inv"]),
-                                 tuple(self._buffers[w].shape))
+                                 state_dict.get(key, self._buffers[w + "_scale_inv"]), tuple(self._buffers[w].shape))
+            if key in state_dict and state_dict[key].dtype != torch.float32:
+                state_dict[key] = state_dict[key].float()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
