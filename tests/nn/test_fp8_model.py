@@ -6,7 +6,9 @@ transformers itself loaded in FP8 (its FP8Linear / FP8Experts) taken over by ``p
 The tolerance: the FP8 model's logits may differ from the dequantized bf16 model's by at most twice what the same FP8
 arithmetic makes in torch (the modules' ``dispatch="torch"`` emulation: quantized activations, dequantized weights,
 fp32 products), plus one bf16 ulp of the largest logit; the difference is the activations' e4m3 rounding, which
-both make."""
+both make. That compares the kernels with the emulation; the weights themselves are pinned elsewhere: a loaded
+checkpoint's tensors are held bit for bit (below), and each module computes w * scale_inv per 128x128 block within
+the float64 reference's bound (test_fp8_modules.py)."""
 
 import copy
 import warnings
