@@ -19,6 +19,7 @@ fake implementations and autograd: they trace under torch.compile(fullgraph=True
     moe_fp8_ref(x, packed, weights, ids)   the float64 reference of the FP8 experts (moe_fp8_check: the tolerance)
     nn.Linear, nn.MoE                  drop-in modules (nn.Linear-compatible; router + experts)
     patch(model)                       swap a model's nn.Linear and Hugging Face MoE blocks for gemmlab's
+    quantize_(model)                   swap Linears and gemmlab's experts for FP8 ones (patch(model, fp8=True): all)
 
 ``import gemmlab`` registers the ops (``torch.ops.gemmlab.*``, from ``gemmlab.ops.custom``: torch and the argument
 checks only) and imports no kernel: names load on first use, and each op loads its launcher on its first call.
@@ -44,6 +45,7 @@ _EXPORTS = {
     "Plan": "gemmlab.ops.gemm", "paths": "gemmlab.ops.gemm", "gemm_ref": "gemmlab.ref",
     "route": "gemmlab.ops.moe", "grouped_gemm": "gemmlab.ops.moe", "moe_forward": "gemmlab.ops.moe",
     "pack_moe_weights": "gemmlab.ops.moe", "PackedMoE": "gemmlab.ops.moe", "patch": "gemmlab.nn",
+    "quantize_": "gemmlab.nn",
     "gemm_fp8": "gemmlab.ops.gemm_fp8", "quantize_fp8": "gemmlab.ops.gemm_fp8", "gemm_fp8_ref": "gemmlab.ref",
     "pack_moe_fp8": "gemmlab.ops.moe_fp8", "PackedMoEFP8": "gemmlab.ops.moe_fp8",
     "grouped_gemm_fp8": "gemmlab.ops.moe_fp8", "moe_fp8_ref": "gemmlab.ref",
@@ -51,12 +53,12 @@ _EXPORTS = {
 _MODULES = {"nn": "gemmlab.nn"}  # submodules that load on first use
 __all__ = ["GemmConfig", "PackedB", "PackedMoE", "PackedMoEFP8", "Plan", "gemm", "gemm_colmajor", "gemm_fp8",
            "gemm_fp8_ref", "gemm_ref", "grouped_gemm", "grouped_gemm_fp8", "moe_forward", "moe_fp8_ref", "nn", "pack_b",
-           "pack_moe_fp8", "pack_moe_weights", "patch", "paths", "plan", "quantize_fp8", "route"]
+           "pack_moe_fp8", "pack_moe_weights", "patch", "paths", "plan", "quantize_", "quantize_fp8", "route"]
 check_triton()  # once: the shipped GPU configs were tuned with one Triton (configs/*.json "triton")
 
 if TYPE_CHECKING:
     from gemmlab import nn
-    from gemmlab.nn import patch
+    from gemmlab.nn import patch, quantize_
     from gemmlab.ops.gemm import GemmConfig, PackedB, Plan, gemm, gemm_colmajor, pack_b, paths, plan
     from gemmlab.ops.gemm_fp8 import gemm_fp8, quantize_fp8
     from gemmlab.ops.moe import PackedMoE, grouped_gemm, moe_forward, pack_moe_weights, route

@@ -17,11 +17,19 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k; M rows, N
         for MoEExperts (whole softmax-routed blocks for MoE), by family name or by structure, sharing the model's
         Parameter objects; reports and warns about what it leaves (``gemmlab.nn.patch``, ``gemmlab.nn.families``).
     choices()  every per-shape Linear choice made or loaded in this process.
+    Fp8Linear, Fp8MoEExperts  FP8 (e4m3) modules: weights with 128x128 block scales ``*_scale_inv`` (DeepSeek-V3's
+        and the Qwen3 FP8 checkpoints' names and convention), activations quantized per 1x128 block on the fly
+        (``gemmlab.nn.fp8``); inference only.
+    quantize_(model)  swap Linears and gemmlab's experts for the FP8 modules, in place (``gemmlab.nn.quantize``);
+        ``patch(model, fp8=True)`` does it for a Hugging Face model, its experts included.
 """
 
+from gemmlab.nn.fp8 import Fp8Linear, Fp8MoEExperts
 from gemmlab.nn.linear import DTYPES, Linear
 from gemmlab.nn.moe import MoE, MoEExperts
 from gemmlab.nn.patch import PatchSummary, patch
 from gemmlab.nn.per_shape import choices
+from gemmlab.nn.quantize import quantize_
 
-__all__ = ["DTYPES", "Linear", "MoE", "MoEExperts", "PatchSummary", "choices", "patch"]
+__all__ = ["DTYPES", "Fp8Linear", "Fp8MoEExperts", "Linear", "MoE", "MoEExperts", "PatchSummary", "choices", "patch",
+           "quantize_"]

@@ -28,6 +28,7 @@ from gemmlab.nn import per_shape
 from gemmlab.nn.families import BY_BLOCK, BY_EXPERTS
 from gemmlab.nn.linear import DTYPES, Linear, check_policy
 from gemmlab.nn.moe import MoE, MoEExperts
+from gemmlab.nn.quantize import fp8_swaps
 
 MOE_MODES = ("auto", "experts", "none")
 
@@ -131,7 +132,7 @@ def _dominant_dtype(model: nn.Module) -> torch.dtype | None:
     """The floating dtype holding most of the model's parameter elements."""
     count: Counter = Counter()
     for p in model.parameters():
-        if p.is_floating_point():
+        if p.is_floating_point() and p.element_size() > 1:  # (an FP8 checkpoint's e4m3 weights: not the dtype)
             count[p.dtype] += p.numel()
     return count.most_common(1)[0][0] if count else None
 
@@ -169,7 +170,7 @@ def _warn_skipped(skipped: list[tuple[str, str, str]]) -> None:
 
 
 def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: torch.dtype | None = None,
-          dispatch: str = "auto", return_summary: bool = False, warn: bool = True):
+          dispatch: str = "auto", return_summary: bool = False, warn: bool = True, fp8: bool = False):
     """Swap ``model``'s nn.Linear layers and MoE experts for gemmlab's, in place (see the module docstring).
 
     ``moe``: "auto" (``families`` "block" rows become gemmlab.nn.MoE, other fitting experts MoEExperts; experts
@@ -178,7 +179,10 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
     ``dtype``: convert the model to torch.float16 / torch.bfloat16 first (in place); without it an fp32 model is
     refused (TypeError), never silently left as it was. ``dispatch``: the patched Linears' policy ("auto": per
     shape, measured on first use; "gemmlab"; "torch"). ``warn``: one UserWarning per skipped module class.
-    Returns the model, or (model, PatchSummary) with ``return_summary``."""
+    ``fp8``: also make the Linears and experts FP8 (``gemmlab.nn.quantize.quantize_``: e4m3 weights with 128x128
+    block scales, quantized from the model's weights or taken from an FP8 checkpoint's; the lm_head, routers and
+    shared-expert gates stay), the summary's "fp8" and "fp8_kept" saying which. Returns the model, or (model,
+    PatchSummary) with ``return_summary``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch: model must be a torch.nn.Module, got {type(model).__name__}")
     if moe not in MOE_MODES:
@@ -187,6 +191,12 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
     if isinstance(model, (nn.Linear, MoEExperts, MoE)) or BY_BLOCK.get(type(model).__name__) is not None:
         raise ValueError("patch: the model itself is an nn.Linear or MoE block; patch its parent, or use "
                          "gemmlab.nn.Linear.sharing / MoEExperts.sharing")
+    if not isinstance(fp8, bool):
+        raise TypeError(f"patch: fp8 must be a bool, got {fp8!r}")
+    if fp8 and (dtype is None or dtype not in DTYPES):
+        _convert(model, dtype)  # (no conversion asked: only its checks, before anything changes)
+    kinds = {"linears": linear, "want_experts": moe != "none"}
+    first = fp8_swaps(model, **kinds) if fp8 else None  # an FP8 checkpoint's modules first (not fp16/bf16 weights)
     have, converted = _convert(model, dtype)
     summary = PatchSummary(dtype=str(have).removeprefix("torch."), converted=converted, dispatch=dispatch,
                            linear=[], moe_block=[], moe_experts=[], matched={}, skipped=[], linear_shapes=[])
@@ -242,6 +252,10 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
                          "gemmlab.nn.MoEExperts.sharing")
     for name, new in swaps:
         model.set_submodule(name, new)
+    if first is not None:  # then what patch made gemmlab's: experts, and Linears it would have kept in bf16
+        then = fp8_swaps(model, **kinds)
+        summary.update(fp8=first["fp8"] + then["fp8"], fp8_kept=then["kept"])
+        skipped += then["skipped"]
     summary["skipped"] = [f"{path} ({cls}): {why}" for path, cls, why in skipped]
     if warn:
         _warn_skipped(skipped)
