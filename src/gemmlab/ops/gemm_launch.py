@@ -25,7 +25,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.kernels.gemm import gemm_portable_kernel, gemm_tma_persistent_kernel, gemm_tma_splitk_kernel
 from gemmlab.kernels.gemv import gemv_kernel
-from gemmlab.ops import configs
+from gemmlab.ops import cache
 from gemmlab.ops import direct as direct_launch
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.gemm_checks import operands
@@ -39,12 +39,13 @@ KERNELS = {
     "gemv": gemv_kernel,
     "portable": gemm_portable_kernel,
 }
-_LAST: dict[str, object] = {}  # path -> the CompiledKernel of its latest launch (what the tuner inspects)
+# path -> the CompiledKernel of its latest launch (what the tuner inspects): one entry per kernel path
+LAST = cache.bounded("gemm.last_kernel", size=len(KERNELS), clear_on_reload=False)
 
 
 def last_kernel(path: str):
     """The compiled kernel the latest launch of ``path`` ran (None under the interpreter or before any)."""
-    k = _LAST.get(path)
+    k = LAST.get(path)
     return k if hasattr(k, "asm") else None
 
 
@@ -113,7 +114,10 @@ def launch_staged(L: Launch, a, b, c) -> None:
 # ------------------------------------------------------------------------------------------ arguments
 
 
-_SCRATCH: dict[tuple, tuple] = {}  # (device, stream) -> (workspace, counters, their addresses, their sizes)
+# (device, stream) -> (workspace, counters, their addresses, their sizes). Bounded like every cache: a stream's
+# buffers dropped while a launch on it is in flight go back to the caching allocator, which hands them out again
+# only in that stream's order, and a stream seen again gets fresh (zeroed) ones.
+SCRATCH = cache.bounded("gemm.scratch", clear_on_reload=False)
 
 
 def _splitk_scratch(scratch: tuple, c: torch.Tensor, where: tuple[int, int] | None = None) -> tuple:
@@ -134,12 +138,12 @@ def _splitk_scratch(scratch: tuple, c: torch.Tensor, where: tuple[int, int] | No
             where = (index, torch._C._cuda_getCurrentRawStream(index))
     else:
         where = (-1, 0)
-    bufs = _SCRATCH.get(where)
+    bufs = SCRATCH.get(where)
     if bufs is None or bufs[4] < ws_elems or bufs[5] < tiles:
         ws_elems, tiles = max(ws_elems, bufs[4] if bufs else 0), max(tiles, bufs[5] if bufs else 0, 1024)
         ws = torch.empty(ws_elems, dtype=torch.float32, device=c.device)
         cnt = torch.zeros(tiles, dtype=torch.int32, device=c.device)
-        bufs = _SCRATCH[where] = (ws, cnt, ws.data_ptr(), cnt.data_ptr(), ws_elems, tiles)
+        bufs = SCRATCH[where] = (ws, cnt, ws.data_ptr(), cnt.data_ptr(), ws_elems, tiles)
     return bufs
 
 
@@ -150,7 +154,7 @@ def _scratch_args(scratch: tuple, c: torch.Tensor) -> list:
 
 def counters() -> list[torch.Tensor]:
     """The split-K arrival counters kept so far (each launch leaves them zero)."""
-    return [bufs[1] for bufs in _SCRATCH.values()]
+    return [bufs[1] for bufs in SCRATCH.values()]
 
 
 def direct_args(L: Launch, a, b, c) -> list:
@@ -183,11 +187,11 @@ def launch(L: Launch, a, b, c) -> None:
             fire_direct(L, a, b, c)
         else:
             kept_launch.run(L.kept, L.grid, direct_args(L, a, b, c))
-            _LAST[L.path] = L.kept.compiled
+            LAST[L.path] = L.kept.compiled
         return
     args = jit_args(L, a, b, c)
     compiled = L.kernel[L.grid](*args, **L.consts, **L.opts)
-    _LAST[L.path] = compiled
+    LAST[L.path] = compiled
     if L.keep:
         L.kept = kept_launch.keep(L.kernel, compiled, len(args), L.consts)
         L.direct = direct_launch.direct(L.kept, sum(d is not None for d in L.descs))
@@ -209,7 +213,7 @@ def fire_direct(L: Launch, a, b, c, ptrs: tuple[int, int, int] | None = None) ->
         params += _splitk_scratch(L.scratch, c, (L.kept.device, stream))[2:4] if L.scratch[0] else (ptrs[2], ptrs[2])
     params += L.ints
     direct_launch.fire(d, L.grid, stream, params)
-    _LAST[L.path] = L.kept.compiled
+    LAST[L.path] = L.kept.compiled
 
 
 def execute(p: Plan, a, b, c, L: Launch | None = None) -> None:
@@ -232,9 +236,9 @@ def execute(p: Plan, a, b, c, L: Launch | None = None) -> None:
 # Per signature (shapes, strides, dtypes, devices, 16-byte alignment of each base, out's layout): the plan and its
 # prepared launch (with its compiled kernel once launched). Filled on first use of a signature, after every check;
 # a hit skips the checks the key already proves. Plans come from the config tables as loaded when the signature
-# was first seen; ``configs.reload()`` (tests, ``gemmlab tune``) clears the cache.
-CACHE: dict[tuple, Entry] = {}
-CACHE_SIZE = 4096  # signatures kept
+# was first seen; ``configs.reload()`` (tests, ``gemmlab tune``) clears the cache. Least recently used out first,
+# at the bound of ``ops.cache`` (GEMMLAB_CACHE_SIZE): training's per-expert weight gradients vary K every step.
+CACHE = cache.bounded("gemm.plans")
 
 
 @dataclass(eq=False, slots=True)
@@ -250,9 +254,8 @@ class Entry:
     extents: tuple[int, int, int] | None  # bytes spanned by a, b and out (out given), for the overlap check
 
 
-@configs.on_reload
 def clear_cache() -> None:
-    """Forget every cached plan and launch (``configs.reload()`` calls this)."""
+    """Forget every cached plan and launch (``configs.reload()`` does this too, through ``ops.cache``)."""
     CACHE.clear()
 
 
@@ -277,9 +280,7 @@ def _admit(a, b, out, key) -> Entry | torch.Tensor:
     extents = (extent(a), extent(b), extent(out)) if out is not None else None
     entry = Entry(p, prepare(p, keep=key is not None), (a.shape[0], b.shape[1]), p.dtype, a.device, swap, extents)
     if key is not None:
-        if len(CACHE) >= CACHE_SIZE:  # a bound: training's per-expert weight gradients vary K every step
-            CACHE.pop(next(iter(CACHE)))  # the oldest signature goes (dicts keep insertion order)
-        CACHE[key] = entry
+        CACHE[key] = entry  # (the least recently used signature goes beyond the bound)
     return entry
 
 
