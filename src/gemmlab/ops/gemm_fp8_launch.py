@@ -188,7 +188,7 @@ class Fp8Entry:
 # Per signature (each tensor's shape, strides, dtype, device and 16-byte alignment, out_dtype): the plan and its
 # launch. Filled on a signature's first call after every check; least recently used out first (``ops.cache``).
 PLANS = cache.bounded("gemm_fp8.plans")
-LAST = cache.bounded("gemm_fp8.last_kernel", size=1, clear_on_reload=False)  # the latest launch's compiled kernel
+_LAST: dict[str, object] = {}  # "gemm_fp8" -> the latest launch's compiled kernel (one key: bounded, a plain store)
 
 
 def clear_plans() -> None:
@@ -198,7 +198,7 @@ def clear_plans() -> None:
 
 def last_kernel():
     """The compiled kernel of the latest ``gemm_fp8`` launch (None under the interpreter or before any)."""
-    k = LAST.get("gemm_fp8")
+    k = _LAST.get("gemm_fp8")
     return k if hasattr(k, "asm") else None
 
 
@@ -289,9 +289,9 @@ def launch_fp8(e: Fp8Entry, a, b, a_scale, b_scale, c, ptrs: tuple) -> None:
                                direct_params(e, ptrs))
         else:
             kept_launch.run(slot.kept, slot.grid, _kept_args(e, a, b, a_scale, b_scale, c))
-        LAST["gemm_fp8"] = slot.kept.compiled
+        _LAST["gemm_fp8"] = slot.kept.compiled
         return
-    LAST["gemm_fp8"] = kept_launch.fire(slot, _jit_args(e, a, b, a_scale, b_scale, c), False)
+    _LAST["gemm_fp8"] = kept_launch.fire(slot, _jit_args(e, a, b, a_scale, b_scale, c), False)
     e.direct = direct_launch.direct(slot.kept, sum(s is not None for s in e.descs))
 
 

@@ -39,13 +39,14 @@ KERNELS = {
     "gemv": gemv_kernel,
     "portable": gemm_portable_kernel,
 }
-# path -> the CompiledKernel of its latest launch (what the tuner inspects): one entry per kernel path
-LAST = cache.bounded("gemm.last_kernel", size=len(KERNELS), clear_on_reload=False)
+# path -> the CompiledKernel of its latest launch (what the tuner inspects). Bounded by construction, one entry per
+# kernel path (KERNELS' keys), and a plain dict: the hot path's write stays one store.
+_LAST: dict[str, object] = {}
 
 
 def last_kernel(path: str):
     """The compiled kernel the latest launch of ``path`` ran (None under the interpreter or before any)."""
-    k = LAST.get(path)
+    k = _LAST.get(path)
     return k if hasattr(k, "asm") else None
 
 
@@ -187,11 +188,11 @@ def launch(L: Launch, a, b, c) -> None:
             fire_direct(L, a, b, c)
         else:
             kept_launch.run(L.kept, L.grid, direct_args(L, a, b, c))
-            LAST[L.path] = L.kept.compiled
+            _LAST[L.path] = L.kept.compiled
         return
     args = jit_args(L, a, b, c)
     compiled = L.kernel[L.grid](*args, **L.consts, **L.opts)
-    LAST[L.path] = compiled
+    _LAST[L.path] = compiled
     if L.keep:
         L.kept = kept_launch.keep(L.kernel, compiled, len(args), L.consts)
         L.direct = direct_launch.direct(L.kept, sum(d is not None for d in L.descs))
@@ -213,7 +214,7 @@ def fire_direct(L: Launch, a, b, c, ptrs: tuple[int, int, int] | None = None) ->
         params += _splitk_scratch(L.scratch, c, (L.kept.device, stream))[2:4] if L.scratch[0] else (ptrs[2], ptrs[2])
     params += L.ints
     direct_launch.fire(d, L.grid, stream, params)
-    LAST[L.path] = L.kept.compiled
+    _LAST[L.path] = L.kept.compiled
 
 
 def execute(p: Plan, a, b, c, L: Launch | None = None) -> None:

@@ -29,7 +29,7 @@ from gemmlab.ops.moe_checks import check_grouped_args, device_check
 from gemmlab.ops.moe_config import Mode, MoEConfig, moe_config
 
 _KEPT = cache.bounded("grouped.kept")  # kept compiled kernels of these launches, per specialization (launch.start)
-LAST = cache.bounded("grouped.last_kernel", size=1, clear_on_reload=False)  # "grouped" -> its latest launch's
+_LAST: dict[str, object] = {}  # "grouped" -> its latest launch's compiled kernel (one key: bounded, a plain store)
 
 
 def w2d(w: torch.Tensor) -> torch.Tensor:
@@ -142,17 +142,17 @@ def launch_grouped(mode: Mode, a: torch.Tensor, a_rows: torch.Tensor | None, w: 
     args = grouped_args(g, a, a_rows, w_rows, out, scale, offsets, tile_offsets, jit_desc, pre)
     compiled = kept_launch.start(_KEPT, g.slot.kernel, g.slot.grid, args, g.slot.consts, g.slot.opts)
     if compiled is not None:
-        LAST["grouped"] = compiled
+        _LAST["grouped"] = compiled
 
 
 def fire_grouped(g: GroupedLaunch, args: list, direct: bool) -> None:
     """Launch a planned grouped launch (``ops.launch.fire``), recording the compiled kernel."""
-    LAST["grouped"] = kept_launch.fire(g.slot, args, direct)
+    _LAST["grouped"] = kept_launch.fire(g.slot, args, direct)
 
 
 def last_kernel():
     """The compiled grouped kernel of the latest launch (None under the interpreter or before any)."""
-    k = LAST.get("grouped")
+    k = _LAST.get("grouped")
     return k if hasattr(k, "asm") else None
 
 
