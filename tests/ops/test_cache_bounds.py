@@ -1,5 +1,5 @@
-"""No cache of the ops grows without bound (issue 30): gemm, quantize_fp8, gemm_fp8, grouped_gemm and
-grouped_gemm_fp8 called with 10,000 distinct signatures leave every ``ops.cache`` cache at or under its bound, and
+"""No cache of the ops grows without bound (issue 30): gemm, quantize_fp8, gemm_fp8, grouped_gemm, grouped_gemm_fp8
+and the routing sort called with 10,000 distinct signatures leave every ``ops.cache`` cache at or under its bound, and
 no other container of ``gemmlab.ops`` grown past it; a signature dropped from its cache plans again, correctly.
 
 The 10,000 calls run in a child process under Triton's interpreter with the kernels' execution replaced by a
@@ -28,7 +28,8 @@ from tests.paths import REPO
 
 SIGNATURES = 10_000
 BOUND = 8  # entries per cache in the child: small, so 10,000 signatures overflow every cache many times
-FILLED = ("gemm.plans", "gemm_fp8.plans", "quantize_fp8.plans", "grouped.kept")  # what these calls must fill
+# the caches these calls must fill (a test that filled none would pass for nothing)
+FILLED = ("gemm.plans", "gemm_fp8.plans", "quantize_fp8.plans", "grouped.kept", "moe_routing.kept")
 # containers of gemmlab.ops outside this branch's files that still grow per signature: another branch bounds them
 # (when it has, the last assertion of the test fails: drop the entry)
 KNOWN_UNBOUNDED = {"gemmlab.ops.moe_fp8_launch._KEPT"}
@@ -56,6 +57,7 @@ def child(n: int, bound: int) -> dict:
     import triton.runtime.interpreter as interpreter
 
     from gemmlab.ops import launch
+    from gemmlab.ops.moe import sort_routes
 
     ran = {"jit": 0, "kept": 0}
 
@@ -83,6 +85,7 @@ def child(n: int, bound: int) -> dict:
     sa, sb = torch.ones(()), torch.ones(())
     w16 = torch.randn(2, e, k, generator=g).half()
     wq, ws, xs = w16.to(torch.float8_e4m3fn), torch.ones(2, 1, 1), torch.ones(n, 1)
+    ids = torch.randint(0, 2, (n, 1), generator=g, dtype=torch.int32)
 
     def calls(m: int) -> None:
         offsets = torch.tensor([m // 2, m], dtype=torch.int32)
@@ -91,6 +94,7 @@ def child(n: int, bound: int) -> dict:
         gemmlab.gemm_fp8(qa[:m], qb, sa, sb)
         gemmlab.grouped_gemm(a16[:m], w16, offsets, validate=False)
         gemmlab.grouped_gemm_fp8(qa[:m], wq, offsets, xs[:m], ws, validate=False)
+        sort_routes(ids[:m], 2, 16)  # (the routing launches' kept kernels)
 
     calls(1)  # (every module loaded, every cache made, before the bound is set and the containers counted)
     cache.set_size(bound)
