@@ -14,6 +14,12 @@ K-major B K % 16 == 0, a row-major B N % 16 == 0, all bases 16-byte aligned. The
 else is a ValueError that says which operand and why (quantize into fresh tensors with K padded to 16, or pass B
 K-major). C is stored by TMA where its row stride allows, else through masked pointers (any N). Needs sm_90 (or the
 CPU under Triton's interpreter). Configs: the "gemm_fp8" section of the config tables (``ops.configs``).
+
+The launcher (``launch_gemm_fp8``) goes as ``gemm``'s does: a call's signature (each tensor's shape, strides, dtype,
+device and 16-byte alignment; out_dtype) looks up its ``Fp8Entry`` in ``PLANS`` (bounded, ``ops.cache``); a miss runs
+every check and plans, a hit checks only out's overlap with the inputs. The first launch goes through the JIT, later
+ones to the kept compiled kernel (``ops.launch``), through Triton's C launcher with each TMA descriptor encoded once
+per buffer (``ops.direct``) where it can.
 """
 
 from __future__ import annotations

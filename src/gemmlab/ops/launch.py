@@ -90,10 +90,12 @@ def _arg_key(x) -> object:
     return x  # ints (specialized by value), bools, None
 
 
-def start(cache: dict, kernel, grid: tuple, args: list, consts: dict, opts: dict):
+def start(cache, kernel, grid: tuple, args: list, consts: dict, opts: dict):
     """``kernel[grid](*args, **consts, **opts)``: directly when a kernel was kept for this specialization (the
     argument dtypes, 16-byte alignments, integer values, descriptor layouts, constexprs and options), else
-    through the JIT, keeping what it compiled. Returns the compiled kernel that ran (None under the interpreter)."""
+    through the JIT, keeping what it compiled. Returns the compiled kernel that ran (None under the interpreter).
+    ``cache``: the caller's ``ops.cache.bounded`` cache (its key holds integer values, so a token count is a key:
+    only a bounded cache keeps that from growing forever)."""
     grid = tuple(grid) + (1,) * (3 - len(grid))
     key = (kernel, grid, tuple(_arg_key(x) for x in args), tuple(consts.items()), tuple(opts.items()))
     kept = cache.get(key)
