@@ -157,3 +157,83 @@ def test_only_a_signatures_first_call_enters_the_jit(fresh, monkeypatch):
     assert entered["quantize"] == 2, entered  # (a (64, 512) and a (256, 512): two signatures)
     assert introspect.fp8_launch_mode(qa, qb, sa, sb, torch.bfloat16, out) == "direct"
     assert introspect.last_kernel("gemm_fp8") is not None
+
+
+@pytest.fixture
+def gpu_stand_in(monkeypatch):
+    """What a kept launch needs of a GPU, on the CPU: a device, a stream, and descriptors "encoded" as tuples naming
+    what was encoded (cuTensorMapEncodeTiled needs a GPU)."""
+    from triton.backends.nvidia import driver as nvidia
+
+    encoded = []
+
+    def fake_tensordesc(arg, meta):
+        encoded.append(meta)
+        return [("map", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), meta), *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(nvidia, "make_tensordesc_arg", fake_tensordesc)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
+    yield encoded
+
+
+def _fake_launcher(e: fp8.Fp8Entry, runtime_args: int, seen: list) -> launch.Kept:
+    """A CudaLauncher built by Triton's own code (``wrap_handle_tensordesc``) around a recording C launcher."""
+    import inspect
+
+    from triton.backends.nvidia import driver as nvidia
+
+    metas = [{"swizzle": 3, "slot": i} for i, s in enumerate(s for s in e.descs if s is not None)]
+    kinds = [f"tensordesc<fp8e4nv[{s[3][0]}, {s[3][1]}]>" if s is not None else "*bf16" for s in e.descs]
+    kinds += ["*fp32", "*fp32"] + ["i32"] * (runtime_args - 5)
+    names = list(inspect.signature(e.slot.kernel.fn).parameters)
+    sig = {i: kinds[i] if i < runtime_args else "constexpr" for i in range(len(names))}
+    run = object.__new__(nvidia.CudaLauncher)
+    run.launch = nvidia.wrap_handle_tensordesc(lambda *args: seen.append(args), sig, metas or None)
+    run.num_ctas, run.launch_cooperative_grid, run.launch_pdl = 1, False, False
+    run.global_scratch_size = run.global_scratch_align = run.profile_scratch_size = run.profile_scratch_align = 0
+    compiled = type("Compiled", (), {"metadata": type("Meta", (), {"tensordesc_meta": metas or None})()})()
+    return launch.Kept(run, 1234, "packed", launch.constexpr_tail(e.slot.kernel, runtime_args, e.slot.consts), 0,
+                       compiled)
+
+
+@pytest.mark.parametrize("n", [48, 20], ids=["c-tma", "c-pointer"])
+def test_the_direct_launch_hands_the_c_launcher_what_triton_does(fresh, gpu_stand_in, n):
+    """The argument tuple the C launcher gets from gemm_fp8's direct launch equals, position by position, the one
+    Triton's CudaLauncher (wrap_handle_tensordesc included) builds from the kept launch's arguments, pointers as
+    addresses; a hot public call then launches it again, entering none of the checks, the planner or Triton, and
+    encodes no descriptor again for the same buffers."""
+    import cProfile
+    import pstats
+
+    from gemmlab.ops import direct
+
+    qa, qb, sa, sb = _operands(5, n, 32)
+    out = torch.empty(5, n, dtype=torch.bfloat16, device=DEVICE)
+    gemmlab.gemm_fp8(qa, qb, sa, sb, out=out)  # plans, runs once through the JIT (interpreter)
+    e = fp8.PLANS[fp8.signature(qa, qb, sa, sb, torch.bfloat16, out)]
+    assert (e.descs[2] is not None) == (n == 48)
+    seen = []
+    runtime_args = len(fp8.jit_args(e, qa, qb, sa, sb, out))
+    e.slot.kept = _fake_launcher(e, runtime_args, seen)
+    e.direct = direct.direct(e.slot.kept, sum(s is not None for s in e.descs))
+    assert e.direct is not None
+    launch.run(e.slot.kept, e.slot.grid, fp8.kept_args(e, qa, qb, sa, sb, out))  # Triton's way
+    ptrs = tuple(t.data_ptr() for t in (qa, qb, sa, sb, out))
+    fp8.launch_fp8(e, qa, qb, sa, sb, out, ptrs)  # ours
+    theirs, ours = seen
+    assert len(ours) == len(theirs) and list(ours) == [x.data_ptr() if isinstance(x, torch.Tensor) else x
+                                                       for x in theirs]
+    assert all(not isinstance(x, torch.Tensor) for x in ours)
+    encoded = len(gpu_stand_in)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20):
+        gemmlab.gemm_fp8(qa, qb, sa, sb, out=out)
+    prof.disable()
+    assert len(seen) == 22 and len(gpu_stand_in) == encoded  # launched each time, nothing encoded again
+    entered = {(f, fn) for (f, _, fn) in pstats.Stats(prof).stats}
+    checks = ("check_gemm_fp8_args", "scale_mode", "plan_fp8", "check_out", "_admit")  # (fp8_out_dtype stays)
+    assert not [(f, fn) for f, fn in entered if fn in checks or "triton" in f
+                or f.endswith(("gemm_checks.py", "layout.py", "configs.py"))], entered
+    assert introspect.fp8_launch_mode(qa, qb, sa, sb, torch.bfloat16, out) == "direct"

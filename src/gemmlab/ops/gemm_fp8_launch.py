@@ -258,7 +258,8 @@ def _admit(a, b, a_scale, b_scale, out_dtype, out, key) -> Fp8Entry:
     return e
 
 
-def _jit_args(e: Fp8Entry, a, b, a_scale, b_scale, c) -> list:
+def jit_args(e: Fp8Entry, a, b, a_scale, b_scale, c) -> list:
+    """The runtime arguments of a JIT launch (the constexprs go as keywords), descriptors as TensorDescriptors."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     ops = [t if s is None else TensorDescriptor(t if s[0] == 1 else t.t(), *s[1:])
@@ -266,7 +267,7 @@ def _jit_args(e: Fp8Entry, a, b, a_scale, b_scale, c) -> list:
     return [*ops, a_scale, b_scale, *e.ints]
 
 
-def _kept_args(e: Fp8Entry, a, b, a_scale, b_scale, c) -> list:
+def kept_args(e: Fp8Entry, a, b, a_scale, b_scale, c) -> list:
     """The runtime arguments of a kept launch (``CompiledKernel.run``), descriptors as ``HostDesc``."""
     ops = [t if s is None else HostDesc(t, s[1], s[2]) for t, s in zip((a, b, c), e.descs, strict=True)]
     return [*ops, a_scale, b_scale, *e.ints]
@@ -294,10 +295,10 @@ def launch_fp8(e: Fp8Entry, a, b, a_scale, b_scale, c, ptrs: tuple) -> None:
             direct_launch.fire(e.direct, slot.grid, torch._C._cuda_getCurrentRawStream(slot.kept.device),
                                direct_params(e, ptrs))
         else:
-            kept_launch.run(slot.kept, slot.grid, _kept_args(e, a, b, a_scale, b_scale, c))
+            kept_launch.run(slot.kept, slot.grid, kept_args(e, a, b, a_scale, b_scale, c))
         _LAST["gemm_fp8"] = slot.kept.compiled
         return
-    _LAST["gemm_fp8"] = kept_launch.fire(slot, _jit_args(e, a, b, a_scale, b_scale, c), False)
+    _LAST["gemm_fp8"] = kept_launch.fire(slot, jit_args(e, a, b, a_scale, b_scale, c), False)
     e.direct = direct_launch.direct(slot.kept, sum(s is not None for s in e.descs))
 
 
