@@ -184,3 +184,22 @@ def test_an_evicted_signature_plans_again_correctly(small_caches):
         gemmlab.gemm_fp8(qa, qb.t(), sa, sb.t(), out=out)
         assert gemm_fp8_check(out, qa, qb.t(), sa, sb.t())["ok"], m
     assert len(fp8) == 2 and len(cache.caches()["quantize_fp8.plans"]) == 2
+
+
+@pytest.mark.gpu
+def test_the_split_k_scratch_stays_bounded_across_streams(small_caches):
+    """The split-K workspace and counters are kept per (device, stream): a stream per call (a server's pattern) keeps
+    at most the bound's worth, and a stream whose buffers were dropped gets fresh zeroed ones and the right C."""
+    from gemmlab.ops.gemm import run
+
+    a, b = rand((16, 4096)), rand((4096, 4096))
+    p = gemmlab.plan(a, b, path="tma_splitk")
+    assert p.path == "tma_splitk" and p.config.split_k > 1
+    scratch = cache.caches()["gemm.scratch"]
+    streams = [torch.cuda.Stream() for _ in range(5)]
+    for s in (*streams, streams[0]):  # the first stream's buffers are dropped, then it is used again
+        with torch.cuda.stream(s):
+            c = run(p, a, b)
+        s.synchronize()
+        assert gemm_check(c, a, b)["ok"]
+        assert len(scratch) <= scratch.size == 2
