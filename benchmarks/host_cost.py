@@ -10,12 +10,15 @@ Rounds alternate the candidates' order (interleaved); each figure is the median 
 Cases: gemm vs torch.mm at M in {1, 16, 64, 256, 2048} x (N, K) pairs from 2048..7168 (and how gemmlab's call
 launched: ``gemmlab.ops.gemm.launch_mode``, "direct" on the hot path), plus a compiled pair
 (torch.compile of one call each) at M = 16; grouped_gemm vs torch._grouped_mm and moe_forward (validate on and
-off) vs the torch composite (``gemmlab.ref.moe_composite``) at small T.
+off) vs the torch composite (``gemmlab.ref.moe_composite``) at small T; gemm_fp8 (per-tensor scales, B K-major) vs
+torch._scaled_mm and quantize_fp8 (per row) vs the same torch ops, at M in FP8_M (and how gemm_fp8's call
+launched: ``gemmlab.ops.introspect.fp8_launch_mode``).
 Writes benchmarks/results/<gpu>-host-cost.json with provenance (GPU, clocks, versions, git SHA), then prints the
 GEMM table: host and eager µs per call of both against CUDA-graph replay (device µs), and the host-cost target
 (gemmlab.gemm's host µs <= 1.25x torch.mm's) per case.
 
-    PYTHONPATH=src python -m benchmarks host-cost [--quick] [--skip-moe] [--no-compile] [--out benchmarks/results]
+    PYTHONPATH=src python -m benchmarks host-cost [--quick] [--skip-moe] [--skip-fp8] [--no-compile]
+                                                  [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -34,14 +37,17 @@ from gemmlab.device import gpu_slug
 from gemmlab.instruments import timing
 from gemmlab.instruments.stats import quantile
 from gemmlab.ops.gemm import launch_mode
+from gemmlab.ops.introspect import fp8_launch_mode
 from gemmlab.ops.moe import sort_routes
 from gemmlab.problems import MOE_MODELS, MoEModel, matrix, moe_inputs
-from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check, moe_composite
+from gemmlab.ref import gemm_check, gemm_fp8_check, grouped_gemm_ref, moe_check, moe_composite
 
 GEMM_M = (1, 16, 64, 256, 2048)
 HOST_TARGET = 1.25  # gemmlab.gemm host µs per call <= this x torch.mm's
 GEMM_NK = ((4096, 4096), (7168, 2048), (2048, 7168))
 MOE_T = (1, 8, 64)
+FP8_M = (1, 16, 64, 256)
+FP8_NK = ((4096, 4096), (2048, 7168))
 
 
 def _host_us(fn, calls: int) -> tuple[float, float]:
@@ -177,6 +183,47 @@ def moe_cases(args) -> list[dict]:
     return results
 
 
+def _quantize_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_fp8(x, "row")'s torch peer: the same amax / 448 scale per row, the saturating cast."""
+    amax = x.abs().amax(dim=1, keepdim=True).float()
+    scale = torch.where(amax > 0, amax / amax.new_full((), 448.0), torch.ones_like(amax))
+    return (x.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
+
+
+def fp8_cases(args) -> list[dict]:
+    results = []
+    for m in (1, 64) if args.quick else FP8_M:
+        for n, k in FP8_NK:
+            x = matrix(m, k, "centered", None, torch.bfloat16, device="cuda")
+            w = matrix(n, k, "centered", None, torch.bfloat16, device="cuda")
+            qa, sa = gemmlab.quantize_fp8(x, "tensor")
+            qw, sw = gemmlab.quantize_fp8(w, "tensor")
+            qb = qw.t()  # (K, N) K-major, as torch._scaled_mm wants it
+            chk = gemm_fp8_check(gemmlab.gemm_fp8(qa, qb, sa, sw), qa, qb, sa, sw)
+            if not chk["ok"]:
+                raise SystemExit(f"gemm_fp8 {m}x{n}x{k}: wrong result {chk}")
+            fns = {"gemmlab.gemm_fp8": lambda qa=qa, qb=qb, sa=sa, sw=sw: gemmlab.gemm_fp8(qa, qb, sa, sw),
+                   "torch._scaled_mm": lambda qa=qa, qb=qb, sa=sa, sw=sw: torch._scaled_mm(
+                       qa, qb, scale_a=sa, scale_b=sw, out_dtype=torch.bfloat16)}
+            res = measure(fns, "torch._scaled_mm", args.rounds, args.calls, args.graph_calls)
+            results.append({"op": "gemm_fp8", "shape": [m, n, k], "dtype": "float8_e4m3fn", "scales": "tensor",
+                            "check": chk["ok"], "launch": fp8_launch_mode(qa, qb, sa, sw), "candidates": res})
+            _print(results[-1])
+        x = matrix(m, FP8_NK[0][1], "centered", None, torch.bfloat16, device="cuda")
+        q, s = gemmlab.quantize_fp8(x, "row")
+        q_ref, s_ref = _quantize_rows_torch(x)
+        same = torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+        if not same:
+            raise SystemExit(f"quantize_fp8 row {m}x{x.shape[1]}: differs from the torch ops")
+        fns = {"gemmlab.quantize_fp8": lambda x=x: gemmlab.quantize_fp8(x, "row"),
+               "torch ops": lambda x=x: _quantize_rows_torch(x)}
+        res = measure(fns, "torch ops", args.rounds, args.calls, args.graph_calls)
+        results.append({"op": "quantize_fp8", "shape": list(x.shape), "dtype": "bfloat16", "granularity": "row",
+                        "check": same, "candidates": res})
+        _print(results[-1])
+    return results
+
+
 def _print(row: dict) -> None:
     what = row.get("shape") or f"{row.get('model')} T={row.get('tokens')}"
     parts = []
@@ -246,6 +293,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile pair")
     ap.add_argument("--skip-moe", action="store_true")
+    ap.add_argument("--skip-fp8", action="store_true")
     ap.add_argument("--profile", metavar="M,N,K", action="append", default=[],
                     help="also write a cProfile of hot gemmlab.gemm calls at this shape (repeatable)")
     ap.add_argument("--out", default="benchmarks/results")
@@ -265,6 +313,8 @@ def main(argv=None) -> int:
         results = gemm_cases(args)
         if not args.skip_moe:
             results += moe_cases(args)
+        if not args.skip_fp8:
+            results += fp8_cases(args)
     report = {"env": env, "clocks": clocks.summary(), "args": vars(args),
               "method": __doc__.split("\n\n")[1], "results": results}
     out = Path(args.out)

@@ -388,7 +388,7 @@ def test_gemm_colmajor_errors():
 def test_the_signature_cache_is_bounded(monkeypatch):
     """Shapes that change every call (a per-expert weight gradient's K) cannot grow the launch cache forever."""
     gemm_launch.clear_cache()
-    monkeypatch.setattr(gemm_launch, "CACHE_SIZE", 3)
+    monkeypatch.setattr(gemm_launch.CACHE, "size", 3)
     b = rand((8, 16))
     for m in range(1, 7):
         a = rand((m, 8))

@@ -11,7 +11,7 @@ import torch
 import gemmlab
 from gemmlab.ops import gemm as gemm_ops
 from gemmlab.ops import gemm_launch
-from gemmlab.ops.gemm import stream_k_tiles
+from gemmlab.ops.introspect import stream_k_tiles
 from gemmlab.ref import gemm_check
 from tests.conftest import rand
 

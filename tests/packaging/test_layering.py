@@ -25,7 +25,10 @@ from tests.paths import REPO
 SRC = REPO / "src"
 LAB = ("instruments", "sandbox", "grade", "bench", "tune", "ledger", "report", "cli")
 CORE = ("kernels", "ops", "nn", "distributed")  # below the lab
-OPS_PUBLIC = ("gemmlab.ops.gemm", "gemmlab.ops.moe", "gemmlab.ops.configs")  # configs: the tables the tuner writes
+# the public op modules (what a user calls: their ``__all__``), introspect (what the lab may see beyond that: plans,
+# configs, kernel handles), cache (the caches' bounds) and configs (the tables the tuner writes)
+OPS_OPS = ("gemmlab.ops.gemm", "gemmlab.ops.gemm_fp8", "gemmlab.ops.moe", "gemmlab.ops.moe_fp8")
+OPS_PUBLIC = (*OPS_OPS, "gemmlab.ops.introspect", "gemmlab.ops.cache", "gemmlab.ops.configs")
 LEAVES = ("gemmlab", "gemmlab.device", "gemmlab.provenance", "gemmlab._version", "gemmlab.__main__")
 
 
@@ -188,6 +191,43 @@ def lab_uses_ops_public_names_only(srcs) -> list[str]:
     return bad
 
 
+def exported(src: str) -> set[str] | None:
+    """The names a module's literal ``__all__`` lists (None: it has none)."""
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets) \
+                and isinstance(node.value, ast.List | ast.Tuple):
+            return {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+    return None
+
+
+def lab_uses_op_modules_exports_only(srcs) -> list[str]:
+    """From a public op module the lab takes only what its ``__all__`` exports (what a user calls), by import or as
+    ``alias.name``; the details go through ``gemmlab.ops.introspect``."""
+    exports = {m: exported(srcs[m]) for m in OPS_OPS if m in srcs}
+    exports = {m: names for m, names in exports.items() if names is not None}
+    bad = [f"{i.module}:{i.line} imports {n} from {i.target}, which does not export it (use gemmlab.ops.introspect)"
+           for i in imports(srcs) if area(i.module) in LAB + ("lab",) and i.target in exports
+           for n in i.names if n not in exports[i.target] and not _private(n)]
+    for mod, src in srcs.items():
+        if area(mod) not in LAB + ("lab",):
+            continue
+        tree = ast.parse(src)
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gemmlab"):
+                aliases.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
+                                if f"{node.module}.{a.name}" in exports})
+            elif isinstance(node, ast.Import):
+                aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in exports})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                target = aliases[node.value.id]
+                if node.attr not in exports[target] and not _private(node.attr):
+                    bad.append(f"{mod}:{node.lineno} uses {target}.{node.attr}, which it does not export "
+                               "(use gemmlab.ops.introspect)")
+    return bad
+
+
 def instruments_import_no_suite_grader_tuner(srcs) -> list[str]:
     return [f"{i.module}:{i.line} imports {i.target}" for i in imports(srcs) if area(i.module) == "instruments"
             and _gemmlab(i) and area(i.target) in ("bench", "grade", "tune")]
@@ -223,7 +263,8 @@ def no_imports_after_defs(srcs) -> list[str]:
 
 
 RULES = (cycles, kernels_import_only_triton_torch, ops_import_no_lab, nn_and_distributed_import_no_lab,
-         core_imports_no_package_root, lab_uses_ops_public_names_only, instruments_import_no_suite_grader_tuner,
+         core_imports_no_package_root, lab_uses_ops_public_names_only, lab_uses_op_modules_exports_only,
+         instruments_import_no_suite_grader_tuner,
          no_private_names_across_modules, no_imports_after_defs)
 
 # Known violations (rule, the violation's text without its line number) -> why it stays; none today.
@@ -272,7 +313,7 @@ BAD = {  # one violation of every rule
     "gemmlab.ops": "",
     "gemmlab.ops.a": "from gemmlab.ops import b\nfrom gemmlab.tune import t\n",
     "gemmlab.ops.b": "from gemmlab.ops import a\ndef f():\n    pass\nimport os\n",
-    "gemmlab.ops.gemm": "_secret = 1\n",
+    "gemmlab.ops.gemm": "__all__ = ['gemm']\n_secret = 1\nchoose = 1\n",
     "gemmlab.nn": "from gemmlab.bench import s\n",
     "gemmlab.nn.linear": "def f():\n    import gemmlab\n",
     "gemmlab.distributed": "from gemmlab import moe_forward\n",
@@ -280,7 +321,8 @@ BAD = {  # one violation of every rule
     "gemmlab.tune.t": ("from gemmlab.ops.a import x\nfrom gemmlab.ops.gemm import _secret\n"
                        "from gemmlab.kernels import k\n"),
     "gemmlab.bench": "",
-    "gemmlab.bench.s": "from gemmlab.ops import gemm as g\ng._secret\n",
+    "gemmlab.bench.s": "from gemmlab.ops import gemm as g\ng._secret\ng.choose\n",
+    "gemmlab.bench.u": "from gemmlab.ops.gemm import choose\n",
     "gemmlab.instruments": "",
     "gemmlab.instruments.i": "from gemmlab.grade import g\n",
     "gemmlab.grade": "",
@@ -298,11 +340,13 @@ def test_what_the_rules_allow():
     ok = {
         "gemmlab": "from gemmlab._version import __version__\n",
         "gemmlab.ops": "",
-        "gemmlab.ops.gemm": "from gemmlab.ops import impl\nx = 1\n",
+        "gemmlab.ops.gemm": "from gemmlab.ops import impl\n__all__ = ['x']\nx = 1\n",
         "gemmlab.ops.impl": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gemmlab.ops import gemm\n",
         "gemmlab.tune": "",
-        "gemmlab.tune.t": ("from gemmlab.ops.gemm import x\ndef f():\n    import triton\n"
-                           "    from gemmlab import device\n"),
+        "gemmlab.ops.introspect": "from gemmlab.ops import impl\ny = 1\n",
+        "gemmlab.tune.t": ("from gemmlab.ops.gemm import x\nfrom gemmlab.ops.introspect import y\ndef f():\n"
+                           "    import triton\n    from gemmlab import device\n    from gemmlab.ops import gemm\n"
+                           "    gemm.x\n"),
         "gemmlab.device": "",
         "gemmlab.nn": "from gemmlab import device\nfrom gemmlab.ops import gemm\n",
     }
@@ -313,3 +357,13 @@ def test_core_imports_of_the_package_root_are_each_named():
     """Both forms of reaching the root from below are caught, inside a function too, each by its module."""
     found = core_imports_no_package_root(BAD)
     assert sorted(v.partition(":")[0] for v in found) == ["gemmlab.distributed", "gemmlab.nn.linear"], found
+
+
+def test_the_lab_takes_only_what_an_op_module_exports():
+    """Both forms, a name imported and an attribute of the module, are caught; the real op modules have an
+    ``__all__`` for the rule to read (a module without one would let everything through)."""
+    found = lab_uses_op_modules_exports_only(BAD)
+    assert sorted(v.partition(":")[0] for v in found) == ["gemmlab.bench.s", "gemmlab.bench.u"], found
+    tree = modules()
+    assert all(exported(tree[m]) for m in OPS_OPS), [m for m in OPS_OPS if not exported(tree[m])]
+    assert "choose" not in exported(tree["gemmlab.ops.gemm"]) and "choose" in exported(tree["gemmlab.ops.introspect"])

@@ -77,9 +77,9 @@ def _tensor_cores(backend: str, m: int, n: int, k: int, dtype: torch.dtype) -> d
 
 def _moe_tensor_cores() -> dict:
     """From the SASS of the grouped kernel the timed calls launched (on a GPU; the interpreter has none)."""
-    from gemmlab.ops.moe import last_kernel
+    from gemmlab.ops.introspect import last_kernel
 
-    k = last_kernel()
+    k = last_kernel("grouped")
     if k is None:
         return {"tensor_core": None, "inspected": "not inspected (no compiled kernel under the interpreter)"}
     from gemmlab.instruments.sass import compiled_report

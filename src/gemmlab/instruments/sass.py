@@ -27,7 +27,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from gemmlab.device import H200, Target, target_for
-from gemmlab.ops.gemm import KERNELS, Plan, choose, constexprs, launch_options, padded_k
+from gemmlab.ops.gemm import Plan
+from gemmlab.ops.introspect import KERNELS, choose, constexprs, launch_options, padded_k
 
 if TYPE_CHECKING:
     from gemmlab.ops.moe import MoEConfig
@@ -234,7 +235,8 @@ def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bf
     T). The output is taken as 16-byte aligned (as ``moe_forward``'s are)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("inspect needs Triton's compiler: run without TRITON_INTERPRET=1")
-    from gemmlab.ops.moe import epilogue_flags, launch_config, moe_config, moe_grouped_kernel
+    from gemmlab.ops.introspect import epilogue_flags, launch_config, moe_config
+    from gemmlab.ops.introspect import grouped_kernel as moe_grouped_kernel
 
     cfg = launch_config(config or moe_config(target, rows, experts, mode, dtype.itemsize, dtype=dtype,
                                              max_group=max_group), a_tma, a_gather, w_tma)

@@ -76,6 +76,9 @@ class Bounded:
     def values(self):
         return self._d.values()
 
+    def items(self):
+        return self._d.items()
+
     def clear(self) -> None:
         self._d.clear()
 

@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from gemmlab.ops import cache
+
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "configs"
 # section -> (its paths, the quantities its rules may range over)
 SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -231,6 +233,9 @@ def on_reload(fn: Callable[[], None]) -> Callable[[], None]:
     if fn not in _ON_RELOAD:
         _ON_RELOAD.append(fn)
     return fn
+
+
+on_reload(cache.clear_reloadable)  # every plan and kept-kernel cache registered with ops.cache
 
 
 def reload() -> None:

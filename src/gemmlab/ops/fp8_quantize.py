@@ -18,10 +18,14 @@ The scales ``gemm_fp8`` takes: A (M, K) by "tensor", "row" or "block" (1, 128); 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 from triton import knobs
 
+from gemmlab.ops import cache
+from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.fp8_checks import FP8, check_quantize_args
 
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -64,29 +68,67 @@ def quantize_torch(x: torch.Tensor, granularity: str, block: tuple[int, int]) ->
     return _cast(x, full), scale
 
 
-def _quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Triton kernel: one scale per ``group`` columns of each row (group = K: per row)."""
+@dataclass(frozen=True, slots=True)
+class QuantPlan:
+    """A signature's decision: the Triton kernel (``slot``: grid, BLOCK, warps; ``group`` columns per scale) or torch
+    ops (``slot`` None), and whether x is copied to a unit column stride first."""
+
+    slot: kept_launch.Planned | None
+    group: int
+    granularity: str
+    block: tuple[int, int]
+    contiguous: bool
+
+
+# Per signature (x's shape, strides, dtype, device and 16-byte alignment, granularity, block): the checked plan, its
+# kept kernel once compiled. Least recently used out first (``ops.cache``).
+PLANS = cache.bounded("quantize_fp8.plans")
+
+
+def _plan(x: torch.Tensor, granularity: str, block) -> QuantPlan:
+    """Every check, then the route: the kernel for rows and 1 x c blocks of a 2-D x on a device it runs on (CUDA, or
+    the CPU under the interpreter), torch ops otherwise."""
+    block = check_quantize_args(x, granularity, block)
+    kernel = x.numel() and (x.is_cuda or (x.device.type == "cpu" and knobs.runtime.interpret))
+    if not kernel or not (granularity == "row" or (granularity == "block" and block[0] == 1)):
+        return QuantPlan(None, 0, granularity, block, False)
     from gemmlab.kernels.gemm_fp8 import quantize_groups_kernel  # (the first call loads the kernel)
 
-    x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
-    groups = -(-k // group)
+    group = k if granularity == "row" else block[1]
+    width = min(CHUNK, triton.next_power_of_2(group))
+    slot = kept_launch.Planned(quantize_groups_kernel, (m, -(-k // group), 1), {"BLOCK": width},
+                               {"num_warps": 4 if width >= 512 else 1})
+    return QuantPlan(slot, group, granularity, block, x.stride(-1) != 1)
+
+
+def _quantize_groups(x: torch.Tensor, p: QuantPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton kernel: one scale per ``group`` columns of each row (group = K: per row); fresh q and scale (their
+    16-byte alignment is the allocator's, so a kept kernel's specialization holds)."""
+    x = x.contiguous() if p.contiguous else x
+    m, k = x.shape
     q = torch.empty((m, k), dtype=FP8, device=x.device)
-    scale = torch.empty((m, groups), dtype=torch.float32, device=x.device)
-    block = min(CHUNK, triton.next_power_of_2(group))
-    quantize_groups_kernel[(m, groups)](x, q, scale, k, x.stride(0), q.stride(0), scale.stride(0), group,
-                                        BLOCK=block, num_warps=4 if block >= 512 else 1)
+    scale = torch.empty((m, p.slot.grid[1]), dtype=torch.float32, device=x.device)
+    slot = p.slot
+    kept_launch.fire(slot, [x, q, scale, k, x.stride(0), q.stride(0), scale.stride(0), p.group],
+                     kept_launch.usable(slot.kept))
     return q, scale
 
 
 def launch_quantize_fp8(x: torch.Tensor, granularity: str, block) -> tuple[torch.Tensor, torch.Tensor]:
-    """The launcher behind ``quantize_fp8`` and its custom op: checks, then the kernel for rows and 1 x c blocks
-    of a 2-D x on a device it runs on (CUDA, or the CPU under the interpreter), torch ops otherwise (the same
-    values bit for bit: tests/fp8/test_gemm_fp8.py), e.g. on "meta" tensors (shapes only)."""
-    block = check_quantize_args(x, granularity, block)
-    kernel = x.numel() and (x.is_cuda or (x.device.type == "cpu" and knobs.runtime.interpret))
-    if kernel and granularity == "row":
-        return _quantize_groups(x, x.shape[1])
-    if kernel and granularity == "block" and block[0] == 1:
-        return _quantize_groups(x, block[1])
-    return quantize_torch(x, granularity, block)
+    """The launcher behind ``quantize_fp8`` and its custom op: checks and plans once per signature (``PLANS``; the
+    key proves every check), then the kernel (rows, 1 x c blocks) or torch ops (the same values bit for bit:
+    tests/fp8/test_gemm_fp8.py), e.g. on "meta" tensors (shapes only)."""
+    try:
+        key = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, granularity, tuple(block))
+        hash(key)
+    except (AttributeError, TypeError, RuntimeError):  # not a tensor, an odd block: the checks say what is wrong
+        key = None
+    p = PLANS.get(key) if key is not None else None
+    if p is None:
+        p = _plan(x, granularity, block)
+        if key is not None:
+            PLANS[key] = p
+    if p.slot is None:
+        return quantize_torch(x, p.granularity, p.block)
+    return _quantize_groups(x, p)

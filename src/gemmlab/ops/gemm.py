@@ -7,9 +7,9 @@ Each entry point (1) checks its operands (``ops.gemm_checks``), (2) plans (``ops
 so the kernels only ever write a row-major C. Calls that trace, need autograd or run under a dispatch mode go
 through the ``torch.ops.gemmlab`` custom ops (``ops.custom``); a plain eager call goes straight to the launcher.
 
-The lab's way into the details: ``choose`` (plan kernel-view operands, e.g. "meta" tensors for another GPU),
-``constexprs`` and ``launch_options`` (what a plan's kernel is compiled with), ``KERNELS`` (the kernel of each
-path), ``last_kernel`` (the compiled kernel a path last ran), ``launch_mode`` (how a cached signature launches).
+What a user calls is in ``__all__``. The lab's way into the details (plans of kernel-view operands, what a plan's
+kernel is compiled with, the kernels, the compiled kernel a path last ran, how a cached signature launches) is
+``gemmlab.ops.introspect``.
 """
 
 from __future__ import annotations
@@ -21,24 +21,12 @@ from dataclasses import replace
 import torch
 
 from gemmlab.ops import custom, dispatch, gemm_launch
-from gemmlab.ops.gemm_checks import check_out, operands
-from gemmlab.ops.gemm_launch import KERNELS, execute, last_kernel, launch_gemm
-from gemmlab.ops.gemm_plan import (
-    GemmConfig,
-    Plan,
-    choose,
-    constexprs,
-    launch_options,
-    paths,
-    stream_k_tiles,
-)
-from gemmlab.ops.gemm_staging import staging_decision
-from gemmlab.ops.layout import DTYPES, is_kmajor, padded_k, tma_ok
+from gemmlab.ops.gemm_checks import operands
+from gemmlab.ops.gemm_launch import execute, launch_gemm
+from gemmlab.ops.gemm_plan import GemmConfig, Plan, choose, paths
 from gemmlab.ops.packing import PackedB, pack_b
 
-__all__ = ["DTYPES", "KERNELS", "GemmConfig", "PackedB", "Plan", "check_out", "choose", "constexprs", "gemm",
-           "gemm_colmajor", "is_kmajor", "last_kernel", "launch_mode", "launch_options", "pack_b", "padded_k", "paths",
-           "plan", "run", "staging_decision", "stream_k_tiles", "tma_ok"]
+__all__ = ["GemmConfig", "PackedB", "Plan", "gemm", "gemm_colmajor", "pack_b", "paths", "plan", "run"]
 
 
 def plan(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None,
@@ -46,7 +34,7 @@ def plan(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     """Which path and config ``gemm(a, b, out=out)`` runs. Pure and cheap: checks, no allocation.
     ``config`` pins a config for the chosen path (the tuner's way in; run the result with ``run``);
     ``stage`` pins whether operands TMA cannot describe are staged (True) or left to the portable kernel
-    (False); None: the cost rule (``staging_decision``). ``path`` pins the kernel path (``paths()`` but
+    (False); None: the cost rule (``introspect.staging_decision``). ``path`` pins the kernel path (``paths()`` but
     "empty"; a sweep's way to time every path): None, the config tables' route rules, then the planner's own."""
     a, b, c, swap = operands(a, b.view() if isinstance(b, PackedB) else b, out)
     return choose(a, b, c, swap, config, stage=stage, path=path)

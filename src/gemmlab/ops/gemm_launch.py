@@ -25,7 +25,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.kernels.gemm import gemm_portable_kernel, gemm_tma_persistent_kernel, gemm_tma_splitk_kernel
 from gemmlab.kernels.gemv import gemv_kernel
-from gemmlab.ops import configs
+from gemmlab.ops import cache
 from gemmlab.ops import direct as direct_launch
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.gemm_checks import operands
@@ -39,7 +39,9 @@ KERNELS = {
     "gemv": gemv_kernel,
     "portable": gemm_portable_kernel,
 }
-_LAST: dict[str, object] = {}  # path -> the CompiledKernel of its latest launch (what the tuner inspects)
+# path -> the CompiledKernel of its latest launch (what the tuner inspects). Bounded by construction, one entry per
+# kernel path (KERNELS' keys), and a plain dict: the hot path's write stays one store.
+_LAST: dict[str, object] = {}
 
 
 def last_kernel(path: str):
@@ -113,7 +115,10 @@ def launch_staged(L: Launch, a, b, c) -> None:
 # ------------------------------------------------------------------------------------------ arguments
 
 
-_SCRATCH: dict[tuple, tuple] = {}  # (device, stream) -> (workspace, counters, their addresses, their sizes)
+# (device, stream) -> (workspace, counters, their addresses, their sizes). Bounded like every cache: a stream's
+# buffers dropped while a launch on it is in flight go back to the caching allocator, which hands them out again
+# only in that stream's order, and a stream seen again gets fresh (zeroed) ones.
+SCRATCH = cache.bounded("gemm.scratch", clear_on_reload=False)
 
 
 def _splitk_scratch(scratch: tuple, c: torch.Tensor, where: tuple[int, int] | None = None) -> tuple:
@@ -134,12 +139,12 @@ def _splitk_scratch(scratch: tuple, c: torch.Tensor, where: tuple[int, int] | No
             where = (index, torch._C._cuda_getCurrentRawStream(index))
     else:
         where = (-1, 0)
-    bufs = _SCRATCH.get(where)
+    bufs = SCRATCH.get(where)
     if bufs is None or bufs[4] < ws_elems or bufs[5] < tiles:
         ws_elems, tiles = max(ws_elems, bufs[4] if bufs else 0), max(tiles, bufs[5] if bufs else 0, 1024)
         ws = torch.empty(ws_elems, dtype=torch.float32, device=c.device)
         cnt = torch.zeros(tiles, dtype=torch.int32, device=c.device)
-        bufs = _SCRATCH[where] = (ws, cnt, ws.data_ptr(), cnt.data_ptr(), ws_elems, tiles)
+        bufs = SCRATCH[where] = (ws, cnt, ws.data_ptr(), cnt.data_ptr(), ws_elems, tiles)
     return bufs
 
 
@@ -150,7 +155,7 @@ def _scratch_args(scratch: tuple, c: torch.Tensor) -> list:
 
 def counters() -> list[torch.Tensor]:
     """The split-K arrival counters kept so far (each launch leaves them zero)."""
-    return [bufs[1] for bufs in _SCRATCH.values()]
+    return [bufs[1] for bufs in SCRATCH.values()]
 
 
 def direct_args(L: Launch, a, b, c) -> list:
@@ -232,9 +237,9 @@ def execute(p: Plan, a, b, c, L: Launch | None = None) -> None:
 # Per signature (shapes, strides, dtypes, devices, 16-byte alignment of each base, out's layout): the plan and its
 # prepared launch (with its compiled kernel once launched). Filled on first use of a signature, after every check;
 # a hit skips the checks the key already proves. Plans come from the config tables as loaded when the signature
-# was first seen; ``configs.reload()`` (tests, ``gemmlab tune``) clears the cache.
-CACHE: dict[tuple, Entry] = {}
-CACHE_SIZE = 4096  # signatures kept
+# was first seen; ``configs.reload()`` (tests, ``gemmlab tune``) clears the cache. Least recently used out first,
+# at the bound of ``ops.cache`` (GEMMLAB_CACHE_SIZE): training's per-expert weight gradients vary K every step.
+CACHE = cache.bounded("gemm.plans")
 
 
 @dataclass(eq=False, slots=True)
@@ -250,9 +255,8 @@ class Entry:
     extents: tuple[int, int, int] | None  # bytes spanned by a, b and out (out given), for the overlap check
 
 
-@configs.on_reload
 def clear_cache() -> None:
-    """Forget every cached plan and launch (``configs.reload()`` calls this)."""
+    """Forget every cached plan and launch (``configs.reload()`` does this too, through ``ops.cache``)."""
     CACHE.clear()
 
 
@@ -277,9 +281,7 @@ def _admit(a, b, out, key) -> Entry | torch.Tensor:
     extents = (extent(a), extent(b), extent(out)) if out is not None else None
     entry = Entry(p, prepare(p, keep=key is not None), (a.shape[0], b.shape[1]), p.dtype, a.device, swap, extents)
     if key is not None:
-        if len(CACHE) >= CACHE_SIZE:  # a bound: training's per-expert weight gradients vary K every step
-            CACHE.pop(next(iter(CACHE)))  # the oldest signature goes (dicts keep insertion order)
-        CACHE[key] = entry
+        CACHE[key] = entry  # (the least recently used signature goes beyond the bound)
     return entry
 
 

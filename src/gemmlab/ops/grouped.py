@@ -22,13 +22,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.device import Target, target_for
 from gemmlab.kernels.moe import moe_grouped_kernel, moe_tiles_kernel
+from gemmlab.ops import cache
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.layout import rows_tma_ok
 from gemmlab.ops.moe_checks import check_grouped_args, device_check
 from gemmlab.ops.moe_config import Mode, MoEConfig, moe_config
 
-_KEPT: dict = {}  # kept compiled kernels of these launches, per specialization (gemmlab.ops.launch.start)
-_LAST: dict[str, object] = {}  # "grouped" -> the compiled kernel of the latest grouped launch
+_KEPT = cache.bounded("grouped.kept")  # kept compiled kernels of these launches, per specialization (launch.start)
+_LAST: dict[str, object] = {}  # "grouped" -> its latest launch's compiled kernel (one key: bounded, a plain store)
 
 
 def w2d(w: torch.Tensor) -> torch.Tensor:

@@ -65,13 +65,14 @@ def keep(kernel, compiled, runtime_args: int, consts: dict) -> Kept | None:
     return Kept(run, compiled.function, compiled.packed_metadata, tail, torch.cuda.current_device(), compiled)
 
 
-def _idle(hook) -> bool:
-    """No launch hook to call: Triton 3.6's hooks are HookChains, empty unless a profiler added one."""
-    return hook is None or (type(hook) is HookChain and not hook.calls)
-
-
 def usable(k: Kept | None) -> bool:
-    return (k is not None and _idle(knobs.runtime.launch_enter_hook) and _idle(knobs.runtime.launch_exit_hook)
+    """A kept kernel, no launch hook to call (Triton 3.6's hooks are HookChains, empty unless a profiler added one;
+    tested inline: this runs on every hot call) and the current device the one it was loaded on."""
+    if k is None:
+        return False
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return ((enter is None or (type(enter) is HookChain and not enter.calls))
+            and (leave is None or (type(leave) is HookChain and not leave.calls))
             and torch._C._cuda_getDevice() == k.device)
 
 
@@ -89,10 +90,12 @@ def _arg_key(x) -> object:
     return x  # ints (specialized by value), bools, None
 
 
-def start(cache: dict, kernel, grid: tuple, args: list, consts: dict, opts: dict):
+def start(cache, kernel, grid: tuple, args: list, consts: dict, opts: dict):
     """``kernel[grid](*args, **consts, **opts)``: directly when a kernel was kept for this specialization (the
     argument dtypes, 16-byte alignments, integer values, descriptor layouts, constexprs and options), else
-    through the JIT, keeping what it compiled. Returns the compiled kernel that ran (None under the interpreter)."""
+    through the JIT, keeping what it compiled. Returns the compiled kernel that ran (None under the interpreter).
+    ``cache``: the caller's ``ops.cache.bounded`` cache (its key holds integer values, so a token count is a key:
+    only a bounded cache keeps that from growing forever)."""
     grid = tuple(grid) + (1,) * (3 - len(grid))
     key = (kernel, grid, tuple(_arg_key(x) for x in args), tuple(consts.items()), tuple(opts.items()))
     kept = cache.get(key)

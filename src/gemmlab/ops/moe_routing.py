@@ -24,9 +24,10 @@ from gemmlab.kernels.moe import (
     moe_scan_kernel,
     moe_scatter_kernel,
 )
+from gemmlab.ops import cache
 from gemmlab.ops import launch as kept_launch
 
-_KEPT: dict = {}  # kept compiled kernels of the routing launches, per specialization (gemmlab.ops.launch.start)
+_KEPT = cache.bounded("moe_routing.kept")  # kept compiled kernels of the routing launches, per specialization
 
 
 @dataclass(frozen=True)

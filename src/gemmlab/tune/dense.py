@@ -39,6 +39,7 @@ import gemmlab
 from gemmlab.instruments.stats import ratio_summary, summarize
 from gemmlab.instruments.timing import ClockSampler, interleave
 from gemmlab.ops import gemm as gemm_ops
+from gemmlab.ops import introspect
 from gemmlab.problems import Case, case_operands
 from gemmlab.ref import gemm_check, gemm_ref
 
@@ -326,15 +327,15 @@ def compile_jobs(points: list[GridPoint], target) -> list[tuple[int, str]]:
     jobs, seen = [], set()
     for i, point in enumerate(points):
         a, b = meta_operands(point.case)
-        plans = [("gemmlab", gemm_ops.choose(a, b, None, False, target=target))]
+        plans = [("gemmlab", introspect.choose(a, b, None, False, target=target))]
         for cand in CANDIDATES[point.cls]:
             if not fits(point, cand):
                 continue
             try:
-                base = gemm_ops.choose(a, b, None, False, target=target, stage=cand["stage"], path=cand["path"])
+                base = introspect.choose(a, b, None, False, target=target, stage=cand["stage"], path=cand["path"])
                 fields = dict(cand["fields"], **({"split_k": 0} if base.path in SPLIT_PATHS and "split_k" not in
                                                  cand["fields"] else {}))
-                plans.append((cand["name"], gemm_ops.choose(a, b, None, False, target=target, stage=cand["stage"],
+                plans.append((cand["name"], introspect.choose(a, b, None, False, target=target, stage=cand["stage"],
                                                             path=base.path,
                                                             config=dataclasses.replace(base.config, **fields))))
             except ValueError:  # refused: the timed run records why

@@ -258,7 +258,7 @@ def tensor_cores(row: dict) -> int | None:
 
     from gemmlab.device import H200
     from gemmlab.instruments import sass
-    from gemmlab.ops.gemm import choose, constexprs, launch_options
+    from gemmlab.ops.introspect import choose, constexprs, launch_options
 
     c, dtype = row["case"], getattr(torch, row["dtype"])
     m, n, k = row["shape"]

@@ -89,7 +89,7 @@ def tensor_cores(p: Plan) -> int | None:
         return _child_count({"op": "gemm", "m": p.m, "n": p.n, "k": p.k,
                              "dtype": str(p.dtype).removeprefix("torch."), "config": dataclasses.asdict(p.config)})
     from gemmlab.instruments.sass import compiled_report, report
-    from gemmlab.ops.gemm import last_kernel
+    from gemmlab.ops.introspect import last_kernel
 
     launched = last_kernel(p.path)  # the kernel the verification call just ran, when there is one
     return (compiled_report(launched) if launched is not None else report(p, p_arch()))["tensor_core_ops"]
