@@ -428,7 +428,7 @@ def test_kept_moe_launches_end_to_end(monkeypatch, device):
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
     monkeypatch.setattr(grouped, "_KEPT", {})
-    monkeypatch.setattr(moe_routing, "_KEPT", {})
+    monkeypatch.setattr(moe_routing, "KEPT", {})
     monkeypatch.setattr(moe_plan, "PLANS", {})
     w1, w2 = _weights(4, 48, 40, torch.float16, device=device)
     wts, ids = _routing(9, 4, 2, device=device)
