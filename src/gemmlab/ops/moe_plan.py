@@ -104,6 +104,12 @@ class Step:
     slot: kept_launch.Planned
     args: list
     shrink: bool = False
+    named: tuple = ()  # (position, name) of each argument looked up per call
+    descs: tuple = ()  # (position, Desc) of each descriptor made per call
+
+    def __post_init__(self) -> None:
+        self.named = tuple((j, a) for j, a in enumerate(self.args) if a.__class__ is str)
+        self.descs = tuple((j, a) for j, a in enumerate(self.args) if a.__class__ is Desc)
 
 
 @dataclass
@@ -313,10 +319,16 @@ def launch_moe_forward_fp8(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids
 
 def _fire(st: Step, env: dict, direct: bool) -> None:
     """Launch a step: its arguments looked up by name in ``env`` (tensors, or device addresses when ``direct``)."""
-    args = [env[a] if a.__class__ is str else a if a.__class__ is not Desc else
-            (kept_launch.HostDesc(env[a.name] if isinstance(env[a.name], torch.Tensor) else
-                                  kept_launch.Addr(env[a.name]), a.shape, a.strides) if direct else
-             TensorDescriptor(env[a.name], a.shape, a.strides, a.block)) for a in st.args]
+    args = list(st.args)
+    for j, name in st.named:
+        args[j] = env[name]
+    for j, d in st.descs:
+        base = env[d.name]
+        if not direct:
+            args[j] = TensorDescriptor(base, d.shape, d.strides, d.block)
+        else:  # a scratch region's address, or a call tensor
+            args[j] = kept_launch.HostDesc(kept_launch.Addr(base) if base.__class__ is int else base, d.shape,
+                                           d.strides)
     while True:
         try:
             kept_launch.fire(st.slot, args, direct)
