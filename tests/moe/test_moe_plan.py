@@ -173,3 +173,16 @@ def test_a_repeat_call_passes_through_four_ops_modules_and_the_cache(plans, devi
         sys.setprofile(None)
     ops = {f for f in entered if not f.startswith("kernels/")}
     assert ops == {"ops/moe.py", "ops/dispatch.py", "ops/cache.py", "ops/moe_plan.py", "ops/launch.py"}, ops
+
+
+def test_fp8_scales_alignment_is_part_of_the_signature(plans, device):
+    """A kept kernel is specialized on its pointers' 16-byte alignment: weight scales of the same shapes at an
+    address off 16 bytes get a plan of their own (and a right y), not the aligned one's."""
+    x, w1, w2, wts, ids = _bf16_problem(5, 32, 16, 4, 2, device)
+    p = gemmlab.pack_moe_fp8(w1, w2)
+    y = moe_plan.launch_moe_forward_fp8(x, p.w1, p.w1_scale, p.w2, p.w2_scale, wts, ids, True)
+    off = torch.empty(p.w1_scale.numel() + 1, dtype=torch.float32, device=device)[1:].view(p.w1_scale.shape)
+    off.copy_(p.w1_scale)
+    assert off.data_ptr() % 16 == 4
+    y_off = moe_plan.launch_moe_forward_fp8(x, p.w1, off, p.w2, p.w2_scale, wts, ids, True)
+    assert len(plans) == 2 and torch.equal(y, y_off) and moe_fp8_check(y, x, p, wts, ids)["ok"]

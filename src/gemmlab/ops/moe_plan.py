@@ -283,7 +283,8 @@ def forward(x, w1, w2, tw, ids, validate: bool, gather: str, configs: tuple[MoEC
                w1.device, w1.data_ptr() % 16, w2.shape, w2.stride(), w2.dtype, w2.device, w2.data_ptr() % 16,
                tw.shape, tw.stride(), tw.dtype, tw.device, tw.data_ptr() % 16, ids.shape, ids.stride(), ids.dtype,
                ids.device, ids.data_ptr() % 16, validate, gather, configs, save,
-               None if scales is None else tuple((c.shape, c.stride(), c.dtype, c.device) for c in scales))
+               None if scales is None else tuple((c.shape, c.stride(), c.dtype, c.device, c.data_ptr() % 16)
+                                                 for c in scales))
         p = PLANS.get(key)
     except (AttributeError, TypeError):  # not tensors (or unhashable configs): the checks say what is wrong
         key, p = None, None
