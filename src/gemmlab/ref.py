@@ -165,6 +165,16 @@ def grouped_gemm_ref(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) ->
     return out
 
 
+def grouped_gemm_check(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """|out - grouped_gemm_ref| <= 2 * 2^-mantissa(out's dtype) * max |ref| + 1e-3: the grouped GEMM's tolerance
+    (two roundings of the largest output in out's dtype, and a floor for all-small outputs), the one bench moe
+    and the tuner use. NaN or Inf fails. Returns ok, max_abs_err, allowed and worst (err / allowed)."""
+    allowed = 2 * 2.0 ** -mantissa_bits(out.dtype) * (ref.abs().max().item() if ref.numel() else 0.0) + 1e-3
+    finite = bool(torch.isfinite(out).all())
+    err = ((out.float() - ref).abs().max().item() if out.numel() else 0.0) if finite else math.inf
+    return {"ok": finite and err <= allowed, "max_abs_err": err, "allowed": allowed, "worst": err / allowed}
+
+
 def moe_ref(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor) -> torch.Tensor:
     """float32 loop over experts: y (T, H) = sum_j topk_weights[t, j] * (silu(x_t gate_e^T) * (x_t up_e^T))

@@ -5,12 +5,13 @@ has tensor-core instructions. Legend: T tokens, H hidden, I expert intermediate,
 import pytest
 import torch
 
+import gemmlab
 from gemmlab.ops import grouped, moe_plan, moe_routing
 from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import grouped_gemm, moe_forward, pack_moe_weights, route, sort_routes
 from gemmlab.problems import MoEModel
 from gemmlab.problems import moe_inputs as problem
-from gemmlab.ref import grouped_gemm_ref, moe_check, moe_ref
+from gemmlab.ref import grouped_gemm_ref, moe_check, moe_fp8_check, moe_ref
 from gemmlab.ref import moe_composite as composite_forward
 from tests.child import no_interpreter_env
 
@@ -428,11 +429,12 @@ def test_kept_moe_launches_end_to_end(monkeypatch, device):
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
     monkeypatch.setattr(grouped, "_KEPT", {})
-    monkeypatch.setattr(moe_routing, "_KEPT", {})
+    monkeypatch.setattr(moe_routing, "KEPT", {})
     monkeypatch.setattr(moe_plan, "PLANS", {})
     w1, w2 = _weights(4, 48, 40, torch.float16, device=device)
     wts, ids = _routing(9, 4, 2, device=device)
     offs = torch.tensor([3, 3, 9, 9], dtype=torch.int32, device=device)
+    packed = gemmlab.pack_moe_fp8(*_weights(4, 48, 32, torch.float16, device=device))  # e4m3: I % 16 == 0
     for rep in range(3):
         x = _r(9, 48, seed=rep, device=device)
         for gather in ("auto", "fused"):
@@ -440,11 +442,16 @@ def test_kept_moe_launches_end_to_end(monkeypatch, device):
         out = grouped_gemm(x, w1, offs)
         ref = grouped_gemm_ref(x, w1, offs)
         assert (out[:9].float() - ref[:9]).abs().max().item() <= 2.0**-9 * ref.abs().max().item() + 1e-3
+        y, gate_up = moe_plan.launch_forward_saving(x, w1, w2, wts, ids, True)  # the plan's save option
+        assert moe_check(y, x, w1, w2, wts, ids)["ok"] and bool(torch.isfinite(gate_up).all()), rep
+        y = moe_forward(x, packed, None, wts, ids)  # its FP8 option
+        assert moe_fp8_check(y, x, packed, wts, ids)["ok"], rep
     kinds = {k.fn.__name__ for k in direct}
     assert kinds == {"moe_align_kernel", "moe_tiles_kernel", "moe_grouped_kernel", "moe_gather_kernel",
-                     "moe_combine_kernel"}, kinds
-    # calls 2 and 3: align, gather, two grouped, combine (copy); align, two grouped, combine (fused); tiles + grouped
-    assert len(direct) == 2 * (5 + 4 + 2)
+                     "moe_combine_kernel", "quantize_groups_kernel", "moe_fp8_grouped_kernel"}, kinds
+    # calls 2 and 3: align, gather, two grouped, combine (copy); align, two grouped, combine (fused); tiles + grouped;
+    # saving as copy; FP8: align, gather, quantize, grouped, quantize, grouped, combine
+    assert len(direct) == 2 * (5 + 4 + 2 + 5 + 7)
 
 
 def test_moe_forward_edge_calls(device):

@@ -10,6 +10,7 @@ import torch
 
 import gemmlab
 from gemmlab.ops import moe_backward as bwd
+from gemmlab.ops import moe_plan
 from gemmlab.ops.moe import moe_forward_saving, pack_moe_weights, route, sort_routes
 from gemmlab.ref import grouped_gemm_ref, mantissa_bits, moe_check, moe_ref, moe_same_dtype
 from tests.conftest import rand
@@ -81,7 +82,7 @@ def test_saving_forward_is_the_forward_and_keeps_gate_up(dtype, device):
     """The saving forward runs the forward's launches (y bit for bit) and stores gate/up (S, 2I) in routed
     order: x[token] W1_e^T in float32, rounded once."""
     x, w1, w2, tw, ids, _ = _problem(11, 37, 21, 3, 2, dtype, device=device)
-    y, gate_up = bwd.launch_forward_saving(x, w1, w2, tw, ids, True)
+    y, gate_up = moe_plan.launch_forward_saving(x, w1, w2, tw, ids, True)
     assert torch.equal(y, gemmlab.moe_forward(x, w1, w2, tw, ids))
     r = sort_routes(ids, 3, 16)
     want = torch.stack([x[tok].float() @ w1[ids.view(-1)[p]].float().t() for p, tok in
@@ -175,7 +176,7 @@ def test_frozen_experts_skip_the_weight_gradients(device):
     lx, ltw = _leaf(x), _leaf(tw)  # through autograd: weights that do not require grad get none
     gx, gtw = torch.autograd.grad(gemmlab.moe_forward(lx, w1, w2, ltw, ids, save_gate_up=False), (lx, ltw), dy)
     assert torch.equal(gx, full[0]) and torch.equal(gtw, full[3])
-    gate_up = bwd.launch_forward_saving(x, w1, w2, tw, ids, False)[1]  # and after the saving forward
+    gate_up = moe_plan.launch_forward_saving(x, w1, w2, tw, ids, False)[1]  # and after the saving forward
     saved = bwd.moe_backward(dy, x, w1, w2, tw, ids, need_w1=False, need_w2=False, gate_up=gate_up)
     gx, gtw = torch.autograd.grad(gemmlab.moe_forward(lx, w1, w2, ltw, ids, save_gate_up=True), (lx, ltw), dy)
     assert torch.equal(gx, saved[0]) and torch.equal(gtw, saved[3])
@@ -197,12 +198,12 @@ def test_launches_drop_pipeline_stages_that_do_not_fit(monkeypatch, device):
         return real(cache, kernel, grid, args, consts, opts)
 
     monkeypatch.setattr(bwd.kept_launch, "start", start)
-    monkeypatch.setattr(bwd, "_STAGES", {})
+    monkeypatch.setattr(bwd, "STAGES", {})
     x, w1, w2, tw, ids, dy = _problem(5, 16, 16, 3, 2, torch.float16, device=device)
     got = bwd.moe_backward(dy, x, w1, w2, tw, ids)
     monkeypatch.setattr(bwd.kept_launch, "start", real)
     assert all(torch.equal(a, b) for a, b in zip(got, bwd.moe_backward(dy, x, w1, w2, tw, ids), strict=True))
-    assert 3 in asked and 2 in asked and set(bwd._STAGES.values()) == {2}
+    assert 3 in asked and 2 in asked and set(bwd.STAGES.values()) == {2}
     never = bwd.MoEBackwardConfig(wg_stages=1)
     monkeypatch.setattr(bwd.kept_launch, "start", lambda *a: (_ for _ in ()).throw(OutOfResources(1, 0, "smem")))
     with pytest.raises(OutOfResources):
@@ -212,28 +213,31 @@ def test_launches_drop_pipeline_stages_that_do_not_fit(monkeypatch, device):
 
 def test_saving_forward_drops_pipeline_stages_that_do_not_fit(monkeypatch, device):
     """Storing gate/up beside the first GEMM's epilogue needs shared memory for the stores: a config whose stages
-    then overflow it (OutOfResources when compiling) runs with fewer, remembered per config."""
+    then overflow it (OutOfResources when compiling) runs with fewer, remembered in the saving plan."""
+    from dataclasses import replace
+
     from triton.runtime.errors import OutOfResources
 
-    real = bwd.kept_launch.start
+    from gemmlab.ops import cache, launch
+
+    real = launch.fire
     asked = []
 
-    def start(cache, kernel, grid, args, consts, opts):
-        if consts.get("SAVE_PRE"):
-            asked.append(opts["num_stages"])
-            if opts["num_stages"] > 2:
+    def fire(p, args, direct):
+        if p.consts.get("SAVE_PRE"):
+            asked.append(p.opts["num_stages"])
+            if p.opts["num_stages"] > 2:
                 raise OutOfResources(300000, 232448, "shared memory")
-        return real(cache, kernel, grid, args, consts, opts)
+        return real(p, args, direct)
 
     x, w1, w2, tw, ids, _ = _problem(5, 16, 16, 3, 2, torch.float16, device=device)
-    monkeypatch.setattr(bwd, "_STAGES", {})
-    cfg = bwd.moe_config(bwd.target_for(x.device), 10, 3, bwd.Mode.GATE_UP, 2, dtype=x.dtype, n=16, k=16,
-                         max_group=5)
-    monkeypatch.setattr(bwd, "moe_config", lambda *a, **kw: bwd.replace(cfg, num_stages=4))
-    monkeypatch.setattr(bwd.kept_launch, "start", start)
-    y, gate_up = bwd.launch_forward_saving(x, w1, w2, tw, ids, True)
-    assert asked == [4, 3, 2] and list(bwd._STAGES.values()) == [2]
-    bwd.launch_forward_saving(x, w1, w2, tw, ids, True)
+    monkeypatch.setattr(moe_plan, "PLANS", cache.Bounded("moe_forward (test)"))
+    real_config = moe_plan.moe_config
+    monkeypatch.setattr(moe_plan, "moe_config", lambda *a, **kw: replace(real_config(*a, **kw), num_stages=4))
+    monkeypatch.setattr(launch, "fire", fire)
+    y, gate_up = moe_plan.launch_forward_saving(x, w1, w2, tw, ids, True)
+    assert asked == [4, 3, 2]
+    moe_plan.launch_forward_saving(x, w1, w2, tw, ids, True)
     assert asked == [4, 3, 2, 2]  # remembered
     monkeypatch.undo()
     assert torch.equal(y, gemmlab.moe_forward(x, w1, w2, tw, ids))

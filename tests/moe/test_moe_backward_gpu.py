@@ -10,6 +10,7 @@ import torch
 
 import gemmlab
 from gemmlab.ops import moe_backward as bwd
+from gemmlab.ops import moe_plan
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.problems import moe_inputs as problem
 from gemmlab.ref import mantissa_bits, moe_ref, moe_same_dtype
@@ -99,7 +100,7 @@ def test_moe_backward_transient_memory_bound(saving):
     p = problem(m, t, "uniform", torch.bfloat16, seed=3)
     dy = _dy(t, m.hidden, torch.bfloat16)
     args = (dy, p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
-    gate_up = bwd.launch_forward_saving(*args[1:], False)[1] if saving else None  # held from the forward
+    gate_up = moe_plan.launch_forward_saving(*args[1:], False)[1] if saving else None  # held from the forward
     bwd.moe_backward(*args, gate_up=gate_up)  # compile first
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -119,28 +120,32 @@ def test_moe_backward_transient_memory_bound(saving):
     assert peak - outputs + (s * 2 * i * elt if saving else 0) < s * (5 * i + h) * elt
 
 
-def test_backward_kernels_use_tensor_cores_and_report_spills(capsys):
+def test_backward_kernels_use_tensor_cores_and_report_spills(capsys, monkeypatch):
     """Each backward GEMM kernel compiled at Qwen3 sizes (both dh variants: recomputing gate/up, loading them)
     and the saving forward's first GEMM (gate/up stored beside SiLU * up) has tensor-core instructions (HGMMA
     where its tiles allow); spills are printed (a perf finding, not a failure: the recomputing dh kernel holds
     three accumulators)."""
     from gemmlab.instruments.sass import compiled_report
-    from gemmlab.ops import grouped
+    from gemmlab.ops import cache
 
     m = MOE_MODELS["qwen3-30b-a3b"]
     p = problem(m, 512, "uniform", torch.bfloat16, seed=4)
     args = (_dy(512, m.hidden, torch.bfloat16), p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
-    bwd._KEPT.clear()
-    grouped._KEPT.clear()
+    monkeypatch.setattr(bwd, "KEPT", {})  # a plain dict: its keys name the kernels
+    monkeypatch.setattr(moe_plan, "PLANS", cache.Bounded("moe_forward (test)"))
     bwd.moe_backward(*args)
-    gate_up = bwd.launch_forward_saving(*args[1:], False)[1]
+    gate_up = moe_plan.launch_forward_saving(*args[1:], False)[1]
     bwd.moe_backward(*args, gate_up=gate_up)
     reports = {}
-    for key, k in [*bwd._KEPT.items(), *grouped._KEPT.items()]:
+    for key, k in bwd.KEPT.items():
         consts = dict(key[3])
         name = key[0].fn.__name__ + (" recompute" if consts.get("RECOMPUTE") else " loads gate/up"
-                                     if "RECOMPUTE" in consts else " save_pre" if consts.get("SAVE_PRE") else "")
+                                     if "RECOMPUTE" in consts else "")
         reports[name] = compiled_report(k.compiled)
+    for plan in moe_plan.PLANS.values():  # the saving forward's kernels are kept in its plan's steps
+        for st in plan.steps:
+            if st.slot.consts.get("SAVE_PRE"):
+                reports[st.slot.kernel.fn.__name__ + " save_pre"] = compiled_report(st.slot.kept.compiled)
     with capsys.disabled():
         for name, r in sorted(reports.items()):
             print(f"\n{name}: regs {r.get('registers')} local-memory ops {r['local_memory_ops']} "

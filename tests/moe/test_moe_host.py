@@ -5,8 +5,8 @@ intermediate, E experts, k top-k."""
 import pytest
 import torch
 
+from gemmlab.ops import cache, dispatch, moe_plan
 from gemmlab.ops import configs as config_tables
-from gemmlab.ops import dispatch, moe_plan
 from gemmlab.ops.moe import moe_forward
 from gemmlab.ref import moe_check
 from tests.moe.test_moe import _r, _routing, _weights
@@ -14,7 +14,7 @@ from tests.moe.test_moe import _r, _routing, _weights
 
 @pytest.fixture
 def plans(monkeypatch):
-    monkeypatch.setattr(moe_plan, "PLANS", {})
+    monkeypatch.setattr(moe_plan, "PLANS", cache.Bounded("moe_forward (test)"))
     return moe_plan.PLANS
 
 
@@ -53,16 +53,27 @@ def test_a_hit_still_validates_the_ids(plans, device):
 
 
 def test_the_cache_is_bounded_and_cleared_by_a_config_reload(plans, monkeypatch, device):
-    monkeypatch.setattr(moe_plan, "PLANS_SIZE", 2)
+    """One plan per signature and option in one LRU cache of ``cache.bounded``'s kind: at its bound the least
+    recently used plan goes (a hit counts as a use); a config reload empties it."""
+    monkeypatch.setattr(moe_plan, "PLANS", cache.Bounded("moe_forward (test)", 2))
+    plans = moe_plan.PLANS
     w1, w2 = _weights(4, 32, 16, torch.float16, device=device)
-    keys = []
-    for t in (3, 4, 5):
-        wts, ids = _routing(t, 4, 2, device=device)
-        moe_forward(_r(t, 32, device=device), w1, w2, wts, ids)
-        keys.append(next(reversed(plans)))
-    assert len(plans) == 2 and keys[0] not in plans and keys[2] in plans  # the oldest went
+    calls = {t: (_r(t, 32, device=device), w1, w2, *_routing(t, 4, 2, device=device)) for t in (3, 4, 5)}
+    made = []
+    for t in (3, 4):
+        moe_forward(*calls[t])
+        made.append(next(p for p in plans.values() if not any(p is q for q in made)))
+    moe_forward(*calls[3])  # a hit: T=3 is now the most recently used
+    moe_forward(*calls[5])
+    assert len(plans) == 2 and not any(p is made[1] for p in plans.values())  # T=4 went, not T=3
+    assert any(p is made[0] for p in plans.values())
+    assert moe_check(moe_forward(*calls[4]), *calls[4])["ok"] and len(plans) == 2  # evicted: planned again, right
+    moe_forward(*calls[4], save_gate_up=True)  # no gradient needed: the plain body, one plan
+    y, gate_up = moe_plan.launch_forward_saving(*calls[4], True)  # the saving option: a plan of its own
+    assert len(plans) == 2 and any(p.save for p in plans.values()) and torch.equal(y, moe_forward(*calls[4]))
     config_tables.reload()
     assert not plans
+    assert moe_plan.PLANS is plans and "moe_forward" in cache.caches()
 
 
 @pytest.mark.parametrize("layout", ["x strided", "x unaligned", "ids strided", "w1 strided", "odd"])

@@ -204,10 +204,10 @@ def test_the_poison_shows_a_buffer_left_unwritten(monkeypatch, device):
     w1, w2 = (_r(e, 2 * i, h, dtype=torch.float16, seed=12, device=device),
               _r(e, h, i, dtype=torch.float16, seed=13, device=device))
     wts, ids = _routing(t, e, k, how, device=device)
-    real_launch = moe_plan.fire_grouped
+    real_fire = moe_plan._fire
     _poison_empty(monkeypatch)
-    monkeypatch.setattr(moe_plan, "fire_grouped",
-                        lambda g, *a: None if g.slot.consts["MODE"] == 2 else real_launch(g, *a))
+    monkeypatch.setattr(moe_plan, "_fire",
+                        lambda st, *a: None if st.slot.consts.get("MODE") == 2 else real_fire(st, *a))
     y = moe_forward(x, w1, w2, wts, ids, configs=PAIRS["64x32 p2"])
     monkeypatch.undo()
     assert not moe_check(y, x, w1, w2, wts, ids)["ok"]

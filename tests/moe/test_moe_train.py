@@ -26,10 +26,12 @@ _TORCH_READS = ("nonzero", "unique", "unique_consecutive", "masked_select", "arg
 
 def _from_gemmlab(t=None) -> str | None:
     """The module of the caller's caller when it is gemmlab's own code (the guard's frame is 0). Not the CPU
-    branch of ``moe_checks.device_check`` reading a CPU tensor: on a GPU that check is torch._assert_async."""
+    branch of ``moe_checks.device_check`` (or of its copy in ``moe_plan.run_plan``, the forward's hot path)
+    reading a CPU tensor: on a GPU that check is torch._assert_async."""
     frame = sys._getframe(2)
     name = frame.f_globals.get("__name__", "")
-    if name == "gemmlab.ops.moe_checks" and frame.f_code.co_name == "device_check" and \
+    if (name, frame.f_code.co_name) in (("gemmlab.ops.moe_checks", "device_check"),
+                                        ("gemmlab.ops.moe_plan", "run_plan")) and \
             isinstance(t, torch.Tensor) and not t.is_cuda:
         return None
     return name if name == "gemmlab" or name.startswith("gemmlab.") else None

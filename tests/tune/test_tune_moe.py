@@ -66,6 +66,32 @@ def test_forward_modes_run_their_config_in_the_right_gemm():
         assert resolved == (mine if mode == "gate_up" else MoEConfig(**dict(mine.__dict__, block_m=default.block_m)))
 
 
+def test_grouped_mode_runs_poisoned_and_checks_with_the_shared_tolerance():
+    """moe_problem's grouped mode: a NaN-poisoned output the run fills, checked by ``ref.grouped_gemm_check`` (the
+    tolerance bench moe uses too), which refuses a NaN and an error past its bound; a bad mode is one ValueError."""
+    from gemmlab.ref import grouped_gemm_check
+    from gemmlab.tune.targets import moe_problem
+
+    pb = moe_problem(TINY, 8, "grouped", torch.bfloat16)
+    fn, out, cfg, path, handle = pb.runner(None)
+    assert path == "grouped" and handle[0] == 0 and handle[4] == cfg.__dict__ and torch.isnan(out).all()
+    fn()
+    good = pb.check(out)
+    assert good["ok"] and good["worst"] <= 1.0
+    bad = out.clone()
+    bad[3, 5] = float("nan")
+    assert not pb.check(bad)["ok"]
+    ref = torch.linspace(-4, 4, 32).view(4, 8)
+    c = grouped_gemm_check(ref.to(torch.bfloat16), ref)
+    assert c["ok"] and c["allowed"] == 2 * 2.0 ** -7 * 4 + 1e-3
+    off = ref.clone()
+    off[1, 1] += 2 * c["allowed"]
+    assert not grouped_gemm_check(off.to(torch.float16), ref)["ok"]
+    assert pb.fresh(3).rng_seed != pb.rng_seed and pb.fresh(3).op == "moe_grouped"
+    with pytest.raises(ValueError, match="MoE mode 'up'"):
+        moe_problem(TINY, 8, "up")
+
+
 def test_moe_pruning_and_spaces():
     ok = MoEConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
     assert space.prune_moe(ok, "grouped", 128, 4096, 7168) is None

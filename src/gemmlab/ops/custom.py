@@ -264,7 +264,7 @@ class MoEForward(torch.autograd.Function):
 
 
 def _launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather):
-    from gemmlab.ops.moe_backward import launch_forward_saving
+    from gemmlab.ops.moe_plan import launch_forward_saving
 
     return launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
 

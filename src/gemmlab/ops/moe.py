@@ -13,14 +13,18 @@ one persistent launch on x's rows in expert order (gathered once, or read by tok
 ``gather``), SiLU(gate) * up in the epilogue (the 2I-wide intermediate is never written), (3) second GEMM with each
 row's top-k weight applied in its epilogue, (4) a deterministic combine back to token order (each token sums its k
 rows in slot order). fp16 and bf16, fp32 accumulation. Every decision of a call is planned once per signature of
-its inputs (``ops.moe_plan``); later calls allocate one scratch buffer (routing tables, gathered x, intermediate,
-routed outputs) and y, and launch the kept kernels with device addresses (``gemmlab.ops.launch``).
+its inputs and options (``ops.moe_plan``: one plan whose options are the plain body, the gate/up-saving body that
+autograd runs and the FP8 experts' body, in one bounded cache); later calls allocate one scratch buffer (routing
+tables, gathered x, intermediate, routed outputs) and y, and launch the kept kernels with device addresses
+(``gemmlab.ops.launch``). The path of a repeat eager call: this module, ``ops.dispatch`` (is it eager?),
+``ops.moe_plan`` (the plan and its launches), ``ops.launch`` (the kept kernel's launcher), then the kernels.
 ``validate=True`` checks ids and offsets against E and S on the device (no host sync: a device-side assert on
 a GPU, so it works in CUDA graphs too); ``validate=False`` skips those few small launches.
 
 The lab's way into the details: ``MoEConfig``, ``Mode``/``MODES``, ``moe_config``/``moe_choice`` (the config
 tables' choice), ``sort_routes`` (the routing table), ``launch_config``/``epilogue_flags`` (what a grouped launch
-compiles), ``moe_grouped_kernel`` and ``last_kernel`` (the grouped kernel, and its compiled form last run),
+compiles), ``moe_grouped_kernel`` and ``last_kernel`` (the grouped kernel, and its compiled form last run by
+``grouped_gemm``, or by a moe_forward plan's first call: a plan keeps its compiled kernels in its steps),
 ``moe_backward`` (the fused backward), ``MoEBackwardConfig``/``backward_config`` (its launch parameters and
 whether the autograd forward keeps gate/up, from the "moe_backward" config tables).
 """
@@ -133,7 +137,6 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE | PackedMoEFP8, w2
     "moe_backward" config tables say (``ops.moe_backward.backward_config``)."""
     if isinstance(w1, PackedMoEFP8):
         return moe_forward_fp8(x, w1, topk_weights, topk_ids, validate=validate)
-    check_gather(gather)
     if isinstance(w1, PackedMoE):
         w1, w2 = w1.w1, w1.w2
     if configs is not None:
@@ -153,8 +156,9 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE | PackedMoEFP8, w2
             topk_weights = topk_weights.reshape(x.shape[0], topk_weights.shape[-1])
         if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() >= 1:
             topk_ids = topk_ids.reshape(x.shape[0], topk_ids.shape[-1])
-    if dispatch.direct(x, w1, w2, topk_weights, topk_ids):
+    if dispatch.direct(x, w1, w2, topk_weights, topk_ids):  # the plan checks a new signature in full (gather too)
         return _lead(launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None), lead)
+    check_gather(gather)
     eager = dispatch.eager(x, w1, w2, topk_weights, topk_ids)  # needs autograd only: no dispatcher (host time)
     dims = None if eager else check_moe_args(x, w1, w2, topk_weights, topk_ids)  # errors before the op's fake
     save = bool(save_gate_up)

@@ -7,10 +7,11 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k r
     weight_grad(p, q, offsets, out (E, M, N)): out[e] = p[rows_e]^T q[rows_e], rows optionally gathered
 
 Saved from the forward: its inputs (x, the weights, the routing as ids and weights) and, after the saving
-forward (``launch_forward_saving``, Liger's trade, what ``moe_forward`` under autograd runs where the
-"moe_backward" config tables say ``save_gate_up``: the bundled tables say yes everywhere), the gate/up
-pre-activations gate_up (S, 2I) that its first GEMM stores beside SiLU(gate) * up (``SAVE_PRE``). The backward
-sorts the routes again (one launch up to ``ALIGN_MAX_S`` rows), then five launches, none of which reads a value
+forward (the ``save`` option of the forward's plan, ``ops.moe_plan.launch_forward_saving``; Liger's trade, what
+``moe_forward`` under autograd runs where the "moe_backward" config tables say ``save_gate_up``: the bundled
+tables say yes everywhere), the gate/up pre-activations gate_up (S, 2I) that its first GEMM stores beside
+SiLU(gate) * up (``SAVE_PRE``). The backward sorts the routes again (one launch up to ``ALIGN_MAX_S`` rows),
+then five launches, none of which reads a value
 on the host (capturable in a CUDA graph) and none of which loops over experts on the host:
 
     1. dh kernel     d = dy[token] W2_e in one pass over H, and g, u loaded from gate_up (or recomputed as
@@ -31,7 +32,7 @@ against Liger. The backward's tiles come from the same tables (``backward_config
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 import torch
 import triton
@@ -40,23 +41,23 @@ from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.device import Target, target_for
-from gemmlab.kernels.moe import moe_combine_kernel, moe_tiles_kernel
+from gemmlab.kernels.moe import moe_tiles_kernel
 from gemmlab.kernels.moe_backward import (
     moe_bwd_combine_kernel,
     moe_bwd_dh_kernel,
     moe_bwd_dx_kernel,
     moe_weight_grad_kernel,
 )
+from gemmlab.ops import cache
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.grouped import launch_grouped, w2d
+from gemmlab.ops.grouped import w2d
 from gemmlab.ops.layout import padded_k, rows_tma_ok
-from gemmlab.ops.moe_checks import check_gather, check_moe_args, device_check
-from gemmlab.ops.moe_config import Mode, moe_config
 from gemmlab.ops.moe_routing import sort_routes
 
-_KEPT: dict = {}  # kept compiled kernels of these launches (gemmlab.ops.launch.start)
-_STAGES: dict = {}  # (kernel, constexprs, warps, stages asked) -> the stages that fit in shared memory
+KEPT = cache.bounded("moe_backward.kept")  # kept compiled kernels of these launches (gemmlab.ops.launch.start)
+# (kernel, constexprs, warps, stages asked) -> the stages that fit in shared memory (one entry per config)
+STAGES = cache.bounded("moe_backward.stages", clear_on_reload=False)
 
 
 def _start(kernel, grid: tuple, args: list, consts: dict, warps: int, stages: int):
@@ -64,22 +65,22 @@ def _start(kernel, grid: tuple, args: list, consts: dict, warps: int, stages: in
     does not fit in shared memory (OutOfResources is raised when compiling, before anything runs); the
     stages that fit are remembered per specialization."""
     key = (kernel, tuple(consts.items()), warps, stages)
-    fit = _STAGES.get(key, stages)
+    fit = STAGES.get(key, stages)
     while True:
         try:
-            return kept_launch.start(_KEPT, kernel, grid, args, consts, dict(num_warps=warps, num_stages=fit))
+            return kept_launch.start(KEPT, kernel, grid, args, consts, dict(num_warps=warps, num_stages=fit))
         except OutOfResources:
             if fit <= 1:
                 raise
             fit -= 1
-            _STAGES[key] = fit
+            STAGES[key] = fit
 
 
 @dataclass(frozen=True)
 class MoEBackwardConfig:
     """Launch parameters of the backward kernels (``dh``: kernel 1, ``dx``: kernel 3, ``wg``: 2 and 5; the dh and
     dx kernels share one tile schedule, so one BLOCK_M), and ``save_gate_up``: whether ``moe_forward`` under
-    autograd keeps the gate/up pre-activations (S, 2I) for the backward (``launch_forward_saving``) instead of
+    autograd keeps the gate/up pre-activations (S, 2I) for the backward (``moe_plan.launch_forward_saving``) instead of
     the backward recomputing them. Chosen per call from the "moe_backward" config tables (``backward_config``)."""
 
     block_m: int = 128
@@ -216,7 +217,7 @@ def grouped_input_grad(dy: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     cfg = backward_config(target, s, e, dtype=dy.dtype, n=k, k=n)
     tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=dy.device)
     ok = torch.empty(1, dtype=torch.bool, device=dy.device)  # the forward checked the offsets
-    kept_launch.start(_KEPT, moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],
+    kept_launch.start(KEPT, moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],
                       dict(BLOCK_M=cfg.block_m, BLOCK_E=max(16, triton.next_power_of_2(e))), {})
     _launch_dx(dy if dy.stride(1) == 1 else dy.contiguous(), w2d(w), n, dx, offsets, tile_offsets, cfg, target)
     return dx
@@ -292,7 +293,7 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     # 4. dx[t] = sum_j dxs[inv[t, j]] (j order); d topk_weights from the partials
     block_h = min(1024, triton.next_power_of_2(h))
     kept_launch.start(
-        _KEPT, moe_bwd_combine_kernel, (t, triton.cdiv(h, block_h)),
+        KEPT, moe_bwd_combine_kernel, (t, triton.cdiv(h, block_h)),
         [dxs, r.inv, part, dx, dtw, h, num_part, dxs.stride(0), dx.stride(0)],
         dict(TOP_K=k, BLOCK_H=block_h, BLOCK_P=max(2, triton.next_power_of_2(num_part))), {})
     del dxs
@@ -301,53 +302,3 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     if need_w1:
         weight_grad(dgu, None, x, r.token, r.offsets, dw1, cfg)
     return dx, dw1, dw2, dtw
-
-
-# ------------------------------------------------------------------------------ the saving forward (option)
-
-
-def launch_forward_saving(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                          topk_ids: torch.Tensor, validate: bool, gather: str = "auto"
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """y (T, H) as ``moe_forward`` computes it (the same configs, routing and launches: the same values), and the
-    pre-activations gate_up (S, 2I) in routed order, kept for the backward (Liger's trade: S*2I more memory held
-    from forward to backward, no recompute): the first GEMM stores them beside SiLU(gate) * up (SAVE_PRE)."""
-    check_gather(gather)
-    t, h, i, e, k = check_moe_args(x, w1, w2, topk_weights, topk_ids)
-    s, dev = t * k, x.device
-    y = torch.empty((t, h), dtype=x.dtype, device=dev)
-    gate_up = _padded(s, 2 * i, x.dtype, dev)
-    if t == 0 or h == 0 or i == 0:
-        return y.zero_(), gate_up.zero_()
-    target = target_for(dev)
-    elt = x.element_size()
-    cfg1 = moe_config(target, s, e, Mode.GATE_UP, elt, dtype=x.dtype, n=i, k=h, max_group=t)
-    cfg2 = replace(moe_config(target, s, e, Mode.DOWN, elt, dtype=x.dtype, n=h, k=i, max_group=t),
-                   block_m=cfg1.block_m)  # one tile schedule for both GEMMs
-    r = sort_routes(topk_ids, e, cfg1.block_m, topk_weights)
-    if validate:  # no host sync: the routing kernel's flag, or min/max of the ids (as the forward)
-        lo, hi = torch.aminmax(topk_ids) if r.ok is None else (None, None)
-        ok = r.ok[0] if r.ok is not None else (lo >= 0) & (hi < e)
-        device_check(ok, f"moe: topk_ids must be in [0, E={e})")
-    x = x if x.stride(1) == 1 else x.contiguous()
-    act = _padded(s, i, x.dtype, dev)
-    copy = gather == "copy" or (gather == "auto" and target.has_tma and (h * elt) % 16 == 0)  # one gathered copy
-    a, a_rows = (x.index_select(0, r.token), None) if copy else (x, r.token)
-    key = ("saving", cfg1, copy)
-    while True:  # the gate/up stores' layout conversion needs shared memory too: fewer stages where it must
-        try:
-            launch_grouped(Mode.GATE_UP, a, a_rows, w1, act, None, r.offsets, r.tile_offsets, i,
-                           replace(cfg1, num_stages=_STAGES.get(key, cfg1.num_stages)), target, s, pre=gate_up)
-            break
-        except OutOfResources:
-            if _STAGES.get(key, cfg1.num_stages) <= 2:
-                raise
-            _STAGES[key] = _STAGES.get(key, cfg1.num_stages) - 1
-    del a
-    o = torch.empty((s, h), dtype=x.dtype, device=dev)
-    launch_grouped(Mode.DOWN, act, None, w2, o, r.scale, r.offsets, r.tile_offsets, h, cfg2, target, s)
-    del act
-    block_h = min(1024, triton.next_power_of_2(h))
-    kept_launch.start(_KEPT, moe_combine_kernel, (t, triton.cdiv(h, block_h)),
-                      [o, r.inv, y, h, o.stride(0), y.stride(0)], dict(TOP_K=k, BLOCK_H=block_h), {})
-    return y, gate_up

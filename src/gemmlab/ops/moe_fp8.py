@@ -8,7 +8,8 @@ block of each expert; activations quantized on the fly with one scale per 1x128 
     grouped_gemm_fp8(x (S, K), w (E, N, K), offsets, x_scale, w_scale) -> (S, N) bf16/fp16
     moe_forward_fp8(x (T, H), packed, topk_weights, topk_ids) -> y (T, H)   (``moe_forward`` dispatches here)
 
-Each call checks its operands, then goes to the launchers (``ops.moe_fp8_launch``) directly when eager, or through
+Each call checks its operands, then goes to the launchers (``ops.moe_fp8_launch``; the MoE body is the FP8 option of
+the forward's one plan, ``ops.moe_plan``) directly when eager, or through
 the ``torch.ops.gemmlab`` custom ops (``ops.custom_fp8``) when traced. No autograd: a RuntimeError where a gradient
 would be needed. Alignment: every K (H and I) a multiple of 16 (TMA rows of e4m3), else ValueError.
 """
@@ -23,7 +24,8 @@ from gemmlab.ops import custom_fp8, dispatch
 from gemmlab.ops.fp8_checks import SCALE_BLOCK, fp8_out_dtype
 from gemmlab.ops.fp8_quantize import quantize_torch
 from gemmlab.ops.moe_fp8_checks import ACT_DTYPES, check_expert_weight, refuse_grad
-from gemmlab.ops.moe_fp8_launch import MoEFp8Config, launch_grouped_gemm_fp8, launch_moe_forward_fp8
+from gemmlab.ops.moe_fp8_launch import MoEFp8Config, launch_grouped_gemm_fp8
+from gemmlab.ops.moe_plan import launch_moe_forward_fp8
 
 
 @dataclass(frozen=True)
@@ -113,8 +115,8 @@ def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_
 def moe_forward_fp8(x: torch.Tensor, packed: PackedMoEFP8, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                     validate: bool = True) -> torch.Tensor:
     """The MoE body with FP8 experts (``moe_forward(x, packed, None, topk_weights, topk_ids)`` comes here): the
-    routing, gather and combine of the bf16 path, both GEMMs in e4m3 with block scales (``ops.moe_fp8_launch``,
-    steps (1)-(6)). x (T, H) or (..., H) bf16/fp16 -> y of x's shape and dtype."""
+    routing, gather and combine of the bf16 path, both GEMMs in e4m3 with block scales (``ops.moe_plan``, its
+    FP8 option). x (T, H) or (..., H) bf16/fp16 -> y of x's shape and dtype."""
     if not isinstance(packed, PackedMoEFP8):
         raise TypeError(f"moe_forward (fp8): expected a PackedMoEFP8 (gemmlab.pack_moe_fp8), got "
                         f"{type(packed).__name__}")

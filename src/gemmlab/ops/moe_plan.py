@@ -1,46 +1,51 @@
-"""The MoE forward's launcher and its plan cache: every decision of a ``moe_forward`` call made once per
-signature of its inputs, then launched with kept kernels and device addresses.
+"""The MoE forward's one plan: every decision of a ``moe_forward`` call made once per signature of its inputs and
+options, then launched with kept kernels and device addresses. Its options are the three bodies that used to be
+apart: plain, gate/up-saving (``save``: the first GEMM also stores the pre-activations for the backward) and FP8
+experts (``scales``: e4m3 weights with 128x128 block scales, activations quantized per 1x128 block on the fly).
 
-Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k routed (token, slot) rows.
+Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k routed (token, slot) rows;
+Xb = cdiv(X, 128).
 
     launch_moe_forward(x (T, H), w1 (E, 2I, H), w2 (E, H, I), weights (T, k), ids (T, k), validate, gather,
                        configs) -> y (T, H)
+    launch_forward_saving(..., validate, gather) -> y, gate_up (S, 2I) in routed (expert) order
+    launch_moe_forward_fp8(x, w1, w1_scale, w2, w2_scale, weights, ids, validate) -> y
 
 Steps of a call: (1) sort the (token, slot) pairs by expert on the device, stably, with no host sync
-(``ops.moe_routing``), (2) the first grouped GEMM over all experts on x's rows in expert order (gathered once,
-or read by token index inside the GEMM: ``gather``), SiLU(gate) * up in the epilogue, (3) the second grouped
-GEMM with each row's top-k weight applied in its epilogue, (4) a deterministic combine back to token order (each
-token sums its k rows in slot order). A plan (``MoEPlan``, built by ``plan_moe``) fixes the configs, the routing
-launches, the grids, constexprs and the layout of one scratch buffer (routing tables, gathered x, intermediate,
-routed outputs); a call allocates that buffer and y and launches.
+(``ops.moe_routing``'s launches), (2) the first grouped GEMM over all experts on x's rows in expert order
+(gathered once, or read by token index inside the GEMM: ``gather``; FP8: gathered, then quantized), SiLU(gate) * up
+in the epilogue, (3) the second grouped GEMM with each row's top-k weight applied in its epilogue (FP8: on the
+quantized intermediate), (4) a deterministic combine back to token order (each token sums its k rows in slot order).
+A plan (``MoEPlan``, built by ``plan_moe`` after one full argument check) fixes the configs, the layout of one
+scratch buffer (routing tables, gathered x, intermediate, routed outputs; FP8: their e4m3 copies and scales) and
+every launch as a ``Step``: a planned kernel and its arguments by name. A call allocates that buffer and y, and
+fires the steps; after the first call their compiled kernels are kept and launched directly
+(``gemmlab.ops.launch``). Plans live in ``PLANS``, one bounded LRU cache (``gemmlab.ops.cache``).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import triton
 from triton.runtime.errors import OutOfResources
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.device import target_for
+from gemmlab.kernels.gemm_fp8 import quantize_groups_kernel
 from gemmlab.kernels.moe import moe_combine_kernel, moe_gather_kernel
+from gemmlab.ops import cache
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.grouped import (
-    GroupedLaunch,
-    ensure_allocator,
-    fire_grouped,
-    grouped_args,
-    grouped_spec,
-    host_desc,
-    jit_desc,
-    w2d,
-)
+from gemmlab.ops.fp8_checks import FP8, SCALE_BLOCK
+from gemmlab.ops.grouped import GroupedLaunch, ensure_allocator, grouped_spec, w2d
 from gemmlab.ops.layout import padded_k
-from gemmlab.ops.moe_checks import check_moe_args, device_check
+from gemmlab.ops.moe_checks import check_gather, check_moe_args
 from gemmlab.ops.moe_config import Mode, MoEConfig, moe_config
+from gemmlab.ops.moe_fp8_checks import check_moe_fp8_args
+from gemmlab.ops.moe_fp8_config import check_weights_tma, fp8_grouped_spec, moe_fp8_config, need_tma
 from gemmlab.ops.moe_routing import (
     route_args,
     route_kind,
@@ -50,12 +55,10 @@ from gemmlab.ops.moe_routing import (
     sort_routes_torch,
 )
 
-# Per signature of a moe_forward call (shapes, strides, dtypes, devices and 16-byte alignment of the five inputs,
-# validate, gather, configs): its plan and kept kernels. Filled on first use, after the checks; a hit skips the
-# checks the key proves and launches the kept kernels with device addresses (``gemmlab.ops.launch``). Bounded
-# like gemm's cache; ``configs.reload()`` clears it.
-PLANS: dict[tuple, MoEPlan] = {}
-PLANS_SIZE = 1024
+# Per signature of a call (shapes, strides, dtypes, devices and 16-byte alignment of its tensors) and its options
+# (validate, gather, configs, save, FP8): its plan and kept kernels. Filled on first use, after the full checks; a hit
+# skips the checks the key proves. configs.reload() clears it.
+PLANS = cache.bounded("moe_forward")
 ALIGN = 128  # bytes: each scratch region starts on this (TMA needs 16)
 
 
@@ -79,14 +82,40 @@ class Region:
     dtype: torch.dtype
     shape: tuple
     strides: tuple
-    offset: int  # bytes into the scratch buffer
+    offset: int  # bytes from the scratch buffer's start
+
+
+@dataclass(frozen=True)
+class Desc:
+    """A TMA descriptor over the call's tensor or scratch region ``name``."""
+
+    name: str
+    shape: list
+    strides: list
+    block: list
+
+
+@dataclass
+class Step:
+    """One launch of a plan: the planned kernel and its runtime arguments, each the name of a call tensor (x, ids,
+    tw, w1, w2, w1_scale, w2_scale, y, gate_up) or scratch region, a ``Desc``, or a value. ``shrink``: fewer
+    pipeline stages (not below 2) where the compiled kernel does not fit in shared memory (the gate/up stores)."""
+
+    slot: kept_launch.Planned
+    args: list
+    shrink: bool = False
+    named: tuple = ()  # (position, name) of each argument looked up per call
+    descs: tuple = ()  # (position, Desc) of each descriptor made per call
+
+    def __post_init__(self) -> None:
+        self.named = tuple((j, a) for j, a in enumerate(self.args) if a.__class__ is str)
+        self.descs = tuple((j, a) for j, a in enumerate(self.args) if a.__class__ is Desc)
 
 
 @dataclass
 class MoEPlan:
-    """Every decision of a moe_forward call with inputs laid out like these (``plan_moe``). ``route`` and
-    ``route_slots`` fall back to torch ops if a routing kernel cannot build; ``kept`` turns True once every
-    launch has kept its compiled kernel (later calls launch directly)."""
+    """Every decision of a moe_forward call with inputs laid out like the ones it was made for. ``route`` turns
+    "torch" if a routing kernel cannot build; ``kept`` turns True once every launch has kept its compiled kernel."""
 
     t: int
     h: int
@@ -96,32 +125,26 @@ class MoEPlan:
     nbytes: int  # scratch bytes (a multiple of the element size)
     regions: list[Region]
     route: str  # route_kind's answer
-    route_slots: list[kept_launch.Planned]
     block_m: int
     validate: str | None  # the message of the ids check, None: no check
     body: Body
+    save: bool  # gate/up kept for the backward (a (S, 2I) output beside y)
     x_copy: bool  # x's rows are not unit-stride: copied per call
     flat_copy: bool  # topk_ids / topk_weights not contiguous: flattened copies per call
     w_copy: tuple[bool, bool]  # w1 / w2 not in the (E * N_w, K) layout: copied per call (``w2d``)
+    scale_copy: bool  # FP8: a weight scale not contiguous: copied per call
     ok_at: int  # byte offset of the ok flag
-    gather: kept_launch.Planned | None = None  # the copy of x's rows in expert order (gather "copy")
-    g1: GroupedLaunch | None = None
-    g2: GroupedLaunch | None = None
-    combine: kept_launch.Planned | None = None
+    routing: list[Step] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)  # the body's launches
+    clip: GroupedLaunch | None = None  # a grouped launch making descriptors on the device (needs Triton's allocator)
     kept: bool = False  # every launch kept: later calls launch directly
 
 
-def moe_key(x, w1, w2, tw, ids, validate, gather, configs) -> tuple:
-    return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, w1.shape, w1.stride(), w1.dtype, w1.device,
-            w1.data_ptr() % 16, w2.shape, w2.stride(), w2.dtype, w2.device, w2.data_ptr() % 16, tw.shape, tw.stride(),
-            tw.dtype, tw.device, tw.data_ptr() % 16, ids.shape, ids.stride(), ids.dtype, ids.device,
-            ids.data_ptr() % 16, validate, gather, configs)
-
-
-def _layout(t: int, h: int, i: int, e: int, k: int, dtype: torch.dtype, route: str, copy: bool,
-            gemms: bool) -> tuple[list[Region], int]:
+def _layout(t: int, h: int, i: int, e: int, k: int, dtype: torch.dtype, route: str, copy: bool, gemms: bool,
+            fp8: bool) -> tuple[list[Region], int]:
     """The scratch regions of a call and the buffer's size: the routing tables, x's rows in expert order
-    (gather "copy"), the intermediate act (S, I) in rows padded to 16 bytes and the routed outputs o (S, H)."""
+    (gather "copy"), the intermediate act (S, I) in rows padded to 16 bytes and the routed outputs o (S, H); FP8:
+    the e4m3 gathered x and intermediate and their 1x128 block scales."""
     s, elt = t * k, torch.empty((), dtype=dtype).element_size()
     nb = sort_blocks(s)[1] if route == "count" else 0
     want = [("order", torch.int32, (s,), (1,)), ("inv", torch.int32, (s,), (1,)), ("token", torch.int32, (s,), (1,)),
@@ -129,9 +152,12 @@ def _layout(t: int, h: int, i: int, e: int, k: int, dtype: torch.dtype, route: s
             ("scale", torch.float32, (s,), (1,)), ("ok", torch.bool, (1,), (1,)),
             ("hist", torch.int32, ((e + 1) * nb,), (1,)), ("local", torch.int32, ((e + 1) * nb,), (1,))]
     if gemms:
-        i_pad = padded_k(i)
-        want += ([("xg", dtype, (s, h), (h, 1))] if copy else []) + [("act", dtype, (s, i), (i_pad, 1)),
+        want += ([("xg", dtype, (s, h), (h, 1))] if copy else []) + [("act", dtype, (s, i), (padded_k(i), 1)),
                                                                      ("o", dtype, (s, h), (h, 1))]
+    if gemms and fp8:
+        hb, ib = -(-h // SCALE_BLOCK), -(-i // SCALE_BLOCK)
+        want += [("qa", FP8, (s, h), (h, 1)), ("sa", torch.float32, (s, hb), (hb, 1)), ("qh", FP8, (s, i), (i, 1)),
+                 ("sh", torch.float32, (s, ib), (ib, 1))]
     regions, at = [], 0
     for name, dt, shape, strides in want:
         regions.append(Region(name, dt, shape, strides, at))
@@ -152,128 +178,228 @@ def _views(regions: list[Region], buf: torch.Tensor) -> dict:
     return out
 
 
-def _addrs(regions: list[Region], base: int) -> dict:
-    return {r.name: base + r.offset for r in regions}
+def _grouped_step(g, a: str, a_rows: str | None, w: str, out: str, scale: str | None, pre: str | None) -> Step:
+    """A planned bf16/fp16 grouped launch (``ops.grouped.grouped_spec``) as a Step over named tensors."""
+    return Step(g.slot, [a if g.a_desc is None else Desc(a, *g.a_desc), a_rows or "offsets",
+                         w if g.w_desc is None else Desc(w, *g.w_desc), out,
+                         out if g.out_desc is None else Desc(out, *g.out_desc), scale or out, pre or out, "offsets",
+                         "tile_offsets", *g.ints], shrink=pre is not None)
 
 
-def plan_moe(x, w1, w2, tw, ids, validate, gather, configs, dims) -> MoEPlan:
-    """Every decision of a moe_forward call with inputs laid out like these (after ``check_moe_args``, whose
-    answer ``dims`` is): (1) the two GEMMs' configs (one tile schedule), (2) the routing launches, (3) the
-    scratch layout, (4) the gather, GEMM and combine launches."""
+def _quantize_step(src: str, q: str, sc: str, s: int, n: int, stride: int) -> Step:
+    """Rows of ``src`` (S, n) quantized per 1x128 block into ``q`` (e4m3) and ``sc`` (S, nb) fp32, as
+    ``quantize_fp8(x, "block", (1, 128))`` does (the same kernel and launch)."""
+    nb = -(-n // SCALE_BLOCK)
+    return Step(kept_launch.Planned(quantize_groups_kernel, (s, nb, 1), dict(BLOCK=SCALE_BLOCK), dict(num_warps=1)),
+                [src, q, sc, n, stride, n, nb, SCALE_BLOCK])
+
+
+def check(x, w1, w2, tw, ids, gather, scales) -> tuple[int, int, int, int, int]:
+    """The full check of a new signature -> (T, H, I, E, k)."""
+    if scales is None:
+        check_gather(gather)
+        return check_moe_args(x, w1, w2, tw, ids)
+    dims = check_moe_fp8_args(x, w1, scales[0], w2, scales[1], tw, ids)
+    if dims[0] and dims[1] and dims[4]:
+        need_tma("moe_forward (fp8)", target_for(x.device))
+        check_weights_tma("moe_forward (fp8)", w1=w1, w2=w2)
+    return dims
+
+
+def plan_moe(x, w1, w2, tw, ids, validate, gather, configs, save, scales, dims) -> MoEPlan:
+    """Every decision of a call with inputs laid out like these (after ``check``, whose answer ``dims`` is): (1) the
+    two GEMMs' configs (one tile schedule), (2) the routing launches, (3) the scratch layout, (4) the gather,
+    quantization (FP8), GEMM and combine launches."""
     t, h, i, e, k = dims
-    s = t * k
+    s, fp8 = t * k, scales is not None
     target = target_for(x.device)
     elt = x.element_size()
-    cfg1, cfg2 = configs or (moe_config(target, s, e, Mode.GATE_UP, elt, dtype=x.dtype, n=i, k=h, max_group=t),
-                             moe_config(target, s, e, Mode.DOWN, elt, dtype=x.dtype, n=h, k=i, max_group=t))
+    if fp8:
+        cfg1, cfg2 = (moe_fp8_config(target, Mode.GATE_UP, s, e, 2 * i, h), moe_fp8_config(target, Mode.DOWN, s, e,
+                                                                                            h, i))
+        gather = "copy"  # e4m3 rows through TMA
+    else:
+        cfg1, cfg2 = configs or (moe_config(target, s, e, Mode.GATE_UP, elt, dtype=x.dtype, n=i, k=h, max_group=t),
+                                 moe_config(target, s, e, Mode.DOWN, elt, dtype=x.dtype, n=h, k=i, max_group=t))
+        if gather == "auto":
+            gather = "copy" if target.has_tma and (h * elt) % 16 == 0 else "fused"
     cfg2 = replace(cfg2, block_m=cfg1.block_m)  # one tile schedule for both GEMMs
     route = route_kind(s, e)
-    slots = [] if route == "torch" else [kept_launch.Planned(*spec) for spec in
-                                         route_launches(route, s, e, k, cfg1.block_m, True)]
-    if gather == "auto":
-        gather = "copy" if target.has_tma and (h * elt) % 16 == 0 else "fused"
     body = Body.NONE if h == 0 else Body.ZEROS if i == 0 else Body.GEMMS
-    regions, nbytes = _layout(t, h, i, e, k, x.dtype, route, gather == "copy", body is Body.GEMMS)
+    copy = gather == "copy"
+    regions, nbytes = _layout(t, h, i, e, k, x.dtype, route, copy, body is Body.GEMMS, fp8)
     w1k, w2k = w2d(w1), w2d(w2)
-    p = MoEPlan(t=t, h=h, i=i, e=e, k=k, nbytes=nbytes, regions=regions, route=route, route_slots=slots,
-                block_m=cfg1.block_m, validate=f"moe: topk_ids must be in [0, E={e})" if validate else None,
-                body=body, x_copy=x.stride(1) != 1, flat_copy=not (ids.is_contiguous() and tw.is_contiguous()),
+    p = MoEPlan(t=t, h=h, i=i, e=e, k=k, nbytes=nbytes, regions=regions, route=route, block_m=cfg1.block_m,
+                validate=(f"moe_forward (fp8): topk_ids must lie in [0, E={e})" if fp8 else
+                          f"moe: topk_ids must be in [0, E={e})") if validate else None,
+                body=body, save=save, x_copy=x.stride(1) != 1,
+                flat_copy=not (ids.is_contiguous() and tw.is_contiguous()),
                 w_copy=(w1k.data_ptr() != w1.data_ptr(), w2k.data_ptr() != w2.data_ptr()),
+                scale_copy=fp8 and not (scales[0].is_contiguous() and scales[1].is_contiguous()),
                 ok_at=next(r.offset for r in regions if r.name == "ok"))
+    if route != "torch":
+        p.routing = [Step(kept_launch.Planned(*spec), args) for spec, args in zip(
+            route_launches(route, s, e, k, cfg1.block_m, True),
+            route_args(route, "ids", "tw", "order", "inv", "token", "offsets", "tile_offsets", "scale", "ok", "hist",
+                       "local", s, e), strict=True)]
     if body is not Body.GEMMS:
         return p
     v = _views(regions, torch.empty(nbytes // elt, dtype=x.dtype, device="meta"))  # layouts only
     xk = x if x.stride(1) == 1 else x.contiguous()
     block_h = min(1024, triton.next_power_of_2(h))
-    if gather == "copy":
-        p.gather = kept_launch.Planned(moe_gather_kernel, (s, triton.cdiv(h, block_h), 1), dict(BLOCK_H=block_h), {})
-    p.g1 = grouped_spec(Mode.GATE_UP, v["xg"] if gather == "copy" else xk, gather != "copy", w1k, v["act"], i, e,
-                        cfg1, target, s)
-    p.g2 = grouped_spec(Mode.DOWN, v["act"], False, w2k, v["o"], h, e, cfg2, target, s)
-    p.combine = kept_launch.Planned(moe_combine_kernel, (t, triton.cdiv(h, block_h), 1),
-                                    dict(TOP_K=k, BLOCK_H=block_h), {})
+    if copy:
+        p.steps.append(Step(kept_launch.Planned(moe_gather_kernel, (s, triton.cdiv(h, block_h), 1),
+                                                dict(BLOCK_H=block_h), {}), ["x", "token", "xg", h, xk.stride(0), h]))
+    if fp8:
+        slot1, a1, wd1 = fp8_grouped_spec(Mode.GATE_UP, v["qa"], w1k, e, i, cfg1, target, s)
+        slot2, a2, wd2 = fp8_grouped_spec(Mode.DOWN, v["qh"], w2k, e, h, cfg2, target, s)
+        act, o = v["act"], v["o"]
+        p.steps += [_quantize_step("xg", "qa", "sa", s, h, h),
+                    Step(slot1, [Desc("qa", *a1), "sa", Desc("w1", *wd1), "w1_scale", "act", "act", "offsets",
+                                 "tile_offsets", i, h, e, v["sa"].stride(0), act.stride(0)]),
+                    _quantize_step("act", "qh", "sh", s, i, act.stride(0)),
+                    Step(slot2, [Desc("qh", *a2), "sh", Desc("w2", *wd2), "w2_scale", "o", "scale", "offsets",
+                                 "tile_offsets", h, i, e, v["sh"].stride(0), o.stride(0)])]
+    else:
+        pre = torch.empty((s, padded_k(2 * i)), dtype=x.dtype, device="meta")[:, :2 * i] if save else None
+        g1 = grouped_spec(Mode.GATE_UP, v["xg"] if copy else xk, not copy, w1k, v["act"], i, e, cfg1, target, s, pre)
+        g2 = grouped_spec(Mode.DOWN, v["act"], False, w2k, v["o"], h, e, cfg2, target, s)
+        p.clip = g1 if g1.clip else g2 if g2.clip else None
+        p.steps += [_grouped_step(g1, "xg" if copy else "x", None if copy else "token", "w1", "act", None,
+                                  "gate_up" if save else None),
+                    _grouped_step(g2, "act", None, "w2", "o", "scale", None)]
+    p.steps.append(Step(kept_launch.Planned(moe_combine_kernel, (t, triton.cdiv(h, block_h), 1),
+                                            dict(TOP_K=k, BLOCK_H=block_h), {}), ["o", "inv", "y", h, h, h]))
     return p
 
 
-def launch_moe_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                       topk_ids: torch.Tensor, validate: bool, gather: str,
-                       configs: tuple[MoEConfig, MoEConfig] | None) -> torch.Tensor:
-    """``moe_forward``'s launcher on 2-D x: checks, routes, two grouped launches and the combine (no autograd).
-    Plans once per signature (``PLANS``); a hit allocates one scratch buffer and y and launches the kept kernels
-    directly."""
+def forward(x, w1, w2, tw, ids, validate: bool, gather: str, configs: tuple[MoEConfig, MoEConfig] | None,
+            save: bool = False, scales: tuple[torch.Tensor, torch.Tensor] | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Every option's launcher on 2-D x (no autograd): y, and gate_up (S, 2I) when ``save``. A new signature is
+    checked in full and planned (``PLANS``); a hit allocates one scratch buffer and y and fires the kept launches."""
     try:
-        key = moe_key(x, w1, w2, topk_weights, topk_ids, validate, gather, configs)
+        key = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, w1.shape, w1.stride(), w1.dtype,
+               w1.device, w1.data_ptr() % 16, w2.shape, w2.stride(), w2.dtype, w2.device, w2.data_ptr() % 16,
+               tw.shape, tw.stride(), tw.dtype, tw.device, tw.data_ptr() % 16, ids.shape, ids.stride(), ids.dtype,
+               ids.device, ids.data_ptr() % 16, validate, gather, configs, save,
+               None if scales is None else tuple((c.shape, c.stride(), c.dtype, c.device, c.data_ptr() % 16)
+                                                 for c in scales))
         p = PLANS.get(key)
-    except (AttributeError, TypeError):  # not tensors (or unhashable configs): check_moe_args says what is wrong
+    except (AttributeError, TypeError):  # not tensors (or unhashable configs): the checks say what is wrong
         key, p = None, None
     if p is None:
-        dims = check_moe_args(x, w1, w2, topk_weights, topk_ids)
-        if dims[0] == 0:
-            return torch.empty((0, dims[1]), dtype=x.dtype, device=x.device)
-        p = plan_moe(x, w1, w2, topk_weights, topk_ids, validate, gather, configs, dims)
+        dims = check(x, w1, w2, tw, ids, gather, scales)
+        if dims[0] == 0 or dims[4] == 0:  # no rows to route (FP8 takes k = 0 too): nothing to plan
+            y = torch.zeros((dims[0], dims[1]), dtype=x.dtype, device=x.device)
+            return y, (torch.zeros((0, 2 * dims[2]), dtype=x.dtype, device=x.device) if save else None)
+        p = plan_moe(x, w1, w2, tw, ids, validate, gather, configs, save, scales, dims)
         if key is not None:
-            if len(PLANS) >= PLANS_SIZE:
-                PLANS.pop(next(iter(PLANS)))  # the oldest signature goes (dicts keep insertion order)
             PLANS[key] = p
-    return run_plan(p, x, w1, w2, topk_weights, topk_ids)
+    return run_plan(p, x, w1, w2, tw, ids, scales)
 
 
-def _route(p: MoEPlan, v: dict, ids, tw, direct: bool) -> dict:
+def launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate: bool, gather: str,
+                       configs: tuple[MoEConfig, MoEConfig] | None) -> torch.Tensor:
+    """``moe_forward``'s plain body: y (T, H)."""
+    return forward(x, w1, w2, topk_weights, topk_ids, validate, gather, configs)[0]
+
+
+def launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate: bool, gather: str = "auto"
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """y (T, H) as ``moe_forward`` computes it (the same configs, routing and launches: the same values), and the
+    pre-activations gate_up (S, 2I) in routed order, kept for the backward (Liger's trade: S*2I more memory held
+    from forward to backward, no recompute): the first GEMM stores them beside SiLU(gate) * up (SAVE_PRE)."""
+    return forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None, save=True)
+
+
+def launch_moe_forward_fp8(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, validate: bool) -> torch.Tensor:
+    """``moe_forward`` with FP8 experts on 2-D x (steps (1)-(4) with e4m3 GEMMs): y (T, H)."""
+    return forward(x, w1, w2, topk_weights, topk_ids, validate, "copy", None, scales=(w1_scale, w2_scale))[0]
+
+
+def _fire(st: Step, env: dict, direct: bool) -> None:
+    """Launch a step: its arguments looked up by name in ``env`` (tensors, or device addresses when ``direct``)."""
+    args = list(st.args)
+    for j, name in st.named:
+        args[j] = env[name]
+    for j, d in st.descs:
+        base = env[d.name]
+        if not direct:
+            args[j] = TensorDescriptor(base, d.shape, d.strides, d.block)
+        else:  # a scratch region's address, or a call tensor
+            args[j] = kept_launch.HostDesc(kept_launch.Addr(base) if base.__class__ is int else base, d.shape,
+                                           d.strides)
+    while True:
+        try:
+            kept_launch.fire(st.slot, args, direct)
+            return
+        except OutOfResources:  # the gate/up stores' layout conversion needs shared memory too: fewer stages
+            stages = st.slot.opts.get("num_stages", 3)
+            if direct or not st.shrink or stages <= 2:
+                raise
+            st.slot.opts = dict(st.slot.opts, num_stages=stages - 1)
+
+
+def _route(p: MoEPlan, env: dict, direct: bool) -> None:
     """Step (1): the routing launches into the scratch regions (or torch ops, whose tables replace them)."""
     if p.route != "torch":
         try:
-            for slot, args in zip(p.route_slots, route_args(
-                    p.route, ids, tw, v["order"], v["inv"], v["token"], v["offsets"], v["tile_offsets"], v["scale"],
-                    v["ok"], v["hist"], v["local"], p.t * p.k, p.e), strict=True):
-                kept_launch.fire(slot, args, direct)
+            for st in p.routing:
+                _fire(st, env, direct)
         except (triton.CompilationError, OutOfResources) as err:  # cannot build it: torch ops from now on
             routing_broken(err)
-            p.route, p.route_slots, p.kept = "torch", [], False
+            p.route, p.routing, p.kept = "torch", [], False
     if p.route == "torch":
-        r = sort_routes_torch(ids.view(p.t, p.k), p.e, p.block_m, tw.view(p.t, p.k))
-        v = dict(v, order=r.order, inv=r.inv, token=r.token, offsets=r.offsets, tile_offsets=r.tile_offsets,
-                 scale=r.scale)
-    return v
+        r = sort_routes_torch(env["ids"].view(p.t, p.k), p.e, p.block_m, env["tw"].view(p.t, p.k))
+        env.update(order=r.order, inv=r.inv, token=r.token, offsets=r.offsets, tile_offsets=r.tile_offsets,
+                   scale=r.scale)
 
 
-def run_plan(p: MoEPlan, x, w1, w2, tw, ids) -> torch.Tensor:
-    """Run a plan: one scratch buffer (x's dtype, so a poisoned torch.empty reaches every region) and y."""
+def _rows(w: torch.Tensor, copy: bool) -> torch.Tensor:
+    """The (E * N_w, K) rows of w (E, N_w, K) the kernel reads: a view, or ``w2d``'s copy of an odd layout."""
+    return w2d(w) if copy else w.as_strided((w.shape[0] * w.shape[1], w.shape[2]), (w.stride(1), 1))
+
+
+def run_plan(p: MoEPlan, x, w1, w2, tw, ids, scales=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run a plan: one scratch buffer (x's dtype, so a poisoned torch.empty reaches every region), y, and
+    gate_up when the plan saves it."""
     dev = x.device
     buf = torch.empty(p.nbytes // x.element_size(), dtype=x.dtype, device=dev)
     y = torch.empty((p.t, p.h), dtype=x.dtype, device=dev)
-    direct = p.kept and kept_launch.usable(p.route_slots[0].kept if p.route_slots else p.combine.kept)
+    gate_up = torch.empty((p.t * p.k, padded_k(2 * p.i)), dtype=x.dtype, device=dev)[:, :2 * p.i] if p.save else None
+    direct = p.kept and kept_launch.usable((p.routing or p.steps)[0].slot.kept)
     if direct:
-        v, desc = _addrs(p.regions, buf.data_ptr()), host_desc
+        base = buf.data_ptr()
+        env = {r.name: base + r.offset for r in p.regions}
     else:
-        v, desc = _views(p.regions, buf), jit_desc
+        env = _views(p.regions, buf)
     if p.flat_copy:
         ids, tw = ids.reshape(-1).contiguous(), tw.reshape(-1).contiguous()
-    v = _route(p, v, ids, tw, direct)
+    env.update(ids=ids, tw=tw, y=y, gate_up=gate_up)
+    _route(p, env, direct)
     if p.validate is not None:  # no host sync: one check on the flag the routing kernel set (or on min/max)
         if p.route == "torch":
             lo, hi = torch.aminmax(ids)
-            device_check((lo >= 0) & (hi < p.e), p.validate)
+            ok = (lo >= 0) & (hi < p.e)
         else:
-            device_check(buf.view(torch.uint8)[p.ok_at], p.validate)
+            ok = buf.view(torch.uint8)[p.ok_at]
+        if ok.is_cuda:  # a device-side assert (as ``moe_checks.device_check``)
+            torch._assert_async(ok, p.validate)
+        elif not bool(ok):
+            raise ValueError(p.validate)
     if p.body is not Body.GEMMS:
-        return y if p.body is Body.NONE else y.zero_()
-    if p.x_copy:
-        x = x.contiguous()
-    w1k = w2d(w1) if p.w_copy[0] or not direct else w1
-    w2k = w2d(w2) if p.w_copy[1] or not direct else w2
-    ensure_allocator(p.g1)
-    ensure_allocator(p.g2)
-    if p.gather is not None:  # step (2): x's rows gathered, then the first GEMM on them
-        kept_launch.fire(p.gather, [x, v["token"], v["xg"], p.h, x.stride(0), p.h], direct)
-        fire_grouped(p.g1, grouped_args(p.g1, v["xg"], None, w1k, v["act"], None, v["offsets"], v["tile_offsets"],
-                                        desc), direct)
-    else:
-        fire_grouped(p.g1, grouped_args(p.g1, x, v["token"], w1k, v["act"], None, v["offsets"], v["tile_offsets"],
-                                        desc), direct)
-    fire_grouped(p.g2, grouped_args(p.g2, v["act"], None, w2k, v["o"], v["scale"], v["offsets"], v["tile_offsets"],
-                                    desc), direct)  # step (3)
-    kept_launch.fire(p.combine, [v["o"], v["inv"], y, p.h, p.h, y.stride(0)], direct)  # step (4)
+        return (y if p.body is Body.NONE else y.zero_()), (gate_up.zero_() if p.save else None)
+    env.update(x=x.contiguous() if p.x_copy else x,
+               w1=_rows(w1, p.w_copy[0]) if p.w_copy[0] or not direct else w1,
+               w2=_rows(w2, p.w_copy[1]) if p.w_copy[1] or not direct else w2)
+    if scales is not None:
+        env.update(w1_scale=scales[0].contiguous() if p.scale_copy else scales[0],
+                   w2_scale=scales[1].contiguous() if p.scale_copy else scales[1])
+    if p.clip is not None:
+        ensure_allocator(p.clip)
+    for st in p.steps:  # steps (2)-(4)
+        _fire(st, env, direct)
     if not direct:
-        p.kept = all(q.kept is not None for q in [*p.route_slots, p.gather or p.combine, p.g1.slot, p.g2.slot,
-                                                   p.combine])
-    return y
+        p.kept = all(st.slot.kept is not None for st in [*p.routing, *p.steps])
+    return y, gate_up

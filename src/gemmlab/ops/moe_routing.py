@@ -27,7 +27,7 @@ from gemmlab.kernels.moe import (
 from gemmlab.ops import cache
 from gemmlab.ops import launch as kept_launch
 
-_KEPT = cache.bounded("moe_routing.kept")  # kept compiled kernels of the routing launches, per specialization
+KEPT = cache.bounded("moe_routing.kept")  # kept compiled routing kernels, per specialization (ops.launch.start)
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def sort_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                     route_launches(kind, s, e, k, block_m, scale is not None),
                     route_args(kind, ids, wts, order, inv, token, offsets, tile_offsets, scale, ok, hist, local, s,
                                e), strict=True):
-                kept_launch.start(_KEPT, kernel, grid, args, consts, opts)
+                kept_launch.start(KEPT, kernel, grid, args, consts, opts)
             return Routes(order=order, inv=inv, token=token, offsets=offsets, tile_offsets=tile_offsets,
                           block_m=block_m, scale=scale, ok=ok)
         except (triton.CompilationError, OutOfResources) as err:  # cannot build it: say so once, use torch ops

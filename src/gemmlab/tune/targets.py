@@ -15,6 +15,7 @@ Legend (MoE): T tokens, H hidden, I expert intermediate, E experts, k top-k, S =
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from gemmlab.ops.gemm import GemmConfig, Plan
+from gemmlab.ops.moe import MODES, Mode, MoEConfig
 from gemmlab.tune import space
 
 
@@ -103,7 +105,6 @@ def moe_tensor_cores(h: tuple) -> int | None:
         return _child_count({"op": "moe", "mode": mode, "rows": rows, "experts": experts, "dtype": dname,
                              "config": cfg})
     from gemmlab.instruments.sass import moe_report
-    from gemmlab.ops.moe import MoEConfig
 
     return moe_report(mode, rows, experts, getattr(torch, dname), arch=p_arch(),
                       config=MoEConfig(**cfg))["tensor_core_ops"]
@@ -114,8 +115,6 @@ def count_in_child(args: dict) -> int:
     import gemmlab.instruments.sass as sass
 
     if args.get("op", "gemm") == "moe":
-        from gemmlab.ops.moe import MoEConfig
-
         return sass.moe_report(args["mode"], args["rows"], args["experts"], getattr(torch, args["dtype"]),
                                config=MoEConfig(**args["config"]))["tensor_core_ops"]
     base = sass.plan_for(args["m"], args["n"], args["k"], getattr(torch, args["dtype"]))
@@ -165,78 +164,115 @@ def gemm_problem(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, see
                    rng_seed=seed * 7919 + m * 31 + n * 17 + k)
 
 
+@dataclass(frozen=True)
+class MoETarget:
+    """One MoE tuning problem: the inputs, the float reference and which launch takes the tuned config
+    (``mode``; see the module docstring). ``defaults``: the tables' configs of the first and second launch."""
+
+    mode: Mode
+    dtype: torch.dtype
+    rows: int  # S = T*k
+    experts: int
+    n: int  # the tuned launch's output width
+    k: int  # and its reduction
+    defaults: tuple[MoEConfig, MoEConfig]
+    inputs: dict  # grouped: xs, w1 (and w1t, its transpose), offsets; forward modes: x, w1, w2, packed, weights, ids
+    ref: torch.Tensor
+
+    def resolve(self, cfg: MoEConfig | None) -> tuple[MoEConfig, MoEConfig]:
+        """(first, second) launch configs with ``cfg`` in the tuned one; the down GEMM keeps the first's BLOCK_M
+        (one tile schedule)."""
+        d1, d2 = self.defaults
+        if self.mode is Mode.DOWN:
+            return d1, dataclasses.replace(cfg or d2, block_m=d1.block_m)
+        return cfg or d1, d2
+
+    def runner(self, cfg: MoEConfig | None) -> tuple:
+        """``Problem.runner``: (fn, out, resolved config, path, handle for ``moe_tensor_cores``)."""
+        import gemmlab
+
+        c1, c2 = self.resolve(cfg)
+        mine = c2 if self.mode is Mode.DOWN else c1
+        handle = (int(self.mode), self.rows, self.experts, str(self.dtype).removeprefix("torch."),
+                  dataclasses.asdict(mine))
+        v = self.inputs
+        if self.mode is Mode.GROUPED:
+            out = torch.full((self.rows, self.n), float("nan"), dtype=self.dtype, device=v["xs"].device)
+            fn = functools.partial(gemmlab.grouped_gemm, v["xs"], v["w1"], v["offsets"], out=out, validate=False,
+                                   config=mine)
+            return fn, out, mine, self.mode.table, handle
+        fn = functools.partial(gemmlab.moe_forward, v["x"], v["packed"], None, v["weights"], v["ids"],
+                               validate=False, configs=(c1, c2))
+        return fn, None, mine, self.mode.table, handle
+
+    def check(self, out: torch.Tensor) -> dict:
+        """``Problem.check``: ok, max_abs_err and worst (error over what is allowed) against ``ref``."""
+        from gemmlab.ref import grouped_gemm_check, moe_check
+
+        v = self.inputs
+        if self.mode is Mode.GROUPED:
+            c = grouped_gemm_check(out, self.ref)
+        else:
+            c = moe_check(out, v["x"], v["w1"], v["w2"], v["weights"], v["ids"], self.ref)
+        return {"ok": c["ok"], "max_abs_err": c["max_abs_err"], "worst": c["max_abs_err"] / max(c["allowed"], 1e-30)}
+
+    def baseline(self) -> torch.Tensor:
+        """torch._grouped_mm (grouped), the torch composite (forward modes)."""
+        from gemmlab.ref import moe_composite
+
+        v = self.inputs
+        if self.mode is Mode.GROUPED:
+            return torch._grouped_mm(v["xs"], v["w1t"], offs=v["offsets"])
+        return moe_composite(v["x"], v["w1"], v["w2"], v["weights"], v["ids"])
+
+    def prune(self, cfg: MoEConfig, path: str, smem: int) -> str | None:
+        rpe = -(-self.rows // max(1, min(self.experts, self.rows)))
+        return space.prune_moe(cfg, path, rpe, self.n, self.k, self.dtype.itemsize, smem)
+
+
+def moe_target(model, tokens: int, mode: Mode, dtype: torch.dtype, seed: int) -> MoETarget:
+    """The inputs (uniform routing), the float reference and the table configs of one MoE tuning problem."""
+    from gemmlab.device import target_for
+    from gemmlab.ops.moe import moe_config, pack_moe_weights, sort_routes
+    from gemmlab.problems import moe_inputs
+    from gemmlab.ref import grouped_gemm_ref, moe_ref
+
+    h, i, e, s = model.hidden, model.intermediate, model.experts, tokens * model.top_k
+    p = moe_inputs(model, tokens, "uniform", dtype, seed, _device())
+    x, w1, w2, wts, ids = p["x"], p["w1"], p["w2"], p["weights"], p["ids"]
+    target, elt = target_for(x.device), x.element_size()
+    if mode is Mode.GROUPED:  # x sorted by expert, the first GEMM's weights
+        r = sort_routes(ids, e, 16)
+        xs = x[r.token.long()].contiguous()
+        cfg = moe_config(target, s, e, mode, elt, dtype=dtype, n=2 * i, k=h)
+        inputs = {"xs": xs, "w1": w1, "w1t": w1.transpose(1, 2), "offsets": r.offsets}
+        return MoETarget(mode, dtype, s, e, 2 * i, h, (cfg, cfg), inputs, grouped_gemm_ref(xs, w1, r.offsets))
+    defaults = (moe_config(target, s, e, Mode.GATE_UP, elt, dtype=dtype, n=i, k=h),
+                moe_config(target, s, e, Mode.DOWN, elt, dtype=dtype, n=h, k=i))
+    n, k = (i, h) if mode is Mode.GATE_UP else (h, i)
+    inputs = {"x": x, "w1": w1, "w2": w2, "packed": pack_moe_weights(w1, w2), "weights": wts, "ids": ids}
+    return MoETarget(mode, dtype, s, e, n, k, defaults, inputs, moe_ref(x, w1, w2, wts, ids))
+
+
 def moe_problem(model, tokens: int, mode: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, *,
                 count_tensor_cores: Callable[[tuple], int | None] = moe_tensor_cores) -> Problem:
     """One MoE layer (``problems.MoEModel``: H, I, E, k) at ``tokens`` tokens, uniform routing; ``mode``
     one of ``ops.moe.MODES``: which grouped GEMM's config is tuned (see the module docstring)."""
-    import gemmlab
-    from gemmlab.device import target_for
     from gemmlab.ledger.records import moe_shape
-    from gemmlab.ops.moe import MODES, moe_config, pack_moe_weights, sort_routes
-    from gemmlab.problems import moe_inputs
-    from gemmlab.ref import grouped_gemm_ref, mantissa_bits, moe_check, moe_composite, moe_ref
 
     if mode not in MODES:
         raise ValueError(f"MoE mode {mode!r}: one of {', '.join(MODES)}")
-    device = _device()
+    m = Mode[mode.upper()]
+    t = moe_target(model, tokens, m, dtype, seed)
     h, i, e, top_k = model.hidden, model.intermediate, model.experts, model.top_k
     s = tokens * top_k
-    p = moe_inputs(model, tokens, "uniform", dtype, seed, device)
-    x, w1, w2, wts, ids = p["x"], p["w1"], p["w2"], p["weights"], p["ids"]
-    target = target_for(x.device)
-    elt, dname, m_i = x.element_size(), str(dtype).removeprefix("torch."), MODES.index(mode)
-    d1 = moe_config(target, s, e, 1, elt, dtype=dtype, n=i, k=h)
-    d2 = moe_config(target, s, e, 2, elt, dtype=dtype, n=h, k=i)
-    used = max(1, min(e, s))
-    rpe = -(-s // used)
-    if mode == "grouped":
-        r = sort_routes(ids, e, 16)
-        xs, offs = x[r.token.long()].contiguous(), r.offsets
-        ref = grouped_gemm_ref(xs, w1, offs)
-        n_out, k_red = 2 * i, h
-        default = moe_config(target, s, e, 0, elt, dtype=dtype, n=n_out, k=k_red)
-        allowed = 2 * 2.0 ** -mantissa_bits(dtype) * ref.abs().max().item() + 1e-3  # as bench moe's check
-        w1t = w1.transpose(1, 2)
-
-        def runner(cfg):
-            cfg = cfg or default
-            out = torch.full((s, n_out), float("nan"), dtype=dtype, device=device)
-            fn = lambda: gemmlab.grouped_gemm(xs, w1, offs, out=out, validate=False, config=cfg)  # noqa: E731
-            return fn, out, cfg, mode, (0, s, e, dname, dataclasses.asdict(cfg))
-
-        def check(out) -> dict:
-            err = (out.float() - ref).abs().max().item() if bool(torch.isfinite(out).all()) else float("inf")
-            return {"ok": err <= allowed, "max_abs_err": err, "worst": err / allowed}
-
-        baseline_name, baseline = "torch._grouped_mm", lambda: torch._grouped_mm(xs, w1t, offs=offs)
-        flops = 2.0 * s * h * 2 * i
-    else:
-        packed = pack_moe_weights(w1, w2)
-        ref = moe_ref(x, w1, w2, wts, ids)
-        n_out, k_red = (i, h) if mode == "gate_up" else (h, i)
-
-        def runner(cfg):
-            c1, c2 = (cfg or d1, d2) if mode == "gate_up" else (d1, dataclasses.replace(cfg or d2, block_m=d1.block_m))
-            mine = c1 if mode == "gate_up" else c2
-            fn = lambda: gemmlab.moe_forward(x, packed, None, wts, ids, validate=False,  # noqa: E731
-                                             configs=(c1, c2))
-            return fn, None, mine, mode, (m_i, s, e, dname, dataclasses.asdict(mine))
-
-        def check(out) -> dict:
-            c = moe_check(out, x, w1, w2, wts, ids, ref)
-            return {"ok": c["ok"], "max_abs_err": c["max_abs_err"],
-                    "worst": c["max_abs_err"] / max(c["allowed"], 1e-30)}
-
-        baseline_name, baseline = "torch composite", lambda: moe_composite(x, w1, w2, wts, ids)
-        flops = 2.0 * s * h * 2 * i + 2.0 * s * i * h
-
-    def prune(cfg, path, smem):
-        return space.prune_moe(cfg, path, rpe, n_out, k_red, elt, smem)
-
+    rpe = -(-s // max(1, min(e, s)))
+    flops = 2.0 * s * h * 2 * i + (2.0 * s * i * h if m is not Mode.GROUPED else 0.0)
     return Problem(op=f"moe_{mode}", section="moe", shape=moe_shape(tokens, h, i, e, top_k),
-                   dims=[tokens, h, i, e, top_k], dtype=dtype, flops=flops, runner=runner, check=check,
-                   baseline_name=baseline_name, baseline=baseline, prune=prune, tensor_cores=count_tensor_cores,
-                   ranges={"rows_per_expert": bucket(rpe), "experts": bucket(e), "n": bucket(n_out),
-                           "k": bucket(k_red)},
-                   fresh=lambda sd: moe_problem(model, tokens, mode, dtype, sd, count_tensor_cores=count_tensor_cores),
-                   rng_seed=seed * 7919 + tokens * 31 + e * 17 + m_i)
+                   dims=[tokens, h, i, e, top_k], dtype=dtype, flops=flops, runner=t.runner, check=t.check,
+                   baseline_name="torch._grouped_mm" if m is Mode.GROUPED else "torch composite",
+                   baseline=t.baseline, prune=t.prune, tensor_cores=count_tensor_cores,
+                   ranges={"rows_per_expert": bucket(rpe), "experts": bucket(e), "n": bucket(t.n), "k": bucket(t.k)},
+                   fresh=functools.partial(moe_problem, model, tokens, mode, dtype,
+                                           count_tensor_cores=count_tensor_cores),
+                   rng_seed=seed * 7919 + tokens * 31 + e * 17 + int(m))
