@@ -17,11 +17,16 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k; M rows, N
         for MoEExperts (whole softmax-routed blocks for MoE), by family name or by structure, sharing the model's
         Parameter objects; reports and warns about what it leaves (``gemmlab.nn.patch``, ``gemmlab.nn.families``).
     choices()  every per-shape Linear choice made or loaded in this process.
+    register_transformers()  "gemmlab" in transformers 5's experts interface: ``from_pretrained(...,
+        experts_implementation="gemmlab")`` runs every experts module that fits through ``gemmlab.moe_forward``,
+        the model's own routers untouched (``gemmlab.nn.hf_experts``; ``import gemmlab`` does it when transformers
+        is already imported).
 """
 
+from gemmlab.nn.hf_experts import register_transformers
 from gemmlab.nn.linear import DTYPES, Linear
 from gemmlab.nn.moe import MoE, MoEExperts
 from gemmlab.nn.patch import PatchSummary, patch
 from gemmlab.nn.per_shape import choices
 
-__all__ = ["DTYPES", "Linear", "MoE", "MoEExperts", "PatchSummary", "choices", "patch"]
+__all__ = ["DTYPES", "Linear", "MoE", "MoEExperts", "PatchSummary", "choices", "patch", "register_transformers"]
