@@ -17,15 +17,15 @@ _V3ISH = dict(intermediate_size=64, moe_intermediate_size=32, n_routed_experts=8
               n_shared_experts=1, first_k_dense_replace=0, n_group=2, topk_group=1)  # DeepSeek-V3-style routing
 
 # family -> (config class, model class, config overrides, what patch must do with its experts:
-#            "block" (-> gemmlab.nn.MoE), "experts" (-> MoEExperts), "skip" (left, with the reason))
+#            "experts" (-> MoEExperts), "skip" (left, with the reason))
 FAMILIES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",
-                dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2), "block"),
+                dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2), "experts"),
     "qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                   dict(intermediate_size=64, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-                       head_dim=16), "block"),
+                       head_dim=16), "experts"),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2),
-              "block"),
+              "experts"),
     "qwen2-moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
                   dict(intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
                        num_experts=4, num_experts_per_tok=2), "experts"),

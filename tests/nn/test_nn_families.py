@@ -43,16 +43,13 @@ def _patch(model: nn.Module, name: str):
         warnings.simplefilter("always")
         _, summary = gemmlab.patch(model, return_summary=True)
     expect = FAMILIES[name][3]
-    for path in summary["moe_block"] + summary["moe_experts"]:  # recognized by its row in gemmlab.nn.families
+    for path in summary["moe_experts"]:  # recognized by its row in gemmlab.nn.families
         assert summary["matched"][path].startswith(f"{name} ("), summary["matched"]
-    if expect == "block":
-        assert summary["moe_block"] and not summary["moe_experts"], summary
-        assert all(isinstance(model.get_submodule(p), gnn.MoE) for p in summary["moe_block"])
-    elif expect == "experts":
-        assert summary["moe_experts"] and not summary["moe_block"], summary
+    if expect == "experts":
+        assert summary["moe_experts"], summary
         assert all(isinstance(model.get_submodule(p), gnn.MoEExperts) for p in summary["moe_experts"])
     else:  # left as it was, named, with the reason, and warned about
-        assert not summary["moe_experts"] and not summary["moe_block"], summary
+        assert not summary["moe_experts"], summary
         note = next(f.note for f in families.FAMILIES if f.name == name)
         assert any(s.split(" ")[0].endswith("experts") and s.endswith(note) for s in summary["skipped"]), summary
         assert any("left" in str(w.message) and "Experts" in str(w.message) for w in caught)
@@ -116,7 +113,7 @@ def test_family_compiles_fullgraph(name, device):
             compiled = output(torch.compile(model, fullgraph=True, backend="aot_eager"), ids)
             torch.testing.assert_close(compiled, eager)
             return
-        moe_paths = summary["moe_block"] + summary["moe_experts"]
+        moe_paths = summary["moe_experts"]
         blocks = [model.get_submodule(p.removesuffix(".experts")) for p in moe_paths]
         assert blocks or FAMILIES[name][3] == "skip"
         for block in blocks or [model.get_submodule(p) for p in summary["linear"]]:
