@@ -2,12 +2,16 @@
 tiny sizes (nothing downloaded), bf16. Shared by test_nn.py and test_nn_families.py."""
 
 import copy
+import inspect
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+
+from gemmlab.ref import mantissa_bits
 
 tf = pytest.importorskip("transformers")
 
@@ -112,6 +116,51 @@ def float64(model: nn.Module) -> nn.Module:
     return m64
 
 
+def within(ours: torch.Tensor, theirs: torch.Tensor, ref: torch.Tensor, what: str, ulps: int = 1) -> None:
+    """|ours - ref| <= 2 |theirs - ref| + ``ulps`` bf16 ulps of max |ref| (max over elements)."""
+    ref = ref.double()
+    err = (ours.double() - ref).abs().max().item()
+    allowed = 2 * (theirs.double() - ref).abs().max().item() + ulps * 2.0 ** -mantissa_bits(torch.bfloat16) * \
+        ref.abs().max().item()
+    assert torch.isfinite(ours).all() and err <= allowed, (what, err, allowed)
+
+
 def output(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     out = model(ids)
     return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+
+_SIZES = dict(hidden_size=16, intermediate_size=8, moe_intermediate_size=8, expert_ffn_hidden_size=8,
+              ffn_hidden_size=8, num_experts=4, n_routed_experts=4, num_local_experts=4, moe_num_experts=4)
+
+
+def experts_modules() -> list[str]:
+    """transformers/models/* whose modeling file defines a class named *Experts (read as text: no import)."""
+    root = Path(tf.__file__).parent / "models"
+    return sorted(p.parent.name for p in root.glob("*/modeling_*.py")
+                  if p.stem == f"modeling_{p.parent.name}" and re.search(r"^class \w+Experts\(", p.read_text(),
+                                                                          re.M))
+
+
+def build_experts(experts_cls: type, config_mod) -> nn.Module | None:
+    """The experts class on a tiny copy of one of its module's configs (sizes shrunk), or None."""
+    configs = [c for c in vars(config_mod).values() if inspect.isclass(c) and issubclass(c, tf.PretrainedConfig)
+               and c.__module__ == config_mod.__name__]
+    for config_cls in configs:
+        try:
+            base = config_cls()
+        except Exception:  # noqa: BLE001  (a config that needs arguments: try the next)
+            continue
+        subs = [base] + [getattr(base, a) for a in ("text_config", "thinker_config") if getattr(base, a, None)]
+        for sub in subs:
+            for key, value in _SIZES.items():
+                try:
+                    if hasattr(sub, key):
+                        setattr(sub, key, value)
+                except Exception:  # noqa: BLE001, S112  (a per-layer attribute: leave it)
+                    continue
+            try:
+                return experts_cls(sub)
+            except Exception:  # noqa: BLE001, S112
+                continue
+    return None
