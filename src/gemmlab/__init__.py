@@ -58,26 +58,6 @@ __all__ = ["GemmConfig", "PackedB", "PackedMoE", "PackedMoEFP8", "Plan", "gemm",
 check_triton()  # once: the shipped GPU configs were tuned with one Triton (configs/*.json "triton")
 
 
-def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    """transformers' "gemmlab" experts implementation: loads gemmlab.nn (and the kernels) on its first call."""
-    from gemmlab.nn.hf_experts import experts_forward
-
-    return experts_forward(self, hidden_states, top_k_index, top_k_weights)
-
-
-def _register_transformers() -> None:
-    """Register "gemmlab" in transformers' ExpertsInterface when transformers >= 5 is already imported (no import
-    of transformers otherwise; older ones have no such interface: ``gemmlab.nn.register_transformers`` says so)."""
-    tf = sys.modules.get("transformers")
-    major = str(getattr(tf, "__version__", "")).split(".")[0]
-    if tf is not None and major.isdigit() and int(major) >= 5:
-        from transformers.integrations.moe import ExpertsInterface
-
-        ExpertsInterface.register("gemmlab", _experts_forward)
-
-
-_register_transformers()
-
 if TYPE_CHECKING:
     from gemmlab import nn
     from gemmlab.nn import patch
@@ -100,3 +80,24 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)
+
+
+def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """transformers' "gemmlab" experts implementation: loads gemmlab.nn (and the kernels) on its first call."""
+    from gemmlab.nn.hf_experts import experts_forward
+
+    return experts_forward(self, hidden_states, top_k_index, top_k_weights)
+
+
+def _register_transformers() -> None:
+    """Register "gemmlab" in transformers' ExpertsInterface when transformers >= 5 is already imported (no import
+    of transformers otherwise; older ones have no such interface: ``gemmlab.nn.register_transformers`` says so)."""
+    tf = sys.modules.get("transformers")
+    major = str(getattr(tf, "__version__", "")).split(".")[0]
+    if tf is not None and major.isdigit() and int(major) >= 5:
+        from transformers.integrations.moe import ExpertsInterface
+
+        ExpertsInterface.register("gemmlab", _experts_forward)
+
+
+_register_transformers()
