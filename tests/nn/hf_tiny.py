@@ -130,6 +130,42 @@ def output(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
 
 
+def experts_paths(model: nn.Module) -> list[str]:
+    """Paths of the modules named experts (each MoE block's, patched or not)."""
+    return [n for n, m in model.named_modules() if n.endswith(".experts") or n == "experts"]
+
+
+def _record(model: nn.Module) -> tuple[list, list]:
+    """Hooks on every experts module recording the top_k_index it is called with (in call order)."""
+    seen, handles = [], []
+
+    def hook(_mod, args, kwargs):
+        ids = kwargs.get("top_k_index", args[1] if len(args) > 1 else None)
+        if ids is not None:
+            seen.append(ids.detach().clone())
+
+    for path in experts_paths(model):
+        handles.append(model.get_submodule(path).register_forward_pre_hook(hook, with_kwargs=True))
+    return seen, handles
+
+
+def expert_ids(model: nn.Module, run) -> list[torch.Tensor]:
+    seen, handles = _record(model)
+    try:
+        with torch.no_grad():
+            run(model)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def routed_differently(a: list[torch.Tensor], b: list[torch.Tensor]) -> int:
+    """Tokens whose expert set differs, over all layers (lists must be of equal length)."""
+    assert len(a) == len(b) and a, (len(a), len(b))
+    return sum(int((x.sort(-1).values != y.sort(-1).values).any(-1).sum()) for x, y in zip(a, b, strict=True))
+
+
 _SIZES = dict(hidden_size=16, intermediate_size=8, moe_intermediate_size=8, expert_ffn_hidden_size=8,
               ffn_hidden_size=8, num_experts=4, n_routed_experts=4, num_local_experts=4, moe_num_experts=4)
 

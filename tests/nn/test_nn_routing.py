@@ -15,44 +15,9 @@ import torch
 from torch import nn
 
 import gemmlab
-from tests.nn.hf_tiny import FAMILIES, ROUTER, output, tiny
+from tests.nn.hf_tiny import FAMILIES, ROUTER, expert_ids, experts_paths, output, routed_differently, tiny
 
 NO_IDS = {"llama4"}  # Llama-4's block hands its experts pre-scaled inputs, not ids (left unpatched, see families)
-
-
-def _experts_paths(model: nn.Module) -> list[str]:
-    return [n for n, m in model.named_modules() if n.endswith(".experts") or n == "experts"]
-
-
-def _record(model: nn.Module) -> tuple[list, list]:
-    """Hooks on every experts module recording the top_k_index it is called with (in call order)."""
-    seen, handles = [], []
-
-    def hook(_mod, args, kwargs):
-        ids = kwargs.get("top_k_index", args[1] if len(args) > 1 else None)
-        if ids is not None:
-            seen.append(ids.detach().clone())
-
-    for path in _experts_paths(model):
-        handles.append(model.get_submodule(path).register_forward_pre_hook(hook, with_kwargs=True))
-    return seen, handles
-
-
-def _ids(model: nn.Module, run) -> list[torch.Tensor]:
-    seen, handles = _record(model)
-    try:
-        with torch.no_grad():
-            run(model)
-    finally:
-        for h in handles:
-            h.remove()
-    return seen
-
-
-def _differ(a: list[torch.Tensor], b: list[torch.Tensor]) -> int:
-    """Tokens whose expert set differs, over all layers (lists must be of equal length)."""
-    assert len(a) == len(b) and a, (len(a), len(b))
-    return sum(int((x.sort(-1).values != y.sort(-1).values).any(-1).sum()) for x, y in zip(a, b, strict=True))
 
 
 def _patch(model: nn.Module) -> dict:
@@ -65,10 +30,10 @@ def _patch(model: nn.Module) -> dict:
 def test_patched_model_sends_every_token_to_the_same_experts(name, device):
     model = tiny(name, device=device).eval()
     ids = torch.randint(3, 128, (2, 8), device=device)
-    theirs = _ids(model, lambda m: output(m, ids))
+    theirs = expert_ids(model, lambda m: output(m, ids))
     _patch(model)
-    ours = _ids(model, lambda m: output(m, ids))
-    assert _differ(ours, theirs) == 0, name
+    ours = expert_ids(model, lambda m: output(m, ids))
+    assert routed_differently(ours, theirs) == 0, name
 
 
 def _unscale_routers(model: nn.Module) -> None:
@@ -82,25 +47,25 @@ def _unscale_routers(model: nn.Module) -> None:
 def test_patched_block_routes_like_the_block_on_close_calls(name, device):
     model = tiny(name, device=device).eval()
     _unscale_routers(model)
-    paths = [p.rpartition(".")[0] for p in _experts_paths(model)]
+    paths = [p.rpartition(".")[0] for p in experts_paths(model)]
     h = model.config.hidden_size if hasattr(model.config, "hidden_size") else model.config.d_model
     x = torch.randn(1, 96, h, generator=torch.Generator().manual_seed(2)).to(device, torch.bfloat16)
-    theirs = _ids(model, lambda m: [m.get_submodule(p)(x.clone()) for p in paths])
+    theirs = expert_ids(model, lambda m: [m.get_submodule(p)(x.clone()) for p in paths])
     _patch(model)
-    ours = _ids(model, lambda m: [m.get_submodule(p)(x.clone()) for p in paths])
-    assert _differ(ours, theirs) == 0, name
+    ours = expert_ids(model, lambda m: [m.get_submodule(p)(x.clone()) for p in paths])
+    assert routed_differently(ours, theirs) == 0, name
 
 
 def test_the_comparison_fires_on_another_routing(device):
     """Two experts' router rows swapped: the recorded ids differ for the tokens that chose either."""
     model = tiny("qwen3-moe", device=device).eval()
     ids = torch.randint(3, 128, (2, 8), device=device)
-    theirs = _ids(model, lambda m: output(m, ids))
+    theirs = expert_ids(model, lambda m: output(m, ids))
     other = copy.deepcopy(model)
     gate = other.model.layers[0].mlp.gate.weight
     with torch.no_grad():
         gate[[0, 1]] = gate[[1, 0]].clone()
-    assert _differ(_ids(other, lambda m: output(m, ids)), theirs) > 0
+    assert routed_differently(expert_ids(other, lambda m: output(m, ids)), theirs) > 0
 
 
 @pytest.mark.parametrize("name, router", [("hunyuan-v1-moe", "model.layers.0.mlp.gate.wg"),

@@ -96,7 +96,8 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
         return getattr(forward, "__wrapped__", forward)(self, hidden_states, top_k_index, top_k_weights)
     why = experts_fit(self)
     if why is not None:
-        _warn_once(type(self).__name__, why)
+        if not torch.compiler.is_compiling():  # warned at the eager call (a warning would break a full graph)
+            _warn_once(type(self).__name__, why)
         return _grouped_mm(self, hidden_states, top_k_index, top_k_weights)
     w1, w2 = self.gate_up_proj, self.down_proj
     return ops_moe.moe_forward(hidden_states, w1, w2, top_k_weights, top_k_index, validate=True)
