@@ -245,3 +245,30 @@ def test_the_hf_extra_requires_the_transformers_the_code_needs():
 
     meta = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert f"transformers>={hf_experts.MIN_TRANSFORMERS}" in meta["project"]["optional-dependencies"]["hf"]
+
+
+def test_a_changed_module_is_read_again(device, spy, monkeypatch):
+    """The fit verdict is kept per module, and read again when the module changes (another activation: GELU)."""
+    monkeypatch.setattr(hf_experts, "_WARNED", set())
+    experts = tiny("mixtral", device=device).model.layers[0].mlp.experts
+    experts.config._experts_implementation = "gemmlab"
+    x = torch.randn(5, experts.hidden_dim, device=device, dtype=torch.bfloat16)
+    ids, wts = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2], [0, 2]], device=device), torch.rand(5, 2, device=device)
+    experts(x, ids, wts)
+    assert len(spy) == 1
+    experts.act_fn = nn.GELU()
+    with pytest.warns(UserWarning, match=r"MixtralExperts runs transformers' grouped_mm \(activation GELU"):
+        ours = experts(x, ids, wts)
+    experts.config._experts_implementation = "grouped_mm"
+    assert len(spy) == 1 and torch.equal(ours, experts(x, ids, wts))
+
+
+def test_compiles_fullgraph(device):
+    torch._dynamo.reset()
+    model = tiny("qwen2-moe", device=device).eval()
+    model.set_experts_implementation("gemmlab")
+    ids = torch.randint(3, 128, (1, 4), device=device)
+    with torch.no_grad():
+        eager = output(model, ids)
+        compiled = output(torch.compile(model, fullgraph=True, backend="aot_eager"), ids)
+    torch.testing.assert_close(compiled, eager)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+import weakref
 
 import torch
 from torch import nn
@@ -47,6 +48,8 @@ NAME = "gemmlab"  # the key in transformers' ExpertsInterface
 MIN_TRANSFORMERS = 5  # the first major version with ExpertsInterface (pyproject's "hf" extra: transformers>=5)
 
 _WARNED: set[tuple[str, str]] = set()  # (experts class, reason) already warned about
+# experts module -> (what its verdict depends on, experts_fit's verdict): read once per module, not per call
+_FIT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def too_old(version: str) -> bool:
@@ -94,13 +97,28 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     if not gemmlab_runs(hidden_states, *weights):  # fp32/fp64, mixed dtypes, a CPU without the interpreter
         forward = type(self).forward
         return getattr(forward, "__wrapped__", forward)(self, hidden_states, top_k_index, top_k_weights)
-    why = experts_fit(self)
+    why = fit(self)
     if why is not None:
         if not torch.compiler.is_compiling():  # warned at the eager call (a warning would break a full graph)
             _warn_once(type(self).__name__, why)
         return _grouped_mm(self, hidden_states, top_k_index, top_k_weights)
     w1, w2 = self.gate_up_proj, self.down_proj
     return ops_moe.moe_forward(hidden_states, w1, w2, top_k_weights, top_k_index, validate=True)
+
+
+def fit(experts: nn.Module) -> str | None:
+    """``experts_fit(experts)``, kept per module while its weights (objects, dtypes, shapes), its activation and
+    its expert-parallel flag stay the same (eager; under compilation it is traced once per graph)."""
+    if torch.compiler.is_compiling():
+        return experts_fit(experts)
+    w1, w2 = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    key = (id(w1), getattr(w1, "dtype", None), getattr(w1, "shape", None), id(w2), getattr(w2, "dtype", None),
+           getattr(w2, "shape", None), id(getattr(experts, "act_fn", None)),
+           getattr(experts, "_is_expert_parallel", False))
+    hit = _FIT.get(experts)
+    if hit is None or hit[0] != key:
+        hit = _FIT[experts] = (key, experts_fit(experts))
+    return hit[1]
 
 
 def _grouped_mm(self, hidden_states, top_k_index, top_k_weights) -> torch.Tensor:
