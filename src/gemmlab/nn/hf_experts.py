@@ -17,9 +17,11 @@ scaling run as before (the block calls its router, then the experts): tokens go 
 What runs, per call:
     the experts fit (``gemmlab.nn.patch.experts_fit``: (E, 2I, H) gate rows first, (E, H, I), no bias, SiLU,
     the default gate) and gemmlab runs the dtype (fp16/bf16, on CUDA or the CPU interpreter)
-        -> ``moe_forward`` on the module's own Parameters, read in place: nothing is packed or cached, so an
+        -> ``moe_forward`` on the module's own Parameters, read in place: no weight is packed or copied, so an
            optimizer step or ``load_state_dict`` is seen on the next call, and gradients reach the Parameters
-           (x, both weights and top_k_weights; the ids are not differentiable, as in transformers).
+           (x, both weights and top_k_weights; the ids are not differentiable, as in transformers). Only the
+           fit verdict is kept per module (``fit``), read again when its weights' objects, dtypes or shapes, its
+           activation or its expert-parallel flag change.
     fp16/bf16 experts that do not fit (biases, transposed or interleaved weights, another gate, expert parallel)
         -> transformers' "grouped_mm", with one warning per experts class naming the reason.
     other dtypes (fp32, fp64), hidden states and weights in two dtypes, or a CPU without the interpreter
