@@ -6,8 +6,8 @@ What is swapped, sharing the model's own Parameter objects (nothing is copied; c
     nn.Linear (fp16/bf16)          -> gemmlab.nn.Linear (gemmlab's GEMM or torch's, per shape: ``dispatch``)
     an experts module that fits    -> gemmlab.nn.MoEExperts (the block's own router, shared experts, scaling stay)
 The model's own routing stays: every MoE block keeps calling its own router module (router logits, softmax or
-sigmoid, top-k, in the model's ops and dtypes), and a router that is a plain nn.Linear (E outputs, H inputs, in
-the block beside the experts: Hunyuan's ``gate.wg``, DBRX's ``router.layer``) is not swapped (``router_linears``;
+sigmoid, top-k, in the model's ops and dtypes), and a router that is a plain nn.Linear (E outputs, in the
+block beside the experts: Hunyuan's ``gate.wg``, DBRX's ``router.layer``) is not swapped (``router_linears``;
 the summary's "routers"), so every token goes to the experts the unpatched model sends it to.
 An experts module fits when it is transformers' experts interface (``use_experts_implementation``) in the layout
 moe_forward computes: (E, 2I, H) gate_up_proj (gate rows first) and (E, H, I) down_proj, nothing else, no bias,
@@ -129,8 +129,8 @@ def expert_count(mod: nn.Module) -> int | None:
 
 def router_linears(model: nn.Module) -> set[str]:
     """Paths of the plain nn.Linear routers ``patch`` keeps: in the block holding an experts module (its parent),
-    outside the experts, with E outputs and the experts' H inputs (the router logits run in the model's own
-    F.linear, so routing stays the model's own)."""
+    outside the experts, with E outputs (the router logits run in the model's own F.linear, so routing stays the
+    model's own)."""
     found: set[str] = set()
     for name, mod in model.named_modules():
         if not name or not (isinstance(mod, MoEExperts) or looks_like_experts(name, mod)):
