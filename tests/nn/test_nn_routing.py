@@ -86,3 +86,13 @@ def test_patch_twice_keeps_the_routers(device):
     _patch(model)
     again = _patch(model)
     assert again["routers"] == ["model.layers.0.mlp.gate.wg"] and not again["linear"]
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3-moe", "deepseek-v3", "granite-moe"])
+def test_patched_fp16_model_sends_every_token_to_the_same_experts(name, device):
+    model = tiny(name, torch.float16, device=device).eval()
+    ids = torch.randint(3, 128, (2, 8), device=device)
+    theirs = expert_ids(model, lambda m: output(m, ids))
+    _patch(model)
+    ours = expert_ids(model, lambda m: output(m, ids))
+    assert routed_differently(ours, theirs) == 0, name
