@@ -26,12 +26,15 @@ checks only) and imports no kernel: names load on first use, and each op loads i
 Triton decides at a kernel's import whether it runs compiled or under its CPU interpreter (TRITON_INTERPRET=1), so
 the `gemmlab` command can still choose the interpreter on machines without CUDA. Importing it warns once
 (RuntimeWarning) when the running Triton is not the one the shipped GPU configs were tuned with, on a CUDA build
-of torch only (``gemmlab.provenance``).
+of torch only (``gemmlab.provenance``). When transformers (>= 5) is already imported, ``import gemmlab`` also
+registers "gemmlab" in its experts interface (``experts_implementation="gemmlab"``; ``gemmlab.nn.hf_experts``),
+still importing no kernel; else ``gemmlab.nn.register_transformers()`` does.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING
 
 from gemmlab._version import __version__ as __version__
@@ -56,6 +59,7 @@ __all__ = ["GemmConfig", "PackedB", "PackedMoE", "PackedMoEFP8", "Plan", "gemm",
            "pack_moe_fp8", "pack_moe_weights", "patch", "paths", "plan", "quantize_", "quantize_fp8", "route"]
 check_triton()  # once: the shipped GPU configs were tuned with one Triton (configs/*.json "triton")
 
+
 if TYPE_CHECKING:
     from gemmlab import nn
     from gemmlab.nn import patch, quantize_
@@ -78,3 +82,24 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)
+
+
+def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """transformers' "gemmlab" experts implementation: loads gemmlab.nn (and the kernels) on its first call."""
+    from gemmlab.nn.hf_experts import experts_forward
+
+    return experts_forward(self, hidden_states, top_k_index, top_k_weights)
+
+
+def _register_transformers() -> None:
+    """Register "gemmlab" in transformers' ExpertsInterface when transformers >= 5 is already imported (no import
+    of transformers otherwise; older ones have no such interface: ``gemmlab.nn.register_transformers`` says so)."""
+    tf = sys.modules.get("transformers")
+    major = str(getattr(tf, "__version__", "")).split(".")[0]
+    if tf is not None and major.isdigit() and int(major) >= 5:
+        from transformers.integrations.moe import ExpertsInterface
+
+        ExpertsInterface.register("gemmlab", _experts_forward)
+
+
+_register_transformers()

@@ -2,12 +2,16 @@
 tiny sizes (nothing downloaded), bf16. Shared by test_nn.py and test_nn_families.py."""
 
 import copy
+import inspect
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+
+from gemmlab.ref import mantissa_bits
 
 tf = pytest.importorskip("transformers")
 
@@ -17,15 +21,15 @@ _V3ISH = dict(intermediate_size=64, moe_intermediate_size=32, n_routed_experts=8
               n_shared_experts=1, first_k_dense_replace=0, n_group=2, topk_group=1)  # DeepSeek-V3-style routing
 
 # family -> (config class, model class, config overrides, what patch must do with its experts:
-#            "block" (-> gemmlab.nn.MoE), "experts" (-> MoEExperts), "skip" (left, with the reason))
+#            "experts" (-> MoEExperts), "skip" (left, with the reason))
 FAMILIES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",
-                dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2), "block"),
+                dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2), "experts"),
     "qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                   dict(intermediate_size=64, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-                       head_dim=16), "block"),
+                       head_dim=16), "experts"),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2),
-              "block"),
+              "experts"),
     "qwen2-moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
                   dict(intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
                        num_experts=4, num_experts_per_tok=2), "experts"),
@@ -112,6 +116,87 @@ def float64(model: nn.Module) -> nn.Module:
     return m64
 
 
+def within(ours: torch.Tensor, theirs: torch.Tensor, ref: torch.Tensor, what: str, ulps: int = 1) -> None:
+    """|ours - ref| <= 2 |theirs - ref| + ``ulps`` bf16 ulps of max |ref| (max over elements)."""
+    ref = ref.double()
+    err = (ours.double() - ref).abs().max().item()
+    allowed = 2 * (theirs.double() - ref).abs().max().item() + ulps * 2.0 ** -mantissa_bits(torch.bfloat16) * \
+        ref.abs().max().item()
+    assert torch.isfinite(ours).all() and err <= allowed, (what, err, allowed)
+
+
 def output(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     out = model(ids)
     return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+
+def experts_paths(model: nn.Module) -> list[str]:
+    """Paths of the modules named experts (each MoE block's, patched or not)."""
+    return [n for n, m in model.named_modules() if n.endswith(".experts") or n == "experts"]
+
+
+def _record(model: nn.Module) -> tuple[list, list]:
+    """Hooks on every experts module recording the top_k_index it is called with (in call order)."""
+    seen, handles = [], []
+
+    def hook(_mod, args, kwargs):
+        ids = kwargs.get("top_k_index", args[1] if len(args) > 1 else None)
+        if ids is not None:
+            seen.append(ids.detach().clone())
+
+    for path in experts_paths(model):
+        handles.append(model.get_submodule(path).register_forward_pre_hook(hook, with_kwargs=True))
+    return seen, handles
+
+
+def expert_ids(model: nn.Module, run) -> list[torch.Tensor]:
+    seen, handles = _record(model)
+    try:
+        with torch.no_grad():
+            run(model)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def routed_differently(a: list[torch.Tensor], b: list[torch.Tensor]) -> int:
+    """Tokens whose expert set differs, over all layers (lists must be of equal length)."""
+    assert len(a) == len(b) and a, (len(a), len(b))
+    return sum(int((x.sort(-1).values != y.sort(-1).values).any(-1).sum()) for x, y in zip(a, b, strict=True))
+
+
+_SIZES = dict(hidden_size=16, intermediate_size=8, moe_intermediate_size=8, expert_ffn_hidden_size=8,
+              ffn_hidden_size=8, num_experts=4, n_routed_experts=4, num_local_experts=4, moe_num_experts=4)
+
+
+def experts_modules() -> list[str]:
+    """transformers/models/* whose modeling file defines a class named *Experts (read as text: no import)."""
+    root = Path(tf.__file__).parent / "models"
+    return sorted(p.parent.name for p in root.glob("*/modeling_*.py")
+                  if p.stem == f"modeling_{p.parent.name}" and re.search(r"^class \w+Experts\(", p.read_text(),
+                                                                          re.M))
+
+
+def build_experts(experts_cls: type, config_mod) -> nn.Module | None:
+    """The experts class on a tiny copy of one of its module's configs (sizes shrunk), or None."""
+    configs = [c for c in vars(config_mod).values() if inspect.isclass(c) and issubclass(c, tf.PretrainedConfig)
+               and c.__module__ == config_mod.__name__]
+    for config_cls in configs:
+        try:
+            base = config_cls()
+        except Exception:  # noqa: BLE001  (a config that needs arguments: try the next)
+            continue
+        subs = [base] + [getattr(base, a) for a in ("text_config", "thinker_config") if getattr(base, a, None)]
+        for sub in subs:
+            for key, value in _SIZES.items():
+                try:
+                    if hasattr(sub, key):
+                        setattr(sub, key, value)
+                except Exception:  # noqa: BLE001, S112  (a per-layer attribute: leave it)
+                    continue
+            try:
+                return experts_cls(sub)
+            except Exception:  # noqa: BLE001, S112
+                continue
+    return None

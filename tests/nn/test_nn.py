@@ -237,7 +237,7 @@ def test_patch_converts_an_fp32_model_on_request(device):
     ids = torch.randint(3, 128, (2, 3), device=device)
     _, summary = gemmlab.patch(model, dtype=torch.bfloat16, return_summary=True)
     assert summary["converted"] == "float32 -> bfloat16" and summary["dtype"] == "bfloat16"
-    assert summary["moe_block"] == ["model.layers.0.mlp"] and not summary["skipped"]
+    assert summary["moe_experts"] == ["model.layers.0.mlp.experts"] and not summary["skipped"]
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     with torch.no_grad():
         _close_to(output(model, ids), output(theirs, ids), output(ref64, ids))
@@ -258,7 +258,7 @@ def test_patch_summary_is_json_data(device):
 def test_patch_experts_mode_keeps_every_router(device):
     model = tiny("mixtral", device=device)
     _, summary = gemmlab.patch(model, moe="experts", return_summary=True)
-    assert summary["moe_experts"] == ["model.layers.0.mlp.experts"] and not summary["moe_block"]
+    assert summary["moe_experts"] == ["model.layers.0.mlp.experts"]
     assert type(model.model.layers[0].mlp.gate).__name__ == "MixtralTopKRouter"
 
 
@@ -267,7 +267,7 @@ def test_patch_keeps_routers_when_the_model_returns_router_logits(device):
     model = tiny("mixtral", device=device)
     model.config.output_router_logits = True
     _, summary = gemmlab.patch(model, return_summary=True)
-    assert summary["moe_experts"] == ["model.layers.0.mlp.experts"] and not summary["moe_block"]
+    assert summary["moe_experts"] == ["model.layers.0.mlp.experts"]
     ids = torch.randint(3, 128, (1, 4), device=device)
     with torch.no_grad():
         out = model(ids, labels=ids)
@@ -318,7 +318,9 @@ def test_patch_matches_an_unknown_family_by_structure(device):
     x = torch.randn(6, 32, device=device, dtype=torch.bfloat16)
     _, summary = gemmlab.patch(model, return_summary=True)
     assert summary["moe_experts"] == ["0.experts"] and summary["matched"]["0.experts"] == "NovelExperts (by structure)"
-    assert summary["linear"] == ["0.router"] and isinstance(model[0].experts, gnn.MoEExperts)
+    assert isinstance(model[0].experts, gnn.MoEExperts)
+    # the router Linear (E outputs, beside the experts) stays the model's own: the same expert ids
+    assert summary["routers"] == ["0.router"] and not summary["linear"] and type(model[0].router) is nn.Linear
     with torch.no_grad():
         _close_to(model(x), theirs(x), ref64(x.double()))
 

@@ -7,9 +7,7 @@ may be at most twice what the unpatched bf16 model makes, plus one ulp of the la
 import copy
 import importlib
 import inspect
-import re
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +17,8 @@ import gemmlab
 import gemmlab.nn as gnn
 from gemmlab.nn import families
 from gemmlab.nn.patch import experts_fit
-from gemmlab.ref import mantissa_bits, moe_ref
-from tests.nn.hf_tiny import FAMILIES, float64, output, tf, tiny
+from gemmlab.ref import moe_ref
+from tests.nn.hf_tiny import FAMILIES, build_experts, experts_modules, float64, output, tf, tiny, within
 
 # compiled whole (one family per way patch swaps, and the skipped families whose own code traces; tracing a whole
 # model takes 5-20 s on the CPU): the others compile each patched MoE block (the block's own router and shared
@@ -29,30 +27,18 @@ from tests.nn.hf_tiny import FAMILIES, float64, output, tf, tiny
 WHOLE_MODEL = {"mixtral", "qwen2-moe", "deepseek-v3", "gpt-oss", "llama4"}
 
 
-def _within(ours: torch.Tensor, theirs: torch.Tensor, ref: torch.Tensor, what: str, ulps: int = 1) -> None:
-    """|ours - ref| <= 2 |theirs - ref| + ``ulps`` bf16 ulps of max |ref| (max over elements)."""
-    ref = ref.double()
-    err = (ours.double() - ref).abs().max().item()
-    allowed = 2 * (theirs.double() - ref).abs().max().item() + ulps * 2.0 ** -mantissa_bits(torch.bfloat16) * \
-        ref.abs().max().item()
-    assert torch.isfinite(ours).all() and err <= allowed, (what, err, allowed)
-
-
 def _patch(model: nn.Module, name: str):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, summary = gemmlab.patch(model, return_summary=True)
     expect = FAMILIES[name][3]
-    for path in summary["moe_block"] + summary["moe_experts"]:  # recognized by its row in gemmlab.nn.families
+    for path in summary["moe_experts"]:  # recognized by its row in gemmlab.nn.families
         assert summary["matched"][path].startswith(f"{name} ("), summary["matched"]
-    if expect == "block":
-        assert summary["moe_block"] and not summary["moe_experts"], summary
-        assert all(isinstance(model.get_submodule(p), gnn.MoE) for p in summary["moe_block"])
-    elif expect == "experts":
-        assert summary["moe_experts"] and not summary["moe_block"], summary
+    if expect == "experts":
+        assert summary["moe_experts"], summary
         assert all(isinstance(model.get_submodule(p), gnn.MoEExperts) for p in summary["moe_experts"])
     else:  # left as it was, named, with the reason, and warned about
-        assert not summary["moe_experts"] and not summary["moe_block"], summary
+        assert not summary["moe_experts"], summary
         note = next(f.note for f in families.FAMILIES if f.name == name)
         assert any(s.split(" ")[0].endswith("experts") and s.endswith(note) for s in summary["skipped"]), summary
         assert any("left" in str(w.message) and "Experts" in str(w.message) for w in caught)
@@ -74,7 +60,7 @@ def test_family_forward_matches_the_unpatched_model(name, device):
     assert set(model.state_dict()) == keys  # checkpoints load into the patched model unchanged
     with torch.no_grad():
         ours = output(model, ids)
-    _within(ours, theirs, ref, "output")
+    within(ours, theirs, ref, "output")
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -100,7 +86,7 @@ def test_family_gradients_match_the_unpatched_model(name, device):
         assert g is not None, f"no gradient reached {n}"
         # 4 ulps: a gradient is the end of a long chain of bf16 roundings (through attention, Mamba scans and
         # routers), and both models' errors are one sample each; a wrong gradient is off by its own size
-        _within(g, grads["theirs"][n], grads["ref"][n], n, ulps=4)
+        within(g, grads["theirs"][n], grads["ref"][n], n, ulps=4)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -116,7 +102,7 @@ def test_family_compiles_fullgraph(name, device):
             compiled = output(torch.compile(model, fullgraph=True, backend="aot_eager"), ids)
             torch.testing.assert_close(compiled, eager)
             return
-        moe_paths = summary["moe_block"] + summary["moe_experts"]
+        moe_paths = summary["moe_experts"]
         blocks = [model.get_submodule(p.removesuffix(".experts")) for p in moe_paths]
         assert blocks or FAMILIES[name][3] == "skip"
         for block in blocks or [model.get_submodule(p) for p in summary["linear"]]:
@@ -130,43 +116,7 @@ def test_family_compiles_fullgraph(name, device):
 
 # ------------------------------------------------------------------------------- every experts class, structurally
 
-_SIZES = dict(hidden_size=16, intermediate_size=8, moe_intermediate_size=8, expert_ffn_hidden_size=8,
-              ffn_hidden_size=8, num_experts=4, n_routed_experts=4, num_local_experts=4, moe_num_experts=4)
-
-
-def _experts_modules() -> list[str]:
-    """transformers/models/* whose modeling file defines a class named *Experts (read as text: no import)."""
-    root = Path(tf.__file__).parent / "models"
-    return sorted(p.parent.name for p in root.glob("*/modeling_*.py")
-                  if p.stem == f"modeling_{p.parent.name}" and re.search(r"^class \w+Experts\(", p.read_text(),
-                                                                          re.M))
-
-
-def _build(experts_cls: type, config_mod) -> nn.Module | None:
-    """The experts class on a tiny copy of one of its module's configs (sizes shrunk), or None."""
-    configs = [c for c in vars(config_mod).values() if inspect.isclass(c) and issubclass(c, tf.PretrainedConfig)
-               and c.__module__ == config_mod.__name__]
-    for config_cls in configs:
-        try:
-            base = config_cls()
-        except Exception:  # noqa: BLE001  (a config that needs arguments: try the next)
-            continue
-        subs = [base] + [getattr(base, a) for a in ("text_config", "thinker_config") if getattr(base, a, None)]
-        for sub in subs:
-            for key, value in _SIZES.items():
-                try:
-                    if hasattr(sub, key):
-                        setattr(sub, key, value)
-                except Exception:  # noqa: BLE001, S112  (a per-layer attribute: leave it)
-                    continue
-            try:
-                return experts_cls(sub)
-            except Exception:  # noqa: BLE001, S112
-                continue
-    return None
-
-
-@pytest.mark.parametrize("module", _experts_modules())
+@pytest.mark.parametrize("module", experts_modules())
 def test_structure_match_is_exact_for_every_experts_class(module):
     """For every experts class of ``module``: when experts_fit accepts it, its own float64 forward equals
     gemmlab's reference (SiLU(gate) * up, (E, 2I, H), (E, H, I)) on random inputs; when it refuses, it says why."""
@@ -178,7 +128,7 @@ def test_structure_match_is_exact_for_every_experts_class(module):
                and n.endswith("Experts")]
     for experts_cls in classes:
         torch.manual_seed(0)
-        experts = _build(experts_cls, config_mod)
+        experts = build_experts(experts_cls, config_mod)
         if experts is None:
             continue  # needs arguments a config does not give (e.g. JetMoe's per-linear experts)
         with torch.no_grad():

@@ -14,7 +14,7 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k; M rows, N
         (``gemmlab.route``: softmax or sigmoid, top-k, renormalized) then experts; x (..., H). ``ep_group=group``:
         expert parallel over a torch.distributed group (``gemmlab.distributed``).
     patch(model)  swaps nn.Linear (fp16/bf16) for Linear and every MoE experts module gemmlab computes exactly
-        for MoEExperts (whole softmax-routed blocks for MoE), by family name or by structure, sharing the model's
+        for MoEExperts (each block keeps its own router), by family name or by structure, sharing the model's
         Parameter objects; reports and warns about what it leaves (``gemmlab.nn.patch``, ``gemmlab.nn.families``).
     choices()  every per-shape Linear choice made or loaded in this process.
     Fp8Linear, Fp8MoEExperts  FP8 (e4m3) modules: weights with 128x128 block scales ``*_scale_inv`` (DeepSeek-V3's
@@ -22,9 +22,14 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k; M rows, N
         (``gemmlab.nn.fp8``); inference only.
     quantize_(model)  swap Linears and gemmlab's experts for the FP8 modules, in place (``gemmlab.nn.quantize``);
         ``patch(model, fp8=True)`` does it for a Hugging Face model, its experts included.
+    register_transformers()  "gemmlab" in transformers 5's experts interface: ``from_pretrained(...,
+        experts_implementation="gemmlab")`` runs every experts module that fits through ``gemmlab.moe_forward``,
+        the model's own routers untouched (``gemmlab.nn.hf_experts``; ``import gemmlab`` does it when transformers
+        is already imported).
 """
 
 from gemmlab.nn.fp8 import Fp8Linear, Fp8MoEExperts
+from gemmlab.nn.hf_experts import register_transformers
 from gemmlab.nn.linear import DTYPES, Linear
 from gemmlab.nn.moe import MoE, MoEExperts
 from gemmlab.nn.patch import PatchSummary, patch
@@ -32,4 +37,4 @@ from gemmlab.nn.per_shape import choices
 from gemmlab.nn.quantize import quantize_
 
 __all__ = ["DTYPES", "Fp8Linear", "Fp8MoEExperts", "Linear", "MoE", "MoEExperts", "PatchSummary", "choices", "patch",
-           "quantize_"]
+           "quantize_", "register_transformers"]

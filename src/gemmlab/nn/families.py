@@ -1,8 +1,8 @@
 """The Hugging Face MoE families ``patch`` knows by name, as data; every other MoE is matched by structure.
 
 One row per family: its sparse-MoE block class, its experts class, what ``patch`` swaps and why.
-    swap "block":   router + experts -> gemmlab.nn.MoE (softmax top-k routers that gemmlab.route computes)
-    swap "experts": experts -> gemmlab.nn.MoEExperts; the block's own router, shared experts and scaling stay
+    swap "experts": experts -> gemmlab.nn.MoEExperts; the block's own router (so the same expert ids), shared
+                    experts and scaling stay
     swap "none":    left as it is; ``note`` is the reason patch reports
 Families not listed whose experts module uses transformers' experts interface in the (E, 2I, H) SiLU layout are
 swapped as "experts" all the same (``patch`` reports them "by structure").
@@ -18,7 +18,7 @@ class Family:
     name: str
     block: str  # the sparse-MoE block's class name
     experts: str  # its experts module's class name
-    swap: str  # "block", "experts" or "none"
+    swap: str  # "experts" or "none"
     note: str  # the routing and what stays the model's own; for "none", why it is left
 
 
@@ -26,9 +26,9 @@ _SOFTMAX = "softmax top-k (renormalized per norm_topk_prob)"
 _V3 = "group-limited sigmoid top-k with a score-correction bias, scaled; shared experts kept"
 
 FAMILIES = (
-    Family("mixtral", "MixtralSparseMoeBlock", "MixtralExperts", "block", _SOFTMAX),
-    Family("qwen3-moe", "Qwen3MoeSparseMoeBlock", "Qwen3MoeExperts", "block", _SOFTMAX),
-    Family("olmoe", "OlmoeSparseMoeBlock", "OlmoeExperts", "block", _SOFTMAX),
+    Family("mixtral", "MixtralSparseMoeBlock", "MixtralExperts", "experts", _SOFTMAX),
+    Family("qwen3-moe", "Qwen3MoeSparseMoeBlock", "Qwen3MoeExperts", "experts", _SOFTMAX),
+    Family("olmoe", "OlmoeSparseMoeBlock", "OlmoeExperts", "experts", _SOFTMAX),
     Family("qwen2-moe", "Qwen2MoeSparseMoeBlock", "Qwen2MoeExperts", "experts",
            "softmax top-k; a sigmoid-gated shared expert kept"),
     Family("qwen3-next", "Qwen3NextSparseMoeBlock", "Qwen3NextExperts", "experts",
@@ -57,7 +57,8 @@ FAMILIES = (
            "sigmoid top-k with a score-correction bias"),
     Family("ernie4.5-moe", "Ernie4_5_MoeSparseMoeBlock", "Ernie4_5_MoeExperts", "experts",
            "softmax top-k on bias-corrected scores; shared experts kept"),
-    Family("hunyuan-v1-moe", "HunYuanMoEV1Moe", "HunYuanMoEV1Experts", "experts", "its router and shared MLP kept"),
+    Family("hunyuan-v1-moe", "HunYuanMoEV1Moe", "HunYuanMoEV1Experts", "experts",
+           "its router (gate.wg, an nn.Linear kept as it is) and shared MLP kept"),
     Family("flex-olmo", "FlexOlmoSparseMoeBlock", "FlexOlmoExperts", "experts", _SOFTMAX),
     Family("exaone-moe", "ExaoneMoeSparseMoEBlock", "ExaoneMoeExperts", "experts", _V3),
     Family("gpt-oss", "GptOssMLP", "GptOssExperts", "none",

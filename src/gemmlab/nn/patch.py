@@ -4,8 +4,11 @@ Legend: T tokens, H hidden, I expert intermediate, E experts.
 
 What is swapped, sharing the model's own Parameter objects (nothing is copied; checkpoints load unchanged):
     nn.Linear (fp16/bf16)          -> gemmlab.nn.Linear (gemmlab's GEMM or torch's, per shape: ``dispatch``)
-    a block of ``families`` with swap "block" (softmax top-k routers) -> gemmlab.nn.MoE (router + experts)
     an experts module that fits    -> gemmlab.nn.MoEExperts (the block's own router, shared experts, scaling stay)
+The model's own routing stays: every MoE block keeps calling its own router module (router logits, softmax or
+sigmoid, top-k, in the model's ops and dtypes), and a router that is a plain nn.Linear (E outputs, in the
+block beside the experts: Hunyuan's ``gate.wg``, DBRX's ``router.layer``) is not swapped (``router_linears``;
+the summary's "routers"), so every token goes to the experts the unpatched model sends it to.
 An experts module fits when it is transformers' experts interface (``use_experts_implementation``) in the layout
 moe_forward computes: (E, 2I, H) gate_up_proj (gate rows first) and (E, H, I) down_proj, nothing else, no bias,
 not transposed, gated, SiLU, the default gate. That is read off the module, so families patch has never seen
@@ -44,9 +47,10 @@ def old_transformers() -> str | None:
 
 class PatchSummary(dict):
     """What ``patch`` did, as JSON-ready data: "dtype", "converted" (the dtype change asked for, or None),
-    "dispatch", "linear" / "moe_block" / "moe_experts" (module paths replaced), "matched" ({path: how the
-    family was recognized}), "skipped" (["path (Class): reason"]). ``choices()``: the per-shape Linear choices
-    made so far for the patched Linears' shapes (they are made on each shape's first call)."""
+    "dispatch", "linear" / "moe_experts" (module paths replaced), "matched" ({path: how the family was
+    recognized}), "routers" (router Linears kept as the model's own), "skipped" (["path (Class): reason"]).
+    ``choices()``: the per-shape Linear choices made so far for the patched Linears' shapes (they are made on each
+    shape's first call)."""
 
     def choices(self) -> list[dict]:
         shapes = {tuple(s) for s in self.get("linear_shapes", [])}
@@ -113,19 +117,33 @@ def experts_fit(mod: nn.Module) -> str | None:
     return None
 
 
-def _moe_from_block(block: nn.Module) -> MoE | None:
-    """A MoE sharing a softmax-routed block's router weight and experts; None when its routing differs (router
-    jitter noise, a router in another dtype)."""
-    gate, experts = block.gate, block.experts
-    if getattr(block, "jitter_noise", 0) or getattr(gate, "weight", None) is None \
-            or gate.weight.dtype != experts.gate_up_proj.dtype or getattr(gate, "bias", None) is not None:
-        return None
-    e, i2, h = experts.gate_up_proj.shape
-    moe = MoE(h, i2 // 2, e, gate.top_k, renormalize=bool(getattr(gate, "norm_topk_prob", True)), device="meta")
-    moe.gate.weight = gate.weight
-    moe.experts = MoEExperts.sharing(experts)
-    moe.train(block.training)
-    return moe
+def expert_count(mod: nn.Module) -> int | None:
+    """E of an experts module: its ``num_experts``, else the first dimension of its 3-D weights, else the length
+    of its per-expert module list."""
+    e = getattr(mod, "num_experts", None)
+    if isinstance(e, int) and not isinstance(e, bool):
+        return e
+    if isinstance(mod, (nn.ModuleList, nn.ModuleDict)):
+        return len(mod)
+    return next((p.shape[0] for n, p in mod.named_parameters(recurse=False) if p.dim() == 3), None)
+
+
+def router_linears(model: nn.Module) -> set[str]:
+    """Paths of the plain nn.Linear routers ``patch`` keeps: in the block holding an experts module (its parent),
+    outside the experts, with E outputs (the router logits run in the model's own F.linear, so routing stays the
+    model's own)."""
+    found: set[str] = set()
+    for name, mod in model.named_modules():
+        if not name or not (isinstance(mod, MoEExperts) or looks_like_experts(name, mod)):
+            continue
+        e = expert_count(mod)
+        parent, _, child = name.rpartition(".")
+        block = model.get_submodule(parent)
+        for path, sub in block.named_modules():
+            if type(sub) is nn.Linear and sub.out_features == e and path != child \
+                    and not path.startswith(child + "."):
+                found.add(f"{parent}.{path}" if parent else path)
+    return found
 
 
 def _dominant_dtype(model: nn.Module) -> torch.dtype | None:
@@ -173,9 +191,9 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
           dispatch: str = "auto", return_summary: bool = False, warn: bool = True, fp8: bool = False):
     """Swap ``model``'s nn.Linear layers and MoE experts for gemmlab's, in place (see the module docstring).
 
-    ``moe``: "auto" (``families`` "block" rows become gemmlab.nn.MoE, other fitting experts MoEExperts; experts
-    only when the model's config asks for its router logits), "experts" (swap only experts modules: every model
-    keeps its own router, and the router logits transformers records for its auxiliary loss), "none".
+    ``moe``: "auto" or "experts" (the same: every experts module that fits becomes MoEExperts; every block keeps
+    its own router, so tokens go to the same experts and the router logits transformers records for its
+    auxiliary loss are the model's own), "none" (no experts swapped).
     ``dtype``: convert the model to torch.float16 / torch.bfloat16 first (in place); without it an fp32 model is
     refused (TypeError), never silently left as it was. ``dispatch``: the patched Linears' policy ("auto": per
     shape, measured on first use; "gemmlab"; "torch"). ``warn``: one UserWarning per skipped module class.
@@ -198,11 +216,13 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
     kinds = {"linears": linear, "want_experts": moe != "none"}
     first = fp8_swaps(model, **kinds) if fp8 else None  # an FP8 checkpoint's modules first (not fp16/bf16 weights)
     have, converted = _convert(model, dtype)
+    if warn and moe != "none" and old_transformers() and type(model).__module__.startswith("transformers."):
+        warnings.warn(f"gemmlab.patch: transformers {old_transformers()} is too old for the MoE swap (it reads "
+                      "transformers>=5's experts interface: pip install 'gemmlab[hf]'); only nn.Linear layers are "
+                      "patched", UserWarning, stacklevel=2)
     summary = PatchSummary(dtype=str(have).removeprefix("torch."), converted=converted, dispatch=dispatch,
-                           linear=[], moe_block=[], moe_experts=[], matched={}, skipped=[], linear_shapes=[])
-    # a model that returns its router logits (the auxiliary load-balancing loss) records them from its own
-    # router modules: keep those
-    keep_routers = bool(getattr(getattr(model, "config", None), "output_router_logits", False))
+                           linear=[], moe_experts=[], matched={}, routers=[], skipped=[], linear_shapes=[])
+    routers = router_linears(model) if linear else set()
     swaps: list[tuple[str, nn.Module]] = []  # (submodule path, its replacement)
     skipped: list[tuple[str, str, str]] = []  # (path, class, reason)
     replaced: tuple[str, ...] = ()  # prefixes of swapped subtrees (not visited again)
@@ -211,16 +231,6 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
         if name.startswith(replaced):
             continue
         cls = type(mod).__name__
-        family = BY_BLOCK.get(cls)
-        if moe == "auto" and not keep_routers and family is not None and family.swap == "block" \
-                and experts_fit(getattr(mod, "experts", None)) is None:
-            new = _moe_from_block(mod)
-            if new is not None:
-                swaps.append((name, new))
-                summary["moe_block"].append(name)
-                summary["matched"][name] = f"{family.name} ({cls}: {family.note})"
-                replaced += (name + ".",)
-                continue
         if moe != "none" and not name.startswith(moe_done) and looks_like_experts(name, mod):
             moe_done += (name + ".",)
             why = experts_fit(mod)
@@ -236,7 +246,9 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
             replaced += (name + ".",)
             continue
         if linear and isinstance(mod, nn.Linear) and not isinstance(mod, Linear):
-            if type(mod) is not nn.Linear:
+            if name in routers:
+                summary["routers"].append(name)
+            elif type(mod) is not nn.Linear:
                 skipped.append((name, cls, "an nn.Linear subclass with its own forward"))
             elif mod.weight.dtype not in DTYPES or (mod.bias is not None and mod.bias.dtype != mod.weight.dtype):
                 skipped.append((name, cls, f"weights in {mod.weight.dtype}: gemmlab runs fp16/bf16"))
