@@ -88,10 +88,13 @@ def test_the_batch_rules_fire_on_early_and_stale_outputs():
     assert rules.first_failure(rules.BATCH_RULES, rules.Batch(**ok, late=[1])) is None
     rule, why = rules.first_failure(rules.BATCH_RULES, rules.Batch(**ok, ahead=[1, 2]))
     assert rule == "timed-outputs" and "2 timed call(s) (batch 3, first call 1) were written before" in why
-    rule, why = rules.first_failure(rules.BATCH_RULES, rules.Batch(**{**ok, "wrong": [(1, "max err 3")]}, late=[1]))
-    assert rule == "timed-outputs" and "written only after call 0 returned" in why, why
-    rule, why = rules.first_failure(rules.BATCH_RULES, rules.Batch(**{**ok, "wrong": [(1, "max err 3")]}, late=[2]))
-    assert rule == "timed-outputs" and "produced while timing" in why, why
+    wrong = {**ok, "wrong": [(1, "max err 3"), (2, "max err 4")]}
+    rule, why = rules.first_failure(rules.BATCH_RULES, rules.Batch(**wrong, late=[2]))
+    assert rule == "timed-outputs" and "(batch 3, call 2) is wrong: max err 4" in why, why  # the late one first
+    assert "written only after call 1 returned" in why, why
+    rule, why = rules.first_failure(rules.BATCH_RULES, rules.Batch(**wrong, late=[3]))
+    assert rule == "timed-outputs" and "(batch 3, call 1) is wrong: max err 3" in why, why
+    assert "written only after" not in why, why
 
 
 def test_segments_cut_before_every_late_call_and_replies_merge():

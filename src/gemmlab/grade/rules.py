@@ -167,19 +167,15 @@ def no_output_before_its_call(b: Batch):
                 "written before those calls were made: one call computed others' results ahead of them")
 
 
-def late_inputs_used(b: Batch):
-    """A late call's inputs changed after the call before it returned: computed ahead of time, it is wrong."""
-    late = [(i, why) for i, why in b.wrong if i in b.late]
-    if late:
-        i, why = late[0]
-        return (f"timed call {i} of batch {b.index}, whose inputs were written only after call {i - 1} returned, "
-                f"is wrong ({why}): its output was computed ahead, from inputs it never had")
-
-
 def timed_outputs_correct(b: Batch):
+    """Every verified call is correct; a wrong late call (its inputs changed after the call before it returned) is
+    named first: an output computed ahead of its call, from inputs it never had."""
     if b.wrong:
-        i, why = b.wrong[0]
-        return f"an output produced while timing (batch {b.index}, call {i}) is wrong: {why}"
+        late = [w for w in b.wrong if w[0] in b.late]
+        i, why = (late or b.wrong)[0]
+        ahead = (f"; its inputs were written only after call {i - 1} returned: computed ahead of its call, from "
+                 "inputs it never had") if late else ""
+        return f"an output produced while timing (batch {b.index}, call {i}) is wrong: {why}{ahead}"
 
 
 def timed_arithmetic_honest(b: Batch):
@@ -190,7 +186,7 @@ def timed_arithmetic_honest(b: Batch):
 BATCH_RULES = [Rule("output", batch_output), Rule("poison-freshness", batch_inputs_unchanged),
                Rule("timed-outputs", complete_when_timed), Rule("timed-outputs", sampled_outputs_written),
                Rule("timed-outputs", sampled_outputs_fresh), Rule("timed-outputs", no_output_before_its_call),
-               Rule("timed-outputs", late_inputs_used), Rule("timed-outputs", timed_outputs_correct),
+               Rule("timed-outputs", timed_outputs_correct),
                Rule("honest-arithmetic", timed_arithmetic_honest)]
 
 
