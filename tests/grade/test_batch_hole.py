@@ -5,10 +5,10 @@ once. Now the first call of every segment but the first has inputs written only 
 (on the CPU every call but the first), and the outputs of the calls not yet made are read there: both cheats of
 tests/bad_kernels/batch_kernels.py FAIL, their honest twin does not.
 
-Measured on the CPU (tests/cases/tiny.json, 2 calls a batch, a busy 2-core machine): with the late inputs off
-(``LATE_CALLS`` 0, the protocol before) both cheats got through, INCONCLUSIVE like their honest twin (the protocol's
-own cost, 2-5 ms a call, is 1-8x a call there, so no gain can be read off the CPU); with them on, both FAIL in their
-first verified batch. On a GPU, ``test_the_fused_batch_on_the_gpu`` prints the gain before and after.
+On the CPU (tests/cases/tiny.json, 2 calls a batch) the protocol before (``LATE_CALLS`` 0) lets both cheats through
+(``test_without_late_inputs_the_cheats_get_through``), INCONCLUSIVE like their honest twin: there the protocol's own
+cost is more than a call, so no gain can be read off the CPU. With the late inputs both FAIL. On a GPU,
+``test_the_fused_batch_on_the_gpu`` prints the gain before and after (``benchmarks/session.sh batch_hole``).
 """
 
 import shutil
