@@ -82,6 +82,18 @@ def test_without_late_inputs_the_cheats_get_through(monkeypatch):
         assert r["performance"]["late_calls_per_batch"] == 0
 
 
+def test_a_cheat_fusing_only_its_request_has_nothing_to_fuse_on_the_cpu(monkeypatch):
+    """A cheat that fuses only the calls of the request it serves (read from the worker's frame) is not caught by
+    the late calls; on the CPU every request is one call, so it never fuses and is graded as the honest kernel it
+    then is. Without the cut (``LATE_CALLS`` 0: one request a batch) it does fuse: the test is not vacuous."""
+    with monkeypatch.context() as m:
+        m.setattr(slots, "LATE_CALLS", {"cuda": 0, "cpu": 0})
+        _fused_grade("fuses_each_request")
+    r, logs = _grade("fuses_each_request")
+    assert r["verdict"] in ("PASS", "INCONCLUSIVE"), r["failures"]
+    assert "fused" not in logs and r["performance"]["rounds"] >= 4, r["performance"]
+
+
 def test_the_batch_rules_fire_on_early_and_stale_outputs():
     ok = {"index": 3, "reply": {}, "changed": [], "incomplete": [], "wrong": [], "verified": 2}
     assert rules.first_failure(rules.BATCH_RULES, rules.Batch(**ok)) is None
@@ -111,7 +123,7 @@ def test_segments_cut_before_every_late_call_and_replies_merge():
 def test_the_fused_batch_on_the_gpu(tmp_path, monkeypatch):
     """A decode-sized GEMM (64 x 64 x 64 fp16, thousands of calls a batch) on the GPU: each cheat's ratio against
     cuBLAS without the late inputs (the gain before; printed with -s), then with them: both FAIL, the honest twin
-    does not."""
+    does not. Last, the ratio of the cheat that fuses one request's calls (the hole left), printed."""
     path = tmp_path / "small.json"
     path.write_text('{"name": "small", "dtype": "float16", "layout": "colmajor", "inputs": "competition", '
                     '"correctness": [{"name": "t", "M": 64, "N": 64, "K": 64}], '
@@ -131,3 +143,7 @@ def test_the_fused_batch_on_the_gpu(tmp_path, monkeypatch):
         r = _fused_grade(fn, cases=cases, budget_s=30)
         print("after", fn, r["verdict"], r["failures"])
         assert r["verdict"] == "FAIL" and words in r["failures"][0]["reason"], r["failures"]
+    # the hole left on a GPU (docs/grading.md, "What is not enforced"): a segment's calls fused; measured, not judged
+    r, logs = _grade("fuses_each_request", cases, budget_s=30)
+    print("residual fuses_each_request", r["verdict"], (r["performance"] or {}).get("ratio"), "fused" in logs,
+          r["failures"])
