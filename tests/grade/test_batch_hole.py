@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from gemmlab.grade import grade, rules, slots
 from tests.paths import BAD_KERNELS, CASES
@@ -107,6 +108,19 @@ def test_the_batch_rules_fire_on_early_and_stale_outputs():
     rule, why = rules.first_failure(rules.BATCH_RULES, rules.Batch(**wrong, late=[3]))
     assert rule == "timed-outputs" and "(batch 3, call 1) is wrong: max err 3" in why, why
     assert "written only after" not in why, why
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn])
+def test_a_late_splice_writes_exactly_the_drawn_elements(dtype):
+    """Through ``slots.bits`` (integer views: float8 indexing is not on every device), on a column-major view."""
+    x, y = (torch.randn(5, 7).to(dtype).t() for _ in range(2))
+    before = x.clone()
+    pos = (torch.tensor([0, 6, 3]), torch.tensor([4, 0, 2]))
+    slots.bits(x)[pos] = slots.bits(y)[pos].clone()
+    assert torch.equal(x.float()[pos], y.float()[pos])
+    keep = torch.ones(x.shape, dtype=torch.bool)
+    keep[pos] = False
+    assert torch.equal(x.float()[keep], before.float()[keep])
 
 
 def test_segments_cut_before_every_late_call_and_replies_merge():

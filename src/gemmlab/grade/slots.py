@@ -71,7 +71,7 @@ class Draw:
     """What ``prepare`` drew for one batch: which output elements are sampled, the segments, the late splices."""
     idx: torch.Tensor             # (sampled,) output elements read when the batch ends
     segments: list[list[int]]     # the calls of each "run" request, in order
-    late: dict = field(default_factory=dict)  # call -> (index tensors, values) spliced into its first input
+    late: dict = field(default_factory=dict)  # call -> (index tensors, values as ``bits``) for its first input
 
 
 @dataclass
@@ -124,6 +124,15 @@ def repeated_samples(sample: torch.Tensor, skip: set[int]) -> list[tuple[int, in
             return [(first[key], j)]
         first[key] = j
     return []
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(x: torch.Tensor) -> torch.Tensor:
+    """``x`` viewed as integers of its element size: indexing that every dtype supports on every device (float8
+    included), bit for bit."""
+    return x.view(_BITS[x.element_size()])
 
 
 def segments(n: int, late: list[int]) -> list[list[int]]:
@@ -187,7 +196,7 @@ class Slots:
         inputs = self.op.fresh(self.case, self.kind, self.seeds[i], self.dev, self.keep)
         if self.draw is not None and i in self.draw.late:
             pos, values = self.draw.late[i]
-            inputs[0][pos] = values
+            bits(inputs[0])[pos] = values
         return inputs
 
     def prepare(self, kind: str) -> Draw:
@@ -207,7 +216,7 @@ class Slots:
             x = self.slot_in[i][0]
             pos = tuple(torch.randint(0, d, (SPLICED,), generator=self.pos_gen).to(self.dev) for d in x.shape)
             fresh = self.op.fresh(self.case, kind, self.secret.getrandbits(62), self.dev, self.keep)[0]
-            splices[i] = (pos, fresh[pos].clone())
+            splices[i] = (pos, bits(fresh)[pos].clone())
         if self.heat is not None:
             self.heat(self.ctx.heat_s)
         sync(self.dev)
@@ -231,7 +240,7 @@ class Slots:
                     tl = time.perf_counter()
                     ahead.append((seg[0], self.outs[seg[0]:, draw.idx[:AHEAD_SAMPLED]].clone()))
                     pos, values = draw.late[seg[0]]
-                    self.slot_in[seg[0]][0][pos] = values
+                    bits(self.slot_in[seg[0]][0])[pos] = values
                     sync(self.dev)
                     late_s += time.perf_counter() - tl
                 replies.append(box.request("run", order=seg, fn=fn))
