@@ -173,8 +173,8 @@ def timed_outputs_correct(b: Batch):
     if b.wrong:
         late = [w for w in b.wrong if w[0] in b.late]
         i, why = (late or b.wrong)[0]
-        ahead = (f"; its inputs were written only after call {i - 1} returned: computed ahead of its call, from "
-                 "inputs it never had") if late else ""
+        ahead = (f"; its inputs were written only after call {i - 1} returned (an output computed ahead of the "
+                 "call had other inputs)") if late else ""
         return f"an output produced while timing (batch {b.index}, call {i}) is wrong: {why}{ahead}"
 
 
