@@ -45,6 +45,10 @@ for s in "$@"; do
     grade_seed) step grade_seed 560 python3 -m benchmarks grade-repeat --cases competition \
       --kernel "gemmlab=${GRADE_SEED_RUNS:-10}" --first-seed "${GRADE_FIRST_SEED:-0}" --quick-correctness \
       --time-limit-s 470 --out "$RES/grade-repeat-h200-seed" ;;
+    # issue 29 item 8: a timed batch fused into one call (tests/bad_kernels/batch_kernels.py) at 64x64x64 fp16, its
+    # ratio against cuBLAS without the late calls (the gain before) and its FAIL with them; ratios in the log (-s)
+    batch_hole) step batch_hole 560 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+      tests/grade/test_batch_hole.py tests/grade/test_fp8_redteam.py::test_experts_doing_the_whole_batch_on_the_gpu ;;
     # the grader on CUDA with the sandbox's isolation (seccomp, hidden terminals) and its secret trials: the isolation
     # and NaN GPU tests, then one competition grade (the seed shapes against cuBLAS)
     isolation) step isolation_gpu 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/sandbox/test_isolation.py

@@ -19,8 +19,8 @@ A grade (``Grader.run``):
    max error against the reference, and for a GEMM honest arithmetic (``rounding.py``: how the outputs round
    against the exact sum, next to the vendor's GEMM on the same inputs). The baseline's worker loads meanwhile.
 2. The timed case, verified through the same call first when no listed case has its sizes, then timed by
-   ``protocol.Timing`` (steps 1-6 there), the same way for candidate and baseline; every timed call verified
-   (a secret two a batch for MoE), by the same rules.
+   ``protocol.Timing`` (steps 1-6 there; one batch: ``slots.Slots``), the same way for candidate and baseline;
+   every timed call verified (a secret two a batch and every late one for MoE), by the same rules.
 Verdict: FAIL when a rule fails; INCONCLUSIVE when every rule passed but the timing cannot score (too few
 rounds for an interval, the interval wider than the protocol's target within its budget, the protocol's own cost
 over 5% of a call, or the comparison of the case's inputs with full-mantissa ones undecided): the performance
@@ -44,7 +44,8 @@ from gemmlab.grade import observer, rules
 from gemmlab.grade.batches import own_memory, plan_batches
 from gemmlab.grade.cases import CaseFile
 from gemmlab.grade.op import Op
-from gemmlab.grade.protocol import HEAT_S, BaselineFailure, Failed, Timing
+from gemmlab.grade.protocol import Timing
+from gemmlab.grade.slots import HEAT_S, BaselineFailure, Context, Failed
 from gemmlab.instruments.timing import ClockSampler, env_info
 from gemmlab.sandbox.box import CandidateError, Sandbox, WorkerFailure
 
@@ -221,7 +222,10 @@ class Grader:
         rules; a timing that passes them but cannot score is INCONCLUSIVE."""
         op, dev = self.op, self.device
         self.progress(f"timing {case.name} ({self.plan.calls} calls a batch)")
-        timing = Timing(self, case, self.plan, self.rounds, self.budget_s)
+        ctx = Context(op=op, device=dev, cand=self.cand, base=self.base, observe=self.observe, progress=self.progress,
+                      heat_s=self.heat_s, baseline_gflops=getattr(self.cases, "baseline_gflops", None),
+                      full_score_ratio=self.cases.full_score_ratio)
+        timing = Timing(ctx, case, self.plan, self.rounds, self.budget_s)
         with ClockSampler() as clocks:
             try:
                 got = timing.run(clocks)
@@ -255,11 +259,15 @@ class Grader:
                        baseline=f"fixed {self.cases.baseline_gflops} GFLOPS")
         out["ratio"] = tflops / out["baseline_tflops"]
         seen = [r for r in verified if r.status == "PASS"]
-        evidence = rules.Run(wall, out["advisory_median_ms"], got["protocol_overhead_ms"], tflops, peak_tflops(dev),
-                             dev.type, b_med, solo, kernels, ops, self.vendor_seen, self.allow_vendor, path,
-                             {p for r in seen for p in r.paths}, {k for r in seen for k in r.kernels},
-                             got["value_dependence"], got.get("value_dependence_advisory"),
-                             got.get("baseline_gap_ms"))
+        evidence = rules.Run(wall_ms=wall, advisory_ms=out["advisory_median_ms"],
+                             overhead_ms=got["protocol_overhead_ms"], tflops=tflops, peak=peak_tflops(dev),
+                             device=dev.type, baseline_ms=b_med, baseline_solo_ms=solo, kernels=kernels, ops=ops,
+                             preload_calls=self.vendor_seen, allow_vendor=self.allow_vendor, timed_path=path,
+                             seen_paths={p for r in seen for p in r.paths},
+                             seen_kernels={k for r in seen for k in r.kernels},
+                             value_dependence=got["value_dependence"],
+                             value_dependence_advisory=got.get("value_dependence_advisory"),
+                             baseline_gap_ms=got.get("baseline_gap_ms"))
         failed = rules.first_failure(rules.RUN_RULES, evidence)
         if failed:
             return dict(out, status="FAIL", rule=failed[0], reason=failed[1])

@@ -1,31 +1,38 @@
-"""The grader's timing protocol (``Timing``), the same for candidate and baseline, each in a worker of its own.
+"""The grader's timing protocol (``Timing``: the rounds, steps 5-6; one batch, steps 1-4, is ``slots.Slots``), the same
+for candidate and baseline, each in a worker of its own. All it needs of the grader comes in a ``slots.Context``.
 
 0. Before any candidate runs (``batches.plan_batches``): the calls per batch N, from the baseline timed in the
    grader's own process and the free memory: a batch lasts >= 20 ms at the baseline's speed. Nothing the
    candidate does moves N.
-1. Slots (``allocate``): N call slots (inputs and an output each) in memory of their own (``batches.own_memory``),
+1. Slots (``Slots.allocate``): N call slots (inputs and an output each) in memory of their own (``batches.own_memory``),
    shared with both workers once: CUDA IPC and shared memory expose the slots and nothing else of the grader's.
-2. Before every batch, outside its window (``prepare``): fresh inputs for every slot from secret seeds
+2. Before every batch, outside its window (``Slots.prepare``): fresh inputs for every slot from secret seeds
    (``secrets``: nothing the child can see predicts them), of the round's kind (below); every output NaN; the
    device synced; on a GPU ``HEAT_S`` of the grader's own GEMM load, so that each batch starts in the power-capped
    steady state a sustained workload runs in (without it, batches after the grader's host work started near the
    boost clock and the ratio measured bursts); L2 flushed from the grader's process; synced. No call sees inputs
    another call saw, so nothing can be memoized, and each call's inputs are cold. The MoE weights, too large to
    redraw, are the exception: fixed for the run, as in inference.
-3. The window (``window``): the worker is stopped between its batches, so nothing it does can start before the
+3. The window (``Slots.window``): the worker is stopped between its batches, so nothing it does can start before the
    inputs are final; every check and restore of waking it is done while it is still frozen (``Sandbox.ready``),
    then t0 = the grader's ``time.perf_counter()``, then it is woken (``Sandbox.wake``: signals and the cgroup
    only; its cost, inside the window, is reported per side as ``wake_ms_by_side``), so that nothing the worker
    does lies before t0 (a thread of a candidate that computed the batch while the grader was still waking it, as
    it once could, is timed); the worker is asked to run the N calls
-   back to back between two device syncs (``instruments.timing.time_calls``, no flush) and answers; the grader
+   back to back between two device syncs (``instruments.timing.time_calls``, no flush) and answers, in segments
+   cut before the late calls (on the CPU every call but the first, on a GPU ``slots.LATE_CALLS`` secret ones):
+   between two segments the grader reads a sample of the outputs of every call not yet made (still NaN, or an
+   output came before its call) and changes ``slots.SPLICED`` secret elements of the late call's first input, after
+   the call before it returned, and syncs. This lies inside the window and is not subtracted: both sides run the
+   same segments and writes (``late_ms_by_side`` in the report), and the worker's threads run meanwhile, so time
+   taken out would be time a candidate computes untimed. The grader
    reads a secret random sample of every output into its own memory and syncs; t1; the worker is stopped
    again (after a check that no process of it stays stopped). A child that answers before its work is done gains
    nothing: the batch fails unless every sampled value equals the final output.
-4. After the window, nothing reaching the child (``verify``): every input is compared with its private copy
-   (regenerated from its seed), and the calls to verify (all for GEMM, a secret ``op.verify_per_batch`` for
-   MoE) are checked against references computed from the private copies: max error and honest arithmetic
-   (``rules.BATCH_RULES``).
+4. After the window, nothing reaching the child (``Slots.verify``): every input is compared with its private copy
+   (regenerated from its seed), and the calls to verify (all for GEMM, a secret ``op.verify_per_batch`` and
+   every late call for MoE) are checked against references computed from the private copies: max error and honest
+   arithmetic (``rules.BATCH_RULES``).
 5. Rounds (``time_rounds``): pairs of rounds A B / B A of one kind of input, so each kind is timed in both orders;
    in blocks of three pairs of which one, at a secret place, draws full-mantissa inputs for both sides
    (``op.full_kind``): every kind is timed and verified alike, so a kernel that tells the kinds apart by their
@@ -45,78 +52,31 @@ Both sides alike: the same environment (the observer library), one profiled call
 warm-up by time, every batch prepared the same way and woken right before its window, every order in each kind.
 """
 
+
 from __future__ import annotations
 
 import math
 import secrets
 import statistics
 import time
-from dataclasses import dataclass, field
-
-import torch
 
 from gemmlab.grade import rules
-from gemmlab.grade.batches import BatchPlan, own_memory
+from gemmlab.grade.batches import BatchPlan
 from gemmlab.grade.rounding import Rounding
+from gemmlab.grade.slots import HEAT_S as HEAT_S
+from gemmlab.grade.slots import HELD_RETRIES as HELD_RETRIES
+from gemmlab.grade.slots import BaselineFailure, Context, Failed, Side, Slots
+from gemmlab.grade.slots import heater as heater
 from gemmlab.instruments import stats
-from gemmlab.instruments.timing import ClockSampler, l2_flush_buffer, sync
+from gemmlab.instruments.timing import ClockSampler
 from gemmlab.sandbox.box import CandidateError, WorkerFailure
 
-HEAT_S = 0.5  # seconds of grader-owned GEMM load before every timed batch on a GPU (step 2)
 WARMUP_S = {"cuda": 1.0, "cpu": 0.0}
 TARGET_HALF_WIDTH = 0.03  # of the ratio's 95% interval, relative, for a score
 MAX_OVERHEAD = 0.05  # the protocol's cost per call, of a baseline call, for a score
 BUDGET_S = {"cuda": 180.0, "cpu": 30.0}  # of timed rounds
 MAX_ROUNDS = {"cuda": 96, "cpu": 12}  # the CPU (a shared scheduler, Triton's interpreter) rarely reaches 3%
 PAIRS_PER_BLOCK, MIN_BLOCKS = 3, 2
-SAMPLED_PER_OUTPUT = 1024  # output elements read back at the end of every batch
-MIN_SAMPLES_TO_COMPARE = 16  # two calls' samples that agree on at least this many elements: one answer twice
-HELD_RETRIES = 2  # a baseline batch held off the CPU is run again this often before the run fails (step 3)
-
-
-class BaselineFailure(RuntimeError):
-    """The baseline's worker failed: something killed or stopped it (the candidate can reach it)."""
-
-
-class HeldOff(Exception):
-    """A trusted sandbox's batch that was not its own time (``Sandbox.held_off``): retried, not timed."""
-
-
-class Failed(Exception):
-    """The candidate failed a rule while timed: (rule, reason)."""
-
-
-@dataclass
-class Window:
-    ms: float                 # per call, the grader's clock
-    reply: dict
-    sample: torch.Tensor      # (N, sampled) outputs as read when the batch ended
-    idx: torch.Tensor         # (sampled,) which elements
-
-
-@dataclass
-class Side:
-    name: str
-    windows: list = field(default_factory=list)  # host (t0, t1) of its timed batches, for the clock sampler
-    wake_ms: list = field(default_factory=list)  # how long waking it took, at the start of each window
-
-
-def heater(device: torch.device, size: int = 4096):
-    """A GEMM load of the grader's own: ``heat(seconds)`` runs (size x size) @ (size x size) products on
-    ``device`` until that much time has passed, synchronized, so the device is busy up to the return."""
-    g = torch.Generator(device=device).manual_seed(0)
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
-    a, b = (torch.rand((size, size), generator=g, device=device).to(dtype) - 0.5 for _ in range(2))
-    c = torch.empty_like(a)
-
-    def heat(seconds: float) -> None:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            for _ in range(8):
-                torch.mm(a, b, out=c)
-            sync(device)
-
-    return heat
 
 
 def advisory_ms(reply: dict, n: int) -> float:
@@ -139,192 +99,43 @@ def round_ratios(records: list[dict], kind: str, clock: str = "ms") -> list[floa
     return [b / c for b, c in pairs]
 
 
-def repeated_samples(sample: torch.Tensor, skip: set[int]) -> list[tuple[int, int]]:
-    """The first pair (i, j), i < j, of calls whose sampled outputs are equal (one answer written twice), as a
-    one-element list; empty if none. Calls in ``skip`` (unwritten) are not compared. One pass: rows by content."""
-    if sample.shape[1] < MIN_SAMPLES_TO_COMPARE:
-        return []
-    first: dict[bytes, int] = {}
-    for j, row in enumerate(sample.cpu().contiguous().view(torch.uint8).numpy()):  # bytes: any dtype
-        if j in skip:
-            continue
-        key = row.tobytes()
-        if key in first:
-            return [(first[key], j)]
-        first[key] = j
-    return []
-
-
 class Timing:
-    """Steps 1-6 for one case (``run``). ``grader`` supplies the op, device, both sandboxes, the heat, rounds
-    and the progress callback."""
+    """Steps 1-6 for one case (``run``): ``ctx`` is everything it needs of the grader (op, device, both sandboxes,
+    the observer, the heat, the progress callback, a fixed baseline's rate)."""
 
-    def __init__(self, grader, case, plan: BatchPlan, rounds: int | None = None, budget_s: float | None = None):
-        self.g, self.op, self.case, self.dev, self.n = grader, grader.op, case, grader.device, plan.calls
+    def __init__(self, ctx: Context, case, plan: BatchPlan, rounds: int | None = None, budget_s: float | None = None):
+        self.ctx, self.op, self.case, self.dev, self.n = ctx, ctx.op, case, ctx.device, plan.calls
         dt = self.dev.type
         self.max_rounds = rounds or MAX_ROUNDS[dt]
         self.budget_s = BUDGET_S[dt] if budget_s is None else budget_s
         self.secret = secrets.SystemRandom()
-        self.gen = torch.Generator(device=self.dev).manual_seed(self.secret.getrandbits(62))
-        self.sample_gen = torch.Generator().manual_seed(self.secret.getrandbits(62))  # rounding samples
-        op = self.op
-        self.keep = op.fresh(case, op.timed_kind, self.secret.getrandbits(62), self.dev) if op.fixed else None
-        self.seeds: list[int] = []
-        self.kind = op.timed_kind
-        self.fixed_ms = (case.flops / (grader.cases.baseline_gflops * 1e9) * 1e3
-                         if getattr(grader.cases, "baseline_gflops", None) else None)
+        self.slots = Slots(ctx, case, plan, self.secret)
+        self.fixed_ms = (case.flops / (ctx.baseline_gflops * 1e9) * 1e3 if ctx.baseline_gflops else None)
         self.cand, self.base = Side("candidate"), Side("baseline")
-        self.checked, self.advisory = 0, []
-        self.counts = {"candidate": [0, 0, 0, 0], "vendor": [0, 0, 0, 0]}  # summed Rounding fields
+        self.advisory: list[float] = []
         self.records: list[dict] = []  # one per round: kind, candidate ms, baseline ms
-        self.held_retries = 0  # baseline batches run again (held off the CPU)
-
-    # ------------------------------------------------------------------------------------ steps 1-4
-
-    def allocate(self) -> None:
-        """Step 1: the slots, shared with both workers."""
-        op, first = self.op, self.op.fresh(self.case, self.kind, 0, self.dev, self.keep)
-        with own_memory(self.dev):
-            shared_fixed = {j: self.keep[j].clone() for j in op.fixed}
-            self.slot_in = [tuple(shared_fixed[j] if j in op.fixed else torch.empty_like(x) for j, x in
-                                  enumerate(first)) for _ in range(self.n)]
-            self.outs = torch.full((self.n, op.out_numel(self.case)), float("nan"), dtype=op.dtype, device=self.dev)
-        slots = [(self.slot_in[i], self.outs[i]) for i in range(self.n)]
-        self.flusher = l2_flush_buffer(self.dev) if self.dev.type == "cuda" else None
-        self.heat = heater(self.dev) if self.g.heat_s > 0 else None
-        try:
-            self.g.cand.bind(slots)
-        except CandidateError as e:
-            raise Failed("isolation", f"raised {e}") from e
-        try:
-            self.g.base.bind(slots)
-        except (WorkerFailure, CandidateError) as e:
-            raise BaselineFailure(str(e)) from e
-
-    def private(self, i: int) -> tuple:
-        """The grader's copy of call i's inputs, regenerated from its secret seed."""
-        return self.op.fresh(self.case, self.kind, self.seeds[i], self.dev, self.keep)
-
-    def prepare(self, kind: str) -> torch.Tensor:
-        """Step 2: fresh inputs of ``kind`` in every slot, outputs poisoned, the device heated and L2 flushed.
-        Returns the secret sample of output elements."""
-        self.kind, self.seeds = kind, [self.secret.getrandbits(62) for _ in range(self.n)]
-        for i in range(self.n):
-            for j, (s, x) in enumerate(zip(self.slot_in[i], self.private(i), strict=True)):
-                if j not in self.op.fixed:
-                    s.copy_(x)
-        self.outs.fill_(float("nan"))
-        numel = self.outs.shape[1]
-        idx = torch.randint(0, numel, (min(SAMPLED_PER_OUTPUT, numel),), generator=self.gen, device=self.dev)
-        if self.heat is not None:
-            self.heat(self.g.heat_s)
-        sync(self.dev)
-        if self.flusher is not None:
-            self.flusher.zero_()
-            sync(self.dev)
-        return idx
-
-    def window(self, box, side: Side | None, idx: torch.Tensor, fn: str = "kernel") -> Window:
-        """Step 3: one timed batch of ``box``, woken right before its window and stopped right after."""
-        try:  # waking and stopping may fail too (the sandbox checks its processes): the window's own failure
-            box.ready()  # both workers are frozen between their batches: every check of waking done before t0
-            t0 = time.perf_counter()
-            box.wake()  # inside the window: nothing the worker does comes before t0
-            woken = time.perf_counter()
-            reply = box.request("run", order=list(range(self.n)), fn=fn)
-            sample = self.outs[:, idx].clone()  # reading the outputs back ends the batch
-            sync(self.dev)
-            t1 = time.perf_counter()
-            box.running()
-            self.g.observe(box, self.n if fn == "kernel" else 0, batch=True)  # before the freeze: it answers
-            box.freeze()
-        except (WorkerFailure, CandidateError) as e:
-            if box is self.g.base:
-                raise BaselineFailure(str(e)) from e
-            raise Failed("isolation", f"raised {e}" if isinstance(e, CandidateError) else str(e)) from e
-        held = box.held_off(reply)
-        if held:
-            raise HeldOff(held)
-        if side is not None:
-            side.windows.append((t0, t1))
-            side.wake_ms.append((woken - t0) * 1e3)
-        return Window((t1 - t0) * 1e3 / self.n, reply, sample, idx)
-
-    def batch(self, box, side: Side | None, kind: str, fn: str = "kernel") -> Window:
-        """Steps 2 and 3; a batch of the baseline held off the CPU (stopped by another process, or its CPU taken by
-        a virtual machine's host) is drawn and run again, up to ``HELD_RETRIES`` times: held in every try, it fails
-        the run (the candidate can reach it)."""
-        tries = 0
-        while True:
-            try:
-                return self.window(box, side, self.prepare(kind), fn)
-            except HeldOff as e:
-                self.held_retries, tries = self.held_retries + 1, tries + 1
-                if tries > HELD_RETRIES:
-                    raise BaselineFailure(f"{e}, in {tries} tries in a row (stopped by another process)") from e
-
-    def verify(self, index: int, w: Window) -> None:
-        """Step 4: the candidate's batch, judged by ``rules.BATCH_RULES`` (raises ``Failed``)."""
-        op, n = self.op, self.n
-        changed, checks = [], {}
-        which = range(n) if op.verify_per_batch is None else sorted(self.secret.sample(range(n),
-                                                                                     min(n, op.verify_per_batch)))
-        for i in range(n):
-            mine = self.private(i)
-            if not all(torch.equal(s, x) for j, (s, x) in enumerate(zip(self.slot_in[i], mine, strict=True))
-                       if j not in op.fixed or i == 0):
-                changed.append(i)
-            if i in which:
-                checks[i] = self.check_call(i, mine)
-        final = self.outs[:, w.idx]
-        same = ((w.sample == final) | (torch.isnan(w.sample) & torch.isnan(final))).all(dim=1)
-        incomplete = (~same).nonzero().flatten().tolist()
-        wrong = [(i, c[0]) for i, c in checks.items() if c[0]]
-        dishonest = [(i, c[1]) for i, c in checks.items() if c[1]]
-        unwritten = (~torch.isfinite(w.sample).all(dim=1)).nonzero().flatten().tolist()
-        evidence = rules.Batch(index, w.reply, changed, incomplete, wrong, len(which), unwritten,
-                               repeated_samples(w.sample, set(unwritten)), dishonest)
-        failed = rules.first_failure(rules.BATCH_RULES, evidence)
-        if failed:
-            raise Failed(*failed)
-        self.checked += len(which)
-
-    def check_call(self, i: int, inputs: tuple) -> tuple[str | None, str | None]:
-        """(why call i's output is wrong, why its arithmetic is not honest): None where it is not."""
-        o = self.op.view(self.outs[i], self.case)
-        bad = int((~torch.isfinite(o)).sum())
-        if bad:
-            return f"{bad} NaN/Inf elements", None
-        c = self.op.check(o, inputs, self.kind, self.sample_gen)
-        if c.rounding is not None:
-            for who, r in zip(("candidate", "vendor"), c.rounding, strict=True):
-                self.counts[who] = [s + v for s, v in zip(self.counts[who], r.as_dict().values(), strict=True)]
-        if not c.within:
-            return f"max err {c.err:.4g} > {c.tol:.4g} ({self.kind} inputs)", None
-        why = c.dishonest()
-        return None, (f"call {i} ({self.kind} inputs): {why}" if why else None)
 
     # ------------------------------------------------------------------------------------ steps 5-6
 
     def warm_up(self) -> float:
         """Both sides by time, then the protocol's own cost (the baseline's empty call, per call, ms), then one
         profiled call each (the candidate's names: what the timed calls run)."""
-        g = self.g
+        ctx, slots = self.ctx, self.slots
         t_end = time.perf_counter() + WARMUP_S[self.dev.type]
         while True:
-            for box in (g.cand, g.base):
-                self.batch(box, None, self.op.timed_kind)
+            for box in (ctx.cand, ctx.base):
+                slots.batch(box, None, self.op.timed_kind)
             if time.perf_counter() >= t_end:
                 break
-        overhead = statistics.median(self.batch(g.base, None, self.op.timed_kind, "empty").ms for _ in range(3))
+        overhead = statistics.median(slots.batch(ctx.base, None, self.op.timed_kind, "empty").ms for _ in range(3))
         profiles = []
-        for box in (g.cand, g.base):
+        for box in (ctx.cand, ctx.base):
             box.thaw()
             try:
                 profiles.append(box.request("call", slot=0, profile=True))
-                self.g.observe(box, 1)
+                ctx.observe(box, 1)
             except (WorkerFailure, CandidateError) as e:
-                if box is g.base:
+                if box is ctx.base:
                     raise BaselineFailure(str(e)) from e
                 raise Failed("isolation", str(e)) from e
             box.freeze()
@@ -337,11 +148,11 @@ class Timing:
         for who in (("cand", "base") if r % 2 == 0 else ("base", "cand")):
             if who == "base":
                 if self.fixed_ms is None:
-                    w = self.batch(self.g.base, self.base, kind)
+                    w = self.slots.batch(self.ctx.base, self.base, kind)
                     ms["base"], adv["base"] = w.ms, advisory_ms(w.reply, self.n)
                 continue
-            w = self.batch(self.g.cand, self.cand, kind)
-            self.verify(r, w)
+            w = self.slots.batch(self.ctx.cand, self.cand, kind)
+            self.slots.verify(r, w)
             ms["cand"], adv["cand"] = w.ms, advisory_ms(w.reply, self.n)
             if kind == self.op.timed_kind:
                 self.advisory.append(adv["cand"])
@@ -376,7 +187,7 @@ class Timing:
             rounds = 0 if honest is None else honest["rounds"]
             return f"{rounds} rounds on the case's inputs: too few for a 95% interval"
         if self.fixed_ms is not None:
-            if all(r["base_ms"] / r["cand_ms"] >= self.g.cases.full_score_ratio for r in self.records):
+            if all(r["base_ms"] / r["cand_ms"] >= self.ctx.full_score_ratio for r in self.records):
                 return None
         else:
             base_ms = statistics.median(r["base_ms"] for r in self.records if r["kind"] == self.op.timed_kind)
@@ -425,37 +236,40 @@ class Timing:
             settled = hopeless or self.precise(honest, value) or (why is None and self.fixed_ms is not None)
             if spent or (blocks >= MIN_BLOCKS and settled):
                 return why
-            self.g.progress(f"timing: {r} rounds, {why or 'narrowing the interval'}")
+            self.ctx.progress(f"timing: {r} rounds, {why or 'narrowing the interval'}")
 
     def solo(self) -> float | None:
         """Step 6: the baseline alone, after every candidate process is gone."""
         if self.fixed_ms is not None or rules.BASELINE_SLACK.get(self.dev.type) is None:
             return None
         main = sum(r["kind"] == self.op.timed_kind for r in self.records)
-        return statistics.median(self.batch(self.g.base, None, self.op.timed_kind).ms
+        return statistics.median(self.slots.batch(self.ctx.base, None, self.op.timed_kind).ms
                                  for _ in range(max(2, main // 4)))
 
     def run(self, clocks: ClockSampler) -> dict:
         """Steps 1-5 (the candidate closed after them by the caller's ``close``); the evidence and the numbers."""
-        self.allocate()
+        self.slots.allocate()
         overhead = self.warm_up()
         why = self.time_rounds(overhead)
         try:  # the candidate's last window comes after the baseline's last one: its checks, now
-            self.g.base.check_held()
+            self.ctx.base.check_held()
         except WorkerFailure as e:
             raise BaselineFailure(str(e)) from e
         honest, value = self.summaries()
         main = [r for r in self.records if r["kind"] == self.op.timed_kind]
+        counts = self.slots.counts
         out = {"honest": honest, "value_dependence": value, "value_dependence_advisory": self.value_by_advisory(),
                "inconclusive": why, "protocol_overhead_ms": overhead,
                "median_ms": statistics.median(r["cand_ms"] for r in main), "rounds": len(self.records),
                "rounds_full_mantissa": len(self.records) - len(main), "full_mantissa_kind": self.op.full_kind,
-               "calls_per_batch": self.n, "samples_checked": self.checked, "held_retries": self.held_retries,
+               "calls_per_batch": self.n, "late_calls_per_batch": self.slots.late_calls,
+               "samples_checked": self.slots.checked, "held_retries": self.slots.held_retries,
                "advisory_median_ms": statistics.median(self.advisory), "per_round": self.records,
                "rounding": {who: dict(zip(Rounding.__dataclass_fields__, c, strict=True))
-                            for who, c in self.counts.items()} if self.counts["candidate"][0] else None,
+                            for who, c in counts.items()} if counts["candidate"][0] else None,
                "clocks_by_side": {s.name: clocks.summary(s.windows) for s in (self.cand, self.base) if s.windows},
-               "wake_ms_by_side": {s.name: statistics.median(s.wake_ms) for s in (self.cand, self.base) if s.wake_ms}}
+               "wake_ms_by_side": {s.name: statistics.median(s.wake_ms) for s in (self.cand, self.base) if s.wake_ms},
+               "late_ms_by_side": {s.name: statistics.median(s.late_ms) for s in (self.cand, self.base) if s.late_ms}}
         if self.fixed_ms is None:
             out["baseline_ms"] = statistics.median(r["base_ms"] for r in main)
             gaps = [r["base_ms"] - r["base_advisory_ms"] for r in main if math.isfinite(r["base_advisory_ms"])]

@@ -125,6 +125,8 @@ class Batch:
     unwritten: list[int] = field(default_factory=list)  # calls whose sampled output holds NaN/Inf (every call)
     repeated: list[tuple[int, int]] = field(default_factory=list)  # calls whose samples equal an earlier call's
     dishonest: list[tuple[int, str]] = field(default_factory=list)  # verified calls that do not round honestly
+    ahead: list[int] = field(default_factory=list)  # calls whose output was written before the call was made
+    late: list[int] = field(default_factory=list)   # calls whose inputs were written after the call before returned
 
 
 def batch_output(b: Batch):
@@ -158,10 +160,22 @@ def sampled_outputs_fresh(b: Batch):
                 "or copied result")
 
 
+def no_output_before_its_call(b: Batch):
+    """Read at every late call: the outputs of the calls not yet made must still hold the grader's NaN poison."""
+    if b.ahead:
+        return (f"the outputs of {len(b.ahead)} timed call(s) (batch {b.index}, first call {b.ahead[0]}) were "
+                "written before those calls were made: one call computed others' results ahead of them")
+
+
 def timed_outputs_correct(b: Batch):
+    """Every verified call is correct; a wrong late call (its inputs changed after the call before it returned) is
+    named first: an output computed ahead of its call, from inputs it never had."""
     if b.wrong:
-        i, why = b.wrong[0]
-        return f"an output produced while timing (batch {b.index}, call {i}) is wrong: {why}"
+        late = [w for w in b.wrong if w[0] in b.late]
+        i, why = (late or b.wrong)[0]
+        ahead = (f"; its inputs were written only after call {i - 1} returned (an output computed ahead of the "
+                 "call had other inputs)") if late else ""
+        return f"an output produced while timing (batch {b.index}, call {i}) is wrong: {why}{ahead}"
 
 
 def timed_arithmetic_honest(b: Batch):
@@ -171,14 +185,15 @@ def timed_arithmetic_honest(b: Batch):
 
 BATCH_RULES = [Rule("output", batch_output), Rule("poison-freshness", batch_inputs_unchanged),
                Rule("timed-outputs", complete_when_timed), Rule("timed-outputs", sampled_outputs_written),
-               Rule("timed-outputs", sampled_outputs_fresh), Rule("timed-outputs", timed_outputs_correct),
+               Rule("timed-outputs", sampled_outputs_fresh), Rule("timed-outputs", no_output_before_its_call),
+               Rule("timed-outputs", timed_outputs_correct),
                Rule("honest-arithmetic", timed_arithmetic_honest)]
 
 
 # ---------------------------------------------------------------------------------------------- run
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
     wall_ms: float                # grader's clock, median per call
     advisory_ms: float            # the child's own clock, median per call (advisory)
