@@ -72,7 +72,7 @@ from pathlib import Path
 
 from gemmlab import output
 from gemmlab.sandbox import contain, share, wire
-from gemmlab.sandbox.isolate import Isolation, child_env
+from gemmlab.sandbox.isolate import Isolation, appended, child_env
 from gemmlab.sandbox.replies import checked, log_tail
 
 MAX_REPLY_BYTES = 1 << 24  # a reply longer than this is refused (a child cannot make the owner buffer gigabytes)
@@ -112,7 +112,8 @@ class Sandbox:
         self.log = str(Path(self.log_dir) / f"{name}.log")
         # the only directory the sandbox may write below, where Landlock is on (its cwd, $TMPDIR, its Triton cache)
         self.scratch = Path(self.log_dir) / f"{name}.scratch"
-        self.triton_cache = str(self.scratch / "triton-cache") if self.landlock or self.iso.uid is not None else None
+        own_cache = self.landlock or self.iso.uid is not None or self.iso.tool.path is not None
+        self.triton_cache = str(self.scratch / "triton-cache") if own_cache else None
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.freezer: contain.Freezer | None = None
@@ -152,12 +153,12 @@ class Sandbox:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.scratch.mkdir(exist_ok=True)
         extra = [d for d in os.environ.get("GEMMLAB_SANDBOX_WRITABLE", "").split(os.pathsep) if d]  # for tests
-        args = [str(theirs.fileno())] + self.iso.keeper_args([str(self.scratch), *extra],
-                                                              self.freezer.procs_file if self.freezer else None)
         env = child_env(self.interpret, {"TMPDIR": str(self.scratch), **(self.extra_env or {}),
                                          **({"TRITON_CACHE_DIR": self.triton_cache} if self.triton_cache else {}),
                                          **({"HOME": str(self.scratch)} if self.iso.uid is not None else {})})
         self.iso.grant(self.log_dir, self.scratch, extra, env)
+        args = [str(theirs.fileno())] + self.iso.keeper_args(
+            [str(self.scratch), *extra], self.freezer.procs_file if self.freezer else None, appended(env))
         # O_NONBLOCK | O_NOFOLLOW: a FIFO or symlink a child planted at the log's name fails the start, never blocks it
         with open(os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                           | os.O_CLOEXEC, 0o600), "ab") as log:
