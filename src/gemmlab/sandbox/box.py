@@ -32,8 +32,9 @@ What each guard enforces (Linux; CPU and GPU alike unless said):
 - Freeze (``freeze``): the cgroup freezer where one could be made (every member at once, forks in flight
   included); else, and for any member outside the cgroup, SIGSTOP, re-scanning until two scans in a row find
   every member stopped. A sandbox that cannot be frozen within ``FREEZE_S`` fails (``WorkerFailure``).
-- While a sandbox is frozen, the others' windows check that it used no CPU (cgroup v2 ``cpu.stat``, else the
-  schedstat of its threads): a process of it that ran anyway fails it (the baseline's window is the baseline's).
+- While a sandbox is frozen, from its freeze to its ``ready`` and across the others' windows, it may use no CPU
+  (``sandbox.hold``: cgroup v2 ``cpu.stat``, else /proc times; exited threads counted either way): a process of it
+  that ran anyway fails it. The report says which count held (``isolation``'s ``freeze_accounting``).
 - Scheduling: ``freeze`` records every thread's policy, nice value, cgroups and autogroup (``/proc/PID/autogroup``,
   which any process of the owner's user can write where no Landlock domain stops it), and fails a sandbox that
   raised its own priority (a real-time policy, a nice value below the owner's); ``thaw`` fails it if any of them changed
@@ -71,13 +72,12 @@ import weakref
 from pathlib import Path
 
 from gemmlab import output
-from gemmlab.sandbox import contain, share, wire
+from gemmlab.sandbox import contain, hold, share, wire
 from gemmlab.sandbox.isolate import Isolation, appended, child_env
 from gemmlab.sandbox.replies import checked, log_tail
 
 MAX_REPLY_BYTES = 1 << 24  # a reply longer than this is refused (a child cannot make the owner buffer gigabytes)
 FREEZE_S = 5.0  # a sandbox not frozen (every member stopped) within this fails
-FROZEN_CPU_NS = 1_000_000  # CPU a frozen sandbox may show during another's window (accounting slack)
 LOG_TAIL_BYTES = 1 << 16  # of a worker's log, read to quote its end
 HELD_MS, HELD_SHARE = 1.0, 0.25  # a trusted sandbox's main thread may be off the run queue this long in a batch
 _OWN_CHILDREN: set[int] = set()  # pids of processes the owner started (keepers): never treated as orphans
@@ -121,6 +121,7 @@ class Sandbox:
         self._cgroups: str | None = None  # the keeper's /proc/PID/cgroup: every thread must stay there
         self._hello_by: float | None = None  # loading must be done by then (monotonic clock)
         self._others: dict = {}  # frozen sandboxes -> their CPU ns when this one's window opened
+        self._frozen_ns: int | None = None  # this one's CPU ns when its freeze was done (``ready`` checks it)
         self._seen: dict | None = None  # the threads' scheduling when last frozen (contain.sched_seen)
         self._waking: set[int] | None = None  # the members ``ready`` found, for ``wake``
         self.frozen = False
@@ -135,7 +136,8 @@ class Sandbox:
             self.launch()
         if self._hello_by is not None:
             deadline, self._hello_by = self._hello_by, None
-            self.isolation = self._recv(max(0.0, deadline - time.monotonic()), "keeper", {}, "starting")["isolation"]
+            told = self._recv(max(0.0, deadline - time.monotonic()), "keeper", {}, "starting")["isolation"]
+            self.isolation = {**told, "freeze_accounting": hold.accounting(self.freezer, self.proc.pid)}
             hello = self._recv(max(0.0, deadline - time.monotonic()), "hello", {}, "loading the kernel")
             if not hello["ok"]:
                 self._fail(f"kernel could not be loaded: {hello['error']}")
@@ -248,19 +250,9 @@ class Sandbox:
         return contain.members(self.proc.pid, self.freezer.pids() if self.freezer is not None else set(),
                                None if self.trusted else _OWN_CHILDREN)
 
-    def _held(self) -> tuple[set[int], set[int]]:
-        """(members, those not yet held: neither stopped, dead, nor in the frozen cgroup)."""
-        members = self.members()
-        caged = self.freezer.pids() if self.freezer is not None and self.freezer.frozen() else set()
-        return members, {p for p in members if p not in caged and contain.state(p) not in ("T", "t", "Z", "X", "")}
-
     def cpu_ns(self) -> int:
-        """CPU time used so far by the sandbox's processes (the cgroup's count, exited processes included, plus the
-        threads of members outside it; or the threads of every member)."""
-        usage = self.freezer.usage_ns() if self.freezer is not None else None
-        if usage is None:
-            return contain.cpu_ns(self.members())
-        return usage + contain.cpu_ns(self.members() - self.freezer.pids())
+        """CPU time used so far by the sandbox's processes, exited ones included (``hold.cpu_ns``)."""
+        return hold.cpu_ns(self.freezer, self.members())
 
     def freeze(self) -> None:
         """Hold every process of the sandbox (between its timed batches: no CPU work, no new launches), verified;
@@ -272,19 +264,15 @@ class Sandbox:
                 self.freezer.freeze()
             except OSError:
                 self.freezer = None  # removed under us: signals from here on
-        deadline, last = time.monotonic() + FREEZE_S, None
-        while True:
-            members, loose = self._held()
-            if not loose and members == last:
-                break  # two scans in a row: the same members, every one held
-            if time.monotonic() > deadline:
-                self._fail(f"the {self.name}'s processes could not all be stopped within {FREEZE_S:g} s "
-                           f"({len(loose)} still running: a fork storm?)")
-            last = None if loose else members
-            contain.signal_all(loose, signal.SIGSTOP)
-            time.sleep(0.0002 if loose else 0)
+        members, loose = hold.stop_all(self.members, self.freezer, time.monotonic() + FREEZE_S)
+        if loose:
+            self._fail(f"the {self.name}'s processes could not all be stopped within {FREEZE_S:g} s "
+                       f"({len(loose)} still running: a fork storm?)")
         self.frozen = True
-        self._check_caged(members)
+        out = hold.outside(self.freezer, self.proc.pid, members)
+        if out:
+            self._fail(f"the {self.name}'s processes {out[:5]} left its cgroup: its CPU time and its freeze are not "
+                       "the cgroup's")
         contain.reap({p for p in members if contain.state(p) == "Z" and p not in _OWN_CHILDREN}, wait_s=0)
         self._seen = contain.sched_seen(members - {self.proc.pid} if self.proc.poll() is not None else members)
         raised = self.sched.raised(self._seen)
@@ -292,22 +280,17 @@ class Sandbox:
             self._fail(f"the {self.name} raised the scheduling priority of its own threads ({'; '.join(raised[:3])})")
         self._check_group(self._seen)
         for other, before in self._others.items():
-            used = other.cpu_ns() - before
-            if other.frozen and used > FROZEN_CPU_NS:
-                self._fail(f"the {other.name}'s processes used {used / 1e6:.3g} ms of CPU while frozen, during the "
-                           f"{self.name}'s window: a process of it escaped the freeze")
+            if other.frozen:
+                other.check_still(before, f"during the {self.name}'s window")
         self._others = {}
+        self._frozen_ns = self.cpu_ns()
 
-    def _check_caged(self, members: set[int]) -> None:
-        """Every live member must be in the sandbox's cgroup, where its keeper got in: each is born inside
-        (``clone3``'s CLONE_INTO_CGROUP is refused by the seccomp filter), so one outside was moved (by root)."""
-        if self.freezer is None or not self.freezer.holds(self.proc.pid):
-            return
-        out = sorted(p for p in members if contain.state(p, leader=True) not in ("Z", "X", "")
-                     and self.freezer.holds(p) is False)
-        if out:
-            self._fail(f"the {self.name}'s processes {out[:5]} left its cgroup: its CPU time and its freeze are not "
-                       "the cgroup's")
+    def check_still(self, before: int, when: str) -> None:
+        """Fail this (frozen) sandbox if it used over ``FROZEN_CPU_NS`` of CPU since it had ``before`` ns."""
+        used = self.cpu_ns() - before
+        if used > hold.FROZEN_CPU_NS:
+            self._fail(f"the {self.name}'s processes used {used / 1e6:.3g} ms of CPU while frozen, {when}: a process "
+                       "of it escaped the freeze")
 
     def thaw(self, wait_s: float = 1.0) -> None:
         """``ready``, ``wake``, then ``running``: every process woken and none left stopped (outside a timed window)."""
@@ -321,6 +304,9 @@ class Sandbox:
         note the members to wake and the CPU time of the other frozen sandboxes (its window checks they use none)."""
         if self.proc is None:
             return
+        if self.frozen and self._frozen_ns is not None:
+            self.check_still(self._frozen_ns, "between its freeze and its wake")
+            self._frozen_ns = None
         pids = self.members()
         self._check_sched(contain.sched_seen(pids), restore=pids)
         self._waking = pids
@@ -400,20 +386,7 @@ class Sandbox:
                 pass
         if self.freezer is not None:
             self.freezer.kill()
-        seen: set[int] = set()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            live = self.members() - {self.proc.pid} if self.proc.poll() is not None else self.members()
-            new = live - seen
-            if new:  # stop first, so nothing forks while we look for more
-                contain.signal_all(new, signal.SIGSTOP)
-                seen |= new
-                continue
-            contain.signal_all(seen | {self.proc.pid}, signal.SIGKILL)
-            contain.reap(seen)
-            if not (self.members() - {self.proc.pid}):
-                break
-            time.sleep(0.01)
+        seen = hold.kill_all(self.members, self.proc.pid, lambda: self.proc.poll() is not None)
         try:
             self.proc.kill()
         except ProcessLookupError:
