@@ -96,7 +96,7 @@ class Isolation:
         writable inside bubblewrap)."""
         wrap = self.tool.path is not None
         return ((["--cgroup", cgroup] if cgroup else [])
-                + (["--wrap", json.dumps(self.tool.argv(writable[0], writable[1:], list(files))), "--tool",
+                + (["--wrap", json.dumps(self.tool.argv(*(writable[:1] or [""]), writable[1:], list(files))), "--tool",
                     self.tool.name] + (["--tool-pidns"] if self.tool.pidns else []) if wrap else
                    ["--tool-why", self.tool.why])
                 + (["--landlock", *[a for d in writable for a in ("--writable", d)]] if self.landlock else [])
