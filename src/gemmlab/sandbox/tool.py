@@ -2,6 +2,7 @@
 containment (``sandbox.keeper``) stays the fallback, and what runs inside the tool still applies its own layers
 (Landlock, a uid of its own, the seccomp filter), so the tool only adds.
 
+    mode()                               GEMMLAB_SANDBOX_TOOL, checked (ValueError)
     Tool.choose(interpret, pidns)        the tool in force for a new sandbox, or the hand-written path and why
     tool.argv(scratch, writable, files)  bwrap's command line for one sandbox (the keeper execs it, ``keeper.py``)
 
@@ -13,11 +14,13 @@ What bubblewrap puts in force for the keeper and everything it starts:
 - a new session (``--new-session``: no controlling terminal, so no TIOCSTI even without the filter), killed when
   the grader dies (``--die-with-parent``);
 - a mount namespace whose root is the host's, read-only; writable only the sandbox's scratch directory, the
-  ``GEMMLAB_SANDBOX_WRITABLE`` directories (tests) and the observers' files it appends to; a private ``/tmp``;
+  ``GEMMLAB_SANDBOX_WRITABLE`` directories (tests) and the observers' files it appends to (``$TMPDIR`` is the
+  scratch directory);
 - a ``/dev`` of its own (null, zero, random, a ``/dev/pts`` of its own: no terminal of the user's can be opened),
   with the GPU's device nodes bound where CUDA is in use;
-- PID, IPC and UTS namespaces of its own (without CUDA; with CUDA only UTS, and PID with ``GEMMLAB_SANDBOX_PIDNS=1``:
-  CUDA IPC between the grader and the child is unverified across them), and a ``/proc`` of its own.
+- UTS and IPC namespaces of its own (IPC without CUDA only: CUDA IPC between the grader and the child is unverified
+  across one), a PID namespace of its own where ``GEMMLAB_SANDBOX_PIDNS=1`` asks for one (as for the keeper's own:
+  ``sandbox.isolate``), and a ``/proc`` of its own.
 The cgroup is joined before bubblewrap starts (the keeper writes its pid, then execs it), so bubblewrap's own
 processes are inside it too."""
 
@@ -37,7 +40,8 @@ GPU_NODES = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")
 SELF_TEST_S = 60.0  # a self-test that takes longer (a loaded machine) counts as failed
 
 
-def _mode() -> str:
+def mode() -> str:
+    """``GEMMLAB_SANDBOX_TOOL`` (``auto`` when unset); ValueError naming it for any other value than ``MODES``."""
     mode = os.environ.get("GEMMLAB_SANDBOX_TOOL", "auto") or "auto"
     if mode not in MODES:
         raise ValueError(f"GEMMLAB_SANDBOX_TOOL must be one of {', '.join(MODES)}, not {mode!r}")
@@ -63,16 +67,16 @@ class Tool:
     name: str = "hand-written"
     why: str = ""
     cuda: bool = False
-    pidns: bool = True
+    pidns: bool = False
 
     @classmethod
     def choose(cls, interpret: bool, pidns: bool = False) -> Tool:
-        """The tool for a sandbox: ``interpret`` is True without CUDA; ``pidns`` the PID namespace asked for with
-        CUDA (``GEMMLAB_SANDBOX_PIDNS``). ValueError for an unknown ``GEMMLAB_SANDBOX_TOOL``."""
-        mode = _mode()
-        if mode == "none":
+        """The tool for a sandbox: ``interpret`` is True without CUDA; ``pidns`` whether a PID namespace is asked for
+        (``GEMMLAB_SANDBOX_PIDNS``). ValueError for an unknown ``GEMMLAB_SANDBOX_TOOL``."""
+        asked = mode()
+        if asked == "none":
             return cls(None, why="off (GEMMLAB_SANDBOX_TOOL=none)")
-        if mode == "auto" and not interpret:
+        if asked == "auto" and not interpret:
             return cls(None, why="bubblewrap not used with CUDA unless GEMMLAB_SANDBOX_TOOL=bwrap")
         path = shutil.which("bwrap")
         if path is None:
@@ -80,7 +84,7 @@ class Tool:
         name = version(path)
         if name is None:
             return cls(None, why=f"{path} --version did not answer")
-        tool = cls(path, name, cuda=not interpret, pidns=interpret or pidns)
+        tool = cls(path, name, cuda=not interpret, pidns=pidns)
         failed = self_test(tool)
         return tool if failed is None else cls(None, why=f"{name} failed its self-test ({failed})")
 
@@ -89,8 +93,8 @@ class Tool:
         ``files`` bound writable, everything else of the host read-only."""
         assert self.path is not None
         args = [self.path, "--die-with-parent", "--new-session", "--unshare-uts"]
-        args += ["--unshare-pid", "--unshare-ipc"] if not self.cuda else ["--unshare-pid"] if self.pidns else []
-        args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        args += (["--unshare-ipc"] if not self.cuda else []) + (["--unshare-pid"] if self.pidns else [])
+        args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         if self.cuda:  # the GPU's device nodes, and the host's shared memory (CUDA IPC)
             nodes = sorted({f for p in GPU_NODES for f in glob.glob(p)})
             args += [a for f in nodes for a in ("--dev-bind", f, f)] + ["--bind", "/dev/shm", "/dev/shm"]
