@@ -154,14 +154,39 @@ def test_inside_bubblewrap_nothing_outside_its_scratch_is_writable(tmp_path, mon
 
 
 @pytest.mark.gpu
-def test_bubblewrap_with_cuda(monkeypatch):
-    """With CUDA and GEMMLAB_SANDBOX_TOOL=bwrap (opt-in until this passes on a GPU): the GPU's device nodes bound,
-    both children open the slots' CUDA IPC handles, gemmlab's own kernel passes, and the report names bubblewrap."""
+def test_bubblewrap_with_cuda(tmp_path, monkeypatch):
+    """With CUDA and GEMMLAB_SANDBOX_TOOL=bwrap (opt-in until this passes on a GPU): a sandbox inside bubblewrap (the
+    GPU's device nodes bound, the host's /dev/shm) opens the slots' CUDA IPC handles and computes the product; a grade,
+    whose kernel observer cannot cross bubblewrap yet, falls back to the hand-written path, passes, and says why."""
+    from gemmlab.grade import grade
+    from gemmlab.sandbox.share import slot_memory
+
     _bwrap()
     monkeypatch.setenv("GEMMLAB_SANDBOX_TOOL", "bwrap")
-    from gemmlab.grade import grade
-
+    box = Sandbox("builtin:cublas", "colmajor", "colmajor", WAIT_S, False, str(tmp_path))
+    try:
+        with slot_memory("cuda"):
+            a = torch.rand(64, 64, dtype=torch.float16, device="cuda").t()
+            c = torch.full((64 * 64,), float("nan"), dtype=torch.float16, device="cuda")
+        box.bind([((a, a), c)])
+        box.request("call", slot=0)
+        torch.cuda.synchronize()
+        assert box.isolation["tool"].startswith("bubblewrap "), box.isolation
+    finally:
+        box.close()
+    want = (a.float() @ a.float()).t().reshape(-1)
+    assert torch.allclose(c.float(), want, atol=0.1, rtol=0.01), (c.float() - want).abs().max()
     r = grade(TINY)
     assert passed(r), r["failures"]
-    assert r["isolation"]["candidate"]["tool"].startswith("bubblewrap "), r["isolation"]
-    assert r["isolation"]["baseline"]["tool"].startswith("bubblewrap "), r["isolation"]
+    iso = r["isolation"]["candidate"]
+    assert iso["tool"].startswith("hand-written (bubblewrap not used: the kernel observer"), iso
+
+
+def test_a_sandbox_with_the_kernel_observer_is_not_wrapped(monkeypatch):
+    """The kernel observer's channel is the keeper's, inherited by fork: a sandbox that loads it is not put inside
+    bubblewrap (whose exec would cut it), even when asked for, and the report says why."""
+    monkeypatch.setenv("GEMMLAB_SANDBOX_TOOL", "bwrap")
+    iso = Isolation.from_env(False, observed=True)
+    assert iso.tool.path is None and "kernel observer" in iso.tool.why
+    monkeypatch.setenv("GEMMLAB_SANDBOX_TOOL", "none")
+    assert Isolation.from_env(False, observed=True).tool.why == "off (GEMMLAB_SANDBOX_TOOL=none)"

@@ -104,7 +104,7 @@ class Sandbox:
             spec = f"{Path(target).resolve()}{sep}{fn}"
         self.spec, self.signature, self.layout = spec, signature, layout
         self.trusted = spec is None or spec.startswith("builtin:")  # gemmlab's own code runs in the child
-        self.iso = Isolation.from_env(interpret)  # what the keeper is asked for (sandbox.isolate)
+        self.iso = Isolation.from_env(interpret, observed=bool((extra_env or {}).get("CUDA_INJECTION64_PATH")))
         self.landlock = self.iso.landlock
         self.isolation: dict[str, str] | None = None  # what the keeper put in force (its first message)
         self.timeout, self.interpret, self.extra_env, self.name = timeout, interpret, extra_env, name

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gemmlab.sandbox.tool import Tool
+from gemmlab.sandbox.tool import mode as tool_mode
 
 UID_BASE, UID_SPAN = 0x60000000, 1 << 24  # where a sandbox's own uid is drawn from
 
@@ -79,7 +80,9 @@ class Isolation:
     tool: Tool = Tool(None, why="not asked for")  # bubblewrap around the keeper, or none (``tool.why`` says why)
 
     @classmethod
-    def from_env(cls, interpret: bool) -> Isolation:
+    def from_env(cls, interpret: bool, observed: bool = False) -> Isolation:
+        """The switches; ``observed``: the kernel observer (CUPTI injection) is loaded into the sandbox, whose
+        channel is the keeper's, inherited by fork, so it cannot cross bubblewrap's exec: no tool then."""
         uid, why = None, ""
         if _mode("GEMMLAB_SANDBOX_UID", "cpu", interpret):
             if os.geteuid() == 0:
@@ -89,7 +92,9 @@ class Isolation:
         pidns = _mode("GEMMLAB_SANDBOX_PIDNS", "0", interpret)
         return cls(_mode("GEMMLAB_SANDBOX_LANDLOCK", "cpu", interpret),
                    _mode("GEMMLAB_SANDBOX_SECCOMP", "cpu", interpret), pidns, uid, why,
-                   _mode("GEMMLAB_SANDBOX_TERMINALS", "cpu", interpret), Tool.choose(interpret, pidns))
+                   _mode("GEMMLAB_SANDBOX_TERMINALS", "cpu", interpret),
+                   Tool(None, why="bubblewrap not used: the kernel observer's channel cannot cross it yet")
+                   if observed and tool_mode() != "none" else Tool.choose(interpret, pidns))
 
     def keeper_args(self, writable: list[str], cgroup: str | None, files: list[str] = ()) -> list[str]:
         """The keeper's arguments; ``writable[0]`` is the scratch directory, ``files`` those it appends to (bound
