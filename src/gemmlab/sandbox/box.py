@@ -283,11 +283,12 @@ class Sandbox:
             if other.frozen:
                 other.check_still(before, f"during the {self.name}'s window")
         self._others = {}
-        self._frozen_ns = self.cpu_ns()
+        self._frozen_ns = hold.cpu_ns(self.freezer, members)
 
-    def check_still(self, before: int, when: str) -> None:
-        """Fail this (frozen) sandbox if it used over ``FROZEN_CPU_NS`` of CPU since it had ``before`` ns."""
-        used = self.cpu_ns() - before
+    def check_still(self, before: int, when: str, members: set[int] | None = None) -> None:
+        """Fail this (frozen) sandbox if it used over ``FROZEN_CPU_NS`` of CPU since it had ``before`` ns (``members``:
+        its processes, when just scanned)."""
+        used = hold.cpu_ns(self.freezer, self.members() if members is None else members) - before
         if used > hold.FROZEN_CPU_NS:
             self._fail(f"the {self.name}'s processes used {used / 1e6:.3g} ms of CPU while frozen, {when}: a process "
                        "of it escaped the freeze")
@@ -304,10 +305,10 @@ class Sandbox:
         note the members to wake and the CPU time of the other frozen sandboxes (its window checks they use none)."""
         if self.proc is None:
             return
-        if self.frozen and self._frozen_ns is not None:
-            self.check_still(self._frozen_ns, "between its freeze and its wake")
-            self._frozen_ns = None
         pids = self.members()
+        if self.frozen and self._frozen_ns is not None:
+            self.check_still(self._frozen_ns, "between its freeze and its wake", pids)
+            self._frozen_ns = None
         self._check_sched(contain.sched_seen(pids), restore=pids)
         self._waking = pids
         self._others = {box: box.cpu_ns() for box in list(_LIVE) if box is not self and box.frozen}
