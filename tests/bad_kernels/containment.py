@@ -96,8 +96,12 @@ _SESSION = os.getsid(0)  # the candidate's own sandbox (its helpers may leave it
 
 
 def _parent(pid: int) -> int | None:
+    """The parent of ``pid``; past a bubblewrap process (the keeper inside bubblewrap: its parent's parent)."""
     try:
-        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        parent = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        if open(f"/proc/{parent}/comm").read().strip() == "bwrap":
+            return _parent(parent)
+        return parent
     except (OSError, ValueError, IndexError):
         return None
 
@@ -112,7 +116,7 @@ def _baseline_threads() -> list[int]:
             continue
         try:
             if (b"sandbox/keeper.py" in open(f"/proc/{d}/cmdline", "rb").read() and os.getsid(int(d)) != me
-                    and _parent(int(d)) == grader):
+                    and _parent(int(d)) == grader and open(f"/proc/{d}/comm").read().strip() != "bwrap"):
                 keepers.add(int(d))
         except OSError:
             pass
@@ -206,8 +210,8 @@ def sends_pickle_frame(A, B, C, M, N, K):
 
 
 def _grader_pid() -> int:
-    keeper = os.getppid()
-    return int(open(f"/proc/{keeper}/stat").read().rsplit(")", 1)[1].split()[1])
+    """The keeper's parent (past bubblewrap, where the keeper runs inside it); 0 where none is in view."""
+    return _parent(os.getppid()) or 0
 
 
 def sabotages_report(A, B, C, M, N, K):

@@ -170,18 +170,21 @@ def _baseline_pids() -> list[int]:
     """The processes of the other sandbox (the baseline's keeper and server): keepers of this grader (the parent of
     this worker's keeper) outside this session; never those of another grader running at the same time."""
     me, keepers = os.getsid(0), set()
-    table = {}
+    table, tool = {}, set()  # tool: bubblewrap processes, between a keeper and the grader where it is used
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             table[int(d)] = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-            if b"sandbox/keeper.py" in open(f"/proc/{d}/cmdline", "rb").read() and os.getsid(int(d)) != me:
+            if open(f"/proc/{d}/comm").read().strip() == "bwrap":
+                tool.add(int(d))
+            elif b"sandbox/keeper.py" in open(f"/proc/{d}/cmdline", "rb").read() and os.getsid(int(d)) != me:
                 keepers.add(int(d))
         except (OSError, ValueError, IndexError):
             pass
-    grader = table.get(os.getppid())
-    keepers = {k for k in keepers if table.get(k) == grader}
+    up = lambda p: table.get(table.get(p)) if table.get(p) in tool else table.get(p)  # noqa: E731
+    grader = up(os.getppid())
+    keepers = {k for k in keepers if up(k) == grader}
     return sorted(keepers | {p for p, pp in table.items() if pp in keepers})
 
 

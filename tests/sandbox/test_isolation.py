@@ -18,6 +18,7 @@ import torch
 from gemmlab.grade import view
 from gemmlab.sandbox import contain, seccomp
 from gemmlab.sandbox.box import Sandbox, WorkerFailure
+from gemmlab.sandbox.tool import Tool
 from tests.grade.test_grade import passed
 from tests.sandbox.test_sandbox import BOX, run_box
 
@@ -156,15 +157,23 @@ def _attacks(out_dir, monkeypatch, **env):
     return r, json.loads((out_dir / "attacks.json").read_text()), got
 
 
+def _need_bwrap(tool: str) -> None:
+    if tool == "bwrap" and Tool.choose(True).path is None:
+        pytest.skip(f"bubblewrap is not usable here ({Tool.choose(True).why}): the hand-written path is tested")
+
+
+@pytest.mark.parametrize("tool", ["none", "bwrap"])
 @pytest.mark.parametrize("landlock", ["0", "1"])
-def test_a_candidate_reaches_neither_the_grader_nor_its_terminal(out_dir, monkeypatch, landlock, device):
+def test_a_candidate_reaches_neither_the_grader_nor_its_terminal(out_dir, monkeypatch, landlock, tool, device):
     """Graded, the candidate tries TIOCSTI and a write on a terminal the grader holds, ptrace, process_vm_readv,
     prlimit and a signal on the grader, and clone3 into the grader's cgroup: every one fails, the terminal got
     nothing, the honest arithmetic passes, and the report says what was in force. Without Landlock (as with CUDA)
-    the seccomp filter and the keeper's mount namespace alone hold."""
+    the seccomp filter and the keeper's mount namespace alone hold; inside bubblewrap (where installed) its
+    namespaces hold too, and the report names it."""
     if device == "cuda" and landlock == "1":
         pytest.skip("Landlock with CUDA is open (tests/sandbox/test_sandbox.py::test_landlock_with_cuda)")
-    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK=landlock)
+    _need_bwrap(tool)
+    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK=landlock, GEMMLAB_SANDBOX_TOOL=tool)
     assert got == b"", got
     assert set(found) == {"tiocsti", "tty_write", "ptrace", "process_vm_readv", "prlimit", "kill", "clone3", "ctty",
                           "tty_fds"}, found
@@ -173,6 +182,7 @@ def test_a_candidate_reaches_neither_the_grader_nor_its_terminal(out_dir, monkey
     assert found["clone3"] == "ENOSYS" and found["ptrace"] in ("EPERM", "invisible"), found
     iso = r["isolation"]["candidate"]
     assert iso["seccomp"] == "on" and iso["terminal_fds"] == "none", iso
+    assert iso["tool"].startswith("bubblewrap " if tool == "bwrap" else "hand-written"), iso
     assert iso["landlock"].startswith("on" if landlock == "1" else "off"), iso
     assert "seccomp on" in view.markdown(r)  # report.md says it too
     assert passed(r), r["failures"]
@@ -184,7 +194,7 @@ def test_in_a_pid_namespace_the_grader_is_not_in_view(out_dir, monkeypatch):
     if os.geteuid() != 0:
         pytest.skip("a PID namespace of the keeper's own needs root")
     r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_PIDNS="1", GEMMLAB_SANDBOX_LANDLOCK="0",
-                             GEMMLAB_SANDBOX_SECCOMP="0", GEMMLAB_SANDBOX_UID="0")
+                             GEMMLAB_SANDBOX_SECCOMP="0", GEMMLAB_SANDBOX_UID="0", GEMMLAB_SANDBOX_TOOL="none")
     assert r["isolation"]["candidate"]["pid_namespace"] == "on", r["isolation"]
     assert got == b"" and all(found[k] == "invisible" for k in ("ptrace", "process_vm_readv", "prlimit", "kill"))
     assert passed(r), r["failures"]
@@ -198,7 +208,7 @@ def test_without_the_filter_the_same_candidate_reaches_the_grader(out_dir, monke
     if os.geteuid() != 0:
         pytest.skip("the control needs the keeper's mount namespace (root) to keep the terminal out of reach")
     r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK="0", GEMMLAB_SANDBOX_SECCOMP="0",
-                             GEMMLAB_SANDBOX_UID="0")
+                             GEMMLAB_SANDBOX_UID="0", GEMMLAB_SANDBOX_TOOL="none")
     assert got == b"" and found["tiocsti"] == "ENOENT" and found["tty_write"] == "ENOENT", (got, found)
     assert all(found[k] is True for k in ("ptrace", "process_vm_readv", "prlimit", "kill")), found
     assert r["isolation"]["candidate"]["seccomp"] == "off"
@@ -211,7 +221,7 @@ def test_a_uid_of_its_own_alone_keeps_the_grader_out_of_reach(out_dir, monkeypat
     if os.geteuid() != 0:
         pytest.skip("only a grader running as root can give the sandbox a uid of its own")
     r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK="0", GEMMLAB_SANDBOX_SECCOMP="0",
-                             GEMMLAB_SANDBOX_UID="1")
+                             GEMMLAB_SANDBOX_UID="1", GEMMLAB_SANDBOX_TOOL="none")
     assert got == b"", got
     assert all(found[k] in ("EPERM", "EACCES") for k in ("ptrace", "process_vm_readv", "prlimit", "kill")), found
     uid = r["isolation"]["candidate"]["uid"]
@@ -240,13 +250,16 @@ def _wait_for(path, timeout=60.0):
     return json.loads(path.read_text())
 
 
-@pytest.mark.parametrize("uid", ["0", "1"])
-def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypatch, uid):
+@pytest.mark.parametrize("uid,tool", [("0", "none"), ("1", "none"), ("0", "bwrap")])
+def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypatch, uid, tool):
     """A helper writes itself into the grader's cgroup (root, without a Landlock domain): its CPU time would no
     longer be the sandbox's, nor its freeze the cgroup's. The next freeze fails the sandbox. With a uid of its own
-    the move is refused (the cgroup's files are root's) and the freeze holds."""
+    the move is refused (the cgroup's files are root's), and inside bubblewrap too, root or not (the cgroup file
+    system is read-only there); the freeze holds."""
+    _need_bwrap(tool)
     monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
     monkeypatch.setenv("GEMMLAB_SANDBOX_UID", uid)
+    monkeypatch.setenv("GEMMLAB_SANDBOX_TOOL", tool)
     probe = contain.Freezer.make("probe")
     if probe is None or not probe.v2:
         pytest.skip("no writable cgroup v2 here")
@@ -258,11 +271,13 @@ def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypa
         cand.request("call", slot=0)
         moved = _wait_for(out_dir / "moved.json")["moved"]
         if moved is True:
-            assert os.geteuid() == 0 and (uid == "0" or "its own" not in cand.isolation["uid"]), cand.isolation
+            assert os.geteuid() == 0 and tool == "none", cand.isolation
+            assert uid == "0" or "its own" not in cand.isolation["uid"], cand.isolation
             with pytest.raises(WorkerFailure, match="left its cgroup"):
                 cand.freeze()
         else:
-            assert uid == "1" and moved in ("EACCES", "EPERM"), moved
+            refused = moved == "EROFS" if tool == "bwrap" else uid == "1" and moved in ("EACCES", "EPERM")
+            assert refused, (uid, tool, moved)
             cand.freeze()
             cand.thaw()
     finally:
@@ -300,7 +315,7 @@ def test_the_unverified_layers_are_off_by_default_with_cuda_and_each_has_its_swi
     off until asked for (none has run on a GPU yet), and each switch turns its layer on or off."""
     from gemmlab.sandbox.isolate import Isolation
 
-    for var in ("LANDLOCK", "SECCOMP", "TERMINALS", "UID", "PIDNS"):
+    for var in ("LANDLOCK", "SECCOMP", "TERMINALS", "UID", "PIDNS", "TOOL"):
         monkeypatch.delenv(f"GEMMLAB_SANDBOX_{var}", raising=False)
     cpu, cuda = Isolation.from_env(interpret=True), Isolation.from_env(interpret=False)
     assert cpu.seccomp and cpu.terminals and cpu.landlock and not cpu.pidns

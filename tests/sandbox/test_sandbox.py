@@ -263,7 +263,8 @@ def test_a_stopped_baseline_is_seen(tmp_path, device):
     a = torch.rand(4, 4, dtype=torch.float16)
     base.bind([((a, a), torch.full((16,), float("nan"), dtype=torch.float16))])
     table = contain.procs()
-    server = next(p for p in base.members() if table[p][0] == base.proc.pid)  # the keeper's child
+    members = base.members()  # the server: the one with no child (under bubblewrap, not the keeper's parent's child)
+    server = next(p for p in members if not any(table[q][0] == p for q in members if q in table))
 
     def hold():
         deadline = time.monotonic() + 10

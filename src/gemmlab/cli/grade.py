@@ -72,7 +72,12 @@ def grade(
     from gemmlab.grade import default_cases, load_any
     from gemmlab.grade import grade as run_grade
     from gemmlab.grade import view as rep
+    from gemmlab.sandbox import tool
 
+    try:
+        tool.mode()  # the sandbox's settings from the environment: a bad one is a usage error, before anything starts
+    except ValueError as e:
+        raise cmd.usage_error(e) from None
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     try:
         cf = load_any(cases or default_cases())

@@ -11,18 +11,18 @@
     box.close()          # kill every process the child started; returns only when all are gone
 
 What each guard enforces (Linux; CPU and GPU alike unless said):
-- Process: the child is ``python .../sandbox/keeper.py``, started in a new session (no controlling terminal;
-  stdin /dev/null, stdout and stderr to ``log``, no other descriptor but its channel). The keeper joins the
-  sandbox's freezer cgroup (``contain.Freezer``), then puts in force what ``sandbox.isolate`` says (the owner's
+- Process: the child is ``python .../sandbox/keeper.py``, started in a new session (no controlling terminal; stdin
+  /dev/null, stdout and stderr to ``log``, no other descriptor but its channel). The keeper joins the sandbox's
+  freezer cgroup (``contain.Freezer``), then, where bubblewrap is in force (``sandbox.tool``), execs it, which runs
+  the keeper again inside its namespaces; then the keeper puts in force what ``sandbox.isolate`` says (the owner's
   ``GEMMLAB_SANDBOX_*``): the terminals hidden in a mount namespace of its own (root), a PID namespace (opt-in), a
-  Landlock domain (``keeper``: no signal, ptrace or /proc/PID/mem access outside it, Linux 6.12+; no file written
-  by path outside the scratch directory, ``/dev/shm`` and the devices, Linux 5.13+; on by default on the CPU), a
-  uid of its own (root; on by default on the CPU), the seccomp filter (``sandbox.seccomp``; on by default), and
-  says what it got in its first message (``isolation``, for the report); then it forks: it only waits, the
-  candidate runs in its child (``serve``). ``os.kill(os.getppid(), 9)`` kills the keeper (outside a PID
-  namespace), which the owner notices (``WorkerFailure``). The cwd and ``$TMPDIR`` are the scratch directory
-  (with Landlock or a uid also ``$TRITON_CACHE_DIR``: a cache of its own, so the shared one is never the
-  candidate's).
+  Landlock domain (``keeper``: no signal, ptrace or /proc/PID/mem access outside it, Linux 6.12+; no file written by
+  path outside the scratch directory, ``/dev/shm`` and the devices, Linux 5.13+; on by default on the CPU), a uid of
+  its own (root; on by default on the CPU), the seccomp filter (``sandbox.seccomp``; on by default), and says what it
+  got in its first message (``isolation``, for the report); then it forks: it only waits, the candidate runs in its
+  child (``serve``). ``os.kill(os.getppid(), 9)`` kills the keeper (outside a PID namespace), which the owner notices
+  (``WorkerFailure``). The cwd and ``$TMPDIR`` are the scratch directory (with Landlock or a uid also
+  ``$TRITON_CACHE_DIR``: a cache of its own, so the shared one is never the candidate's).
 - Membership (``members``): the cgroup's processes, every process of the child's session, every descendant of
   the keeper and, for an untrusted sandbox, every child of the owner it did not start itself (the owner is a child
   subreaper, so an orphan of the candidate becomes the owner's child, not init's) outside the owner's session (the
@@ -32,8 +32,9 @@ What each guard enforces (Linux; CPU and GPU alike unless said):
 - Freeze (``freeze``): the cgroup freezer where one could be made (every member at once, forks in flight
   included); else, and for any member outside the cgroup, SIGSTOP, re-scanning until two scans in a row find
   every member stopped. A sandbox that cannot be frozen within ``FREEZE_S`` fails (``WorkerFailure``).
-- While a sandbox is frozen, the others' windows check that it used no CPU (cgroup v2 ``cpu.stat``, else the
-  schedstat of its threads): a process of it that ran anyway fails it (the baseline's window is the baseline's).
+- While a sandbox is frozen, from its freeze to its ``ready`` and across the others' windows, it may use no CPU
+  (``sandbox.hold``: cgroup v2 ``cpu.stat``, else /proc times; exited threads counted either way): a process of it
+  that ran anyway fails it. The report says which count held (``isolation``'s ``freeze_accounting``).
 - Scheduling: ``freeze`` records every thread's policy, nice value, cgroups and autogroup (``/proc/PID/autogroup``,
   which any process of the owner's user can write where no Landlock domain stops it), and fails a sandbox that
   raised its own priority (a real-time policy, a nice value below the owner's); ``thaw`` fails it if any of them changed
@@ -71,13 +72,12 @@ import weakref
 from pathlib import Path
 
 from gemmlab import output
-from gemmlab.sandbox import contain, share, wire
-from gemmlab.sandbox.isolate import Isolation, child_env
+from gemmlab.sandbox import contain, hold, share, wire
+from gemmlab.sandbox.isolate import Isolation, appended, child_env
 from gemmlab.sandbox.replies import checked, log_tail
 
 MAX_REPLY_BYTES = 1 << 24  # a reply longer than this is refused (a child cannot make the owner buffer gigabytes)
 FREEZE_S = 5.0  # a sandbox not frozen (every member stopped) within this fails
-FROZEN_CPU_NS = 1_000_000  # CPU a frozen sandbox may show during another's window (accounting slack)
 LOG_TAIL_BYTES = 1 << 16  # of a worker's log, read to quote its end
 HELD_MS, HELD_SHARE = 1.0, 0.25  # a trusted sandbox's main thread may be off the run queue this long in a batch
 _OWN_CHILDREN: set[int] = set()  # pids of processes the owner started (keepers): never treated as orphans
@@ -104,7 +104,7 @@ class Sandbox:
             spec = f"{Path(target).resolve()}{sep}{fn}"
         self.spec, self.signature, self.layout = spec, signature, layout
         self.trusted = spec is None or spec.startswith("builtin:")  # gemmlab's own code runs in the child
-        self.iso = Isolation.from_env(interpret)  # what the keeper is asked for (sandbox.isolate)
+        self.iso = Isolation.from_env(interpret, observed=bool((extra_env or {}).get("CUDA_INJECTION64_PATH")))
         self.landlock = self.iso.landlock
         self.isolation: dict[str, str] | None = None  # what the keeper put in force (its first message)
         self.timeout, self.interpret, self.extra_env, self.name = timeout, interpret, extra_env, name
@@ -112,7 +112,8 @@ class Sandbox:
         self.log = str(Path(self.log_dir) / f"{name}.log")
         # the only directory the sandbox may write below, where Landlock is on (its cwd, $TMPDIR, its Triton cache)
         self.scratch = Path(self.log_dir) / f"{name}.scratch"
-        self.triton_cache = str(self.scratch / "triton-cache") if self.landlock or self.iso.uid is not None else None
+        own_cache = self.landlock or self.iso.uid is not None or self.iso.tool.path is not None
+        self.triton_cache = str(self.scratch / "triton-cache") if own_cache else None
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.freezer: contain.Freezer | None = None
@@ -120,6 +121,7 @@ class Sandbox:
         self._cgroups: str | None = None  # the keeper's /proc/PID/cgroup: every thread must stay there
         self._hello_by: float | None = None  # loading must be done by then (monotonic clock)
         self._others: dict = {}  # frozen sandboxes -> their CPU ns when this one's window opened
+        self._frozen_ns: int | None = None  # this one's CPU ns when its freeze was done (``ready`` checks it)
         self._seen: dict | None = None  # the threads' scheduling when last frozen (contain.sched_seen)
         self._waking: set[int] | None = None  # the members ``ready`` found, for ``wake``
         self.frozen = False
@@ -134,7 +136,8 @@ class Sandbox:
             self.launch()
         if self._hello_by is not None:
             deadline, self._hello_by = self._hello_by, None
-            self.isolation = self._recv(max(0.0, deadline - time.monotonic()), "keeper", {}, "starting")["isolation"]
+            told = self._recv(max(0.0, deadline - time.monotonic()), "keeper", {}, "starting")["isolation"]
+            self.isolation = {**told, "freeze_accounting": hold.accounting(self.freezer, self.proc.pid)}
             hello = self._recv(max(0.0, deadline - time.monotonic()), "hello", {}, "loading the kernel")
             if not hello["ok"]:
                 self._fail(f"kernel could not be loaded: {hello['error']}")
@@ -152,12 +155,12 @@ class Sandbox:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.scratch.mkdir(exist_ok=True)
         extra = [d for d in os.environ.get("GEMMLAB_SANDBOX_WRITABLE", "").split(os.pathsep) if d]  # for tests
-        args = [str(theirs.fileno())] + self.iso.keeper_args([str(self.scratch), *extra],
-                                                              self.freezer.procs_file if self.freezer else None)
         env = child_env(self.interpret, {"TMPDIR": str(self.scratch), **(self.extra_env or {}),
                                          **({"TRITON_CACHE_DIR": self.triton_cache} if self.triton_cache else {}),
                                          **({"HOME": str(self.scratch)} if self.iso.uid is not None else {})})
         self.iso.grant(self.log_dir, self.scratch, extra, env)
+        args = [str(theirs.fileno())] + self.iso.keeper_args(
+            [str(self.scratch), *extra], self.freezer.procs_file if self.freezer else None, appended(env))
         # O_NONBLOCK | O_NOFOLLOW: a FIFO or symlink a child planted at the log's name fails the start, never blocks it
         with open(os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                           | os.O_CLOEXEC, 0o600), "ab") as log:
@@ -247,19 +250,9 @@ class Sandbox:
         return contain.members(self.proc.pid, self.freezer.pids() if self.freezer is not None else set(),
                                None if self.trusted else _OWN_CHILDREN)
 
-    def _held(self) -> tuple[set[int], set[int]]:
-        """(members, those not yet held: neither stopped, dead, nor in the frozen cgroup)."""
-        members = self.members()
-        caged = self.freezer.pids() if self.freezer is not None and self.freezer.frozen() else set()
-        return members, {p for p in members if p not in caged and contain.state(p) not in ("T", "t", "Z", "X", "")}
-
     def cpu_ns(self) -> int:
-        """CPU time used so far by the sandbox's processes (the cgroup's count, exited processes included, plus the
-        threads of members outside it; or the threads of every member)."""
-        usage = self.freezer.usage_ns() if self.freezer is not None else None
-        if usage is None:
-            return contain.cpu_ns(self.members())
-        return usage + contain.cpu_ns(self.members() - self.freezer.pids())
+        """CPU time used so far by the sandbox's processes, exited ones included (``hold.cpu_ns``)."""
+        return hold.cpu_ns(self.freezer, self.members())
 
     def freeze(self) -> None:
         """Hold every process of the sandbox (between its timed batches: no CPU work, no new launches), verified;
@@ -271,19 +264,15 @@ class Sandbox:
                 self.freezer.freeze()
             except OSError:
                 self.freezer = None  # removed under us: signals from here on
-        deadline, last = time.monotonic() + FREEZE_S, None
-        while True:
-            members, loose = self._held()
-            if not loose and members == last:
-                break  # two scans in a row: the same members, every one held
-            if time.monotonic() > deadline:
-                self._fail(f"the {self.name}'s processes could not all be stopped within {FREEZE_S:g} s "
-                           f"({len(loose)} still running: a fork storm?)")
-            last = None if loose else members
-            contain.signal_all(loose, signal.SIGSTOP)
-            time.sleep(0.0002 if loose else 0)
+        members, loose = hold.stop_all(self.members, self.freezer, time.monotonic() + FREEZE_S)
+        if loose:
+            self._fail(f"the {self.name}'s processes could not all be stopped within {FREEZE_S:g} s "
+                       f"({len(loose)} still running: a fork storm?)")
         self.frozen = True
-        self._check_caged(members)
+        out = hold.outside(self.freezer, self.proc.pid, members)
+        if out:
+            self._fail(f"the {self.name}'s processes {out[:5]} left its cgroup: its CPU time and its freeze are not "
+                       "the cgroup's")
         contain.reap({p for p in members if contain.state(p) == "Z" and p not in _OWN_CHILDREN}, wait_s=0)
         self._seen = contain.sched_seen(members - {self.proc.pid} if self.proc.poll() is not None else members)
         raised = self.sched.raised(self._seen)
@@ -291,22 +280,18 @@ class Sandbox:
             self._fail(f"the {self.name} raised the scheduling priority of its own threads ({'; '.join(raised[:3])})")
         self._check_group(self._seen)
         for other, before in self._others.items():
-            used = other.cpu_ns() - before
-            if other.frozen and used > FROZEN_CPU_NS:
-                self._fail(f"the {other.name}'s processes used {used / 1e6:.3g} ms of CPU while frozen, during the "
-                           f"{self.name}'s window: a process of it escaped the freeze")
+            if other.frozen:
+                other.check_still(before, f"during the {self.name}'s window")
         self._others = {}
+        self._frozen_ns = hold.cpu_ns(self.freezer, members)
 
-    def _check_caged(self, members: set[int]) -> None:
-        """Every live member must be in the sandbox's cgroup, where its keeper got in: each is born inside
-        (``clone3``'s CLONE_INTO_CGROUP is refused by the seccomp filter), so one outside was moved (by root)."""
-        if self.freezer is None or not self.freezer.holds(self.proc.pid):
-            return
-        out = sorted(p for p in members if contain.state(p, leader=True) not in ("Z", "X", "")
-                     and self.freezer.holds(p) is False)
-        if out:
-            self._fail(f"the {self.name}'s processes {out[:5]} left its cgroup: its CPU time and its freeze are not "
-                       "the cgroup's")
+    def check_still(self, before: int, when: str, members: set[int] | None = None) -> None:
+        """Fail this (frozen) sandbox if it used over ``FROZEN_CPU_NS`` of CPU since it had ``before`` ns (``members``:
+        its processes, when just scanned)."""
+        used = hold.cpu_ns(self.freezer, self.members() if members is None else members) - before
+        if used > hold.FROZEN_CPU_NS:
+            self._fail(f"the {self.name}'s processes used {used / 1e6:.3g} ms of CPU while frozen, {when}: a process "
+                       "of it escaped the freeze")
 
     def thaw(self, wait_s: float = 1.0) -> None:
         """``ready``, ``wake``, then ``running``: every process woken and none left stopped (outside a timed window)."""
@@ -321,6 +306,9 @@ class Sandbox:
         if self.proc is None:
             return
         pids = self.members()
+        if self.frozen and self._frozen_ns is not None:
+            self.check_still(self._frozen_ns, "between its freeze and its wake", pids)
+            self._frozen_ns = None
         self._check_sched(contain.sched_seen(pids), restore=pids)
         self._waking = pids
         self._others = {box: box.cpu_ns() for box in list(_LIVE) if box is not self and box.frozen}
@@ -399,20 +387,7 @@ class Sandbox:
                 pass
         if self.freezer is not None:
             self.freezer.kill()
-        seen: set[int] = set()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            live = self.members() - {self.proc.pid} if self.proc.poll() is not None else self.members()
-            new = live - seen
-            if new:  # stop first, so nothing forks while we look for more
-                contain.signal_all(new, signal.SIGSTOP)
-                seen |= new
-                continue
-            contain.signal_all(seen | {self.proc.pid}, signal.SIGKILL)
-            contain.reap(seen)
-            if not (self.members() - {self.proc.pid}):
-                break
-            time.sleep(0.01)
+        seen = hold.kill_all(self.members, self.proc.pid, lambda: self.proc.poll() is not None)
         try:
             self.proc.kill()
         except ProcessLookupError:

@@ -8,7 +8,6 @@
     Freezer.make(tag)            a freezer cgroup of one sandbox, or None where none can be made here
     Sched.of_owner()             the owner's scheduling (policy, nice, affinity, autogroup nice), what every sandbox
                                  thread must have
-    cpu_ns(pids)                 CPU time the threads of ``pids`` used so far (schedstat; ns)
 
 Freezer: cgroup v2 (``cgroup.freeze``, ``cgroup.kill``, ``cpu.stat``) where a cgroup2 hierarchy is writable, else the
 cgroup v1 freezer (``freezer.state``). The keeper writes its own pid into ``procs_file`` before it forks, so every
@@ -82,18 +81,6 @@ def threads(pid: int) -> list[int]:
         return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError:
         return []
-
-
-def cpu_ns(pids) -> int:
-    """Nanoseconds on a CPU, summed over every thread of ``pids`` (first field of /proc/PID/task/TID/schedstat)."""
-    total = 0
-    for p in pids:
-        for t in threads(p):
-            try:
-                total += int(Path(f"/proc/{p}/task/{t}/schedstat").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                pass
-    return total
 
 
 def members(root: int, caged: set[int], orphans_but: set[int] | None) -> set[int]:

@@ -22,16 +22,24 @@ The owner's environment (unset: the default):
   give one: the report says "the grader's", and the rest holds.
 - ``GEMMLAB_SANDBOX_PIDNS``: ``1``: a PID namespace of its own (root only), with a /proc of its own in the keeper's
   mount namespace: the grader, the other sandbox and every process outside are not in its view; unset or ``0``: off.
+- ``GEMMLAB_SANDBOX_TOOL``: ``auto`` (unset), ``bwrap`` or ``none``: the keeper inside bubblewrap where it is
+  installed and passes its self-test (``sandbox.tool``; with CUDA only for ``bwrap``), which then gives the new
+  session, the hidden terminals (a ``/dev`` of its own) and the PID namespace in place of the keeper's own; the rest
+  above still applies inside it.
 - ``GEMMLAB_SANDBOX_WRITABLE`` (``os.pathsep``-separated): more directories the sandbox may write below (tests);
   with a uid of its own they are made writable to any user (mode 1777).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+
+from gemmlab.sandbox.tool import Tool
+from gemmlab.sandbox.tool import mode as tool_mode
 
 UID_BASE, UID_SPAN = 0x60000000, 1 << 24  # where a sandbox's own uid is drawn from
 
@@ -69,26 +77,39 @@ class Isolation:
     uid: int | None  # the sandbox's own uid, None: the grader's
     uid_why: str = ""  # why it has none though one was asked for
     terminals: bool = True  # hide the terminals (a mount namespace of the keeper's own, where it is root)
+    tool: Tool = Tool(None, why="not asked for")  # bubblewrap around the keeper, or none (``tool.why`` says why)
 
     @classmethod
-    def from_env(cls, interpret: bool) -> Isolation:
+    def from_env(cls, interpret: bool, observed: bool = False) -> Isolation:
+        """The switches; ``observed``: the kernel observer (CUPTI injection) is loaded into the sandbox, whose
+        channel is the keeper's, inherited by fork, so it cannot cross bubblewrap's exec: no tool then."""
         uid, why = None, ""
         if _mode("GEMMLAB_SANDBOX_UID", "cpu", interpret):
             if os.geteuid() == 0:
                 uid = unused_uid()
             else:
                 why = "the grader is not root"
+        pidns = _mode("GEMMLAB_SANDBOX_PIDNS", "0", interpret)
         return cls(_mode("GEMMLAB_SANDBOX_LANDLOCK", "cpu", interpret),
-                   _mode("GEMMLAB_SANDBOX_SECCOMP", "cpu", interpret), _mode("GEMMLAB_SANDBOX_PIDNS", "0", interpret),
-                   uid, why, _mode("GEMMLAB_SANDBOX_TERMINALS", "cpu", interpret))
+                   _mode("GEMMLAB_SANDBOX_SECCOMP", "cpu", interpret), pidns, uid, why,
+                   _mode("GEMMLAB_SANDBOX_TERMINALS", "cpu", interpret),
+                   Tool(None, why="bubblewrap not used: the kernel observer's channel cannot cross it yet")
+                   if observed and tool_mode() != "none" else Tool.choose(interpret, pidns))
 
-    def keeper_args(self, writable: list[str], cgroup: str | None) -> list[str]:
+    def keeper_args(self, writable: list[str], cgroup: str | None, files: list[str] = ()) -> list[str]:
+        """The keeper's arguments; ``writable[0]`` is the scratch directory, ``files`` those it appends to (bound
+        writable inside bubblewrap)."""
+        wrap = self.tool.path is not None
         return ((["--cgroup", cgroup] if cgroup else [])
+                + (["--wrap", json.dumps(self.tool.argv(*(writable[:1] or [""]), writable[1:], list(files))), "--tool",
+                    self.tool.name] + (["--tool-pidns"] if self.tool.pidns else []) if wrap else
+                   ["--tool-why", self.tool.why])
                 + (["--landlock", *[a for d in writable for a in ("--writable", d)]] if self.landlock else [])
                 + (["--uid", str(self.uid)] if self.uid is not None else [])
                 + (["--uid-why", self.uid_why] if self.uid_why else [])
                 + (["--seccomp", str(os.getpid()), str(os.getpgid(0))] if self.seccomp else [])
-                + (["--pidns"] if self.pidns else []) + (["--hide-terminals"] if self.terminals else []))
+                + (["--pidns"] if self.pidns and not wrap else [])
+                + (["--hide-terminals"] if self.terminals and not wrap else []))
 
     def grant(self, log_dir: str, scratch: Path, writable: list[str], env: dict[str, str]) -> None:
         """With a uid of its own: the sandbox can reach its scratch directory (the log directory searchable, not
@@ -98,7 +119,7 @@ class Isolation:
             return
         os.chmod(log_dir, 0o711)
         os.chown(scratch, self.uid, self.uid)
-        for var in ("GEMMLAB_VENDOR_LOG", "GEMMLAB_VENDOR_COUNTS", "GEMMLAB_OBSERVER_SOCK"):
+        for var in OBSERVER_FILES:
             path = env.get(var)
             if path and var != "GEMMLAB_OBSERVER_SOCK" and not os.path.exists(path):
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
@@ -107,6 +128,14 @@ class Isolation:
         for d in writable:
             if os.path.isdir(d):
                 os.chmod(d, 0o1777)
+
+
+OBSERVER_FILES = ("GEMMLAB_VENDOR_LOG", "GEMMLAB_VENDOR_COUNTS", "GEMMLAB_OBSERVER_SOCK")  # the sandbox writes these
+
+
+def appended(env: dict[str, str]) -> list[str]:
+    """The observers' files (and socket) a sandbox with environment ``env`` writes by path."""
+    return [env[v] for v in OBSERVER_FILES if env.get(v)]
 
 
 def child_env(interpret: bool, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -1,8 +1,11 @@
-"""The sandbox's first process, run by path (``python .../keeper.py FD [--cgroup PROCS_FILE] [--landlock]
-[--writable DIR]... [--uid UID | --uid-why WHY] [--seccomp OWNER PGID] [--pidns]``; ``sandbox.isolate`` builds it)
-so that nothing is imported before it forks (no CUDA, no gemmlab). Before any candidate code exists it, in order,
+"""The sandbox's first process, run by path (``python .../keeper.py FD [--cgroup PROCS_FILE] [--wrap ARGV_JSON
+--tool NAME [--tool-pidns] | --tool-why WHY] [--landlock] [--writable DIR]... [--uid UID | --uid-why WHY] [--seccomp
+OWNER PGID] [--pidns] [--hide-terminals]``; ``sandbox.isolate`` builds it) so that nothing is imported before it
+forks (no CUDA, no gemmlab). Before any candidate code exists it, in order,
 - writes its own pid into PROCS_FILE (the sandbox's freezer cgroup, ``sandbox.contain.Freezer``), so every process
   of the sandbox is born inside;
+- with ``--wrap``, execs bubblewrap (``sandbox.tool``), which runs this file again inside it (``wrap``): the steps
+  below then happen in there, bubblewrap's session, ``/dev`` and PID namespace standing for the keeper's own;
 - closes any inherited descriptor that is a terminal (``no_terminal``; it has no controlling terminal: the owner
   started it in a session of its own);
 - where it is root, enters a mount namespace of its own where the terminals are hidden (an empty /dev/pts,
@@ -225,6 +228,24 @@ def serve_in_child(fd: int) -> None:
         os._exit(0)  # no atexit handlers of a candidate's making
 
 
+def _without(args: list[str], flag: str) -> list[str]:
+    """``args`` less ``flag`` and the value after it."""
+    if flag not in args:
+        return args
+    i = args.index(flag)
+    return args[:i] + args[i + 2:]
+
+
+def wrap(fd: int, args: list[str]) -> None:
+    """Exec the tool's command line (``--wrap``, JSON: ``sandbox.tool``) running this file again inside it, with
+    the same arguments less the cgroup (joined already: the tool's processes are inside it) and the wrapping."""
+    import json
+
+    argv = json.loads(args[args.index("--wrap") + 1])
+    inner = _without(_without(args, "--wrap"), "--cgroup")
+    os.execv(argv[0], [*argv, "--", sys.executable, os.path.abspath(__file__), str(fd), *inner])
+
+
 def main() -> None:
     fd, args = int(sys.argv[1]), sys.argv[2:]
     isolation = {"session": "own (no controlling terminal)"}
@@ -234,13 +255,22 @@ def main() -> None:
                 f.write(str(os.getpid()))
         except OSError as e:  # no permission to move: the owner stops this sandbox by signals instead
             print(f"keeper: not in the sandbox's cgroup ({e})", file=sys.stderr)
+    if "--wrap" in args:
+        wrap(fd, args)  # returns only if the exec failed: the owner sees the keeper's start fail
+        return
+    isolation["tool"] = (args[args.index("--tool") + 1] if "--tool" in args else
+                         "hand-written" + (f" ({args[args.index('--tool-why') + 1]})" if "--tool-why" in args else ""))
     isolation["terminal_fds"] = no_terminal()
     pidns = "--pidns" in args
-    if "--hide-terminals" in args or pidns:
+    if "--tool" in args:  # its session, /dev (its own /dev/pts, no console) and PID namespace are the tool's
+        isolation["terminals"] = f"hidden ({isolation['tool']}: a /dev of its own)"
+        isolation["pid_namespace"] = "on" if "--tool-pidns" in args else "off"
+    elif "--hide-terminals" in args or pidns:
         isolation["terminals"], isolation["pid_namespace"] = namespaces(pidns)
     else:
         isolation["terminals"], isolation["pid_namespace"] = "not hidden (off: GEMMLAB_SANDBOX_TERMINALS)", "off"
-    if isolation["pid_namespace"] == "on":  # this process stays outside; its first child is the namespace's init
+    if isolation["pid_namespace"] == "on" and "--tool" not in args:  # this process stays outside; its first child
+        # is the namespace's init
         child = os.fork()
         if child:
             os.close(fd)
