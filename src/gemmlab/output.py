@@ -9,6 +9,7 @@
     emit_json(report)                    ``--json``: exactly one JSON document on stdout
     nesting(data, limit)                 how deep JSON data nests, counted without recursion
     plot_missing(path)                   a requested PNG without matplotlib: one line on stderr, never silent
+    literal(value)                       text from elsewhere (a ledger cell, a file name) for a cell: shown as it is
 
 The CSV is long-format, one row per (kernel, provider, mode, metric, x value) with the median and the 20th and
 80th percentiles (p50, p20, p80; empty where the metric has no spread), as Liger-Kernel's benchmark CSV; every
@@ -51,11 +52,33 @@ def num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def plain(cell: object) -> str:
-    """A cell without its rich markup ("[green]ok" -> "ok"), for Markdown, CSV and HTML."""
+def _text(cell: object):
+    """The cell as rich Text: its markup applied; a cell whose brackets are not valid markup ("[/]") taken
+    literally instead of raising rich's MarkupError."""
+    from rich.errors import MarkupError
     from rich.text import Text
 
-    return Text.from_markup(str(cell)).plain
+    try:
+        return Text.from_markup(str(cell))
+    except MarkupError:
+        return Text(str(cell))
+
+
+def plain(cell: object) -> str:
+    """A cell without its rich markup ("[green]ok" -> "ok"), for Markdown, CSV and HTML."""
+    return _text(cell).plain
+
+
+def literal(value: object) -> str:
+    """Text that gemmlab did not write (a ledger cell, a path, a backend's name) for a table cell or a printed
+    line: its brackets escaped (not read as rich markup) and its control characters (a terminal's escape
+    sequences) written as \\xNN, so it prints as the text it is and does nothing to the terminal."""
+    from rich.markup import escape
+
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return escape(text)
 
 
 def long_row(kernel: str, provider: str, metric: str, unit: str, x_name: str, x_value, p50, p20=None, p80=None, *,
@@ -71,14 +94,14 @@ def print_tables(tables: Iterable[Table], console) -> None:
     from rich.table import Table as RichTable
 
     for t in tables:
-        rt = RichTable(title=t.title)
+        rt = RichTable(title=_text(t.title))
         for col in t.columns:
-            rt.add_column(col)
+            rt.add_column(_text(col))
         for row in t.rows:
-            rt.add_row(*row)
+            rt.add_row(*map(_text, row))
         console.print(rt)
         for note in t.notes:
-            console.print(note)
+            console.print(_text(note))
 
 
 def _md_cell(cell: object) -> str:

@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemmlab import provenance
-from gemmlab.ledger.cells import CellError, entry_fields
+from gemmlab.ledger.cells import MAX_DEPTH, CellError, entry_fields
 from gemmlab.ledger.decide import decide
 from gemmlab.ledger.sqlfile import APPLICATION_ID, connect_reading, peek
+from gemmlab.output import nesting
 
 
 def default_path() -> Path:
@@ -288,7 +289,7 @@ class Ledger:
         reason."""
         if provenance:
             self._provenance(e)
-        with self.transaction() as c:
+        with self.reading(), self.transaction() as c:  # a parent with a bad cell: LedgerError, nothing written
             parent = None
             if parent_id is not None:
                 parent = self.get(parent_id)
@@ -327,10 +328,15 @@ class Ledger:
         with self.reading():
             rows = [dict(r) for r in self.conn.execute(sql + " ORDER BY id", args).fetchall()]
             for r in rows:
-                try:
+                try:  # RecursionError: the parser gave up (deeper still than a printer would recurse)
                     r["data"] = json.loads(r["data"]) if r["data"] is not None else None
+                    if nesting(r["data"], MAX_DEPTH) > MAX_DEPTH:
+                        raise RecursionError
                 except (TypeError, ValueError) as e:
                     raise CellError(f"attachment {r['id']!r}: column data is not valid JSON ({e})") from None
+                except RecursionError:
+                    raise CellError(f"attachment {r['id']!r}: column data is JSON nested deeper than {MAX_DEPTH} "
+                                    "levels") from None
         return rows
 
     @contextmanager
