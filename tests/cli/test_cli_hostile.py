@@ -16,3 +16,22 @@ def test_bad_values_are_one_line(argv, says, monkeypatch, capsys):
     code, out, err = cli(argv, monkeypatch, capsys)
     lines = err.strip().splitlines()
     assert code == 2 and out == "" and len(lines) == 1 and says in lines[0], err
+
+
+def test_tune_refuses_what_it_would_ignore_or_fail_on_at_the_end(tmp_path, monkeypatch, capsys):
+    """tune took --moe with --op gemm and --session beside another --resume in silence, and found a --configs-dir
+    that is a file, or a table there it cannot read, only when writing its winners after the whole search."""
+    (tmp_path / "file").write_text("not a directory")
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "interpreter.json").write_text("{not json")  # the CPU's table (device.target_for)
+    before = (tmp_path / "cfg" / "interpreter.json").read_text()
+    ledger = tmp_path / "l.db"
+    base = ["tune", "--shapes", "16,16,16", "--budget-minutes", "0.01", "--ledger", ledger]
+    for extra, says in ((["--op", "gemm", "--moe", "64,32,4,2"], "--moe: for --op moe only"),
+                        (["--session", "a", "--resume", "b"], "--resume names the session"),
+                        (["--configs-dir", tmp_path / "file"], "exists and is not a directory"),
+                        (["--configs-dir", tmp_path / "cfg"], "cannot be read as JSON")):
+        code, out, err = cli([*base, *extra], monkeypatch, capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and out == "" and len(lines) == 1 and says in lines[0], (extra, err)
+    assert not ledger.exists() and (tmp_path / "cfg" / "interpreter.json").read_text() == before
