@@ -35,3 +35,14 @@ def test_tune_refuses_what_it_would_ignore_or_fail_on_at_the_end(tmp_path, monke
         lines = err.strip().splitlines()
         assert code == 2 and out == "" and len(lines) == 1 and says in lines[0], (extra, err)
     assert not ledger.exists() and (tmp_path / "cfg" / "interpreter.json").read_text() == before
+
+
+@pytest.mark.parametrize("argv", [[], ["bench"], ["ledger"]], ids=["gemmlab", "bench", "ledger"])
+def test_a_group_without_a_command_prints_its_help_readably(argv, monkeypatch, capsys):
+    """`gemmlab` alone printed its help squeezed into one line of about 900 characters (click's "no arguments:
+    help" error went through the one-line usage-error path); now the help as --help lays it out (exit 2, click's
+    status for it)."""
+    code, out, err = cli(argv, monkeypatch, capsys)
+    lines = err.splitlines()
+    assert code == 2 and out == "" and lines[0].startswith("Usage:") and "Commands:" in lines, err
+    assert max(map(len, lines)) <= 200, err
