@@ -8,6 +8,7 @@
     read_bounded(path, limit)            a regular file's bytes, never a FIFO's or a device's, never past ``limit``
     emit_json(report)                    ``--json``: exactly one JSON document on stdout
     nesting(data, limit)                 how deep JSON data nests, counted without recursion
+    load_json(path)                      JSON from a file someone else controls: bounded, UTF-8, not too deep
     plot_missing(path)                   a requested PNG without matplotlib: one line on stderr, never silent
     literal(value)                       text from elsewhere (a ledger cell, a file name) for a cell: shown as it is
 
@@ -267,6 +268,27 @@ def nesting(data: object, limit: int) -> int:
                 return deepest
             todo += [(v, d + 1) for v in (item.values() if isinstance(item, dict) else item)]
     return deepest
+
+
+def load_json(path: str | Path, limit: int = 64 << 20, depth: int = 64) -> object:
+    """The JSON document in the file ``path``, a file someone else controls: read with ``read_bounded`` (never a
+    FIFO's or a device's bytes, never past ``limit``), UTF-8, nested at most ``depth`` deep (deeper breaks the
+    parser, or whatever recurses over it later). ValueError naming the path otherwise; a missing file is
+    FileNotFoundError."""
+    shown = str(path) if str(path).isprintable() else ascii(str(path))
+    deep = f"{shown}: JSON nested deeper than the {depth} levels read"
+    raw = read_bounded(path, limit)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{shown}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    except RecursionError:  # the parser gave up: deeper still
+        raise ValueError(deep) from None
+    except ValueError as e:
+        raise ValueError(f"{shown}: not JSON ({e})") from None
+    if nesting(data, depth) > depth:
+        raise ValueError(deep)
+    return data
 
 
 def dumps(report: dict) -> str:

@@ -37,3 +37,45 @@ def test_a_fifo_or_a_device_named_json_is_listed_not_read(tmp_path):
                                    "--output", str(out)])
     assert res.exit_code == 0 and "2 unreadable" in res.stderr, res.output
     assert "fifo.json" in out.read_text()
+
+
+def deep_file(path):
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    return path
+
+
+def test_profile_diff_and_docs_read_their_json_bounded(tmp_path, monkeypatch, capsys):
+    """profile --diff and report --docs parsed a 100000-deep file (RecursionError traceback), and --docs took an
+    index entry of the wrong type (AttributeError traceback): each is one line, exit 2."""
+    from tests.cli.test_cli_bad_input import cli
+
+    deep = deep_file(tmp_path / "deep.json")
+    (tmp_path / "tree").mkdir()
+    deep_file(tmp_path / "tree" / "index.json")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "index.json").write_text('{"about": "x", "results": [{"path": 5}], "pages": "nope"}')
+    for argv, says in ((["profile", "--diff", deep, deep], "nested deeper than the 64 levels"),
+                       (["report", tmp_path / "tree", "--docs", tmp_path / "out"], "nested deeper than the 64"),
+                       (["report", tmp_path / "odd", "--docs", tmp_path / "out"], "an entry this gemmlab cannot read")):
+        code, out, err = cli(argv, monkeypatch, capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and out == "" and len(lines) == 1 and says in lines[0], (argv, err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_profile_diff_and_docs_readme_refuse_a_fifo(tmp_path):
+    """A FIFO given to profile --diff, or as report --docs --readme, was opened and read: a hang with no writer.
+    Through the entry point in a child, with a generous limit, so a regression fails instead of hanging."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    os.mkfifo(tmp_path / "fifo")
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    for argv in (["profile", "--diff", "fifo", "fifo"],
+                 ["report", str(results), "--docs", "out", "--check", "--readme", "fifo"]):
+        res = subprocess.run([sys.executable, "-m", "gemmlab", *argv], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and "a FIFO, not a regular file" in lines[0], res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
