@@ -46,3 +46,26 @@ def test_a_group_without_a_command_prints_its_help_readably(argv, monkeypatch, c
     lines = err.splitlines()
     assert code == 2 and out == "" and lines[0].startswith("Usage:") and "Commands:" in lines, err
     assert max(map(len, lines)) <= 200, err
+
+
+def test_probe_reads_its_profile_and_roofline_files_bounded(tmp_path, monkeypatch, capsys):
+    """probe --profile/--roofline parsed a 100000-deep file (RecursionError), read a FIFO (a hang) and fed a JSON
+    list to the roofline (TypeError): each a traceback or worse; now one line, exit 2."""
+    import json
+    import os
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "list.json").write_text("[]")
+    prof = tmp_path / "prof.json"
+    prof.write_text(json.dumps({"sm_count": 1, "hbm_copy": {}, "mma_peak": {}}))
+    for argv, says in ((["--profile", deep, "--roofline", deep], "nested deeper than the 64 levels"),
+                       (["--profile", tmp_path / "fifo", "--roofline", deep], "a FIFO, not a regular file"),
+                       (["--profile", tmp_path / "list.json", "--roofline", deep], "a JSON list, not a device"),
+                       (["--profile", prof, "--roofline", deep], "nested deeper than the 64 levels"),
+                       (["--profile", prof, "--roofline", tmp_path / "list.json"], "TypeError")):
+        code, out, err = cli(["probe", *argv, "--plot", tmp_path / "r.png"], monkeypatch, capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and out == "" and len(lines) == 1 and says in lines[0], (argv, err)
+    assert not (tmp_path / "r.png").exists()
