@@ -111,3 +111,17 @@ def test_filters_that_match_nothing_are_usage_errors(tmp_path, argv, says):
 def test_history_takes_a_real_dtype(tmp_path):
     res = run("history", "--shape", "64,64,64", "--dtype", "float16", "--ledger", ledger(tmp_path))
     assert res.exit_code == 0 and "2.0000" in res.stdout, res.output
+
+
+def test_a_ledger_whose_name_is_not_utf8_is_read(tmp_path):
+    """Reading opens the file by a file: URI; a name with a byte that is not UTF-8 (b"g\\xff.db") made quoting it a
+    UnicodeEncodeError traceback. Now its bytes are percent-encoded and the ledger is read."""
+    import os
+
+    good = ledger(tmp_path)
+    path = tmp_path / os.fsdecode(b"g\xff.db")
+    os.rename(good, path)
+    for argv in (["list"], ["show", "1"], ["export", "--format", "csv"]):
+        res = run(*argv, "--ledger", str(path))
+        assert res.exit_code == 0 and res.exception is None and "1.0" in res.stdout, (argv, res.output)
+    assert sorted(os.listdir(tmp_path)) == [b"g\xff.db".decode("utf-8", "surrogateescape")]

@@ -19,6 +19,7 @@ change to the file); gemmlab itself no longer leaves a ledger in WAL mode at res
 
 from __future__ import annotations
 
+import os
 import urllib.parse
 from pathlib import Path
 from sqlite3 import DatabaseError
@@ -37,7 +38,8 @@ def header(path: Path) -> bytes:
 
 
 def _uri(path: Path, query: str) -> str:
-    return f"file:{urllib.parse.quote(str(Path(path).resolve()))}?{query}"
+    # the file system's bytes, percent-encoded: a name that is not UTF-8 (a surrogate in Python's str) too
+    return f"file:{urllib.parse.quote(os.fsencode(Path(path).resolve()))}?{query}"
 
 
 def connect_reading(path: Path, timeout: float = 60.0):
