@@ -68,7 +68,7 @@ def test_an_attachment_nested_deep_is_one_line(tmp_path):
         res = run("show", "1", "--ledger", path)
         lines = res.stderr.strip().splitlines()
         assert res.exit_code == 2 and len(lines) == 1 and res.stdout == "", res.output
-        assert "column data is JSON nested deeper than 64 levels" in lines[0] and path in lines[0]
+        assert "column data is JSON nested deeper than the 64 levels" in lines[0] and path in lines[0]
         assert open(path, "rb").read() == before
 
 

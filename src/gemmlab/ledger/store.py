@@ -38,10 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemmlab import provenance
-from gemmlab.ledger.cells import MAX_DEPTH, CellError, entry_fields
+from gemmlab.ledger.cells import CellError, decode, entry_fields
 from gemmlab.ledger.decide import decide
 from gemmlab.ledger.sqlfile import APPLICATION_ID, connect_reading, peek
-from gemmlab.output import nesting
 
 
 def default_path() -> Path:
@@ -328,15 +327,10 @@ class Ledger:
         with self.reading():
             rows = [dict(r) for r in self.conn.execute(sql + " ORDER BY id", args).fetchall()]
             for r in rows:
-                try:  # RecursionError: the parser gave up (deeper still than a printer would recurse)
-                    r["data"] = json.loads(r["data"]) if r["data"] is not None else None
-                    if nesting(r["data"], MAX_DEPTH) > MAX_DEPTH:
-                        raise RecursionError
-                except (TypeError, ValueError) as e:
-                    raise CellError(f"attachment {r['id']!r}: column data is not valid JSON ({e})") from None
-                except RecursionError:
-                    raise CellError(f"attachment {r['id']!r}: column data is JSON nested deeper than {MAX_DEPTH} "
-                                    "levels") from None
+                if r["data"] is not None and not isinstance(r["data"], str):
+                    raise CellError(f"attachment {r['id']!r}: column data holds {type(r['data']).__name__}, "
+                                    "not JSON text")
+                r["data"] = None if r["data"] is None else decode(r["data"], f"attachment {r['id']!r}", "data")
         return rows
 
     @contextmanager
