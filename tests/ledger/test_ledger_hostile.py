@@ -125,3 +125,26 @@ def test_a_ledger_whose_name_is_not_utf8_is_read(tmp_path):
         res = run(*argv, "--ledger", str(path))
         assert res.exit_code == 0 and res.exception is None and "1.0" in res.stdout, (argv, res.output)
     assert sorted(os.listdir(tmp_path)) == [b"g\xff.db".decode("utf-8", "surrogateescape")]
+
+
+def test_a_ledger_locked_by_a_writer_is_busy_not_foreign_or_damaged(tmp_path):
+    """A sound ledger held under an exclusive lock past the read's timeout was "not a SQLite ledger (database is
+    locked)"; it is busy, and the message says so (and to try again)."""
+    from gemmlab.ledger import LedgerError
+
+    path = ledger(tmp_path)
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        holder.execute("UPDATE entries SET note = 'x'")
+        with pytest.raises(LedgerError) as e:
+            Ledger(path, timeout=0.2, read_only=True)
+        assert "is busy: another process holds it locked" in str(e.value) and "not a SQLite" not in str(e.value)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    db = Ledger(path, timeout=0.2, read_only=True)  # the lock gone: read as before
+    try:
+        assert [e.note for e in db.list()] == ["n0", "n1"]
+    finally:
+        db.close()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import urllib.parse
 from pathlib import Path
-from sqlite3 import DatabaseError
+from sqlite3 import DatabaseError, OperationalError
 from sqlite3 import connect as _sqlite_connect  # not the module attribute: tests patch sqlite3.connect for writers
 
 APPLICATION_ID = 0x67656D6D  # "gemm"
@@ -50,6 +50,12 @@ def connect_reading(path: Path, timeout: float = 60.0):
     return _sqlite_connect(_uri(path, query), uri=True, timeout=timeout, isolation_level=None)
 
 
+def busy(e: Exception) -> bool:
+    """SQLite's "database is locked" / "busy": another process holds the file locked, longer than the timeout. The
+    file is sound; saying it is not a ledger, or damaged, would be wrong."""
+    return isinstance(e, OperationalError) and ("locked" in str(e) or "busy" in str(e))
+
+
 def peek(path: Path, columns: set[str]) -> str | None:
     """Why the existing file at ``path`` is not a gemmlab ledger (one clause, e.g. "is a SQLite file of
     another application (tables: t)"), or None: it is one, it is empty (0 bytes, or a SQLite file with no
@@ -71,7 +77,8 @@ def peek(path: Path, columns: set[str]) -> str | None:
         finally:
             conn.close()
     except DatabaseError as e:
-        return f"is not a SQLite ledger ({e})"
+        return f"is busy: another process holds it locked ({e}); try again" if busy(e) else \
+            f"is not a SQLite ledger ({e})"
     if app_id == APPLICATION_ID:
         return None
     if app_id:
