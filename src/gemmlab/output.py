@@ -167,8 +167,11 @@ def write_files(out_dir: str | Path, files: dict[str, str]) -> list[Path]:
                 raise ReportPathError(f"{out / name}: {kind}; refusing to write the report through it")
         for name, text in files.items():
             tmp = f".{name}.{secrets.token_hex(8)}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         0o644, dir_fd=dfd)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                             0o644, dir_fd=dfd)
+            except OSError as e:  # named by the file asked for, not the temporary name (/proc, a read-only mount)
+                raise OSError(e.errno, e.strerror, str(out / name)) from None
             try:
                 with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
                     f.write(text)

@@ -5,8 +5,10 @@ each is listed as unreadable, with what it is, and the page is written."""
 import os
 import threading
 
+import pytest
 from typer.testing import CliRunner
 
+from gemmlab import output
 from gemmlab.cli import app
 from gemmlab.report import collect
 
@@ -79,3 +81,11 @@ def test_profile_diff_and_docs_readme_refuse_a_fifo(tmp_path):
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 2 and len(lines) == 1 and "a FIFO, not a regular file" in lines[0], res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
+
+
+def test_a_write_that_cannot_be_made_names_the_file_asked_for():
+    """ledger export --output /proc/x.json said "No such file or directory: '.x.json.8f3b...tmp'": the temporary
+    name, not the path given."""
+    with pytest.raises(OSError) as e:
+        output.write_text("/proc/gemmlab-hostile-34.json", "{}")
+    assert e.value.filename == "/proc/gemmlab-hostile-34.json" and ".tmp" not in str(e.value)
