@@ -8,7 +8,9 @@
     read_bounded(path, limit)            a regular file's bytes, never a FIFO's or a device's, never past ``limit``
     emit_json(report)                    ``--json``: exactly one JSON document on stdout
     nesting(data, limit)                 how deep JSON data nests, counted without recursion
+    load_json(path)                      JSON from a file someone else controls: bounded, UTF-8, not too deep
     plot_missing(path)                   a requested PNG without matplotlib: one line on stderr, never silent
+    literal(value)                       text from elsewhere (a ledger cell, a file name) for a cell: shown as it is
 
 The CSV is long-format, one row per (kernel, provider, mode, metric, x value) with the median and the 20th and
 80th percentiles (p50, p20, p80; empty where the metric has no spread), as Liger-Kernel's benchmark CSV; every
@@ -51,11 +53,33 @@ def num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def plain(cell: object) -> str:
-    """A cell without its rich markup ("[green]ok" -> "ok"), for Markdown, CSV and HTML."""
+def _text(cell: object):
+    """The cell as rich Text: its markup applied; a cell whose brackets are not valid markup ("[/]") taken
+    literally instead of raising rich's MarkupError."""
+    from rich.errors import MarkupError
     from rich.text import Text
 
-    return Text.from_markup(str(cell)).plain
+    try:
+        return Text.from_markup(str(cell))
+    except MarkupError:
+        return Text(str(cell))
+
+
+def plain(cell: object) -> str:
+    """A cell without its rich markup ("[green]ok" -> "ok"), for Markdown, CSV and HTML."""
+    return _text(cell).plain
+
+
+def literal(value: object) -> str:
+    """Text that gemmlab did not write (a ledger cell, a path, a backend's name) for a table cell or a printed
+    line: its brackets escaped (not read as rich markup) and its control characters (a terminal's escape
+    sequences) written as \\xNN, so it prints as the text it is and does nothing to the terminal."""
+    from rich.markup import escape
+
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return escape(text)
 
 
 def long_row(kernel: str, provider: str, metric: str, unit: str, x_name: str, x_value, p50, p20=None, p80=None, *,
@@ -71,14 +95,14 @@ def print_tables(tables: Iterable[Table], console) -> None:
     from rich.table import Table as RichTable
 
     for t in tables:
-        rt = RichTable(title=t.title)
+        rt = RichTable(title=_text(t.title))
         for col in t.columns:
-            rt.add_column(col)
+            rt.add_column(_text(col))
         for row in t.rows:
-            rt.add_row(*row)
+            rt.add_row(*map(_text, row))
         console.print(rt)
         for note in t.notes:
-            console.print(note)
+            console.print(_text(note))
 
 
 def _md_cell(cell: object) -> str:
@@ -143,8 +167,11 @@ def write_files(out_dir: str | Path, files: dict[str, str]) -> list[Path]:
                 raise ReportPathError(f"{out / name}: {kind}; refusing to write the report through it")
         for name, text in files.items():
             tmp = f".{name}.{secrets.token_hex(8)}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         0o644, dir_fd=dfd)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                             0o644, dir_fd=dfd)
+            except OSError as e:  # named by the file asked for, not the temporary name (/proc, a read-only mount)
+                raise OSError(e.errno, e.strerror, str(out / name)) from None
             try:
                 with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
                     f.write(text)
@@ -244,6 +271,27 @@ def nesting(data: object, limit: int) -> int:
                 return deepest
             todo += [(v, d + 1) for v in (item.values() if isinstance(item, dict) else item)]
     return deepest
+
+
+def load_json(path: str | Path, limit: int = 64 << 20, depth: int = 64) -> object:
+    """The JSON document in the file ``path``, a file someone else controls: read with ``read_bounded`` (never a
+    FIFO's or a device's bytes, never past ``limit``), UTF-8, nested at most ``depth`` deep (deeper breaks the
+    parser, or whatever recurses over it later). ValueError naming the path otherwise; a missing file is
+    FileNotFoundError."""
+    shown = str(path) if str(path).isprintable() else ascii(str(path))
+    deep = f"{shown}: JSON nested deeper than the {depth} levels read"
+    raw = read_bounded(path, limit)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{shown}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    except RecursionError:  # the parser gave up: deeper still
+        raise ValueError(deep) from None
+    except ValueError as e:
+        raise ValueError(f"{shown}: not JSON ({e})") from None
+    if nesting(data, depth) > depth:
+        raise ValueError(deep)
+    return data
 
 
 def dumps(report: dict) -> str:

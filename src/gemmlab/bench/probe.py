@@ -26,7 +26,7 @@ import triton.language as tl
 
 from gemmlab.device import gpu_slug, tensor_peak_tflops
 from gemmlab.instruments import timing
-from gemmlab.output import Table, long_row
+from gemmlab.output import Table, load_json, long_row
 from gemmlab.problems import matrix
 
 HEALTH_MIN = 0.8  # a re-measured figure below this fraction of the profile's is a problem
@@ -66,7 +66,16 @@ def load(gpu_name: str | None = None) -> dict | None:
             return None
         gpu_name = torch.cuda.get_device_name()
     path = profile_path(gpu_name)
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:  # bounded (output.load_json): a damaged, deep or swapped file is one ValueError naming it
+        data = load_json(path)
+    except OSError as e:
+        raise ValueError(f"the recorded device profile {path}: {e.strerror or e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"the recorded device profile {path}: a JSON {type(data).__name__}, not a profile "
+                         "(run `gemmlab probe` again, or remove it)")
+    return data
 
 
 def save(profile: dict, path: str | Path | None = None) -> Path:

@@ -42,7 +42,9 @@ def bench_gemm(
                                                                    "own process, loading included")] = 120.0,
     budget_s: Annotated[float | None, typer.Option(callback=cmd.seconds, help="start no case after this many "
                                                                               "seconds (the rest: not_run)")] = None,
-    inductor_search_space: Annotated[str, typer.Option(help="inductor backend: DEFAULT or EXHAUSTIVE")] = "DEFAULT",
+    inductor_search_space: Annotated[str, typer.Option(callback=cmd.checked(
+        lambda v: v.upper() in ("DEFAULT", "EXHAUSTIVE"), "is not a search space: DEFAULT or EXHAUSTIVE"),
+        help="inductor backend: DEFAULT or EXHAUSTIVE")] = "DEFAULT",
     inductor_autotune_rep_ms: Annotated[int | None, typer.Option(
         callback=cmd.count, help="inductor backend: ms measured per autotune choice (its default 100)")] = None,
     output_dir: Annotated[str | None, typer.Option(

@@ -208,8 +208,8 @@ def record(entries, note: str, ledger: str | None, parent: int | None) -> None:
         raise usage_error(e) from e
     for e in done:
         color = "green" if e.decision == "accepted" else "yellow"
-        Console(stderr=True, width=150).print(f"ledger #{e.id} {e.shape} {e.backend}: [{color}]{e.decision}[/] "
-                                              f"({e.reason})")
+        Console(stderr=True, width=150).print(f"ledger #{e.id} {output.literal(e.shape)} {output.literal(e.backend)}: "
+                                              f"[{color}]{e.decision}[/] ({output.literal(e.reason)})")
 
 
 def show(report: dict, mod, json_out: bool, output_dir: str | None, width: int = 150, **write_kw) -> Console:

@@ -66,6 +66,26 @@ def shape_key(text: str) -> str:
     return "x".join(str(int(p)) for p in parts) + (f" {routing}" if routing else "")
 
 
+def utf8(value: str | None, option: str) -> str | None:
+    """An option's text as the ledger can match it: UTF-8 (a shell can pass other bytes); a usage error if not."""
+    try:
+        value is None or value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise typer.BadParameter(f"{output.literal(ascii(value))}: not UTF-8 text, so no ledger entry can have it",
+                                 param_hint=f"'{option}'") from None
+    return value
+
+
+def dtype_name(value: str | None) -> str | None:
+    """--dtype of a ledger read: the name of a torch dtype (float16, bfloat16, float8_e4m3fn, ...), else a usage
+    error (a misspelt one would match nothing, in silence)."""
+    import torch
+
+    if value is not None and not isinstance(getattr(torch, value, None), torch.dtype):
+        raise typer.BadParameter(f"{value!r}: a dtype's name, such as float16 or bfloat16", param_hint="'--dtype'")
+    return value
+
+
 def _entry(db, entry_id: int):
     e = db.get(entry_id)
     if e is None:
@@ -89,6 +109,7 @@ def ledger_list(
     if kind is not None and kind not in KINDS:
         raise typer.BadParameter(f"{kind!r}: {', '.join(KINDS)}", param_hint="'--kind'")
     key = shape_key(shape) if shape is not None else None
+    utf8(session, "--session")
     path = Path(ledger) if ledger else default_path()
     if not path.exists() and not path.is_symlink():  # a fresh machine: nothing recorded yet is no error
         if json_out:
@@ -101,7 +122,7 @@ def ledger_list(
     if json_out:
         output.emit_json({"ledger": str(db.path), "entries": [dataclasses.asdict(e) for e in entries]})
         return
-    output.print_tables([view.entries_table(entries, f"ledger {db.path}")], Console(width=200))
+    output.print_tables([view.entries_table(entries, f"ledger {output.literal(db.path)}")], Console(width=200))
 
 
 @ledger_app.command("show")
@@ -174,7 +195,7 @@ def ledger_compare(first: int, second: int, ledger: LedgerOpt = None, json_out: 
 @ledger_app.command("history")
 def ledger_history(
     shape: Annotated[str, typer.Option(help="M,N,K")],
-    dtype: Annotated[str | None, typer.Option(help="float16 or bfloat16")] = None,
+    dtype: Annotated[str | None, typer.Option(callback=dtype_name, help="float16 or bfloat16")] = None,
     plot: Annotated[str | None, typer.Option(callback=cmd.out_file, help="write the latency curve as a PNG")] = None,
     ledger: LedgerOpt = None, json_out: JsonOpt = False,
 ) -> None:

@@ -32,30 +32,34 @@ def probe_cmd(
     The constants: SMs, L2, clocks, power limit, HBM bandwidth, cuBLAS 8192^3, the attainable tensor-core rate,
     launch overhead; --check compares the GPU against them; --roofline draws a bench report on them."""
     import json
-    from pathlib import Path
     from types import SimpleNamespace as View
 
     from gemmlab.bench import probe as pr
 
     def recorded() -> dict:
-        try:
-            prof = json.loads(Path(profile).read_text()) if profile else pr.load()
+        try:  # bounded: a FIFO, /dev/zero or a 100000-deep file is one line
+            prof = output.load_json(profile) if profile else pr.load()
         except (OSError, ValueError) as e:
             raise cmd.usage_error(f"--profile {profile}: {e}") from e
         if prof is None:
             raise typer.BadParameter("no recorded profile for this GPU: run `gemmlab probe` first (or --profile)")
+        if not isinstance(prof, dict):
+            raise cmd.usage_error(f"--profile {profile}: a JSON {type(prof).__name__}, not a device profile")
         return prof
 
     def view(tables, rows, stem):
         return View(tables=tables, write=lambda rep, d: output.write(rep, d, stem, tables(rep), rows(rep)))
 
     if roofline:
+        prof = recorded()
         try:
-            data = pr.roofline(recorded(), json.loads(Path(roofline).read_text()))
-        except (OSError, ValueError, KeyError) as e:
-            raise cmd.usage_error(f"--roofline {roofline}: {e}") from e
+            bench = output.load_json(roofline)
+            data = pr.roofline(prof, bench)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:  # a file of other data
+            raise cmd.usage_error(f"--roofline {roofline} (with the profile {profile or 'recorded'}): "
+                                  f"{e if isinstance(e, (OSError, ValueError)) else f'{type(e).__name__}: {e}'}") from e
         con = cmd.show(data, view(pr.roofline_tables, pr.roofline_rows, "roofline"), json_out, output_dir)
-        if pr.roofline_png(recorded(), json.loads(Path(roofline).read_text()), plot) is not None:
+        if pr.roofline_png(prof, bench, plot) is not None:
             con.print(f"wrote {plot}")
         return
     if not torch.cuda.is_available():

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from gemmlab import output
 from gemmlab.cli import common as cmd
 from gemmlab.cli.common import JsonOpt, LedgerOpt
 from gemmlab.cli.ledger import open_ledger, reading
@@ -15,9 +16,6 @@ from gemmlab.cli.ledger import open_ledger, reading
 
 def saved_profile(ref: str, ledger: str | None) -> dict:
     """``--diff`` argument: a profile JSON file, or entry:ID (the latest profile attached to that entry)."""
-    import json
-    from pathlib import Path
-
     from gemmlab.instruments.ncu_view import check_format
 
     if ref.startswith("entry:"):
@@ -27,10 +25,13 @@ def saved_profile(ref: str, ledger: str | None) -> dict:
         if not found:
             raise ValueError(f"{ref}: no profile attached to that ledger entry")
         return check_format(found[-1]["data"], ref)
-    try:
-        return check_format(json.loads(Path(ref).read_text()), ref)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{ref}: {e}") from None
+    try:  # bounded: a FIFO or /dev/zero is refused, a 100000-deep file is one line
+        data = output.load_json(ref)
+    except ValueError:  # (the message names the file)
+        raise
+    except OSError as e:
+        raise ValueError(f"{ref}: {e.strerror or e}") from None
+    return check_format(data, ref)
 
 
 def profile_cmd(

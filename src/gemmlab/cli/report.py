@@ -76,4 +76,7 @@ def _docs(dirs: list[str], out_dir: str | None, readme: str | None, check: bool)
         written = results_docs.write(dirs[0], out_dir, readme)
     except (results_docs.ResultsError, OSError) as e:
         raise cmd.usage_error(e) from e
+    except (TypeError, KeyError, AttributeError, IndexError) as e:  # an index.json entry of the wrong shape
+        raise cmd.usage_error(f"{dirs[0]}/index.json: an entry this gemmlab cannot read ({type(e).__name__}: "
+                              f"{e})") from e
     print(f"wrote {len(written)} file(s): " + ", ".join(map(str, written)), file=sys.stderr)

@@ -90,6 +90,9 @@ def main() -> None:
     except Exception as e:  # click's UsageError (typer vendors click in newer releases): exit_code 2
         if getattr(e, "exit_code", None) != 2 or not hasattr(e, "format_message"):
             raise
+        if type(e).__name__ == "NoArgsIsHelpError":  # `gemmlab`, `gemmlab bench`: the help, as --help prints it
+            print(e.format_message(), file=sys.stderr)
+            sys.exit(2)
         ctx, message = getattr(e, "ctx", None), " ".join(e.format_message().split())
         if message:  # (no arguments to a group: its help was printed, with no message)
             print(f"{ctx.command_path if ctx is not None else 'gemmlab'}: {message}", file=sys.stderr)

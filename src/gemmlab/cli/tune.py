@@ -24,6 +24,28 @@ def resumable(session: str, ledger: str | None) -> None:
                                   "(start one with --session, or leave --resume out)")
 
 
+def configs_ready(configs_dir: str | None, target: str) -> None:
+    """--write: the table that confirmed winners go into, checked before any tuning (it was written only at the
+    end): its directory is a directory where it exists, and an existing table is a plain file that reads as one
+    (a file gemmlab cannot read would be lost, or the run's winners); else one line and exit 2."""
+    from pathlib import Path
+
+    from gemmlab.ops import configs
+
+    where = Path(configs_dir) if configs_dir is not None else configs.user_dir()
+    path = where / f"{target}.json"
+    if where.exists() and not where.is_dir():
+        raise cmd.usage_error(f"--configs-dir {where}: exists and is not a directory (tune --write puts "
+                              f"{path.name} there; or give --no-write)")
+    if path.exists() or path.is_symlink():
+        if not path.is_file():
+            raise cmd.usage_error(f"{path}: not a plain file; tune --write would replace it (or give --no-write)")
+        try:
+            configs.read(path)
+        except ValueError as e:
+            raise cmd.usage_error(f"{e}; tune --write would update it: fix or move it, or give --no-write") from None
+
+
 def tune_cmd(
     shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable)")] = None,
     suite: Annotated[list[str] | None, typer.Option(help="shape suites (repeatable) [default: seeds and small-m "
@@ -78,6 +100,10 @@ def tune_cmd(
         cmd.fit(cmd.MOE_BYTES_PER_ELEMENT * (3 * e * i * h + t * (2 * h + k * (2 * i + h))),
                 f"--op moe with H,I,E,k = {h},{i},{e},{k} at T {t}")
     elif op == "gemm":
+        given = [name for name, v in (("--model", model), ("--moe", moe), ("--tokens", tokens),
+                                      ("--moe-mode", moe_mode)) if v]
+        if given:
+            raise typer.BadParameter(f"{', '.join(given)}: for --op moe only (this is --op gemm)")
         todo = cmd.shapes_of(shapes, None, "cpu") if shapes else []
         for name in suite or ([] if shapes else (["seeds", "small-m"] if torch.cuda.is_available() else ["cpu"])):
             todo += cmd.shapes_of(None, name, "cpu")
@@ -86,6 +112,11 @@ def tune_cmd(
         raise typer.BadParameter(f"--op {op!r}: gemm or moe")
     if op == "gemm":
         cmd.fit_shapes(todo)
+    if resume is not None and session is not None and session != resume:
+        raise cmd.usage_error(f"--session {session} --resume {resume}: --resume names the session it continues; "
+                              "give one of them")
+    if write:
+        configs_ready(configs_dir, target_for(torch.device("cuda" if torch.cuda.is_available() else "cpu")).name)
     cmd.ledger_ready(ledger)  # every attempt is recorded
     if resume is not None:
         resumable(resume, ledger)

@@ -52,6 +52,21 @@ def _problem(key: str, v) -> str | None:
     return None
 
 
+def decode(text: str, who: str, key: str) -> object:
+    """The JSON cell ``key`` of ``who`` (an entry, an attachment) decoded; ``CellError`` if it is not valid JSON or
+    nests deeper than ``MAX_DEPTH`` (printing it would recurse as deep)."""
+    deep = f"{who}: column {key} is JSON nested deeper than the {MAX_DEPTH} levels a ledger cell may have"
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise CellError(f"{who}: column {key} is not valid JSON ({e})") from None
+    except RecursionError:  # the parser gave up: deeper still
+        raise CellError(deep) from None
+    if nesting(value, MAX_DEPTH) > MAX_DEPTH:
+        raise CellError(deep)
+    return value
+
+
 def entry_fields(row: dict) -> dict:
     """The row's cells, JSON decoded and flags as booleans, ready for ``Entry(**fields)``; ``CellError`` on the
     first cell that does not hold what its column means."""
@@ -62,15 +77,7 @@ def entry_fields(row: dict) -> dict:
             continue
         if not isinstance(d[key], str):
             raise CellError(f"{who}: column {key} holds {type(d[key]).__name__}, not JSON text")
-        deep = f"{who}: column {key} is JSON nested deeper than the {MAX_DEPTH} levels a ledger cell may have"
-        try:
-            d[key] = json.loads(d[key])
-        except ValueError as e:
-            raise CellError(f"{who}: column {key} is not valid JSON ({e})") from None
-        except RecursionError:  # the parser gave up: deeper still
-            raise CellError(deep) from None
-        if nesting(d[key], MAX_DEPTH) > MAX_DEPTH:
-            raise CellError(deep)
+        d[key] = decode(d[key], who, key)
     for key, v in d.items():
         if why := _problem(key, v):
             raise CellError(f"{who}: column {key} {why}")

@@ -19,9 +19,10 @@ change to the file); gemmlab itself no longer leaves a ledger in WAL mode at res
 
 from __future__ import annotations
 
+import os
 import urllib.parse
 from pathlib import Path
-from sqlite3 import DatabaseError
+from sqlite3 import DatabaseError, OperationalError
 from sqlite3 import connect as _sqlite_connect  # not the module attribute: tests patch sqlite3.connect for writers
 
 APPLICATION_ID = 0x67656D6D  # "gemm"
@@ -37,7 +38,8 @@ def header(path: Path) -> bytes:
 
 
 def _uri(path: Path, query: str) -> str:
-    return f"file:{urllib.parse.quote(str(Path(path).resolve()))}?{query}"
+    # the file system's bytes, percent-encoded: a name that is not UTF-8 (a surrogate in Python's str) too
+    return f"file:{urllib.parse.quote(os.fsencode(Path(path).resolve()))}?{query}"
 
 
 def connect_reading(path: Path, timeout: float = 60.0):
@@ -46,6 +48,12 @@ def connect_reading(path: Path, timeout: float = 60.0):
     pending = Path(str(path) + "-wal").exists()
     query = "immutable=1" if wal and not pending else "mode=ro"
     return _sqlite_connect(_uri(path, query), uri=True, timeout=timeout, isolation_level=None)
+
+
+def busy(e: Exception) -> bool:
+    """SQLite's "database is locked" / "busy": another process holds the file locked, longer than the timeout. The
+    file is sound; saying it is not a ledger, or damaged, would be wrong."""
+    return isinstance(e, OperationalError) and ("locked" in str(e) or "busy" in str(e))
 
 
 def peek(path: Path, columns: set[str]) -> str | None:
@@ -69,7 +77,8 @@ def peek(path: Path, columns: set[str]) -> str | None:
         finally:
             conn.close()
     except DatabaseError as e:
-        return f"is not a SQLite ledger ({e})"
+        return f"is busy: another process holds it locked ({e}); try again" if busy(e) else \
+            f"is not a SQLite ledger ({e})"
     if app_id == APPLICATION_ID:
         return None
     if app_id:

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemmlab import provenance
-from gemmlab.ledger.cells import CellError, entry_fields
+from gemmlab.ledger.cells import CellError, decode, entry_fields
 from gemmlab.ledger.decide import decide
-from gemmlab.ledger.sqlfile import APPLICATION_ID, connect_reading, peek
+from gemmlab.ledger.sqlfile import APPLICATION_ID, busy, connect_reading, peek
 
 
 def default_path() -> Path:
@@ -183,8 +183,9 @@ class Ledger:
             version = self.schema_version()
             has_entries = self.conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'entries'").fetchone()
-        except sqlite3.DatabaseError as e:  # "file is not a database"
-            raise LedgerError(f"ledger {self.path} is not a SQLite ledger ({e})") from None
+        except sqlite3.DatabaseError as e:  # "file is not a database"; or locked by a writer past the timeout
+            raise LedgerError(f"ledger {self.path} " + (f"is busy: another process holds it locked ({e}); try again"
+                              if busy(e) else f"is not a SQLite ledger ({e})")) from None
         if version > SCHEMA_VERSION:
             raise LedgerError(f"ledger {self.path} has schema version {version}, newer than this gemmlab's "
                               f"{SCHEMA_VERSION} (gemmlab {provenance.version()}): upgrade gemmlab")
@@ -288,7 +289,7 @@ class Ledger:
         reason."""
         if provenance:
             self._provenance(e)
-        with self.transaction() as c:
+        with self.reading(), self.transaction() as c:  # a parent with a bad cell: LedgerError, nothing written
             parent = None
             if parent_id is not None:
                 parent = self.get(parent_id)
@@ -327,10 +328,10 @@ class Ledger:
         with self.reading():
             rows = [dict(r) for r in self.conn.execute(sql + " ORDER BY id", args).fetchall()]
             for r in rows:
-                try:
-                    r["data"] = json.loads(r["data"]) if r["data"] is not None else None
-                except (TypeError, ValueError) as e:
-                    raise CellError(f"attachment {r['id']!r}: column data is not valid JSON ({e})") from None
+                if r["data"] is not None and not isinstance(r["data"], str):
+                    raise CellError(f"attachment {r['id']!r}: column data holds {type(r['data']).__name__}, "
+                                    "not JSON text")
+                r["data"] = None if r["data"] is None else decode(r["data"], f"attachment {r['id']!r}", "data")
         return rows
 
     @contextmanager
@@ -340,7 +341,8 @@ class Ledger:
         try:
             yield
         except sqlite3.DatabaseError as e:
-            raise LedgerError(f"ledger {self.path} is damaged: {e}") from None
+            raise LedgerError(f"ledger {self.path} " + (f"is busy: another process holds it locked ({e}); try again"
+                              if busy(e) else f"is damaged: {e}")) from None
         except CellError as e:
             raise LedgerError(f"ledger {self.path}: {e}") from None
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gemmlab.output import Table, num
+from gemmlab.output import Table, literal, num
 
 ENTRY_COLS = ("id", "created", "kind", "shape", "dtype", "backend", "path", "correct", "median ms", "vs cuBLAS",
               "95% CI", "TC ops", "parent", "decision", "note")
@@ -12,11 +12,13 @@ COMPARED = ("created", "git_sha", "gpu", "kind", "shape", "dtype", "backend", "p
 
 
 def entry_row(e) -> list[str]:
+    """One entry as a row; its text cells (which any program may have written into the file) shown literally:
+    no rich markup, no terminal escape sequences (``output.literal``)."""
     ci = "-" if not e.ratio_ci else f"[{e.ratio_ci[0]:.3f}, {e.ratio_ci[1]:.3f}]"
-    return [str(e.id), (e.created or "")[:19], e.kind, e.shape, e.dtype, e.backend or "-", e.path or "-",
-            "yes" if e.correct else "NO", num(e.median_ms, ".4f"), num(e.ratio, ".3f"), ci,
-            num(e.tensor_core_ops, "d"), str(e.parent_id or "-"),
-            f"[green]{e.decision}" if e.decision == "accepted" else f"[yellow]{e.decision}", (e.note or "")[:30]]
+    return [str(e.id), literal((e.created or "")[:19]), literal(e.kind), literal(e.shape), literal(e.dtype),
+            literal(e.backend or "-"), literal(e.path or "-"), "yes" if e.correct else "NO", num(e.median_ms, ".4f"),
+            num(e.ratio, ".3f"), ci, num(e.tensor_core_ops, "d"), str(e.parent_id or "-"),
+            ("[green]" if e.decision == "accepted" else "[yellow]") + literal(e.decision), literal((e.note or "")[:30])]
 
 
 def entries_table(entries, title: str) -> Table:
@@ -28,7 +30,7 @@ def compare_table(a, b) -> Table:
     t = Table(f"#{a.id} -> #{b.id}", ("field", f"#{a.id}", f"#{b.id}"))
     for name in COMPARED:
         va, vb = getattr(a, name), getattr(b, name)
-        t.rows.append([("" if va == vb else "[bold]") + name, str(va), str(vb)])
+        t.rows.append([("" if va == vb else "[bold]") + name, literal(va), literal(vb)])
     return t
 
 

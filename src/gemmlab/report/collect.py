@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gemmlab.output import KINDS, nesting
+from gemmlab.output import KINDS, UnreadableFile, nesting, read_bounded
 
 MAX_BYTES = 64 << 20  # a JSON file larger than this is listed, not read (the committed ones are under 3 MB)
 MAX_DEPTH = 64  # nesting deeper than this is not a report (the committed ones nest 10 deep)
@@ -168,11 +168,13 @@ def read_json(path: Path) -> tuple[object, str | None]:
     """(data, None), or (None, the one-line reason it cannot be read): too large, not UTF-8, nested deeper than
     ``MAX_DEPTH``, or not JSON. Several documents in one file (and a last line of text after them) are read as
     the list of the documents."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
+    try:  # bounded: a FIFO or a device named *.json (given as a file) is refused, never waited on or read forever
+        text = read_bounded(path, MAX_BYTES).decode("utf-8")
+    except UnreadableFile as e:
+        if e.too_long:
+            size = path.stat().st_size
             return None, f"{size / 2**20:.0f} MiB: larger than the {MAX_BYTES >> 20} MiB the report reads"
-        text = path.read_bytes().decode("utf-8")
+        return None, str(e)
     except UnicodeDecodeError as e:
         return None, f"not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset {e.start}"
     except OSError as e:
