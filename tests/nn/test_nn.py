@@ -435,3 +435,12 @@ def test_patch_refuses_bad_arguments():
         gemmlab.patch(nn.Linear(4, 4, dtype=torch.float16))
     with pytest.raises(ValueError, match="no floating-point parameters"):
         gemmlab.patch(nn.Sequential(nn.ReLU()))
+
+
+def test_moe_names_itself_when_the_input_dtype_is_not_its_weights(device):
+    """An fp16 input to a bf16 MoE is one TypeError naming MoE (not the router Linear inside it)."""
+    from gemmlab.nn import MoE
+
+    moe = MoE(32, 16, 4, 2, dtype=torch.bfloat16, device=device)
+    with pytest.raises(TypeError, match=r"^MoE: input has dtype torch.float16, the weight torch.bfloat16"):
+        moe(torch.randn(3, 32, dtype=torch.float16, device=device))

@@ -122,6 +122,8 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.gate.in_features:
             raise bad_input("MoE", x, self.gate.in_features, "hidden")
+        if x.dtype != self.gate.weight.dtype:
+            check_dtypes("MoE", x, self.gate.weight)
         x2 = x.reshape(-1, x.shape[-1])  # (T, H)
         weights, ids = ops_moe.route(self.gate(x2), self.top_k, renormalize=self.renormalize, scoring=self.scoring)
         if self.ep_group is not None:
