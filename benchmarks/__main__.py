@@ -15,37 +15,55 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS = {  # name: (file, one line)
     "clock-order": ("clock_order.py", "why interleave: back-to-back against interleaved timing, cuBLAS vs itself"),
     "grade-gap": ("grade_gap.py", "the grader's competition-shape ratio re-measured by the benchmark's protocol"),
-    "grade-rounding": ("grade_rounding.py", "the honest-arithmetic rule calibrated on cuBLAS and every gemmlab path, "
-                                            "the cheap-arithmetic kernels, every case file's batch plan (3 minutes)"),
+    "grade-rounding": (
+        "grade_rounding.py",
+        "the honest-arithmetic rule calibrated on cuBLAS and every gemmlab path, "
+        "the cheap-arithmetic kernels, every case file's batch plan (3 minutes)",
+    ),
     "grade-repeat": ("grade_repeat.py", "repeated grades: no false failure over N runs, cuBLAS graded against itself"),
     "host-cost": ("host_cost.py", "host microseconds per call of the public ops against PyTorch's, beside device time"),
     "moe-backward": ("moe_backward.py", "MoE forward + backward against torch's composite and Liger; peak memory"),
-    "liger-warm": ("liger_warm.py", "compile and autotune Liger-Kernel's MoE kernels before `bench moe --baseline "
-                                    "liger`"),
+    "liger-warm": (
+        "liger_warm.py",
+        "compile and autotune Liger-Kernel's MoE kernels before `bench moe --baseline liger`",
+    ),
     "bench-suite": ("bench_suite.sh", "the GEMM tables of docs/results/gemm.md (about 6 minutes on an H200)"),
     "loop-suite": ("loop_suite.sh", "probe, tune, health check and roofline (about 7 minutes on an H200)"),
     "moe-suite": ("moe_suite.sh", "the MoE tables of docs/results/moe.md, in two parts: bench, rest"),
     "session": ("session.sh", "one device call: named steps in order, each under its own time limit"),
-    "model-suite": ("model_suite.py", "whole models' tokens/s, torch vs gemmlab vs Liger (about 8 minutes on an "
-                                      "H200)"),
-    "sweep-dense": ("sweep_dense.py", "issue 23's grid of paths and configs against cuBLAS (about 4 minutes on an "
-                                      "H200)"),
+    "model-suite": ("model_suite.py", "whole models' tokens/s, torch vs gemmlab vs Liger (about 8 minutes on an H200)"),
+    "sweep-dense": (
+        "sweep_dense.py",
+        "issue 23's grid of paths and configs against cuBLAS (about 4 minutes on an H200)",
+    ),
     "dense-rules": ("dense_rules.py", "the dense sweep's rows into dispatch rules and ledger entries (CPU)"),
-    "dense-ab": ("dense_ab.py", "two bench gemm runs of one suite (dispatch table before and after), case by case "
-                                "(CPU)"),
-    "fp8-dense": ("fp8_dense.py", "FP8 gemm_fp8 (per-tensor, block) vs torch._scaled_mm and gemmlab bf16, eager and "
-                                  "graph (about 4 minutes on an H200)"),
-    "fp8-variants": ("fp8_variants.py", "issue 31: FP8 kernel variants vs cuBLASLt (block, per tensor) and the FP8 "
-                                        "tensor cores' accumulation error (under 7 minutes on an H200)"),
-    "fp8-moe": ("fp8_moe.py", "FP8 experts' moe_forward vs gemmlab bf16 at DeepSeek-V3 (T 4096, 128), eager and graph "
-                              "(sized for 6 minutes on an H200)"),
+    "dense-ab": (
+        "dense_ab.py",
+        "two bench gemm runs of one suite (dispatch table before and after), case by case (CPU)",
+    ),
+    "fp8-dense": (
+        "fp8_dense.py",
+        "FP8 gemm_fp8 (per-tensor, block) vs torch._scaled_mm and gemmlab bf16, eager and "
+        "graph (about 4 minutes on an H200)",
+    ),
+    "fp8-variants": (
+        "fp8_variants.py",
+        "issue 31: FP8 kernel variants vs cuBLASLt (block, per tensor) and the FP8 "
+        "tensor cores' accumulation error (under 7 minutes on an H200)",
+    ),
+    "fp8-moe": (
+        "fp8_moe.py",
+        "FP8 experts' moe_forward vs gemmlab bf16 at DeepSeek-V3 (T 4096, 128), eager and graph "
+        "(sized for 6 minutes on an H200)",
+    ),
 }
 
 
 def usage() -> str:
     width = max(map(len, SCRIPTS))
     return "usage: python -m benchmarks NAME [ARGS...]\n\n" + "\n".join(
-        f"  {name:<{width}}  {line}" for name, (_, line) in SCRIPTS.items())
+        f"  {name:<{width}}  {line}" for name, (_, line) in SCRIPTS.items()
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -54,36 +54,64 @@ def main() -> None:
     pairs = [("cublas-again", "cublas"), ("gemmlab", "cublas")]
     results = []
     for cand, base in pairs:
-        for way, order in (("back-to-back", (cand, base)), ("back-to-back", (base, cand)),
-                           ("interleaved", (cand, base))):
+        for way, order in (
+            ("back-to-back", (cand, base)),
+            ("back-to-back", (base, cand)),
+            ("interleaved", (cand, base)),
+        ):
             time.sleep(args.idle_s)  # let the GPU cool and clock up, as it is before any benchmark
             fns = {name: calls[name] for name in order}
-            r = compare_many(fns, base, check=check, flops=2.0 * m * n * k, rounds=args.rounds, reps=args.reps,
-                             warmup_s=0.0 if way == "back-to-back" else 1.0, mode=way)
+            r = compare_many(
+                fns,
+                base,
+                check=check,
+                flops=2.0 * m * n * k,
+                rounds=args.rounds,
+                reps=args.reps,
+                warmup_s=0.0 if way == "back-to-back" else 1.0,
+                mode=way,
+            )
             c, bb = r["candidates"][cand], r["candidates"][base]
-            results.append({"pair": f"{cand} vs {base}", "way": way, "order": list(order),
-                            "ratio": c["vs_baseline"]["ratio"], "ci95": c["vs_baseline"]["ci95"],
-                            "verdict": c["vs_baseline"]["verdict"],
-                            "cand_ms": c["median_ms"], "base_ms": bb["median_ms"],
-                            "cand_mhz": c["clocks"].get("sm_clock_mhz_mean"),
-                            "base_mhz": bb["clocks"].get("sm_clock_mhz_mean"),
-                            "ok": all(x["check"]["ok"] and x.get("check_after") for x in (c, bb)), "raw": r})
+            results.append(
+                {
+                    "pair": f"{cand} vs {base}",
+                    "way": way,
+                    "order": list(order),
+                    "ratio": c["vs_baseline"]["ratio"],
+                    "ci95": c["vs_baseline"]["ci95"],
+                    "verdict": c["vs_baseline"]["verdict"],
+                    "cand_ms": c["median_ms"],
+                    "base_ms": bb["median_ms"],
+                    "cand_mhz": c["clocks"].get("sm_clock_mhz_mean"),
+                    "base_mhz": bb["clocks"].get("sm_clock_mhz_mean"),
+                    "ok": all(x["check"]["ok"] and x.get("check_after") for x in (c, bb)),
+                    "raw": r,
+                }
+            )
             x = results[-1]
-            print(f"{x['pair']:24s} {way:12s} {'>'.join(order):22s} ratio {x['ratio']:.3f} "
-                  f"[{x['ci95'][0]:.3f},{x['ci95'][1]:.3f}] {x['verdict']:12s} MHz {x['cand_mhz'] or 0:.0f}/"
-                  f"{x['base_mhz'] or 0:.0f}", flush=True)
+            print(
+                f"{x['pair']:24s} {way:12s} {'>'.join(order):22s} ratio {x['ratio']:.3f} "
+                f"[{x['ci95'][0]:.3f},{x['ci95'][1]:.3f}] {x['verdict']:12s} MHz {x['cand_mhz'] or 0:.0f}/"
+                f"{x['base_mhz'] or 0:.0f}",
+                flush=True,
+            )
     env = env_info()
     path = Path(args.out) / f"{gpu_slug(env.get('gpu') or 'cpu')}-clock-order.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"env": env, "shape": [m, n, k], "args": vars(args), "results": results},
-                               indent=1, default=str))
+    path.write_text(
+        json.dumps({"env": env, "shape": [m, n, k], "args": vars(args), "results": results}, indent=1, default=str)
+    )
     print(f"\n{env.get('gpu')} fp16 {m}x{n}x{k}, git {env['git_sha'][:12]}; ratio = base time / candidate time")
-    print(f"{'pair':24s} {'way':12s} {'order (first>second)':22s} {'ratio':>6s} {'95% CI':>15s} {'verdict':12s} "
-          f"{'cand/base MHz':>14s} ok")
+    print(
+        f"{'pair':24s} {'way':12s} {'order (first>second)':22s} {'ratio':>6s} {'95% CI':>15s} {'verdict':12s} "
+        f"{'cand/base MHz':>14s} ok"
+    )
     for x in results:
-        print(f"{x['pair']:24s} {x['way']:12s} {'>'.join(x['order']):22s} {x['ratio']:6.3f} "
-              f"[{x['ci95'][0]:.3f},{x['ci95'][1]:.3f}] {x['verdict']:12s} "
-              f"{x['cand_mhz'] or 0:6.0f}/{x['base_mhz'] or 0:<6.0f} {'ok' if x['ok'] else 'WRONG'}")
+        print(
+            f"{x['pair']:24s} {x['way']:12s} {'>'.join(x['order']):22s} {x['ratio']:6.3f} "
+            f"[{x['ci95'][0]:.3f},{x['ci95'][1]:.3f}] {x['verdict']:12s} "
+            f"{x['cand_mhz'] or 0:6.0f}/{x['base_mhz'] or 0:<6.0f} {'ok' if x['ok'] else 'WRONG'}"
+        )
     print(f"wrote {path}")
 
 

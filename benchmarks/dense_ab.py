@@ -23,8 +23,12 @@ def ratios(report: dict) -> dict[tuple[str, str], dict]:
         g = (r.get("candidates") or {}).get("gemmlab") or {}
         vs = g.get("vs_baseline")
         if vs and vs.get("ratio"):
-            out[(r["label"], r.get("timing", "?"))] = {"ratio": vs["ratio"], "ci95": vs.get("ci95"),
-                                                      "path": g.get("path"), "config": g.get("config")}
+            out[(r["label"], r.get("timing", "?"))] = {
+                "ratio": vs["ratio"],
+                "ci95": vs.get("ci95"),
+                "path": g.get("path"),
+                "config": g.get("config"),
+            }
     return out
 
 
@@ -32,10 +36,14 @@ def summary(values: list[float], cap: float) -> dict:
     if not values:
         return {"cases": 0}
     s = sorted(values)
-    return {"cases": len(s), "capped_geomean": math.exp(sum(math.log(min(v, cap)) for v in s) / len(s)),
-            "median": s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2,
-            "worst": s[0], "share_098": sum(v >= 0.98 for v in s) / len(s),
-            "share_095": sum(v >= 0.95 for v in s) / len(s)}
+    return {
+        "cases": len(s),
+        "capped_geomean": math.exp(sum(math.log(min(v, cap)) for v in s) / len(s)),
+        "median": s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2,
+        "worst": s[0],
+        "share_098": sum(v >= 0.98 for v in s) / len(s),
+        "share_095": sum(v >= 0.95 for v in s) / len(s),
+    }
 
 
 def moved(b: dict, a: dict) -> bool:
@@ -57,25 +65,35 @@ def main() -> None:
     both = sorted(set(rb) & set(ra))
     rows = [{"case": k[0], "mode": k[1], "before": rb[k], "after": ra[k], "moved": moved(rb[k], ra[k])} for k in both]
     modes = sorted({k[1] for k in both})
-    result = {"env": {n: r.get("env") for n, r in runs.items()}, "cap": args.cap, "rows": rows,
-              "only_before": sorted(f"{k[0]} ({k[1]})" for k in set(rb) - set(ra)),
-              "only_after": sorted(f"{k[0]} ({k[1]})" for k in set(ra) - set(rb)),
-              "summary": {m: {n: summary([r[n]["ratio"] for r in rows if r["mode"] == m], args.cap)
-                              for n in ("before", "after")} for m in modes}}
+    result = {
+        "env": {n: r.get("env") for n, r in runs.items()},
+        "cap": args.cap,
+        "rows": rows,
+        "only_before": sorted(f"{k[0]} ({k[1]})" for k in set(rb) - set(ra)),
+        "only_after": sorted(f"{k[0]} ({k[1]})" for k in set(ra) - set(rb)),
+        "summary": {
+            m: {n: summary([r[n]["ratio"] for r in rows if r["mode"] == m], args.cap) for n in ("before", "after")}
+            for m in modes
+        },
+    }
     for m in modes:
         print(f"\n{m}: cases whose ratio to cuBLAS moved beyond both intervals")
         for r in rows:
             if r["mode"] == m and r["moved"]:
                 b, a = r["before"], r["after"]
                 print(f"  {r['case']:36s} {b['ratio']:.3f} -> {a['ratio']:.3f}  {b['path']} -> {a['path']}")
-    print(f"\n{'mode':6s} {'run':7s} {'cases':>5s} {'capped gm':>9s} {'median':>7s} {'worst':>6s} {'>=.98':>6s} "
-          f"{'>=.95':>6s}")
+    print(
+        f"\n{'mode':6s} {'run':7s} {'cases':>5s} {'capped gm':>9s} {'median':>7s} {'worst':>6s} {'>=.98':>6s} "
+        f"{'>=.95':>6s}"
+    )
     for m in modes:
         for n in ("before", "after"):
             s = result["summary"][m][n]
             if s["cases"]:
-                print(f"{m:6s} {n:7s} {s['cases']:5d} {s['capped_geomean']:9.3f} {s['median']:7.3f} {s['worst']:6.3f} "
-                      f"{s['share_098']:6.0%} {s['share_095']:6.0%}")
+                print(
+                    f"{m:6s} {n:7s} {s['cases']:5d} {s['capped_geomean']:9.3f} {s['median']:7.3f} {s['worst']:6.3f} "
+                    f"{s['share_098']:6.0%} {s['share_095']:6.0%}"
+                )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
 

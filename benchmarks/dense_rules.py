@@ -26,12 +26,25 @@ def main() -> None:
     ap.add_argument("--write", default=None, help="write the table here (the bundled one: its gemm/route replaced)")
     ap.add_argument("--ledger", default=None, help="record every row in this ledger first")
     ap.add_argument("--note", default="sweep_dense", help="the ledger entries' note")
-    ap.add_argument("--keep", type=float, default=None, help="a candidate must beat gemmlab's choice by more than "
-                    "this factor to change a rule (default: tune.dense_rules.KEEP)")
-    ap.add_argument("--box", default=None, help="M0:M1,N0:N1: keep only the derived rules of boxes inside these M and "
-                    "N ranges (rules of operands TMA cannot describe, which have no N range, are kept)")
-    ap.add_argument("--classes", default=None, help="comma-separated grid classes (gemv, small, large, odd) to "
-                    "derive rules for; the others keep the table's rules")
+    ap.add_argument(
+        "--keep",
+        type=float,
+        default=None,
+        help="a candidate must beat gemmlab's choice by more than "
+        "this factor to change a rule (default: tune.dense_rules.KEEP)",
+    )
+    ap.add_argument(
+        "--box",
+        default=None,
+        help="M0:M1,N0:N1: keep only the derived rules of boxes inside these M and "
+        "N ranges (rules of operands TMA cannot describe, which have no N range, are kept)",
+    )
+    ap.add_argument(
+        "--classes",
+        default=None,
+        help="comma-separated grid classes (gemv, small, large, odd) to "
+        "derive rules for; the others keep the table's rules",
+    )
     args = ap.parse_args()
     rows, entries = [], {}
     for sweep in args.sweeps:
@@ -54,8 +67,11 @@ def main() -> None:
     for path, rules in [("route", table["route"]["gemm"]), *table["gemm"].items()]:
         print(f"{path}: {len(rules)} rule(s)")
         for r in rules:
-            print(f"  m {r.get('m')} n {r.get('n')} k {r.get('k')}" + (f" tma {r['tma']}" if "tma" in r else "")
-                  + f": {json.dumps(r['config'])}  ({r['note']})")
+            print(
+                f"  m {r.get('m')} n {r.get('n')} k {r.get('k')}"
+                + (f" tma {r['tma']}" if "tma" in r else "")
+                + f": {json.dumps(r['config'])}  ({r['note']})"
+            )
     print(f"off-grid checks: {len(table['checks'])} disagreement(s)" + "".join(f"\n  {c}" for c in table["checks"]))
     if args.write:
         print(f"wrote {write(table, Path(args.write), Path(args.write))}")

@@ -45,11 +45,14 @@ def _line(row):
     for mode in MODES:
         t, r, ok = row[f"{mode}_tflops"], row[f"{mode}_ratios"], row[f"{mode}_checks"]
         tf = {c: f"{v:.1f}" for c, v in t.items()}
-        cells.append(f"{mode}: TFLOPS mm {tf.get('scaled_mm', '-')} t {tf.get('fp8_tensor', '-')} "
-                     f"b {tf.get('fp8_block', '-')}" + (f" bf16 {tf['bf16']}" if "bf16" in tf else "")
-                     + f" | t/mm {short(r['fp8_tensor/scaled_mm'])} b/t {short(r['fp8_block/fp8_tensor'])}"
-                     + (f" t/bf16 {short(r['fp8_tensor/bf16'])}" if r["fp8_tensor/bf16"] else "")
-                     + ("" if all(ok.values()) else f" CHECK FAILED {[c for c, v in ok.items() if not v]}"))
+        cells.append(
+            f"{mode}: TFLOPS mm {tf.get('scaled_mm', '-')} t {tf.get('fp8_tensor', '-')} "
+            f"b {tf.get('fp8_block', '-')}"
+            + (f" bf16 {tf['bf16']}" if "bf16" in tf else "")
+            + f" | t/mm {short(r['fp8_tensor/scaled_mm'])} b/t {short(r['fp8_block/fp8_tensor'])}"
+            + (f" t/bf16 {short(r['fp8_tensor/bf16'])}" if r["fp8_tensor/bf16"] else "")
+            + ("" if all(ok.values()) else f" CHECK FAILED {[c for c, v in ok.items() if not v]}")
+        )
     return "  ".join(cells)
 
 
@@ -65,17 +68,23 @@ def main(argv=None) -> int:
         return 2
     env = timing.env_info()
     rows = [run_shape(name, shape, args) for name, shape in SHAPES.items() if not args.quick or name in QUICK]
-    path = fp8_view.write_script_json(args.out, gpu_slug(torch.cuda.get_device_name()), "dense", args.quick,
-                                      {"env": env, "args": vars(args), "method": __doc__.split("\n\n")[1],
-                                       "rows": rows})
+    path = fp8_view.write_script_json(
+        args.out,
+        gpu_slug(torch.cuda.get_device_name()),
+        "dense",
+        args.quick,
+        {"env": env, "args": vars(args), "method": __doc__.split("\n\n")[1], "rows": rows},
+    )
     print(f"wrote {path}")
     print("\nshape               mode   fp8_tensor/scaled_mm  fp8_block/fp8_tensor  fp8_tensor/bf16  checks")
     for row in rows:
         for mode in MODES:
             r = row[f"{mode}_ratios"]
-            print(f"{row['shape']:<19} {mode:<6} {short(r['fp8_tensor/scaled_mm']):>20}  "
-                  f"{short(r['fp8_block/fp8_tensor']):>20}  {short(r['fp8_tensor/bf16']):>15}  "
-                  f"{'ok' if all(row[f'{mode}_checks'].values()) else 'FAILED'}")
+            print(
+                f"{row['shape']:<19} {mode:<6} {short(r['fp8_tensor/scaled_mm']):>20}  "
+                f"{short(r['fp8_block/fp8_tensor']):>20}  {short(r['fp8_tensor/bf16']):>15}  "
+                f"{'ok' if all(row[f'{mode}_checks'].values()) else 'FAILED'}"
+            )
     medians = [row[f"{m}_ratios"]["fp8_tensor/scaled_mm"] for row in rows for m in MODES]
     medians = [x for x in medians if x is not None]
     if medians:

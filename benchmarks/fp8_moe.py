@@ -37,8 +37,11 @@ def run_tokens(t, packs, args):
     row = fp8.moe_row(t, packs, MODES, top_k=DIMS["top_k"], rounds=args.rounds)
     for mode in MODES:
         tf = {c: round(v, 1) for c, v in row[f"{mode}_tflops"].items()}
-        print(f"T={t:<5} {mode:<5} TFLOPS {tf}  fp8/bf16 {short(row[f'{mode}_fp8/bf16'])}  "
-              f"checks {row[f'{mode}_checks']}", flush=True)
+        print(
+            f"T={t:<5} {mode:<5} TFLOPS {tf}  fp8/bf16 {short(row[f'{mode}_fp8/bf16'])}  "
+            f"checks {row[f'{mode}_checks']}",
+            flush=True,
+        )
     return row
 
 
@@ -55,16 +58,22 @@ def main(argv=None) -> int:
     env = timing.env_info()
     packs = fp8.moe_packs(DIMS["h"], DIMS["i"], DIMS["e"])
     rows = [run_tokens(t, packs, args) for t in TOKENS if not args.quick or t in QUICK]
-    path = fp8_view.write_script_json(args.out, gpu_slug(torch.cuda.get_device_name()), "moe", args.quick,
-                                      {"env": env, "args": vars(args), "method": __doc__.split("\n\n")[1],
-                                       "rows": rows})
+    path = fp8_view.write_script_json(
+        args.out,
+        gpu_slug(torch.cuda.get_device_name()),
+        "moe",
+        args.quick,
+        {"env": env, "args": vars(args), "method": __doc__.split("\n\n")[1], "rows": rows},
+    )
     print(f"wrote {path}")
     print("\ntokens  mode   TFLOPS bf16  TFLOPS fp8  fp8/bf16  checks")
     for row in rows:
         for mode in MODES:
             tf = {c: round(v, 1) for c, v in row[f"{mode}_tflops"].items()}
-            print(f"{row['tokens']:<7} {mode:<6} {tf.get('bf16', '-'):>11}  {tf.get('fp8', '-'):>10}  "
-                  f"{short(row[f'{mode}_fp8/bf16']):>8}  {'ok' if all(row[f'{mode}_checks'].values()) else 'FAILED'}")
+            print(
+                f"{row['tokens']:<7} {mode:<6} {tf.get('bf16', '-'):>11}  {tf.get('fp8', '-'):>10}  "
+                f"{short(row[f'{mode}_fp8/bf16']):>8}  {'ok' if all(row[f'{mode}_checks'].values()) else 'FAILED'}"
+            )
     return 0
 
 

@@ -63,8 +63,7 @@ VARIANTS = {
     "sbs_s5": (("block",), {"b_scale_scalar": True, "num_stages": 5}),
     "sbs_s6": (("block",), {"b_scale_scalar": True, "num_stages": 6}),
     "ws": (("block", "tensor"), {"b_scale_scalar": True, "warp_specialize": True, "num_warps": 4}),
-    "ws_s5": (("block", "tensor"), {"b_scale_scalar": True, "warp_specialize": True, "num_warps": 4,
-                                    "num_stages": 5}),
+    "ws_s5": (("block", "tensor"), {"b_scale_scalar": True, "warp_specialize": True, "num_warps": 4, "num_stages": 5}),
     "sbs_g16": (("block",), {"b_scale_scalar": True, "group_m": 16}),
     "flat": (("block", "tensor"), {"b_scale_scalar": True, "flatten": True}),
     "n256": (("tensor",), {"block_n": 256, "num_stages": 3}),
@@ -100,8 +99,9 @@ def variant_config(qa, qb, sa, sb, fields: dict) -> Fp8Config:
 
 
 def jobs(shapes: list[str]) -> list[tuple[str, str, str]]:
-    return [(s, mode, v) for s in shapes for mode in SHAPES[s][1] for v, (modes, _) in VARIANTS.items()
-            if mode in modes]
+    return [
+        (s, mode, v) for s in shapes for mode in SHAPES[s][1] for v, (modes, _) in VARIANTS.items() if mode in modes
+    ]
 
 
 def meta_plan(shape: tuple[int, int, int], mode: str, name: str):
@@ -111,19 +111,27 @@ def meta_plan(shape: tuple[int, int, int], mode: str, name: str):
     from gemmlab.device import H200
 
     m, n, k = shape
-    a, b = torch.empty((m, k), dtype=torch.float8_e4m3fn, device="meta"), \
-        torch.empty((n, k), dtype=torch.float8_e4m3fn, device="meta").t()
+    a, b = (
+        torch.empty((m, k), dtype=torch.float8_e4m3fn, device="meta"),
+        torch.empty((n, k), dtype=torch.float8_e4m3fn, device="meta").t(),
+    )
     kb, nb = -(-k // 128), -(-n // 128)
-    sa, sb = (torch.empty((kb, m), device="meta").t(), torch.empty((nb, kb), device="meta").t()) \
-        if mode == "block" else (torch.empty((), device="meta"), torch.empty((), device="meta"))
+    sa, sb = (
+        (torch.empty((kb, m), device="meta").t(), torch.empty((nb, kb), device="meta").t())
+        if mode == "block"
+        else (torch.empty((), device="meta"), torch.empty((), device="meta"))
+    )
     base = plan_fp8(a, b, sa, sb, target=H200).config
     return plan_fp8(a, b, sa, sb, target=H200, config=dataclasses.replace(base, **VARIANTS[name][1]))
 
 
 def plan_all(shapes: list[str]) -> list[dict]:
     """--plan: every (shape, mode, variant) planned for the H200 (CPU): its config and the plan's reason."""
-    return [{"job": [s, mode, name], "scale": p.scale, "c_tma": p.c_tma, "reason": p.reason}
-            for s, mode, name in jobs(shapes) for p in [meta_plan(SHAPES[s][0], mode, name)]]
+    return [
+        {"job": [s, mode, name], "scale": p.scale, "c_tma": p.c_tma, "reason": p.reason}
+        for s, mode, name in jobs(shapes)
+        for p in [meta_plan(SHAPES[s][0], mode, name)]
+    ]
 
 
 def inspect(names: list[str]) -> dict:
@@ -146,21 +154,34 @@ def inspect(names: list[str]) -> dict:
         for mode in modes if name in names else ():
             p = meta_plan((8192, 8192, 8192), mode, name)
             cfg = p.config
-            sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {cfg.block_k}]>",
-                   "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {cfg.block_k}]>",
-                   "c": (f"tensordesc<bf16[{cfg.block_m}, {cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n}]>"
-                         if p.c_tma else "*bf16"), "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32"}
-            sig.update({x: "i32" for x in ("M", "N", "K", "stride_cm", "stride_sam", "stride_sak", "stride_sbk",
-                                           "stride_sbn")})
+            sig = {
+                "a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {cfg.block_k}]>",
+                "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {cfg.block_k}]>",
+                "c": (
+                    f"tensordesc<bf16[{cfg.block_m}, {cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n}]>"
+                    if p.c_tma
+                    else "*bf16"
+                ),
+                "a_scale_ptr": "*fp32",
+                "b_scale_ptr": "*fp32",
+            }
+            sig.update(
+                {x: "i32" for x in ("M", "N", "K", "stride_cm", "stride_sam", "stride_sak", "stride_sbk", "stride_sbn")}
+            )
             consts = constexprs_fp8(p)
             sig.update({x: "constexpr" for x in consts})
-            built = triton.compile(ASTSource(kernel, {x: sig[x] for x in kernel.arg_names}, constexprs=consts),
-                                   target=GPUTarget("cuda", 90, 32), options=launch_options_fp8(cfg))
+            built = triton.compile(
+                ASTSource(kernel, {x: sig[x] for x in kernel.arg_names}, constexprs=consts),
+                target=GPUTarget("cuda", 90, 32),
+                options=launch_options_fp8(cfg),
+            )
             r = compiled_report(built)
             waits = re.findall(r"wgmma.wait_group.sync.aligned (\d+)", built.asm["ptx"])
-            out[f"{mode}-{name}"] = {**{key: r[key] for key in ("registers", "local_memory_ops", "warp_specialized",
-                                                                "tensor_core_ops")},
-                                     "shared": built.metadata.shared, "wgmma_waits": waits}
+            out[f"{mode}-{name}"] = {
+                **{key: r[key] for key in ("registers", "local_memory_ops", "warp_specialized", "tensor_core_ops")},
+                "shared": built.metadata.shared,
+                "wgmma_waits": waits,
+            }
     return out
 
 
@@ -177,8 +198,7 @@ def compile_child(todo: list[tuple[str, str, str]]) -> None:
             torch.cuda.synchronize()
             print(json.dumps({"job": [shape, mode, name], "s": round(time.perf_counter() - t0, 1)}), flush=True)
         except Exception as e:  # recorded; the timed run says it again
-            print(json.dumps({"job": [shape, mode, name], "error": f"{type(e).__name__}: {str(e)[:300]}"}),
-                  flush=True)
+            print(json.dumps({"job": [shape, mode, name], "error": f"{type(e).__name__}: {str(e)[:300]}"}), flush=True)
 
 
 def start_compiles(todo: list, workers: int) -> list:
@@ -186,8 +206,18 @@ def start_compiles(todo: list, workers: int) -> list:
     arguments' divisibility by 16, which differs between shapes, e.g. B's scale stride K/128)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     shares = [todo[i::workers] for i in range(min(workers, len(todo)))]
-    return [(subprocess.Popen([sys.executable, __file__, "--compile-child", json.dumps(share)], env=env,
-                              stdout=subprocess.PIPE, text=True), share) for share in shares]
+    return [
+        (
+            subprocess.Popen(
+                [sys.executable, __file__, "--compile-child", json.dumps(share)],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            ),
+            share,
+        )
+        for share in shares
+    ]
 
 
 def finish_compiles(children: list, deadline: float) -> list[dict]:
@@ -202,8 +232,11 @@ def finish_compiles(children: list, deadline: float) -> list[dict]:
             stdout, _ = proc.communicate()
         done = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
         seen = {tuple(r["job"]) for r in done}
-        out += done + [{"job": list(j), "error": "not finished within --compile-limit-s (a hang?): not timed"}
-                       for j in share if tuple(j) not in seen]
+        out += done + [
+            {"job": list(j), "error": "not finished within --compile-limit-s (a hang?): not timed"}
+            for j in share
+            if tuple(j) not in seen
+        ]
     return out
 
 
@@ -236,6 +269,7 @@ def checker(qa, qb, sa, sb, shape, limits: dict[str, float]):
             y = fn()
             owner[y.data_ptr()] = name
             return y
+
         return call
 
     return check, tag
@@ -253,8 +287,11 @@ def baselines(mode: str, qa, qb, sa, sb) -> tuple[dict, dict]:
                 import torch.nn.functional as F
 
                 fn, st = F.scaled_mm, F.ScalingType
-                tries.append(lambda s=sb_layout, fn=fn, st=st: fn(qa, qb, sa, st.BlockWise1x128, s, st.BlockWise128x128,
-                                                                  output_dtype=bf16))
+                tries.append(
+                    lambda s=sb_layout, fn=fn, st=st: fn(
+                        qa, qb, sa, st.BlockWise1x128, s, st.BlockWise128x128, output_dtype=bf16
+                    )
+                )
             except (AttributeError, ImportError):
                 pass
             tries.append(lambda s=sb_layout: torch._scaled_mm(qa, qb, scale_a=sa, scale_b=s, out_dtype=bf16))
@@ -271,8 +308,7 @@ def baselines(mode: str, qa, qb, sa, sb) -> tuple[dict, dict]:
             problems["cublas"] = " | ".join(errors)
         return calls, problems
     calls["cublas"] = lambda: torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, out_dtype=bf16)
-    calls["cublas_fast"] = lambda: torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, out_dtype=bf16,
-                                                    use_fast_accum=True)
+    calls["cublas_fast"] = lambda: torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, out_dtype=bf16, use_fast_accum=True)
     for name, fn in list(calls.items()):
         try:
             fn()
@@ -304,21 +340,45 @@ def variants_row(shape_name: str, mode: str, rounds: int, broken: dict[str, str]
             p = plan_fp8(qa, qb, sa, sb, config=cfg)
             out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
             kern = execute_fp8(p, qa, qb, sa, sb, out)
-            kernels[name] = {"config": {f: getattr(cfg, f) for f in cfg.__dataclass_fields__},
-                             "n_regs": getattr(kern, "n_regs", None), "n_spills": getattr(kern, "n_spills", None),
-                             "shared": getattr(getattr(kern, "metadata", None), "shared", None), "plan": p.reason}
+            kernels[name] = {
+                "config": {f: getattr(cfg, f) for f in cfg.__dataclass_fields__},
+                "n_regs": getattr(kern, "n_regs", None),
+                "n_spills": getattr(kern, "n_spills", None),
+                "shared": getattr(getattr(kern, "metadata", None), "shared", None),
+                "plan": p.reason,
+            }
             fns[name] = tag(name, lambda p=p, out=out: (execute_fp8(p, qa, qb, sa, sb, out), out)[1])
         except Exception as e:
             problems[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     baseline = "cublas" if "cublas" in fns else "table"
-    res = compare_many(fns, baseline, check=check, flops=2.0 * m * n * k, dtype="float8_e4m3fn", rounds=rounds,
-                       reps=3, warmup_s=0.1, graph=True)
+    res = compare_many(
+        fns,
+        baseline,
+        check=check,
+        flops=2.0 * m * n * k,
+        dtype="float8_e4m3fn",
+        rounds=rounds,
+        reps=3,
+        warmup_s=0.1,
+        graph=True,
+    )
     cands = res["candidates"]
     ms = {c: v["median_ms"] for c, v in cands.items() if "median_ms" in v}
-    return {"shape": shape_name, "m": m, "n": n, "k": k, "mode": mode, "baseline": baseline, "unavailable": problems,
-            "kernels": kernels, "ms": ms, "tflops": {c: v["tflops"] for c, v in cands.items() if "tflops" in v},
-            "vs_baseline": {c: ms[baseline] / t for c, t in ms.items() if baseline in ms},
-            "checks": {c: v.get("check") for c, v in cands.items()}, "compare": res}
+    return {
+        "shape": shape_name,
+        "m": m,
+        "n": n,
+        "k": k,
+        "mode": mode,
+        "baseline": baseline,
+        "unavailable": problems,
+        "kernels": kernels,
+        "ms": ms,
+        "tflops": {c: v["tflops"] for c, v in cands.items() if "tflops" in v},
+        "vs_baseline": {c: ms[baseline] / t for c, t in ms.items() if baseline in ms},
+        "checks": {c: v.get("check") for c, v in cands.items()},
+        "compare": res,
+    }
 
 
 def mma_part(draws: int, seed: int = 0, device=None) -> dict:
@@ -345,7 +405,8 @@ def mma_part(draws: int, seed: int = 0, device=None) -> dict:
             for fast in (False, True):
                 try:
                     outs[f"scaled_mm{'_fast' if fast else ''}"] = torch._scaled_mm(
-                        a, b, scale_a=one, scale_b=one, out_dtype=f32, use_fast_accum=fast)
+                        a, b, scale_a=one, scale_b=one, out_dtype=f32, use_fast_accum=fast
+                    )
                 except Exception:  # noqa: BLE001 (this torch cannot: the row says so by its absence)
                     pass
             for name, c in outs.items():
@@ -360,21 +421,31 @@ def mma_part(draws: int, seed: int = 0, device=None) -> dict:
         fits[name] = max(r / -(-min(k, window or k) // FP8_MMA_CHUNK) for k, r in per_k.items())
     u = fits.get("gemmlab_promoted", 0.0)
     suggested = 2.0 ** math.ceil(math.log2(2 * u)) if u > 0 else None
-    return {"draws_per_k": draws, "max_err_over_d": table, "fit_unit": fits, "placeholder_unit": FP8_MMA_UNIT,
-            "suggested_unit": suggested, "placeholder_covers": u <= FP8_MMA_UNIT}
+    return {
+        "draws_per_k": draws,
+        "max_err_over_d": table,
+        "fit_unit": fits,
+        "placeholder_unit": FP8_MMA_UNIT,
+        "suggested_unit": suggested,
+        "placeholder_covers": u <= FP8_MMA_UNIT,
+    }
 
 
 def print_tables(rows: list[dict], mma: dict | None) -> None:
     for row in rows:
         print(f"\n{row['shape']} {row['mode']} scales, graph replay, vs {row['baseline']}:")
-        print(f"  {'candidate':<17} {'TFLOPS':>7} {'ratio':>6} {'regs':>5} {'spills':>6} {'worst/bound':>11} "
-              f"{'w/o mma term':>12}")
+        print(
+            f"  {'candidate':<17} {'TFLOPS':>7} {'ratio':>6} {'regs':>5} {'spills':>6} {'worst/bound':>11} "
+            f"{'w/o mma term':>12}"
+        )
         for c, tf in sorted(row["tflops"].items(), key=lambda kv: -kv[1]):
             kern, chk = row["kernels"].get(c, {}), row["checks"].get(c) or {}
             ratio = row["vs_baseline"].get(c, float("nan"))
-            print(f"  {c:<17} {tf:7.1f} {ratio:6.3f} {str(kern.get('n_regs', '-')):>5}"
-                  f" {str(kern.get('n_spills', '-')):>6} {chk.get('worst', float('nan')):11.3f}"
-                  f" {chk.get('worst_without_mma_term', float('nan')):12.3f}")
+            print(
+                f"  {c:<17} {tf:7.1f} {ratio:6.3f} {str(kern.get('n_regs', '-')):>5}"
+                f" {str(kern.get('n_spills', '-')):>6} {chk.get('worst', float('nan')):11.3f}"
+                f" {chk.get('worst_without_mma_term', float('nan')):12.3f}"
+            )
         for c, why in row["unavailable"].items():
             print(f"  {c:<17} not run: {why}")
         for c, chk in row["checks"].items():
@@ -387,8 +458,10 @@ def print_tables(rows: list[dict], mma: dict | None) -> None:
         for k in MMA_KS:
             print(f"  {k:>5} " + " ".join(f"{mma['max_err_over_d'][n].get(k, float('nan')):19.3e}" for n in names))
         print("  fit u (per 32-product add): " + ", ".join(f"{n} {u:.3e}" for n, u in mma["fit_unit"].items()))
-        print(f"  ref.FP8_MMA_UNIT placeholder {mma['placeholder_unit']:.3e} covers the promoted fit: "
-              f"{mma['placeholder_covers']}; suggested {mma['suggested_unit']}")
+        print(
+            f"  ref.FP8_MMA_UNIT placeholder {mma['placeholder_unit']:.3e} covers the promoted fit: "
+            f"{mma['placeholder_covers']}; suggested {mma['suggested_unit']}"
+        )
 
 
 def main(argv=None) -> int:
@@ -397,12 +470,20 @@ def main(argv=None) -> int:
     ap.add_argument("--part", default="variants,mma", help="comma-separated: variants, mma")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--workers", type=int, default=12, help="compile children")
-    ap.add_argument("--compile-limit-s", type=float, default=150.0,
-                    help="how long the compile children may still run once the mma part is done")
+    ap.add_argument(
+        "--compile-limit-s",
+        type=float,
+        default=150.0,
+        help="how long the compile children may still run once the mma part is done",
+    )
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--plan", action="store_true", help="no GPU: print every variant's H200 plan as JSON")
-    ap.add_argument("--inspect", metavar="NAMES", help="no GPU: the sm_90 builds of these variants (comma-separated, "
-                    "or all) as JSON: registers, spills, warp specialization, wgmma waits")
+    ap.add_argument(
+        "--inspect",
+        metavar="NAMES",
+        help="no GPU: the sm_90 builds of these variants (comma-separated, "
+        "or all) as JSON: registers, spills, warp specialization, wgmma waits",
+    )
     ap.add_argument("--compile-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.compile_child:
@@ -418,16 +499,23 @@ def main(argv=None) -> int:
         return 0
     parts = set(args.part.split(","))
     if not torch.cuda.is_available() or parts - {"variants", "mma"} or args.rounds < 2 or args.workers < 1:
-        print("fp8_variants: needs a CUDA GPU, --part from variants,mma, --rounds >= 2, --workers >= 1",
-              file=sys.stderr)
+        print(
+            "fp8_variants: needs a CUDA GPU, --part from variants,mma, --rounds >= 2, --workers >= 1", file=sys.stderr
+        )
         return 2
     from gemmlab.device import gpu_slug
     from gemmlab.instruments import timing
 
     t0 = time.perf_counter()
     shapes = [s for s in SHAPES if not args.quick or s in QUICK]
-    report = {"env": timing.env_info(), "args": vars(args), "method": __doc__, "variants": VARIANTS, "rows": [],
-              "mma": None}
+    report = {
+        "env": timing.env_info(),
+        "args": vars(args),
+        "method": __doc__,
+        "variants": VARIANTS,
+        "rows": [],
+        "mma": None,
+    }
     rows = report["rows"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -449,11 +537,15 @@ def main(argv=None) -> int:
                 print(f"  {' '.join(r['job'])}: {r['error'][:200]}", flush=True)
         for s in shapes:
             for mode in SHAPES[s][1]:
-                broken = {r["job"][2]: r["error"] for r in report["compile"]
-                          if "error" in r and r["job"][:2] == [s, mode]}  # (a CUDA error would poison the rest)
+                broken = {
+                    r["job"][2]: r["error"] for r in report["compile"] if "error" in r and r["job"][:2] == [s, mode]
+                }  # (a CUDA error would poison the rest)
                 rows.append(variants_row(s, mode, args.rounds, broken))
-                print(f"{s} {mode}: " + " ".join(f"{c} {v:.3f}" for c, v in rows[-1]["vs_baseline"].items()),
-                      f"({time.perf_counter() - t0:.0f} s)", flush=True)
+                print(
+                    f"{s} {mode}: " + " ".join(f"{c} {v:.3f}" for c, v in rows[-1]["vs_baseline"].items()),
+                    f"({time.perf_counter() - t0:.0f} s)",
+                    flush=True,
+                )
                 save()
     save()
     print(f"wrote {path} ({time.perf_counter() - t0:.0f} s)")

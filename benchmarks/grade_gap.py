@@ -37,34 +37,54 @@ def main() -> None:
             c = torch.empty((n, m) if col else (m, n), dtype=torch.float16, device="cuda")
             c = c.t() if col else c  # (M, N)
             c2 = torch.empty_like(c)
-            res = compare(lambda a=a, b=b, c=c: gemmlab.gemm(a, b, out=c),
-                                  lambda a=a, b=b, c2=c2: torch.mm(a, b, out=c2),
-                                  check=lambda out, a=a, b=b: gemm_check(out, a, b), flops=2 * m * n * k,
-                                  inputs={"a": a, "b": b}, rounds=args.rounds)
+            res = compare(
+                lambda a=a, b=b, c=c: gemmlab.gemm(a, b, out=c),
+                lambda a=a, b=b, c2=c2: torch.mm(a, b, out=c2),
+                check=lambda out, a=a, b=b: gemm_check(out, a, b),
+                flops=2 * m * n * k,
+                inputs={"a": a, "b": b},
+                rounds=args.rounds,
+            )
             cand, base = res["candidates"]["candidate"], res["candidates"]["baseline"]
             vs = cand.get("vs_baseline") or {}
-            rows.append({"dist": dist, "layout": layout, "ok": cand["check"]["ok"] and base["check"]["ok"],
-                         "gemmlab_tflops": cand.get("tflops"), "cublas_tflops": base.get("tflops"),
-                         "ratio": vs.get("ratio"), "ci95": vs.get("ci95"),
-                         "gemmlab_mhz": (cand.get("clocks") or {}).get("sm_clock_mhz_mean"),
-                         "cublas_mhz": (base.get("clocks") or {}).get("sm_clock_mhz_mean"),
-                         "gemmlab_w": (cand.get("clocks") or {}).get("power_w_mean"),
-                         "cublas_w": (base.get("clocks") or {}).get("power_w_mean"), "raw": res})
+            rows.append(
+                {
+                    "dist": dist,
+                    "layout": layout,
+                    "ok": cand["check"]["ok"] and base["check"]["ok"],
+                    "gemmlab_tflops": cand.get("tflops"),
+                    "cublas_tflops": base.get("tflops"),
+                    "ratio": vs.get("ratio"),
+                    "ci95": vs.get("ci95"),
+                    "gemmlab_mhz": (cand.get("clocks") or {}).get("sm_clock_mhz_mean"),
+                    "cublas_mhz": (base.get("clocks") or {}).get("sm_clock_mhz_mean"),
+                    "gemmlab_w": (cand.get("clocks") or {}).get("power_w_mean"),
+                    "cublas_w": (base.get("clocks") or {}).get("power_w_mean"),
+                    "raw": res,
+                }
+            )
             del a, b, c, c2
             torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{gpu_slug(torch.cuda.get_device_name())}-grade-gap.json"
-    path.write_text(json.dumps({"env": timing.env_info(), "shape": [m, n, k], "dtype": "float16", "rows": rows},
-                               indent=1, default=str))
+    path.write_text(
+        json.dumps(
+            {"env": timing.env_info(), "shape": [m, n, k], "dtype": "float16", "rows": rows}, indent=1, default=str
+        )
+    )
     print(f"wrote {path}")
-    print(f"{'inputs':12} {'layout':9} {'gemmlab':>8} {'cuBLAS':>8} {'ratio':>6} {'CI95':>16} {'MHz g/c':>11} "
-          f"{'W g/c':>9} ok")
+    print(
+        f"{'inputs':12} {'layout':9} {'gemmlab':>8} {'cuBLAS':>8} {'ratio':>6} {'CI95':>16} {'MHz g/c':>11} "
+        f"{'W g/c':>9} ok"
+    )
     for r in rows:
         ci = "-" if not r["ci95"] else f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
-        print(f"{r['dist']:12} {r['layout']:9} {r['gemmlab_tflops'] or 0:8.1f} {r['cublas_tflops'] or 0:8.1f} "
-              f"{r['ratio'] or 0:6.3f} {ci:>16} {r['gemmlab_mhz'] or 0:5.0f}/{r['cublas_mhz'] or 0:<5.0f} "
-              f"{r['gemmlab_w'] or 0:4.0f}/{r['cublas_w'] or 0:<4.0f} {r['ok']}")
+        print(
+            f"{r['dist']:12} {r['layout']:9} {r['gemmlab_tflops'] or 0:8.1f} {r['cublas_tflops'] or 0:8.1f} "
+            f"{r['ratio'] or 0:6.3f} {ci:>16} {r['gemmlab_mhz'] or 0:5.0f}/{r['cublas_mhz'] or 0:<5.0f} "
+            f"{r['gemmlab_w'] or 0:4.0f}/{r['cublas_w'] or 0:<4.0f} {r['ok']}"
+        )
 
 
 if __name__ == "__main__":

@@ -35,14 +35,26 @@ def row(kernel: str, i: int, r: dict, seconds: float) -> dict:
     h = p.get("honest") or {}
     over = (p["protocol_overhead_ms"] / p["baseline_ms"]) if p.get("baseline_ms") else None
     rc = (p.get("rounding") or {}).get("candidate") or {}
-    return {"kernel": kernel, "run": i, "verdict": r["verdict"], "ratio": p.get("ratio"), "ci95": h.get("ci95"),
-            "half_width": h.get("half_width"), "rounds": p.get("rounds"), "full_rounds": p.get("rounds_full_mantissa"),
-            "calls": p.get("calls_per_batch"), "overhead_share": over, "wake_ms": p.get("wake_ms_by_side"),
-            "mhz": {k: v.get("sm_clock_mhz_mean") for k, v in (p.get("clocks_by_side") or {}).items()},
-            "not_rounded": rc.get("not_rounded"), "judged": rc.get("judged"),
-            "value": (p.get("value_dependence") or {}).get("ci98"),
-            "failure": (r["failures"][0] if r["failures"] else None), "inconclusive": r.get("inconclusive"),
-            "seconds": seconds}
+    return {
+        "kernel": kernel,
+        "run": i,
+        "verdict": r["verdict"],
+        "ratio": p.get("ratio"),
+        "ci95": h.get("ci95"),
+        "half_width": h.get("half_width"),
+        "rounds": p.get("rounds"),
+        "full_rounds": p.get("rounds_full_mantissa"),
+        "calls": p.get("calls_per_batch"),
+        "overhead_share": over,
+        "wake_ms": p.get("wake_ms_by_side"),
+        "mhz": {k: v.get("sm_clock_mhz_mean") for k, v in (p.get("clocks_by_side") or {}).items()},
+        "not_rounded": rc.get("not_rounded"),
+        "judged": rc.get("judged"),
+        "value": (p.get("value_dependence") or {}).get("ci98"),
+        "failure": (r["failures"][0] if r["failures"] else None),
+        "inconclusive": r.get("inconclusive"),
+        "seconds": seconds,
+    }
 
 
 def kernel_runs(specs: list[str], runs: int) -> list[tuple[str, int]]:
@@ -73,12 +85,14 @@ def summary(kernel: str, mine: list[dict]) -> str:
     ratios = [x["ratio"] for x in mine if x["verdict"] == "PASS"]
     within = sum(x["verdict"] == "PASS" and abs(x["ratio"] - 1) <= SELF_BAND for x in mine)
     verdicts = {x["verdict"] for x in mine}
-    return (f"{kernel}: {sum(x['verdict'] == 'PASS' for x in mine)} PASS, "
-            f"{sum(x['verdict'] == 'INCONCLUSIVE' for x in mine)} INCONCLUSIVE, "
-            f"{sum(x['verdict'] == 'FAIL' for x in mine)} FAIL of {len(mine)}; ratio of the PASSes "
-            + (f"{min(ratios):.3f}..{max(ratios):.3f} (median {statistics.median(ratios):.3f})" if ratios else "-")
-            + f"; PASS within 1+-{SELF_BAND:.0%}: {within} of {len(mine)}; "
-            + ("the same verdict in every grade" if len(verdicts) == 1 else f"verdicts differ: {sorted(verdicts)}"))
+    return (
+        f"{kernel}: {sum(x['verdict'] == 'PASS' for x in mine)} PASS, "
+        f"{sum(x['verdict'] == 'INCONCLUSIVE' for x in mine)} INCONCLUSIVE, "
+        f"{sum(x['verdict'] == 'FAIL' for x in mine)} FAIL of {len(mine)}; ratio of the PASSes "
+        + (f"{min(ratios):.3f}..{max(ratios):.3f} (median {statistics.median(ratios):.3f})" if ratios else "-")
+        + f"; PASS within 1+-{SELF_BAND:.0%}: {within} of {len(mine)}; "
+        + ("the same verdict in every grade" if len(verdicts) == 1 else f"verdicts differ: {sorted(verdicts)}")
+    )
 
 
 def main() -> int:
@@ -86,8 +100,12 @@ def main() -> int:
     ap.add_argument("--cases", default="competition")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--first-seed", type=int, default=0, help="seed of the first run (split a long check in parts)")
-    ap.add_argument("--kernel", action="append", default=None,
-                    help="gemmlab, builtin:cublas, FILE.py:FN, each optionally =RUNS (repeat the option)")
+    ap.add_argument(
+        "--kernel",
+        action="append",
+        default=None,
+        help="gemmlab, builtin:cublas, FILE.py:FN, each optionally =RUNS (repeat the option)",
+    )
     ap.add_argument("--budget", type=float, default=None, help="seconds of timed rounds per grade")
     ap.add_argument("--quick-correctness", action="store_true", help="the first listed correctness case only")
     ap.add_argument("--time-limit-s", type=float, default=None, help="no grade starts after this many seconds")
@@ -104,8 +122,15 @@ def main() -> int:
     out = Path(args.out) / f"grade-repeat-{Path(args.cases).stem}-{args.first_seed}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     cases = quick_cases(args.cases, out.parent) if args.quick_correctness else args.cases
-    head = {"env": env_info(), "cases": args.cases, "cases_file": cases, "quick_correctness": args.quick_correctness,
-            "budget_s": args.budget, "time_limit_s": args.time_limit_s, "kernels": dict(kernels)}
+    head = {
+        "env": env_info(),
+        "cases": args.cases,
+        "cases_file": cases,
+        "quick_correctness": args.quick_correctness,
+        "budget_s": args.budget,
+        "time_limit_s": args.time_limit_s,
+        "kernels": dict(kernels),
+    }
     for i in range(args.first_seed, args.first_seed + max(n for _, n in kernels)):
         for k, n in kernels:  # interleaved, so a drifting machine hits every kernel alike
             if i >= args.first_seed + n:
@@ -114,28 +139,42 @@ def main() -> int:
                 skipped.append({"kernel": k, "run": i})
                 continue
             t0 = time.time()
-            r = grade(cases, kernel=None if k == "gemmlab" else k, allow_vendor=k.startswith("builtin:"),
-                      seed=i, budget_s=args.budget,
-                      progress=lambda m, k=k, i=i: print(f"  [{k} {i}] {m}", file=sys.stderr, flush=True))
+            r = grade(
+                cases,
+                kernel=None if k == "gemmlab" else k,
+                allow_vendor=k.startswith("builtin:"),
+                seed=i,
+                budget_s=args.budget,
+                progress=lambda m, k=k, i=i: print(f"  [{k} {i}] {m}", file=sys.stderr, flush=True),
+            )
             rows.append(row(k, i, r, time.time() - t0))
             reports.append({key: v for key, v in r.items() if key != "correctness"})
-            print(f"{k} run {i}: {r['verdict']} ratio {rows[-1]['ratio']} ci {rows[-1]['ci95']} "
-                  f"({rows[-1]['seconds']:.0f} s)", file=sys.stderr, flush=True)
-            out.write_text(json.dumps({**head, "rows": rows, "not_run": skipped, "reports": reports}, indent=1,
-                                      default=str))  # after each grade
+            print(
+                f"{k} run {i}: {r['verdict']} ratio {rows[-1]['ratio']} ci {rows[-1]['ci95']} "
+                f"({rows[-1]['seconds']:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            out.write_text(
+                json.dumps({**head, "rows": rows, "not_run": skipped, "reports": reports}, indent=1, default=str)
+            )  # after each grade
     out.write_text(json.dumps({**head, "rows": rows, "not_run": skipped, "reports": reports}, indent=1, default=str))
     print(f"wrote {out}" + (f"; {len(skipped)} grades not started (--time-limit-s)" if skipped else ""))
-    print(f"{'kernel':16} {'run':>3} {'verdict':12} {'ratio':>6} {'95% CI':>16} {'+-':>5} {'rounds':>7} {'calls':>5} "
-          f"{'ovh%':>5} {'MHz c/b':>11} {'notCR%':>6}  why")
+    print(
+        f"{'kernel':16} {'run':>3} {'verdict':12} {'ratio':>6} {'95% CI':>16} {'+-':>5} {'rounds':>7} {'calls':>5} "
+        f"{'ovh%':>5} {'MHz c/b':>11} {'notCR%':>6}  why"
+    )
     for x in rows:
         ci = f"[{x['ci95'][0]:.3f}, {x['ci95'][1]:.3f}]" if x["ci95"] else "-"
         mhz = "/".join(f"{v:.0f}" if v else "-" for v in (x["mhz"].get("candidate"), x["mhz"].get("baseline")))
         why = (x["failure"] or {}).get("reason") or x["inconclusive"] or ""
-        print(f"{x['kernel'][:16]:16} {x['run']:3d} {x['verdict']:12} {x['ratio'] or 0:6.3f} {ci:>16} "
-              f"{100 * (x['half_width'] or 0):5.1f} {x['rounds'] or 0:4d}/{x['full_rounds'] or 0:<2d} "
-              f"{x['calls'] or 0:5d} "
-              f"{100 * (x['overhead_share'] or 0):5.1f} {mhz:>11} "
-              f"{100 * (x['not_rounded'] or 0) / max(x['judged'] or 1, 1):6.3f}  {why[:70]}")
+        print(
+            f"{x['kernel'][:16]:16} {x['run']:3d} {x['verdict']:12} {x['ratio'] or 0:6.3f} {ci:>16} "
+            f"{100 * (x['half_width'] or 0):5.1f} {x['rounds'] or 0:4d}/{x['full_rounds'] or 0:<2d} "
+            f"{x['calls'] or 0:5d} "
+            f"{100 * (x['overhead_share'] or 0):5.1f} {mhz:>11} "
+            f"{100 * (x['not_rounded'] or 0) / max(x['judged'] or 1, 1):6.3f}  {why[:70]}"
+        )
     for k, _ in kernels:
         print(summary(k, [x for x in rows if x["kernel"] == k]))
     return 1 if any(x["verdict"] == "FAIL" for x in rows) else 0

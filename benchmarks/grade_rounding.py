@@ -35,20 +35,26 @@ from gemmlab.instruments.timing import env_info
 from gemmlab.ops import gemm as gemm_ops
 
 # (name, M, N, K, dtype, layout, distributions): the shipped case files' timed and listed shapes
-CASES = [("competition 8k", 8192, 8192, 16384, torch.float16, "colmajor", ("competition", "uniform")),
-         ("competition medium", 1024, 1024, 2048, torch.float16, "colmajor", ("competition", "uniform")),
-         ("llm decode_64", 64, 4096, 4096, torch.bfloat16, "rowmajor", ("normal", "uniform")),
-         ("llm prefill_4k", 4096, 4096, 4096, torch.bfloat16, "rowmajor", ("normal",)),
-         ("llm odd_1000", 1000, 1000, 1000, torch.bfloat16, "rowmajor", ("normal",)),
-         ("moe_small", 4096, 2048, 7168, torch.float16, "rowmajor", ("uniform",))]
+CASES = [
+    ("competition 8k", 8192, 8192, 16384, torch.float16, "colmajor", ("competition", "uniform")),
+    ("competition medium", 1024, 1024, 2048, torch.float16, "colmajor", ("competition", "uniform")),
+    ("llm decode_64", 64, 4096, 4096, torch.bfloat16, "rowmajor", ("normal", "uniform")),
+    ("llm prefill_4k", 4096, 4096, 4096, torch.bfloat16, "rowmajor", ("normal",)),
+    ("llm odd_1000", 1000, 1000, 1000, torch.bfloat16, "rowmajor", ("normal",)),
+    ("moe_small", 4096, 2048, 7168, torch.float16, "rowmajor", ("uniform",)),
+]
 CONFIGS = {  # several Triton configs per path (fields of GemmConfig), besides each shape's default
-    "tma_persistent": [dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
-                       dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4),
-                       dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, epilogue_subtile=True),
-                       dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4, stream_k=True)],
-    "tma_splitk": [dict(block_m=64, block_n=64, block_k=128, split_k=1), dict(block_m=64, block_n=128, block_k=64,
-                                                                               split_k=4),
-                   dict(block_m=16, block_n=64, block_k=128, split_k=8)],
+    "tma_persistent": [
+        dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
+        dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4),
+        dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, epilogue_subtile=True),
+        dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4, stream_k=True),
+    ],
+    "tma_splitk": [
+        dict(block_m=64, block_n=64, block_k=128, split_k=1),
+        dict(block_m=64, block_n=128, block_k=64, split_k=4),
+        dict(block_m=16, block_n=64, block_k=128, split_k=8),
+    ],
 }
 
 
@@ -84,8 +90,15 @@ def odd_variants(dtype, device):
     a, b = operands(m, n, k, "normal", 5, dtype, device, "rowmajor")
     out = torch.empty((m, n), dtype=dtype, device=device)
     staged, portable = gemmlab.plan(a, b, out=out), gemmlab.plan(a, b, out=out, stage=False)
-    return a, b, out, [(f"gemmlab {staged.path} staged={staged.staged}", lambda: gemm_ops.run(staged, a, b, out=out)),
-                       (f"gemmlab {portable.path} (staging refused)", lambda: gemm_ops.run(portable, a, b, out=out))]
+    return (
+        a,
+        b,
+        out,
+        [
+            (f"gemmlab {staged.path} staged={staged.staged}", lambda: gemm_ops.run(staged, a, b, out=out)),
+            (f"gemmlab {portable.path} (staging refused)", lambda: gemm_ops.run(portable, a, b, out=out)),
+        ],
+    )
 
 
 # ------------------------------------------------------------------------------------------ cheap kernels
@@ -105,24 +118,26 @@ def one_bit_dropped(a, b):
     def drop(t):
         bits = t.contiguous().view(torch.int16)
         return (bits & ~1).view(t.dtype)
+
     return torch.mm(drop(a), drop(b))
 
 
 def sliced(a, b, step: int, combine):
     acc = None
     for k0 in range(0, a.shape[1], step):
-        part = torch.mm(a[:, k0:k0 + step].float(), b[k0:k0 + step].float())
+        part = torch.mm(a[:, k0 : k0 + step].float(), b[k0 : k0 + step].float())
         acc = part if acc is None else combine(acc, part)
     return acc
 
 
 def fp16_accumulation(a, b):
-    return sliced(a, b, 256, lambda acc, p: (acc.to(a.dtype).float() + p)).to(a.dtype)
+    return sliced(a, b, 256, lambda acc, p: acc.to(a.dtype).float() + p).to(a.dtype)
 
 
 def truncated_accumulator(a, b):
     def trunc(x):
         return (x.view(torch.int32) & ~((1 << 10) - 1)).view(torch.float32)
+
     return sliced(a, b, 64, lambda acc, p: trunc(acc + p)).to(a.dtype)
 
 
@@ -152,8 +167,10 @@ CHEAP = [  # (name, fn(a, b) -> c, where it is cheaper arithmetic: (dist, dtype)
 
 def honest_kernels(a, b, out, all_variants: bool):
     """(name, fn() -> C or None when it wrote ``out``): cuBLAS twice, gemmlab's default (and every variant)."""
-    kernels = [("cuBLAS torch.mm", lambda: torch.mm(a, b)),
-               ("cuBLAS fp32 reductions", lambda: rounding.vendor_product(a, b))]
+    kernels = [
+        ("cuBLAS torch.mm", lambda: torch.mm(a, b)),
+        ("cuBLAS fp32 reductions", lambda: rounding.vendor_product(a, b)),
+    ]
     if all_variants:
         return kernels + gemmlab_variants(a, b, out)
     return kernels + [("gemmlab default", lambda: gemmlab.gemm(a, b, out=out))]
@@ -168,10 +185,20 @@ def judge_row(name, kind, case, dist, out, a, b, tol_base=0.01, ref_k=512):
     cand, vendor = rounding.check(out, a, b, ref["vendor"], torch.Generator().manual_seed(0))
     verdict = rounding.judge(cand, vendor)
     ok = verdict is None if kind == "honest" else verdict is not None
-    return {"case": case, "dist": dist, "kernel": name, "kind": kind, "err_over_tol": err / ref["tol"],
-            "candidate": cand.as_dict(), "vendor": vendor.as_dict(), "limit_not_rounded": rounding.limit(
-                vendor.not_rounded), "limit_beyond": rounding.limit(vendor.beyond), "rule_passes": verdict is None,
-            "as_expected": ok, "reason": verdict}
+    return {
+        "case": case,
+        "dist": dist,
+        "kernel": name,
+        "kind": kind,
+        "err_over_tol": err / ref["tol"],
+        "candidate": cand.as_dict(),
+        "vendor": vendor.as_dict(),
+        "limit_not_rounded": rounding.limit(vendor.not_rounded),
+        "limit_beyond": rounding.limit(vendor.beyond),
+        "rule_passes": verdict is None,
+        "as_expected": ok,
+        "reason": verdict,
+    }
 
 
 def calibrate(seeds: int, dev: str = "cuda", shapes=CASES) -> list[dict]:
@@ -188,8 +215,16 @@ def calibrate(seeds: int, dev: str = "cuda", shapes=CASES) -> list[dict]:
                         res = fn()
                         rows.append(judge_row(name, "honest", case, dist, out if res is None else res, a, b))
                     except Exception as e:
-                        rows.append({"case": case, "dist": dist, "kernel": name, "kind": "honest", "error": repr(e),
-                                     "as_expected": False})
+                        rows.append(
+                            {
+                                "case": case,
+                                "dist": dist,
+                                "kernel": name,
+                                "kind": "honest",
+                                "error": repr(e),
+                                "as_expected": False,
+                            }
+                        )
                 if seed == 0:
                     for name, fn, applies in CHEAP:
                         if not applies(dist, dtype):
@@ -197,8 +232,16 @@ def calibrate(seeds: int, dev: str = "cuda", shapes=CASES) -> list[dict]:
                         try:
                             rows.append(judge_row(name, "cheap", case, dist, fn(a, b), a, b))
                         except Exception as e:
-                            rows.append({"case": case, "dist": dist, "kernel": name, "kind": "cheap",
-                                         "error": f"{type(e).__name__}: {str(e)[:120]}", "as_expected": None})
+                            rows.append(
+                                {
+                                    "case": case,
+                                    "dist": dist,
+                                    "kernel": name,
+                                    "kind": "cheap",
+                                    "error": f"{type(e).__name__}: {str(e)[:120]}",
+                                    "as_expected": None,
+                                }
+                            )
                 print(f"  {case} {dist} seed {seed}: {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
                 del a, b, out
                 if dev == "cuda":
@@ -207,8 +250,9 @@ def calibrate(seeds: int, dev: str = "cuda", shapes=CASES) -> list[dict]:
         a, b, out, variants = odd_variants(dtype, dev)
         for name, fn in variants:
             fn()
-            rows.append(judge_row(name, "honest", f"odd K {'x'.join(map(str, ODD))} {str(dtype)[6:]}", "normal", out,
-                                  a, b))
+            rows.append(
+                judge_row(name, "honest", f"odd K {'x'.join(map(str, ODD))} {str(dtype)[6:]}", "normal", out, a, b)
+            )
     return rows
 
 
@@ -242,21 +286,28 @@ def main() -> int:
     plans = batch_plans()
     path = Path(args.out) / f"{gpu_slug(torch.cuda.get_device_name())}-grade-rounding.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"env": env_info(), "rows": rows, "batch_plans": plans,
-                                "seconds": time.time() - t0}, indent=1, default=str))
+    path.write_text(
+        json.dumps(
+            {"env": env_info(), "rows": rows, "batch_plans": plans, "seconds": time.time() - t0}, indent=1, default=str
+        )
+    )
     print(f"wrote {path}")
-    print(f"{'case':26} {'dist':11} {'kernel':58} {'err/tol':>7} {'notCR%':>7} {'vendor%':>7} {'limit%':>7} "
-          f"{'>1ulp':>6} {'rule':>5} ok")
+    print(
+        f"{'case':26} {'dist':11} {'kernel':58} {'err/tol':>7} {'notCR%':>7} {'vendor%':>7} {'limit%':>7} "
+        f"{'>1ulp':>6} {'rule':>5} ok"
+    )
     for r in rows:
         if "error" in r:
             print(f"{r['case']:26} {r['dist']:11} {r['kernel'][:58]:58} error: {r['error'][:60]}")
             continue
         c, v = r["candidate"], r["vendor"]
         pct = lambda x, of: f"{100 * x / max(of, 1):.3f}"  # noqa: E731
-        print(f"{r['case']:26} {r['dist']:11} {r['kernel'][:58]:58} {r['err_over_tol']:7.3f} "
-              f"{pct(c['not_rounded'], c['judged']):>7} {pct(v['not_rounded'], v['judged']):>7} "
-              f"{pct(r['limit_not_rounded'], c['judged']):>7} {c['beyond']:6d} "
-              f"{'pass' if r['rule_passes'] else 'FAIL':>5} {'yes' if r['as_expected'] else 'NO'}")
+        print(
+            f"{r['case']:26} {r['dist']:11} {r['kernel'][:58]:58} {r['err_over_tol']:7.3f} "
+            f"{pct(c['not_rounded'], c['judged']):>7} {pct(v['not_rounded'], v['judged']):>7} "
+            f"{pct(r['limit_not_rounded'], c['judged']):>7} {c['beyond']:6d} "
+            f"{'pass' if r['rule_passes'] else 'FAIL':>5} {'yes' if r['as_expected'] else 'NO'}"
+        )
     print(f"\n{'cases':22} {'calls':>6} {'call ms':>9} {'batch ms':>9} {'bounded by':>10}")
     for p in plans:
         if "error" in p:
@@ -264,10 +315,15 @@ def main() -> int:
         else:
             print(f"{p['cases']:22} {p['calls']:6d} {p['call_ms']:9.4f} {p['batch_ms']:9.2f} {p['bounded_by']:>10}")
     bad = [r for r in rows if r.get("as_expected") is False]
-    shares = [r["candidate"]["not_rounded"] / max(r["candidate"]["judged"], 1) for r in rows
-              if r["kind"] == "honest" and "candidate" in r]
-    print(f"\n{len(rows)} rows, {len(bad)} not as expected; the honest kernels' worst not-rounded share "
-          f"{max(shares, default=math.nan):.3%}")
+    shares = [
+        r["candidate"]["not_rounded"] / max(r["candidate"]["judged"], 1)
+        for r in rows
+        if r["kind"] == "honest" and "candidate" in r
+    ]
+    print(
+        f"\n{len(rows)} rows, {len(bad)} not as expected; the honest kernels' worst not-rounded share "
+        f"{max(shares, default=math.nan):.3%}"
+    )
     return 1 if bad else 0
 
 

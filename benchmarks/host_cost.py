@@ -124,8 +124,17 @@ def gemm_cases(args) -> list[dict]:
                 raise SystemExit(f"gemm {m}x{n}x{k}: wrong result {chk}")
             fns = {"gemmlab.gemm": lambda a=a, b=b: gemmlab.gemm(a, b), "torch.mm": lambda a=a, b=b: torch.mm(a, b)}
             res = measure(fns, "torch.mm", args.rounds, args.calls, args.graph_calls)
-            results.append({"op": "gemm", "shape": [m, n, k], "dtype": "float16", "check": chk["ok"],
-                            "plan": gemmlab.plan(a, b).path, "launch": launch_mode(a, b), "candidates": res})
+            results.append(
+                {
+                    "op": "gemm",
+                    "shape": [m, n, k],
+                    "dtype": "float16",
+                    "check": chk["ok"],
+                    "plan": gemmlab.plan(a, b).path,
+                    "launch": launch_mode(a, b),
+                    "candidates": res,
+                }
+            )
             _print(results[-1])
     if not args.no_compile:
         m, n, k = 16, 4096, 4096
@@ -137,16 +146,20 @@ def gemm_cases(args) -> list[dict]:
             raise SystemExit("compiled gemm: wrong result")
         fns = {"compiled gemmlab.gemm*2": lambda: ours(a, b), "compiled torch.mm*2": lambda: theirs(a, b)}
         res = measure(fns, "compiled torch.mm*2", args.rounds, args.calls, args.graph_calls, graph=False)
-        results.append({"op": "gemm (torch.compile)", "shape": [m, n, k], "dtype": "float16", "check": True,
-                        "candidates": res})
+        results.append(
+            {"op": "gemm (torch.compile)", "shape": [m, n, k], "dtype": "float16", "check": True, "candidates": res}
+        )
         _print(results[-1])
     return results
 
 
 def moe_cases(args) -> list[dict]:
     results = []
-    models = {"qwen3-30b-a3b": MOE_MODELS["qwen3-30b-a3b"], "deepseek-v3": MOE_MODELS["deepseek-v3"],
-              "small (H 1024, I 512, E 16, k 2)": MoEModel(hidden=1024, intermediate=512, experts=16, top_k=2)}
+    models = {
+        "qwen3-30b-a3b": MOE_MODELS["qwen3-30b-a3b"],
+        "deepseek-v3": MOE_MODELS["deepseek-v3"],
+        "small (H 1024, I 512, E 16, k 2)": MoEModel(hidden=1024, intermediate=512, experts=16, top_k=2),
+    }
     for name, model in models.items():
         for t in MOE_T if not args.quick else (1, 64):
             p = moe_inputs(model, t, "uniform", torch.bfloat16, seed=t)
@@ -159,26 +172,41 @@ def moe_cases(args) -> list[dict]:
             ok = err <= 2 * 2.0**-7 * ref.abs().max().item() + 1e-3
             if not ok:
                 raise SystemExit(f"grouped_gemm {name} T={t}: error {err}")
-            fns = {"gemmlab.grouped_gemm": lambda xs=xs, w1=w1, offs=offs: gemmlab.grouped_gemm(xs, w1, offs),
-                   "gemmlab.grouped_gemm validate=False":
-                       lambda xs=xs, w1=w1, offs=offs: gemmlab.grouped_gemm(xs, w1, offs, validate=False),
-                   "torch._grouped_mm": lambda xs=xs, w1t=w1t, offs=offs: torch._grouped_mm(xs, w1t, offs=offs)}
+            fns = {
+                "gemmlab.grouped_gemm": lambda xs=xs, w1=w1, offs=offs: gemmlab.grouped_gemm(xs, w1, offs),
+                "gemmlab.grouped_gemm validate=False": lambda xs=xs, w1=w1, offs=offs: gemmlab.grouped_gemm(
+                    xs, w1, offs, validate=False
+                ),
+                "torch._grouped_mm": lambda xs=xs, w1t=w1t, offs=offs: torch._grouped_mm(xs, w1t, offs=offs),
+            }
             res = measure(fns, "torch._grouped_mm", args.rounds, max(50, args.calls // 4), args.graph_calls)
-            results.append({"op": "grouped_gemm", "model": name, "tokens": t, "dtype": "bfloat16", "check": ok,
-                            "candidates": res})
+            results.append(
+                {"op": "grouped_gemm", "model": name, "tokens": t, "dtype": "bfloat16", "check": ok, "candidates": res}
+            )
             _print(results[-1])
             chk = moe_check(gemmlab.moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)
             if not chk["ok"]:
                 raise SystemExit(f"moe_forward {name} T={t}: {chk}")
-            fns = {"gemmlab.moe_forward": lambda p=p: gemmlab.moe_forward(p["x"], p["w1"], p["w2"], p["weights"],
-                                                                          p["ids"]),
-                   "gemmlab.moe_forward validate=False": lambda p=p: gemmlab.moe_forward(
-                       p["x"], p["w1"], p["w2"], p["weights"], p["ids"], validate=False),
-                   "torch composite": lambda p=p: moe_composite(p["x"], p["w1"], p["w2"], p["weights"],
-                                                                p["ids"])}
+            fns = {
+                "gemmlab.moe_forward": lambda p=p: gemmlab.moe_forward(
+                    p["x"], p["w1"], p["w2"], p["weights"], p["ids"]
+                ),
+                "gemmlab.moe_forward validate=False": lambda p=p: gemmlab.moe_forward(
+                    p["x"], p["w1"], p["w2"], p["weights"], p["ids"], validate=False
+                ),
+                "torch composite": lambda p=p: moe_composite(p["x"], p["w1"], p["w2"], p["weights"], p["ids"]),
+            }
             res = measure(fns, "torch composite", args.rounds, max(50, args.calls // 4), args.graph_calls)
-            results.append({"op": "moe_forward", "model": name, "tokens": t, "dtype": "bfloat16",
-                            "check": chk["ok"], "candidates": res})
+            results.append(
+                {
+                    "op": "moe_forward",
+                    "model": name,
+                    "tokens": t,
+                    "dtype": "bfloat16",
+                    "check": chk["ok"],
+                    "candidates": res,
+                }
+            )
             _print(results[-1])
     return results
 
@@ -202,12 +230,24 @@ def fp8_cases(args) -> list[dict]:
             chk = gemm_fp8_check(gemmlab.gemm_fp8(qa, qb, sa, sw), qa, qb, sa, sw)
             if not chk["ok"]:
                 raise SystemExit(f"gemm_fp8 {m}x{n}x{k}: wrong result {chk}")
-            fns = {"gemmlab.gemm_fp8": lambda qa=qa, qb=qb, sa=sa, sw=sw: gemmlab.gemm_fp8(qa, qb, sa, sw),
-                   "torch._scaled_mm": lambda qa=qa, qb=qb, sa=sa, sw=sw: torch._scaled_mm(
-                       qa, qb, scale_a=sa, scale_b=sw, out_dtype=torch.bfloat16)}
+            fns = {
+                "gemmlab.gemm_fp8": lambda qa=qa, qb=qb, sa=sa, sw=sw: gemmlab.gemm_fp8(qa, qb, sa, sw),
+                "torch._scaled_mm": lambda qa=qa, qb=qb, sa=sa, sw=sw: torch._scaled_mm(
+                    qa, qb, scale_a=sa, scale_b=sw, out_dtype=torch.bfloat16
+                ),
+            }
             res = measure(fns, "torch._scaled_mm", args.rounds, args.calls, args.graph_calls)
-            results.append({"op": "gemm_fp8", "shape": [m, n, k], "dtype": "float8_e4m3fn", "scales": "tensor",
-                            "check": chk["ok"], "launch": fp8_launch_mode(qa, qb, sa, sw), "candidates": res})
+            results.append(
+                {
+                    "op": "gemm_fp8",
+                    "shape": [m, n, k],
+                    "dtype": "float8_e4m3fn",
+                    "scales": "tensor",
+                    "check": chk["ok"],
+                    "launch": fp8_launch_mode(qa, qb, sa, sw),
+                    "candidates": res,
+                }
+            )
             _print(results[-1])
         x = matrix(m, FP8_NK[0][1], "centered", None, torch.bfloat16, device="cuda")
         q, s = gemmlab.quantize_fp8(x, "row")
@@ -215,11 +255,21 @@ def fp8_cases(args) -> list[dict]:
         same = torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
         if not same:
             raise SystemExit(f"quantize_fp8 row {m}x{x.shape[1]}: differs from the torch ops")
-        fns = {"gemmlab.quantize_fp8": lambda x=x: gemmlab.quantize_fp8(x, "row"),
-               "torch ops": lambda x=x: _quantize_rows_torch(x)}
+        fns = {
+            "gemmlab.quantize_fp8": lambda x=x: gemmlab.quantize_fp8(x, "row"),
+            "torch ops": lambda x=x: _quantize_rows_torch(x),
+        }
         res = measure(fns, "torch ops", args.rounds, args.calls, args.graph_calls)
-        results.append({"op": "quantize_fp8", "shape": list(x.shape), "dtype": "bfloat16", "granularity": "row",
-                        "check": same, "candidates": res})
+        results.append(
+            {
+                "op": "quantize_fp8",
+                "shape": list(x.shape),
+                "dtype": "bfloat16",
+                "granularity": "row",
+                "check": same,
+                "candidates": res,
+            }
+        )
         _print(results[-1])
     return results
 
@@ -229,29 +279,38 @@ def _print(row: dict) -> None:
     parts = []
     for name, c in row["candidates"].items():
         dev = c.get("device_us")
-        parts.append(f"{name}: host {c['host_us']['median']:.1f} eager {c['eager_us']['median']:.1f}"
-                     + (f" dev {dev:.1f}" if dev else "") + " µs")
+        parts.append(
+            f"{name}: host {c['host_us']['median']:.1f} eager {c['eager_us']['median']:.1f}"
+            + (f" dev {dev:.1f}" if dev else "")
+            + " µs"
+        )
     print(f"{row['op']} {what}: " + " | ".join(parts), flush=True)
 
 
 def gemm_table(results: list[dict]) -> list[str]:
     """The GEMM rows: host and eager µs per call of gemmlab.gemm and torch.mm, their device µs (graph replay),
     gemmlab's host ratio to torch.mm's against HOST_TARGET, and how gemmlab's calls launched."""
-    head = (f"{'M x N x K':>16} {'path':>14} {'launch':>8} | {'host us':>15} {'ratio':>5} {'ok':>4} | "
-            f"{'eager us':>15} | {'graph us':>15}")
-    lines = [f"gemm fp16, µs per call (gemmlab / torch.mm); host target: gemmlab <= {HOST_TARGET}x torch.mm", head,
-             "-" * len(head)]
+    head = (
+        f"{'M x N x K':>16} {'path':>14} {'launch':>8} | {'host us':>15} {'ratio':>5} {'ok':>4} | "
+        f"{'eager us':>15} | {'graph us':>15}"
+    )
+    lines = [
+        f"gemm fp16, µs per call (gemmlab / torch.mm); host target: gemmlab <= {HOST_TARGET}x torch.mm",
+        head,
+        "-" * len(head),
+    ]
     for r in results:
         if r["op"] != "gemm":
             continue
         g, t = r["candidates"]["gemmlab.gemm"], r["candidates"]["torch.mm"]
         ratio = g["host_ratio_vs_baseline"]
-        dev = (f"{g['device_us']:6.1f} / {t['device_us']:6.1f}" if g.get("device_us") and t.get("device_us")
-               else "n/a")
-        lines.append(f"{'x'.join(map(str, r['shape'])):>16} {r['plan']:>14} {r['launch']:>8} | "
-                     f"{g['host_us']['median']:6.1f} / {t['host_us']['median']:6.1f} {ratio:5.2f} "
-                     f"{'PASS' if ratio <= HOST_TARGET else 'FAIL':>4} | "
-                     f"{g['eager_us']['median']:6.1f} / {t['eager_us']['median']:6.1f} | {dev:>15}")
+        dev = f"{g['device_us']:6.1f} / {t['device_us']:6.1f}" if g.get("device_us") and t.get("device_us") else "n/a"
+        lines.append(
+            f"{'x'.join(map(str, r['shape'])):>16} {r['plan']:>14} {r['launch']:>8} | "
+            f"{g['host_us']['median']:6.1f} / {t['host_us']['median']:6.1f} {ratio:5.2f} "
+            f"{'PASS' if ratio <= HOST_TARGET else 'FAIL':>4} | "
+            f"{g['eager_us']['median']:6.1f} / {t['eager_us']['median']:6.1f} | {dev:>15}"
+        )
     return lines
 
 
@@ -276,8 +335,10 @@ def profile_gemm(shape: str, out: Path, calls: int = 2000) -> Path:
     torch.cuda.synchronize()
     text = io.StringIO()
     stats = pstats.Stats(prof, stream=text)
-    text.write(f"gemmlab.gemm {m}x{n}x{k} fp16, launch {launch_mode(a, b)}: {stats.total_calls / calls:.1f} "
-               f"function calls per call\n")
+    text.write(
+        f"gemmlab.gemm {m}x{n}x{k} fp16, launch {launch_mode(a, b)}: {stats.total_calls / calls:.1f} "
+        f"function calls per call\n"
+    )
     stats.sort_stats("tottime").print_stats(30)
     path = out / f"{gpu_slug(torch.cuda.get_device_name())}-host-cost-profile-{m}x{n}x{k}.txt"
     path.write_text(text.getvalue())
@@ -294,8 +355,13 @@ def main(argv=None) -> int:
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile pair")
     ap.add_argument("--skip-moe", action="store_true")
     ap.add_argument("--skip-fp8", action="store_true")
-    ap.add_argument("--profile", metavar="M,N,K", action="append", default=[],
-                    help="also write a cProfile of hot gemmlab.gemm calls at this shape (repeatable)")
+    ap.add_argument(
+        "--profile",
+        metavar="M,N,K",
+        action="append",
+        default=[],
+        help="also write a cProfile of hot gemmlab.gemm calls at this shape (repeatable)",
+    )
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -315,8 +381,13 @@ def main(argv=None) -> int:
             results += moe_cases(args)
         if not args.skip_fp8:
             results += fp8_cases(args)
-    report = {"env": env, "clocks": clocks.summary(), "args": vars(args),
-              "method": __doc__.split("\n\n")[1], "results": results}
+    report = {
+        "env": env,
+        "clocks": clocks.summary(),
+        "args": vars(args),
+        "method": __doc__.split("\n\n")[1],
+        "results": results,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{gpu_slug(torch.cuda.get_device_name())}-host-cost{'-quick' if args.quick else ''}.json"

@@ -75,13 +75,16 @@ def main() -> int:
     models, parts = args.models.split(","), tuple(args.parts.split(","))
     bad = [m for m in models if m not in MOE_MODELS] + [p for p in parts if p not in ml.PARTS]
     if bad or args.workers < 1:
-        print(f"liger_warm: unknown model or part {bad} (models {list(MOE_MODELS)}, parts {ml.PARTS}) "
-              f"or --workers < 1", file=sys.stderr)
+        print(
+            f"liger_warm: unknown model or part {bad} (models {list(MOE_MODELS)}, parts {ml.PARTS}) or --workers < 1",
+            file=sys.stderr,
+        )
         return 2
     liger, info = moe_peers.load_liger()
     if liger is None or not torch.cuda.is_available():
         print(f"liger_warm: nothing to do: {info.get('reason') or 'no CUDA device'}", file=sys.stderr)
         return 2
+
     def save() -> None:  # after every phase: a step killed by its time limit keeps what was done
         if args.out:
             path = Path(args.out) / "liger-warm.json"
@@ -89,9 +92,15 @@ def main() -> int:
             path.write_text(json.dumps(report, indent=1, default=str))
 
     t0 = time.monotonic()
-    report = {"env": timing.env_info(), "liger": info, "args": vars(args),
-              "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
-              "autotuning_cache": os.environ.get("TRITON_CACHE_AUTOTUNING"), "compile": [], "tune": []}
+    report = {
+        "env": timing.env_info(),
+        "liger": info,
+        "args": vars(args),
+        "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
+        "autotuning_cache": os.environ.get("TRITON_CACHE_AUTOTUNING"),
+        "compile": [],
+        "tune": [],
+    }
     most = max(len(t.configs) for t in autotuners().values())
     jobs = [(m, parts, j) for m in models for j in range(most)]
     ctx = multiprocessing.get_context("spawn")
@@ -117,8 +126,9 @@ def main() -> int:
             report["tune"].append({"model": m, **r})
             print(f"tuned {m} {part} at T={args.tune_tokens}: {r['seconds']:.1f}s", flush=True)
             torch.cuda.empty_cache()
-            report["chosen"] = {k: {str(key): str(cfg) for key, cfg in t.cache.items()}
-                                for k, t in autotuners().items()}
+            report["chosen"] = {
+                k: {str(key): str(cfg) for key, cfg in t.cache.items()} for k, t in autotuners().items()
+            }
             save()
     report["elapsed_s"] = time.monotonic() - t0
     save()

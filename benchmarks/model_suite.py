@@ -34,8 +34,22 @@ import tarfile
 import time
 from pathlib import Path
 
-QUICK = ["--rounds", "3", "--reps", "2", "--warmup-s", "0.1", "--context", "512", "--decode-steps", "8",
-         "--train-batch", "2", "--train-tokens", "1024"]
+QUICK = [
+    "--rounds",
+    "3",
+    "--reps",
+    "2",
+    "--warmup-s",
+    "0.1",
+    "--context",
+    "512",
+    "--decode-steps",
+    "8",
+    "--train-batch",
+    "2",
+    "--train-tokens",
+    "1024",
+]
 INFER, TRAIN = ["--phases", "prefill,decode"], ["--phases", "train"]
 MODELS = {  # step name prefix: (model, its --layers arguments)
     "olmoe": ["--model", "olmoe-1b-7b"],
@@ -45,11 +59,33 @@ MODELS = {  # step name prefix: (model, its --layers arguments)
 }
 # (name, seconds, bench model arguments): inference and training in their own processes, so that each phase
 # gets its share of the time and a fault (out of memory, a kernel that faults) ends only its own step
-STEPS = [step for name, model in MODELS.items() for step in (
-    (f"{name}-infer", 65, [*model, *INFER, "--modes", "eager,graph"]),
-    (f"{name}-train", 35, [*model, *TRAIN, "--modes", "eager,graph"]))] + [
-    ("compile", 75, ["--model", "olmoe-1b-7b", "--layers", "2", "--phases", "decode", "--decode-batch", "8",
-                     "--modes", "compile", "--variants", "torch,gemmlab"])]
+STEPS = [
+    step
+    for name, model in MODELS.items()
+    for step in (
+        (f"{name}-infer", 65, [*model, *INFER, "--modes", "eager,graph"]),
+        (f"{name}-train", 35, [*model, *TRAIN, "--modes", "eager,graph"]),
+    )
+] + [
+    (
+        "compile",
+        75,
+        [
+            "--model",
+            "olmoe-1b-7b",
+            "--layers",
+            "2",
+            "--phases",
+            "decode",
+            "--decode-batch",
+            "8",
+            "--modes",
+            "compile",
+            "--variants",
+            "torch,gemmlab",
+        ],
+    )
+]
 BUDGET_MARGIN_S = 25  # the bench's --budget-s is the step's limit less this (its imports, the case in flight)
 
 
@@ -61,16 +97,37 @@ def liger_path(root: Path) -> str | None:
     wheels = sorted(glob.glob(str(root / ".whl" / "*.whl")))  # Liger's and whatever it was carried with
     if not any(Path(w).name.startswith("liger_kernel") for w in wheels):
         return None
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--no-cache-dir", "--upgrade", "--target", str(site), *wheels], check=False)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--no-cache-dir",
+            "--upgrade",
+            "--target",
+            str(site),
+            *wheels,
+        ],
+        check=False,
+    )
     return str(site) if (site / "liger_kernel").is_dir() else None
 
 
-def run_steps(out: Path, res: Path, root: Path, liger_autotune: bool, only: list[str] | None,
-              scale: float = 1.0) -> list[str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TRITON_CACHE_DIR=os.environ.get("TRITON_CACHE_DIR",
-                                                                                  str(root / ".triton-cache")),
-               TRITON_CACHE_AUTOTUNING="1", LIGER_FUSED_MOE_AUTOTUNE="1" if liger_autotune else "0")
+def run_steps(
+    out: Path, res: Path, root: Path, liger_autotune: bool, only: list[str] | None, scale: float = 1.0
+) -> list[str]:
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        TRITON_CACHE_DIR=os.environ.get("TRITON_CACHE_DIR", str(root / ".triton-cache")),
+        TRITON_CACHE_AUTOTUNING="1",
+        LIGER_FUSED_MOE_AUTOTUNE="1" if liger_autotune else "0",
+    )
     paths = [str(root / "src")] + ([p] if (p := liger_path(root)) else [])
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     lines = [f"liger wheel on the path: {paths[1] if len(paths) > 1 else 'none (the Liger rows say so)'}"]
@@ -79,14 +136,26 @@ def run_steps(out: Path, res: Path, root: Path, liger_autotune: bool, only: list
             if only and name not in only:
                 continue
             limit = int(limit * scale)
-            cmd = [sys.executable, "-m", "gemmlab", "bench", "model", *QUICK, *args, "--budget-s",
-                   str(limit - BUDGET_MARGIN_S), "--output-dir", str(res / name)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "gemmlab",
+                "bench",
+                "model",
+                *QUICK,
+                *args,
+                "--budget-s",
+                str(limit - BUDGET_MARGIN_S),
+                "--output-dir",
+                str(res / name),
+            ]
             log.write(f"\n===== {name}: {' '.join(cmd)}\n")
             log.flush()
             t0 = time.perf_counter()
             try:
-                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
-                                    timeout=limit).returncode
+                rc = subprocess.run(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root, timeout=limit
+                ).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
             lines.append(f"{name}: rc={rc} {time.perf_counter() - t0:.0f}s")
@@ -123,8 +192,11 @@ def summarize(res: Path, out: Path, lines: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gemmlab-out"))
-    ap.add_argument("--results", default="/tmp/gemmlab-model-results", help="each step's files (outside --out: "
-                                                                           "only a few files come back)")
+    ap.add_argument(
+        "--results",
+        default="/tmp/gemmlab-model-results",
+        help="each step's files (outside --out: only a few files come back)",
+    )
     ap.add_argument("--liger-autotune", action="store_true", help="let Liger's fused MoE autotune (minutes)")
     ap.add_argument("--only", help="comma-separated step names (e.g. olmoe-infer,qwen3-train,compile)")
     ap.add_argument("--time-scale", type=float, default=1.0, help="multiply every step's time limit")

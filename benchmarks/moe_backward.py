@@ -54,11 +54,15 @@ def candidates(p: dict, dy: torch.Tensor, liger: bool) -> tuple[dict, list[str]]
     def grads(forward):
         return lambda: torch.autograd.grad(forward(), leaves, dy)
 
-    fns = {"gemmlab keeps gate/up": grads(lambda: gemmlab.moe_forward(x, w1, w2, tw, ids, validate=False,
-                                                                      save_gate_up=True)),
-           "gemmlab recomputes gate/up": grads(lambda: gemmlab.moe_forward(x, w1, w2, tw, ids, validate=False,
-                                                                           save_gate_up=False)),
-           "torch composite (_grouped_mm)": grads(lambda: moe_composite(x, w1, w2, tw, ids))}
+    fns = {
+        "gemmlab keeps gate/up": grads(
+            lambda: gemmlab.moe_forward(x, w1, w2, tw, ids, validate=False, save_gate_up=True)
+        ),
+        "gemmlab recomputes gate/up": grads(
+            lambda: gemmlab.moe_forward(x, w1, w2, tw, ids, validate=False, save_gate_up=False)
+        ),
+        "torch composite (_grouped_mm)": grads(lambda: moe_composite(x, w1, w2, tw, ids)),
+    }
     notes = []
     if liger:
         apply, why = _liger()
@@ -88,8 +92,9 @@ def peak_bytes(fn) -> int:
     return peak
 
 
-def run_case(model: str, tokens: int, routing: str, dtype: torch.dtype, liger: bool, rounds: int, reps: int,
-             graph: bool) -> dict:
+def run_case(
+    model: str, tokens: int, routing: str, dtype: torch.dtype, liger: bool, rounds: int, reps: int, graph: bool
+) -> dict:
     m = MOE_MODELS[model]
     p = moe_inputs(m, tokens, routing, dtype, seed=tokens)
     dy = torch.randn((tokens, m.hidden), device="cuda", dtype=torch.float32).mul_(0.5).to(dtype)
@@ -106,13 +111,29 @@ def run_case(model: str, tokens: int, routing: str, dtype: torch.dtype, liger: b
     baseline = next(n for n in ("liger", "torch composite (_grouped_mm)", "gemmlab keeps gate/up") if n in fns)
     s = tokens * m.top_k
     flops = 18.0 * s * m.hidden * m.intermediate
-    res = compare_many(fns, baseline, check=checker(p, dy), flops=flops,
-                       dtype=str(dtype).removeprefix("torch."), rounds=rounds, reps=reps, graph=graph)
+    res = compare_many(
+        fns,
+        baseline,
+        check=checker(p, dy),
+        flops=flops,
+        dtype=str(dtype).removeprefix("torch."),
+        rounds=rounds,
+        reps=reps,
+        graph=graph,
+    )
     for name, fn in fns.items():
         if res["candidates"][name].get("check", {}).get("ok"):
             res["candidates"][name]["peak_bytes"] = peak_bytes(fn)
-    return {"model": model, "tokens": tokens, "routing": routing, "dtype": str(dtype).removeprefix("torch."),
-            "mode": "graph" if graph else "eager", "S": s, "notes": notes, **res}
+    return {
+        "model": model,
+        "tokens": tokens,
+        "routing": routing,
+        "dtype": str(dtype).removeprefix("torch."),
+        "mode": "graph" if graph else "eager",
+        "S": s,
+        "notes": notes,
+        **res,
+    }
 
 
 def sweep_variants(d: MoEBackwardConfig) -> dict[str, tuple[str, MoEBackwardConfig]]:
@@ -122,14 +143,24 @@ def sweep_variants(d: MoEBackwardConfig) -> dict[str, tuple[str, MoEBackwardConf
     for bm, warps in ((64, 4), (128, 8)):
         out[f"block_m={bm}"] = ("block_m", replace(d, block_m=bm, dh_warps=warps, dx_warps=warps))
     for bn, bk, warps, stages in ((128, 64, 8, 3), (64, 32, 4, 4), (64, 64, 4, 3), (32, 64, 4, 4), (128, 64, 8, 4)):
-        out[f"dh {bn}x{bk} w{warps} s{stages}"] = ("dh", replace(d, dh_block_n=bn, dh_block_k=bk, dh_warps=warps,
-                                                                 dh_stages=stages))
+        out[f"dh {bn}x{bk} w{warps} s{stages}"] = (
+            "dh",
+            replace(d, dh_block_n=bn, dh_block_k=bk, dh_warps=warps, dh_stages=stages),
+        )
     for bn, bk, stages in ((256, 64, 3), (256, 64, 4), (128, 32, 4), (64, 64, 4), (128, 64, 4)):
         out[f"dx {bn}x{bk} s{stages}"] = ("dx", replace(d, dx_block_n=bn, dx_block_k=bk, dx_stages=stages))
-    for bm, bn, bk, warps, stages in ((128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 256, 32, 8, 3),
-                                      (128, 64, 64, 4, 4), (128, 128, 32, 8, 4), (64, 128, 32, 4, 2)):
-        out[f"wg {bm}x{bn}x{bk} w{warps} s{stages}"] = ("wg", replace(d, wg_block_m=bm, wg_block_n=bn, wg_block_k=bk,
-                                                                      wg_warps=warps, wg_stages=stages))
+    for bm, bn, bk, warps, stages in (
+        (128, 128, 64, 8, 3),
+        (64, 128, 64, 4, 4),
+        (128, 256, 32, 8, 3),
+        (128, 64, 64, 4, 4),
+        (128, 128, 32, 8, 4),
+        (64, 128, 32, 4, 2),
+    ):
+        out[f"wg {bm}x{bn}x{bk} w{warps} s{stages}"] = (
+            "wg",
+            replace(d, wg_block_m=bm, wg_block_n=bn, wg_block_k=bk, wg_warps=warps, wg_stages=stages),
+        )
     return out
 
 
@@ -147,8 +178,9 @@ def run_sweep(model: str, tokens: int, routing: str, dtype: torch.dtype, reps: i
     check = checker(p, dy)
     args = (dy, p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
     gate_up = torch.ops.gemmlab.moe_forward_saving(*args[1:], False)[1]  # what the saving forward keeps
-    base = moe_ops.backward_config(target_for(dy.device), tokens * m.top_k, m.experts, dtype=dtype,
-                                   n=m.intermediate, k=m.hidden)
+    base = moe_ops.backward_config(
+        target_for(dy.device), tokens * m.top_k, m.experts, dtype=dtype, n=m.intermediate, k=m.hidden
+    )
     rows = []
     variants = [(name, f, cfg, gate_up) for name, (f, cfg) in sweep_variants(base).items()]
     for name, factor, cfg, gu in variants + [("recompute", "", base, None)]:
@@ -166,8 +198,11 @@ def run_sweep(model: str, tokens: int, routing: str, dtype: torch.dtype, reps: i
         except Exception as e:  # a config that does not compile (shared memory, registers) is a result too
             row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:160]}")
         rows.append(row)
-        print(f"{model:<15} {tokens:>6} {name:<28} {'ok' if row['ok'] else 'FAIL':<4} "
-              f"{row.get('median_ms', float('nan')):>8.3f} ms  {row.get('error', '')}", flush=True)
+        print(
+            f"{model:<15} {tokens:>6} {name:<28} {'ok' if row['ok'] else 'FAIL':<4} "
+            f"{row.get('median_ms', float('nan')):>8.3f} ms  {row.get('error', '')}",
+            flush=True,
+        )
     timed = {r["variant"]: r for r in rows if r.get("median_ms")}
     by_name = {name: cfg for name, _, cfg, _ in variants}
     best = dict(asdict(base))
@@ -176,8 +211,13 @@ def run_sweep(model: str, tokens: int, routing: str, dtype: torch.dtype, reps: i
         win = min(cands, key=lambda r: r["median_ms"], default=None)
         if win and "default" in timed and win["median_ms"] < 0.98 * timed["default"]["median_ms"]:
             fields = ("block_m", "dh_warps", "dx_warps") if factor == "block_m" else None
-            best.update({k: v for k, v in asdict(by_name[win["variant"]]).items()
-                         if (k in fields if fields else k.startswith(factor + "_"))})
+            best.update(
+                {
+                    k: v
+                    for k, v in asdict(by_name[win["variant"]]).items()
+                    if (k in fields if fields else k.startswith(factor + "_"))
+                }
+            )
     changed = {k: v for k, v in best.items() if v != getattr(base, k)}
     print(f"{model:<15} {tokens:>6} suggested config (fields changed from {base}): {json.dumps(changed)}", flush=True)
     rows.append({"model": model, "tokens": tokens, "routing": routing, "variant": "suggested", "config": changed})
@@ -213,8 +253,11 @@ def run_profile(model: str, tokens: int, routing: str, dtype: torch.dtype, liger
     for name, fn in fns.items():
         ok = check(fn())
         rows = kernel_times(fn)
-        out["candidates"][name] = {"ok": ok["ok"], "total_us": sum(r[1] for r in rows),
-                                   "kernels": [{"name": k, "us": us, "calls": n} for k, us, n in rows]}
+        out["candidates"][name] = {
+            "ok": ok["ok"],
+            "total_us": sum(r[1] for r in rows),
+            "kernels": [{"name": k, "us": us, "calls": n} for k, us, n in rows],
+        }
     return out
 
 
@@ -230,18 +273,22 @@ def profile_table(r: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'model':<15} {'T':>6} {'routing':<8} {'candidate':<30} {'ok':<3} {'ms':>8} {'TFLOPS':>7} "
-             f"{'speedup':>7} {'peak GiB':>9}"]
+    lines = [
+        f"{'model':<15} {'T':>6} {'routing':<8} {'candidate':<30} {'ok':<3} {'ms':>8} {'TFLOPS':>7} "
+        f"{'speedup':>7} {'peak GiB':>9}"
+    ]
     for r in rows:
         for name, c in r["candidates"].items():
             ok = c.get("check", {}).get("ok")
             ms = c.get("median_ms")
             ratio = (c.get("vs_baseline") or {}).get("ratio")  # baseline time / this time: > 1 is faster
-            lines.append(f"{r['model']:<15} {r['tokens']:>6} {r['routing']:<8} {name[:30]:<30} "
-                         f"{'yes' if ok else 'NO':<3} {ms if ms is not None else float('nan'):>8.3f} "
-                         f"{c.get('tflops', float('nan')):>7.1f} "
-                         f"{ratio if ratio is not None else (1.0 if name == r['baseline'] else float('nan')):>7.2f} "
-                         f"{c.get('peak_bytes', float('nan')) / 2**30:>9.3f}")
+            lines.append(
+                f"{r['model']:<15} {r['tokens']:>6} {r['routing']:<8} {name[:30]:<30} "
+                f"{'yes' if ok else 'NO':<3} {ms if ms is not None else float('nan'):>8.3f} "
+                f"{c.get('tflops', float('nan')):>7.1f} "
+                f"{ratio if ratio is not None else (1.0 if name == r['baseline'] else float('nan')):>7.2f} "
+                f"{c.get('peak_bytes', float('nan')) / 2**30:>9.3f}"
+            )
         for n in r["notes"]:
             lines.append(f"  note: {n}")
     return "\n".join(lines)

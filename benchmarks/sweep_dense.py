@@ -42,8 +42,18 @@ def compile_all(args) -> tuple[int, float]:
     jobs_file = Path(args.compile_log).with_suffix(".jobs.json")
     jobs_file.write_text(json.dumps(jobs))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    cmd = [sys.executable, __file__, "--grid", args.grid, "--workers", str(args.workers), "--compile-log",
-           args.compile_log, "--jobs", str(jobs_file)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--grid",
+        args.grid,
+        "--workers",
+        str(args.workers),
+        "--compile-log",
+        args.compile_log,
+        "--jobs",
+        str(jobs_file),
+    ]
     procs = [subprocess.Popen([*cmd, "--worker", str(i)], env=env) for i in range(args.workers)]
     for proc in procs:
         proc.wait()
@@ -54,7 +64,7 @@ def compile_all(args) -> tuple[int, float]:
 def compile_share(args) -> None:
     points = grid(args.grid)
     with open(args.compile_log, "a") as log:
-        for i, name in json.loads(Path(args.jobs).read_text())[args.worker::args.workers]:
+        for i, name in json.loads(Path(args.jobs).read_text())[args.worker :: args.workers]:
             log.write(json.dumps(compile_job(points[i], name)) + "\n")
             log.flush()
 
@@ -85,8 +95,12 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=float, default=0.05)
     ap.add_argument("--budget-s", type=float, default=230.0, help="start no grid point after this many seconds")
     ap.add_argument("--check-only", action="store_true", help="plan and verify every candidate, no timing")
-    ap.add_argument("--compile-only", action="store_true", help="compile the grid's kernels in the children, then "
-                    "stop (--grid dense-suite: before bench gemm --suite dense)")
+    ap.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="compile the grid's kernels in the children, then "
+        "stop (--grid dense-suite: before bench gemm --suite dense)",
+    )
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--compile-log", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--jobs", default=None, help=argparse.SUPPRESS)
@@ -113,18 +127,24 @@ def main() -> None:
             not_run.append(point.spec)
             continue
         t0 = time.perf_counter()
-        mine = sweep_point(point, env, rounds=args.rounds, reps=args.reps, warmup_s=args.warmup_s,
-                           check_only=args.check_only)
+        mine = sweep_point(
+            point, env, rounds=args.rounds, reps=args.reps, warmup_s=args.warmup_s, check_only=args.check_only
+        )
         print(f"{point.spec}: {len(mine)} rows in {time.perf_counter() - t0:.1f} s", flush=True)
         with out.open("a") as f:
             f.write("".join(json.dumps(r) + "\n" for r in mine))
         rows += mine
     table(rows)
-    bad = [r for r in rows if r["variant"] != "cublas" and ((r.get("check") and not r["check"]["ok"])
-                                                             or r.get("check_after") is False)]
-    print(f"\n{len(rows)} rows -> {out} in {time.perf_counter() - t_start:.0f} s; {len(bad)} wrong"
-          + (": " + ", ".join(f"{r['spec']} {r['variant']}" for r in bad) if bad else "")
-          + (f"; not run (budget): {', '.join(not_run)}" if not_run else ""))
+    bad = [
+        r
+        for r in rows
+        if r["variant"] != "cublas" and ((r.get("check") and not r["check"]["ok"]) or r.get("check_after") is False)
+    ]
+    print(
+        f"\n{len(rows)} rows -> {out} in {time.perf_counter() - t_start:.0f} s; {len(bad)} wrong"
+        + (": " + ", ".join(f"{r['spec']} {r['variant']}" for r in bad) if bad else "")
+        + (f"; not run (budget): {', '.join(not_run)}" if not_run else "")
+    )
     if bad:
         raise SystemExit(1)
 

@@ -15,8 +15,9 @@ def no_interpreter_env() -> dict:
 
 def run_child(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
     """``python ARGS`` under ``no_interpreter_env()``, output captured as text."""
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=no_interpreter_env(),
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=no_interpreter_env(), timeout=timeout
+    )
 
 
 def child_json(args: list[str], timeout: int = 900):

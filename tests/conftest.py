@@ -29,8 +29,12 @@ def workers() -> int:
 def pytest_cmdline_main(config):
     """With pytest-xdist installed (the ``test`` extra) and no ``-n`` given, spread the tests over ``workers()``
     processes; ``-n 0`` (or ``-p no:xdist``) runs them all in this one."""
-    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", 0) is None \
-            and "PYTEST_XDIST_WORKER" not in os.environ and not config.option.collectonly:
+    if (
+        config.pluginmanager.hasplugin("xdist")
+        and getattr(config.option, "numprocesses", 0) is None
+        and "PYTEST_XDIST_WORKER" not in os.environ
+        and not config.option.collectonly
+    ):
         config.option.numprocesses = workers()
         if config.option.numprocesses and config.option.dist == "no":
             config.option.dist = "worksteal"  # the long tests do not leave one worker idle at the end

@@ -90,9 +90,11 @@ def interpreter_blocker(triton_version: str, numpy_version: str) -> str | None:
     0-dimensional arrays can be converted to Python scalars"): every kernel with a runtime loop bound fails.
     Triton 3.7 fixed it."""
     if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
-        return (f"gemmlab: Triton {triton_version}'s CPU interpreter cannot run with numpy {numpy_version} (it "
-                "fails on every loop with a runtime bound; fixed in Triton 3.7): pip install 'triton>=3.7', "
-                "or 'numpy<2.4'")
+        return (
+            f"gemmlab: Triton {triton_version}'s CPU interpreter cannot run with numpy {numpy_version} (it "
+            "fails on every loop with a runtime bound; fixed in Triton 3.7): pip install 'triton>=3.7', "
+            "or 'numpy<2.4'"
+        )
     return None
 
 
@@ -113,8 +115,9 @@ def _cuda_target(index: int) -> Target:
     return Target(gpu_slug(props.name), (props.major, props.minor), props.multi_processor_count, smem)
 
 
-def tensor_peak_tflops(arch: tuple[int, int] | None, dtype: str, sm_count: int | None,
-                       clock_mhz: float | None) -> float | None:
+def tensor_peak_tflops(
+    arch: tuple[int, int] | None, dtype: str, sm_count: int | None, clock_mhz: float | None
+) -> float | None:
     """Dense tensor-core peak in TFLOPS at ``clock_mhz``; None when the architecture, dtype, SM count or
     clock is unknown."""
     per_sm = TENSOR_FLOP_PER_CLOCK_PER_SM.get(tuple(arch) if arch else None, {}).get(dtype)
@@ -138,8 +141,9 @@ def peak_tflops(device) -> float | None:
         import pynvml
 
         pynvml.nvmlInit()
-        mhz = pynvml.nvmlDeviceGetMaxClockInfo(pynvml.nvmlDeviceGetHandleByIndex(device.index or 0),
-                                               pynvml.NVML_CLOCK_SM)
+        mhz = pynvml.nvmlDeviceGetMaxClockInfo(
+            pynvml.nvmlDeviceGetHandleByIndex(device.index or 0), pynvml.NVML_CLOCK_SM
+        )
     except Exception:
         mhz = 2000
     peak = tensor_peak_tflops((props.major, props.minor), "float16", props.multi_processor_count, mhz)

@@ -31,11 +31,42 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = ("gemm-bench", "moe-bench", "moe-liger-bench", "stable-bench", "model-bench", "whole-model-bench",
-         "moe-ep-bench", "fp8-bench", "table", "grade", "check", "tune", "device-profile", "device-health", "roofline",
-         "ncu-profile", "profile-diff")
-LONG_FIELDS = ("kind", "kernel", "provider", "mode", "metric", "unit", "x_name", "x_value", "p50", "p20", "p80",
-               "gpu", "date", "git_sha", "extra")
+KINDS = (
+    "gemm-bench",
+    "moe-bench",
+    "moe-liger-bench",
+    "stable-bench",
+    "model-bench",
+    "whole-model-bench",
+    "moe-ep-bench",
+    "fp8-bench",
+    "table",
+    "grade",
+    "check",
+    "tune",
+    "device-profile",
+    "device-health",
+    "roofline",
+    "ncu-profile",
+    "profile-diff",
+)
+LONG_FIELDS = (
+    "kind",
+    "kernel",
+    "provider",
+    "mode",
+    "metric",
+    "unit",
+    "x_name",
+    "x_value",
+    "p50",
+    "p20",
+    "p80",
+    "gpu",
+    "date",
+    "git_sha",
+    "extra",
+)
 
 
 @dataclass
@@ -82,12 +113,34 @@ def literal(value: object) -> str:
     return escape(text)
 
 
-def long_row(kernel: str, provider: str, metric: str, unit: str, x_name: str, x_value, p50, p20=None, p80=None, *,
-             mode: str = "", **extra) -> dict:
+def long_row(
+    kernel: str,
+    provider: str,
+    metric: str,
+    unit: str,
+    x_name: str,
+    x_value,
+    p50,
+    p20=None,
+    p80=None,
+    *,
+    mode: str = "",
+    **extra,
+) -> dict:
     """One row of the long-format CSV (``LONG_FIELDS``; kind, gpu, date and git_sha come from the report)."""
-    return {"kernel": kernel, "provider": provider, "mode": mode, "metric": metric, "unit": unit, "x_name": x_name,
-            "x_value": x_value, "p50": p50, "p20": p20, "p80": p80,
-            "extra": json.dumps({k: v for k, v in extra.items() if v is not None}, default=str) if extra else ""}
+    return {
+        "kernel": kernel,
+        "provider": provider,
+        "mode": mode,
+        "metric": metric,
+        "unit": unit,
+        "x_name": x_name,
+        "x_value": x_value,
+        "p50": p50,
+        "p20": p20,
+        "p80": p80,
+        "extra": json.dumps({k: v for k, v in extra.items() if v is not None}, default=str) if extra else "",
+    }
 
 
 def print_tables(tables: Iterable[Table], console) -> None:
@@ -113,8 +166,12 @@ def markdown(tables: Iterable[Table], head: str = "") -> str:
     """The tables as Markdown (markup stripped), under an optional heading paragraph."""
     parts = [head.rstrip() + "\n"] if head else []
     for t in tables:
-        lines = [f"## {_md_cell(t.title)}", "", "| " + " | ".join(map(_md_cell, t.columns)) + " |",
-                 "|" + "---|" * len(t.columns)]
+        lines = [
+            f"## {_md_cell(t.title)}",
+            "",
+            "| " + " | ".join(map(_md_cell, t.columns)) + " |",
+            "|" + "---|" * len(t.columns),
+        ]
         lines += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in t.rows]
         lines += [""] + [plain(n) + "\n" for n in t.notes]
         parts.append("\n".join(lines))
@@ -124,8 +181,12 @@ def markdown(tables: Iterable[Table], head: str = "") -> str:
 def csv_text(report: dict, rows: Iterable[dict]) -> str:
     """The long-format CSV, each row stamped with the report's kind, GPU, date and git SHA."""
     env = report.get("env") or {}
-    stamp = {"kind": report.get("kind", ""), "gpu": env.get("gpu") or env.get("device") or "cpu",
-             "date": env.get("date", ""), "git_sha": env.get("git_sha") or ""}
+    stamp = {
+        "kind": report.get("kind", ""),
+        "gpu": env.get("gpu") or env.get("device") or "cpu",
+        "date": env.get("date", ""),
+        "git_sha": env.get("git_sha") or "",
+    }
     f = io.StringIO(newline="")
     w = csv.DictWriter(f, fieldnames=LONG_FIELDS, extrasaction="ignore")
     w.writeheader()
@@ -168,8 +229,12 @@ def write_files(out_dir: str | Path, files: dict[str, str]) -> list[Path]:
         for name, text in files.items():
             tmp = f".{name}.{secrets.token_hex(8)}.tmp"
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                             0o644, dir_fd=dfd)
+                fd = os.open(
+                    tmp,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                    0o644,
+                    dir_fd=dfd,
+                )
             except OSError as e:  # named by the file asked for, not the temporary name (/proc, a read-only mount)
                 raise OSError(e.errno, e.strerror, str(out / name)) from None
             try:
@@ -210,8 +275,14 @@ class UnreadableFile(OSError, ValueError):
 
 
 def _what(mode: int) -> str:
-    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink"))
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symlink"),
+    )
     return next((word for test, word in kinds if test(mode)), "not a regular file")
 
 
@@ -298,11 +369,14 @@ def dumps(report: dict) -> str:
     return json.dumps(report, indent=1, default=str)
 
 
-def write(report: dict, out_dir: str | Path, stem: str, tables: Sequence[Table], rows: Iterable[dict],
-          head: str = "") -> list[Path]:
+def write(
+    report: dict, out_dir: str | Path, stem: str, tables: Sequence[Table], rows: Iterable[dict], head: str = ""
+) -> list[Path]:
     """``--output-dir``: OUT/STEM.json (the whole report), STEM.csv (long format), STEM.md (the tables)."""
-    return write_files(out_dir, {f"{stem}.json": dumps(report), f"{stem}.csv": csv_text(report, rows),
-                                 f"{stem}.md": markdown(tables, head)})
+    return write_files(
+        out_dir,
+        {f"{stem}.json": dumps(report), f"{stem}.csv": csv_text(report, rows), f"{stem}.md": markdown(tables, head)},
+    )
 
 
 def emit_json(report: dict) -> None:

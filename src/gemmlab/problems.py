@@ -36,14 +36,18 @@ SQUARE: list[Shape] = [(4096, 4096, 4096), (8192, 8192, 8192)]
 # Decode / MoE-expert regime: small M against LLM projection weights.
 SMALL_M: list[Shape] = [(m, n, k) for m in (16, 64, 256) for (n, k) in ((7168, 2048), (4096, 4096))]
 # LLM projections at 4096 prefill tokens (Llama-3-8B: qkv, o, gate+up, down) and a 70B-class gate+up.
-LLM: list[Shape] = [(4096, 6144, 4096), (4096, 4096, 4096), (4096, 28672, 4096), (4096, 4096, 14336),
-                    (4096, 57344, 8192)]
+LLM: list[Shape] = [
+    (4096, 6144, 4096),
+    (4096, 4096, 4096),
+    (4096, 28672, 4096),
+    (4096, 4096, 14336),
+    (4096, 57344, 8192),
+]
 # Small shapes for the CPU interpreter (the `gemmlab` command without CUDA).
 CPU_CHECK: list[Shape] = [(1, 1, 1), (37, 53, 71), (64, 96, 128), (300, 136, 72), (16, 256, 512)]
 
 
-SUITES: dict[str, list[Shape]] = {"seeds": SEEDS, "square": SQUARE, "llm": LLM, "small-m": SMALL_M,
-                                  "cpu": CPU_CHECK}
+SUITES: dict[str, list[Shape]] = {"seeds": SEEDS, "square": SQUARE, "llm": LLM, "small-m": SMALL_M, "cpu": CPU_CHECK}
 
 
 def suite(name: str) -> list[Shape]:
@@ -194,14 +198,24 @@ BROAD_ISSUE: list[Case] = [
 ]
 BROAD: list[Case] = BROAD_ISSUE + BROAD_ODD + BROAD_UNALIGNED + BROAD_LLM
 # A smoke test of the broad suite: both layouts and dtypes, an unaligned case, decode and prefill.
-BROAD_QUICK_LABELS = ("8192x8192x16384 fp16 row", "777x3333x1024 fp16 row", "4096x4096x4096 fp16 row pad1",
-                      "2048x6144x4096 bf16 linear pad3", "1x6144x4096 bf16 linear", "4096x28672x4096 bf16 linear",
-                      "1x14336x4096 fp16 linear", "64x4096x4096 bf16 row")
+BROAD_QUICK_LABELS = (
+    "8192x8192x16384 fp16 row",
+    "777x3333x1024 fp16 row",
+    "4096x4096x4096 fp16 row pad1",
+    "2048x6144x4096 bf16 linear pad3",
+    "1x6144x4096 bf16 linear",
+    "4096x28672x4096 bf16 linear",
+    "1x14336x4096 fp16 linear",
+    "64x4096x4096 bf16 row",
+)
 BROAD_QUICK: list[Case] = [c for label in BROAD_QUICK_LABELS for c in BROAD if c.label == label]
 # The same properties at interpreter sizes (the CPU, tests).
 BROAD_CPU: list[Case] = [
-    Case(37, 53, 71, note="odd"), Case(16, 48, 64, "bfloat16", "linear"), Case(1, 40, 24, "float16", "linear"),
-    Case(24, 40, 32, "bfloat16", "row", pad=1), Case(9, 24, 40, "float16", "linear", pad=3, offset=1),
+    Case(37, 53, 71, note="odd"),
+    Case(16, 48, 64, "bfloat16", "linear"),
+    Case(1, 40, 24, "float16", "linear"),
+    Case(24, 40, 32, "bfloat16", "row", pad=1),
+    Case(9, 24, 40, "float16", "linear", pad=3, offset=1),
 ]
 
 # --------------------------------------------------------------------------------- the models' nn.Linear shapes
@@ -227,8 +241,12 @@ def model_cases(m_values: tuple[int, ...] = MODEL_M) -> list[Case]:
 # the broad suite already has, in either dtype, is left out).
 _BROAD_KEYS = {(c.shape, c.layout) for c in BROAD}
 DENSE: list[Case] = BROAD + [c for c in model_cases() if (c.shape, c.layout) not in _BROAD_KEYS]
-CASE_SUITES: dict[str, list[Case]] = {"broad": BROAD, "broad-quick": BROAD_QUICK, "broad-cpu": BROAD_CPU,
-                                      "dense": DENSE}
+CASE_SUITES: dict[str, list[Case]] = {
+    "broad": BROAD,
+    "broad-quick": BROAD_QUICK,
+    "broad-cpu": BROAD_CPU,
+    "dense": DENSE,
+}
 
 
 def cases(name: str, dtype: str = "float16") -> list[Case]:
@@ -242,8 +260,13 @@ def cases(name: str, dtype: str = "float16") -> list[Case]:
 def moe_gemm_shape(batch_size: int, seq_len: int, top_k: int, hidden_size: int, intermediate_size: int) -> Shape:
     """The dense GEMM an MoE layer's first projection amounts to when every (token, expert) pair is a row
     (the seed's collect_gemm_table): M = batch_size * seq_len * top_k, N = intermediate, K = hidden."""
-    for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("top_k", top_k),
-                    ("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+    for name, v in (
+        ("batch_size", batch_size),
+        ("seq_len", seq_len),
+        ("top_k", top_k),
+        ("hidden_size", hidden_size),
+        ("intermediate_size", intermediate_size),
+    ):
         if not isinstance(v, int) or v <= 0:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     return batch_size * seq_len * top_k, intermediate_size, hidden_size
@@ -260,15 +283,22 @@ def parse_shape(text: str) -> Shape:
     return m, n, k
 
 
-def resolve_moe(model: str | None = None, top_k: int | None = None, hidden_size: int | None = None,
-                intermediate_size: int | None = None) -> tuple[int, int, int]:
+def resolve_moe(
+    model: str | None = None,
+    top_k: int | None = None,
+    hidden_size: int | None = None,
+    intermediate_size: int | None = None,
+) -> tuple[int, int, int]:
     """(top_k, hidden, intermediate): explicit values first, then the ``model`` preset, then the seed's
     defaults (top-k 4, hidden 7168, intermediate 2048)."""
     if model is not None and model not in MOE_MODELS:
         raise ValueError(f"unknown model {model!r}; known: {', '.join(MOE_MODELS)}")
     preset = MOE_MODELS.get(model) if model else MoEModel(hidden=7168, intermediate=2048, experts=0, top_k=4)
-    return (preset.top_k if top_k is None else top_k, preset.hidden if hidden_size is None else hidden_size,
-            preset.intermediate if intermediate_size is None else intermediate_size)
+    return (
+        preset.top_k if top_k is None else top_k,
+        preset.hidden if hidden_size is None else hidden_size,
+        preset.intermediate if intermediate_size is None else intermediate_size,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -291,8 +321,13 @@ def shape_seed(m: int, n: int, k: int, seed: int = 0) -> int:
     return seed * 1_000_003 + 1009 * m + 17 * n + k
 
 
-def draw(shape: tuple[int, ...], dist: str, gen: torch.Generator | None, dtype: torch.dtype,
-         device: torch.device | str | None = None) -> torch.Tensor:
+def draw(
+    shape: tuple[int, ...],
+    dist: str,
+    gen: torch.Generator | None,
+    dtype: torch.dtype,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
     """A contiguous tensor of ``shape`` from ``dist`` (``DISTRIBUTIONS``), drawn with ``gen`` on its device
     (None: torch's default generator on ``device``)."""
     device = gen.device if device is None and gen is not None else device
@@ -308,9 +343,18 @@ def draw(shape: tuple[int, ...], dist: str, gen: torch.Generator | None, dtype: 
     raise ValueError(f"unknown input distribution {dist!r}; known: {', '.join(DISTRIBUTIONS)}")
 
 
-def matrix(rows: int, cols: int, dist: str, gen: torch.Generator | None, dtype: torch.dtype, *,
-           colmajor: bool = False, pad: int = 0, offset: int = 0, device: torch.device | str | None = None
-           ) -> torch.Tensor:
+def matrix(
+    rows: int,
+    cols: int,
+    dist: str,
+    gen: torch.Generator | None,
+    dtype: torch.dtype,
+    *,
+    colmajor: bool = False,
+    pad: int = 0,
+    offset: int = 0,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
     """A (rows, cols) operand of ``dist``. Stored row-major with row stride cols + pad, or with ``colmajor``
     as the transpose of a row-major (cols, rows) with row stride rows + pad (strides (1, rows + pad): the
     nn.Linear weight's layout for B); ``offset`` elements into a buffer of its own. The values are drawn in
@@ -325,8 +369,18 @@ def matrix(rows: int, cols: int, dist: str, gen: torch.Generator | None, dtype: 
     return t.t() if colmajor else t
 
 
-def gemm_operands(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device | str, seed: int = 0, *,
-                  layout: str = "row", pad: int = 0, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def gemm_operands(
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int = 0,
+    *,
+    layout: str = "row",
+    pad: int = 0,
+    offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A (M, K) and B (K, N), "centered", A then B from one generator seeded by the shape (``shape_seed``).
     layout "row": B (K, N) row-major; "linear": B = W^T with W (N, K) row-major. ``pad``, ``offset`` as
     ``Case`` says."""
@@ -340,8 +394,17 @@ def gemm_operands(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
 
 def case_operands(case: Case, device: torch.device | str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``gemm_operands`` of a case, in its dtype, layout and storage."""
-    return gemm_operands(case.m, case.n, case.k, getattr(torch, case.dtype), device, seed, layout=case.layout,
-                         pad=case.pad, offset=case.offset)
+    return gemm_operands(
+        case.m,
+        case.n,
+        case.k,
+        getattr(torch, case.dtype),
+        device,
+        seed,
+        layout=case.layout,
+        pad=case.pad,
+        offset=case.offset,
+    )
 
 
 def routing_logits(tokens: int, experts: int, routing: str, gen: torch.Generator) -> torch.Tensor:
@@ -362,12 +425,18 @@ def _scaled(shape: tuple[int, ...], scale: float, gen: torch.Generator, dtype: t
     step = max(1, (1 << 28) // max(1, math.prod(shape[1:])))
     for j in range(0, shape[0], step):
         part = torch.rand((min(step, shape[0] - j), *shape[1:]), generator=gen, device=gen.device)
-        out[j:j + step] = part.sub_(0.5).mul_(scale)
+        out[j : j + step] = part.sub_(0.5).mul_(scale)
     return out
 
 
-def moe_inputs(model: MoEModel, tokens: int, routing: str = "uniform", dtype: torch.dtype = torch.bfloat16,
-               seed: int = 0, device: torch.device | str | None = None) -> dict:
+def moe_inputs(
+    model: MoEModel,
+    tokens: int,
+    routing: str = "uniform",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+) -> dict:
     """An MoE layer's inputs from one generator seeded with ``seed``, in this order: x (T, H) U[-1, 1);
     w1 (E, 2I, H) and w2 (E, H, I) "centered" scaled by 2 sqrt(3 / K) (unit variance per weight row's dot
     product: activations stay O(1)); the routing (``routing_logits``, then ``ops.moe.route``: weights (T, k)
@@ -383,8 +452,16 @@ def moe_inputs(model: MoEModel, tokens: int, routing: str = "uniform", dtype: to
     return {"x": x, "w1": w1, "w2": w2, "weights": weights, "ids": ids}
 
 
-def moe_tokens(tokens: int, hidden: int, experts: int, top_k: int, routing: str, dtype: torch.dtype, seed: int,
-               device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def moe_tokens(
+    tokens: int,
+    hidden: int,
+    experts: int,
+    top_k: int,
+    routing: str,
+    dtype: torch.dtype,
+    seed: int,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """New tokens for weights drawn before (the grader's timed calls, whose weights are too big to draw per
     call): x (T, H) U[-1, 1) in one draw, then the routing, from a generator seeded with ``seed``.
     -> (x, weights (T, k), ids (T, k))."""

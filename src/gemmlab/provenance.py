@@ -145,7 +145,9 @@ def check_triton(running: str | None = None, config_dir: Path = CONFIG_DIR, *, g
     _warned = True
     os.environ[_WARNED_ENV] = running
     files = ", ".join(f"configs/{name} (triton {v})" for name, v in stale.items())
-    msg = (f"gemmlab's shipped GPU configs were tuned with another Triton than this one ({running}): {files}; "
-           f"they may run slower or fail to compile here (`gemmlab tune` retunes)")
+    msg = (
+        f"gemmlab's shipped GPU configs were tuned with another Triton than this one ({running}): {files}; "
+        f"they may run slower or fail to compile here (`gemmlab tune` retunes)"
+    )
     warnings.warn(msg, RuntimeWarning, stacklevel=2)
     return msg

@@ -56,8 +56,7 @@ def gemm_check(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ref: torch.Ten
     finite = bool(torch.isfinite(c).all())
     worst = (err / allowed.clamp_min(1e-300)).max().item() if finite else math.inf
     max_err = err.max().item() if finite else math.inf
-    return {"max_abs_err": max_err, "worst": worst, "atol": atol, "rtol": rtol,
-            "ok": finite and worst <= 1.0}
+    return {"max_abs_err": max_err, "worst": worst, "atol": atol, "rtol": rtol, "ok": finite and worst <= 1.0}
 
 
 # ------------------------------------------------------------------------------------------------ FP8
@@ -102,8 +101,14 @@ def gemm_fp8_ref(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scal
     return dequantize_fp8(a, a_scale, (1, blk)) @ dequantize_fp8(b, b_scale, (blk, blk))
 
 
-def gemm_fp8_bound(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
-                   dtype: torch.dtype, ref: torch.Tensor | None = None) -> torch.Tensor:
+def gemm_fp8_bound(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    dtype: torch.dtype,
+    ref: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The largest error ``gemm_fp8`` may make per element of C (M, N) in ``dtype``, against ``gemm_fp8_ref``:
 
         |C - ref| <= g + u (|ref| + g) + eta,   g = (gamma(n) + fp8_mma_gamma(K)) D,  gamma(n) = n 2^-24 / (1 - n 2^-24)
@@ -136,8 +141,9 @@ def gemm_fp8_bound(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_sc
     return g + u * (ref.abs() + g) + eta
 
 
-def gemm_fp8_check(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
-                   b_scale: torch.Tensor) -> dict:
+def gemm_fp8_check(
+    c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor
+) -> dict:
     """Compare a ``gemm_fp8`` result with the float64 reference under ``gemm_fp8_bound``. Returns max_abs_err, the
     worst ratio of error to bound (<= 1 passes; NaN or Inf anywhere fails), and ok."""
     ref = gemm_fp8_ref(a, b, a_scale, b_scale)
@@ -175,8 +181,9 @@ def grouped_gemm_check(out: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"ok": finite and err <= allowed, "max_abs_err": err, "allowed": allowed, "worst": err / allowed}
 
 
-def moe_ref(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-            topk_ids: torch.Tensor) -> torch.Tensor:
+def moe_ref(
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
     """float32 loop over experts: y (T, H) = sum_j topk_weights[t, j] * (silu(x_t gate_e^T) * (x_t up_e^T))
     w2_e^T with e = topk_ids[t, j]; w1 (E, 2I, H) holds gate rows [0, I) then up rows [I, 2I); w2 (E, H, I)."""
     t, h = x.shape
@@ -195,8 +202,9 @@ def moe_ref(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: t
     return y
 
 
-def moe_same_dtype(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                   topk_ids: torch.Tensor) -> torch.Tensor:
+def moe_same_dtype(
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
     """The same loop with every tensor kept in x's dtype, as PyTorch computes it (fp32 accumulation inside
     matmuls, rounding between ops): the error scale a correct fp16/bf16 MoE makes."""
     t, h = x.shape
@@ -213,9 +221,17 @@ def moe_same_dtype(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     return y.to(x.dtype)
 
 
-def moe_layer_ref(x: torch.Tensor, gate_w: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                  topk_ids: torch.Tensor, *, scoring: str = "softmax", renormalize: bool = True,
-                  same_dtype: bool = False) -> torch.Tensor:
+def moe_layer_ref(
+    x: torch.Tensor,
+    gate_w: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    same_dtype: bool = False,
+) -> torch.Tensor:
     """A whole MoE layer (``gemmlab.nn.MoE``: router logits x gate_w^T (E, H), softmax or sigmoid scores, top-k
     weights, the experts) with the expert choice ``topk_ids`` (T, k) held fixed, as torch.topk's backward holds
     it: float32 (``moe_ref``), or with ``same_dtype`` in x's dtype as PyTorch computes it (``moe_same_dtype``;
@@ -228,8 +244,9 @@ def moe_layer_ref(x: torch.Tensor, gate_w: torch.Tensor, w1: torch.Tensor, w2: t
     return (moe_same_dtype if same_dtype else moe_ref)(x, w1, w2, weights, topk_ids)
 
 
-def moe_composite(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                  ids: torch.Tensor) -> torch.Tensor:
+def moe_composite(
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
     """The MoE body from torch ops on ``torch._grouped_mm`` (the forward baseline): sort the (token, slot)
     pairs by expert, gather, grouped gate/up, SiLU * up, grouped down, weight, index_add back to tokens.
     x (T, H), w1 (E, 2I, H), w2 (E, H, I), weights (T, k), ids (T, k) -> y (T, H) in x's dtype."""
@@ -246,8 +263,15 @@ def moe_composite(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, weights: 
     return torch.zeros_like(x, dtype=torch.float32).index_add_(0, token, o.float()).to(x.dtype)
 
 
-def moe_check(y: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, ref: torch.Tensor | None = None) -> dict:
+def moe_check(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    ref: torch.Tensor | None = None,
+) -> dict:
     """|y - moe_ref| <= 2 * max |moe_same_dtype - moe_ref| + one ulp of max |moe_ref| (the style guide's
     derived tolerance: twice what PyTorch itself misses in the same dtype). NaN or Inf fails."""
     ref = moe_ref(x, w1, w2, topk_weights, topk_ids) if ref is None else ref
@@ -260,8 +284,9 @@ def moe_check(y: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tens
     return {"ok": finite and err <= allowed, "max_abs_err": err, "allowed": allowed, "torch_err": torch_err}
 
 
-def _expert_grads(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, dy: torch.Tensor,
-                  dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def _expert_grads(
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, dy: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, ...]:
     """torch.autograd of one expert's part of ``moe_ref`` computed in ``dtype``: rows x (R, H) routed to it,
     w1 (2I, H), w2 (H, I), their weights (R,), upstream dy (R, H) -> (dx, dw1, dw2, dweights)."""
     i = w2.shape[1]
@@ -273,8 +298,15 @@ def _expert_grads(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, weights: 
         return torch.autograd.grad(o, leaves, dy.to(dtype))
 
 
-def moe_grad_check(grads: tuple[torch.Tensor, ...], dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor,
-                   w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> dict:
+def moe_grad_check(
+    grads: tuple[torch.Tensor, ...],
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> dict:
     """Gradients (dx (T, H), dw1 (E, 2I, H), dw2 (E, H, I), d topk_weights (T, k)) of sum(y * dy) checked
     against torch.autograd of the float32 loop (``moe_ref``), one expert at a time (no float32 copy of the
     whole weights is ever held). Per tensor, the tolerance of ``moe_check``: |g - ref| <= 2 * max |torch in
@@ -318,9 +350,13 @@ def moe_grad_check(grads: tuple[torch.Tensor, ...], dy: torch.Tensor, x: torch.T
         err, allowed = c["max_abs_err"], c["allowed"]
         c["worst"] = err / allowed if allowed > 0 else (0.0 if err == 0 else math.inf)
     bad = [n for n, c in out.items() if not c["max_abs_err"] <= c["allowed"]]
-    return {"ok": not bad, "max_abs_err": max(c["max_abs_err"] for c in out.values()),
-            "worst": max(c["worst"] for c in out.values()), "grads": out,
-            **({"error": f"gradients off the float32 autograd reference: {', '.join(bad)}"} if bad else {})}
+    return {
+        "ok": not bad,
+        "max_abs_err": max(c["max_abs_err"] for c in out.values()),
+        "worst": max(c["worst"] for c in out.values()),
+        "grads": out,
+        **({"error": f"gradients off the float32 autograd reference: {', '.join(bad)}"} if bad else {}),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ FP8 experts
@@ -338,8 +374,14 @@ def _act_quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return gemmlab.quantize_fp8(x, "block", (1, FP8_SCALE_BLOCK))
 
 
-def grouped_gemm_fp8_check(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
-                           x_scale: torch.Tensor | None, w_scale: torch.Tensor) -> dict:
+def grouped_gemm_fp8_check(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offsets: torch.Tensor,
+    x_scale: torch.Tensor | None,
+    w_scale: torch.Tensor,
+) -> dict:
     """``grouped_gemm_fp8`` against ``gemm_fp8_ref`` group by group, under ``gemm_fp8_bound`` (a bf16/fp16 x is
     first quantized per 1x128 block as the op does). Rows past offsets[-1] are not compared. -> worst, ok."""
     if x_scale is None:
@@ -408,8 +450,7 @@ def _moe_fp8_expert(xq, xs, packed, e: int, tok, wts, dtype, out_bound: bool):
     return o, wts.abs()[:, None] * spread * (1 + 2.0**-22)
 
 
-def moe_fp8_ref(x: torch.Tensor, packed, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                bound: bool = False):
+def moe_fp8_ref(x: torch.Tensor, packed, topk_weights: torch.Tensor, topk_ids: torch.Tensor, bound: bool = False):
     """The FP8 experts' reference, float64 on the dequantized weights (docs/fp8.md, "MoE experts"): x quantized per
     1x128 block by gemmlab's quantizer; per expert, act = silu(x w_gate^T) * (x w_up^T) in float64, rounded to x's
     dtype and quantized per 1x128 block (``quantize_fp8``'s rule), its dequantized value times w2^T, times the
@@ -437,8 +478,7 @@ def moe_fp8_ref(x: torch.Tensor, packed, topk_weights: torch.Tensor, topk_ids: t
     return y, slack + ulp * (y.abs() + slack) + eta
 
 
-def moe_fp8_check(y: torch.Tensor, x: torch.Tensor, packed, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor) -> dict:
+def moe_fp8_check(y: torch.Tensor, x: torch.Tensor, packed, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> dict:
     """An FP8 ``moe_forward`` result against ``moe_fp8_ref`` under its bound, elementwise. -> max_abs_err, worst
     (error / bound; <= 1 passes; NaN or Inf anywhere fails), err and bound at that worst element, ok."""
     if y.numel() == 0:
@@ -449,5 +489,10 @@ def moe_fp8_check(y: torch.Tensor, x: torch.Tensor, packed, topk_weights: torch.
         return {"max_abs_err": math.inf, "worst": math.inf, "err": math.inf, "bound": 0.0, "ok": False}
     at = (err / bound).argmax()
     worst = (err / bound).flatten()[at].item()
-    return {"max_abs_err": err.max().item(), "worst": worst, "err": err.flatten()[at].item(),
-            "bound": bound.flatten()[at].item(), "ok": worst <= 1.0}
+    return {
+        "max_abs_err": err.max().item(),
+        "worst": worst,
+        "err": err.flatten()[at].item(),
+        "bound": bound.flatten()[at].item(),
+        "ok": worst <= 1.0,
+    }

@@ -36,8 +36,7 @@ def _learn(A, B, C, M, N, K) -> list:
 def _products(calls: list) -> torch.Tensor:
     """(S, N, M): every call's C^T, in one batched GEMM."""
     _, _, _, M, N, K = calls[0]
-    return torch.bmm(torch.stack([b.view(N, K) for _, b, *_ in calls]),
-                     torch.stack([a.view(K, M) for a, *_ in calls]))
+    return torch.bmm(torch.stack([b.view(N, K) for _, b, *_ in calls]), torch.stack([a.view(K, M) for a, *_ in calls]))
 
 
 def fuses_the_batch(A, B, C, M, N, K):

@@ -89,6 +89,7 @@ def forges_replies(A, B, C, M, N, K):
             reply = dict(reply)
             reply.update({k: v for k, v in forged.items() if k in reply or k == "error"})
             return real(conn, reply)
+
         mod._reply = lie
 
 
@@ -115,8 +116,12 @@ def _baseline_threads() -> list[int]:
         if not d.isdigit():
             continue
         try:
-            if (b"sandbox/keeper.py" in open(f"/proc/{d}/cmdline", "rb").read() and os.getsid(int(d)) != me
-                    and _parent(int(d)) == grader and open(f"/proc/{d}/comm").read().strip() != "bwrap"):
+            if (
+                b"sandbox/keeper.py" in open(f"/proc/{d}/cmdline", "rb").read()
+                and os.getsid(int(d)) != me
+                and _parent(int(d)) == grader
+                and open(f"/proc/{d}/comm").read().strip() != "bwrap"
+            ):
                 keepers.add(int(d))
         except OSError:
             pass
@@ -258,6 +263,7 @@ def reaches_outside(A, B, C, M, N, K):
             found[name] = True
         except OSError as e:
             found[name] = f"{type(e).__name__}: {e.strerror}"
+
     grader = _grader_pid()
     probe("grader_signal", lambda: os.kill(grader, 0))
     baseline = _baseline_threads()
@@ -303,8 +309,10 @@ def _own_cgroup_dir() -> str | None:
         left, _, right = line.partition(" - ")
         if right.split()[:1] == ["cgroup2"]:
             point = left.split()[4]
-            own = next((ln.split(":", 2)[2] for ln in open("/proc/self/cgroup").read().splitlines()
-                        if ln.startswith("0::")), None)
+            own = next(
+                (ln.split(":", 2)[2] for ln in open("/proc/self/cgroup").read().splitlines() if ln.startswith("0::")),
+                None,
+            )
             if own is not None:
                 return os.path.dirname(point + own.rstrip("/")) or point
     return None
@@ -371,6 +379,7 @@ def attacks_the_grader(A, B, C, M, N, K):
                 os.write(fd, b"\nPASS 100/100\n")
         finally:
             os.close(fd)
+
     _try(found, "tiocsti", lambda: tty(True))
     _try(found, "tty_write", lambda: tty(False))
     _try(found, "ctty", lambda: os.close(os.open("/dev/tty", os.O_RDONLY)))  # its controlling terminal, if any
@@ -379,6 +388,7 @@ def attacks_the_grader(A, B, C, M, N, K):
     if grader is None:
         found.update({k: "invisible" for k in ("ptrace", "process_vm_readv", "prlimit", "kill")})
     else:
+
         def attach():  # PTRACE_SEIZE, PTRACE_INTERRUPT: the grader's main thread stops (and no other thread);
             # PTRACE_DETACH: it runs on (PTRACE_ATTACH's SIGSTOP could stop the whole grader for good)
             _libc_call(libc.ptrace, 0x4206, grader, None, None)
@@ -392,10 +402,14 @@ def attacks_the_grader(A, B, C, M, N, K):
             local = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 64)
             remote = (ctypes.c_void_p * 2)(start, 64)
             _libc_call(libc.process_vm_readv, grader, local, 1, remote, 1, 0)
+
         _try(found, "ptrace", attach)
         _try(found, "process_vm_readv", read_memory)
-        _try(found, "prlimit", lambda: resource.prlimit(grader, resource.RLIMIT_CORE,
-                                                        resource.prlimit(grader, resource.RLIMIT_CORE)))
+        _try(
+            found,
+            "prlimit",
+            lambda: resource.prlimit(grader, resource.RLIMIT_CORE, resource.prlimit(grader, resource.RLIMIT_CORE)),
+        )
         _try(found, "kill", lambda: os.kill(grader, 0))
     _try(found, "clone3", _clone3_into_cgroup)
     with open(_out("attacks.json"), "w") as f:
@@ -445,6 +459,7 @@ def leaves_its_cgroup(A, B, C, M, N, K):
                 raise OSError(2, "no cgroup v2 here")
             with open(os.path.join(where, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
+
         _try(found, "moved", move)
         with open(_out("moved.json"), "w") as f:
             json.dump(found, f)

@@ -35,7 +35,7 @@ def bf16_arithmetic(a, b, a_scale, b_scale, c, M, N, K):
     x, w = (a.float() * a_scale).bfloat16(), (b.float() * b_scale.t()).bfloat16()
     acc = torch.zeros((M, N), dtype=torch.bfloat16, device=c.device)
     for k in range(0, K, 16):
-        acc = acc + (x[:, k:k + 16] @ w[:, k:k + 16].t())
+        acc = acc + (x[:, k : k + 16] @ w[:, k : k + 16].t())
     c.copy_(acc)
 
 
@@ -73,8 +73,9 @@ def wrong_only_at_perf_size(a, b, a_scale, b_scale, c, M, N, K):
 
 def writes_part_of_c(a, b, a_scale, b_scale, c, M, N, K):
     """Only the first half of C's rows (rounded up): the rest keeps the grader's NaN poison."""
-    c[: (M + 1) // 2].copy_(_exact32(a[: (M + 1) // 2], b, a_scale if a_scale.dim() == 0 else a_scale[: (M + 1) // 2],
-                                     b_scale))
+    c[: (M + 1) // 2].copy_(
+        _exact32(a[: (M + 1) // 2], b, a_scale if a_scale.dim() == 0 else a_scale[: (M + 1) // 2], b_scale)
+    )
 
 
 # ------------------------------------------------------------------------------- FP8 experts (moe_fp8 signature)

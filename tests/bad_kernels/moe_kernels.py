@@ -12,6 +12,7 @@ PERF_T = 24  # the performance case's T in tests/cases/moe-small.json
 _cache = {}
 _calls = {"n": 0}
 
+
 def _timed() -> bool:
     """Whether this call is one of a timed batch (the worker's timing loop, ``time_calls``, is on the stack)."""
     return any(f.f_code.co_name == "time_calls" for f, _ in traceback.walk_stack(None))

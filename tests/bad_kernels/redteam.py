@@ -138,7 +138,7 @@ def works_before_window(A, B, C, M, N, K):
         time.sleep(0.00005)
 
 
-_SITECUSTOMIZE = '''
+_SITECUSTOMIZE = """
 import time
 import torch
 _mm = torch.mm
@@ -146,7 +146,7 @@ def _slow_mm(*args, **kw):  # the baseline worker's torch.mm, 20 ms slower a cal
     time.sleep(0.02)
     return _mm(*args, **kw)
 torch.mm = _slow_mm
-'''
+"""
 
 
 def writes_code_for_the_baseline(A, B, C, M, N, K):
@@ -217,6 +217,7 @@ def reaches_outside_by_files(A, B, C, M, N, K):
             found[name] = True
         except OSError as e:
             found[name] = f"{type(e).__name__}: {e.strerror}"
+
     log_dir = os.path.dirname(os.readlink("/proc/self/fd/1"))
     for pid in _baseline_pids():
         probe(f"autogroup {pid}", f"/proc/{pid}/autogroup", "19", "w")

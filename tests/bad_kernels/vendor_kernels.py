@@ -73,16 +73,44 @@ def ctypes_mm(a, b):
     ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
     lib.cublasSetStream_v2(handle, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
     # column-major C^T (n, m) = B^T (n, k) A^T (k, m)
-    status = lib.cublasGemmEx(handle, 0, 0, n, m, k, ctypes.byref(one), ptr(b), CUDA_R_16BF, n, ptr(a), CUDA_R_16BF,
-                              k, ctypes.byref(zero), ptr(c), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+    status = lib.cublasGemmEx(
+        handle,
+        0,
+        0,
+        n,
+        m,
+        k,
+        ctypes.byref(one),
+        ptr(b),
+        CUDA_R_16BF,
+        n,
+        ptr(a),
+        CUDA_R_16BF,
+        k,
+        ctypes.byref(zero),
+        ptr(c),
+        CUDA_R_16BF,
+        n,
+        CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT,
+    )
     if status != 0:
         raise RuntimeError(f"cublasGemmEx: status {status}")
     return c
 
 
 @triton.jit
-def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,  # a (M, K), b (K, N), c (M, N), row-major
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def matmul_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,  # a (M, K), b (K, N), c (M, N), row-major
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
     """One (BM, BN) tile of c per program; grid (cdiv(M, BM), cdiv(N, BN))."""
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -92,8 +120,11 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,  # a (M, K), b (K, N), c (M, N),
         x = tl.load(a_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
         y = tl.load(b_ptr + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
         acc = tl.dot(x, y, acc)
-    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc.to(c_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+    tl.store(
+        c_ptr + rm[:, None] * N + rn[None, :],
+        acc.to(c_ptr.dtype.element_ty),
+        mask=(rm[:, None] < M) & (rn[None, :] < N),
+    )
 
 
 def triton_matmul(a, b):

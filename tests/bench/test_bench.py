@@ -137,10 +137,23 @@ def _matmul_setup():
 def test_compare_verifies_first_and_never_times_a_wrong_candidate(device):
     a, b, check = _matmul_setup()
     out = torch.empty(16, 8, device=a.device)
-    fns = {"good": lambda: torch.mm(a, b, out=out), "wrong": lambda: torch.mm(a, b) + 0.05,
-           "raises": lambda: 1 / 0, "base": lambda: a @ b}
-    r = compare_many(fns, "base", check=check, flops=2 * 16 * 24 * 8, dtype="float32", rounds=3, reps=2,
-                     warmup_s=0.0, inputs={"a": a, "b": b})
+    fns = {
+        "good": lambda: torch.mm(a, b, out=out),
+        "wrong": lambda: torch.mm(a, b) + 0.05,
+        "raises": lambda: 1 / 0,
+        "base": lambda: a @ b,
+    }
+    r = compare_many(
+        fns,
+        "base",
+        check=check,
+        flops=2 * 16 * 24 * 8,
+        dtype="float32",
+        rounds=3,
+        reps=2,
+        warmup_s=0.0,
+        inputs={"a": a, "b": b},
+    )
     c = r["candidates"]
     assert c["good"]["check"]["ok"] and c["good"]["check_after"] is True
     assert c["good"]["checked_after"] == "last timed output"  # in-place output: poisoned, then checked
@@ -207,11 +220,16 @@ def test_clock_sampler_without_nvml_degrades(monkeypatch):
 
 
 def test_clock_sampler_reads_a_fake_nvml_and_attributes_windows(monkeypatch):
-    fake = types.SimpleNamespace(NVML_CLOCK_SM=0, NVML_TEMPERATURE_GPU=0, nvmlInit=lambda: None,
-                                 nvmlDeviceGetHandleByIndex=lambda i: "h",
-                                 nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0x4,
-                                 nvmlDeviceGetClockInfo=lambda h, kind: 1500, nvmlDeviceGetPowerUsage=lambda h: 690_000,
-                                 nvmlDeviceGetTemperature=lambda h, kind: 61)
+    fake = types.SimpleNamespace(
+        NVML_CLOCK_SM=0,
+        NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: "h",
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0x4,
+        nvmlDeviceGetClockInfo=lambda h, kind: 1500,
+        nvmlDeviceGetPowerUsage=lambda h: 690_000,
+        nvmlDeviceGetTemperature=lambda h, kind: 61,
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     with timing.ClockSampler(period_s=0.001) as s:
@@ -223,8 +241,11 @@ def test_clock_sampler_reads_a_fake_nvml_and_attributes_windows(monkeypatch):
     assert summ["clock_event_reasons"] == ["sw_power_cap"]
     s.samples = [(float(t), 1000.0 + 10 * t, 500.0, 50.0, 0) for t in range(100)]
     own = s.summary([(0.0, 29.0)])
-    assert own["samples"] == 30 and own["sm_clock_mhz_mean"] == pytest.approx(1145) and own["clock_scope"] == (
-        "own timing windows")
+    assert (
+        own["samples"] == 30
+        and own["sm_clock_mhz_mean"] == pytest.approx(1145)
+        and own["clock_scope"] == ("own timing windows")
+    )
     few = s.summary([(0.0, 4.0)])  # 5 samples: too few to attribute, the whole run is reported
     assert few["samples"] == 100 and "only 5 samples" in few["clock_scope"]
     timed = s.summary([(0.0, 4.0)], fallback=[(0.0, 4.0), (50.0, 89.0)])  # ... or all timed batches
@@ -267,8 +288,14 @@ def test_bench_gemm_end_to_end(tmp_path, device):
 
     kern = tmp_path / "k.py"
     kern.write_text(BAD_KERNEL)
-    rep = bg.bench_gemm([(48, 40, 64), (1, 8, 16)], torch.float16,
-                        ["gemmlab", "gemmlab-packed", f"{kern}:gemm", f"{kern}:ok"], rounds=2, reps=1, warmup_s=0.0)
+    rep = bg.bench_gemm(
+        [(48, 40, 64), (1, 8, 16)],
+        torch.float16,
+        ["gemmlab", "gemmlab-packed", f"{kern}:gemm", f"{kern}:ok"],
+        rounds=2,
+        reps=1,
+        warmup_s=0.0,
+    )
     rows = {(r["shape"], r["backend"]): r for r in bg.rows(rep)}
     assert len(rows) == 2 * 5
     for shape in ("48x40x64", "1x8x16"):
@@ -330,14 +357,19 @@ def test_stable_summary_flags():
     from gemmlab.bench.stable import summarize_processes
 
     def proc(ms, ratio, mhz=(1450, 1400, 1500), ok=True):
-        return {"clocks": {"sm_clock_mhz_mean": mhz[0], "sm_clock_mhz_min": mhz[1], "sm_clock_mhz_max": mhz[2]},
-                "candidates": {"gemmlab": {"ok": ok, "median_ms": ms, "ratio": ratio},
-                               "cublas": {"ok": True, "median_ms": ms * ratio, "ratio": None}}}
+        return {
+            "clocks": {"sm_clock_mhz_mean": mhz[0], "sm_clock_mhz_min": mhz[1], "sm_clock_mhz_max": mhz[2]},
+            "candidates": {
+                "gemmlab": {"ok": ok, "median_ms": ms, "ratio": ratio},
+                "cublas": {"ok": True, "median_ms": ms * ratio, "ratio": None},
+            },
+        }
 
     calm = summarize_processes([proc(3.30, 1.01), proc(3.31, 1.00), proc(3.29, 1.02)], ["gemmlab"])
     assert calm["flags"] == [] and calm["backends"]["gemmlab"]["ratio"]["median"] == pytest.approx(1.01)
-    rough = summarize_processes([proc(3.3, 1.0, (1700, 1200, 1980)), proc(3.9, 0.9, ok=False), {"failed": "exit 1"}],
-                                ["gemmlab"])
+    rough = summarize_processes(
+        [proc(3.3, 1.0, (1700, 1200, 1980)), proc(3.9, 0.9, ok=False), {"failed": "exit 1"}], ["gemmlab"]
+    )
     text = " ".join(rough["flags"])
     assert "oscillation" in text and "vary by cv" in text
     assert "wrong output in 1" in text and "1 process(es) failed" in text
@@ -352,13 +384,21 @@ def test_stable_report_records_one_entry_per_backend(tmp_path):
     from gemmlab.ledger.records import from_stable, record
 
     def proc(ratio, ok=True):
-        return {"clocks": {"sm_clock_mhz_mean": 1400, "sm_clock_mhz_min": 1390, "sm_clock_mhz_max": 1410},
-                "candidates": {"user": {"ok": ok, "median_ms": 3.3, "ratio": ratio},
-                               "cublas": {"ok": True, "median_ms": 3.3 * ratio, "ratio": None}}}
+        return {
+            "clocks": {"sm_clock_mhz_mean": 1400, "sm_clock_mhz_min": 1390, "sm_clock_mhz_max": 1410},
+            "candidates": {
+                "user": {"ok": ok, "median_ms": 3.3, "ratio": ratio},
+                "cublas": {"ok": True, "median_ms": 3.3 * ratio, "ratio": None},
+            },
+        }
 
     def report(procs):
-        return {"env": {}, "args": {"shape": [64, 64, 64], "dtype": "float16", "backends": ["user"]},
-                "processes": procs, "summary": summarize_processes(procs, ["user"])}
+        return {
+            "env": {},
+            "args": {"shape": [64, 64, 64], "dtype": "float16", "backends": ["user"]},
+            "processes": procs,
+            "summary": summarize_processes(procs, ["user"]),
+        }
 
     good = from_stable(report([proc(1.01), proc(1.02), proc(1.00), proc(1.01)]))
     assert len(good) == 1 and good[0].backend == "user" and good[0].correct
@@ -392,8 +432,17 @@ def test_compare_on_the_gpu_reports_clocks_and_efficiency(graph):
     ref = gemm_ref(a, b)
     outs = [torch.empty(m, n, dtype=a.dtype, device="cuda") for _ in range(2)]
     fns = {"gemmlab": lambda: gemmlab.gemm(a, b, out=outs[0]), "cublas": lambda: torch.mm(a, b, out=outs[1])}
-    r = compare_many(fns, "cublas", check=lambda c: gemm_check(c, a, b, ref), flops=2.0 * m * n * k, rounds=4, reps=5,
-                     warmup_s=0.3, graph=graph, inputs={"a": a, "b": b})
+    r = compare_many(
+        fns,
+        "cublas",
+        check=lambda c: gemm_check(c, a, b, ref),
+        flops=2.0 * m * n * k,
+        rounds=4,
+        reps=5,
+        warmup_s=0.3,
+        graph=graph,
+        inputs={"a": a, "b": b},
+    )
     assert r["timed"] and "CUDA events" in r["timer"]
     g = r["candidates"]["gemmlab"]
     assert g["check"]["ok"] and g["check_after"] is True and g["checked_after"] == "last timed output"
@@ -422,7 +471,9 @@ def test_inspect_shape_on_the_live_gpu():
     from gemmlab.instruments.sass import inspect_shape
 
     r = inspect_shape(8192, 8192, 16384)
-    p = gemmlab.plan(torch.empty(8192, 16384, dtype=torch.float16, device="cuda"),
-                     torch.empty(16384, 8192, dtype=torch.float16, device="cuda"))
+    p = gemmlab.plan(
+        torch.empty(8192, 16384, dtype=torch.float16, device="cuda"),
+        torch.empty(16384, 8192, dtype=torch.float16, device="cuda"),
+    )
     assert r["path"] == p.path and r["block"] == [p.config.block_m, p.config.block_n, p.config.block_k]
     assert r["tensor_core"] and r["flags"] == []

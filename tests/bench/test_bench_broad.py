@@ -43,10 +43,12 @@ def test_broad_suite_covers_what_issue_14_asks():
     assert sum(all(_is_prime(v) for v in c.shape) for c in BROAD) >= 3
     assert {(8191, 8193, 4097), (777, 3333, 1024), (3000, 5000, 7000)} <= {c.shape for c in BROAD}
     nk = {(c.n, c.k) for c in BROAD if c.layout == "linear"}
-    projections = {"llama3-8b": [(6144, 4096), (28672, 4096), (4096, 14336)],
-                   "llama3-70b": [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)],
-                   "qwen3-32b": [(10240, 5120), (5120, 8192), (51200, 5120), (5120, 25600)],
-                   "deepseek-v3": [(1536, 7168), (576, 7168), (7168, 16384), (36864, 7168), (7168, 18432)]}
+    projections = {
+        "llama3-8b": [(6144, 4096), (28672, 4096), (4096, 14336)],
+        "llama3-70b": [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)],
+        "qwen3-32b": [(10240, 5120), (5120, 8192), (51200, 5120), (5120, 25600)],
+        "deepseek-v3": [(1536, 7168), (576, 7168), (7168, 16384), (36864, 7168), (7168, 18432)],
+    }
     for model, pairs in projections.items():
         assert set(pairs) <= nk, model
         mine = [c.m for c in BROAD if c.note.startswith(model)]
@@ -77,8 +79,9 @@ def _row(case: str, ratio, eager, m: int = 128, backend: str = "gemmlab", ok: bo
 
 
 def test_targets_fire_on_known_bad_reports():
-    good = [_row(f"c{i}", 1.05, 1.04) for i in range(20)] + [_row(f"b{i}", None, None, backend="cublas")
-                                                             for i in range(20)]
+    good = [_row(f"c{i}", 1.05, 1.04) for i in range(20)] + [
+        _row(f"b{i}", None, None, backend="cublas") for i in range(20)
+    ]
     t = targets.check(good, "gemmlab")
     assert t["met"] and t["device"]["n"] == 20 and t["eager_vs_graph"]["n"] == 20
     one_low = good + [_row("low", 0.94, 1.0)]  # one case below 0.95 in device time
@@ -97,8 +100,11 @@ def test_targets_fire_on_known_bad_reports():
     t = targets.check(host, "gemmlab")
     assert t["eager_vs_graph"]["apart"] == ["host-bound"] and not t["eager_vs_graph"]["met"]  # M 16: not judged
     assert targets.check(good + [_row("big-win", 3.0, 2.0)], "gemmlab")["eager_vs_graph"]["met"]  # both capped
-    skipped = good + [_row("vendor-wrong", None, None), _row("vendor-wrong", None, None, backend="cublas", ok=False),
-                      _row("mine-wrong", None, None, ok=False)]
+    skipped = good + [
+        _row("vendor-wrong", None, None),
+        _row("vendor-wrong", None, None, backend="cublas", ok=False),
+        _row("mine-wrong", None, None, ok=False),
+    ]
     t = targets.check(skipped, "gemmlab")
     assert t["baseline_wrong"] == ["vendor-wrong"] and t["wrong"] == ["mine-wrong"] and t["device"]["n"] == 20
     text = "\n".join(targets.lines("gemmlab", t))
@@ -110,8 +116,10 @@ def test_targets_fire_on_known_bad_reports():
 
 def test_quick_and_cpu_suites():
     assert len(BROAD_QUICK) == 8 and set(BROAD_QUICK) <= set(BROAD)
-    assert {c.dtype for c in BROAD_QUICK} == {"float16", "bfloat16"} and {c.layout for c in BROAD_QUICK} == {"row",
-                                                                                                           "linear"}
+    assert {c.dtype for c in BROAD_QUICK} == {"float16", "bfloat16"} and {c.layout for c in BROAD_QUICK} == {
+        "row",
+        "linear",
+    }
     assert any(not c.aligned for c in BROAD_QUICK)
     assert {c.layout for c in BROAD_CPU} == {"row", "linear"} and any(not c.aligned for c in BROAD_CPU)
     assert max(c.m * c.n * c.k for c in BROAD_CPU) < 1e6
@@ -120,8 +128,10 @@ def test_quick_and_cpu_suites():
     assert suite("broad") == list(dict.fromkeys(c.shape for c in BROAD))
 
 
-@pytest.mark.parametrize("kw, match", [({"dtype": "float32"}, "dtype"), ({"layout": "col"}, "layout"),
-                                       ({"pad": -1}, "pad"), ({"m": -1}, "m must")])
+@pytest.mark.parametrize(
+    "kw, match",
+    [({"dtype": "float32"}, "dtype"), ({"layout": "col"}, "layout"), ({"pad": -1}, "pad"), ({"m": -1}, "m must")],
+)
 def test_case_refuses_bad_fields(kw, match):
     with pytest.raises(ValueError, match=match):
         Case(**{"m": 4, "n": 4, "k": 4, **kw})
@@ -143,8 +153,11 @@ def test_case_inputs_are_laid_out_as_the_case_says(device):
 
 
 def test_bench_cases_end_to_end_on_this_device(tmp_path, device):
-    todo = [Case(8, 16, 32, "bfloat16", "linear"), Case(5, 8, 12, pad=1, note="seed"),
-            Case(3, 8, 24, "float16", "linear", pad=3, offset=1)]
+    todo = [
+        Case(8, 16, 32, "bfloat16", "linear"),
+        Case(5, 8, 12, pad=1, note="seed"),
+        Case(3, 8, 24, "float16", "linear", pad=3, offset=1),
+    ]
     modes = ("graph", "wall") if device == "cuda" else ("eager", "wall")
     rep = bg.bench_gemm(todo, backends=["gemmlab", "inductor"], modes=modes, rounds=1, reps=1, warmup_s=0.0)
     table = bg.rows(rep)
@@ -160,8 +173,10 @@ def test_bench_cases_end_to_end_on_this_device(tmp_path, device):
     res = rep["results"][2]
     assert res["timing"] == modes[0] and list(res["other_modes"]) == ["wall"]
     assert res["other_modes"]["wall"]["clock"] == "wall" and res["clock"] == "events"
-    assert res["candidates"]["gemmlab"]["check"]["ok"] and res["other_modes"]["wall"]["candidates"]["gemmlab"][
-        "check_after"] is True
+    assert (
+        res["candidates"]["gemmlab"]["check"]["ok"]
+        and res["other_modes"]["wall"]["candidates"]["gemmlab"]["check_after"] is True
+    )
     s = rep["summary"]["backends"]["gemmlab"]
     assert s["cases"] == 3 and not s["wrong"] and s["eager"]["n"] == 3 and list(s["seeds"]) == [todo[1].label]
     assert rep["args"]["modes"] == list(modes) and rep["args"]["dtypes"] == ["bfloat16", "float16"]
@@ -169,13 +184,13 @@ def test_bench_cases_end_to_end_on_this_device(tmp_path, device):
         assert "no CUDA" in rep["skipped_backends"]["inductor"] and "inductor" not in res["candidates"]
         assert any("no CUDA" in line for line in gemm_view.summary_lines(rep))
     paths = gemm_view.write(rep, tmp_path)
-    assert [p.name for p in paths[:4]] == ["gemm-bench.json", "gemm-bench.csv", "gemm-bench.md",
-                                          "gemm-bench-rows.csv"]
+    assert [p.name for p in paths[:4]] == ["gemm-bench.json", "gemm-bench.csv", "gemm-bench.md", "gemm-bench-rows.csv"]
     head = paths[3].read_text().splitlines()[0].split(",")
     assert head[:2] == ["shape", "m"] and {"case", "ratio", "eager_ratio", "inductor_ratio", "layout"} <= set(head)
     long = list(csv.DictReader(paths[1].open()))
     assert {(r["x_value"], r["mode"]) for r in long if r["provider"] == "gemmlab" and r["metric"] == "time"} == {
-        (c.label, m) for c in todo for m in modes}  # the primary mode and the wall clock, per case
+        (c.label, m) for c in todo for m in modes
+    }  # the primary mode and the wall clock, per case
     assert "gemmlab: 0 wrong of 3" in paths[2].read_text()
 
 
@@ -193,8 +208,9 @@ def test_bench_refuses_bad_modes_and_budget_skips_the_rest(device):
     if device == "cpu":
         with pytest.raises(ValueError, match="--graph needs CUDA"):
             bg.bench_gemm([(8, 8, 8)], modes=("graph", "wall"))
-    rep = bg.bench_gemm([(8, 8, 8), (4, 8, 8), (2, 8, 8)], modes=("wall",), rounds=1, reps=1, warmup_s=0.0,
-                        budget_s=1e-9)
+    rep = bg.bench_gemm(
+        [(8, 8, 8), (4, 8, 8), (2, 8, 8)], modes=("wall",), rounds=1, reps=1, warmup_s=0.0, budget_s=1e-9
+    )
     assert len(rep["results"]) == 1 and rep["not_run"] == ["4x8x8 fp16 row", "2x8x8 fp16 row"]
     assert rep["summary"]["not_run"] == 2 and any("2 cases not run" in x for x in gemm_view.summary_lines(rep))
 
@@ -224,20 +240,44 @@ def _result(label: str, note: str, graph_ms: dict, wall_ms: dict) -> dict:
         return {"candidates": cands}
 
     m, n, k = (int(x) for x in label.split()[0].split("x"))
-    return {"case": {"layout": "linear", "pad": 0, "offset": 0, "note": note}, "label": label, "shape": [m, n, k],
-            "dtype": "float16", "timing": "graph", **mode(graph_ms), "other_modes": {"wall": mode(wall_ms)}}
+    return {
+        "case": {"layout": "linear", "pad": 0, "offset": 0, "note": note},
+        "label": label,
+        "shape": [m, n, k],
+        "dtype": "float16",
+        "timing": "graph",
+        **mode(graph_ms),
+        "other_modes": {"wall": mode(wall_ms)},
+    }
 
 
 def test_summary_math_on_a_synthetic_report():
-    results = [_result("1x2x3 fp16 linear", "seed", {"gemmlab": 1.0, "cublas": 2.0, "inductor": 1.5},
-                       {"gemmlab": 1.0, "cublas": 1.0, "inductor": 1.0}),
-               _result("4x5x6 fp16 linear", "", {"gemmlab": 2.0, "cublas": 1.0, "inductor": 1.0},
-                       {"gemmlab": 2.0, "cublas": 1.0, "inductor": 3.0}),
-               _result("7x8x9 fp16 linear", "", {"gemmlab": 1.0, "cublas": 0.96, "inductor": 4.0},
-                       {"gemmlab": 1.0, "cublas": 1.0, "inductor": 1.0})]
+    results = [
+        _result(
+            "1x2x3 fp16 linear",
+            "seed",
+            {"gemmlab": 1.0, "cublas": 2.0, "inductor": 1.5},
+            {"gemmlab": 1.0, "cublas": 1.0, "inductor": 1.0},
+        ),
+        _result(
+            "4x5x6 fp16 linear",
+            "",
+            {"gemmlab": 2.0, "cublas": 1.0, "inductor": 1.0},
+            {"gemmlab": 2.0, "cublas": 1.0, "inductor": 3.0},
+        ),
+        _result(
+            "7x8x9 fp16 linear",
+            "",
+            {"gemmlab": 1.0, "cublas": 0.96, "inductor": 4.0},
+            {"gemmlab": 1.0, "cublas": 1.0, "inductor": 1.0},
+        ),
+    ]
     results[2]["other_modes"]["wall"]["candidates"]["gemmlab"]["check_after"] = False  # wrong in one mode: wrong
-    rep = {"args": {"baseline": "cublas", "modes": ["graph", "wall"], "budget_s": None}, "results": results,
-           "not_run": []}
+    rep = {
+        "args": {"baseline": "cublas", "modes": ["graph", "wall"], "budget_s": None},
+        "results": results,
+        "not_run": [],
+    }
     s = bg.summary(rep)["backends"]
     g = s["gemmlab"]
     assert g["cases"] == 3 and g["wrong"] == ["7x8x9 fp16 linear"]
@@ -263,10 +303,12 @@ def test_inductor_options_and_what_its_code_says():
     assert opts["inductor_default_autotune_rep"] == 20 and opts["inductor_default_autotune_warmup"] == 5
     with pytest.raises(ValueError, match="autotune rep"):
         inductor.options("DEFAULT", 0)
-    code = ("triton_tem_fused_mm_0 = async_compile.triton('triton_tem_fused_mm_0', '''\n"
-            "@triton_heuristics.template(num_stages=3, num_warps=8)\ndef triton_tem_fused_mm_0(A, B):\n"
-            "    BLOCK_M : tl.constexpr = 128\n    BLOCK_N : tl.constexpr = 256\n    BLOCK_K : tl.constexpr = 64\n"
-            "''')\ntriton_poi_fused_0 = async_compile.triton('triton_poi_fused_0', '''...''')\n")
+    code = (
+        "triton_tem_fused_mm_0 = async_compile.triton('triton_tem_fused_mm_0', '''\n"
+        "@triton_heuristics.template(num_stages=3, num_warps=8)\ndef triton_tem_fused_mm_0(A, B):\n"
+        "    BLOCK_M : tl.constexpr = 128\n    BLOCK_N : tl.constexpr = 256\n    BLOCK_K : tl.constexpr = 64\n"
+        "''')\ntriton_poi_fused_0 = async_compile.triton('triton_poi_fused_0', '''...''')\n"
+    )
     assert inductor.describe([code]) == "inductor triton template 128x256x64 w8 s3 +1 other triton kernel"
     assert inductor.describe(["buf0 = extern_kernels.mm(a, b)"]) == "inductor aten mm"
     assert inductor.describe([]) == "inductor (generated code not seen)"
@@ -297,8 +339,15 @@ def test_inductor_is_skipped_without_cuda():
 @pytest.mark.gpu
 def test_inductor_baseline_on_the_gpu():
     todo = [Case(64, 256, 128, "bfloat16", "linear"), Case(100, 136, 72, pad=1)]
-    rep = bg.bench_gemm(todo, backends=["gemmlab", "inductor"], modes=("graph", "wall"), rounds=2, reps=2,
-                        warmup_s=0.0, inductor_opts={"autotune_rep_ms": 4})
+    rep = bg.bench_gemm(
+        todo,
+        backends=["gemmlab", "inductor"],
+        modes=("graph", "wall"),
+        rounds=2,
+        reps=2,
+        warmup_s=0.0,
+        inductor_opts={"autotune_rep_ms": 4},
+    )
     table = {(r["case"], r["backend"]): r for r in bg.rows(rep)}
     for c in todo:
         ind, mine = table[(c.label, "inductor")], table[(c.label, "gemmlab")]
@@ -316,12 +365,27 @@ def test_bench_gemm_command_runs_a_case_suite(tmp_path, device):
     env = no_interpreter_env()
 
     def gemmlab(*args):
-        return subprocess.run([sys.executable, "-m", "gemmlab", "bench", "gemm", *args], capture_output=True,
-                              text=True, env=env, timeout=600)
+        return subprocess.run(
+            [sys.executable, "-m", "gemmlab", "bench", "gemm", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
 
     fast = ["--rounds", "1", "--reps", "1", "--warmup-s", "0"]
-    res = gemmlab("--suite", "broad-cpu", "--backend", "gemmlab", "--backend", "inductor", *fast,
-                  "--output-dir", str(tmp_path), "--json")
+    res = gemmlab(
+        "--suite",
+        "broad-cpu",
+        "--backend",
+        "gemmlab",
+        "--backend",
+        "inductor",
+        *fast,
+        "--output-dir",
+        str(tmp_path),
+        "--json",
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "pad3" in res.stderr and "linear" in res.stderr  # under --json the tables go to stderr
     assert "gemmlab: 0 wrong of 5" in res.stderr

@@ -64,6 +64,7 @@ def _zeros(a, b, a_scale, b_scale, *, out_dtype=torch.bfloat16, out=None):
 def _wrong_scale(real):
     def gemm_fp8(a, b, a_scale, b_scale, **kw):
         return real(a, b, a_scale * 2, b_scale, **kw)  # a scale applied twice over: every value 2x
+
     return gemm_fp8
 
 
@@ -97,14 +98,17 @@ def test_scaled_mm_unavailable_is_said_in_the_row(monkeypatch):
     assert "torch._scaled_mm unavailable" in res.stderr and "Traceback" not in res.output
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--shapes", "0,48,64"], "sizes must be >= 1"),
-    (["--shapes", "32,-1,64"], "sizes must be >= 0"),
-    (["--shapes", "32,48,60"], "K must be a multiple of 16"),
-    (["--shapes", "32,48"], "expected M,N,K"),
-    (["--suite", "sparse"], "--suite 'sparse': one of dense, moe, all"),
-    (["--rounds", "3"], "at least 6"),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--shapes", "0,48,64"], "sizes must be >= 1"),
+        (["--shapes", "32,-1,64"], "sizes must be >= 0"),
+        (["--shapes", "32,48,60"], "K must be a multiple of 16"),
+        (["--shapes", "32,48"], "expected M,N,K"),
+        (["--suite", "sparse"], "--suite 'sparse': one of dense, moe, all"),
+        (["--rounds", "3"], "at least 6"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, words):
     res = bench(args)
     assert res.exit_code == 2, res.output
@@ -114,8 +118,14 @@ def test_bad_input_is_one_line_and_exit_2(args, words):
 @pytest.mark.cpu_only
 def test_the_benchmarks_scripts_say_they_need_a_gpu_in_one_line():
     for script in ("fp8-dense", "fp8-moe"):
-        res = subprocess.run([sys.executable, "-m", "benchmarks", script, "--quick"], cwd=REPO, capture_output=True,
-                             text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+        res = subprocess.run(
+            [sys.executable, "-m", "benchmarks", script, "--quick"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
+        )
         assert res.returncode == 2, res.stdout + res.stderr
         assert lines(res.stderr) == [f"{script.replace('-', '_')}: needs a CUDA GPU"], res.stderr
 
@@ -124,8 +134,12 @@ def test_the_benchmarks_scripts_say_they_need_a_gpu_in_one_line():
 def test_bench_fp8_quick_on_the_gpu(tmp_path):
     """The H200: the quick suite (dense 8192^3 and dsv3-o, MoE T 4096 at DeepSeek-V3) verified in eager and graph,
     every ratio with its interval."""
-    res = subprocess.run([sys.executable, "-m", "gemmlab", "bench", "fp8", "--quick", "--json", "--out",
-                          str(tmp_path)], capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [sys.executable, "-m", "gemmlab", "bench", "fp8", "--quick", "--json", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rep = json.loads(res.stdout)
     assert rep["env"]["gpu"] and rep["args"]["modes"] == ["eager", "graph"]

@@ -5,7 +5,6 @@ The time limit covers loading the backend (a child importing torch under the san
 room for a 2-core CI machine loaded by another run of the suite beside it (15 s was too little there); the hanging
 backend costs that long."""
 
-
 from gemmlab.bench.gemm import bench_gemm, rows
 from tests.paths import BAD_KERNELS
 

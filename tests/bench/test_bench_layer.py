@@ -12,12 +12,35 @@ from gemmlab.cli import app
 
 pytest.importorskip("transformers")
 
-TINY = {"mixtral": dict(hidden_size=64, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
-                        head_dim=16, num_local_experts=4, num_experts_per_tok=2),
-        "deepseek-v3": dict(hidden_size=64, intermediate_size=64, moe_intermediate_size=32, num_attention_heads=4,
-                            num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=8,
-                            qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
-                            topk_group=1, n_shared_experts=1, first_k_dense_replace=0)}
+TINY = {
+    "mixtral": dict(
+        hidden_size=64,
+        intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    ),
+    "deepseek-v3": dict(
+        hidden_size=64,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        n_shared_experts=1,
+        first_k_dense_replace=0,
+    ),
+}
 
 
 def test_bench_layer_tiny_eager_verifies_and_times():
@@ -82,8 +105,10 @@ def test_bench_layer_command_prints_and_writes(monkeypatch, tmp_path):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bm, "bench_model", tiny)
-    res = CliRunner().invoke(app, ["bench", "layer", "--model", "mixtral", "--tokens", "2", "--modes", "eager",
-                                   "--output-dir", str(tmp_path)])
+    res = CliRunner().invoke(
+        app,
+        ["bench", "layer", "--model", "mixtral", "--tokens", "2", "--modes", "eager", "--output-dir", str(tmp_path)],
+    )
     assert res.exit_code == 0, res.output
     assert "eager ratio" in res.output and "mixtral" in res.output
     assert json.loads((tmp_path / "layer-bench-mixtral-eager.json").read_text())["results"][0]["tokens"] == 2
@@ -93,17 +118,50 @@ def test_bench_layer_command_prints_and_writes(monkeypatch, tmp_path):
 def test_bench_layer_gpu_smoke(tmp_path):
     """Every mode on a small Mixtral-shaped and DeepSeek-V3-shaped layer: both layers pass the check in eager,
     CUDA-graph replay and torch.compile (before and after timing), and the command writes its JSON."""
-    dims = {"mixtral": dict(TINY["mixtral"], hidden_size=1024, intermediate_size=512, head_dim=64,
-                            num_attention_heads=16, num_key_value_heads=4),
-            "deepseek-v3": dict(TINY["deepseek-v3"], hidden_size=1024, moe_intermediate_size=256,
-                                n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2)}
-    rep = bm.bench_model(["mixtral", "deepseek-v3"], [1, 64], ["eager", "graph", "compile"], dims=dims, rounds=2,
-                         reps=2, warmup_s=0.1)
+    dims = {
+        "mixtral": dict(
+            TINY["mixtral"],
+            hidden_size=1024,
+            intermediate_size=512,
+            head_dim=64,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+        ),
+        "deepseek-v3": dict(
+            TINY["deepseek-v3"],
+            hidden_size=1024,
+            moe_intermediate_size=256,
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            n_group=4,
+            topk_group=2,
+        ),
+    }
+    rep = bm.bench_model(
+        ["mixtral", "deepseek-v3"], [1, 64], ["eager", "graph", "compile"], dims=dims, rounds=2, reps=2, warmup_s=0.1
+    )
     for r in rep["results"]:
         for name in ("torch", "gemmlab"):  # graph capture and torch.compile included
             c = r["candidates"][name]
             assert c["check"]["ok"] and c["check_after"], (r["model"], r["tokens"], r["mode"], name, c["check"])
-    res = CliRunner().invoke(app, ["bench", "layer", "--model", "qwen3-moe", "--tokens", "1", "--modes", "eager",
-                                   "--rounds", "2", "--reps", "2", "--output-dir", str(tmp_path)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "layer",
+            "--model",
+            "qwen3-moe",
+            "--tokens",
+            "1",
+            "--modes",
+            "eager",
+            "--rounds",
+            "2",
+            "--reps",
+            "2",
+            "--output-dir",
+            str(tmp_path),
+        ],
+    )
     assert res.exit_code in (0, 1), res.output
     assert json.loads((tmp_path / "layer-bench-qwen3-moe-eager.json").read_text())["results"][0]["tokens"] == 1

@@ -98,8 +98,9 @@ def test_liger_baseline_skips_cleanly_when_not_importable(monkeypatch):
     fn, info = ml.load_liger()
     assert fn is None and not info["available"] and "skipped" in info["reason"]
     said = []
-    rep = ml.bench_suite(["custom"], [3], ["uniform"], custom=TINY, dtype=torch.float16, composite=False,
-                         progress=said.append, **FAST)
+    rep = ml.bench_suite(
+        ["custom"], [3], ["uniform"], custom=TINY, dtype=torch.float16, composite=False, progress=said.append, **FAST
+    )
     assert any("liger-kernel is not importable" in s for s in said)
     (row,) = ml.rows(rep)
     assert row["ok"] and row["gemmlab_ms"] > 0 and row["ratio_vs_liger"] is None and "liger_ms" not in row
@@ -114,8 +115,17 @@ def _fake_liger(x, w1, w2, topk_weights, topk_ids):
 def test_fake_liger_end_to_end_fwd_and_fwd_bwd(monkeypatch, tmp_path):
     monkeypatch.setattr(ml, "load_liger", lambda: (_fake_liger, {"available": True, "version": "fake"}))
     written = []
-    rep = ml.bench_suite(["custom"], [3], ["zipf"], parts=ml.PARTS, custom=TINY, dtype=torch.float16,
-                         composite=False, on_result=lambda r: written.append(mlv.write(r, str(tmp_path))), **FAST)
+    rep = ml.bench_suite(
+        ["custom"],
+        [3],
+        ["zipf"],
+        parts=ml.PARTS,
+        custom=TINY,
+        dtype=torch.float16,
+        composite=False,
+        on_result=lambda r: written.append(mlv.write(r, str(tmp_path))),
+        **FAST,
+    )
     rows = ml.rows(rep)
     assert [r["part"] for r in rows] == ["fwd", "fwd+bwd"] and all(r["ok"] for r in rows)
     assert all(r["ratio_vs_liger"] > 0 and r["liger_ms"] > 0 and r["mode"] == "eager" for r in rows)
@@ -129,7 +139,10 @@ def test_fake_liger_end_to_end_fwd_and_fwd_bwd(monkeypatch, tmp_path):
     long = list(csv.DictReader(written[-1][1].open()))  # long format, as gemmlab.output writes for every command
     assert {r["kind"] for r in long} == {"moe-liger-bench"}
     assert {(r["kernel"], r["provider"], r["metric"]) for r in long} >= {
-        ("moe-fwd", "gemmlab", "time"), ("moe-fwd", "liger", "time"), ("moe-fwd+bwd", "gemmlab", "ratio_vs_liger")}
+        ("moe-fwd", "gemmlab", "time"),
+        ("moe-fwd", "liger", "time"),
+        ("moe-fwd+bwd", "gemmlab", "ratio_vs_liger"),
+    }
     assert not list(tmp_path.glob("*.tmp"))  # the JSON is replaced whole
 
 
@@ -142,8 +155,9 @@ def test_a_wrong_peer_is_flagged_not_timed(monkeypatch):
         return moe_same_dtype(x, w1, w2, topk_weights, topk_ids) * 1.1
 
     monkeypatch.setattr(ml, "load_liger", lambda: (wrong, {"available": True, "version": "wrong"}))
-    rep = ml.bench_suite(["custom"], [3], ["uniform"], parts=ml.PARTS, custom=TINY, dtype=torch.float16,
-                         composite=False, **FAST)
+    rep = ml.bench_suite(
+        ["custom"], [3], ["uniform"], parts=ml.PARTS, custom=TINY, dtype=torch.float16, composite=False, **FAST
+    )
     fwd, bwd = ml.rows(rep)
     for row in (fwd, bwd):
         assert not row["ok"] and "liger" in row["error"] and row["liger_ms"] is None and row["gemmlab_ok"]
@@ -177,8 +191,20 @@ def test_a_provider_that_cannot_be_captured_stays_eager(monkeypatch):
 def test_both_bars_in_one_case(monkeypatch):
     monkeypatch.setattr(ml, "DENSE_MIN_TOKENS", 2)  # the dense bar at a size the interpreter runs
     providers = {ml.GEMMLAB: ml.gemmlab_forward, ml.LIGER: _fake_liger}
-    r = ml.bench_case("custom", TINY, 3, "uniform", "eager", "fwd", torch.float16, providers, hbm_gbps=100.0,
-                      rounds=1, reps=1, warmup_s=0.0)
+    r = ml.bench_case(
+        "custom",
+        TINY,
+        3,
+        "uniform",
+        "eager",
+        "fwd",
+        torch.float16,
+        providers,
+        hbm_gbps=100.0,
+        rounds=1,
+        reps=1,
+        warmup_s=0.0,
+    )
     dense, hbm, cands = r["bars"]["dense"], r["bars"]["hbm"], r["candidates"]
     assert cands[ml.DENSE]["check"]["ok"] and dense["dense_ms"] == cands[ml.DENSE]["median_ms"]
     assert dense["frac_of_dense"] == pytest.approx(cands[ml.GEMMLAB]["tflops"] / cands[ml.DENSE]["tflops"])
@@ -190,27 +216,47 @@ def test_both_bars_in_one_case(monkeypatch):
 
 
 def _case(model, t, mode, part, ratio, ok=True, frac=None, hbm=None):
-    cand = {"check": {"ok": ok}, "check_after": True, "median_ms": 1.0, "tflops": 10.0,
-            "vs_baseline": {"ratio": ratio, "ci95": [ratio * 0.9, ratio * 1.1]}}
+    cand = {
+        "check": {"ok": ok},
+        "check_after": True,
+        "median_ms": 1.0,
+        "tflops": 10.0,
+        "vs_baseline": {"ratio": ratio, "ci95": [ratio * 0.9, ratio * 1.1]},
+    }
     bars = {}
     if frac is not None:
         bars["dense"] = {"dense_ms": 1.0, "dense_tflops": 10.0 / frac, "frac_of_dense": frac}
     if hbm is not None:
         bars["hbm"] = {"hbm_bound_ms": 1.0 / hbm, "gemmlab_ratio_to_hbm_bound": hbm}
-    return {"model": model, "tokens": t, "routing": "uniform", "mode": mode, "part": part, "baseline": ml.LIGER,
-            "candidates": {ml.GEMMLAB: cand,
-                           ml.LIGER: {"check": {"ok": True}, "median_ms": ratio, "tflops": 10 / ratio}},
-            "provider_modes": {ml.GEMMLAB: "graph", ml.LIGER: "eager: CUDA-graph capture failed (x)"},
-            "memory": {ml.GEMMLAB: {"peak_bytes": 2**30}, ml.LIGER: None}, "bars": bars}
+    return {
+        "model": model,
+        "tokens": t,
+        "routing": "uniform",
+        "mode": mode,
+        "part": part,
+        "baseline": ml.LIGER,
+        "candidates": {ml.GEMMLAB: cand, ml.LIGER: {"check": {"ok": True}, "median_ms": ratio, "tflops": 10 / ratio}},
+        "provider_modes": {ml.GEMMLAB: "graph", ml.LIGER: "eager: CUDA-graph capture failed (x)"},
+        "memory": {ml.GEMMLAB: {"peak_bytes": 2**30}, ml.LIGER: None},
+        "bars": bars,
+    }
 
 
 def test_rows_and_summary_of_a_synthetic_report():
-    rep = {"results": [_case("a", 16, "eager", "fwd", 2.0, hbm=1.5), _case("a", 4096, "eager", "fwd", 0.5, frac=0.8),
-                       _case("b", 4096, "eager", "fwd", 0.5, ok=False), _case("a", 16, "graph", "fwd", 1.25),
-                       {"model": "c", "tokens": 1, "routing": "zipf", "mode": "eager", "part": "fwd",
-                        "error": "out of memory"}]}
+    rep = {
+        "results": [
+            _case("a", 16, "eager", "fwd", 2.0, hbm=1.5),
+            _case("a", 4096, "eager", "fwd", 0.5, frac=0.8),
+            _case("b", 4096, "eager", "fwd", 0.5, ok=False),
+            _case("a", 16, "graph", "fwd", 1.25),
+            {"model": "c", "tokens": 1, "routing": "zipf", "mode": "eager", "part": "fwd", "error": "out of memory"},
+        ]
+    }
     rep["results"][3]["candidates"][ml.LIGER]["check"] = {  # timed (within GRAD_SLACK), but outside 1x
-        "ok": True, "strict": False, "grads": {"dx": {"worst": 0.5}, "dweights": {"worst": 2.5}}}
+        "ok": True,
+        "strict": False,
+        "grads": {"dx": {"worst": 0.5}, "dweights": {"worst": 2.5}},
+    }
     rows = ml.rows(rep)
     assert rows[3]["liger_grads_outside_tolerance"] == {"dweights": 2.5} and rows[3]["ok"]
     assert "liger_grads_outside_tolerance" not in rows[0]
@@ -231,8 +277,13 @@ def test_rows_and_summary_of_a_synthetic_report():
     assert mlv.report_name(["fwd", "fwd+bwd"], ["eager", "graph"]) == "moe-liger_fwd-fwd-bwd_eager-graph.json"
     from rich.console import Console
 
-    rep.update(args={"dtype": "bfloat16"}, env={"gpu": "test"}, liger={"available": True}, not_run=["x"],
-               summary=[eager, graph])
+    rep.update(
+        args={"dtype": "bfloat16"},
+        env={"gpu": "test"},
+        liger={"available": True},
+        not_run=["x"],
+        summary=[eager, graph],
+    )
     console = Console(record=True, width=250)
     assert mlv.render(rep, console) == 2  # the wrong case and the out-of-memory one
     text = console.export_text()
@@ -244,20 +295,30 @@ def test_gemmlab_report_draws_the_liger_report_as_written(tmp_path):
     found by gemmlab report under its kind and drawn in the MoE peer section with every row."""
     from gemmlab.report import html
 
-    results = [_case("a", 16, "eager", "fwd", 2.0, hbm=1.5), _case("a", 4096, "graph", "fwd", 0.5, frac=0.8),
-               {"model": "c", "tokens": 1, "routing": "zipf", "mode": "eager", "part": "fwd", "error": "out of memory"}]
+    results = [
+        _case("a", 16, "eager", "fwd", 2.0, hbm=1.5),
+        _case("a", 4096, "graph", "fwd", 0.5, frac=0.8),
+        {"model": "c", "tokens": 1, "routing": "zipf", "mode": "eager", "part": "fwd", "error": "out of memory"},
+    ]
     results[0]["provider_modes"] = {ml.GEMMLAB: "eager", ml.LIGER: "eager"}  # like with like: charted; the graph
     # row, whose Liger ran eager, stays in the table only
-    rep = {"kind": "moe-liger-bench", "env": {"gpu": "test GPU"}, "args": {"dtype": "bfloat16", "parts": ["fwd"],
-                                                                         "modes": ["eager", "graph"]},
-           "liger": {"available": True, "version": "fake"}, "results": results, "not_run": ["x"]}
+    rep = {
+        "kind": "moe-liger-bench",
+        "env": {"gpu": "test GPU"},
+        "args": {"dtype": "bfloat16", "parts": ["fwd"], "modes": ["eager", "graph"]},
+        "liger": {"available": True, "version": "fake"},
+        "results": results,
+        "not_run": ["x"],
+    }
     rep["rows"] = ml.rows(rep)
     rep["summary"] = ml.summarize(rep["rows"])
     mlv.write(rep, str(tmp_path))
     page, found = html.build([tmp_path])
     assert sorted((f.kind, f.path.rsplit("/", 1)[-1]) for f in found) == [  # the table files listed beside it
-        ("csv", "moe-liger_fwd_eager-graph.csv"), ("markdown", "moe-liger_fwd_eager-graph.md"),
-        ("moe-liger-bench", "moe-liger_fwd_eager-graph.json")]
+        ("csv", "moe-liger_fwd_eager-graph.csv"),
+        ("markdown", "moe-liger_fwd_eager-graph.md"),
+        ("moe-liger-bench", "moe-liger_fwd_eager-graph.json"),
+    ]
     section = page.split(">MoE against its peers</h2>")[1]
     assert "could not draw" not in page and "MoE vs Liger, bfloat16, on test GPU" in section
     assert 'data-rows="3"' in section and 'data-rows="2"' in section  # three cases; two (part, mode) groups
@@ -275,15 +336,40 @@ def test_cli_baseline_liger_without_liger_is_a_usage_error(monkeypatch, tmp_path
 
     _hide_liger(monkeypatch)
     for extra in (["--output-dir", str(tmp_path / "out")], ["--json"]):
-        res = CliRunner().invoke(app, ["bench", "moe", "--baseline", "liger", "--custom", "32,16,4,2", "--tokens",
-                                       "2", "--routing", "uniform", "--dtype", "float16", "--no-composite",
-                                       "--rounds", "1", "--reps", "1", "--warmup-s", "0", *extra])
+        res = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "moe",
+                "--baseline",
+                "liger",
+                "--custom",
+                "32,16,4,2",
+                "--tokens",
+                "2",
+                "--routing",
+                "uniform",
+                "--dtype",
+                "float16",
+                "--no-composite",
+                "--rounds",
+                "1",
+                "--reps",
+                "1",
+                "--warmup-s",
+                "0",
+                *extra,
+            ],
+        )
         assert res.exit_code == 2, res.output
         assert "pip install liger-kernel" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
         assert res.stdout == "" and not (tmp_path / "out" / "moe-liger_fwd_eager.json").exists()
-    for bad in (["--baseline", "cudnn"], ["--baseline", "liger", "--part", "grouped"],
-                ["--baseline", "liger", "--record", "x", "--ledger", str(tmp_path / "l.db")],
-                ["--baseline", "liger", "--mode", "graph"] if device == "cpu" else ["--routing", "x"]):
+    for bad in (
+        ["--baseline", "cudnn"],
+        ["--baseline", "liger", "--part", "grouped"],
+        ["--baseline", "liger", "--record", "x", "--ledger", str(tmp_path / "l.db")],
+        ["--baseline", "liger", "--mode", "graph"] if device == "cpu" else ["--routing", "x"],
+    ):
         res = CliRunner().invoke(app, ["bench", "moe", "--custom", "32,16,4,2", "--tokens", "2", *bad])
         assert res.exit_code == 2, (bad, res.output)
 
@@ -319,8 +405,18 @@ def test_real_liger_provider_matches_the_reference(pinned_liger, device):
 @pytest.mark.gpu
 def test_real_liger_on_the_gpu_eager_and_graph_with_bars(pinned_liger):
     small = MoEModel(hidden=256, intermediate=128, experts=8, top_k=2)
-    rep = ml.bench_suite(["custom"], [16, 4096], ["uniform", "zipf"], modes=ml.MODES, parts=ml.PARTS, custom=small,
-                         rounds=2, reps=2, warmup_s=0.05, liger_tune_tokens=256)
+    rep = ml.bench_suite(
+        ["custom"],
+        [16, 4096],
+        ["uniform", "zipf"],
+        modes=ml.MODES,
+        parts=ml.PARTS,
+        custom=small,
+        rounds=2,
+        reps=2,
+        warmup_s=0.05,
+        liger_tune_tokens=256,
+    )
     rows = ml.rows(rep)
     assert rows and all(r["ok"] for r in rows), [r["error"] for r in rows if not r["ok"]]
     assert all(r["ratio_vs_liger"] > 0 for r in rows) and rep["liger"]["available"]

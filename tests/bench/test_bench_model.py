@@ -22,21 +22,68 @@ from gemmlab.cli import app  # noqa: E402
 from gemmlab.instruments import timing  # noqa: E402
 
 TINY = {
-    "qwen3-30b-a3b": dict(vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
-                          num_experts_per_tok=2),
-    "olmoe-1b-7b": dict(vocab_size=256, hidden_size=64, intermediate_size=32, num_attention_heads=4,
-                        num_key_value_heads=4, num_experts=4, num_experts_per_tok=2),
-    "mixtral-8x7b": dict(vocab_size=256, hidden_size=64, intermediate_size=32, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2),
-    "deepseek-v3-like": dict(vocab_size=256, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
-                             num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16,
-                             qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4,
-                             num_experts_per_tok=2, n_group=2, topk_group=1),
+    "qwen3-30b-a3b": dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+    ),
+    "olmoe-1b-7b": dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+    ),
+    "mixtral-8x7b": dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    ),
+    "deepseek-v3-like": dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+    ),
 }
 # prefill T=8, decode B=2 from a 4-token prompt in 2 steps, train 2 x 8 tokens; one round, one rep
-SMALL = dict(layers=2, prefill_tokens=[8], decode_batches=[2], context=4, steps=2, train_batch=2, train_tokens=8,
-             rounds=1, reps=1, warmup_s=0.0, overrides=TINY)
+SMALL = dict(
+    layers=2,
+    prefill_tokens=[8],
+    decode_batches=[2],
+    context=4,
+    steps=2,
+    train_batch=2,
+    train_tokens=8,
+    rounds=1,
+    reps=1,
+    warmup_s=0.0,
+    overrides=TINY,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -55,8 +102,9 @@ def _rows(rep):
 def test_every_phase_runs_eager_and_the_others_say_why():
     """Eager: torch and gemmlab verified and timed in all three phases; graph (no CUDA here) and liger (not
     installed here) say why in the row; the report is JSON with provenance."""
-    rep = bm.bench_model(["mixtral-8x7b"], phases=["prefill", "decode", "train"], modes=["eager", "graph"],
-                         **{**SMALL, "steps": 1})
+    rep = bm.bench_model(
+        ["mixtral-8x7b"], phases=["prefill", "decode", "train"], modes=["eager", "graph"], **{**SMALL, "steps": 1}
+    )
     rows = _rows(rep)
     for phase in ("prefill", "decode", "train"):
         r = rows[(phase, "eager")]
@@ -79,8 +127,14 @@ def test_every_phase_runs_eager_and_the_others_say_why():
 def test_compile_mode_runs_the_decode_loop():
     """torch.compile (Dynamo only here: the "eager" backend) of the unpatched and the patched model, decoding
     on the StaticCache, verified."""
-    rep = bm.bench_model(["qwen3-30b-a3b"], phases=["decode"], modes=["compile"], variants=["torch", "gemmlab"],
-                         compile_backend="eager", **SMALL)
+    rep = bm.bench_model(
+        ["qwen3-30b-a3b"],
+        phases=["decode"],
+        modes=["compile"],
+        variants=["torch", "gemmlab"],
+        compile_backend="eager",
+        **SMALL,
+    )
     (r,) = mv.rows(rep)
     assert r["torch_status"] is None and r["gemmlab_status"] is None, r["notes"]
     assert rep["results"][0]["candidates"]["gemmlab"]["setup_s"] > 0
@@ -102,6 +156,7 @@ def _noisy_patch(monkeypatch, rel: float):
                 t = out[0] if isinstance(out, tuple) else out
                 t = t + rel * t.float().pow(2).mean().sqrt().to(t.dtype) * torch.randn_like(t)
                 return (t, *out[1:]) if isinstance(out, tuple) else t
+
             mod.forward = forward
         return (patched, summary) if kw.get("return_summary") else patched
 
@@ -113,8 +168,13 @@ def test_the_check_fires_on_a_noisy_expert(monkeypatch):
     never timed."""
     torch.manual_seed(0)
     _noisy_patch(monkeypatch, 0.5)
-    rep = bm.bench_model(["deepseek-v3-like"], phases=["prefill", "decode", "train"], modes=["eager"],
-                         variants=["torch", "gemmlab"], **SMALL)
+    rep = bm.bench_model(
+        ["deepseek-v3-like"],
+        phases=["prefill", "decode", "train"],
+        modes=["eager"],
+        variants=["torch", "gemmlab"],
+        **SMALL,
+    )
     for r in mv.rows(rep):
         assert r["gemmlab_status"].startswith("WRONG"), r
         assert r["torch_status"] is None and r["gemmlab_tps"] is None
@@ -128,8 +188,13 @@ def test_tokens_per_second_with_an_injected_clock(monkeypatch, fake_liger):
     8 tokens a call, so 400 and 800 tokens/s, ratio 2."""
     ms = {"torch": 20.0, "liger": 10.0}
     monkeypatch.setitem(timing.CLOCKS, "events", lambda fn, reps, device=None, flush=True: [ms[fn.variant]] * reps)
-    rep = bm.bench_model(["mixtral-8x7b"], phases=["prefill"], modes=["eager"], variants=["torch", "liger"],
-                         **{**SMALL, "rounds": 3, "reps": 2})
+    rep = bm.bench_model(
+        ["mixtral-8x7b"],
+        phases=["prefill"],
+        modes=["eager"],
+        variants=["torch", "liger"],
+        **{**SMALL, "rounds": 3, "reps": 2},
+    )
     (r,) = mv.rows(rep)
     assert r["tokens"] == 8
     assert r["torch_tps"] == pytest.approx(400.0) and r["liger_tps"] == pytest.approx(800.0)
@@ -140,10 +205,12 @@ def test_tokens_per_second_with_an_injected_clock(monkeypatch, fake_liger):
 
 
 def test_budget_leaves_the_rest_not_run():
-    rep = bm.bench_model(["olmoe-1b-7b"], phases=["prefill"], modes=["eager"], variants=["torch"],
-                         budget_s=1e-9, **SMALL)
-    assert rep["results"] == [] and rep["not_run"] == [{"model": "olmoe-1b-7b", "phase": "prefill", "shape": 8,
-                                                         "mode": "eager"}]
+    rep = bm.bench_model(
+        ["olmoe-1b-7b"], phases=["prefill"], modes=["eager"], variants=["torch"], budget_s=1e-9, **SMALL
+    )
+    assert rep["results"] == [] and rep["not_run"] == [
+        {"model": "olmoe-1b-7b", "phase": "prefill", "shape": 8, "mode": "eager"}
+    ]
 
 
 @pytest.fixture
@@ -167,14 +234,17 @@ def fake_liger(monkeypatch):
         def forward(x):
             calls["norm"] += 1
             return real_norm(x)
+
         norm.forward = forward
 
     apply.__name__ = "apply_liger_kernel_to_mixtral"
     monkey = types.ModuleType("liger_kernel.transformers.monkey_patch")
     monkey.MODEL_TYPE_TO_APPLY_LIGER_FN = {"mixtral": apply}
-    for name, mod in (("liger_kernel", types.ModuleType("liger_kernel")),
-                      ("liger_kernel.transformers", types.ModuleType("liger_kernel.transformers")),
-                      ("liger_kernel.transformers.monkey_patch", monkey)):
+    for name, mod in (
+        ("liger_kernel", types.ModuleType("liger_kernel")),
+        ("liger_kernel.transformers", types.ModuleType("liger_kernel.transformers")),
+        ("liger_kernel.transformers.monkey_patch", monkey),
+    ):
         monkeypatch.setitem(sys.modules, name, mod)
     return calls, real_rope, modeling_mixtral
 
@@ -183,8 +253,7 @@ def test_liger_patch_is_scoped_to_its_copy(fake_liger):
     calls, real_rope, modeling = fake_liger
     fns, info = mb.load_liger()
     assert info["available"] and "mixtral" in fns
-    model = mb.build(make_config(PRESETS["mixtral-8x7b"], 2, TINY["mixtral-8x7b"]), torch.bfloat16,
-                     torch.device("cpu"))
+    model = mb.build(make_config(PRESETS["mixtral-8x7b"], 2, TINY["mixtral-8x7b"]), torch.bfloat16, torch.device("cpu"))
     liger, scope, linfo = mb.liger_variant(model, fns)
     assert modeling.apply_rotary_pos_emb is real_rope  # undone at once: the unpatched model is untouched
     assert linfo["scoped_globals"] == [f"{modeling.__name__}.apply_rotary_pos_emb"]
@@ -196,8 +265,9 @@ def test_liger_patch_is_scoped_to_its_copy(fake_liger):
             liger(ids)
         assert calls["rope"] > 0 and calls["norm"] == 1
         assert modeling.apply_rotary_pos_emb is real_rope
-    qwen = mb.build(make_config(PRESETS["qwen3-30b-a3b"], 1, TINY["qwen3-30b-a3b"]), torch.bfloat16,
-                    torch.device("cpu"))
+    qwen = mb.build(
+        make_config(PRESETS["qwen3-30b-a3b"], 1, TINY["qwen3-30b-a3b"]), torch.bfloat16, torch.device("cpu")
+    )
     none, _, why = mb.liger_variant(qwen, fns)
     assert none is None and "no apply_liger_kernel_to_* for model_type 'qwen3_moe'" in why["reason"]
 
@@ -218,8 +288,9 @@ def test_random_weights_keep_activations_order_one_and_routing_mixed(name):
     for layer in mb.decoder_layers(model):
         gate = getattr(layer.mlp, "gate", None)
         if gate is not None and hasattr(gate, "weight") and gate.weight.shape[0] == 4:
-            gate.register_forward_hook(lambda m, a, _o: probs.append((a[0].reshape(-1, a[0].shape[-1]) @ m.weight.T)
-                                                                      .softmax(-1)))
+            gate.register_forward_hook(
+                lambda m, a, _o: probs.append((a[0].reshape(-1, a[0].shape[-1]) @ m.weight.T).softmax(-1))
+            )
     with torch.no_grad():
         out = model(torch.randint(0, 256, (2, 32)), output_hidden_states=True)
     for h in out.hidden_states:
@@ -237,8 +308,9 @@ def test_reports_merge_with_both_parts_of_a_model():
 
     infer = bm.bench_model(["mixtral-8x7b"], phases=["prefill"], modes=["eager"], variants=["torch"], **SMALL)
     train = bm.bench_model(["mixtral-8x7b"], phases=["train"], modes=["eager"], variants=["torch"], **SMALL)
-    small = bm.bench_model(["mixtral-8x7b"], phases=["prefill"], modes=["eager"], variants=["torch"],
-                           **{**SMALL, "layers": 1})
+    small = bm.bench_model(
+        ["mixtral-8x7b"], phases=["prefill"], modes=["eager"], variants=["torch"], **{**SMALL, "layers": 1}
+    )
     md = output.markdown(mv.tables(mv.merge([infer, train, small])))
     assert "| mixtral-8x7b | 2 | prefill | T=8 | eager |" in md and "| mixtral-8x7b | 2 | train | 2x8 | eager |" in md
     assert "| mixtral-8x7b | 1 | prefill | T=8 | eager |" in md
@@ -261,8 +333,18 @@ def test_refuses_bad_arguments():
         bm.bench_model(["mixtral-8x7b"], optimizer="lamb")
 
 
-@pytest.mark.parametrize("flag,value", [("--layers", "0"), ("--rounds", "0"), ("--reps", "-3"), ("--context", "0"),
-                                        ("--decode-steps", "0"), ("--budget-s", "nan"), ("--warmup-s", "-1")])
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--layers", "0"),
+        ("--rounds", "0"),
+        ("--reps", "-3"),
+        ("--context", "0"),
+        ("--decode-steps", "0"),
+        ("--budget-s", "nan"),
+        ("--warmup-s", "-1"),
+    ],
+)
 def test_bad_numbers_are_usage_errors(flag, value):
     res = CliRunner().invoke(app, ["bench", "model", flag, value])
     assert res.exit_code == 2 and flag in res.output and value in res.output, res.output
@@ -289,8 +371,24 @@ def test_command_writes_json_csv_md_and_report_draws_it(monkeypatch, tmp_path, f
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bm, "bench_model", tiny)
-    res = CliRunner().invoke(app, ["bench", "model", "--model", "mixtral-8x7b", "--phases", "prefill", "--modes",
-                                   "eager", "--variants", "torch,liger", "--json", "--output-dir", str(tmp_path)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "model",
+            "--model",
+            "mixtral-8x7b",
+            "--phases",
+            "prefill",
+            "--modes",
+            "eager",
+            "--variants",
+            "torch,liger",
+            "--json",
+            "--output-dir",
+            str(tmp_path),
+        ],
+    )
     assert res.exit_code == 0, res.output
     rep = json.loads(res.stdout)
     stem = "whole-model-bench-mixtral-8x7b-prefill-eager"
@@ -317,16 +415,46 @@ def test_bench_model_gpu_every_mode(tmp_path):
     decode loop; the report draws."""
     from gemmlab.report import html
 
-    over = {"mixtral-8x7b": dict(TINY["mixtral-8x7b"], vocab_size=4096, hidden_size=1024, intermediate_size=512,
-                                 head_dim=64, num_attention_heads=16, num_key_value_heads=4, num_local_experts=16),
-            "deepseek-v3-like": dict(TINY["deepseek-v3-like"], vocab_size=4096, hidden_size=1024,
-                                     moe_intermediate_size=256, n_routed_experts=16, num_experts_per_tok=4,
-                                     n_group=4, topk_group=2)}
-    small = dict(layers=2, prefill_tokens=[512], decode_batches=[1, 8], context=64, steps=4, train_batch=2,
-                 train_tokens=256, rounds=2, reps=2, warmup_s=0.1, overrides=over, variants=["torch", "gemmlab"])
+    over = {
+        "mixtral-8x7b": dict(
+            TINY["mixtral-8x7b"],
+            vocab_size=4096,
+            hidden_size=1024,
+            intermediate_size=512,
+            head_dim=64,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            num_local_experts=16,
+        ),
+        "deepseek-v3-like": dict(
+            TINY["deepseek-v3-like"],
+            vocab_size=4096,
+            hidden_size=1024,
+            moe_intermediate_size=256,
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            n_group=4,
+            topk_group=2,
+        ),
+    }
+    small = dict(
+        layers=2,
+        prefill_tokens=[512],
+        decode_batches=[1, 8],
+        context=64,
+        steps=4,
+        train_batch=2,
+        train_tokens=256,
+        rounds=2,
+        reps=2,
+        warmup_s=0.1,
+        overrides=over,
+        variants=["torch", "gemmlab"],
+    )
     rep = bm.bench_model(["mixtral-8x7b", "deepseek-v3-like"], modes=["eager", "graph"], **small)
-    compiled = bm.bench_model(["mixtral-8x7b"], phases=["decode"], modes=["compile"], **{**small,
-                                                                                          "decode_batches": [8]})
+    compiled = bm.bench_model(
+        ["mixtral-8x7b"], phases=["decode"], modes=["compile"], **{**small, "decode_batches": [8]}
+    )
     for r in mv.rows(rep) + mv.rows(compiled):
         for v in ("torch", "gemmlab"):
             status = r.get(f"{v}_status")

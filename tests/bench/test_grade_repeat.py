@@ -11,13 +11,17 @@ HONEST = f"{BAD_KERNELS / 'kernels.py'}:honest"
 
 
 def _repeat(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "benchmarks", "grade-repeat", "--cases", str(CASES / "tiny.json"),
-                           *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", "grade-repeat", "--cases", str(CASES / "tiny.json"), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_bad_arguments_are_one_line():
-    for args in (("--kernel", f"{HONEST}=0"), ("--kernel", f"{HONEST}=two"), ("--runs", "0"),
-                 ("--time-limit-s", "-1")):
+    for args in (("--kernel", f"{HONEST}=0"), ("--kernel", f"{HONEST}=two"), ("--runs", "0"), ("--time-limit-s", "-1")):
         r = _repeat(*args, timeout=120)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
 

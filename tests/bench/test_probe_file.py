@@ -9,12 +9,16 @@ import pytest
 from gemmlab.bench import probe
 
 
-@pytest.mark.parametrize("content,says", [
-    ("[" * 100_000 + "]" * 100_000, "nested deeper than the 64 levels"),
-    ("{not json", "not JSON"),
-    ("[1, 2]", "a JSON list, not a profile"),
-    (None, "a FIFO, not a regular file"),
-], ids=["deep", "not-json", "list", "fifo"])
+@pytest.mark.parametrize(
+    "content,says",
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested deeper than the 64 levels"),
+        ("{not json", "not JSON"),
+        ("[1, 2]", "a JSON list, not a profile"),
+        (None, "a FIFO, not a regular file"),
+    ],
+    ids=["deep", "not-json", "list", "fifo"],
+)
 def test_a_bad_recorded_profile_is_one_valueerror(tmp_path, monkeypatch, content, says):
     monkeypatch.setenv("GEMMLAB_HOME", str(tmp_path))
     path = probe.profile_path("Some GPU")

@@ -19,7 +19,7 @@ def _gen(seed):
 
 # the draws as they were written out at their call sites (grade/inputs, bench/gemm, bench/moe, grade/op)
 FORMS = {
-    "competition": lambda s, g: ((torch.randint(0, 1 << 30, s, generator=g) % 100 - 50).to(torch.float32) / 100),
+    "competition": lambda s, g: (torch.randint(0, 1 << 30, s, generator=g) % 100 - 50).to(torch.float32) / 100,
     "uniform": lambda s, g: torch.rand(s, generator=g) * 2 - 1,
     "normal": lambda s, g: torch.randn(s, generator=g),
     "centered": lambda s, g: torch.rand(s, generator=g) - 0.5,

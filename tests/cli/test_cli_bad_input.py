@@ -46,17 +46,31 @@ def env(tmp_path):
     kernel = tmp_path / "k.py"
     kernel.write_text(MARKER_KERNEL.format(marker=str(tmp_path / "mark")))
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
-    case = {"name": "mine", "dtype": "float16", "layout": "rowmajor", "inputs": "competition",
-            "tolerance": {"base": 0.01, "ref_k": 512}, "score": {"correctness": 30, "performance": 70},
-            "correctness": [{"name": "a", "M": 8, "N": 8, "K": 8}]}
+    case = {
+        "name": "mine",
+        "dtype": "float16",
+        "layout": "rowmajor",
+        "inputs": "competition",
+        "tolerance": {"base": 0.01, "ref_k": 512},
+        "score": {"correctness": 30, "performance": 70},
+        "correctness": [{"name": "a", "M": 8, "N": 8, "K": 8}],
+    }
     (tmp_path / "untimed.json").write_text(json.dumps(case))
     for name, size in (("huge", 10**7), ("huge64", 2**64)):
         big = {**case, "correctness": [{"name": "big", "M": size, "N": size, "K": size}]}
         (tmp_path / f"{name}.json").write_text(json.dumps(big))
     (tmp_path / "linkdir").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
-    return {"L": ledger, "FILE": tmp_path / "file", "LINKDIR": tmp_path / "linkdir", "KERNEL": f"{kernel}:gemm",
-            "MARK": tmp_path / "mark", "DEEP": tmp_path / "deep.json", "HUGE": tmp_path / "huge.json",
-            "HUGE64": tmp_path / "huge64.json", "UNTIMED": tmp_path / "untimed.json"}
+    return {
+        "L": ledger,
+        "FILE": tmp_path / "file",
+        "LINKDIR": tmp_path / "linkdir",
+        "KERNEL": f"{kernel}:gemm",
+        "MARK": tmp_path / "mark",
+        "DEEP": tmp_path / "deep.json",
+        "HUGE": tmp_path / "huge.json",
+        "HUGE64": tmp_path / "huge64.json",
+        "UNTIMED": tmp_path / "untimed.json",
+    }
 
 
 GRADE = ["grade", "--kernel", "KERNEL", "--signature", "rowmajor"]
@@ -90,8 +104,10 @@ ROWS = [  # (argv, words the one line must hold); capitals are the fixture's pat
     ([*GRADE, "--cases", "HUGE"], ["too large", "GiB"]),
     ([*GRADE, "--cases", "HUGE64"], ["too large", "GiB"]),
     ([*GRADE, "--cases", "UNTIMED", "--record", "x", "--ledger", "L"], ["--record", "no timed"]),
-    ([*GRADE, "--cases", "UNTIMED", "--parent", "999", "--record", "x", "--ledger", "L"], ["--parent 999",
-                                                                                           "no such entry"]),
+    (
+        [*GRADE, "--cases", "UNTIMED", "--parent", "999", "--record", "x", "--ledger", "L"],
+        ["--parent 999", "no such entry"],
+    ),
     ([*GRADE, "--cases", "UNTIMED", "--parent", "1", "--ledger", "L"], ["--parent 1", "--record"]),
     ([*GRADE, "--cases", "UNTIMED", "--output-dir", "/proc/x"], ["--output-dir", "/proc/x"]),
     (["bench", "gemm", "--shapes", "8,8,8", "--parent", "999", "--record", "x", "--ledger", "L"], ["--parent 999"]),
@@ -111,8 +127,9 @@ def test_bad_input_is_one_line_before_any_work(env, monkeypatch, capsys, argv, w
 def test_the_memory_bound_passes_what_fits(monkeypatch, capsys, tmp_path):
     """The bound refuses only what cannot fit: a small check still runs (and its --output-dir, created up front,
     receives the report)."""
-    status, out, err = cli(["check", "--shapes", "8,8,8", "--output-dir", tmp_path / "new" / "dir"], monkeypatch,
-                           capsys)
+    status, out, err = cli(
+        ["check", "--shapes", "8,8,8", "--output-dir", tmp_path / "new" / "dir"], monkeypatch, capsys
+    )
     assert status == 0, err
     assert (tmp_path / "new" / "dir" / "check.json").exists()
 

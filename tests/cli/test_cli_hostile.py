@@ -7,11 +7,15 @@ import pytest
 from tests.cli.test_cli_bad_input import cli
 
 
-@pytest.mark.parametrize("argv,says", [
-    (["inspect", "--shape", "99999999999,99999999999,9999999999"], "cannot be addressed"),
-    (["inspect", "--shape", "4294967296,4294967296,1"], "cannot be addressed"),
-    (["bench", "gemm", "--shapes", "4,4,4", "--inductor-search-space", "NOPE"], "DEFAULT or EXHAUSTIVE"),
-], ids=["inspect-huge", "inspect-2^32-squared", "inductor-search-space"])
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["inspect", "--shape", "99999999999,99999999999,9999999999"], "cannot be addressed"),
+        (["inspect", "--shape", "4294967296,4294967296,1"], "cannot be addressed"),
+        (["bench", "gemm", "--shapes", "4,4,4", "--inductor-search-space", "NOPE"], "DEFAULT or EXHAUSTIVE"),
+    ],
+    ids=["inspect-huge", "inspect-2^32-squared", "inductor-search-space"],
+)
 def test_bad_values_are_one_line(argv, says, monkeypatch, capsys):
     code, out, err = cli(argv, monkeypatch, capsys)
     lines = err.strip().splitlines()
@@ -27,10 +31,12 @@ def test_tune_refuses_what_it_would_ignore_or_fail_on_at_the_end(tmp_path, monke
     before = (tmp_path / "cfg" / "interpreter.json").read_text()
     ledger = tmp_path / "l.db"
     base = ["tune", "--shapes", "16,16,16", "--budget-minutes", "0.01", "--ledger", ledger]
-    for extra, says in ((["--op", "gemm", "--moe", "64,32,4,2"], "--moe: for --op moe only"),
-                        (["--session", "a", "--resume", "b"], "--resume names the session"),
-                        (["--configs-dir", tmp_path / "file"], "exists and is not a directory"),
-                        (["--configs-dir", tmp_path / "cfg"], "cannot be read as JSON")):
+    for extra, says in (
+        (["--op", "gemm", "--moe", "64,32,4,2"], "--moe: for --op moe only"),
+        (["--session", "a", "--resume", "b"], "--resume names the session"),
+        (["--configs-dir", tmp_path / "file"], "exists and is not a directory"),
+        (["--configs-dir", tmp_path / "cfg"], "cannot be read as JSON"),
+    ):
         code, out, err = cli([*base, *extra], monkeypatch, capsys)
         lines = err.strip().splitlines()
         assert code == 2 and out == "" and len(lines) == 1 and says in lines[0], (extra, err)
@@ -60,11 +66,13 @@ def test_probe_reads_its_profile_and_roofline_files_bounded(tmp_path, monkeypatc
     (tmp_path / "list.json").write_text("[]")
     prof = tmp_path / "prof.json"
     prof.write_text(json.dumps({"sm_count": 1, "hbm_copy": {}, "mma_peak": {}}))
-    for argv, says in ((["--profile", deep, "--roofline", deep], "nested deeper than the 64 levels"),
-                       (["--profile", tmp_path / "fifo", "--roofline", deep], "a FIFO, not a regular file"),
-                       (["--profile", tmp_path / "list.json", "--roofline", deep], "a JSON list, not a device"),
-                       (["--profile", prof, "--roofline", deep], "nested deeper than the 64 levels"),
-                       (["--profile", prof, "--roofline", tmp_path / "list.json"], "TypeError")):
+    for argv, says in (
+        (["--profile", deep, "--roofline", deep], "nested deeper than the 64 levels"),
+        (["--profile", tmp_path / "fifo", "--roofline", deep], "a FIFO, not a regular file"),
+        (["--profile", tmp_path / "list.json", "--roofline", deep], "a JSON list, not a device"),
+        (["--profile", prof, "--roofline", deep], "nested deeper than the 64 levels"),
+        (["--profile", prof, "--roofline", tmp_path / "list.json"], "TypeError"),
+    ):
         code, out, err = cli(["probe", *argv, "--plot", tmp_path / "r.png"], monkeypatch, capsys)
         lines = err.strip().splitlines()
         assert code == 2 and out == "" and len(lines) == 1 and says in lines[0], (argv, err)

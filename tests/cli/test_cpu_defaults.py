@@ -15,13 +15,15 @@ from tests.cli.test_cli import ENV
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU defaults: a machine without CUDA")
 
 
-@pytest.mark.parametrize("argv,says", [(["table"], "M=32 N=48 K=64"), (["bench", "moe"], "custom T=32 uniform")],
-                         ids=" ".join)
+@pytest.mark.parametrize(
+    "argv,says", [(["table"], "M=32 N=48 K=64"), (["bench", "moe"], "custom T=32 uniform")], ids=" ".join
+)
 def test_the_default_run_is_small(argv, says):
     """Small is counted in the child's CPU seconds, not wall time, which a busy machine stretches at will."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    res = subprocess.run([sys.executable, "-m", "gemmlab", *argv], capture_output=True, text=True, env=ENV,
-                         timeout=1200)
+    res = subprocess.run(
+        [sys.executable, "-m", "gemmlab", *argv], capture_output=True, text=True, env=ENV, timeout=1200
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     assert res.returncode == 0, res.stderr[-2000:]
@@ -48,8 +50,12 @@ def captured(monkeypatch, module: str, fn: str, argv: list[str]) -> dict:
 def test_bench_moe_honours_what_is_given(monkeypatch):
     seen = captured(monkeypatch, "gemmlab.bench.moe", "bench_moe", ["bench", "moe", "--model", "deepseek-v3"])
     assert seen["args"][0] == ["deepseek-v3"] and seen["args"][1] == [16, 128, 1024, 4096, 16384]
-    seen = captured(monkeypatch, "gemmlab.bench.moe", "bench_moe", ["bench", "moe", "--tokens", "5", "--rounds",
-                                                                    "7", "--reps", "4", "--warmup-s", "0.5"])
+    seen = captured(
+        monkeypatch,
+        "gemmlab.bench.moe",
+        "bench_moe",
+        ["bench", "moe", "--tokens", "5", "--rounds", "7", "--reps", "4", "--warmup-s", "0.5"],
+    )
     assert seen["args"][0] == ["deepseek-v3"] and seen["args"][1] == [5]
     assert (seen["kw"]["rounds"], seen["kw"]["reps"], seen["kw"]["warmup_s"]) == (7, 4, 0.5)
     seen = captured(monkeypatch, "gemmlab.bench.moe", "bench_moe", ["bench", "moe"])
@@ -60,7 +66,5 @@ def test_table_honours_what_is_given(monkeypatch):
     seen = captured(monkeypatch, "gemmlab.bench.table", "moe_table", ["table", "--model", "deepseek-v3"])
     assert seen["args"][2:] == (8, 7168, 2048) and seen["kw"]["num_experts"] == 256  # the model's dims
     assert seen["args"][:2] == (1, 16)  # batch and sequence: still the CPU's
-    seen = captured(monkeypatch, "gemmlab.bench.table", "moe_table", ["table", "--seq-len", "8192", "--repeat",
-                                                                      "9"])
+    seen = captured(monkeypatch, "gemmlab.bench.table", "moe_table", ["table", "--seq-len", "8192", "--repeat", "9"])
     assert seen["args"][:3] == (1, 8192, 2) and seen["kw"]["repeat"] == 9
-

@@ -13,12 +13,19 @@ def test_a_cpu_grade_says_why_its_score_is_the_correctness_points():
     """The CPU grade's verdict line: no timed case, and why, so 30/100 with PASS is no surprise."""
     from gemmlab.grade import view
 
-    report = {"score": {"total": 30.0, "max": 100.0, "correctness": 30.0, "performance": 0.0}, "performance": None,
-              "performance_shape": None, "device": "cpu", "verdict": "PASS"}
+    report = {
+        "score": {"total": 30.0, "max": 100.0, "correctness": 30.0, "performance": 0.0},
+        "performance": None,
+        "performance_shape": None,
+        "device": "cpu",
+        "verdict": "PASS",
+    }
     line = view.summary_line(report)
     assert line.startswith("official score 30.0/100") and line.endswith("verdict PASS")
-    assert "not graded (no timed case: in Triton's CPU interpreter a kernel's time means nothing), so the score is " \
+    assert (
+        "not graded (no timed case: in Triton's CPU interpreter a kernel's time means nothing), so the score is "
         "the correctness points alone" in line
+    )
     gpu = view.summary_line({**report, "device": "cuda"})
     assert "(the case file has no performance case), so the score is the correctness points alone" in gpu
 
@@ -38,17 +45,38 @@ def test_an_inconclusive_grade_does_not_say_a_rule_failed():
     "a rule beyond them failed" note stays for a FAIL."""
     from gemmlab.grade import view
 
-    base = {"cases_name": "c", "layout": "rowmajor", "dtype": "bfloat16", "kernel": "k", "env": {}, "device": "cpu",
-            "correctness": [{"name": "t1", "shape": [1, 2, 3], "status": "PASS", "max_abs_err": 0.0,
-                             "tolerance": 1.0, "paths": [], "kernels": [], "rule": None, "reason": ""}],
-            "performance": None, "performance_shape": None, "listed_correctness_passed": True,
-            "score": {"total": 30.0, "max": 100.0, "correctness": 30.0, "performance": 0.0}}
+    base = {
+        "cases_name": "c",
+        "layout": "rowmajor",
+        "dtype": "bfloat16",
+        "kernel": "k",
+        "env": {},
+        "device": "cpu",
+        "correctness": [
+            {
+                "name": "t1",
+                "shape": [1, 2, 3],
+                "status": "PASS",
+                "max_abs_err": 0.0,
+                "tolerance": 1.0,
+                "paths": [],
+                "kernels": [],
+                "rule": None,
+                "reason": "",
+            }
+        ],
+        "performance": None,
+        "performance_shape": None,
+        "listed_correctness_passed": True,
+        "score": {"total": 30.0, "max": 100.0, "correctness": 30.0, "performance": 0.0},
+    }
 
     def notes(verdict):
         return " ".join(str(n) for t in view.tables({**base, "verdict": verdict}) for n in t.notes)
 
-    assert "timing could not be scored" in notes("INCONCLUSIVE") and "rule beyond them failed" not in \
-        notes("INCONCLUSIVE")
+    assert "timing could not be scored" in notes("INCONCLUSIVE") and "rule beyond them failed" not in notes(
+        "INCONCLUSIVE"
+    )
     assert "rule beyond them failed" in notes("FAIL") and "timing could not be scored" not in notes("FAIL")
     assert "rule beyond them failed" not in notes("PASS")
 
@@ -60,7 +88,8 @@ def test_ledger_list_on_a_fresh_machine_is_no_error(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["ledger", "list"])
     assert res.exit_code == 0 and res.stdout.strip() == (
         f"no ledger yet at {tmp_path / 'none' / 'ledger.db'} (grade --record, bench gemm --record, table --record "
-        "and tune write one)"), res.output
+        "and tune write one)"
+    ), res.output
     res = CliRunner().invoke(app, ["ledger", "list", "--json", "--ledger", str(tmp_path / "l.db")])
     assert res.exit_code == 0 and json.loads(res.stdout) == {"ledger": str(tmp_path / "l.db"), "entries": []}
     assert os.listdir(tmp_path) == []

@@ -77,10 +77,16 @@ def test_the_graders_messages_advance_once_per_case():
     """What gemmlab.grade says while grading 3 correctness cases and the performance case: planning, an
     exact-shape check and timing rounds are notes, so the count is 1..4 of 4, then done."""
     out = io.StringIO()
-    msgs = ["planning the timed batches of perf (baseline, in the grader)", "correctness a 8x8x8",
-            "correctness b 9x9x9", "correctness c 7x7x7", "performance perf",
-            "exact-shape check of perf (no listed correctness case has these sizes)", "timing perf (4 calls a batch)",
-            "timing: 3 rounds, narrowing the interval"]
+    msgs = [
+        "planning the timed batches of perf (baseline, in the grader)",
+        "correctness a 8x8x8",
+        "correctness b 9x9x9",
+        "correctness c 7x7x7",
+        "performance perf",
+        "exact-shape check of perf (no listed correctness case has these sizes)",
+        "timing perf (4 calls a batch)",
+        "timing: 3 rounds, narrowing the interval",
+    ]
     with Steps("grading", 4, Console(file=out, width=80)) as steps:
         for m in msgs:
             grade_step(steps, m)
@@ -90,9 +96,29 @@ def test_the_graders_messages_advance_once_per_case():
 
 def test_bench_on_a_pipe_shows_plain_lines_to_its_total(tmp_path):
     """`gemmlab bench gemm` with its stderr a pipe: one line per shape, the last at the total, no bar."""
-    res = subprocess.run([sys.executable, "-m", "gemmlab", "bench", "gemm", "--shapes", "16,16,16", "--shapes",
-                          "8,24,16", "--rounds", "2", "--reps", "1", "--warmup-s", "0"], capture_output=True,
-                         text=True, env=ENV, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gemmlab",
+            "bench",
+            "gemm",
+            "--shapes",
+            "16,16,16",
+            "--shapes",
+            "8,24,16",
+            "--rounds",
+            "2",
+            "--reps",
+            "1",
+            "--warmup-s",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     seen = counts(res.stderr.splitlines(), "bench")
     assert seen == [(1, 2), (2, 2), (2, 2)] and "bench 2/2: done" in res.stderr
@@ -104,8 +130,13 @@ def test_grade_on_a_pipe_counts_its_cases_to_the_total():
     (planning, timing rounds) shown at the step it belongs to, ending at 2/2."""
     from tests.paths import CASES
 
-    res = subprocess.run([sys.executable, "-m", "gemmlab", "grade", "--cases", str(CASES / "tiny.json")],
-                         capture_output=True, text=True, env=ENV, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "gemmlab", "grade", "--cases", str(CASES / "tiny.json")],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert res.returncode in (0, 3), res.stderr[-2000:]  # PASS, or INCONCLUSIVE timing on a CPU
     seen = counts(res.stderr.splitlines(), "grading")
     assert seen and {t for _, t in seen} == {2} and max(n for n, _ in seen) == 2, res.stderr

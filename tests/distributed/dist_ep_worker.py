@@ -45,7 +45,7 @@ def _routing(t: int, e: int, k: int, kind: str, w: int, g: torch.Generator):
         logits[:, 0] += 4.0
         logits[:, 1] += 1.0
     elif kind == "starve":
-        logits[:, e - e // w:] = float("-inf")  # the group's last rank holds the last E / W experts
+        logits[:, e - e // w :] = float("-inf")  # the group's last rank holds the last E / W experts
     weights, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
     return (weights / weights.sum(-1, keepdim=True)), ids.to(torch.int32)
 
@@ -73,9 +73,18 @@ def run_case(n: int, case) -> dict:
     diff = (y.float() - single.float()).abs().max().item() if t else 0.0
     sent_to = torch.bincount(ids.reshape(-1).long() // (e // w), minlength=w).tolist()
     ok = tuple(y.shape) == (t, H) and y.dtype == dtype and check["ok"] and diff <= check["allowed"]
-    return {"case": name, "ok": ok, "detail": {"T": t, "W": w, "pairs_sent_per_rank": sent_to,
-                                               "max_abs_err_vs_ref": check["max_abs_err"],
-                                               "allowed": check["allowed"], "max_abs_diff_vs_moe_forward": diff}}
+    return {
+        "case": name,
+        "ok": ok,
+        "detail": {
+            "T": t,
+            "W": w,
+            "pairs_sent_per_rank": sent_to,
+            "max_abs_err_vs_ref": check["max_abs_err"],
+            "allowed": check["allowed"],
+            "max_abs_diff_vs_moe_forward": diff,
+        },
+    }
 
 
 def _expect(name: str, fn, *needles: str) -> dict:
@@ -117,37 +126,83 @@ def run_errors() -> list[dict]:
     say("error-id-negative")
     out.append(_expect("error-id-negative", bad_ids(-1, 0), "topk_ids must be in [0, E=8)", "rank(s) [0]"))
     say("error-E_local-mismatch")
-    out.append(_expect("error-E_local-mismatch", lambda: moe_forward_ep(
-        x, w1[:1] if rank == 0 else w1, w2[:1] if rank == 0 else w2, weights, ids), "same E_local", "[1, 2, 2, 2]"))
+    out.append(
+        _expect(
+            "error-E_local-mismatch",
+            lambda: moe_forward_ep(x, w1[:1] if rank == 0 else w1, w2[:1] if rank == 0 else w2, weights, ids),
+            "same E_local",
+            "[1, 2, 2, 2]",
+        )
+    )
     say("error-bad-arg-one-rank")
-    out.append(_expect("error-bad-arg-one-rank", lambda: moe_forward_ep(
-        x[:, :8] if rank == 1 else x, w1, w2, weights, ids), "bad arguments on rank(s) [1]"))
+    out.append(
+        _expect(
+            "error-bad-arg-one-rank",
+            lambda: moe_forward_ep(x[:, :8] if rank == 1 else x, w1, w2, weights, ids),
+            "bad arguments on rank(s) [1]",
+        )
+    )
     say("error-chunks-differ")
-    out.append(_expect("error-chunks-differ", lambda: moe_forward_ep(
-        x, w1, w2, weights, ids, chunks=1 + (rank == 3)), "same chunks"))
+    out.append(
+        _expect(
+            "error-chunks-differ",
+            lambda: moe_forward_ep(x, w1, w2, weights, ids, chunks=1 + (rank == 3)),
+            "same chunks",
+        )
+    )
     say("error-validate-differs")  # rank 2 alone skips the ids check: once a hang until the 30-minute timeout
-    out.append(_expect("error-validate-differs", lambda: moe_forward_ep(x, w1, w2, weights, ids, validate=rank != 2),
-                       "same validate", "[True, True, False, True]"))
+    out.append(
+        _expect(
+            "error-validate-differs",
+            lambda: moe_forward_ep(x, w1, w2, weights, ids, validate=rank != 2),
+            "same validate",
+            "[True, True, False, True]",
+        )
+    )
     h1, w1h, w2h = x[:, :16].contiguous(), w1[:, :, :16].contiguous(), w2[:, :16].contiguous()  # rank 1: H = 16
     say("error-H-differs-no-validate")  # sound on each rank, mismatched across them: once a SIGABRT in gloo
-    out.append(_expect("error-H-differs-no-validate", lambda: moe_forward_ep(
-        h1 if rank == 1 else x, w1h if rank == 1 else w1, w2h if rank == 1 else w2, weights, ids, validate=False),
-        "same H", "[32, 16, 32, 32]"))
+    out.append(
+        _expect(
+            "error-H-differs-no-validate",
+            lambda: moe_forward_ep(
+                h1 if rank == 1 else x, w1h if rank == 1 else w1, w2h if rank == 1 else w2, weights, ids, validate=False
+            ),
+            "same H",
+            "[32, 16, 32, 32]",
+        )
+    )
     say("error-bad-arg-one-rank-no-validate")  # rank 3 alone raised, the others waited in the all-to-all
-    out.append(_expect("error-bad-arg-one-rank-no-validate", lambda: moe_forward_ep(
-        x[:, :8] if rank == 3 else x, w1, w2, weights, ids, validate=False), "bad arguments on rank(s) [3]"))
+    out.append(
+        _expect(
+            "error-bad-arg-one-rank-no-validate",
+            lambda: moe_forward_ep(x[:, :8] if rank == 3 else x, w1, w2, weights, ids, validate=False),
+            "bad arguments on rank(s) [3]",
+        )
+    )
     say("error-chunks-zero")
-    out.append(_expect("error-chunks-zero", lambda: moe_forward_ep(x, w1, w2, weights, ids, chunks=0),
-                       "chunks must be a positive integer"))
+    out.append(
+        _expect(
+            "error-chunks-zero",
+            lambda: moe_forward_ep(x, w1, w2, weights, ids, chunks=0),
+            "chunks must be a positive integer",
+        )
+    )
     say("error-E-not-divisible")
     out.append(_expect("error-E-not-divisible", lambda: expert_range(6), "not divisible by the world size 4"))
     say("error-nn-MoE-E-not-divisible")
-    out.append(_expect("error-nn-MoE-E-not-divisible",
-                       lambda: gnn.MoE(H, I, 6, 2, dtype=torch.float16, ep_group=dist.group.WORLD),
-                       "not divisible"))
+    out.append(
+        _expect(
+            "error-nn-MoE-E-not-divisible",
+            lambda: gnn.MoE(H, I, 6, 2, dtype=torch.float16, ep_group=dist.group.WORLD),
+            "not divisible",
+        )
+    )
     if rank == 3:  # rank 3 alone calls with a group it is not in: refused before any collective
-        out.append(_expect("error-not-a-member", lambda: moe_forward_ep(x, w1, w2, weights, ids, group=first_pair),
-                           "not a member"))
+        out.append(
+            _expect(
+                "error-not-a-member", lambda: moe_forward_ep(x, w1, w2, weights, ids, group=first_pair), "not a member"
+            )
+        )
     dist.barrier()
     return out
 
@@ -170,7 +225,7 @@ def run_nn() -> dict:
         y, y_full = ep(x), full(x)
     diff = (y.float() - y_full.float()).abs().max().item()
     scale = y_full.float().abs().max().item()
-    ok = ep.experts.gate_up_proj.shape[0] == e // 4 and y.shape == x.shape and diff <= 2.0 ** -10 * scale
+    ok = ep.experts.gate_up_proj.shape[0] == e // 4 and y.shape == x.shape and diff <= 2.0**-10 * scale
     return {"case": "nn-MoE-ep", "ok": ok, "detail": {"max_abs_diff": diff, "scale": scale}}
 
 

@@ -21,10 +21,20 @@ _spec = importlib.util.spec_from_file_location("dist_ep_worker", HERE / "dist_ep
 worker = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(worker)
 
-ERRORS = ["error-id-too-large", "error-id-negative", "error-E_local-mismatch", "error-bad-arg-one-rank",
-          "error-chunks-differ", "error-chunks-zero", "error-E-not-divisible", "error-nn-MoE-E-not-divisible",
-          # ranks that disagree, with or without validate (once a deadlock, or a SIGABRT): issue 34, item 12
-          "error-validate-differs", "error-H-differs-no-validate", "error-bad-arg-one-rank-no-validate"]
+ERRORS = [
+    "error-id-too-large",
+    "error-id-negative",
+    "error-E_local-mismatch",
+    "error-bad-arg-one-rank",
+    "error-chunks-differ",
+    "error-chunks-zero",
+    "error-E-not-divisible",
+    "error-nn-MoE-E-not-divisible",
+    # ranks that disagree, with or without validate (once a deadlock, or a SIGABRT): issue 34, item 12
+    "error-validate-differs",
+    "error-H-differs-no-validate",
+    "error-bad-arg-one-rank-no-validate",
+]
 
 
 def _free_port() -> int:
@@ -38,10 +48,25 @@ def reports(tmp_path_factory) -> dict[int, dict[str, dict]]:
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     out = tmp_path_factory.mktemp("ep")
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(HERE / "dist_ep_worker.py"), str(out)]
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "4",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        str(HERE / "dist_ep_worker.py"),
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     got = {}
     for rank in range(4):
@@ -83,8 +108,13 @@ def test_ep_without_a_process_group():
 
     x = torch.zeros((2, 16), dtype=torch.float16)
     with pytest.raises(ValueError, match="torch.distributed is not initialized"):
-        moe_forward_ep(x, torch.zeros((1, 32, 16), dtype=torch.float16), torch.zeros((1, 16, 16), dtype=torch.float16),
-                       torch.ones((2, 1)), torch.zeros((2, 1), dtype=torch.int32))
+        moe_forward_ep(
+            x,
+            torch.zeros((1, 32, 16), dtype=torch.float16),
+            torch.zeros((1, 16, 16), dtype=torch.float16),
+            torch.ones((2, 1)),
+            torch.zeros((2, 1), dtype=torch.int32),
+        )
 
 
 def test_bench_moe_ep_without_cuda_or_group_exits_2(monkeypatch):
@@ -145,8 +175,9 @@ def test_moe_forward_strided_k1_ids_and_weights():
     w1 = (torch.rand((4, 32, 32), generator=g) - 0.5).half()
     w2 = (torch.rand((4, 32, 16), generator=g) - 0.5).half()
     x = (torch.rand((6, 32), generator=g) - 0.5).half()
-    meta = torch.stack([torch.randint(0, 4, (6,), generator=g, dtype=torch.int32),
-                        torch.rand(6, generator=g).view(torch.int32)], 1)  # (T, 2) int32
+    meta = torch.stack(
+        [torch.randint(0, 4, (6,), generator=g, dtype=torch.int32), torch.rand(6, generator=g).view(torch.int32)], 1
+    )  # (T, 2) int32
     ids, wts = meta[:, :1], meta[:, 1:].view(torch.float32)  # (T, 1) each, stride (2, 1)
     assert not ids.is_contiguous() and not wts.is_contiguous()
     assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"]

@@ -30,15 +30,25 @@ def test_opcheck():
     x, p, weights, ids = _setup()
     offs = torch.tensor([2, 2, 5], dtype=torch.int32, device=DEVICE)
     qx, sx = gemmlab.quantize_fp8(x, "block", (1, 128))
-    torch.library.opcheck(torch.ops.gemmlab.grouped_gemm_fp8.default,
-                          (qx, p.w2, offs, sx, p.w2_scale, torch.bfloat16, True), test_utils=UTILS)
-    torch.library.opcheck(torch.ops.gemmlab.grouped_gemm_fp8.default,
-                          (x, p.w2, offs, None, p.w2_scale, torch.float16, True), test_utils=UTILS)
+    torch.library.opcheck(
+        torch.ops.gemmlab.grouped_gemm_fp8.default,
+        (qx, p.w2, offs, sx, p.w2_scale, torch.bfloat16, True),
+        test_utils=UTILS,
+    )
+    torch.library.opcheck(
+        torch.ops.gemmlab.grouped_gemm_fp8.default,
+        (x, p.w2, offs, None, p.w2_scale, torch.float16, True),
+        test_utils=UTILS,
+    )
     out = torch.zeros((5, 128), dtype=torch.bfloat16, device=DEVICE)
-    torch.library.opcheck(torch.ops.gemmlab.grouped_gemm_fp8_out.default,
-                          (qx, p.w2, offs, sx, p.w2_scale, out, True), test_utils=UTILS)
-    torch.library.opcheck(torch.ops.gemmlab.moe_forward_fp8.default,
-                          (x, p.w1, p.w1_scale, p.w2, p.w2_scale, weights, ids, True), test_utils=UTILS)
+    torch.library.opcheck(
+        torch.ops.gemmlab.grouped_gemm_fp8_out.default, (qx, p.w2, offs, sx, p.w2_scale, out, True), test_utils=UTILS
+    )
+    torch.library.opcheck(
+        torch.ops.gemmlab.moe_forward_fp8.default,
+        (x, p.w1, p.w1_scale, p.w2, p.w2_scale, weights, ids, True),
+        test_utils=UTILS,
+    )
 
 
 def test_fake_implementations_check_too():

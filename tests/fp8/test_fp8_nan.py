@@ -43,8 +43,13 @@ def test_gemm_fp8_nan_in_a_or_b_gives_nan_row_or_column(code, mode, b_kmajor):
     assert c[3].isnan().all()
     rest = torch.cat([c[:3], c[4:]])
     assert not rest.isnan().any()
-    assert gemm_fp8_check(c[[0, 1, 2, 4, 5, 6, 7]], qa[[0, 1, 2, 4, 5, 6, 7]], qb,
-                          sa if sa.dim() == 0 or sa.shape[0] == 1 else sa[[0, 1, 2, 4, 5, 6, 7]], sb)["ok"]
+    assert gemm_fp8_check(
+        c[[0, 1, 2, 4, 5, 6, 7]],
+        qa[[0, 1, 2, 4, 5, 6, 7]],
+        qb,
+        sa if sa.dim() == 0 or sa.shape[0] == 1 else sa[[0, 1, 2, 4, 5, 6, 7]],
+        sb,
+    )["ok"]
     bad_b = _poison(qb.t(), (5, 30), code).t() if b_kmajor else _poison(qb, (30, 5), code)
     c = gemmlab.gemm_fp8(qa, bad_b, sa, sb)
     assert c[:, 5].isnan().all()

@@ -18,9 +18,13 @@ from tests.conftest import DEVICE
 from tests.paths import REPO
 
 SMALL = dict(block_m=32, block_n=64, block_k=128, group_m=2, num_warps=4, num_stages=1)  # the interpreter's tiles
-VARIANTS = {"b_scale_scalar": {"b_scale_scalar": True}, "warp_specialize": {"warp_specialize": True},
-            "flatten": {"flatten": True}, "unpromoted": {"promote": False},
-            "all": {"b_scale_scalar": True, "warp_specialize": True, "flatten": True}}
+VARIANTS = {
+    "b_scale_scalar": {"b_scale_scalar": True},
+    "warp_specialize": {"warp_specialize": True},
+    "flatten": {"flatten": True},
+    "unpromoted": {"promote": False},
+    "all": {"b_scale_scalar": True, "warp_specialize": True, "flatten": True},
+}
 
 
 def _operands(m, n, k, mode, seed):
@@ -98,7 +102,7 @@ def _model_mma(a: torch.Tensor, b: torch.Tensor, bits: int) -> torch.Tensor:
     for w0 in range(0, k, 128):
         acc = torch.zeros(m, n, dtype=torch.float64)
         for c0 in range(w0, min(w0 + 128, k), 32):
-            terms = torch.cat([acc[..., None], a[:, None, c0:c0 + 32] * b[c0:c0 + 32].t()[None]], -1)
+            terms = torch.cat([acc[..., None], a[:, None, c0 : c0 + 32] * b[c0 : c0 + 32].t()[None]], -1)
             quantum = torch.exp2(torch.floor(torch.log2(terms.abs().amax(-1, keepdim=True).clamp_min(1e-300))) - bits)
             acc = (torch.trunc(terms / quantum) * quantum).sum(-1).float().double()
         total = (total + acc).float().double()
@@ -160,8 +164,10 @@ def test_benchmark_says_it_needs_a_gpu_and_plans_every_variant():
     assert ws and all(not j["c_tma"] and "masked pointers" in j["reason"] for j in ws)
 
 
-GPU_VARIANTS = [{"b_scale_scalar": True, "num_stages": 6}, {"b_scale_scalar": True, "warp_specialize": True,
-                                                          "num_warps": 4, "num_stages": 5}]
+GPU_VARIANTS = [
+    {"b_scale_scalar": True, "num_stages": 6},
+    {"b_scale_scalar": True, "warp_specialize": True, "num_warps": 4, "num_stages": 5},
+]
 
 
 @pytest.mark.gpu

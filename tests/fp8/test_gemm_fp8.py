@@ -44,8 +44,11 @@ def _interpreter_cost(m, n, k):  # 32x32x32 steps of the interpreter's tiles
 
 
 # odd, prime and tiny sizes, each K a multiple of 16 (TMA); the largest left to the GPU tests (tests/fp8/*_gpu.py)
-SIZES = [(m, n, k) for m, n, k in itertools.product((1, 7, 61, 128, 257), (1, 7, 61, 128, 257), (16, 128, 272, 1024))
-         if _interpreter_cost(m, n, k) <= 24]
+SIZES = [
+    (m, n, k)
+    for m, n, k in itertools.product((1, 7, 61, 128, 257), (1, 7, 61, 128, 257), (16, 128, 272, 1024))
+    if _interpreter_cost(m, n, k) <= 24
+]
 
 
 @pytest.mark.parametrize("mode", list(GRANULARITY))
@@ -117,14 +120,16 @@ def _bad_calls():
         (lambda: gemmlab.gemm_fp8(qa, qb, sa.double(), sb), TypeError, "a_scale has dtype"),
         (lambda: gemmlab.gemm_fp8(qa, qb[:16], sa, sb), ValueError, "inner dimensions"),
         (lambda: gemmlab.gemm_fp8(qa, qb, torch.ones((8, 1), device=DEVICE), one), ValueError, "fit no granularity"),
-        (lambda: gemmlab.gemm_fp8(qa, qb, torch.ones((8, 2), device=DEVICE), torch.ones((2, 1), device=DEVICE)),
-         ValueError, "fit no granularity"),
+        (
+            lambda: gemmlab.gemm_fp8(qa, qb, torch.ones((8, 2), device=DEVICE), torch.ones((2, 1), device=DEVICE)),
+            ValueError,
+            "fit no granularity",
+        ),
         (lambda: gemmlab.gemm_fp8(qa, qb, sa, sb, out_dtype=torch.int8), TypeError, "out_dtype"),
         (lambda: gemmlab.gemm_fp8(odd_a, qb[:20], one, one), ValueError, "a .* not TMA-aligned.*K % 16"),
         (lambda: gemmlab.gemm_fp8(qa, odd_b, one, one), ValueError, "b .* not TMA-aligned.*N % 16"),
         (lambda: gemmlab.gemm_fp8(qa.t().contiguous().t(), qb, sa, sb), ValueError, "a must be K-major"),
-        (lambda: gemmlab.gemm_fp8(qa, qb, sa, sb, out=torch.empty((8, 8), device=DEVICE)), ValueError,
-         "out must be"),
+        (lambda: gemmlab.gemm_fp8(qa, qb, sa, sb, out=torch.empty((8, 8), device=DEVICE)), ValueError, "out must be"),
         (lambda: gemmlab.quantize_fp8(qa, "row"), TypeError, "quantize_fp8: x has dtype"),
         (lambda: gemmlab.quantize_fp8(torch.ones(4, 4, device=DEVICE), "rows"), ValueError, "granularity"),
         (lambda: gemmlab.quantize_fp8(torch.ones(4, 4, device=DEVICE), "block", (0, 128)), ValueError, "block"),
@@ -177,8 +182,17 @@ def test_out_dtype_defaults_to_outs(dtype):
     assert gemmlab.gemm_fp8(qa, qb, sa, sb).dtype == torch.bfloat16  # no out: bf16, as before
 
 
-@pytest.mark.parametrize("granularity,block", [("tensor", (1, 128)), ("row", (1, 128)), ("col", (1, 128)),
-                                               ("block", (1, 128)), ("block", (128, 128)), ("block", (4, 16))])
+@pytest.mark.parametrize(
+    "granularity,block",
+    [
+        ("tensor", (1, 128)),
+        ("row", (1, 128)),
+        ("col", (1, 128)),
+        ("block", (1, 128)),
+        ("block", (128, 128)),
+        ("block", (4, 16)),
+    ],
+)
 def test_quantize_amax_scales_saturating_zero_groups(granularity, block):
     """Scales are amax / 448 per group (1 for an all-zero group: no NaN or Inf), q within e4m3's rounding of
     x / scale; the Triton kernel (row, 1x128) gives exactly what the torch ops give."""
@@ -227,9 +241,21 @@ def test_bundled_moe_fp8_configs_load_and_share_block_m(target):
     from gemmlab.ops.moe_fp8_launch import MoEFp8Config
 
     for rpe in (0, 1, 127, 128, 4096):
-        picked = {m: configs.pick(target, "moe_fp8", m, MoEFp8Config.from_dict, "float8_e4m3fn",
-                                  rows_per_expert=rpe, rows=rpe * 8, experts=8, n=256, k=256).config
-                  for m in ("grouped", "gate_up", "down")}
+        picked = {
+            m: configs.pick(
+                target,
+                "moe_fp8",
+                m,
+                MoEFp8Config.from_dict,
+                "float8_e4m3fn",
+                rows_per_expert=rpe,
+                rows=rpe * 8,
+                experts=8,
+                n=256,
+                k=256,
+            ).config
+            for m in ("grouped", "gate_up", "down")
+        }
         assert picked["gate_up"].block_m == picked["down"].block_m, (target, rpe, picked)
         assert all(128 % c.block_k == 0 for c in picked.values())
     if target != "interpreter":
@@ -266,9 +292,17 @@ def test_the_kernels_e4m3_rounding_is_torchs_cast_bit_for_bit(device):
     grid = torch.sort(codes[torch.isfinite(codes) & (codes >= 0)]).values
     mids = (grid[1:] + grid[:-1]) / 2
     g = torch.Generator().manual_seed(5)
-    v = torch.cat([grid, mids, torch.nextafter(mids, torch.zeros(())), torch.nextafter(mids, torch.full((), 1e9)),
-                   torch.rand(20000, generator=g) * 448, torch.rand(20000, generator=g) * 2.0**-5,
-                   torch.tensor([1e-40, 2.0**-10, 2.0**-11, 3 * 2.0**-11])])
+    v = torch.cat(
+        [
+            grid,
+            mids,
+            torch.nextafter(mids, torch.zeros(())),
+            torch.nextafter(mids, torch.full((), 1e9)),
+            torch.rand(20000, generator=g) * 448,
+            torch.rand(20000, generator=g) * 2.0**-5,
+            torch.tensor([1e-40, 2.0**-10, 2.0**-11, 3 * 2.0**-11]),
+        ]
+    )
     v = torch.cat([v, -v]).to(device)
     out = torch.full(v.shape, float("nan"), dtype=FP8, device=device)
     _e4m3_kernel[(triton.cdiv(v.numel(), 1024),)](v, out, v.numel(), BLOCK=1024)

@@ -4,7 +4,6 @@ plans for large and small-M shapes, every scale granularity and both B layouts (
 QGMMA.<shape>.F32.E4M3.E4M3; HGMMA is the fp16/bf16 form), TMA loads, no spills. Runs in a child process: the
 compiler, not the interpreter the rest of the suite may use."""
 
-
 import pytest
 
 from tests.child import child_json

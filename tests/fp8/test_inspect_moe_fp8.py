@@ -4,7 +4,6 @@ needed: ``triton.compile`` for GPUTarget("cuda", 90, 32)), and read its SASS as 
 QGMMA on E4M3 operands, no fp16/bf16 upcast (HGMMA, HMMA), TMA loads, no spills. Runs in a child process: the
 compiler, not the interpreter the rest of the suite may use."""
 
-
 import pytest
 
 from tests.child import child_json

@@ -94,8 +94,11 @@ def test_moe_fp8_check_fires():
     worse = y.clone()
     worse[1, 7] += 1.0  # one element far off: reported at that element, with its own bound
     off = moe_fp8_check(worse, x, packed, weights, ids)
-    assert not off["ok"] and off["err"] > off["bound"] and off["err"] == pytest.approx(
-        (worse[1, 7].double() - y[1, 7].double()).abs().item(), rel=0.5)
+    assert (
+        not off["ok"]
+        and off["err"] > off["bound"]
+        and off["err"] == pytest.approx((worse[1, 7].double() - y[1, 7].double()).abs().item(), rel=0.5)
+    )
 
 
 def test_pack_accepts_pairs_and_matches_per_expert_quantize():
@@ -159,10 +162,16 @@ def _bad_calls():
         "moe-ids-range": (lambda: mf(x, p, None, weights, ids + 5), ValueError, r"\[0, E=2\)"),
         "pack-odd-h": (lambda: gemmlab.pack_moe_fp8(w1[:, :, :100], w2[:, :100]), ValueError, "K % 16"),
         "pack-shape": (lambda: gemmlab.pack_moe_fp8(w1, w2[:, :, :64]), ValueError, r"\(E, 2I, H\)"),
-        "pack-scale": (lambda: gemmlab.pack_moe_fp8((p.w1, p.w1_scale[:, :1]), (p.w2, p.w2_scale)), ValueError,
-                       "w1_scale must be fp32 of shape"),
-        "pack-pair-dtype": (lambda: gemmlab.pack_moe_fp8((w1, p.w1_scale), (p.w2, p.w2_scale)), TypeError,
-                            "float8_e4m3fn"),
+        "pack-scale": (
+            lambda: gemmlab.pack_moe_fp8((p.w1, p.w1_scale[:, :1]), (p.w2, p.w2_scale)),
+            ValueError,
+            "w1_scale must be fp32 of shape",
+        ),
+        "pack-pair-dtype": (
+            lambda: gemmlab.pack_moe_fp8((w1, p.w1_scale), (p.w2, p.w2_scale)),
+            TypeError,
+            "float8_e4m3fn",
+        ),
         "pack-not-tensor": (lambda: gemmlab.pack_moe_fp8("w1", w2), TypeError, "3-D"),
         "gg-no-scale": (lambda: gg(xq, p.w2, offs, None, p.w2_scale), TypeError, "x_scale must be a torch.Tensor"),
         "gg-extra-scale": (lambda: gg(x, p.w2, offs, xs, p.w2_scale), ValueError, "pass x_scale only"),
@@ -171,15 +180,23 @@ def _bad_calls():
         "gg-k": (lambda: gg(xq[:, :64], p.w2, offs, xs, p.w2_scale), ValueError, "x has K=64"),
         "gg-offsets-dtype": (lambda: gg(xq, p.w2, offs.long(), xs, p.w2_scale), ValueError, "offsets must be int32"),
         "gg-offsets-range": (lambda: gg(xq, p.w2, offs + 9, xs, p.w2_scale), ValueError, "offsets must be non-dec"),
-        "gg-out-dtype": (lambda: gg(x, p.w2, offs, None, p.w2_scale, out_dtype=torch.float32), TypeError,
-                         "out_dtype"),
+        "gg-out-dtype": (lambda: gg(x, p.w2, offs, None, p.w2_scale, out_dtype=torch.float32), TypeError, "out_dtype"),
         "gg-out-shape": (lambda: gg(x, p.w2, offs, None, p.w2_scale, out=x[:2]), ValueError, "out must be"),
-        "gg-x-misaligned": (lambda: gg(torch.zeros(3, 160, dtype=FP8, device=DEVICE)[:, 8:136], p.w2, offs,
-                                       xs, p.w2_scale), ValueError, "not TMA-aligned"),
-        "gg-w-misaligned": (lambda: gg(xq, torch.zeros(2, 128, 144, dtype=FP8, device=DEVICE)[:, :, 8:136], offs,
-                                       xs, p.w2_scale), ValueError, "w .* is not TMA-aligned"),
-        "moe-topk-over-e": (lambda: mf(x, p, None, torch.cat([weights] * 3, 1), torch.cat([ids] * 3, 1)),
-                            ValueError, "at most E=2"),
+        "gg-x-misaligned": (
+            lambda: gg(torch.zeros(3, 160, dtype=FP8, device=DEVICE)[:, 8:136], p.w2, offs, xs, p.w2_scale),
+            ValueError,
+            "not TMA-aligned",
+        ),
+        "gg-w-misaligned": (
+            lambda: gg(xq, torch.zeros(2, 128, 144, dtype=FP8, device=DEVICE)[:, :, 8:136], offs, xs, p.w2_scale),
+            ValueError,
+            "w .* is not TMA-aligned",
+        ),
+        "moe-topk-over-e": (
+            lambda: mf(x, p, None, torch.cat([weights] * 3, 1), torch.cat([ids] * 3, 1)),
+            ValueError,
+            "at most E=2",
+        ),
         "config-block-k": (lambda: MoEFp8Config(block_k=256), ValueError, "must divide 128"),
     }
 
@@ -226,8 +243,13 @@ def test_a_user_table_with_two_block_m_still_shares_one_schedule(tmp_path, monke
     from gemmlab.ops import configs
 
     rule = {"block_n": 32, "block_k": 64, "group_m": 2, "num_warps": 4, "num_stages": 1}
-    table = {"moe_fp8": {"grouped": [{"config": dict(rule, block_m=16)}],
-                         "gate_up": [{"config": dict(rule, block_m=16)}], "down": [{"config": dict(rule, block_m=32)}]}}
+    table = {
+        "moe_fp8": {
+            "grouped": [{"config": dict(rule, block_m=16)}],
+            "gate_up": [{"config": dict(rule, block_m=16)}],
+            "down": [{"config": dict(rule, block_m=32)}],
+        }
+    }
     (tmp_path / "interpreter.json").write_text(json.dumps(table))
     monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path))
     configs.reload()

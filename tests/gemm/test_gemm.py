@@ -31,19 +31,19 @@ def assert_matches(c, a, b):
 
 # (M, N, K, layout, expected path). Aligned means the leading stride is a multiple of 8 elements.
 CASES = [
-    (1, 1, 1, "NN", "tma_splitk"),          # size 1 everywhere: leading strides do not matter
+    (1, 1, 1, "NN", "tma_splitk"),  # size 1 everywhere: leading strides do not matter
     (1, 1, 1, "TT", "tma_splitk"),
-    (16, 40, 64, "NN", "tma_splitk"),       # small M, N not a multiple of the tile
-    (5, 24, 136, "NT", "tma_splitk"),       # small M, B column-major
-    (8, 48, 64, "TN", "tma_splitk"),        # A column-major (its leading stride is M = 8)
-    (37, 53, 71, "NN", "portable"),         # primes: K = 71 leaves A's row stride unaligned
+    (16, 40, 64, "NN", "tma_splitk"),  # small M, N not a multiple of the tile
+    (5, 24, 136, "NT", "tma_splitk"),  # small M, B column-major
+    (8, 48, 64, "TN", "tma_splitk"),  # A column-major (its leading stride is M = 8)
+    (37, 53, 71, "NN", "portable"),  # primes: K = 71 leaves A's row stride unaligned
     (37, 53, 71, "TT", "portable"),
-    (29, 31, 16, "NN", "portable"),         # N = 31: B's row stride unaligned
+    (29, 31, 16, "NN", "portable"),  # N = 31: B's row stride unaligned
     (264, 72, 96, "NN", "tma_persistent"),  # M > 256, tiles in several rows/columns, odd tile count
     (264, 72, 96, "TT", "tma_persistent"),
     (257, 40, 40, "NT", "tma_persistent"),  # M just above the small-M cut, K not a multiple of BLOCK_K
     (264, 40, 33, "TN", "tma_persistent"),  # K odd is fine when A and B are stored M- and N-major
-    (263, 41, 67, "TT", "portable"),        # odd everything, transposed
+    (263, 41, 67, "TT", "portable"),  # odd everything, transposed
 ]
 
 
@@ -80,7 +80,8 @@ def test_gemm_runs_exactly_the_plan(monkeypatch, user_dir, device):
     monkeypatch.setattr(gemm_launch, "execute", lambda p, a, b, c, L=None: (seen.append(p), real(p, a, b, c, L)))
     gemm_launch.clear_cache()  # every signature's first call plans; later ones run the cached plan
     cases = [operands(*s) for s in ((300, 72, 96), (8, 40, 64), (37, 53, 71), (3, 29, 71))] + [
-        (rand((4, 0)), rand((0, 24)))]
+        (rand((4, 0)), rand((0, 24)))
+    ]
     for a, b in cases:
         out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=a.dtype, device=device)
         expected = gemmlab.plan(a, b, out=out)
@@ -253,14 +254,18 @@ def test_errors(device):
         (lambda: gemmlab.gemm(a.numpy() if device == "cpu" else a.cpu().numpy(), b), TypeError, "torch.Tensor"),
         (lambda: gemmlab.gemm(rand((32, 64))[::2, ::2], b), ValueError, "unit-stride"),
         (lambda: gemmlab.gemm(a, b, out=torch.empty(16, 25, dtype=a.dtype, device=device)), ValueError, "shape"),
-        (lambda: gemmlab.gemm(a, b, out=torch.empty(16, 24, dtype=torch.bfloat16, device=device)),
-         TypeError, "dtype"),
-        (lambda: gemmlab.gemm(a, b, out=torch.empty(16, 24, dtype=a.dtype, device="meta")),
-         ValueError, "out is on"),
-        (lambda: gemmlab.gemm(a, b, out=torch.empty(32, 48, dtype=a.dtype, device=device)[::2, ::2]),
-         ValueError, "unit-stride"),
-        (lambda: gemmlab.gemm(a, b, out=torch.empty(1, 24, dtype=a.dtype, device=device).expand(16, 24)),
-         ValueError, "overlap"),
+        (lambda: gemmlab.gemm(a, b, out=torch.empty(16, 24, dtype=torch.bfloat16, device=device)), TypeError, "dtype"),
+        (lambda: gemmlab.gemm(a, b, out=torch.empty(16, 24, dtype=a.dtype, device="meta")), ValueError, "out is on"),
+        (
+            lambda: gemmlab.gemm(a, b, out=torch.empty(32, 48, dtype=a.dtype, device=device)[::2, ::2]),
+            ValueError,
+            "unit-stride",
+        ),
+        (
+            lambda: gemmlab.gemm(a, b, out=torch.empty(1, 24, dtype=a.dtype, device=device).expand(16, 24)),
+            ValueError,
+            "overlap",
+        ),
         (lambda: gemmlab.gemm(a, b, out=[0]), TypeError, "out must be"),
         (lambda: gemmlab.pack_b(b[0]), ValueError, "2-D"),
     ]
@@ -353,7 +358,7 @@ def test_gemm_colmajor_2d_with_leading_dimension(device):
     flat = torch.full((m * n + 5,), float("nan"), dtype=a.dtype, device=device)  # longer than needed
     gemmlab.gemm_colmajor(A, B, flat, m, n, k)
     assert_matches(flat[: m * n].view(n, m).t(), a, b)
-    assert torch.isnan(flat[m * n:]).all()
+    assert torch.isnan(flat[m * n :]).all()
 
 
 def test_gemm_colmajor_numpy_sizes():

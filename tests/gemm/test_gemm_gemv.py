@@ -21,6 +21,7 @@ DOT = GemmConfig(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=1, 
 
 def operands(m, n, k, dtype, linear, pad=0, offset=0):
     """A (M, K) and B (K, N) (linear: B = W^T, W (N, K)); rows padded by ``pad``, bases ``offset`` elements in."""
+
     def stored(rows, cols):
         flat = rand((1, offset + rows * (cols + pad)), dtype).reshape(-1)
         return flat.as_strided((rows, cols), (cols + pad, 1), offset)
@@ -40,13 +41,13 @@ def run_twice(p, a, b, out_shape, dtype):
 
 # (M, N, K, linear, pad, offset): what each exercises
 CASES = [
-    (1, 37, 71, True, 0, 0),     # the decode GEMV: odd K (no TMA), N not a tile multiple
-    (1, 40, 64, False, 0, 0),    # row-major B, aligned: N contiguous
-    (3, 29, 97, True, 0, 0),     # a few rows, prime sizes
-    (13, 53, 33, True, 3, 1),    # padded rows and a misaligned base (every row 2-byte aligned only)
+    (1, 37, 71, True, 0, 0),  # the decode GEMV: odd K (no TMA), N not a tile multiple
+    (1, 40, 64, False, 0, 0),  # row-major B, aligned: N contiguous
+    (3, 29, 97, True, 0, 0),  # a few rows, prime sizes
+    (13, 53, 33, True, 3, 1),  # padded rows and a misaligned base (every row 2-byte aligned only)
     (16, 24, 160, False, 1, 0),  # a full 16-row tile, K a multiple of BLOCK_K
-    (1, 1, 1, True, 0, 0),       # the smallest
-    (2, 7, 5, False, 0, 0),      # K smaller than one BLOCK_K step
+    (1, 1, 1, True, 0, 0),  # the smallest
+    (2, 7, 5, False, 0, 0),  # K smaller than one BLOCK_K step
 ]
 
 
@@ -100,8 +101,10 @@ def test_gemv_route_from_the_table(user_dir, device):
     import json
 
     target = "nvidia-h200" if device == "cuda" else "interpreter"
-    table = {"route": {"gemm": [{"m": [0, 16], "tma": [0, 0], "config": {"path": "gemv"}}]},
-             "gemm": {"gemv": [{"m": [0, 1], "config": {"block_m": 1, "block_n": 16, "block_k": 32, "split_k": 0}}]}}
+    table = {
+        "route": {"gemm": [{"m": [0, 16], "tma": [0, 0], "config": {"path": "gemv"}}]},
+        "gemm": {"gemv": [{"m": [0, 1], "config": {"block_m": 1, "block_n": 16, "block_k": 32, "split_k": 0}}]},
+    }
     (user_dir / f"{target}.json").write_text(json.dumps(table))
     from gemmlab.ops import configs
 
@@ -131,13 +134,23 @@ def test_gemv_refuses_what_it_cannot_do():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,dtype,linear", [(1, 4093, 4099, torch.float16, True),
-                                               (16, 12289, 1021, torch.bfloat16, True),
-                                               (1, 14336, 4096, torch.bfloat16, True),
-                                               (4, 4096, 4095, torch.bfloat16, False)])
-@pytest.mark.parametrize("cfg", [dataclasses.replace(FMA, block_n=32, block_k=256),
-                                 dataclasses.replace(DOT, block_n=32, block_k=128, num_stages=3)],
-                         ids=["fma", "dot"])
+@pytest.mark.parametrize(
+    "m,n,k,dtype,linear",
+    [
+        (1, 4093, 4099, torch.float16, True),
+        (16, 12289, 1021, torch.bfloat16, True),
+        (1, 14336, 4096, torch.bfloat16, True),
+        (4, 4096, 4095, torch.bfloat16, False),
+    ],
+)
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dataclasses.replace(FMA, block_n=32, block_k=256),
+        dataclasses.replace(DOT, block_n=32, block_k=128, num_stages=3),
+    ],
+    ids=["fma", "dot"],
+)
 def test_gemv_on_the_gpu(m, n, k, dtype, linear, cfg, device):
     if cfg.block_m == 1 and m > 4:
         pytest.skip("one-row tiles are for a few rows")

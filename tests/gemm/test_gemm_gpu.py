@@ -53,8 +53,11 @@ def test_competition_colmajor_full_size():
 
 @pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 1000, 1000), (64, 4096, 4096), (1, 7168, 2048),
-                                   (4093, 4099, 4091), (256, 7168, 2048)], ids=str)
+@pytest.mark.parametrize(
+    "shape",
+    [(4096, 4096, 4096), (1000, 1000, 1000), (64, 4096, 4096), (1, 7168, 2048), (4093, 4099, 4091), (256, 7168, 2048)],
+    ids=str,
+)
 def test_layouts_dtypes(shape, dtype, layout):
     m, n, k = shape
     a = rand((m, k), dtype, major="row" if layout[0] == "N" else "col")
@@ -88,7 +91,6 @@ def test_64bit_offsets(n, stage):
     p = gemmlab.plan(a, b, out=c, stage=stage)
     assert p.path == ("portable" if stage is False else "tma_persistent"), p.reason
     run(p, a, b, out=c)
-    rows = torch.cat([torch.arange(0, 256), torch.arange(m - 256, m),
-                      torch.randint(0, m, (512,))]).to("cuda")
+    rows = torch.cat([torch.arange(0, 256), torch.arange(m - 256, m), torch.randint(0, m, (512,))]).to("cuda")
     _check(c[rows], a[rows], b)
     assert not torch.isnan(c).any()

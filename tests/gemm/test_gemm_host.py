@@ -66,8 +66,11 @@ def _fake_launcher(L, runtime_args, seen):
 
     n_desc = sum(d is not None for d in L.descs)
     run = object.__new__(nvidia.CudaLauncher)
-    run.launch = nvidia.wrap_handle_tensordesc(lambda *args: seen.append(args), _signature(L, runtime_args),
-                                               [{"swizzle": 3, "slot": i} for i in range(n_desc)] or None)
+    run.launch = nvidia.wrap_handle_tensordesc(
+        lambda *args: seen.append(args),
+        _signature(L, runtime_args),
+        [{"swizzle": 3, "slot": i} for i in range(n_desc)] or None,
+    )
     run.num_ctas, run.launch_cooperative_grid, run.launch_pdl = 1, False, False
     run.global_scratch_size = run.global_scratch_align = run.profile_scratch_size = run.profile_scratch_align = 0
     tail = launch.constexpr_tail(L.kernel, runtime_args, L.consts)
@@ -82,8 +85,9 @@ def gpu_stand_in(monkeypatch):
     from triton.backends.nvidia import driver as nvidia
 
     encoded = []
-    monkeypatch.setattr(nvidia, "make_tensordesc_arg", lambda arg, meta: (encoded.append(meta),
-                                                                          _fake_tensordesc(arg, meta))[1])
+    monkeypatch.setattr(
+        nvidia, "make_tensordesc_arg", lambda arg, meta: (encoded.append(meta), _fake_tensordesc(arg, meta))[1]
+    )
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
     yield encoded
@@ -150,8 +154,16 @@ def _hot(monkeypatch, a, b, launched, out=None):
     L = e.launch
     L.kept = launch.Kept(lambda *x: None, 1234, "packed", tuple(L.consts.values()), 0, None)
     n_desc = sum(d is not None for d in L.descs)
-    L.direct = direct.Direct(lambda *args: launched.append(len(args)), 1234, "packed", False, False, L.kept.tail,
-                             (None,) * n_desc, tuple({} for _ in range(n_desc)))
+    L.direct = direct.Direct(
+        lambda *args: launched.append(len(args)),
+        1234,
+        "packed",
+        False,
+        False,
+        L.kept.tail,
+        (None,) * n_desc,
+        tuple({} for _ in range(n_desc)),
+    )
     return e
 
 
@@ -176,8 +188,9 @@ def test_a_hot_call_is_short(name, gpu_stand_in, monkeypatch, device):
     if split:
         p = gemmlab.plan(a, b)
         gemm_launch.clear_cache()
-        monkeypatch.setattr(gemm_launch, "choose", lambda *args: choose(*args[:4], dataclasses.replace(
-            p.config, split_k=split)))
+        monkeypatch.setattr(
+            gemm_launch, "choose", lambda *args: choose(*args[:4], dataclasses.replace(p.config, split_k=split))
+        )
     for out in (torch.empty(m, n, dtype=a.dtype, device=device), None):
         launched = []
         _hot(monkeypatch, a, b, launched, out)
@@ -186,8 +199,9 @@ def test_a_hot_call_is_short(name, gpu_stand_in, monkeypatch, device):
         stats = _profile(lambda out=out: gemmlab.gemm(a, b, out=out), calls)
         assert len(launched) == calls + 1
         entered = {f for (f, _, _) in stats.stats}
-        assert not [f for f in entered if f.endswith(("gemm_plan.py", "gemm_checks.py", "layout.py"))
-                    or "triton" in f], entered
+        assert not [
+            f for f in entered if f.endswith(("gemm_plan.py", "gemm_checks.py", "layout.py")) or "triton" in f
+        ], entered
         if out is not None:
             per_call = stats.total_calls / calls
             assert per_call <= HOT_CALLS_BOUND, "\n".join([str(per_call)] + _listing(stats))

@@ -51,11 +51,21 @@ CASES = [
     ("m1_misaligned", lambda dt: (_misaligned(1, 40, dt), rand((40, 264), dt)), ("a",), "tma_splitk", None),
     # nn.Linear layout: B = W^T, W (N, K) with K = 33 odd, so B is K-major with an odd stride (A stored
     # M-major, aligned, so only the weight is copied; a row-major A with odd K is staged too: test_stage_...)
-    ("linear_odd_k", lambda dt: (rand((600, 33), dt, major="col"), rand((40, 33), dt).t()), ("b",),
-     "tma_persistent", None),
+    (
+        "linear_odd_k",
+        lambda dt: (rand((600, 33), dt, major="col"), rand((40, 33), dt).t()),
+        ("b",),
+        "tma_persistent",
+        None,
+    ),
     # A column-major with M = 601 odd (stored (K, M)): staged keeping its M-major layout
-    ("a_colmajor_odd_m", lambda dt: (rand((601, 8), dt, major="col"), rand((8, 200), dt)), ("a",),
-     "tma_persistent", None),
+    (
+        "a_colmajor_odd_m",
+        lambda dt: (rand((601, 8), dt, major="col"), rand((8, 200), dt)),
+        ("a",),
+        "tma_persistent",
+        None,
+    ),
     # out= with an odd row stride (C through pointers) and B staged
     ("out_odd_stride", lambda dt: (rand((600, 32), dt), rand((32, 33), dt)), ("b",), "tma_persistent", "row"),
     # column-major C (swap_ab: C^T = B^T A^T) with an odd stride: the kernel's A is the caller's B^T, whose
@@ -118,8 +128,11 @@ def test_stage_c_writes_an_aligned_copy_then_c(m, out_major, device):
 def test_stage_c_from_the_table_on_the_hot_path(user_dir, monkeypatch, device):
     """A table rule with stage_c: gemm() (the signature cache's kept launch on the second call) stages C, with
     poisoned scratch buffers."""
-    monkeypatch.setattr(gemm_launch, "_scratch", lambda shape, dtype, device: torch.full(
-        shape, float("nan"), dtype=dtype, device=device))
+    monkeypatch.setattr(
+        gemm_launch,
+        "_scratch",
+        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device),
+    )
     target = "nvidia-h200" if device == "cuda" else "interpreter"
     rule = {"config": {"block_m": 32, "block_n": 32, "block_k": 32, "group_m": 2, "stage_c": True}}
     (user_dir / f"{target}.json").write_text(json.dumps({"gemm": {"tma_persistent": [rule]}}))
@@ -149,6 +162,7 @@ def test_stage_c_is_ignored_where_c_is_aligned():
 def test_the_pad_columns_are_never_read(monkeypatch):
     """Staging buffers are not zeroed: TMA's descriptor has the logical shape and zero-fills past it. Poison
     the buffers with NaN: a read of a pad column would put NaN into C."""
+
     def poisoned(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
@@ -253,13 +267,16 @@ def test_a_user_limit_makes_the_interpreter_stage_a_tiny_shape(user_dir, device)
         assert_matches(gemmlab.gemm(a, b), a, b)
 
 
-@pytest.mark.parametrize("staging,words", [
-    ({"max_copy_fraction": -1}, "max_copy_fraction must be a number >= 0"),
-    ({"flops_per_s": 0}, "flops_per_s must be a number >= 0 (> 0 for rates)"),
-    ({"max_copy_frac": 0.1}, "unknown key"),
-    ({"max_copy_fraction": "0.1"}, "must be a number"),
-    ([0.1], "must be an object"),
-])
+@pytest.mark.parametrize(
+    "staging,words",
+    [
+        ({"max_copy_fraction": -1}, "max_copy_fraction must be a number >= 0"),
+        ({"flops_per_s": 0}, "flops_per_s must be a number >= 0 (> 0 for rates)"),
+        ({"max_copy_frac": 0.1}, "unknown key"),
+        ({"max_copy_fraction": "0.1"}, "must be a number"),
+        ([0.1], "must be an object"),
+    ],
+)
 def test_a_malformed_staging_object_is_refused_naming_the_file(user_dir, staging, words):
     (user_dir / "interpreter.json").write_text(json.dumps({"staging": staging}))
     (user_dir / "nvidia-h200.json").write_text(json.dumps({"staging": staging}))

@@ -33,11 +33,11 @@ def test_stream_k_tiles():
 
 # (M, N, K, block_m, block_n, layout): tiles on 3 programs, and what they exercise
 CASES = [
-    (300, 40, 200, 32, 32, "NN"),    # 20 tiles: 5 stream-K tiles of 7 steps over 3 runs of 12 (whole and split)
-    (300, 40, 512, 256, 64, "NN"),   # 2 tiles < 3 programs: each tile split across two runs
-    (304, 40, 200, 256, 64, "TT"),   # the same with A and B stored transposed (M = 304: aligned A^T)
-    (264, 37, 96, 32, 32, "NT"),     # odd N: C through masked pointers; B K-major (nn.Linear layout)
-    (264, 72, 96, 32, 32, "NN"),     # 27 tiles = 9 waves: no stream-K tiles at all
+    (300, 40, 200, 32, 32, "NN"),  # 20 tiles: 5 stream-K tiles of 7 steps over 3 runs of 12 (whole and split)
+    (300, 40, 512, 256, 64, "NN"),  # 2 tiles < 3 programs: each tile split across two runs
+    (304, 40, 200, 256, 64, "TT"),  # the same with A and B stored transposed (M = 304: aligned A^T)
+    (264, 37, 96, 32, 32, "NT"),  # odd N: C through masked pointers; B K-major (nn.Linear layout)
+    (264, 72, 96, 32, 32, "NN"),  # 27 tiles = 9 waves: no stream-K tiles at all
 ]
 
 
@@ -102,9 +102,14 @@ def test_stream_k_with_warp_specialization_is_refused(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,dtype,linear", [(3000, 5000, 7000, torch.float16, False),
-                                               (2048, 5120, 5120, torch.bfloat16, True),
-                                               (777, 3333, 1024, torch.float16, False)])
+@pytest.mark.parametrize(
+    "m,n,k,dtype,linear",
+    [
+        (3000, 5000, 7000, torch.float16, False),
+        (2048, 5120, 5120, torch.bfloat16, True),
+        (777, 3333, 1024, torch.float16, False),
+    ],
+)
 def test_stream_k_on_the_gpu(m, n, k, dtype, linear, device):
     """Issue 14's mid-size shapes on the H200 with stream-K (the last is staged: odd N)."""
     a = rand((m, k), dtype)
@@ -136,9 +141,9 @@ def test_tail_split_arithmetic():
 # must be worth their reduction: ``tail_split_for``)
 TAIL_CASES = [
     (224, 32, 1024, 32, 32, 4),  # 7 tiles: two whole waves, then 1 tail tile in 3 pieces, one round
-    (32, 32, 1024, 32, 32, 8),   # 1 tile < 3 programs: all tail, no data-parallel part
-    (64, 37, 1000, 32, 32, 8),   # 4 tiles, odd N (C through pointers), a last K step cut short
-    (264, 72, 96, 32, 32, 4),    # 27 tiles = 9 waves: no tail at all
+    (32, 32, 1024, 32, 32, 8),  # 1 tile < 3 programs: all tail, no data-parallel part
+    (64, 37, 1000, 32, 32, 8),  # 4 tiles, odd N (C through pointers), a last K step cut short
+    (264, 72, 96, 32, 32, 4),  # 27 tiles = 9 waves: no tail at all
 ]
 
 
@@ -149,8 +154,12 @@ def test_tail_split_is_correct_and_deterministic(m, n, k, bm, bn, split, dtype, 
 
     a, b = rand((m, k), dtype), rand((n, k), dtype).t()  # nn.Linear layout
     base = gemmlab.plan(a, b, path="tma_persistent")
-    p = gemmlab.plan(a, b, path="tma_persistent",
-                     config=dataclasses.replace(base.config, block_m=bm, block_n=bn, block_k=32, tail_split=split))
+    p = gemmlab.plan(
+        a,
+        b,
+        path="tma_persistent",
+        config=dataclasses.replace(base.config, block_m=bm, block_n=bn, block_k=32, tail_split=split),
+    )
     tiles = -(-m // bm) * -(-n // bn)
     expect = tail_split_for(tiles, p.num_sms, -(-k // 32), split)
     assert p.config.tail_split == expect[1] and (expect != (0, 0)) == (m != 264)
@@ -165,8 +174,10 @@ def test_tail_split_is_correct_and_deterministic(m, n, k, bm, bn, split, dtype, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,dtype", [(3000, 5000, 7000, torch.float16), (2048, 5120, 5120, torch.bfloat16),
-                                         (2048, 576, 7168, torch.float16)])
+@pytest.mark.parametrize(
+    "m,n,k,dtype",
+    [(3000, 5000, 7000, torch.float16), (2048, 5120, 5120, torch.bfloat16), (2048, 576, 7168, torch.float16)],
+)
 def test_tail_split_on_the_gpu(m, n, k, dtype, device):
     a, b = rand((m, k), dtype), rand((n, k), dtype).t()
     base = gemmlab.plan(a, b, path="tma_persistent")

@@ -31,8 +31,18 @@ def _specials(device) -> torch.Tensor:
     NaN, then random values over a wide exponent range."""
     one = 1.0
     ties = [one + 2.0**-8, one + 3 * 2.0**-8, -(one + 2.0**-8), 2.0**-8 * (2 - 2.0**-8), 255.5 * 2.0**-7]
-    edges = [float(torch.finfo(torch.bfloat16).max) * (1 + 2.0**-9), 3.4e38, 0.0, -0.0, 1e-40, -3e-41, 2.0**-126,
-             math.inf, -math.inf, math.nan]
+    edges = [
+        float(torch.finfo(torch.bfloat16).max) * (1 + 2.0**-9),
+        3.4e38,
+        0.0,
+        -0.0,
+        1e-40,
+        -3e-41,
+        2.0**-126,
+        math.inf,
+        -math.inf,
+        math.nan,
+    ]
     g = torch.Generator(device="cpu").manual_seed(7)
     rand = (torch.rand(4000, generator=g) - 0.5) * torch.exp2(torch.randint(-130, 127, (4000,), generator=g).float())
     return torch.cat([torch.tensor(ties + edges), rand]).float().to(device)
@@ -95,7 +105,7 @@ def test_moe_forward_bf16_rounds_each_stored_step_to_nearest(device):
     for ex in range(e):
         tok, slot = torch.nonzero(ids == ex, as_tuple=True)
         a = x[tok].double()
-        act = (torch.nn.functional.silu(a @ w1[ex, :i].double().t()) * (a @ w1[ex, i:].double().t()))
+        act = torch.nn.functional.silu(a @ w1[ex, :i].double().t()) * (a @ w1[ex, i:].double().t())
         o = act.to(torch.bfloat16).double() @ w2[ex].double().t() * weights[tok, slot].double()[:, None]
         emu.index_add_(0, tok, o.to(torch.bfloat16).double())
     emu = emu.to(torch.bfloat16).double()

@@ -127,8 +127,12 @@ def test_segments_cut_before_every_late_call_and_replies_merge():
     assert slots.segments(5, [2, 4]) == [[0, 1], [2, 3], [4]]
     assert slots.segments(2, [1]) == [[0], [1]]
     assert slots.segments(3, []) == [[0, 1, 2]]
-    m = slots.merged([{"ms": [1.0], "problem": None, "held_ms": 0.5, "loop_ms": 1.0},
-                      {"ms": [2.0, 3.0], "problem": "bad", "held_ms": 0.25, "loop_ms": 5.0}])
+    m = slots.merged(
+        [
+            {"ms": [1.0], "problem": None, "held_ms": 0.5, "loop_ms": 1.0},
+            {"ms": [2.0, 3.0], "problem": "bad", "held_ms": 0.25, "loop_ms": 5.0},
+        ]
+    )
     assert m == {"ms": [1.0, 2.0, 3.0], "problem": "bad", "held_ms": 0.75, "loop_ms": 6.0}
     assert slots.merged([{"ms": [1.0], "held_ms": None, "loop_ms": 1.0}])["held_ms"] is None
 
@@ -139,25 +143,39 @@ def test_the_fused_batch_on_the_gpu(tmp_path, monkeypatch):
     cuBLAS without the late inputs (the gain before; printed with -s), then with them: both FAIL, the honest twin
     does not. Last, the ratio of the cheat that fuses one request's calls (the hole left), printed."""
     path = tmp_path / "small.json"
-    path.write_text('{"name": "small", "dtype": "float16", "layout": "colmajor", "inputs": "competition", '
-                    '"correctness": [{"name": "t", "M": 64, "N": 64, "K": 64}], '
-                    '"performance": {"name": "t", "M": 64, "N": 64, "K": 64, "full_score_ratio": 1.0}}')
+    path.write_text(
+        '{"name": "small", "dtype": "float16", "layout": "colmajor", "inputs": "competition", '
+        '"correctness": [{"name": "t", "M": 64, "N": 64, "K": 64}], '
+        '"performance": {"name": "t", "M": 64, "N": 64, "K": 64, "full_score_ratio": 1.0}}'
+    )
     cases = str(path)
     honest, _ = _grade("honest", cases, budget_s=30)
-    print("honest", honest["verdict"], (honest["performance"] or {}).get("ratio"),
-          "calls per batch", (honest["performance"] or {}).get("calls_per_batch"))
+    print(
+        "honest",
+        honest["verdict"],
+        (honest["performance"] or {}).get("ratio"),
+        "calls per batch",
+        (honest["performance"] or {}).get("calls_per_batch"),
+    )
     assert honest["verdict"] != "FAIL", honest["failures"]
     with monkeypatch.context() as m:
         m.setattr(slots, "LATE_CALLS", {"cuda": 0, "cpu": 0})
         for fn in ("fuses_the_batch", "fuses_ahead_privately"):
             r = _fused_grade(fn, cases=cases, budget_s=30)
             print("before", fn, r["verdict"], (r["performance"] or {}).get("ratio"), r["failures"])
-    for fn, words in (("fuses_the_batch", "before those calls were made"),
-                      ("fuses_ahead_privately", "written only after call")):
+    for fn, words in (
+        ("fuses_the_batch", "before those calls were made"),
+        ("fuses_ahead_privately", "written only after call"),
+    ):
         r = _fused_grade(fn, cases=cases, budget_s=30)
         print("after", fn, r["verdict"], r["failures"])
         assert r["verdict"] == "FAIL" and words in r["failures"][0]["reason"], r["failures"]
     # the hole left on a GPU (docs/grading.md, "What is not enforced"): a segment's calls fused; measured, not judged
     r, logs = _grade("fuses_each_request", cases, budget_s=30)
-    print("residual fuses_each_request", r["verdict"], (r["performance"] or {}).get("ratio"), "fused" in logs,
-          r["failures"])
+    print(
+        "residual fuses_each_request",
+        r["verdict"],
+        (r["performance"] or {}).get("ratio"),
+        "fused" in logs,
+        r["failures"],
+    )

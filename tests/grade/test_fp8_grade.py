@@ -18,8 +18,14 @@ SMALL_ROW = str(CASES / "fp8-small-row.json")  # per-row/column scales, correctn
 
 
 def _case_file(tmp_path, **over) -> str:
-    d = {"name": "fp8-t", "mode": "fp8", "dtype": "float16", "scales": "tensor",
-         "correctness": [{"name": "odd", "M": 37, "N": 53, "K": 144}], **over}
+    d = {
+        "name": "fp8-t",
+        "mode": "fp8",
+        "dtype": "float16",
+        "scales": "tensor",
+        "correctness": [{"name": "odd", "M": 37, "N": 53, "K": 144}],
+        **over,
+    }
     p = tmp_path / "fp8-t.json"
     p.write_text(json.dumps(d))
     return str(p)
@@ -55,12 +61,15 @@ def test_gemmlab_fp8_timed_against_scaled_mm():
     assert any(c["name"].endswith("(exact-shape check)") for c in r["correctness"])
 
 
-@pytest.mark.parametrize(("fn", "rule", "words"), [
-    ("ignores_scales", "correctness", "max |out - ref|"),
-    ("bf16_arithmetic", "correctness", "max |out - ref|"),
-    ("rounds_toward_zero", "honest-arithmetic", "not correctly rounded"),
-    ("writes_part_of_c", "poison-freshness", "NaN"),
-])
+@pytest.mark.parametrize(
+    ("fn", "rule", "words"),
+    [
+        ("ignores_scales", "correctness", "max |out - ref|"),
+        ("bf16_arithmetic", "correctness", "max |out - ref|"),
+        ("rounds_toward_zero", "honest-arithmetic", "not correctly rounded"),
+        ("writes_part_of_c", "poison-freshness", "NaN"),
+    ],
+)
 @pytest.mark.parametrize("case_file", [SMALL_ROW, "bf16"])
 def test_each_rule_fires(fn, rule, words, case_file, tmp_path):
     """Each breaks one rule, with per-row scales (fp16 C) and per-tensor ones (bf16 C); the first failure names it
@@ -110,13 +119,16 @@ def test_fp8_case_files():
     assert load_any("fp8-cpu").performance is None
 
 
-@pytest.mark.parametrize(("over", "words"), [
-    ({"correctness": [{"M": 8, "N": 8, "K": 24}]}, "correctness[0].K: 24 is not a multiple of 16"),
-    ({"performance": {"M": 8, "N": 8, "K": 40}}, "performance.K: 40 is not a multiple of 16"),
-    ({"scales": "block"}, "scales: expected one of tensor, row"),
-    ({"inputs": "competition"}, "inputs: expected one of uniform, normal"),
-    ({"layout": "colmajor"}, "layout: unknown key"),
-])
+@pytest.mark.parametrize(
+    ("over", "words"),
+    [
+        ({"correctness": [{"M": 8, "N": 8, "K": 24}]}, "correctness[0].K: 24 is not a multiple of 16"),
+        ({"performance": {"M": 8, "N": 8, "K": 40}}, "performance.K: 40 is not a multiple of 16"),
+        ({"scales": "block"}, "scales: expected one of tensor, row"),
+        ({"inputs": "competition"}, "inputs: expected one of uniform, normal"),
+        ({"layout": "colmajor"}, "layout: unknown key"),
+    ],
+)
 def test_bad_fp8_case_files_are_one_line(over, words, tmp_path):
     with pytest.raises(cases.CaseError, match=words.replace("[", r"\[").replace("]", r"\]")):
         load_any(_case_file(tmp_path, **over))
@@ -155,14 +167,21 @@ def test_cli_grades_the_fp8_cpu_case_file():
 def test_gemmlab_fp8_against_scaled_mm_on_the_gpu(tmp_path):
     """On the H200 at 4096^3 (bf16 C, per-tensor scales): never FAIL against torch._scaled_mm; row scales pass
     correctness; the truncating kernel fails honest arithmetic there too."""
-    path = _case_file(tmp_path, dtype="bfloat16", correctness=[{"name": "odd", "M": 37, "N": 53, "K": 144}],
-                      performance={"name": "perf_4k", "M": 4096, "N": 4096, "K": 4096})
+    path = _case_file(
+        tmp_path,
+        dtype="bfloat16",
+        correctness=[{"name": "odd", "M": 37, "N": 53, "K": 144}],
+        performance={"name": "perf_4k", "M": 4096, "N": 4096, "K": 4096},
+    )
     r = grade(path, kernel="builtin:gemmlab_fp8", budget_s=60)
     assert r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]
     assert "torch._scaled_mm" in r["performance"]["baseline"]
-    row = _case_file(tmp_path, dtype="bfloat16", scales="row",
-                     correctness=[{"name": "odd", "M": 37, "N": 53, "K": 144},
-                                  {"name": "big", "M": 1031, "N": 2053, "K": 2064}])
+    row = _case_file(
+        tmp_path,
+        dtype="bfloat16",
+        scales="row",
+        correctness=[{"name": "odd", "M": 37, "N": 53, "K": 144}, {"name": "big", "M": 1031, "N": 2053, "K": 2064}],
+    )
     assert grade(row, kernel="builtin:gemmlab_fp8")["verdict"] == "PASS"
     bad = grade(row, kernel=f"{BAD}:rounds_toward_zero", allow_vendor=True)
     assert bad["verdict"] == "FAIL" and bad["failures"][0]["rule"] == "honest-arithmetic", bad["failures"]

@@ -16,8 +16,13 @@ CPU = "fp8-moe-cpu"
 
 
 def _case_file(tmp_path, **over) -> str:
-    d = {"name": "fp8-moe-t", "mode": "moe_fp8", "dtype": "bfloat16",
-         "correctness": [{"name": "t5", "T": 5, "H": 256, "I": 128, "E": 4, "k": 2}], **over}
+    d = {
+        "name": "fp8-moe-t",
+        "mode": "moe_fp8",
+        "dtype": "bfloat16",
+        "correctness": [{"name": "t5", "T": 5, "H": 256, "I": 128, "E": 4, "k": 2}],
+        **over,
+    }
     p = tmp_path / "fp8-moe-t.json"
     p.write_text(json.dumps(d))
     return str(p)
@@ -33,11 +38,14 @@ def test_gemmlab_moe_fp8_passes_the_cpu_case_file():
     assert all(0 < t["max_abs_err"] <= t["tolerance"] for t in trials)  # at the element nearest its bound
 
 
-@pytest.mark.parametrize(("fn", "rule", "words"), [
-    ("bf16_on_dequantized_weights", "correctness", "max |out - ref|"),
-    ("ignores_topk_weights", "correctness", "max |out - ref|"),
-    ("writes_part_of_out", "poison-freshness", "NaN"),
-])
+@pytest.mark.parametrize(
+    ("fn", "rule", "words"),
+    [
+        ("bf16_on_dequantized_weights", "correctness", "max |out - ref|"),
+        ("ignores_topk_weights", "correctness", "max |out - ref|"),
+        ("writes_part_of_out", "poison-freshness", "NaN"),
+    ],
+)
 def test_each_bad_layer_fails(fn, rule, words, tmp_path):
     r = grade(_case_file(tmp_path), kernel=f"{BAD}:{fn}")
     assert r["verdict"] == "FAIL" and rule in {f["rule"] for f in r["failures"]}, r["failures"]
@@ -54,13 +62,16 @@ def test_fp8_moe_case_files():
     assert load_any(CPU).performance is None and [c.t for c in load_any(CPU).correctness] == [1, 5, 17]
 
 
-@pytest.mark.parametrize(("over", "words"), [
-    ({"correctness": [{"T": 3, "H": 200, "I": 128, "E": 4, "k": 2}]}, r"correctness\[0\].H: 200 is not a multiple"),
-    ({"performance": {"T": 3, "H": 256, "I": 72, "E": 4, "k": 2}}, "performance.I: 72 is not a multiple of 16"),
-    ({"correctness": [{"T": 3, "H": 256, "I": 128, "E": 2, "k": 3}]}, "top-k 3 must be <= E = 2"),
-    ({"scales": "row"}, "scales: unknown key"),
-    ({"mode": "fp8_moe"}, "mode: expected one of gemm, moe, fp8, moe_fp8"),
-])
+@pytest.mark.parametrize(
+    ("over", "words"),
+    [
+        ({"correctness": [{"T": 3, "H": 200, "I": 128, "E": 4, "k": 2}]}, r"correctness\[0\].H: 200 is not a multiple"),
+        ({"performance": {"T": 3, "H": 256, "I": 72, "E": 4, "k": 2}}, "performance.I: 72 is not a multiple of 16"),
+        ({"correctness": [{"T": 3, "H": 256, "I": 128, "E": 2, "k": 3}]}, "top-k 3 must be <= E = 2"),
+        ({"scales": "row"}, "scales: unknown key"),
+        ({"mode": "fp8_moe"}, "mode: expected one of gemm, moe, fp8, moe_fp8"),
+    ],
+)
 def test_bad_fp8_moe_case_files_are_one_line(over, words, tmp_path):
     with pytest.raises(cases.CaseError, match=words):
         load_any(_case_file(tmp_path, **over))
@@ -92,8 +103,9 @@ def test_composite_fp8_dequantizes_once_per_set_of_weights(monkeypatch, tmp_path
         counts.append(len(made))
     assert counts == [2 * case.e, 2 * case.e, 4 * case.e]  # w1 and w2 per expert, at the first call of each set
     x, w1, s1, w2, s2, weights, ids = other
-    dw1, dw2 = (torch.stack([real(q[e], s[e], (128, 128)) for e in range(case.e)]).bfloat16()
-                for q, s in ((w1, s1), (w2, s2)))
+    dw1, dw2 = (
+        torch.stack([real(q[e], s[e], (128, 128)) for e in range(case.e)]).bfloat16() for q, s in ((w1, s1), (w2, s2))
+    )
     assert torch.equal(out, ref.moe_composite(x, dw1, dw2, weights, ids))
 
 
@@ -101,8 +113,11 @@ def test_composite_fp8_dequantizes_once_per_set_of_weights(monkeypatch, tmp_path
 def test_gemmlab_moe_fp8_against_the_composite_on_the_gpu(tmp_path):
     """On the H200 at E 16, H 2048, I 1024, T 1024: never FAIL against the bf16 composite on dequantized weights."""
     shape = {"H": 2048, "I": 1024, "E": 16, "k": 8}
-    path = _case_file(tmp_path, correctness=[{"name": "t1", "T": 1, **shape}, {"name": "t37", "T": 37, **shape}],
-                      performance={"name": "mid_t1024", "T": 1024, **shape})
+    path = _case_file(
+        tmp_path,
+        correctness=[{"name": "t1", "T": 1, **shape}, {"name": "t37", "T": 37, **shape}],
+        performance={"name": "mid_t1024", "T": 1024, **shape},
+    )
     r = grade(path, kernel="builtin:gemmlab_moe_fp8", budget_s=60)
     assert r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]
     assert "dequantized" in r["performance"]["baseline"] and r["performance"]["samples_checked"] >= 1

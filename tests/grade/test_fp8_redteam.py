@@ -28,9 +28,12 @@ def test_narrow_accumulation_fails(fn, dtype, tmp_path):
     fp32 accumulation. The max-error bound lets some of them through on some draws (promoted_every_128 at K 272 in
     fp16, fast_accumulation at K 144 in bf16); the rounding counts (hundreds of misrounded outputs against the
     vendor's few) catch every one, in fp16 and bf16 C."""
-    path = _dense_case(tmp_path, dtype=dtype, scales="row",
-                       correctness=[{"name": "odd", "M": 37, "N": 53, "K": 144},
-                                    {"name": "prime", "M": 61, "N": 67, "K": 272}])
+    path = _dense_case(
+        tmp_path,
+        dtype=dtype,
+        scales="row",
+        correctness=[{"name": "odd", "M": 37, "N": 53, "K": 144}, {"name": "prime", "M": 61, "N": 67, "K": 272}],
+    )
     r = _grade(path, fn)
     assert r["verdict"] == "FAIL" and r["failures"][0]["rule"] in ("correctness", "honest-arithmetic"), r["failures"]
     assert {f["rule"] for f in r["failures"]} <= {"correctness", "honest-arithmetic"}, r["failures"]
@@ -47,8 +50,11 @@ def test_memo_keyed_by_scales_or_a_few_bytes_never_hits(fn):
 @pytest.mark.parametrize("kind", ["uniform", "normal", "full-mantissa"])
 def test_scales_are_fresh_per_draw(kind, per_row):
     """The premise of the test above, for the timed protocol as well: no two seeds give the same scales."""
-    scales = {tuple(s.flatten().tolist()) for seed in range(8)
-              for s in fp8_operands(16, 16, 32, kind, per_row, seed, "cpu")[2:]}
+    scales = {
+        tuple(s.flatten().tolist())
+        for seed in range(8)
+        for s in fp8_operands(16, 16, 32, kind, per_row, seed, "cpu")[2:]
+    }
     assert len(scales) == 16
 
 
@@ -60,11 +66,14 @@ def test_dishonest_on_the_full_mantissa_share_fails_honest_arithmetic():
     assert f["rule"] == "honest-arithmetic" and "timed in batch" in f["reason"], r["failures"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="open hole: the secret full-mantissa share is recognisable from 32 bytes "
-                   "(every mantissa bit set) and the case's kind from its value statistics, so a kernel slow on "
-                   "every other input shows the same speed on both timed kinds: speed_independent_of_values "
-                   "compares only those two, and the untimed third trial's time is not looked at")
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="open hole: the secret full-mantissa share is recognisable from 32 bytes "
+    "(every mantissa bit set) and the case's kind from its value statistics, so a kernel slow on "
+    "every other input shows the same speed on both timed kinds: speed_independent_of_values "
+    "compares only those two, and the untimed third trial's time is not looked at",
+)
 def test_slow_off_the_timed_kinds_fails_honest_inputs():
     r = _grade(SMALL, "slow_off_the_timed_kinds")
     assert r["listed_correctness_passed"] and r["verdict"] == "FAIL", r["failures"]
@@ -91,11 +100,20 @@ def _assert_fails_if_it_fused(run, tries: int = 3):
         if "fused" in logs:
             break
         perf = r.get("performance") or {}
-        seen.append((r["verdict"], [f["rule"] for f in r["failures"]], perf.get("status"), perf.get("rounds"),
-                     perf.get("calls_per_batch")))
+        seen.append(
+            (
+                r["verdict"],
+                [f["rule"] for f in r["failures"]],
+                perf.get("status"),
+                perf.get("rounds"),
+                perf.get("calls_per_batch"),
+            )
+        )
     else:  # not an AssertionError: a kernel that never fused shows nothing
-        raise RuntimeError(f"the kernel never computed more than its own call in {tries} grades (verdict, rules, "
-                           f"perf status, rounds, calls per batch: {seen}): the test shows nothing")
+        raise RuntimeError(
+            f"the kernel never computed more than its own call in {tries} grades (verdict, rules, "
+            f"perf status, rounds, calls per batch: {seen}): the test shows nothing"
+        )
     if not r["listed_correctness_passed"]:  # a wrong kernel fails for the wrong reason
         raise RuntimeError(f"the fusing kernel failed its listed cases: {r['failures']}")
     assert r["verdict"] == "FAIL", (r["verdict"], r["performance"])
@@ -112,8 +130,16 @@ def test_experts_honest_twin_passes(tmp_path):
     assert r["verdict"] == "PASS", r["failures"]
 
 
-@pytest.mark.parametrize("fn", ["per_tensor_intermediate", "unquantized_intermediate", "unquantized_activations",
-                                "skips_small_experts", "bf16_weights_cached"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        "per_tensor_intermediate",
+        "unquantized_intermediate",
+        "unquantized_activations",
+        "skips_small_experts",
+        "bf16_weights_cached",
+    ],
+)
 def test_each_experts_cheat_fails_correctness(fn, tmp_path):
     """A per-tensor or missing quantization of the intermediate, unquantized activations (weight-only FP8), experts
     with one routed row skipped, weights dequantized once to bf16: each beyond moe_fp8_check's bound at T 5 (at T 1
@@ -124,14 +150,14 @@ def test_each_experts_cheat_fails_correctness(fn, tmp_path):
     assert "max |out - ref|" in r["failures"][0]["reason"], r["failures"]
 
 
-
 def test_experts_dishonest_on_half_the_timed_calls_fails_timed_outputs(tmp_path):
     """A layer that knows it is timed (the same weights twice in a row: checks draw new ones) and skips its
     tail experts on every other timed call: two secret calls of every batch are verified, so a cheat on half
     the calls escapes a batch with probability 1/4 and the run's at least 12 batches with under 1e-7."""
     shape = {"H": 256, "I": 128, "E": 4, "k": 2}
-    path = _moe_case(tmp_path, correctness=[{"name": "t5", "T": 5, **shape}],
-                     performance={"name": "t3", "T": 3, **shape})
+    path = _moe_case(
+        tmp_path, correctness=[{"name": "t5", "T": 5, **shape}], performance={"name": "t3", "T": 3, **shape}
+    )
     r = _grade(path, "skips_small_experts_when_timed")
     assert r["listed_correctness_passed"] and r["verdict"] == "FAIL", r["failures"]
     f = r["failures"][0]
@@ -142,8 +168,9 @@ def test_experts_doing_the_whole_batch_in_one_call_fail(tmp_path):
     """N calls of the experts on the fixed weights fused into one, the weights read once a batch: caught as the
     dense one is (test_one_call_doing_the_whole_batch_fails)."""
     shape = {"H": 256, "I": 128, "E": 4, "k": 2}
-    path = _moe_case(tmp_path, correctness=[{"name": "t5", "T": 5, **shape}],
-                     performance={"name": "t3", "T": 3, **shape})
+    path = _moe_case(
+        tmp_path, correctness=[{"name": "t5", "T": 5, **shape}], performance={"name": "t3", "T": 3, **shape}
+    )
     _assert_fails_if_it_fused(lambda: grade(path, kernel=f"{RT}:fuses_the_moe_batch", keep_logs=True))
 
 
@@ -152,13 +179,23 @@ def test_experts_doing_the_whole_batch_on_the_gpu(tmp_path):
     """Decode-like experts (T 16, E 16, H 2048, I 1024, k 8) on the H200: the fused kernel's speed against the
     bf16 composite, next to gemmlab's own layer's; it FAILs (the ratios print with -s)."""
     shape = {"H": 2048, "I": 1024, "E": 16, "k": 8}
-    path = _moe_case(tmp_path, correctness=[{"name": "t5", "T": 5, **shape}],
-                     performance={"name": "decode_t16", "T": 16, **shape})
+    path = _moe_case(
+        tmp_path, correctness=[{"name": "t5", "T": 5, **shape}], performance={"name": "decode_t16", "T": 16, **shape}
+    )
     honest = grade(path, kernel="builtin:gemmlab_moe_fp8", budget_s=30)
+
     def run():
         r = grade(path, kernel=f"{RT}:fuses_the_moe_batch", budget_s=30, keep_logs=True)
-        print("honest", honest["verdict"], honest["performance"].get("ratio"), "fused", r["verdict"],
-              r["performance"].get("ratio"), "calls per batch", r["performance"].get("calls_per_batch"))
+        print(
+            "honest",
+            honest["verdict"],
+            honest["performance"].get("ratio"),
+            "fused",
+            r["verdict"],
+            r["performance"].get("ratio"),
+            "calls per batch",
+            r["performance"].get("calls_per_batch"),
+        )
         return r
 
     _assert_fails_if_it_fused(run)

@@ -84,16 +84,19 @@ def test_exact_shape_rule_closes_the_competition_blind_spot():
     assert passed(good) and good["performance"]["exact_shape_check"]["status"] == "PASS"
 
 
-@pytest.mark.parametrize("fn,rule,words", [
-    ("quarter_tiles", "poison-freshness", "NaN"),
-    ("caches_first", "poison-freshness", "stale"),
-    ("mutates_input", "poison-freshness", "modified an input"),
-    ("nan_some", "poison-freshness", "NaN"),
-    ("wrong_dtype", "output", "dtype"),
-    ("returns_input_view", "correctness", "max |out - ref|"),
-    ("raises", "isolation", "always fails"),
-    ("crashes", "isolation", "died"),
-])
+@pytest.mark.parametrize(
+    "fn,rule,words",
+    [
+        ("quarter_tiles", "poison-freshness", "NaN"),
+        ("caches_first", "poison-freshness", "stale"),
+        ("mutates_input", "poison-freshness", "modified an input"),
+        ("nan_some", "poison-freshness", "NaN"),
+        ("wrong_dtype", "output", "dtype"),
+        ("returns_input_view", "correctness", "max |out - ref|"),
+        ("raises", "isolation", "always fails"),
+        ("crashes", "isolation", "died"),
+    ],
+)
 def test_bad_kernel_fails_by_its_rule(fn, rule, words):
     sig = "rowmajor" if fn in ("wrong_dtype", "returns_input_view") else None
     r = run(fn, signature=sig)
@@ -103,13 +106,16 @@ def test_bad_kernel_fails_by_its_rule(fn, rule, words):
     assert r["performance"] is None  # a failed correctness case stops grading before performance
 
 
-@pytest.mark.parametrize("fn,words", [
-    ("lazy_after_warmup", "were not written"),  # honest while verified, idle while timed
-    ("skip_every_4th", "were not written"),   # every timed call's sample is read: none can be skipped
-    ("fills_all_outputs", "the same values"),  # one answer written into the other calls' outputs
-    ("replays_seeded_inputs", "is wrong"),    # timed inputs are secret: the seed predicts nothing
-    ("finishes_in_background", "batch"),  # answers first, works later: incomplete when timed, or never done
-])
+@pytest.mark.parametrize(
+    "fn,words",
+    [
+        ("lazy_after_warmup", "were not written"),  # honest while verified, idle while timed
+        ("skip_every_4th", "were not written"),  # every timed call's sample is read: none can be skipped
+        ("fills_all_outputs", "the same values"),  # one answer written into the other calls' outputs
+        ("replays_seeded_inputs", "is wrong"),  # timed inputs are secret: the seed predicts nothing
+        ("finishes_in_background", "batch"),  # answers first, works later: incomplete when timed, or never done
+    ],
+)
 def test_cheating_while_timed_fails(fn, words):
     r = run(fn)
     assert r["listed_correctness_passed"] and r["verdict"] == "FAIL"
@@ -212,8 +218,15 @@ def test_sandbox_kills_every_process_it_started(tmp_path, monkeypatch, device):
     own = subprocess.Popen(["sleep", "60"])
     try:
         monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(tmp_path))  # as where no Landlock domain stops its writes
-        box = Sandbox(f"{BAD}:forks_report_writer", "colmajor", "colmajor", 30.0, device == "cpu",
-                      str(tmp_path), extra_env={"BAD_KERNEL_OUT_DIR": str(tmp_path)})
+        box = Sandbox(
+            f"{BAD}:forks_report_writer",
+            "colmajor",
+            "colmajor",
+            30.0,
+            device == "cpu",
+            str(tmp_path),
+            extra_env={"BAD_KERNEL_OUT_DIR": str(tmp_path)},
+        )
         a, b = torch.rand(4, 4, dtype=torch.float16).t(), torch.rand(4, 4, dtype=torch.float16).t()
         box.bind([((a, b), torch.full((16,), float("nan"), dtype=torch.float16))])
         box.request("call", slot=0)
@@ -233,19 +246,33 @@ def test_sandbox_kills_every_process_it_started(tmp_path, monkeypatch, device):
 
 
 def test_rules():
-    run_ev = dict(wall_ms=3.0, advisory_ms=2.9, overhead_ms=0.01, tflops=700.0, peak=989.4, device="cuda",
-                  baseline_ms=3.0, baseline_solo_ms=3.0, kernels={"_gemm_tma_splitk_kernel"}, ops=set(),
-                  preload_calls=[], allow_vendor=False, timed_path="tma_splitk", seen_paths={"tma_splitk"},
-                  seen_kernels={"_gemm_tma_splitk_kernel"})
+    run_ev = dict(
+        wall_ms=3.0,
+        advisory_ms=2.9,
+        overhead_ms=0.01,
+        tflops=700.0,
+        peak=989.4,
+        device="cuda",
+        baseline_ms=3.0,
+        baseline_solo_ms=3.0,
+        kernels={"_gemm_tma_splitk_kernel"},
+        ops=set(),
+        preload_calls=[],
+        allow_vendor=False,
+        timed_path="tma_splitk",
+        seen_paths={"tma_splitk"},
+        seen_kernels={"_gemm_tma_splitk_kernel"},
+    )
     assert rules.first_failure(rules.RUN_RULES, rules.Run(**run_ev)) is None
     for change, rule, words in (
-            ({"tflops": 1500.0}, "honest-timing", "impossible"),
-            ({"advisory_ms": 0.01}, "honest-timing", "faked clock"),
-            ({"advisory_ms": 9.0}, "honest-timing", "more than"),
-            ({"baseline_ms": 3.4}, "honest-timing", "slowed the baseline"),
-            ({"preload_calls": ["cublasGemmEx"]}, "vendor", "cublasGemmEx"),
-            ({"timed_path": "portable"}, "dispatch-coverage", "never verified"),
-            ({"kernels": {"_gemm_tma_splitk_kernel", "sneaky"}}, "dispatch-coverage", "sneaky")):
+        ({"tflops": 1500.0}, "honest-timing", "impossible"),
+        ({"advisory_ms": 0.01}, "honest-timing", "faked clock"),
+        ({"advisory_ms": 9.0}, "honest-timing", "more than"),
+        ({"baseline_ms": 3.4}, "honest-timing", "slowed the baseline"),
+        ({"preload_calls": ["cublasGemmEx"]}, "vendor", "cublasGemmEx"),
+        ({"timed_path": "portable"}, "dispatch-coverage", "never verified"),
+        ({"kernels": {"_gemm_tma_splitk_kernel", "sneaky"}}, "dispatch-coverage", "sneaky"),
+    ):
         got = rules.first_failure(rules.RUN_RULES, rules.Run(**{**run_ev, **change}))
         assert got is not None and got[0] == rule and words in got[1], (change, got)
     assert rules.first_failure(rules.RUN_RULES, rules.Run(**{**run_ev, "baseline_ms": 3.2})) is None  # within 10%
@@ -263,28 +290,35 @@ def test_fixed_baseline_and_module_kernel(tmp_path):
     assert r["score"]["performance"] == 70 and "baseline_ms" not in r["performance"]  # no baseline worker timed
 
 
-GOOD = {"dtype": "float16", "layout": "colmajor", "inputs": "competition",
-        "correctness": [{"M": 4, "N": 4, "K": 4}],
-        "performance": {"M": 4, "N": 4, "K": 4, "baseline_gflops": None, "full_score_ratio": 0.3}}
+GOOD = {
+    "dtype": "float16",
+    "layout": "colmajor",
+    "inputs": "competition",
+    "correctness": [{"M": 4, "N": 4, "K": 4}],
+    "performance": {"M": 4, "N": 4, "K": 4, "baseline_gflops": None, "full_score_ratio": 0.3},
+}
 
 
-@pytest.mark.parametrize("change,words", [
-    ({"perfomance": {"M": 4, "N": 4, "K": 4}}, "perfomance: unknown key"),
-    ({"tolerence": {"base": 0.1}}, "tolerence: unknown key"),
-    ({"tolerance": 5}, "tolerance: expected an object"),
-    ({"tolerance": {"base": "x"}}, "tolerance.base: expected a number"),
-    ({"score": [1, 2]}, "score: expected an object"),
-    ({"layout": "diagonal"}, "layout: expected one of"),
-    ({"correctness": [{"M": 4, "N": 4, "K": 1.5}]}, "correctness[0].K: expected a positive integer"),
-    ({"correctness": [{"M": 0, "N": 4, "K": 4}]}, "correctness[0].M: expected a positive integer"),
-    ({"correctness": [{"M": True, "N": 4, "K": 4}]}, "correctness[0].M: expected a positive integer"),
-    ({"correctness": [{"M": 4, "N": 4}]}, "correctness[0].K: missing"),
-    ({"correctness": []}, "correctness: expected a non-empty list"),
-    ({"performance": {"M": 4, "N": 4, "K": 4, "baseline_gflops": "fast"}}, "baseline_gflops: expected a number"),
-    ({"performance": {"M": 4, "N": 4, "K": 4, "baseline_gflops": 0}}, "baseline_gflops: must be > 0"),
-    ({"performance": {"M": 4, "N": 4, "K": 4, "full_score_ratio": 0}}, "full_score_ratio: must be > 0"),
-    ({"mode": "moe"}, "layout: unknown key"),
-])
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        ({"perfomance": {"M": 4, "N": 4, "K": 4}}, "perfomance: unknown key"),
+        ({"tolerence": {"base": 0.1}}, "tolerence: unknown key"),
+        ({"tolerance": 5}, "tolerance: expected an object"),
+        ({"tolerance": {"base": "x"}}, "tolerance.base: expected a number"),
+        ({"score": [1, 2]}, "score: expected an object"),
+        ({"layout": "diagonal"}, "layout: expected one of"),
+        ({"correctness": [{"M": 4, "N": 4, "K": 1.5}]}, "correctness[0].K: expected a positive integer"),
+        ({"correctness": [{"M": 0, "N": 4, "K": 4}]}, "correctness[0].M: expected a positive integer"),
+        ({"correctness": [{"M": True, "N": 4, "K": 4}]}, "correctness[0].M: expected a positive integer"),
+        ({"correctness": [{"M": 4, "N": 4}]}, "correctness[0].K: missing"),
+        ({"correctness": []}, "correctness: expected a non-empty list"),
+        ({"performance": {"M": 4, "N": 4, "K": 4, "baseline_gflops": "fast"}}, "baseline_gflops: expected a number"),
+        ({"performance": {"M": 4, "N": 4, "K": 4, "baseline_gflops": 0}}, "baseline_gflops: must be > 0"),
+        ({"performance": {"M": 4, "N": 4, "K": 4, "full_score_ratio": 0}}, "full_score_ratio: must be > 0"),
+        ({"mode": "moe"}, "layout: unknown key"),
+    ],
+)
 def test_case_file_schema(tmp_path, change, words):
     f = tmp_path / "bad.json"
     f.write_text(json.dumps({**GOOD, **change}))
@@ -296,8 +330,11 @@ def test_case_file_schema(tmp_path, change, words):
 
 def test_case_files_that_are_not_case_files(tmp_path):
     (tmp_path / "bin.json").write_bytes(b"\x00\xff\xfe\x80binary")
-    for src, words in ((str(tmp_path), "is a directory"), (str(tmp_path / "bin.json"), "not a text file"),
-                       ("no-such-cases", "no case file")):
+    for src, words in (
+        (str(tmp_path), "is a directory"),
+        (str(tmp_path / "bin.json"), "not a text file"),
+        ("no-such-cases", "no case file"),
+    ):
         with pytest.raises(cases.CaseError, match=words):
             cases.load(src)
     f = tmp_path / "good.json"
@@ -315,15 +352,17 @@ def test_case_files_that_are_not_case_files(tmp_path):
 
 def _cli(*args, env=None):
     env = {**no_interpreter_env(), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "gemmlab", "grade", *args], capture_output=True, text=True,
-                          env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "gemmlab", "grade", *args], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def test_cli_json_stays_clean_and_logs_are_removed(tmp_path):
     logs = tmp_path / "tmp"
     logs.mkdir()
-    ok = _cli("--cases", TINY, "--kernel", f"{BAD}:prints", "--output-dir", str(tmp_path), "--json",
-              env={"TMPDIR": str(logs)})
+    ok = _cli(
+        "--cases", TINY, "--kernel", f"{BAD}:prints", "--output-dir", str(tmp_path), "--json", env={"TMPDIR": str(logs)}
+    )
     report = json.loads(ok.stdout)  # the candidate's prints went to its log, not here
     assert ok.returncode == {"PASS": 0, "INCONCLUSIVE": 3}[report["verdict"]], ok.stderr[-2000:]
     assert passed(report) and report["logs"] is None
@@ -339,8 +378,15 @@ def test_cli_json_stays_clean_and_logs_are_removed(tmp_path):
 
 
 def test_cli_forked_grandchild_cannot_rewrite_the_report(tmp_path):
-    bad = _cli("--cases", TINY, "--kernel", f"{BAD}:forks_report_writer", "--output-dir", str(tmp_path),
-               env={"BAD_KERNEL_OUT_DIR": str(tmp_path), "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path)})
+    bad = _cli(
+        "--cases",
+        TINY,
+        "--kernel",
+        f"{BAD}:forks_report_writer",
+        "--output-dir",
+        str(tmp_path),
+        env={"BAD_KERNEL_OUT_DIR": str(tmp_path), "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path)},
+    )
     assert bad.returncode == 1 and "FAIL" in bad.stdout
     pid = int((tmp_path / "grandchild.pid").read_text())
     time.sleep(2.5)
@@ -356,8 +402,12 @@ def test_cli_killing_its_parent_kills_the_keeper_not_the_grader(tmp_path):
 
 
 def test_cli_usage_errors(tmp_path):
-    for args in (("--cases", "no-such-file"), ("--cases", str(tmp_path)), ("--cases", TINY, "--timeout", "0"),
-                 ("--cases", TINY, "--kernel", "no_function.py")):
+    for args in (
+        ("--cases", "no-such-file"),
+        ("--cases", str(tmp_path)),
+        ("--cases", TINY, "--timeout", "0"),
+        ("--cases", TINY, "--kernel", "no_function.py"),
+    ):
         r = _cli(*args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
 
@@ -370,7 +420,7 @@ def test_competition_reference_is_the_float32_sum_not_its_rounding():
 
     k = 16384
     a = torch.zeros(1, k, dtype=torch.float16)
-    a[0, :3] = torch.tensor([64.0, 2.0 ** -5, 2.0 ** -12])
+    a[0, :3] = torch.tensor([64.0, 2.0**-5, 2.0**-12])
     b = torch.ones(k, 1, dtype=torch.float16)
     ref = reference(a, b, "competition", torch.float16, 0.01, 512)
     assert abs(ref["tol"] - 0.01 * (k / 512) ** 0.5) < 1e-12

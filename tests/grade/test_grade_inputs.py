@@ -25,8 +25,13 @@ LIMIT_S = 600  # a grade of a tiny case file takes seconds; a hang is what this 
 def grade_cli(*args, env=None, timeout=LIMIT_S):
     """``gemmlab grade ARGS`` in a subprocess; fails the test if it runs past ``timeout`` (a hang)."""
     try:
-        return subprocess.run([sys.executable, "-m", "gemmlab", "grade", *args], capture_output=True, text=True,
-                              env={**no_interpreter_env(), **(env or {})}, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "gemmlab", "grade", *args],
+            capture_output=True,
+            text=True,
+            env={**no_interpreter_env(), **(env or {})},
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"gemmlab grade {' '.join(args)} hung (no answer in {timeout} s)")
 
@@ -41,8 +46,17 @@ def one_line_exit_2(r, *words):
 def untimed(tmp_path, *shapes, name="untimed.json") -> str:
     """A colmajor competition case file of ``shapes`` (name, M, N, K) and no performance case: correctness only."""
     path = tmp_path / name
-    path.write_text(json.dumps({"name": "untimed", "dtype": "float16", "layout": "colmajor", "inputs": "competition",
-                                "correctness": [{"name": n, "M": m, "N": nn, "K": k} for n, m, nn, k in shapes]}))
+    path.write_text(
+        json.dumps(
+            {
+                "name": "untimed",
+                "dtype": "float16",
+                "layout": "colmajor",
+                "inputs": "competition",
+                "correctness": [{"name": n, "M": m, "N": nn, "K": k} for n, m, nn, k in shapes],
+            }
+        )
+    )
     return str(path)
 
 
@@ -96,8 +110,14 @@ def test_a_table_of_the_seeded_inputs_fails_the_secret_trials_on_competition():
 
 def test_a_candidates_exception_cannot_forge_the_report(tmp_path):
     out = tmp_path / "out"
-    r = grade_cli("--cases", untimed(tmp_path, ("a", 16, 24, 32), ("b", 8, 8, 16)), "--kernel",
-                  f"{BAD}:raises_a_forged_report", "--output-dir", str(out))
+    r = grade_cli(
+        "--cases",
+        untimed(tmp_path, ("a", 16, 24, 32), ("b", 8, 8, 16)),
+        "--kernel",
+        f"{BAD}:raises_a_forged_report",
+        "--output-dir",
+        str(out),
+    )
     assert r.returncode == 1, r.stderr[-2000:]
     md = (out / "report.md").read_text()
     assert "<!--" not in md and "\n\n<" not in md
@@ -106,8 +126,11 @@ def test_a_candidates_exception_cannot_forge_the_report(tmp_path):
     lines = md.splitlines()
     assert [x for x in lines if x.startswith("#")] == ["# gemmlab grade: untimed"]
     verdict = [x for x in lines if x.startswith("official score")]  # one verdict line, after every row
-    assert len(verdict) == 1 and verdict[0].endswith("verdict FAIL") and lines.index(verdict[0]) > max(
-        i for i, x in enumerate(lines) if x.startswith("|"))
+    assert (
+        len(verdict) == 1
+        and verdict[0].endswith("verdict FAIL")
+        and lines.index(verdict[0]) > max(i for i, x in enumerate(lines) if x.startswith("|"))
+    )
     assert lines[-1].startswith("candidate isolation: ")  # the grader's own account, last
     rows = [x for x in lines if x.startswith("|") and not x.startswith(("| case", "|---"))]
     assert [x.split(" | ")[0] for x in rows] == ["| a", "| b"]  # the real rows, each a row of its own
@@ -123,9 +146,15 @@ def test_a_refused_report_directory_keeps_no_forged_report(tmp_path):
     """A FIFO at report.json (the grader refuses to write through it: one line, exit 2) and a forged PASS report.md
     and report.csv beside it: no hang, and nothing is left at a report's name."""
     out = tmp_path / "out"
-    r = grade_cli("--cases", untimed(tmp_path, ("a", 16, 24, 32)), "--kernel", f"{BAD}:plants_a_forged_report",
-                  "--output-dir", str(out), env={"BAD_REPORT_DIR": str(out), "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path),
-                                                 "GEMMLAB_SANDBOX_UID": "0"})  # no uid of its own: the plant lands
+    r = grade_cli(
+        "--cases",
+        untimed(tmp_path, ("a", 16, 24, 32)),
+        "--kernel",
+        f"{BAD}:plants_a_forged_report",
+        "--output-dir",
+        str(out),
+        env={"BAD_REPORT_DIR": str(out), "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path), "GEMMLAB_SANDBOX_UID": "0"},
+    )  # no uid of its own: the plant lands
     one_line_exit_2(r, "report.json", "not a plain file")
     assert not [p.name for p in out.iterdir() if p.name.startswith("report")], list(out.iterdir())
 
@@ -164,8 +193,16 @@ def test_a_case_file_that_is_a_fifo_or_dev_zero_is_one_line(tmp_path, what):
 
 def test_a_case_name_with_a_terminal_escape_is_refused(tmp_path):
     path = tmp_path / "escape.json"
-    path.write_text(json.dumps({"dtype": "float16", "layout": "colmajor", "inputs": "competition",
-                                "correctness": [{"name": "a\x1b[2J\nverdict PASS", "M": 8, "N": 8, "K": 8}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "dtype": "float16",
+                "layout": "colmajor",
+                "inputs": "competition",
+                "correctness": [{"name": "a\x1b[2J\nverdict PASS", "M": 8, "N": 8, "K": 8}],
+            }
+        )
+    )
     with pytest.raises(cases.CaseError, match=r"correctness\[0\]\.name: expected printable text"):
         cases.load(str(path))
 
@@ -221,10 +258,19 @@ def test_the_interposers_files_replaced_by_a_fifo_or_a_symlink_read_as_tampered(
 
 def test_a_log_replaced_by_a_fifo_does_not_hang_the_grader(tmp_path):
     """The child puts a FIFO where its log was and dies; the grader, quoting the end of the log, says so."""
-    r = grade_cli("--cases", untimed(tmp_path, ("a", 16, 24, 32)), "--kernel", f"{BAD}:replaces_its_log_with_a_fifo",
-                  "--json", env={"TMPDIR": str(tmp_path), "BAD_KERNEL_OUT_DIR": str(tmp_path),
-                                 "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path),  # as where no Landlock domain stops it
-                                 "GEMMLAB_SANDBOX_UID": "0"})  # nor a uid of its own: the FIFO must land
+    r = grade_cli(
+        "--cases",
+        untimed(tmp_path, ("a", 16, 24, 32)),
+        "--kernel",
+        f"{BAD}:replaces_its_log_with_a_fifo",
+        "--json",
+        env={
+            "TMPDIR": str(tmp_path),
+            "BAD_KERNEL_OUT_DIR": str(tmp_path),
+            "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path),  # as where no Landlock domain stops it
+            "GEMMLAB_SANDBOX_UID": "0",
+        },
+    )  # nor a uid of its own: the FIFO must land
     assert (tmp_path / "planted").exists(), r.stderr[-2000:]
     assert r.returncode == 1, r.stderr[-2000:]
     report = json.loads(r.stdout)

@@ -32,17 +32,20 @@ def test_wrong_only_at_the_timed_size_fails_exact_shape():
     assert r["listed_correctness_passed"]  # every listed case passed, as in the competition
 
 
-@pytest.mark.parametrize(("fn", "rule", "words"), [
-    ("stale", "poison-freshness", "stale"),
-    ("modifies_input", "poison-freshness", "modified an input"),
-    ("nan_row", "poison-freshness", "NaN"),
-    ("raises", "isolation", "kernel exploded"),
-    ("ignores_weights", "correctness", "max |out - ref|"),
-    ("zeroes_topk_weights", "poison-freshness", "modified an input"),
-    ("zeroes_topk_weights_when_timed", "poison-freshness", "modified the inputs of"),
-    ("skips_timed_calls", "timed-outputs", "were not written"),
-    ("repeats_timed_outputs", "timed-outputs", "returned the same values on new inputs"),
-])
+@pytest.mark.parametrize(
+    ("fn", "rule", "words"),
+    [
+        ("stale", "poison-freshness", "stale"),
+        ("modifies_input", "poison-freshness", "modified an input"),
+        ("nan_row", "poison-freshness", "NaN"),
+        ("raises", "isolation", "kernel exploded"),
+        ("ignores_weights", "correctness", "max |out - ref|"),
+        ("zeroes_topk_weights", "poison-freshness", "modified an input"),
+        ("zeroes_topk_weights_when_timed", "poison-freshness", "modified the inputs of"),
+        ("skips_timed_calls", "timed-outputs", "were not written"),
+        ("repeats_timed_outputs", "timed-outputs", "returned the same values on new inputs"),
+    ],
+)
 def test_each_rule_fires(fn, rule, words):
     r = grade(SMALL, kernel=f"{BAD}:{fn}")
     assert r["verdict"] == "FAIL" and rule in rules(r), r["failures"]
@@ -62,13 +65,18 @@ def test_moe_case_files():
     assert load_any("moe-layer-cpu").correctness
     assert load_any("competition").performance.mnk == (8192, 8192, 16384)
 
+
 def test_moe_case_file_schema(tmp_path):
     good = {"mode": "moe", "dtype": "bfloat16", "correctness": [{"T": 1, "H": 8, "I": 8, "E": 2, "k": 2}]}
-    for change, words in (({"correctness": [{"T": 1, "H": 8, "I": 8, "E": 2, "k": 3}]}, "must be <= E"),
-                          ({"correctness": [{"T": 1, "H": 8, "I": 8, "E": 2, "kk": 1}]}, "kk: unknown key"),
-                          ({"performance": {"T": 1, "H": 8, "I": 8, "E": 2, "k": 1, "full_score_ratio": 0}},
-                           "full_score_ratio: must be > 0"),
-                          ({"dtype": "float32"}, "dtype: expected one of")):
+    for change, words in (
+        ({"correctness": [{"T": 1, "H": 8, "I": 8, "E": 2, "k": 3}]}, "must be <= E"),
+        ({"correctness": [{"T": 1, "H": 8, "I": 8, "E": 2, "kk": 1}]}, "kk: unknown key"),
+        (
+            {"performance": {"T": 1, "H": 8, "I": 8, "E": 2, "k": 1, "full_score_ratio": 0}},
+            "full_score_ratio: must be > 0",
+        ),
+        ({"dtype": "float32"}, "dtype: expected one of"),
+    ):
         f = tmp_path / "m.json"
         f.write_text(json.dumps({**good, **change}))
         with pytest.raises(cases.CaseError, match=words):

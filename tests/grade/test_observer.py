@@ -31,43 +31,56 @@ def _headers():
         return None
 
 
-needs_build = pytest.mark.skipif(shutil.which("cc") is None or _headers() is None,
-                                 reason="needs a C compiler and CUPTI headers")
+needs_build = pytest.mark.skipif(
+    shutil.which("cc") is None or _headers() is None, reason="needs a C compiler and CUPTI headers"
+)
 
 # ------------------------------------------------------------------------------------------- policy
 
 NVJET = "nvjet_sm90_hsh_64x48_64x15_2x4_h_bz_NNT"
-CUTLASS = ("_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13GemmUniversal"
-           "INS5_16GroupProblemShapeEEEEEvNT_6ParamsE")
-ELEMENTWISE = ("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIN3c104HalfEEESt5arrayIPcLm1EEEEv"
-               "iT0_T1_")
+CUTLASS = (
+    "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13GemmUniversal"
+    "INS5_16GroupProblemShapeEEEEEvNT_6ParamsE"
+)
+ELEMENTWISE = (
+    "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIN3c104HalfEEESt5arrayIPcLm1EEEEviT0_T1_"
+)
 
 
-@pytest.mark.parametrize("name,category,family", [
-    (NVJET, "vendor", "cuBLAS (nvjet)"),
-    (CUTLASS, "vendor", "CUTLASS"),
-    ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel",
-     "vendor", "cuBLAS/cuDNN (xmma)"),
-    ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_tn", "vendor", "cuBLAS"),
-    ("_Z15gemv2T_kernel_valIii6__halfS0_fLi128ELi16ELi4ELi4ELb0ELb0EEvT4_", "vendor", "cuBLAS"),
-    ("_Z19splitKreduce_kernelILi32ELi16EiffffLb1ELb0EEv", "vendor", "cuBLAS"),
-    ("_ZN5cudnn19engines_precompiled16nchwToNhwcKernelIfEEvT_", "vendor", "cuDNN"),
-    ("_ZN13pytorch_flash15flash_fwd_kernelI23Flash_fwd_kernel_traits", "vendor", "flash attention"),
-    ("fmha_cutlassF_f16_aligned_64x64_rf_sm80", "vendor", "CUTLASS"),
-    ("_ZN2at4cuda6detail25prepare_grouped_gemm_dataIN7cutlass10bfloat16_t", "vendor", "CUTLASS"),
-    ("_ZN2at4cuda6detail25prepare_grouped_gemm_dataIfEEvPT_", "vendor", "GEMM-class name not compiled by Triton"),
-    (ELEMENTWISE, "allowed", "torch elementwise"),
-    ("_ZN2at6native21index_elementwise_kernelILi128ELi4EZNS0_16gpu_index_kernel", "allowed", "torch elementwise"),
-    ("_ZN2at6native18radixSortKVInPlaceILin2ELin1ELi16ELi2EfljEEvNS_4cuda6detail", "allowed", "torch sort"),
-    ("_ZN14at_cuda_detail3cub30DeviceRadixSortOnesweepKernelINS0_", "allowed", "torch sort"),
-    ("_ZN2at6native13reduce_kernelILi512ELi1ENS0_8ReduceOpIfNS0_7MeanOps", "allowed", "torch reduce"),
-    ("_ZN2at6native27indexSelectLargeIndexIN3c104HalfElljLi2ELi2ELin2ELb1EEEvNS_4cuda6detail", "allowed",
-     "torch index"),
-    ("_gemm_tma_splitk_kernel", "triton", "Triton"),
-    ("my_own_cuda_kernel", "unknown", "unknown"),
-    ("my_gemm", "vendor", "GEMM-class name not compiled by Triton"),
-    ("_ZN2at6native27upsample_bilinear2d_out_frame", "unknown", "unknown"),
-])
+@pytest.mark.parametrize(
+    "name,category,family",
+    [
+        (NVJET, "vendor", "cuBLAS (nvjet)"),
+        (CUTLASS, "vendor", "CUTLASS"),
+        (
+            "sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel",
+            "vendor",
+            "cuBLAS/cuDNN (xmma)",
+        ),
+        ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_tn", "vendor", "cuBLAS"),
+        ("_Z15gemv2T_kernel_valIii6__halfS0_fLi128ELi16ELi4ELi4ELb0ELb0EEvT4_", "vendor", "cuBLAS"),
+        ("_Z19splitKreduce_kernelILi32ELi16EiffffLb1ELb0EEv", "vendor", "cuBLAS"),
+        ("_ZN5cudnn19engines_precompiled16nchwToNhwcKernelIfEEvT_", "vendor", "cuDNN"),
+        ("_ZN13pytorch_flash15flash_fwd_kernelI23Flash_fwd_kernel_traits", "vendor", "flash attention"),
+        ("fmha_cutlassF_f16_aligned_64x64_rf_sm80", "vendor", "CUTLASS"),
+        ("_ZN2at4cuda6detail25prepare_grouped_gemm_dataIN7cutlass10bfloat16_t", "vendor", "CUTLASS"),
+        ("_ZN2at4cuda6detail25prepare_grouped_gemm_dataIfEEvPT_", "vendor", "GEMM-class name not compiled by Triton"),
+        (ELEMENTWISE, "allowed", "torch elementwise"),
+        ("_ZN2at6native21index_elementwise_kernelILi128ELi4EZNS0_16gpu_index_kernel", "allowed", "torch elementwise"),
+        ("_ZN2at6native18radixSortKVInPlaceILin2ELin1ELi16ELi2EfljEEvNS_4cuda6detail", "allowed", "torch sort"),
+        ("_ZN14at_cuda_detail3cub30DeviceRadixSortOnesweepKernelINS0_", "allowed", "torch sort"),
+        ("_ZN2at6native13reduce_kernelILi512ELi1ENS0_8ReduceOpIfNS0_7MeanOps", "allowed", "torch reduce"),
+        (
+            "_ZN2at6native27indexSelectLargeIndexIN3c104HalfElljLi2ELi2ELin2ELb1EEEvNS_4cuda6detail",
+            "allowed",
+            "torch index",
+        ),
+        ("_gemm_tma_splitk_kernel", "triton", "Triton"),
+        ("my_own_cuda_kernel", "unknown", "unknown"),
+        ("my_gemm", "vendor", "GEMM-class name not compiled by Triton"),
+        ("_ZN2at6native27upsample_bilinear2d_out_frame", "unknown", "unknown"),
+    ],
+)
 def test_policy_sorts_kernel_names(name, category, family):
     triton = {"_gemm_tma_splitk_kernel", "add", "nvjet_sm90_hsh_64x48_64x15_2x4_h_bz_NNT"}
     assert observer.classify(name, triton) == (category, family)
@@ -82,7 +95,8 @@ def test_a_triton_kernel_named_like_a_vendor_kernel_stays_vendor():
 
 def test_triton_names_are_read_from_source_without_running_it(tmp_path):
     src = tmp_path / "cand.py"
-    src.write_text(textwrap.dedent("""
+    src.write_text(
+        textwrap.dedent("""
         import triton, triton.language as tl
         from triton import jit
         raise SystemExit("never run")
@@ -94,7 +108,8 @@ def test_triton_names_are_read_from_source_without_running_it(tmp_path):
         @jit
         def plain(a): pass
         def not_a_kernel(a): pass
-    """))
+    """)
+    )
     (tmp_path / "helper.py").write_text("import triton\n@triton.jit\ndef helper_kernel(x): pass\n")
     (tmp_path / "broken.py").write_text("def (:\n")
     files = observer.source_files(f"{src}:fn")
@@ -113,14 +128,18 @@ def test_kernels_of_triton_libraries_are_known_from_triton_s_cache(tmp_path, mon
 
 
 def test_assess_finds_vendor_silence_and_unknown_names():
-    ep = channel.Epoch(names={NVJET: (2, 0, 2), "mine": (2, 0, 2), ELEMENTWISE: (1, 0, 1)},
-                       totals={"kernels": 5, "callbacks": 1})
+    ep = channel.Epoch(
+        names={NVJET: (2, 0, 2), "mine": (2, 0, 2), ELEMENTWISE: (1, 0, 1)}, totals={"kernels": 5, "callbacks": 1}
+    )
     vendor, problems, unknown = observer.assess(ep, 5, set())
     assert vendor == [f"cuBLAS (nvjet): {NVJET}"] and problems == [] and unknown == ["mine"]
     quiet = channel.Epoch(names={}, totals={"kernels": 0, "memcpy": 1, "callbacks": 1})
     assert "switched off or bypassed" in observer.assess(quiet, 4, set())[1][0]
-    for totals, words in (({"unmatched": 1}, "graph launch"), ({"dropped": 3}, "lost records"),
-                          ({"callbacks": 0}, "callbacks were switched off")):
+    for totals, words in (
+        ({"unmatched": 1}, "graph launch"),
+        ({"dropped": 3}, "lost records"),
+        ({"callbacks": 0}, "callbacks were switched off"),
+    ):
         ep = channel.Epoch(totals={"kernels": 9, "callbacks": 1, **totals})
         assert words in " ".join(observer.assess(ep, 1, set())[1]), totals
     assert observer.assess(channel.Epoch(problems=["no answer"]), 1, set())[1] == ["no answer"]
@@ -130,6 +149,7 @@ def test_the_cpu_says_the_vendor_check_cannot_be_enforced(tmp_path):
     w = observer.Watch(str(tmp_path), "cpu")
     assert w.words().startswith("not enforceable on the CPU") and not w.channels
     assert observer.Watch(str(tmp_path), "cpu", allow_vendor=True).words() == "off (--allow-vendor)"
+
 
 # ------------------------------------------------------------------------------------------ channel
 
@@ -153,7 +173,7 @@ def test_reader_takes_chained_blocks_in_any_pieces_and_refuses_a_forged_one():
     two, mac = _block(key, mac, "epoch 1 7 ab\nk 1 0 0 x\n")
     r = channel.Reader(key)
     stream = one + two
-    got = [b for i in range(len(stream)) for b in r.feed(stream[i:i + 1])]
+    got = [b for i in range(len(stream)) for b in r.feed(stream[i : i + 1])]
     assert got == [["loaded 7"], ["epoch 1 7 ab", "k 1 0 0 x"]] and r.failed is None
     forged, _ = _block(os.urandom(16), mac, "epoch 2 7 cd\n")  # the right chain, the wrong key
     assert r.feed(forged) == [] and "MAC does not verify" in r.failed
@@ -209,8 +229,20 @@ def libs(tmp_path_factory):
         pytest.skip("needs a C compiler and CUPTI headers")
     d = tmp_path_factory.mktemp("observer")
     fake = d / "libcupti.so.13"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O2", *(f"-I{p}" for p in _headers()), "-Wl,-soname,libcupti.so.13",
-                    "-o", str(fake), str(HERE / "fake_cupti.c")], check=True)
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-O2",
+            *(f"-I{p}" for p in _headers()),
+            "-Wl,-soname,libcupti.so.13",
+            "-o",
+            str(fake),
+            str(HERE / "fake_cupti.c"),
+        ],
+        check=True,
+    )
     return {"observer": cupti.build_observer(d / "cache"), "fake": fake}
 
 
@@ -220,8 +252,13 @@ class Child:
         env = {**os.environ, **self.ch.env(libs["observer"], str(libs["fake"]))}
         if preload:
             env["LD_PRELOAD"] = str(libs["observer"])
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, str(libs["observer"]), str(libs["fake"])],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(libs["observer"]), str(libs["fake"])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
 
     def __call__(self, *cmds: str) -> str:
         out = ""
@@ -391,8 +428,13 @@ def test_the_token_is_wiped_and_a_stranger_is_not_taken_for_the_child(libs, tmp_
     stranger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stranger.connect(str(ch_path))  # first in the queue, from this process
     env = {**os.environ, **c.ch.env(libs["observer"], str(libs["fake"])), "LD_PRELOAD": str(libs["observer"])}
-    c.proc = subprocess.Popen([sys.executable, "-c", CHILD, str(libs["observer"]), str(libs["fake"])],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    c.proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(libs["observer"]), str(libs["fake"])],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         token, in_proc_environ = json.loads(c("environ").strip())
         assert set(token) == {"x"} and in_proc_environ
@@ -414,8 +456,12 @@ def test_torch_mm_only_in_timed_calls_is_unseen_on_the_cpu_and_the_verdict_line_
 
     from gemmlab.grade import grade, view
 
-    r = grade(str(CASES / "tiny.json"), kernel=f"{BAD_KERNELS / 'vendor_kernels.py'}:mm_when_timed",
-              signature="rowmajor", rounds=2)
+    r = grade(
+        str(CASES / "tiny.json"),
+        kernel=f"{BAD_KERNELS / 'vendor_kernels.py'}:mm_when_timed",
+        signature="rowmajor",
+        rounds=2,
+    )
     line = view.summary_line(r)
     assert "vendor check: not enforceable on the CPU (torch's CPU BLAS is linked into libtorch_cpu" in line, line
     assert not r["failures"] and r["performance"]["status"] in ("PASS", "INCONCLUSIVE"), r["failures"]
@@ -428,8 +474,13 @@ def test_the_watch_turns_answers_into_findings_for_the_rules(libs, tmp_path):
     w = observer.Watch(str(tmp_path), "cuda", kernel=f"{BAD_KERNELS / 'vendor_kernels.py'}:triton_matmul")
     assert w.observer.startswith("active") and w.words().startswith("enforced")
     env = {**os.environ, **w.env("candidate"), "GEMMLAB_OBSERVER_CUPTI": str(libs["fake"])}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, env["CUDA_INJECTION64_PATH"], str(libs["fake"])],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, env["CUDA_INJECTION64_PATH"], str(libs["fake"])],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     c = Child.__new__(Child)
     c.proc, c.ch = proc, w.channels["candidate"]
     try:

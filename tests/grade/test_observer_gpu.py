@@ -123,8 +123,9 @@ def test_each_way_to_a_vendor_gemm_is_seen_and_each_way_to_switch_the_observer_o
     ch = channel.Channel(tmp_path / "obs")
     env = {**os.environ, **ch.env(lib, cupti.cupti_library()), "LD_PRELOAD": str(lib)}
     env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.Popen([sys.executable, str(src)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(src)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
     triton = observer.triton_names([src, *observer.source_files(None)])
 
     def step(cmd: str | None, may_die: bool = False):
@@ -134,9 +135,16 @@ def test_each_way_to_a_vendor_gemm_is_seen_and_each_way_to_switch_the_observer_o
         assert proc.stdout.readline().strip() == "ok" or may_die, f"the child died at {cmd!r}"
         ep = ch.epoch(proc.pid, timeout=30)
         vendor, problems, unknown = observer.assess(ep, 1, triton)
-        SUMMARY.append({"test": f"child: {cmd or 'start'}", "verdict": "problems" if problems else "clean",
-                        "detail": "; ".join(problems or vendor or sorted(ep.names))[:400], "names": ep.names,
-                        "totals": ep.totals, "refused": ep.refused})
+        SUMMARY.append(
+            {
+                "test": f"child: {cmd or 'start'}",
+                "verdict": "problems" if problems else "clean",
+                "detail": "; ".join(problems or vendor or sorted(ep.names))[:400],
+                "names": ep.names,
+                "totals": ep.totals,
+                "refused": ep.refused,
+            }
+        )
         return ep, vendor, problems, unknown
 
     try:
@@ -177,18 +185,29 @@ def _grade(case_file: str, kernel: str | None, allow_vendor: bool = False, signa
 
 def _record(name: str, r: dict) -> None:
     detail = "; ".join(f"[{f['rule']}] {f['reason']}" for f in r["failures"]) or r["vendor_check"]
-    SUMMARY.append({"test": name, "verdict": r["verdict"], "detail": detail[:400],
-                    "kernels": r["observers"]["kernels"], "words": r["vendor_check"]})
+    SUMMARY.append(
+        {
+            "test": name,
+            "verdict": r["verdict"],
+            "detail": detail[:400],
+            "kernels": r["observers"]["kernels"],
+            "words": r["vendor_check"],
+        }
+    )
 
 
-@pytest.mark.parametrize("kernel,case_file", [
-    (f"{VENDOR}:grouped_mm", TINY_BF16),          # CUTLASS in libtorch: no cuBLAS call at all
-    ("builtin:composite", MOE_ALIGNED),           # the MoE baseline itself, on torch._grouped_mm
-    (f"{NOOP}:mm", TINY_BF16),                    # torch.profiler replaced by a no-op
-    (f"{VENDOR}:mm_when_timed", TINY_BF16),       # torch.mm inside timed calls only
-    (f"{VENDOR}:graph_mm", TINY_BF16),            # a CUDA graph replaying cuBLAS
-    (f"{VENDOR}:ctypes_mm", TINY_BF16),           # cublasGemmEx through ctypes
-], ids=["grouped_mm", "composite_moe", "profiler_noop", "mm_when_timed", "graph_mm", "ctypes_mm"])
+@pytest.mark.parametrize(
+    "kernel,case_file",
+    [
+        (f"{VENDOR}:grouped_mm", TINY_BF16),  # CUTLASS in libtorch: no cuBLAS call at all
+        ("builtin:composite", MOE_ALIGNED),  # the MoE baseline itself, on torch._grouped_mm
+        (f"{NOOP}:mm", TINY_BF16),  # torch.profiler replaced by a no-op
+        (f"{VENDOR}:mm_when_timed", TINY_BF16),  # torch.mm inside timed calls only
+        (f"{VENDOR}:graph_mm", TINY_BF16),  # a CUDA graph replaying cuBLAS
+        (f"{VENDOR}:ctypes_mm", TINY_BF16),  # cublasGemmEx through ctypes
+    ],
+    ids=["grouped_mm", "composite_moe", "profiler_noop", "mm_when_timed", "graph_mm", "ctypes_mm"],
+)
 def test_a_vendor_gemm_passed_off_as_the_candidates_own_fails_the_vendor_rule(kernel, case_file):
     r = _grade(case_file, kernel)
     _record(f"grade {kernel.rpartition('/')[2]}", r)
@@ -198,9 +217,11 @@ def test_a_vendor_gemm_passed_off_as_the_candidates_own_fails_the_vendor_rule(ke
     assert r["vendor_check"].startswith("enforced")
 
 
-@pytest.mark.parametrize("kernel,case_file", [(f"{VENDOR}:grouped_mm", TINY_BF16), ("builtin:composite", MOE_ALIGNED),
-                                              (f"{VENDOR}:graph_mm", TINY_BF16)],
-                         ids=["grouped_mm", "composite_moe", "graph_mm"])
+@pytest.mark.parametrize(
+    "kernel,case_file",
+    [(f"{VENDOR}:grouped_mm", TINY_BF16), ("builtin:composite", MOE_ALIGNED), (f"{VENDOR}:graph_mm", TINY_BF16)],
+    ids=["grouped_mm", "composite_moe", "graph_mm"],
+)
 def test_the_same_vendor_gemm_passes_with_allow_vendor(kernel, case_file):
     r = _grade(case_file, kernel, allow_vendor=True)
     _record(f"grade {kernel.rpartition('/')[2]} --allow-vendor", r)

@@ -155,11 +155,20 @@ def libs(tmp_path_factory) -> dict[str, Path]:
 
 def _child(libs, tmp_path, policy="log", pre="", rounds=2, preloaded=True, pass_fds=(), **kw):
     log, counts = tmp_path / "vendor.log", tmp_path / "vendor.counts"
-    env = (preload.child_env(log, policy, lib=libs["guard"], counts=counts, token="s3cret", **kw) if preloaded
-           else dict(os.environ))
+    env = (
+        preload.child_env(log, policy, lib=libs["guard"], counts=counts, token="s3cret", **kw)
+        if preloaded
+        else dict(os.environ)
+    )
     argv = [str(libs[k]) for k in ("caller", "fake", "copy", "probe")]
-    proc = subprocess.run([sys.executable, "-c", CHILD, argv[0], pre, str(rounds), *argv[1:]],
-                          env=env, capture_output=True, text=True, timeout=60, pass_fds=pass_fds)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, argv[0], pre, str(rounds), *argv[1:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        pass_fds=pass_fds,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1]), preload.read_log(log), preload.read_counts(counts)
 
@@ -167,8 +176,16 @@ def _child(libs, tmp_path, policy="log", pre="", rounds=2, preloaded=True, pass_
 def test_build_is_cached_and_exports_the_guarded_symbols(libs, tmp_path):
     assert preload.build(libs["guard"].parent) == libs["guard"]
     names = subprocess.run(["nm", "-D", "--defined-only", str(libs["guard"])], capture_output=True, text=True).stdout
-    for sym in ("cublasGemmEx", "cublasGemmStridedBatchedEx", "cublasLtMatmul", "cublasSgemm_v2", "cublasHgemm",
-                "cublasGemmEx_64", "cublasHgemmStridedBatched", "cublasGemmBatchedEx"):
+    for sym in (
+        "cublasGemmEx",
+        "cublasGemmStridedBatchedEx",
+        "cublasLtMatmul",
+        "cublasSgemm_v2",
+        "cublasHgemm",
+        "cublasGemmEx_64",
+        "cublasHgemmStridedBatched",
+        "cublasGemmBatchedEx",
+    ):
         assert f" T {sym}\n" in names, sym
 
 
@@ -176,8 +193,13 @@ def test_forwarded_calls_are_logged_counted_and_intact(libs, tmp_path):
     out, obs, counts = _child(libs, tmp_path, rounds=3)
     assert out["status"] == {f: [0] * 3 for f in ("call_gemm_ex", "call_strided", "call_lt", "call_cudnn")}
     assert out["fake"] == 13  # 12 + the legacy Zgemm, whose by-value complex scalars arrived intact
-    expect = {"cublasGemmEx": 3, "cublasGemmStridedBatchedEx": 3, "cublasLtMatmul": 3, "cudnnBackendExecute": 3,
-              "cublasZgemm": 1}
+    expect = {
+        "cublasGemmEx": 3,
+        "cublasGemmStridedBatchedEx": 3,
+        "cublasLtMatmul": 3,
+        "cudnnBackendExecute": 3,
+        "cublasZgemm": 1,
+    }
     assert obs.calls == expect and counts.calls == expect and not obs.refused
     assert obs.libs["cublasGemmEx"].endswith("libcublas_fake.so")
     assert out["pid"] in obs.loaded and obs.exits[out["pid"]] == "s3cret"
@@ -284,6 +306,7 @@ def test_bad_arguments_are_refused_with_a_clear_error(tmp_path):
         preload.child_env(tmp_path / "log", "deny", lib="x.so")
     with pytest.raises(ValueError, match="log path or a log_fd"):
         preload.child_env(None, lib="x.so")
+
 
 def test_build_says_why_the_library_is_unavailable(tmp_path, monkeypatch):
     monkeypatch.setenv(preload.PREBUILT_ENV, str(tmp_path / "missing.so"))

@@ -48,13 +48,17 @@ def test_work_done_before_the_window_opens_is_timed():
 def test_shrinking_the_shared_memory_cannot_crash_the_grader(tmp_path):
     """The child owns the descriptors of the slots' shared memory; ftruncate on them made the grader's next read of
     an output a SIGBUS (the grader died, no report). The slots live in sealed memfds: the shrink is refused."""
-    r = grade_cli("--cases", TINY, "--kernel", f"{RED}:truncates_shared_memory",
-                   env={"BAD_KERNEL_OUT_DIR": str(tmp_path), "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path)})
+    r = grade_cli(
+        "--cases",
+        TINY,
+        "--kernel",
+        f"{RED}:truncates_shared_memory",
+        env={"BAD_KERNEL_OUT_DIR": str(tmp_path), "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path)},
+    )
     _one_verdict(r)
     notes = (tmp_path / "truncated").read_text().split("\n")
     assert notes[0].startswith("refused"), notes
     assert r.returncode in (0, 3), r.stdout[-2000:]  # honest after the refusal: it passes, and gained nothing
-
 
 
 def test_a_huge_log_is_quoted_by_its_end(tmp_path):
@@ -80,11 +84,20 @@ def test_a_huge_observer_log_is_not_read_whole(tmp_path, monkeypatch):
         assert "tampered" in r["failures"][0]["reason"]
 
 
-@pytest.mark.parametrize("kernel,env", [
-    (f"{RED}:raises_text_for_the_terminal", {}),  # in a failure's reason
-    (f"{BOX}:forges_replies", {"BAD_REPLY": json.dumps({"kernels": ["[/b]\x1b[2J\x1b[H" + "\ud800"],
-                                                        "path": "[link=file:///etc/passwd]x\x1b]8;;\x07"})}),
-])
+@pytest.mark.parametrize(
+    "kernel,env",
+    [
+        (f"{RED}:raises_text_for_the_terminal", {}),  # in a failure's reason
+        (
+            f"{BOX}:forges_replies",
+            {
+                "BAD_REPLY": json.dumps(
+                    {"kernels": ["[/b]\x1b[2J\x1b[H" + "\ud800"], "path": "[link=file:///etc/passwd]x\x1b]8;;\x07"}
+                )
+            },
+        ),
+    ],
+)
 def test_the_candidates_text_is_data_in_the_report_and_on_the_terminal(tmp_path, kernel, env):
     """Text from the child (an exception's message, the kernel names and plan path its profiler reports) reaches the
     verdict table, report.md and report.json: markup there crashed the grader (MarkupError), escape sequences

@@ -199,7 +199,9 @@ def test_gemv_tiles_run_on_ffma_or_hmma_without_spills(dense_reports):
             assert any("NO TENSOR-CORE" in f for f in r["flags"]), r["flags"]
         elif name.startswith("gemv-dot"):
             assert r["tensor_core"] and r["sass"]["HMMA"] + r["sass"]["HGMMA"] > 0 and r["sass"]["UTMALDG"] == 0, (
-                name, r["sass"])
+                name,
+                r["sass"],
+            )
 
 
 def test_the_split_tail_stays_on_wgmma_and_tma(dense_reports):

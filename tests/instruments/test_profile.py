@@ -67,19 +67,22 @@ def test_find_ncu_takes_gemmlab_ncu_and_path(monkeypatch, tmp_path):
     assert pf.unavailable(cuda=True) is None
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--shape", "64,64"], "expected M,N,K"),
-    (["--shape", "0,64,64"], ">= 1"),
-    (["--shape", "a,b,c"], "--shape"),
-    (["--shape", "8,8,8", "--dtype", "float32"], "--dtype"),
-    (["--shape", "8,8,8", "--layout", "col"], "--layout"),
-    (["--shape", "8,8,8", "--baseline", "mkl"], "--baseline"),
-    (["--shape", "8,8,8", "--clock-control", "max"], "--clock-control"),
-    (["--shape", "8,8,8", "--config", "{oops"], "not JSON"),
-    (["--shape", "8,8,8", "--config", "[1]"], "JSON object"),
-    (["--shape", "8,8,8", "--config", '{"block_q": 64}'], "unknown GemmConfig keys"),
-    ([], "--shape M,N,K is required"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--shape", "64,64"], "expected M,N,K"),
+        (["--shape", "0,64,64"], ">= 1"),
+        (["--shape", "a,b,c"], "--shape"),
+        (["--shape", "8,8,8", "--dtype", "float32"], "--dtype"),
+        (["--shape", "8,8,8", "--layout", "col"], "--layout"),
+        (["--shape", "8,8,8", "--baseline", "mkl"], "--baseline"),
+        (["--shape", "8,8,8", "--clock-control", "max"], "--clock-control"),
+        (["--shape", "8,8,8", "--config", "{oops"], "not JSON"),
+        (["--shape", "8,8,8", "--config", "[1]"], "JSON object"),
+        (["--shape", "8,8,8", "--config", '{"block_q": 64}'], "unknown GemmConfig keys"),
+        ([], "--shape M,N,K is required"),
+    ],
+)
 def test_bad_flags_are_one_line_and_exit_2(args, says):
     assert says in one_line(invoke(*args))
 
@@ -146,12 +149,21 @@ def test_summary_sums_durations_and_weights_rates():
 def test_requested_metrics_follow_what_this_ncu_knows():
     names = pf.metric_names(QUERY)
     assert "sm__pipe_tensor_cycles_active" in names and "Metric" not in names
-    full = pf.metric_names('"sm__throughput.avg.pct_of_peak_sustained_elapsed","Throughput"\n'
-                           "dram__bytes_read.sum                Counter  # of bytes read\n")
-    assert full == {"sm__throughput.avg.pct_of_peak_sustained_elapsed", "sm__throughput", "dram__bytes_read.sum",
-                    "dram__bytes_read"}
-    assert set(pf.requested(full)[0]) == {"sm__throughput.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum",
-                                          *(x.ncu for x in pf.METRICS if x.ncu.startswith("launch__"))}
+    full = pf.metric_names(
+        '"sm__throughput.avg.pct_of_peak_sustained_elapsed","Throughput"\n'
+        "dram__bytes_read.sum                Counter  # of bytes read\n"
+    )
+    assert full == {
+        "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+        "sm__throughput",
+        "dram__bytes_read.sum",
+        "dram__bytes_read",
+    }
+    assert set(pf.requested(full)[0]) == {
+        "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+        "dram__bytes_read.sum",
+        *(x.ncu for x in pf.METRICS if x.ncu.startswith("launch__")),
+    }
     keep, lacking = pf.requested(names)
     assert "lts__throughput.avg.pct_of_peak_sustained_elapsed" in lacking
     assert "smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio" in keep
@@ -259,8 +271,16 @@ def test_ncu_failures_are_one_line(fake_ncu, monkeypatch, mode, code, says):
 def test_cli_profiles_a_ledger_entry_and_attaches_it(fake_ncu, tmp_path):
     db_path = tmp_path / "l.db"
     db = Ledger(db_path)
-    e = Entry(kind="bench", shape="777x3333x1024", dtype="bfloat16", backend="gemmlab", path="portable",
-              config={"block_m": 64, "block_n": 128}, correct=True, median_ms=0.1)
+    e = Entry(
+        kind="bench",
+        shape="777x3333x1024",
+        dtype="bfloat16",
+        backend="gemmlab",
+        path="portable",
+        config={"block_m": 64, "block_n": 128},
+        correct=True,
+        median_ms=0.1,
+    )
     eid = db.record(e, provenance=False)
     res = invoke("--ledger-entry", str(eid), "--ledger", str(db_path), "--output-dir", str(tmp_path / "o"))
     assert res.exit_code == 0, res.stderr
@@ -293,8 +313,14 @@ def saved(tmp_path, name, scale):
         v, u = launch["metrics"]["gpu__time_duration.sum"]
         launch["metrics"]["gpu__time_duration.sum"] = (v * scale, u)
     launches = [pf.launch_summary(x) for x in raw]
-    prof = {"format": pf.FORMAT, "shape": [777, 3333, 1024], "dtype": "float16", "layout": "row", "ledger_entry": None,
-            "backends": {"gemmlab": {"launches": launches, "total": pf.total(launches), "check": {"ok": True}}}}
+    prof = {
+        "format": pf.FORMAT,
+        "shape": [777, 3333, 1024],
+        "dtype": "float16",
+        "layout": "row",
+        "ledger_entry": None,
+        "backends": {"gemmlab": {"launches": launches, "total": pf.total(launches), "check": {"ok": True}}},
+    }
     prof["backends"]["gemmlab"]["total"]["tflops"] = 2 * 777 * 3333 * 1024 / (160e-6 * scale) / 1e12
     path = tmp_path / name
     path.write_text(json.dumps(prof))
@@ -304,9 +330,21 @@ def saved(tmp_path, name, scale):
 def test_diff_rows_show_both_and_the_delta(tmp_path):
     _, a = saved(tmp_path, "a.json", 1.0)
     _, b = saved(tmp_path, "b.json", 0.5)
-    b["backends"]["gemmlab"].update(path="tma_persistent", config={
-        "block_m": 128, "block_n": 256, "block_k": 64, "group_m": 8, "num_warps": 8, "num_stages": 3, "split_k": 1,
-        "epilogue_subtile": True, "warp_specialize": False, "max_nreg": 0})
+    b["backends"]["gemmlab"].update(
+        path="tma_persistent",
+        config={
+            "block_m": 128,
+            "block_n": 256,
+            "block_k": 64,
+            "group_m": 8,
+            "num_warps": 8,
+            "num_stages": 3,
+            "split_k": 1,
+            "epilogue_subtile": True,
+            "warp_specialize": False,
+            "max_nreg": 0,
+        },
+    )
     header, rows = view.diff_rows(a, b)
     assert rows[0][1:] == ["path, config", "", "-", "tma_persistent 128x256x64 g8 w8 s3 sub", "changed"]
     assert next(r for r in rows if r[1] == "TFLOPS")[5].startswith("+")
@@ -350,13 +388,16 @@ def test_cli_profile_json_and_output_dir_use_the_shared_writer(fake_ncu, tmp_pat
     long = list(csv.DictReader(stem.with_suffix(".csv").open()))
     assert {r["provider"] for r in long} == {"gemmlab", "cublas"} and all(r["kind"] == "ncu-profile" for r in long)
     assert "| metric | unit | gemmlab | cublas |" in stem.with_suffix(".md").read_text()
-    res = invoke("--diff", str(stem.with_suffix(".json")), str(stem.with_suffix(".json")), "--output-dir",
-                 str(tmp_path / "d"))
-    assert res.exit_code == 0 and json.loads((tmp_path / "d" / "profile-diff.json").read_text())["kind"] == \
-        "profile-diff"
+    res = invoke(
+        "--diff", str(stem.with_suffix(".json")), str(stem.with_suffix(".json")), "--output-dir", str(tmp_path / "d")
+    )
+    assert (
+        res.exit_code == 0 and json.loads((tmp_path / "d" / "profile-diff.json").read_text())["kind"] == "profile-diff"
+    )
     kinds = {Path(f.path).name: f.kind for f in collect([out, tmp_path / "d"])}
-    assert kinds.pop(stem.with_suffix(".json").name) == "ncu-profile" and kinds.pop("profile-diff.json") == \
-        "profile-diff"
+    assert (
+        kinds.pop(stem.with_suffix(".json").name) == "ncu-profile" and kinds.pop("profile-diff.json") == "profile-diff"
+    )
     # the targets' own JSON and the tables and logs beside them: each listed by gemmlab report with its kind
     assert {k for name, k in kinds.items() if name.endswith(".json")} == {"ncu-target"}
     assert not {"unknown", "unreadable"} & set(kinds.values()), kinds
@@ -364,8 +405,7 @@ def test_cli_profile_json_and_output_dir_use_the_shared_writer(fake_ncu, tmp_pat
 
 def test_ledger_attachment_round_trip(tmp_path):
     db = Ledger(tmp_path / "l.db")
-    eid = db.record(Entry(kind="bench", shape="8x8x8", dtype="float16", correct=True, median_ms=1.0),
-                    provenance=False)
+    eid = db.record(Entry(kind="bench", shape="8x8x8", dtype="float16", correct=True, median_ms=1.0), provenance=False)
     first = db.attach(eid, "profile", {"format": pf.FORMAT, "n": 1}, "/tmp/p1.json")
     db.attach(eid, "note", {"text": "why"})
     db.attach(eid, "profile", {"format": pf.FORMAT, "n": 2})
@@ -390,10 +430,12 @@ def test_ledger_entries_profile_refuses(tmp_path):
     db_path = tmp_path / "l.db"
     db = Ledger(db_path)
     cublas = db.record(Entry(kind="bench", shape="8x8x8", dtype="float16", backend="cublas"), provenance=False)
-    moe = db.record(Entry(kind="bench", op="moe_grouped", shape="8x8x8x2x1", dtype="float16", backend="gemmlab"),
-                    provenance=False)
-    odd = db.record(Entry(kind="bench", shape="8x8x8", dtype="float16", backend="gemmlab", config="128x128"),
-                    provenance=False)
+    moe = db.record(
+        Entry(kind="bench", op="moe_grouped", shape="8x8x8x2x1", dtype="float16", backend="gemmlab"), provenance=False
+    )
+    odd = db.record(
+        Entry(kind="bench", shape="8x8x8", dtype="float16", backend="gemmlab", config="128x128"), provenance=False
+    )
     for eid, says in ((cublas, "backend cublas"), (moe, "a moe_grouped entry"), (odd, "not GemmConfig fields")):
         assert says in one_line(invoke("--ledger-entry", str(eid), "--ledger", str(db_path)))
 
@@ -401,8 +443,18 @@ def test_ledger_entries_profile_refuses(tmp_path):
 # On a real GPU with the real ncu (gpu-marked; skipped without ncu).
 
 # What must be measured on sm_90 for the summary to say anything (the gmma-only rows may be missing).
-CORE = ("duration", "sm_clock", "tensor_pipe", "tensor_pipe_active", "sm_throughput", "dram_throughput", "l2_hit",
-        "occupancy", "smem_conflicts_ld", "registers")
+CORE = (
+    "duration",
+    "sm_clock",
+    "tensor_pipe",
+    "tensor_pipe_active",
+    "sm_throughput",
+    "dram_throughput",
+    "l2_hit",
+    "occupancy",
+    "smem_conflicts_ld",
+    "registers",
+)
 
 
 @pytest.fixture(scope="module")

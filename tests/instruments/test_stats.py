@@ -16,8 +16,14 @@ SIMS = 1500
 FALSE_RATE_BOUND = 0.05 + 3 * math.sqrt(0.05 * 0.95 / SIMS)
 
 
-def simulate_run(rng: random.Random, rounds: int, speedup: float = 1.0, noise: float = 0.02,
-                 outliers: float = 0.05, drift: float = 0.25) -> tuple[list[list[float]], list[list[float]]]:
+def simulate_run(
+    rng: random.Random,
+    rounds: int,
+    speedup: float = 1.0,
+    noise: float = 0.02,
+    outliers: float = 0.05,
+    drift: float = 0.25,
+) -> tuple[list[list[float]], list[list[float]]]:
     """Batch times of a candidate ``speedup`` times faster than the baseline, in rounds A B / B A:
     - drift: both slow down by ``drift`` over the run (a clock falling under the power cap), continuously,
       so the batch that runs second in a round is a little slower;
@@ -65,8 +71,10 @@ def test_too_few_rounds_are_inconclusive(rounds):
     assert rates(rounds, 1.5, sims=200)["inconclusive"] == 1.0  # however clear the difference looks
 
 
-@pytest.mark.parametrize(("rounds", "speedup", "power"), [(10, 1.20, 0.85), (12, 1.10, 0.9), (20, 1.05, 0.85),
-                                                          (40, 1.03, 0.8), (12, 1 / 1.10, 0.9)])
+@pytest.mark.parametrize(
+    ("rounds", "speedup", "power"),
+    [(10, 1.20, 0.85), (12, 1.10, 0.9), (20, 1.05, 0.85), (40, 1.03, 0.8), (12, 1 / 1.10, 0.9)],
+)
 def test_clearly_different_kernels_are_told_apart(rounds, speedup, power):
     r = rates(rounds, speedup, sims=400)
     want = "faster" if speedup > 1 else "slower"
@@ -91,12 +99,16 @@ def test_unpaired_comparison_holds_its_coverage(m, n):
     rng = random.Random(m * 100 + n)
 
     def run_ratios(k, level):  # per-round ratios to a common baseline, lognormal with outliers
-        return [level * math.exp(rng.gauss(0, 0.03)) * (rng.uniform(0.5, 0.9) if rng.random() < 0.05 else 1.0)
-                for _ in range(k)]
+        return [
+            level * math.exp(rng.gauss(0, 0.03)) * (rng.uniform(0.5, 0.9) if rng.random() < 0.05 else 1.0)
+            for _ in range(k)
+        ]
 
     sims = 600 if m * n > stats.EXACT_PAIRS else SIMS
-    false = sum(stats.ratio_between(run_ratios(m, 1.0), run_ratios(n, 1.0))["verdict"] in ("faster", "slower")
-                for _ in range(sims))
+    false = sum(
+        stats.ratio_between(run_ratios(m, 1.0), run_ratios(n, 1.0))["verdict"] in ("faster", "slower")
+        for _ in range(sims)
+    )
     assert false / sims <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / sims), false / sims
     seen = sum(stats.is_faster(stats.ratio_between(run_ratios(m, 1.1), run_ratios(n, 1.0))) for _ in range(200))
     assert seen / 200 >= (0.9 if m >= 12 else 0.7 if m >= 6 else 0.4), seen / 200

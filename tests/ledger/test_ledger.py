@@ -18,9 +18,20 @@ ENV = no_interpreter_env()
 
 
 def good(**kw) -> Entry:
-    base = dict(kind="bench", shape="64x64x64", dtype="float16", correct=True, median_ms=1.0, tensor_core_ops=4,
-                per_round=[1.0, 1.01, 0.99, 1.0, 1.02, 0.98], ratio=1.0, ratio_ci=[0.99, 1.01], gpu="test-gpu",
-                config={"block_m": 64}, report={"x": [1, 2]})
+    base = dict(
+        kind="bench",
+        shape="64x64x64",
+        dtype="float16",
+        correct=True,
+        median_ms=1.0,
+        tensor_core_ops=4,
+        per_round=[1.0, 1.01, 0.99, 1.0, 1.02, 0.98],
+        ratio=1.0,
+        ratio_ci=[0.99, 1.01],
+        gpu="test-gpu",
+        config={"block_m": 64},
+        report={"x": [1, 2]},
+    )
     base.update(kw)
     return Entry(**base)
 
@@ -53,15 +64,34 @@ def test_every_reason():
         (good(median_ms=1.05), parent, "rejected", "did not drop"),
         (good(median_ms=0.99, per_round=[1.01, 1.0, 0.99, 1.02, 0.98, 1.0]), parent, "rejected", "within noise"),
         (good(median_ms=0.9, per_round=[1.1, 1.11]), parent, "rejected", "no paired interval"),
-        (good(median_ms=0.9, per_round=[1.11, 1.1, 1.12, 1.1, 1.11, 1.09]), parent, "accepted",
-         "each against cuBLAS interleaved in its own run"),
-        (good(median_ms=0.9, vs_parent={"ratio": 1.1, "ci95": [1.05, 1.15], "per_round": [1.1] * 6}), parent,
-         "accepted", "interleaved with the parent in one run"),
-        (good(median_ms=0.9, vs_parent={"ratio": 1.02, "ci95": [0.97, 1.07], "per_round": [1.0] * 6}), parent,
-         "rejected", "within noise"),
+        (
+            good(median_ms=0.9, per_round=[1.11, 1.1, 1.12, 1.1, 1.11, 1.09]),
+            parent,
+            "accepted",
+            "each against cuBLAS interleaved in its own run",
+        ),
+        (
+            good(median_ms=0.9, vs_parent={"ratio": 1.1, "ci95": [1.05, 1.15], "per_round": [1.1] * 6}),
+            parent,
+            "accepted",
+            "interleaved with the parent in one run",
+        ),
+        (
+            good(median_ms=0.9, vs_parent={"ratio": 1.02, "ci95": [0.97, 1.07], "per_round": [1.0] * 6}),
+            parent,
+            "rejected",
+            "within noise",
+        ),
         # the same-run medians decide "dropped", not the parent's old entry
-        (good(median_ms=0.9, vs_parent={"ratio": 1.1, "ci95": [1.05, 1.15], "per_round": [1.1] * 6,
-                                        "parent_median_ms": 0.85}), parent, "rejected", "did not drop"),
+        (
+            good(
+                median_ms=0.9,
+                vs_parent={"ratio": 1.1, "ci95": [1.05, 1.15], "per_round": [1.1] * 6, "parent_median_ms": 0.85},
+            ),
+            parent,
+            "rejected",
+            "did not drop",
+        ),
     ]
     for child, par, want, why in cases:
         decision, reason = decide(child, par)
@@ -101,8 +131,16 @@ print("done")
 def test_two_writers_at_once(tmp_path):
     path = tmp_path / "l.db"
     Ledger.open(path).close()
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), "40", str(w)], env=ENV,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for w in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(path), "40", str(w)],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for w in range(2)
+    ]
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0 and "done" in out, err
@@ -181,8 +219,9 @@ def test_writer_killed_mid_transaction_loses_nothing_committed(tmp_path):
 
 
 def gemmlab(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "gemmlab", *args], capture_output=True, text=True,
-                          env=env or ENV, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "gemmlab", *args], capture_output=True, text=True, env=env or ENV, timeout=600
+    )
 
 
 def test_ledger_cli(tmp_path):
@@ -215,8 +254,22 @@ def test_ledger_cli(tmp_path):
 
 def test_bench_records_itself(tmp_path):
     path = str(tmp_path / "l.db")
-    res = gemmlab("bench", "gemm", "--shapes", "48,40,64", "--rounds", "4", "--reps", "1", "--warmup-s", "0",
-                  "--record", "first try", "--ledger", path)
+    res = gemmlab(
+        "bench",
+        "gemm",
+        "--shapes",
+        "48,40,64",
+        "--rounds",
+        "4",
+        "--reps",
+        "1",
+        "--warmup-s",
+        "0",
+        "--record",
+        "first try",
+        "--ledger",
+        path,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "ledger #1 48x40x64 gemmlab" in res.stderr
     e = Ledger.open(path).get(1)
@@ -225,16 +278,27 @@ def test_bench_records_itself(tmp_path):
     assert "gemmlab bench gemm" in e.command or "gemmlab" in e.command
 
 
-@pytest.mark.parametrize("mode, shape, op", [("fp8", [64, 48, 32], "gemm_fp8"), ("moe_fp8", [5, 256, 128, 4, 2],
-                                                                                   "moe_forward_fp8"),
-                                             ("gemm", [64, 48, 32], "gemm")])
+@pytest.mark.parametrize(
+    "mode, shape, op",
+    [
+        ("fp8", [64, 48, 32], "gemm_fp8"),
+        ("moe_fp8", [5, 256, 128, 4, 2], "moe_forward_fp8"),
+        ("gemm", [64, 48, 32], "gemm"),
+    ],
+)
 def test_an_fp8_grade_records_as_an_op_of_its_own(mode, shape, op):
     """FP8 grades never land beside the bf16 ops' (a compare or an accept across them would mix two problems), and
     gemmlab's own FP8 kernels are not reported with the bf16 kernels' SASS."""
     from gemmlab.ledger.records import from_grade
 
-    report = {"mode": mode, "kernel": "gemmlab (default)", "dtype": "bfloat16", "verdict": "PASS", "failures": [],
-              "performance": {"shape": shape, "median_ms": 1.0, "tflops": 1.0, "ratio": 1.0}}
+    report = {
+        "mode": mode,
+        "kernel": "gemmlab (default)",
+        "dtype": "bfloat16",
+        "verdict": "PASS",
+        "failures": [],
+        "performance": {"shape": shape, "median_ms": 1.0, "tflops": 1.0, "ratio": 1.0},
+    }
     (entry,) = from_grade(report)
     assert entry.op == op, entry.op
     if mode != "gemm":

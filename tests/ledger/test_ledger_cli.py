@@ -12,16 +12,33 @@ from typer.testing import CliRunner
 from gemmlab.cli import app
 from gemmlab.ledger import Entry, Ledger
 
-READS = [["list"], ["show", "2"], ["compare", "1", "2"], ["history", "--shape", "64,64,64"], ["export"],
-         ["export", "--format", "csv"]]
+READS = [
+    ["list"],
+    ["show", "2"],
+    ["compare", "1", "2"],
+    ["history", "--shape", "64,64,64"],
+    ["export"],
+    ["export", "--format", "csv"],
+]
 ROUNDS = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98]
 
 
 def entry(median_ms: float, scale: float = 1.0, per_round: bool = True, **kw) -> Entry:
     """A correct, inspected entry at 64x64x64 whose per-round ratios to cuBLAS are ``scale`` times ROUNDS."""
-    return Entry(kind="bench", shape="64x64x64", dtype="float16", correct=True, median_ms=median_ms,
-                 tensor_core_ops=4, ratio=scale, ratio_ci=[0.99 * scale, 1.01 * scale], gpu="test-gpu",
-                 per_round=[scale * r for r in ROUNDS] if per_round else None, config={"block_m": 64}, **kw)
+    return Entry(
+        kind="bench",
+        shape="64x64x64",
+        dtype="float16",
+        correct=True,
+        median_ms=median_ms,
+        tensor_core_ops=4,
+        ratio=scale,
+        ratio_ci=[0.99 * scale, 1.01 * scale],
+        gpu="test-gpu",
+        per_round=[scale * r for r in ROUNDS] if per_round else None,
+        config={"block_m": 64},
+        **kw,
+    )
 
 
 def ledger(tmp_path, *entries: Entry, name: str = "l.db") -> str:
@@ -37,15 +54,21 @@ def run(*args):
     return CliRunner().invoke(app, ["ledger", *args])
 
 
-@pytest.mark.parametrize("argv", [["list"], ["show", "1"], ["compare", "1", "2"], ["history", "--shape", "64,64,64"],
-                                  ["export"]])
+@pytest.mark.parametrize(
+    "argv", [["list"], ["show", "1"], ["compare", "1", "2"], ["history", "--shape", "64,64,64"], ["export"]]
+)
 def test_json_is_one_document_on_stdout(tmp_path, argv):
     path = ledger(tmp_path, entry(2.0), entry(1.0, scale=2.0))
     res = run(*argv, "--ledger", path, "--json")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)  # the whole of stdout parses: no table, no line before or after
-    entries = {"list": lambda d: d["entries"], "history": lambda d: d["entries"], "export": lambda d: d,
-               "show": lambda d: [d], "compare": lambda d: [d["first"], d["second"]]}[argv[0]](doc)
+    entries = {
+        "list": lambda d: d["entries"],
+        "history": lambda d: d["entries"],
+        "export": lambda d: d,
+        "show": lambda d: [d],
+        "compare": lambda d: [d["first"], d["second"]],
+    }[argv[0]](doc)
     assert [e["median_ms"] for e in entries] == ([2.0] if argv[0] == "show" else [2.0, 1.0])
 
 
@@ -94,9 +117,11 @@ def test_a_corrupted_page_is_one_line(tmp_path):
     corrupt_middle_page(path)
     before = open(path, "rb").read()
     outcomes = []
-    argvs = [["list"], ["history", "--shape", "64,64,64"], ["export"], ["export", "--format", "csv"],
-             ["list", "--json"]] + [["show", str(i)] for i in range(1, 25)] + [["compare", "1", str(i)]
-                                                                               for i in range(2, 25)]
+    argvs = (
+        [["list"], ["history", "--shape", "64,64,64"], ["export"], ["export", "--format", "csv"], ["list", "--json"]]
+        + [["show", str(i)] for i in range(1, 25)]
+        + [["compare", "1", str(i)] for i in range(2, 25)]
+    )
     for argv in argvs:
         res = run(*argv, "--ledger", path)
         outcomes.append(res.exit_code)
@@ -110,10 +135,15 @@ def test_a_corrupted_page_is_one_line(tmp_path):
     assert open(path, "rb").read() == before
 
 
-BAD_CELLS = [("median_ms", "'fast'", "median_ms holds str"), ("report", "'{not json'", "report is not valid JSON"),
-             ("ratio_ci", "'5'", "ratio_ci holds JSON int"), ("per_round", "'[1, \"x\"]'", "per_round holds a list"),
-             ("shape", "64", "shape holds int"), ("correct", "'yes'", "correct holds 'yes'"),
-             ("config", "X'00ff'", "config holds bytes")]
+BAD_CELLS = [
+    ("median_ms", "'fast'", "median_ms holds str"),
+    ("report", "'{not json'", "report is not valid JSON"),
+    ("ratio_ci", "'5'", "ratio_ci holds JSON int"),
+    ("per_round", "'[1, \"x\"]'", "per_round holds a list"),
+    ("shape", "64", "shape holds int"),
+    ("correct", "'yes'", "correct holds 'yes'"),
+    ("config", "X'00ff'", "config holds bytes"),
+]
 
 
 @pytest.mark.parametrize("column,value,says", BAD_CELLS, ids=[c[0] for c in BAD_CELLS])

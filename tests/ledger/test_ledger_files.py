@@ -13,8 +13,14 @@ import pytest
 from gemmlab.ledger import Entry, Ledger, LedgerError, check
 from gemmlab.ledger.sqlfile import APPLICATION_ID
 
-READS = [["list"], ["show", "1"], ["compare", "1", "1"], ["history", "--shape", "8,8,8"], ["export"],
-         ["export", "--format", "csv"]]
+READS = [
+    ["list"],
+    ["show", "1"],
+    ["compare", "1", "1"],
+    ["history", "--shape", "8,8,8"],
+    ["export"],
+    ["export", "--format", "csv"],
+]
 
 
 def cli(argv, monkeypatch, capsys):
@@ -36,8 +42,17 @@ def one_line(status, err, *words):
 
 
 def entry(**kw) -> Entry:
-    return Entry(**{"kind": "bench", "shape": "8x8x8", "dtype": "float16", "correct": True, "median_ms": 1.0,
-                    "gpu": "test-gpu", **kw})
+    return Entry(
+        **{
+            "kind": "bench",
+            "shape": "8x8x8",
+            "dtype": "float16",
+            "correct": True,
+            "median_ms": 1.0,
+            "gpu": "test-gpu",
+            **kw,
+        }
+    )
 
 
 def ledger(tmp_path, n: int = 1):
@@ -74,8 +89,12 @@ def foreign(path, kind: str):
 
 
 FOREIGN = ["entries", "wal", "tables", "user_version", "application_id"]
-RECORDING = [["grade", "--ledger"], ["grade", "--record", "x", "--ledger"],
-             ["bench", "gemm", "--shapes", "8,8,8", "--record", "x", "--ledger"], ["tune", "--ledger"]]
+RECORDING = [
+    ["grade", "--ledger"],
+    ["grade", "--record", "x", "--ledger"],
+    ["bench", "gemm", "--shapes", "8,8,8", "--record", "x", "--ledger"],
+    ["tune", "--ledger"],
+]
 
 
 @pytest.mark.parametrize("kind", FOREIGN)
@@ -189,18 +208,24 @@ def test_limits_and_ids_beyond_64_bits(tmp_path, monkeypatch, capsys):
     with pytest.raises(KeyError, match="no ledger entry"):
         db.attach(10**23, "profile", {})
     db.close()
-    status, out, err = cli(["ledger", "list", "--limit", "99999999999999999999", "--ledger", str(path)],
-                           monkeypatch, capsys)
+    status, out, err = cli(
+        ["ledger", "list", "--limit", "99999999999999999999", "--ledger", str(path)], monkeypatch, capsys
+    )
     one_line(status, err, "--limit", "99999999999999999999")
     assert "damaged" not in err
     status, out, err = cli(["ledger", "show", "99999999999999999999999", "--ledger", str(path)], monkeypatch, capsys)
     one_line(status, err, "no ledger entry 99999999999999999999999")
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--shape", "1x2"], ["--shape", "1x2"]), (["--shape", "8,8,x"], ["--shape"]),
-    (["--shape", "8,8,8 zipf"], ["--shape"]), (["--kind", "nope"], ["--kind", "nope"]),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--shape", "1x2"], ["--shape", "1x2"]),
+        (["--shape", "8,8,x"], ["--shape"]),
+        (["--shape", "8,8,8 zipf"], ["--shape"]),
+        (["--kind", "nope"], ["--kind", "nope"]),
+    ],
+)
 def test_list_filters_that_would_match_nothing_are_refused(tmp_path, monkeypatch, capsys, argv, words):
     path = ledger(tmp_path)
     status, out, err = cli(["ledger", "list", *argv, "--ledger", str(path)], monkeypatch, capsys)
@@ -231,12 +256,16 @@ def test_export_output_never_destroys_data(tmp_path, monkeypatch, capsys):
     (tmp_path / "dir").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "target")
     for out_path in (other, tmp_path / "dir", tmp_path / "link"):
-        status, out, err = cli(["ledger", "export", "--ledger", str(path), "--output", str(out_path)],
-                               monkeypatch, capsys)
+        status, out, err = cli(
+            ["ledger", "export", "--ledger", str(path), "--output", str(out_path)], monkeypatch, capsys
+        )
         one_line(status, err, str(out_path), "refusing")
     assert path.read_bytes() == before and other.read_bytes() == other_bytes and not (tmp_path / "target").exists()
-    status, out, err = cli(["ledger", "export", "--ledger", str(path), "--output", str(tmp_path / "e.csv"),
-                            "--format", "csv"], monkeypatch, capsys)
+    status, out, err = cli(
+        ["ledger", "export", "--ledger", str(path), "--output", str(tmp_path / "e.csv"), "--format", "csv"],
+        monkeypatch,
+        capsys,
+    )
     assert status == 0, err
     assert (tmp_path / "e.csv").read_text().startswith("kind,shape")
     assert listing(tmp_path) == ["dir", "e.csv", "l.db", "link", "other"]  # no temporary file left

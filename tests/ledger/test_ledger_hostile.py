@@ -18,8 +18,18 @@ def ledger(tmp_path, n: int = 2) -> str:
     path = tmp_path / "l.db"
     db = Ledger.open(path)
     for i in range(n):
-        db.record(Entry(kind="bench", shape="64x64x64", dtype="float16", correct=True, median_ms=1.0 + i,
-                        gpu="cpu", note=f"n{i}"), provenance=False)
+        db.record(
+            Entry(
+                kind="bench",
+                shape="64x64x64",
+                dtype="float16",
+                correct=True,
+                median_ms=1.0 + i,
+                gpu="cpu",
+                note=f"n{i}",
+            ),
+            provenance=False,
+        )
     db.close()
     return str(path)
 
@@ -38,8 +48,9 @@ def run(*args):
 HOSTILE = "[/bold] \x1b]0;pwned\x07 \x1b[2J [red]x"
 
 
-@pytest.mark.parametrize("argv", [["list"], ["history", "--shape", "64,64,64"], ["compare", "1", "2"]],
-                         ids=lambda a: a[0])
+@pytest.mark.parametrize(
+    "argv", [["list"], ["history", "--shape", "64,64,64"], ["compare", "1", "2"]], ids=lambda a: a[0]
+)
 def test_markup_and_escapes_in_cells_print_literally(tmp_path, argv):
     """rich read a note "[/bold]" as a closing tag (MarkupError, a 145-line traceback) and printed ESC sequences
     raw (a retitled window, a cleared screen): now both show as the text they are."""
@@ -78,8 +89,12 @@ def test_an_accepted_parent_with_a_bad_cell_is_one_line_when_recording(tmp_path,
     path = ledger(tmp_path)
     update(path, "UPDATE entries SET decision = 'accepted', median_ms = 'fast' WHERE id = 2")
     with pytest.raises(typer.Exit) as e:
-        cmd.record([Entry(kind="bench", shape="64x64x64", dtype="float16", correct=True, median_ms=0.5,
-                          gpu="cpu")], "n", path, None)
+        cmd.record(
+            [Entry(kind="bench", shape="64x64x64", dtype="float16", correct=True, median_ms=0.5, gpu="cpu")],
+            "n",
+            path,
+            None,
+        )
     assert e.value.exit_code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ledger entry 2: column median_ms holds str 'fast'" in err[0], err
@@ -90,16 +105,24 @@ def test_an_accepted_parent_with_a_bad_cell_is_one_line_when_recording(tmp_path,
 
 def test_a_recorded_line_prints_a_backend_literally(tmp_path, capsys):
     path = ledger(tmp_path, 0)
-    cmd.record([Entry(kind="bench", shape="64x64x64", dtype="float16", backend="k[/].py:fn\x1b[2J", gpu="cpu")],
-               "n", path, None)
+    cmd.record(
+        [Entry(kind="bench", shape="64x64x64", dtype="float16", backend="k[/].py:fn\x1b[2J", gpu="cpu")],
+        "n",
+        path,
+        None,
+    )
     err = capsys.readouterr().err
     assert "k[/].py:fn\\x1b[2J" in err and "\x1b[2J" not in err, err
 
 
-@pytest.mark.parametrize("argv,says", [
-    (["list", "--session", "\udcff"], "--session"),  # what Python makes of a shell's byte 0xff
-    (["history", "--shape", "64,64,64", "--dtype", "nope"], "--dtype"),
-], ids=["session-not-utf8", "dtype-misspelt"])
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["list", "--session", "\udcff"], "--session"),  # what Python makes of a shell's byte 0xff
+        (["history", "--shape", "64,64,64", "--dtype", "nope"], "--dtype"),
+    ],
+    ids=["session-not-utf8", "dtype-misspelt"],
+)
 def test_filters_that_match_nothing_are_usage_errors(tmp_path, argv, says):
     """--session with bytes that are not UTF-8 was a UnicodeEncodeError traceback; --dtype nope an empty table."""
     path = ledger(tmp_path)

@@ -26,8 +26,10 @@ def v0_file(path):
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.executescript(V0_SCHEMA)
-    conn.execute("INSERT INTO entries (kind, shape, dtype, op, correct, median_ms, gpu, decision, config, report) "
-                 "VALUES ('bench', '64x64x64', 'float16', 'gemm', 1, 2.5, 'g', 'accepted', '{\"block_m\": 64}', '{}')")
+    conn.execute(
+        "INSERT INTO entries (kind, shape, dtype, op, correct, median_ms, gpu, decision, config, report) "
+        "VALUES ('bench', '64x64x64', 'float16', 'gemm', 1, 2.5, 'g', 'accepted', '{\"block_m\": 64}', '{}')"
+    )
     conn.commit()
     conn.close()
     return path
@@ -38,8 +40,9 @@ def columns(db: Ledger) -> list[str]:
 
 
 def tables(db: Ledger) -> list[tuple[str, str]]:
-    return sorted((r[0], r[1]) for r in db.conn.execute("SELECT type, name FROM sqlite_master "
-                                                       "WHERE name NOT LIKE 'sqlite_%'"))
+    return sorted(
+        (r[0], r[1]) for r in db.conn.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")
+    )
 
 
 def test_a_version_1_file_gains_the_attachments_table(tmp_path):
@@ -65,8 +68,19 @@ def test_an_old_file_is_migrated_and_keeps_its_entries(tmp_path):
     assert tables(db) == tables(Ledger(tmp_path / "new.db"))  # and for every table and index
     db.attach(1, "profile", {"x": 1})
     assert db.attachments(1)[0]["data"] == {"x": 1}
-    e = Entry(kind="bench", shape="64x64x64", dtype="float16", correct=True, median_ms=2.0, gpu="g",
-              gemmlab_version="0.1.0", git_sha="x", dirty=False, per_round=[1.2] * 6, tensor_core_ops=1)
+    e = Entry(
+        kind="bench",
+        shape="64x64x64",
+        dtype="float16",
+        correct=True,
+        median_ms=2.0,
+        gpu="g",
+        gemmlab_version="0.1.0",
+        git_sha="x",
+        dirty=False,
+        per_round=[1.2] * 6,
+        tensor_core_ops=1,
+    )
     db.record(e, provenance=False)
     assert db.get(e.id).gemmlab_version == "0.1.0" and db.get(e.id).parent_id == 1
     db.close()
@@ -139,23 +153,33 @@ def test_grade_record_stops_before_grading(tmp_path, kind):
     marker = tmp_path / "marker"
     kernel = tmp_path / "k.py"
     kernel.write_text(MARKER_KERNEL.format(marker=str(marker)))
-    res = CliRunner().invoke(app, ["grade", "--kernel", f"{kernel}:gemm", "--signature", "rowmajor",
-                                   "--record", "x", "--ledger", str(path)])
+    res = CliRunner().invoke(
+        app, ["grade", "--kernel", f"{kernel}:gemm", "--signature", "rowmajor", "--record", "x", "--ledger", str(path)]
+    )
     assert res.exit_code == 2, res.output
     assert says in res.stderr and str(path) in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert res.stdout == "" and not marker.exists()  # the candidate was never loaded: no grading ran
 
 
-@pytest.mark.parametrize("argv", [["bench", "gemm", "--shapes", "16,16,16"], ["bench", "moe"],
-                                  ["bench", "stable", "--shape", "16,16,16"], ["table"], ["tune"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "gemm", "--shapes", "16,16,16"],
+        ["bench", "moe"],
+        ["bench", "stable", "--shape", "16,16,16"],
+        ["table"],
+        ["tune"],
+    ],
+)
 def test_every_recording_command_checks_first(tmp_path, argv):
     path, says = unusable(tmp_path, "directory")
     res = CliRunner().invoke(app, [*argv, "--record", "x", "--ledger", str(path)])
     assert res.exit_code == 2 and says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.output
 
 
-@pytest.mark.parametrize("argv", [["list"], ["show", "1"], ["compare", "1", "2"], ["history", "--shape", "1,1,1"],
-                                  ["export"]])
+@pytest.mark.parametrize(
+    "argv", [["list"], ["show", "1"], ["compare", "1", "2"], ["history", "--shape", "1,1,1"], ["export"]]
+)
 def test_reading_commands_refuse_a_corrupt_ledger(tmp_path, argv):
     path, says = unusable(tmp_path, "corrupt")
     res = CliRunner().invoke(app, ["ledger", *argv, "--ledger", str(path)])
@@ -170,8 +194,9 @@ def test_reading_commands_read_an_old_file_as_it_is(tmp_path):
     assert path.read_bytes() == before  # a read command migrates nothing: the next recording command does
 
 
-@pytest.mark.parametrize("argv", [["list"], ["show", "1"], ["compare", "1", "2"], ["history", "--shape", "1,1,1"],
-                                  ["export"]])
+@pytest.mark.parametrize(
+    "argv", [["list"], ["show", "1"], ["compare", "1", "2"], ["history", "--shape", "1,1,1"], ["export"]]
+)
 @pytest.mark.parametrize("content", [None, b"x", b"a short text file\n", b""])
 def test_reading_commands_change_no_file(tmp_path, argv, content):
     """A missing path is not created, and a file that is not a ledger (one byte, text, empty) is neither

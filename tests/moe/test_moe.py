@@ -24,8 +24,10 @@ def _r(*shape, dtype=torch.float16, scale=1.0, seed=None, device):
 
 
 def _weights(e, h, i, dtype, seed=1, *, device):
-    return (_r(e, 2 * i, h, dtype=dtype, scale=1.0, seed=seed, device=device),
-            _r(e, h, i, dtype=dtype, scale=1.0, seed=seed + 1, device=device))
+    return (
+        _r(e, 2 * i, h, dtype=dtype, scale=1.0, seed=seed, device=device),
+        _r(e, h, i, dtype=dtype, scale=1.0, seed=seed + 1, device=device),
+    )
 
 
 def _routing(t, e, k, kind="random", seed=0, *, device):
@@ -53,17 +55,22 @@ def test_route(scoring, device):
 
 
 def test_route_bad_inputs():
-    for args, err in [((torch.randn(4, 8), 0), "top_k"), ((torch.randn(4, 8), 9), "top_k"),
-                      ((torch.randn(8), 2), "\\(T, E\\)"), ((torch.ones(4, 8, dtype=torch.int32), 2), "floating"),
-                      ((torch.randn(4, 8), True), "top_k")]:
+    for args, err in [
+        ((torch.randn(4, 8), 0), "top_k"),
+        ((torch.randn(4, 8), 9), "top_k"),
+        ((torch.randn(8), 2), "\\(T, E\\)"),
+        ((torch.ones(4, 8, dtype=torch.int32), 2), "floating"),
+        ((torch.randn(4, 8), True), "top_k"),
+    ]:
         with pytest.raises((ValueError, TypeError), match=err):
             route(*args)
     with pytest.raises(ValueError, match="scoring"):
         route(torch.randn(4, 8), 2, scoring="relu")
 
 
-@pytest.mark.parametrize(("t", "e", "k", "kind"), [(1, 4, 1, "random"), (37, 8, 2, "random"), (64, 8, 8, "random"),
-                                                   (50, 16, 4, "skewed")])
+@pytest.mark.parametrize(
+    ("t", "e", "k", "kind"), [(1, 4, 1, "random"), (37, 8, 2, "random"), (64, 8, 8, "random"), (50, 16, 4, "skewed")]
+)
 def test_sort_routes_invariants(t, e, k, kind, device):
     _, ids = _routing(t, e, k, kind, device=device)
     r = sort_routes(ids, e, block_m=16)
@@ -79,7 +86,7 @@ def test_sort_routes_invariants(t, e, k, kind, device):
     assert torch.equal(r.tile_offsets[1:] - r.tile_offsets[:-1], ((counts + 15) // 16).int())
     for ex in range(e):  # stable: token order within an expert
         lo = int(r.offsets[ex - 1]) if ex else 0
-        toks = r.token[lo:int(r.offsets[ex])]
+        toks = r.token[lo : int(r.offsets[ex])]
         assert bool((toks[1:] >= toks[:-1]).all())
     assert torch.equal(r.token.long(), r.order.long() // k)
 
@@ -113,9 +120,16 @@ def _counting_sort_only(monkeypatch, block=None):
         monkeypatch.setattr(moe_routing, "SORT_BLOCK", block)
 
 
-@pytest.mark.parametrize(("t", "e", "k", "kind", "block"), [(1, 4, 1, "random", 16), (37, 8, 2, "random", 16),
-                                                             (20, 16, 6, "skewed", 16), (45, 5, 3, "skewed", 32),
-                                                             (9, 3, 3, "random", 64)])
+@pytest.mark.parametrize(
+    ("t", "e", "k", "kind", "block"),
+    [
+        (1, 4, 1, "random", 16),
+        (37, 8, 2, "random", 16),
+        (20, 16, 6, "skewed", 16),
+        (45, 5, 3, "skewed", 32),
+        (9, 3, 3, "random", 64),
+    ],
+)
 def test_counting_sort_matches_torch_and_align_paths(t, e, k, kind, block, monkeypatch, device):
     """The large-S routing (three launches: histograms, scan, scatter; several blocks here through a small
     block) gives bit for bit the tables of the torch path on valid ids and of the one-launch kernel on ids
@@ -166,6 +180,7 @@ def test_routing_kernel_that_cannot_build_falls_back_to_torch(monkeypatch, devic
         def __getitem__(self, grid):
             def launch(*args, **kw):
                 raise OutOfResources(1 << 20, 1 << 18, "shared memory")
+
             return launch
 
     monkeypatch.setattr(moe_routing, "moe_align_kernel", Broken())
@@ -184,10 +199,15 @@ def test_routing_kernel_that_cannot_build_falls_back_to_torch(monkeypatch, devic
 
 
 @pytest.mark.parametrize("dtype", DT)
-@pytest.mark.parametrize(("sizes", "n", "k"), [([10, 0, 27, 13], 40, 64),  # an empty group
-                                               ([50], 24, 32),  # one expert
-                                               ([0, 0, 5, 0], 33, 48),  # all rows on one expert of four
-                                               ([3, 1, 7], 17, 37)])  # odd K: pointer loads
+@pytest.mark.parametrize(
+    ("sizes", "n", "k"),
+    [
+        ([10, 0, 27, 13], 40, 64),  # an empty group
+        ([50], 24, 32),  # one expert
+        ([0, 0, 5, 0], 33, 48),  # all rows on one expert of four
+        ([3, 1, 7], 17, 37),
+    ],
+)  # odd K: pointer loads
 def test_grouped_gemm(dtype, sizes, n, k, device):
     s = sum(sizes)
     x, w = _r(s, k, dtype=dtype, device=device), _r(len(sizes), n, k, dtype=dtype, seed=5, device=device)
@@ -203,8 +223,10 @@ def test_grouped_gemm(dtype, sizes, n, k, device):
 
 
 @pytest.mark.parametrize("dtype", DT)
-@pytest.mark.parametrize(("group_m", "clip", "out_tma"), [(1, False, True), (2, False, True), (8, False, True),
-                                                         (2, True, False), (2, False, False)])
+@pytest.mark.parametrize(
+    ("group_m", "clip", "out_tma"),
+    [(1, False, True), (2, False, True), (8, False, True), (2, True, False), (2, False, False)],
+)
 @pytest.mark.parametrize("k", [64, 37])  # TMA and pointer loads
 def test_grouped_gemm_tiles(dtype, group_m, clip, out_tma, k, device):
     """Partial last tiles (5, 1, 16 and 6 rows), an expert of 3 m-tiles walked in groups of ``group_m``
@@ -214,8 +236,9 @@ def test_grouped_gemm_tiles(dtype, group_m, clip, out_tma, k, device):
     s = sum(sizes)
     x, w = _r(s, k, dtype=dtype, device=device), _r(len(sizes), 80, k, dtype=dtype, seed=3, device=device)
     offs = torch.cumsum(torch.tensor(sizes), 0).int().to(device)
-    cfg = moe_ops.MoEConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=1, group_m=group_m,
-                            clip=clip, out_tma=out_tma)
+    cfg = moe_ops.MoEConfig(
+        block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=1, group_m=group_m, clip=clip, out_tma=out_tma
+    )
     out = grouped_gemm(x, w, offs, out=torch.full((s, 80), float("nan"), dtype=dtype, device=device), config=cfg)
     ref = grouped_gemm_ref(x, w, offs)
     tol = 2.0 ** -(10 if dtype == torch.float16 else 7) * ref.abs().max().item() + 1e-3
@@ -229,14 +252,16 @@ VALUE_CHECKS = ("non-decreasing", "within", "in \\[0, E=4\\)")
 def test_grouped_gemm_errors(device):
     x, w = _r(10, 16, device=device), _r(2, 8, 16, device=device)
     offs = torch.tensor([4, 10], dtype=torch.int32, device=device)
-    for args, kw, err in [((x, _r(2, 8, 12, device=device), offs), {}, "K = 16"),
-                          ((x, w, offs[:1]), {}, "1 entries for E = 2"),
-                          ((x, w.float(), offs), {}, "dtype"),
-                          ((x, w, offs.long()), {}, "dtype"),
-                          ((x, w, torch.tensor([6, 4], dtype=torch.int32, device=device)), {}, "non-decreasing"),
-                          ((x, w, torch.tensor([4, 11], dtype=torch.int32, device=device)), {}, "within"),
-                          ((x[0], w, offs), {}, "2-D"),
-                          ((x, w, offs), {"out": torch.empty(10, 9, dtype=torch.float16, device=device)}, "out")]:
+    for args, kw, err in [
+        ((x, _r(2, 8, 12, device=device), offs), {}, "K = 16"),
+        ((x, w, offs[:1]), {}, "1 entries for E = 2"),
+        ((x, w.float(), offs), {}, "dtype"),
+        ((x, w, offs.long()), {}, "dtype"),
+        ((x, w, torch.tensor([6, 4], dtype=torch.int32, device=device)), {}, "non-decreasing"),
+        ((x, w, torch.tensor([4, 11], dtype=torch.int32, device=device)), {}, "within"),
+        ((x[0], w, offs), {}, "2-D"),
+        ((x, w, offs), {"out": torch.empty(10, 9, dtype=torch.float16, device=device)}, "out"),
+    ]:
         if device == "cuda" and err in VALUE_CHECKS:
             continue  # checked on the device there (a device-side assert ends the context: test_host_gpu.py)
         with pytest.raises((ValueError, TypeError), match=err):
@@ -289,16 +314,18 @@ def test_moe_bad_inputs(device):
     x = _r(t, h, device=device)
     w1, w2 = _weights(e, h, i, torch.float16, device=device)
     wts, ids = _routing(t, e, 2, device=device)
-    bad = [((x, w1, w2, wts, ids + e), "in \\[0, E=4\\)"),
-           ((x, w1, w2, wts, ids - 1 - ids.max()), "in \\[0, E=4\\)"),
-           ((x, w1, _r(e + 1, h, i, device=device), wts, ids), "E = 4 experts but w2 has 5"),
-           ((x, w1, _r(e, h, i + 1, device=device), wts, ids), "w1 must be"),
-           ((x[:, :-1], w1, w2, wts, ids), "H = 31"),
-           ((x.float(), w1, w2, wts, ids), "dtype"),
-           ((x, w1, w2.bfloat16(), wts, ids), "dtypes differ"),
-           ((x, w1, w2, wts[:-1], ids), "must both be"),
-           ((x, w1, w2, wts, ids.float()), "dtype"),
-           ((x, w1, w2, wts.unsqueeze(0), ids), "2-D")]
+    bad = [
+        ((x, w1, w2, wts, ids + e), "in \\[0, E=4\\)"),
+        ((x, w1, w2, wts, ids - 1 - ids.max()), "in \\[0, E=4\\)"),
+        ((x, w1, _r(e + 1, h, i, device=device), wts, ids), "E = 4 experts but w2 has 5"),
+        ((x, w1, _r(e, h, i + 1, device=device), wts, ids), "w1 must be"),
+        ((x[:, :-1], w1, w2, wts, ids), "H = 31"),
+        ((x.float(), w1, w2, wts, ids), "dtype"),
+        ((x, w1, w2.bfloat16(), wts, ids), "dtypes differ"),
+        ((x, w1, w2, wts[:-1], ids), "must both be"),
+        ((x, w1, w2, wts, ids.float()), "dtype"),
+        ((x, w1, w2, wts.unsqueeze(0), ids), "2-D"),
+    ]
     for args, err in bad:
         if device == "cuda" and err in VALUE_CHECKS:
             continue  # checked on the device there (a device-side assert ends the context: test_host_gpu.py)
@@ -317,6 +344,7 @@ def test_every_kernel_variant_is_exercised(monkeypatch, device):
             def launch(*args, **kw):
                 seen.add((kw["MODE"], kw["A_TMA"], kw["A_GATHER"], kw["W_TMA"], kw["OUT_TMA"]))
                 return real[grid](*args, **kw)
+
             return launch
 
     monkeypatch.setattr(grouped, "moe_grouped_kernel", Spy())
@@ -331,9 +359,15 @@ def test_every_kernel_variant_is_exercised(monkeypatch, device):
     offs = torch.tensor([3, 9], dtype=torch.int32, device=device)
     for k in (32, 37):
         grouped_gemm(_r(9, k, device=device), _r(2, 8, k, device=device), offs)
-    want = {(1, False, True, True, False), (1, False, True, False, False), (1, True, False, True, True),
-            (2, True, False, True, True), (2, True, False, False, False), (0, True, False, True, True),
-            (0, False, False, False, False)}
+    want = {
+        (1, False, True, True, False),
+        (1, False, True, False, False),
+        (1, True, False, True, True),
+        (2, True, False, True, True),
+        (2, True, False, False, False),
+        (0, True, False, True, True),
+        (0, False, False, False, False),
+    }
     assert want <= seen, seen
 
 
@@ -345,27 +379,71 @@ def test_bench_moe_command(tmp_path):
 
     env = no_interpreter_env()
     db = tmp_path / "ledger.db"
-    res = subprocess.run([sys.executable, "-m", "gemmlab", "bench", "moe", "--custom", "64,32,8,2", "--tokens", "16",
-                          "--routing", "zipf", "--rounds", "4", "--reps", "1", "--warmup-s", "0", "--output-dir",
-                          str(tmp_path), "--record", "first MoE bench", "--ledger", str(db)],
-                         capture_output=True, text=True, env=env, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gemmlab",
+            "bench",
+            "moe",
+            "--custom",
+            "64,32,8,2",
+            "--tokens",
+            "16",
+            "--routing",
+            "zipf",
+            "--rounds",
+            "4",
+            "--reps",
+            "1",
+            "--warmup-s",
+            "0",
+            "--output-dir",
+            str(tmp_path),
+            "--record",
+            "first MoE bench",
+            "--ledger",
+            str(db),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     from gemmlab.ledger.store import Ledger
 
     entries = Ledger.open(db).list()  # every non-baseline backend of both parts, with the note and provenance
-    assert {(e.op, e.backend) for e in entries} == {("moe_grouped", "gemmlab"), ("moe_grouped", "torch.mm loop"),
-                                                    ("moe_grouped", "dense torch.mm (same size)"),
-                                                    ("moe_forward", "gemmlab")}
-    assert all(e.shape == "16x64x32x8x2 zipf" and e.note == "first MoE bench" and e.correct and e.gemmlab_version
-               and e.decision in ("accepted", "rejected") and e.reason for e in entries)
+    assert {(e.op, e.backend) for e in entries} == {
+        ("moe_grouped", "gemmlab"),
+        ("moe_grouped", "torch.mm loop"),
+        ("moe_grouped", "dense torch.mm (same size)"),
+        ("moe_forward", "gemmlab"),
+    }
+    assert all(
+        e.shape == "16x64x32x8x2 zipf"
+        and e.note == "first MoE bench"
+        and e.correct
+        and e.gemmlab_version
+        and e.decision in ("accepted", "rejected")
+        and e.reason
+        for e in entries
+    )
     rep = json.loads((tmp_path / "moe-bench.json").read_text())
     parts = {r["part"]: r for r in rep["results"]}
     assert set(parts) == {"grouped", "forward"}
     assert all(c["check"]["ok"] for r in rep["results"] for c in r["candidates"].values())
-    assert parts["grouped"]["baseline"] == "torch._grouped_mm" and "vs_baseline" in parts["forward"]["candidates"][
-        "gemmlab"]
-    bad = subprocess.run([sys.executable, "-m", "gemmlab", "bench", "moe", "--model", "gpt-5"], capture_output=True,
-                         text=True, env=env, timeout=600)
+    assert (
+        parts["grouped"]["baseline"] == "torch._grouped_mm"
+        and "vs_baseline" in parts["forward"]["candidates"]["gemmlab"]
+    )
+    bad = subprocess.run(
+        [sys.executable, "-m", "gemmlab", "bench", "moe", "--model", "gpt-5"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert bad.returncode == 2
 
 
@@ -447,8 +525,15 @@ def test_kept_moe_launches_end_to_end(monkeypatch, device):
         y = moe_forward(x, packed, None, wts, ids)  # its FP8 option
         assert moe_fp8_check(y, x, packed, wts, ids)["ok"], rep
     kinds = {k.fn.__name__ for k in direct}
-    assert kinds == {"moe_align_kernel", "moe_tiles_kernel", "moe_grouped_kernel", "moe_gather_kernel",
-                     "moe_combine_kernel", "quantize_groups_kernel", "moe_fp8_grouped_kernel"}, kinds
+    assert kinds == {
+        "moe_align_kernel",
+        "moe_tiles_kernel",
+        "moe_grouped_kernel",
+        "moe_gather_kernel",
+        "moe_combine_kernel",
+        "quantize_groups_kernel",
+        "moe_fp8_grouped_kernel",
+    }, kinds
     # calls 2 and 3: align, gather, two grouped, combine (copy); align, two grouped, combine (fused); tiles + grouped;
     # saving as copy; FP8: align, gather, quantize, grouped, quantize, grouped, combine
     assert len(direct) == 2 * (5 + 4 + 2 + 5 + 7)
@@ -472,8 +557,9 @@ def test_moe_forward_edge_calls(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("t", "routing"), [(1, "uniform"), (8, "uniform"), (512, "uniform"), (512, "zipf"),
-                                            (4096, "zipf")])
+@pytest.mark.parametrize(
+    ("t", "routing"), [(1, "uniform"), (8, "uniform"), (512, "uniform"), (512, "zipf"), (4096, "zipf")]
+)
 def test_moe_forward_gpu(dtype, t, routing):
     m = MoEModel(hidden=1024, intermediate=512, experts=32, top_k=4)
     p = problem(m, t, routing, dtype, seed=t)
@@ -515,6 +601,7 @@ def test_grouped_kernel_uses_tensor_cores():
                 k = real[grid](*args, **kw)
                 seen.append((kw["BLOCK_M"], compiled_report(k)))
                 return k
+
             return launch
 
     grouped.moe_grouped_kernel = Spy()

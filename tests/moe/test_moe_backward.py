@@ -73,8 +73,10 @@ CASES = [  # (T, H, I, E, k)
 @pytest.mark.parametrize("dtype", DT)
 @pytest.mark.parametrize(("t", "h", "i", "e", "k"), CASES)
 def test_moe_backward_matches_float32_autograd(dtype, t, h, i, e, k, save, device):
-    _check_grads(*_problem(t, h, i, e, k, dtype, device=device),
-                 forward=functools.partial(gemmlab.moe_forward, save_gate_up=save))
+    _check_grads(
+        *_problem(t, h, i, e, k, dtype, device=device),
+        forward=functools.partial(gemmlab.moe_forward, save_gate_up=save),
+    )
 
 
 @pytest.mark.parametrize("dtype", DT)
@@ -85,8 +87,12 @@ def test_saving_forward_is_the_forward_and_keeps_gate_up(dtype, device):
     y, gate_up = moe_plan.launch_forward_saving(x, w1, w2, tw, ids, True)
     assert torch.equal(y, gemmlab.moe_forward(x, w1, w2, tw, ids))
     r = sort_routes(ids, 3, 16)
-    want = torch.stack([x[tok].float() @ w1[ids.view(-1)[p]].float().t() for p, tok in
-                        zip(r.order.tolist(), r.token.tolist(), strict=True)])
+    want = torch.stack(
+        [
+            x[tok].float() @ w1[ids.view(-1)[p]].float().t()
+            for p, tok in zip(r.order.tolist(), r.token.tolist(), strict=True)
+        ]
+    )
     assert gate_up.shape == (22, 42) and gate_up.stride(1) == 1
     torch.testing.assert_close(gate_up.float(), want, rtol=2.0 ** -mantissa_bits(dtype), atol=1e-6)
     assert torch.equal(moe_forward_saving(x, w1, w2, tw, ids), y)  # the public option
@@ -142,13 +148,20 @@ def test_weight_grad_with_gathered_rows(p_gather, q_gather, device):
     p = rand((t if p_gather else s, m), seed=5)
     q = rand((t if q_gather else s, n), seed=6)
     out = torch.full((e, m, n), float("nan"), dtype=torch.float16, device=device)  # poisoned
-    bwd.weight_grad(p, r.token if p_gather else None, q, r.token if q_gather else None, r.offsets, out,
-                    bwd.MoEBackwardConfig(wg_block_m=16, wg_block_n=16, wg_block_k=16))
+    bwd.weight_grad(
+        p,
+        r.token if p_gather else None,
+        q,
+        r.token if q_gather else None,
+        r.offsets,
+        out,
+        bwd.MoEBackwardConfig(wg_block_m=16, wg_block_n=16, wg_block_k=16),
+    )
     ps = p[r.token.long()] if p_gather else p
     qs = q[r.token.long()] if q_gather else q
     ends = [0] + r.offsets.tolist()
     for ex in range(e):
-        want = ps[ends[ex]:ends[ex + 1]].float().t() @ qs[ends[ex]:ends[ex + 1]].float()
+        want = ps[ends[ex] : ends[ex + 1]].float().t() @ qs[ends[ex] : ends[ex + 1]].float()
         torch.testing.assert_close(out[ex].float(), want, atol=2e-3, rtol=2e-3)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
@@ -180,8 +193,11 @@ def test_frozen_experts_skip_the_weight_gradients(device):
     saved = bwd.moe_backward(dy, x, w1, w2, tw, ids, need_w1=False, need_w2=False, gate_up=gate_up)
     gx, gtw = torch.autograd.grad(gemmlab.moe_forward(lx, w1, w2, ltw, ids, save_gate_up=True), (lx, ltw), dy)
     assert torch.equal(gx, saved[0]) and torch.equal(gtw, saved[3])
-    torch.library.opcheck(torch.ops.gemmlab.moe_backward, (dy, x, w1, w2, tw, ids, True, False, None),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.gemmlab.moe_backward,
+        (dy, x, w1, w2, tw, ids, True, False, None),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 def test_launches_drop_pipeline_stages_that_do_not_fit(monkeypatch, device):
@@ -207,8 +223,15 @@ def test_launches_drop_pipeline_stages_that_do_not_fit(monkeypatch, device):
     never = bwd.MoEBackwardConfig(wg_stages=1)
     monkeypatch.setattr(bwd.kept_launch, "start", lambda *a: (_ for _ in ()).throw(OutOfResources(1, 0, "smem")))
     with pytest.raises(OutOfResources):
-        bwd.weight_grad(x, None, x, None, torch.tensor([5], dtype=torch.int32, device=device),
-                        torch.empty((1, 16, 16), dtype=x.dtype, device=device), never)
+        bwd.weight_grad(
+            x,
+            None,
+            x,
+            None,
+            torch.tensor([5], dtype=torch.int32, device=device),
+            torch.empty((1, 16, 16), dtype=x.dtype, device=device),
+            never,
+        )
 
 
 def test_saving_forward_drops_pipeline_stages_that_do_not_fit(monkeypatch, device):

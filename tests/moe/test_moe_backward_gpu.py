@@ -31,12 +31,16 @@ def _dy(t, h, dtype, seed=0):
 
 @pytest.mark.parametrize("saving", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("model", "t", "routing"), [("qwen3", 256, "uniform"), ("qwen3", 256, "zipf"),
-                                                     ("odd", 64, "uniform"), ("mixtral-half", 128, "uniform")])
+@pytest.mark.parametrize(
+    ("model", "t", "routing"),
+    [("qwen3", 256, "uniform"), ("qwen3", 256, "zipf"), ("odd", 64, "uniform"), ("mixtral-half", 128, "uniform")],
+)
 def test_moe_backward_gpu_matches_float32_autograd(dtype, model, t, routing, saving):
-    m = {"qwen3": MOE_MODELS["qwen3-30b-a3b"],
-         "odd": MoEModel(hidden=1001, intermediate=389, experts=16, top_k=4),  # odd: pointer loads
-         "mixtral-half": MoEModel(hidden=2048, intermediate=7168, experts=8, top_k=2)}[model]
+    m = {
+        "qwen3": MOE_MODELS["qwen3-30b-a3b"],
+        "odd": MoEModel(hidden=1001, intermediate=389, experts=16, top_k=4),  # odd: pointer loads
+        "mixtral-half": MoEModel(hidden=2048, intermediate=7168, experts=8, top_k=2),
+    }[model]
     p = problem(m, t, routing, dtype, seed=t)
     dy = _dy(t, m.hidden, dtype)
     leaves = _leaves(p)
@@ -139,8 +143,9 @@ def test_backward_kernels_use_tensor_cores_and_report_spills(capsys, monkeypatch
     reports = {}
     for key, k in bwd.KEPT.items():
         consts = dict(key[3])
-        name = key[0].fn.__name__ + (" recompute" if consts.get("RECOMPUTE") else " loads gate/up"
-                                     if "RECOMPUTE" in consts else "")
+        name = key[0].fn.__name__ + (
+            " recompute" if consts.get("RECOMPUTE") else " loads gate/up" if "RECOMPUTE" in consts else ""
+        )
         reports[name] = compiled_report(k.compiled)
     for plan in moe_plan.PLANS.values():  # the saving forward's kernels are kept in its plan's steps
         for st in plan.steps:
@@ -148,9 +153,16 @@ def test_backward_kernels_use_tensor_cores_and_report_spills(capsys, monkeypatch
                 reports[st.slot.kernel.fn.__name__ + " save_pre"] = compiled_report(st.slot.kept.compiled)
     with capsys.disabled():
         for name, r in sorted(reports.items()):
-            print(f"\n{name}: regs {r.get('registers')} local-memory ops {r['local_memory_ops']} "
-                  f"HGMMA {r['sass'].get('HGMMA')} shared {r['triton_shared_bytes']}")
-    gemms = ("moe_bwd_dh_kernel recompute", "moe_bwd_dh_kernel loads gate/up", "moe_bwd_dx_kernel",
-             "moe_weight_grad_kernel", "moe_grouped_kernel save_pre")
+            print(
+                f"\n{name}: regs {r.get('registers')} local-memory ops {r['local_memory_ops']} "
+                f"HGMMA {r['sass'].get('HGMMA')} shared {r['triton_shared_bytes']}"
+            )
+    gemms = (
+        "moe_bwd_dh_kernel recompute",
+        "moe_bwd_dh_kernel loads gate/up",
+        "moe_bwd_dx_kernel",
+        "moe_weight_grad_kernel",
+        "moe_grouped_kernel save_pre",
+    )
     assert set(gemms) <= set(reports), reports.keys()
     assert all(reports[g]["tensor_core"] for g in gemms), reports

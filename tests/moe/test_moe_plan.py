@@ -55,11 +55,14 @@ def test_every_option_is_one_plan_checked_once_and_right(plans, checks, monkeypa
     the reference's bound on poisoned buffers; the saving body's y is the plain one's bit for bit."""
     x, w1, w2, wts, ids = _bf16_problem(7, 32, 16, 4, 2, device)
     packed = gemmlab.pack_moe_fp8(w1, w2)
-    calls = {"copy": lambda: moe_plan.launch_moe_forward(x, w1, w2, wts, ids, True, "copy", None),
-             "fused": lambda: moe_plan.launch_moe_forward(x, w1, w2, wts, ids, True, "fused", None),
-             "saving": lambda: moe_plan.launch_forward_saving(x, w1, w2, wts, ids, True, "auto"),
-             "fp8": lambda: moe_plan.launch_moe_forward_fp8(x, packed.w1, packed.w1_scale, packed.w2,
-                                                            packed.w2_scale, wts, ids, True)}
+    calls = {
+        "copy": lambda: moe_plan.launch_moe_forward(x, w1, w2, wts, ids, True, "copy", None),
+        "fused": lambda: moe_plan.launch_moe_forward(x, w1, w2, wts, ids, True, "fused", None),
+        "saving": lambda: moe_plan.launch_forward_saving(x, w1, w2, wts, ids, True, "auto"),
+        "fp8": lambda: moe_plan.launch_moe_forward_fp8(
+            x, packed.w1, packed.w1_scale, packed.w2, packed.w2_scale, wts, ids, True
+        ),
+    }
     got = {}
     with monkeypatch.context() as m:
         _poison(m)
@@ -67,12 +70,19 @@ def test_every_option_is_one_plan_checked_once_and_right(plans, checks, monkeypa
             first = call()
             again = call()
             got[name] = first
-            for a, b in zip(first if isinstance(first, tuple) else (first,),
-                            again if isinstance(again, tuple) else (again,), strict=True):
+            for a, b in zip(
+                first if isinstance(first, tuple) else (first,),
+                again if isinstance(again, tuple) else (again,),
+                strict=True,
+            ):
                 assert torch.equal(a, b), name
     assert len(plans) == 4 and len(checks) == 4
     assert sorted((p.save, any("w1_scale" in st.args for st in p.steps)) for p in plans.values()) == [
-        (False, False), (False, False), (False, True), (True, False)]
+        (False, False),
+        (False, False),
+        (False, True),
+        (True, False),
+    ]
     for name in ("copy", "fused"):
         assert moe_check(got[name], x, w1, w2, wts, ids)["ok"], name
     y, gate_up = got["saving"]
@@ -93,13 +103,16 @@ def test_edge_bodies(option, plans, monkeypatch, device):
         if option == "fp8":
             p = gemmlab.pack_moe_fp8(w1, w2)
             run = lambda ids, p=p, x=x, wts=wts: moe_plan.launch_moe_forward_fp8(  # noqa: E731
-                x, p.w1, p.w1_scale, p.w2, p.w2_scale, wts, ids, True)
+                x, p.w1, p.w1_scale, p.w2, p.w2_scale, wts, ids, True
+            )
         elif option == "saving":
             run = lambda ids, x=x, w1=w1, w2=w2, wts=wts: moe_plan.launch_forward_saving(  # noqa: E731
-                x, w1, w2, wts, ids, True)
+                x, w1, w2, wts, ids, True
+            )
         else:
             run = lambda ids, x=x, w1=w1, w2=w2, wts=wts: moe_plan.launch_moe_forward(  # noqa: E731
-                x, w1, w2, wts, ids, True, "auto", None)
+                x, w1, w2, wts, ids, True, "auto", None
+            )
         with monkeypatch.context() as m:
             _poison(m)
             out = run(ids)
@@ -123,7 +136,8 @@ def test_a_hit_still_validates_the_ids(option, plans, checks, device):
     if option == "fp8":
         p = gemmlab.pack_moe_fp8(w1, w2)
         run = lambda ids: moe_plan.launch_moe_forward_fp8(  # noqa: E731
-            x, p.w1, p.w1_scale, p.w2, p.w2_scale, wts, ids, True)
+            x, p.w1, p.w1_scale, p.w2, p.w2_scale, wts, ids, True
+        )
     else:
         run = lambda ids: moe_plan.launch_forward_saving(x, w1, w2, wts, ids, True)  # noqa: E731
     run(ids)
@@ -146,8 +160,11 @@ def test_plans_stay_bounded_over_many_token_counts(monkeypatch, device):
         assert y.shape == (t, 16) and len(moe_plan.PLANS) <= 4
     assert len(moe_plan.PLANS) == 4
     known = cache.caches()
-    for name, c in (("moe_routing.kept", moe_routing.KEPT), ("moe_backward.kept", moe_backward.KEPT),
-                    ("moe_fp8.kept", moe_fp8_launch.KEPT)):
+    for name, c in (
+        ("moe_routing.kept", moe_routing.KEPT),
+        ("moe_backward.kept", moe_backward.KEPT),
+        ("moe_fp8.kept", moe_fp8_launch.KEPT),
+    ):
         assert known[name] is c and len(c) <= c.size
     assert "moe_forward" in known
 

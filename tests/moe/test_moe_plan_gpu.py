@@ -25,9 +25,13 @@ def test_kept_launches_match_the_first_call(option, t):
         packed = gemmlab.pack_moe_fp8(w1, w2)
 
         def call(x, wts, ids):
-            return (moe_plan.launch_moe_forward_fp8(x, packed.w1, packed.w1_scale, packed.w2, packed.w2_scale, wts,
-                                                    ids, True),)
+            return (
+                moe_plan.launch_moe_forward_fp8(
+                    x, packed.w1, packed.w1_scale, packed.w2, packed.w2_scale, wts, ids, True
+                ),
+            )
     else:
+
         def call(x, wts, ids):
             return moe_plan.launch_forward_saving(x, w1, w2, wts, ids, True)
 
@@ -39,8 +43,11 @@ def test_kept_launches_match_the_first_call(option, t):
     fresh = call(x.clone(), wts.clone(), ids.clone())  # other addresses, same signature
     assert all(torch.equal(a, b) for a, b in zip(fresh, first, strict=True))
     if t <= 256:
-        chk = (moe_fp8_check(first[0], x, packed, wts, ids) if option == "fp8" else
-               moe_check(first[0], x, w1, w2, wts, ids))
+        chk = (
+            moe_fp8_check(first[0], x, packed, wts, ids)
+            if option == "fp8"
+            else moe_check(first[0], x, w1, w2, wts, ids)
+        )
         assert chk["ok"], chk
     if option == "saving":  # the saving body's y is the plain body's
         assert torch.equal(first[0], gemmlab.moe_forward(x, w1, w2, wts, ids))

@@ -67,9 +67,11 @@ def test_moe_forward_hands_t_as_the_group_bound(monkeypatch, device):
 
     monkeypatch.setattr(moe_plan, "moe_config", spy)
     t, h, i, e = 5, 32, 16, 4
-    x, w1, w2 = (_r(t, h, dtype=torch.float16, seed=1, device=device),
-                 _r(e, 2 * i, h, dtype=torch.float16, seed=2, device=device),
-                 _r(e, h, i, dtype=torch.float16, seed=3, device=device))
+    x, w1, w2 = (
+        _r(t, h, dtype=torch.float16, seed=1, device=device),
+        _r(e, 2 * i, h, dtype=torch.float16, seed=2, device=device),
+        _r(e, h, i, dtype=torch.float16, seed=3, device=device),
+    )
     wts = torch.rand(t, 2, device=device)
     ids = torch.tensor([[0, 1], [1, 2], [0, 3], [2, 1], [3, 0]], dtype=torch.int32, device=device)
     assert moe_check(moe_forward(x, w1, w2, wts, ids), x, w1, w2, wts, ids)["ok"]
@@ -80,8 +82,9 @@ def test_programs_per_sm_must_be_a_positive_integer(user_dir):
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="programs_per_sm must be an integer >= 1"):
             MoEConfig(programs_per_sm=bad)
-    (user_dir / "nvidia-h200.json").write_text(json.dumps({"moe": {"gate_up": [
-        {"config": {"block_m": 64, "programs_per_sm": 0}}]}}))
+    (user_dir / "nvidia-h200.json").write_text(
+        json.dumps({"moe": {"gate_up": [{"config": {"block_m": 64, "programs_per_sm": 0}}]}})
+    )
     configs.reload()
     with pytest.raises(ValueError, match=r"nvidia-h200.json: moe.gate_up\[0\]: MoEConfig: programs_per_sm"):
         moe_choice(H200, 1024, 128, 1)
@@ -110,9 +113,11 @@ def C(bm, bn, bk, w, s, p):
 
 
 # the sweep's shapes at interpreter sizes: narrow N, 64-row tiles, BLOCK_K past K, several programs per SM
-PAIRS = {"16x16 p4": (C(16, 16, 32, 2, 2, 4), C(16, 32, 32, 4, 2, 4)),
-         "64x32 p2": (C(64, 32, 32, 4, 2, 2), C(64, 64, 32, 4, 2, 2)),
-         "16x32x128 p8": (C(16, 32, 128, 4, 2, 8), C(16, 32, 128, 4, 2, 8))}
+PAIRS = {
+    "16x16 p4": (C(16, 16, 32, 2, 2, 4), C(16, 32, 32, 4, 2, 4)),
+    "64x32 p2": (C(64, 32, 32, 4, 2, 2), C(64, 64, 32, 4, 2, 2)),
+    "16x32x128 p8": (C(16, 32, 128, 4, 2, 8), C(16, 32, 128, 4, 2, 8)),
+}
 ROUTINGS = {  # (T, H, I, E, k, how)
     "uneven": (9, 48, 40, 6, 2, "skewed"),  # skewed: some experts get most rows, some none
     "zero experts": (7, 32, 24, 5, 2, "two"),  # only experts 0 and 1 get rows
@@ -201,13 +206,16 @@ def test_the_poison_shows_a_buffer_left_unwritten(monkeypatch, device):
     """The check above can fail: with the down launch skipped, the NaN-poisoned rows reach y."""
     t, h, i, e, k, how = ROUTINGS["uneven"]
     x = _r(t, h, dtype=torch.float16, seed=11, device=device)
-    w1, w2 = (_r(e, 2 * i, h, dtype=torch.float16, seed=12, device=device),
-              _r(e, h, i, dtype=torch.float16, seed=13, device=device))
+    w1, w2 = (
+        _r(e, 2 * i, h, dtype=torch.float16, seed=12, device=device),
+        _r(e, h, i, dtype=torch.float16, seed=13, device=device),
+    )
     wts, ids = _routing(t, e, k, how, device=device)
     real_fire = moe_plan._fire
     _poison_empty(monkeypatch)
-    monkeypatch.setattr(moe_plan, "_fire",
-                        lambda st, *a: None if st.slot.consts.get("MODE") == 2 else real_fire(st, *a))
+    monkeypatch.setattr(
+        moe_plan, "_fire", lambda st, *a: None if st.slot.consts.get("MODE") == 2 else real_fire(st, *a)
+    )
     y = moe_forward(x, w1, w2, wts, ids, configs=PAIRS["64x32 p2"])
     monkeypatch.undo()
     assert not moe_check(y, x, w1, w2, wts, ids)["ok"]

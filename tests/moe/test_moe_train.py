@@ -19,8 +19,21 @@ from gemmlab.ops import moe_backward as bwd
 from tests.conftest import rand
 
 # Tensor methods that read a value on the host (a device sync on a GPU) or whose output size depends on values
-_TENSOR_READS = ("item", "tolist", "cpu", "numpy", "nonzero", "unique", "unique_consecutive", "masked_select",
-                 "argwhere", "__bool__", "__int__", "__float__", "__index__")
+_TENSOR_READS = (
+    "item",
+    "tolist",
+    "cpu",
+    "numpy",
+    "nonzero",
+    "unique",
+    "unique_consecutive",
+    "masked_select",
+    "argwhere",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+)
 _TORCH_READS = ("nonzero", "unique", "unique_consecutive", "masked_select", "argwhere", "repeat_interleave")
 
 
@@ -30,9 +43,12 @@ def _from_gemmlab(t=None) -> str | None:
     reading a CPU tensor: on a GPU that check is torch._assert_async."""
     frame = sys._getframe(2)
     name = frame.f_globals.get("__name__", "")
-    if (name, frame.f_code.co_name) in (("gemmlab.ops.moe_checks", "device_check"),
-                                        ("gemmlab.ops.moe_plan", "run_plan")) and \
-            isinstance(t, torch.Tensor) and not t.is_cuda:
+    if (
+        (name, frame.f_code.co_name)
+        in (("gemmlab.ops.moe_checks", "device_check"), ("gemmlab.ops.moe_plan", "run_plan"))
+        and isinstance(t, torch.Tensor)
+        and not t.is_cuda
+    ):
         return None
     return name if name == "gemmlab" or name.startswith("gemmlab.") else None
 
@@ -101,7 +117,8 @@ def test_a_training_step_reads_nothing_on_the_host(monkeypatch, user_dir, save, 
     GEMM's and route's backward: no gemmlab frame reads a tensor on the host."""
     if not save:
         (user_dir / f"{bwd.target_for(torch.device(device)).name}.json").write_text(
-            json.dumps({"moe_backward": {"fused": [{"config": {"save_gate_up": False}}]}}))
+            json.dumps({"moe_backward": {"fused": [{"config": {"save_gate_up": False}}]}})
+        )
         configs.reload()
     moe = _moe(device=device)
     x = rand((9, 32), torch.bfloat16, seed=1).requires_grad_()
@@ -180,24 +197,29 @@ def test_moe_forward_keeps_gate_up_as_the_tables_say(user_dir, device):
         plain = gemmlab.moe_forward(*args)
     assert torch.equal(gemmlab.moe_forward(*args), plain)
     assert torch.equal(gemmlab.moe_forward(*args, save_gate_up=False), plain)
-    (user_dir / "interpreter.json").write_text(json.dumps({"moe_backward": {"fused": [
-        {"rows_per_expert": [0, 2], "config": {"save_gate_up": False}}]}}))
+    (user_dir / "interpreter.json").write_text(
+        json.dumps({"moe_backward": {"fused": [{"rows_per_expert": [0, 2], "config": {"save_gate_up": False}}]}})
+    )
     configs.reload()
     assert kind() == "MoEForwardSavingBackward"  # 12 rows over 4 experts: 3 per expert, outside the rule
-    (user_dir / "interpreter.json").write_text(json.dumps({"moe_backward": {"fused": [
-        {"rows_per_expert": [0, 4], "config": {"save_gate_up": False}}]}}))
+    (user_dir / "interpreter.json").write_text(
+        json.dumps({"moe_backward": {"fused": [{"rows_per_expert": [0, 4], "config": {"save_gate_up": False}}]}})
+    )
     configs.reload()
     assert kind() == "MoEForwardBackward" and kind(save_gate_up=True) == "MoEForwardSavingBackward"
     cfg = bwd.backward_config(bwd.target_for(x.device), 12, 4, dtype=x.dtype, n=16, k=32)
     assert cfg == bwd.MoEBackwardConfig(save_gate_up=False)  # the fields a rule leaves out: the defaults
 
 
-@pytest.mark.parametrize("rule, words", [
-    ({"config": {"blockm": 64}}, "unknown MoEBackwardConfig keys ['blockm']"),
-    ({"config": {"block_m": 0}}, "block_m = 0"),
-    ({"config": {"save_gate_up": 1}}, "save_gate_up = 1"),
-    ({"rows": [4, 1], "config": {}}, "lo <= hi"),
-])
+@pytest.mark.parametrize(
+    "rule, words",
+    [
+        ({"config": {"blockm": 64}}, "unknown MoEBackwardConfig keys ['blockm']"),
+        ({"config": {"block_m": 0}}, "block_m = 0"),
+        ({"config": {"save_gate_up": 1}}, "save_gate_up = 1"),
+        ({"rows": [4, 1], "config": {}}, "lo <= hi"),
+    ],
+)
 def test_a_bad_backward_rule_is_refused_naming_the_file(user_dir, rule, words, device):
     (user_dir / "interpreter.json").write_text(json.dumps({"moe_backward": {"fused": [rule]}}))
     configs.reload()
@@ -213,7 +235,10 @@ def test_saving_op_schema_fake_and_autograd(device):
     x = rand((6, 32), torch.float16, seed=9)
     w, ids = gemmlab.route(torch.randn(6, 4, device=device), 2)
     args = (x.requires_grad_(), moe.experts.gate_up_proj.detach(), moe.experts.down_proj.detach(), w, ids, True)
-    torch.library.opcheck(torch.ops.gemmlab.moe_forward_saving, args,
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    torch.library.opcheck(
+        torch.ops.gemmlab.moe_forward_saving,
+        args,
+        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+    )
     y, gate_up = torch.ops.gemmlab.moe_forward_saving(*args, "fused")
     assert gate_up.shape == (12, 32) and torch.equal(y, torch.ops.gemmlab.moe_forward_saving(*args)[0])

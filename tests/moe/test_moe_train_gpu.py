@@ -26,7 +26,8 @@ LR = 1e-2
 def _mode(user_dir, save: bool) -> None:
     """The "moe_backward" tables say ``save`` (a user rule over the bundled ones)."""
     (user_dir / f"{target_for(torch.device('cuda')).name}.json").write_text(
-        json.dumps({"moe_backward": {"fused": [{"config": {"save_gate_up": save}}]}}))
+        json.dumps({"moe_backward": {"fused": [{"config": {"save_gate_up": save}}]}})
+    )
     configs.reload()
 
 
@@ -133,4 +134,4 @@ def test_a_training_step_captures_and_every_replay_has_fresh_gradients(user_dir,
             _within(g, rf, sd, f"replay {r}: {name}")
         for p, p0, g in zip(params, start, grads[1:], strict=True):  # the SGD step ran in the graph, on these grads
             assert not torch.equal(p.detach(), p0)
-            torch.testing.assert_close(p.detach(), p0.add(g, alpha=-LR), rtol=2.0 ** -7, atol=1e-6)
+            torch.testing.assert_close(p.detach(), p0.add(g, alpha=-LR), rtol=2.0**-7, atol=1e-6)

@@ -15,80 +15,247 @@ from gemmlab.ref import mantissa_bits
 
 tf = pytest.importorskip("transformers")
 
-COMMON = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-              pad_token_id=0, bos_token_id=1, eos_token_id=2)
-_V3ISH = dict(intermediate_size=64, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
-              n_shared_experts=1, first_k_dense_replace=0, n_group=2, topk_group=1)  # DeepSeek-V3-style routing
+COMMON = dict(
+    hidden_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+_V3ISH = dict(
+    intermediate_size=64,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=0,
+    n_group=2,
+    topk_group=1,
+)  # DeepSeek-V3-style routing
 
 # family -> (config class, model class, config overrides, what patch must do with its experts:
 #            "experts" (-> MoEExperts), "skip" (left, with the reason))
 FAMILIES = {
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
-                dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2), "experts"),
-    "qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-                  dict(intermediate_size=64, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-                       head_dim=16), "experts"),
-    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2),
-              "experts"),
-    "qwen2-moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
-                  dict(intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-                       num_experts=4, num_experts_per_tok=2), "experts"),
-    "deepseek-v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM",
-                    dict(_V3ISH, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
-                         v_head_dim=16, head_dim=8, topk_method="group_limited_greedy"), "experts"),
-    "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
-                    dict(_V3ISH, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
-                         v_head_dim=16), "experts"),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2),
+        "experts",
+    ),
+    "qwen3-moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(intermediate_size=64, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, head_dim=16),
+        "experts",
+    ),
+    "olmoe": (
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2),
+        "experts",
+    ),
+    "qwen2-moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+        ),
+        "experts",
+    ),
+    "deepseek-v2": (
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        dict(
+            _V3ISH,
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            head_dim=8,
+            topk_method="group_limited_greedy",
+        ),
+        "experts",
+    ),
+    "deepseek-v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(_V3ISH, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
+        "experts",
+    ),
     "glm4-moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(_V3ISH), "experts"),
-    "glm4v-moe": ("Glm4vMoeTextConfig", "Glm4vMoeTextModel",
-                  dict(_V3ISH, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                "mrope_section": [2, 1, 1]}), "experts"),
+    "glm4v-moe": (
+        "Glm4vMoeTextConfig",
+        "Glm4vMoeTextModel",
+        dict(_V3ISH, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}),
+        "experts",
+    ),
     "dots1": ("Dots1Config", "Dots1ForCausalLM", dict(_V3ISH), "experts"),
-    "granite-moe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
-                    dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2), "experts"),
-    "granite-moe-shared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM",
-                           dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
-                                shared_intermediate_size=32), "experts"),
-    "granite-moe-hybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
-                           dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
-                                shared_intermediate_size=32, num_hidden_layers=2, layer_types=["mamba", "attention"],
-                                mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=8), "experts"),
-    "phimoe": ("PhimoeConfig", "PhimoeForCausalLM",
-               dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.0,
-                    input_jitter_noise=0.0), "experts"),
-    "jamba": ("JambaConfig", "JambaForCausalLM",
-              dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
-                   expert_layer_period=1, expert_layer_offset=0, attn_layer_period=2, attn_layer_offset=1,
-                   mamba_dt_rank=8, mamba_d_state=8), "experts"),
-    "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
-                   dict(intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-                        num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
-                        layer_types=["linear_attention", "full_attention"], head_dim=16, linear_num_key_heads=2,
-                        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16), "experts"),
-    "qwen3-vl-moe": ("Qwen3VLMoeTextConfig", "Qwen3VLMoeTextModel",
-                     dict(intermediate_size=64, moe_intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
-                          head_dim=16), "experts"),
-    "minimax": ("MiniMaxConfig", "MiniMaxForCausalLM",
-                dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
-                     layer_types=["linear_attention", "full_attention"], head_dim=16, block_size=4), "experts"),
-    "ernie4.5-moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM",
-                     dict(intermediate_size=64, moe_intermediate_size=32, moe_num_experts=4, moe_k=2,
-                          moe_num_shared_experts=1, moe_layer_start_index=0, moe_layer_end_index=0), "experts"),
-    "hunyuan-v1-moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM",
-                       dict(intermediate_size=32, num_experts=4, moe_topk=2, head_dim=16), "experts"),
-    "flex-olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM",
-                  dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2), "experts"),
-    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM",
-                dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=8,
-                     layer_types=["full_attention"]), "skip"),
-    "dbrx": ("DbrxConfig", "DbrxForCausalLM",
-             dict(d_model=64, n_heads=4, n_layers=1, vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                  attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
-                  ffn_config={"hidden_size": 64, "ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}),
-             "skip"),
-    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM",
-               dict(intermediate_size=32, intermediate_size_mlp=64, num_local_experts=4, num_experts_per_tok=1,
-                    head_dim=16), "skip"),
+    "granite-moe": (
+        "GraniteMoeConfig",
+        "GraniteMoeForCausalLM",
+        dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2),
+        "experts",
+    ),
+    "granite-moe-shared": (
+        "GraniteMoeSharedConfig",
+        "GraniteMoeSharedForCausalLM",
+        dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32),
+        "experts",
+    ),
+    "granite-moe-hybrid": (
+        "GraniteMoeHybridConfig",
+        "GraniteMoeHybridForCausalLM",
+        dict(
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            shared_intermediate_size=32,
+            num_hidden_layers=2,
+            layer_types=["mamba", "attention"],
+            mamba_n_heads=8,
+            mamba_d_head=16,
+            mamba_d_state=16,
+            mamba_chunk_size=8,
+        ),
+        "experts",
+    ),
+    "phimoe": (
+        "PhimoeConfig",
+        "PhimoeForCausalLM",
+        dict(
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            router_jitter_noise=0.0,
+            input_jitter_noise=0.0,
+        ),
+        "experts",
+    ),
+    "jamba": (
+        "JambaConfig",
+        "JambaForCausalLM",
+        dict(
+            intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            num_hidden_layers=2,
+            expert_layer_period=1,
+            expert_layer_offset=0,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            mamba_dt_rank=8,
+            mamba_d_state=8,
+        ),
+        "experts",
+    ),
+    "qwen3-next": (
+        "Qwen3NextConfig",
+        "Qwen3NextForCausalLM",
+        dict(
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            num_hidden_layers=2,
+            layer_types=["linear_attention", "full_attention"],
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+        ),
+        "experts",
+    ),
+    "qwen3-vl-moe": (
+        "Qwen3VLMoeTextConfig",
+        "Qwen3VLMoeTextModel",
+        dict(intermediate_size=64, moe_intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, head_dim=16),
+        "experts",
+    ),
+    "minimax": (
+        "MiniMaxConfig",
+        "MiniMaxForCausalLM",
+        dict(
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            num_hidden_layers=2,
+            layer_types=["linear_attention", "full_attention"],
+            head_dim=16,
+            block_size=4,
+        ),
+        "experts",
+    ),
+    "ernie4.5-moe": (
+        "Ernie4_5_MoeConfig",
+        "Ernie4_5_MoeForCausalLM",
+        dict(
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            moe_num_experts=4,
+            moe_k=2,
+            moe_num_shared_experts=1,
+            moe_layer_start_index=0,
+            moe_layer_end_index=0,
+        ),
+        "experts",
+    ),
+    "hunyuan-v1-moe": (
+        "HunYuanMoEV1Config",
+        "HunYuanMoEV1ForCausalLM",
+        dict(intermediate_size=32, num_experts=4, moe_topk=2, head_dim=16),
+        "experts",
+    ),
+    "flex-olmo": (
+        "FlexOlmoConfig",
+        "FlexOlmoForCausalLM",
+        dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2),
+        "experts",
+    ),
+    "gpt-oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            head_dim=16,
+            sliding_window=8,
+            layer_types=["full_attention"],
+        ),
+        "skip",
+    ),
+    "dbrx": (
+        "DbrxConfig",
+        "DbrxForCausalLM",
+        dict(
+            d_model=64,
+            n_heads=4,
+            n_layers=1,
+            vocab_size=128,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+            ffn_config={"hidden_size": 64, "ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
+        ),
+        "skip",
+    ),
+    "llama4": (
+        "Llama4TextConfig",
+        "Llama4ForCausalLM",
+        dict(intermediate_size=32, intermediate_size_mlp=64, num_local_experts=4, num_experts_per_tok=1, head_dim=16),
+        "skip",
+    ),
 }
 ROUTER = re.compile(r"(router|\.gate)(\.layer)?\.weight$")  # router weights (E, H), not shared_expert_gate
 
@@ -120,8 +287,10 @@ def within(ours: torch.Tensor, theirs: torch.Tensor, ref: torch.Tensor, what: st
     """|ours - ref| <= 2 |theirs - ref| + ``ulps`` bf16 ulps of max |ref| (max over elements)."""
     ref = ref.double()
     err = (ours.double() - ref).abs().max().item()
-    allowed = 2 * (theirs.double() - ref).abs().max().item() + ulps * 2.0 ** -mantissa_bits(torch.bfloat16) * \
-        ref.abs().max().item()
+    allowed = (
+        2 * (theirs.double() - ref).abs().max().item()
+        + ulps * 2.0 ** -mantissa_bits(torch.bfloat16) * ref.abs().max().item()
+    )
     assert torch.isfinite(ours).all() and err <= allowed, (what, err, allowed)
 
 
@@ -166,22 +335,36 @@ def routed_differently(a: list[torch.Tensor], b: list[torch.Tensor]) -> int:
     return sum(int((x.sort(-1).values != y.sort(-1).values).any(-1).sum()) for x, y in zip(a, b, strict=True))
 
 
-_SIZES = dict(hidden_size=16, intermediate_size=8, moe_intermediate_size=8, expert_ffn_hidden_size=8,
-              ffn_hidden_size=8, num_experts=4, n_routed_experts=4, num_local_experts=4, moe_num_experts=4)
+_SIZES = dict(
+    hidden_size=16,
+    intermediate_size=8,
+    moe_intermediate_size=8,
+    expert_ffn_hidden_size=8,
+    ffn_hidden_size=8,
+    num_experts=4,
+    n_routed_experts=4,
+    num_local_experts=4,
+    moe_num_experts=4,
+)
 
 
 def experts_modules() -> list[str]:
     """transformers/models/* whose modeling file defines a class named *Experts (read as text: no import)."""
     root = Path(tf.__file__).parent / "models"
-    return sorted(p.parent.name for p in root.glob("*/modeling_*.py")
-                  if p.stem == f"modeling_{p.parent.name}" and re.search(r"^class \w+Experts\(", p.read_text(),
-                                                                          re.M))
+    return sorted(
+        p.parent.name
+        for p in root.glob("*/modeling_*.py")
+        if p.stem == f"modeling_{p.parent.name}" and re.search(r"^class \w+Experts\(", p.read_text(), re.M)
+    )
 
 
 def build_experts(experts_cls: type, config_mod) -> nn.Module | None:
     """The experts class on a tiny copy of one of its module's configs (sizes shrunk), or None."""
-    configs = [c for c in vars(config_mod).values() if inspect.isclass(c) and issubclass(c, tf.PretrainedConfig)
-               and c.__module__ == config_mod.__name__]
+    configs = [
+        c
+        for c in vars(config_mod).values()
+        if inspect.isclass(c) and issubclass(c, tf.PretrainedConfig) and c.__module__ == config_mod.__name__
+    ]
     for config_cls in configs:
         try:
             base = config_cls()

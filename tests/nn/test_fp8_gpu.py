@@ -67,9 +67,18 @@ def _prefill_ms(model, ids) -> float:
 
 
 def test_a_qwen3_30b_a3b_sized_model_in_fp8():
-    cfg = tf.Qwen3MoeConfig(hidden_size=2048, num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=4,
-                            head_dim=128, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
-                            num_experts_per_tok=8, vocab_size=151936)
+    cfg = tf.Qwen3MoeConfig(
+        hidden_size=2048,
+        num_hidden_layers=2,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        vocab_size=151936,
+    )
     torch.manual_seed(0)
     with torch.device("cuda"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -87,8 +96,10 @@ def test_a_qwen3_30b_a3b_sized_model_in_fp8():
         warnings.simplefilter("ignore")
         gemmlab.patch(bf16)
     ms_fp8, ms_bf16 = _prefill_ms(fp8, ids), _prefill_ms(bf16, ids)
-    print(f"\nprefill 1 x 1024, 2 layers at Qwen3-30B-A3B dims: fp8 {ms_fp8:.3f} ms, bf16-patched {ms_bf16:.3f} ms, "
-          f"{ms_bf16 / ms_fp8:.2f}x")
+    print(
+        f"\nprefill 1 x 1024, 2 layers at Qwen3-30B-A3B dims: fp8 {ms_fp8:.3f} ms, bf16-patched {ms_bf16:.3f} ms, "
+        f"{ms_bf16 / ms_fp8:.2f}x"
+    )
 
 
 def test_fp8_modules_compile_fullgraph():

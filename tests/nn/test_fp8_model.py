@@ -22,8 +22,10 @@ from gemmlab.ref import mantissa_bits
 from tests.nn.hf_tiny import COMMON, FAMILIES, ROUTER, output, tf
 
 FP8 = torch.float8_e4m3fn
-SIZES = {"qwen3-moe": dict(hidden_size=128, moe_intermediate_size=128, head_dim=32),
-         "deepseek-v3": dict(hidden_size=128, moe_intermediate_size=128)}
+SIZES = {
+    "qwen3-moe": dict(hidden_size=128, moe_intermediate_size=128, head_dim=32),
+    "deepseek-v3": dict(hidden_size=128, moe_intermediate_size=128),
+}
 
 
 def tiny(name: str, device: str, seed: int = 0) -> torch.nn.Module:
@@ -153,8 +155,11 @@ def test_a_model_transformers_loaded_in_fp8_is_taken_over(device, ids):
     summary = patched_fp8(reference, moe="experts")  # gemmlab's FP8 model of the same weights, the model's router
     sd = reference.state_dict()
     hf = tiny("qwen3-moe", device, seed=1)
-    fp8.replace_with_fp8_linear(hf, modules_to_not_convert=["lm_head"],
-                                quantization_config=tf.FineGrainedFP8Config(weight_block_size=[128, 128]))
+    fp8.replace_with_fp8_linear(
+        hf,
+        modules_to_not_convert=["lm_head"],
+        quantization_config=tf.FineGrainedFP8Config(weight_block_size=[128, 128]),
+    )
     hf.load_state_dict(sd, assign=True)  # (its new modules are on "meta")
     # transformers' FP8Linear / FP8Experts now hold the same e4m3 tensors and scales
     assert any(type(m).__name__ == "FP8Experts" for m in hf.modules())

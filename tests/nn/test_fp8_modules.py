@@ -26,8 +26,9 @@ def _check_linear(f: gnn.Fp8Linear, x: torch.Tensor, y: torch.Tensor) -> dict:
 
 
 # (leading dims, K, N): a 128-multiple, partial 128-blocks of K and N, K % 16 != 0 (padded), one row, no rows
-@pytest.mark.parametrize("lead,k,n", [((2, 3), 256, 128), ((5,), 144, 200), ((7,), 40, 24), ((1,), 128, 16),
-                                      ((0,), 128, 128)])
+@pytest.mark.parametrize(
+    "lead,k,n", [((2, 3), 256, 128), ((5,), 144, 200), ((7,), 40, 24), ((1,), 128, 16), ((0,), 128, 128)]
+)
 @pytest.mark.parametrize("dispatch", ["auto", "torch"])
 def test_fp8_linear_within_the_fp8_bound(lead, k, n, dispatch, device):
     f = gnn.Fp8Linear.from_linear(_linear(k, n, False, device), dispatch=dispatch)
@@ -72,8 +73,11 @@ def test_fp8_linear_bias_and_the_dequantized_weight(device):
 def test_fp8_linear_loads_a_checkpoint_state_dict(device):
     f = gnn.Fp8Linear.from_linear(_linear(256, 256, True, device))
     sd = f.state_dict()
-    assert {k: v.dtype for k, v in sd.items()} == {"weight": torch.float8_e4m3fn, "weight_scale_inv": torch.float32,
-                                                   "bias": BF16}
+    assert {k: v.dtype for k, v in sd.items()} == {
+        "weight": torch.float8_e4m3fn,
+        "weight_scale_inv": torch.float32,
+        "bias": BF16,
+    }
     g = gnn.Fp8Linear(256, 256, device=device, dtype=BF16)
     g.load_state_dict(sd)
     x = torch.randn(3, 256, device=device, dtype=BF16)
@@ -88,12 +92,15 @@ def test_fp8_linear_loads_a_checkpoint_state_dict(device):
     assert g.weight_scale_inv.dtype == torch.float32  # (assign=True too: the scales are held in fp32)
 
 
-@pytest.mark.parametrize("bad,match", [
-    ({"weight": torch.zeros(256, 256, dtype=BF16)}, "weight must be float8_e4m3fn of shape"),
-    ({"weight": torch.zeros(256, 128, dtype=torch.float8_e4m3fn)}, "weight must be float8_e4m3fn of shape"),
-    ({"weight_scale_inv": torch.ones(2, 1)}, "weight_scale_inv must be fp32 of shape \\(2, 2\\)"),
-    ({"weight_scale_inv": torch.ones(2, 2, dtype=torch.float8_e4m3fn)}, "weight_scale_inv must be fp32"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"weight": torch.zeros(256, 256, dtype=BF16)}, "weight must be float8_e4m3fn of shape"),
+        ({"weight": torch.zeros(256, 128, dtype=torch.float8_e4m3fn)}, "weight must be float8_e4m3fn of shape"),
+        ({"weight_scale_inv": torch.ones(2, 1)}, "weight_scale_inv must be fp32 of shape \\(2, 2\\)"),
+        ({"weight_scale_inv": torch.ones(2, 2, dtype=torch.float8_e4m3fn)}, "weight_scale_inv must be fp32"),
+    ],
+)
 def test_fp8_linear_refuses_a_bad_checkpoint(bad, match):
     g = gnn.Fp8Linear(256, 256, bias=False)
     sd = {"weight": torch.zeros(256, 256, dtype=torch.float8_e4m3fn), "weight_scale_inv": torch.ones(2, 2), **bad}
@@ -182,8 +189,7 @@ def test_fp8_experts_load_and_refuse_checkpoints(device):
     with pytest.raises(ValueError, match="multiples of 16"):
         gnn.Fp8MoEExperts.from_experts(_experts(2, 128, 40, device))
     with pytest.raises(TypeError, match="Fp8MoEExperts: input has dtype torch.int64"):
-        g(torch.zeros(2, 128, dtype=torch.int64, device=device), torch.zeros(2, 1, dtype=torch.int64),
-          torch.ones(2, 1))
+        g(torch.zeros(2, 128, dtype=torch.int64, device=device), torch.zeros(2, 1, dtype=torch.int64), torch.ones(2, 1))
 
 
 def test_quantize_swaps_linears_and_experts_and_keeps_routers_and_lm_head(device):

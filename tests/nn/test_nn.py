@@ -78,8 +78,9 @@ def test_linear_fp32_falls_back_to_f_linear(monkeypatch, device):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize(("k", "n", "lead"), [(0, 4, (3,)), (4, 0, (3,)), (0, 0, (2,)), (8, 4, (0,)),
-                                              (8, 4, (2, 0)), (8, 4, ())])  # empty K, N, M; a 1-D x
+@pytest.mark.parametrize(
+    ("k", "n", "lead"), [(0, 4, (3,)), (4, 0, (3,)), (0, 0, (2,)), (8, 4, (0,)), (8, 4, (2, 0)), (8, 4, ())]
+)  # empty K, N, M; a 1-D x
 def test_linear_degenerate_sizes_behave_as_nn_linear(dtype, bias, k, n, lead, device):
     """nn.Linear(0, 4) and friends: the same outputs (K = 0: the bias alone) and the same gradients."""
     torch.manual_seed(k + n)
@@ -100,7 +101,7 @@ def test_linear_degenerate_sizes_behave_as_nn_linear(dtype, bias, k, n, lead, de
 
 
 def test_linear_dispatch_policies(monkeypatch, device):
-    """"torch" never reaches gemmlab.gemm; "gemmlab" always does; anything else is refused."""
+    """ "torch" never reaches gemmlab.gemm; "gemmlab" always does; anything else is refused."""
     calls = []
     real = gemmlab.gemm
     monkeypatch.setattr(ops_gemm, "gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -165,8 +166,6 @@ def test_moe_refuses_bad_arguments():
         gnn.MoE(8, 4, 4, 5)
 
 
-
-
 def _experts(e=4, h=32, i=16, dtype=torch.bfloat16, *, device):
     torch.manual_seed(3)
     return gnn.MoEExperts(e, h, i, device=device, dtype=dtype)
@@ -199,8 +198,11 @@ def test_moe_experts_id_check_runs_inside_the_op(monkeypatch, device):
     real = gemmlab.moe_forward
     monkeypatch.setattr(ops_moe, "moe_forward", lambda *a, **k: seen.append(k.get("validate")) or real(*a, **k))
     experts = _experts(device=device)
-    experts(torch.randn(2, 32, device=device, dtype=torch.bfloat16), torch.tensor([[0, 1], [2, 3]], device=device),
-            torch.rand(2, 2, device=device))
+    experts(
+        torch.randn(2, 32, device=device, dtype=torch.bfloat16),
+        torch.tensor([[0, 1], [2, 3]], device=device),
+        torch.rand(2, 2, device=device),
+    )
     assert seen == [True]
 
 
@@ -328,10 +330,14 @@ def test_patch_matches_an_unknown_family_by_structure(device):
 def _misfits():
     """(how an experts module differs from what moe_forward computes, the module, what the reason must say)."""
     rows = []
-    for attr, value, says in [("is_transposed", True, "transposed"), ("is_concatenated", False, "interleaved"),
-                              ("has_bias", True, "biased"), ("has_gate", False, "ungated"),
-                              ("has_post_expert_norm", True, "a norm after each expert"),
-                              ("_is_expert_parallel", True, "expert-parallel")]:
+    for attr, value, says in [
+        ("is_transposed", True, "transposed"),
+        ("is_concatenated", False, "interleaved"),
+        ("has_bias", True, "biased"),
+        ("has_gate", False, "ungated"),
+        ("has_post_expert_norm", True, "a norm after each expert"),
+        ("_is_expert_parallel", True, "expert-parallel"),
+    ]:
         e = _mixtral_experts()
         setattr(e, attr, value)
         rows.append((attr, e, says))
@@ -381,7 +387,6 @@ def test_patch_names_every_misfit_and_warns(what, experts, says, device):
     assert says in summary["skipped"][0] and says in str(caught[0].message)
 
 
-
 def test_patch_says_the_moe_swap_needs_transformers_5(monkeypatch, device):
     """Under transformers 4 (per-expert module lists, as its Mixtral and Qwen-MoE keep them) a skipped experts
     module's reason starts with what to do: the MoE swap needs transformers >= 5; under 5 it does not say so."""
@@ -401,6 +406,7 @@ def test_patch_says_the_moe_swap_needs_transformers_5(monkeypatch, device):
     assert summary["skipped"][0].startswith("0.experts (ModuleList): gemmlab's MoE swap needs transformers >= 5")
     assert "one module per expert" in summary["skipped"][0] and not summary["moe_experts"]
 
+
 def test_patch_warns_once_per_skipped_class(device):
     class Gate(nn.Linear):  # a Linear subclass with a forward of its own (e.g. Llama-4's router)
         pass
@@ -416,8 +422,9 @@ def test_patch_warns_once_per_skipped_class(device):
     lines = sorted(str(w.message) for w in caught if "gemmlab.patch" in str(w.message))
     assert len(lines) == 2, lines
     assert lines[0].startswith("gemmlab.patch: left 1 Linear as it was (weights in torch.float32") and "4" in lines[0]
-    assert lines[1].startswith("gemmlab.patch: left 2 Gate as it was (an nn.Linear subclass") and \
-        lines[1].endswith(": 1 and 1 more")
+    assert lines[1].startswith("gemmlab.patch: left 2 Gate as it was (an nn.Linear subclass") and lines[1].endswith(
+        ": 1 and 1 more"
+    )
     assert summary["linear"] == ["0", "3"] and len(summary["skipped"]) == 3
 
 

@@ -116,6 +116,7 @@ def test_family_compiles_fullgraph(name, device):
 
 # ------------------------------------------------------------------------------- every experts class, structurally
 
+
 @pytest.mark.parametrize("module", experts_modules())
 def test_structure_match_is_exact_for_every_experts_class(module):
     """For every experts class of ``module``: when experts_fit accepts it, its own float64 forward equals
@@ -124,8 +125,11 @@ def test_structure_match_is_exact_for_every_experts_class(module):
         warnings.simplefilter("ignore")
         modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
         config_mod = importlib.import_module(f"transformers.models.{module}.configuration_{module}")
-    classes = [c for n, c in vars(modeling).items() if inspect.isclass(c) and c.__module__ == modeling.__name__
-               and n.endswith("Experts")]
+    classes = [
+        c
+        for n, c in vars(modeling).items()
+        if inspect.isclass(c) and c.__module__ == modeling.__name__ and n.endswith("Experts")
+    ]
     for experts_cls in classes:
         torch.manual_seed(0)
         experts = build_experts(experts_cls, config_mod)
@@ -157,7 +161,8 @@ def _exact(experts: nn.Module) -> bool:
 def test_the_exactness_oracle_fires_on_other_experts():
     """_exact tells a SiLU experts module from one computing GELU(gate) * up with the same weights."""
     experts = tf.models.mixtral.modeling_mixtral.MixtralExperts(
-        tf.MixtralConfig(hidden_size=16, intermediate_size=8, num_local_experts=4))
+        tf.MixtralConfig(hidden_size=16, intermediate_size=8, num_local_experts=4)
+    )
     with torch.no_grad():
         for p in experts.parameters():
             nn.init.normal_(p, std=0.3)

@@ -23,8 +23,14 @@ from gemmlab.nn import per_shape
 pytestmark = pytest.mark.gpu
 
 # (M, K, N, dtype): decode GEMVs (odd K), the nn.Linear shapes of issue 23, prefill and lm_head-like shapes
-SHAPES = [(1, 4099, 4093, torch.float16), (16, 4096, 14336, torch.bfloat16), (64, 2048, 5120, torch.bfloat16),
-          (2048, 5120, 5120, torch.bfloat16), (2048, 7168, 576, torch.float16), (8192, 4096, 14336, torch.bfloat16)]
+SHAPES = [
+    (1, 4099, 4093, torch.float16),
+    (16, 4096, 14336, torch.bfloat16),
+    (64, 2048, 5120, torch.bfloat16),
+    (2048, 5120, 5120, torch.bfloat16),
+    (2048, 7168, 576, torch.float16),
+    (8192, 4096, 14336, torch.bfloat16),
+]
 
 
 @pytest.fixture
@@ -51,7 +57,7 @@ def _independent_ratio(mod: torch.nn.Module, x: torch.Tensor, rounds: int = 40, 
         fn()
     torch.cuda.synchronize()
     for r in range(rounds):
-        for name in (list(run) if r % 2 else list(run)[::-1]):
+        for name in list(run) if r % 2 else list(run)[::-1]:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             for _ in range(reps):
@@ -77,8 +83,10 @@ def test_linear_choice_follows_real_timings(fresh):
     if os.environ.get("OUT"):  # the device runner's output folder: the rows as data
         keys = ("m", "k", "n", "dtype", "choice", "gemmlab_us", "torch_us", "independent_torch_over_gemmlab")
         Path(os.environ["OUT"], "nn_linear_choices.json").write_text(
-            json.dumps({"gpu": torch.cuda.get_device_name(), "rows": [dict(zip(keys, r, strict=True)) for r in rows]},
-                       indent=1))
+            json.dumps(
+                {"gpu": torch.cuda.get_device_name(), "rows": [dict(zip(keys, r, strict=True)) for r in rows]}, indent=1
+            )
+        )
     print("\n   M     K     N  dtype     choice  gemmlab_us  torch_us  independent torch/gemmlab")
     for m, k, n, dt, impl, g, t, ratio in rows:
         print(f"{m:5d} {k:5d} {n:5d}  {dt:8s}  {impl:7s}  {g:10.2f}  {t:8.2f}  {ratio:6.3f}")
@@ -177,6 +185,8 @@ def test_patch_summary_reports_real_choices(fresh):
     model = torch.nn.Sequential(torch.nn.Linear(4099, 4093), torch.nn.Linear(4093, 4096)).to("cuda", torch.float16)
     _, summary = gemmlab.patch(model, return_summary=True)
     model(torch.randn(1, 4099, device="cuda", dtype=torch.float16))
-    assert [(c["n"], c["k"], c["source"]) for c in summary.choices()] == [(4093, 4099, "measured"),
-                                                                          (4096, 4093, "measured")]
+    assert [(c["n"], c["k"], c["source"]) for c in summary.choices()] == [
+        (4093, 4099, "measured"),
+        (4096, 4093, "measured"),
+    ]
     assert per_shape.choices_file().is_file()

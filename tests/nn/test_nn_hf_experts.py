@@ -45,8 +45,15 @@ def _interface_classes(module: str) -> list[type]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
-    return [c for n, c in vars(modeling).items() if inspect.isclass(c) and c.__module__ == modeling.__name__
-            and n.endswith("Experts") and hasattr(c.forward, "__wrapped__") and hasattr(c, "_apply_gate")]
+    return [
+        c
+        for n, c in vars(modeling).items()
+        if inspect.isclass(c)
+        and c.__module__ == modeling.__name__
+        and n.endswith("Experts")
+        and hasattr(c.forward, "__wrapped__")
+        and hasattr(c, "_apply_gate")
+    ]
 
 
 def _run(experts: nn.Module, impl: str, x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor):
@@ -97,8 +104,9 @@ def test_every_interface_experts_class_runs_as_gemmlab(module, device, spy, monk
                 within(g, theirs[1][n], ref[1][n], f"{experts_cls.__name__} d{n}", ulps=4)
         else:
             assert len(spy) == calls and torch.equal(ours[0], theirs[0]), experts_cls.__name__
-            assert all(g is None and theirs[1][n] is None or torch.equal(g, theirs[1][n])
-                       for n, g in ours[1].items()), experts_cls.__name__
+            assert all(
+                g is None and theirs[1][n] is None or torch.equal(g, theirs[1][n]) for n, g in ours[1].items()
+            ), experts_cls.__name__
             assert any(experts_cls.__name__ in str(w.message) and why in str(w.message) for w in caught), why
     if not built:
         pytest.skip(f"{module}: no experts class builds from a default config")
@@ -141,8 +149,11 @@ def test_from_pretrained_with_experts_implementation_gemmlab(tmp_path, device, s
     model.save_pretrained(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ours = tf.AutoModelForCausalLM.from_pretrained(tmp_path, experts_implementation="gemmlab",
-                                                       dtype=torch.bfloat16).to(device).eval()
+        ours = (
+            tf.AutoModelForCausalLM.from_pretrained(tmp_path, experts_implementation="gemmlab", dtype=torch.bfloat16)
+            .to(device)
+            .eval()
+        )
         theirs = tf.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).to(device).eval()
     assert ours.config._experts_implementation == "gemmlab"
     ids = torch.randint(3, 128, (2, 5), device=device)
@@ -200,22 +211,26 @@ def _python(code: str) -> str:
 
 
 def test_import_gemmlab_registers_when_transformers_is_imported_and_loads_no_kernel():
-    out = _python("import sys, transformers, gemmlab\n"
-                  "from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS\n"
-                  "kernels = any(m.startswith('gemmlab.kernels') for m in sys.modules)\n"
-                  "print('gemmlab' in ALL_EXPERTS_FUNCTIONS, kernels)\n"
-                  "import gemmlab.nn\n"
-                  "print(gemmlab.nn.hf_experts.registered())")
+    out = _python(
+        "import sys, transformers, gemmlab\n"
+        "from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS\n"
+        "kernels = any(m.startswith('gemmlab.kernels') for m in sys.modules)\n"
+        "print('gemmlab' in ALL_EXPERTS_FUNCTIONS, kernels)\n"
+        "import gemmlab.nn\n"
+        "print(gemmlab.nn.hf_experts.registered())"
+    )
     assert out.split() == ["True", "False", "True"]
 
 
 def test_import_gemmlab_first_leaves_transformers_alone_until_asked():
-    out = _python("import sys, gemmlab\n"
-                  "print('transformers' in sys.modules)\n"
-                  "import gemmlab.nn\n"
-                  "print(gemmlab.nn.hf_experts.registered())\n"
-                  "gemmlab.nn.register_transformers()\n"
-                  "print(gemmlab.nn.hf_experts.registered())")
+    out = _python(
+        "import sys, gemmlab\n"
+        "print('transformers' in sys.modules)\n"
+        "import gemmlab.nn\n"
+        "print(gemmlab.nn.hf_experts.registered())\n"
+        "gemmlab.nn.register_transformers()\n"
+        "print(gemmlab.nn.hf_experts.registered())"
+    )
     assert out.split() == ["False", "False", "True"]
 
 
@@ -230,11 +245,13 @@ def test_old_transformers_is_refused_with_the_version_needed(monkeypatch, device
 
 
 def test_old_transformers_import_hook_skips_quietly():
-    out = _python("import transformers\n"
-                  "transformers.__version__ = '4.57.1'\n"
-                  "import gemmlab\n"
-                  "from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS\n"
-                  "print('gemmlab' in ALL_EXPERTS_FUNCTIONS)")
+    out = _python(
+        "import transformers\n"
+        "transformers.__version__ = '4.57.1'\n"
+        "import gemmlab\n"
+        "from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS\n"
+        "print('gemmlab' in ALL_EXPERTS_FUNCTIONS)"
+    )
     assert out == "False"
 
 

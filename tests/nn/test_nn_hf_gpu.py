@@ -17,15 +17,44 @@ pytestmark = pytest.mark.gpu
 
 # family -> (config class, model class, sizes): the released models' layer sizes, 2 layers
 REAL = {
-    "mixtral-8x7b": ("MixtralConfig", "MixtralForCausalLM",
-                     dict(hidden_size=4096, intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
-                          num_attention_heads=32, num_key_value_heads=8)),
-    "qwen3-30b-a3b": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-                      dict(hidden_size=2048, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
-                           num_attention_heads=32, num_key_value_heads=4, head_dim=128, norm_topk_prob=True)),
-    "olmoe-1b-7b": ("OlmoeConfig", "OlmoeForCausalLM",
-                    dict(hidden_size=2048, intermediate_size=1024, num_experts=64, num_experts_per_tok=8,
-                         num_attention_heads=16, num_key_value_heads=16)),
+    "mixtral-8x7b": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+        ),
+    ),
+    "qwen3-30b-a3b": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            hidden_size=2048,
+            moe_intermediate_size=768,
+            num_experts=128,
+            num_experts_per_tok=8,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            norm_topk_prob=True,
+        ),
+    ),
+    "olmoe-1b-7b": (
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(
+            hidden_size=2048,
+            intermediate_size=1024,
+            num_experts=64,
+            num_experts_per_tok=8,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+        ),
+    ),
 }
 T = 2048
 DEVICE = "cuda"

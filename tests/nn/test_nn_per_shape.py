@@ -64,7 +64,7 @@ def _is_linear(y, mod, x):
     ref = x.double() @ mod.weight.double().t() + mod.bias.double()
     theirs = torch.nn.functional.linear(x, mod.weight, mod.bias)
     err, torch_err = (y.double() - ref).abs().max().item(), (theirs.double() - ref).abs().max().item()
-    assert err <= 2 * torch_err + 2.0 ** -8 * ref.abs().max().item(), (err, torch_err)
+    assert err <= 2 * torch_err + 2.0**-8 * ref.abs().max().item(), (err, torch_err)
 
 
 def test_picks_torch_where_gemmlab_is_slower_and_gemmlab_where_faster(timer, gemm_calls, device):
@@ -75,8 +75,15 @@ def test_picks_torch_where_gemmlab_is_slower_and_gemmlab_where_faster(timer, gem
         _is_linear(mod(x), mod, x)
     assert [c["impl"] for c in fast.choices()] == ["gemmlab"] and [c["impl"] for c in slow.choices()] == ["torch"]
     c = fast.choices()[0]
-    assert (c["m_bucket"], c["n"], c["k"], c["dtype"], c["layout"], c["bias"], c["source"]) == \
-        (8, 32, 24, "bfloat16", "x:row w:row", True, "measured")
+    assert (c["m_bucket"], c["n"], c["k"], c["dtype"], c["layout"], c["bias"], c["source"]) == (
+        8,
+        32,
+        24,
+        "bfloat16",
+        "x:row w:row",
+        True,
+        "measured",
+    )
     assert (c["gemmlab_us"], c["torch_us"]) == (1.0, 2.0)
     gemm_calls.clear()
     fast(x)
@@ -95,7 +102,11 @@ def test_measures_once_per_key(timer, device):
     _linear(24, 32, bias=False, device=device)(_x(5, 24, device=device))  # no bias: another key
     assert timer.seen == [(5, 32), (9, 32), (3, 32), (5, 32)]
     assert {(c["m_bucket"], c["layout"], c["bias"]) for c in gnn.choices()} == {
-        (8, "x:row w:row", True), (16, "x:row w:row", True), (4, "x:col w:row", True), (8, "x:row w:row", False)}
+        (8, "x:row w:row", True),
+        (16, "x:row w:row", True),
+        (4, "x:col w:row", True),
+        (8, "x:row w:row", False),
+    }
 
 
 def test_choices_persist_atomically_and_load_back(timer, user_dir, monkeypatch, device):
@@ -109,7 +120,7 @@ def test_choices_persist_atomically_and_load_back(timer, user_dir, monkeypatch, 
     assert [(os.path.dirname(s), str(d)) for s, d in replaced] == [(str(user_dir), str(path))] * 2  # temp file beside
     assert sorted(p.name for p in user_dir.iterdir()) == [path.name]  # no temp file left
     stored = json.loads(path.read_text())["choices"]
-    (env, entries), = stored.items()
+    ((env, entries),) = stored.items()
     assert "torch " in env and "gemmlab " in env
     assert sorted(e["impl"] for e in entries.values()) == ["gemmlab", "torch"]
     per_shape.forget()  # a new process: the file is read back, nothing measured again

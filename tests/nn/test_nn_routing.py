@@ -68,8 +68,10 @@ def test_the_comparison_fires_on_another_routing(device):
     assert routed_differently(expert_ids(other, lambda m: output(m, ids)), theirs) > 0
 
 
-@pytest.mark.parametrize("name, router", [("hunyuan-v1-moe", "model.layers.0.mlp.gate.wg"),
-                                          ("dbrx", "transformer.blocks.0.ffn.router.layer")])
+@pytest.mark.parametrize(
+    "name, router",
+    [("hunyuan-v1-moe", "model.layers.0.mlp.gate.wg"), ("dbrx", "transformer.blocks.0.ffn.router.layer")],
+)
 def test_router_linears_stay_the_model_own(name, router, device, monkeypatch):
     """A router that is a plain nn.Linear is kept (summary "routers"); without that guard patch would swap it."""
     model = tiny(name, device=device)

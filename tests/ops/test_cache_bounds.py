@@ -102,16 +102,18 @@ def child(n: int, bound: int) -> dict:
         calls(m)
         calls(m)
     after = _containers()
-    grown = {name: (before.get(name, 0), size) for name, size in after.items()
-             if size > max(before.get(name, 0), bound)}
+    grown = {
+        name: (before.get(name, 0), size) for name, size in after.items() if size > max(before.get(name, 0), bound)
+    }
     return {"caches": {name: [len(c), c.size] for name, c in cache.caches().items()}, "grown": grown, "ran": ran}
 
 
 def _run_child(n: int, bound: int) -> dict:
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     code = f"import json; from tests.ops.test_cache_bounds import child; print(json.dumps(child({n}, {bound})))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=1800)  # (seconds on an idle machine; room for a loaded one)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800
+    )  # (seconds on an idle machine; room for a loaded one)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -46,8 +46,46 @@ def _ladder(target: Target, rows: int, experts: int, mode: int, elt: int = 2, ma
 
 
 def test_moe_tables_reproduce_the_ladder(user_dir):
-    rows = sorted({0, 1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 49, 50, 63, 64, 95, 96, 97, 127, 128, 129, 255,
-                   256, 257, 767, 768, 769, 1000, 1023, 1024, 4096, 8192, 8193, 32768, 131072, 1 << 20})
+    rows = sorted(
+        {
+            0,
+            1,
+            2,
+            15,
+            16,
+            17,
+            31,
+            32,
+            33,
+            47,
+            48,
+            49,
+            50,
+            63,
+            64,
+            95,
+            96,
+            97,
+            127,
+            128,
+            129,
+            255,
+            256,
+            257,
+            767,
+            768,
+            769,
+            1000,
+            1023,
+            1024,
+            4096,
+            8192,
+            8193,
+            32768,
+            131072,
+            1 << 20,
+        }
+    )
     experts = (0, 1, 2, 3, 8, 16, 60, 64, 128, 256, 257)
     n = 0
     for target in (H200, OTHER, INTERP):
@@ -68,15 +106,28 @@ def test_moe_tables_reproduce_the_ladder(user_dir):
 
 def test_a_partial_user_file_wins_where_it_matches_and_falls_through_elsewhere(user_dir):
     mine = {"block_m": 32, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 2, "group_m": 4}
-    (user_dir / "nvidia-h200.json").write_text(json.dumps({"moe": {"gate_up": [
-        {"rows_per_expert": [17, 48], "experts": [256, 256], "dtype": "bfloat16", "config": mine}]}}))
+    (user_dir / "nvidia-h200.json").write_text(
+        json.dumps(
+            {
+                "moe": {
+                    "gate_up": [
+                        {"rows_per_expert": [17, 48], "experts": [256, 256], "dtype": "bfloat16", "config": mine}
+                    ]
+                }
+            }
+        )
+    )
     configs.reload()
     cfg, why = moe_choice(H200, 8192, 256, 1, dtype=torch.bfloat16, n=2048, k=7168)  # 32 rows per expert
     assert cfg == MoEConfig(**mine)
     assert str(user_dir / "nvidia-h200.json") in why and "moe.gate_up[0]" in why and "rows_per_expert 17..48" in why
     # another dtype, another expert count, another mode, another regime: the bundled rules
-    for args, kw in (((8192, 256, 1), {"dtype": torch.float16}), ((8192, 128, 1), {"dtype": torch.bfloat16}),
-                     ((8192, 256, 2), {"dtype": torch.bfloat16}), ((256, 256, 1), {"dtype": torch.bfloat16})):
+    for args, kw in (
+        ((8192, 256, 1), {"dtype": torch.float16}),
+        ((8192, 128, 1), {"dtype": torch.bfloat16}),
+        ((8192, 256, 2), {"dtype": torch.bfloat16}),
+        ((256, 256, 1), {"dtype": torch.bfloat16}),
+    ):
         cfg, why = moe_choice(H200, *args, **kw)
         assert cfg == _ladder(H200, *args) and "src/gemmlab/configs/nvidia-h200.json" in why, (args, why)
 
@@ -86,8 +137,15 @@ def test_plan_reason_names_file_and_rule_user_first(user_dir):
     p = gemmlab.plan(a, b)
     assert "gemmlab/configs/interpreter.json gemm.tma_splitk[0] (any shape)" in p.reason, p.reason
     mine = {"block_m": 16, "block_n": 64, "block_k": 64, "split_k": 2}
-    (user_dir / "interpreter.json").write_text(json.dumps({"gemm": {"tma_splitk": [
-        {"m": [33, 64], "n": [33, 64], "k": [65, 128], "dtype": "float16", "config": mine}]}}))
+    (user_dir / "interpreter.json").write_text(
+        json.dumps(
+            {
+                "gemm": {
+                    "tma_splitk": [{"m": [33, 64], "n": [33, 64], "k": [65, 128], "dtype": "float16", "config": mine}]
+                }
+            }
+        )
+    )
     assert gemmlab.plan(a, b).reason == p.reason  # loaded once per process ...
     configs.reload()  # ... until reloaded
     p = gemmlab.plan(a, b)
@@ -109,22 +167,25 @@ def test_gemmlab_home_is_the_default_user_dir(tmp_path, monkeypatch):
     assert configs.user_dir() == tmp_path / "c"
 
 
-@pytest.mark.parametrize("text, words", [
-    ("{not json", "cannot be read as JSON"),
-    ('{"gemm": {"tma_splitk": [{"mm": [1, 2], "config": {}}]}}', "unknown key(s) ['mm']"),
-    ('{"gemm": {"tma_spltk": []}}', "unknown gemm path 'tma_spltk'"),
-    ('{"gemms": {}}', "unknown key(s) ['gemms']"),
-    ('{"gemm": {"tma_splitk": [{"m": [64, 1], "config": {}}]}}', "lo <= hi"),
-    ('{"gemm": {"tma_splitk": [{"m": [1.5, 2], "config": {}}]}}', "integers"),
-    ('{"gemm": {"tma_splitk": [{"dtype": "fp16", "config": {}}]}}', "dtype must be one of"),
-    ('{"gemm": {"tma_splitk": [{"m": [1, 2]}]}}', 'a "config" object'),
-    ('{"gemm": {"tma_splitk": [{"config": {"blockm": 16}}]}}', "unknown GemmConfig keys ['blockm']"),
-    ('{"moe": {"down": [{"config": {"block_m": 16, "stages": 2}}]}}', "unknown MoEConfig keys ['stages']"),
-    ('{"route": {"gemm": [{"m": [0, 4], "config": {"path": "warp"}}]}}', "a route's config is"),
-    ('{"route": {"gemm": [{"config": {"path": "gemv", "block_m": 1}}]}}', "a route's config is"),
-    ('{"route": {"gemv": []}}', "unknown route path 'gemv'"),
-    ('{"gemm": {"gemv": [{"tma": [0, 0], "config": {}}]}}', "unknown key(s) ['tma']"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("{not json", "cannot be read as JSON"),
+        ('{"gemm": {"tma_splitk": [{"mm": [1, 2], "config": {}}]}}', "unknown key(s) ['mm']"),
+        ('{"gemm": {"tma_spltk": []}}', "unknown gemm path 'tma_spltk'"),
+        ('{"gemms": {}}', "unknown key(s) ['gemms']"),
+        ('{"gemm": {"tma_splitk": [{"m": [64, 1], "config": {}}]}}', "lo <= hi"),
+        ('{"gemm": {"tma_splitk": [{"m": [1.5, 2], "config": {}}]}}', "integers"),
+        ('{"gemm": {"tma_splitk": [{"dtype": "fp16", "config": {}}]}}', "dtype must be one of"),
+        ('{"gemm": {"tma_splitk": [{"m": [1, 2]}]}}', 'a "config" object'),
+        ('{"gemm": {"tma_splitk": [{"config": {"blockm": 16}}]}}', "unknown GemmConfig keys ['blockm']"),
+        ('{"moe": {"down": [{"config": {"block_m": 16, "stages": 2}}]}}', "unknown MoEConfig keys ['stages']"),
+        ('{"route": {"gemm": [{"m": [0, 4], "config": {"path": "warp"}}]}}', "a route's config is"),
+        ('{"route": {"gemm": [{"config": {"path": "gemv", "block_m": 1}}]}}', "a route's config is"),
+        ('{"route": {"gemv": []}}', "unknown route path 'gemv'"),
+        ('{"gemm": {"gemv": [{"tma": [0, 0], "config": {}}]}}', "unknown key(s) ['tma']"),
+    ],
+)
 def test_a_malformed_user_file_is_refused_naming_it(user_dir, text, words):
     (user_dir / "interpreter.json").write_text(text)
     configs.reload()
@@ -140,9 +201,18 @@ def test_tune_configs_dir_is_what_plan_reads_when_gemmlab_configs_points_there(t
     from gemmlab.tune.tuner import write_configs
 
     best = gemmlab.GemmConfig(block_m=16, block_n=64, block_k=64, split_k=2)
-    result = {"confirmed": True, "section": "gemm", "path": "tma_splitk", "dtype": "float16", "shape": [48, 64, 128],
-              "ranges": {"m": [33, 64], "n": [33, 64], "k": [65, 128]}, "best": asdict(best), "best_entry": 7,
-              "session": "s", "confirm": {"speedup": {"ratio": 1.2, "ci95": [1.1, 1.3]}}}
+    result = {
+        "confirmed": True,
+        "section": "gemm",
+        "path": "tma_splitk",
+        "dtype": "float16",
+        "shape": [48, 64, 128],
+        "ranges": {"m": [33, 64], "n": [33, 64], "k": [65, 128]},
+        "best": asdict(best),
+        "best_entry": 7,
+        "session": "s",
+        "confirm": {"speedup": {"ratio": 1.2, "ci95": [1.1, 1.3]}},
+    }
     monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path / "elsewhere"))
     configs.reload()
     try:

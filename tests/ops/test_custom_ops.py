@@ -16,8 +16,16 @@ from tests.conftest import rand
 from tests.paths import REPO
 
 SRC = REPO / "src"
-OPS = ["gemm", "gemm_out", "grouped_gemm", "grouped_gemm_out", "grouped_gemm_backward", "moe_forward",
-       "moe_backward", "route"]
+OPS = [
+    "gemm",
+    "gemm_out",
+    "grouped_gemm",
+    "grouped_gemm_out",
+    "grouped_gemm_backward",
+    "moe_forward",
+    "moe_backward",
+    "route",
+]
 
 
 def test_ops_are_registered():
@@ -28,17 +36,19 @@ def test_ops_are_registered():
 def test_import_registers_the_ops_and_loads_no_kernel():
     """``import gemmlab`` alone: every torch.ops.gemmlab op exists, no Triton kernel module (nor Triton) is loaded;
     the first call of an op loads its launcher (here under the interpreter)."""
-    code = ("import sys, torch, gemmlab\n"
-            f"names = {OPS + ['moe_forward_saving']!r}\n"
-            "missing = [n for n in names if not hasattr(torch.ops.gemmlab, n)]\n"
-            "loaded = sorted(m for m in sys.modules if m.startswith(('gemmlab.kernels', 'triton')))\n"
-            "assert not missing and not loaded, (missing, loaded)\n"
-            "w, ids = torch.ops.gemmlab.route(torch.randn(3, 4), 2)\n"
-            "assert 'gemmlab.kernels.gemm' not in sys.modules  # route needs no kernel\n"
-            "a = torch.randn(4, 8, dtype=torch.float16)\n"
-            "c = torch.ops.gemmlab.gemm(a, a.t().contiguous())\n"
-            "assert 'gemmlab.kernels.gemm' in sys.modules and c.shape == (4, 4)\n"
-            "print('ok')\n")
+    code = (
+        "import sys, torch, gemmlab\n"
+        f"names = {OPS + ['moe_forward_saving']!r}\n"
+        "missing = [n for n in names if not hasattr(torch.ops.gemmlab, n)]\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('gemmlab.kernels', 'triton')))\n"
+        "assert not missing and not loaded, (missing, loaded)\n"
+        "w, ids = torch.ops.gemmlab.route(torch.randn(3, 4), 2)\n"
+        "assert 'gemmlab.kernels.gemm' not in sys.modules  # route needs no kernel\n"
+        "a = torch.randn(4, 8, dtype=torch.float16)\n"
+        "c = torch.ops.gemmlab.gemm(a, a.t().contiguous())\n"
+        "assert 'gemmlab.kernels.gemm' in sys.modules and c.shape == (4, 4)\n"
+        "print('ok')\n"
+    )
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(SRC))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
@@ -81,24 +91,44 @@ def _bad_calls():
         ("route ints", lambda: g.route(logits.int(), 2), TypeError, "floating point"),
         ("gemm inner", lambda: g.gemm(a, a), ValueError, "inner dimensions differ"),
         ("gemm dtype", lambda: g.gemm(a.float(), b.float()), TypeError, "dtype"),
-        ("gemm_out shape", lambda: g.gemm_out(a, b, torch.empty(8, 23, dtype=a.dtype, device=a.device)), ValueError,
-         "out has shape"),
+        (
+            "gemm_out shape",
+            lambda: g.gemm_out(a, b, torch.empty(8, 23, dtype=a.dtype, device=a.device)),
+            ValueError,
+            "out has shape",
+        ),
         ("gemm_out overlap", lambda: g.gemm_out(a, b, b[:8]), ValueError, "overlaps"),
         ("grouped offsets dtype", lambda: g.grouped_gemm(x, w, offs.long()), TypeError, "offsets has dtype"),
         ("grouped K", lambda: g.grouped_gemm(x[:, :16], w, offs), ValueError, "K = 16"),
-        ("grouped out", lambda: g.grouped_gemm_out(x, w, offs, torch.empty(6, 23, dtype=x.dtype, device=x.device)),
-         ValueError, "row-major \\(6, 24\\)"),
+        (
+            "grouped out",
+            lambda: g.grouped_gemm_out(x, w, offs, torch.empty(6, 23, dtype=x.dtype, device=x.device)),
+            ValueError,
+            "row-major \\(6, 24\\)",
+        ),
         ("grouped backward dy", lambda: g.grouped_gemm_backward(rand((6, 23)), x, w, offs), ValueError, "dy must be"),
         ("moe gather", lambda: g.moe_forward(x, w1, w2, tw, ids, True, "bad"), ValueError, "gather 'bad'"),
         ("moe H", lambda: g.moe_forward(x[:, :16], w1, w2, tw, ids), ValueError, "x has H = 16"),
         ("moe ids dtype", lambda: g.moe_forward(x, w1, w2, tw, ids.float()), TypeError, "topk_ids has dtype"),
         ("moe backward dy", lambda: g.moe_backward(rand((6, 16)), x, w1, w2, tw, ids), ValueError, "dy must be"),
-        ("moe backward gate_up", lambda: g.moe_backward(rand((6, 32)), x, w1, w2, tw, ids, True, True, rand((3, 3))),
-         ValueError, "gate_up must be"),
-        ("moe backward ids", lambda: g.moe_backward(rand((6, 32)), x, w1, w2, tw, ids[:, :1]), ValueError,
-         "must both be"),
-        ("saving k", lambda: g.moe_forward_saving(x, w1, w2, tw.repeat(1, 3), ids.repeat(1, 3)), ValueError,
-         "top-k = 6"),
+        (
+            "moe backward gate_up",
+            lambda: g.moe_backward(rand((6, 32)), x, w1, w2, tw, ids, True, True, rand((3, 3))),
+            ValueError,
+            "gate_up must be",
+        ),
+        (
+            "moe backward ids",
+            lambda: g.moe_backward(rand((6, 32)), x, w1, w2, tw, ids[:, :1]),
+            ValueError,
+            "must both be",
+        ),
+        (
+            "saving k",
+            lambda: g.moe_forward_saving(x, w1, w2, tw.repeat(1, 3), ids.repeat(1, 3)),
+            ValueError,
+            "top-k = 6",
+        ),
     ]
 
 
@@ -140,8 +170,10 @@ def test_opcheck_schemas_fakes_and_autograd_registration(device):
         (torch.ops.gemmlab.moe_forward, (x.requires_grad_(), w1, w2, tw, ids, True, "auto")),
         (torch.ops.gemmlab.route, (torch.randn(6, 4, device=device, requires_grad=True), 2, True, "softmax")),
         (torch.ops.gemmlab.route, (torch.randn(6, 4, device=device), 2)),  # the schema's defaults
-        (torch.ops.gemmlab.grouped_gemm_out, (a.detach(), w.detach(), offs, torch.empty(8, 24, dtype=a.dtype,
-                                                                                        device=device))),
+        (
+            torch.ops.gemmlab.grouped_gemm_out,
+            (a.detach(), w.detach(), offs, torch.empty(8, 24, dtype=a.dtype, device=device)),
+        ),
         (torch.ops.gemmlab.grouped_gemm_backward, (rand((8, 24)), a.detach(), w.detach(), offs)),
         (torch.ops.gemmlab.moe_forward_saving, (x.detach(), w1, w2, tw, ids)),
         (torch.ops.gemmlab.moe_backward, (rand((6, 32)), x.detach(), w1, w2, tw, ids)),
@@ -216,8 +248,11 @@ def test_fake_tensor_shapes():
         a = torch.empty(5, 7, 16, dtype=torch.float16)
         b = torch.empty(16, 24, dtype=torch.float16)
         assert gemmlab.gemm(a, b).shape == (5, 7, 24)
-        x, w1, w2 = torch.empty(6, 32, dtype=torch.float16), torch.empty(4, 32, 32, dtype=torch.float16), \
-            torch.empty(4, 32, 16, dtype=torch.float16)
+        x, w1, w2 = (
+            torch.empty(6, 32, dtype=torch.float16),
+            torch.empty(4, 32, 32, dtype=torch.float16),
+            torch.empty(4, 32, 16, dtype=torch.float16),
+        )
         tw, ids = gemmlab.route(torch.empty(6, 4), 2)
         assert tw.shape == ids.shape == (6, 2) and ids.dtype == torch.int32
         assert gemmlab.moe_forward(x, w1, w2, tw, ids).shape == (6, 32)
@@ -270,8 +305,7 @@ def test_grouped_gemm_out_overlap_and_stride0_refused(device):
     with pytest.raises(ValueError, match="share memory"):
         gemmlab.grouped_gemm(x, w, offs, out=torch.empty(1, 16, dtype=x.dtype, device=device).expand(10, 16))
     with pytest.raises(ValueError, match="share memory"):  # rows overlapping each other
-        gemmlab.grouped_gemm(x, w, offs, out=torch.empty(40, dtype=x.dtype, device=device).as_strided((10, 16),
-                                                                                                        (2, 1)))
+        gemmlab.grouped_gemm(x, w, offs, out=torch.empty(40, dtype=x.dtype, device=device).as_strided((10, 16), (2, 1)))
     out = torch.full((10, 16), float("nan"), dtype=x.dtype, device=device)
     assert gemmlab.grouped_gemm(x, w, offs, out=out) is out and torch.isfinite(out).all()
 
@@ -294,8 +328,15 @@ def test_gemm_out_overlap_and_stride0_refused(device):
 # ------------------------------------------------------------------------------------ the direct launch
 
 
-@pytest.mark.parametrize("shape,path,split", [((8, 40, 64), "tma_splitk", 1), ((16, 40, 256), "tma_splitk", 2),
-                                              ((264, 72, 96), "tma_persistent", 0), ((37, 53, 71), "portable", 0)])
+@pytest.mark.parametrize(
+    "shape,path,split",
+    [
+        ((8, 40, 64), "tma_splitk", 1),
+        ((16, 40, 256), "tma_splitk", 2),
+        ((264, 72, 96), "tma_persistent", 0),
+        ((37, 53, 71), "portable", 0),
+    ],
+)
 def test_direct_launch_arguments_are_the_jit_bindings(shape, path, split, device):
     """What the kept launch hands ``CompiledKernel.run`` (after the grid/stream header) is, position by
     position, what the JIT binds from the same call: the runtime arguments, then every constexpr in parameter
@@ -350,8 +391,10 @@ def test_cached_direct_launch_path_end_to_end(monkeypatch, device):
         L = calls[-1]
         names = list(inspect.signature(L.kernel.fn).parameters)
         assert len(params) == len(names)
-        args = [TensorDescriptor(p.base, p.shape, p.strides, spec[2]) if isinstance(p, HostDesc) else p
-                for p, spec in zip(params, list(L.descs) + [None] * len(params), strict=False)]
+        args = [
+            TensorDescriptor(p.base, p.shape, p.strides, spec[2]) if isinstance(p, HostDesc) else p
+            for p, spec in zip(params, list(L.descs) + [None] * len(params), strict=False)
+        ]
         n_rt = len(names) - len(L.consts)
         L.kernel[(g0, g1, g2)](*args[:n_rt], **dict(zip(names[n_rt:], args[n_rt:], strict=True)), **L.opts)
 
@@ -362,8 +405,9 @@ def test_cached_direct_launch_path_end_to_end(monkeypatch, device):
     def spy(L, a, b, c):
         if L.keep and L.kept is None:  # keep it as the GPU would after its first launch
             real_launch(L, a, b, c)
-            L.kept = Kept(fake_run, "fn", "meta", constexpr_tail(L.kernel, len(gemm_ops.jit_args(L, a, b, c)),
-                                                                 L.consts), 0)
+            L.kept = Kept(
+                fake_run, "fn", "meta", constexpr_tail(L.kernel, len(gemm_ops.jit_args(L, a, b, c)), L.consts), 0
+            )
             return
         calls.append(L)
         real_launch(L, a, b, c)

@@ -62,7 +62,7 @@ def test_a_misaligned_operand_is_checked_not_served_from_the_cache(fresh):
     qa, qb, sa, sb = _operands(4, 32, 32)
     gemmlab.gemm_fp8(qa, qb, sa, sb)
     buf = torch.empty(4 * 32 + 16, dtype=torch.uint8, device=DEVICE)
-    off = buf[1:1 + 4 * 32].view(FP8).view(4, 32)
+    off = buf[1 : 1 + 4 * 32].view(FP8).view(4, 32)
     off.copy_(qa)
     assert off.shape == qa.shape and off.stride() == qa.stride()
     with pytest.raises(ValueError, match="not TMA-aligned"):
@@ -74,10 +74,10 @@ def test_an_out_overlapping_an_input_is_refused_on_a_cached_signature(fresh):
     qa, qb, _, sb = _operands(4, 32, 32)
     mem = torch.zeros(4 * 32 + 64, dtype=torch.float32, device=DEVICE)
     sa = mem[:4].view(4, 1).fill_(0.5)  # a's row scales, at the start of mem
-    fresh_out = torch.empty_like(mem)[:4 * 32].view(4, 32)
+    fresh_out = torch.empty_like(mem)[: 4 * 32].view(4, 32)
     gemmlab.gemm_fp8(qa, qb, sa, sb, out=fresh_out)  # the signature's first call: every check, cached
     assert introspect.fp8_launch_mode(qa, qb, sa, sb, torch.float32, fresh_out) != "uncached"
-    clash = mem[:4 * 32].view(4, 32)  # the same layout and alignment, over a_scale's memory
+    clash = mem[: 4 * 32].view(4, 32)  # the same layout and alignment, over a_scale's memory
     with pytest.raises(ValueError, match="out overlaps a_scale"):
         gemmlab.gemm_fp8(qa, qb, sa, sb, out=clash)
 
@@ -193,8 +193,9 @@ def _fake_launcher(e: fp8.Fp8Entry, runtime_args: int, seen: list) -> launch.Kep
     run.num_ctas, run.launch_cooperative_grid, run.launch_pdl = 1, False, False
     run.global_scratch_size = run.global_scratch_align = run.profile_scratch_size = run.profile_scratch_align = 0
     compiled = type("Compiled", (), {"metadata": type("Meta", (), {"tensordesc_meta": metas or None})()})()
-    return launch.Kept(run, 1234, "packed", launch.constexpr_tail(e.slot.kernel, runtime_args, e.slot.consts), 0,
-                       compiled)
+    return launch.Kept(
+        run, 1234, "packed", launch.constexpr_tail(e.slot.kernel, runtime_args, e.slot.consts), 0, compiled
+    )
 
 
 @pytest.mark.parametrize("n", [48, 20], ids=["c-tma", "c-pointer"])
@@ -222,8 +223,9 @@ def test_the_direct_launch_hands_the_c_launcher_what_triton_does(fresh, gpu_stan
     ptrs = tuple(t.data_ptr() for t in (qa, qb, sa, sb, out))
     fp8.launch_fp8(e, qa, qb, sa, sb, out, ptrs)  # ours
     theirs, ours = seen
-    assert len(ours) == len(theirs) and list(ours) == [x.data_ptr() if isinstance(x, torch.Tensor) else x
-                                                       for x in theirs]
+    assert len(ours) == len(theirs) and list(ours) == [
+        x.data_ptr() if isinstance(x, torch.Tensor) else x for x in theirs
+    ]
     assert all(not isinstance(x, torch.Tensor) for x in ours)
     encoded = len(gpu_stand_in)
     prof = cProfile.Profile()
@@ -234,6 +236,9 @@ def test_the_direct_launch_hands_the_c_launcher_what_triton_does(fresh, gpu_stan
     assert len(seen) == 22 and len(gpu_stand_in) == encoded  # launched each time, nothing encoded again
     entered = {(f, fn) for (f, _, fn) in pstats.Stats(prof).stats}
     checks = ("check_gemm_fp8_args", "scale_mode", "plan_fp8", "check_out", "_admit")  # (fp8_out_dtype stays)
-    assert not [(f, fn) for f, fn in entered if fn in checks or "triton" in f
-                or f.endswith(("gemm_checks.py", "layout.py", "configs.py"))], entered
+    assert not [
+        (f, fn)
+        for f, fn in entered
+        if fn in checks or "triton" in f or f.endswith(("gemm_checks.py", "layout.py", "configs.py"))
+    ], entered
     assert introspect.fp8_launch_mode(qa, qb, sa, sb, torch.bfloat16, out) == "direct"

@@ -22,8 +22,19 @@ from tests.conftest import rand
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("shape", [(1, 4096, 4096), (16, 2048, 7168), (64, 7168, 2048), (256, 4096, 4096),
-                                   (4096, 2048, 2048), (37, 53, 71), (300, 72, 96)], ids=str)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1, 4096, 4096),
+        (16, 2048, 7168),
+        (64, 7168, 2048),
+        (256, 4096, 4096),
+        (4096, 2048, 2048),
+        (37, 53, 71),
+        (300, 72, 96),
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("layout", ["NN", "NT", "TN"])
 def test_cached_launches_match_first_call(shape, layout):
     m, n, k = shape
@@ -146,8 +157,9 @@ print("NOT CAUGHT")
 def test_bad_ids_fire_the_device_check(tokens):
     """The default validation has no host sync: a bad id stops the program at its next synchronization with a
     device-side assert (run in a child process, since it ends the CUDA context)."""
-    res = subprocess.run([sys.executable, "-c", _BAD_IDS.replace("TOKENS", str(tokens))], capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", _BAD_IDS.replace("TOKENS", str(tokens))], capture_output=True, text=True, timeout=300
+    )
     assert res.returncode != 0 and "NOT CAUGHT" not in res.stdout, res.stdout + res.stderr[-2000:]
     assert "device-side assert" in res.stderr or "topk_ids" in res.stderr, res.stderr[-2000:]
 

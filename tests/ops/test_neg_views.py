@@ -43,8 +43,14 @@ def test_gemm_out_and_run_refuse_a_negated_out():
         gemmlab.gemm(a, b, out=out)
     assert (out == 0).all()  # untouched
     with pytest.raises(ValueError, match="gemm: out is a negated view"):
-        gemmlab.gemm_colmajor(a.t().contiguous(), b.t().contiguous(), neg(torch.zeros(16 * 8, dtype=torch.float16,
-                                                                                   device=DEVICE)), 8, 16, 32)
+        gemmlab.gemm_colmajor(
+            a.t().contiguous(),
+            b.t().contiguous(),
+            neg(torch.zeros(16 * 8, dtype=torch.float16, device=DEVICE)),
+            8,
+            16,
+            32,
+        )
     from gemmlab.ops.gemm import run
 
     p = gemmlab.plan(a, b)
@@ -76,8 +82,10 @@ def test_grouped_gemm_reads_negated_views_and_refuses_a_negated_out():
     assert torch.equal(gemmlab.grouped_gemm(x, neg(w), offsets), gemmlab.grouped_gemm(x, -w, offsets))
     from gemmlab.ops.moe import MoEConfig
 
-    assert torch.equal(gemmlab.grouped_gemm(neg(x), w, offsets, config=MoEConfig(block_m=16, block_n=16, block_k=32)),
-                       gemmlab.grouped_gemm(-x, w, offsets, config=MoEConfig(block_m=16, block_n=16, block_k=32)))
+    assert torch.equal(
+        gemmlab.grouped_gemm(neg(x), w, offsets, config=MoEConfig(block_m=16, block_n=16, block_k=32)),
+        gemmlab.grouped_gemm(-x, w, offsets, config=MoEConfig(block_m=16, block_n=16, block_k=32)),
+    )
     out = neg(torch.zeros(10, 16, dtype=torch.float16, device=DEVICE))
     with pytest.raises(ValueError, match="grouped_gemm: out is a negated view"):
         gemmlab.grouped_gemm(x, w, offsets, out=out)
@@ -126,17 +134,26 @@ def test_fp8_ops_read_negated_inputs_and_refuse_negated_e4m3_and_out():
 def test_fp8_experts_read_negated_activations_and_refuse_negated_e4m3():
     x, w1, w2, weights, ids = _moe(h=32, i=16, dtype=torch.bfloat16)
     packed = gemmlab.pack_moe_fp8(w1, w2)
-    assert torch.equal(gemmlab.moe_forward(neg(x), packed, None, weights, ids),
-                       gemmlab.moe_forward(-x, packed, None, weights, ids))
+    assert torch.equal(
+        gemmlab.moe_forward(neg(x), packed, None, weights, ids), gemmlab.moe_forward(-x, packed, None, weights, ids)
+    )
     offsets = torch.tensor([2, 5, 9, 12], dtype=torch.int32, device=DEVICE)
     xs = _r(12, 32, dtype=torch.bfloat16, seed=16)
-    assert torch.equal(gemmlab.grouped_gemm_fp8(neg(xs), packed.w1, offsets, None, packed.w1_scale),
-                       gemmlab.grouped_gemm_fp8(-xs, packed.w1, offsets, None, packed.w1_scale))
+    assert torch.equal(
+        gemmlab.grouped_gemm_fp8(neg(xs), packed.w1, offsets, None, packed.w1_scale),
+        gemmlab.grouped_gemm_fp8(-xs, packed.w1, offsets, None, packed.w1_scale),
+    )
     with pytest.raises(ValueError, match="grouped_gemm_fp8: w is a negated view .* of e4m3 data"):
         gemmlab.grouped_gemm_fp8(xs, neg(packed.w1), offsets, None, packed.w1_scale)
     with pytest.raises(ValueError, match="grouped_gemm_fp8: out is a negated view"):
-        gemmlab.grouped_gemm_fp8(xs, packed.w1, offsets, None, packed.w1_scale,
-                                 out=neg(torch.zeros(12, 32, dtype=torch.bfloat16, device=DEVICE)))
+        gemmlab.grouped_gemm_fp8(
+            xs,
+            packed.w1,
+            offsets,
+            None,
+            packed.w1_scale,
+            out=neg(torch.zeros(12, 32, dtype=torch.bfloat16, device=DEVICE)),
+        )
     bad = gemmlab.PackedMoEFP8(neg(packed.w1), packed.w1_scale, packed.w2, packed.w2_scale)
     with pytest.raises(ValueError, match=r"moe_forward \(fp8\): w1 is a negated view"):
         gemmlab.moe_forward(x, bad, None, weights, ids)

@@ -56,7 +56,8 @@ def modules(root: Path = SRC) -> dict[str, str]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 _PARSED: dict[int, tuple[dict, list[Import]]] = {}
@@ -140,7 +141,7 @@ def cycles(srcs: dict[str, str]) -> list[str]:
         stack.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                found.append(" -> ".join(stack[stack.index(n):] + [n]))
+                found.append(" -> ".join(stack[stack.index(n) :] + [n]))
             elif n not in state:
                 dfs(n)
         stack.pop()
@@ -153,26 +154,39 @@ def cycles(srcs: dict[str, str]) -> list[str]:
 
 
 def kernels_import_only_triton_torch(srcs) -> list[str]:
-    return [f"{i.module}:{i.line} imports {i.target}" for i in imports(srcs) if area(i.module) == "kernels"
-            and i.target.split(".")[0] not in ("triton", "torch", "__future__")
-            and not i.target.startswith("gemmlab.kernels")]
+    return [
+        f"{i.module}:{i.line} imports {i.target}"
+        for i in imports(srcs)
+        if area(i.module) == "kernels"
+        and i.target.split(".")[0] not in ("triton", "torch", "__future__")
+        and not i.target.startswith("gemmlab.kernels")
+    ]
 
 
 def ops_import_no_lab(srcs) -> list[str]:
-    return [f"{i.module}:{i.line} imports {i.target}" for i in imports(srcs) if area(i.module) == "ops"
-            and _gemmlab(i) and area(i.target) in LAB + ("lab", "nn", "distributed")]
+    return [
+        f"{i.module}:{i.line} imports {i.target}"
+        for i in imports(srcs)
+        if area(i.module) == "ops" and _gemmlab(i) and area(i.target) in LAB + ("lab", "nn", "distributed")
+    ]
 
 
 def nn_and_distributed_import_no_lab(srcs) -> list[str]:
-    return [f"{i.module}:{i.line} imports {i.target}" for i in imports(srcs)
-            if area(i.module) in ("nn", "distributed") and _gemmlab(i) and area(i.target) in LAB + ("lab",)]
+    return [
+        f"{i.module}:{i.line} imports {i.target}"
+        for i in imports(srcs)
+        if area(i.module) in ("nn", "distributed") and _gemmlab(i) and area(i.target) in LAB + ("lab",)
+    ]
 
 
 def core_imports_no_package_root(srcs) -> list[str]:
     """ops, nn and distributed sit below the public API: ``import gemmlab`` or ``from gemmlab import name`` there is
     an upward import (``from gemmlab import device``, a module, is not)."""
-    return [f"{i.module}:{i.line} imports the package root gemmlab" for i in imports(srcs)
-            if area(i.module) in ("ops", "nn", "distributed") and i.target == "gemmlab"]
+    return [
+        f"{i.module}:{i.line} imports the package root gemmlab"
+        for i in imports(srcs)
+        if area(i.module) in ("ops", "nn", "distributed") and i.target == "gemmlab"
+    ]
 
 
 def lab_uses_ops_public_names_only(srcs) -> list[str]:
@@ -186,16 +200,20 @@ def lab_uses_ops_public_names_only(srcs) -> list[str]:
         elif i.target.startswith("gemmlab.ops.") and i.target not in OPS_PUBLIC:
             bad.append(f"{i.module}:{i.line} imports ops' implementation module {i.target}")
         elif i.target in OPS_PUBLIC and any(n.startswith("_") for n in i.names):
-            bad.append(f"{i.module}:{i.line} imports private {[n for n in i.names if n.startswith('_')]} "
-                       f"from {i.target}")
+            bad.append(
+                f"{i.module}:{i.line} imports private {[n for n in i.names if n.startswith('_')]} from {i.target}"
+            )
     return bad
 
 
 def exported(src: str) -> set[str] | None:
     """The names a module's literal ``__all__`` lists (None: it has none)."""
     for node in ast.parse(src).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets) \
-                and isinstance(node.value, ast.List | ast.Tuple):
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+            and isinstance(node.value, ast.List | ast.Tuple)
+        ):
             return {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
     return None
 
@@ -205,9 +223,13 @@ def lab_uses_op_modules_exports_only(srcs) -> list[str]:
     ``alias.name``; the details go through ``gemmlab.ops.introspect``."""
     exports = {m: exported(srcs[m]) for m in OPS_OPS if m in srcs}
     exports = {m: names for m, names in exports.items() if names is not None}
-    bad = [f"{i.module}:{i.line} imports {n} from {i.target}, which does not export it (use gemmlab.ops.introspect)"
-           for i in imports(srcs) if area(i.module) in LAB + ("lab",) and i.target in exports
-           for n in i.names if n not in exports[i.target] and not _private(n)]
+    bad = [
+        f"{i.module}:{i.line} imports {n} from {i.target}, which does not export it (use gemmlab.ops.introspect)"
+        for i in imports(srcs)
+        if area(i.module) in LAB + ("lab",) and i.target in exports
+        for n in i.names
+        if n not in exports[i.target] and not _private(n)
+    ]
     for mod, src in srcs.items():
         if area(mod) not in LAB + ("lab",):
             continue
@@ -215,40 +237,62 @@ def lab_uses_op_modules_exports_only(srcs) -> list[str]:
         aliases = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gemmlab"):
-                aliases.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
-                                if f"{node.module}.{a.name}" in exports})
+                aliases.update(
+                    {
+                        a.asname or a.name: f"{node.module}.{a.name}"
+                        for a in node.names
+                        if f"{node.module}.{a.name}" in exports
+                    }
+                )
             elif isinstance(node, ast.Import):
                 aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in exports})
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
                 target = aliases[node.value.id]
                 if node.attr not in exports[target] and not _private(node.attr):
-                    bad.append(f"{mod}:{node.lineno} uses {target}.{node.attr}, which it does not export "
-                               "(use gemmlab.ops.introspect)")
+                    bad.append(
+                        f"{mod}:{node.lineno} uses {target}.{node.attr}, which it does not export "
+                        "(use gemmlab.ops.introspect)"
+                    )
     return bad
 
 
 def instruments_import_no_suite_grader_tuner(srcs) -> list[str]:
-    return [f"{i.module}:{i.line} imports {i.target}" for i in imports(srcs) if area(i.module) == "instruments"
-            and _gemmlab(i) and area(i.target) in ("bench", "grade", "tune")]
+    return [
+        f"{i.module}:{i.line} imports {i.target}"
+        for i in imports(srcs)
+        if area(i.module) == "instruments" and _gemmlab(i) and area(i.target) in ("bench", "grade", "tune")
+    ]
 
 
 def no_private_names_across_modules(srcs) -> list[str]:
     """``from gemmlab.x import _name``, and ``alias._name`` on a gemmlab module imported under an alias."""
-    bad = [f"{i.module}:{i.line} imports {', '.join(n for n in i.names if _private(n))} from {i.target}"
-           for i in imports(srcs) if _gemmlab(i) and any(_private(n) for n in i.names)]
+    bad = [
+        f"{i.module}:{i.line} imports {', '.join(n for n in i.names if _private(n))} from {i.target}"
+        for i in imports(srcs)
+        if _gemmlab(i) and any(_private(n) for n in i.names)
+    ]
     for mod, src in srcs.items():
         tree = ast.parse(src)
         aliases = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gemmlab"):
-                aliases.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
-                                if f"{node.module}.{a.name}" in srcs})
+                aliases.update(
+                    {
+                        a.asname or a.name: f"{node.module}.{a.name}"
+                        for a in node.names
+                        if f"{node.module}.{a.name}" in srcs
+                    }
+                )
             elif isinstance(node, ast.Import):
                 aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in srcs})
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases \
-                    and _private(node.attr):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and _private(node.attr)
+            ):
                 bad.append(f"{mod}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
     return bad
 
@@ -258,14 +302,21 @@ def _private(name: str) -> bool:
 
 
 def no_imports_after_defs(srcs) -> list[str]:
-    return [f"{i.module}:{i.line} imports {i.target} below its first def/class" for i in imports(srcs)
-            if i.after_defs]
+    return [f"{i.module}:{i.line} imports {i.target} below its first def/class" for i in imports(srcs) if i.after_defs]
 
 
-RULES = (cycles, kernels_import_only_triton_torch, ops_import_no_lab, nn_and_distributed_import_no_lab,
-         core_imports_no_package_root, lab_uses_ops_public_names_only, lab_uses_op_modules_exports_only,
-         instruments_import_no_suite_grader_tuner,
-         no_private_names_across_modules, no_imports_after_defs)
+RULES = (
+    cycles,
+    kernels_import_only_triton_torch,
+    ops_import_no_lab,
+    nn_and_distributed_import_no_lab,
+    core_imports_no_package_root,
+    lab_uses_ops_public_names_only,
+    lab_uses_op_modules_exports_only,
+    instruments_import_no_suite_grader_tuner,
+    no_private_names_across_modules,
+    no_imports_after_defs,
+)
 
 # Known violations (rule, the violation's text without its line number) -> why it stays; none today.
 KNOWN: dict[tuple[str, str], str] = {}
@@ -287,8 +338,9 @@ def test_rule_holds(rule, tree):
     assert not found, "\n".join(found)
 
 
-@pytest.mark.parametrize("known", [pytest.param(k, marks=pytest.mark.xfail(reason=why, strict=True))
-                                   for k, why in KNOWN.items()] or [None])
+@pytest.mark.parametrize(
+    "known", [pytest.param(k, marks=pytest.mark.xfail(reason=why, strict=True)) for k, why in KNOWN.items()] or [None]
+)
 def test_known_violation_is_gone(known, tree):
     if known is None:
         return
@@ -299,8 +351,15 @@ def test_known_violation_is_gone(known, tree):
 def test_the_graph_sees_the_package():
     """The walk finds the layers it checks (a walk that found nothing would pass every rule)."""
     tree = modules()
-    assert {"gemmlab.ops.gemm", "gemmlab.ops.moe", "gemmlab.kernels.gemm", "gemmlab.nn", "gemmlab.device",
-            "gemmlab.instruments.sass", "gemmlab.grade.grader"} <= set(tree)
+    assert {
+        "gemmlab.ops.gemm",
+        "gemmlab.ops.moe",
+        "gemmlab.kernels.gemm",
+        "gemmlab.nn",
+        "gemmlab.device",
+        "gemmlab.instruments.sass",
+        "gemmlab.grade.grader",
+    } <= set(tree)
     edges = {(i.module, i.target) for i in imports(tree)}
     assert ("gemmlab.ops.gemm_launch", "gemmlab.kernels.gemm") in edges
     assert ("gemmlab.instruments.sass", "gemmlab.ops.gemm") in edges
@@ -318,8 +377,9 @@ BAD = {  # one violation of every rule
     "gemmlab.nn.linear": "def f():\n    import gemmlab\n",
     "gemmlab.distributed": "from gemmlab import moe_forward\n",
     "gemmlab.tune": "",
-    "gemmlab.tune.t": ("from gemmlab.ops.a import x\nfrom gemmlab.ops.gemm import _secret\n"
-                       "from gemmlab.kernels import k\n"),
+    "gemmlab.tune.t": (
+        "from gemmlab.ops.a import x\nfrom gemmlab.ops.gemm import _secret\nfrom gemmlab.kernels import k\n"
+    ),
     "gemmlab.bench": "",
     "gemmlab.bench.s": "from gemmlab.ops import gemm as g\ng._secret\ng.choose\n",
     "gemmlab.bench.u": "from gemmlab.ops.gemm import choose\n",
@@ -344,9 +404,11 @@ def test_what_the_rules_allow():
         "gemmlab.ops.impl": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gemmlab.ops import gemm\n",
         "gemmlab.tune": "",
         "gemmlab.ops.introspect": "from gemmlab.ops import impl\ny = 1\n",
-        "gemmlab.tune.t": ("from gemmlab.ops.gemm import x\nfrom gemmlab.ops.introspect import y\ndef f():\n"
-                           "    import triton\n    from gemmlab import device\n    from gemmlab.ops import gemm\n"
-                           "    gemm.x\n"),
+        "gemmlab.tune.t": (
+            "from gemmlab.ops.gemm import x\nfrom gemmlab.ops.introspect import y\ndef f():\n"
+            "    import triton\n    from gemmlab import device\n    from gemmlab.ops import gemm\n"
+            "    gemm.x\n"
+        ),
         "gemmlab.device": "",
         "gemmlab.nn": "from gemmlab import device\nfrom gemmlab.ops import gemm\n",
     }

@@ -19,8 +19,9 @@ needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs the gi
 
 
 def git(*args, cwd):
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def repo_with_gemmlab(root: Path, name: str, package_at: str) -> Path:
@@ -122,19 +123,29 @@ def test_pins_only_where_needed():
     test = requirement_names(extras["test"])
     assert {"pytest", "matplotlib"} <= set(test) and not {"triton", "torch", "numpy"} & set(test)
     assert test["transformers"] == "transformers>=5" and requirement_names(extras["hf"]) == {
-        "transformers": "transformers>=5"}
+        "transformers": "transformers>=5"
+    }
     assert set(requirement_names(extras["liger"])) == {"liger-kernel"}  # bench moe --baseline liger's own extra
     readme = (REPO / "README.md").read_text().splitlines()
-    main, tests = 'pip install torch==2.13.0 -e ".[cpu]" && gemmlab grade', \
-        'pip install torch==2.13.0 -e ".[cpu,test]" && pytest'
+    main, tests = (
+        'pip install torch==2.13.0 -e ".[cpu]" && gemmlab grade',
+        'pip install torch==2.13.0 -e ".[cpu,test]" && pytest',
+    )
     assert main in readme and tests in readme  # the same pins in both (.ci/run runs these two lines)
     ci = (REPO / ".ci" / "run").read_text()
     assert f"MAIN_JOB='{main}'" in ci and f"TESTS='{tests}'" in ci
 
 
-@pytest.mark.parametrize("triton_v, numpy_v, blocked", [
-    ("3.6.0", "2.4.6", True), ("3.6.0+git1234", "2.4.0", True), ("3.6.0", "2.3.5", False),
-    ("3.7.0", "2.4.6", False), ("3.9.0", "2.5.0", False)])
+@pytest.mark.parametrize(
+    "triton_v, numpy_v, blocked",
+    [
+        ("3.6.0", "2.4.6", True),
+        ("3.6.0+git1234", "2.4.0", True),
+        ("3.6.0", "2.3.5", False),
+        ("3.7.0", "2.4.6", False),
+        ("3.9.0", "2.5.0", False),
+    ],
+)
 def test_interpreter_numpy_blocker(triton_v, numpy_v, blocked):
     """Triton 3.6's interpreter with numpy >= 2.4 fails every kernel with a runtime loop bound (measured: the CPU
     grade's every case raised "only 0-dimensional arrays can be converted to Python scalars"); that pair is
@@ -202,13 +213,17 @@ def test_a_cpu_build_of_torch_is_not_warned(fresh_warning, monkeypatch):
 def test_import_warns_about_another_triton(fresh_warning):
     """With a CUDA build of torch, importing gemmlab under another Triton warns (test_a_cpu_build_of_torch_is_not_
     warned: a CPU build does not)."""
-    code = ("import sys, types; t = types.ModuleType('triton'); t.__version__ = '9.9.9'; sys.modules['triton'] = t; "
-            "import torch; torch.version.cuda = '13.0'; import gemmlab")
+    code = (
+        "import sys, types; t = types.ModuleType('triton'); t.__version__ = '9.9.9'; sys.modules['triton'] = t; "
+        "import torch; torch.version.cuda = '13.0'; import gemmlab"
+    )
     env = {k: v for k, v in ENV.items() if k != provenance._WARNED_ENV}
-    out = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code], env=env, capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", code], env=env, capture_output=True, text=True
+    )
     assert out.returncode == 1 and "tuned with another Triton than this one (9.9.9)" in out.stderr
     env[provenance._WARNED_ENV] = "9.9.9"  # a child of a process that warned already
-    out = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code], env=env, capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", code], env=env, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr

@@ -41,8 +41,9 @@ def problems(chart: dict) -> list[str]:
         xs, ys = [p[0] for p in t["quad"]], [p[1] for p in t["quad"]]
         name = f"{t['cls']} {t['text']!r}"
         if min(xs) < -TOL or min(ys) < -TOL or max(xs) > w + TOL or max(ys) > h + TOL:
-            out.append(f"{name} leaves the chart: x {min(xs):.0f}..{max(xs):.0f} of {w}, y {min(ys):.0f}.."
-                       f"{max(ys):.0f} of {h}")
+            out.append(
+                f"{name} leaves the chart: x {min(xs):.0f}..{max(xs):.0f} of {w}, y {min(ys):.0f}..{max(ys):.0f} of {h}"
+            )
         if t["cls"] == "xtick" and min(ys) < fy + fh - TOL:
             out.append(f"{name} reaches into the plot (top {min(ys):.0f}, frame bottom {fy + fh:.0f})")
         if t["cls"] == "ytick" and max(xs) > fx + TOL:
@@ -50,7 +51,7 @@ def problems(chart: dict) -> list[str]:
         if t["cls"] in ("title", "subtitle", "legend") and max(ys) > fy + TOL:
             out.append(f"{name} reaches into the plot (bottom {max(ys):.0f}, frame top {fy:.0f})")
     for i, a in enumerate(texts):
-        for b in texts[i + 1:]:
+        for b in texts[i + 1 :]:
             if overlap(a["quad"], b["quad"]):
                 out.append(f"{a['cls']} {a['text']!r} overlaps {b['cls']} {b['text']!r}")
     for x, y, mw, mh in chart.get("marks", []):
@@ -72,8 +73,10 @@ def _quad(el, text: str) -> list[tuple[float, float]]:
     if not m:
         return box
     a, cx, cy = math.radians(float(m[1])), float(m[2]), float(m[3])
-    return [(cx + (px - cx) * math.cos(a) - (py - cy) * math.sin(a),
-             cy + (px - cx) * math.sin(a) + (py - cy) * math.cos(a)) for px, py in box]
+    return [
+        (cx + (px - cx) * math.cos(a) - (py - cy) * math.sin(a), cy + (px - cx) * math.sin(a) + (py - cy) * math.cos(a))
+        for px, py in box
+    ]
 
 
 def svg_layout(chart_svg: str) -> dict:
@@ -83,11 +86,18 @@ def svg_layout(chart_svg: str) -> dict:
     texts = []
     for el in root.iter(f"{NS}text"):
         tip = el.find(f"{NS}title")
-        text = "".join(el.itertext())[len(tip.text or "") if tip is not None else 0:]
+        text = "".join(el.itertext())[len(tip.text or "") if tip is not None else 0 :]
         texts.append({"cls": el.get("class"), "text": text, "quad": _quad(el, text)})
-    marks = [(float(e.get("x")), float(e.get("y")), float(e.get("width")), float(e.get("height")))
-             for e in root.iter(f"{NS}rect") if e.get("class") == "mark"]
+    marks = [
+        (float(e.get("x")), float(e.get("y")), float(e.get("width")), float(e.get("height")))
+        for e in root.iter(f"{NS}rect")
+        if e.get("class") == "mark"
+    ]
     marks += [(float(e.get("cx")) - 4, float(e.get("cy")) - 4, 8.0, 8.0) for e in root.iter(f"{NS}circle")]
-    return {"size": [float(root.get("width")), float(root.get("height"))],
-            "frame": [float(frame.get(k)) for k in ("x", "y", "width", "height")], "texts": texts, "marks": marks,
-            "bars": bool(marks) and not any(True for _ in root.iter(f"{NS}circle"))}
+    return {
+        "size": [float(root.get("width")), float(root.get("height"))],
+        "frame": [float(frame.get(k)) for k in ("x", "y", "width", "height")],
+        "texts": texts,
+        "marks": marks,
+        "bars": bool(marks) and not any(True for _ in root.iter(f"{NS}circle")),
+    }

@@ -12,18 +12,23 @@ from tests.paths import REPO
 
 DOCS = REPO / "docs"
 README = REPO / "README.md"
-FAMILIES_BEGIN = ("<!-- families: generated from gemmlab.nn.families.FAMILIES and checked by test_docs.py; "
-                  "do not edit -->")
+FAMILIES_BEGIN = (
+    "<!-- families: generated from gemmlab.nn.families.FAMILIES and checked by test_docs.py; do not edit -->"
+)
 FAMILIES_END = "<!-- /families -->"
 SWAP = {"experts": "experts: `nn.MoEExperts`", "none": "left as it is"}
-COMMANDS = ('pip install torch==2.13.0 -e ".[cpu]" && gemmlab grade',
-            'pip install torch==2.13.0 -e ".[cpu,test]" && pytest')
+COMMANDS = (
+    'pip install torch==2.13.0 -e ".[cpu]" && gemmlab grade',
+    'pip install torch==2.13.0 -e ".[cpu,test]" && pytest',
+)
 
 
 def families_table(families: tuple[Family, ...] = FAMILIES) -> str:
     """The Markdown table of ``families``, one row each, in their order."""
-    rows = ["| family | sparse-MoE block | experts module | `patch` swaps | routing, or why it is left |",
-            "|---|---|---|---|---|"]
+    rows = [
+        "| family | sparse-MoE block | experts module | `patch` swaps | routing, or why it is left |",
+        "|---|---|---|---|---|",
+    ]
     for f in families:
         note = f.note.replace("|", "\\|")
         rows.append(f"| {f.name} | `{f.block}` | `{f.experts}` | {SWAP[f.swap]} | {note} |")
@@ -49,8 +54,9 @@ def test_the_families_check_fires():
     good = committed_block(text)
     added = FAMILIES + (Family("new-moe", "NewMoeBlock", "NewMoeExperts", "experts", "softmax top-k"),)
     assert families_table(added) != good
-    changed = tuple(Family(f.name, f.block, f.experts, "none" if f.swap == "experts" else f.swap, f.note)
-                    for f in FAMILIES)
+    changed = tuple(
+        Family(f.name, f.block, f.experts, "none" if f.swap == "experts" else f.swap, f.note) for f in FAMILIES
+    )
     assert families_table(changed) != good
     edited = text.replace("| mixtral |", "| mixtral-8x7b |", 1)
     assert edited != text and committed_block(edited) != families_table()
@@ -81,9 +87,10 @@ def test_the_design_page_names_every_layering_rule():
 
 
 def update_markers(paths: list[Path]) -> list[str]:
-    """"path:line" of every ``<!-- update: ... -->`` marker (a passage waiting to be rewritten from the code)."""
-    return [f"{p.name}:{i}" for p in paths for i, line in enumerate(p.read_text().splitlines(), 1)
-            if "<!-- update:" in line]
+    """ "path:line" of every ``<!-- update: ... -->`` marker (a passage waiting to be rewritten from the code)."""
+    return [
+        f"{p.name}:{i}" for p in paths for i, line in enumerate(p.read_text().splitlines(), 1) if "<!-- update:" in line
+    ]
 
 
 def test_no_page_keeps_an_update_marker(tmp_path):
@@ -104,8 +111,9 @@ def readme_problems(text: str) -> list[str]:
         return problems + ["no generated headline block"]
     rest = text.split(begin, 1)[0] + text.split(end, 1)[1]
     problems += [f"date {d}" for d in re.findall(r"\b20\d\d-\d\d-\d\d\b", rest)]
-    problems += [f"SHA {w}" for w in re.findall(r"\b[0-9a-f]{7,40}\b", rest)
-                 if re.search(r"\d", w) and re.search(r"[a-f]", w)]
+    problems += [
+        f"SHA {w}" for w in re.findall(r"\b[0-9a-f]{7,40}\b", rest) if re.search(r"\d", w) and re.search(r"[a-f]", w)
+    ]
     return problems
 
 
@@ -117,7 +125,9 @@ def test_the_readme_check_fires():
     text = README.read_text()
     head, tail = text.split("<!-- headline:", 1)
     assert readme_problems(head + "Measured 2030-01-02 at git 1a2b3c4.\n<!-- headline:" + tail) == [
-        "date 2030-01-02", "SHA 1a2b3c4"]
+        "date 2030-01-02",
+        "SHA 1a2b3c4",
+    ]
     assert readme_problems(text.replace(COMMANDS[1], COMMANDS[1] + " -x")) == [f"no line {COMMANDS[1]!r}"]
     assert readme_problems(text + "\n" * 200)[0].endswith("lines (at most 200)")
     assert readme_problems(text.replace("<!-- /headline -->", ""))[-1] == "no generated headline block"

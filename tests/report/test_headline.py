@@ -59,8 +59,9 @@ def test_a_graded_shape_shows_the_graders_figure():
     bench = next(r for r in broad.rows if r[0] == "8192x8192x16384 fp16 row")[2]
     assert bench not in cells[2]
     one = graded_ratios([4096, 7168, 2048, 256, 8])
-    assert len(one) == 1 and table["moe_forward, DeepSeek-V3, T = 4096", "torch composite on _grouped_mm"][2] \
-        .startswith(f"{one[0]:.3f} (95% CI ")
+    assert len(one) == 1 and table["moe_forward, DeepSeek-V3, T = 4096", "torch composite on _grouped_mm"][
+        2
+    ].startswith(f"{one[0]:.3f} (95% CI ")
 
 
 def test_the_broad_suite_is_a_distribution_not_a_bare_geomean():
@@ -69,8 +70,10 @@ def test_the_broad_suite_is_a_distribution_not_a_bare_geomean():
     ratios = [r for _, _, r in pages.broad_ratios(rep, "device")]
     capped = math.exp(sum(math.log(min(r, 1.0)) for r in ratios) / len(ratios))
     cells = table["GEMM, the broad suite, CUDA graphs", "cuBLAS"]
-    assert cells[2] == (f"median {statistics.median(ratios):.3f}; worst {min(ratios):.3f}; "
-                        f"{sum(r >= 0.98 for r in ratios)} of {len(ratios)} at >= 0.98x; capped geomean {capped:.3f}")
+    assert cells[2] == (
+        f"median {statistics.median(ratios):.3f}; worst {min(ratios):.3f}; "
+        f"{sum(r >= 0.98 for r in ratios)} of {len(ratios)} at >= 0.98x; capped geomean {capped:.3f}"
+    )
     assert f"capped at 1x (uncapped: {rep['summary']['backends']['gemmlab']['device']['geomean']:.3f}" in cells[3]
     assert "aligned cases alone" in cells[3]
     for cells in table.values():  # every row says what it summarises, in words
@@ -92,19 +95,27 @@ def test_broad_summary_splits_aligned_from_unaligned():
     rep = json.loads((RESULTS / BROAD).read_text())
     t = pages.broad_summary(lambda f: rep, {"file": BROAD}).table
     by_name = {r[0]: r for r in t.rows}
-    everything, aligned, unaligned = (by_name[f"cuBLAS (graph){s}"] for s in ("", ", aligned only",
-                                                                                ", unaligned only"))
-    assert int(aligned[1]) + int(unaligned[1]) == int(everything[1]) == rep["summary"]["backends"]["gemmlab"][
-        "device"]["n"]
+    everything, aligned, unaligned = (by_name[f"cuBLAS (graph){s}"] for s in ("", ", aligned only", ", unaligned only"))
+    assert (
+        int(aligned[1]) + int(unaligned[1])
+        == int(everything[1])
+        == rep["summary"]["backends"]["gemmlab"]["device"]["n"]
+    )
     assert float(everything[6]) <= 1.0 and float(everything[6]) < float(everything[7])  # capped below uncapped
     assert any("capped geomean counts every ratio above 1x as 1x" in n for n in t.notes)
 
 
 def test_a_table_cell_at_a_graded_shape_is_refused(monkeypatch):
     def bench_figure_at_8k(rows_):
-        rows_[0] = {"what": "GEMM 8192x8192x16384 fp16", "against": "cuBLAS", "summarises": "one bench run",
-                    "from": {"table": "broad", "file": BROAD}, "row": "8192x8192x16384 fp16 row",
-                    "column": "vs cuBLAS (graph)"}
+        rows_[0] = {
+            "what": "GEMM 8192x8192x16384 fp16",
+            "against": "cuBLAS",
+            "summarises": "one bench run",
+            "from": {"table": "broad", "file": BROAD},
+            "row": "8192x8192x16384 fp16 row",
+            "column": "vs cuBLAS (graph)",
+        }
+
     with pytest.raises(docs.ResultsError, match="a grade at 8192x8192x16384 exists"):
         with_headline(monkeypatch, bench_figure_at_8k)
 
@@ -112,6 +123,7 @@ def test_a_table_cell_at_a_graded_shape_is_refused(monkeypatch):
 def test_a_cell_row_must_say_what_it_summarises(monkeypatch):
     def no_words(rows_):
         del rows_[-1]["summarises"]
+
     with pytest.raises(docs.ResultsError, match="does not say what it summarises"):
         with_headline(monkeypatch, no_words)
 
@@ -119,10 +131,12 @@ def test_a_cell_row_must_say_what_it_summarises(monkeypatch):
 def test_a_grade_row_with_no_grade_and_a_bad_distribution_key_are_refused(monkeypatch):
     def ungraded(rows_):
         rows_[0]["shape"] = [7, 7, 7]
+
     with pytest.raises(docs.ResultsError, match="no passing grade at 7x7x7"):
         with_headline(monkeypatch, ungraded)
 
     def bad_key(rows_):
         rows_[2]["distribution"]["key"] = "nope"
+
     with pytest.raises(docs.ResultsError, match="key one of device"):
         with_headline(monkeypatch, bad_key)

@@ -25,13 +25,24 @@ def texts(chart: str, cls: str) -> list[tuple[str, str]]:
 
 
 def test_numbers_are_one_unbreakable_cell():
-    for text in ("1.012", "[0.823, 0.830]", "0.1882-0.1926", "85.2%", "1980 MHz", "3.1x", "31/52", "1e-05",
-                 "8192x8192x16384", "-"):
+    for text in (
+        "1.012",
+        "[0.823, 0.830]",
+        "0.1882-0.1926",
+        "85.2%",
+        "1980 MHz",
+        "3.1x",
+        "31/52",
+        "1e-05",
+        "8192x8192x16384",
+        "-",
+    ):
         assert NUMERIC.match(text), text
     for text in ("tma_persistent", "1x4093x4099 fp16 linear", "ok", "within noise", "1980 MHz / 700.0 W"):
         assert not NUMERIC.match(text), text
-    cells = html.table_html(Table("t", ("case", "ratio", "95% CI"), [["8192x8192x16384 fp16 row", "1.012",
-                                                                       "[0.993, 1.014]"]]), "src")
+    cells = html.table_html(
+        Table("t", ("case", "ratio", "95% CI"), [["8192x8192x16384 fp16 row", "1.012", "[0.993, 1.014]"]]), "src"
+    )
     assert '<td class="num">1.012</td>' in cells and '<td class="num">[0.993, 1.014]</td>' in cells
     assert "<td>8192x8192x16384 fp16 row</td>" in cells
     assert re.search(r"td\.num \{[^}]*white-space: nowrap", html.CSS)
@@ -41,8 +52,10 @@ def test_numbers_are_one_unbreakable_cell():
 def test_a_long_y_label_is_drawn_whole_on_two_lines():
     label = "baseline time / gemmlab time"  # longer than the 200 px plot is tall at 11 px
     assert len(svg.ylabel_lines(label, svg.PLOT_H)) == 2
-    for chart in (svg.bars(["a", "b"], {"x": [1.0, 2.0]}, "t", label),
-                  svg.xy({"s": [(1.0, 2.0), (2.0, 3.0)]}, "t", "x", label)):
+    for chart in (
+        svg.bars(["a", "b"], {"x": [1.0, 2.0]}, "t", label),
+        svg.xy({"s": [(1.0, 2.0), (2.0, 3.0)]}, "t", "x", label),
+    ):
         lines = [shown for _, shown in texts(chart, "ylabel")]
         assert lines == ["baseline time /", "gemmlab time"], lines
         assert problems(svg_layout(chart)) == []

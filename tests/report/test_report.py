@@ -23,9 +23,17 @@ from tests.report.geometry import problems
 
 RESULTS = REPO / "benchmarks" / "results"
 EAGER = RESULTS / "nvidia-h200-bench" / "bench-all-eager" / "gemm-bench.json"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 
 
 def test_kinds_of_the_committed_results():
@@ -42,21 +50,25 @@ def test_kinds_of_the_committed_results():
     assert found["nvidia-h200-gemm.json"] == "gemm-vs-cublas" and found["index.json"] == "results-index"
     assert found["nvidia-h200-gemmlab-check.log"] == "log" and found["grade-h200/competition-gemmlab.md"] == "markdown"
     assert [k for k, v in found.items() if v == "model-bench"] == [
-        "nvidia-h200-2026-12-01/3-ce4884e/nvidia-h200-model/model-bench-mixtral+qwen3-moe+deepseek-v3-eager+graph.json"]
+        "nvidia-h200-2026-12-01/3-ce4884e/nvidia-h200-model/model-bench-mixtral+qwen3-moe+deepseek-v3-eager+graph.json"
+    ]
     s2 = "nvidia-h200-2026-12-01-s2/"
     assert found[s2 + "4-1953a5b/nvidia-h200-broad/gemm-bench.json"] == "gemm-bench"  # the broad suite
     assert found[s2 + "1-2ca601d/nvidia-h200-broad-quick/gemm-bench.json"] == "gemm-bench"
     assert found[s2 + "2-c362710/nvidia-h200-profile/profile-777x3333x1024-float16-row.json"] == "ncu-profile"
-    assert found[s2 + "2-c362710/nvidia-h200-profile/profile-777x3333x1024-float16-row-gemmlab.target.json"] == \
-        "ncu-target"
+    assert (
+        found[s2 + "2-c362710/nvidia-h200-profile/profile-777x3333x1024-float16-row-gemmlab.target.json"]
+        == "ncu-target"
+    )
     assert collect.kind_of({"kind": "no-such-kind"}) == "unknown" and collect.kind_of([1, 2]) == "unknown"
 
 
 def _committed() -> list[str]:
     """The files of benchmarks/results that git tracks (every file there, where git is not at hand)."""
     try:
-        out = subprocess.run(["git", "ls-files", "benchmarks/results"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.split()
+        out = subprocess.run(
+            ["git", "ls-files", "benchmarks/results"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         out = []
     return out or [p.relative_to(REPO).as_posix() for p in RESULTS.rglob("*") if p.is_file()]
@@ -91,15 +103,26 @@ def test_page_from_committed_results_is_self_contained(tmp_path):
     assert "could not draw this gemm-bench report" in page  # ... and a broken one says so in its place
     assert "odd.json" in page and "broken.json" in page and "JSONDecodeError" in page
     assert not re.search(r'(src|href)="(?!#)|<link|url\(|@import', page)  # nothing fetched: no network
-    for section in ("Device profile and roofline", "GEMM benchmarks", "Eager calls against CUDA graphs",
-                    "MoE against its peers", "Hardware counters (gemmlab profile, ncu)", "Tune sessions", "Grades",
-                    "Ledger history", "Files listed, not drawn"):
+    for section in (
+        "Device profile and roofline",
+        "GEMM benchmarks",
+        "Eager calls against CUDA graphs",
+        "MoE against its peers",
+        "Hardware counters (gemmlab profile, ncu)",
+        "Tune sessions",
+        "Grades",
+        "Ledger history",
+        "Files listed, not drawn",
+    ):
         assert f">{section}</h2>" in page
-    tables = re.findall(r'<table class="data" data-rows="(\d+)" data-source="([^"]*)"><caption>([^<]*)</caption>'
-                        r'.*?<tbody>(.*?)</tbody>', page)
+    tables = re.findall(
+        r'<table class="data" data-rows="(\d+)" data-source="([^"]*)"><caption>([^<]*)</caption>'
+        r".*?<tbody>(.*?)</tbody>",
+        page,
+    )
     assert all(int(n) == body.count("<tr>") for n, _, _, body in tables)
     eager = json.loads(EAGER.read_text())  # the bench table: one row per (shape, backend)
-    (n, *_), = [t for t in tables if t[1] == str(EAGER) and "interleaved vs cuBLAS" in t[2]]
+    ((n, *_),) = [t for t in tables if t[1] == str(EAGER) and "interleaved vs cuBLAS" in t[2]]
     assert int(n) == sum(len(r["candidates"]) for r in eager["results"]) == 42
     assert page.count('<figure class="plot"') >= 30 and page.count("<svg") == page.count('<figure class="plot"')
 
@@ -121,8 +144,9 @@ def _chromium() -> str | None:
 
 
 def _browser(exe: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'profile'}", *args], capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'profile'}", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def _pixels(img, box, scale: float, what: str):
@@ -169,12 +193,16 @@ def test_page_renders_in_chromium(tmp_path, monkeypatch):
         assert f["texts"] and problems(f) == [], (f["name"], problems(f)[:5])
     for t in layout["tables"]:  # each table rendered every row it was given, and has a height
         assert t["rendered"] == t["expected"] and t["expected"] >= 1 and t["h"] > 20, t
-    eager = [t for t in layout["tables"] if t["source"] == str(EAGER.relative_to(REPO))
-             and "interleaved vs cuBLAS" in t["title"]]
+    eager = [
+        t
+        for t in layout["tables"]
+        if t["source"] == str(EAGER.relative_to(REPO)) and "interleaved vs cuBLAS" in t["title"]
+    ]
     assert [t["rendered"] for t in eager] == [42]
     shot = tmp_path / "page.png"
-    res = _browser(exe, tmp_path, f"--window-size={width},{layout['height']}", zoom, f"--screenshot={shot}",
-                   page.as_uri())
+    res = _browser(
+        exe, tmp_path, f"--window-size={width},{layout['height']}", zoom, f"--screenshot={shot}", page.as_uri()
+    )
     assert shot.exists(), res.stderr[-2000:]
     img = Image.open(shot)
     assert img.size == (round(width * scale), round(layout["height"] * scale))
@@ -222,8 +250,9 @@ def test_report_draws_a_ledger_given_by_option(tmp_path):
     db.close()
     (tmp_path / "reports").mkdir()
     out = tmp_path / "r.html"
-    res = CliRunner().invoke(app, ["report", str(tmp_path / "reports"), "--ledger", str(tmp_path / "l.db"),
-                                   "--output", str(out)])
+    res = CliRunner().invoke(
+        app, ["report", str(tmp_path / "reports"), "--ledger", str(tmp_path / "l.db"), "--output", str(out)]
+    )
     assert res.exit_code == 0, res.output
     page = out.read_text()
     assert "1 ledger" in res.stderr and "64x64x64 float16: accepted versions and rejected attempts" in page
@@ -233,11 +262,33 @@ def test_report_draws_a_ledger_given_by_option(tmp_path):
 def test_the_liger_comparison_is_drawn(tmp_path):
     """``bench moe --baseline liger``'s report (flat rows with ratio_vs_liger): recognized and drawn with its plot
     (a rendering test: placeholder numbers in that report's layout, not measurements)."""
-    rows = [{"model": "mixtral-8x7b", "tokens": t, "routing": "uniform", "mode": "eager", "part": "fwd",
-             "gemmlab_ms": 1.0, "liger_ms": r, "ratio_vs_liger": r, "ok": True} for t, r in ((16, 1.2), (4096, 0.9))]
-    (tmp_path / "moe-liger_fwd_eager.json").write_text(json.dumps(
-        {"env": {"gpu": "GPU"}, "args": {"dtype": "bfloat16"}, "results": [], "rows": rows, "summary": [],
-         "liger": {"available": True}, "not_run": []}))
+    rows = [
+        {
+            "model": "mixtral-8x7b",
+            "tokens": t,
+            "routing": "uniform",
+            "mode": "eager",
+            "part": "fwd",
+            "gemmlab_ms": 1.0,
+            "liger_ms": r,
+            "ratio_vs_liger": r,
+            "ok": True,
+        }
+        for t, r in ((16, 1.2), (4096, 0.9))
+    ]
+    (tmp_path / "moe-liger_fwd_eager.json").write_text(
+        json.dumps(
+            {
+                "env": {"gpu": "GPU"},
+                "args": {"dtype": "bfloat16"},
+                "results": [],
+                "rows": rows,
+                "summary": [],
+                "liger": {"available": True},
+                "not_run": [],
+            }
+        )
+    )
     page, found = html.build([tmp_path])
     assert [f.kind for f in found] == ["moe-liger-bench"] and "could not draw" not in page
     assert "Liger time / gemmlab time, both sides in the same mode (&gt; 1: gemmlab faster)" in page

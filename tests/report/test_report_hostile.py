@@ -35,8 +35,9 @@ def test_a_fifo_or_a_device_named_json_is_listed_not_read(tmp_path):
         found = collected(tmp_path / name)
         assert [(f.kind, what in (f.error or "")) for f in found] == [("unreadable", True)], found
     out = tmp_path / "page.html"
-    res = CliRunner().invoke(app, ["report", str(tmp_path / "fifo.json"), str(tmp_path / "zero.json"),
-                                   "--output", str(out)])
+    res = CliRunner().invoke(
+        app, ["report", str(tmp_path / "fifo.json"), str(tmp_path / "zero.json"), "--output", str(out)]
+    )
     assert res.exit_code == 0 and "2 unreadable" in res.stderr, res.output
     assert "fifo.json" in out.read_text()
 
@@ -56,9 +57,11 @@ def test_profile_diff_and_docs_read_their_json_bounded(tmp_path, monkeypatch, ca
     deep_file(tmp_path / "tree" / "index.json")
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "index.json").write_text('{"about": "x", "results": [{"path": 5}], "pages": "nope"}')
-    for argv, says in ((["profile", "--diff", deep, deep], "nested deeper than the 64 levels"),
-                       (["report", tmp_path / "tree", "--docs", tmp_path / "out"], "nested deeper than the 64"),
-                       (["report", tmp_path / "odd", "--docs", tmp_path / "out"], "an entry this gemmlab cannot read")):
+    for argv, says in (
+        (["profile", "--diff", deep, deep], "nested deeper than the 64 levels"),
+        (["report", tmp_path / "tree", "--docs", tmp_path / "out"], "nested deeper than the 64"),
+        (["report", tmp_path / "odd", "--docs", tmp_path / "out"], "an entry this gemmlab cannot read"),
+    ):
         code, out, err = cli(argv, monkeypatch, capsys)
         lines = err.strip().splitlines()
         assert code == 2 and out == "" and len(lines) == 1 and says in lines[0], (argv, err)
@@ -74,10 +77,13 @@ def test_profile_diff_and_docs_readme_refuse_a_fifo(tmp_path):
 
     os.mkfifo(tmp_path / "fifo")
     results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-    for argv in (["profile", "--diff", "fifo", "fifo"],
-                 ["report", str(results), "--docs", "out", "--check", "--readme", "fifo"]):
-        res = subprocess.run([sys.executable, "-m", "gemmlab", *argv], cwd=tmp_path, capture_output=True, text=True,
-                             timeout=300)
+    for argv in (
+        ["profile", "--diff", "fifo", "fifo"],
+        ["report", str(results), "--docs", "out", "--check", "--readme", "fifo"],
+    ):
+        res = subprocess.run(
+            [sys.executable, "-m", "gemmlab", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 2 and len(lines) == 1 and "a FIFO, not a regular file" in lines[0], res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]

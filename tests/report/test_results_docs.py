@@ -79,8 +79,16 @@ def test_every_result_is_indexed(tmp_path):
     (tree / "run-a").mkdir(parents=True)
     (tree / "run-a" / "x.json").write_text('{"env": {"gpu": "G", "git_sha": "abcdef0123", "date": "2030-01-02"}}')
     (tree / "new.log").write_text("...")
-    (tree / "index.json").write_text(json.dumps({"results": [
-        {"path": "run-a", "produced_by": "p", "what": "w"}, {"path": "gone", "produced_by": "p", "what": "w"}]}))
+    (tree / "index.json").write_text(
+        json.dumps(
+            {
+                "results": [
+                    {"path": "run-a", "produced_by": "p", "what": "w"},
+                    {"path": "gone", "produced_by": "p", "what": "w"},
+                ]
+            }
+        )
+    )
     index = docs.load_index(tree)
     assert docs.unlisted(tree, index) == ["new.log"] and docs.missing(tree, index) == ["gone"]
     assert docs.provenance(tree, index["results"][0]) == {"gpu": "G", "date": "2030-01-02", "git_sha": "abcdef0"}
@@ -98,8 +106,11 @@ def test_report_docs_command(tmp_path):
     res = CliRunner().invoke(app, ["report", str(RESULTS), "--docs", str(out), "--check"])
     assert res.exit_code == 1 and "stale:" in res.stderr and "gemm.md" in res.stderr
     assert (out / "gemm.md").read_text() == "edited\n"  # --check writes nothing
-    for args in (["report", str(tmp_path), "--docs", str(out)], ["report", str(RESULTS), str(RESULTS), "--docs",
-                                                                      str(out)], ["report", str(RESULTS), "--check"]):
+    for args in (
+        ["report", str(tmp_path), "--docs", str(out)],
+        ["report", str(RESULTS), str(RESULTS), "--docs", str(out)],
+        ["report", str(RESULTS), "--check"],
+    ):
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, (args, res.output)
 
@@ -107,8 +118,10 @@ def test_report_docs_command(tmp_path):
 def test_a_bad_index_is_one_clear_error(tmp_path):
     tree = tmp_path / "results"
     shutil.copytree(RESULTS / "nvidia-h200-bench", tree / "nvidia-h200-bench")
-    index = {"results": [{"path": "nvidia-h200-bench", "produced_by": "p", "what": "w"}],
-             "pages": [{"file": "x.md", "title": "x", "tables": [{"table": "no-such-table", "file": "a.json"}]}]}
+    index = {
+        "results": [{"path": "nvidia-h200-bench", "produced_by": "p", "what": "w"}],
+        "pages": [{"file": "x.md", "title": "x", "tables": [{"table": "no-such-table", "file": "a.json"}]}],
+    }
     (tree / "index.json").write_text(json.dumps(index))
     with pytest.raises(docs.ResultsError, match="no-such-table"):
         docs.pages(tree)
@@ -125,12 +138,15 @@ def test_benchmarks_has_one_entry_point_listing_every_script():
     res = subprocess.run([sys.executable, "-m", "benchmarks"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     listed = {line.split()[0] for line in res.stdout.splitlines()[2:] if line.strip()}
-    scripts = {p.name for p in (REPO / "benchmarks").iterdir() if p.suffix in (".py", ".sh")} - {"__init__.py",
-                                                                                                   "__main__.py"}
+    scripts = {p.name for p in (REPO / "benchmarks").iterdir() if p.suffix in (".py", ".sh")} - {
+        "__init__.py",
+        "__main__.py",
+    }
     names = {s.removesuffix(".py").removesuffix(".sh").replace("_", "-") for s in scripts}
     assert names == listed, (listed, scripts)  # file clock_order.py: name clock-order
-    bad = subprocess.run([sys.executable, "-m", "benchmarks", "nope"], cwd=REPO, capture_output=True, text=True,
-                         timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "nope"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and "no script 'nope'" in bad.stderr
 
 
@@ -138,10 +154,18 @@ def test_nothing_in_src_or_tests_imports_benchmarks():
     offenders = []
     for path in [*(REPO / "src").rglob("*.py"), *(REPO / "tests").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            loads = isinstance(node, ast.Constant) and isinstance(node.value, str) and \
-                re.search(r"benchmarks/\w+\.py$", node.value)
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            loads = (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and re.search(r"benchmarks/\w+\.py$", node.value)
+            )
             if any(n == "benchmarks" or n.startswith("benchmarks.") for n in names) or loads:
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not offenders, offenders

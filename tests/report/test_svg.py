@@ -10,8 +10,12 @@ from gemmlab.report import html, svg
 from tests.report.geometry import overlap, problems, svg_layout
 from tests.report.test_report import RESULTS
 
-LIGER = [f"qwen3-30b-a3b fwd {mode} T={t} {routing}" for t in (1, 8, 16, 64, 256, 1024, 4096)
-         for mode in ("eager", "graph") for routing in ("uniform", "zipf")]  # 28 bars, as the Liger report
+LIGER = [
+    f"qwen3-30b-a3b fwd {mode} T={t} {routing}"
+    for t in (1, 8, 16, 64, 256, 1024, 4096)
+    for mode in ("eager", "graph")
+    for routing in ("uniform", "zipf")
+]  # 28 bars, as the Liger report
 
 
 def _ticks(chart: str) -> list[tuple[str, str]]:
@@ -20,8 +24,12 @@ def _ticks(chart: str) -> list[tuple[str, str]]:
 
 
 def test_the_liger_labels_are_distinct_and_say_what_differs():
-    chart = svg.bars(LIGER, {"gemmlab vs Liger": [1.0 + i / 40 for i in range(len(LIGER))]}, "Liger / gemmlab",
-                     "Liger time / gemmlab time")
+    chart = svg.bars(
+        LIGER,
+        {"gemmlab vs Liger": [1.0 + i / 40 for i in range(len(LIGER))]},
+        "Liger / gemmlab",
+        "Liger time / gemmlab time",
+    )
     shown = [s for _, s in _ticks(chart)]
     assert len(shown) == 28 and len(set(shown)) == 28
     assert shown[:3] == ["eager T=1 uniform", "eager T=1 zipf", "graph T=1 uniform"]
@@ -30,12 +38,16 @@ def test_the_liger_labels_are_distinct_and_say_what_differs():
     assert problems(svg_layout(chart)) == []
 
 
-@pytest.mark.parametrize("cats,series", [
-    (LIGER, {"a": [1.0] * 28}),
-    ([f"op{i} {'x' * 70} candidate-{i}" for i in range(30)], {"host µs": list(range(30)), "device µs": [3.0] * 30}),
-    (["only"], {"a series with a rather long name, to see the legend hold it": [2.5]}),
-    (["a", "b", "a"], {"x": [-0.5, 1.5, None], "y": [0.2, float("nan"), 3.0]}),  # repeated, negative, missing
-], ids=["liger", "30-long", "one", "negative"])
+@pytest.mark.parametrize(
+    "cats,series",
+    [
+        (LIGER, {"a": [1.0] * 28}),
+        ([f"op{i} {'x' * 70} candidate-{i}" for i in range(30)], {"host µs": list(range(30)), "device µs": [3.0] * 30}),
+        (["only"], {"a series with a rather long name, to see the legend hold it": [2.5]}),
+        (["a", "b", "a"], {"x": [-0.5, 1.5, None], "y": [0.2, float("nan"), 3.0]}),  # repeated, negative, missing
+    ],
+    ids=["liger", "30-long", "one", "negative"],
+)
 def test_bar_geometry(cats, series):
     chart = svg.bars(cats, series, "title " * 30, "a y label " * 8)
     layout = svg_layout(chart)
@@ -48,8 +60,10 @@ def test_bar_geometry(cats, series):
 
 
 def test_long_labels_keep_their_ends_and_a_tooltip():
-    cats = ["gemm (torch.compile) 16x4096x4096 compiled gemmlab.gemm*2 a very long name indeed",
-            "grouped_gemm small (H 1024, I 512, E 16, k 2) T=1 gemmlab.grouped_gemm a very long name indeed"]
+    cats = [
+        "gemm (torch.compile) 16x4096x4096 compiled gemmlab.gemm*2 a very long name indeed",
+        "grouped_gemm small (H 1024, I 512, E 16, k 2) T=1 gemmlab.grouped_gemm a very long name indeed",
+    ]
     shown, common = svg.short_labels(cats)
     assert common == "a very long name indeed" and len(shown[0]) == svg.MAX_LABEL
     assert shown[0].startswith("gemm (torch.compile)") and shown[0].endswith("ompiled gemmlab.gemm*2")
@@ -58,9 +72,16 @@ def test_long_labels_keep_their_ends_and_a_tooltip():
 
 
 def test_log_axes_say_so_and_xy_geometry():
-    pts = {"gemmlab": [(2.0 ** i, 10.0 * i + 1) for i in range(1, 12)], "cuBLAS": [(64.0, 500.0)]}
-    chart = svg.xy(pts, "roofline", "arithmetic intensity", "TFLOPS", logx=True, logy=True,
-                   lines={"ceiling": [(1.0, 1.0), (4096.0, 900.0)]})
+    pts = {"gemmlab": [(2.0**i, 10.0 * i + 1) for i in range(1, 12)], "cuBLAS": [(64.0, 500.0)]}
+    chart = svg.xy(
+        pts,
+        "roofline",
+        "arithmetic intensity",
+        "TFLOPS",
+        logx=True,
+        logy=True,
+        lines={"ceiling": [(1.0, 1.0), (4096.0, 900.0)]},
+    )
     assert "arithmetic intensity (log scale)" in chart and "TFLOPS (log scale)" in chart
     lin = svg.xy(pts, "linear", "x", "y")
     assert "log scale" not in lin
@@ -73,16 +94,25 @@ def test_the_geometry_rules_fire():
     assert overlap([(0, 0), (10, 0), (10, 10), (0, 10)], [(5, 5), (15, 5), (15, 15), (5, 15)])
     assert not overlap([(0, 0), (10, 0), (10, 10), (0, 10)], [(11, 0), (20, 0), (20, 10), (11, 10)])
     box = lambda x, y: [(x, y), (x + 20, y), (x + 20, y + 8), (x, y + 8)]  # noqa: E731
-    chart = {"size": [100, 100], "frame": [20, 20, 70, 50], "bars": True, "marks": [(25, 30, 5, 45)],
-             "texts": [{"cls": "xtick", "text": "a", "quad": box(90, 75)}, {"cls": "xtick", "text": "a",
-                                                                             "quad": box(30, 60)},
-                       {"cls": "legend", "text": "l", "quad": box(35, 62)}]}
+    chart = {
+        "size": [100, 100],
+        "frame": [20, 20, 70, 50],
+        "bars": True,
+        "marks": [(25, 30, 5, 45)],
+        "texts": [
+            {"cls": "xtick", "text": "a", "quad": box(90, 75)},
+            {"cls": "xtick", "text": "a", "quad": box(30, 60)},
+            {"cls": "legend", "text": "l", "quad": box(35, 62)},
+        ],
+    }
     said = "\n".join(problems(chart))
     assert "leaves the chart" in said and "reaches into the plot" in said and "overlaps" in said
     assert "mark at (25, 30)" in said and "bar labels alike" in said
     old = '<text class="xtick" x="10" y="50" font-size="9" text-anchor="end">{}</text>'
-    legacy = (f'<svg xmlns="http://www.w3.org/2000/svg" width="100" height="60"><rect class="frame" x="20" y="5" '
-              f'width="70" height="40"/>{old.format("qwen3-30b-a3b fwd eage")}</svg>')
+    legacy = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="100" height="60"><rect class="frame" x="20" y="5" '
+        f'width="70" height="40"/>{old.format("qwen3-30b-a3b fwd eage")}</svg>'
+    )
     assert any("leaves the chart" in p for p in problems(svg_layout(legacy)))
 
 

@@ -152,8 +152,9 @@ def test_cpu_used_during_the_other_sides_window_fails_it(out_dir, monkeypatch):
         os.kill(helper, signal.SIGSTOP)
         _wait("the helper stopped again", lambda: _stopped(helper))
         base.request("call", slot=0)
-        with pytest.raises(WorkerFailure, match="candidate's processes used .* of CPU while frozen, during the "
-                                                "baseline's window"):
+        with pytest.raises(
+            WorkerFailure, match="candidate's processes used .* of CPU while frozen, during the baseline's window"
+        ):
             base.freeze()
     finally:
         cand.close()

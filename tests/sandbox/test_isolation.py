@@ -37,8 +37,19 @@ def test_the_filter_program(arch):
 
     def ret(name, *args, on=arch):
         return seccomp.run(prog, nr(name), args, on)
-    for name in ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "setns", "unshare",
-                 "umount2", "mount", "open_by_handle_at"):
+
+    for name in (
+        "ptrace",
+        "process_vm_readv",
+        "process_vm_writev",
+        "kcmp",
+        "pidfd_getfd",
+        "setns",
+        "unshare",
+        "umount2",
+        "mount",
+        "open_by_handle_at",
+    ):
         assert ret(name) == EPERM, name
     assert ret("ioctl", 1, 0x5412) == EPERM and ret("ioctl", 1, 0x541C) == EPERM and ret("ioctl", 1, 0x540E) == EPERM
     assert ret("ioctl", 1, (1 << 32) | 0x5412) == EPERM  # the kernel drops the high bits: so does the filter
@@ -109,8 +120,13 @@ def test_the_filter_in_force_refuses_the_terminal_and_the_owner():
     waiter = threading.Thread(target=done.wait, daemon=True)  # a thread of the test's: a thread id to aim at
     waiter.start()
     try:
-        r = subprocess.run([sys.executable, "-c", CHILD, seccomp.__file__, os.ttyname(slave)], capture_output=True,
-                           text=True, timeout=120, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [sys.executable, "-c", CHILD, seccomp.__file__, os.ttyname(slave)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         found = json.loads(r.stdout)
         os.set_blocking(slave, False)
@@ -123,7 +139,8 @@ def test_the_filter_in_force_refuses_the_terminal_and_the_owner():
     assert found["missing"] == []
     assert found["threads"] >= 1 and found["kill_thread"] == errno.EPERM, found  # a signal by thread id
     assert {k: found[k] for k in ("tiocsti", "ptrace", "prlimit", "kill")} == dict.fromkeys(
-        ("tiocsti", "ptrace", "prlimit", "kill"), errno.EPERM), found
+        ("tiocsti", "ptrace", "prlimit", "kill"), errno.EPERM
+    ), found
     assert found["clone3"] == errno.ENOSYS and found["own_prlimit"] is True and found["fork"] is True, found
 
 
@@ -175,8 +192,17 @@ def test_a_candidate_reaches_neither_the_grader_nor_its_terminal(out_dir, monkey
     _need_bwrap(tool)
     r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK=landlock, GEMMLAB_SANDBOX_TOOL=tool)
     assert got == b"", got
-    assert set(found) == {"tiocsti", "tty_write", "ptrace", "process_vm_readv", "prlimit", "kill", "clone3", "ctty",
-                          "tty_fds"}, found
+    assert set(found) == {
+        "tiocsti",
+        "tty_write",
+        "ptrace",
+        "process_vm_readv",
+        "prlimit",
+        "kill",
+        "clone3",
+        "ctty",
+        "tty_fds",
+    }, found
     assert not [k for k, v in found.items() if v is True], found
     assert found["tty_fds"] == [] and found["ctty"] == "ENXIO", found  # no terminal held, none to open
     assert found["clone3"] == "ENOSYS" and found["ptrace"] in ("EPERM", "invisible"), found
@@ -193,8 +219,15 @@ def test_in_a_pid_namespace_the_grader_is_not_in_view(out_dir, monkeypatch):
     is not there to aim at, even with the filter, Landlock and the uid off; the grade still passes."""
     if os.geteuid() != 0:
         pytest.skip("a PID namespace of the keeper's own needs root")
-    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_PIDNS="1", GEMMLAB_SANDBOX_LANDLOCK="0",
-                             GEMMLAB_SANDBOX_SECCOMP="0", GEMMLAB_SANDBOX_UID="0", GEMMLAB_SANDBOX_TOOL="none")
+    r, found, got = _attacks(
+        out_dir,
+        monkeypatch,
+        GEMMLAB_SANDBOX_PIDNS="1",
+        GEMMLAB_SANDBOX_LANDLOCK="0",
+        GEMMLAB_SANDBOX_SECCOMP="0",
+        GEMMLAB_SANDBOX_UID="0",
+        GEMMLAB_SANDBOX_TOOL="none",
+    )
     assert r["isolation"]["candidate"]["pid_namespace"] == "on", r["isolation"]
     assert got == b"" and all(found[k] == "invisible" for k in ("ptrace", "process_vm_readv", "prlimit", "kill"))
     assert passed(r), r["failures"]
@@ -207,8 +240,14 @@ def test_without_the_filter_the_same_candidate_reaches_the_grader(out_dir, monke
     hides it, where it is root)."""
     if os.geteuid() != 0:
         pytest.skip("the control needs the keeper's mount namespace (root) to keep the terminal out of reach")
-    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK="0", GEMMLAB_SANDBOX_SECCOMP="0",
-                             GEMMLAB_SANDBOX_UID="0", GEMMLAB_SANDBOX_TOOL="none")
+    r, found, got = _attacks(
+        out_dir,
+        monkeypatch,
+        GEMMLAB_SANDBOX_LANDLOCK="0",
+        GEMMLAB_SANDBOX_SECCOMP="0",
+        GEMMLAB_SANDBOX_UID="0",
+        GEMMLAB_SANDBOX_TOOL="none",
+    )
     assert got == b"" and found["tiocsti"] == "ENOENT" and found["tty_write"] == "ENOENT", (got, found)
     assert all(found[k] is True for k in ("ptrace", "process_vm_readv", "prlimit", "kill")), found
     assert r["isolation"]["candidate"]["seccomp"] == "off"
@@ -220,8 +259,14 @@ def test_a_uid_of_its_own_alone_keeps_the_grader_out_of_reach(out_dir, monkeypat
     uid; the candidate still loads (its files read as the grader reads them) and writes its own directories."""
     if os.geteuid() != 0:
         pytest.skip("only a grader running as root can give the sandbox a uid of its own")
-    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK="0", GEMMLAB_SANDBOX_SECCOMP="0",
-                             GEMMLAB_SANDBOX_UID="1", GEMMLAB_SANDBOX_TOOL="none")
+    r, found, got = _attacks(
+        out_dir,
+        monkeypatch,
+        GEMMLAB_SANDBOX_LANDLOCK="0",
+        GEMMLAB_SANDBOX_SECCOMP="0",
+        GEMMLAB_SANDBOX_UID="1",
+        GEMMLAB_SANDBOX_TOOL="none",
+    )
     assert got == b"", got
     assert all(found[k] in ("EPERM", "EACCES") for k in ("ptrace", "process_vm_readv", "prlimit", "kill")), found
     uid = r["isolation"]["candidate"]["uid"]
@@ -286,8 +331,9 @@ def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypa
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("switch", [{}, {"GEMMLAB_SANDBOX_UID": "1"}, {"GEMMLAB_SANDBOX_PIDNS": "1"}],
-                         ids=["default", "uid", "pidns"])
+@pytest.mark.parametrize(
+    "switch", [{}, {"GEMMLAB_SANDBOX_UID": "1"}, {"GEMMLAB_SANDBOX_PIDNS": "1"}], ids=["default", "uid", "pidns"]
+)
 def test_isolation_with_cuda(monkeypatch, switch):
     """With CUDA: the seccomp filter and the hidden terminals (off by default there until this test has passed on
     a GPU, so turned on here) and each other switch that is off by default there (a uid of its own, a PID

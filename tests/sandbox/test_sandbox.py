@@ -72,14 +72,17 @@ def test_a_pickle_frame_on_the_channel_is_never_loaded(out_dir):
     assert not (out_dir / "pwned").exists()
 
 
-@pytest.mark.parametrize("forged,field", [
-    ({"kernels": 5}, "kernels"),
-    ({"path": [1]}, "path"),
-    ({"problem": {"why": 1}}, "problem"),
-    ({"problem": "x" * 100_000}, "problem"),
-    ({"error": ["boom"]}, "error"),
-    ({"ms": ["fast"]}, "ms"),  # only timed replies hold "ms": the forgery reaches the timed batches
-])
+@pytest.mark.parametrize(
+    "forged,field",
+    [
+        ({"kernels": 5}, "kernels"),
+        ({"path": [1]}, "path"),
+        ({"problem": {"why": 1}}, "problem"),
+        ({"problem": "x" * 100_000}, "problem"),
+        ({"error": ["boom"]}, "error"),
+        ({"ms": ["fast"]}, "ms"),  # only timed replies hold "ms": the forgery reaches the timed batches
+    ],
+)
 def test_a_malformed_reply_fails_with_one_line(out_dir, monkeypatch, forged, field):
     monkeypatch.setenv("BAD_REPLY", json.dumps(forged))
     r = run_box("forges_replies")
@@ -90,8 +93,15 @@ def test_a_malformed_reply_fails_with_one_line(out_dir, monkeypatch, forged, fie
 
 
 def test_a_malformed_reply_through_the_cli_is_a_report_not_a_traceback(tmp_path):
-    r = _cli("--cases", TINY, "--kernel", f"{BOX}:forges_replies", "--output-dir", str(tmp_path / "out"),
-             env={"BAD_REPLY": json.dumps({"ops": {"aten::mm": 1}}), "BAD_KERNEL_OUT_DIR": str(tmp_path)})
+    r = _cli(
+        "--cases",
+        TINY,
+        "--kernel",
+        f"{BOX}:forges_replies",
+        "--output-dir",
+        str(tmp_path / "out"),
+        env={"BAD_REPLY": json.dumps({"ops": {"aten::mm": 1}}), "BAD_KERNEL_OUT_DIR": str(tmp_path)},
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["verdict"] == "FAIL" and "field 'ops'" in report["failures"][0]["reason"]
@@ -104,14 +114,15 @@ def test_reply_checks():
     run = {"ms": [0.1, 0.2], "problem": None, "held_ms": 0.0, "loop_ms": 0.4}
     assert checked("run", run, {"order": [0, 1]})["ms"] == [0.1, 0.2]
     for op, reply, req, words in (
-            ("call", {**good, "kernels": "k"}, {}, "'kernels'"),
-            ("call", {"problem": None, "kernels": [], "ops": []}, {}, "'path' is missing"),
-            ("run", {**run, "ms": [0.1]}, {"order": [0, 1]}, "a list of 2 times"),
-            ("run", {**run, "ms": [0.1, float("nan")]}, {"order": [0, 1]}, "'ms'"),
-            ("run", {**run, "ms": [0.1, True]}, {"order": [0, 1]}, "'ms'"),
-            ("run", {**run, "held_ms": -1}, {"order": [0, 1]}, "'held_ms'"),
-            ("call", {"error": 3}, {}, "'error'"),
-            ("hello", {"ok": "yes", "error": None}, {}, "'ok'")):
+        ("call", {**good, "kernels": "k"}, {}, "'kernels'"),
+        ("call", {"problem": None, "kernels": [], "ops": []}, {}, "'path' is missing"),
+        ("run", {**run, "ms": [0.1]}, {"order": [0, 1]}, "a list of 2 times"),
+        ("run", {**run, "ms": [0.1, float("nan")]}, {"order": [0, 1]}, "'ms'"),
+        ("run", {**run, "ms": [0.1, True]}, {"order": [0, 1]}, "'ms'"),
+        ("run", {**run, "held_ms": -1}, {"order": [0, 1]}, "'held_ms'"),
+        ("call", {"error": 3}, {}, "'error'"),
+        ("hello", {"ok": "yes", "error": None}, {}, "'ok'"),
+    ):
         with pytest.raises(ValueError, match=words):
             checked(op, reply, req)
 
@@ -181,6 +192,7 @@ def _zombie_with_threads(pid: int) -> bool:
         except OSError:
             return ""
         return text[text.rfind(")") + 2]
+
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -231,7 +243,8 @@ def test_a_fork_storm_cannot_hold_the_baseline(out_dir):
     stops = out_dir / "stops"
     held = stops.read_text().split() if stops.exists() else []
     seen = (r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}) or (r.get("performance") or {}).get(
-        "held_retries", 0) > 0
+        "held_retries", 0
+    ) > 0
     assert not held or seen, (held, r["failures"])
     assert (out_dir / "heartbeat").exists()  # the storm did run
 
@@ -274,6 +287,7 @@ def test_a_stopped_baseline_is_seen(tmp_path, device):
         os.kill(server, signal.SIGSTOP)
         time.sleep(2.0)
         os.kill(server, signal.SIGCONT)
+
     try:
         calm = base.request("run", order=[0] * 5, fn="empty")
         assert calm["held_ms"] <= sandbox_box.HELD_MS and base.held_off(calm) is None  # undisturbed
@@ -349,6 +363,7 @@ def test_cuda_ipc_shares_only_the_slots():
 
     def inside(t):
         return any(a <= t.data_ptr() < a + n for a, n in segments)
+
     assert inside(slot_big) and inside(slot_small)
     assert not any(inside(t) for t in (private_big, private_small, private_after))
     snapshot = {s["address"]: s for s in torch.cuda.memory_snapshot()}
@@ -375,25 +390,40 @@ def grade_cli(*args, env, timeout=300):
 
     env = {**no_interpreter_env(), **env}
     try:
-        return subprocess.run([sys.executable, "-m", "gemmlab", "grade", *args], capture_output=True, text=True,
-                              env=env, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "gemmlab", "grade", *args], capture_output=True, text=True, env=env, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return None
 
 
-@pytest.mark.parametrize("mode,code,words", [
-    ("fifo", 1, None),         # FIFOs at the old temporary names and a forged PASS report.json: no hang, our report
-    ("tmp-symlink", 1, None),  # symlinks at the old temporary names: nothing written through them
-    ("symlink", 2, "a symlink"),           # report.json a symlink: refused in one line, the target untouched
-    ("fifo-report", 2, "not a plain file"),  # report.json a FIFO: refused, no hang
-])
+@pytest.mark.parametrize(
+    "mode,code,words",
+    [
+        ("fifo", 1, None),  # FIFOs at the old temporary names and a forged PASS report.json: no hang, our report
+        ("tmp-symlink", 1, None),  # symlinks at the old temporary names: nothing written through them
+        ("symlink", 2, "a symlink"),  # report.json a symlink: refused in one line, the target untouched
+        ("fifo-report", 2, "not a plain file"),  # report.json a FIFO: refused, no hang
+    ],
+)
 def test_the_report_is_never_written_through_what_the_candidate_placed(tmp_path, mode, code, words):
     out, victim = tmp_path / "out", tmp_path / "victim.txt"
     victim.write_text("precious")
-    r = grade_cli("--cases", TINY, "--kernel", f"{BOX}:sabotages_report", "--output-dir", str(out),
-                   env={"BAD_REPORT_DIR": str(out), "BAD_REPORT_MODE": mode, "BAD_VICTIM": str(victim),
-                        "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path),  # as where no Landlock domain stops it
-                        "GEMMLAB_SANDBOX_UID": "0"})  # nor a uid of its own: the writes must land to be tested
+    r = grade_cli(
+        "--cases",
+        TINY,
+        "--kernel",
+        f"{BOX}:sabotages_report",
+        "--output-dir",
+        str(out),
+        env={
+            "BAD_REPORT_DIR": str(out),
+            "BAD_REPORT_MODE": mode,
+            "BAD_VICTIM": str(victim),
+            "GEMMLAB_SANDBOX_WRITABLE": str(tmp_path),  # as where no Landlock domain stops it
+            "GEMMLAB_SANDBOX_UID": "0",
+        },
+    )  # nor a uid of its own: the writes must land to be tested
     assert r is not None, "the grader hung"
     assert r.returncode == code, (r.returncode, r.stderr[-2000:])
     assert victim.read_text() == "precious"
@@ -421,8 +451,11 @@ def test_write_files_refuses_a_symlinked_directory(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(reason="open: under the opt-in Landlock domain the child's cudaGetDeviceCount() fails (error 304, "
-                   "cudaErrorOperatingSystem); the default keeps Landlock off with CUDA", strict=False)
+@pytest.mark.xfail(
+    reason="open: under the opt-in Landlock domain the child's cudaGetDeviceCount() fails (error 304, "
+    "cudaErrorOperatingSystem); the default keeps Landlock off with CUDA",
+    strict=False,
+)
 def test_landlock_with_cuda(out_dir, monkeypatch):
     """GEMMLAB_SANDBOX_LANDLOCK=1 with CUDA: the children still open the slots' IPC handles and gemmlab's own kernel
     passes, and the candidate reaches nothing outside (what the default could turn on with CUDA once this passes)."""

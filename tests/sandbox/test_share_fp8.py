@@ -17,8 +17,10 @@ def _roundtrip(inputs, out, device):
     meta, fds = share.export([(inputs, out)])
     got, y = share.rebuild(meta, [os.dup(fd) for fd in fds] if device.type == "cpu" else fds)[0]
     assert [(x.dtype, x.shape, x.stride()) for x in got] == [(x.dtype, x.shape, x.stride()) for x in inputs]
-    assert all(torch.equal(g.view(torch.uint8), x.view(torch.uint8)) if x.dtype == torch.float8_e4m3fn
-               else torch.equal(g, x) for g, x in zip(got, inputs, strict=True))
+    assert all(
+        torch.equal(g.view(torch.uint8), x.view(torch.uint8)) if x.dtype == torch.float8_e4m3fn else torch.equal(g, x)
+        for g, x in zip(got, inputs, strict=True)
+    )
     y.fill_(1.0)  # the child's writes land in the owner's buffer
     assert bool((out == 1).all())
 
@@ -52,8 +54,9 @@ def test_fp8_inputs_share_through_cuda_ipc(per_row):
     meta, fds = share.export([(inputs, out)])
     assert fds == [] and {m["kind"] for m in meta["storages"]} == {"cuda"}
     torch.cuda.synchronize()
-    p = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps(meta), capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD], input=json.dumps(meta), capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     want = [[str(x.dtype), list(x.shape), float(x.float().sum())] for x in inputs]
     assert json.loads(p.stdout.splitlines()[-1]) == want

@@ -57,8 +57,13 @@ def test_an_unknown_tool_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("GEMMLAB_SANDBOX_TOOL", "firejail")
     with pytest.raises(ValueError, match="GEMMLAB_SANDBOX_TOOL must be one of auto, bwrap, none, not 'firejail'"):
         Isolation.from_env(True)
-    out = subprocess.run([sys.executable, "-m", "gemmlab", "grade", "--cases", TINY], capture_output=True, text=True,
-                         env={**no_interpreter_env(), "GEMMLAB_SANDBOX_TOOL": "firejail"}, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "gemmlab", "grade", "--cases", TINY],
+        capture_output=True,
+        text=True,
+        env={**no_interpreter_env(), "GEMMLAB_SANDBOX_TOOL": "firejail"},
+        timeout=600,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert len(out.stderr.strip().splitlines()) == 1 and "GEMMLAB_SANDBOX_TOOL" in out.stderr, out.stderr
 
@@ -98,8 +103,10 @@ def test_a_bubblewrap_that_fails_its_self_test_is_not_used(tmp_path, monkeypatch
     self-test: the hand-written path holds, and the report says why."""
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "bwrap").write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "bubblewrap 9.9.9"; exit 0; }\n'
-                                'echo "bwrap: No permissions to create new namespace" >&2\nexit 1\n')
+    (fake / "bwrap").write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && { echo "bubblewrap 9.9.9"; exit 0; }\n'
+        'echo "bwrap: No permissions to create new namespace" >&2\nexit 1\n'
+    )
     (fake / "bwrap").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.delenv("GEMMLAB_SANDBOX_TOOL", raising=False)

@@ -14,26 +14,59 @@ import gemmlab
 from gemmlab.ledger import Ledger
 from gemmlab.tune import dense, dense_rules
 
-ENV = {"date": "2026-12-02T12:00:00+00:00", "gemmlab": "0.1.0", "torch": "2.11.0+cu130", "triton": "3.6.0",
-       "git_sha": "abc123", "gpu": "NVIDIA H200", "driver": "580.1"}
+ENV = {
+    "date": "2026-12-02T12:00:00+00:00",
+    "gemmlab": "0.1.0",
+    "torch": "2.11.0+cu130",
+    "triton": "3.6.0",
+    "git_sha": "abc123",
+    "gpu": "NVIDIA H200",
+    "driver": "580.1",
+}
 
 
 def rows_for(point, times: dict[str, float], aliases: dict | None = None, staged=(), path: str | None = None):
     """Sweep rows of one point: name -> median ms (cuBLAS 1.0 ms); "gemmlab" is the current choice."""
     c = point.case
-    top = {"spec": point.spec, "grid_class": point.cls, "shape": [c.m, c.n, c.k], "dtype": c.dtype,
-           "layout": c.layout, "case": {"layout": c.layout, "pad": c.pad, "offset": c.offset}, "env": ENV}
+    top = {
+        "spec": point.spec,
+        "grid_class": point.cls,
+        "shape": [c.m, c.n, c.k],
+        "dtype": c.dtype,
+        "layout": c.layout,
+        "case": {"layout": c.layout, "pad": c.pad, "offset": c.offset},
+        "env": ENV,
+    }
     cands = {x["name"]: x for x in dense.CANDIDATES[point.cls]}
     out = [{**top, "variant": "cublas", "check": {"ok": True}, "median_ms": 1.0}]
     for name, ms in times.items():
         p = path or (cands.get(name) or {}).get("path") or "tma_persistent"
-        out.append({**top, "variant": name, "aliases": (aliases or {}).get(name, []), "path": p,
-                    "staged": list(staged), "check": {"ok": True}, "check_after": True, "median_ms": ms,
-                    "config": {"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3,
-                               "epilogue_subtile": True},
-                    "vs_cublas": {"ratio": 1.0 / ms, "ci95": [0.99 / ms, 1.01 / ms], "per_round": [1.0 / ms] * 8},
-                    "vs_gemmlab": {"ratio": times["gemmlab"] / ms, "per_round": [times["gemmlab"] / ms] * 8,
-                                   "ci95": [0.99 * times["gemmlab"] / ms, 1.01 * times["gemmlab"] / ms]}})
+        out.append(
+            {
+                **top,
+                "variant": name,
+                "aliases": (aliases or {}).get(name, []),
+                "path": p,
+                "staged": list(staged),
+                "check": {"ok": True},
+                "check_after": True,
+                "median_ms": ms,
+                "config": {
+                    "block_m": 128,
+                    "block_n": 256,
+                    "block_k": 64,
+                    "num_warps": 8,
+                    "num_stages": 3,
+                    "epilogue_subtile": True,
+                },
+                "vs_cublas": {"ratio": 1.0 / ms, "ci95": [0.99 / ms, 1.01 / ms], "per_round": [1.0 / ms] * 8},
+                "vs_gemmlab": {
+                    "ratio": times["gemmlab"] / ms,
+                    "per_round": [times["gemmlab"] / ms] * 8,
+                    "ci95": [0.99 * times["gemmlab"] / ms, 1.01 * times["gemmlab"] / ms],
+                },
+            }
+        )
     return out
 
 
@@ -53,8 +86,12 @@ def synthetic() -> list[dict]:
     for m in (1, 16, 64):  # odd: the GEMV kernel at M <= 16, staging at 64
         point = dense.GridPoint("odd", dense.Case(m, 4093, 4099, "float16"))
         best = {1: "gemv fma 1x32x128 w4", 16: "gemv dot 16x32x128 w4 s3", 64: "staged"}[m]
-        rows += rows_for(point, {"gemmlab": 1.0, best: 0.5}, staged=("a", "b") if m == 64 else (),
-                         path="tma_splitk" if m == 64 else None)
+        rows += rows_for(
+            point,
+            {"gemmlab": 1.0, best: 0.5},
+            staged=("a", "b") if m == 64 else (),
+            path="tma_splitk" if m == 64 else None,
+        )
     point = dense.GridPoint("large", dense.Case(2048, 5120, 5120, "bfloat16", "linear"))  # off the product: its
     # winner is not the rule its box gets
     rows += rows_for(point, {"gemmlab": 1.0, "128x64x64 w4 s4 tail8": 0.9})
@@ -156,8 +193,8 @@ def test_a_written_table_is_what_plan_follows(user_dir, device):
     assert p2.path == "tma_persistent" and p2.config.block_n == 64, p2.reason
     again = dense_rules.write(table, dest, dest)  # rewriting over itself keeps no stale derived rule
     assert json.loads(again.read_text())["gemm"]["tma_persistent"] == json.loads(dest.read_text())["gemm"][
-        "tma_persistent"] and len(json.loads(dest.read_text())["gemm"]["tma_persistent"]) == len(
-        table["gemm"]["tma_persistent"])
+        "tma_persistent"
+    ] and len(json.loads(dest.read_text())["gemm"]["tma_persistent"]) == len(table["gemm"]["tma_persistent"])
 
 
 def test_every_row_is_recorded_and_ffma_gemv_tiles_are_accepted(tmp_path):
@@ -166,23 +203,32 @@ def test_every_row_is_recorded_and_ffma_gemv_tiles_are_accepted(tmp_path):
     rows += rows_for(point, {"gemmlab": 1.0, "gemv fma 1x32x128 w4": 0.7, "gemv dot 16x32x128 w4 s3": 0.8})
     for r in rows:
         if r["variant"].startswith("gemv"):
-            r["path"], r["config"] = "gemv", {"block_m": 1 if "fma" in r["variant"] else 16, "block_n": 32,
-                                              "block_k": 128}
+            r["path"], r["config"] = (
+                "gemv",
+                {"block_m": 1 if "fma" in r["variant"] else 16, "block_n": 32, "block_k": 128},
+            )
     bad = dict(rows[-1], variant="broken", check={"ok": False, "worst": 3.0})
     cores = dict(rows[-1], variant="cuda cores", path="tma_persistent", config={"block_m": 1})  # not a GEMV
     fma = "gemv fma 1x32x128 w4"
     db = Ledger.open(tmp_path / "l.db")
     try:
-        ids = dense_rules.record(db, rows + [bad, cores], "sweep.jsonl", "test",
-                                 inspect=lambda r: 0 if r["variant"] in (fma, "cuda cores") else 64)
+        ids = dense_rules.record(
+            db,
+            rows + [bad, cores],
+            "sweep.jsonl",
+            "test",
+            inspect=lambda r: 0 if r["variant"] in (fma, "cuda cores") else 64,
+        )
         got = {v: db.get(i) for (_, v), i in ids.items()}
     finally:
         db.close()
     assert set(got) == {"gemmlab", fma, "gemv dot 16x32x128 w4 s3", "broken", "cuda cores"}
     assert got["gemmlab"].decision == "accepted" and "baseline" in got["gemmlab"].reason
     assert got[fma].decision == "accepted" and got[fma].tensor_core_ops == 0, got[fma].reason  # FFMA by design
-    assert got["gemv dot 16x32x128 w4 s3"].decision == "accepted" and got["gemv dot 16x32x128 w4 s3"].parent_id == \
-        got["gemmlab"].id
+    assert (
+        got["gemv dot 16x32x128 w4 s3"].decision == "accepted"
+        and got["gemv dot 16x32x128 w4 s3"].parent_id == got["gemmlab"].id
+    )
     assert got["broken"].decision == "rejected" and "incorrect" in got["broken"].reason
     assert got["cuda cores"].decision == "rejected" and "no tensor-core" in got["cuda cores"].reason
     assert got[fma].git_sha == "abc123" and got[fma].gpu == "NVIDIA H200" and got[fma].report["spec"] == point.spec

@@ -68,8 +68,19 @@ def test_a_fast_but_wrong_config_is_rejected_and_never_chosen(tmp_path):
             return (lambda: torch.mm(a[:, : k // 2], b[: k // 2], out=out)), p
         return fn, p
 
-    r = tune_shape(48, 64, 128, budget_s=15, ledger=ledger, session="s", make_runner=runner,
-                   count_tensor_cores=lambda p: 1, reps=1, confirm_rounds=4, warmup_s=0.0)
+    r = tune_shape(
+        48,
+        64,
+        128,
+        budget_s=15,
+        ledger=ledger,
+        session="s",
+        make_runner=runner,
+        count_tensor_cores=lambda p: 1,
+        reps=1,
+        confirm_rounds=4,
+        warmup_s=0.0,
+    )
     wrong = [t for t in r["tried"] if t["config"] and t["config"]["block_n"] != r["default"]["block_n"]]
     assert wrong and all(t["decision"] == "rejected" and t["reason"].startswith("incorrect") for t in wrong)
     assert r["best"]["block_n"] == r["default"]["block_n"]
@@ -95,8 +106,12 @@ def test_winners_are_written_and_picked_by_plan_and_a_session_resumes(tmp_path, 
     new = [e for e in Ledger.open(ledger).list(session="s2") if e.id not in first]
     old_keys = {json.dumps(e.config, sort_keys=True) for e in first.values()}
     assert all(json.dumps(e.config, sort_keys=True) not in old_keys for e in new)  # nothing tried twice
-    forced = dict(r, confirmed=True, best=dict(r["best"], block_n=32, num_stages=2),
-                  confirm=dict(r["confirm"], speedup={"ratio": 1.5, "ci95": [1.4, 1.6]}))
+    forced = dict(
+        r,
+        confirmed=True,
+        best=dict(r["best"], block_n=32, num_stages=2),
+        confirm=dict(r["confirm"], speedup={"ratio": 1.5, "ci95": [1.4, 1.6]}),
+    )
     monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path / "user"))
     path = write_configs([forced], "interpreter")  # by default into the user's directory, which plan reads
     assert path == tmp_path / "user" / "interpreter.json"
@@ -124,8 +139,14 @@ def test_one_worker_process_per_device_sharing_one_ledger(tmp_path):
     from gemmlab.tune.tuner import tune
 
     events = []
-    res = tune([(40, 48, 64), (48, 64, 128)], budget_minutes=0.25, ledger=str(tmp_path / "l.db"), session="w",
-               workers=2, progress=events.append)
+    res = tune(
+        [(40, 48, 64), (48, 64, 128)],
+        budget_minutes=0.25,
+        ledger=str(tmp_path / "l.db"),
+        session="w",
+        workers=2,
+        progress=events.append,
+    )
     assert res["workers"] == 2 and not res["failed_workers"] and len(res["results"]) == 2
     assert {tuple(r["shape"]) for r in res["results"]} == {(40, 48, 64), (48, 64, 128)}
     assert {e["shape"] for e in events} == {"40x48x64", "48x64x128"}
@@ -136,9 +157,30 @@ def test_one_worker_process_per_device_sharing_one_ledger(tmp_path):
 
 @pytest.mark.cpu_only("CPU command line")
 def test_tune_command(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "gemmlab", "tune", "--shapes", "40,48,64", "--budget-minutes", "0.3",
-                          "--ledger", str(tmp_path / "l.db"), "--configs-dir", str(tmp_path), "--output-dir",
-                          str(tmp_path), "--session", "cli"], capture_output=True, text=True, env=ENV, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gemmlab",
+            "tune",
+            "--shapes",
+            "40,48,64",
+            "--budget-minutes",
+            "0.3",
+            "--ledger",
+            str(tmp_path / "l.db"),
+            "--configs-dir",
+            str(tmp_path),
+            "--output-dir",
+            str(tmp_path),
+            "--session",
+            "cli",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "tune session cli" in res.stdout
     rep = json.loads((tmp_path / "tune-report.json").read_text())
@@ -151,9 +193,15 @@ def test_tune_command(tmp_path):
 
 
 def _profile(**over):
-    p = {"gpu": "NVIDIA H200", "date": "2026-11-29T00:00:00+00:00", "hbm_copy": {"gbps": 4000.0},
-         "cublas_8192": {"tflops": 660.0}, "mma_peak": {"tflops": 800.0, "flop_per_clock_per_sm": 3900.0},
-         "launch": {"triton_empty_us": 10.0}, "nominal_tensor_tflops_at_max_clock": 1070.0}
+    p = {
+        "gpu": "NVIDIA H200",
+        "date": "2026-11-29T00:00:00+00:00",
+        "hbm_copy": {"gbps": 4000.0},
+        "cublas_8192": {"tflops": 660.0},
+        "mma_peak": {"tflops": 800.0, "flop_per_clock_per_sm": 3900.0},
+        "launch": {"triton_empty_us": 10.0},
+        "nominal_tensor_tflops_at_max_clock": 1070.0,
+    }
     p.update(over)
     return p
 
@@ -174,24 +222,42 @@ def test_profile_files_and_roofline(tmp_path, monkeypatch):
     path = probe.save(_profile())
     assert path == tmp_path / "device-nvidia-h200.json" and probe.load("NVIDIA H200")["hbm_copy"]["gbps"] == 4000
     assert probe.load("NVIDIA H100") is None
-    report = {"results": [{"shape": [8192, 8192, 16384], "candidates": {"gemmlab": {"tflops": 670.0},
-                                                                        "cublas": {"tflops": 660.0}}},
-                          {"shape": [16, 7168, 2048], "candidates": {"gemmlab": {"tflops": 31.0},
-                                                                     "cublas": {"tflops": None}}}]}
+    report = {
+        "results": [
+            {"shape": [8192, 8192, 16384], "candidates": {"gemmlab": {"tflops": 670.0}, "cublas": {"tflops": 660.0}}},
+            {"shape": [16, 7168, 2048], "candidates": {"gemmlab": {"tflops": 31.0}, "cublas": {"tflops": None}}},
+        ]
+    }
     png = probe.roofline_png(_profile(), report, tmp_path / "r.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
     (tmp_path / "bench.json").write_text(json.dumps(report))
     (tmp_path / "prof.json").write_text(json.dumps(_profile()))
-    res = subprocess.run([sys.executable, "-m", "gemmlab", "probe", "--roofline", str(tmp_path / "bench.json"),
-                          "--profile", str(tmp_path / "prof.json"), "--plot", str(tmp_path / "r2.png")],
-                         capture_output=True, text=True, env=ENV, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gemmlab",
+            "probe",
+            "--roofline",
+            str(tmp_path / "bench.json"),
+            "--profile",
+            str(tmp_path / "prof.json"),
+            "--plot",
+            str(tmp_path / "r2.png"),
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert res.returncode == 0 and (tmp_path / "r2.png").exists(), res.stderr
 
 
 @pytest.mark.cpu_only("CPU message")
 def test_probe_needs_a_gpu():
-    res = subprocess.run([sys.executable, "-m", "gemmlab", "probe"], capture_output=True, text=True, env=ENV,
-                         timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "gemmlab", "probe"], capture_output=True, text=True, env=ENV, timeout=300
+    )
     assert res.returncode == 2 and "needs a CUDA GPU" in res.stdout + res.stderr
 
 
@@ -214,8 +280,9 @@ def test_probe_quick_is_plausible(tmp_path, monkeypatch):
     from gemmlab.instruments.compare import compare
 
     a, b = rand((2048, 2048), device="cuda"), rand((2048, 2048), device="cuda")
-    r = compare(lambda: a @ b, lambda: torch.mm(a, b), flops=2.0 * 2048**3, rounds=4, reps=3, warmup_s=0.2,
-                profile=probe.load())
+    r = compare(
+        lambda: a @ b, lambda: torch.mm(a, b), flops=2.0 * 2048**3, rounds=4, reps=3, warmup_s=0.2, profile=probe.load()
+    )
     c = r["candidates"]["candidate"]
     if rate:
         assert 0.05 < c["efficiency_measured"] < 1.3

@@ -25,14 +25,30 @@ ENV = no_interpreter_env()
 def test_tune_moe_records_attempts_and_its_winner_is_read_back(tmp_path, monkeypatch):
     mode = "grouped"  # one launch per call: the quickest under the interpreter (forward modes: the CLI test)
     ledger = str(tmp_path / "l.db")
-    r = tune_moe(TINY, 8, mode, torch.bfloat16, budget_s=8, ledger=ledger, session="m",
-                 count_tensor_cores=lambda h: 1, reps=1, rounds=4, confirm_rounds=4, warmup_s=0.0)
+    r = tune_moe(
+        TINY,
+        8,
+        mode,
+        torch.bfloat16,
+        budget_s=8,
+        ledger=ledger,
+        session="m",
+        count_tensor_cores=lambda h: 1,
+        reps=1,
+        rounds=4,
+        confirm_rounds=4,
+        warmup_s=0.0,
+    )
     entries = Ledger.open(ledger).list(session="m")
     assert len(entries) == len(r["tried"]) >= 2 and all(e.kind == "tune" and e.op == f"moe_{mode}" for e in entries)
     assert entries[0].correct and entries[0].shape == "8x32x32x4x2" and entries[0].path == mode
     assert all(e.decision in ("accepted", "rejected") and e.reason for e in entries)
-    assert r["confirm"]["tuned_ok"] and r["ranges"] == {"rows_per_expert": [3, 4], "experts": [3, 4], "n": [33, 64]
-                                                        if mode == "grouped" else [17, 32], "k": [17, 32]}
+    assert r["confirm"]["tuned_ok"] and r["ranges"] == {
+        "rows_per_expert": [3, 4],
+        "experts": [3, 4],
+        "n": [33, 64] if mode == "grouped" else [17, 32],
+        "k": [17, 32],
+    }
     best = dict(r["best"], block_n=64, group_m=1)  # pretend a confirmed winner
     forced = dict(r, confirmed=True, best=best, confirm=dict(r["confirm"], speedup={"ratio": 1.2, "ci95": [1.1, 1.3]}))
     monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path / "user"))
@@ -83,7 +99,7 @@ def test_grouped_mode_runs_poisoned_and_checks_with_the_shared_tolerance():
     assert not pb.check(bad)["ok"]
     ref = torch.linspace(-4, 4, 32).view(4, 8)
     c = grouped_gemm_check(ref.to(torch.bfloat16), ref)
-    assert c["ok"] and c["allowed"] == 2 * 2.0 ** -7 * 4 + 1e-3
+    assert c["ok"] and c["allowed"] == 2 * 2.0**-7 * 4 + 1e-3
     off = ref.clone()
     off[1, 1] += 2 * c["allowed"]
     assert not grouped_gemm_check(off.to(torch.float16), ref)["ok"]
@@ -125,29 +141,72 @@ def test_moe_items_and_models_refuse_bad_input():
 @pytest.mark.cpu_only("CPU command line")
 def test_tune_op_moe_command(tmp_path):
     env = dict(ENV, GEMMLAB_CONFIGS=str(tmp_path / "user"))
-    res = subprocess.run([sys.executable, "-m", "gemmlab", "tune", "--op", "moe", "--moe", "32,32,4,2", "--tokens",
-                          "8", "--moe-mode", "down", "--budget-minutes", "0.15", "--ledger", str(tmp_path / "l.db"),
-                          "--output-dir", str(tmp_path), "--session", "cli"],
-                         capture_output=True, text=True, env=env, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gemmlab",
+            "tune",
+            "--op",
+            "moe",
+            "--moe",
+            "32,32,4,2",
+            "--tokens",
+            "8",
+            "--moe-mode",
+            "down",
+            "--budget-minutes",
+            "0.15",
+            "--ledger",
+            str(tmp_path / "l.db"),
+            "--output-dir",
+            str(tmp_path),
+            "--session",
+            "cli",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "tune session cli" in res.stdout and "8x32x32x4x2" in res.stdout
     rep = json.loads((tmp_path / "tune-report.json").read_text())
     assert rep["results"][0]["op"] == "moe_down" and rep["results"][0]["tried"][0]["entry"] == 1
     e = Ledger.open(tmp_path / "l.db").get(1)
     assert e.op == "moe_down" and e.correct and e.tensor_core_ops and e.tensor_core_ops > 0  # sm_90 SASS, child
-    bad = subprocess.run([sys.executable, "-m", "gemmlab", "tune", "--op", "moe", "--moe", "32,32,4"],
-                         capture_output=True, text=True, env=env, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "gemmlab", "tune", "--op", "moe", "--moe", "32,32,4"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "H,I,E,k" in bad.stdout + bad.stderr
-    bad = subprocess.run([sys.executable, "-m", "gemmlab", "tune", "--op", "mo"], capture_output=True, text=True,
-                         env=env, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "gemmlab", "tune", "--op", "mo"], capture_output=True, text=True, env=env, timeout=300
+    )
     assert bad.returncode == 2 and "gemm or moe" in bad.stdout + bad.stderr
 
 
 @pytest.mark.cpu_only("graph capture fails only without CUDA")
 def test_a_failed_graph_capture_is_recorded_and_the_session_goes_on_eagerly(tmp_path):
     ledger = str(tmp_path / "l.db")
-    r = tune_moe(TINY, 8, "grouped", torch.bfloat16, budget_s=3, ledger=ledger, session="g", graph=True,
-                 count_tensor_cores=lambda h: 1, reps=1, rounds=4, confirm_rounds=4, warmup_s=0.0)
+    r = tune_moe(
+        TINY,
+        8,
+        "grouped",
+        torch.bfloat16,
+        budget_s=3,
+        ledger=ledger,
+        session="g",
+        graph=True,
+        count_tensor_cores=lambda h: 1,
+        reps=1,
+        rounds=4,
+        confirm_rounds=4,
+        warmup_s=0.0,
+    )
     first, eager = Ledger.open(ledger).list(session="g")[:2]
     assert not first.correct and first.error.startswith("timing failed") and "needs CUDA" in first.error
     assert eager.correct and eager.config == first.config and "eager" in eager.note and r["graph"] is False

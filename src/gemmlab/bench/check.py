@@ -54,12 +54,30 @@ def run_check(shapes: Sequence[Shape], dtypes: Sequence[torch.dtype], seed: int 
                 torch.cuda.synchronize()
             ms = (time.perf_counter() - t0) * 1e3
             chk = gemm_check(out, a, b, gemm_ref(a, b))
-            results.append({"shape": [m, n, k], "dtype": str(dt).removeprefix("torch."), "path": p.path,
-                            "config": _cfg(p), "max_abs_err": chk["max_abs_err"], "worst": chk["worst"],
-                            "ok": bool(chk["ok"]), "ms": ms})
-    return {"kind": "check", "env": timing.env_info(), "results": results,
-            "args": {"shapes": [list(s) for s in shapes], "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
-                     "seed": seed, "inputs": "uniform [-0.5, 0.5)", "ms": "one call incl. compilation"}}
+            results.append(
+                {
+                    "shape": [m, n, k],
+                    "dtype": str(dt).removeprefix("torch."),
+                    "path": p.path,
+                    "config": _cfg(p),
+                    "max_abs_err": chk["max_abs_err"],
+                    "worst": chk["worst"],
+                    "ok": bool(chk["ok"]),
+                    "ms": ms,
+                }
+            )
+    return {
+        "kind": "check",
+        "env": timing.env_info(),
+        "results": results,
+        "args": {
+            "shapes": [list(s) for s in shapes],
+            "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
+            "seed": seed,
+            "inputs": "uniform [-0.5, 0.5)",
+            "ms": "one call incl. compilation",
+        },
+    }
 
 
 def failed(report: dict) -> int:
@@ -68,13 +86,27 @@ def failed(report: dict) -> int:
 
 def tables(report: dict) -> list[Table]:
     where = report["env"].get("gpu") or "CPU (Triton interpreter)"
-    t = Table(f"gemmlab check on {where}", ("shape", "dtype", "path", "config", "max |err|", "err/allowed", "ms",
-                                            "result"),
-              notes=["ms: one call incl. compilation on first use; timing lives in benchmarks/ "
-                     "(interleaved with cuBLAS, L2 flushed)."])
+    t = Table(
+        f"gemmlab check on {where}",
+        ("shape", "dtype", "path", "config", "max |err|", "err/allowed", "ms", "result"),
+        notes=[
+            "ms: one call incl. compilation on first use; timing lives in benchmarks/ "
+            "(interleaved with cuBLAS, L2 flushed)."
+        ],
+    )
     for r in report["results"]:
-        t.rows.append(["x".join(map(str, r["shape"])), r["dtype"], r["path"], r["config"], f"{r['max_abs_err']:.2e}",
-                       f"{r['worst']:.2f}", f"{r['ms']:.1f}", "[green]PASS" if r["ok"] else "[red]FAIL"])
+        t.rows.append(
+            [
+                "x".join(map(str, r["shape"])),
+                r["dtype"],
+                r["path"],
+                r["config"],
+                f"{r['max_abs_err']:.2e}",
+                f"{r['worst']:.2f}",
+                f"{r['ms']:.1f}",
+                "[green]PASS" if r["ok"] else "[red]FAIL",
+            ]
+        )
     if failed(report):
         t.notes.append(f"[red]{failed(report)} check(s) failed")
     return [t]

@@ -52,8 +52,11 @@ DSV3_MOE = {"h": 7168, "i": 2048, "e": 256, "top_k": 8}  # DeepSeek-V3's routed 
 MOE_TOKENS, MOE_QUICK = (4096, 128), (4096,)
 CPU_MOE = {"h": 128, "i": 128, "e": 2, "top_k": 2}
 CPU_MOE_TOKENS = (5,)
-DENSE_RATIOS = {"fp8_tensor/scaled_mm": ("fp8_tensor", "scaled_mm"),
-                "fp8_block/fp8_tensor": ("fp8_block", "fp8_tensor"), "fp8_tensor/bf16": ("fp8_tensor", "bf16")}
+DENSE_RATIOS = {
+    "fp8_tensor/scaled_mm": ("fp8_tensor", "scaled_mm"),
+    "fp8_block/fp8_tensor": ("fp8_block", "fp8_tensor"),
+    "fp8_tensor/bf16": ("fp8_tensor", "bf16"),
+}
 MOE_RATIOS = {"fp8/bf16": ("fp8", "bf16")}
 MIN_ROUNDS = 6  # the fewest rounds with a 95% interval of the median ratio
 METHOD = "\n\n".join((__doc__ or "").split("\n\n")[2:])  # how the rows were measured, into every report
@@ -115,6 +118,7 @@ def _routed(checks: dict[str, Callable[[object], dict]]) -> tuple[Callable[[obje
             if isinstance(y, torch.Tensor):
                 owner[y.data_ptr()] = name
             return y
+
         return call
 
     return check, tagged
@@ -135,13 +139,20 @@ def _dense_candidates(m: int, n: int, k: int, device: torch.device, with_bf16: b
     out_t = torch.empty((m, n), dtype=torch.bfloat16, device=device)
     out_b = torch.empty_like(out_t)
     tensor_check = _fp8_checker(qa, qb, sa, sw, (m, n))
-    checks = {"scaled_mm": tensor_check, "fp8_tensor": tensor_check,
-              "fp8_block": _fp8_checker(qa_blk, qb_blk, sa_blk, sb_blk, (m, n))}
-    calls = {"fp8_tensor": lambda: gemmlab.gemm_fp8(qa, qb, sa, sw, out=out_t),
-             "fp8_block": lambda: gemmlab.gemm_fp8(qa_blk, qb_blk, sa_blk, sb_blk, out=out_b)}
+    checks = {
+        "scaled_mm": tensor_check,
+        "fp8_tensor": tensor_check,
+        "fp8_block": _fp8_checker(qa_blk, qb_blk, sa_blk, sb_blk, (m, n)),
+    }
+    calls = {
+        "fp8_tensor": lambda: gemmlab.gemm_fp8(qa, qb, sa, sw, out=out_t),
+        "fp8_block": lambda: gemmlab.gemm_fp8(qa_blk, qb_blk, sa_blk, sb_blk, out=out_b),
+    }
     if baseline_problem is None:
-        calls = {"scaled_mm": lambda: torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sw, out_dtype=torch.bfloat16),
-                 **calls}
+        calls = {
+            "scaled_mm": lambda: torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sw, out_dtype=torch.bfloat16),
+            **calls,
+        }
     if with_bf16:
         a16 = (qa.float() * sa).to(torch.bfloat16)
         b16 = (qb.float() * sw).to(torch.bfloat16)
@@ -166,24 +177,55 @@ def _ratios(res: dict, pairs: dict[str, tuple[str, str]]) -> dict[str, dict | No
     return out
 
 
-def _timed(row: dict, fns: dict, check, baseline: str, flops: float, pairs: dict, modes: Sequence[str],
-           rounds: int, reps: int, warmup_s: float, progress: Callable[[str], None] | None, what: str) -> None:
+def _timed(
+    row: dict,
+    fns: dict,
+    check,
+    baseline: str,
+    flops: float,
+    pairs: dict,
+    modes: Sequence[str],
+    rounds: int,
+    reps: int,
+    warmup_s: float,
+    progress: Callable[[str], None] | None,
+    what: str,
+) -> None:
     """Per mode one compare_many run, its TFLOPS, checks and ratios written into ``row`` (``<mode>_*`` fields)."""
     for mode in modes:
         if progress:
             progress(f"{what} {mode}")
-        res = compare_many(fns, baseline, check=check, flops=flops, dtype="float8_e4m3fn", rounds=rounds, reps=reps,
-                           warmup_s=warmup_s, graph=mode == "graph")
+        res = compare_many(
+            fns,
+            baseline,
+            check=check,
+            flops=flops,
+            dtype="float8_e4m3fn",
+            rounds=rounds,
+            reps=reps,
+            warmup_s=warmup_s,
+            graph=mode == "graph",
+        )
         row[mode] = res
         row[f"{mode}_ms"] = {c: v["median_ms"] for c, v in res["candidates"].items() if "median_ms" in v}
         row[f"{mode}_tflops"] = {c: v["tflops"] for c, v in res["candidates"].items() if "tflops" in v}
-        row[f"{mode}_checks"] = {c: bool(v["check"].get("ok") and v.get("check_after", True))
-                                 for c, v in res["candidates"].items()}
+        row[f"{mode}_checks"] = {
+            c: bool(v["check"].get("ok") and v.get("check_after", True)) for c, v in res["candidates"].items()
+        }
         row[f"{mode}_intervals"] = _ratios(res, pairs)
 
 
-def dense_row(name: str, shape: tuple[int, int, int], modes: Sequence[str], *, with_bf16: bool = True,
-              rounds: int = 10, reps: int = 5, warmup_s: float = 0.3, progress=None) -> dict:
+def dense_row(
+    name: str,
+    shape: tuple[int, int, int],
+    modes: Sequence[str],
+    *,
+    with_bf16: bool = True,
+    rounds: int = 10,
+    reps: int = 5,
+    warmup_s: float = 0.3,
+    progress=None,
+) -> dict:
     """One dense shape timed in each mode: the row (shape, m, n, k, per mode the compare_many result, ms, TFLOPS,
     checks, ratios and their intervals; ``unavailable`` names a baseline torch cannot run here)."""
     m, n, k = shape
@@ -191,10 +233,28 @@ def dense_row(name: str, shape: tuple[int, int, int], modes: Sequence[str], *, w
     device = _device()
     problem = scaled_mm_problem(device)
     fns, check = _dense_candidates(m, n, k, device, with_bf16, problem)
-    row = {"suite": "dense", "shape": name, "m": m, "n": n, "k": k,
-           "unavailable": {} if problem is None else {"scaled_mm": problem}}
-    _timed(row, fns, check, "scaled_mm" if problem is None else "fp8_tensor", 2.0 * m * n * k, DENSE_RATIOS, modes,
-           rounds, reps, warmup_s, progress, name)
+    row = {
+        "suite": "dense",
+        "shape": name,
+        "m": m,
+        "n": n,
+        "k": k,
+        "unavailable": {} if problem is None else {"scaled_mm": problem},
+    }
+    _timed(
+        row,
+        fns,
+        check,
+        "scaled_mm" if problem is None else "fp8_tensor",
+        2.0 * m * n * k,
+        DENSE_RATIOS,
+        modes,
+        rounds,
+        reps,
+        warmup_s,
+        progress,
+        name,
+    )
     for mode in modes:
         row[f"{mode}_ratios"] = {label: s and s["ratio"] for label, s in row[f"{mode}_intervals"].items()}
     return row
@@ -217,8 +277,17 @@ def moe_packs(h: int, inter: int, e: int, device: torch.device | None = None):
     return fp8, bf16
 
 
-def moe_row(t: int, packs, modes: Sequence[str], *, top_k: int, rounds: int = 10, reps: int = 5,
-            warmup_s: float = 0.3, progress=None) -> dict:
+def moe_row(
+    t: int,
+    packs,
+    modes: Sequence[str],
+    *,
+    top_k: int,
+    rounds: int = 10,
+    reps: int = 5,
+    warmup_s: float = 0.3,
+    progress=None,
+) -> dict:
     """One token count timed in each mode: the row (tokens, h, i, e, top_k, per mode the compare_many result, ms,
     TFLOPS, checks, the fp8/bf16 ratio and its interval)."""
     fp8, bf16 = packs
@@ -240,14 +309,37 @@ def moe_row(t: int, packs, modes: Sequence[str], *, top_k: int, rounds: int = 10
         worst = ((y.double() - ref8).abs() / bound8).max().item() if finite else float("inf")
         return {"ok": finite and worst <= 1.0, "worst": worst}
 
-    check, tagged = _routed({"fp8": check_fp8,
-                             "bf16": lambda y: moe_check(y, x, bf16.w1, bf16.w2, weights, ids, ref=ref16)})
-    fns = {"bf16": tagged("bf16", lambda: gemmlab.moe_forward(x, bf16, None, weights, ids)),
-           "fp8": tagged("fp8", lambda: gemmlab.moe_forward(x, fp8, None, weights, ids))}
-    row = {"suite": "moe", "shape": f"T{t} H{h} I{inter} E{e} k{top_k}", "tokens": t, "h": h, "i": inter, "e": e,
-           "top_k": top_k, "unavailable": {}}
-    _timed(row, fns, check, "bf16", 2.0 * t * top_k * 3 * h * inter, MOE_RATIOS, modes, rounds, reps, warmup_s,
-           progress, f"T={t}")
+    check, tagged = _routed(
+        {"fp8": check_fp8, "bf16": lambda y: moe_check(y, x, bf16.w1, bf16.w2, weights, ids, ref=ref16)}
+    )
+    fns = {
+        "bf16": tagged("bf16", lambda: gemmlab.moe_forward(x, bf16, None, weights, ids)),
+        "fp8": tagged("fp8", lambda: gemmlab.moe_forward(x, fp8, None, weights, ids)),
+    }
+    row = {
+        "suite": "moe",
+        "shape": f"T{t} H{h} I{inter} E{e} k{top_k}",
+        "tokens": t,
+        "h": h,
+        "i": inter,
+        "e": e,
+        "top_k": top_k,
+        "unavailable": {},
+    }
+    _timed(
+        row,
+        fns,
+        check,
+        "bf16",
+        2.0 * t * top_k * 3 * h * inter,
+        MOE_RATIOS,
+        modes,
+        rounds,
+        reps,
+        warmup_s,
+        progress,
+        f"T={t}",
+    )
     for mode in modes:
         s = row[f"{mode}_intervals"]["fp8/bf16"]
         row[f"{mode}_fp8/bf16"] = s and s["ratio"]
@@ -265,9 +357,17 @@ def check_args(modes: Sequence[str], rounds: int) -> None:
         raise ValueError(f"rounds {rounds}: at least {MIN_ROUNDS} (the ratio's 95% interval)")
 
 
-def bench_fp8(dense: dict[str, tuple[int, int, int]], moe_tokens: Sequence[int], moe_dims: dict | None = None,
-              modes: Sequence[str] = ("eager", "graph"), *, rounds: int = 10, reps: int = 5, warmup_s: float = 0.3,
-              progress: Callable[[str], None] | None = None) -> dict:
+def bench_fp8(
+    dense: dict[str, tuple[int, int, int]],
+    moe_tokens: Sequence[int],
+    moe_dims: dict | None = None,
+    modes: Sequence[str] = ("eager", "graph"),
+    *,
+    rounds: int = 10,
+    reps: int = 5,
+    warmup_s: float = 0.3,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """The suite: every dense shape, then every MoE token count (``moe_dims``: h, i, e, top_k), in each mode.
     Checks every argument before any work (ValueError). -> {"kind": "fp8-bench", "env", "args", "method", "rows"}."""
     check_args(modes, rounds)
@@ -284,13 +384,24 @@ def bench_fp8(dense: dict[str, tuple[int, int, int]], moe_tokens: Sequence[int],
     if moe_tokens:
         packs = moe_packs(dims["h"], dims["i"], dims["e"])
         rows += [moe_row(t, packs, modes, top_k=dims["top_k"], **kw) for t in moe_tokens]
-    args = {"dense": {n: list(s) for n, s in dense.items()}, "moe_tokens": list(moe_tokens),
-            "moe_dims": dims if moe_tokens else None, "modes": list(modes), "rounds": rounds, "reps": reps,
-            "warmup_s": warmup_s}
+    args = {
+        "dense": {n: list(s) for n, s in dense.items()},
+        "moe_tokens": list(moe_tokens),
+        "moe_dims": dims if moe_tokens else None,
+        "modes": list(modes),
+        "rounds": rounds,
+        "reps": reps,
+        "warmup_s": warmup_s,
+    }
     return {"kind": "fp8-bench", "env": env, "args": args, "method": METHOD, "rows": rows}
 
 
 def failures(report: dict) -> list[str]:
     """'shape mode candidate' for every check that failed (empty: all verified)."""
-    return [f"{r['shape']} {mode} {c}" for r in report["rows"] for mode in report["args"]["modes"]
-            for c, ok in r[f"{mode}_checks"].items() if not ok]
+    return [
+        f"{r['shape']} {mode} {c}"
+        for r in report["rows"]
+        for mode in report["args"]["modes"]
+        for c, ok in r[f"{mode}_checks"].items()
+        if not ok
+    ]

@@ -1,9 +1,9 @@
 """``bench fp8``'s report (``bench.fp8`` runs it) as a table, the long-format CSV and files.
 
-    tables(report)         one row per (shape, mode): each candidate's ms and TFLOPS, the ratios with their 95%
-                           intervals and verdicts, the checks
-    write(report, dir)     fp8-bench.json, .csv (long format), .md
-    ratio_cell(summary)    "1.23 [1.20, 1.25] faster", "-" where not timed
+tables(report)         one row per (shape, mode): each candidate's ms and TFLOPS, the ratios with their 95%
+                       intervals and verdicts, the checks
+write(report, dir)     fp8-bench.json, .csv (long format), .md
+ratio_cell(summary)    "1.23 [1.20, 1.25] faster", "-" where not timed
 """
 
 from __future__ import annotations
@@ -45,19 +45,29 @@ def tables(report: dict) -> list[Table]:
         if not rows:
             continue
         names, ratios = CANDIDATES[suite], RATIOS[suite]
-        t = Table(f"FP8 {suite}: {where}, interleaved, {provenance.label(env)}",
-                  ("shape", "mode", *(f"{c} ms / TFLOPS" for c in names), *ratios, "checks"),
-                  notes=["ratio a/b = b's time / a's per interleaved round (> 1: a faster), median of rounds [95% "
-                         "interval]; inconclusive where the interval holds 1; TFLOPS = "
-                         + ("2*M*N*K / median" if suite == "dense" else "2*T*k*3*H*I / median")])
+        t = Table(
+            f"FP8 {suite}: {where}, interleaved, {provenance.label(env)}",
+            ("shape", "mode", *(f"{c} ms / TFLOPS" for c in names), *ratios, "checks"),
+            notes=[
+                "ratio a/b = b's time / a's per interleaved round (> 1: a faster), median of rounds [95% "
+                "interval]; inconclusive where the interval holds 1; TFLOPS = "
+                + ("2*M*N*K / median" if suite == "dense" else "2*T*k*3*H*I / median")
+            ],
+        )
         for r in rows:
             t.notes += [f"{r['shape']}: {why}" for why in r["unavailable"].values()]
             for mode in report["args"]["modes"]:
                 ms, tf = r[f"{mode}_ms"], r[f"{mode}_tflops"]
                 cells = [f"{num(ms.get(c), '.4f')} / {num(tf.get(c), '.4g')}" if c in ms else "-" for c in names]
-                t.rows.append([r["shape"], mode, *cells,
-                               *(ratio_cell(r[f"{mode}_intervals"][label]) for label in ratios),
-                               _checks_cell(r, mode)])
+                t.rows.append(
+                    [
+                        r["shape"],
+                        mode,
+                        *cells,
+                        *(ratio_cell(r[f"{mode}_intervals"][label]) for label in ratios),
+                        _checks_cell(r, mode),
+                    ]
+                )
         out.append(t)
     return out
 
@@ -72,13 +82,28 @@ def long_rows(report: dict) -> list[dict]:
             res = r[mode]["candidates"]
             for c, v in res.items():
                 if "median_ms" in v:
-                    out.append(long_row(kernel, c, "time", "ms", *x, v["median_ms"], v["p20_ms"], v["p80_ms"],
-                                        mode=mode, ok=r[f"{mode}_checks"][c]))
+                    out.append(
+                        long_row(
+                            kernel,
+                            c,
+                            "time",
+                            "ms",
+                            *x,
+                            v["median_ms"],
+                            v["p20_ms"],
+                            v["p80_ms"],
+                            mode=mode,
+                            ok=r[f"{mode}_checks"][c],
+                        )
+                    )
                     out.append(long_row(kernel, c, "tflops", "TFLOPS", *x, v.get("tflops"), mode=mode))
             for label, s in r[f"{mode}_intervals"].items():
                 if s:
-                    out.append(long_row(kernel, label, "ratio", "x", *x, s["ratio"], mode=mode, ci95=s["ci95"],
-                                        verdict=s["verdict"]))
+                    out.append(
+                        long_row(
+                            kernel, label, "ratio", "x", *x, s["ratio"], mode=mode, ci95=s["ci95"], verdict=s["verdict"]
+                        )
+                    )
     return out
 
 

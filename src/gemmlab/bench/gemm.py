@@ -51,8 +51,9 @@ def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def make_backend(name: str, a: torch.Tensor, b: torch.Tensor, timeout: float = 120.0,
-                 inductor_opts: dict | None = None) -> tuple[Callable[[], torch.Tensor], dict]:
+def make_backend(
+    name: str, a: torch.Tensor, b: torch.Tensor, timeout: float = 120.0, inductor_opts: dict | None = None
+) -> tuple[Callable[[], torch.Tensor], dict]:
     """A no-argument call computing C = A @ B with backend ``name``, and facts about it (path, pack_ms,
     compile_s). ``inductor_opts``: ``bench.inductor.make``'s search_space / autotune_rep_ms."""
     import gemmlab
@@ -140,11 +141,13 @@ def _cfg(p) -> dict | None:
     return None if p.config is None else dict(p.config.__dict__)
 
 
-def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, backends: Sequence[str], *, graph: bool = False,
-                **kw) -> dict:
+def bench_shape(
+    m: int, n: int, k: int, dtype: torch.dtype, backends: Sequence[str], *, graph: bool = False, **kw
+) -> dict:
     """One row-major shape: ``bench_case`` of ``Case(m, n, k, dtype)``, timed by graph replay or eagerly."""
-    return bench_case(Case(m, n, k, str(dtype).removeprefix("torch.")), backends,
-                      modes=("graph",) if graph else ("eager",), **kw)
+    return bench_case(
+        Case(m, n, k, str(dtype).removeprefix("torch.")), backends, modes=("graph",) if graph else ("eager",), **kw
+    )
 
 
 def _checker(case: Case, a: torch.Tensor, b: torch.Tensor) -> Callable[[object], dict]:
@@ -174,9 +177,19 @@ def _vs_inductor(res: dict) -> None:
             c["vs_inductor"] = stats.ratio_summary(c["per_round_ms"], ind["per_round_ms"])
 
 
-def bench_case(case: Case, backends: Sequence[str], *, modes: Sequence[str] = ("graph", "wall"), rounds: int = 10,
-               reps: int = 5, warmup_s: float = 1.0, seed: int = 0, timeout: float = 120.0,
-               profile: dict | None = None, inductor_opts: dict | None = None) -> dict:
+def bench_case(
+    case: Case,
+    backends: Sequence[str],
+    *,
+    modes: Sequence[str] = ("graph", "wall"),
+    rounds: int = 10,
+    reps: int = 5,
+    warmup_s: float = 1.0,
+    seed: int = 0,
+    timeout: float = 120.0,
+    profile: dict | None = None,
+    inductor_opts: dict | None = None,
+) -> dict:
     """One case: build its inputs, the backends' calls (compiled once), verify, time interleaved against
     cuBLAS in each of ``modes`` (verified again in each)."""
     device = _device()
@@ -189,9 +202,20 @@ def bench_case(case: Case, backends: Sequence[str], *, modes: Sequence[str] = ("
             fns[name], facts[name] = make_backend(name, a, b, timeout, inductor_opts)
         for mode in modes:
             graph, clock = MODES[mode]
-            by_mode[mode] = compare_many(fns, BASELINE, check=check, flops=2.0 * case.m * case.n * case.k,
-                                         dtype=case.dtype, rounds=rounds, reps=reps, warmup_s=warmup_s, graph=graph,
-                                         clock=clock, device=device, profile=profile)
+            by_mode[mode] = compare_many(
+                fns,
+                BASELINE,
+                check=check,
+                flops=2.0 * case.m * case.n * case.k,
+                dtype=case.dtype,
+                rounds=rounds,
+                reps=reps,
+                warmup_s=warmup_s,
+                graph=graph,
+                clock=clock,
+                device=device,
+                profile=profile,
+            )
     finally:
         for fn in fns.values():
             if isinstance(fn, Isolated):
@@ -208,17 +232,36 @@ def bench_case(case: Case, backends: Sequence[str], *, modes: Sequence[str] = ("
     if device.type == "cuda":
         torch.cuda.empty_cache()
     first, *rest = modes
-    return {"case": dataclasses.asdict(case), "label": case.label, "shape": [case.m, case.n, case.k],
-            "dtype": case.dtype, "layout": case.layout, "aligned": case.aligned, "timing": first, **by_mode[first],
-            "other_modes": {mode: by_mode[mode] for mode in rest}}
+    return {
+        "case": dataclasses.asdict(case),
+        "label": case.label,
+        "shape": [case.m, case.n, case.k],
+        "dtype": case.dtype,
+        "layout": case.layout,
+        "aligned": case.aligned,
+        "timing": first,
+        **by_mode[first],
+        "other_modes": {mode: by_mode[mode] for mode in rest},
+    }
 
 
-def bench_gemm(shapes: Sequence[Shape | Case], dtype: torch.dtype = torch.float16,
-               backends: Sequence[str] = ("gemmlab",), *, rounds: int = 10, reps: int = 5, warmup_s: float = 1.0,
-               graph: bool = False, modes: Sequence[str] | None = None, seed: int = 0,
-               progress: Callable[[str], None] | None = None, timeout: float = 120.0,
-               profile: dict | None = None, budget_s: float | None = None,
-               inductor_opts: dict | None = None) -> dict:
+def bench_gemm(
+    shapes: Sequence[Shape | Case],
+    dtype: torch.dtype = torch.float16,
+    backends: Sequence[str] = ("gemmlab",),
+    *,
+    rounds: int = 10,
+    reps: int = 5,
+    warmup_s: float = 1.0,
+    graph: bool = False,
+    modes: Sequence[str] | None = None,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+    timeout: float = 120.0,
+    profile: dict | None = None,
+    budget_s: float | None = None,
+    inductor_opts: dict | None = None,
+) -> dict:
     """Every case with every backend (plus the cuBLAS baseline). Returns the report written by ``write``.
     ``shapes``: cases, or (M, N, K) shapes (row-major cases of ``dtype``). ``modes``: timing modes (``MODES``),
     the first one primary; default ("graph",) with ``graph`` else ("eager",). ``budget_s``: start no case
@@ -264,25 +307,90 @@ def bench_gemm(shapes: Sequence[Shape | Case], dtype: torch.dtype = torch.float1
         if progress:
             progress(case.label)
         t_case = time.perf_counter()
-        results.append(bench_case(case, backends, modes=modes, rounds=rounds, reps=reps, warmup_s=warmup_s,
-                                  seed=seed, timeout=timeout, profile=profile, inductor_opts=inductor_opts))
+        results.append(
+            bench_case(
+                case,
+                backends,
+                modes=modes,
+                rounds=rounds,
+                reps=reps,
+                warmup_s=warmup_s,
+                seed=seed,
+                timeout=timeout,
+                profile=profile,
+                inductor_opts=inductor_opts,
+            )
+        )
         results[-1]["case_s"] = time.perf_counter() - t_case  # all of it: inputs, compiles, checks, timing
-    args = {"dtype": dt, "dtypes": sorted({c.dtype for c in todo}), "backends": list(backends), "baseline": BASELINE,
-            "rounds": rounds, "reps": reps, "warmup_s": warmup_s, "graph": modes[0] == "graph", "modes": list(modes),
-            "seed": seed, "inputs": "uniform [-0.5, 0.5)", "flops": "2*M*N*K", "budget_s": budget_s,
-            "inductor": inductor.options(**(inductor_opts or {})) if "inductor" in backends else None}
-    report = {"kind": "gemm-bench", "env": timing.env_info(), "args": args, "results": results,
-              "skipped_backends": skipped, "not_run": not_run, "wall_s": time.perf_counter() - t0}
+    args = {
+        "dtype": dt,
+        "dtypes": sorted({c.dtype for c in todo}),
+        "backends": list(backends),
+        "baseline": BASELINE,
+        "rounds": rounds,
+        "reps": reps,
+        "warmup_s": warmup_s,
+        "graph": modes[0] == "graph",
+        "modes": list(modes),
+        "seed": seed,
+        "inputs": "uniform [-0.5, 0.5)",
+        "flops": "2*M*N*K",
+        "budget_s": budget_s,
+        "inductor": inductor.options(**(inductor_opts or {})) if "inductor" in backends else None,
+    }
+    report = {
+        "kind": "gemm-bench",
+        "env": timing.env_info(),
+        "args": args,
+        "results": results,
+        "skipped_backends": skipped,
+        "not_run": not_run,
+        "wall_s": time.perf_counter() - t0,
+    }
     report["summary"] = summary(report)
     return report
 
 
-CSV_FIELDS = ("shape", "m", "n", "k", "dtype", "backend", "path", "ok", "max_abs_err", "median_ms", "p20_ms",
-              "p80_ms", "min_ms", "max_ms", "cv", "tflops", "ratio_vs_cublas", "ci95_lo", "ci95_hi", "verdict",
-              "sm_clock_mhz", "power_w", "clock_event_reasons", "efficiency", "pack_ms",
-              # cases (problems.Case) and timing modes
-              "case", "layout", "pad", "offset", "aligned", "device_ms", "eager_ms", "ratio", "eager_ratio",
-              "inductor_ratio", "compile_s", "note")
+CSV_FIELDS = (
+    "shape",
+    "m",
+    "n",
+    "k",
+    "dtype",
+    "backend",
+    "path",
+    "ok",
+    "max_abs_err",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "min_ms",
+    "max_ms",
+    "cv",
+    "tflops",
+    "ratio_vs_cublas",
+    "ci95_lo",
+    "ci95_hi",
+    "verdict",
+    "sm_clock_mhz",
+    "power_w",
+    "clock_event_reasons",
+    "efficiency",
+    "pack_ms",
+    # cases (problems.Case) and timing modes
+    "case",
+    "layout",
+    "pad",
+    "offset",
+    "aligned",
+    "device_ms",
+    "eager_ms",
+    "ratio",
+    "eager_ratio",
+    "inductor_ratio",
+    "compile_s",
+    "note",
+)
 
 
 def _by_mode(r: dict) -> dict[str, dict]:
@@ -306,26 +414,57 @@ def rows(report: dict) -> list[dict]:
             graph = modes.get("graph", {}).get(name, {})
             wall = modes.get("wall", {}).get(name, {})
             vs_ind = (graph if "graph" in modes else c).get("vs_inductor") or {}
-            out.append({
-                "case": r.get("label") or f"{m}x{n}x{k}", "shape": f"{m}x{n}x{k}", "m": m, "n": n, "k": k,
-                "dtype": r["dtype"], "layout": case["layout"], "pad": case["pad"], "offset": case["offset"],
-                "aligned": r.get("aligned", True), "note": case.get("note", ""), "backend": name,
-                "path": c.get("path"), "ok": all(outcome(cands[name])[0] for cands in modes.values() if name in cands),
-                "max_abs_err": c["check"].get("max_abs_err"), "median_ms": c.get("median_ms"),
-                "p20_ms": c.get("p20_ms"), "p80_ms": c.get("p80_ms"), "min_ms": c.get("min_ms"),
-                "max_ms": c.get("max_ms"), "cv": c.get("cv"), "tflops": c.get("tflops"),
-                "ratio_vs_cublas": vs.get("ratio"), "ci95_lo": (vs.get("ci95") or [None])[0],
-                "ci95_hi": (vs.get("ci95") or [None, None])[1], "verdict": vs.get("verdict"),
-                "device_ms": graph.get("median_ms"), "eager_ms": wall.get("median_ms"),
-                "ratio": (graph.get("vs_baseline") or {}).get("ratio"),
-                "eager_ratio": (wall.get("vs_baseline") or {}).get("ratio"), "inductor_ratio": vs_ind.get("ratio"),
-                "compile_s": c.get("compile_s"),
-                "sm_clock_mhz": clk.get("sm_clock_mhz_mean"), "power_w": clk.get("power_w_mean"),
-                "clock_event_reasons": " ".join(clk.get("clock_event_reasons", [])) or None,
-                "efficiency": c.get("efficiency"), "pack_ms": c.get("pack_ms"),
-                "error": next((why for cands in modes.values() if name in cands
-                               for ok, why in [outcome(cands[name])] if not ok), None),
-            })
+            out.append(
+                {
+                    "case": r.get("label") or f"{m}x{n}x{k}",
+                    "shape": f"{m}x{n}x{k}",
+                    "m": m,
+                    "n": n,
+                    "k": k,
+                    "dtype": r["dtype"],
+                    "layout": case["layout"],
+                    "pad": case["pad"],
+                    "offset": case["offset"],
+                    "aligned": r.get("aligned", True),
+                    "note": case.get("note", ""),
+                    "backend": name,
+                    "path": c.get("path"),
+                    "ok": all(outcome(cands[name])[0] for cands in modes.values() if name in cands),
+                    "max_abs_err": c["check"].get("max_abs_err"),
+                    "median_ms": c.get("median_ms"),
+                    "p20_ms": c.get("p20_ms"),
+                    "p80_ms": c.get("p80_ms"),
+                    "min_ms": c.get("min_ms"),
+                    "max_ms": c.get("max_ms"),
+                    "cv": c.get("cv"),
+                    "tflops": c.get("tflops"),
+                    "ratio_vs_cublas": vs.get("ratio"),
+                    "ci95_lo": (vs.get("ci95") or [None])[0],
+                    "ci95_hi": (vs.get("ci95") or [None, None])[1],
+                    "verdict": vs.get("verdict"),
+                    "device_ms": graph.get("median_ms"),
+                    "eager_ms": wall.get("median_ms"),
+                    "ratio": (graph.get("vs_baseline") or {}).get("ratio"),
+                    "eager_ratio": (wall.get("vs_baseline") or {}).get("ratio"),
+                    "inductor_ratio": vs_ind.get("ratio"),
+                    "compile_s": c.get("compile_s"),
+                    "sm_clock_mhz": clk.get("sm_clock_mhz_mean"),
+                    "power_w": clk.get("power_w_mean"),
+                    "clock_event_reasons": " ".join(clk.get("clock_event_reasons", [])) or None,
+                    "efficiency": c.get("efficiency"),
+                    "pack_ms": c.get("pack_ms"),
+                    "error": next(
+                        (
+                            why
+                            for cands in modes.values()
+                            if name in cands
+                            for ok, why in [outcome(cands[name])]
+                            if not ok
+                        ),
+                        None,
+                    ),
+                }
+            )
     return out
 
 
@@ -335,8 +474,15 @@ def _block(pairs: list[tuple[str, float]], floor: float) -> dict:
         return {"n": 0, "geomean": None, "min": None, "min_case": None, "floor": floor, "below": 0, "below_cases": []}
     low = min(pairs, key=lambda p: p[1])
     below = [c for c, v in pairs if v < floor]
-    return {"n": len(pairs), "geomean": math.exp(statistics.fmean(math.log(v) for _, v in pairs)), "min": low[1],
-            "min_case": low[0], "floor": floor, "below": len(below), "below_cases": below}
+    return {
+        "n": len(pairs),
+        "geomean": math.exp(statistics.fmean(math.log(v) for _, v in pairs)),
+        "min": low[1],
+        "min_case": low[0],
+        "floor": floor,
+        "below": len(below),
+        "below_cases": below,
+    }
 
 
 def summary(report: dict) -> dict:
@@ -357,12 +503,17 @@ def summary(report: dict) -> dict:
             return [(r["case"], r[key]) for r in rs if r[key] is not None]
 
         out["backends"][name] = {
-            "cases": len(mine), "wrong": [r["case"] for r in mine if not r["ok"]],
-            "device": _block(pairs("ratio"), FLOOR), "eager": _block(pairs("eager_ratio"), FLOOR),
+            "cases": len(mine),
+            "wrong": [r["case"] for r in mine if not r["ok"]],
+            "device": _block(pairs("ratio"), FLOOR),
+            "eager": _block(pairs("eager_ratio"), FLOOR),
             "primary": _block(pairs("ratio_vs_cublas"), FLOOR),
             "vs_inductor": _block(pairs("inductor_ratio"), 1.0) if name != "inductor" else None,
-            "seeds": {r["case"]: r["ratio"] if r["ratio"] is not None else r["ratio_vs_cublas"]
-                      for r in good if r["note"] == "seed"},
+            "seeds": {
+                r["case"]: r["ratio"] if r["ratio"] is not None else r["ratio_vs_cublas"]
+                for r in good
+                if r["note"] == "seed"
+            },
             "targets": targets.check(table, name, report["args"]["baseline"]),
         }
     return out

@@ -62,12 +62,18 @@ def options(search_space: str = "DEFAULT", autotune_rep_ms: int | None = None) -
     check(search_space, autotune_rep_ms)
     from torch._inductor import config
 
-    opts = {"max_autotune": True, "coordinate_descent_tuning": True, "triton.cudagraphs": False,
-            "max_autotune_gemm_backends": "TRITON", "max_autotune_gemm_search_space": search_space,
-            "fx_graph_cache": False}
+    opts = {
+        "max_autotune": True,
+        "coordinate_descent_tuning": True,
+        "triton.cudagraphs": False,
+        "max_autotune_gemm_backends": "TRITON",
+        "max_autotune_gemm_search_space": search_space,
+        "fx_graph_cache": False,
+    }
     if autotune_rep_ms is not None:
-        opts.update(inductor_default_autotune_rep=autotune_rep_ms,
-                    inductor_default_autotune_warmup=max(1, autotune_rep_ms // 4))
+        opts.update(
+            inductor_default_autotune_rep=autotune_rep_ms, inductor_default_autotune_warmup=max(1, autotune_rep_ms // 4)
+        )
     known = config.get_config_copy()
     return {k: v for k, v in opts.items() if k in known}
 
@@ -77,8 +83,10 @@ def describe(codes: list[str]) -> str:
     code = "\n".join(codes)
     if not code:
         return "inductor (generated code not seen)"
-    kernels = sorted(set(re.findall(r"\b(triton_(?:tem|poi|red|per)_\w+?)\b\s*=\s*async_compile", code)) or
-                     set(re.findall(r"def (triton_(?:tem|poi|red|per)_\w+)\(", code)))
+    kernels = sorted(
+        set(re.findall(r"\b(triton_(?:tem|poi|red|per)_\w+?)\b\s*=\s*async_compile", code))
+        or set(re.findall(r"def (triton_(?:tem|poi|red|per)_\w+)\(", code))
+    )
     tem = [k for k in kernels if k.startswith("triton_tem")]
     parts = []
     if tem:
@@ -94,8 +102,9 @@ def describe(codes: list[str]) -> str:
     return "inductor " + (" ".join(parts) if parts else "(no GEMM kernel recognised)")
 
 
-def make(a: torch.Tensor, b: torch.Tensor, search_space: str = "DEFAULT",
-         autotune_rep_ms: int | None = None) -> tuple[Callable[[], torch.Tensor], dict]:
+def make(
+    a: torch.Tensor, b: torch.Tensor, search_space: str = "DEFAULT", autotune_rep_ms: int | None = None
+) -> tuple[Callable[[], torch.Tensor], dict]:
     """Compile ``torch.mm`` for these operands (their shapes, strides and dtype) and run it once: compile and
     autotune happen here, not in the timed calls. A compile that fails gives a call that raises the reason
     (the bench reports it and times nothing of it)."""

@@ -77,8 +77,9 @@ def _variants(model: torch.nn.Module, wanted: Sequence[str], liger_fns: dict | N
     if "gemmlab" in wanted:
         try:
             patched, summary = mb.gemmlab_variant(model)
-            counts = {k: (len(v) if isinstance(v, (list, tuple)) and k != "skipped" else v)
-                      for k, v in summary.items()}  # what it replaced (counts) and skipped (why)
+            counts = {
+                k: (len(v) if isinstance(v, (list, tuple)) and k != "skipped" else v) for k, v in summary.items()
+            }  # what it replaced (counts) and skipped (why)
             out["gemmlab"] = Variant(patched, info={"patch": counts})
         except Exception as e:
             out["gemmlab"] = Variant(None, info={"error": f"gemmlab.patch failed: {_short(e)}"})
@@ -100,8 +101,16 @@ def _model_for(mode: str, v: Variant, backend: str) -> torch.nn.Module:
     return v.compiled
 
 
-def run_case(ctx: Ctx, meta: dict, variants: dict[str, Variant], make_call: Callable, measure: Callable,
-             allowed: dict, tokens: int, fresh: bool = False) -> dict:
+def run_case(
+    ctx: Ctx,
+    meta: dict,
+    variants: dict[str, Variant],
+    make_call: Callable,
+    measure: Callable,
+    allowed: dict,
+    tokens: int,
+    fresh: bool = False,
+) -> dict:
     """One (model, phase, shape, mode): set every variant up (compile / capture: setup), verify, time
     interleaved against torch (or the first variant that runs when torch cannot), peak memory, ratios."""
     mode, cands, fns = meta["mode"], {}, {}
@@ -118,7 +127,7 @@ def run_case(ctx: Ctx, meta: dict, variants: dict[str, Variant], make_call: Call
             if mode == "graph":
                 before = torch.cuda.memory_allocated(ctx.device)
                 fn = run.graphed(fn, fresh)
-                cands[name]["captured_gib"] = (torch.cuda.memory_allocated(ctx.device) - before) / 2 ** 30
+                cands[name]["captured_gib"] = (torch.cuda.memory_allocated(ctx.device) - before) / 2**30
             else:
                 fn()  # mode compile: compiles here
                 run.sync(ctx.device)
@@ -132,8 +141,16 @@ def run_case(ctx: Ctx, meta: dict, variants: dict[str, Variant], make_call: Call
     if baseline is None:
         return result
     try:
-        res = compare_many(fns, baseline, check=run.checker(measure, allowed), dtype="bfloat16",
-                           rounds=ctx.rounds, reps=ctx.reps, warmup_s=ctx.warmup_s, device=ctx.device)
+        res = compare_many(
+            fns,
+            baseline,
+            check=run.checker(measure, allowed),
+            dtype="bfloat16",
+            rounds=ctx.rounds,
+            reps=ctx.reps,
+            warmup_s=ctx.warmup_s,
+            device=ctx.device,
+        )
     except Exception as e:  # out of memory while timing, a replay that faults: said in the row
         for name in fns:
             cands[name]["error"] = f"while timing: {_short(e)}"
@@ -161,8 +178,16 @@ def _record(ctx: Ctx, result: dict) -> None:
         ctx.on_result(ctx.report)
 
 
-def _cases(ctx: Ctx, model_name: str, layers: int, phase: str, shapes: list, modes: Sequence[str], setup: Callable,
-           variants: dict[str, Variant]) -> None:
+def _cases(
+    ctx: Ctx,
+    model_name: str,
+    layers: int,
+    phase: str,
+    shapes: list,
+    modes: Sequence[str],
+    setup: Callable,
+    variants: dict[str, Variant],
+) -> None:
     """Every shape x mode of one phase: ``setup(shape)`` -> (make_call, measure, allowed, tokens, fresh)."""
     for shape in shapes:
         todo = list(modes)
@@ -174,8 +199,19 @@ def _cases(ctx: Ctx, model_name: str, layers: int, phase: str, shapes: list, mod
             make_call, measure, allowed, tokens, fresh = setup(shape)
         except Exception as e:
             for m in todo:
-                _record(ctx, {"model": model_name, "layers": layers, "phase": phase, "shape": shape, "mode": m,
-                              "candidates": {}, "timed": False, "error": f"reference run failed: {_short(e)}"})
+                _record(
+                    ctx,
+                    {
+                        "model": model_name,
+                        "layers": layers,
+                        "phase": phase,
+                        "shape": shape,
+                        "mode": m,
+                        "candidates": {},
+                        "timed": False,
+                        "error": f"reference run failed: {_short(e)}",
+                    },
+                )
             _free(ctx.device)
             continue
         for mode in todo:
@@ -190,31 +226,53 @@ def _cases(ctx: Ctx, model_name: str, layers: int, phase: str, shapes: list, mod
         _free(ctx.device)
 
 
-def _describe(name: str, model: torch.nn.Module, config, layers: int, variants: dict[str, Variant],
-              build_s: float) -> dict:
+def _describe(
+    name: str, model: torch.nn.Module, config, layers: int, variants: dict[str, Variant], build_s: float
+) -> dict:
     n = sum(p.numel() for p in model.parameters())
-    return {"source": PRESETS[name].source, "published_layers": PRESETS[name].published_layers, "layers": layers,
-            "note": PRESETS[name].note, "parameters": n, "weights_gib": n * 2 / 2 ** 30, "build_s": build_s,
-            "model_type": config.model_type, "class": type(model).__name__,
-            "attn_implementation": getattr(config, "_attn_implementation", None),
-            "experts_implementation": getattr(config, "_experts_implementation", None),
-            "variants": {k: v.info for k, v in variants.items()}}
+    return {
+        "source": PRESETS[name].source,
+        "published_layers": PRESETS[name].published_layers,
+        "layers": layers,
+        "note": PRESETS[name].note,
+        "parameters": n,
+        "weights_gib": n * 2 / 2**30,
+        "build_s": build_s,
+        "model_type": config.model_type,
+        "class": type(model).__name__,
+        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "experts_implementation": getattr(config, "_experts_implementation", None),
+        "variants": {k: v.info for k, v in variants.items()},
+    }
 
 
-def _inference(ctx: Ctx, name: str, layers: int, overrides: dict | None, wanted: Sequence[str], phases, modes,
-               prefill_tokens, decode_batches, context: int, steps: int, liger_fns) -> None:
+def _inference(
+    ctx: Ctx,
+    name: str,
+    layers: int,
+    overrides: dict | None,
+    wanted: Sequence[str],
+    phases,
+    modes,
+    prefill_tokens,
+    decode_batches,
+    context: int,
+    steps: int,
+    liger_fns,
+) -> None:
     t0 = time.perf_counter()
     config = make_config(PRESETS[name], layers, overrides)
     model = mb.build(config, ctx.dtype, ctx.device, ctx.seed)
     variants = _variants(model, wanted, liger_fns)
-    ctx.report["models"].setdefault(name, {})["inference"] = _describe(name, model, config, layers, variants,
-                                                                        time.perf_counter() - t0)
+    ctx.report["models"].setdefault(name, {})["inference"] = _describe(
+        name, model, config, layers, variants, time.perf_counter() - t0
+    )
     kw = {n: run.cache_kwarg(v.model) for n, v in variants.items() if v.model is not None}
 
     def prefill(tokens: int):
         inputs = run.prefill_inputs(config.vocab_size, tokens, ctx.device, ctx.seed)
         ref = run.prefill_call(model, inputs)()
-        measure = (lambda out: run.logits_error(out, ref))
+        measure = lambda out: run.logits_error(out, ref)
         allowed = run.bound(model, run.prefill_call(model, inputs), measure)
         return (lambda m, _n: run.prefill_call(m, inputs)), measure, allowed, tokens, False
 
@@ -223,7 +281,7 @@ def _inference(ctx: Ctx, name: str, layers: int, overrides: dict | None, wanted:
         shape = (batch, steps, config.vocab_size)
         ref = run.decode_call(model, state, torch.empty(shape, dtype=ctx.dtype, device=ctx.device), kw["torch"])()
         scratch = torch.empty_like(ref)
-        measure = (lambda out: run.logits_error(out, ref))
+        measure = lambda out: run.logits_error(out, ref)
         allowed = run.bound(model, run.decode_call(model, state, scratch, kw["torch"]), measure)
         outs = {n: torch.empty_like(ref) for n in variants}
         return ((lambda m, n: run.decode_call(m, state, outs[n], kw[n])), measure, allowed, batch * steps, False)
@@ -242,14 +300,26 @@ def _optimizer_choice(choice: str, params: int, device: torch.device) -> tuple[s
     need = 5 * params * 2
     total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else math.inf
     if need <= ADAMW_FRACTION * total:
-        return "adamw", f"weights, gradients (and the check's copy), AdamW states: {need / 2 ** 30:.0f} GiB fit"
-    return "sgd", (f"AdamW's two states would not fit (weights, gradients and the check's copy, states: "
-                   f"{need / 2 ** 30:.0f} GiB > "
-                   f"{ADAMW_FRACTION:.0%} of {total / 2 ** 30:.0f} GiB): SGD, no optimizer state")
+        return "adamw", f"weights, gradients (and the check's copy), AdamW states: {need / 2**30:.0f} GiB fit"
+    return "sgd", (
+        f"AdamW's two states would not fit (weights, gradients and the check's copy, states: "
+        f"{need / 2**30:.0f} GiB > "
+        f"{ADAMW_FRACTION:.0%} of {total / 2**30:.0f} GiB): SGD, no optimizer state"
+    )
 
 
-def _training(ctx: Ctx, name: str, layers: int, overrides: dict | None, wanted: Sequence[str], modes,
-              train_batch: int, train_tokens: int, optimizer: str, liger_fns) -> None:
+def _training(
+    ctx: Ctx,
+    name: str,
+    layers: int,
+    overrides: dict | None,
+    wanted: Sequence[str],
+    modes,
+    train_batch: int,
+    train_tokens: int,
+    optimizer: str,
+    liger_fns,
+) -> None:
     t0 = time.perf_counter()
     config = make_config(PRESETS[name], layers, overrides)
     model = mb.build(config, ctx.dtype, ctx.device, ctx.seed).train()
@@ -268,7 +338,7 @@ def _training(ctx: Ctx, name: str, layers: int, overrides: dict | None, wanted: 
         inputs = run.train_inputs(config.vocab_size, batch, tokens, ctx.device, ctx.seed)
         loss = run.train_call(model, opt, inputs)()
         ref = {"loss": float(loss), "grads": run.grads_of(params)}
-        measure = (lambda out: run.train_error(out, params, ref))
+        measure = lambda out: run.train_error(out, params, ref)
         allowed = run.bound(model, run.train_call(model, opt, inputs), measure)
         return (lambda m, _n: run.train_call(m, opt, inputs)), measure, allowed, batch * tokens, True
 
@@ -276,15 +346,37 @@ def _training(ctx: Ctx, name: str, layers: int, overrides: dict | None, wanted: 
     opt.zero_grad(set_to_none=True)
 
 
-def _check_args(models, phases, modes, variants, prefill_tokens, decode_batches, context, steps, train_batch,
-                train_tokens, layers, optimizer) -> None:
-    for kind, values, known in (("model", models, PRESETS), ("phase", phases, run.PHASES),
-                                ("mode", modes, run.MODES), ("variant", variants, VARIANTS)):
+def _check_args(
+    models,
+    phases,
+    modes,
+    variants,
+    prefill_tokens,
+    decode_batches,
+    context,
+    steps,
+    train_batch,
+    train_tokens,
+    layers,
+    optimizer,
+) -> None:
+    for kind, values, known in (
+        ("model", models, PRESETS),
+        ("phase", phases, run.PHASES),
+        ("mode", modes, run.MODES),
+        ("variant", variants, VARIANTS),
+    ):
         bad = [v for v in values if v not in known]
         if bad:
             raise ValueError(f"{kind} {bad[0]!r}: one of {', '.join(known)}")
-    counts = {"prefill tokens": list(prefill_tokens), "decode batch": list(decode_batches), "context": [context],
-              "decode steps": [steps], "train batch": [train_batch], "train tokens": [train_tokens]}
+    counts = {
+        "prefill tokens": list(prefill_tokens),
+        "decode batch": list(decode_batches),
+        "context": [context],
+        "decode steps": [steps],
+        "train batch": [train_batch],
+        "train tokens": [train_tokens],
+    }
     if layers is not None:
         counts["layers"] = [layers]
     for what, values in counts.items():
@@ -294,16 +386,32 @@ def _check_args(models, phases, modes, variants, prefill_tokens, decode_batches,
         raise ValueError(f"optimizer {optimizer!r}: auto, adamw or sgd")
 
 
-def bench_model(models: Sequence[str], *, layers: int | None = None, phases: Sequence[str] = run.PHASES,
-                modes: Sequence[str] = run.MODES, variants: Sequence[str] = VARIANTS,
-                prefill_tokens: Sequence[int] = PREFILL_TOKENS, decode_batches: Sequence[int] = DECODE_BATCHES,
-                context: int = 1024, steps: int = 16, train_batch: int = 4, train_tokens: int = 1024,
-                optimizer: str = "auto", compile_backend: str = "inductor", dtype: torch.dtype = torch.bfloat16,
-                rounds: int = 10, reps: int = 3,
-                warmup_s: float = 0.5, seed: int = 0, overrides: dict | None = None,
-                device: torch.device | str | None = None, budget_s: float | None = None,
-                progress: Callable[[str], None] | None = None,
-                on_result: Callable[[dict], None] | None = None) -> dict:
+def bench_model(
+    models: Sequence[str],
+    *,
+    layers: int | None = None,
+    phases: Sequence[str] = run.PHASES,
+    modes: Sequence[str] = run.MODES,
+    variants: Sequence[str] = VARIANTS,
+    prefill_tokens: Sequence[int] = PREFILL_TOKENS,
+    decode_batches: Sequence[int] = DECODE_BATCHES,
+    context: int = 1024,
+    steps: int = 16,
+    train_batch: int = 4,
+    train_tokens: int = 1024,
+    optimizer: str = "auto",
+    compile_backend: str = "inductor",
+    dtype: torch.dtype = torch.bfloat16,
+    rounds: int = 10,
+    reps: int = 3,
+    warmup_s: float = 0.5,
+    seed: int = 0,
+    overrides: dict | None = None,
+    device: torch.device | str | None = None,
+    budget_s: float | None = None,
+    progress: Callable[[str], None] | None = None,
+    on_result: Callable[[dict], None] | None = None,
+) -> dict:
     """Every model x phase x shape x mode (the module docstring). ``layers``: cut every model to this many
     decoder layers (training: at most its ``train_layers``). ``overrides``: {model: config values} (tests
     build tiny models). ``budget_s``: start no case after this many seconds (the rest: ``not_run``).
@@ -311,28 +419,77 @@ def bench_model(models: Sequence[str], *, layers: int | None = None, phases: Seq
     torch.compile backend (tests trace with "eager": Dynamo only)."""
     import transformers
 
-    _check_args(models, phases, modes, variants, prefill_tokens, decode_batches, context, steps, train_batch,
-                train_tokens, layers, optimizer)
+    _check_args(
+        models,
+        phases,
+        modes,
+        variants,
+        prefill_tokens,
+        decode_batches,
+        context,
+        steps,
+        train_batch,
+        train_tokens,
+        layers,
+        optimizer,
+    )
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dyn = torch._dynamo.config
     for limit in ("recompile_limit", "cache_size_limit"):  # one compile per variant x shape of a model
         if hasattr(dyn, limit):
             setattr(dyn, limit, max(getattr(dyn, limit), 64))
-    liger_fns, liger_info = mb.load_liger() if "liger" in variants else (None, {"available": False,
-                                                                                 "reason": "not asked for"})
+    liger_fns, liger_info = (
+        mb.load_liger() if "liger" in variants else (None, {"available": False, "reason": "not asked for"})
+    )
     env = timing.env_info()
     env.update(transformers=transformers.__version__, liger_kernel=liger_info.get("version"))
-    args = {"models": list(models), "layers": layers, "phases": list(phases), "modes": list(modes),
-            "variants": list(variants), "prefill_tokens": list(prefill_tokens), "decode_batches": list(decode_batches),
-            "context": context, "steps": steps, "train_batch": train_batch, "train_tokens": train_tokens,
-            "optimizer": optimizer, "compile_backend": compile_backend, "dtype": str(dtype).removeprefix("torch."),
-            "rounds": rounds, "reps": reps, "warmup_s": warmup_s, "seed": seed, "budget_s": budget_s, "cache": CACHE,
-            "kept_positions": run.KEPT_POSITIONS, "overrides": overrides}
-    report = {"kind": "whole-model-bench", "env": env, "args": args, "liger": liger_info, "models": {},
-              "results": [], "not_run": []}
+    args = {
+        "models": list(models),
+        "layers": layers,
+        "phases": list(phases),
+        "modes": list(modes),
+        "variants": list(variants),
+        "prefill_tokens": list(prefill_tokens),
+        "decode_batches": list(decode_batches),
+        "context": context,
+        "steps": steps,
+        "train_batch": train_batch,
+        "train_tokens": train_tokens,
+        "optimizer": optimizer,
+        "compile_backend": compile_backend,
+        "dtype": str(dtype).removeprefix("torch."),
+        "rounds": rounds,
+        "reps": reps,
+        "warmup_s": warmup_s,
+        "seed": seed,
+        "budget_s": budget_s,
+        "cache": CACHE,
+        "kept_positions": run.KEPT_POSITIONS,
+        "overrides": overrides,
+    }
+    report = {
+        "kind": "whole-model-bench",
+        "env": env,
+        "args": args,
+        "liger": liger_info,
+        "models": {},
+        "results": [],
+        "not_run": [],
+    }
     start = time.perf_counter()
-    ctx = Ctx(report, rounds, reps, warmup_s, device, dtype, seed, start + budget_s if budget_s else None,
-              progress or (lambda _m: None), on_result, compile_backend)
+    ctx = Ctx(
+        report,
+        rounds,
+        reps,
+        warmup_s,
+        device,
+        dtype,
+        seed,
+        start + budget_s if budget_s else None,
+        progress or (lambda _m: None),
+        on_result,
+        compile_backend,
+    )
     for name in models:
         preset, over = PRESETS[name], (overrides or {}).get(name)
         for part in ("inference", "train"):
@@ -347,8 +504,20 @@ def bench_model(models: Sequence[str], *, layers: int | None = None, phases: Seq
                 if part == "train":
                     _training(ctx, name, n, over, variants, modes, train_batch, train_tokens, optimizer, liger_fns)
                 else:
-                    _inference(ctx, name, n, over, variants, asked, modes, prefill_tokens, decode_batches, context,
-                               steps, liger_fns)
+                    _inference(
+                        ctx,
+                        name,
+                        n,
+                        over,
+                        variants,
+                        asked,
+                        modes,
+                        prefill_tokens,
+                        decode_batches,
+                        context,
+                        steps,
+                        liger_fns,
+                    )
             except Exception as e:  # a model that cannot be built (out of memory): its rows say so
                 report["models"].setdefault(name, {})[f"{part}_error"] = _short(e)
                 ctx.say(f"{name} {part}: {_short(e)}")

@@ -50,7 +50,7 @@ def init_weights(module: torch.nn.Module, seed: int = 0) -> None:
             step = max(1, (1 << 28) // math.prod(p.shape[1:]))
             for j in range(0, p.shape[0], step):
                 part = torch.rand((min(step, p.shape[0] - j), *p.shape[1:]), generator=g, device=device)
-                p[j:j + step].copy_(part.sub_(0.5).mul_(2 * bound))
+                p[j : j + step].copy_(part.sub_(0.5).mul_(2 * bound))
 
 
 def set_impl(config, name: str, value: str) -> None:
@@ -106,8 +106,11 @@ def load_liger() -> tuple[dict | None, dict]:
     try:
         monkey = importlib.import_module("liger_kernel.transformers.monkey_patch")
     except Exception as e:  # not installed, or broken: its rows are skipped, never a crash
-        return None, {"available": False, "reason": f"liger-kernel is not importable ({type(e).__name__}: "
-                                                    f"{str(e)[:200]}): the Liger rows are skipped"}
+        return None, {
+            "available": False,
+            "reason": f"liger-kernel is not importable ({type(e).__name__}: "
+            f"{str(e)[:200]}): the Liger rows are skipped",
+        }
     try:
         version = metadata.version("liger-kernel")
     except metadata.PackageNotFoundError:
@@ -146,8 +149,11 @@ def liger_variant(model: torch.nn.Module, fns: dict | None) -> tuple[torch.nn.Mo
     unpatched and gemmlab models in the same process stay as they were. (None, scope, why) without a patch."""
     model_type = getattr(model.config, "model_type", None)
     if fns is None or model_type not in fns:
-        why = ("liger-kernel is not installed" if fns is None else
-               f"liger-kernel has no apply_liger_kernel_to_* for model_type {model_type!r}")
+        why = (
+            "liger-kernel is not installed"
+            if fns is None
+            else f"liger-kernel has no apply_liger_kernel_to_* for model_type {model_type!r}"
+        )
         return None, contextlib.nullcontext, {"applied": False, "reason": why}
     spaces = _namespaces(model)
     before = _snapshot(spaces)
@@ -156,8 +162,9 @@ def liger_variant(model: torch.nn.Module, fns: dict | None) -> tuple[torch.nn.Mo
         fns[model_type](model=patched)
     finally:
         after = _snapshot(spaces)
-        changed = {key: {a: v for a, v in after[key].items() if before[key].get(a, _MISSING) is not v}
-                   for key in spaces}
+        changed = {
+            key: {a: v for a, v in after[key].items() if before[key].get(a, _MISSING) is not v} for key in spaces
+        }
         changed = {k: v for k, v in changed.items() if v}
         _install(spaces, {k: {a: before[k].get(a, _MISSING) for a in v} for k, v in changed.items()})
     originals = {k: {a: before[k].get(a, _MISSING) for a in v} for k, v in changed.items()}
@@ -170,8 +177,15 @@ def liger_variant(model: torch.nn.Module, fns: dict | None) -> tuple[torch.nn.Mo
         finally:
             _install(spaces, originals)
 
-    return patched, scope, {"applied": True, "function": getattr(fns[model_type], "__name__", str(model_type)),
-                            "scoped_globals": sorted(f"{k}.{a}" for k, v in changed.items() for a in v)}
+    return (
+        patched,
+        scope,
+        {
+            "applied": True,
+            "function": getattr(fns[model_type], "__name__", str(model_type)),
+            "scoped_globals": sorted(f"{k}.{a}" for k, v in changed.items() for a in v),
+        },
+    )
 
 
 _MISSING = object()
@@ -188,7 +202,7 @@ def _install(spaces: dict[str, object], values: dict[str, dict]) -> None:
 
 
 @contextlib.contextmanager
-def noisy(model: torch.nn.Module, rel: float = 2.0 ** -7, seed: int = 1) -> Iterator[None]:
+def noisy(model: torch.nn.Module, rel: float = 2.0**-7, seed: int = 1) -> Iterator[None]:
     """Inside: each decoder layer's output and the embeddings' output multiplied by (1 +- ``rel``), the sign
     random per element (a fresh draw per call: noise, not a fixed offset; bench layer's measure, per layer)."""
     g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)

@@ -51,24 +51,73 @@ class LayerPreset:
 
 PRESETS: dict[str, LayerPreset] = {
     "mixtral": LayerPreset(
-        "mistralai/Mixtral-8x7B-v0.1", "mixtral", "MixtralConfig", "MixtralDecoderLayer", "MixtralRotaryEmbedding",
-        dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-             num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-5)),
+        "mistralai/Mixtral-8x7B-v0.1",
+        "mixtral",
+        "MixtralConfig",
+        "MixtralDecoderLayer",
+        "MixtralRotaryEmbedding",
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            rms_norm_eps=1e-5,
+        ),
+    ),
     "qwen3-moe": LayerPreset(
-        "Qwen/Qwen3-30B-A3B", "qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeDecoderLayer", "Qwen3MoeRotaryEmbedding",
-        dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
-             num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
-             decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6)),
+        "Qwen/Qwen3-30B-A3B",
+        "qwen3_moe",
+        "Qwen3MoeConfig",
+        "Qwen3MoeDecoderLayer",
+        "Qwen3MoeRotaryEmbedding",
+        dict(
+            hidden_size=2048,
+            intermediate_size=6144,
+            moe_intermediate_size=768,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            num_experts=128,
+            num_experts_per_tok=8,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            rms_norm_eps=1e-6,
+        ),
+    ),
     "deepseek-v3": LayerPreset(
-        "deepseek-ai/DeepSeek-V3", "deepseek_v3", "DeepseekV3Config", "DeepseekV3DecoderLayer",
+        "deepseek-ai/DeepSeek-V3",
+        "deepseek_v3",
+        "DeepseekV3Config",
+        "DeepseekV3DecoderLayer",
         "DeepseekV3RotaryEmbedding",
-        dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_attention_heads=128,
-             num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-             v_head_dim=128, n_routed_experts=256, num_experts_per_tok=8, n_group=8, topk_group=4,
-             n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=0,
-             rms_norm_eps=1e-6),
+        dict(
+            hidden_size=7168,
+            intermediate_size=18432,
+            moe_intermediate_size=2048,
+            num_attention_heads=128,
+            num_key_value_heads=128,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            n_routed_experts=256,
+            num_experts_per_tok=8,
+            n_group=8,
+            topk_group=4,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            first_k_dense_replace=0,
+            rms_norm_eps=1e-6,
+        ),
         note="all 256 routed experts (22.5 GB of bf16 expert weights); default RoPE instead of YaRN "
-             "(the projections and the MoE block, what is timed, are the real ones)"),
+        "(the projections and the MoE block, what is timed, are the real ones)",
+    ),
 }
 MODES = ("eager", "graph", "compile")
 
@@ -117,9 +166,22 @@ def _rel(y: torch.Tensor, ref: torch.Tensor, x: torch.Tensor) -> float:
     return ((y.float() - ref.float()).norm() / (ref.float() - x.float()).norm().clamp_min(1e-30)).item()
 
 
-def bench_case(model_name: str, ref_layer, layers: dict, rotary, tokens: int, mode: str, *, hidden: int,
-               dtype: torch.dtype, device: torch.device, rounds: int, reps: int, warmup_s: float,
-               seed: int = 0) -> dict:
+def bench_case(
+    model_name: str,
+    ref_layer,
+    layers: dict,
+    rotary,
+    tokens: int,
+    mode: str,
+    *,
+    hidden: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    rounds: int,
+    reps: int,
+    warmup_s: float,
+    seed: int = 0,
+) -> dict:
     """One (model, T, mode): ``layers`` {"torch": ..., "gemmlab": ...} (compiled ones for mode "compile";
     captured here for mode "graph") verified against ``ref_layer``'s eager output, then interleaved."""
     g = torch.Generator(device=device).manual_seed(seed + tokens)
@@ -133,18 +195,19 @@ def bench_case(model_name: str, ref_layer, layers: dict, rotary, tokens: int, mo
             with torch.no_grad():
                 out = layer(x, position_embeddings=cos_sin, attention_mask=None, position_ids=pos)
             return out[0] if isinstance(out, tuple) else out
+
         return fn
 
     with torch.no_grad():
         ref = call(ref_layer)()
         bump = torch.where(torch.rand(x.shape, generator=g, device=device) < 0.5, -1.0, 1.0)
-        x_noisy = (x.float() * (1 + bump * 2.0 ** -7)).to(dtype)  # each element moved by about one ulp
+        x_noisy = (x.float() * (1 + bump * 2.0**-7)).to(dtype)  # each element moved by about one ulp
         saved = x.clone()
         x.copy_(x_noisy)
         noisy = call(ref_layer)()
         x.copy_(saved)
     sens = _rel(noisy, ref, x)
-    allowed = 2 * sens + 2.0 ** -7
+    allowed = 2 * sens + 2.0**-7
 
     def check(out) -> dict:
         err = _rel(out, ref, x) if torch.isfinite(out).all() else math.inf
@@ -164,15 +227,33 @@ def bench_case(model_name: str, ref_layer, layers: dict, rotary, tokens: int, mo
         setup[f"{name}_setup_s"] = time.perf_counter() - t0
     failed = {n: setup[n] for n in layers if setup[n]}
     if "torch" in failed:
-        res = {"candidates": {n: {"check": {"ok": False, "error": failed.get(n) or "baseline failed"}}
-                              for n in layers}, "timed": False}
+        res = {
+            "candidates": {n: {"check": {"ok": False, "error": failed.get(n) or "baseline failed"}} for n in layers},
+            "timed": False,
+        }
     else:
-        res = compare_many({n: f for n, f in fns.items() if n not in failed}, "torch", check=check, dtype="bfloat16",
-                           rounds=rounds, reps=reps, warmup_s=warmup_s, device=device)
+        res = compare_many(
+            {n: f for n, f in fns.items() if n not in failed},
+            "torch",
+            check=check,
+            dtype="bfloat16",
+            rounds=rounds,
+            reps=reps,
+            warmup_s=warmup_s,
+            device=device,
+        )
         for n, why in failed.items():
             res["candidates"][n] = {"check": {"ok": False, "error": why}}
-    return {**res, "timing": res.get("mode"), "model": model_name, "tokens": tokens, "mode": mode,
-            "sensitivity": sens, "allowed": allowed, "setup": setup}
+    return {
+        **res,
+        "timing": res.get("mode"),
+        "model": model_name,
+        "tokens": tokens,
+        "mode": mode,
+        "sensitivity": sens,
+        "allowed": allowed,
+        "setup": setup,
+    }
 
 
 def _compiled(layer: torch.nn.Module):
@@ -180,10 +261,20 @@ def _compiled(layer: torch.nn.Module):
     return torch.compile(layer, dynamic=True)
 
 
-def bench_model(models: Sequence[str], tokens: Sequence[int], modes: Sequence[str] = MODES, *,
-                dtype: torch.dtype = torch.bfloat16, rounds: int = 10, reps: int = 5, warmup_s: float = 0.5,
-                seed: int = 0, dims: dict | None = None, device: torch.device | str | None = None,
-                progress: Callable[[str], None] | None = None) -> dict:
+def bench_model(
+    models: Sequence[str],
+    tokens: Sequence[int],
+    modes: Sequence[str] = MODES,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    rounds: int = 10,
+    reps: int = 5,
+    warmup_s: float = 0.5,
+    seed: int = 0,
+    dims: dict | None = None,
+    device: torch.device | str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Every (model, T, mode). ``dims``: {model: config overrides} (tests build tiny layers on the CPU)."""
     tf = _transformers()
     import gemmlab
@@ -207,31 +298,59 @@ def bench_model(models: Sequence[str], tokens: Sequence[int], modes: Sequence[st
         t0 = time.perf_counter()
         layer, rotary, config = build_layer(preset, dtype, device, seed, (dims or {}).get(name))
         patched, summary = gemmlab.patch(shared_copy(layer), return_summary=True)
-        built[name] = {"build_s": time.perf_counter() - t0, "patch": summary, "source": preset.source,
-                       "note": preset.note, "config": {k: getattr(config, k, None) for k in (dims or {}).get(
-                           name, preset.dims)}, "parameters": sum(p.numel() for p in layer.parameters()),
-                       "attn_implementation": getattr(config, "_attn_implementation", None),
-                       "experts_implementation": getattr(config, "_experts_implementation", None)}
+        built[name] = {
+            "build_s": time.perf_counter() - t0,
+            "patch": summary,
+            "source": preset.source,
+            "note": preset.note,
+            "config": {k: getattr(config, k, None) for k in (dims or {}).get(name, preset.dims)},
+            "parameters": sum(p.numel() for p in layer.parameters()),
+            "attn_implementation": getattr(config, "_attn_implementation", None),
+            "experts_implementation": getattr(config, "_experts_implementation", None),
+        }
         layers = {"torch": layer, "gemmlab": patched}
         compiled = {n: _compiled(m) for n, m in layers.items()} if "compile" in modes else {}
         for t in tokens:
             for mode in modes:
                 if progress:
                     progress(f"{name} T={t} {mode}")
-                r = bench_case(name, layer, compiled if mode == "compile" else layers, rotary, t, mode,
-                               hidden=config.hidden_size, dtype=dtype, device=device, rounds=rounds, reps=reps,
-                               warmup_s=warmup_s, seed=seed)
+                r = bench_case(
+                    name,
+                    layer,
+                    compiled if mode == "compile" else layers,
+                    rotary,
+                    t,
+                    mode,
+                    hidden=config.hidden_size,
+                    dtype=dtype,
+                    device=device,
+                    rounds=rounds,
+                    reps=reps,
+                    warmup_s=warmup_s,
+                    seed=seed,
+                )
                 results.append(r)
         del layer, patched, layers, compiled
         if device.type == "cuda":
             torch.cuda.empty_cache()
     env = timing.env_info()
     env["transformers"] = tf.__version__
-    return {"kind": "model-bench", "env": env, "args": {"models": list(models), "tokens": list(tokens),
-                                                       "modes": list(modes),
-                                "dtype": str(dtype).removeprefix("torch."), "rounds": rounds, "reps": reps,
-                                "warmup_s": warmup_s, "seed": seed},
-            "layers": built, "results": results}
+    return {
+        "kind": "model-bench",
+        "env": env,
+        "args": {
+            "models": list(models),
+            "tokens": list(tokens),
+            "modes": list(modes),
+            "dtype": str(dtype).removeprefix("torch."),
+            "rounds": rounds,
+            "reps": reps,
+            "warmup_s": warmup_s,
+            "seed": seed,
+        },
+        "layers": built,
+        "results": results,
+    }
 
 
 def rows(report: dict) -> list[dict]:
@@ -239,8 +358,9 @@ def rows(report: dict) -> list[dict]:
     gemmlab faster) for each mode, side by side."""
     table: dict[tuple, dict] = {}
     for r in report["results"]:
-        row = table.setdefault((r["model"], r["tokens"]), {"model": r["model"], "T": r["tokens"], "ok": True,
-                                                          "errors": []})
+        row = table.setdefault(
+            (r["model"], r["tokens"]), {"model": r["model"], "T": r["tokens"], "ok": True, "errors": []}
+        )
         for name, c in r["candidates"].items():
             ok, why = outcome(c)
             row["ok"] &= ok or name != "torch"
@@ -255,21 +375,30 @@ def rows(report: dict) -> list[dict]:
 
 def failures(report: dict) -> list[str]:
     """Each gemmlab run that was wrong or failed (an unpatched torch row that fails is the layer's own problem)."""
-    return [f"{r['model']} T={r['T']} {e}" for r in rows(report) for e in r["errors"]
-            if any(e.startswith(f"{m} gemmlab") for m in report["args"]["modes"])]
+    return [
+        f"{r['model']} T={r['T']} {e}"
+        for r in rows(report)
+        for e in r["errors"]
+        if any(e.startswith(f"{m} gemmlab") for m in report["args"]["modes"])
+    ]
 
 
 def tables(report: dict) -> list[Table]:
     """One row per (model, T), each mode's torch ms, gemmlab ms and ratio side by side (eager against graph)."""
     used = report["args"]["modes"]
-    t = Table(f"one decoder layer, bf16, on {report['env'].get('gpu')}: median ms, torch / gemmlab (> 1: gemmlab "
-              f"faster), transformers {report['env'].get('transformers')}",
-              ["model", "T"] + [f"{m} {col}" for m in used for col in ("torch", "gemmlab", "ratio")])
+    t = Table(
+        f"one decoder layer, bf16, on {report['env'].get('gpu')}: median ms, torch / gemmlab (> 1: gemmlab "
+        f"faster), transformers {report['env'].get('transformers')}",
+        ["model", "T"] + [f"{m} {col}" for m in used for col in ("torch", "gemmlab", "ratio")],
+    )
     for r in rows(report):
         cells = [r["model"], str(r["T"])]
         for m in used:
-            cells += [num(r.get(f"{m}_torch_ms"), ".3f"), num(r.get(f"{m}_gemmlab_ms"), ".3f"),
-                      num(r.get(f"{m}_ratio"), ".2f") if r.get(f"{m}_gemmlab_ok", False) else "[red]WRONG/failed"]
+            cells += [
+                num(r.get(f"{m}_torch_ms"), ".3f"),
+                num(r.get(f"{m}_gemmlab_ms"), ".3f"),
+                num(r.get(f"{m}_ratio"), ".2f") if r.get(f"{m}_gemmlab_ok", False) else "[red]WRONG/failed",
+            ]
         t.rows.append(cells)
     t.notes += [f"[red]{w}" for w in failures(report)]
     return [t]
@@ -280,12 +409,35 @@ def long_rows(report: dict) -> list[dict]:
     out = []
     for r in report["results"]:
         for name, c in r["candidates"].items():
-            out.append(long_row(f"{r['model']} layer", name, "time", "ms", "T", r["tokens"], c.get("median_ms"),
-                                c.get("p20_ms"), c.get("p80_ms"), mode=r["mode"]))
+            out.append(
+                long_row(
+                    f"{r['model']} layer",
+                    name,
+                    "time",
+                    "ms",
+                    "T",
+                    r["tokens"],
+                    c.get("median_ms"),
+                    c.get("p20_ms"),
+                    c.get("p80_ms"),
+                    mode=r["mode"],
+                )
+            )
             ratio = (c.get("vs_baseline") or {}).get("ratio")
             if name == "gemmlab" and ratio is not None:
-                out.append(long_row(f"{r['model']} layer", name, "ratio_vs_torch", "x", "T", r["tokens"], ratio,
-                                    mode=r["mode"], ci95=(c.get("vs_baseline") or {}).get("ci95")))
+                out.append(
+                    long_row(
+                        f"{r['model']} layer",
+                        name,
+                        "ratio_vs_torch",
+                        "x",
+                        "T",
+                        r["tokens"],
+                        ratio,
+                        mode=r["mode"],
+                        ci95=(c.get("vs_baseline") or {}).get("ci95"),
+                    )
+                )
     return out
 
 

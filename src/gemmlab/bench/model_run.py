@@ -43,7 +43,7 @@ PHASES = ("prefill", "decode", "train")
 MODES = ("eager", "compile", "graph")
 KEPT_POSITIONS = 64
 PROMPT_CHUNK = 256  # decode: the prompt is written into the cache this many tokens at a time
-FLOOR = 2.0 ** -7
+FLOOR = 2.0**-7
 CHUNK = 1 << 26  # elements of a gradient compared at a time (fp32 temporaries)
 
 
@@ -81,6 +81,7 @@ def prefill_call(model: torch.nn.Module, inputs: dict) -> Callable[[], torch.Ten
     def fn() -> torch.Tensor:
         with torch.no_grad():
             return logits_of(model(input_ids=inputs["ids"], logits_to_keep=inputs["keep"], use_cache=False))
+
     return fn
 
 
@@ -96,8 +97,9 @@ class DecodeState:
     pos: list[torch.Tensor] = field(default_factory=list)  # n x (B, 1) long
 
 
-def decode_state(ref: torch.nn.Module, config, batch: int, context: int, steps: int, device: torch.device,
-                 seed: int) -> DecodeState:
+def decode_state(
+    ref: torch.nn.Module, config, batch: int, context: int, steps: int, device: torch.device, seed: int
+) -> DecodeState:
     """A StaticCache of context + steps positions holding a random prompt of ``context`` tokens, written by
     ``ref`` (the unpatched model, PROMPT_CHUNK tokens at a time), and the step inputs."""
     from transformers import StaticCache
@@ -108,8 +110,12 @@ def decode_state(ref: torch.nn.Module, config, batch: int, context: int, steps: 
     prompt = torch.randint(0, vocab, (batch, context), generator=g, device=device)
     with torch.no_grad():  # in chunks: the prompt's attention against the whole static cache stays small
         for start in range(0, context, PROMPT_CHUNK):
-            ref(input_ids=prompt[:, start:start + PROMPT_CHUNK], use_cache=True, logits_to_keep=1,
-                **{cache_kwarg(ref): cache})
+            ref(
+                input_ids=prompt[:, start : start + PROMPT_CHUNK],
+                use_cache=True,
+                logits_to_keep=1,
+                **{cache_kwarg(ref): cache},
+            )
     mask = torch.zeros((batch, 1, 1, context + steps), dtype=torch.bool, device=device)
     ids = [torch.randint(0, vocab, (batch, 1), generator=g, device=device) for _ in range(steps)]
     pos = [torch.full((batch, 1), context + j, dtype=torch.long, device=device) for j in range(steps)]
@@ -123,25 +129,31 @@ def rewind(state: DecodeState) -> None:
     for layer in state.cache.layers:
         length = getattr(layer, "cumulative_length", None)
         if not isinstance(length, torch.Tensor):
-            raise ValueError(f"this transformers' {type(layer).__name__} keeps no cumulative_length tensor: "
-                             "bench model cannot rewind its StaticCache")
+            raise ValueError(
+                f"this transformers' {type(layer).__name__} keeps no cumulative_length tensor: "
+                "bench model cannot rewind its StaticCache"
+            )
         length.fill_(state.context)
-    state.mask[..., :state.context] = True
-    state.mask[..., state.context:] = False
+    state.mask[..., : state.context] = True
+    state.mask[..., state.context :] = False
 
 
-def decode_call(model: torch.nn.Module, state: DecodeState, out: torch.Tensor,
-                kwarg: str) -> Callable[[], torch.Tensor]:
+def decode_call(
+    model: torch.nn.Module, state: DecodeState, out: torch.Tensor, kwarg: str
+) -> Callable[[], torch.Tensor]:
     """``out`` (B, n, V): each step's last logits, written in place (one buffer per variant)."""
+
     def fn() -> torch.Tensor:
         with torch.no_grad():
             rewind(state)
             for j, (ids, pos) in enumerate(zip(state.ids, state.pos, strict=True)):
                 state.mask[..., state.context + j] = True
-                res = model(input_ids=ids, attention_mask=state.mask, position_ids=pos, use_cache=True,
-                            **{kwarg: state.cache})
+                res = model(
+                    input_ids=ids, attention_mask=state.mask, position_ids=pos, use_cache=True, **{kwarg: state.cache}
+                )
                 out[:, j].copy_(logits_of(res)[:, -1])
         return out
+
     return fn
 
 
@@ -168,6 +180,7 @@ def train_call(model: torch.nn.Module, opt: torch.optim.Optimizer, inputs: dict)
         loss.backward()
         opt.step()
         return loss.detach()
+
     return fn
 
 
@@ -195,9 +208,11 @@ def train_error(loss: torch.Tensor, params: list[torch.nn.Parameter], ref: dict)
             sq += float(r32.pow(2).sum())
         per_param.append(math.sqrt(diff) / math.sqrt(sq) if sq > 0 else (0.0 if diff == 0 else math.inf))
     per_param = [e if math.isfinite(e) else math.inf for e in per_param]
-    return {"loss": abs(lv - ref["loss"]) / max(abs(ref["loss"]), 1e-30) if math.isfinite(lv) else math.inf,
-            "grad_median": statistics.median(per_param) if per_param else 0.0,
-            "grad_max": max(per_param, default=0.0)}
+    return {
+        "loss": abs(lv - ref["loss"]) / max(abs(ref["loss"]), 1e-30) if math.isfinite(lv) else math.inf,
+        "grad_median": statistics.median(per_param) if per_param else 0.0,
+        "grad_max": max(per_param, default=0.0),
+    }
 
 
 def logits_error(y: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
@@ -221,20 +236,30 @@ def bound(ref_model: torch.nn.Module, call: Callable[[], object], measure: Measu
 
 def checker(measure: Measure, allowed: dict) -> Callable[[object], dict]:
     """check(out) -> {"ok", "errors", "allowed", "rel_err" (the error nearest its bound), "worst" (its name)}."""
+
     def check(out) -> dict:
         errs = measure(out)
         worst = max(errs, key=lambda k: errs[k] / allowed[k])
-        return {"ok": all(errs[k] <= allowed[k] for k in errs), "errors": errs, "allowed": allowed[worst],
-                "rel_err": errs[worst], "worst": worst, "bounds": allowed}
+        return {
+            "ok": all(errs[k] <= allowed[k] for k in errs),
+            "errors": errs,
+            "allowed": allowed[worst],
+            "rel_err": errs[worst],
+            "worst": worst,
+            "bounds": allowed,
+        }
+
     return check
 
 
 # --- modes -------------------------------------------------------------------------------------------------
 def scoped(fn: Callable[[], object], scope: Callable) -> Callable[[], object]:
     """``fn`` run inside ``scope()`` (Liger's module globals installed for the call)."""
+
     def call():
         with scope():
             return fn()
+
     return call
 
 
@@ -246,6 +271,7 @@ def graphed(fn: Callable[[], object], fresh: bool = False) -> Callable[[], objec
     def replay():
         graph.replay()
         return out.clone() if fresh else out
+
     replay.graph = graph  # kept alive with the replay
     return replay
 
@@ -261,12 +287,17 @@ def memory(fn: Callable[[], object], device: torch.device) -> dict:
     fn()
     sync(device)
     peak = torch.cuda.max_memory_allocated(device)
-    return {"peak_gib": peak / 2 ** 30, "transient_gib": (peak - before) / 2 ** 30}
+    return {"peak_gib": peak / 2**30, "transient_gib": (peak - before) / 2**30}
 
 
 def throughput(tokens: int, cand: dict) -> dict:
     """tokens/s at the median time, and at p80 / p20 time (the slow and the fast end)."""
+
     def rate(ms):
         return tokens / (ms * 1e-3) if ms else None
-    return {"tokens_per_s": rate(cand.get("median_ms")), "tokens_per_s_p20": rate(cand.get("p80_ms")),
-            "tokens_per_s_p80": rate(cand.get("p20_ms"))}
+
+    return {
+        "tokens_per_s": rate(cand.get("median_ms")),
+        "tokens_per_s_p20": rate(cand.get("p80_ms")),
+        "tokens_per_s_p80": rate(cand.get("p20_ms")),
+    }

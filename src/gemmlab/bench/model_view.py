@@ -33,8 +33,10 @@ def _status(c: dict) -> str | None:
     if check.get("error") and "rel_err" not in check:
         return f"failed: {check['error']}"
     if not check.get("ok"):
-        why = (f"{check.get('worst', 'error')} {check.get('rel_err', float('nan')):.3g} > allowed "
-               f"{check.get('allowed', float('nan')):.3g}")
+        why = (
+            f"{check.get('worst', 'error')} {check.get('rel_err', float('nan')):.3g} > allowed "
+            f"{check.get('allowed', float('nan')):.3g}"
+        )
         return f"WRONG: {why}" + (f" ({check['error']})" if check.get("error") else "")
     if c.get("check_after") is not True:
         if c.get("check_after_error"):
@@ -47,9 +49,17 @@ def rows(report: dict) -> list[dict]:
     """One flat row per (model, phase, shape, mode): each variant's tokens/s, peak GiB and status; the ratios."""
     out = []
     for r in report["results"]:
-        row = {"model": r["model"], "layers": r.get("layers"), "phase": r["phase"], "shape": r["shape"],
-               "label": shape_label(r["phase"], r["shape"]), "mode": r["mode"], "tokens": r.get("tokens_per_call"),
-               "error": r.get("error"), "notes": []}
+        row = {
+            "model": r["model"],
+            "layers": r.get("layers"),
+            "phase": r["phase"],
+            "shape": r["shape"],
+            "label": shape_label(r["phase"], r["shape"]),
+            "mode": r["mode"],
+            "tokens": r.get("tokens_per_call"),
+            "error": r.get("error"),
+            "notes": [],
+        }
         cands = r.get("candidates", {})
         for v in VARIANTS:
             c = cands.get(v)
@@ -73,8 +83,11 @@ def rows(report: dict) -> list[dict]:
 
 def failures(report: dict) -> list[str]:
     """Each gemmlab result that was wrong (the exit status: 1)."""
-    return [f"{r['model']} {r['phase']} {r['label']} {r['mode']}: {r['gemmlab_status']}" for r in rows(report)
-            if str(r.get("gemmlab_status") or "").startswith("WRONG")]
+    return [
+        f"{r['model']} {r['phase']} {r['label']} {r['mode']}: {r['gemmlab_status']}"
+        for r in rows(report)
+        if str(r.get("gemmlab_status") or "").startswith("WRONG")
+    ]
 
 
 def _tps(v) -> str:
@@ -95,8 +108,11 @@ def _cell(row: dict, v: str) -> str:
     if status is None and f"{v}_tps" not in row:
         return ""
     if status:
-        return "[red]WRONG" if status.startswith("WRONG") else ("skipped" if status.startswith("skipped") else
-                                                                "[yellow]failed")
+        return (
+            "[red]WRONG"
+            if status.startswith("WRONG")
+            else ("skipped" if status.startswith("skipped") else "[yellow]failed")
+        )
     return _tps(row.get(f"{v}_tps"))
 
 
@@ -108,11 +124,15 @@ def _notes(report: dict) -> list[str]:
                 notes.append(f"[red]{name} {part.removesuffix('_error')}: {info}")
                 continue
             extra = f"; optimizer {info['optimizer']} ({info['optimizer_why']})" if "optimizer" in info else ""
-            notes.append(f"{name} {part}: {info['layers']} of {info['published_layers']} layers, "
-                         f"{info['parameters'] / 1e9:.2f}B parameters ({info['weights_gib']:.1f} GiB){extra}")
-    notes.append(f"decode: {args['context']}-token prompt in a {args['cache']}; {args['steps']} steps per call; "
-                 f"prefill: batch 1, logits at {args['kept_positions']} positions, no cache written; train: "
-                 f"{args['train_batch']}x{args['train_tokens']} tokens, forward + backward + optimizer step")
+            notes.append(
+                f"{name} {part}: {info['layers']} of {info['published_layers']} layers, "
+                f"{info['parameters'] / 1e9:.2f}B parameters ({info['weights_gib']:.1f} GiB){extra}"
+            )
+    notes.append(
+        f"decode: {args['context']}-token prompt in a {args['cache']}; {args['steps']} steps per call; "
+        f"prefill: batch 1, logits at {args['kept_positions']} positions, no cache written; train: "
+        f"{args['train_batch']}x{args['train_tokens']} tokens, forward + backward + optimizer step"
+    )
     if not (report.get("liger") or {}).get("available", True):
         notes.append(f"liger: {(report['liger'] or {}).get('reason')}")
     return notes
@@ -122,17 +142,42 @@ def tables(report: dict) -> list[Table]:
     """One row per (model, phase, shape, mode): tokens/s of each variant and gemmlab's ratios; the reasons for
     every missing number under it."""
     env = report.get("env") or {}
-    t = Table(f"whole models, bf16, on {env.get('gpu') or 'cpu'}: tokens/s (median), gemmlab / torch and gemmlab / "
-              f"liger (> 1: gemmlab faster); transformers {env.get('transformers')}, liger-kernel "
-              f"{env.get('liger_kernel')}",
-              ["model", "layers", "phase", "shape", "mode", "torch tok/s", "gemmlab tok/s", "liger tok/s",
-               "gemmlab/torch", "gemmlab/liger", "peak GiB t/g/l"])
+    t = Table(
+        f"whole models, bf16, on {env.get('gpu') or 'cpu'}: tokens/s (median), gemmlab / torch and gemmlab / "
+        f"liger (> 1: gemmlab faster); transformers {env.get('transformers')}, liger-kernel "
+        f"{env.get('liger_kernel')}",
+        [
+            "model",
+            "layers",
+            "phase",
+            "shape",
+            "mode",
+            "torch tok/s",
+            "gemmlab tok/s",
+            "liger tok/s",
+            "gemmlab/torch",
+            "gemmlab/liger",
+            "peak GiB t/g/l",
+        ],
+    )
     problems = []
     for r in rows(report):
         mem = "/".join(num(r.get(f"{v}_peak_gib"), ".1f") for v in VARIANTS if f"{v}_status" in r)
-        t.rows.append([r["model"], str(r["layers"]), r["phase"], r["label"], r["mode"], _cell(r, "torch"),
-                       _cell(r, "gemmlab"), _cell(r, "liger"), _ratio(r["gemmlab_vs_torch"]),
-                       _ratio(r["gemmlab_vs_liger"]), mem])
+        t.rows.append(
+            [
+                r["model"],
+                str(r["layers"]),
+                r["phase"],
+                r["label"],
+                r["mode"],
+                _cell(r, "torch"),
+                _cell(r, "gemmlab"),
+                _cell(r, "liger"),
+                _ratio(r["gemmlab_vs_torch"]),
+                _ratio(r["gemmlab_vs_liger"]),
+                mem,
+            ]
+        )
         head = f"{r['model']} {r['phase']} {r['label']} {r['mode']}"
         problems += [f"{head}: {n}" for n in r["notes"] if not n.startswith("liger: skipped")]
         if r.get("error"):
@@ -157,21 +202,58 @@ def summary(report: dict) -> list[dict]:
     for (model, layers, phase, mode), rs in groups.items():
         vt = [r["gemmlab_vs_torch"] for r in rs if r["gemmlab_vs_torch"]]
         vl = [r["gemmlab_vs_liger"] for r in rs if r["gemmlab_vs_liger"]]
-        out.append({"model": model, "layers": layers, "phase": phase, "mode": mode, "cases": len(rs),
-                    "wrong": sum(r["wrong"] for r in rs), "timed": len(vt), "geomean_vs_torch": _geomean(vt),
-                    "min_vs_torch": min(vt, default=None), "geomean_vs_liger": _geomean(vl),
-                    "min_vs_liger": min(vl, default=None)})
+        out.append(
+            {
+                "model": model,
+                "layers": layers,
+                "phase": phase,
+                "mode": mode,
+                "cases": len(rs),
+                "wrong": sum(r["wrong"] for r in rs),
+                "timed": len(vt),
+                "geomean_vs_torch": _geomean(vt),
+                "min_vs_torch": min(vt, default=None),
+                "geomean_vs_liger": _geomean(vl),
+                "min_vs_liger": min(vl, default=None),
+            }
+        )
     return out
 
 
 def summary_table(report: dict) -> Table:
-    t = Table("gemmlab against torch and Liger per model, phase and mode: geometric mean and least ratio over the "
-              "shapes (> 1: gemmlab faster)", ["model", "layers", "phase", "mode", "cases", "gemmlab timed",
-                                               "wrong", "vs torch", "least", "vs liger", "least "])
+    t = Table(
+        "gemmlab against torch and Liger per model, phase and mode: geometric mean and least ratio over the "
+        "shapes (> 1: gemmlab faster)",
+        [
+            "model",
+            "layers",
+            "phase",
+            "mode",
+            "cases",
+            "gemmlab timed",
+            "wrong",
+            "vs torch",
+            "least",
+            "vs liger",
+            "least ",
+        ],
+    )
     for s in summary(report):
-        t.rows.append([s["model"], str(s["layers"]), s["phase"], s["mode"], str(s["cases"]), str(s["timed"]),
-                       f"[red]{s['wrong']}" if s["wrong"] else "0", _ratio(s["geomean_vs_torch"]),
-                       _ratio(s["min_vs_torch"]), _ratio(s["geomean_vs_liger"]), _ratio(s["min_vs_liger"])])
+        t.rows.append(
+            [
+                s["model"],
+                str(s["layers"]),
+                s["phase"],
+                s["mode"],
+                str(s["cases"]),
+                str(s["timed"]),
+                f"[red]{s['wrong']}" if s["wrong"] else "0",
+                _ratio(s["geomean_vs_torch"]),
+                _ratio(s["min_vs_torch"]),
+                _ratio(s["geomean_vs_liger"]),
+                _ratio(s["min_vs_liger"]),
+            ]
+        )
     return t
 
 
@@ -183,16 +265,44 @@ def long_rows(report: dict) -> list[dict]:
         kernel, extra = f"{r['model']} {r['phase']}", {"layers": r.get("layers")}
         for v, c in r.get("candidates", {}).items():
             if _status(c) is None:
-                out.append(long_row(kernel, v, "tokens_per_s", "tok/s", x_name, x_value, c["tokens_per_s"],
-                                    c.get("tokens_per_s_p20"), c.get("tokens_per_s_p80"), mode=r["mode"], **extra))
+                out.append(
+                    long_row(
+                        kernel,
+                        v,
+                        "tokens_per_s",
+                        "tok/s",
+                        x_name,
+                        x_value,
+                        c["tokens_per_s"],
+                        c.get("tokens_per_s_p20"),
+                        c.get("tokens_per_s_p80"),
+                        mode=r["mode"],
+                        **extra,
+                    )
+                )
                 if c.get("peak_gib") is not None:
-                    out.append(long_row(kernel, v, "peak_memory", "GiB", x_name, x_value, c["peak_gib"],
-                                        mode=r["mode"], **extra))
+                    out.append(
+                        long_row(
+                            kernel, v, "peak_memory", "GiB", x_name, x_value, c["peak_gib"], mode=r["mode"], **extra
+                        )
+                    )
             for metric, key in (("ratio_vs_torch", "vs_torch"), ("ratio_vs_liger", "vs_liger")):
                 ratio = c.get(key) if _status(c) is None else None
                 if ratio:
-                    out.append(long_row(kernel, v, metric, "x", x_name, x_value, ratio["ratio"], mode=r["mode"],
-                                        ci95=ratio.get("ci95"), **extra))
+                    out.append(
+                        long_row(
+                            kernel,
+                            v,
+                            metric,
+                            "x",
+                            x_name,
+                            x_value,
+                            ratio["ratio"],
+                            mode=r["mode"],
+                            ci95=ratio.get("ci95"),
+                            **extra,
+                        )
+                    )
     return out
 
 
@@ -208,8 +318,12 @@ def merge(reports: list[dict]) -> dict:
                 same = mine.get(part)
                 clash = isinstance(same, dict) and isinstance(info, dict) and same.get("layers") != info.get("layers")
                 mine[f"{part}, {info['layers']} layers" if clash else part] = info
-    return {**reports[0], "results": [r for rep in reports for r in rep["results"]],
-            "not_run": [n for rep in reports for n in rep.get("not_run", [])], "models": models}
+    return {
+        **reports[0],
+        "results": [r for rep in reports for r in rep["results"]],
+        "not_run": [n for rep in reports for n in rep.get("not_run", [])],
+        "models": models,
+    }
 
 
 def stem(report: dict) -> str:

@@ -22,8 +22,7 @@ from gemmlab.problems import MoEModel, generator, matrix
 from gemmlab.ref import gemm_check
 
 
-def hbm_bound(model: MoEModel, topk_ids: torch.Tensor, topk_weights: torch.Tensor, elt: int,
-              gbps: float) -> dict:
+def hbm_bound(model: MoEModel, topk_ids: torch.Tensor, topk_weights: torch.Tensor, elt: int, gbps: float) -> dict:
     """The least bytes a forward moves, over the measured copy bandwidth: every expert hit reads its
     w1 (2I, H) and w2 (H, I) once, x (T, H) is read and y (T, H) written once, and the routing is read."""
     t = topk_ids.shape[0]
@@ -32,8 +31,15 @@ def hbm_bound(model: MoEModel, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     act = 2 * t * model.hidden * elt
     route = topk_ids.numel() * topk_ids.element_size() + topk_weights.numel() * topk_weights.element_size()
     total = weight + act + route
-    return {"experts_hit": hit, "weight_bytes": weight, "activation_bytes": act, "routing_bytes": route,
-            "bytes": total, "hbm_gbps": gbps, "hbm_bound_ms": total / (gbps * 1e9) * 1e3}
+    return {
+        "experts_hit": hit,
+        "weight_bytes": weight,
+        "activation_bytes": act,
+        "routing_bytes": route,
+        "bytes": total,
+        "hbm_gbps": gbps,
+        "hbm_bound_ms": total / (gbps * 1e9) * 1e3,
+    }
 
 
 @dataclass
@@ -44,8 +50,9 @@ class DenseOut:
     c2: torch.Tensor
 
 
-def dense_call(model: MoEModel, tokens: int, dtype: torch.dtype, w1: torch.Tensor, w2: torch.Tensor,
-               seed: int) -> tuple[Callable[[], DenseOut], Callable[[DenseOut], dict]]:
+def dense_call(
+    model: MoEModel, tokens: int, dtype: torch.dtype, w1: torch.Tensor, w2: torch.Tensor, seed: int
+) -> tuple[Callable[[], DenseOut], Callable[[DenseOut], dict]]:
     """The dense bar: (S, H) @ w1[0]^T (H, 2I) then (S, I) @ w2[0]^T (I, H), the same FLOPs as the routed
     work in two torch.mm calls, and its check (three rows of each product against float64)."""
     s, h, i = tokens * model.top_k, model.hidden, model.intermediate
@@ -53,8 +60,10 @@ def dense_call(model: MoEModel, tokens: int, dtype: torch.dtype, w1: torch.Tenso
     a1 = matrix(s, h, "centered", g, dtype)
     a2 = matrix(s, i, "centered", g, dtype)
     b1, b2 = w1[0].t(), w2[0].t()
-    out = DenseOut(torch.full((s, 2 * i), math.nan, dtype=dtype, device=w1.device),
-                   torch.full((s, h), math.nan, dtype=dtype, device=w1.device))
+    out = DenseOut(
+        torch.full((s, 2 * i), math.nan, dtype=dtype, device=w1.device),
+        torch.full((s, h), math.nan, dtype=dtype, device=w1.device),
+    )
 
     def call() -> DenseOut:
         torch.mm(a1, b1, out=out.c1)
@@ -64,8 +73,11 @@ def dense_call(model: MoEModel, tokens: int, dtype: torch.dtype, w1: torch.Tenso
     def check(o: DenseOut) -> dict:
         rows = torch.tensor(sorted({0, s // 2, s - 1}), device=w1.device)
         c1, c2 = gemm_check(o.c1[rows], a1[rows], b1), gemm_check(o.c2[rows], a2[rows], b2)
-        return {"ok": c1["ok"] and c2["ok"], "max_abs_err": max(c1["max_abs_err"], c2["max_abs_err"]),
-                "note": "rows 0, S/2, S-1 of both products against float64"}
+        return {
+            "ok": c1["ok"] and c2["ok"],
+            "max_abs_err": max(c1["max_abs_err"], c2["max_abs_err"]),
+            "note": "rows 0, S/2, S-1 of both products against float64",
+        }
 
     return call, check
 

@@ -43,8 +43,10 @@ def init_from_env() -> tuple[int, int]:
         raise ValueError("bench moe-ep needs CUDA GPUs (run it under torchrun on a GPU host)")
     if not dist.is_initialized():
         if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-            raise ValueError("bench moe-ep needs a process group: launch it with "
-                             "torchrun --nproc-per-node N -m gemmlab bench moe-ep ...")
+            raise ValueError(
+                "bench moe-ep needs a process group: launch it with "
+                "torchrun --nproc-per-node N -m gemmlab bench moe-ep ..."
+            )
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if local >= torch.cuda.device_count():
             raise ValueError(f"LOCAL_RANK {local} but only {torch.cuda.device_count()} GPUs visible")
@@ -95,10 +97,18 @@ def timeline_shares(comm: Sequence[tuple[float, float]], compute: Sequence[tuple
     span = every[-1][1] - every[0][0]
     both = _length(_intersect(comm_u, comp_u))
     t_comm, t_comp = _length(comm_u), _length(comp_u)
-    return {"span_ms": span / 1e3, "comm_ms": t_comm / 1e3, "compute_ms": t_comp / 1e3, "overlap_ms": both / 1e3,
-            "comm_only": (t_comm - both) / span, "compute_only": (t_comp - both) / span, "overlapped": both / span,
-            "idle": (span - _length(every)) / span, "comm_hidden": both / t_comm if t_comm else 0.0,
-            "kernels": {"comm": len(comm), "compute": len(compute)}}
+    return {
+        "span_ms": span / 1e3,
+        "comm_ms": t_comm / 1e3,
+        "compute_ms": t_comp / 1e3,
+        "overlap_ms": both / 1e3,
+        "comm_only": (t_comm - both) / span,
+        "compute_only": (t_comp - both) / span,
+        "overlapped": both / span,
+        "idle": (span - _length(every)) / span,
+        "comm_hidden": both / t_comm if t_comm else 0.0,
+        "kernels": {"comm": len(comm), "compute": len(compute)},
+    }
 
 
 def measure_overlap(fn) -> dict:
@@ -125,8 +135,17 @@ def _gather_cat(t: torch.Tensor, world: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def bench_case(model_name: str, tokens: int, chunks: Sequence[int], *, dtype: torch.dtype = torch.bfloat16,
-               rounds: int = 10, reps: int = 5, warmup_calls: int = 3, seed: int = 0) -> dict:
+def bench_case(
+    model_name: str,
+    tokens: int,
+    chunks: Sequence[int],
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    rounds: int = 10,
+    reps: int = 5,
+    warmup_calls: int = 3,
+    seed: int = 0,
+) -> dict:
     """One (model, T per rank) on every rank; rank 0's return value holds every rank's numbers."""
     from gemmlab.distributed import expert_range, moe_forward_ep
     from gemmlab.ops.moe import moe_forward
@@ -147,8 +166,10 @@ def bench_case(model_name: str, tokens: int, chunks: Sequence[int], *, dtype: to
     flag = torch.tensor([int(full_bytes * 2.5 < torch.cuda.mem_get_info(dev)[0])], device=dev)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every rank decides alike
     if not flag.item():
-        raise ValueError(f"{model_name}: the full weights ({full_bytes / 2**30:.1f} GiB) do not fit on one GPU "
-                         "to verify against; not timed")
+        raise ValueError(
+            f"{model_name}: the full weights ({full_bytes / 2**30:.1f} GiB) do not fit on one GPU "
+            "to verify against; not timed"
+        )
     w1_full, w2_full = _gather_cat(w1, world), _gather_cat(w2, world)  # (E, 2I, H), (E, H, I) in rank order
 
     # verify at the timed shape, every chunk count, before any timing
@@ -158,8 +179,12 @@ def bench_case(model_name: str, tokens: int, chunks: Sequence[int], *, dtype: to
         y = moe_forward_ep(x, w1, w2, wts, ids, chunks=c)
         chk = moe_check(y, x, w1_full, w2_full, wts, ids)
         diff = (y.float() - single.float()).abs().max().item()
-        checks[f"ep chunks={c}"] = {"ok": bool(chk["ok"] and diff <= chk["allowed"]), "max_abs_err": chk["max_abs_err"],
-                                    "allowed": chk["allowed"], "max_abs_diff_vs_moe_forward": diff}
+        checks[f"ep chunks={c}"] = {
+            "ok": bool(chk["ok"] and diff <= chk["allowed"]),
+            "max_abs_err": chk["max_abs_err"],
+            "allowed": chk["allowed"],
+            "max_abs_diff_vs_moe_forward": diff,
+        }
     # the routed splits of the dispatch, and an equal-split exchange of the same bytes
     e_local = end - first
     send = torch.bincount(ids.reshape(-1).long() // e_local, minlength=world)
@@ -173,55 +198,96 @@ def bench_case(model_name: str, tokens: int, chunks: Sequence[int], *, dtype: to
     eq_out = torch.empty_like(eq_in)
     x_all, wts_all, ids_all = _gather_cat(x, world), _gather_cat(wts, world), _gather_cat(ids, world)
 
-    fns = {f"ep chunks={c}": (lambda c=c: moe_forward_ep(x, w1, w2, wts, ids, chunks=c, validate=False))
-           for c in chunks}
+    fns = {
+        f"ep chunks={c}": (lambda c=c: moe_forward_ep(x, w1, w2, wts, ids, chunks=c, validate=False)) for c in chunks
+    }
     fns["dispatch a2a (routed)"] = lambda: dist.all_to_all_single(rx, rows, recv_l, send_l)
     fns["nccl a2a (equal)"] = lambda: dist.all_to_all_single(eq_out, eq_in)
     fns["one GPU, all experts"] = lambda: moe_forward(x_all, w1_full, w2_full, wts_all, ids_all, validate=False)
     times = timing.interleave(fns, rounds=rounds, reps=reps, warmup_s=0.0, device=dev, warmup_calls=warmup_calls)
     mine = {name: stats.summarize([t for rnd in ts for t in rnd]) for name, ts in times.items()}
     elt = x.element_size()
-    remote = {"dispatch a2a (routed)": (sum(send_l) - send_l[rank]) * model.hidden * elt,
-              "nccl a2a (equal)": (n_eq - n_eq // world) * model.hidden * elt}
+    remote = {
+        "dispatch a2a (routed)": (sum(send_l) - send_l[rank]) * model.hidden * elt,
+        "nccl a2a (equal)": (n_eq - n_eq // world) * model.hidden * elt,
+    }
     for name, b in remote.items():
         mine[name]["bytes_to_other_ranks"] = b
         mine[name]["gb_per_s"] = b / (mine[name]["median_ms"] * 1e-3) / 1e9
     timeline = {name: measure_overlap(fns[name]) for name in fns if name.startswith("ep chunks=")}
     per_rank = [None] * world
-    dist.all_gather_object(per_rank, {"rank": rank, "times": mine, "checks": checks, "rows_sent_per_rank": send_l,
-                                      "timeline": timeline})
+    dist.all_gather_object(
+        per_rank, {"rank": rank, "times": mine, "checks": checks, "rows_sent_per_rank": send_l, "timeline": timeline}
+    )
     slowest = {f"ep chunks={c}": max(r["times"][f"ep chunks={c}"]["median_ms"] for r in per_rank) for c in chunks}
     one_gpu = statistics.median([r["times"]["one GPU, all experts"]["median_ms"] for r in per_rank])
-    return {"model": model_name, "tokens_per_rank": tokens, "world": world, "dtype": str(dtype).removeprefix("torch."),
-            "sizes": {"H": model.hidden, "I": model.intermediate, "E": model.experts, "k": model.top_k},
-            "ok": all(c["ok"] for r in per_rank for c in r["checks"].values()),
-            "step_ms": slowest, "one_gpu_ms": one_gpu,
-            "speedup_vs_one_gpu": {name: one_gpu / t for name, t in slowest.items()}, "per_rank": per_rank}
+    return {
+        "model": model_name,
+        "tokens_per_rank": tokens,
+        "world": world,
+        "dtype": str(dtype).removeprefix("torch."),
+        "sizes": {"H": model.hidden, "I": model.intermediate, "E": model.experts, "k": model.top_k},
+        "ok": all(c["ok"] for r in per_rank for c in r["checks"].values()),
+        "step_ms": slowest,
+        "one_gpu_ms": one_gpu,
+        "speedup_vs_one_gpu": {name: one_gpu / t for name, t in slowest.items()},
+        "per_rank": per_rank,
+    }
 
 
 def bench_moe_ep(models: Sequence[str], tokens: Sequence[int], chunks: Sequence[int] = (1, 2, 4), **kw) -> dict:
     """Every (model, T per rank) under the current process group; the report (same on every rank)."""
     results = [bench_case(m, t, chunks, **kw) for m in models for t in tokens]
-    return {"kind": "moe-ep-bench", "env": timing.env_info(),
-            "args": {"models": list(models), "tokens": list(tokens), "chunks": list(chunks),
-                     **{k: str(v) for k, v in kw.items()}}, "results": results}
+    return {
+        "kind": "moe-ep-bench",
+        "env": timing.env_info(),
+        "args": {
+            "models": list(models),
+            "tokens": list(tokens),
+            "chunks": list(chunks),
+            **{k: str(v) for k, v in kw.items()},
+        },
+        "results": results,
+    }
 
 
 def tables(rep: dict) -> list[Table]:
     """The slowest rank's median per candidate, the speedup over one GPU, rank 0's all-to-all GB/s and the share
     of its communication hidden under compute (``timeline``)."""
     world = rep["results"][0]["world"] if rep["results"] else "?"
-    t = Table(f"expert parallel over {world} x {rep['env'].get('gpu')}: slowest rank's median ms",
-              ("model", "T/rank", "candidate", "ms", "vs one GPU", "GB/s (rank 0)", "comm hidden (rank 0)", "ok"))
+    t = Table(
+        f"expert parallel over {world} x {rep['env'].get('gpu')}: slowest rank's median ms",
+        ("model", "T/rank", "candidate", "ms", "vs one GPU", "GB/s (rank 0)", "comm hidden (rank 0)", "ok"),
+    )
     for r in rep["results"]:
         t0, tl = r["per_rank"][0]["times"], r["per_rank"][0].get("timeline") or {}
         for name, ms in {**r["step_ms"], "one GPU, all experts": r["one_gpu_ms"]}.items():
             hidden = f"{tl[name]['comm_hidden']:.0%} of {tl[name]['comm_ms']:.3f} ms" if name in tl else "-"
-            t.rows.append([r["model"], str(r["tokens_per_rank"]), name, num(ms, ".3f"),
-                           num(r["speedup_vs_one_gpu"].get(name), ".2f"), "-", hidden, "ok" if r["ok"] else "WRONG"])
+            t.rows.append(
+                [
+                    r["model"],
+                    str(r["tokens_per_rank"]),
+                    name,
+                    num(ms, ".3f"),
+                    num(r["speedup_vs_one_gpu"].get(name), ".2f"),
+                    "-",
+                    hidden,
+                    "ok" if r["ok"] else "WRONG",
+                ]
+            )
         for name in ("dispatch a2a (routed)", "nccl a2a (equal)"):
-            t.rows.append([r["model"], str(r["tokens_per_rank"]), name, num(t0[name]["median_ms"], ".3f"), "-",
-                           num(t0[name]["gb_per_s"], ".1f"), "-", ""])
+            t.rows.append(
+                [
+                    r["model"],
+                    str(r["tokens_per_rank"]),
+                    name,
+                    num(t0[name]["median_ms"], ".3f"),
+                    "-",
+                    num(t0[name]["gb_per_s"], ".1f"),
+                    "-",
+                    "",
+                ]
+            )
     return [t]
 
 
@@ -229,16 +295,53 @@ def long_rows(rep: dict) -> list[dict]:
     out = []
     for r in rep["results"]:
         for name, ms in {**r["step_ms"], "one GPU, all experts": r["one_gpu_ms"]}.items():
-            out.append(long_row("moe-ep", name, "time", "ms", "T_per_rank", r["tokens_per_rank"], ms,
-                                mode="slowest rank", model=r["model"], world=r["world"], ok=r["ok"]))
+            out.append(
+                long_row(
+                    "moe-ep",
+                    name,
+                    "time",
+                    "ms",
+                    "T_per_rank",
+                    r["tokens_per_rank"],
+                    ms,
+                    mode="slowest rank",
+                    model=r["model"],
+                    world=r["world"],
+                    ok=r["ok"],
+                )
+            )
         for name, tl in (r["per_rank"][0].get("timeline") or {}).items():
-            out.append(long_row("moe-ep", name, "comm_hidden", "fraction", "T_per_rank", r["tokens_per_rank"],
-                                tl["comm_hidden"], mode="rank 0", model=r["model"], world=r["world"],
-                                comm_ms=tl["comm_ms"]))
+            out.append(
+                long_row(
+                    "moe-ep",
+                    name,
+                    "comm_hidden",
+                    "fraction",
+                    "T_per_rank",
+                    r["tokens_per_rank"],
+                    tl["comm_hidden"],
+                    mode="rank 0",
+                    model=r["model"],
+                    world=r["world"],
+                    comm_ms=tl["comm_ms"],
+                )
+            )
         for name in ("dispatch a2a (routed)", "nccl a2a (equal)"):
             tm = r["per_rank"][0]["times"][name]
-            out.append(long_row("all-to-all", name, "bandwidth", "GB/s", "T_per_rank", r["tokens_per_rank"],
-                                tm["gb_per_s"], mode="rank 0", model=r["model"], world=r["world"]))
+            out.append(
+                long_row(
+                    "all-to-all",
+                    name,
+                    "bandwidth",
+                    "GB/s",
+                    "T_per_rank",
+                    r["tokens_per_rank"],
+                    tm["gb_per_s"],
+                    mode="rank 0",
+                    model=r["model"],
+                    world=r["world"],
+                )
+            )
     return out
 
 

@@ -67,9 +67,14 @@ DENSE = "dense torch.mm x2"
 SHORT = {GEMMLAB: "gemmlab", LIGER: "liger", COMPOSITE: "composite", DENSE: "dense"}
 
 
-def suite_cases(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SUITE_TOKENS,
-                routings: Sequence[str] = ROUTINGS, modes: Sequence[str] = MODES, parts: Sequence[str] = ("fwd",),
-                min_bwd_tokens: int = 0) -> list[dict]:
+def suite_cases(
+    models: Sequence[str] = SUITE_MODELS,
+    tokens: Sequence[int] = SUITE_TOKENS,
+    routings: Sequence[str] = ROUTINGS,
+    modes: Sequence[str] = MODES,
+    parts: Sequence[str] = ("fwd",),
+    min_bwd_tokens: int = 0,
+) -> list[dict]:
     """The cases in run order (part, model, T, routing, mode: a run cut short by its time limit keeps eager and
     graph of the same case together); fwd+bwd only at T >= ``min_bwd_tokens``."""
     for name, values, known in (("routing", routings, ROUTINGS), ("mode", modes, MODES), ("part", parts, PARTS)):
@@ -79,9 +84,15 @@ def suite_cases(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SU
     bad = [t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or t < 1]
     if bad:
         raise ValueError(f"tokens {bad[0]!r}: T must be a positive integer")
-    return [{"model": m, "tokens": t, "routing": r, "mode": mode, "part": part}
-            for part in parts for m in models for t in tokens for r in routings for mode in modes
-            if part == "fwd" or t >= min_bwd_tokens]
+    return [
+        {"model": m, "tokens": t, "routing": r, "mode": mode, "part": part}
+        for part in parts
+        for m in models
+        for t in tokens
+        for r in routings
+        for mode in modes
+        if part == "fwd" or t >= min_bwd_tokens
+    ]
 
 
 def forward_flops(model: MoEModel, tokens: int) -> float:
@@ -118,11 +129,15 @@ def capture_all(calls: dict[str, Callable[[], object]]) -> tuple[dict[str, Calla
 def _forward_check(ref: torch.Tensor, allowed: float, dtype: torch.dtype) -> Callable[[torch.Tensor], dict]:
     def check(y) -> dict:
         if not isinstance(y, torch.Tensor) or tuple(y.shape) != tuple(ref.shape) or y.dtype != dtype:
-            return {"ok": False, "error": f"y: expected a {dtype} tensor {tuple(ref.shape)}, got "
-                                          f"{getattr(y, 'dtype', type(y).__name__)} {tuple(getattr(y, 'shape', ()))}"}
+            return {
+                "ok": False,
+                "error": f"y: expected a {dtype} tensor {tuple(ref.shape)}, got "
+                f"{getattr(y, 'dtype', type(y).__name__)} {tuple(getattr(y, 'shape', ()))}",
+            }
         finite = bool(torch.isfinite(y).all())
         err = (y.float() - ref).abs().max().item() if finite and y.numel() else (0.0 if finite else math.inf)
         return {"ok": finite and err <= allowed, "max_abs_err": err, "allowed": allowed}
+
     return check
 
 
@@ -132,14 +147,14 @@ def prepare(model: MoEModel, tokens: int, routing: str, dtype: torch.dtype, seed
     p = moe_inputs(model, tokens, routing, dtype, seed)
     p["ids"] = p["ids"].to(torch.int32)
     p["ref"] = moe_ref(p["x"], p["w1"], p["w2"], p["weights"], p["ids"])
-    p["allowed"] = moe_check(p["ref"].to(dtype), p["x"], p["w1"], p["w2"], p["weights"], p["ids"],
-                             p["ref"])["allowed"]
+    p["allowed"] = moe_check(p["ref"].to(dtype), p["x"], p["w1"], p["w2"], p["weights"], p["ids"], p["ref"])["allowed"]
     p["key"] = (model, tokens, routing, dtype, seed)
     return p
 
 
-def part_calls(part: str, providers: dict[str, Provider], p: dict, dtype: torch.dtype,
-               seed: int) -> tuple[dict[str, Callable[[], object]], Callable[[object], dict], int]:
+def part_calls(
+    part: str, providers: dict[str, Provider], p: dict, dtype: torch.dtype, seed: int
+) -> tuple[dict[str, Callable[[], object]], Callable[[object], dict], int]:
     """The calls of one part on a prepared case: (calls, their check, the work as a multiple of the forward's).
     "fwd": each provider's y, checked against the float32 reference. "fwd+bwd": y and torch.autograd.grad of
     sum(y * dy) for x, w1, w2 and topk_weights, checked by ``ref.moe_grad_check``; the composite is not run (a
@@ -170,16 +185,20 @@ def part_calls(part: str, providers: dict[str, Provider], p: dict, dtype: torch.
     return {name: functools.partial(fwd_bwd, f) for name, f in providers.items() if name != COMPOSITE}, check, 3
 
 
-def case_bars(res: dict, model: MoEModel, tokens: int, part: str, p: dict, providers: dict[str, Provider],
-              hbm_gbps: float | None) -> dict:
+def case_bars(
+    res: dict, model: MoEModel, tokens: int, part: str, p: dict, providers: dict[str, Provider], hbm_gbps: float | None
+) -> dict:
     """The case's bars from its timed run: gemmlab's share of the dense GEMM's rate, and each provider's time
     over the HBM bound (forward only, T <= HBM_MAX_TOKENS)."""
     bars = {}
     gl = res["candidates"].get(GEMMLAB, {})
     dn = res["candidates"].get(DENSE)
     if dn is not None and dn.get("tflops") and gl.get("tflops"):
-        bars["dense"] = {"dense_ms": dn["median_ms"], "dense_tflops": dn["tflops"],
-                         "frac_of_dense": gl["tflops"] / dn["tflops"]}
+        bars["dense"] = {
+            "dense_ms": dn["median_ms"],
+            "dense_tflops": dn["tflops"],
+            "frac_of_dense": gl["tflops"] / dn["tflops"],
+        }
     if part == "fwd" and tokens <= HBM_MAX_TOKENS and hbm_gbps:
         bars["hbm"] = hbm_bound(model, p["ids"], p["weights"], p["x"].element_size(), hbm_gbps)
         for name in providers:
@@ -189,10 +208,24 @@ def case_bars(res: dict, model: MoEModel, tokens: int, part: str, p: dict, provi
     return bars
 
 
-def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode: str, part: str,
-               dtype: torch.dtype, providers: dict[str, Provider], *, hbm_gbps: float | None = None,
-               dense: bool = True, rounds: int = 6, reps: int = 5, warmup_s: float = 0.3, seed: int = 0,
-               prepared: dict | None = None) -> dict:
+def bench_case(
+    model_name: str,
+    model: MoEModel,
+    tokens: int,
+    routing: str,
+    mode: str,
+    part: str,
+    dtype: torch.dtype,
+    providers: dict[str, Provider],
+    *,
+    hbm_gbps: float | None = None,
+    dense: bool = True,
+    rounds: int = 6,
+    reps: int = 5,
+    warmup_s: float = 0.3,
+    seed: int = 0,
+    prepared: dict | None = None,
+) -> dict:
     """One case: verify every provider, measure its peak memory, capture (graph mode), time interleaved,
     then the bars. The baseline is Liger when present, else the composite, else gemmlab itself (fwd+bwd: the
     composite is not run). ``prepared``: this case's ``prepare(...)``, made once for its eager and graph runs."""
@@ -222,25 +255,44 @@ def bench_case(model_name: str, model: MoEModel, tokens: int, routing: str, mode
     else:
         raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
     baseline = next(n for n in (LIGER, COMPOSITE, GEMMLAB) if n in calls)
-    res = compare_many(calls, baseline, check=check, flops=flops, dtype=dname, rounds=rounds, reps=reps,
-                       warmup_s=warmup_s, graph=False)
+    res = compare_many(
+        calls, baseline, check=check, flops=flops, dtype=dname, rounds=rounds, reps=reps, warmup_s=warmup_s, graph=False
+    )
     counts = torch.bincount(p["ids"].reshape(-1).long(), minlength=model.experts)
     bars = case_bars(res, model, tokens, part, p, providers, hbm_gbps)
     res["timing"] = res.pop("mode")  # interleaved; "mode" is the case's eager or graph
-    return {**res, "model": model_name, "tokens": tokens, "routing": routing, "mode": mode, "part": part,
-            "dtype": dname, "graph": mode == "graph",
-            "sizes": {"H": model.hidden, "I": model.intermediate, "E": model.experts, "k": model.top_k,
-                      "S": tokens * model.top_k},
-            "experts_used": int((counts > 0).sum()), "max_rows_per_expert": int(counts.max()),
-            "flops": flops, "provider_modes": modes, "memory": memory, "bars": bars}
+    return {
+        **res,
+        "model": model_name,
+        "tokens": tokens,
+        "routing": routing,
+        "mode": mode,
+        "part": part,
+        "dtype": dname,
+        "graph": mode == "graph",
+        "sizes": {
+            "H": model.hidden,
+            "I": model.intermediate,
+            "E": model.experts,
+            "k": model.top_k,
+            "S": tokens * model.top_k,
+        },
+        "experts_used": int((counts > 0).sum()),
+        "max_rows_per_expert": int(counts.max()),
+        "flops": flops,
+        "provider_modes": modes,
+        "memory": memory,
+        "bars": bars,
+    }
 
 
 def _label(c: dict) -> str:
     return f"{c['model']} T={c['tokens']} {c['routing']} {c['mode']} {c['part']}"
 
 
-def suite_providers(baseline: str, composite: bool, say: Callable[[str], None]
-                    ) -> tuple[dict[str, Provider], Provider | None, dict]:
+def suite_providers(
+    baseline: str, composite: bool, say: Callable[[str], None]
+) -> tuple[dict[str, Provider], Provider | None, dict]:
     """(the providers: gemmlab, Liger when asked and importable, the composite; Liger or None; Liger's info)."""
     liger, liger_info = load_liger() if baseline == "liger" else (None, {"available": False, "reason": "not asked"})
     if baseline == "liger" and liger is None:
@@ -253,13 +305,25 @@ def suite_providers(baseline: str, composite: bool, say: Callable[[str], None]
     return providers, liger, liger_info
 
 
-def bench_suite(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SUITE_TOKENS,
-                routings: Sequence[str] = ROUTINGS, modes: Sequence[str] = ("eager",),
-                parts: Sequence[str] = ("fwd",), dtype: torch.dtype = torch.bfloat16, *, baseline: str = "liger",
-                composite: bool = True, dense: bool = True, min_bwd_tokens: int = 0,
-                liger_tune_tokens: int = 4096, time_limit_s: float | None = None,
-                custom: MoEModel | None = None, progress: Callable[[str], None] | None = None,
-                on_result: Callable[[dict], None] | None = None, **kw) -> dict:
+def bench_suite(
+    models: Sequence[str] = SUITE_MODELS,
+    tokens: Sequence[int] = SUITE_TOKENS,
+    routings: Sequence[str] = ROUTINGS,
+    modes: Sequence[str] = ("eager",),
+    parts: Sequence[str] = ("fwd",),
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    baseline: str = "liger",
+    composite: bool = True,
+    dense: bool = True,
+    min_bwd_tokens: int = 0,
+    liger_tune_tokens: int = 4096,
+    time_limit_s: float | None = None,
+    custom: MoEModel | None = None,
+    progress: Callable[[str], None] | None = None,
+    on_result: Callable[[dict], None] | None = None,
+    **kw,
+) -> dict:
     """Every case of ``suite_cases`` until ``time_limit_s`` (the rest listed under "not_run"). ``baseline``:
     "liger" (skipped with a message when not importable) or "torch" (the composite). ``on_result(report)``
     after every case (write partial results: a step killed by its time limit keeps what it measured)."""
@@ -281,13 +345,30 @@ def bench_suite(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SU
         from gemmlab.bench.probe import hbm_copy_gbps
 
         hbm = hbm_copy_gbps()
-    report = {"kind": "moe-liger-bench", "env": env,
-              "args": {"models": list(models), "tokens": list(tokens), "routings": list(routings),
-                       "modes": list(modes), "parts": list(parts), "baseline": baseline,
-                       "dtype": str(dtype).removeprefix("torch."), "composite": composite,
-                       "dense": dense, "min_bwd_tokens": min_bwd_tokens,
-                       "liger_tune_tokens": liger_tune_tokens, "time_limit_s": time_limit_s, **kw},
-              "liger": liger_info, "hbm_copy": hbm, "liger_tuning": [], "results": [], "not_run": []}
+    report = {
+        "kind": "moe-liger-bench",
+        "env": env,
+        "args": {
+            "models": list(models),
+            "tokens": list(tokens),
+            "routings": list(routings),
+            "modes": list(modes),
+            "parts": list(parts),
+            "baseline": baseline,
+            "dtype": str(dtype).removeprefix("torch."),
+            "composite": composite,
+            "dense": dense,
+            "min_bwd_tokens": min_bwd_tokens,
+            "liger_tune_tokens": liger_tune_tokens,
+            "time_limit_s": time_limit_s,
+            **kw,
+        },
+        "liger": liger_info,
+        "hbm_copy": hbm,
+        "liger_tuning": [],
+        "results": [],
+        "not_run": [],
+    }
     t0 = time.monotonic()
     tuned: set[tuple[str, str]] = set()
     prepared: dict | None = None
@@ -301,14 +382,28 @@ def bench_suite(models: Sequence[str] = SUITE_MODELS, tokens: Sequence[int] = SU
         try:
             if liger is not None and (c["model"], c["part"]) not in tuned:
                 tuned.add((c["model"], c["part"]))
-                report["liger_tuning"].append({"model": c["model"], **tune_liger_safely(liger, model, c["part"], dtype,
-                                                                                   liger_tune_tokens)})
+                report["liger_tuning"].append(
+                    {"model": c["model"], **tune_liger_safely(liger, model, c["part"], dtype, liger_tune_tokens)}
+                )
             key = (model, c["tokens"], c["routing"], dtype, seed)
             if prepared is None or prepared["key"] != key:
                 prepared = None  # the last case's tensors go before this one's are made
                 prepared = prepare(*key)
-            r = bench_case(c["model"], model, c["tokens"], c["routing"], c["mode"], c["part"], dtype, providers,
-                           hbm_gbps=(hbm or {}).get("gbps"), dense=dense, seed=seed, prepared=prepared, **kw)
+            r = bench_case(
+                c["model"],
+                model,
+                c["tokens"],
+                c["routing"],
+                c["mode"],
+                c["part"],
+                dtype,
+                providers,
+                hbm_gbps=(hbm or {}).get("gbps"),
+                dense=dense,
+                seed=seed,
+                prepared=prepared,
+                **kw,
+            )
         except torch.OutOfMemoryError as e:  # one case too large for the device: say so, go on
             prepared = None
             r = {**c, "error": f"out of memory: {str(e)[:200]}"}
@@ -345,16 +440,30 @@ def rows(report: dict) -> list[dict]:
             if c["check"].get("strict") is False:
                 worst = {n: round(g["worst"], 2) for n, g in c["check"]["grads"].items() if g["worst"] > 1}
                 row[f"{s}_grads_outside_tolerance"] = worst  # timed (within GRAD_SLACK), not within 1x
-            row.update({f"{s}_ms": c.get("median_ms"), f"{s}_tflops": c.get("tflops"), f"{s}_ok": ok,
-                        f"{s}_mode": (r.get("provider_modes") or {}).get(name),
-                        f"{s}_peak_gib": mem["peak_bytes"] / 2**30 if mem.get("peak_bytes") else None})
+            row.update(
+                {
+                    f"{s}_ms": c.get("median_ms"),
+                    f"{s}_tflops": c.get("tflops"),
+                    f"{s}_ok": ok,
+                    f"{s}_mode": (r.get("provider_modes") or {}).get(name),
+                    f"{s}_peak_gib": mem["peak_bytes"] / 2**30 if mem.get("peak_bytes") else None,
+                }
+            )
         vs = (cands.get(GEMMLAB, {}).get("vs_baseline") or {}) if r.get("baseline") == LIGER else {}
         hbm, dense = r["bars"].get("hbm") or {}, r["bars"].get("dense") or {}
-        row.update({"ok": not errors, "error": "; ".join(errors) or None, "ratio_vs_liger": vs.get("ratio"),
-                    "ratio_ci95": vs.get("ci95"), "dense_tflops": dense.get("dense_tflops"),
-                    "frac_of_dense": dense.get("frac_of_dense"), "hbm_bound_ms": hbm.get("hbm_bound_ms"),
-                    "ratio_to_hbm_bound": hbm.get("gemmlab_ratio_to_hbm_bound"),
-                    "liger_ratio_to_hbm_bound": hbm.get("liger_ratio_to_hbm_bound")})
+        row.update(
+            {
+                "ok": not errors,
+                "error": "; ".join(errors) or None,
+                "ratio_vs_liger": vs.get("ratio"),
+                "ratio_ci95": vs.get("ci95"),
+                "dense_tflops": dense.get("dense_tflops"),
+                "frac_of_dense": dense.get("frac_of_dense"),
+                "hbm_bound_ms": hbm.get("hbm_bound_ms"),
+                "ratio_to_hbm_bound": hbm.get("gemmlab_ratio_to_hbm_bound"),
+                "liger_ratio_to_hbm_bound": hbm.get("liger_ratio_to_hbm_bound"),
+            }
+        )
         out.append(row)
     return out
 
@@ -373,19 +482,31 @@ def summarize(table: list[dict]) -> list[dict]:
         dense = [r["frac_of_dense"] for r in group if r.get("ok") and r.get("frac_of_dense")]
         hbm = [r["ratio_to_hbm_bound"] for r in group if r.get("ok") and r.get("ratio_to_hbm_bound")]
         worst = min(rated, key=lambda r: r["ratio_vs_liger"], default=None)
-        loose = [f"{_label(r)}: {k.removesuffix('_grads_outside_tolerance')} {v}" for r in group
-                 for k, v in r.items() if k.endswith("_grads_outside_tolerance")]
-        out.append({"part": key[0], "mode": key[1], "cases": len(group),
-                    "wrong": sum(not r.get("ok") for r in group), "grads_outside_tolerance": loose,
-                    "vs_liger_cases": len(rated),
-                    # graph mode: cases whose Liger could not be captured and ran eager (the ratio is against that)
-                    "liger_eager_in_graph": sum(key[1] == "graph" and str(r.get("liger_mode")).startswith("eager")
-                                                for r in group),
-                    "geomean_ratio_vs_liger": _geomean([r["ratio_vs_liger"] for r in rated]),
-                    "min_ratio_vs_liger": worst["ratio_vs_liger"] if worst else None,
-                    "min_case": _label(worst) if worst else None,
-                    "below_1": [f"{_label(r)}: {r['ratio_vs_liger']:.3f}" for r in rated if r["ratio_vs_liger"] < 1.0],
-                    "min_frac_of_dense": min(dense, default=None),
-                    "geomean_frac_of_dense": _geomean(dense),
-                    "max_ratio_to_hbm_bound": max(hbm, default=None)})
+        loose = [
+            f"{_label(r)}: {k.removesuffix('_grads_outside_tolerance')} {v}"
+            for r in group
+            for k, v in r.items()
+            if k.endswith("_grads_outside_tolerance")
+        ]
+        out.append(
+            {
+                "part": key[0],
+                "mode": key[1],
+                "cases": len(group),
+                "wrong": sum(not r.get("ok") for r in group),
+                "grads_outside_tolerance": loose,
+                "vs_liger_cases": len(rated),
+                # graph mode: cases whose Liger could not be captured and ran eager (the ratio is against that)
+                "liger_eager_in_graph": sum(
+                    key[1] == "graph" and str(r.get("liger_mode")).startswith("eager") for r in group
+                ),
+                "geomean_ratio_vs_liger": _geomean([r["ratio_vs_liger"] for r in rated]),
+                "min_ratio_vs_liger": worst["ratio_vs_liger"] if worst else None,
+                "min_case": _label(worst) if worst else None,
+                "below_1": [f"{_label(r)}: {r['ratio_vs_liger']:.3f}" for r in rated if r["ratio_vs_liger"] < 1.0],
+                "min_frac_of_dense": min(dense, default=None),
+                "geomean_frac_of_dense": _geomean(dense),
+                "max_ratio_to_hbm_bound": max(hbm, default=None),
+            }
+        )
     return out

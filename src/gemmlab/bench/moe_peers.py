@@ -33,8 +33,10 @@ def load_liger() -> tuple[Provider | None, dict]:
     try:
         from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
     except Exception as e:  # not installed, or broken: the baseline is skipped, never a crash
-        return None, {"available": False, "reason": f"liger-kernel is not importable ({type(e).__name__}: {e}): "
-                                                    "the Liger baseline is skipped"}
+        return None, {
+            "available": False,
+            "reason": f"liger-kernel is not importable ({type(e).__name__}: {e}): the Liger baseline is skipped",
+        }
     import os
     from importlib import metadata
 
@@ -46,8 +48,11 @@ def load_liger() -> tuple[Provider | None, dict]:
     def liger(x, w1, w2, topk_weights, topk_ids) -> torch.Tensor:
         return LigerFusedMoEFunction.apply(x, w1, w2, topk_ids, topk_weights)
 
-    return liger, {"available": True, "version": version,
-                   "autotune": os.environ.get("LIGER_FUSED_MOE_AUTOTUNE", "1") not in ("0", "false", "no")}
+    return liger, {
+        "available": True,
+        "version": version,
+        "autotune": os.environ.get("LIGER_FUSED_MOE_AUTOTUNE", "1") not in ("0", "false", "no"),
+    }
 
 
 def tune_liger(liger: Provider, model: MoEModel, part: str, dtype: torch.dtype, tokens: int, seed: int = 0) -> dict:

@@ -33,8 +33,15 @@ HEALTH_MIN = 0.8  # a re-measured figure below this fraction of the profile's is
 
 
 @triton.jit
-def _mma_peak_kernel(a_ptr, b_ptr, c_ptr, iters,  # a (BM, BK), b (BK, BN) fp16; c (grid, BM, BN) fp16
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def _mma_peak_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    iters,  # a (BM, BK), b (BK, BN) fp16; c (grid, BM, BN) fp16
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
     """Grid (programs,): each loads one A and one B tile once and runs ``iters`` dots on them, so the
     operands stay on chip and only the tensor cores are measured."""
     rm, rn, rk = tl.arange(0, BM), tl.arange(0, BN), tl.arange(0, BK)
@@ -73,8 +80,10 @@ def load(gpu_name: str | None = None) -> dict | None:
     except OSError as e:
         raise ValueError(f"the recorded device profile {path}: {e.strerror or e}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"the recorded device profile {path}: a JSON {type(data).__name__}, not a profile "
-                         "(run `gemmlab probe` again, or remove it)")
+        raise ValueError(
+            f"the recorded device profile {path}: a JSON {type(data).__name__}, not a profile "
+            "(run `gemmlab probe` again, or remove it)"
+        )
     return data
 
 
@@ -98,8 +107,13 @@ def hbm_copy_gbps(nbytes: int = 1 << 30, reps: int = 20) -> dict:
     src = torch.randint(0, 1 << 30, (nbytes // 4,), dtype=torch.int32, device="cuda")
     dst = torch.empty_like(src)
     ms, clk = _timed(lambda: dst.copy_(src), reps, 0.3)
-    return {"gbps": 2 * nbytes / (ms * 1e-3) / 1e9, "bytes_per_copy": nbytes, "median_ms": ms, "clocks": clk,
-            "note": "device-to-device copy; read + write bytes counted"}
+    return {
+        "gbps": 2 * nbytes / (ms * 1e-3) / 1e9,
+        "bytes_per_copy": nbytes,
+        "median_ms": ms,
+        "clocks": clk,
+        "note": "device-to-device copy; read + write bytes counted",
+    }
 
 
 def cublas_tflops(n: int = 8192, reps: int = 20, dtype: torch.dtype = torch.float16) -> dict:
@@ -107,8 +121,13 @@ def cublas_tflops(n: int = 8192, reps: int = 20, dtype: torch.dtype = torch.floa
     timing.require_random(a=a, b=b)
     c = torch.empty((n, n), dtype=dtype, device="cuda")
     ms, clk = _timed(lambda: torch.mm(a, b, out=c), reps, 1.0)
-    return {"shape": [n, n, n], "dtype": str(dtype).removeprefix("torch."), "median_ms": ms,
-            "tflops": 2.0 * n**3 / (ms * 1e-3) / 1e12, "clocks": clk}
+    return {
+        "shape": [n, n, n],
+        "dtype": str(dtype).removeprefix("torch."),
+        "median_ms": ms,
+        "tflops": 2.0 * n**3 / (ms * 1e-3) / 1e12,
+        "clocks": clk,
+    }
 
 
 def mma_peak(iters: int = 4096, reps: int = 10, block: tuple[int, int, int] = (128, 256, 64)) -> dict:
@@ -128,8 +147,15 @@ def mma_peak(iters: int = 4096, reps: int = 10, block: tuple[int, int, int] = (1
     ms, clk = _timed(call, reps, 1.0)
     tflops = 2.0 * bm * bn * bk * iters * sms / (ms * 1e-3) / 1e12
     mhz = clk.get("sm_clock_mhz_mean")
-    return {"tflops": tflops, "median_ms": ms, "block": list(block), "iters": iters, "programs": sms,
-            "clocks": clk, "flop_per_clock_per_sm": tflops * 1e12 / (sms * mhz * 1e6) if mhz else None}
+    return {
+        "tflops": tflops,
+        "median_ms": ms,
+        "block": list(block),
+        "iters": iters,
+        "programs": sms,
+        "clocks": clk,
+        "flop_per_clock_per_sm": tflops * 1e12 / (sms * mhz * 1e6) if mhz else None,
+    }
 
 
 def launch_overhead(n: int = 2000) -> dict:
@@ -167,14 +193,23 @@ def probe(quick: bool = False) -> dict:
         raise RuntimeError("gemmlab probe needs a CUDA GPU")
     props = torch.cuda.get_device_properties(0)
     env = timing.env_info()
-    prof = {"kind": "device-profile", "gpu": props.name, "date": env["date"], "gemmlab": env["gemmlab"],
-            "git_sha": env["git_sha"],
-            "torch": env["torch"], "triton": env["triton"], "driver": env.get("driver"),
-            "sm_count": props.multi_processor_count,
-            "capability": [props.major, props.minor], "l2_bytes": getattr(props, "L2_cache_size", None),
-            "smem_per_block_optin": getattr(props, "shared_memory_per_block_optin", None),
-            "memory_bytes": props.total_memory, "power_limit_w": env.get("power_limit_w"),
-            "max_sm_clock_mhz": env.get("max_sm_clock_mhz")}
+    prof = {
+        "kind": "device-profile",
+        "gpu": props.name,
+        "date": env["date"],
+        "gemmlab": env["gemmlab"],
+        "git_sha": env["git_sha"],
+        "torch": env["torch"],
+        "triton": env["triton"],
+        "driver": env.get("driver"),
+        "sm_count": props.multi_processor_count,
+        "capability": [props.major, props.minor],
+        "l2_bytes": getattr(props, "L2_cache_size", None),
+        "smem_per_block_optin": getattr(props, "shared_memory_per_block_optin", None),
+        "memory_bytes": props.total_memory,
+        "power_limit_w": env.get("power_limit_w"),
+        "max_sm_clock_mhz": env.get("max_sm_clock_mhz"),
+    }
     try:
         import pynvml
 
@@ -189,8 +224,9 @@ def probe(quick: bool = False) -> dict:
     prof["cublas_8192"] = cublas_tflops(reps=reps)
     prof["mma_peak"] = mma_peak(reps=max(5, reps // 2))
     prof["launch"] = launch_overhead(500 if quick else 2000)
-    nominal = tensor_peak_tflops((props.major, props.minor), "float16", props.multi_processor_count,
-                                       prof.get("max_sm_clock_mhz"))
+    nominal = tensor_peak_tflops(
+        (props.major, props.minor), "float16", props.multi_processor_count, prof.get("max_sm_clock_mhz")
+    )
     prof["nominal_tensor_tflops_at_max_clock"] = nominal
     return prof
 
@@ -199,9 +235,11 @@ def health_problems(profile: dict, now: dict, min_fraction: float = HEALTH_MIN) 
     """Figures of ``now`` below ``min_fraction`` of the recorded ``profile`` (the competition story's "below
     40 TFLOPS means the GPU is degraded"), and a launch overhead above twice the recorded one."""
     problems = []
-    for name, get in (("HBM copy GB/s", lambda p: p["hbm_copy"]["gbps"]),
-                      ("cuBLAS 8192^3 TFLOPS", lambda p: p["cublas_8192"]["tflops"]),
-                      ("tensor-core loop TFLOPS", lambda p: p["mma_peak"]["tflops"])):
+    for name, get in (
+        ("HBM copy GB/s", lambda p: p["hbm_copy"]["gbps"]),
+        ("cuBLAS 8192^3 TFLOPS", lambda p: p["cublas_8192"]["tflops"]),
+        ("tensor-core loop TFLOPS", lambda p: p["mma_peak"]["tflops"]),
+    ):
         ref, cur = get(profile), get(now)
         if cur < min_fraction * ref:
             problems.append(f"{name}: {cur:.0f} is {cur / ref:.0%} of the recorded {ref:.0f}")
@@ -214,53 +252,71 @@ def health_problems(profile: dict, now: dict, min_fraction: float = HEALTH_MIN) 
 
 def health(profile: dict) -> dict:
     now = probe(quick=True)
-    return {"kind": "device-health", "profile_date": profile["date"], "now": now,
-            "problems": health_problems(profile, now)}
+    return {
+        "kind": "device-health",
+        "profile_date": profile["date"],
+        "now": now,
+        "problems": health_problems(profile, now),
+    }
 
 
 def tables(profile: dict) -> list[Table]:
     """The recorded constants of a device profile, one row each."""
     p, mp, cb = profile, profile["mma_peak"], profile["cublas_8192"]
     t = Table(f"{p['gpu']} (sm_{p['capability'][0]}{p['capability'][1]}), {p['date']}", ("constant", "value"))
-    for name, v in (("SMs", p["sm_count"]), ("L2", f"{(p['l2_bytes'] or 0) / 2**20:.0f} MiB"),
-                    ("shared memory per block (opt-in)", f"{p['smem_per_block_optin']} B"),
-                    ("max SM clock / power limit", f"{p['max_sm_clock_mhz']} MHz / {p['power_limit_w']} W"),
-                    ("HBM copy", f"{p['hbm_copy']['gbps']:.0f} GB/s"),
-                    ("cuBLAS fp16 8192^3", f"{cb['tflops']:.0f} TFLOPS at "
-                                           f"{cb['clocks'].get('sm_clock_mhz_mean', 0):.0f} MHz"),
-                    ("tensor-core loop (operands on chip)", f"{mp['tflops']:.0f} TFLOPS at "
-                                                            f"{mp['clocks'].get('sm_clock_mhz_mean', 0):.0f} MHz = "
-                                                            f"{mp['flop_per_clock_per_sm'] or 0:.0f} FLOP/clock/SM"),
-                    ("nominal fp16 peak at max clock", f"{p['nominal_tensor_tflops_at_max_clock'] or 0:.0f} TFLOPS"),
-                    ("launch: Triton empty / torch add (host)", f"{p['launch']['triton_empty_us']:.1f} / "
-                                                                f"{p['launch']['torch_add_us']:.1f} us"),
-                    ("empty kernel back to back (device)", f"{p['launch']['device_per_kernel_us']:.2f} us")):
+    for name, v in (
+        ("SMs", p["sm_count"]),
+        ("L2", f"{(p['l2_bytes'] or 0) / 2**20:.0f} MiB"),
+        ("shared memory per block (opt-in)", f"{p['smem_per_block_optin']} B"),
+        ("max SM clock / power limit", f"{p['max_sm_clock_mhz']} MHz / {p['power_limit_w']} W"),
+        ("HBM copy", f"{p['hbm_copy']['gbps']:.0f} GB/s"),
+        ("cuBLAS fp16 8192^3", f"{cb['tflops']:.0f} TFLOPS at {cb['clocks'].get('sm_clock_mhz_mean', 0):.0f} MHz"),
+        (
+            "tensor-core loop (operands on chip)",
+            f"{mp['tflops']:.0f} TFLOPS at "
+            f"{mp['clocks'].get('sm_clock_mhz_mean', 0):.0f} MHz = "
+            f"{mp['flop_per_clock_per_sm'] or 0:.0f} FLOP/clock/SM",
+        ),
+        ("nominal fp16 peak at max clock", f"{p['nominal_tensor_tflops_at_max_clock'] or 0:.0f} TFLOPS"),
+        (
+            "launch: Triton empty / torch add (host)",
+            f"{p['launch']['triton_empty_us']:.1f} / {p['launch']['torch_add_us']:.1f} us",
+        ),
+        ("empty kernel back to back (device)", f"{p['launch']['device_per_kernel_us']:.2f} us"),
+    ):
         t.rows.append([name, str(v)])
     return [t]
 
 
-HEALTH_FIGURES = (("HBM copy GB/s", lambda p: p["hbm_copy"]["gbps"]),
-                  ("cuBLAS 8192^3 TFLOPS", lambda p: p["cublas_8192"]["tflops"]),
-                  ("tensor-core loop TFLOPS", lambda p: p["mma_peak"]["tflops"]),
-                  ("Triton launch us", lambda p: p["launch"]["triton_empty_us"]))
+HEALTH_FIGURES = (
+    ("HBM copy GB/s", lambda p: p["hbm_copy"]["gbps"]),
+    ("cuBLAS 8192^3 TFLOPS", lambda p: p["cublas_8192"]["tflops"]),
+    ("tensor-core loop TFLOPS", lambda p: p["mma_peak"]["tflops"]),
+    ("Triton launch us", lambda p: p["launch"]["triton_empty_us"]),
+)
 
 
 def health_tables(res: dict, profile: dict) -> list[Table]:
     t = Table(f"health against the profile of {profile['date']}", ("figure", "now", "recorded"))
     t.rows = [[name, f"{get(res['now']):.1f}", f"{get(profile):.1f}"] for name, get in HEALTH_FIGURES]
-    t.notes = [f"[red]DEGRADED: {p}" for p in res["problems"]] or ["[green]healthy: every figure within the "
-                                                                    "allowed fraction of the profile"]
+    t.notes = [f"[red]DEGRADED: {p}" for p in res["problems"]] or [
+        "[green]healthy: every figure within the allowed fraction of the profile"
+    ]
     return [t]
 
 
 def long_rows(profile: dict) -> list[dict]:
     """The profile's measured figures (a device profile, or the "now" of a health check)."""
     p = profile.get("now", profile)
-    return [long_row("device", p["gpu"], metric, unit, "constant", metric, get(p))
-            for metric, unit, get in (("hbm_copy", "GB/s", HEALTH_FIGURES[0][1]),
-                                      ("cublas_8192", "TFLOPS", HEALTH_FIGURES[1][1]),
-                                      ("mma_peak", "TFLOPS", HEALTH_FIGURES[2][1]),
-                                      ("triton_launch", "us", HEALTH_FIGURES[3][1]))]
+    return [
+        long_row("device", p["gpu"], metric, unit, "constant", metric, get(p))
+        for metric, unit, get in (
+            ("hbm_copy", "GB/s", HEALTH_FIGURES[0][1]),
+            ("cublas_8192", "TFLOPS", HEALTH_FIGURES[1][1]),
+            ("mma_peak", "TFLOPS", HEALTH_FIGURES[2][1]),
+            ("triton_launch", "us", HEALTH_FIGURES[3][1]),
+        )
+    ]
 
 
 def roofline(profile: dict, report: dict) -> dict:
@@ -271,27 +327,54 @@ def roofline(profile: dict, report: dict) -> dict:
         m, n, k = r["shape"]
         for backend, c in r["candidates"].items():
             if c.get("tflops") is not None:
-                points.append({"backend": backend, "shape": f"{m}x{n}x{k}", "tflops": c["tflops"],
-                               "intensity": 2.0 * m * n * k / (2 * (m * k + k * n + m * n))})
-    return {"kind": "roofline", "gpu": profile["gpu"], "profile_date": profile["date"],
-            "hbm_gbps": profile["hbm_copy"]["gbps"], "peak_tflops": profile["mma_peak"]["tflops"],
-            "nominal_tflops": profile.get("nominal_tensor_tflops_at_max_clock"), "points": points,
-            "env": report.get("env")}
+                points.append(
+                    {
+                        "backend": backend,
+                        "shape": f"{m}x{n}x{k}",
+                        "tflops": c["tflops"],
+                        "intensity": 2.0 * m * n * k / (2 * (m * k + k * n + m * n)),
+                    }
+                )
+    return {
+        "kind": "roofline",
+        "gpu": profile["gpu"],
+        "profile_date": profile["date"],
+        "hbm_gbps": profile["hbm_copy"]["gbps"],
+        "peak_tflops": profile["mma_peak"]["tflops"],
+        "nominal_tflops": profile.get("nominal_tensor_tflops_at_max_clock"),
+        "points": points,
+        "env": report.get("env"),
+    }
 
 
 def roofline_tables(data: dict) -> list[Table]:
-    t = Table(f"roofline of {data['gpu']}: {data['hbm_gbps']:.0f} GB/s, {data['peak_tflops']:.0f} TFLOPS",
-              ("backend", "shape", "FLOP/byte", "TFLOPS", "of the ceiling"))
+    t = Table(
+        f"roofline of {data['gpu']}: {data['hbm_gbps']:.0f} GB/s, {data['peak_tflops']:.0f} TFLOPS",
+        ("backend", "shape", "FLOP/byte", "TFLOPS", "of the ceiling"),
+    )
     for p in data["points"]:
         ceiling = min(data["peak_tflops"], data["hbm_gbps"] * p["intensity"] / 1e3)
-        t.rows.append([p["backend"], p["shape"], f"{p['intensity']:.0f}", f"{p['tflops']:.1f}",
-                       f"{p['tflops'] / ceiling:.0%}"])
+        t.rows.append(
+            [p["backend"], p["shape"], f"{p['intensity']:.0f}", f"{p['tflops']:.1f}", f"{p['tflops'] / ceiling:.0%}"]
+        )
     return [t]
 
 
 def roofline_rows(data: dict) -> list[dict]:
-    return [long_row("gemm", p["backend"], "tflops", "TFLOPS", "shape", p["shape"], p["tflops"], mode="roofline",
-                     intensity=p["intensity"]) for p in data["points"]]
+    return [
+        long_row(
+            "gemm",
+            p["backend"],
+            "tflops",
+            "TFLOPS",
+            "shape",
+            p["shape"],
+            p["tflops"],
+            mode="roofline",
+            intensity=p["intensity"],
+        )
+        for p in data["points"]
+    ]
 
 
 def roofline_png(profile: dict, report: dict, path: str | Path) -> Path | None:
@@ -312,15 +395,31 @@ def roofline_png(profile: dict, report: dict, path: str | Path) -> Path | None:
     bw, peak = data["hbm_gbps"] * 1e9, data["peak_tflops"]
     fig, ax = plt.subplots(figsize=(8, 5))
     ai = [2 ** (i / 4) for i in range(0, 4 * 14)]
-    ax.plot(ai, [min(peak, bw * x / 1e12) for x in ai], "-", color="black",
-            label=f"measured: {bw / 1e9:.0f} GB/s, {peak:.0f} TFLOPS (tensor-core loop)")
+    ax.plot(
+        ai,
+        [min(peak, bw * x / 1e12) for x in ai],
+        "-",
+        color="black",
+        label=f"measured: {bw / 1e9:.0f} GB/s, {peak:.0f} TFLOPS (tensor-core loop)",
+    )
     if data["nominal_tflops"]:
-        ax.axhline(data["nominal_tflops"], color="gray", linestyle="--", linewidth=0.8,
-                   label=f"nominal peak at max clock ({data['nominal_tflops']:.0f})")
+        ax.axhline(
+            data["nominal_tflops"],
+            color="gray",
+            linestyle="--",
+            linewidth=0.8,
+            label=f"nominal peak at max clock ({data['nominal_tflops']:.0f})",
+        )
     for i, backend in enumerate(dict.fromkeys(p["backend"] for p in data["points"])):
         pts = [p for p in data["points"] if p["backend"] == backend]
-        ax.plot([p["intensity"] for p in pts], [p["tflops"] for p in pts], "o" if backend != "cublas" else "s",
-                color=f"C{i}", label=backend, alpha=0.8)
+        ax.plot(
+            [p["intensity"] for p in pts],
+            [p["tflops"] for p in pts],
+            "o" if backend != "cublas" else "s",
+            color=f"C{i}",
+            label=backend,
+            alpha=0.8,
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte of A, B, C)")

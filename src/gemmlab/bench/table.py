@@ -70,9 +70,13 @@ def _tensor_cores(backend: str, m: int, n: int, k: int, dtype: torch.dtype) -> d
         r = inspect_shape(m, n, k, dtype, "NN", packed=backend == "gemmlab-packed")
     except Exception as e:  # the table still stands without the inspector; say why
         return {"tensor_core": None, "inspect_error": f"{type(e).__name__}: {e}"}
-    return {"tensor_core": r.get("tensor_core"), "hgmma": r.get("sass", {}).get("HGMMA"),
-            "hmma": r.get("sass", {}).get("HMMA"), "inspected": f"{r.get('kernel')} for {r.get('target')}",
-            "inspect_flags": r.get("flags", [])}
+    return {
+        "tensor_core": r.get("tensor_core"),
+        "hgmma": r.get("sass", {}).get("HGMMA"),
+        "hmma": r.get("sass", {}).get("HMMA"),
+        "inspected": f"{r.get('kernel')} for {r.get('target')}",
+        "inspect_flags": r.get("flags", []),
+    }
 
 
 def _moe_tensor_cores() -> dict:
@@ -85,14 +89,32 @@ def _moe_tensor_cores() -> dict:
     from gemmlab.instruments.sass import compiled_report
 
     r = compiled_report(k)
-    return {"tensor_core": r["tensor_core"], "hgmma": r["sass"]["HGMMA"], "hmma": r["sass"]["HMMA"],
-            "inspected": "moe_grouped_kernel as launched", "inspect_flags": r["flags"]}
+    return {
+        "tensor_core": r["tensor_core"],
+        "hgmma": r["sass"]["HGMMA"],
+        "hmma": r["sass"]["HMMA"],
+        "inspected": "moe_grouped_kernel as launched",
+        "inspect_flags": r["flags"],
+    }
 
 
-def moe_table(batch_size: int = 4, seq_len: int = 8192, top_k: int = 4, hidden_size: int = 7168,
-              intermediate_size: int = 2048, *, dtype: torch.dtype = torch.float16, warmup: int = 10,
-              repeat: int = 50, warmup_s: float = 1.0, reps_per_round: int = 5, inspect: bool = True,
-              model: str | None = None, seed: int = 0, num_experts: int = 8) -> dict:
+def moe_table(
+    batch_size: int = 4,
+    seq_len: int = 8192,
+    top_k: int = 4,
+    hidden_size: int = 7168,
+    intermediate_size: int = 2048,
+    *,
+    dtype: torch.dtype = torch.float16,
+    warmup: int = 10,
+    repeat: int = 50,
+    warmup_s: float = 1.0,
+    reps_per_round: int = 5,
+    inspect: bool = True,
+    model: str | None = None,
+    seed: int = 0,
+    num_experts: int = 8,
+) -> dict:
     """Time the dense GEMM of an MoE configuration: the rows of ``ROWS`` (the grouped row over
     ``num_experts`` experts)."""
     if warmup < 0 or repeat < 1:
@@ -118,45 +140,103 @@ def moe_table(batch_size: int = 4, seq_len: int = 8192, top_k: int = 4, hidden_s
         c = gemm_check(out, a, b, ref)
         return {key: c[key] for key in ("ok", "max_abs_err", "worst")}
 
-    res = compare_many(fns, baseline, check=check, flops=2.0 * m * n * k, dtype=str(dtype).removeprefix("torch."),
-                       rounds=rounds, reps=reps, warmup_s=warmup_s, warmup_calls=warmup, device=device)
+    res = compare_many(
+        fns,
+        baseline,
+        check=check,
+        flops=2.0 * m * n * k,
+        dtype=str(dtype).removeprefix("torch."),
+        rounds=rounds,
+        reps=reps,
+        warmup_s=warmup_s,
+        warmup_calls=warmup,
+        device=device,
+    )
     base_out = fns[baseline]().clone()  # max_abs_error against the baseline's own output
     rows = []
     for label, backend in ROWS.items():
         c = res["candidates"][label]
-        row = {"row": label, "backend": backend, "path": facts[label].get("path"),
-               "config": facts[label].get("config"), "pack_ms": facts[label].get("pack_ms"),
-               "ok": outcome(c)[0],
-               "max_abs_error_vs_ref": c["check"].get("max_abs_err"), "status": c.get("skipped") or "ok"}
+        row = {
+            "row": label,
+            "backend": backend,
+            "path": facts[label].get("path"),
+            "config": facts[label].get("config"),
+            "pack_ms": facts[label].get("pack_ms"),
+            "ok": outcome(c)[0],
+            "max_abs_error_vs_ref": c["check"].get("max_abs_err"),
+            "status": c.get("skipped") or "ok",
+        }
         if "median_ms" in c:
             out = fns[label]()
             row["max_abs_error"] = (out.float() - base_out.float()).abs().max().item()
             clk = c.get("clocks", {})
             vs = c.get("vs_baseline") or {}
-            row.update(median_ms=c["median_ms"], p20_ms=c["p20_ms"], p80_ms=c["p80_ms"], cv=c["cv"],
-                       tflops=c["tflops"], sm_clock_mhz=clk.get("sm_clock_mhz_mean"),
-                       power_w=clk.get("power_w_mean"), clock_event_reasons=clk.get("clock_event_reasons"),
-                       efficiency=c.get("efficiency"), ratio_vs_baseline=vs.get("ratio"),
-                       ci95=vs.get("ci95"), per_round=vs.get("per_round"), verdict=vs.get("verdict"))
+            row.update(
+                median_ms=c["median_ms"],
+                p20_ms=c["p20_ms"],
+                p80_ms=c["p80_ms"],
+                cv=c["cv"],
+                tflops=c["tflops"],
+                sm_clock_mhz=clk.get("sm_clock_mhz_mean"),
+                power_w=clk.get("power_w_mean"),
+                clock_event_reasons=clk.get("clock_event_reasons"),
+                efficiency=c.get("efficiency"),
+                ratio_vs_baseline=vs.get("ratio"),
+                ci95=vs.get("ci95"),
+                per_round=vs.get("per_round"),
+                verdict=vs.get("verdict"),
+            )
         if backend == "cublas":
-            row.update(tensor_core=None, kernels=_vendor_kernels(fns[label]),
-                       inspected="vendor binary: not inspected")
+            row.update(tensor_core=None, kernels=_vendor_kernels(fns[label]), inspected="vendor binary: not inspected")
         elif backend == "moe-grouped":
             row.update(_moe_tensor_cores())
         elif inspect:
             row.update(_tensor_cores(backend, m, n, k, dtype))
         rows.append(row)
-    config = {"model": model, "batch_size": batch_size, "seq_len": seq_len, "top_k": top_k,
-              "hidden_size": hidden_size, "intermediate_size": intermediate_size,
-              "dtype": str(dtype).removeprefix("torch."), "warmup": warmup, "repeat": repeat, "warmup_s": warmup_s,
-              "num_experts": num_experts,
-              "rounds": rounds, "reps_per_round": reps, "seed": seed, "inputs": "uniform [-0.5, 0.5)"}
-    return {"kind": "table", "env": timing.env_info(), "config": config, "shape": {"M": m, "N": n, "K": k},
-            "timer": res.get("timer"), "clocks": res.get("clocks"), "rows": rows}
+    config = {
+        "model": model,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "top_k": top_k,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "dtype": str(dtype).removeprefix("torch."),
+        "warmup": warmup,
+        "repeat": repeat,
+        "warmup_s": warmup_s,
+        "num_experts": num_experts,
+        "rounds": rounds,
+        "reps_per_round": reps,
+        "seed": seed,
+        "inputs": "uniform [-0.5, 0.5)",
+    }
+    return {
+        "kind": "table",
+        "env": timing.env_info(),
+        "config": config,
+        "shape": {"M": m, "N": n, "K": k},
+        "timer": res.get("timer"),
+        "clocks": res.get("clocks"),
+        "rows": rows,
+    }
 
 
-COLUMNS = ("row", "path", "median_ms", "p20_ms", "p80_ms", "tflops", "ratio_vs_baseline", "max_abs_error",
-           "max_abs_error_vs_ref", "tensor_core", "pack_ms", "sm_clock_mhz", "efficiency", "status")
+COLUMNS = (
+    "row",
+    "path",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "tflops",
+    "ratio_vs_baseline",
+    "max_abs_error",
+    "max_abs_error_vs_ref",
+    "tensor_core",
+    "pack_ms",
+    "sm_clock_mhz",
+    "efficiency",
+    "status",
+)
 
 
 def _fmt(key: str, v) -> str:
@@ -185,20 +265,27 @@ def cells(row: dict) -> list[str]:
 def head(table: dict) -> str:
     """The paragraph above the table: the configuration, the device, versions and the timing protocol."""
     env, cfg, shp = table["env"], table["config"], table["shape"]
-    return (f"MoE GEMM table: M = {cfg['batch_size']}*{cfg['seq_len']}*{cfg['top_k']} = {shp['M']}, "
-            f"N = intermediate {shp['N']}, K = hidden {shp['K']}, {cfg['dtype']}"
-            f"{', model ' + cfg['model'] if cfg.get('model') else ''}\n\n"
-            f"{env.get('gpu') or 'CPU (Triton interpreter; host-clock timing, not a GPU measurement)'}, "
-            f"{env['date']}, torch {env['torch']}, triton {env['triton']}, driver {env.get('driver', '-')}, "
-            f"{provenance.label(env)}; warmup {cfg['warmup']} calls and {cfg['warmup_s']} s, "
-            f"{cfg['rounds']} interleaved rounds of {cfg['reps_per_round']} calls\n")
+    return (
+        f"MoE GEMM table: M = {cfg['batch_size']}*{cfg['seq_len']}*{cfg['top_k']} = {shp['M']}, "
+        f"N = intermediate {shp['N']}, K = hidden {shp['K']}, {cfg['dtype']}"
+        f"{', model ' + cfg['model'] if cfg.get('model') else ''}\n\n"
+        f"{env.get('gpu') or 'CPU (Triton interpreter; host-clock timing, not a GPU measurement)'}, "
+        f"{env['date']}, torch {env['torch']}, triton {env['triton']}, driver {env.get('driver', '-')}, "
+        f"{provenance.label(env)}; warmup {cfg['warmup']} calls and {cfg['warmup_s']} s, "
+        f"{cfg['rounds']} interleaved rounds of {cfg['reps_per_round']} calls\n"
+    )
 
 
 def tables(table: dict) -> list[Table]:
     shp = table["shape"]
-    return [Table(f"M={shp['M']} N={shp['N']} K={shp['K']} {table['config']['dtype']} on "
-                  f"{table['env'].get('gpu') or 'CPU (interpreter; host clock)'}", COLUMNS,
-                  [cells(r) for r in table["rows"]])]
+    return [
+        Table(
+            f"M={shp['M']} N={shp['N']} K={shp['K']} {table['config']['dtype']} on "
+            f"{table['env'].get('gpu') or 'CPU (interpreter; host clock)'}",
+            COLUMNS,
+            [cells(r) for r in table["rows"]],
+        )
+    ]
 
 
 def long_rows(table: dict) -> list[dict]:
@@ -207,8 +294,20 @@ def long_rows(table: dict) -> list[dict]:
     x = f"{shp['M']}x{shp['N']}x{shp['K']}"
     for r in table["rows"]:
         extra = {"backend": r.get("backend"), "path": r.get("path"), "ok": r.get("ok")}
-        out.append(long_row("moe-gemm", r["row"], "time", "ms", "shape", x, r.get("median_ms"), r.get("p20_ms"),
-                            r.get("p80_ms"), **extra))
+        out.append(
+            long_row(
+                "moe-gemm",
+                r["row"],
+                "time",
+                "ms",
+                "shape",
+                x,
+                r.get("median_ms"),
+                r.get("p20_ms"),
+                r.get("p80_ms"),
+                **extra,
+            )
+        )
         for metric, unit in (("tflops", "TFLOPS"), ("ratio_vs_baseline", "x"), ("max_abs_error", "abs")):
             if r.get(metric) is not None:
                 out.append(long_row("moe-gemm", r["row"], metric, unit, "shape", x, r[metric], **extra))

@@ -29,27 +29,52 @@ def _dense_shapes(shapes: list[str] | None, quick: bool, cuda: bool) -> dict[str
 
 
 def bench_fp8_cmd(
-    suite: Annotated[str, typer.Option(help="dense (gemm_fp8 vs torch._scaled_mm and gemmlab bf16), moe (FP8 "
-                                            "experts vs bf16 experts) or all")] = "all",
-    shapes: Annotated[list[str] | None, typer.Option(help="dense M,N,K (repeatable; K a multiple of 16) "
-                                                          "[default: 4096^3, 8192^3, 8192x8192x16384 and "
-                                                          "DeepSeek-V3's nn.Linear shapes at T 4096; "
-                                                          "32x48x64 and 24x40x160 without CUDA]")] = None,
-    tokens: Annotated[list[int] | None, typer.Option(callback=cmd.counts, help="MoE T (repeatable) [default: "
-                                                     "4096 128 at DeepSeek-V3's experts; 5 at H 128 I 128 E 2 "
-                                                     "k 2 without CUDA]")] = None,
+    suite: Annotated[
+        str,
+        typer.Option(
+            help="dense (gemm_fp8 vs torch._scaled_mm and gemmlab bf16), moe (FP8 experts vs bf16 experts) or all"
+        ),
+    ] = "all",
+    shapes: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="dense M,N,K (repeatable; K a multiple of 16) "
+            "[default: 4096^3, 8192^3, 8192x8192x16384 and "
+            "DeepSeek-V3's nn.Linear shapes at T 4096; "
+            "32x48x64 and 24x40x160 without CUDA]"
+        ),
+    ] = None,
+    tokens: Annotated[
+        list[int] | None,
+        typer.Option(
+            callback=cmd.counts,
+            help="MoE T (repeatable) [default: "
+            "4096 128 at DeepSeek-V3's experts; 5 at H 128 I 128 E 2 "
+            "k 2 without CUDA]",
+        ),
+    ] = None,
     quick: Annotated[bool, typer.Option(help="dense 8192^3 and dsv3-o only, MoE T 4096 only")] = False,
-    rounds: Annotated[int, typer.Option(callback=cmd.count, help="interleaved rounds (>= 6: the ratios' 95% "
-                                                                 "intervals)")] = 10,
-    reps: Annotated[int | None, typer.Option(callback=cmd.count, help="timed calls per candidate per round "
-                                                                      "[default: 5; 1 without CUDA]")] = None,
-    warmup_s: Annotated[float | None, typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up "
-                                                   "[default: 0.3; 0 without CUDA]")] = None,
+    rounds: Annotated[
+        int, typer.Option(callback=cmd.count, help="interleaved rounds (>= 6: the ratios' 95% intervals)")
+    ] = 10,
+    reps: Annotated[
+        int | None,
+        typer.Option(callback=cmd.count, help="timed calls per candidate per round [default: 5; 1 without CUDA]"),
+    ] = None,
+    warmup_s: Annotated[
+        float | None,
+        typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up [default: 0.3; 0 without CUDA]"),
+    ] = None,
     graph: Annotated[bool, typer.Option(help="also time CUDA-graph replays (eager always; needs CUDA)")] = True,
-    out: Annotated[str | None, typer.Option("--out", "--output-dir",
-        callback=cmd.out_dir, help="write fp8-bench.json (env: GPU, "
-                                                                         "clocks, versions, git SHA), .csv and "
-                                                                         ".md here")] = None,
+    out: Annotated[
+        str | None,
+        typer.Option(
+            "--out",
+            "--output-dir",
+            callback=cmd.out_dir,
+            help="write fp8-bench.json (env: GPU, clocks, versions, git SHA), .csv and .md here",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """FP8 GEMMs against torch._scaled_mm and gemmlab's bf16, verified first, interleaved.
@@ -71,19 +96,29 @@ def bench_fp8_cmd(
             fp8.check_dense_shape(m, n, k)
     except ValueError as e:
         raise cmd.usage_error(e) from e
-    moe_tokens = ([] if suite == "dense" else tokens or list(fp8.CPU_MOE_TOKENS if not cuda else
-                                                             fp8.MOE_QUICK if quick else fp8.MOE_TOKENS))
+    moe_tokens = (
+        []
+        if suite == "dense"
+        else tokens or list(fp8.CPU_MOE_TOKENS if not cuda else fp8.MOE_QUICK if quick else fp8.MOE_TOKENS)
+    )
     modes = ["eager", "graph"] if graph and cuda else ["eager"]
     try:
         fp8.check_args(modes, rounds)
     except ValueError as e:
         raise cmd.usage_error(e) from e
     if not cuda:
-        err.print("no CUDA: tiny shapes under the Triton interpreter, host clock, eager only (not a GPU "
-                  "measurement)" + ("; torch._scaled_mm: " + p if (p := fp8.scaled_mm_problem(torch.device("cpu")))
-                                    else ""), highlight=False, soft_wrap=True, markup=False)
-    kw = {"rounds": rounds, "reps": reps or (5 if cuda else 1),
-          "warmup_s": (0.3 if cuda else 0.0) if warmup_s is None else warmup_s}
+        err.print(
+            "no CUDA: tiny shapes under the Triton interpreter, host clock, eager only (not a GPU "
+            "measurement)" + ("; torch._scaled_mm: " + p if (p := fp8.scaled_mm_problem(torch.device("cpu"))) else ""),
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
+    kw = {
+        "rounds": rounds,
+        "reps": reps or (5 if cuda else 1),
+        "warmup_s": (0.3 if cuda else 0.0) if warmup_s is None else warmup_s,
+    }
     try:
         with Steps("bench fp8", (len(dense) + len(moe_tokens)) * len(modes), err) as steps:
             report = fp8.bench_fp8(dense, moe_tokens, modes=modes, progress=steps.step, **kw)

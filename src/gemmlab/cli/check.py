@@ -14,9 +14,11 @@ from gemmlab.cli.common import JsonOpt, OutOpt
 def check(
     shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable); default: a suite")] = None,
     dtype: Annotated[str, typer.Option(help="float16, bfloat16 or both")] = "float16",
-    seed: Annotated[int, typer.Option(
-        callback=cmd.seed, help="seed of the random inputs (uniform in [-0.5, 0.5))")] = 0,
-    output_dir: OutOpt = None, json_out: JsonOpt = False,
+    seed: Annotated[
+        int, typer.Option(callback=cmd.seed, help="seed of the random inputs (uniform in [-0.5, 0.5))")
+    ] = 0,
+    output_dir: OutOpt = None,
+    json_out: JsonOpt = False,
 ) -> None:
     """Multiply random matrices with gemmlab.gemm, check against gemm_ref, report plan, error and time."""
     from gemmlab.bench import check as bc

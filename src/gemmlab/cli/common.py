@@ -43,10 +43,12 @@ def ints(text: str, n: int) -> list[int]:
 
 def checked(ok, message: str):
     """A typer callback factory: ``ok(value)`` or a usage error naming the value."""
+
     def callback(value):
         if value is not None and not ok(value):
             raise typer.BadParameter(f"{value} {message}")
         return value
+
     return callback
 
 
@@ -67,16 +69,16 @@ def count_list(text: str) -> str:
         try:
             n = int(v.strip())
         except ValueError:
-            raise typer.BadParameter(f"{text}: comma-separated whole numbers >= 1 ({v.strip()!r} is not "
-                                     "one)") from None
+            raise typer.BadParameter(f"{text}: comma-separated whole numbers >= 1 ({v.strip()!r} is not one)") from None
         if n < 1:
             raise typer.BadParameter(f"{text}: {n} is not a count: give whole numbers >= 1")
     return text
 
 
 seed = checked(lambda v: 0 <= v < 2**63, "is not a seed: give a whole number from 0 to 2**63 - 1")  # --seed
-entry_count = checked(lambda v: 1 <= v < 2**63, "is not a count of entries: give a whole number from 1 to "
-                      "2**63 - 1")  # ledger list --limit
+entry_count = checked(
+    lambda v: 1 <= v < 2**63, "is not a count of entries: give a whole number from 1 to 2**63 - 1"
+)  # ledger list --limit
 
 
 def out_dir(value: str | None) -> str | None:
@@ -127,8 +129,9 @@ def fit(need: int, what: str) -> None:
     """A usage error "WHAT is too large: needs N GiB, the GPU holds M GiB" where ``need`` bytes cannot fit."""
     have, where = memory()
     if need > have:
-        raise usage_error(f"{what} is too large: needs at least {need / 2**30:,.1f} GiB, {where} "
-                          f"{have / 2**30:,.1f} GiB")
+        raise usage_error(
+            f"{what} is too large: needs at least {need / 2**30:,.1f} GiB, {where} {have / 2**30:,.1f} GiB"
+        )
 
 
 def fit_shapes(shapes, what: str = "shape") -> None:
@@ -152,14 +155,21 @@ def backends(values: list[str] | None) -> list[str] | None:
 
 
 RecordOpt = Annotated[str | None, typer.Option("--record", help="record this run in the ledger: what changed")]
-LedgerOpt = Annotated[str | None, typer.Option("--ledger", help="ledger file [default: $GEMMLAB_LEDGER or "
-                                                                "~/.gemmlab/ledger.db]")]
-ParentOpt = Annotated[int | None, typer.Option("--parent", help="ledger entry to decide against [default: the "
-                                                                "last accepted entry of the same shape]")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print the report as one JSON document on stdout (the "
-                                                      "tables go to stderr)")]
-OutOpt = Annotated[str | None, typer.Option(
-        callback=out_dir, help="write NAME.json, NAME.csv (long format) and NAME.md here")]
+LedgerOpt = Annotated[
+    str | None, typer.Option("--ledger", help="ledger file [default: $GEMMLAB_LEDGER or ~/.gemmlab/ledger.db]")
+]
+ParentOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--parent", help="ledger entry to decide against [default: the last accepted entry of the same shape]"
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="print the report as one JSON document on stdout (the tables go to stderr)")
+]
+OutOpt = Annotated[
+    str | None, typer.Option(callback=out_dir, help="write NAME.json, NAME.csv (long format) and NAME.md here")
+]
 Rounds = Annotated[int, typer.Option(callback=count, help="interleaved rounds")]
 Reps = Annotated[int, typer.Option(callback=count, help="timed calls per candidate per round")]
 WarmupS = Annotated[float, typer.Option(callback=nonneg_seconds, help="seconds of warm-up (clocks settle)")]
@@ -177,8 +187,7 @@ def ledger_ready(ledger: str | None, when: bool = True, parent: int | None = Non
     from gemmlab.ledger import Ledger, LedgerError, check
 
     if parent is not None and not recording:
-        raise usage_error(f"--parent {parent}: goes with --record (it is the entry a recorded run is decided "
-                          "against)")
+        raise usage_error(f"--parent {parent}: goes with --record (it is the entry a recorded run is decided against)")
     try:
         if when:
             path = check(ledger)
@@ -208,8 +217,10 @@ def record(entries, note: str, ledger: str | None, parent: int | None) -> None:
         raise usage_error(e) from e
     for e in done:
         color = "green" if e.decision == "accepted" else "yellow"
-        Console(stderr=True, width=150).print(f"ledger #{e.id} {output.literal(e.shape)} {output.literal(e.backend)}: "
-                                              f"[{color}]{e.decision}[/] ({output.literal(e.reason)})")
+        Console(stderr=True, width=150).print(
+            f"ledger #{e.id} {output.literal(e.shape)} {output.literal(e.backend)}: "
+            f"[{color}]{e.decision}[/] ({output.literal(e.reason)})"
+        )
 
 
 def show(report: dict, mod, json_out: bool, output_dir: str | None, width: int = 150, **write_kw) -> Console:

@@ -33,35 +33,62 @@ def fits(cf, recording: bool) -> None:
             need = cmd.MOE_BYTES_PER_ELEMENT * (t * h + 3 * e * i * h + t * k * (2 * i + h) + t * h)
         cmd.fit(need, f"case {c.name} of {cf.name} ({'x'.join(map(str, c.dims))})")
     if recording and cf.performance is None:
-        raise cmd.usage_error(f"--record: case file {cf.name} has no timed (performance) case, so a grade of it "
-                              "has nothing to record")
+        raise cmd.usage_error(
+            f"--record: case file {cf.name} has no timed (performance) case, so a grade of it has nothing to record"
+        )
 
 
 def grade(
-    cases: Annotated[str | None, typer.Option(help="case file: a shipped name (competition, competition-legacy, "
-                                                   "moe, llm, cpu, moe-layer, moe-layer-cpu, fp8, fp8-cpu, fp8-moe, "
-                                                   "fp8-moe-cpu) or a path; "
-                                                   "default competition with CUDA, else cpu")] = None,
-    kernel: Annotated[str | None, typer.Option(callback=kernelspec.kernel_option,
-                                               help="FILE.py:FN or package.module:FN; default gemmlab's")] = None,
-    signature: Annotated[str | None, typer.Option(help="rowmajor: FN(a, b) -> c; colmajor: FN(A, B, C, M, N, K); "
-                                                       "default the case file's layout (moe case files: "
-                                                       "FN(x, w1, w2, topk_weights, topk_ids) -> y; fp8: "
-                                                       "FN(a, b, a_scale, b_scale, c, M, N, K); moe_fp8: FN(x, w1, "
-                                                       "w1_scale, w2, w2_scale, topk_weights, topk_ids, out))")] = None,
+    cases: Annotated[
+        str | None,
+        typer.Option(
+            help="case file: a shipped name (competition, competition-legacy, "
+            "moe, llm, cpu, moe-layer, moe-layer-cpu, fp8, fp8-cpu, fp8-moe, "
+            "fp8-moe-cpu) or a path; "
+            "default competition with CUDA, else cpu"
+        ),
+    ] = None,
+    kernel: Annotated[
+        str | None,
+        typer.Option(callback=kernelspec.kernel_option, help="FILE.py:FN or package.module:FN; default gemmlab's"),
+    ] = None,
+    signature: Annotated[
+        str | None,
+        typer.Option(
+            help="rowmajor: FN(a, b) -> c; colmajor: FN(A, B, C, M, N, K); "
+            "default the case file's layout (moe case files: "
+            "FN(x, w1, w2, topk_weights, topk_ids) -> y; fp8: "
+            "FN(a, b, a_scale, b_scale, c, M, N, K); moe_fp8: FN(x, w1, "
+            "w1_scale, w2, w2_scale, topk_weights, topk_ids, out))"
+        ),
+    ] = None,
     allow_vendor: Annotated[bool, typer.Option(help="allow cuBLAS/CUTLASS/aten::mm in the candidate")] = False,
-    timeout: Annotated[float, typer.Option(callback=cmd.seconds, help="seconds per request to the candidate's "
-                                                                   "process, loading the kernel included")] = 120.0,
-    seed: Annotated[int, typer.Option(
-        callback=cmd.seed, help="base seed of the public correctness trials, to reproduce them (each case also "
-                                "runs secret trials; timed inputs are secret)")] = 0,
-    rounds: Annotated[int | None, typer.Option(callback=cmd.count, help="interleaved timing rounds, at most "
-                                                                       "(the grader stops once precise)")] = None,
-    output_dir: Annotated[str | None, typer.Option(
-        callback=cmd.out_dir, help="write report.json, report.csv and report.md here")] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            callback=cmd.seconds, help="seconds per request to the candidate's process, loading the kernel included"
+        ),
+    ] = 120.0,
+    seed: Annotated[
+        int,
+        typer.Option(
+            callback=cmd.seed,
+            help="base seed of the public correctness trials, to reproduce them (each case also "
+            "runs secret trials; timed inputs are secret)",
+        ),
+    ] = 0,
+    rounds: Annotated[
+        int | None,
+        typer.Option(callback=cmd.count, help="interleaved timing rounds, at most (the grader stops once precise)"),
+    ] = None,
+    output_dir: Annotated[
+        str | None, typer.Option(callback=cmd.out_dir, help="write report.json, report.csv and report.md here")
+    ] = None,
     json_out: JsonOpt = False,
     keep_logs: Annotated[bool, typer.Option(help="keep the workers' logs (the report names the directory)")] = False,
-    record_note: RecordOpt = None, ledger: LedgerOpt = None, parent: ParentOpt = None,
+    record_note: RecordOpt = None,
+    ledger: LedgerOpt = None,
+    parent: ParentOpt = None,
 ) -> None:
     """Grade a GEMM (or MoE) kernel: correct, honest, and how fast against the vendor BLAS.
 
@@ -85,8 +112,17 @@ def grade(
         if output_dir:
             rep.clear(output_dir)  # no earlier report.json may stand for this grade
         with Steps("grading", len(cf.correctness) + (cf.performance is not None), Console(stderr=True)) as steps:
-            report = run_grade(cases, kernel, signature, allow_vendor, timeout, seed, rounds,
-                               progress=lambda msg: grade_step(steps, msg), keep_logs=keep_logs)
+            report = run_grade(
+                cases,
+                kernel,
+                signature,
+                allow_vendor,
+                timeout,
+                seed,
+                rounds,
+                progress=lambda msg: grade_step(steps, msg),
+                keep_logs=keep_logs,
+            )
     except (case_files.CaseError, OSError) as e:
         raise cmd.usage_error(e) from e
     except RecursionError:  # the JSON parser gave up on the case file

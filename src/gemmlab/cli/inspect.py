@@ -30,8 +30,10 @@ def inspect_cmd(
     try:
         m, n, k = parse_shape(shape)
         if max(m * k, k * n, m * n) >= 2**62:  # bytes of one operand past what a 64-bit offset addresses
-            raise ValueError(f"shape {m},{n},{k}: too large: an operand of {max(m * k, k * n, m * n):,} elements "
-                             "cannot be addressed (64-bit byte offsets)")
+            raise ValueError(
+                f"shape {m},{n},{k}: too large: an operand of {max(m * k, k * n, m * n):,} elements "
+                "cannot be addressed (64-bit byte offsets)"
+            )
         r = inspect_shape(m, n, k, cmd.dtype_of(dtype), layout.upper(), packed)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e

@@ -20,8 +20,9 @@ def _top_level_names(path: Path) -> set[str] | None:
     """The names a Python file binds at its top level; None when that cannot be told without running it (a
     syntax error, a star import, a module ``__getattr__``): the loader then decides."""
     try:  # a regular file only, bounded: a FIFO or /dev/zero at the path never blocks or fills the CLI
-        tree = ast.parse(output.read_bounded(path, MAX_SOURCE_BYTES).decode("utf-8", errors="replace"),
-                         filename=str(path))
+        tree = ast.parse(
+            output.read_bounded(path, MAX_SOURCE_BYTES).decode("utf-8", errors="replace"), filename=str(path)
+        )
     except (SyntaxError, ValueError, OSError, RecursionError, MemoryError):  # nested past the parser's depth too
         return None
     names: set[str] = set()

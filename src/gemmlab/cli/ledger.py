@@ -18,10 +18,13 @@ from gemmlab import output
 from gemmlab.cli import common as cmd
 from gemmlab.cli.common import LedgerOpt
 
-ledger_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                         help="The experiment ledger: every attempt, accepted or rejected with its reason.")
-JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout (and nothing else "
-                                                      "there)")]
+ledger_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="The experiment ledger: every attempt, accepted or rejected with its reason.",
+)
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout (and nothing else there)")]
 
 
 @contextmanager
@@ -61,8 +64,11 @@ def shape_key(text: str) -> str:
     sizes, _, routing = text.strip().partition(" ")
     parts = sizes.replace(",", "x").split("x")
     if len(parts) not in (3, 5) or not all(p.isdigit() for p in parts) or (routing and len(parts) != 5):
-        raise typer.BadParameter(f"{text!r}: M,N,K (a GEMM) or T,H,I,E,k (an MoE layer, optionally followed by "
-                                 "its routing, e.g. '4096,7168,2048,256,8 zipf')", param_hint="'--shape'")
+        raise typer.BadParameter(
+            f"{text!r}: M,N,K (a GEMM) or T,H,I,E,k (an MoE layer, optionally followed by "
+            "its routing, e.g. '4096,7168,2048,256,8 zipf')",
+            param_hint="'--shape'",
+        )
     return "x".join(str(int(p)) for p in parts) + (f" {routing}" if routing else "")
 
 
@@ -71,8 +77,9 @@ def utf8(value: str | None, option: str) -> str | None:
     try:
         value is None or value.encode("utf-8")
     except UnicodeEncodeError:
-        raise typer.BadParameter(f"{output.literal(ascii(value))}: not UTF-8 text, so no ledger entry can have it",
-                                 param_hint=f"'{option}'") from None
+        raise typer.BadParameter(
+            f"{output.literal(ascii(value))}: not UTF-8 text, so no ledger entry can have it", param_hint=f"'{option}'"
+        ) from None
     return value
 
 
@@ -99,7 +106,8 @@ def ledger_list(
     kind: Annotated[str | None, typer.Option(help="grade, bench, table or tune")] = None,
     session: Annotated[str | None, typer.Option(help="a tune session")] = None,
     limit: Annotated[int, typer.Option(callback=cmd.entry_count, help="the last N entries")] = 50,
-    ledger: LedgerOpt = None, json_out: JsonOpt = False,
+    ledger: LedgerOpt = None,
+    json_out: JsonOpt = False,
 ) -> None:
     """The last entries, with their decisions (none yet, exit 0, before anything was recorded)."""
     from pathlib import Path
@@ -126,9 +134,13 @@ def ledger_list(
 
 
 @ledger_app.command("show")
-def ledger_show(entry_id: int, ledger: LedgerOpt = None,
-                json_out: Annotated[bool, typer.Option("--json", help="accepted for symmetry: show always prints "
-                                                                      "one JSON document")] = False) -> None:
+def ledger_show(
+    entry_id: int,
+    ledger: LedgerOpt = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="accepted for symmetry: show always prints one JSON document")
+    ] = False,
+) -> None:
     """One entry, whole (JSON), with its attachments if any.
 
     The attachments are what `gemmlab profile --ledger-entry` added."""
@@ -178,9 +190,20 @@ def ledger_compare(first: int, second: int, ledger: LedgerOpt = None, json_out: 
         except (TypeError, ValueError, KeyError, ZeroDivisionError) as e:  # a hand-edited report the rule can't read
             raise cmd.usage_error(f"ledger entries #{first} and #{second} cannot be compared: {e!r}") from e
         lines = [speedup_line(a, b, paired), f"#{second} against #{first}: {decision}: {reason}"]
-        doc.update(speedup=paired and {"of": second, "over": first, "ratio": paired[0], "ci95": paired[1],
-                                       "means": f"time #{first} / time #{second}", "paired": paired[2]},
-                   decision=decision, reason=reason, summary=lines[0])
+        doc.update(
+            speedup=paired
+            and {
+                "of": second,
+                "over": first,
+                "ratio": paired[0],
+                "ci95": paired[1],
+                "means": f"time #{first} / time #{second}",
+                "paired": paired[2],
+            },
+            decision=decision,
+            reason=reason,
+            summary=lines[0],
+        )
     if json_out:
         output.emit_json(doc)
     else:
@@ -197,7 +220,8 @@ def ledger_history(
     shape: Annotated[str, typer.Option(help="M,N,K")],
     dtype: Annotated[str | None, typer.Option(callback=dtype_name, help="float16 or bfloat16")] = None,
     plot: Annotated[str | None, typer.Option(callback=cmd.out_file, help="write the latency curve as a PNG")] = None,
-    ledger: LedgerOpt = None, json_out: JsonOpt = False,
+    ledger: LedgerOpt = None,
+    json_out: JsonOpt = False,
 ) -> None:
     """The latency curve of a shape.
 
@@ -213,8 +237,14 @@ def ledger_history(
         entries = db.history(key, dtype)
     con = Console(width=200, stderr=json_out)
     if json_out:
-        output.emit_json({"shape": key, "dtype": dtype, "entries": [dataclasses.asdict(e) for e in entries],
-                          "accepted_ms": [e.median_ms for e in entries if e.decision == "accepted"]})
+        output.emit_json(
+            {
+                "shape": key,
+                "dtype": dtype,
+                "entries": [dataclasses.asdict(e) for e in entries],
+                "accepted_ms": [e.median_ms for e in entries if e.decision == "accepted"],
+            }
+        )
     else:
         output.print_tables([view.entries_table(entries, f"history of {key}")], con)
         con.print(view.accepted_line(entries))
@@ -228,8 +258,9 @@ def ledger_history(
 @ledger_app.command("export")
 def ledger_export(
     fmt: Annotated[str, typer.Option("--format", help="json or csv")] = "json",
-    output_file: Annotated[str | None, typer.Option("--output", callback=cmd.out_file,
-                                                    help="file [default: stdout]")] = None,
+    output_file: Annotated[
+        str | None, typer.Option("--output", callback=cmd.out_file, help="file [default: stdout]")
+    ] = None,
     ledger: LedgerOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="the same as --format json, on stdout")] = False,
 ) -> None:

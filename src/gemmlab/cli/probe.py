@@ -14,17 +14,26 @@ from gemmlab.cli.common import JsonOpt
 
 
 def probe_cmd(
-    check: Annotated[bool, typer.Option("--check", help="health check: a short re-measurement against the "
-                                                        "recorded profile; exit 1 if degraded")] = False,
-    output_file: Annotated[str | None, typer.Option("--output", callback=cmd.out_file, help="profile file [default: "
-                                                                     "~/.gemmlab/device-<gpu>.json]")] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="health check: a short re-measurement against the recorded profile; exit 1 if degraded"
+        ),
+    ] = False,
+    output_file: Annotated[
+        str | None,
+        typer.Option("--output", callback=cmd.out_file, help="profile file [default: ~/.gemmlab/device-<gpu>.json]"),
+    ] = None,
     profile: Annotated[str | None, typer.Option(help="a recorded profile to use (--check, --roofline)")] = None,
     roofline: Annotated[str | None, typer.Option(help="a `bench gemm` JSON to place on the roofline")] = None,
     plot: Annotated[str, typer.Option(callback=cmd.out_file, help="roofline PNG")] = "roofline.png",
     min_fraction: Annotated[float, typer.Option(help="--check: figures below this fraction are problems")] = 0.8,
-    output_dir: Annotated[str | None, typer.Option(
-        callback=cmd.out_dir, help="write device-profile (device-health, roofline) .json, "
-                                                        ".csv and .md here")] = None,
+    output_dir: Annotated[
+        str | None,
+        typer.Option(
+            callback=cmd.out_dir, help="write device-profile (device-health, roofline) .json, .csv and .md here"
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Measure the GPU's constants and record them; or check health; or draw a roofline.
@@ -56,8 +65,10 @@ def probe_cmd(
             bench = output.load_json(roofline)
             data = pr.roofline(prof, bench)
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:  # a file of other data
-            raise cmd.usage_error(f"--roofline {roofline} (with the profile {profile or 'recorded'}): "
-                                  f"{e if isinstance(e, (OSError, ValueError)) else f'{type(e).__name__}: {e}'}") from e
+            raise cmd.usage_error(
+                f"--roofline {roofline} (with the profile {profile or 'recorded'}): "
+                f"{e if isinstance(e, (OSError, ValueError)) else f'{type(e).__name__}: {e}'}"
+            ) from e
         con = cmd.show(data, view(pr.roofline_tables, pr.roofline_rows, "roofline"), json_out, output_dir)
         if pr.roofline_png(prof, bench, plot) is not None:
             con.print(f"wrote {plot}")

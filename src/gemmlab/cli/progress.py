@@ -32,8 +32,15 @@ class Steps:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
             count = () if self.seconds else (TextColumn("{task.completed:.0f}/{task.total:.0f}"),)
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), *count, TimeElapsedColumn(),
-                                TimeRemainingColumn(), console=self.console, transient=True)
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                *count,
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
             self.bar.__enter__()
             self.task = self.bar.add_task(self.label, total=self.total)
         return self
@@ -42,11 +49,13 @@ class Steps:
         if self.bar is not None:
             self.bar.update(self.task, completed=self.done, description=escape(f"{self.label}: {msg}"))
         elif self.seconds:
-            self.console.print(f"{self.label} {self.done:.0f}/{self.total:.0f} s: {msg}", markup=False,
-                               highlight=False, soft_wrap=True)
+            self.console.print(
+                f"{self.label} {self.done:.0f}/{self.total:.0f} s: {msg}", markup=False, highlight=False, soft_wrap=True
+            )
         else:
-            self.console.print(f"{self.label} {self.shown()}/{self.total:.0f}: {msg}", markup=False,
-                               highlight=False, soft_wrap=True)
+            self.console.print(
+                f"{self.label} {self.shown()}/{self.total:.0f}: {msg}", markup=False, highlight=False, soft_wrap=True
+            )
 
     def shown(self) -> int:
         """The step number a plain line shows: the one running, never past the total."""

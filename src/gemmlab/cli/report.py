@@ -15,14 +15,24 @@ from gemmlab.cli.ledger import reading
 
 def report_cmd(
     dirs: Annotated[list[str], typer.Argument(help="directories (or files) holding gemmlab's results")],
-    output_file: Annotated[str, typer.Option("--output", callback=cmd.out_file,
-                                             help="the HTML page to write")] = "report.html",
+    output_file: Annotated[
+        str, typer.Option("--output", callback=cmd.out_file, help="the HTML page to write")
+    ] = "report.html",
     ledger: Annotated[str | None, typer.Option(help="also draw this ledger's history curves")] = None,
-    docs: Annotated[str | None, typer.Option(help="instead of the page: write the results pages (Markdown) of one "
-                                                  "results tree with an index.json into this directory")] = None,
+    docs: Annotated[
+        str | None,
+        typer.Option(
+            help="instead of the page: write the results pages (Markdown) of one "
+            "results tree with an index.json into this directory"
+        ),
+    ] = None,
     readme: Annotated[str | None, typer.Option(help="--docs: also rewrite this README's headline table")] = None,
-    check: Annotated[bool, typer.Option("--check", help="--docs: write nothing; exit 1 if a page or the headline "
-                                                        "differs from what the data gives")] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="--docs: write nothing; exit 1 if a page or the headline differs from what the data gives"
+        ),
+    ] = False,
 ) -> None:
     """One self-contained HTML page from every file under DIRS.
 
@@ -54,8 +64,11 @@ def report_cmd(
         output.write_text(output_file, page.encode("utf-8", "backslashreplace").decode("utf-8"), keep=inputs)
     except OSError as e:
         raise cmd.usage_error(e if isinstance(e, output.ReportPathError) else f"{output_file}: {e}") from e
-    print(f"wrote {output_file}: {len(found)} file(s), " + ", ".join(
-        f"{n} {k}" for k, n in sorted(html.count_kinds(found).items())), file=sys.stderr)
+    print(
+        f"wrote {output_file}: {len(found)} file(s), "
+        + ", ".join(f"{n} {k}" for k, n in sorted(html.count_kinds(found).items())),
+        file=sys.stderr,
+    )
 
 
 def _docs(dirs: list[str], out_dir: str | None, readme: str | None, check: bool) -> None:
@@ -70,13 +83,17 @@ def _docs(dirs: list[str], out_dir: str | None, readme: str | None, check: bool)
         if check:
             stale = results_docs.stale(dirs[0], out_dir, readme)
             for path in stale:
-                print(f"stale: {path} (regenerate: gemmlab report {dirs[0]} --docs {out_dir}"
-                      + (f" --readme {readme})" if readme else ")"), file=sys.stderr)
+                print(
+                    f"stale: {path} (regenerate: gemmlab report {dirs[0]} --docs {out_dir}"
+                    + (f" --readme {readme})" if readme else ")"),
+                    file=sys.stderr,
+                )
             raise typer.Exit(1 if stale else 0)
         written = results_docs.write(dirs[0], out_dir, readme)
     except (results_docs.ResultsError, OSError) as e:
         raise cmd.usage_error(e) from e
     except (TypeError, KeyError, AttributeError, IndexError) as e:  # an index.json entry of the wrong shape
-        raise cmd.usage_error(f"{dirs[0]}/index.json: an entry this gemmlab cannot read ({type(e).__name__}: "
-                              f"{e})") from e
+        raise cmd.usage_error(
+            f"{dirs[0]}/index.json: an entry this gemmlab cannot read ({type(e).__name__}: {e})"
+        ) from e
     print(f"wrote {len(written)} file(s): " + ", ".join(map(str, written)), file=sys.stderr)

@@ -35,8 +35,12 @@ from gemmlab.cli.bench import bench_app  # noqa: E402
 from gemmlab.cli.ledger import ledger_app  # noqa: E402
 from gemmlab.cli.profile import profile_cmd  # noqa: E402
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  help="gemmlab: fast FP16/BF16 GEMM in Triton, checked against a float64 reference.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="gemmlab: fast FP16/BF16 GEMM in Triton, checked against a float64 reference.",
+)
 app.add_typer(bench_app, name="bench")
 app.add_typer(ledger_app, name="ledger")
 app.command("profile")(profile_cmd)
@@ -74,8 +78,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                                help="print gemmlab's version and exit")] = False) -> None:
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print gemmlab's version and exit")
+    ] = False,
+) -> None:
     """gemmlab: fast FP16/BF16 GEMM in Triton, checked against a float64 reference."""
 
 

@@ -20,8 +20,10 @@ def resumable(session: str, ledger: str | None) -> None:
 
     with reading(ledger) as db:
         if not db.list(session=session, limit=1):
-            raise cmd.usage_error(f"--resume {session}: ledger {db.path} holds no tune session of that name "
-                                  "(start one with --session, or leave --resume out)")
+            raise cmd.usage_error(
+                f"--resume {session}: ledger {db.path} holds no tune session of that name "
+                "(start one with --session, or leave --resume out)"
+            )
 
 
 def configs_ready(configs_dir: str | None, target: str) -> None:
@@ -35,8 +37,10 @@ def configs_ready(configs_dir: str | None, target: str) -> None:
     where = Path(configs_dir) if configs_dir is not None else configs.user_dir()
     path = where / f"{target}.json"
     if where.exists() and not where.is_dir():
-        raise cmd.usage_error(f"--configs-dir {where}: exists and is not a directory (tune --write puts "
-                              f"{path.name} there; or give --no-write)")
+        raise cmd.usage_error(
+            f"--configs-dir {where}: exists and is not a directory (tune --write puts "
+            f"{path.name} there; or give --no-write)"
+        )
     if path.exists() or path.is_symlink():
         if not path.is_file():
             raise cmd.usage_error(f"{path}: not a plain file; tune --write would replace it (or give --no-write)")
@@ -48,26 +52,37 @@ def configs_ready(configs_dir: str | None, target: str) -> None:
 
 def tune_cmd(
     shapes: Annotated[list[str] | None, typer.Option(help="M,N,K (repeatable)")] = None,
-    suite: Annotated[list[str] | None, typer.Option(help="shape suites (repeatable) [default: seeds and small-m "
-                                                         "with CUDA, cpu without]")] = None,
-    dtype: Annotated[str | None, typer.Option(help="float16 or bfloat16 [default: float16; bfloat16 with --op moe]")]
-    = None,
+    suite: Annotated[
+        list[str] | None,
+        typer.Option(help="shape suites (repeatable) [default: seeds and small-m with CUDA, cpu without]"),
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="float16 or bfloat16 [default: float16; bfloat16 with --op moe]")
+    ] = None,
     budget_minutes: Annotated[float, typer.Option(callback=cmd.seconds, help="time budget for all shapes")] = 5.0,
     session: Annotated[str | None, typer.Option(help="session name [default: tune-<date>-<time>]")] = None,
     resume: Annotated[str | None, typer.Option(help="resume a session: skip what the ledger holds for it")] = None,
     op: Annotated[str, typer.Option(help="gemm, or moe (the MoE layer's grouped GEMMs)")] = "gemm",
     model: Annotated[str | None, typer.Option(help="--op moe: deepseek-v3, mixtral-8x7b, qwen3-30b-a3b")] = None,
     moe: Annotated[str | None, typer.Option(help="--op moe: H,I,E,k of a model of your own")] = None,
-    tokens: Annotated[list[int] | None, typer.Option(callback=cmd.counts, help="--op moe: T (repeatable) "
-                                                                              "[default: 4096]")] = None,
-    moe_mode: Annotated[list[str] | None, typer.Option(help="--op moe: gate_up, down, grouped (repeatable) "
-                                                            "[default: all three]")] = None,
+    tokens: Annotated[
+        list[int] | None, typer.Option(callback=cmd.counts, help="--op moe: T (repeatable) [default: 4096]")
+    ] = None,
+    moe_mode: Annotated[
+        list[str] | None, typer.Option(help="--op moe: gate_up, down, grouped (repeatable) [default: all three]")
+    ] = None,
     write: Annotated[bool, typer.Option(help="write confirmed winners to the user's <gpu>.json")] = True,
-    configs_dir: Annotated[str | None, typer.Option(help="where to write <gpu>.json [default: $GEMMLAB_CONFIGS, "
-                                                         "else $GEMMLAB_HOME/configs, else ~/.gemmlab/configs: "
-                                                         "the directory plan reads]")] = None,
-    output_dir: Annotated[str | None, typer.Option(
-        callback=cmd.out_dir, help="write tune-report.json, .csv and .md here")] = None,
+    configs_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="where to write <gpu>.json [default: $GEMMLAB_CONFIGS, "
+            "else $GEMMLAB_HOME/configs, else ~/.gemmlab/configs: "
+            "the directory plan reads]"
+        ),
+    ] = None,
+    output_dir: Annotated[
+        str | None, typer.Option(callback=cmd.out_dir, help="write tune-report.json, .csv and .md here")
+    ] = None,
     json_out: JsonOpt = False,
     record_note: Annotated[str, typer.Option("--record", help="what this tuning run is about")] = "tune",
     ledger: LedgerOpt = None,
@@ -97,11 +112,16 @@ def tune_cmd(
             raise typer.BadParameter(str(e)) from None
         h, i, e, k = sizes.hidden, sizes.intermediate, sizes.experts, sizes.top_k
         t = max(tokens or [4096])  # the expert weights, and x, the routed rows' intermediates and y at the largest T
-        cmd.fit(cmd.MOE_BYTES_PER_ELEMENT * (3 * e * i * h + t * (2 * h + k * (2 * i + h))),
-                f"--op moe with H,I,E,k = {h},{i},{e},{k} at T {t}")
+        cmd.fit(
+            cmd.MOE_BYTES_PER_ELEMENT * (3 * e * i * h + t * (2 * h + k * (2 * i + h))),
+            f"--op moe with H,I,E,k = {h},{i},{e},{k} at T {t}",
+        )
     elif op == "gemm":
-        given = [name for name, v in (("--model", model), ("--moe", moe), ("--tokens", tokens),
-                                      ("--moe-mode", moe_mode)) if v]
+        given = [
+            name
+            for name, v in (("--model", model), ("--moe", moe), ("--tokens", tokens), ("--moe-mode", moe_mode))
+            if v
+        ]
         if given:
             raise typer.BadParameter(f"{', '.join(given)}: for --op moe only (this is --op gemm)")
         todo = cmd.shapes_of(shapes, None, "cpu") if shapes else []
@@ -113,8 +133,9 @@ def tune_cmd(
     if op == "gemm":
         cmd.fit_shapes(todo)
     if resume is not None and session is not None and session != resume:
-        raise cmd.usage_error(f"--session {session} --resume {resume}: --resume names the session it continues; "
-                              "give one of them")
+        raise cmd.usage_error(
+            f"--session {session} --resume {resume}: --resume names the session it continues; give one of them"
+        )
     if write:
         configs_ready(configs_dir, target_for(torch.device("cuda" if torch.cuda.is_available() else "cpu")).name)
     cmd.ledger_ready(ledger)  # every attempt is recorded
@@ -128,13 +149,23 @@ def tune_cmd(
             counts[ev["shape"]] = ev.get("tried", counts.get(ev["shape"], 0))
             steps.at(time.perf_counter() - t0, f"{ev['shape']}: {counts[ev['shape']]} tried")
 
-        res = tr.report(tune(todo, cmd.dtype_of(dtype or ("bfloat16" if op == "moe" else "float16")),
-                             budget_minutes=budget_minutes, ledger=ledger, session=resume or session, seed=seed,
-                             note=record_note, progress=step))
+        res = tr.report(
+            tune(
+                todo,
+                cmd.dtype_of(dtype or ("bfloat16" if op == "moe" else "float16")),
+                budget_minutes=budget_minutes,
+                ledger=ledger,
+                session=resume or session,
+                seed=seed,
+                note=record_note,
+                progress=step,
+            )
+        )
     con = cmd.show(res, tr, json_out, output_dir)
     if write and any(r["confirmed"] for r in res["results"]):
-        path = write_configs(res["results"], target_for(torch.device("cuda" if torch.cuda.is_available() else
-                                                                     "cpu")).name, configs_dir)
+        path = write_configs(
+            res["results"], target_for(torch.device("cuda" if torch.cuda.is_available() else "cpu")).name, configs_dir
+        )
         con.print(f"wrote the confirmed winners to {path}")
         if path.parent.resolve() != configs.user_dir().resolve():
             con.print(f"note: plan reads {configs.user_dir()}; set GEMMLAB_CONFIGS={path.parent} to use {path}")

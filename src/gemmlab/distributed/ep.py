@@ -42,8 +42,9 @@ from gemmlab.ops.moe import DTYPES, check_tensor, check_weights, moe_forward
 def _group_of(group, who: str):
     """(group, my rank in it, its size); ValueError when torch.distributed is not up or I am not a member."""
     if not dist.is_available() or not dist.is_initialized():
-        raise ValueError(f"{who}: torch.distributed is not initialized (dist.init_process_group first; "
-                         "launch with torchrun)")
+        raise ValueError(
+            f"{who}: torch.distributed is not initialized (dist.init_process_group first; launch with torchrun)"
+        )
     group = group if group is not None else dist.group.WORLD
     rank = dist.get_rank(group)
     if rank < 0:
@@ -55,10 +56,11 @@ def expert_range(num_experts: int, group=None) -> tuple[int, int]:
     """(first, end): the global experts [first, end) this rank holds when ``num_experts`` are spread over
     ``group`` (default: the world). ValueError when they do not divide evenly."""
     _, rank, world = _group_of(group, "expert_range")
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts <= 0 \
-            or num_experts % world:
-        raise ValueError(f"expert parallel: num_experts = {num_experts!r} is not divisible by the world size "
-                         f"{world}: every rank must hold the same number of experts")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts <= 0 or num_experts % world:
+        raise ValueError(
+            f"expert parallel: num_experts = {num_experts!r} is not divisible by the world size "
+            f"{world}: every rank must hold the same number of experts"
+        )
     e_local = num_experts // world
     return rank * e_local, (rank + 1) * e_local
 
@@ -110,8 +112,16 @@ def _agree(x, w1, w2, ids, chunks, validate: bool, problem: str | None, group, w
     device = _header_device(x, group)
     vals = [1] + [0] * (len(HEADER) - 1)
     if problem is None:
-        vals = [0, int(bool(validate)), w1.shape[0], w1.shape[2], w2.shape[2],
-                DTYPES.index(x.dtype) if x.dtype in DTYPES else -1, chunks, 1]
+        vals = [
+            0,
+            int(bool(validate)),
+            w1.shape[0],
+            w1.shape[2],
+            w2.shape[2],
+            DTYPES.index(x.dtype) if x.dtype in DTYPES else -1,
+            chunks,
+            1,
+        ]
     mine = torch.tensor(vals, dtype=torch.int64).to(device)
     if problem is None and validate and ids.numel():  # on the device: no host read of the ids
         lo, hi = torch.aminmax(ids)
@@ -126,13 +136,16 @@ def _agree(x, w1, w2, ids, chunks, validate: bool, problem: str | None, group, w
         values = [row[col] for row in table]
         if len(set(values)) > 1:
             shown = [str(DTYPES[v]) if col == 5 and v >= 0 else bool(v) if col == 1 else v for v in values]
-            raise ValueError(f"moe_forward_ep: every rank of the group must use the same {HEADER[col]}; per rank: "
-                             f"{shown}")
+            raise ValueError(
+                f"moe_forward_ep: every rank of the group must use the same {HEADER[col]}; per rank: {shown}"
+            )
     bad = [r for r, row in enumerate(table) if not row[7]]
     if bad:
         e = table[0][2] * world
-        raise ValueError(f"moe_forward_ep: topk_ids must be in [0, E={e}) (E = E_local {table[0][2]} x world size "
-                         f"{world}); out of range on rank(s) {bad}")
+        raise ValueError(
+            f"moe_forward_ep: topk_ids must be in [0, E={e}) (E = E_local {table[0][2]} x world size "
+            f"{world}); out of range on rank(s) {bad}"
+        )
 
 
 def _a2a(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group, async_op: bool):
@@ -144,8 +157,17 @@ def _wait(work) -> None:
         work.wait()  # on CUDA: the current stream waits for NCCL's; the host does not block
 
 
-def moe_forward_ep(x: torch.Tensor, w1_local: torch.Tensor, w2_local: torch.Tensor, topk_weights: torch.Tensor,
-                   topk_ids: torch.Tensor, group=None, chunks: int = 1, *, validate: bool = True) -> torch.Tensor:
+def moe_forward_ep(
+    x: torch.Tensor,
+    w1_local: torch.Tensor,
+    w2_local: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    group=None,
+    chunks: int = 1,
+    *,
+    validate: bool = True,
+) -> torch.Tensor:
     """The MoE body across the ranks of ``group`` (default: the world); see the module docstring for the
     expert placement and the steps. x (T, H) fp16/bf16, this rank's tokens (T may differ between ranks, and
     be 0); topk_ids (T, k) hold GLOBAL expert ids in [0, E); returns y (T, H) for this rank's tokens.
@@ -187,8 +209,10 @@ def moe_forward_ep(x: torch.Tensor, w1_local: torch.Tensor, w2_local: torch.Tens
         n_send, n_recv = sum(sends), sum(recvs)
         rx = torch.empty((n_recv, h), dtype=x.dtype, device=dev)  # (R_c, H)
         rmeta = torch.empty((n_recv, 2), dtype=torch.int32, device=dev)  # (R_c, 2)
-        works = (_a2a(rx, rows[lo:lo + n_send], recvs, sends, group, async_op),
-                 _a2a(rmeta, meta[lo:lo + n_send], recvs, sends, group, async_op))
+        works = (
+            _a2a(rx, rows[lo : lo + n_send], recvs, sends, group, async_op),
+            _a2a(rmeta, meta[lo : lo + n_send], recvs, sends, group, async_op),
+        )
         inbox.append((rx, rmeta, works))
 
     # (2) compute each chunk as its rows arrive, (3) send its outputs back at once
@@ -200,7 +224,7 @@ def moe_forward_ep(x: torch.Tensor, w1_local: torch.Tensor, w2_local: torch.Tens
         local_ids, local_w = rmeta[:, :1].contiguous(), rmeta[:, 1:].contiguous().view(torch.float32)
         o = moe_forward(rx, w1_local, w2_local, local_w, local_ids, validate=False)  # (R_c, H), weighted
         n_send = sum(sends)
-        returns.append((o, _a2a(back[lo:lo + n_send], o, sends, recvs, group, async_op)))
+        returns.append((o, _a2a(back[lo : lo + n_send], o, sends, recvs, group, async_op)))
     for _, w in returns:
         _wait(w)
     inv = torch.empty_like(order)

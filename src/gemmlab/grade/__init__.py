@@ -31,22 +31,34 @@ def make_op(cf: _cases.CaseFile, signature: str | None = None):
         return moe_op(cf)
     if cf.mode == "fp8":
         if signature not in (None, "fp8"):
-            raise _cases.CaseError(f"--signature {signature!r}: an fp8 case file takes FN(a, b, a_scale, b_scale, c, "
-                                   "M, N, K)")
+            raise _cases.CaseError(
+                f"--signature {signature!r}: an fp8 case file takes FN(a, b, a_scale, b_scale, c, M, N, K)"
+            )
         return fp8_op(cf)
     if cf.mode == "moe_fp8":
         if signature not in (None, "moe_fp8"):
-            raise _cases.CaseError(f"--signature {signature!r}: a moe_fp8 case file takes FN(x, w1, w1_scale, w2, "
-                                   "w2_scale, topk_weights, topk_ids, out)")
+            raise _cases.CaseError(
+                f"--signature {signature!r}: a moe_fp8 case file takes FN(x, w1, w1_scale, w2, "
+                "w2_scale, topk_weights, topk_ids, out)"
+            )
         return moe_fp8_op(cf)
     if signature not in (None, "rowmajor", "colmajor"):
         raise _cases.CaseError(f"--signature {signature!r}: rowmajor or colmajor")
     return gemm_op(cf, signature)
 
 
-def grade(cases: str | None = None, kernel: str | None = None, signature: str | None = None,
-          allow_vendor: bool = False, timeout: float = 120.0, seed: int = 0, rounds: int | None = None,
-          progress=None, keep_logs: bool = False, budget_s: float | None = None) -> dict:
+def grade(
+    cases: str | None = None,
+    kernel: str | None = None,
+    signature: str | None = None,
+    allow_vendor: bool = False,
+    timeout: float = 120.0,
+    seed: int = 0,
+    rounds: int | None = None,
+    progress=None,
+    keep_logs: bool = False,
+    budget_s: float | None = None,
+) -> dict:
     """Grade ``kernel`` (None: gemmlab's own; else FILE.py:FN or package.module:FN) on a case file. ``rounds`` and
     ``budget_s`` cap the timed rounds (by count, in seconds; None: the protocol's defaults)."""
     if not (isinstance(timeout, int | float) and timeout > 0 and timeout == timeout):
@@ -58,8 +70,9 @@ def grade(cases: str | None = None, kernel: str | None = None, signature: str | 
     if kernel is not None and not all(kernel.rpartition(":")[::2]):
         raise _cases.CaseError(f"--kernel {kernel!r}: expected FILE.py:FN or package.module:FN")
     cf = load_any(cases or default_cases())
-    return Grader(make_op(cf, signature), cf, kernel, allow_vendor, timeout, seed, rounds, progress, keep_logs,
-                  budget_s=budget_s).run()
+    return Grader(
+        make_op(cf, signature), cf, kernel, allow_vendor, timeout, seed, rounds, progress, keep_logs, budget_s=budget_s
+    ).run()
 
 
 __all__ = ["default_cases", "grade", "load_any", "make_op"]

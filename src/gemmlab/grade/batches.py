@@ -37,11 +37,11 @@ MEMORY_SHARE = 0.7
 
 @dataclass(frozen=True)
 class BatchPlan:
-    calls: int                # N, the calls of every timed batch
-    call_ms: float            # the baseline's time per call, measured in the grader's process
-    bytes_per_call: int       # one slot: inputs drawn per call and the output
-    free_bytes: int | None    # free device memory when it was planned (None on the CPU)
-    bounded_by: str           # "time", "memory" or "cap"
+    calls: int  # N, the calls of every timed batch
+    call_ms: float  # the baseline's time per call, measured in the grader's process
+    bytes_per_call: int  # one slot: inputs drawn per call and the output
+    free_bytes: int | None  # free device memory when it was planned (None on the CPU)
+    bounded_by: str  # "time", "memory" or "cap"
 
 
 _POOLS: dict[int, object] = {}  # device index -> the CUDA memory pool of the slots (kept: tensors outlive a block)

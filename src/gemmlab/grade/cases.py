@@ -114,7 +114,7 @@ class CaseFile:
     tol_ref_k: int = 512
     baseline_gflops: float | None = None
     about: str = ""
-    scales: str = "tensor"          # fp8: "tensor" or "row"
+    scales: str = "tensor"  # fp8: "tensor" or "row"
 
 
 MoECaseFile = CaseFile  # one case file type; ``mode`` says which op
@@ -122,6 +122,7 @@ MoECaseFile = CaseFile  # one case file type; ``mode`` says which op
 
 # ------------------------------------------------------------------------------------------ schema
 # A schema is {key: (required, check)}; a check raises _Bad(problem) or returns the value.
+
 
 class _Bad(Exception):
     pass
@@ -166,6 +167,7 @@ def _one_of(*choices):
         if v not in choices:
             raise _Bad(f"expected one of {', '.join(choices)}, got {v!r}")
         return v
+
     return check
 
 
@@ -176,6 +178,7 @@ def _opt_pos(v):
 def _obj(schema: dict, where: str):
     def check(v):
         return _validate(v, schema, where)
+
     return check
 
 
@@ -208,14 +211,24 @@ _GEMM_CASE = {"name": (False, _str), "M": (True, _pos_int), "N": (True, _pos_int
 _GEMM_PERF = {**_GEMM_CASE, "baseline_gflops": (False, _opt_pos), "full_score_ratio": (False, _pos)}
 _MOE_CASE = {"name": (False, _str), **{x: (True, _pos_int) for x in ("T", "H", "I", "E", "k")}}
 _MOE_PERF = {**_MOE_CASE, "full_score_ratio": (False, _pos)}
-_COMMON = {"name": (False, _str), "about": (False, _str), "dtype": (True, _one_of(*DTYPES)),
-           "score": (False, None)}
-GEMM_SCHEMA = {**_COMMON, "mode": (False, _one_of("gemm")), "layout": (True, _one_of(*LAYOUTS)),
-               "inputs": (True, _one_of(*DISTRIBUTIONS)),
-               "tolerance": (False, None), "correctness": (True, None), "performance": (False, None)}
-FP8_SCHEMA = {**_COMMON, "mode": (True, _one_of("fp8")), "scales": (False, _one_of(*FP8_SCALES)),
-              "inputs": (False, _one_of("uniform", "normal")), "correctness": (True, None),
-              "performance": (False, None)}
+_COMMON = {"name": (False, _str), "about": (False, _str), "dtype": (True, _one_of(*DTYPES)), "score": (False, None)}
+GEMM_SCHEMA = {
+    **_COMMON,
+    "mode": (False, _one_of("gemm")),
+    "layout": (True, _one_of(*LAYOUTS)),
+    "inputs": (True, _one_of(*DISTRIBUTIONS)),
+    "tolerance": (False, None),
+    "correctness": (True, None),
+    "performance": (False, None),
+}
+FP8_SCHEMA = {
+    **_COMMON,
+    "mode": (True, _one_of("fp8")),
+    "scales": (False, _one_of(*FP8_SCALES)),
+    "inputs": (False, _one_of("uniform", "normal")),
+    "correctness": (True, None),
+    "performance": (False, None),
+}
 MOE_SCHEMA = {**_COMMON, "mode": (True, _one_of("moe")), "correctness": (True, None), "performance": (False, None)}
 MOE_FP8_SCHEMA = {**MOE_SCHEMA, "mode": (True, _one_of("moe_fp8"))}
 
@@ -270,28 +283,45 @@ def load(name_or_path: str) -> CaseFile:
         raise CaseError(f"{path}: mode: expected one of {', '.join(schemas)}, got {mode!r}")
     top = _validate(d, schemas[mode], str(path))
     score = _validate(d.get("score", {}), _SCORE, f"{path}: score")
-    common = dict(name=top.get("name", path.stem), path=str(path), dtype=top["dtype"], about=top.get("about", ""),
-                  score_correctness=score.get("correctness", 30.0), score_performance=score.get("performance", 70.0))
+    common = dict(
+        name=top.get("name", path.stem),
+        path=str(path),
+        dtype=top["dtype"],
+        about=top.get("about", ""),
+        score_correctness=score.get("correctness", 30.0),
+        score_performance=score.get("performance", 70.0),
+    )
     if mode in ("moe", "moe_fp8"):
         make = _moe_fp8_case if mode == "moe_fp8" else _moe_case
-        correctness = [make(c, f"{path}: correctness[{i}]")
-                       for i, c in enumerate(_cases(d["correctness"], _MOE_CASE, f"{path}: correctness"))]
-        perf = None if d.get("performance") is None else _validate(d["performance"], _MOE_PERF,
-                                                                    f"{path}: performance")
-        return CaseFile(mode=mode, correctness=tuple(correctness),
-                        performance=make(perf, f"{path}: performance") if perf else None,
-                        full_score_ratio=(perf or {}).get("full_score_ratio", 1.0), **common)
+        correctness = [
+            make(c, f"{path}: correctness[{i}]")
+            for i, c in enumerate(_cases(d["correctness"], _MOE_CASE, f"{path}: correctness"))
+        ]
+        perf = None if d.get("performance") is None else _validate(d["performance"], _MOE_PERF, f"{path}: performance")
+        return CaseFile(
+            mode=mode,
+            correctness=tuple(correctness),
+            performance=make(perf, f"{path}: performance") if perf else None,
+            full_score_ratio=(perf or {}).get("full_score_ratio", 1.0),
+            **common,
+        )
     if mode == "fp8":
         return _fp8_file(d, top, path, common)
-    tol = _validate(d.get("tolerance", {}), {"base": (False, _pos), "ref_k": (False, _pos_int)},
-                    f"{path}: tolerance")
+    tol = _validate(d.get("tolerance", {}), {"base": (False, _pos), "ref_k": (False, _pos_int)}, f"{path}: tolerance")
     correctness = [_shape(c) for c in _cases(d["correctness"], _GEMM_CASE, f"{path}: correctness")]
     perf = None if d.get("performance") is None else _validate(d["performance"], _GEMM_PERF, f"{path}: performance")
-    return CaseFile(mode="gemm", layout=top["layout"], inputs=top["inputs"], tol_base=tol.get("base", 0.01),
-                    tol_ref_k=tol.get("ref_k", 512), correctness=tuple(correctness),
-                    performance=_shape(perf) if perf else None,
-                    baseline_gflops=(perf or {}).get("baseline_gflops"),
-                    full_score_ratio=(perf or {}).get("full_score_ratio", 1.0), **common)
+    return CaseFile(
+        mode="gemm",
+        layout=top["layout"],
+        inputs=top["inputs"],
+        tol_base=tol.get("base", 0.01),
+        tol_ref_k=tol.get("ref_k", 512),
+        correctness=tuple(correctness),
+        performance=_shape(perf) if perf else None,
+        baseline_gflops=(perf or {}).get("baseline_gflops"),
+        full_score_ratio=(perf or {}).get("full_score_ratio", 1.0),
+        **common,
+    )
 
 
 def _fp8_file(d: dict, top: dict, path: Path, common: dict) -> CaseFile:
@@ -301,10 +331,16 @@ def _fp8_file(d: dict, top: dict, path: Path, common: dict) -> CaseFile:
     for where, c in [(f"correctness[{i}]", c) for i, c in enumerate(correctness)] + [("performance", perf)]:
         if c is not None and c["K"] % FP8_ALIGN:
             raise CaseError(f"{path}: {where}.K: {c['K']} is not a multiple of {FP8_ALIGN} (fp8 rows are TMA rows)")
-    return CaseFile(mode="fp8", scales=top.get("scales", "tensor"), inputs=top.get("inputs", "uniform"),
-                    correctness=tuple(_shape(c) for c in correctness), performance=_shape(perf) if perf else None,
-                    baseline_gflops=(perf or {}).get("baseline_gflops"),
-                    full_score_ratio=(perf or {}).get("full_score_ratio", 1.0), **common)
+    return CaseFile(
+        mode="fp8",
+        scales=top.get("scales", "tensor"),
+        inputs=top.get("inputs", "uniform"),
+        correctness=tuple(_shape(c) for c in correctness),
+        performance=_shape(perf) if perf else None,
+        baseline_gflops=(perf or {}).get("baseline_gflops"),
+        full_score_ratio=(perf or {}).get("full_score_ratio", 1.0),
+        **common,
+    )
 
 
 def _shape(d: dict) -> Shape:

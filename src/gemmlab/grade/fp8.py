@@ -100,12 +100,22 @@ def fp8_op(cf: CaseFile) -> Op:
     def fresh(case, kind, seed, device, keep=None):
         return fp8_operands(case.m, case.n, case.k, kind, per_row, seed, device)
 
-    return Op(name="fp8", signature="fp8", layout="rowmajor", dtype=dtype,
-              trials=(cf.inputs, cf.inputs, SECOND_KIND[cf.inputs]), timed_kind=cf.inputs, fresh=fresh,
-              out_numel=lambda c: c.m * c.n, view=lambda out, c: out.view(c.m, c.n),
-              check=lambda out, inputs, kind, gen: fp8_check(out, inputs, dtype, gen),
-              baseline="builtin:scaled_mm", baseline_signature="fp8", baseline_label=label,
-              full_kind=FULL_MANTISSA)
+    return Op(
+        name="fp8",
+        signature="fp8",
+        layout="rowmajor",
+        dtype=dtype,
+        trials=(cf.inputs, cf.inputs, SECOND_KIND[cf.inputs]),
+        timed_kind=cf.inputs,
+        fresh=fresh,
+        out_numel=lambda c: c.m * c.n,
+        view=lambda out, c: out.view(c.m, c.n),
+        check=lambda out, inputs, kind, gen: fp8_check(out, inputs, dtype, gen),
+        baseline="builtin:scaled_mm",
+        baseline_signature="fp8",
+        baseline_label=label,
+        full_kind=FULL_MANTISSA,
+    )
 
 
 def moe_fp8_fresh(case, routing: str, seed: int, dtype: torch.dtype, device: torch.device, keep=None) -> tuple:
@@ -129,11 +139,20 @@ def moe_fp8_check_op(out: torch.Tensor, inputs: tuple) -> Checked:
 def moe_fp8_op(cf: CaseFile) -> Op:
     """The op of a moe_fp8 case file: the moe_fp8 signature, baseline builtin:composite_fp8."""
     dtype = getattr(torch, cf.dtype)
-    return Op(name="moe_fp8", signature="moe_fp8", layout="rowmajor", dtype=dtype, trials=("uniform", "zipf"),
-              timed_kind="uniform",
-              fresh=lambda case, kind, seed, device, keep=None: moe_fp8_fresh(case, kind, seed, dtype, device, keep),
-              out_numel=lambda c: c.t * c.h, view=lambda out, c: out.view(c.t, c.h),
-              check=lambda out, inputs, kind, gen=None: moe_fp8_check_op(out, inputs),
-              baseline="builtin:composite_fp8", baseline_signature="moe_fp8",
-              baseline_label="bf16 torch composite on torch._grouped_mm, weights dequantized once (not FP8)",
-              fixed=(1, 2, 3, 4), verify_per_batch=2)
+    return Op(
+        name="moe_fp8",
+        signature="moe_fp8",
+        layout="rowmajor",
+        dtype=dtype,
+        trials=("uniform", "zipf"),
+        timed_kind="uniform",
+        fresh=lambda case, kind, seed, device, keep=None: moe_fp8_fresh(case, kind, seed, dtype, device, keep),
+        out_numel=lambda c: c.t * c.h,
+        view=lambda out, c: out.view(c.t, c.h),
+        check=lambda out, inputs, kind, gen=None: moe_fp8_check_op(out, inputs),
+        baseline="builtin:composite_fp8",
+        baseline_signature="moe_fp8",
+        baseline_label="bf16 torch composite on torch._grouped_mm, weights dequantized once (not FP8)",
+        fixed=(1, 2, 3, 4),
+        verify_per_batch=2,
+    )

@@ -96,12 +96,24 @@ def _preload(log_dir: str, device: torch.device, kernel: str | None, allow_vendo
 
 
 class Grader:
-    def __init__(self, op: Op, cases: CaseFile, kernel: str | None = None, allow_vendor: bool = False,
-                 timeout: float = 120.0, seed: int = 0, rounds: int | None = None, progress=None,
-                 keep_logs: bool = False, heat_s: float | None = None, budget_s: float | None = None):
+    def __init__(
+        self,
+        op: Op,
+        cases: CaseFile,
+        kernel: str | None = None,
+        allow_vendor: bool = False,
+        timeout: float = 120.0,
+        seed: int = 0,
+        rounds: int | None = None,
+        progress=None,
+        keep_logs: bool = False,
+        heat_s: float | None = None,
+        budget_s: float | None = None,
+    ):
         self.op, self.cases, self.kernel, self.allow_vendor, self.seed = op, cases, kernel, allow_vendor, seed
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-            else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        )
         self.rounds, self.budget_s = rounds, budget_s  # caps of the timed rounds (None: the protocol's)
         self.heat_s = (HEAT_S if self.device.type == "cuda" else 0.0) if heat_s is None else heat_s
         self.timeout, self.keep_logs = timeout, keep_logs
@@ -115,10 +127,19 @@ class Grader:
         self.vendor_seen: list[str] = []
         self.timed_kernels: set[str] = set()  # what the kernel observer saw in the candidate's batches
         self.plan = None  # batches.BatchPlan, made before the candidate starts
-        self.cand = Sandbox(kernel, op.signature, op.layout, timeout, self.interpret, self.log_dir,
-                            self.watch.env("candidate"))
-        self.base = Sandbox(op.baseline, op.baseline_signature, op.layout, timeout, self.interpret, self.log_dir,
-                            self.watch.env("baseline"), name="baseline")
+        self.cand = Sandbox(
+            kernel, op.signature, op.layout, timeout, self.interpret, self.log_dir, self.watch.env("candidate")
+        )
+        self.base = Sandbox(
+            op.baseline,
+            op.baseline_signature,
+            op.layout,
+            timeout,
+            self.interpret,
+            self.log_dir,
+            self.watch.env("baseline"),
+            name="baseline",
+        )
         if self.cand.triton_cache:  # a Landlock sandbox compiles into a cache of its own
             self.watch.triton_caches.append(self.cand.triton_cache)
 
@@ -172,21 +193,39 @@ class Grader:
             res.kernels = sorted(set(res.kernels) | set(seen if self.watch.channels else reply.get("kernels", [])))
             # which elements the rounding counts look at: secret (the inputs are reproducible, so predictable)
             gen = torch.Generator().manual_seed(secrets.randbits(62))
-            trial = rules.Trial(reply, out, changed, prev, lambda o=out, i=inputs, k=kind, g=gen: op.check(o, i, k, g),
-                                self.allow_vendor, kind, self._recorded())
+            trial = rules.Trial(
+                reply,
+                out,
+                changed,
+                prev,
+                lambda o=out, i=inputs, k=kind, g=gen: op.check(o, i, k, g),
+                self.allow_vendor,
+                kind,
+                self._recorded(),
+            )
             failed = rules.first_failure(rules.TRIAL_RULES, trial)
             if trial.result is not None:
                 c = trial.result
-                res.trials.append({"kind": kind, "seed": "secret" if secret else seed, "max_abs_err": c.err,
-                                   "tolerance": c.tol,
-                                   "rule": c.rule, "rounding": None if c.rounding is None else {
-                                       "candidate": c.rounding[0].as_dict(), "vendor": c.rounding[1].as_dict()}})
+                res.trials.append(
+                    {
+                        "kind": kind,
+                        "seed": "secret" if secret else seed,
+                        "max_abs_err": c.err,
+                        "tolerance": c.tol,
+                        "rule": c.rule,
+                        "rounding": None
+                        if c.rounding is None
+                        else {"candidate": c.rounding[0].as_dict(), "vendor": c.rounding[1].as_dict()},
+                    }
+                )
                 if res.max_abs_err is None or c.err / max(c.tol, 1e-30) > res.max_abs_err / max(res.tolerance, 1e-30):
                     res.max_abs_err, res.tolerance, res.tolerance_rule = c.err, c.tol, c.rule
             if failed:
                 rule, why = failed
-                return res.fail(rule, f"secret trial {t + 1 - len(op.trials)} ({kind} inputs no seed predicts): {why}"
-                                if secret else why)
+                return res.fail(
+                    rule,
+                    f"secret trial {t + 1 - len(op.trials)} ({kind} inputs no seed predicts): {why}" if secret else why,
+                )
             res.secret_passed += secret
             prev = out
         return res
@@ -202,8 +241,9 @@ class Grader:
             verified.append(r)
             out["exact_shape_check"] = r.__dict__
             if r.status != "PASS":
-                return dict(out, status="FAIL", rule="exact-shape",
-                            reason=f"the timed shape failed verification: {r.reason}")
+                return dict(
+                    out, status="FAIL", rule="exact-shape", reason=f"the timed shape failed verification: {r.reason}"
+                )
         try:
             return self._timed(case, verified, out)
         except BaselineFailure as e:  # the baseline's process failed (the candidate can reach it)
@@ -222,9 +262,17 @@ class Grader:
         rules; a timing that passes them but cannot score is INCONCLUSIVE."""
         op, dev = self.op, self.device
         self.progress(f"timing {case.name} ({self.plan.calls} calls a batch)")
-        ctx = Context(op=op, device=dev, cand=self.cand, base=self.base, observe=self.observe, progress=self.progress,
-                      heat_s=self.heat_s, baseline_gflops=getattr(self.cases, "baseline_gflops", None),
-                      full_score_ratio=self.cases.full_score_ratio)
+        ctx = Context(
+            op=op,
+            device=dev,
+            cand=self.cand,
+            base=self.base,
+            observe=self.observe,
+            progress=self.progress,
+            heat_s=self.heat_s,
+            baseline_gflops=getattr(self.cases, "baseline_gflops", None),
+            full_score_ratio=self.cases.full_score_ratio,
+        )
         timing = Timing(ctx, case, self.plan, self.rounds, self.budget_s)
         with ClockSampler() as clocks:
             try:
@@ -243,31 +291,55 @@ class Grader:
         ops, path = set(prof.get("ops", [])), prof.get("path")
         wall = got["median_ms"]
         tflops = case.flops / (wall * 1e-3) / 1e12
-        out.update(got, tflops=tflops, clocks=clocks.summary(), timed_kernels=sorted(kernels), timed_path=path,
-                   heat_s=self.heat_s, batch_plan=dataclasses.asdict(self.plan),
-                   timer=("grader's clock around each batch of calls in the worker (woken inside the window, "
-                          "device synced at both ends, outputs read back), per call; the worker's own clock is "
-                          "advisory"),
-                   preload=self.watch.guard)
+        out.update(
+            got,
+            tflops=tflops,
+            clocks=clocks.summary(),
+            timed_kernels=sorted(kernels),
+            timed_path=path,
+            heat_s=self.heat_s,
+            batch_plan=dataclasses.asdict(self.plan),
+            timer=(
+                "grader's clock around each batch of calls in the worker (woken inside the window, "
+                "device synced at both ends, outputs read back), per call; the worker's own clock is "
+                "advisory"
+            ),
+            preload=self.watch.guard,
+        )
         if "baseline_ms" in got:
             b_med = got["baseline_ms"]
-            out.update(baseline_tflops=case.flops / (b_med * 1e-3) / 1e12, baseline_solo_ms=solo,
-                       baseline=f"{op.baseline_label}, interleaved, same protocol")
+            out.update(
+                baseline_tflops=case.flops / (b_med * 1e-3) / 1e12,
+                baseline_solo_ms=solo,
+                baseline=f"{op.baseline_label}, interleaved, same protocol",
+            )
         else:
             b_med = None
-            out.update(baseline_tflops=self.cases.baseline_gflops / 1e3,
-                       baseline=f"fixed {self.cases.baseline_gflops} GFLOPS")
+            out.update(
+                baseline_tflops=self.cases.baseline_gflops / 1e3, baseline=f"fixed {self.cases.baseline_gflops} GFLOPS"
+            )
         out["ratio"] = tflops / out["baseline_tflops"]
         seen = [r for r in verified if r.status == "PASS"]
-        evidence = rules.Run(wall_ms=wall, advisory_ms=out["advisory_median_ms"],
-                             overhead_ms=got["protocol_overhead_ms"], tflops=tflops, peak=peak_tflops(dev),
-                             device=dev.type, baseline_ms=b_med, baseline_solo_ms=solo, kernels=kernels, ops=ops,
-                             preload_calls=self.vendor_seen, allow_vendor=self.allow_vendor, timed_path=path,
-                             seen_paths={p for r in seen for p in r.paths},
-                             seen_kernels={k for r in seen for k in r.kernels},
-                             value_dependence=got["value_dependence"],
-                             value_dependence_advisory=got.get("value_dependence_advisory"),
-                             baseline_gap_ms=got.get("baseline_gap_ms"))
+        evidence = rules.Run(
+            wall_ms=wall,
+            advisory_ms=out["advisory_median_ms"],
+            overhead_ms=got["protocol_overhead_ms"],
+            tflops=tflops,
+            peak=peak_tflops(dev),
+            device=dev.type,
+            baseline_ms=b_med,
+            baseline_solo_ms=solo,
+            kernels=kernels,
+            ops=ops,
+            preload_calls=self.vendor_seen,
+            allow_vendor=self.allow_vendor,
+            timed_path=path,
+            seen_paths={p for r in seen for p in r.paths},
+            seen_kernels={k for r in seen for k in r.kernels},
+            value_dependence=got["value_dependence"],
+            value_dependence_advisory=got.get("value_dependence_advisory"),
+            baseline_gap_ms=got.get("baseline_gap_ms"),
+        )
         failed = rules.first_failure(rules.RUN_RULES, evidence)
         if failed:
             return dict(out, status="FAIL", rule=failed[0], reason=failed[1])
@@ -288,8 +360,7 @@ class Grader:
                 self.plan = plan_batches(self.op, cf.performance, self.device)
             for case in cf.correctness:
                 if self.cand.failed:  # the kernel is loaded once: a dead sandbox is not restarted
-                    results.append(CaseResult(case.name, case.dims).fail("isolation",
-                                                                         f"not run: {self.cand.failed}"))
+                    results.append(CaseResult(case.name, case.dims).fail("isolation", f"not run: {self.cand.failed}"))
                     continue
                 self.progress(f"correctness {case.name} {'x'.join(map(str, case.dims))}")
                 results.append(self.check(case))
@@ -321,16 +392,30 @@ class Grader:
         cf, op = self.cases, self.op
         dims = "T x H x I x E x k" if op.name in ("moe", "moe_fp8") else "M x N x K"
         return {
-            "kind": "grade", "cases_file": cf.path, "cases_name": cf.name, "mode": op.name,
+            "kind": "grade",
+            "cases_file": cf.path,
+            "cases_name": cf.name,
+            "mode": op.name,
             "kernel": self.kernel or "gemmlab (default)",
-            "signature": op.signature, "layout": op.layout, "dtype": cf.dtype, "device": str(self.device),
-            "dims": dims, "env": env_info(), "seed": self.seed, "allow_vendor": self.allow_vendor,
-            "worker_starts": self.cand.starts, "logs": self.log_dir if self.keep_logs else None,
+            "signature": op.signature,
+            "layout": op.layout,
+            "dtype": cf.dtype,
+            "device": str(self.device),
+            "dims": dims,
+            "env": env_info(),
+            "seed": self.seed,
+            "allow_vendor": self.allow_vendor,
+            "worker_starts": self.cand.starts,
+            "logs": self.log_dir if self.keep_logs else None,
             "isolation": {"candidate": self.cand.isolation, "baseline": self.base.isolation},
-            "correctness": [r.__dict__ for r in results], "performance": perf,
-            "secret_trials": {"ran": sum(r.secret_trials for r in results),
-                              "passed": sum(r.secret_passed for r in results)},
-            "vendor_check": self.watch.words(), "observers": self.watch.summary(),
+            "correctness": [r.__dict__ for r in results],
+            "performance": perf,
+            "secret_trials": {
+                "ran": sum(r.secret_trials for r in results),
+                "passed": sum(r.secret_passed for r in results),
+            },
+            "vendor_check": self.watch.words(),
+            "observers": self.watch.summary(),
             "performance_shape": list(cf.performance.dims) if cf.performance is not None else None,
             **verdict(cf, listed, perf),
         }
@@ -347,10 +432,15 @@ def verdict(cf, listed: list[CaseResult], perf: dict | None) -> dict:
     failed = [r.__dict__ for r in listed if r.status != "PASS"]
     failed += [perf] if perf and not perf_ok and not unsure else []
     passed = listed and not failed and (cf.performance is None or perf_ok or unsure)
-    return {"score": {"correctness": score_c, "performance": score_p, "total": score_c + score_p,
-                      "max": cf.score_correctness + cf.score_performance},
-            "listed_correctness_passed": bool(listed) and n_pass == len(listed),
-            "verdict": ("INCONCLUSIVE" if unsure else "PASS") if passed else "FAIL",
-            "inconclusive": perf["reason"] if passed and unsure else None,
-            "failures": [{key: f[key] for key in ("name", "rule", "reason")} for f in failed]}
-
+    return {
+        "score": {
+            "correctness": score_c,
+            "performance": score_p,
+            "total": score_c + score_p,
+            "max": cf.score_correctness + cf.score_performance,
+        },
+        "listed_correctness_passed": bool(listed) and n_pass == len(listed),
+        "verdict": ("INCONCLUSIVE" if unsure else "PASS") if passed else "FAIL",
+        "inconclusive": perf["reason"] if passed and unsure else None,
+        "failures": [{key: f[key] for key in ("name", "rule", "reason")} for f in failed],
+    }

@@ -57,10 +57,10 @@ def reference(a: torch.Tensor, b: torch.Tensor, dist: str, dtype: torch.dtype, b
             c_ref = a.float() @ b.float()
         finally:
             torch.backends.cuda.matmul.allow_tf32 = prev
-        return {"c_ref": c_ref, "tol": base * math.sqrt(k / ref_k), "rule": f"{base}*sqrt(K/{ref_k})",
-                "vendor": vendor}
+        return {"c_ref": c_ref, "tol": base * math.sqrt(k / ref_k), "rule": f"{base}*sqrt(K/{ref_k})", "vendor": vendor}
     c64 = gemm_ref(a, b)
     torch_err = (vendor.double() - c64).abs().max().item() if c64.numel() else 0.0
-    ulp = 2.0 ** (math.floor(math.log2(max(c64.abs().max().item() if c64.numel() else 0.0, 1e-30)))
-                  - mantissa_bits(dtype))
+    ulp = 2.0 ** (
+        math.floor(math.log2(max(c64.abs().max().item() if c64.numel() else 0.0, 1e-30))) - mantissa_bits(dtype)
+    )
     return {"c_ref": c64, "tol": 2 * torch_err + ulp, "rule": "2*err(torch.mm)+1ulp", "vendor": vendor}

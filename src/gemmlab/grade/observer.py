@@ -56,8 +56,10 @@ POLICY = {
         "CUTLASS": r"cutlass",
         "cuBLAS (nvjet)": r"nvjet",
         "cuBLAS/cuDNN (xmma)": r"xmma",
-        "cuBLAS": (r"cublas|(?:maxwell|pascal|volta|turing|ampere|hopper|blackwell)_\w*?gemm|gemv2[NT]|gemvNSP|gemvx"
-                   r"|gemmk1|gemmSN|splitKreduce|(?<![A-Za-z])dot_kernel|reduce_1Block_kernel"),
+        "cuBLAS": (
+            r"cublas|(?:maxwell|pascal|volta|turing|ampere|hopper|blackwell)_\w*?gemm|gemv2[NT]|gemvNSP|gemvx"
+            r"|gemmk1|gemmSN|splitKreduce|(?<![A-Za-z])dot_kernel|reduce_1Block_kernel"
+        ),
         "cuDNN": r"cudnn",
         "cuTENSOR": r"cutensor",
         "flash attention": r"flash|fmha",
@@ -128,8 +130,11 @@ def triton_names(files) -> set[str]:
             raise
         except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):  # MemoryError: the parser's stack
             continue
-        names |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-                  and any(_jit(d) for d in n.decorator_list)}
+        names |= {
+            n.name
+            for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and any(_jit(d) for d in n.decorator_list)
+        }
     return names
 
 
@@ -182,15 +187,22 @@ def assess(epoch, calls: int, triton: set[str]) -> tuple[list[str], list[str], l
     if not problems:
         records = t.get("kernels", 0) + t.get("memcpy", 0) + t.get("memset", 0)
         if records < calls:
-            problems.append(f"{records} kernel or copy records for {calls} call{'s' * (calls != 1)} that produced "
-                            "outputs: the kernel observer was switched off or bypassed")
+            problems.append(
+                f"{records} kernel or copy records for {calls} call{'s' * (calls != 1)} that produced "
+                "outputs: the kernel observer was switched off or bypassed"
+            )
         if t.get("unmatched", 0):
-            problems.append(f"{t['unmatched']} CUDA graph launch(es) ran nothing the kernel observer saw: its "
-                            "activity tracing was switched off around them")
+            problems.append(
+                f"{t['unmatched']} CUDA graph launch(es) ran nothing the kernel observer saw: its "
+                "activity tracing was switched off around them"
+            )
         lost = {k: t.get(k, 0) for k in ("dropped", "names_lost", "pending_lost", "buffers_lost") if t.get(k, 0)}
         if lost:
-            problems.append("the kernel observer lost records (" + ", ".join(f"{k} {v}" for k, v in lost.items())
-                            + "): some kernels went unseen")
+            problems.append(
+                "the kernel observer lost records ("
+                + ", ".join(f"{k} {v}" for k, v in lost.items())
+                + "): some kernels went unseen"
+            )
         if t.get("callbacks", 0) != 1:
             problems.append("the kernel observer's launch callbacks were switched off")
     return vendor, problems, unknown
@@ -201,13 +213,21 @@ def hello_problems(hello: dict | None) -> list[str]:
     if hello is None:
         return []
     bad = [k for k in ("register", "kernel", "memcpy", "memset", "subscribe", "callbacks") if hello.get(k, -1) != 0]
-    return [f"CUPTI refused the kernel observer ({', '.join(f'{k}={hello.get(k)}' for k in bad)}; lib "
-            f"{hello.get('lib') or '?'}): another CUPTI client came first, or no usable libcupti"] if bad else []
+    return (
+        [
+            f"CUPTI refused the kernel observer ({', '.join(f'{k}={hello.get(k)}' for k in bad)}; lib "
+            f"{hello.get('lib') or '?'}): another CUPTI client came first, or no usable libcupti"
+        ]
+        if bad
+        else []
+    )
 
 
-CPU_WORDS = ("not enforceable on the CPU (torch's CPU BLAS is linked into libtorch_cpu: there is no library call to "
-             "interpose and no kernel to observe; the profiler's names come from the candidate's own process and are "
-             "advisory)")
+CPU_WORDS = (
+    "not enforceable on the CPU (torch's CPU BLAS is linked into libtorch_cpu: there is no library call to "
+    "interpose and no kernel to observe; the profiler's names come from the candidate's own process and are "
+    "advisory)"
+)
 
 
 class Watch:
@@ -249,12 +269,17 @@ class Watch:
                 self.observer = f"not active ({type(e).__name__}: {e})"
         for who, env in self.envs.items():
             if libs:
-                env["LD_PRELOAD"] = ":".join([*libs, *([os.environ["LD_PRELOAD"]] if os.environ.get("LD_PRELOAD")
-                                                       else [])])
+                env["LD_PRELOAD"] = ":".join(
+                    [*libs, *([os.environ["LD_PRELOAD"]] if os.environ.get("LD_PRELOAD") else [])]
+                )
             if self.guard.startswith("active"):
-                env.update(GEMMLAB_VENDOR_POLICY="log", GEMMLAB_VENDOR_LOG=f"{log_dir}/{who}.vendor.log",
-                           GEMMLAB_VENDOR_COUNTS=f"{log_dir}/{who}.vendor.counts", GEMMLAB_VENDOR_LOG_FD="",
-                           GEMMLAB_VENDOR_TOKEN=self.token)
+                env.update(
+                    GEMMLAB_VENDOR_POLICY="log",
+                    GEMMLAB_VENDOR_LOG=f"{log_dir}/{who}.vendor.log",
+                    GEMMLAB_VENDOR_COUNTS=f"{log_dir}/{who}.vendor.counts",
+                    GEMMLAB_VENDOR_LOG_FD="",
+                    GEMMLAB_VENDOR_TOKEN=self.token,
+                )
             if who in self.channels:
                 env.update(self.channels[who].env(libs[-1], cupti.cupti_library()))
 
@@ -307,29 +332,51 @@ class Watch:
         unknown = sum(c == "unknown" for c, _, _ in self.kernels.values())
         advisory = f" ({unknown} kernel name(s) of no known family, advisory: listed in the report)" if unknown else ""
         if kernel and guard:
-            return ("enforced: every kernel of the candidate's process (CUPTI injection) and every cuBLAS/cuBLASLt/"
-                    f"cuDNN call (LD_PRELOAD){advisory}")
+            return (
+                "enforced: every kernel of the candidate's process (CUPTI injection) and every cuBLAS/cuBLASLt/"
+                f"cuDNN call (LD_PRELOAD){advisory}"
+            )
         if kernel:
-            return (f"enforced: every kernel of the candidate's process (CUPTI injection); vendor_guard {self.guard}"
-                    f"{advisory}")
+            return (
+                f"enforced: every kernel of the candidate's process (CUPTI injection); vendor_guard {self.guard}"
+                f"{advisory}"
+            )
         if guard:
-            return (f"partial: cuBLAS/cuBLASLt/cuDNN calls only (LD_PRELOAD); no kernel observer, {self.observer}: "
-                    "CUTLASS and other vendor kernels go unseen")
+            return (
+                f"partial: cuBLAS/cuBLASLt/cuDNN calls only (LD_PRELOAD); no kernel observer, {self.observer}: "
+                "CUTLASS and other vendor kernels go unseen"
+            )
         return f"not enforced (kernel observer {self.observer}; vendor_guard {self.guard}): the profiler's names only"
 
     def summary(self) -> dict:
         """For the report: the words, each observer's state, every kernel the candidate ran with its category."""
-        return {"words": self.words(), "vendor_guard": self.guard, "kernel_observer": self.observer,
-                "kernels": [{"name": n[:300], "category": c, "family": f, "ran": r}
-                            for n, (c, f, r) in sorted(self.kernels.items())],
-                "unknown_kernels": sorted(n[:300] for n, (c, _, _) in self.kernels.items() if c == "unknown"),
-                "refused_cupti_calls": self.refused, "other_connections": self.strangers,
-                "triton_names_known": len(self.triton)}
+        return {
+            "words": self.words(),
+            "vendor_guard": self.guard,
+            "kernel_observer": self.observer,
+            "kernels": [
+                {"name": n[:300], "category": c, "family": f, "ran": r} for n, (c, f, r) in sorted(self.kernels.items())
+            ],
+            "unknown_kernels": sorted(n[:300] for n, (c, _, _) in self.kernels.items() if c == "unknown"),
+            "refused_cupti_calls": self.refused,
+            "other_connections": self.strangers,
+            "triton_names_known": len(self.triton),
+        }
 
     def close(self) -> None:
         for ch in self.channels.values():
             ch.close()
 
 
-__all__ = ["CPU_WORDS", "POLICY", "Watch", "assess", "classify", "compiled_by_triton", "hello_problems", "source_files",
-           "triton_cache", "triton_names"]
+__all__ = [
+    "CPU_WORDS",
+    "POLICY",
+    "Watch",
+    "assess",
+    "classify",
+    "compiled_by_triton",
+    "hello_problems",
+    "source_files",
+    "triton_cache",
+    "triton_names",
+]

@@ -52,7 +52,6 @@ Both sides alike: the same environment (the observer library), one profiled call
 warm-up by time, every batch prepared the same way and woken right before its window, every order in each kind.
 """
 
-
 from __future__ import annotations
 
 import math
@@ -110,7 +109,7 @@ class Timing:
         self.budget_s = BUDGET_S[dt] if budget_s is None else budget_s
         self.secret = secrets.SystemRandom()
         self.slots = Slots(ctx, case, plan, self.secret)
-        self.fixed_ms = (case.flops / (ctx.baseline_gflops * 1e9) * 1e3 if ctx.baseline_gflops else None)
+        self.fixed_ms = case.flops / (ctx.baseline_gflops * 1e9) * 1e3 if ctx.baseline_gflops else None
         self.cand, self.base = Side("candidate"), Side("baseline")
         self.advisory: list[float] = []
         self.records: list[dict] = []  # one per round: kind, candidate ms, baseline ms
@@ -145,7 +144,7 @@ class Timing:
     def one_round(self, r: int, kind: str) -> None:
         """Round r: both sides, the candidate first in even rounds; the candidate's batch verified."""
         ms, adv = {}, {}
-        for who in (("cand", "base") if r % 2 == 0 else ("base", "cand")):
+        for who in ("cand", "base") if r % 2 == 0 else ("base", "cand"):
             if who == "base":
                 if self.fixed_ms is None:
                     w = self.slots.batch(self.ctx.base, self.base, kind)
@@ -156,8 +155,15 @@ class Timing:
             ms["cand"], adv["cand"] = w.ms, advisory_ms(w.reply, self.n)
             if kind == self.op.timed_kind:
                 self.advisory.append(adv["cand"])
-        self.records.append({"kind": kind, "cand_ms": ms["cand"], "base_ms": ms.get("base", self.fixed_ms),
-                             "cand_advisory_ms": adv["cand"], "base_advisory_ms": adv.get("base", self.fixed_ms)})
+        self.records.append(
+            {
+                "kind": kind,
+                "cand_ms": ms["cand"],
+                "base_ms": ms.get("base", self.fixed_ms),
+                "cand_advisory_ms": adv["cand"],
+                "base_advisory_ms": adv.get("base", self.fixed_ms),
+            }
+        )
 
     def summaries(self) -> tuple[dict | None, dict | None]:
         """(the ratio on the case's inputs, the ratio of that to the ratio on full-mantissa inputs)."""
@@ -192,28 +198,40 @@ class Timing:
         else:
             base_ms = statistics.median(r["base_ms"] for r in self.records if r["kind"] == self.op.timed_kind)
             if overhead > MAX_OVERHEAD * base_ms:
-                return (f"the protocol's own cost, {overhead:.3g} ms a call, is {overhead / base_ms:.1%} of a "
-                        f"baseline call (over {MAX_OVERHEAD:.0%}): the ratio would measure the protocol")
+                return (
+                    f"the protocol's own cost, {overhead:.3g} ms a call, is {overhead / base_ms:.1%} of a "
+                    f"baseline call (over {MAX_OVERHEAD:.0%}): the ratio would measure the protocol"
+                )
         if honest["half_width"] > TARGET_HALF_WIDTH:
             lo, hi = honest["ci95"]
-            return (f"the ratio's 95% interval [{lo:.3f}, {hi:.3f}] is +-{honest['half_width']:.1%} after "
-                    f"{honest['rounds']} rounds, wider than +-{TARGET_HALF_WIDTH:.0%}")
+            return (
+                f"the ratio's 95% interval [{lo:.3f}, {hi:.3f}] is +-{honest['half_width']:.1%} after "
+                f"{honest['rounds']} rounds, wider than +-{TARGET_HALF_WIDTH:.0%}"
+            )
         if value is not None and not rules.value_dependence_decided(value, self.dev.type):
             ci = value["ci98"]
-            return ("the speed on full-mantissa inputs against the case's is undecided ("
-                    + (f"98% interval [{ci[0]:.3f}, {ci[1]:.3f}])" if ci else "too few rounds)"))
+            return "the speed on full-mantissa inputs against the case's is undecided (" + (
+                f"98% interval [{ci[0]:.3f}, {ci[1]:.3f}])" if ci else "too few rounds)"
+            )
         return None
 
     def precise(self, honest: dict | None, value: dict | None) -> bool:
         """The ratio within ``TARGET_HALF_WIDTH`` and the two kinds' comparison decided: no more rounds needed."""
-        return (honest is not None and honest["ci95"] is not None
-                and honest["half_width"] <= TARGET_HALF_WIDTH and self.value_decided(value))
+        return (
+            honest is not None
+            and honest["ci95"] is not None
+            and honest["half_width"] <= TARGET_HALF_WIDTH
+            and self.value_decided(value)
+        )
 
     def value_decided(self, value: dict | None) -> bool:
         """The two kinds' comparison decided by the grader's clock, or failed by the workers' own."""
         adv = self.value_by_advisory()
-        return (value is None or rules.value_dependence_decided(value, self.dev.type)
-                or (adv is not None and rules.depends_on_values(adv, self.dev.type)))
+        return (
+            value is None
+            or rules.value_dependence_decided(value, self.dev.type)
+            or (adv is not None and rules.depends_on_values(adv, self.dev.type))
+        )
 
     def time_rounds(self, overhead: float) -> str | None:
         """Step 5: blocks of rounds until precise, or until the rounds or the budget are spent (or the protocol's
@@ -243,8 +261,9 @@ class Timing:
         if self.fixed_ms is not None or rules.BASELINE_SLACK.get(self.dev.type) is None:
             return None
         main = sum(r["kind"] == self.op.timed_kind for r in self.records)
-        return statistics.median(self.slots.batch(self.ctx.base, None, self.op.timed_kind).ms
-                                 for _ in range(max(2, main // 4)))
+        return statistics.median(
+            self.slots.batch(self.ctx.base, None, self.op.timed_kind).ms for _ in range(max(2, main // 4))
+        )
 
     def run(self, clocks: ClockSampler) -> dict:
         """Steps 1-5 (the candidate closed after them by the caller's ``close``); the evidence and the numbers."""
@@ -258,18 +277,29 @@ class Timing:
         honest, value = self.summaries()
         main = [r for r in self.records if r["kind"] == self.op.timed_kind]
         counts = self.slots.counts
-        out = {"honest": honest, "value_dependence": value, "value_dependence_advisory": self.value_by_advisory(),
-               "inconclusive": why, "protocol_overhead_ms": overhead,
-               "median_ms": statistics.median(r["cand_ms"] for r in main), "rounds": len(self.records),
-               "rounds_full_mantissa": len(self.records) - len(main), "full_mantissa_kind": self.op.full_kind,
-               "calls_per_batch": self.n, "late_calls_per_batch": self.slots.late_calls,
-               "samples_checked": self.slots.checked, "held_retries": self.slots.held_retries,
-               "advisory_median_ms": statistics.median(self.advisory), "per_round": self.records,
-               "rounding": {who: dict(zip(Rounding.__dataclass_fields__, c, strict=True))
-                            for who, c in counts.items()} if counts["candidate"][0] else None,
-               "clocks_by_side": {s.name: clocks.summary(s.windows) for s in (self.cand, self.base) if s.windows},
-               "wake_ms_by_side": {s.name: statistics.median(s.wake_ms) for s in (self.cand, self.base) if s.wake_ms},
-               "late_ms_by_side": {s.name: statistics.median(s.late_ms) for s in (self.cand, self.base) if s.late_ms}}
+        out = {
+            "honest": honest,
+            "value_dependence": value,
+            "value_dependence_advisory": self.value_by_advisory(),
+            "inconclusive": why,
+            "protocol_overhead_ms": overhead,
+            "median_ms": statistics.median(r["cand_ms"] for r in main),
+            "rounds": len(self.records),
+            "rounds_full_mantissa": len(self.records) - len(main),
+            "full_mantissa_kind": self.op.full_kind,
+            "calls_per_batch": self.n,
+            "late_calls_per_batch": self.slots.late_calls,
+            "samples_checked": self.slots.checked,
+            "held_retries": self.slots.held_retries,
+            "advisory_median_ms": statistics.median(self.advisory),
+            "per_round": self.records,
+            "rounding": {who: dict(zip(Rounding.__dataclass_fields__, c, strict=True)) for who, c in counts.items()}
+            if counts["candidate"][0]
+            else None,
+            "clocks_by_side": {s.name: clocks.summary(s.windows) for s in (self.cand, self.base) if s.windows},
+            "wake_ms_by_side": {s.name: statistics.median(s.wake_ms) for s in (self.cand, self.base) if s.wake_ms},
+            "late_ms_by_side": {s.name: statistics.median(s.late_ms) for s in (self.cand, self.base) if s.late_ms},
+        }
         if self.fixed_ms is None:
             out["baseline_ms"] = statistics.median(r["base_ms"] for r in main)
             gaps = [r["base_ms"] - r["base_advisory_ms"] for r in main if math.isfinite(r["base_advisory_ms"])]

@@ -39,10 +39,10 @@ MIN_EXPONENT = {torch.float16: -14, torch.bfloat16: -126}  # smallest normal exp
 
 @dataclass(frozen=True)
 class Rounding:
-    elements: int     # sampled elements compared
-    judged: int       # of them, those with |exact| >= floor (judged on correct rounding)
+    elements: int  # sampled elements compared
+    judged: int  # of them, those with |exact| >= floor (judged on correct rounding)
     not_rounded: int  # not the exact sum rounded to nearest even (of ``judged``)
-    beyond: int       # more than one ulp from the exact sum (of ``elements``)
+    beyond: int  # more than one ulp from the exact sum (of ``elements``)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -100,12 +100,15 @@ def measure(out: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype) -> Round
     if exact.numel() == 0:
         return Rounding(0, 0, 0, 0)
     got = out.to(exact.device, torch.float64)
-    floor = max(exact.square().mean().sqrt().item() * 2.0 ** -SMALL_BITS, torch.finfo(dtype).smallest_normal)
+    floor = max(exact.square().mean().sqrt().item() * 2.0**-SMALL_BITS, torch.finfo(dtype).smallest_normal)
     judged = exact.abs() >= floor
     unit = spacing(exact.abs().clamp_min(floor), dtype)
-    return Rounding(elements=exact.numel(), judged=int(judged.sum()),
-                    not_rounded=int(((got != round_to(exact, dtype)) & judged).sum()),
-                    beyond=int(((got - exact).abs() > unit).sum()))
+    return Rounding(
+        elements=exact.numel(),
+        judged=int(judged.sum()),
+        not_rounded=int(((got != round_to(exact, dtype)) & judged).sum()),
+        beyond=int(((got - exact).abs() > unit).sum()),
+    )
 
 
 def limit(vendor_count: int) -> int:
@@ -115,21 +118,28 @@ def limit(vendor_count: int) -> int:
 
 def judge(cand: Rounding, vendor: Rounding) -> str | None:
     """Why the candidate's arithmetic is not an honest fp32-accumulated GEMM's, or None."""
-    for what, c, v, of in (("are not correctly rounded", cand.not_rounded, vendor.not_rounded, cand.judged),
-                           ("are more than one ulp off", cand.beyond, vendor.beyond, cand.elements)):
+    for what, c, v, of in (
+        ("are not correctly rounded", cand.not_rounded, vendor.not_rounded, cand.judged),
+        ("are more than one ulp off", cand.beyond, vendor.beyond, cand.elements),
+    ):
         if c > limit(v):
-            return (f"{c} of {of} sampled outputs ({c / max(of, 1):.1%}) {what} against the exact sum, the vendor's "
-                    f"GEMM on the same inputs {v} ({v / max(of, 1):.2%}), at most {limit(v)} allowed: not "
-                    "the product of the inputs as given with fp32 accumulation and one rounding (quantized "
-                    "inputs, lower-precision accumulation, or another product)")
+            return (
+                f"{c} of {of} sampled outputs ({c / max(of, 1):.1%}) {what} against the exact sum, the vendor's "
+                f"GEMM on the same inputs {v} ({v / max(of, 1):.2%}), at most {limit(v)} allowed: not "
+                "the product of the inputs as given with fp32 accumulation and one rounding (quantized "
+                "inputs, lower-precision accumulation, or another product)"
+            )
     return None
 
 
-def check(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, vendor: torch.Tensor,
-          gen: torch.Generator) -> tuple[Rounding, Rounding]:
+def check(
+    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, vendor: torch.Tensor, gen: torch.Generator
+) -> tuple[Rounding, Rounding]:
     """(candidate's counts, vendor's counts) on one sample: ``out`` and ``vendor`` are (M, N) in the dtype."""
     rows, cols = sample(out.shape[0], out.shape[1], gen)
     exact = exact_product(a, b, rows, cols)
     dev_rows, dev_cols = rows.to(out.device), cols.to(out.device)
-    return (measure(out[dev_rows][:, dev_cols], exact, out.dtype),
-            measure(vendor[dev_rows][:, dev_cols], exact, out.dtype))
+    return (
+        measure(out[dev_rows][:, dev_cols], exact, out.dtype),
+        measure(vendor[dev_rows][:, dev_cols], exact, out.dtype),
+    )

@@ -20,9 +20,24 @@ from dataclasses import dataclass, field
 import torch
 
 VENDOR_KERNEL = re.compile(r"cublas|cutlass|xmma|nvjet|gemv|gemmk|ampere_|volta_|turing_|cudnn", re.IGNORECASE)
-VENDOR_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::mv", "aten::addmv",
-              "aten::dot", "aten::matmul", "aten::linear", "aten::_scaled_mm", "aten::_grouped_mm",
-              "aten::_int_mm", "aten::_addmm_activation", "aten::einsum", "aten::tensordot"}
+VENDOR_OPS = {
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::addbmm",
+    "aten::mv",
+    "aten::addmv",
+    "aten::dot",
+    "aten::matmul",
+    "aten::linear",
+    "aten::_scaled_mm",
+    "aten::_grouped_mm",
+    "aten::_int_mm",
+    "aten::_addmm_activation",
+    "aten::einsum",
+    "aten::tensordot",
+}
 BASELINE_SLACK = {"cuda": 0.10, "cpu": None}  # interleaved baseline may be this much slower than solo
 # An honest GEMM's time does not depend on the values it multiplies; the power they draw moves both sides alike
 # (benchmarks/grade_gap.py measures it), which the ratio cancels. The comparison is judged on a 98% interval (1%
@@ -36,6 +51,7 @@ VALUE_LEVEL = 0.98
 # the one compared (the power drawn by each kind is cancelled there by the interleaved baseline, as measured).
 ADVISORY_VALUE = {"cuda": False, "cpu": True}
 
+
 @dataclass
 class Rule:
     name: str
@@ -46,8 +62,7 @@ def vendor(kernels, ops, preload_calls=()) -> list[str]:
     """Vendor GEMMs seen: kernel names and aten ops the child's profiler reported (advisory), and what the
     observers outside the candidate's Python recorded (``grade/observer.py``: cuBLAS / cuBLASLt / cuDNN calls,
     vendor kernels by name, an observer silenced or bypassed)."""
-    return ([k for k in kernels if VENDOR_KERNEL.search(k)] + [o for o in ops if o in VENDOR_OPS]
-            + list(preload_calls))
+    return [k for k in kernels if VENDOR_KERNEL.search(k)] + [o for o in ops if o in VENDOR_OPS] + list(preload_calls)
 
 
 # ------------------------------------------------------------------------------------------- trials
@@ -55,11 +70,11 @@ def vendor(kernels, ops, preload_calls=()) -> list[str]:
 
 @dataclass
 class Trial:
-    reply: dict                   # the child's (advisory) report of the call
-    out: torch.Tensor             # the output buffer as the grader reads it, logical view
-    inputs_changed: bool          # shared inputs differ from the grader's private copies
-    prev: torch.Tensor | None     # the previous trial's output (new inputs since)
-    check: Callable               # () -> op.Checked, against the grader's private inputs
+    reply: dict  # the child's (advisory) report of the call
+    out: torch.Tensor  # the output buffer as the grader reads it, logical view
+    inputs_changed: bool  # shared inputs differ from the grader's private copies
+    prev: torch.Tensor | None  # the previous trial's output (new inputs since)
+    check: Callable  # () -> op.Checked, against the grader's private inputs
     allow_vendor: bool
     kind: str
     preload_calls: list = field(default_factory=list)  # the outside observers' findings so far
@@ -105,10 +120,15 @@ def honest_arithmetic(t: Trial):
         return f"{t.kind} inputs: {why}"
 
 
-TRIAL_RULES = [Rule("vendor", no_vendor_blas), Rule("output", output),
-               Rule("poison-freshness", inputs_unchanged), Rule("poison-freshness", finite),
-               Rule("poison-freshness", fresh), Rule("correctness", correct),
-               Rule("honest-arithmetic", honest_arithmetic)]
+TRIAL_RULES = [
+    Rule("vendor", no_vendor_blas),
+    Rule("output", output),
+    Rule("poison-freshness", inputs_unchanged),
+    Rule("poison-freshness", finite),
+    Rule("poison-freshness", fresh),
+    Rule("correctness", correct),
+    Rule("honest-arithmetic", honest_arithmetic),
+]
 
 
 # ------------------------------------------------------------------------------------------ batches
@@ -116,17 +136,17 @@ TRIAL_RULES = [Rule("vendor", no_vendor_blas), Rule("output", output),
 
 @dataclass
 class Batch:
-    index: int                    # which candidate batch of the run
+    index: int  # which candidate batch of the run
     reply: dict
-    changed: list[int]            # calls whose shared inputs differ from the private copies
-    incomplete: list[int]         # calls whose output, sampled when the batch ended, differs from it now
+    changed: list[int]  # calls whose shared inputs differ from the private copies
+    incomplete: list[int]  # calls whose output, sampled when the batch ended, differs from it now
     wrong: list[tuple[int, str]]  # verified calls that are wrong, with why
     verified: int
     unwritten: list[int] = field(default_factory=list)  # calls whose sampled output holds NaN/Inf (every call)
     repeated: list[tuple[int, int]] = field(default_factory=list)  # calls whose samples equal an earlier call's
     dishonest: list[tuple[int, str]] = field(default_factory=list)  # verified calls that do not round honestly
     ahead: list[int] = field(default_factory=list)  # calls whose output was written before the call was made
-    late: list[int] = field(default_factory=list)   # calls whose inputs were written after the call before returned
+    late: list[int] = field(default_factory=list)  # calls whose inputs were written after the call before returned
 
 
 def batch_output(b: Batch):
@@ -135,36 +155,46 @@ def batch_output(b: Batch):
 
 def batch_inputs_unchanged(b: Batch):
     if b.changed:
-        return (f"modified the inputs of {len(b.changed)} timed call(s) (batch {b.index}, first call "
-                f"{b.changed[0]}): they differ from the grader's saved copies")
+        return (
+            f"modified the inputs of {len(b.changed)} timed call(s) (batch {b.index}, first call "
+            f"{b.changed[0]}): they differ from the grader's saved copies"
+        )
 
 
 def complete_when_timed(b: Batch):
     if b.incomplete:
-        return (f"the outputs of {len(b.incomplete)} call(s) (batch {b.index}, first call {b.incomplete[0]}) "
-                "were not all written when the batch's time was taken: work continued after the answer")
+        return (
+            f"the outputs of {len(b.incomplete)} call(s) (batch {b.index}, first call {b.incomplete[0]}) "
+            "were not all written when the batch's time was taken: work continued after the answer"
+        )
 
 
 def sampled_outputs_written(b: Batch):
     """Checked on every call, verified or not (MoE verifies two a batch): its sample is finite."""
     if b.unwritten:
-        return (f"the outputs of {len(b.unwritten)} timed call(s) (batch {b.index}, first call {b.unwritten[0]}) "
-                "were not written: NaN or Inf where the sample was read")
+        return (
+            f"the outputs of {len(b.unwritten)} timed call(s) (batch {b.index}, first call {b.unwritten[0]}) "
+            "were not written: NaN or Inf where the sample was read"
+        )
 
 
 def sampled_outputs_fresh(b: Batch):
     """Every call has inputs no other call had: two calls whose samples agree returned one answer twice."""
     if b.repeated:
         i, j = b.repeated[0]
-        return (f"timed calls {i} and {j} of batch {b.index} returned the same values on new inputs: a stale "
-                "or copied result")
+        return (
+            f"timed calls {i} and {j} of batch {b.index} returned the same values on new inputs: a stale "
+            "or copied result"
+        )
 
 
 def no_output_before_its_call(b: Batch):
     """Read at every late call: the outputs of the calls not yet made must still hold the grader's NaN poison."""
     if b.ahead:
-        return (f"the outputs of {len(b.ahead)} timed call(s) (batch {b.index}, first call {b.ahead[0]}) were "
-                "written before those calls were made: one call computed others' results ahead of them")
+        return (
+            f"the outputs of {len(b.ahead)} timed call(s) (batch {b.index}, first call {b.ahead[0]}) were "
+            "written before those calls were made: one call computed others' results ahead of them"
+        )
 
 
 def timed_outputs_correct(b: Batch):
@@ -173,8 +203,14 @@ def timed_outputs_correct(b: Batch):
     if b.wrong:
         late = [w for w in b.wrong if w[0] in b.late]
         i, why = (late or b.wrong)[0]
-        ahead = (f"; its inputs were written only after call {i - 1} returned (an output computed ahead of the "
-                 "call had other inputs)") if late else ""
+        ahead = (
+            (
+                f"; its inputs were written only after call {i - 1} returned (an output computed ahead of the "
+                "call had other inputs)"
+            )
+            if late
+            else ""
+        )
         return f"an output produced while timing (batch {b.index}, call {i}) is wrong: {why}{ahead}"
 
 
@@ -183,11 +219,16 @@ def timed_arithmetic_honest(b: Batch):
         return f"a call timed in batch {b.index} is not an honest GEMM: {b.dishonest[0][1]}"
 
 
-BATCH_RULES = [Rule("output", batch_output), Rule("poison-freshness", batch_inputs_unchanged),
-               Rule("timed-outputs", complete_when_timed), Rule("timed-outputs", sampled_outputs_written),
-               Rule("timed-outputs", sampled_outputs_fresh), Rule("timed-outputs", no_output_before_its_call),
-               Rule("timed-outputs", timed_outputs_correct),
-               Rule("honest-arithmetic", timed_arithmetic_honest)]
+BATCH_RULES = [
+    Rule("output", batch_output),
+    Rule("poison-freshness", batch_inputs_unchanged),
+    Rule("timed-outputs", complete_when_timed),
+    Rule("timed-outputs", sampled_outputs_written),
+    Rule("timed-outputs", sampled_outputs_fresh),
+    Rule("timed-outputs", no_output_before_its_call),
+    Rule("timed-outputs", timed_outputs_correct),
+    Rule("honest-arithmetic", timed_arithmetic_honest),
+]
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -195,17 +236,17 @@ BATCH_RULES = [Rule("output", batch_output), Rule("poison-freshness", batch_inpu
 
 @dataclass(kw_only=True)
 class Run:
-    wall_ms: float                # grader's clock, median per call
-    advisory_ms: float            # the child's own clock, median per call (advisory)
-    overhead_ms: float            # protocol overhead per call (empty candidate)
+    wall_ms: float  # grader's clock, median per call
+    advisory_ms: float  # the child's own clock, median per call (advisory)
+    overhead_ms: float  # protocol overhead per call (empty candidate)
     tflops: float
     peak: float | None
     device: str
-    baseline_ms: float | None     # interleaved
+    baseline_ms: float | None  # interleaved
     baseline_solo_ms: float | None  # after every candidate process was gone
     kernels: set
     ops: set
-    preload_calls: list           # the outside observers' findings (grade/observer.py)
+    preload_calls: list  # the outside observers' findings (grade/observer.py)
     allow_vendor: bool
     timed_path: str | None
     seen_paths: set
@@ -223,16 +264,20 @@ def advisory_clock_agrees(r: Run):
     if not math.isfinite(r.advisory_ms) or r.advisory_ms < 0:
         return f"the candidate's process reported a time of {r.advisory_ms}"
     if r.advisory_ms > 1.05 * r.wall_ms + 0.05:
-        return (f"the candidate's clock says {r.advisory_ms:.4g} ms a call, more than the {r.wall_ms:.4g} ms "
-                "the grader measured around it: a broken or faked clock")
+        return (
+            f"the candidate's clock says {r.advisory_ms:.4g} ms a call, more than the {r.wall_ms:.4g} ms "
+            "the grader measured around it: a broken or faked clock"
+        )
     # ms a call: on a loaded CPU each of a batch's wake-ups and replies can wait a scheduling period, and the two
     # sides' gaps can differ by that much (tests/grade/test_grade_arith.py has a measured case)
     noise = 0.05 if r.device == "cuda" else 10.0
     cost = max(r.overhead_ms, r.baseline_gap_ms or 0.0)
     if r.advisory_ms < 0.5 * r.wall_ms and r.wall_ms - r.advisory_ms > 4 * cost + noise:
-        return (f"the candidate's clock says {r.advisory_ms:.4g} ms a call, the grader measured "
-                f"{r.wall_ms:.4g} ms (protocol cost {cost:.3g} ms a call): work outside the timed stream, "
-                "or a faked clock")
+        return (
+            f"the candidate's clock says {r.advisory_ms:.4g} ms a call, the grader measured "
+            f"{r.wall_ms:.4g} ms (protocol cost {cost:.3g} ms a call): work outside the timed stream, "
+            "or a faked clock"
+        )
 
 
 def possible_rate(r: Run):
@@ -250,9 +295,11 @@ def baseline_undisturbed(r: Run):
     if r.baseline_solo_ms < 20 * r.overhead_ms:
         return None
     if r.baseline_ms > (1 + slack) * r.baseline_solo_ms:
-        return (f"the baseline ran {r.baseline_ms / r.baseline_solo_ms - 1:.1%} slower while the candidate's "
-                f"processes were alive ({r.baseline_ms:.4g} ms) than after they were gone "
-                f"({r.baseline_solo_ms:.4g} ms): the candidate slowed the baseline down")
+        return (
+            f"the baseline ran {r.baseline_ms / r.baseline_solo_ms - 1:.1%} slower while the candidate's "
+            f"processes were alive ({r.baseline_ms:.4g} ms) than after they were gone "
+            f"({r.baseline_solo_ms:.4g} ms): the candidate slowed the baseline down"
+        )
 
 
 def timed_no_vendor_blas(r: Run):
@@ -285,18 +332,27 @@ def speed_independent_of_values(r: Run):
     """The candidate against the baseline on the case's inputs, over the same on full-mantissa inputs: a kernel
     with a fast path for the case's distribution (and an honest one for the rest) is faster on the first. By the
     grader's clock, and where ``ADVISORY_VALUE`` says so by the workers' own (which can only fail a grade)."""
-    for clock, v in (("the grader's clock", r.value_dependence), ("the workers' own clocks",
-                                                                   r.value_dependence_advisory)):
+    for clock, v in (
+        ("the grader's clock", r.value_dependence),
+        ("the workers' own clocks", r.value_dependence_advisory),
+    ):
         if depends_on_values(v, r.device):
             lo, hi = v["ci98"]
-            return (f"its speed depends on the input values: against the baseline it is {v['ratio']:.3f}x as fast "
-                    f"on the case's inputs as on full-mantissa ones by {clock} (98% interval [{lo:.3f}, {hi:.3f}], "
-                    f"over {v['rounds']} and {v['parent_rounds']} rounds): a fast path for the timed distribution")
+            return (
+                f"its speed depends on the input values: against the baseline it is {v['ratio']:.3f}x as fast "
+                f"on the case's inputs as on full-mantissa ones by {clock} (98% interval [{lo:.3f}, {hi:.3f}], "
+                f"over {v['rounds']} and {v['parent_rounds']} rounds): a fast path for the timed distribution"
+            )
 
 
-RUN_RULES = [Rule("honest-timing", possible_rate), Rule("honest-timing", advisory_clock_agrees),
-             Rule("honest-timing", baseline_undisturbed), Rule("honest-inputs", speed_independent_of_values),
-             Rule("vendor", timed_no_vendor_blas), Rule("dispatch-coverage", dispatch_coverage)]
+RUN_RULES = [
+    Rule("honest-timing", possible_rate),
+    Rule("honest-timing", advisory_clock_agrees),
+    Rule("honest-timing", baseline_undisturbed),
+    Rule("honest-inputs", speed_independent_of_values),
+    Rule("vendor", timed_no_vendor_blas),
+    Rule("dispatch-coverage", dispatch_coverage),
+]
 
 
 def first_failure(rules: list[Rule], evidence) -> tuple[str, str] | None:

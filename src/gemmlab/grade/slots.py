@@ -55,13 +55,14 @@ class Failed(Exception):
 @dataclass(frozen=True)
 class Context:
     """What the protocol needs of the grader, handed to it (it never reaches back)."""
+
     op: Op
     device: torch.device
     cand: Sandbox
     base: Sandbox
-    observe: Callable             # (box, calls, batch=) -> kernel names the observer saw (grader.observe)
-    progress: Callable            # (message) -> None
-    heat_s: float                 # seconds of the grader's own GEMM load before every batch (0: none)
+    observe: Callable  # (box, calls, batch=) -> kernel names the observer saw (grader.observe)
+    progress: Callable  # (message) -> None
+    heat_s: float  # seconds of the grader's own GEMM load before every batch (0: none)
     baseline_gflops: float | None = None  # a fixed baseline (a number, not a measurement); None: the live one
     full_score_ratio: float = 1.0
 
@@ -69,19 +70,20 @@ class Context:
 @dataclass
 class Draw:
     """What ``prepare`` drew for one batch: which output elements are sampled, the segments, the late splices."""
-    idx: torch.Tensor             # (sampled,) output elements read when the batch ends
-    segments: list[list[int]]     # the calls of each "run" request, in order
+
+    idx: torch.Tensor  # (sampled,) output elements read when the batch ends
+    segments: list[list[int]]  # the calls of each "run" request, in order
     late: dict = field(default_factory=dict)  # call -> (index tensors, values as ``bits``) for its first input
 
 
 @dataclass
 class Window:
-    ms: float                 # per call, the grader's clock
-    reply: dict               # the segments' replies, merged
-    sample: torch.Tensor      # (N, sampled) outputs as read when the batch ended
-    idx: torch.Tensor         # (sampled,) which elements
+    ms: float  # per call, the grader's clock
+    reply: dict  # the segments' replies, merged
+    sample: torch.Tensor  # (N, sampled) outputs as read when the batch ended
+    idx: torch.Tensor  # (sampled,) which elements
     ahead: list[int] = field(default_factory=list)  # calls whose output was written before the call was made
-    late: list[int] = field(default_factory=list)   # calls whose inputs were written after the previous returned
+    late: list[int] = field(default_factory=list)  # calls whose inputs were written after the previous returned
 
 
 @dataclass
@@ -144,12 +146,17 @@ def segments(n: int, late: list[int]) -> list[list[int]]:
 def merged(replies: list[dict]) -> dict:
     """One reply for a batch run as several requests: the times concatenated, the first problem, the held and
     loop times summed (None where a segment reported none)."""
+
     def total(key):
         vals = [r.get(key) for r in replies]
         return None if any(v is None for v in vals) else sum(vals)
-    return {"ms": [t for r in replies for t in r.get("ms", [])],
-            "problem": next((r["problem"] for r in replies if r.get("problem")), None),
-            "held_ms": total("held_ms"), "loop_ms": total("loop_ms")}
+
+    return {
+        "ms": [t for r in replies for t in r.get("ms", [])],
+        "problem": next((r["problem"] for r in replies if r.get("problem")), None),
+        "held_ms": total("held_ms"),
+        "loop_ms": total("loop_ms"),
+    }
 
 
 class Slots:
@@ -176,8 +183,10 @@ class Slots:
         op, first = self.op, self.op.fresh(self.case, self.kind, 0, self.dev, self.keep)
         with own_memory(self.dev):
             shared_fixed = {j: self.keep[j].clone() for j in op.fixed}
-            self.slot_in = [tuple(shared_fixed[j] if j in op.fixed else torch.empty_like(x) for j, x in
-                                  enumerate(first)) for _ in range(self.n)]
+            self.slot_in = [
+                tuple(shared_fixed[j] if j in op.fixed else torch.empty_like(x) for j, x in enumerate(first))
+                for _ in range(self.n)
+            ]
             self.outs = torch.full((self.n, op.out_numel(self.case)), float("nan"), dtype=op.dtype, device=self.dev)
         slots = [(self.slot_in[i], self.outs[i]) for i in range(self.n)]
         self.flusher = l2_flush_buffer(self.dev) if self.dev.type == "cuda" else None
@@ -238,7 +247,7 @@ class Slots:
             for k, seg in enumerate(draw.segments):
                 if k:  # after the call before returned (the worker synced and answered): write the late inputs
                     tl = time.perf_counter()
-                    ahead.append((seg[0], self.outs[seg[0]:, draw.idx[:AHEAD_SAMPLED]].clone()))
+                    ahead.append((seg[0], self.outs[seg[0] :, draw.idx[:AHEAD_SAMPLED]].clone()))
                     pos, values = draw.late[seg[0]]
                     bits(self.slot_in[seg[0]][0])[pos] = values
                     sync(self.dev)
@@ -262,8 +271,9 @@ class Slots:
             side.windows.append((t0, t1))
             side.wake_ms.append((woken - t0) * 1e3)
             side.late_ms.append(late_s * 1e3)
-        early = sorted({first + r for first, snap in ahead for r in (~torch.isnan(snap)).any(dim=1).nonzero()
-                        .flatten().tolist()})
+        early = sorted(
+            {first + r for first, snap in ahead for r in (~torch.isnan(snap)).any(dim=1).nonzero().flatten().tolist()}
+        )
         return Window((t1 - t0) * 1e3 / self.n, reply, sample, draw.idx, early, sorted(draw.late))
 
     def batch(self, box: Sandbox, side: Side | None, kind: str, fn: str = "kernel") -> Window:
@@ -284,23 +294,37 @@ class Slots:
         verified (for MoE besides the secret ``op.verify_per_batch``)."""
         op, n = self.op, self.n
         changed, checks = [], {}
-        which = set(range(n)) if op.verify_per_batch is None else (
-            set(self.secret.sample(range(n), min(n, op.verify_per_batch))) | set(w.late))
+        which = (
+            set(range(n))
+            if op.verify_per_batch is None
+            else (set(self.secret.sample(range(n), min(n, op.verify_per_batch))) | set(w.late))
+        )
         for i in range(n):
             mine = self.private(i)
-            if not all(torch.equal(s, x) for j, (s, x) in enumerate(zip(self.slot_in[i], mine, strict=True))
-                       if j not in op.fixed or i == 0):
+            if not all(
+                torch.equal(s, x)
+                for j, (s, x) in enumerate(zip(self.slot_in[i], mine, strict=True))
+                if j not in op.fixed or i == 0
+            ):
                 changed.append(i)
             if i in which:
                 checks[i] = self.check_call(i, mine)
         final = self.outs[:, w.idx]
         same = ((w.sample == final) | (torch.isnan(w.sample) & torch.isnan(final))).all(dim=1)
         unwritten = (~torch.isfinite(w.sample).all(dim=1)).nonzero().flatten().tolist()
-        evidence = rules.Batch(index=index, reply=w.reply, changed=changed,
-                               incomplete=(~same).nonzero().flatten().tolist(),
-                               wrong=[(i, c[0]) for i, c in checks.items() if c[0]], verified=len(which),
-                               unwritten=unwritten, repeated=repeated_samples(w.sample, set(unwritten)),
-                               dishonest=[(i, c[1]) for i, c in checks.items() if c[1]], ahead=w.ahead, late=w.late)
+        evidence = rules.Batch(
+            index=index,
+            reply=w.reply,
+            changed=changed,
+            incomplete=(~same).nonzero().flatten().tolist(),
+            wrong=[(i, c[0]) for i, c in checks.items() if c[0]],
+            verified=len(which),
+            unwritten=unwritten,
+            repeated=repeated_samples(w.sample, set(unwritten)),
+            dishonest=[(i, c[1]) for i, c in checks.items() if c[1]],
+            ahead=w.ahead,
+            late=w.late,
+        )
         failed = rules.first_failure(rules.BATCH_RULES, evidence)
         if failed:
             raise Failed(*failed)

@@ -72,8 +72,10 @@ def coverage(report: dict) -> tuple[list[str], list[str], dict]:
 
 def summary_line(report: dict) -> str:
     s, perf = report["score"], report["performance"]
-    line = (f"official score {s['total']:.1f}/{s['max']:.0f} (correctness {s['correctness']:.1f}, "
-            f"performance {s['performance']:.1f})")
+    line = (
+        f"official score {s['total']:.1f}/{s['max']:.0f} (correctness {s['correctness']:.1f}, "
+        f"performance {s['performance']:.1f})"
+    )
     secret = report.get("secret_trials")
     if secret and secret["ran"]:  # on inputs no seed predicts (grader.check): the counts only, never the seeds
         line += f"; secret trials {secret['passed']}/{secret['ran']} passed"
@@ -88,13 +90,21 @@ def summary_line(report: dict) -> str:
             line += f" at {clk:.0f} MHz"
         if perf.get("calls_per_batch"):
             over = perf["protocol_overhead_ms"]
-            share = f"{over / perf['baseline_ms']:.1%} of a baseline call" if perf.get("baseline_ms") \
+            share = (
+                f"{over / perf['baseline_ms']:.1%} of a baseline call"
+                if perf.get("baseline_ms")
                 else f"{over / perf['median_ms']:.1%} of a call"
-            line += (f"; grader's clock, {perf['calls_per_batch']} calls a batch, protocol overhead {over:.3g} ms a "
-                     f"call ({share}), the worker's own clock said {perf['advisory_median_ms']:.4g} ms")
+            )
+            line += (
+                f"; grader's clock, {perf['calls_per_batch']} calls a batch, protocol overhead {over:.3g} ms a "
+                f"call ({share}), the worker's own clock said {perf['advisory_median_ms']:.4g} ms"
+            )
     if perf is None and report.get("performance_shape") is None:
-        why = ("no timed case: in Triton's CPU interpreter a kernel's time means nothing" if report.get("device") ==
-               "cpu" else "the case file has no performance case")
+        why = (
+            "no timed case: in Triton's CPU interpreter a kernel's time means nothing"
+            if report.get("device") == "cpu"
+            else "the case file has no performance case"
+        )
         line += f"; performance: not graded ({why}), so the score is the correctness points alone"
     if report.get("vendor_check"):
         line += f"; vendor check: {report['vendor_check']}"
@@ -105,26 +115,56 @@ def summary_line(report: dict) -> str:
 
 def tables(report: dict) -> list[Table]:
     """Correctness per case, the performance case, the dispatch coverage matrix; the verdict under the last."""
-    t = Table(_text(f"gemmlab grade: {report['cases_name']} ({report['layout']}, {report['dtype']}) — "
-                    f"kernel {report['kernel']} on {report['env'].get('gpu') or report['device']}"),
-              ("case", report.get("dims", "M x N x K"), "status", "max |err|", "tolerance", "path / kernels",
-               "reason"))
+    t = Table(
+        _text(
+            f"gemmlab grade: {report['cases_name']} ({report['layout']}, {report['dtype']}) — "
+            f"kernel {report['kernel']} on {report['env'].get('gpu') or report['device']}"
+        ),
+        ("case", report.get("dims", "M x N x K"), "status", "max |err|", "tolerance", "path / kernels", "reason"),
+    )
     for c in report["correctness"]:
-        t.rows.append([_text(c["name"]), _shape(c["shape"]), _status(c["status"]),
-                       _fmt(c["max_abs_err"]), _fmt(c["tolerance"]), _text(", ".join(c["paths"] + c["kernels"][:2])),
-                       _text((f"[{c['rule']}] " if c["rule"] else "") + c["reason"])])
+        t.rows.append(
+            [
+                _text(c["name"]),
+                _shape(c["shape"]),
+                _status(c["status"]),
+                _fmt(c["max_abs_err"]),
+                _fmt(c["tolerance"]),
+                _text(", ".join(c["paths"] + c["kernels"][:2])),
+                _text((f"[{c['rule']}] " if c["rule"] else "") + c["reason"]),
+            ]
+        )
     out = [t]
     perf = report["performance"]
     if perf:
-        p = Table("performance (the grader's clock around batches of calls, interleaved with the baseline, "
-                  "L2 flushed, fresh inputs every call)",
-                  ("case", report.get("dims", "M x N x K"), "status", "median ms", "TFLOPS", "baseline TFLOPS",
-                   "ratio", "SM MHz", "reason"))
-        p.rows.append([_text(perf["name"]), _shape(perf["shape"]), _status(perf["status"]),
-                       _fmt(perf.get("median_ms"), ".4g"), _fmt(perf.get("tflops"), ".1f"),
-                       _fmt(perf.get("baseline_tflops"), ".1f"), _fmt(perf.get("ratio"), ".3f"),
-                       _fmt(perf.get("clocks", {}).get("sm_clock_mhz_mean"), ".0f"),
-                       _text((f"[{perf['rule']}] " if perf["rule"] else "") + perf["reason"])])
+        p = Table(
+            "performance (the grader's clock around batches of calls, interleaved with the baseline, "
+            "L2 flushed, fresh inputs every call)",
+            (
+                "case",
+                report.get("dims", "M x N x K"),
+                "status",
+                "median ms",
+                "TFLOPS",
+                "baseline TFLOPS",
+                "ratio",
+                "SM MHz",
+                "reason",
+            ),
+        )
+        p.rows.append(
+            [
+                _text(perf["name"]),
+                _shape(perf["shape"]),
+                _status(perf["status"]),
+                _fmt(perf.get("median_ms"), ".4g"),
+                _fmt(perf.get("tflops"), ".1f"),
+                _fmt(perf.get("baseline_tflops"), ".1f"),
+                _fmt(perf.get("ratio"), ".3f"),
+                _fmt(perf.get("clocks", {}).get("sm_clock_mhz_mean"), ".0f"),
+                _text((f"[{perf['rule']}] " if perf["rule"] else "") + perf["reason"]),
+            ]
+        )
         out.append(p)
     rows, cols, cells = coverage(report)
     if rows:
@@ -132,11 +172,15 @@ def tables(report: dict) -> list[Table]:
         m.rows = [[_text(r[:60]), *("x" if cells.get((r, c)) else "" for c in cols)] for r in rows]
         out.append(m)
     if report["listed_correctness_passed"] and report["verdict"] == "FAIL":
-        out[-1].notes.append("[yellow]The listed correctness cases all passed (what the original grader checked); "
-                             "a rule beyond them failed.")
+        out[-1].notes.append(
+            "[yellow]The listed correctness cases all passed (what the original grader checked); "
+            "a rule beyond them failed."
+        )
     elif report["verdict"] == "INCONCLUSIVE":
-        out[-1].notes.append("[yellow]Every case and rule passed; the timing could not be scored (the performance "
-                             "row says why), so the performance points are not given.")
+        out[-1].notes.append(
+            "[yellow]Every case and rule passed; the timing could not be scored (the performance "
+            "row says why), so the performance points are not given."
+        )
     out[-1].notes.append(_text(summary_line(report)))
     return out
 
@@ -151,40 +195,77 @@ def long_rows(report: dict) -> list[dict]:
     for c in report["correctness"]:
         x = _shape(c["shape"])
         for metric in ("max_abs_err", "tolerance"):
-            out.append(long_row(kernel, report["kernel"], metric, "abs", "shape", x, c[metric], mode="correctness",
-                                case=c["name"], status=c["status"]))
+            out.append(
+                long_row(
+                    kernel,
+                    report["kernel"],
+                    metric,
+                    "abs",
+                    "shape",
+                    x,
+                    c[metric],
+                    mode="correctness",
+                    case=c["name"],
+                    status=c["status"],
+                )
+            )
     perf = report["performance"]
     if perf and "median_ms" in perf:
         x = _shape(perf["shape"])
-        for key, metric, unit in (("median_ms", "time", "ms"), ("tflops", "tflops", "TFLOPS"),
-                                  ("baseline_tflops", "baseline_tflops", "TFLOPS"), ("ratio", "ratio", "x")):
-            out.append(long_row(kernel, report["kernel"], metric, unit, "shape", x, perf.get(key),
-                                mode="performance", case=perf["name"],
-                                status=perf["status"], baseline=perf.get("baseline")))
+        for key, metric, unit in (
+            ("median_ms", "time", "ms"),
+            ("tflops", "tflops", "TFLOPS"),
+            ("baseline_tflops", "baseline_tflops", "TFLOPS"),
+            ("ratio", "ratio", "x"),
+        ):
+            out.append(
+                long_row(
+                    kernel,
+                    report["kernel"],
+                    metric,
+                    unit,
+                    "shape",
+                    x,
+                    perf.get(key),
+                    mode="performance",
+                    case=perf["name"],
+                    status=perf["status"],
+                    baseline=perf.get("baseline"),
+                )
+            )
     return out
 
 
 def markdown(report: dict) -> str:
     """report.md: every string that is not the grader's own (case and kernel names, reasons quoting the candidate,
     the environment) through ``_md``, so no text of the candidate's adds a line, a row, a cell or a comment."""
-    lines = [f"# gemmlab grade: {_md(report['cases_name'])}", "",
-             f"kernel {_md(report['kernel'])} ({_md(report['signature'])}), {report['dtype']} {report['layout']}, "
-             f"{_md(report['env'].get('gpu') or report['device'])}, {_md(report['env']['date'])}, "
-             f"{_md(provenance.label(report['env']))}",
-             "", "| case | M x N x K | status | max abs err | tolerance | paths / kernels | reason |",
-             "|---|---|---|---:|---:|---|---|"]
+    lines = [
+        f"# gemmlab grade: {_md(report['cases_name'])}",
+        "",
+        f"kernel {_md(report['kernel'])} ({_md(report['signature'])}), {report['dtype']} {report['layout']}, "
+        f"{_md(report['env'].get('gpu') or report['device'])}, {_md(report['env']['date'])}, "
+        f"{_md(provenance.label(report['env']))}",
+        "",
+        "| case | M x N x K | status | max abs err | tolerance | paths / kernels | reason |",
+        "|---|---|---|---:|---:|---|---|",
+    ]
     for c in report["correctness"]:
-        lines.append(f"| {_md(c['name'])} | {_shape(c['shape'])} | {_md(c['status'])} | {_fmt(c['max_abs_err'])} | "
-                     f"{_fmt(c['tolerance'])} | {_md(', '.join(c['paths'] + c['kernels'][:2]))} | "
-                     f"{_md(c['reason'])} |")
+        lines.append(
+            f"| {_md(c['name'])} | {_shape(c['shape'])} | {_md(c['status'])} | {_fmt(c['max_abs_err'])} | "
+            f"{_fmt(c['tolerance'])} | {_md(', '.join(c['paths'] + c['kernels'][:2]))} | "
+            f"{_md(c['reason'])} |"
+        )
     perf = report["performance"]
     if perf:
-        lines += ["", "| perf case | M x N x K | status | median ms | TFLOPS | baseline TFLOPS | ratio | reason |",
-                  "|---|---|---|---:|---:|---:|---:|---|",
-                  f"| {_md(perf['name'])} | {_shape(perf['shape'])} | {_md(perf['status'])} | "
-                  f"{_fmt(perf.get('median_ms'), '.4g')} | {_fmt(perf.get('tflops'), '.1f')} | "
-                  f"{_fmt(perf.get('baseline_tflops'), '.1f')} | "
-                  f"{_fmt(perf.get('ratio'), '.3f')} | {_md(perf['reason'])} |"]
+        lines += [
+            "",
+            "| perf case | M x N x K | status | median ms | TFLOPS | baseline TFLOPS | ratio | reason |",
+            "|---|---|---|---:|---:|---:|---:|---|",
+            f"| {_md(perf['name'])} | {_shape(perf['shape'])} | {_md(perf['status'])} | "
+            f"{_fmt(perf.get('median_ms'), '.4g')} | {_fmt(perf.get('tflops'), '.1f')} | "
+            f"{_fmt(perf.get('baseline_tflops'), '.1f')} | "
+            f"{_fmt(perf.get('ratio'), '.3f')} | {_md(perf['reason'])} |",
+        ]
     lines += ["", _md(summary_line(report)), ""]
     lines += [_md(isolation_line(report)), ""] if isolation_line(report) else []
     return "\n".join(lines)
@@ -220,9 +301,14 @@ def write(report: dict, out_dir: str) -> list[Path]:
     first removes whatever stands at the three names (``clear``: placed there during the grade, such as a forged
     PASS report.md beside a FIFO at report.json), so that no report outlives the refusal."""
     try:
-        return output.write_files(out_dir, {"report.json": json.dumps(report, indent=1, default=str),
-                                            "report.md": markdown(report),
-                                            "report.csv": output.csv_text(report, long_rows(report))})
+        return output.write_files(
+            out_dir,
+            {
+                "report.json": json.dumps(report, indent=1, default=str),
+                "report.md": markdown(report),
+                "report.csv": output.csv_text(report, long_rows(report)),
+            },
+        )
     except output.ReportPathError:
         try:
             clear(out_dir)

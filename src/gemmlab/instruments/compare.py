@@ -42,11 +42,24 @@ def _poison(out: object) -> bool:
     return False
 
 
-def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | None = None,
-                 flops: float | None = None, dtype: str = "float16", inputs: dict[str, torch.Tensor] | None = None,
-                 rounds: int = 10, reps: int = 5, warmup_s: float = 1.0, warmup_calls: int = 1,
-                 graph: bool = False, mode: str = "interleaved", device: torch.device | str | None = None,
-                 profile: dict | None = None, clock: str = "events") -> dict:
+def compare_many(
+    fns: dict[str, timing.Fn],
+    baseline: str,
+    *,
+    check: Check | None = None,
+    flops: float | None = None,
+    dtype: str = "float16",
+    inputs: dict[str, torch.Tensor] | None = None,
+    rounds: int = 10,
+    reps: int = 5,
+    warmup_s: float = 1.0,
+    warmup_calls: int = 1,
+    graph: bool = False,
+    mode: str = "interleaved",
+    device: torch.device | str | None = None,
+    profile: dict | None = None,
+    clock: str = "events",
+) -> dict:
     """Verify, then time ``fns`` interleaved (or ``mode="back-to-back"``, the naive way, for contrast).
     ``clock``: "events" (device time of each call) or "wall" (host clock from call to result, interleaved
     mode only: ``timing.time_calls_wall``).
@@ -76,12 +89,22 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
     windows: timing.Windows = {}
     with timing.ClockSampler(device.index or 0) as sampler:  # 2. time
         if mode == "interleaved":
-            times = timing.interleave(timed, rounds, reps, warmup_s, graph=graph, device=device, windows=windows,
-                                      warmup_calls=warmup_calls, clock=clock)
+            times = timing.interleave(
+                timed,
+                rounds,
+                reps,
+                warmup_s,
+                graph=graph,
+                device=device,
+                windows=windows,
+                warmup_calls=warmup_calls,
+                clock=clock,
+            )
         else:
             timed_fns = {name: timing.as_graph(fn) for name, fn in timed.items()} if graph else timed
-            times = timing.back_to_back(timed_fns, rounds, reps, warmup_s, device=device, windows=windows,
-                                        warmup_calls=warmup_calls)
+            times = timing.back_to_back(
+                timed_fns, rounds, reps, warmup_s, device=device, windows=windows, warmup_calls=warmup_calls
+            )
     arch, sms = _device_facts(device)
     # the probe's attainable FLOP/clock/SM, when the caller handed in this GPU's recorded profile
     measured_rate = ((profile or {}).get("mma_peak") or {}).get("flop_per_clock_per_sm")
@@ -97,16 +120,27 @@ def compare_many(fns: dict[str, timing.Fn], baseline: str, *, check: Check | Non
         if name != baseline:
             s["vs_baseline"] = stats.ratio_summary(times[name], times[baseline])
         res[name].update(s)
-    return {"candidates": res, "baseline": baseline, "mode": mode, "graph": graph, "timed": True,
-            "rounds": rounds, "reps": reps, "warmup_s": warmup_s, "warmup_calls": warmup_calls,
-            "clocks": sampler.summary(all_windows, min_samples=1),  # the timed batches, not the warm-up
-            "clock": clock, "timer": ("host clock, call to result, L2 flushed" if clock == "wall" else
-                                      "CUDA events, L2 flushed") if device.type == "cuda" else
-            "host clock (CPU): not a GPU measurement"}
+    return {
+        "candidates": res,
+        "baseline": baseline,
+        "mode": mode,
+        "graph": graph,
+        "timed": True,
+        "rounds": rounds,
+        "reps": reps,
+        "warmup_s": warmup_s,
+        "warmup_calls": warmup_calls,
+        "clocks": sampler.summary(all_windows, min_samples=1),  # the timed batches, not the warm-up
+        "clock": clock,
+        "timer": ("host clock, call to result, L2 flushed" if clock == "wall" else "CUDA events, L2 flushed")
+        if device.type == "cuda"
+        else "host clock (CPU): not a GPU measurement",
+    }
 
 
-def _verify(fns: dict[str, timing.Fn], check: Check | None, device: torch.device
-            ) -> tuple[dict[str, dict], dict[str, torch.Tensor]]:
+def _verify(
+    fns: dict[str, timing.Fn], check: Check | None, device: torch.device
+) -> tuple[dict[str, dict], dict[str, torch.Tensor]]:
     """Step 1: each candidate called and checked once; an output written in place is poisoned, written again
     and checked again (then poisoned for the timed calls). -> ({name: {"check"}}, {name: poisoned output})."""
     res: dict[str, dict] = {name: {} for name in fns}
@@ -135,8 +169,10 @@ def _check_after(poisoned: torch.Tensor | None, fn: timing.Fn, check: Check | No
     try:
         out = poisoned if poisoned is not None else fn()
         timing.sync(device)
-        return {"check_after": check(out)["ok"] if check else True,
-                "checked_after": "last timed output" if poisoned is not None else "one more call"}
+        return {
+            "check_after": check(out)["ok"] if check else True,
+            "checked_after": "last timed output" if poisoned is not None else "one more call",
+        }
     except Exception as e:
         return {"check_after": False, "check_after_error": f"{type(e).__name__}: {e}"}
 
@@ -154,8 +190,9 @@ def outcome(c: dict) -> tuple[bool, str | None]:
     return True, c.get("skipped")
 
 
-def _rates(flops: float, median_ms: float, sm_mhz: float | None, sms: int | None, arch, dtype: str,
-           measured_rate: float | None) -> dict:
+def _rates(
+    flops: float, median_ms: float, sm_mhz: float | None, sms: int | None, arch, dtype: str, measured_rate: float | None
+) -> dict:
     """TFLOPS = flops / median time; the efficiency against the nominal tensor peak at the observed clock, and
     against the probe's measured rate when there is one."""
     out = {"tflops": flops / (median_ms * 1e-3) / 1e12}

@@ -69,8 +69,13 @@ def find_ncu() -> str | None:
     found = shutil.which("ncu")
     if found:
         return found
-    for pattern in ("/usr/local/cuda/bin/ncu", "/usr/local/cuda-*/bin/ncu", "/usr/local/cuda*/nsight-compute*/ncu",
-                    "/opt/nvidia/nsight-compute/*/ncu", "/usr/local/NVIDIA-Nsight-Compute*/ncu"):
+    for pattern in (
+        "/usr/local/cuda/bin/ncu",
+        "/usr/local/cuda-*/bin/ncu",
+        "/usr/local/cuda*/nsight-compute*/ncu",
+        "/opt/nvidia/nsight-compute/*/ncu",
+        "/usr/local/NVIDIA-Nsight-Compute*/ncu",
+    ):
         for path in sorted(glob.glob(pattern), reverse=True):
             if os.access(path, os.X_OK):
                 return path
@@ -86,8 +91,10 @@ def unavailable(cuda: bool | None = None, ncu: str | None = "find") -> str | Non
     if not cuda:
         return "gemmlab profile: no CUDA GPU here (Nsight Compute reads a GPU's counters)"
     if (find_ncu() if ncu == "find" else ncu) is None:
-        return ("gemmlab profile: Nsight Compute (ncu) not found: not on PATH, nor in /usr/local/cuda/bin; "
-                "set GEMMLAB_NCU=/path/to/ncu")
+        return (
+            "gemmlab profile: Nsight Compute (ncu) not found: not on PATH, nor in /usr/local/cuda/bin; "
+            "set GEMMLAB_NCU=/path/to/ncu"
+        )
     return None
 
 
@@ -134,8 +141,12 @@ def smi_clocks() -> dict | None:
     """GPU 0's SM clock (now and max), power and temperature from nvidia-smi; None without it."""
     fields = ("clocks.sm", "clocks.max.sm", "power.draw", "temperature.gpu")
     try:
-        r = subprocess.run(["nvidia-smi", "-i", "0", f"--query-gpu={','.join(fields)}",
-                            "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            ["nvidia-smi", "-i", "0", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     parts = [p.strip() for p in r.stdout.strip().split(",")]
@@ -161,8 +172,16 @@ def _missing_metrics(output: str, names: list[str]) -> list[str]:
     return [n for n in names if n in errors or re.search(rf"\b{re.escape(n.split('.')[0])}\b(?!\.)", errors)]
 
 
-def run_backend(ncu: str, backend: str, target_args: list[str], metrics: list[str], work: Path, stem: str,
-                clock_control: str, timeout: float) -> tuple[dict, str, list[str]]:
+def run_backend(
+    ncu: str,
+    backend: str,
+    target_args: list[str],
+    metrics: list[str],
+    work: Path,
+    stem: str,
+    clock_control: str,
+    timeout: float,
+) -> tuple[dict, str, list[str]]:
     """One ncu run of the target for ``backend``: (the target's result, the raw CSV, metrics dropped because
     ncu refused them). Keeps R.ncu-rep, the CSV, the ncu log and the target's JSON in ``work``."""
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
@@ -170,10 +189,30 @@ def run_backend(ncu: str, backend: str, target_args: list[str], metrics: list[st
     dropped: list[str] = []
     for _attempt in range(3):  # again only without the metrics ncu named as unknown
         result.unlink(missing_ok=True)
-        cmd = [ncu, "--target-processes", "all", "--profile-from-start", "off", "--cache-control", "all",
-               "--clock-control", clock_control, "--metrics", ",".join(metrics), "--export", str(rep),
-               "--force-overwrite", sys.executable, "-m", "gemmlab.instruments.ncu_target", "--backend", backend,
-               "--result", str(result), *target_args]
+        cmd = [
+            ncu,
+            "--target-processes",
+            "all",
+            "--profile-from-start",
+            "off",
+            "--cache-control",
+            "all",
+            "--clock-control",
+            clock_control,
+            "--metrics",
+            ",".join(metrics),
+            "--export",
+            str(rep),
+            "--force-overwrite",
+            sys.executable,
+            "-m",
+            "gemmlab.instruments.ncu_target",
+            "--backend",
+            backend,
+            "--result",
+            str(result),
+            *target_args,
+        ]
         r = _run(cmd, timeout, env)
         (work / f"{stem}-{backend}.ncu.log").write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
         missing = _missing_metrics(r.stdout + r.stderr, metrics)
@@ -183,14 +222,19 @@ def run_backend(ncu: str, backend: str, target_args: list[str], metrics: list[st
         metrics = [x for x in metrics if x not in missing]
     out = r.stdout + r.stderr
     if "ERR_NVGPUCTRPERM" in out:
-        raise ProfileError("ncu: no permission to read the GPU's counters (ERR_NVGPUCTRPERM): run as root or "
-                           "allow profiling for all users (NVreg_RestrictProfilingToAdminUsers=0)", code=2)
+        raise ProfileError(
+            "ncu: no permission to read the GPU's counters (ERR_NVGPUCTRPERM): run as root or "
+            "allow profiling for all users (NVreg_RestrictProfilingToAdminUsers=0)",
+            code=2,
+        )
     if not result.exists():
         raise ProfileError(f"the {backend} target did not finish under ncu (rc {r.returncode}): {_ncu_error(out)}")
     target = json.loads(result.read_text())
     if not target["check"]["ok"]:
-        raise ProfileError(f"{backend}'s output is wrong at this shape (worst error / allowed "
-                           f"{target['check']['worst']:.3g}): a wrong kernel is not worth profiling")
+        raise ProfileError(
+            f"{backend}'s output is wrong at this shape (worst error / allowed "
+            f"{target['check']['worst']:.3g}): a wrong kernel is not worth profiling"
+        )
     if not Path(f"{rep}.ncu-rep").exists():
         raise ProfileError(f"ncu wrote no report for {backend} (rc {r.returncode}): {_ncu_error(out)}")
     imp = _run([ncu, "--import", f"{rep}.ncu-rep", "--csv", "--page", "raw", "--print-units", "base"], timeout)
@@ -207,9 +251,20 @@ def stem(m: int, n: int, k: int, dtype: str, layout: str, entry: int | None = No
     return f"profile-{m}x{n}x{k}-{dtype}-{layout}" + (f"-e{entry}" if entry is not None else "")
 
 
-def profile(m: int, n: int, k: int, dtype: str = "float16", layout: str = "row", config: dict | None = None,
-            baseline: str = "cublas", clock_control: str = "none", output_dir: str | None = None,
-            seed: int = 0, entry: int | None = None, timeout: float = 600.0) -> dict:
+def profile(
+    m: int,
+    n: int,
+    k: int,
+    dtype: str = "float16",
+    layout: str = "row",
+    config: dict | None = None,
+    baseline: str = "cublas",
+    clock_control: str = "none",
+    output_dir: str | None = None,
+    seed: int = 0,
+    entry: int | None = None,
+    timeout: float = 600.0,
+) -> dict:
     """Profile one verified call of gemmlab (``config`` pinned, else its plan's) and of ``baseline`` at
     C (M, N) = A (M, K) @ B; returns the profile (``FORMAT``) and, with ``output_dir``, writes it as
     ``stem(...).json`` beside the ncu reports, their CSVs and logs. Raises ProfileError."""
@@ -228,26 +283,46 @@ def profile(m: int, n: int, k: int, dtype: str = "float16", layout: str = "row",
         if keep:  # the query's lines about these metrics (the whole list is megabytes), to check names by
             bases = {x.ncu.split(".")[0] for x in METRICS} | {"stalled", "tensor"}
             lines = listing.splitlines()
-            (keep / "ncu-query-metrics.txt").write_text("\n".join(lines[:6] + [x for x in lines[6:] if any(
-                b in x for b in bases)]) + "\n")
+            (keep / "ncu-query-metrics.txt").write_text(
+                "\n".join(lines[:6] + [x for x in lines[6:] if any(b in x for b in bases)]) + "\n"
+            )
         metrics, lacking = requested(available)
         target_args = ["--shape", f"{m},{n},{k}", "--dtype", dtype, "--layout", layout, "--seed", str(seed)]
         if config:
             target_args += ["--config", json.dumps(config)]
-        prof = {"kind": "ncu-profile", "format": FORMAT, "shape": [m, n, k], "dtype": dtype, "layout": layout,
-                "config": config, "ledger_entry": entry, "seed": seed, "env": env_info(),
-                "ncu": {"path": ncu, "version": ncu_version(ncu), "clock_control": clock_control,
-                        "cache_control": "all", "replay": "kernel", "metrics": metrics},
-                "metrics": [asdict(x) for x in METRICS], "unavailable": lacking, "backends": {}}
+        prof = {
+            "kind": "ncu-profile",
+            "format": FORMAT,
+            "shape": [m, n, k],
+            "dtype": dtype,
+            "layout": layout,
+            "config": config,
+            "ledger_entry": entry,
+            "seed": seed,
+            "env": env_info(),
+            "ncu": {
+                "path": ncu,
+                "version": ncu_version(ncu),
+                "clock_control": clock_control,
+                "cache_control": "all",
+                "replay": "kernel",
+                "metrics": metrics,
+            },
+            "metrics": [asdict(x) for x in METRICS],
+            "unavailable": lacking,
+            "backends": {},
+        }
         for backend in ["gemmlab"] + ([baseline] if baseline != "none" else []):
             before = smi_clocks()
-            target, text, dropped = run_backend(ncu, backend, target_args, metrics, work, name, clock_control,
-                                                timeout)
+            target, text, dropped = run_backend(ncu, backend, target_args, metrics, work, name, clock_control, timeout)
             prof["unavailable"] += [d for d in dropped if d not in prof["unavailable"]]
             metrics = [x for x in metrics if x not in dropped]
-            prof["backends"][backend] = {**target, **backend_profile(text, m, n, k),
-                                         "clocks": {"before": before, "after": smi_clocks()},
-                                         "report": f"{name}-{backend}.ncu-rep" if keep else None}
+            prof["backends"][backend] = {
+                **target,
+                **backend_profile(text, m, n, k),
+                "clocks": {"before": before, "after": smi_clocks()},
+                "report": f"{name}-{backend}.ncu-rep" if keep else None,
+            }
         g, c = prof["backends"]["gemmlab"]["total"], prof["backends"].get(baseline, {}).get("total")
         gd, cd = g["values"].get("duration"), (c or {}).get("values", {}).get("duration")
         prof["ratio_vs_baseline"] = cd / gd if gd and cd else None  # baseline time / gemmlab time, under ncu
@@ -260,8 +335,9 @@ def profile(m: int, n: int, k: int, dtype: str = "float16", layout: str = "row",
             shutil.rmtree(work, ignore_errors=True)
 
 
-def request(shape: str | None, dtype: str, layout: str, config: str | dict | None, baseline: str,
-            clock_control: str) -> dict:
+def request(
+    shape: str | None, dtype: str, layout: str, config: str | dict | None, baseline: str, clock_control: str
+) -> dict:
     """The CLI's arguments checked: {"m", "n", "k", "dtype", "layout", "config", "baseline", "clock_control"};
     ValueError (one line, naming the flag) for a bad one. ``config``: JSON text or a dict of GemmConfig
     fields, None for gemmlab's own plan."""
@@ -276,9 +352,12 @@ def request(shape: str | None, dtype: str, layout: str, config: str | dict | Non
         raise ValueError(f"--shape {shape!r}: {e}") from None
     if min(m, n, k) < 1:
         raise ValueError(f"--shape {shape!r}: every size must be >= 1 (an empty GEMM launches no kernel)")
-    for flag, value, allowed in (("--dtype", dtype, ("float16", "bfloat16")), ("--layout", layout, LAYOUTS),
-                                 ("--baseline", baseline, BASELINES), ("--clock-control", clock_control,
-                                                                       CLOCK_CONTROLS)):
+    for flag, value, allowed in (
+        ("--dtype", dtype, ("float16", "bfloat16")),
+        ("--layout", layout, LAYOUTS),
+        ("--baseline", baseline, BASELINES),
+        ("--clock-control", clock_control, CLOCK_CONTROLS),
+    ):
         if value not in allowed:
             raise ValueError(f"{flag} {value!r}: one of {', '.join(allowed)}")
     if isinstance(config, str):
@@ -288,10 +367,18 @@ def request(shape: str | None, dtype: str, layout: str, config: str | dict | Non
             raise ValueError(f"--config is not JSON ({e})") from None
     if config is not None:
         if not isinstance(config, dict):
-            raise ValueError("--config: a JSON object of GemmConfig fields, e.g. {\"block_m\": 128, \"block_n\": 256}")
+            raise ValueError('--config: a JSON object of GemmConfig fields, e.g. {"block_m": 128, "block_n": 256}')
         try:
             config = asdict(GemmConfig.from_dict(config))
         except (TypeError, ValueError) as e:
             raise ValueError(f"--config: {e}") from None
-    return {"m": m, "n": n, "k": k, "dtype": dtype, "layout": layout, "config": config, "baseline": baseline,
-            "clock_control": clock_control}
+    return {
+        "m": m,
+        "n": n,
+        "k": k,
+        "dtype": dtype,
+        "layout": layout,
+        "config": config,
+        "baseline": baseline,
+        "clock_control": clock_control,
+    }

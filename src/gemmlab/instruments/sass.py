@@ -34,13 +34,33 @@ if TYPE_CHECKING:
     from gemmlab.ops.moe import MoEConfig
 
 TENSOR_CORE_OPS = ("HGMMA", "HMMA", "QGMMA", "IMMA")
-WATCHED_OPS = TENSOR_CORE_OPS + ("FFMA", "UTMALDG", "UTMASTG", "UBLKCP", "LDGSTS", "LDG", "STG", "LDS", "STS",
-                                 "BAR", "SYNCS", "WARPGROUP", "LDL", "STL")
+WATCHED_OPS = TENSOR_CORE_OPS + (
+    "FFMA",
+    "UTMALDG",
+    "UTMASTG",
+    "UBLKCP",
+    "LDGSTS",
+    "LDG",
+    "STG",
+    "LDS",
+    "STS",
+    "BAR",
+    "SYNCS",
+    "WARPGROUP",
+    "LDL",
+    "STL",
+)
 
 
-
-def plan_for(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, layout: str = "NN",
-             target: Target = H200, packed: bool = False) -> Plan:
+def plan_for(
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype = torch.float16,
+    layout: str = "NN",
+    target: Target = H200,
+    packed: bool = False,
+) -> Plan:
     """The plan ``gemm`` makes on ``target`` for contiguous operands of this shape (A stored transposed if
     layout[0] == "T", B if layout[1] == "T"; ``packed``: B as ``pack_b`` stores it, K-major with rows
     padded to 16 bytes), without a GPU: operands are "meta" tensors."""
@@ -84,8 +104,7 @@ def signature(plan: Plan) -> dict[str, str]:
     a = [bm, bk] if plan.a_kmajor else [bk, bm]
     b = [bn, bk] if plan.b_kmajor else [bk, bn]
     c = f"tensordesc<{dt}[{bm}, {bn // 2 if cfg.epilogue_subtile else bn}]>" if plan.c_tma else f"*{dt}"
-    sig = {"a_desc": f"tensordesc<{dt}[{a[0]}, {a[1]}]>", "b_desc": f"tensordesc<{dt}[{b[0]}, {b[1]}]>",
-           "c": c}
+    sig = {"a_desc": f"tensordesc<{dt}[{a[0]}, {a[1]}]>", "b_desc": f"tensordesc<{dt}[{b[0]}, {b[1]}]>", "c": c}
     sig.update(ws_ptr="*fp32", count_ptr="*i32")
     sig.update(M="i32", N="i32", K="i32", stride_cm="i32")
     if plan.path == "tma_splitk":
@@ -117,8 +136,7 @@ def sass_text(cubin: bytes) -> tuple[str, str]:
         f.write(cubin)
         f.flush()
         sass = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-        res = subprocess.run([_cuobjdump(), "-res-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
+        res = subprocess.run([_cuobjdump(), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
     return sass, res
 
 
@@ -194,8 +212,16 @@ def report(plan: Plan, arch: int = 90) -> dict:
     return r
 
 
-def inspect_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, layout: str = "NN",
-                  packed: bool = False, target: Target | None = None, arch: int | None = None) -> dict:
+def inspect_shape(
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype = torch.float16,
+    layout: str = "NN",
+    packed: bool = False,
+    target: Target | None = None,
+    arch: int | None = None,
+) -> dict:
     """The compiler report of the kernel ``gemm`` launches for this shape on ``target`` (default: this
     process's GPU, or the H200 without one). Under the interpreter it runs in a child process."""
     _check_layout(layout)
@@ -203,15 +229,25 @@ def inspect_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, la
         raise ValueError(f"shape {m}x{n}x{k}: sizes must be >= 0")
     if os.environ.get("TRITON_INTERPRET") == "1":
         env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-        code = ("import json, sys, torch; from gemmlab.instruments.sass import inspect_shape; "
-                "a = json.loads(sys.argv[1]); a['dtype'] = getattr(torch, a['dtype']); "
-                "print(json.dumps(inspect_shape(**a)))")
-        args = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "layout": layout,
-                "packed": packed, "arch": arch}
+        code = (
+            "import json, sys, torch; from gemmlab.instruments.sass import inspect_shape; "
+            "a = json.loads(sys.argv[1]); a['dtype'] = getattr(torch, a['dtype']); "
+            "print(json.dumps(inspect_shape(**a)))"
+        )
+        args = {
+            "m": m,
+            "n": n,
+            "k": k,
+            "dtype": str(dtype).removeprefix("torch."),
+            "layout": layout,
+            "packed": packed,
+            "arch": arch,
+        }
         if target is not None:
             raise ValueError("inspect_shape: pass target only outside the interpreter")
-        p = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, env=env,
-                           timeout=600)
+        p = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, env=env, timeout=600
+        )
         if p.returncode != 0:
             raise RuntimeError(f"inspect child failed: {p.stderr[-2000:]}")
         return json.loads(p.stdout.strip().splitlines()[-1])
@@ -220,15 +256,36 @@ def inspect_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, la
     arch = arch or target.capability[0] * 10 + target.capability[1]
     p = plan_for(m, n, k, dtype, layout, target, packed)
     if p.path not in KERNELS:
-        return {"path": p.path, "reason": p.reason, "target": target.name, "kernel": None,
-                "flags": ["no kernel is launched for this shape"]}
-    return {"shape": [m, n, k], "dtype": str(dtype).removeprefix("torch."), "layout": layout, "packed_b": packed,
-            "target": target.name, **report(p, arch)}
+        return {
+            "path": p.path,
+            "reason": p.reason,
+            "target": target.name,
+            "kernel": None,
+            "flags": ["no kernel is launched for this shape"],
+        }
+    return {
+        "shape": [m, n, k],
+        "dtype": str(dtype).removeprefix("torch."),
+        "layout": layout,
+        "packed_b": packed,
+        "target": target.name,
+        **report(p, arch),
+    }
 
 
-def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bfloat16, a_tma: bool = True,
-               a_gather: bool = False, w_tma: bool = True, target: Target = H200, arch: int = 90,
-               config: MoEConfig | None = None, max_group: int = 0) -> dict:
+def moe_report(
+    mode: int,
+    rows: int,
+    experts: int,
+    dtype: torch.dtype = torch.bfloat16,
+    a_tma: bool = True,
+    a_gather: bool = False,
+    w_tma: bool = True,
+    target: Target = H200,
+    arch: int = 90,
+    config: MoEConfig | None = None,
+    max_group: int = 0,
+) -> dict:
     """Compiler report of ``moe_grouped_kernel`` as ``ops.moe`` configures it for ``rows`` routed rows
     over ``experts`` experts (mode 0 grouped, 1 gate/up + SiLU, 2 down + weight) on ``target``; ``config``
     instead of ``moe_config``'s choice (``max_group``: its bound on the largest group, as ``moe_forward`` passes
@@ -238,26 +295,68 @@ def moe_report(mode: int, rows: int, experts: int, dtype: torch.dtype = torch.bf
     from gemmlab.ops.introspect import epilogue_flags, launch_config, moe_config
     from gemmlab.ops.introspect import grouped_kernel as moe_grouped_kernel
 
-    cfg = launch_config(config or moe_config(target, rows, experts, mode, dtype.itemsize, dtype=dtype,
-                                             max_group=max_group), a_tma, a_gather, w_tma)
+    cfg = launch_config(
+        config or moe_config(target, rows, experts, mode, dtype.itemsize, dtype=dtype, max_group=max_group),
+        a_tma,
+        a_gather,
+        w_tma,
+    )
     warps, stages = cfg.num_warps, cfg.num_stages
     dt = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     clip, out_tma = epilogue_flags(cfg, a_tma, w_tma, True)
-    sig = {"a": f"tensordesc<{dt}[{bm}, {bk}]>" if a_tma and not clip else f"*{dt}", "a_rows": "*i32",
-           "w": f"tensordesc<{dt}[{bn}, {bk}]>" if w_tma else f"*{dt}", "out": f"*{dt}",
-           "out_desc": f"tensordesc<{dt}[{bm}, {bn // 2}]>" if out_tma else f"*{dt}", "scale": "*fp32",
-           "pre": f"*{dt}", "offsets": "*i32", "tile_offsets": "*i32", "N": "i32", "K": "i32", "E": "i32",
-           "stride_am": "i32", "stride_wn": "i32", "stride_om": "i32", "stride_pre": "i32"}
-    consts = dict(MODE=mode, A_TMA=a_tma, A_GATHER=a_gather, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma, SAVE_PRE=False,
-                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                  GROUP_M=cfg.group_m, NUM_PROGRAMS=target.num_sms * cfg.programs_per_sm,
-                  LOG2_E=max(1, (experts - 1).bit_length()) + 1, DOT_UPCAST=False)
+    sig = {
+        "a": f"tensordesc<{dt}[{bm}, {bk}]>" if a_tma and not clip else f"*{dt}",
+        "a_rows": "*i32",
+        "w": f"tensordesc<{dt}[{bn}, {bk}]>" if w_tma else f"*{dt}",
+        "out": f"*{dt}",
+        "out_desc": f"tensordesc<{dt}[{bm}, {bn // 2}]>" if out_tma else f"*{dt}",
+        "scale": "*fp32",
+        "pre": f"*{dt}",
+        "offsets": "*i32",
+        "tile_offsets": "*i32",
+        "N": "i32",
+        "K": "i32",
+        "E": "i32",
+        "stride_am": "i32",
+        "stride_wn": "i32",
+        "stride_om": "i32",
+        "stride_pre": "i32",
+    }
+    consts = dict(
+        MODE=mode,
+        A_TMA=a_tma,
+        A_GATHER=a_gather,
+        W_TMA=w_tma,
+        CLIP=clip,
+        OUT_TMA=out_tma,
+        SAVE_PRE=False,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=cfg.group_m,
+        NUM_PROGRAMS=target.num_sms * cfg.programs_per_sm,
+        LOG2_E=max(1, (experts - 1).bit_length()) + 1,
+        DOT_UPCAST=False,
+    )
     sig = {name: sig.get(name, "constexpr") for name in moe_grouped_kernel.arg_names}
-    kernel = triton.compile(ASTSource(moe_grouped_kernel, sig, constexprs=consts),
-                            target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
-    r = {"kernel": "moe_grouped_kernel", "mode": mode, "block": [bm, bn, bk], "num_warps": warps,
-         "num_stages": stages, "a_tma": a_tma, "a_gather": a_gather, "w_tma": w_tma, "clip": clip, "out_tma": out_tma}
+    kernel = triton.compile(
+        ASTSource(moe_grouped_kernel, sig, constexprs=consts),
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": warps, "num_stages": stages},
+    )
+    r = {
+        "kernel": "moe_grouped_kernel",
+        "mode": mode,
+        "block": [bm, bn, bk],
+        "num_warps": warps,
+        "num_stages": stages,
+        "a_tma": a_tma,
+        "a_gather": a_gather,
+        "w_tma": w_tma,
+        "clip": clip,
+        "out_tma": out_tma,
+    }
     r.update(compiled_report(kernel))
     return r
 
@@ -266,12 +365,15 @@ def summary(r: dict, label: str) -> list[str]:
     """``gemmlab inspect``'s printed lines (rich markup) for an ``inspect_shape`` report."""
     lines = [f"[bold]{label} on {r.get('target')}: path {r.get('path')} ({r.get('reason')})"]
     if r.get("kernel"):
-        lines += [f"kernel {r['kernel']} {r['arch']}: block {r['block']}, {r['num_warps']} warps, "
-                  f"{r['num_stages']} stages, group_m {r['group_m']}, split_k {r['split_k']}, "
-                  f"epilogue subtile {r['epilogue_subtile']}, C via {'TMA' if r['c_tma'] else 'pointers'}",
-                  f"registers/thread {r['registers']}, stack {r['stack_bytes']} B, spill stores {r['spill_stores']}, "
-                  f"local memory ops {r['local_memory_ops']}, shared {r['triton_shared_bytes']} B (dynamic) + "
-                  f"{r['shared_bytes']} B (static), warp specialized {r['warp_specialized']}",
-                  "SASS: " + ", ".join(f"{op} {cnt}" for op, cnt in r["sass"].items() if cnt)
-                  + f" (of {r['sass_total']} instructions)"]
+        lines += [
+            f"kernel {r['kernel']} {r['arch']}: block {r['block']}, {r['num_warps']} warps, "
+            f"{r['num_stages']} stages, group_m {r['group_m']}, split_k {r['split_k']}, "
+            f"epilogue subtile {r['epilogue_subtile']}, C via {'TMA' if r['c_tma'] else 'pointers'}",
+            f"registers/thread {r['registers']}, stack {r['stack_bytes']} B, spill stores {r['spill_stores']}, "
+            f"local memory ops {r['local_memory_ops']}, shared {r['triton_shared_bytes']} B (dynamic) + "
+            f"{r['shared_bytes']} B (static), warp specialized {r['warp_specialized']}",
+            "SASS: "
+            + ", ".join(f"{op} {cnt}" for op, cnt in r["sass"].items() if cnt)
+            + f" (of {r['sass_total']} instructions)",
+        ]
     return lines + [f"[red]FLAG: {f}" for f in r.get("flags", [])]

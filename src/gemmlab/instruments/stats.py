@@ -51,9 +51,15 @@ def summarize(times_ms: list[float]) -> dict[str, float]:
     if not times_ms:
         raise ValueError("no timings to summarize")
     mean = statistics.fmean(times_ms)
-    return {"median_ms": statistics.median(times_ms), "p20_ms": quantile(times_ms, 0.2),
-            "p80_ms": quantile(times_ms, 0.8), "min_ms": min(times_ms), "max_ms": max(times_ms),
-            "cv": statistics.pstdev(times_ms) / mean if mean else 0.0, "n": len(times_ms)}
+    return {
+        "median_ms": statistics.median(times_ms),
+        "p20_ms": quantile(times_ms, 0.2),
+        "p80_ms": quantile(times_ms, 0.8),
+        "min_ms": min(times_ms),
+        "max_ms": max(times_ms),
+        "cv": statistics.pstdev(times_ms) / mean if mean else 0.0,
+        "n": len(times_ms),
+    }
 
 
 # ------------------------------------------------------------------------------------------- intervals
@@ -81,7 +87,7 @@ def median_interval(xs: list[float], level: float = LEVEL) -> tuple[float, float
 @functools.cache
 def _sign_cdf(n: int) -> list[float]:
     """P(B <= j), j = 0..n, for B ~ Bin(n, 1/2)."""
-    return [sum(math.comb(n, i) for i in range(j + 1)) / 2 ** n for j in range(n + 1)]
+    return [sum(math.comb(n, i) for i in range(j + 1)) / 2**n for j in range(n + 1)]
 
 
 @functools.cache
@@ -128,7 +134,7 @@ def shift_interval(xs: list[float], ys: list[float], level: float = LEVEL) -> tu
 
 
 def verdict(ci: tuple[float, float] | list[float] | None, noise: float = 0.0) -> str:
-    """"faster" when the whole interval of base/cand is above 1 + noise, "slower" below 1 - noise, "within
+    """ "faster" when the whole interval of base/cand is above 1 + noise, "slower" below 1 - noise, "within
     noise" when it holds 1, "inconclusive" when there is no interval."""
     if not ci:
         return "inconclusive"
@@ -138,8 +144,15 @@ def verdict(ci: tuple[float, float] | list[float] | None, noise: float = 0.0) ->
 
 def _summary(ratio: float, ci: tuple[float, float] | None, per_round: list[float], **extra) -> dict:
     half = None if ci is None else (ci[1] - ci[0]) / (2 * ratio)
-    return {"ratio": ratio, "ci95": list(ci) if ci else None, "per_round": per_round, "verdict": verdict(ci),
-            "half_width": half, "rounds": len(per_round), **extra}
+    return {
+        "ratio": ratio,
+        "ci95": list(ci) if ci else None,
+        "per_round": per_round,
+        "verdict": verdict(ci),
+        "half_width": half,
+        "rounds": len(per_round),
+        **extra,
+    }
 
 
 def ratio_of_rounds(per_round: list[float]) -> dict:
@@ -183,8 +196,14 @@ def is_faster(summary: dict | None) -> bool:
 # ------------------------------------------------------------------------------------------ the device
 
 
-def efficiency(flops: float, median_ms: float, clock_mhz: float | None, sm_count: int | None,
-               arch: tuple[int, int] | None, dtype: str) -> float | None:
+def efficiency(
+    flops: float,
+    median_ms: float,
+    clock_mhz: float | None,
+    sm_count: int | None,
+    arch: tuple[int, int] | None,
+    dtype: str,
+) -> float | None:
     """Achieved FLOP/s over the dense tensor peak at the clock observed while it ran (0..1); None when the
     peak is unknown (no NVML clock, unknown architecture or dtype)."""
     peak = tensor_peak_tflops(arch, dtype, sm_count, clock_mhz)
@@ -193,8 +212,13 @@ def efficiency(flops: float, median_ms: float, clock_mhz: float | None, sm_count
     return flops / (median_ms * 1e-3) / 1e12 / peak
 
 
-def clock_flags(clock_means: list[float], clock_mins: list[float], clock_maxs: list[float],
-                spread: float = 0.20, drift: float = 0.03) -> list[str]:
+def clock_flags(
+    clock_means: list[float],
+    clock_mins: list[float],
+    clock_maxs: list[float],
+    spread: float = 0.20,
+    drift: float = 0.03,
+) -> list[str]:
     """Warnings about the SM clock across runs (processes): a run whose clock moved by more than ``spread``
     of its maximum while timing (oscillation under the power cap), or run means that differ by a
     coefficient of variation above ``drift``."""
@@ -206,6 +230,8 @@ def clock_flags(clock_means: list[float], clock_mins: list[float], clock_maxs: l
         mean = statistics.fmean(clock_means)
         cv = statistics.pstdev(clock_means) / mean if mean else 0.0
         if cv > drift:
-            flags.append(f"clock differs between runs: mean SM clock {min(clock_means):.0f}-"
-                         f"{max(clock_means):.0f} MHz (cv {cv:.1%})")
+            flags.append(
+                f"clock differs between runs: mean SM clock {min(clock_means):.0f}-"
+                f"{max(clock_means):.0f} MHz (cv {cv:.1%})"
+            )
     return flags

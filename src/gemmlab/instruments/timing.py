@@ -49,9 +49,11 @@ def require_random(**tensors: torch.Tensor) -> None:
             continue
         lo, hi = t.min(), t.max()
         if bool(lo == hi):
-            raise ValueError(f"timing input {name!r} {tuple(t.shape)} is constant (every element {lo.item()!r}): "
-                             "zeros and constants inflate speed (power, L2) and hide wrong results; "
-                             "time random inputs")
+            raise ValueError(
+                f"timing input {name!r} {tuple(t.shape)} is constant (every element {lo.item()!r}): "
+                "zeros and constants inflate speed (power, L2) and hide wrong results; "
+                "time random inputs"
+            )
         if bool(torch.isnan(lo)) or bool(torch.isnan(hi)):
             raise ValueError(f"timing input {name!r} contains NaN")
 
@@ -159,9 +161,17 @@ def as_graph(fn: Fn) -> Fn:
     return capture(fn)[0].replay
 
 
-def interleave(fns: dict[str, Fn], rounds: int = 10, reps: int = 5, warmup_s: float = 1.0, graph: bool = False,
-               device: torch.device | None = None, windows: Windows | None = None,
-               warmup_calls: int = 1, clock: str = "events") -> dict[str, list[list[float]]]:
+def interleave(
+    fns: dict[str, Fn],
+    rounds: int = 10,
+    reps: int = 5,
+    warmup_s: float = 1.0,
+    graph: bool = False,
+    device: torch.device | None = None,
+    windows: Windows | None = None,
+    warmup_calls: int = 1,
+    clock: str = "events",
+) -> dict[str, list[list[float]]]:
     """Times per candidate per round: {name: [[ms x reps] x rounds]}. Within a round the candidates run
     in turn, and their order alternates between rounds (A B / B A) so neither always runs first.
     ``graph``: time CUDA-graph replays of each candidate (device time, no host launch overhead).
@@ -178,7 +188,7 @@ def interleave(fns: dict[str, Fn], rounds: int = 10, reps: int = 5, warmup_s: fl
     out: dict[str, list[list[float]]] = {name: [] for name in fns}
     names = list(fns)
     for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in names if r % 2 == 0 else names[::-1]:
             t0 = time.perf_counter()
             own = getattr(fns[name], "time_calls", None)  # a backend in its own process times itself there
             out[name].append(own(reps) if own is not None else timer(fns[name], reps, device))
@@ -187,9 +197,15 @@ def interleave(fns: dict[str, Fn], rounds: int = 10, reps: int = 5, warmup_s: fl
     return out
 
 
-def back_to_back(fns: dict[str, Fn], rounds: int = 10, reps: int = 5, warmup_s: float = 0.0,
-                 device: torch.device | None = None, windows: Windows | None = None,
-                 warmup_calls: int = 1) -> dict[str, list[list[float]]]:
+def back_to_back(
+    fns: dict[str, Fn],
+    rounds: int = 10,
+    reps: int = 5,
+    warmup_s: float = 0.0,
+    device: torch.device | None = None,
+    windows: Windows | None = None,
+    warmup_calls: int = 1,
+) -> dict[str, list[list[float]]]:
     """The naive measurement, for contrast: each candidate warmed up and timed on its own, one after the
     other (all of A's rounds, then all of B's). Same return shape as ``interleave``; round i of A and round
     i of B are minutes apart, so a clock that moves in between biases the ratio."""
@@ -203,8 +219,13 @@ def back_to_back(fns: dict[str, Fn], rounds: int = 10, reps: int = 5, warmup_s: 
     return out
 
 
-CLOCK_EVENT_REASONS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
-                       0x80: "hw_power_brake"}
+CLOCK_EVENT_REASONS = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+}
 
 
 class ClockSampler:
@@ -244,9 +265,15 @@ class ClockSampler:
             except Exception:
                 reasons = 0
             try:
-                self.samples.append((time.perf_counter(), nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-                                     nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                                     nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU), reasons))
+                self.samples.append(
+                    (
+                        time.perf_counter(),
+                        nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+                        nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                        nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+                        reasons,
+                    )
+                )
             except Exception as e:
                 self.error = f"NVML read failed: {e}"
                 return
@@ -257,12 +284,17 @@ class ClockSampler:
         if self._thread is not None:
             self._thread.join()
 
-    def summary(self, windows: list[tuple[float, float]] | None = None, min_samples: int = 20,
-                fallback: list[tuple[float, float]] | None = None) -> dict:
+    def summary(
+        self,
+        windows: list[tuple[float, float]] | None = None,
+        min_samples: int = 20,
+        fallback: list[tuple[float, float]] | None = None,
+    ) -> dict:
         """Clock, power, temperature and reasons over all samples, or over those inside ``windows`` (host
         time intervals). With fewer than ``min_samples`` inside (microsecond kernels, short runs) the
         samples inside ``fallback`` (e.g. every candidate's timed batches) or else all are used: a handful
         of samples would attribute noise to one candidate. ``clock_scope`` says which."""
+
         def within(ws):
             return [s for s in self.samples if any(t0 <= s[0] <= t1 for t0, t1 in ws)]
 
@@ -281,11 +313,16 @@ class ClockSampler:
         seen = 0
         for r in reasons:
             seen |= r
-        return {"sm_clock_mhz_mean": statistics.fmean(clocks), "sm_clock_mhz_min": min(clocks),
-                "sm_clock_mhz_max": max(clocks), "power_w_mean": statistics.fmean(power),
-                "temp_c_max": max(temp),
-                "clock_event_reasons": [n for bit, n in CLOCK_EVENT_REASONS.items() if seen & bit],
-                "samples": len(clocks), "clock_scope": scope}
+        return {
+            "sm_clock_mhz_mean": statistics.fmean(clocks),
+            "sm_clock_mhz_min": min(clocks),
+            "sm_clock_mhz_max": max(clocks),
+            "power_w_mean": statistics.fmean(power),
+            "temp_c_max": max(temp),
+            "clock_event_reasons": [n for bit, n in CLOCK_EVENT_REASONS.items() if seen & bit],
+            "samples": len(clocks),
+            "clock_scope": scope,
+        }
 
 
 def env_info() -> dict:
@@ -294,23 +331,36 @@ def env_info() -> dict:
     and maximum SM clock (NVML)."""
     import triton
 
-    info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gemmlab": provenance.version(), "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(), "git_sha": provenance.git_sha()}
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gemmlab": provenance.version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "git_sha": provenance.git_sha(),
+    }
     if not torch.cuda.is_available():
         info.update(gpu=None, device="cpu", timer="host clock (Triton CPU interpreter): not a GPU measurement")
         return info
     props = torch.cuda.get_device_properties(0)
-    info.update(gpu=props.name, device="cuda", sm_count=props.multi_processor_count, arch=[props.major, props.minor],
-                cuda=torch.version.cuda, timer="CUDA events, L2 flushed before each call")
+    info.update(
+        gpu=props.name,
+        device="cuda",
+        sm_count=props.multi_processor_count,
+        arch=[props.major, props.minor],
+        cuda=torch.version.cuda,
+        timer="CUDA events, L2 flushed before each call",
+    )
     try:
         import pynvml
 
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        info.update(driver=pynvml.nvmlSystemGetDriverVersion(),
-                    power_limit_w=pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
-                    max_sm_clock_mhz=pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM))
+        info.update(
+            driver=pynvml.nvmlSystemGetDriverVersion(),
+            power_limit_w=pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
+            max_sm_clock_mhz=pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+        )
     except Exception as e:
         info["nvml"] = f"unavailable: {e}"
     return info

@@ -95,8 +95,9 @@ def _store_part(c, part, off_m, off_n, M, N, stride_cm, C_TMA: tl.constexpr):
 
 
 @triton.jit
-def store_c(c, acc, off_m, off_n, M, N, stride_cm,
-             BLOCK_N: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, C_TMA: tl.constexpr):
+def store_c(
+    c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, C_TMA: tl.constexpr
+):
     """Write an fp32 [BLOCK_M, BLOCK_N] tile into C (M, N) row-major, in C's dtype. ``c`` is a descriptor
     (C_TMA; its blocks match the parts written) or a pointer with row stride ``stride_cm`` (any alignment).
     EPILOGUE_SUBTILE writes two [BLOCK_M, BLOCK_N // 2] halves: for TMA half the staging buffer; for the
@@ -112,9 +113,20 @@ def store_c(c, acc, off_m, off_n, M, N, stride_cm,
 
 
 @triton.jit
-def _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, k_end,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, DOT_UPCAST: tl.constexpr):
+def _tile_dot(
+    a_desc,
+    b_desc,
+    off_m,
+    off_n,
+    k_begin,
+    k_end,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    A_KMAJOR: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
     """fp32 [BLOCK_M, BLOCK_N] = sum over BLOCK_K steps k_begin..k_end-1 of A tile @ B tile."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ki in range(k_begin, k_end):
@@ -136,8 +148,7 @@ def split_arrive(ws_part, acc, counter, SPLITS: tl.constexpr, offs):
 
 
 @triton.jit
-def split_sum(ws_tile, split_stride, counter, SPLITS: tl.constexpr, offs, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr):
+def split_sum(ws_tile, split_stride, counter, SPLITS: tl.constexpr, offs, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The fp32 sum of a tile's SPLITS partials, slots ws_tile + s * split_stride in order s = 0..SPLITS-1
     (deterministic); leaves the counter at zero for the next launch."""
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -155,14 +166,24 @@ def gemm_tma_persistent_kernel(
     ws_ptr,  # STREAM_K: (NUM_SMS, 2, BLOCK_M * BLOCK_N) fp32, each program's first and last partial tile;
     # TAIL_SPLIT: (SK_TILES, TAIL_SPLIT, BLOCK_M * BLOCK_N) fp32, one slot per piece of a tail tile
     count_ptr,  # STREAM_K: (SK_TILES,) int32 arrival counters, zero between calls
-    M, N, K,
+    M,
+    N,
+    K,
     stride_cm,  # C's row stride (pointer epilogue only)
     SK_TILES,  # STREAM_K: the last SK_TILES tiles (grouped order) are shared out by BLOCK_K steps; else 0
-    A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, C_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
-    EPILOGUE_SUBTILE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    STREAM_K: tl.constexpr, TAIL_SPLIT: tl.constexpr = 0,
+    A_KMAJOR: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    C_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+    STREAM_K: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr = 0,
 ):
     """Hopper fast path. Grid: (min(NUM_SMS, tiles),), or (NUM_SMS,) with STREAM_K; each program walks tiles
     start, start+NUM_SMS, ... in grouped order, loading A/B through TMA into a multi-stage ring that feeds
@@ -186,8 +207,9 @@ def gemm_tma_persistent_kernel(
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = _tile_dot(a_desc, b_desc, off_m, off_n, 0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR,
-                        DOT_UPCAST)
+        acc = _tile_dot(
+            a_desc, b_desc, off_m, off_n, 0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR, DOT_UPCAST
+        )
         store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
     if STREAM_K and TAIL_SPLIT > 0:
         per_piece = tl.cdiv(k_tiles, TAIL_SPLIT)  # BLOCK_K steps per piece
@@ -199,12 +221,23 @@ def gemm_tma_persistent_kernel(
             pid_m, pid_n = tile_coords(dp_tiles + sk_tile, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
-            acc = _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, min(k_begin + per_piece, k_tiles), BLOCK_M,
-                            BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR, DOT_UPCAST)
+            acc = _tile_dot(
+                a_desc,
+                b_desc,
+                off_m,
+                off_n,
+                k_begin,
+                min(k_begin + per_piece, k_tiles),
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                A_KMAJOR,
+                B_KMAJOR,
+                DOT_UPCAST,
+            )
             ws_tile = ws_ptr + sk_tile.to(tl.int64) * (TAIL_SPLIT * BLOCK_M * BLOCK_N)
             if split_arrive(ws_tile + part * (BLOCK_M * BLOCK_N), acc, count_ptr + sk_tile, TAIL_SPLIT, offs):
-                total = split_sum(ws_tile, BLOCK_M * BLOCK_N, count_ptr + sk_tile, TAIL_SPLIT, offs, BLOCK_M,
-                                   BLOCK_N)
+                total = split_sum(ws_tile, BLOCK_M * BLOCK_N, count_ptr + sk_tile, TAIL_SPLIT, offs, BLOCK_M, BLOCK_N)
                 store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
     elif STREAM_K:
         per_run = tl.cdiv(SK_TILES * k_tiles, NUM_SMS)  # BLOCK_K steps per program
@@ -219,8 +252,9 @@ def gemm_tma_persistent_kernel(
             pid_m, pid_n = tile_coords(dp_tiles + sk_tile, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
-            acc = _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, k_end, BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR,
-                            B_KMAJOR, DOT_UPCAST)
+            acc = _tile_dot(
+                a_desc, b_desc, off_m, off_n, k_begin, k_end, BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR, DOT_UPCAST
+            )
             if k_begin == 0 and k_end == k_tiles:
                 store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
             else:
@@ -236,8 +270,7 @@ def gemm_tma_persistent_kernel(
                     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                     for p in range(first, last + 1):
                         p_slot = (p * per_run > tile_begin).to(tl.int64)  # p's run starts inside the tile
-                        total += tl.load(ws_ptr + (p * 2 + p_slot) * (BLOCK_M * BLOCK_N) + offs,
-                                         cache_modifier=".cg")
+                        total += tl.load(ws_ptr + (p * 2 + p_slot) * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
                     store_c(c, total, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
                     tl.atomic_xchg(count_ptr + sk_tile, 0, sem="relaxed", scope="gpu")
             it = tile_begin + k_end
@@ -245,15 +278,25 @@ def gemm_tma_persistent_kernel(
 
 @triton.jit
 def gemm_tma_splitk_kernel(
-    a_desc, b_desc, c,  # as in gemm_tma_persistent_kernel
+    a_desc,
+    b_desc,
+    c,  # as in gemm_tma_persistent_kernel
     ws_ptr,  # (SPLIT_K, tiles, BLOCK_M * BLOCK_N) fp32 partial sums (unused when SPLIT_K == 1)
     count_ptr,  # (tiles,) int32 arrival counters, zero between calls (the last arrival resets its own)
-    M, N, K,
+    M,
+    N,
+    K,
     stride_cm,
     K_TILES_PER_SPLIT,  # BLOCK_K steps per split
-    A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, C_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    A_KMAJOR: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    C_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """Small-M path: small tiles, K split over SPLIT_K programs so the grid fills the GPU while streaming B.
     Grid: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K); N varies fastest so neighbours share A in L2.
@@ -267,8 +310,9 @@ def gemm_tma_splitk_kernel(
     k_tiles = tl.cdiv(K, BLOCK_K)
     k_begin = pid_k * K_TILES_PER_SPLIT
     k_end = min(k_begin + K_TILES_PER_SPLIT, k_tiles)
-    acc = _tile_dot(a_desc, b_desc, off_m, off_n, k_begin, k_end, BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR,
-                    DOT_UPCAST)
+    acc = _tile_dot(
+        a_desc, b_desc, off_m, off_n, k_begin, k_end, BLOCK_M, BLOCK_N, BLOCK_K, A_KMAJOR, B_KMAJOR, DOT_UPCAST
+    )
     if SPLIT_K == 1:
         store_c(c, acc, off_m, off_n, M, N, stride_cm, BLOCK_N, EPILOGUE_SUBTILE, C_TMA)
     else:
@@ -284,10 +328,22 @@ def gemm_tma_splitk_kernel(
 
 @triton.jit
 def gemm_portable_kernel(
-    a_ptr, b_ptr, c_ptr,  # A (M, K), B (K, N), C (M, N), any strides, fp16/bf16
-    M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,  # A (M, K), B (K, N), C (M, N), any strides, fp16/bf16
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
     """Portable path: pointer loads with masks, 64-bit offsets, any alignment, any GPU Triton supports and

@@ -51,14 +51,27 @@ def gemm_fp8_tma_kernel(
     c,  # C (M, N) row-major bf16/fp16/fp32: descriptor (C_TMA, blocks [BLOCK_M, BLOCK_N or BLOCK_N // 2]) or pointer
     a_scale_ptr,  # fp32: () SCALE 0, (M, 1) SCALE 1, (M, cdiv(K, 128)) SCALE 2
     b_scale_ptr,  # fp32: () SCALE 0, (1, N) SCALE 1, (cdiv(K, 128), cdiv(N, 128)) SCALE 2
-    M, N, K,
+    M,
+    N,
+    K,
     stride_cm,  # C's row stride (pointer epilogue only)
-    stride_sam, stride_sak,  # a_scale's strides (rows, K blocks)
-    stride_sbk, stride_sbn,  # b_scale's strides (K blocks, columns or column blocks)
-    SCALE: tl.constexpr, B_KMAJOR: tl.constexpr, C_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, PROMOTE: tl.constexpr,
-    SB_SCALAR: tl.constexpr, WARP_SPEC: tl.constexpr, FLATTEN: tl.constexpr,
+    stride_sam,
+    stride_sak,  # a_scale's strides (rows, K blocks)
+    stride_sbk,
+    stride_sbn,  # b_scale's strides (K blocks, columns or column blocks)
+    SCALE: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    C_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+    PROMOTE: tl.constexpr,
+    SB_SCALAR: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
+    FLATTEN: tl.constexpr,
 ):
     """Persistent TMA kernel, wgmma with e4m3 operands. Grid: (min(NUM_SMS, tiles),); each program walks tiles
     start, start + NUM_SMS, ... in grouped order. PROMOTE (SCALE 0 and 1): the tensor cores' running sum is moved
@@ -85,14 +98,20 @@ def gemm_fp8_tma_kernel(
             a = e4m3_operand(load_a(a_desc, off_m, off_k, True))
             b = e4m3_operand(load_b(b_desc, off_k, off_n, B_KMAJOR))
             if SCALE == 2 and SB_SCALAR:  # BLOCK_N divides 128: one column block of B's scales per tile
-                acc += tl.dot(a, b) * block_step_scale(a_scale_ptr, b_scale_ptr, rows, M, off_n, off_k, stride_sam,
-                                                       stride_sak, stride_sbk, stride_sbn)[:, None]
+                acc += (
+                    tl.dot(a, b)
+                    * block_step_scale(
+                        a_scale_ptr, b_scale_ptr, rows, M, off_n, off_k, stride_sam, stride_sak, stride_sbk, stride_sbn
+                    )[:, None]
+                )
             elif SCALE == 2:
                 kb = off_k // 128
-                sa = tl.load(a_scale_ptr + rows.to(tl.int64) * stride_sam + kb * stride_sak, mask=rows < M,
-                             other=0.0)  # [BLOCK_M]
-                sb = tl.load(b_scale_ptr + kb * stride_sbk + (cols // 128) * stride_sbn, mask=cols < N,
-                             other=0.0)  # [BLOCK_N]
+                sa = tl.load(
+                    a_scale_ptr + rows.to(tl.int64) * stride_sam + kb * stride_sak, mask=rows < M, other=0.0
+                )  # [BLOCK_M]
+                sb = tl.load(
+                    b_scale_ptr + kb * stride_sbk + (cols // 128) * stride_sbn, mask=cols < N, other=0.0
+                )  # [BLOCK_N]
                 acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
             elif PROMOTE:
                 acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
@@ -138,7 +157,9 @@ def quantize_groups_kernel(
     q_ptr,  # Q (M, K) e4m3, unit column stride
     s_ptr,  # S (M, cdiv(K, GROUP)) fp32
     K,
-    stride_xm, stride_qm, stride_sm,
+    stride_xm,
+    stride_qm,
+    stride_sm,
     GROUP,  # columns per scale: K for one scale per row, 128 for 1x128 blocks
     BLOCK: tl.constexpr,  # columns per chunk of a group
 ):
@@ -167,6 +188,7 @@ def quantize_groups_kernel(
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_row + cols, mask=cols < end, other=0.0).to(tl.float32)
         q = tl.div_rn(x, scale)
-        q = tl.minimum(tl.maximum(q, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL), FP8_MAX,
-                       propagate_nan=tl.PropagateNan.ALL)  # saturating; NaN stays NaN
+        q = tl.minimum(
+            tl.maximum(q, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL), FP8_MAX, propagate_nan=tl.PropagateNan.ALL
+        )  # saturating; NaN stays NaN
         tl.store(q_row + cols, e4m3_of(q), mask=cols < end)

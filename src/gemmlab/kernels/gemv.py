@@ -45,10 +45,20 @@ def gemv_kernel(
     c_ptr,  # C (M, N), any strides
     ws_ptr,  # (SPLIT_K, tiles, BLOCK_M * BLOCK_N) fp32 partials (SPLIT_K > 1; else unused)
     count_ptr,  # (tiles,) int32 arrival counters, zero between calls (SPLIT_K > 1; else unused)
-    M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
     K_TILES_PER_SPLIT,  # BLOCK_K steps per split
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
     """Grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), SPLIT_K); M varies fastest, so the programs that read the same

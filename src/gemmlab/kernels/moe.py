@@ -46,8 +46,19 @@ def _find_expert(tile_offsets, m_tile, E, LOG2_E: tl.constexpr):
 
 
 @triton.jit
-def load_a_tile(a, a_rows, row0, rows_end, off_k, K, stride_am,
-                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr):
+def load_a_tile(
+    a,
+    a_rows,
+    row0,
+    rows_end,
+    off_k,
+    K,
+    stride_am,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    A_TMA: tl.constexpr,
+    A_GATHER: tl.constexpr,
+):
     if A_TMA:
         tile = a.load([row0, off_k])  # [BLOCK_M, BLOCK_K]
     else:
@@ -58,14 +69,14 @@ def load_a_tile(a, a_rows, row0, rows_end, off_k, K, stride_am,
             src = tl.load(a_rows + r, mask=in_rows, other=0).to(tl.int64)
         else:
             src = r.to(tl.int64)
-        tile = tl.load(a + src[:, None] * stride_am + kk[None, :], mask=in_rows[:, None] & (kk[None, :] < K),
-                       other=0.0)
+        tile = tl.load(a + src[:, None] * stride_am + kk[None, :], mask=in_rows[:, None] & (kk[None, :] < K), other=0.0)
     return tile
 
 
 @triton.jit
-def load_w_tile(w, w_row0, n_rows_left, off_k, K, stride_wn,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_TMA: tl.constexpr):
+def load_w_tile(
+    w, w_row0, n_rows_left, off_k, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_TMA: tl.constexpr
+):
     """[BLOCK_K, BLOCK_N] tile of W^T from W rows w_row0 .. w_row0 + BLOCK_N (K-major)."""
     if W_TMA:
         tile = w.load([w_row0, off_k]).T
@@ -96,10 +107,36 @@ def _store_halves(o, acc, row0, off_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
-def _moe_tile(a, a_rows, w, out, out_desc, scale, pre, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
-              stride_om, stride_pre, MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr,
-              W_TMA: tl.constexpr, CLIP: tl.constexpr, OUT_TMA: tl.constexpr, SAVE_PRE: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_UPCAST: tl.constexpr):
+def _moe_tile(
+    a,
+    a_rows,
+    w,
+    out,
+    out_desc,
+    scale,
+    pre,
+    row0,
+    rows_end,
+    off_n,
+    w_row0,
+    N,
+    K,
+    stride_am,
+    stride_wn,
+    stride_om,
+    stride_pre,
+    MODE: tl.constexpr,
+    A_TMA: tl.constexpr,
+    A_GATHER: tl.constexpr,
+    W_TMA: tl.constexpr,
+    CLIP: tl.constexpr,
+    OUT_TMA: tl.constexpr,
+    SAVE_PRE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
     """One [BLOCK_M, BLOCK_N] output tile: the K loop (software-pipelined) and the epilogue.
     CLIP: A and out are pointers, and this tile reads and writes them through descriptors made here whose
     row count ends at the group's end: rows of the next group load as zeros and the TMA store clips them.
@@ -127,8 +164,9 @@ def _moe_tile(a, a_rows, w, out, out_desc, scale, pre, row0, rows_end, off_n, w_
     if MODE == 2:
         acc = acc * tl.load(scale + rows, mask=rows < rows_end, other=0.0)[:, None]
     if CLIP:
-        o = tl.make_tensor_descriptor(out, shape=[rows_end, N], strides=[stride_om, 1],
-                                      block_shape=[BLOCK_M, BLOCK_N // 2])
+        o = tl.make_tensor_descriptor(
+            out, shape=[rows_end, N], strides=[stride_om, 1], block_shape=[BLOCK_M, BLOCK_N // 2]
+        )
         _store_halves(o, acc, row0, off_n, BLOCK_M, BLOCK_N)
     elif OUT_TMA:
         if row0 + BLOCK_M <= rows_end:
@@ -140,8 +178,17 @@ def _moe_tile(a, a_rows, w, out, out_desc, scale, pre, row0, rows_end, off_n, w_
 
 
 @triton.jit
-def tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M: tl.constexpr, LOG2_E: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def tile_of_item(
+    item,
+    tile_offsets,
+    offsets,
+    num_n,
+    E,
+    GROUP_M: tl.constexpr,
+    LOG2_E: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """(expert, first row, the expert's row end, first column) of work item ``item``: the walk of the persistent
     grouped kernels (forward and backward), GROUP_M m-tiles of one expert sweeping the n-tiles together."""
     e = _find_expert(tile_offsets, item // num_n, E, LOG2_E)
@@ -169,11 +216,26 @@ def moe_grouped_kernel(
     pre,  # (S, 2N) out: [gate, up] pre-activations (MODE 1 with SAVE_PRE), A's dtype, else unused
     offsets,  # (E,) int32 cumulative row ends of the groups
     tile_offsets,  # (E + 1,) int32 cumulative m-tile counts
-    N, K, E,
-    stride_am, stride_wn, stride_om, stride_pre,
-    MODE: tl.constexpr, A_TMA: tl.constexpr, A_GATHER: tl.constexpr, W_TMA: tl.constexpr, CLIP: tl.constexpr,
-    OUT_TMA: tl.constexpr, SAVE_PRE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr,
+    N,
+    K,
+    E,
+    stride_am,
+    stride_wn,
+    stride_om,
+    stride_pre,
+    MODE: tl.constexpr,
+    A_TMA: tl.constexpr,
+    A_GATHER: tl.constexpr,
+    W_TMA: tl.constexpr,
+    CLIP: tl.constexpr,
+    OUT_TMA: tl.constexpr,
+    SAVE_PRE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    LOG2_E: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
     """Grid (NUM_PROGRAMS,): program p takes work items p, p + NUM_PROGRAMS, ... of the
@@ -185,12 +247,40 @@ def moe_grouped_kernel(
     total = tl.load(tile_offsets + E) * num_n
     n_w = N * (2 if MODE == 1 else 1)  # rows of W per expert
     for item in tl.range(pid, total, NUM_PROGRAMS, flatten=False):
-        e, row0, rows_end, off_n = tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E, BLOCK_M,
-                                                 BLOCK_N)
+        e, row0, rows_end, off_n = tile_of_item(
+            item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E, BLOCK_M, BLOCK_N
+        )
         w_row0 = e * n_w + off_n  # int32: TMA coordinates (E * N_w < 2^31)
-        _moe_tile(a, a_rows, w, out, out_desc, scale, pre, row0, rows_end, off_n, w_row0, N, K, stride_am, stride_wn,
-                  stride_om, stride_pre, MODE, A_TMA, A_GATHER, W_TMA, CLIP, OUT_TMA, SAVE_PRE, BLOCK_M, BLOCK_N,
-                  BLOCK_K, DOT_UPCAST)
+        _moe_tile(
+            a,
+            a_rows,
+            w,
+            out,
+            out_desc,
+            scale,
+            pre,
+            row0,
+            rows_end,
+            off_n,
+            w_row0,
+            N,
+            K,
+            stride_am,
+            stride_wn,
+            stride_om,
+            stride_pre,
+            MODE,
+            A_TMA,
+            A_GATHER,
+            W_TMA,
+            CLIP,
+            OUT_TMA,
+            SAVE_PRE,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            DOT_UPCAST,
+        )
 
 
 @triton.jit
@@ -208,8 +298,11 @@ def moe_combine_kernel(
     o,  # (S, H) routed rows in expert order, already scaled by their top-k weight
     inv,  # (T * k,) int32: the routed row of pair (t, j) is inv[t * k + j]
     y,  # (T, H) output
-    H, stride_o, stride_y,
-    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
+    H,
+    stride_o,
+    stride_y,
+    TOP_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     """Grid (T, cdiv(H, BLOCK_H)): y[t, cols] = sum over j of o[inv[t*k + j], cols], summed in fp32 in
     j order, so the result does not depend on scheduling."""
@@ -230,8 +323,12 @@ def moe_align_kernel(
     tile_offsets,  # (E + 1,) int32 out: cumulative BLOCK_M-tile counts
     scale,  # (S,) fp32 out: weights[order[r]] (HAS_SCALE)
     ok,  # (1,) bool out: every id in [0, E)
-    S, E,
-    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
+    S,
+    E,
+    TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_E: tl.constexpr,
     HAS_SCALE: tl.constexpr,
 ):
     """Grid (1,): the whole routing table of a small S (<= BLOCK_S) in one program, one launch. Pairs sort by
@@ -261,8 +358,10 @@ def moe_tiles_kernel(
     offsets,  # (E,) int32 cumulative row ends of the groups
     tile_offsets,  # (E + 1,) int32 out: cumulative BLOCK_M-tile counts
     ok,  # (1,) bool out: offsets non-decreasing, within [0, S]
-    E, S,
-    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
+    E,
+    S,
+    BLOCK_M: tl.constexpr,
+    BLOCK_E: tl.constexpr,
 ):
     """Grid (1,): the tile schedule of ``grouped_gemm`` and the check of its offsets, in one launch."""
     x = tl.arange(0, BLOCK_E)
@@ -287,8 +386,11 @@ def moe_count_kernel(
     ids,  # (S,) int32/int64: expert of pair p = t*k + j
     hist,  # (E + 1, NB) int32 out: pairs of block b in bin x
     local,  # (E + 1, NB) int32 out: pairs of block b in bins below x (the block's exclusive scan)
-    S, E, NB,
-    BLOCK: tl.constexpr, BLOCK_E: tl.constexpr,
+    S,
+    E,
+    NB,
+    BLOCK: tl.constexpr,
+    BLOCK_E: tl.constexpr,
 ):
     """Grid (NB,): the bin histogram of block b's pairs."""
     b = tl.program_id(0)
@@ -310,8 +412,12 @@ def moe_scan_kernel(
     offsets,  # (E,) int32 out: cumulative row ends per expert
     tile_offsets,  # (E + 1,) int32 out: cumulative BLOCK_M-tile counts
     ok,  # (1,) bool out: every id in [0, E)
-    E, NB,
-    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr, CHUNK: tl.constexpr,
+    E,
+    NB,
+    BLOCK_M: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     """Grid (1,): per-bin totals (offsets, tile_offsets, ok), then the exclusive scan of hist in its
     expert-major order, in CHUNK pieces: where block b's pairs of bin x start."""
@@ -342,10 +448,16 @@ def moe_scatter_kernel(
     ids,  # (S,) int32/int64
     weights,  # (S,) topk weights flattened (HAS_SCALE), else unused
     base,  # (E + 1, NB) int32: from moe_scan_kernel
-    order, inv, token,  # (S,) int32 out, as moe_align_kernel's
+    order,
+    inv,
+    token,  # (S,) int32 out, as moe_align_kernel's
     scale,  # (S,) fp32 out: weights[order[r]] (HAS_SCALE)
-    S, E, NB,
-    TOP_K: tl.constexpr, BLOCK: tl.constexpr, HAS_SCALE: tl.constexpr,
+    S,
+    E,
+    NB,
+    TOP_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
 ):
     """Grid (NB,): block b sorts its pairs by (bin, pair) and writes each to row base[bin, b] + its position
     in that order: token order within an expert across blocks, since blocks are scanned in order."""
@@ -372,7 +484,9 @@ def moe_gather_kernel(
     x,  # (T, H)
     token,  # (S,) int32: the token of routed row r
     out,  # (S, H) out: x[token[r]]
-    H, stride_x, stride_out,
+    H,
+    stride_x,
+    stride_out,
     BLOCK_H: tl.constexpr,
 ):
     """Grid (S, cdiv(H, BLOCK_H)): out[r, cols] = x[token[r], cols] (x.index_select(0, token))."""

@@ -27,8 +27,9 @@ from gemmlab.kernels.moe import load_a_tile, load_w_tile, store_rows, sum_slots,
 
 
 @triton.jit
-def _load_kn_tile(w, w_row0, k_rows_left, off_n, N, stride_wk,
-                  BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, W_TMA: tl.constexpr):
+def _load_kn_tile(
+    w, w_row0, k_rows_left, off_n, N, stride_wk, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, W_TMA: tl.constexpr
+):
     """[BLOCK_K, BLOCK_N] tile of a row-major (K, N) operand stored as rows w_row0 .. of W (E * K, N). Through
     TMA the rows past the expert's K (the next expert's) are read: the launcher pairs them with A columns that
     are zero (A's descriptor ends at K)."""
@@ -56,18 +57,34 @@ def moe_bwd_dh_kernel(
     part,  # (S, NUM_N) fp32 out: per I-tile partial sums of d topk_weights
     offsets,  # (E,) int32 cumulative row ends
     tile_offsets,  # (E + 1,) int32 cumulative m-tile counts
-    H, N_I, E,  # N_I = I
-    stride_x, stride_dy, stride_w1, stride_w2, stride_dgu, stride_wh, stride_gu,
-    RECOMPUTE: tl.constexpr, W_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    H,
+    N_I,
+    E,  # N_I = I
+    stride_x,
+    stride_dy,
+    stride_w1,
+    stride_w2,
+    stride_dgu,
+    stride_wh,
+    stride_gu,
+    RECOMPUTE: tl.constexpr,
+    W_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    LOG2_E: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """Grid (NUM_PROGRAMS,), persistent over tile_offsets[E] * cdiv(I, BLOCK_N) items (read on the device)."""
     pid = tl.program_id(0)
     num_n = tl.cdiv(N_I, BLOCK_N)
     total = tl.load(tile_offsets + E) * num_n
     for item in tl.range(pid, total, NUM_PROGRAMS, flatten=False):
-        e, row0, rows_end, off_n = tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E,
-                                                 BLOCK_M, BLOCK_N)
+        e, row0, rows_end, off_n = tile_of_item(
+            item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E, BLOCK_M, BLOCK_N
+        )
         gate_row0 = e * 2 * N_I + off_n  # the up rows follow N_I rows later
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -103,8 +120,9 @@ def moe_bwd_dh_kernel(
         w = tl.load(scale + rows, mask=in_rows, other=0.0)[:, None]
         acc_d = acc_d * w
         store_rows(wh, h * w, rows, rows_end, off_n, N_I, stride_wh, BLOCK_N)
-        store_rows(dgu, acc_d * acc_u * sig * (1.0 + acc_g * (1.0 - sig)), rows, rows_end, off_n, N_I, stride_dgu,
-                    BLOCK_N)
+        store_rows(
+            dgu, acc_d * acc_u * sig * (1.0 + acc_g * (1.0 - sig)), rows, rows_end, off_n, N_I, stride_dgu, BLOCK_N
+        )
         store_rows(dgu + N_I, acc_d * silu, rows, rows_end, off_n, N_I, stride_dgu, BLOCK_N)
 
 
@@ -115,10 +133,20 @@ def moe_bwd_dx_kernel(
     out,  # (S, N) pointer
     offsets,  # (E,) int32 cumulative row ends
     tile_offsets,  # (E + 1,) int32 cumulative m-tile counts
-    N, K, E,
-    stride_a, stride_w, stride_o,
-    A_TMA: tl.constexpr, W_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr,
+    N,
+    K,
+    E,
+    stride_a,
+    stride_w,
+    stride_o,
+    A_TMA: tl.constexpr,
+    W_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    LOG2_E: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
     """Grid (NUM_PROGRAMS,): out[r] = A[r] @ W_e for the rows r of expert e, persistent over
@@ -127,8 +155,9 @@ def moe_bwd_dx_kernel(
     num_n = tl.cdiv(N, BLOCK_N)
     total = tl.load(tile_offsets + E) * num_n
     for item in tl.range(pid, total, NUM_PROGRAMS, flatten=False):
-        e, row0, rows_end, off_n = tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E,
-                                                 BLOCK_M, BLOCK_N)
+        e, row0, rows_end, off_n = tile_of_item(
+            item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E, BLOCK_M, BLOCK_N
+        )
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(tl.cdiv(K, BLOCK_K)):
             off_k = ki * BLOCK_K
@@ -145,8 +174,13 @@ def moe_bwd_combine_kernel(
     part,  # (S, NUM_PART) fp32 partial sums of d topk_weights
     dx,  # (T, H) out
     dtw,  # (T * k,) out, topk_weights' dtype
-    H, NUM_PART, stride_dxs, stride_dx,
-    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
+    H,
+    NUM_PART,
+    stride_dxs,
+    stride_dx,
+    TOP_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     """Grid (T, cdiv(H, BLOCK_H)): dx[t, cols] = sum over j of dxs[inv[t*k + j], cols] in j order (fp32);
     the programs of column block 0 also write dtw[t, j] = sum of part[inv[t*k + j], :]."""
@@ -170,9 +204,18 @@ def moe_weight_grad_kernel(
     q_rows,  # (S,) int32: the Q row of routed row r (Q_GATHER), else unused
     out,  # (E, M, N) out, rows of expert e: out + e * stride_oe
     offsets,  # (E,) int32 cumulative row ends of the groups
-    M, N, stride_p, stride_q, stride_oe, stride_om,
-    P_GATHER: tl.constexpr, Q_GATHER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    M,
+    N,
+    stride_p,
+    stride_q,
+    stride_oe,
+    stride_om,
+    P_GATHER: tl.constexpr,
+    Q_GATHER: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """Grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), E): out[e] = sum over the expert's routed rows r of
     P[row_p(r)]^T Q[row_q(r)] in fp32, rows in order (an expert with no rows gets zeros)."""

@@ -41,10 +41,18 @@ def moe_fp8_grouped_kernel(
     scale,  # (S,) fp32 per-row factor (MODE 2), else unused
     offsets,  # (E,) int32 cumulative row ends of the groups
     tile_offsets,  # (E + 1,) int32 cumulative BLOCK_M-tile counts
-    N, K, E,
-    stride_sa, stride_om,
-    MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, LOG2_E: tl.constexpr,
+    N,
+    K,
+    E,
+    stride_sa,
+    stride_om,
+    MODE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    LOG2_E: tl.constexpr,
 ):
     """Grid (NUM_PROGRAMS,): program p takes work items p, p + NUM_PROGRAMS, ... of the tile_offsets[E] *
     cdiv(N, BLOCK_N) items (read on the device: no host sync), as ``kernels.moe.moe_grouped_kernel`` does."""
@@ -55,8 +63,9 @@ def moe_fp8_grouped_kernel(
     nb_w = tl.cdiv(n_w, 128)  # scale blocks of W per expert
     Kb = tl.cdiv(K, 128)
     for item in tl.range(pid, total, NUM_PROGRAMS, flatten=False):
-        e, row0, rows_end, off_n = tile_of_item(item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E, BLOCK_M,
-                                                 BLOCK_N)
+        e, row0, rows_end, off_n = tile_of_item(
+            item, tile_offsets, offsets, num_n, E, GROUP_M, LOG2_E, BLOCK_M, BLOCK_N
+        )
         rows = row0 + tl.arange(0, BLOCK_M)
         cols = off_n + tl.arange(0, BLOCK_N)  # columns of out; rows of W (gate rows in MODE 1)
         w_row0 = e * n_w + off_n  # int32: TMA coordinates (E * N_w < 2^31)

@@ -1,6 +1,6 @@
 """The experiment ledger (SQLite): every attempt, accepted or rejected with its reason.
 
-    from gemmlab.ledger import Ledger, Entry, decide
+from gemmlab.ledger import Ledger, Entry, decide
 """
 
 from gemmlab.ledger.decide import decide, paired_speedup

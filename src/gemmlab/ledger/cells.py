@@ -8,8 +8,27 @@ import json
 
 from gemmlab.output import nesting
 
-TEXT = ("kind", "shape", "dtype", "op", "note", "command", "backend", "path", "error", "session", "created",
-        "gemmlab_version", "git_sha", "gpu", "driver", "torch", "triton", "decision", "reason")
+TEXT = (
+    "kind",
+    "shape",
+    "dtype",
+    "op",
+    "note",
+    "command",
+    "backend",
+    "path",
+    "error",
+    "session",
+    "created",
+    "gemmlab_version",
+    "git_sha",
+    "gpu",
+    "driver",
+    "torch",
+    "triton",
+    "decision",
+    "reason",
+)
 NUMBERS = ("median_ms", "p20_ms", "p80_ms", "tflops", "ratio", "sm_clock_mhz")
 WHOLE = ("id", "tensor_core_ops", "parent_id")
 FLAGS = ("correct", "dirty")  # SQLite keeps booleans as 0/1
@@ -28,7 +47,6 @@ class CellError(ValueError):
 def _number(v) -> bool:
     """A number (NaN and infinities included: a measurement may record them)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
-
 
 
 def _problem(key: str, v) -> str | None:

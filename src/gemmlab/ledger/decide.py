@@ -60,16 +60,19 @@ def decide(child, parent) -> tuple[str, str]:
     # the parent's median from the same run when the two were interleaved, else from its own entry
     parent_ms = (child.vs_parent or {}).get("parent_median_ms", parent.median_ms)
     if parent_ms is not None and child.median_ms >= parent_ms:
-        return "rejected", (f"median latency did not drop: {child.median_ms:.4f} ms against "
-                            f"{parent_ms:.4f} ms (#{parent.id})")
+        return "rejected", (
+            f"median latency did not drop: {child.median_ms:.4f} ms against {parent_ms:.4f} ms (#{parent.id})"
+        )
     found = speedup_summary(child, parent)
     if found is None or found[0]["ci95"] is None:
         rounds = "" if found is None else f" ({found[0]['rounds']} rounds: too few for a 95% interval)"
-        return "rejected", ("no paired interval: not measured with the parent, nor enough per-round ratios to cuBLAS "
-                            f"in both{rounds}")
+        return "rejected", (
+            f"no paired interval: not measured with the parent, nor enough per-round ratios to cuBLAS in both{rounds}"
+        )
     s, how = found
     lo, hi = s["ci95"]
     if not stats.is_faster(s):
-        return "rejected", (f"within noise: speedup {s['ratio']:.3f}, 95% interval [{lo:.3f}, {hi:.3f}] includes "
-                            f"no change ({how})")
+        return "rejected", (
+            f"within noise: speedup {s['ratio']:.3f}, 95% interval [{lo:.3f}, {hi:.3f}] includes no change ({how})"
+        )
     return "accepted", f"{s['ratio']:.3f}x faster than #{parent.id}, 95% interval [{lo:.3f}, {hi:.3f}] ({how})"

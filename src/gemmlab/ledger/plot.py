@@ -23,8 +23,14 @@ def history_png(entries: list, shape: str, path: str | Path) -> Path | None:
     if acc:
         ax.plot([i for i, _ in acc], [e.median_ms for _, e in acc], "o-", color="C0", label="accepted")
         for i, e in acc:
-            ax.annotate(f"#{e.id} {e.median_ms:.3f}", (i, e.median_ms), fontsize=7, textcoords="offset points",
-                        xytext=(0, 6), ha="center")
+            ax.annotate(
+                f"#{e.id} {e.median_ms:.3f}",
+                (i, e.median_ms),
+                fontsize=7,
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+            )
     if rej:
         ax.plot([i for i, _ in rej], [e.median_ms for _, e in rej], "x", color="C3", label="rejected")
     wrong = [i for i, e in enumerate(entries) if e.median_ms is None]

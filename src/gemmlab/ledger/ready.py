@@ -39,8 +39,9 @@ def check(path: str | Path | None = None) -> Path:
         finally:
             db.conn.execute("ROLLBACK")
     except sqlite3.Error as e:
-        raise LedgerError(f"ledger {p} cannot be written: {e}" if "readonly" not in str(e) else
-                          f"ledger {p} is read-only ({e})") from None
+        raise LedgerError(
+            f"ledger {p} cannot be written: {e}" if "readonly" not in str(e) else f"ledger {p} is read-only ({e})"
+        ) from None
     finally:
         db.close()
     return p

@@ -46,15 +46,38 @@ def from_bench(report: dict, note: str = "", command: str = "") -> list[Entry]:
             vs = c.get("vs_baseline") or {}
             correct, why = outcome(c)
             tc = tensor_core_ops(m, n, k, r["dtype"], name == "gemmlab-packed") if _gemmlab_backend(name) else None
-            out.append(Entry(kind="bench", shape=_shape(m, n, k), dtype=r["dtype"], note=note, command=command,
-                             backend=name, path=c.get("path"), config=c.get("config"), correct=correct,
-                             error=why, median_ms=c.get("median_ms"),
-                             p20_ms=c.get("p20_ms"), p80_ms=c.get("p80_ms"), tflops=c.get("tflops"),
-                             ratio=vs.get("ratio"), ratio_ci=vs.get("ci95"), per_round=vs.get("per_round"),
-                             sm_clock_mhz=(c.get("clocks") or {}).get("sm_clock_mhz_mean"), tensor_core_ops=tc,
-                             report={"env": report["env"], "args": report["args"], "result": {"shape": r["shape"],
-                                     "case": r.get("case"),  # dtype, layout, padding (problems.Case)
-                                     "candidate": {key: v for key, v in c.items() if key != "per_round_ms"}}}))
+            out.append(
+                Entry(
+                    kind="bench",
+                    shape=_shape(m, n, k),
+                    dtype=r["dtype"],
+                    note=note,
+                    command=command,
+                    backend=name,
+                    path=c.get("path"),
+                    config=c.get("config"),
+                    correct=correct,
+                    error=why,
+                    median_ms=c.get("median_ms"),
+                    p20_ms=c.get("p20_ms"),
+                    p80_ms=c.get("p80_ms"),
+                    tflops=c.get("tflops"),
+                    ratio=vs.get("ratio"),
+                    ratio_ci=vs.get("ci95"),
+                    per_round=vs.get("per_round"),
+                    sm_clock_mhz=(c.get("clocks") or {}).get("sm_clock_mhz_mean"),
+                    tensor_core_ops=tc,
+                    report={
+                        "env": report["env"],
+                        "args": report["args"],
+                        "result": {
+                            "shape": r["shape"],
+                            "case": r.get("case"),  # dtype, layout, padding (problems.Case)
+                            "candidate": {key: v for key, v in c.items() if key != "per_round_ms"},
+                        },
+                    },
+                )
+            )
     return out
 
 
@@ -72,17 +95,30 @@ def from_stable(report: dict, note: str = "", command: str = "") -> list[Entry]:
         ratios = [p["candidates"][name]["ratio"] for p in good if p["candidates"].get(name, {}).get("ratio")]
         med, r = s.get("median_ms") or {}, s.get("ratio") or {}
         clocks = (report["summary"].get("sm_clock_mhz") or {}).get("mean_per_process") or []
-        out.append(Entry(kind="bench", shape=_shape(m, n, k), dtype=dtype, note=note, command=command,
-                         backend=name, correct=bool(good) and s["wrong_in"] == 0 and len(good) == len(
-                             report["processes"]),
-                         error=("; ".join(report["summary"]["flags"]) or None) if s["wrong_in"] else None,
-                         median_ms=med.get("median_ms"), p20_ms=med.get("p20_ms"), p80_ms=med.get("p80_ms"),
-                         tflops=2.0 * m * n * k / (med["median_ms"] * 1e-3) / 1e12 if med.get("median_ms") else None,
-                         ratio=r.get("median"), ratio_ci=r.get("ci95"), per_round=ratios,
-                         sm_clock_mhz=sum(clocks) / len(clocks) if clocks else None,
-                         tensor_core_ops=tensor_core_ops(m, n, k, dtype, name == "gemmlab-packed")
-                         if _gemmlab_backend(name) else None,
-                         report={"env": report["env"], "args": report["args"], "summary": report["summary"]}))
+        out.append(
+            Entry(
+                kind="bench",
+                shape=_shape(m, n, k),
+                dtype=dtype,
+                note=note,
+                command=command,
+                backend=name,
+                correct=bool(good) and s["wrong_in"] == 0 and len(good) == len(report["processes"]),
+                error=("; ".join(report["summary"]["flags"]) or None) if s["wrong_in"] else None,
+                median_ms=med.get("median_ms"),
+                p20_ms=med.get("p20_ms"),
+                p80_ms=med.get("p80_ms"),
+                tflops=2.0 * m * n * k / (med["median_ms"] * 1e-3) / 1e12 if med.get("median_ms") else None,
+                ratio=r.get("median"),
+                ratio_ci=r.get("ci95"),
+                per_round=ratios,
+                sm_clock_mhz=sum(clocks) / len(clocks) if clocks else None,
+                tensor_core_ops=tensor_core_ops(m, n, k, dtype, name == "gemmlab-packed")
+                if _gemmlab_backend(name)
+                else None,
+                report={"env": report["env"], "args": report["args"], "summary": report["summary"]},
+            )
+        )
     return out
 
 
@@ -99,13 +135,31 @@ def from_table(table: dict, note: str = "", command: str = "") -> list[Entry]:
         if ops is None and row["backend"] != "moe-grouped":
             ops = tensor_core_ops(m, n, k, table["config"]["dtype"], row["backend"] == "gemmlab-packed")
         op = "moe_grouped" if row["backend"] == "moe-grouped" else "gemm"  # its own latency curve
-        out.append(Entry(kind="table", op=op, shape=_shape(m, n, k), dtype=table["config"]["dtype"], note=note,
-                         command=command, backend=row["backend"], path=row.get("path"), config=row.get("config"),
-                         correct=bool(row.get("ok")), error=None if row.get("ok") else row.get("status"),
-                         median_ms=row.get("median_ms"), p20_ms=row.get("p20_ms"), p80_ms=row.get("p80_ms"),
-                         tflops=row.get("tflops"), ratio=row.get("ratio_vs_baseline"), ratio_ci=row.get("ci95"),
-                         per_round=row.get("per_round"), sm_clock_mhz=row.get("sm_clock_mhz"), tensor_core_ops=ops,
-                         report={"env": table["env"], "config": table["config"], "row": row}))
+        out.append(
+            Entry(
+                kind="table",
+                op=op,
+                shape=_shape(m, n, k),
+                dtype=table["config"]["dtype"],
+                note=note,
+                command=command,
+                backend=row["backend"],
+                path=row.get("path"),
+                config=row.get("config"),
+                correct=bool(row.get("ok")),
+                error=None if row.get("ok") else row.get("status"),
+                median_ms=row.get("median_ms"),
+                p20_ms=row.get("p20_ms"),
+                p80_ms=row.get("p80_ms"),
+                tflops=row.get("tflops"),
+                ratio=row.get("ratio_vs_baseline"),
+                ratio_ci=row.get("ci95"),
+                per_round=row.get("per_round"),
+                sm_clock_mhz=row.get("sm_clock_mhz"),
+                tensor_core_ops=ops,
+                report={"env": table["env"], "config": table["config"], "row": row},
+            )
+        )
     return out
 
 
@@ -123,16 +177,28 @@ def from_grade(report: dict, note: str = "", command: str = "") -> list[Entry]:
     fp8 = report.get("mode") == "fp8"  # an op of its own; its SASS is not the fp16/bf16 GEMM's (not inspected)
     own = report["kernel"] == "gemmlab (default)" and not fp8
     failures = "; ".join(f"{f['name']}: {f['reason']}" for f in report.get("failures", []))
-    return [Entry(kind="grade", op="gemm_fp8" if fp8 else "gemm", shape=_shape(m, n, k), dtype=report["dtype"],
-                  note=note, command=command,
-                  backend=report["kernel"], path=perf.get("timed_path"),
-                  correct=report["verdict"] in ("PASS", "INCONCLUSIVE"),
-                  error=failures or None, median_ms=perf.get("median_ms"), tflops=perf.get("tflops"),
-                  ratio=honest.get("ratio", perf.get("ratio")), ratio_ci=honest.get("ci95"),
-                  per_round=honest.get("per_round"),
-                  sm_clock_mhz=(perf.get("clocks") or {}).get("sm_clock_mhz_mean"),
-                  tensor_core_ops=tensor_core_ops(m, n, k, report["dtype"]) if own else None,
-                  report={key: v for key, v in report.items() if key != "correctness"})]
+    return [
+        Entry(
+            kind="grade",
+            op="gemm_fp8" if fp8 else "gemm",
+            shape=_shape(m, n, k),
+            dtype=report["dtype"],
+            note=note,
+            command=command,
+            backend=report["kernel"],
+            path=perf.get("timed_path"),
+            correct=report["verdict"] in ("PASS", "INCONCLUSIVE"),
+            error=failures or None,
+            median_ms=perf.get("median_ms"),
+            tflops=perf.get("tflops"),
+            ratio=honest.get("ratio", perf.get("ratio")),
+            ratio_ci=honest.get("ci95"),
+            per_round=honest.get("per_round"),
+            sm_clock_mhz=(perf.get("clocks") or {}).get("sm_clock_mhz_mean"),
+            tensor_core_ops=tensor_core_ops(m, n, k, report["dtype"]) if own else None,
+            report={key: v for key, v in report.items() if key != "correctness"},
+        )
+    ]
 
 
 def _moe_grade_entry(report: dict, perf: dict, dims, note: str, command: str) -> Entry:
@@ -145,13 +211,25 @@ def _moe_grade_entry(report: dict, perf: dict, dims, note: str, command: str) ->
     tc = moe_tensor_core_ops((1,), t * k, e, report["dtype"]) if own else None
     honest = perf.get("honest") or {}
     failures = "; ".join(f"{f['name']}: {f['reason']}" for f in report.get("failures", []))
-    return Entry(kind="grade", op="moe_forward_fp8" if fp8 else "moe_forward", shape="x".join(map(str, dims)),
-                 dtype=report["dtype"], note=note, command=command, backend=report["kernel"],
-                 correct=report["verdict"] in ("PASS", "INCONCLUSIVE"),
-                 error=failures or None, median_ms=perf.get("median_ms"), tflops=perf.get("tflops"),
-                 ratio=honest.get("ratio", perf.get("ratio")), ratio_ci=honest.get("ci95"),
-                 per_round=honest.get("per_round"), sm_clock_mhz=(perf.get("clocks") or {}).get("sm_clock_mhz_mean"),
-                 tensor_core_ops=tc, report={key: v for key, v in report.items() if key != "correctness"})
+    return Entry(
+        kind="grade",
+        op="moe_forward_fp8" if fp8 else "moe_forward",
+        shape="x".join(map(str, dims)),
+        dtype=report["dtype"],
+        note=note,
+        command=command,
+        backend=report["kernel"],
+        correct=report["verdict"] in ("PASS", "INCONCLUSIVE"),
+        error=failures or None,
+        median_ms=perf.get("median_ms"),
+        tflops=perf.get("tflops"),
+        ratio=honest.get("ratio", perf.get("ratio")),
+        ratio_ci=honest.get("ci95"),
+        per_round=honest.get("per_round"),
+        sm_clock_mhz=(perf.get("clocks") or {}).get("sm_clock_mhz_mean"),
+        tensor_core_ops=tc,
+        report={key: v for key, v in report.items() if key != "correctness"},
+    )
 
 
 def moe_shape(t: int, h: int, i: int, e: int, k: int, routing: str = "uniform") -> str:
@@ -160,8 +238,9 @@ def moe_shape(t: int, h: int, i: int, e: int, k: int, routing: str = "uniform") 
 
 
 @functools.cache
-def moe_tensor_core_ops(modes: tuple[int, ...], rows: int, experts: int, dtype: str,
-                        configs: tuple | None = None) -> int | None:
+def moe_tensor_core_ops(
+    modes: tuple[int, ...], rows: int, experts: int, dtype: str, configs: tuple | None = None
+) -> int | None:
     """The fewest tensor-core instructions (sm_90 SASS, ``instruments.sass.moe_report``) among the grouped
     kernels of ``modes`` (0 grouped, 1 gate/up, 2 down) for ``rows`` routed rows: each with the config
     ``moe_config`` picks, or ``configs[i]`` for ``modes[i]``. None under the interpreter or when a
@@ -175,8 +254,10 @@ def moe_tensor_core_ops(modes: tuple[int, ...], rows: int, experts: int, dtype: 
     from gemmlab.instruments.sass import moe_report
 
     try:
-        return min(moe_report(mode, rows, experts, getattr(torch, dtype), config=cfg)["tensor_core_ops"]
-                   for mode, cfg in zip(modes, configs or (None,) * len(modes), strict=True))
+        return min(
+            moe_report(mode, rows, experts, getattr(torch, dtype), config=cfg)["tensor_core_ops"]
+            for mode, cfg in zip(modes, configs or (None,) * len(modes), strict=True)
+        )
     except Exception:
         return None
 
@@ -196,17 +277,47 @@ def from_moe_bench(report: dict, note: str = "", command: str = "") -> list[Entr
             modes = (0,) if r["part"] == "grouped" else (1, 2)
             tc = moe_tensor_core_ops(modes, z["S"], z["E"], r["dtype"]) if name == "gemmlab" else None
             correct, why = outcome(c)
-            out.append(Entry(kind="bench", op=op, shape=shape, dtype=r["dtype"], note=note, command=command,
-                             backend=name, path="moe_grouped" if name == "gemmlab" else None,
-                             correct=correct, error=why, median_ms=c.get("median_ms"),
-                             p20_ms=c.get("p20_ms"), p80_ms=c.get("p80_ms"), tflops=c.get("tflops"),
-                             ratio=vs.get("ratio"), ratio_ci=vs.get("ci95"), per_round=vs.get("per_round"),
-                             sm_clock_mhz=(c.get("clocks") or {}).get("sm_clock_mhz_mean"), tensor_core_ops=tc,
-                             report={"env": report["env"], "args": report["args"], "baseline": r["baseline"],
-                                     "case": {key: r[key] for key in ("model", "tokens", "routing", "part",
-                                                                      "sizes", "experts_used",
-                                                                      "max_rows_per_expert")},
-                                     "candidate": {key: v for key, v in c.items() if key != "per_round_ms"}}))
+            out.append(
+                Entry(
+                    kind="bench",
+                    op=op,
+                    shape=shape,
+                    dtype=r["dtype"],
+                    note=note,
+                    command=command,
+                    backend=name,
+                    path="moe_grouped" if name == "gemmlab" else None,
+                    correct=correct,
+                    error=why,
+                    median_ms=c.get("median_ms"),
+                    p20_ms=c.get("p20_ms"),
+                    p80_ms=c.get("p80_ms"),
+                    tflops=c.get("tflops"),
+                    ratio=vs.get("ratio"),
+                    ratio_ci=vs.get("ci95"),
+                    per_round=vs.get("per_round"),
+                    sm_clock_mhz=(c.get("clocks") or {}).get("sm_clock_mhz_mean"),
+                    tensor_core_ops=tc,
+                    report={
+                        "env": report["env"],
+                        "args": report["args"],
+                        "baseline": r["baseline"],
+                        "case": {
+                            key: r[key]
+                            for key in (
+                                "model",
+                                "tokens",
+                                "routing",
+                                "part",
+                                "sizes",
+                                "experts_used",
+                                "max_rows_per_expert",
+                            )
+                        },
+                        "candidate": {key: v for key, v in c.items() if key != "per_round_ms"},
+                    },
+                )
+            )
     return out
 
 

@@ -77,8 +77,9 @@ def peek(path: Path, columns: set[str]) -> str | None:
         finally:
             conn.close()
     except DatabaseError as e:
-        return f"is busy: another process holds it locked ({e}); try again" if busy(e) else \
-            f"is not a SQLite ledger ({e})"
+        return (
+            f"is busy: another process holds it locked ({e}); try again" if busy(e) else f"is not a SQLite ledger ({e})"
+        )
     if app_id == APPLICATION_ID:
         return None
     if app_id:
@@ -86,10 +87,15 @@ def peek(path: Path, columns: set[str]) -> str | None:
     tables = sorted(n for n, t in names.items() if t == "table" and not n.startswith("sqlite_"))
     if not names and not version:
         return None
-    if set(tables) <= {"entries", "attachments"} and "entries" in tables and (
-            cols == columns or cols == columns - V0_LATER):
+    if (
+        set(tables) <= {"entries", "attachments"}
+        and "entries" in tables
+        and (cols == columns or cols == columns - V0_LATER)
+    ):
         return None
     if not tables:
         return f"is a SQLite file without a ledger in it (user_version {version}), not a gemmlab ledger"
-    return (f"is a SQLite file of another application (tables: {', '.join(tables[:6])}"
-            f"{', ...' if len(tables) > 6 else ''}), not a gemmlab ledger")
+    return (
+        f"is a SQLite file of another application (tables: {', '.join(tables[:6])}"
+        f"{', ...' if len(tables) > 6 else ''}), not a gemmlab ledger"
+    )

@@ -173,8 +173,10 @@ class Ledger:
         if why is None and self.read_only and self.path.stat().st_size == 0:
             why = "is empty (not a SQLite ledger)"
         if why is not None:
-            raise LedgerError(f"ledger {self.path} {why}" + ("" if self.read_only else "; gemmlab writes only to "
-                                                               "its own ledgers: give another --ledger path"))
+            raise LedgerError(
+                f"ledger {self.path} {why}"
+                + ("" if self.read_only else "; gemmlab writes only to its own ledgers: give another --ledger path")
+            )
 
     def _check_readable(self) -> None:
         """A ledger this gemmlab can read, read as it is: an older schema is not migrated (its entries table
@@ -182,13 +184,22 @@ class Ledger:
         try:
             version = self.schema_version()
             has_entries = self.conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'entries'").fetchone()
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'entries'"
+            ).fetchone()
         except sqlite3.DatabaseError as e:  # "file is not a database"; or locked by a writer past the timeout
-            raise LedgerError(f"ledger {self.path} " + (f"is busy: another process holds it locked ({e}); try again"
-                              if busy(e) else f"is not a SQLite ledger ({e})")) from None
+            raise LedgerError(
+                f"ledger {self.path} "
+                + (
+                    f"is busy: another process holds it locked ({e}); try again"
+                    if busy(e)
+                    else f"is not a SQLite ledger ({e})"
+                )
+            ) from None
         if version > SCHEMA_VERSION:
-            raise LedgerError(f"ledger {self.path} has schema version {version}, newer than this gemmlab's "
-                              f"{SCHEMA_VERSION} (gemmlab {provenance.version()}): upgrade gemmlab")
+            raise LedgerError(
+                f"ledger {self.path} has schema version {version}, newer than this gemmlab's "
+                f"{SCHEMA_VERSION} (gemmlab {provenance.version()}): upgrade gemmlab"
+            )
         if not has_entries:
             raise LedgerError(f"ledger {self.path} is a SQLite file without a ledger in it")
 
@@ -218,8 +229,10 @@ class Ledger:
     def _schema(self) -> None:
         """Create the schema in a new file, migrate an older one, refuse a newer one."""
         if self.schema_version() > SCHEMA_VERSION:
-            raise LedgerError(f"ledger {self.path} has schema version {self.schema_version()}, newer than this "
-                              f"gemmlab's {SCHEMA_VERSION} (gemmlab {provenance.version()}): upgrade gemmlab")
+            raise LedgerError(
+                f"ledger {self.path} has schema version {self.schema_version()}, newer than this "
+                f"gemmlab's {SCHEMA_VERSION} (gemmlab {provenance.version()}): upgrade gemmlab"
+            )
         if self.schema_version() == SCHEMA_VERSION and self._application_id() == APPLICATION_ID:
             return
         with self.transaction() as c:  # under the write lock: another process may have migrated it meanwhile
@@ -281,8 +294,13 @@ class Ledger:
         e.driver = e.driver or env.get("driver")
         e.torch, e.triton = e.torch or env["torch"], e.triton or env["triton"]
 
-    def record(self, e: Entry, parent_id: int | None = None, provenance: bool = True,
-               same_problem: Callable[[Entry], bool] | None = None) -> int:
+    def record(
+        self,
+        e: Entry,
+        parent_id: int | None = None,
+        provenance: bool = True,
+        same_problem: Callable[[Entry], bool] | None = None,
+    ) -> int:
         """Insert ``e`` and decide it against ``parent_id`` (default: the last accepted entry of the same
         op, shape, dtype and GPU, and, with ``same_problem``, for which ``same_problem(entry)`` holds: the
         same operand layout, the same timing mode). Returns the new id; ``e`` gets its id, decision and
@@ -300,8 +318,10 @@ class Ledger:
             e.parent_id = parent.id if parent else None
             e.decision, e.reason = decide(e, parent)
             values = [getattr(e, col) for col in _COLUMNS if col != "id"]
-            values = [json.dumps(v) if col in _JSON and v is not None else v
-                      for col, v in zip([c for c in _COLUMNS if c != "id"], values, strict=True)]
+            values = [
+                json.dumps(v) if col in _JSON and v is not None else v
+                for col, v in zip([c for c in _COLUMNS if c != "id"], values, strict=True)
+            ]
             cols = [col for col in _COLUMNS if col != "id"]
             cur = c.execute(f"INSERT INTO entries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", values)
             e.id = cur.lastrowid
@@ -316,8 +336,10 @@ class Ledger:
             if c.execute("SELECT 1 FROM entries WHERE id = ?", (entry_id,)).fetchone() is None:
                 raise KeyError(f"no ledger entry {entry_id}")
             created = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
-            cur = c.execute("INSERT INTO attachments (entry_id, kind, created, path, data) VALUES (?, ?, ?, ?, ?)",
-                            (entry_id, kind, created, path, json.dumps(data, default=str)))
+            cur = c.execute(
+                "INSERT INTO attachments (entry_id, kind, created, path, data) VALUES (?, ?, ?, ?, ?)",
+                (entry_id, kind, created, path, json.dumps(data, default=str)),
+            )
         return cur.lastrowid
 
     def attachments(self, entry_id: int, kind: str | None = None) -> list[dict]:
@@ -329,8 +351,9 @@ class Ledger:
             rows = [dict(r) for r in self.conn.execute(sql + " ORDER BY id", args).fetchall()]
             for r in rows:
                 if r["data"] is not None and not isinstance(r["data"], str):
-                    raise CellError(f"attachment {r['id']!r}: column data holds {type(r['data']).__name__}, "
-                                    "not JSON text")
+                    raise CellError(
+                        f"attachment {r['id']!r}: column data holds {type(r['data']).__name__}, not JSON text"
+                    )
                 r["data"] = None if r["data"] is None else decode(r["data"], f"attachment {r['id']!r}", "data")
         return rows
 
@@ -341,8 +364,10 @@ class Ledger:
         try:
             yield
         except sqlite3.DatabaseError as e:
-            raise LedgerError(f"ledger {self.path} " + (f"is busy: another process holds it locked ({e}); try again"
-                              if busy(e) else f"is damaged: {e}")) from None
+            raise LedgerError(
+                f"ledger {self.path} "
+                + (f"is busy: another process holds it locked ({e}); try again" if busy(e) else f"is damaged: {e}")
+            ) from None
         except CellError as e:
             raise LedgerError(f"ledger {self.path}: {e}") from None
 
@@ -354,17 +379,26 @@ class Ledger:
             r = self.conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchone()
             return _row(r) if r else None
 
-    def last_accepted(self, op: str, shape: str, dtype: str, gpu: str | None,
-                      same_problem: Callable[[Entry], bool] | None = None) -> Entry | None:
-        sql = ("SELECT * FROM entries WHERE op = ? AND shape = ? AND dtype = ? AND gpu IS ? AND "
-               "decision = 'accepted' ORDER BY id DESC")
+    def last_accepted(
+        self, op: str, shape: str, dtype: str, gpu: str | None, same_problem: Callable[[Entry], bool] | None = None
+    ) -> Entry | None:
+        sql = (
+            "SELECT * FROM entries WHERE op = ? AND shape = ? AND dtype = ? AND gpu IS ? AND "
+            "decision = 'accepted' ORDER BY id DESC"
+        )
         if same_problem is None:
             r = self.conn.execute(sql + " LIMIT 1", (op, shape, dtype, gpu)).fetchone()
             return _row(r) if r else None
         return next((e for e in map(_row, self.conn.execute(sql, (op, shape, dtype, gpu))) if same_problem(e)), None)
 
-    def list(self, shape: str | None = None, kind: str | None = None, session: str | None = None,
-             dtype: str | None = None, limit: int | None = None) -> list[Entry]:
+    def list(
+        self,
+        shape: str | None = None,
+        kind: str | None = None,
+        session: str | None = None,
+        dtype: str | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
         where, args = [], []
         for col, v in (("shape", shape), ("kind", kind), ("session", session), ("dtype", dtype)):
             if v is not None:

@@ -36,5 +36,16 @@ from gemmlab.nn.patch import PatchSummary, patch
 from gemmlab.nn.per_shape import choices
 from gemmlab.nn.quantize import quantize_
 
-__all__ = ["DTYPES", "Fp8Linear", "Fp8MoEExperts", "Linear", "MoE", "MoEExperts", "PatchSummary", "choices", "patch",
-           "quantize_", "register_transformers"]
+__all__ = [
+    "DTYPES",
+    "Fp8Linear",
+    "Fp8MoEExperts",
+    "Linear",
+    "MoE",
+    "MoEExperts",
+    "PatchSummary",
+    "choices",
+    "patch",
+    "quantize_",
+    "register_transformers",
+]

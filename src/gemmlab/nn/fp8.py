@@ -43,7 +43,8 @@ FP8 = torch.float8_e4m3fn
 BLOCK = 128  # the scale block edge: 1x128 for activations, 128x128 for weights
 IN_DTYPES = DTYPES + (torch.float32,)  # inputs an FP8 module takes (fp32 runs the emulation)
 SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16) + (
-    (torch.float8_e8m0fnu,) if hasattr(torch, "float8_e8m0fnu") else ())  # each converts to fp32 exactly
+    (torch.float8_e8m0fnu,) if hasattr(torch, "float8_e8m0fnu") else ()
+)  # each converts to fp32 exactly
 POLICIES = ("auto", "torch")
 
 
@@ -57,13 +58,17 @@ def check_fp8_weight(who: str, name: str, w: object, scale: object, shape: tuple
     want_s = (*shape[:-2], _cdiv(shape[-2], BLOCK), _cdiv(shape[-1], BLOCK))
     if not isinstance(w, torch.Tensor) or w.dtype != FP8 or tuple(w.shape) != shape:
         got = f"{w.dtype} of shape {tuple(w.shape)}" if isinstance(w, torch.Tensor) else type(w).__name__
-        raise ValueError(f"{who}: {name} must be float8_e4m3fn of shape {shape}, got {got} (an FP8 checkpoint's "
-                         f"e4m3 weight; quantize a bf16 one with from_linear / from_experts or gemmlab.quantize_)")
+        raise ValueError(
+            f"{who}: {name} must be float8_e4m3fn of shape {shape}, got {got} (an FP8 checkpoint's "
+            f"e4m3 weight; quantize a bf16 one with from_linear / from_experts or gemmlab.quantize_)"
+        )
     if not isinstance(scale, torch.Tensor) or scale.dtype not in SCALE_DTYPES or tuple(scale.shape) != want_s:
-        got = f"{scale.dtype} of shape {tuple(scale.shape)}" if isinstance(scale, torch.Tensor) else \
-            type(scale).__name__
-        raise ValueError(f"{who}: {name}_scale_inv must be fp32 of shape {want_s} (one per 128x128 block of "
-                         f"{name}), got {got}")
+        got = (
+            f"{scale.dtype} of shape {tuple(scale.shape)}" if isinstance(scale, torch.Tensor) else type(scale).__name__
+        )
+        raise ValueError(
+            f"{who}: {name}_scale_inv must be fp32 of shape {want_s} (one per 128x128 block of {name}), got {got}"
+        )
     if w.device != scale.device:
         raise ValueError(f"{who}: {name} and its scale must be on one device, got {w.device}, {scale.device}")
 
@@ -82,8 +87,10 @@ def _quantized_rows(x2: torch.Tensor) -> torch.Tensor:
 
 def _refuse_grad(who: str, x: torch.Tensor) -> None:
     if torch.is_grad_enabled() and x.requires_grad:
-        raise RuntimeError(f"{who}: FP8 modules have no autograd (inference only); call under torch.no_grad() or "
-                           "torch.inference_mode()")
+        raise RuntimeError(
+            f"{who}: FP8 modules have no autograd (inference only); call under torch.no_grad() or "
+            "torch.inference_mode()"
+        )
 
 
 class _HeldDtypes(nn.Module):
@@ -108,16 +115,23 @@ class _HeldDtypes(nn.Module):
         for w in self.HELD[::2]:
             key = prefix + w + "_scale_inv"
             if prefix + w in state_dict or key in state_dict:
-                check_fp8_weight(type(self).__name__, prefix + w, state_dict.get(prefix + w, self._buffers[w]),
-                                 state_dict.get(key, self._buffers[w + "_scale_inv"]), tuple(self._buffers[w].shape))
+                check_fp8_weight(
+                    type(self).__name__,
+                    prefix + w,
+                    state_dict.get(prefix + w, self._buffers[w]),
+                    state_dict.get(key, self._buffers[w + "_scale_inv"]),
+                    tuple(self._buffers[w].shape),
+                )
             if key in state_dict and state_dict[key].dtype != torch.float32:
                 state_dict[key] = state_dict[key].float()
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         self._check_state(state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
 
 def _policy(dispatch: str) -> str:
@@ -133,32 +147,45 @@ class Fp8Linear(_HeldDtypes):
 
     HELD = ("weight", "weight_scale_inv")
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
-                 dispatch: str = "auto"):
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *, dispatch: str = "auto"
+    ):
         check_sizes("Fp8Linear", 1, in_features=in_features, out_features=out_features)
         check_dtype("Fp8Linear", dtype)
         super().__init__()
         self.in_features, self.out_features, self.dispatch = in_features, out_features, _policy(dispatch)
         self.register_buffer("weight", torch.zeros((out_features, in_features), dtype=FP8, device=device))
-        self.register_buffer("weight_scale_inv", torch.ones((_cdiv(out_features, BLOCK), _cdiv(in_features, BLOCK)),
-                                                            dtype=torch.float32, device=device))
+        self.register_buffer(
+            "weight_scale_inv",
+            torch.ones((_cdiv(out_features, BLOCK), _cdiv(in_features, BLOCK)), dtype=torch.float32, device=device),
+        )
         b = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
         self.register_parameter("bias", b)
 
     @classmethod
-    def from_fp8(cls, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None = None, *,
-                 dispatch: str = "auto") -> Fp8Linear:
+    def from_fp8(
+        cls,
+        weight: torch.Tensor,
+        weight_scale_inv: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        dispatch: str = "auto",
+    ) -> Fp8Linear:
         """An Fp8Linear over a checkpoint's tensors (no copy where they are contiguous fp32 scales and an e4m3
         weight): weight (N, K) e4m3, weight_scale_inv (Nb, Kb), bias (N,) or None (kept as is: a Parameter stays
         the same object)."""
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-            raise ValueError(f"Fp8Linear: weight must be a 2-D (N, K) float8_e4m3fn tensor, got "
-                             f"{tuple(getattr(weight, 'shape', ())) or type(weight).__name__}")
+            raise ValueError(
+                f"Fp8Linear: weight must be a 2-D (N, K) float8_e4m3fn tensor, got "
+                f"{tuple(getattr(weight, 'shape', ())) or type(weight).__name__}"
+            )
         shape = tuple(weight.shape)
         check_fp8_weight("Fp8Linear", "weight", weight, weight_scale_inv, shape)
         if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (shape[0],)):
-            raise ValueError(f"Fp8Linear: bias must be a tensor of shape ({shape[0]},), got "
-                             f"{tuple(getattr(bias, 'shape', ())) or type(bias).__name__}")
+            raise ValueError(
+                f"Fp8Linear: bias must be a tensor of shape ({shape[0]},), got "
+                f"{tuple(getattr(bias, 'shape', ())) or type(bias).__name__}"
+            )
         new = cls(shape[1], shape[0], bias=False, device="meta", dispatch=dispatch)
         new.weight = weight.detach().contiguous()
         new.weight_scale_inv = weight_scale_inv.detach().float().contiguous()
@@ -171,8 +198,10 @@ class Fp8Linear(_HeldDtypes):
         ``quantize_fp8``'s rule); its bias Parameter is shared, in its own dtype."""
         w = getattr(linear, "weight", None)
         if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype not in IN_DTYPES or w.device.type == "meta":
-            raise ValueError(f"Fp8Linear.from_linear: needs a Linear whose weight is a materialized 2-D fp16, bf16 or "
-                             f"fp32 tensor, got {getattr(w, 'dtype', None)} on {getattr(w, 'device', None)}")
+            raise ValueError(
+                f"Fp8Linear.from_linear: needs a Linear whose weight is a materialized 2-D fp16, bf16 or "
+                f"fp32 tensor, got {getattr(w, 'dtype', None)} on {getattr(w, 'device', None)}"
+            )
         q, s = ops_fp8.quantize_fp8(w.detach(), "block", (BLOCK, BLOCK))
         return cls.from_fp8(q, s, linear.bias, dispatch=dispatch)
 
@@ -199,8 +228,10 @@ class Fp8Linear(_HeldDtypes):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"fp8=e4m3 128x128" + ("" if self.dispatch == "auto" else f", dispatch={self.dispatch!r}"))
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"fp8=e4m3 128x128" + ("" if self.dispatch == "auto" else f", dispatch={self.dispatch!r}")
+        )
 
 
 def _experts_emulated(x, w1, s1, w2, s2, weights, ids) -> torch.Tensor:
@@ -228,38 +259,56 @@ class Fp8MoEExperts(_HeldDtypes, MoEExperts):
 
     HELD = ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj", "down_proj_scale_inv")
 
-    def __init__(self, num_experts: int, hidden: int, intermediate: int, device=None, dtype=None, *,
-                 dispatch: str = "auto"):
+    def __init__(
+        self, num_experts: int, hidden: int, intermediate: int, device=None, dtype=None, *, dispatch: str = "auto"
+    ):
         check_sizes("Fp8MoEExperts", 1, num_experts=num_experts, hidden=hidden, intermediate=intermediate)
         if hidden % 16 or intermediate % 16:
-            raise ValueError(f"Fp8MoEExperts: hidden ({hidden}) and intermediate ({intermediate}) must be multiples "
-                             "of 16 (TMA rows of e4m3); such experts stay in bf16 (gemmlab.nn.MoEExperts)")
+            raise ValueError(
+                f"Fp8MoEExperts: hidden ({hidden}) and intermediate ({intermediate}) must be multiples "
+                "of 16 (TMA rows of e4m3); such experts stay in bf16 (gemmlab.nn.MoEExperts)"
+            )
         check_dtype("Fp8MoEExperts", dtype)
         nn.Module.__init__(self)  # (not MoEExperts.__init__: its weights are Parameters in a float dtype)
         self.num_experts, self.hidden_dim, self.intermediate_dim = num_experts, hidden, intermediate
         self.dispatch = _policy(dispatch)
         for name, (n, k) in (("gate_up_proj", (2 * intermediate, hidden)), ("down_proj", (hidden, intermediate))):
             self.register_buffer(name, torch.zeros((num_experts, n, k), dtype=FP8, device=device))
-            self.register_buffer(name + "_scale_inv", torch.ones((num_experts, _cdiv(n, BLOCK), _cdiv(k, BLOCK)),
-                                                                 dtype=torch.float32, device=device))
+            self.register_buffer(
+                name + "_scale_inv",
+                torch.ones((num_experts, _cdiv(n, BLOCK), _cdiv(k, BLOCK)), dtype=torch.float32, device=device),
+            )
 
     def reset_parameters(self) -> None:
         """Nothing to draw: FP8 experts hold a checkpoint's (or a quantized model's) weights."""
 
     @classmethod
-    def from_fp8(cls, gate_up_proj: torch.Tensor, gate_up_proj_scale_inv: torch.Tensor, down_proj: torch.Tensor,
-                 down_proj_scale_inv: torch.Tensor, *, dispatch: str = "auto") -> Fp8MoEExperts:
+    def from_fp8(
+        cls,
+        gate_up_proj: torch.Tensor,
+        gate_up_proj_scale_inv: torch.Tensor,
+        down_proj: torch.Tensor,
+        down_proj_scale_inv: torch.Tensor,
+        *,
+        dispatch: str = "auto",
+    ) -> Fp8MoEExperts:
         """Fp8MoEExperts over a checkpoint's tensors: gate_up_proj (E, 2I, H) e4m3 (gate rows first) with its scale
         (E, cdiv(2I, 128), Hb), down_proj (E, H, I) e4m3 with its scale (E, Hb, Ib)."""
         if not (isinstance(down_proj, torch.Tensor) and down_proj.dim() == 3):
-            raise ValueError(f"Fp8MoEExperts: down_proj must be a 3-D (E, H, I) tensor, got "
-                             f"{tuple(getattr(down_proj, 'shape', ())) or type(down_proj).__name__}")
+            raise ValueError(
+                f"Fp8MoEExperts: down_proj must be a 3-D (E, H, I) tensor, got "
+                f"{tuple(getattr(down_proj, 'shape', ())) or type(down_proj).__name__}"
+            )
         e, h, i = down_proj.shape
         check_fp8_weight("Fp8MoEExperts", "down_proj", down_proj, down_proj_scale_inv, (e, h, i))
         check_fp8_weight("Fp8MoEExperts", "gate_up_proj", gate_up_proj, gate_up_proj_scale_inv, (e, 2 * i, h))
         new = cls(e, h, i, device="meta", dispatch=dispatch)
-        for name, t in (("gate_up_proj", gate_up_proj), ("gate_up_proj_scale_inv", gate_up_proj_scale_inv),
-                        ("down_proj", down_proj), ("down_proj_scale_inv", down_proj_scale_inv)):
+        for name, t in (
+            ("gate_up_proj", gate_up_proj),
+            ("gate_up_proj_scale_inv", gate_up_proj_scale_inv),
+            ("down_proj", down_proj),
+            ("down_proj_scale_inv", down_proj_scale_inv),
+        ):
             t = t.detach()
             setattr(new, name, (t if t.dtype == FP8 else t.float()).contiguous())
         return new
@@ -269,10 +318,14 @@ class Fp8MoEExperts(_HeldDtypes, MoEExperts):
         """Quantize experts in MoEExperts' layout (``gate_up_proj`` (E, 2I, H), ``down_proj`` (E, H, I), fp16, bf16
         or fp32) per 128x128 block of each expert (``pack_moe_fp8``'s rule)."""
         w1, w2 = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
-        if not all(isinstance(w, torch.Tensor) and w.dim() == 3 and w.dtype in IN_DTYPES and w.device.type != "meta"
-                   for w in (w1, w2)):
-            raise ValueError("Fp8MoEExperts.from_experts: needs materialized 3-D fp16/bf16/fp32 gate_up_proj "
-                             "(E, 2I, H) and down_proj (E, H, I)")
+        if not all(
+            isinstance(w, torch.Tensor) and w.dim() == 3 and w.dtype in IN_DTYPES and w.device.type != "meta"
+            for w in (w1, w2)
+        ):
+            raise ValueError(
+                "Fp8MoEExperts.from_experts: needs materialized 3-D fp16/bf16/fp32 gate_up_proj "
+                "(E, 2I, H) and down_proj (E, H, I)"
+            )
         e, h, i = w2.shape
         if h % 16 or i % 16:  # (checked before quantizing: the constructor says why)
             cls(e, h, i, device="meta")
@@ -288,25 +341,31 @@ class Fp8MoEExperts(_HeldDtypes, MoEExperts):
         new.train(experts.training)
         return new
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
         """hidden_states (T, H) or (..., H); top_k_index, top_k_weights (T, k) or (..., k)."""
         h = self.hidden_dim
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() == 0 or hidden_states.shape[-1] != h:
             raise bad_input("Fp8MoEExperts", hidden_states, h, "hidden")
         if hidden_states.dtype not in IN_DTYPES:
-            raise TypeError(f"Fp8MoEExperts: input has dtype {hidden_states.dtype}; supported: bfloat16, float16, "
-                            "float32")
+            raise TypeError(
+                f"Fp8MoEExperts: input has dtype {hidden_states.dtype}; supported: bfloat16, float16, float32"
+            )
         _refuse_grad("Fp8MoEExperts", hidden_states)
         w1, s1, w2, s2 = self.gate_up_proj, self.gate_up_proj_scale_inv, self.down_proj, self.down_proj_scale_inv
         if self.dispatch == "torch" or not gemmlab_runs(hidden_states):
             k = top_k_index.shape[-1]
-            y = _experts_emulated(hidden_states.reshape(-1, h), w1, s1, w2, s2, top_k_weights.reshape(-1, k),
-                                  top_k_index.reshape(-1, k))
+            y = _experts_emulated(
+                hidden_states.reshape(-1, h), w1, s1, w2, s2, top_k_weights.reshape(-1, k), top_k_index.reshape(-1, k)
+            )
             return y.view(hidden_states.shape)
         packed = PackedMoEFP8(w1, s1, w2, s2)  # (checked at load; the op checks its operands again)
         return ops_moe.moe_forward(hidden_states, packed, None, top_k_weights, top_k_index, validate=True)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + ", fp8=e4m3 128x128" + ("" if self.dispatch == "auto" else
-                                                             f", dispatch={self.dispatch!r}")
+        return (
+            super().extra_repr()
+            + ", fp8=e4m3 128x128"
+            + ("" if self.dispatch == "auto" else f", dispatch={self.dispatch!r}")
+        )

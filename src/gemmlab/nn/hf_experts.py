@@ -66,12 +66,16 @@ def register_transformers() -> None:
     try:
         import transformers
     except ImportError as e:
-        raise ImportError("gemmlab.nn.register_transformers: transformers is not installed: pip install "
-                          "'gemmlab[hf]' (transformers>=5)") from e
+        raise ImportError(
+            "gemmlab.nn.register_transformers: transformers is not installed: pip install "
+            "'gemmlab[hf]' (transformers>=5)"
+        ) from e
     if too_old(transformers.__version__):
-        raise RuntimeError(f"gemmlab.nn.register_transformers: transformers {transformers.__version__} has no "
-                           f"experts interface: experts_implementation='gemmlab' needs transformers>="
-                           f"{MIN_TRANSFORMERS} (pip install 'gemmlab[hf]')")
+        raise RuntimeError(
+            f"gemmlab.nn.register_transformers: transformers {transformers.__version__} has no "
+            f"experts interface: experts_implementation='gemmlab' needs transformers>="
+            f"{MIN_TRANSFORMERS} (pip install 'gemmlab[hf]')"
+        )
     from transformers.integrations.moe import ExpertsInterface
 
     ExpertsInterface.register(NAME, experts_forward)
@@ -86,16 +90,21 @@ def registered() -> bool:
 def _warn_once(cls: str, why: str) -> None:
     if (cls, why) not in _WARNED:
         _WARNED.add((cls, why))
-        warnings.warn(f"experts_implementation='gemmlab': {cls} runs transformers' grouped_mm ({why})", UserWarning,
-                      stacklevel=3)
+        warnings.warn(
+            f"experts_implementation='gemmlab': {cls} runs transformers' grouped_mm ({why})", UserWarning, stacklevel=3
+        )
 
 
-def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                    top_k_weights: torch.Tensor) -> torch.Tensor:
+def experts_forward(
+    self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """The "gemmlab" experts implementation (see the module docstring): hidden_states (T, H), top_k_index (T, k)
     (ids in [0, E): checked on the device), top_k_weights (T, k) -> (T, H) in hidden_states' dtype."""
-    weights = [w for w in (getattr(self, "gate_up_proj", None), getattr(self, "down_proj", None))
-               if isinstance(w, torch.Tensor)]
+    weights = [
+        w
+        for w in (getattr(self, "gate_up_proj", None), getattr(self, "down_proj", None))
+        if isinstance(w, torch.Tensor)
+    ]
     if not gemmlab_runs(hidden_states, *weights):  # fp32/fp64, mixed dtypes, a CPU without the interpreter
         forward = type(self).forward
         return getattr(forward, "__wrapped__", forward)(self, hidden_states, top_k_index, top_k_weights)
@@ -114,9 +123,16 @@ def fit(experts: nn.Module) -> str | None:
     if torch.compiler.is_compiling():
         return experts_fit(experts)
     w1, w2 = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
-    key = (id(w1), getattr(w1, "dtype", None), getattr(w1, "shape", None), id(w2), getattr(w2, "dtype", None),
-           getattr(w2, "shape", None), id(getattr(experts, "act_fn", None)),
-           getattr(experts, "_is_expert_parallel", False))
+    key = (
+        id(w1),
+        getattr(w1, "dtype", None),
+        getattr(w1, "shape", None),
+        id(w2),
+        getattr(w2, "dtype", None),
+        getattr(w2, "shape", None),
+        id(getattr(experts, "act_fn", None)),
+        getattr(experts, "_is_expert_parallel", False),
+    )
     hit = _FIT.get(experts)
     if hit is None or hit[0] != key:
         hit = _FIT[experts] = (key, experts_fit(experts))

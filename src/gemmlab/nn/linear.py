@@ -56,8 +56,9 @@ def check_dtypes(who: str, x: torch.Tensor, w: torch.Tensor) -> None:
     """An input whose dtype is not the weight's: fine under autocast (torch casts), else one TypeError (where
     F.linear's own error is a RuntimeError)."""
     if not torch.is_autocast_enabled(x.device.type):
-        raise TypeError(f"{who}: input has dtype {x.dtype}, the weight {w.dtype}; convert one (or run under "
-                        "torch.autocast)")
+        raise TypeError(
+            f"{who}: input has dtype {x.dtype}, the weight {w.dtype}; convert one (or run under torch.autocast)"
+        )
 
 
 def check_dtype(who: str, dtype: object) -> None:
@@ -99,8 +100,9 @@ CANDIDATES = {"gemmlab": gemmlab_linear, "torch": F.linear}  # one signature: (x
 class Linear(nn.Linear):
     """``nn.Linear`` on gemmlab's GEMM or torch's, per shape (see the module docstring)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
-                 dispatch: str = "auto"):
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *, dispatch: str = "auto"
+    ):
         check_sizes("Linear", 0, in_features=in_features, out_features=out_features)
         check_dtype("Linear", dtype)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
@@ -112,8 +114,12 @@ class Linear(nn.Linear):
             raise bad_input(type(self).__name__, x, w.shape[1])
         if x.dtype != w.dtype:
             check_dtypes(type(self).__name__, x, w)
-        if (self.dispatch == "torch" or w.shape[1] == 0 or not gemmlab_runs(x, w)
-                or (b is not None and b.dtype != x.dtype)):
+        if (
+            self.dispatch == "torch"
+            or w.shape[1] == 0
+            or not gemmlab_runs(x, w)
+            or (b is not None and b.dtype != x.dtype)
+        ):
             return F.linear(x, w, b)
         x2 = _rows(x)
         impl = self.dispatch if self.dispatch != "auto" else self._choose(x2, w, b)
@@ -123,15 +129,25 @@ class Linear(nn.Linear):
     @staticmethod
     def _choose(x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> str:
         if torch.compiler.is_compiling():  # no measuring while tracing: the cached choice, baked in
-            return per_shape.traced_choice(w.shape[0], w.shape[1], str(x2.dtype).removeprefix("torch."),
-                                           per_shape.layout(x2, w), b is not None, str(x2.device))
+            return per_shape.traced_choice(
+                w.shape[0],
+                w.shape[1],
+                str(x2.dtype).removeprefix("torch."),
+                per_shape.layout(x2, w),
+                b is not None,
+                str(x2.device),
+            )
         return per_shape.choose(x2, w, b, CANDIDATES)
 
     def choices(self) -> list[dict]:
         """The per-shape choices made (or loaded) for this module's (N, K, dtype, bias)."""
         dtype = str(self.weight.dtype).removeprefix("torch.")
-        return [c for c in per_shape.choices() if (c["n"], c["k"], c["dtype"], c["bias"])
-                == (self.out_features, self.in_features, dtype, self.bias is not None)]
+        return [
+            c
+            for c in per_shape.choices()
+            if (c["n"], c["k"], c["dtype"], c["bias"])
+            == (self.out_features, self.in_features, dtype, self.bias is not None)
+        ]
 
     @classmethod
     def sharing(cls, linear: nn.Linear, *, dispatch: str = "auto") -> Linear:

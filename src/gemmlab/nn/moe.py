@@ -58,20 +58,25 @@ class MoEExperts(nn.Module):
                 bound = w.shape[2] ** -0.5
                 nn.init.uniform_(w, -bound, bound)
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
         """hidden_states (T, H) or (..., H); top_k_index, top_k_weights (T, k) or (..., k)."""
         w1, w2 = self.gate_up_proj, self.down_proj
-        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() == 0 \
-                or hidden_states.shape[-1] != w1.shape[2]:
+        if (
+            not isinstance(hidden_states, torch.Tensor)
+            or hidden_states.dim() == 0
+            or hidden_states.shape[-1] != w1.shape[2]
+        ):
             raise bad_input("MoEExperts", hidden_states, w1.shape[2], "hidden")
         if hidden_states.dtype != w1.dtype:
             check_dtypes("MoEExperts", hidden_states, w1)
         if not gemmlab_runs(hidden_states, w1, w2):
             h = hidden_states.shape[-1]
             k = top_k_index.shape[-1]
-            y = _experts_torch(hidden_states.reshape(-1, h), w1, w2, top_k_weights.reshape(-1, k),
-                               top_k_index.reshape(-1, k))
+            y = _experts_torch(
+                hidden_states.reshape(-1, h), w1, w2, top_k_weights.reshape(-1, k), top_k_index.reshape(-1, k)
+            )
             return y.view(hidden_states.shape)
         # validate: the ids are checked on the device, inside the op (no host sync; eager, autograd and compiled)
         return ops_moe.moe_forward(hidden_states, w1, w2, top_k_weights, top_k_index, validate=True)
@@ -98,8 +103,19 @@ class MoE(nn.Module):
     (``gemmlab.distributed.expert_range``: rows [first, end) of the full tensors) and forward goes through
     ``gemmlab.distributed.moe_forward_ep`` (collective; forward only, fp16/bf16)."""
 
-    def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, *, renormalize: bool = True,
-                 scoring: str = "softmax", device=None, dtype=None, ep_group=None):
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        renormalize: bool = True,
+        scoring: str = "softmax",
+        device=None,
+        dtype=None,
+        ep_group=None,
+    ):
         super().__init__()
         check_sizes("MoE", 1, hidden=hidden, intermediate=intermediate, num_experts=num_experts, top_k=top_k)
         check_dtype("MoE", dtype)
@@ -116,8 +132,9 @@ class MoE(nn.Module):
             from gemmlab.distributed import expert_range
 
             first, end = expert_range(num_experts, ep_group)  # ValueError when E does not divide evenly
-        self.experts = MoEExperts(num_experts if ep_group is None else end - first, hidden, intermediate,
-                                  device=device, dtype=dtype)
+        self.experts = MoEExperts(
+            num_experts if ep_group is None else end - first, hidden, intermediate, device=device, dtype=dtype
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.gate.in_features:

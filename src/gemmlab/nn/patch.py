@@ -59,8 +59,10 @@ class PatchSummary(dict):
 
 def _default_gate(cls: type) -> bool:
     gate = getattr(cls, "_apply_gate", None)
-    return getattr(gate, "__module__", "") == "transformers.integrations.moe" and \
-        getattr(gate, "__name__", "") == "_default_apply_gate"
+    return (
+        getattr(gate, "__module__", "") == "transformers.integrations.moe"
+        and getattr(gate, "__name__", "") == "_default_apply_gate"
+    )
 
 
 def _silu(act: object) -> bool:
@@ -78,7 +80,8 @@ def looks_like_experts(name: str, mod: nn.Module) -> bool:
     if isinstance(mod, (nn.ModuleList, nn.ModuleDict)):
         return name.rsplit(".", 1)[-1] == "experts" and len(mod) > 0
     return type(mod).__name__.endswith("Experts") or any(
-        p.dim() == 3 for n, p in mod.named_parameters(recurse=False) if n in EXPERT_WEIGHTS)
+        p.dim() == 3 for n, p in mod.named_parameters(recurse=False) if n in EXPERT_WEIGHTS
+    )
 
 
 def experts_fit(mod: nn.Module) -> str | None:
@@ -89,25 +92,40 @@ def experts_fit(mod: nn.Module) -> str | None:
         return family.note
     if isinstance(mod, (nn.ModuleList, nn.ModuleDict)):
         first = next(iter(mod.values() if isinstance(mod, nn.ModuleDict) else mod))
-        return (f"one module per expert ({len(mod)} x {type(first).__name__}): moe_forward reads stacked (E, 2I, H) "
-                "weights, and stacking them would copy every expert's weights (their nn.Linear layers are patched)")
+        return (
+            f"one module per expert ({len(mod)} x {type(first).__name__}): moe_forward reads stacked (E, 2I, H) "
+            "weights, and stacking them would copy every expert's weights (their nn.Linear layers are patched)"
+        )
     if not (hasattr(mod, "is_transposed") and hasattr(mod, "has_gate") and hasattr(cls, "_apply_gate")):
-        return ("not transformers' experts interface (use_experts_implementation): its forward is its own, so what "
-                "it computes cannot be read off its structure")
-    flags = [(mod.is_transposed, "stored transposed (E, H, 2I)"), (not mod.is_concatenated, "gate and up interleaved"),
-             (mod.has_bias, "biased"), (not mod.has_gate, "ungated (act(up) only)"),
-             (getattr(mod, "has_post_expert_norm", False), "a norm after each expert"),
-             (getattr(mod, "_is_expert_parallel", False), "sharded expert-parallel"),
-             (not _default_gate(cls), f"its own gate activation ({cls.__name__}._apply_gate)")]
+        return (
+            "not transformers' experts interface (use_experts_implementation): its forward is its own, so what "
+            "it computes cannot be read off its structure"
+        )
+    flags = [
+        (mod.is_transposed, "stored transposed (E, H, 2I)"),
+        (not mod.is_concatenated, "gate and up interleaved"),
+        (mod.has_bias, "biased"),
+        (not mod.has_gate, "ungated (act(up) only)"),
+        (getattr(mod, "has_post_expert_norm", False), "a norm after each expert"),
+        (getattr(mod, "_is_expert_parallel", False), "sharded expert-parallel"),
+        (not _default_gate(cls), f"its own gate activation ({cls.__name__}._apply_gate)"),
+    ]
     if any(bad for bad, _ in flags):
-        return "experts " + ", ".join(why for bad, why in flags if bad) + ": moe_forward computes SiLU(gate) * up " \
+        return (
+            "experts " + ", ".join(why for bad, why in flags if bad) + ": moe_forward computes SiLU(gate) * up "
             "on (E, 2I, H) gate_up_proj, (E, H, I) down_proj"
+        )
     names = sorted(n for n, _ in mod.named_parameters())
     if names != ["down_proj", "gate_up_proj"]:
         return f"parameters {names}: moe_forward reads gate_up_proj and down_proj only"
     w1, w2 = mod.gate_up_proj, mod.down_proj
-    if w1.dim() != 3 or w2.dim() != 3 or w1.shape[0] != w2.shape[0] or w1.shape[1] != 2 * w2.shape[2] \
-            or w1.shape[2] != w2.shape[1]:
+    if (
+        w1.dim() != 3
+        or w2.dim() != 3
+        or w1.shape[0] != w2.shape[0]
+        or w1.shape[1] != 2 * w2.shape[2]
+        or w1.shape[2] != w2.shape[1]
+    ):
         return f"expert weights {tuple(w1.shape)}, {tuple(w2.shape)} are not (E, 2I, H), (E, H, I)"
     act = getattr(mod, "act_fn", None)
     if not _silu(act):
@@ -140,8 +158,7 @@ def router_linears(model: nn.Module) -> set[str]:
         parent, _, child = name.rpartition(".")
         block = model.get_submodule(parent)
         for path, sub in block.named_modules():
-            if type(sub) is nn.Linear and sub.out_features == e and path != child \
-                    and not path.startswith(child + "."):
+            if type(sub) is nn.Linear and sub.out_features == e and path != child and not path.startswith(child + "."):
                 found.add(f"{parent}.{path}" if parent else path)
     return found
 
@@ -170,8 +187,10 @@ def _convert(model: nn.Module, dtype: torch.dtype | None) -> tuple[torch.dtype, 
     if have is None:
         raise ValueError("patch: the model has no floating-point parameters: nothing to patch")
     if have not in DTYPES:
-        raise TypeError(f"patch: the model's weights are {have} and gemmlab runs fp16/bf16: pass "
-                        "dtype=torch.bfloat16 (or torch.float16) to convert the model in place, or convert it first")
+        raise TypeError(
+            f"patch: the model's weights are {have} and gemmlab runs fp16/bf16: pass "
+            "dtype=torch.bfloat16 (or torch.float16) to convert the model in place, or convert it first"
+        )
     return have, None
 
 
@@ -183,12 +202,24 @@ def _warn_skipped(skipped: list[tuple[str, str, str]]) -> None:
     for cls, rows in by_class.items():
         reasons = list(dict.fromkeys(why for _, why in rows))
         more = f" and {len(rows) - 1} more" if len(rows) > 1 else ""
-        warnings.warn(f"gemmlab.patch: left {len(rows)} {cls} as it was ({'; '.join(reasons)}): "
-                      f"{rows[0][0] or '<model>'}{more}", UserWarning, stacklevel=3)
+        warnings.warn(
+            f"gemmlab.patch: left {len(rows)} {cls} as it was ({'; '.join(reasons)}): {rows[0][0] or '<model>'}{more}",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
-def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: torch.dtype | None = None,
-          dispatch: str = "auto", return_summary: bool = False, warn: bool = True, fp8: bool = False):
+def patch(
+    model: nn.Module,
+    *,
+    moe: str = "auto",
+    linear: bool = True,
+    dtype: torch.dtype | None = None,
+    dispatch: str = "auto",
+    return_summary: bool = False,
+    warn: bool = True,
+    fp8: bool = False,
+):
     """Swap ``model``'s nn.Linear layers and MoE experts for gemmlab's, in place (see the module docstring).
 
     ``moe``: "auto" or "experts" (the same: every experts module that fits becomes MoEExperts; every block keeps
@@ -207,8 +238,10 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
         raise ValueError(f"patch: moe {moe!r}: auto, experts or none")
     check_policy(dispatch)
     if isinstance(model, (nn.Linear, MoEExperts, MoE)) or BY_BLOCK.get(type(model).__name__) is not None:
-        raise ValueError("patch: the model itself is an nn.Linear or MoE block; patch its parent, or use "
-                         "gemmlab.nn.Linear.sharing / MoEExperts.sharing")
+        raise ValueError(
+            "patch: the model itself is an nn.Linear or MoE block; patch its parent, or use "
+            "gemmlab.nn.Linear.sharing / MoEExperts.sharing"
+        )
     if not isinstance(fp8, bool):
         raise TypeError(f"patch: fp8 must be a bool, got {fp8!r}")
     if fp8 and (dtype is None or dtype not in DTYPES):
@@ -217,11 +250,24 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
     first = fp8_swaps(model, **kinds) if fp8 else None  # an FP8 checkpoint's modules first (not fp16/bf16 weights)
     have, converted = _convert(model, dtype)
     if warn and moe != "none" and old_transformers() and type(model).__module__.startswith("transformers."):
-        warnings.warn(f"gemmlab.patch: transformers {old_transformers()} is too old for the MoE swap (it reads "
-                      "transformers>=5's experts interface: pip install 'gemmlab[hf]'); only nn.Linear layers are "
-                      "patched", UserWarning, stacklevel=2)
-    summary = PatchSummary(dtype=str(have).removeprefix("torch."), converted=converted, dispatch=dispatch,
-                           linear=[], moe_experts=[], matched={}, routers=[], skipped=[], linear_shapes=[])
+        warnings.warn(
+            f"gemmlab.patch: transformers {old_transformers()} is too old for the MoE swap (it reads "
+            "transformers>=5's experts interface: pip install 'gemmlab[hf]'); only nn.Linear layers are "
+            "patched",
+            UserWarning,
+            stacklevel=2,
+        )
+    summary = PatchSummary(
+        dtype=str(have).removeprefix("torch."),
+        converted=converted,
+        dispatch=dispatch,
+        linear=[],
+        moe_experts=[],
+        matched={},
+        routers=[],
+        skipped=[],
+        linear_shapes=[],
+    )
     routers = router_linears(model) if linear else set()
     swaps: list[tuple[str, nn.Module]] = []  # (submodule path, its replacement)
     skipped: list[tuple[str, str, str]] = []  # (path, class, reason)
@@ -255,13 +301,18 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
             else:
                 swaps.append((name, Linear.sharing(mod, dispatch=dispatch)))
                 summary["linear"].append(name)
-                shape = [mod.out_features, mod.in_features, str(mod.weight.dtype).removeprefix("torch."),
-                         mod.bias is not None]
+                shape = [
+                    mod.out_features,
+                    mod.in_features,
+                    str(mod.weight.dtype).removeprefix("torch."),
+                    mod.bias is not None,
+                ]
                 if shape not in summary["linear_shapes"]:
                     summary["linear_shapes"].append(shape)
     if any(not name for name, _ in swaps):
-        raise ValueError("patch: the model itself is an experts module; patch its parent, or use "
-                         "gemmlab.nn.MoEExperts.sharing")
+        raise ValueError(
+            "patch: the model itself is an experts module; patch its parent, or use gemmlab.nn.MoEExperts.sharing"
+        )
     for name, new in swaps:
         model.set_submodule(name, new)
     if first is not None:  # then what patch made gemmlab's: experts, and Linears it would have kept in bf16
@@ -272,6 +323,7 @@ def patch(model: nn.Module, *, moe: str = "auto", linear: bool = True, dtype: to
     if warn:
         _warn_skipped(skipped)
         if not swaps:
-            warnings.warn("gemmlab.patch: nothing replaced (no nn.Linear or MoE experts gemmlab runs)", UserWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "gemmlab.patch: nothing replaced (no nn.Linear or MoE experts gemmlab runs)", UserWarning, stacklevel=2
+            )
     return (model, summary) if return_summary else model

@@ -82,23 +82,43 @@ def _layout(x_row: bool, w_row: bool) -> str:
 def key_of(x2: torch.Tensor, weight: torch.Tensor, bias: bool) -> Key:
     """x2 (M, K), weight (N, K). Built on every eager call: torch objects, no strings."""
     m = x2.shape[0]
-    return (1 if m <= 1 else 1 << (m - 1).bit_length(), weight.shape[0], weight.shape[1], x2.dtype,
-            x2.stride(1) == 1, weight.stride(1) == 1, bias, x2.device)
+    return (
+        1 if m <= 1 else 1 << (m - 1).bit_length(),
+        weight.shape[0],
+        weight.shape[1],
+        x2.dtype,
+        x2.stride(1) == 1,
+        weight.stride(1) == 1,
+        bias,
+        x2.device,
+    )
 
 
 def described(key: Key) -> dict:
     """A key as data: m_bucket, n, k, dtype, layout, bias, device (strings where the key holds torch objects)."""
     m, n, k, dtype, x_row, w_row, bias, device = key
-    return {"m_bucket": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "layout": _layout(x_row, w_row),
-            "bias": bias, "device": str(device)}
+    return {
+        "m_bucket": m,
+        "n": n,
+        "k": k,
+        "dtype": str(dtype).removeprefix("torch."),
+        "layout": _layout(x_row, w_row),
+        "bias": bias,
+        "device": str(device),
+    }
 
 
 def _from_described(d: dict) -> Key:
-    lay = {"x:row w:row": (True, True), "x:row w:col": (True, False), "x:col w:row": (False, True),
-           "x:col w:col": (False, False)}[d["layout"]]
+    lay = {
+        "x:row w:row": (True, True),
+        "x:row w:col": (True, False),
+        "x:col w:row": (False, True),
+        "x:col w:col": (False, False),
+    }[d["layout"]]
     dtype = getattr(torch, d["dtype"])
-    if not isinstance(dtype, torch.dtype) or not all(isinstance(d[f], int) and not isinstance(d[f], bool)
-                                                     for f in ("m_bucket", "n", "k")):
+    if not isinstance(dtype, torch.dtype) or not all(
+        isinstance(d[f], int) and not isinstance(d[f], bool) for f in ("m_bucket", "n", "k")
+    ):
         raise ValueError(f"not a key: {d}")
     return (d["m_bucket"], d["n"], d["k"], dtype, *lay, bool(d["bias"]), torch.device(d["device"]))
 
@@ -135,8 +155,11 @@ def _read_file() -> dict:
         return data
     except (OSError, ValueError) as err:
         if _STATE["file_ok"]:
-            warnings.warn(f"gemmlab.nn: ignoring {path} ({err}); delete it to let gemmlab cache its Linear "
-                          "choices again", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"gemmlab.nn: ignoring {path} ({err}); delete it to let gemmlab cache its Linear choices again",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         _STATE["file_ok"] = False
         return {}
 
@@ -152,8 +175,12 @@ def _load(device: torch.device) -> None:
         try:
             key = _from_described({**entry, "device": str(device)})
             if entry["impl"] in IMPLS:
-                _CHOICES.setdefault(key, Choice(entry["impl"], "cached", entry.get("gemmlab_us"),
-                                                entry.get("torch_us"), entry.get("note", "")))
+                _CHOICES.setdefault(
+                    key,
+                    Choice(
+                        entry["impl"], "cached", entry.get("gemmlab_us"), entry.get("torch_us"), entry.get("note", "")
+                    ),
+                )
         except (KeyError, TypeError, ValueError, AttributeError, RuntimeError):
             continue  # an entry this version does not read: measured again when met
 
@@ -166,8 +193,11 @@ def _store(key: Key, choice: Choice) -> None:
     data = _read_file()
     if not _STATE["file_ok"]:
         return
-    data.setdefault("about", "gemmlab.nn.Linear's per-shape choice between gemmlab.gemm and torch, measured on "
-                             "first use (gemmlab.nn.per_shape); delete this file to measure again")
+    data.setdefault(
+        "about",
+        "gemmlab.nn.Linear's per-shape choice between gemmlab.gemm and torch, measured on "
+        "first use (gemmlab.nn.per_shape); delete this file to measure again",
+    )
     entry = {f: v for f, v in described(key).items() if f != "device"}
     entry.update({k: v for k, v in asdict(choice).items() if k != "source" and v not in (None, "")})
     data.setdefault("choices", {}).setdefault(_env(key[-1]), {})[_key_str(key)] = entry
@@ -178,8 +208,9 @@ def _store(key: Key, choice: Choice) -> None:
             json.dump(data, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
     except OSError as err:  # a read-only home: the choice still holds in memory
-        warnings.warn(f"gemmlab.nn: cannot write {path} ({err}); Linear choices stay in memory only",
-                      RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            f"gemmlab.nn: cannot write {path} ({err}); Linear choices stay in memory only", RuntimeWarning, stacklevel=4
+        )
         _STATE["file_ok"] = False
 
 
@@ -225,8 +256,9 @@ def set_timer(timer: Timer | None) -> None:
     _STATE["timer"] = timer
 
 
-def _agree(x_ref: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, y_ours: torch.Tensor,
-           y_torch: torch.Tensor) -> str:
+def _agree(
+    x_ref: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, y_ours: torch.Tensor, y_torch: torch.Tensor
+) -> str:
     """'' when gemmlab's output matches torch's, else what differs. Blocks of CHECK_BLOCK elements of x and w at a
     time in fp32 (an lm_head's weight is never copied whole)."""
     m, k = x_ref.shape
@@ -234,12 +266,15 @@ def _agree(x_ref: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, y_ours:
     eps, tiny = torch.finfo(x_ref.dtype).eps, torch.finfo(x_ref.dtype).tiny
     worst: list[float] = []  # per block that fails: its largest |gemmlab - torch| (NaN where gemmlab's is NaN)
     for m0 in range(0, m, rows):
-        xa = x_ref[m0:m0 + rows].abs().float()
+        xa = x_ref[m0 : m0 + rows].abs().float()
         for n0 in range(0, w.shape[0], rows):
-            scale = xa @ w[n0:n0 + rows].abs().float().t()  # sum |x| |w| (+ |b|): bounds either side's rounding
+            scale = xa @ w[n0 : n0 + rows].abs().float().t()  # sum |x| |w| (+ |b|): bounds either side's rounding
             if b is not None:
-                scale += b[n0:n0 + rows].abs().float()
-            ours, theirs = y_ours[m0:m0 + rows, n0:n0 + rows].float(), y_torch[m0:m0 + rows, n0:n0 + rows].float()
+                scale += b[n0 : n0 + rows].abs().float()
+            ours, theirs = (
+                y_ours[m0 : m0 + rows, n0 : n0 + rows].float(),
+                y_torch[m0 : m0 + rows, n0 : n0 + rows].float(),
+            )
             diff = (ours - theirs).abs()
             bad = ~(diff <= CHECK_ULPS * eps * scale + tiny) & torch.isfinite(theirs)
             if bool(bad.any()):
@@ -250,21 +285,33 @@ def _agree(x_ref: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, y_ours:
     return ""
 
 
-def measure(key: Key, run: dict[str, Callable[[], torch.Tensor]], x2: torch.Tensor, w: torch.Tensor,
-            b: torch.Tensor | None, timer: Timer) -> Choice:
+def measure(
+    key: Key,
+    run: dict[str, Callable[[], torch.Tensor]],
+    x2: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    timer: Timer,
+) -> Choice:
     """Steps 1-3 of the module docstring for one key."""
     with torch.no_grad():
         try:
             y = {name: fn() for name, fn in run.items()}
         except Exception as err:  # noqa: BLE001  (gemmlab cannot run this shape: torch from now on, loudly)
             note = f"{type(err).__name__}: {err}".splitlines()[0][:200]
-            warnings.warn(f"gemmlab.nn.Linear: gemmlab failed at {_key_str(key)} ({note}); torch runs it",
-                          RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"gemmlab.nn.Linear: gemmlab failed at {_key_str(key)} ({note}); torch runs it",
+                RuntimeWarning,
+                stacklevel=4,
+            )
             return Choice("torch", "error", note=note)
         why = _agree(x2, w, b, y["gemmlab"], y["torch"])
         if why:
-            warnings.warn(f"gemmlab.nn.Linear: gemmlab's output differs from torch's at {_key_str(key)} ({why}); "
-                          "torch runs it", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"gemmlab.nn.Linear: gemmlab's output differs from torch's at {_key_str(key)} ({why}); torch runs it",
+                RuntimeWarning,
+                stacklevel=4,
+            )
             return Choice("torch", "mismatch", note=why)
         seconds = timer(run)
     g, t = seconds["gemmlab"], seconds["torch"]
@@ -275,9 +322,10 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def choose(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-           candidates: dict[str, Callable[..., torch.Tensor]]) -> str:
-    """"gemmlab" or "torch" for an eager call of x2 (M, K), w (N, K), bias (N,) or None. ``candidates``: {impl:
+def choose(
+    x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, candidates: dict[str, Callable[..., torch.Tensor]]
+) -> str:
+    """ "gemmlab" or "torch" for an eager call of x2 (M, K), w (N, K), bias (N,) or None. ``candidates``: {impl:
     f(x2, w, bias) -> (M, N)}, run on this call's tensors only when its key is measured."""
     key = key_of(x2, w, bias is not None)
     hit = _CHOICES.get(key)

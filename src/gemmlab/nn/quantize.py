@@ -45,10 +45,15 @@ def _hf_fp8_experts_fit(mod: nn.Module) -> str | None:
     if why is not None:
         return why
     act = getattr(mod, "act_fn", None)
-    flags = [(not getattr(mod, "has_gate", True), "ungated"), (getattr(mod, "has_bias", False), "biased"),
-             (any(getattr(mod, a, None) is not None for a in ("limit", "swiglu_alpha", "gate_softcap")),
-              "a clamped or soft-capped gate"),
-             (type(act).__name__ not in _SILU, f"activation {type(act).__name__}")]
+    flags = [
+        (not getattr(mod, "has_gate", True), "ungated"),
+        (getattr(mod, "has_bias", False), "biased"),
+        (
+            any(getattr(mod, a, None) is not None for a in ("limit", "swiglu_alpha", "gate_softcap")),
+            "a clamped or soft-capped gate",
+        ),
+        (type(act).__name__ not in _SILU, f"activation {type(act).__name__}"),
+    ]
     if any(bad for bad, _ in flags):
         return "FP8 experts " + ", ".join(why for bad, why in flags if bad) + ": gemmlab computes SiLU(gate) * up"
     return None
@@ -56,12 +61,21 @@ def _hf_fp8_experts_fit(mod: nn.Module) -> str | None:
 
 def _hf_experts(mod: nn.Module) -> bool:
     """A module holding 3-D expert weights of its own in a 16- or 32-bit float (a Hugging Face experts module)."""
-    return any(p.dim() == 3 and p.dtype in IN_DTYPES for n, p in mod.named_parameters(recurse=False)
-               if n in ("gate_up_proj", "down_proj", "up_proj"))
+    return any(
+        p.dim() == 3 and p.dtype in IN_DTYPES
+        for n, p in mod.named_parameters(recurse=False)
+        if n in ("gate_up_proj", "down_proj", "up_proj")
+    )
 
 
-def fp8_swaps(model: nn.Module, skip: tuple[str, ...] = ("lm_head",), dispatch: str = "auto", *,
-              linears: bool = True, want_experts: bool = True) -> dict:
+def fp8_swaps(
+    model: nn.Module,
+    skip: tuple[str, ...] = ("lm_head",),
+    dispatch: str = "auto",
+    *,
+    linears: bool = True,
+    want_experts: bool = True,
+) -> dict:
     """The swaps of ``quantize_``, done: {"fp8": paths replaced, "kept": ["path: why"], "skipped": [(path, class,
     why)], "hf_experts": paths of bf16 Hugging Face experts modules left (``patch(model, fp8=True)`` swaps them)}.
     ``linears`` / ``want_experts`` False: leave that kind as it is (patch's ``linear=False`` and ``moe="none"``)."""
@@ -76,8 +90,11 @@ def fp8_swaps(model: nn.Module, skip: tuple[str, ...] = ("lm_head",), dispatch: 
         parent = mods.get(name.rpartition(".")[0]) if name else None
         fp8_weight = getattr(mod, "weight", None) is not None and getattr(mod.weight, "dtype", None) == FP8
         linear = linears and (type(mod) in (nn.Linear, Linear) or (cls == "FP8Linear" and isinstance(mod, nn.Linear)))
-        experts = isinstance(mod, MoEExperts) or _hf_experts(mod) or (
-            getattr(getattr(mod, "gate_up_proj", None), "dtype", None) == FP8)
+        experts = (
+            isinstance(mod, MoEExperts)
+            or _hf_experts(mod)
+            or (getattr(getattr(mod, "gate_up_proj", None), "dtype", None) == FP8)
+        )
         if experts and not want_experts:
             replaced += (name + ".",)
             continue
@@ -117,8 +134,10 @@ def fp8_swaps(model: nn.Module, skip: tuple[str, ...] = ("lm_head",), dispatch: 
         else:
             continue
         if not name:
-            raise ValueError("quantize_: the model itself is a Linear or experts module; quantize its parent, or use "
-                             "gemmlab.nn.Fp8Linear.from_linear / Fp8MoEExperts.from_experts")
+            raise ValueError(
+                "quantize_: the model itself is a Linear or experts module; quantize its parent, or use "
+                "gemmlab.nn.Fp8Linear.from_linear / Fp8MoEExperts.from_experts"
+            )
         replaced += (name + ".",)
         if new is None:
             done["skipped"].append((name, cls, why))
@@ -139,12 +158,21 @@ def warn_skipped(done: dict, stacklevel: int = 3) -> None:
     for cls, rows in by_class.items():
         reasons = "; ".join(dict.fromkeys(why for _, why in rows))
         more = f" and {len(rows) - 1} more" if len(rows) > 1 else ""
-        warnings.warn(f"gemmlab FP8: left {len(rows)} {cls} in its dtype ({reasons}): {rows[0][0]}{more}",
-                      UserWarning, stacklevel=stacklevel)
+        warnings.warn(
+            f"gemmlab FP8: left {len(rows)} {cls} in its dtype ({reasons}): {rows[0][0]}{more}",
+            UserWarning,
+            stacklevel=stacklevel,
+        )
 
 
-def quantize_(model: nn.Module, *, skip: tuple[str, ...] = ("lm_head",), dispatch: str = "auto",
-              return_summary: bool = False, warn: bool = True):
+def quantize_(
+    model: nn.Module,
+    *,
+    skip: tuple[str, ...] = ("lm_head",),
+    dispatch: str = "auto",
+    return_summary: bool = False,
+    warn: bool = True,
+):
     """Swap ``model``'s Linear layers and gemmlab's experts for FP8 ones in place (see the module docstring);
     ``skip``: module names (the last part of the path, or the whole path) left as they are. ``dispatch``: the FP8
     modules' policy ("auto": gemmlab's FP8 kernels where they run; "torch": the torch emulation). ``warn``: one
@@ -162,11 +190,16 @@ def quantize_(model: nn.Module, *, skip: tuple[str, ...] = ("lm_head",), dispatc
     if warn:
         warn_skipped(done)
         if done["hf_experts"]:
-            warnings.warn(f"gemmlab.quantize_: {len(done['hf_experts'])} Hugging Face experts modules left in their "
-                          f"dtype ({done['hf_experts'][0]}...): gemmlab.patch(model, fp8=True) swaps and quantizes "
-                          "them", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"gemmlab.quantize_: {len(done['hf_experts'])} Hugging Face experts modules left in their "
+                f"dtype ({done['hf_experts'][0]}...): gemmlab.patch(model, fp8=True) swaps and quantizes "
+                "them",
+                UserWarning,
+                stacklevel=2,
+            )
         if not done["fp8"]:
-            warnings.warn("gemmlab.quantize_: nothing became FP8 (no Linear or experts it quantizes)", UserWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "gemmlab.quantize_: nothing became FP8 (no Linear or experts it quantizes)", UserWarning, stacklevel=2
+            )
     summary = dict(done, skipped=[f"{p} ({c}): {w}" for p, c, w in done["skipped"]])
     return (model, summary) if return_summary else model

@@ -118,7 +118,7 @@ def set_size(size: int, name: str | None = None) -> None:
     size = _check(size)
     if name is not None and name not in _ALL:
         raise ValueError(f"no cache named {name!r}; there are {sorted(_ALL)}")
-    for c in ([_ALL[name]] if name is not None else _ALL.values()):
+    for c in [_ALL[name]] if name is not None else _ALL.values():
         c.size = size
         while len(c._d) > size:
             c._d.popitem(last=False)

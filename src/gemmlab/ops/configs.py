@@ -66,8 +66,9 @@ def config_of(cls: type, d: dict):
     return cls(**d)
 
 
-def check_fields(cfg, *, pow2: tuple[str, ...] = (), positive: tuple[str, ...] = (),
-                 nonneg: tuple[str, ...] = ()) -> None:
+def check_fields(
+    cfg, *, pow2: tuple[str, ...] = (), positive: tuple[str, ...] = (), nonneg: tuple[str, ...] = ()
+) -> None:
     """A config dataclass's fields checked on construction (its ``__post_init__`` calls this): ``pow2`` fields are
     powers of two (tile sizes, warps: Triton's aranges and layouts need them), ``positive`` integers >= 1,
     ``nonneg`` integers >= 0, and every bool-typed field a bool. One ValueError (TypeError for a wrong type) naming
@@ -184,15 +185,16 @@ def staging(target: str) -> tuple[dict, str]:
 
 def _check_rule(rule: object, where: str, quantities: tuple[str, ...]) -> None:
     if not isinstance(rule, dict) or not isinstance(rule.get("config"), dict):
-        raise ValueError(f"{where}: a rule must be an object with a \"config\" object")
+        raise ValueError(f'{where}: a rule must be an object with a "config" object')
     unknown = set(rule) - set(quantities) - set(_META_KEYS)
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; ranges: {list(quantities)}, "
-                         f"others: {list(_META_KEYS)}")
+        raise ValueError(
+            f"{where}: unknown key(s) {sorted(unknown)}; ranges: {list(quantities)}, others: {list(_META_KEYS)}"
+        )
     for name in quantities:
         if name in rule:
             r = rule[name]
-            if (not isinstance(r, list) or len(r) != 2 or not all(type(v) is int for v in r) or r[0] > r[1]):
+            if not isinstance(r, list) or len(r) != 2 or not all(type(v) is int for v in r) or r[0] > r[1]:
                 raise ValueError(f"{where}: {name} must be [lo, hi], integers with lo <= hi, got {r!r}")
     if "dtype" in rule and rule["dtype"] not in DTYPES:
         raise ValueError(f"{where}: dtype must be one of {list(DTYPES)}, got {rule['dtype']!r}")

@@ -76,9 +76,11 @@ def _fake_gemm_operands(a, b, out=None):
     check_operand("b", b)
     if a.dtype != b.dtype:
         raise TypeError(f"gemm: a and b must have the same dtype, got {a.dtype} and {b.dtype}")
-    torch._check_with(ValueError, a.shape[1] == b.shape[0],
-                      lambda: f"gemm: inner dimensions differ: a is {a.shape[0]}x{a.shape[1]}, b is "
-                              f"{b.shape[0]}x{b.shape[1]}")
+    torch._check_with(
+        ValueError,
+        a.shape[1] == b.shape[0],
+        lambda: f"gemm: inner dimensions differ: a is {a.shape[0]}x{a.shape[1]}, b is {b.shape[0]}x{b.shape[1]}",
+    )
     if out is not None:
         operands(a, b, out, memory=False)
 
@@ -95,6 +97,7 @@ def gemm(a: Tensor, b: Tensor) -> Tensor:
 def _(a, b):
     _fake_gemm_operands(a, b)
     return a.new_empty((a.shape[0], b.shape[1]))
+
 
 def _gemm_setup(ctx, inputs, output):
     a, b = inputs
@@ -170,8 +173,12 @@ def grouped_gemm_backward(dy: Tensor, x: Tensor, w: Tensor, offsets: Tensor) -> 
     dy = dy if dy.stride(-1) == 1 else dy.contiguous()
     dx = torch.zeros_like(x, memory_format=torch.contiguous_format)  # rows past offsets[-1] get no gradient
     grouped_input_grad(dy, w, offsets, dx)  # dy (S, N) @ w_e (N, K), w read in place
-    dw = weight_grad(dy, x if x.stride(-1) == 1 else x.contiguous(), offsets, torch.empty_like(
-        w, memory_format=torch.contiguous_format))
+    dw = weight_grad(
+        dy,
+        x if x.stride(-1) == 1 else x.contiguous(),
+        offsets,
+        torch.empty_like(w, memory_format=torch.contiguous_format),
+    )
     return dx, dw
 
 
@@ -179,7 +186,8 @@ def grouped_gemm_backward(dy: Tensor, x: Tensor, w: Tensor, offsets: Tensor) -> 
 def _(dy, x, w, offsets):
     check_grouped_backward_args(dy, x, w, offsets)
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
-        w, memory_format=torch.contiguous_format)
+        w, memory_format=torch.contiguous_format
+    )
 
 
 def _grouped_setup(ctx, inputs, output):
@@ -200,8 +208,15 @@ grouped_gemm.register_autograd(_grouped_backward, setup_context=_grouped_setup)
 
 
 @torch.library.custom_op("gemmlab::moe_forward", mutates_args=())
-def moe_forward(x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, validate: bool = True,
-                gather: str = "auto") -> Tensor:
+def moe_forward(
+    x: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    validate: bool = True,
+    gather: str = "auto",
+) -> Tensor:
     return _launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather)
 
 
@@ -213,9 +228,17 @@ def _(x, w1, w2, topk_weights, topk_ids, validate=True, gather="auto"):
 
 
 @torch.library.custom_op("gemmlab::moe_backward", mutates_args=())
-def moe_backward(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
-                 need_w1: bool = True, need_w2: bool = True, gate_up: Tensor | None = None
-                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def moe_backward(
+    dy: Tensor,
+    x: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    need_w1: bool = True,
+    need_w2: bool = True,
+    gate_up: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The fused backward (``gemmlab.ops.moe_backward``): the routes sorted again, the first GEMM recomputed
     from x inside the kernel that computes dy W2 (nothing but the inputs is saved; or, with ``gate_up`` from
     ``moe_forward_saving``, loaded instead), d topk_weights folded into that kernel's epilogue, dX by a grouped
@@ -224,15 +247,18 @@ def moe_backward(dy: Tensor, x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Te
     from gemmlab.ops.moe_backward import moe_backward as launch_moe_backward
 
     check_moe_backward_args(dy, x, w1, w2, topk_weights, topk_ids, gate_up)
-    return launch_moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1=need_w1, need_w2=need_w2,
-                               gate_up=gate_up)
+    return launch_moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1=need_w1, need_w2=need_w2, gate_up=gate_up)
 
 
 @moe_backward.register_fake
 def _(dy, x, w1, w2, topk_weights, topk_ids, need_w1=True, need_w2=True, gate_up=None):
     check_moe_backward_args(dy, x, w1, w2, topk_weights, topk_ids, gate_up)
-    return (x.new_empty(x.shape), w1.new_empty(w1.shape if need_w1 else (0,)),
-            w2.new_empty(w2.shape if need_w2 else (0,)), topk_weights.new_empty(topk_weights.shape))
+    return (
+        x.new_empty(x.shape),
+        w1.new_empty(w1.shape if need_w1 else (0,)),
+        w2.new_empty(w2.shape if need_w2 else (0,)),
+        topk_weights.new_empty(topk_weights.shape),
+    )
 
 
 def _moe_setup(ctx, inputs, output):
@@ -242,8 +268,15 @@ def _moe_setup(ctx, inputs, output):
 def _moe_backward(ctx, dy):
     need = ctx.needs_input_grad
     dx, dw1, dw2, dtw = moe_backward(unit(dy), *ctx.saved_tensors, need[1], need[2], None)
-    return (dx if need[0] else None, dw1 if need[1] else None, dw2 if need[2] else None, dtw if need[3] else None,
-            None, None, None)
+    return (
+        dx if need[0] else None,
+        dw1 if need[1] else None,
+        dw2 if need[2] else None,
+        dtw if need[3] else None,
+        None,
+        None,
+        None,
+    )
 
 
 moe_forward.register_autograd(_moe_backward, setup_context=_moe_setup)
@@ -270,8 +303,15 @@ def _launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather):
 
 
 @torch.library.custom_op("gemmlab::moe_forward_saving", mutates_args=())
-def moe_forward_saving(x: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
-                       validate: bool = True, gather: str = "auto") -> tuple[Tensor, Tensor]:
+def moe_forward_saving(
+    x: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    validate: bool = True,
+    gather: str = "auto",
+) -> tuple[Tensor, Tensor]:
     """y and the gate/up pre-activations (S, 2I, routed order) that its backward loads instead of recomputing."""
     return _launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
 
@@ -292,8 +332,15 @@ def _saving_backward(ctx, dy, _dgate_up):
     need = ctx.needs_input_grad
     *saved, gate_up = ctx.saved_tensors
     dx, dw1, dw2, dtw = moe_backward(unit(dy), *saved, need[1], need[2], gate_up)
-    return (dx if need[0] else None, dw1 if need[1] else None, dw2 if need[2] else None, dtw if need[3] else None,
-            None, None, None)
+    return (
+        dx if need[0] else None,
+        dw1 if need[1] else None,
+        dw2 if need[2] else None,
+        dtw if need[3] else None,
+        None,
+        None,
+        None,
+    )
 
 
 moe_forward_saving.register_autograd(_saving_backward, setup_context=_saving_setup)
@@ -318,8 +365,9 @@ class MoEForwardSaving(torch.autograd.Function):
 
 
 @torch.library.custom_op("gemmlab::route", mutates_args=())
-def route(router_logits: Tensor, top_k: int, renormalize: bool = True, scoring: str = "softmax"
-          ) -> tuple[Tensor, Tensor]:
+def route(
+    router_logits: Tensor, top_k: int, renormalize: bool = True, scoring: str = "softmax"
+) -> tuple[Tensor, Tensor]:
     check_route_args(router_logits, top_k, scoring, nd=False)
     return route_scores(router_logits, top_k, renormalize, scoring)
 
@@ -328,8 +376,10 @@ def route(router_logits: Tensor, top_k: int, renormalize: bool = True, scoring: 
 def _(router_logits, top_k, renormalize=True, scoring="softmax"):
     check_route_args(router_logits, top_k, scoring, nd=False)
     t = router_logits.shape[0]
-    return (router_logits.new_empty((t, top_k), dtype=torch.float32),
-            router_logits.new_empty((t, top_k), dtype=torch.int32))
+    return (
+        router_logits.new_empty((t, top_k), dtype=torch.float32),
+        router_logits.new_empty((t, top_k), dtype=torch.int32),
+    )
 
 
 def _route_setup(ctx, inputs, output):

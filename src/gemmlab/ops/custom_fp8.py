@@ -26,8 +26,7 @@ def _launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out):
 
 
 @torch.library.custom_op("gemmlab::gemm_fp8", mutates_args=())
-def gemm_fp8(a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tensor, out_dtype: torch.dtype = torch.bfloat16
-             ) -> Tensor:
+def gemm_fp8(a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tensor, out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
     return _launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, None)
 
 
@@ -50,8 +49,11 @@ def _(a, b, a_scale, b_scale, out):
 negative_kernel("gemm_fp8_out", 4)
 
 
-@torch.library.custom_op("gemmlab::quantize_fp8", mutates_args=(), schema="(Tensor x, str granularity=\"tensor\", "
-                         "int[2] block=[1, 128]) -> (Tensor, Tensor)")
+@torch.library.custom_op(
+    "gemmlab::quantize_fp8",
+    mutates_args=(),
+    schema='(Tensor x, str granularity="tensor", int[2] block=[1, 128]) -> (Tensor, Tensor)',
+)
 def quantize_fp8(x: Tensor, granularity: str = "tensor", block: tuple[int, int] = (1, 128)) -> tuple[Tensor, Tensor]:
     from gemmlab.ops.fp8_quantize import launch_quantize_fp8
 
@@ -66,8 +68,15 @@ def _(x, granularity="tensor", block=(1, 128)):
 
 
 @torch.library.custom_op("gemmlab::grouped_gemm_fp8", mutates_args=())
-def grouped_gemm_fp8(x: Tensor, w: Tensor, offsets: Tensor, x_scale: Tensor | None, w_scale: Tensor,
-                     out_dtype: torch.dtype = torch.bfloat16, validate: bool = True) -> Tensor:
+def grouped_gemm_fp8(
+    x: Tensor,
+    w: Tensor,
+    offsets: Tensor,
+    x_scale: Tensor | None,
+    w_scale: Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    validate: bool = True,
+) -> Tensor:
     from gemmlab.ops.moe_fp8_launch import launch_grouped_gemm_fp8
 
     return launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate)
@@ -80,8 +89,9 @@ def _(x, w, offsets, x_scale, w_scale, out_dtype=torch.bfloat16, validate=True):
 
 
 @torch.library.custom_op("gemmlab::grouped_gemm_fp8_out", mutates_args=("out",))
-def grouped_gemm_fp8_out(x: Tensor, w: Tensor, offsets: Tensor, x_scale: Tensor | None, w_scale: Tensor, out: Tensor,
-                         validate: bool = True) -> None:
+def grouped_gemm_fp8_out(
+    x: Tensor, w: Tensor, offsets: Tensor, x_scale: Tensor | None, w_scale: Tensor, out: Tensor, validate: bool = True
+) -> None:
     from gemmlab.ops.moe_fp8_launch import launch_grouped_gemm_fp8
 
     launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out.dtype, validate, out)
@@ -96,8 +106,16 @@ negative_kernel("grouped_gemm_fp8_out", 5)
 
 
 @torch.library.custom_op("gemmlab::moe_forward_fp8", mutates_args=())
-def moe_forward_fp8(x: Tensor, w1: Tensor, w1_scale: Tensor, w2: Tensor, w2_scale: Tensor, topk_weights: Tensor,
-                    topk_ids: Tensor, validate: bool = True) -> Tensor:
+def moe_forward_fp8(
+    x: Tensor,
+    w1: Tensor,
+    w1_scale: Tensor,
+    w2: Tensor,
+    w2_scale: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    validate: bool = True,
+) -> Tensor:
     from gemmlab.ops.moe_fp8_launch import launch_moe_forward_fp8
 
     return launch_moe_forward_fp8(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, validate)

@@ -46,8 +46,12 @@ def direct(k: Kept | None, n_desc: int) -> Direct | None:
     """The ``Direct`` of a kept kernel with ``n_desc`` host TMA descriptor arguments, or None where its launcher
     is not Triton 3.6's CudaLauncher as this module mirrors it."""
     run = getattr(k, "run", None)
-    if type(run) is not nvidia.CudaLauncher or run.global_scratch_size or run.profile_scratch_size \
-            or getattr(run, "num_ctas", 1) != 1:
+    if (
+        type(run) is not nvidia.CudaLauncher
+        or run.global_scratch_size
+        or run.profile_scratch_size
+        or getattr(run, "num_ctas", 1) != 1
+    ):
         return None
     metas = getattr(k.compiled.metadata, "tensordesc_meta", None) or [None] * n_desc
     raw = run.launch
@@ -59,8 +63,16 @@ def direct(k: Kept | None, n_desc: int) -> Direct | None:
         raw = cells.get("launcher")
         if raw is None or len(metas) != n_desc or len(cells.get("tensordesc_indices", ())) != n_desc:
             return None
-    return Direct(raw, k.function, k.packed, bool(run.launch_cooperative_grid), bool(run.launch_pdl), k.tail,
-                  tuple(metas), tuple({} for _ in range(n_desc)))
+    return Direct(
+        raw,
+        k.function,
+        k.packed,
+        bool(run.launch_cooperative_grid),
+        bool(run.launch_pdl),
+        k.tail,
+        tuple(metas),
+        tuple({} for _ in range(n_desc)),
+    )
 
 
 def desc_args(d: Direct, i: int, base: int, shape, strides) -> list:
@@ -78,5 +90,20 @@ def desc_args(d: Direct, i: int, base: int, shape, strides) -> list:
 def fire(d: Direct, grid: tuple[int, int, int], stream: int, params: list) -> None:
     """Launch on ``stream``: the header ``CudaLauncher.__call__`` passes (no scratch, no launch metadata, no
     hooks: callers launch directly only while no hook is set), then the parameters and the constexprs."""
-    d.launch(grid[0], grid[1], grid[2], stream, d.function, d.cooperative, d.pdl, None, None, d.packed, None, None,
-             None, *params, *d.tail)
+    d.launch(
+        grid[0],
+        grid[1],
+        grid[2],
+        stream,
+        d.function,
+        d.cooperative,
+        d.pdl,
+        None,
+        None,
+        d.packed,
+        None,
+        None,
+        None,
+        *params,
+        *d.tail,
+    )

@@ -55,8 +55,10 @@ def refuse_neg_out(op: str, out: object) -> None:
     """An ``out`` with the negative bit (``torch._neg_view``) would get -C written where C is read back (the kernels
     store raw memory), and the dispatcher's Negative fallback cannot write it either: refused."""
     if not compiling() and isinstance(out, Tensor) and out.is_neg():  # (traced graphs hold no negated views)
-        raise ValueError(f"{op}: out is a negated view (torch._neg_view: its memory holds -out); pass a plain tensor "
-                         "(out.resolve_neg() makes one, a copy)")
+        raise ValueError(
+            f"{op}: out is a negated view (torch._neg_view: its memory holds -out); pass a plain tensor "
+            "(out.resolve_neg() makes one, a copy)"
+        )
 
 
 def refuse_grad_out(op: str, out: Tensor, *inputs: Tensor) -> None:
@@ -67,8 +69,10 @@ def refuse_grad_out(op: str, out: Tensor, *inputs: Tensor) -> None:
     if out.requires_grad:
         raise RuntimeError(f"{op}: out= does not support autograd, but out requires grad; call it without out=")
     if any(t.requires_grad for t in inputs):
-        raise RuntimeError(f"{op}: out= does not support autograd, but an input requires grad; call it without "
-                           "out= (or under torch.no_grad())")
+        raise RuntimeError(
+            f"{op}: out= does not support autograd, but an input requires grad; call it without "
+            "out= (or under torch.no_grad())"
+        )
 
 
 def unit(t: Tensor) -> Tensor:
@@ -83,8 +87,10 @@ def refuse_neg_fp8(op: str, **named: object) -> None:
         return
     for name, t in named.items():
         if isinstance(t, Tensor) and t.is_neg() and t.dtype == torch.float8_e4m3fn:
-            raise ValueError(f"{op}: {name} is a negated view (torch._neg_view) of e4m3 data, which torch cannot "
-                             "negate; negate its scale instead")
+            raise ValueError(
+                f"{op}: {name} is a negated view (torch._neg_view) of e4m3 data, which torch cannot "
+                "negate; negate its scale instead"
+            )
 
 
 def need_tensors(op: str, **named: object) -> None:
@@ -111,7 +117,9 @@ def negative_kernel(name: str, out_index: int) -> None:
     def kernel(*args, **kwargs):
         refuse_neg_out(name, args[out_index] if len(args) > out_index else kwargs.get("out"))
         refuse_neg_fp8(name, **dict(zip(names, args, strict=False)), **kwargs)
-        return op(*(a.resolve_neg() if isinstance(a, Tensor) else a for a in args),
-                  **{k: v.resolve_neg() if isinstance(v, Tensor) else v for k, v in kwargs.items()})
+        return op(
+            *(a.resolve_neg() if isinstance(a, Tensor) else a for a in args),
+            **{k: v.resolve_neg() if isinstance(v, Tensor) else v for k, v in kwargs.items()},
+        )
 
     lib.impl(name, kernel, "Negative")

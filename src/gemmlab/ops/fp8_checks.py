@@ -38,8 +38,9 @@ def check_gemm_fp8_args(a, b, a_scale, b_scale, out_dtype, out=None) -> int:
         if t.dim() != 2:
             raise ValueError(f"gemm_fp8: {name} must be 2-D, got shape {tuple(t.shape)}")
         if t.dtype != FP8:
-            raise TypeError(f"gemm_fp8: {name} has dtype {t.dtype}; expected torch.float8_e4m3fn "
-                            "(gemmlab.quantize_fp8 makes it)")
+            raise TypeError(
+                f"gemm_fp8: {name} has dtype {t.dtype}; expected torch.float8_e4m3fn (gemmlab.quantize_fp8 makes it)"
+            )
     for name, t in (("a_scale", a_scale), ("b_scale", b_scale)):
         if t.dtype != torch.float32:
             raise TypeError(f"gemm_fp8: {name} has dtype {t.dtype}; expected torch.float32")
@@ -55,15 +56,18 @@ def check_gemm_fp8_args(a, b, a_scale, b_scale, out_dtype, out=None) -> int:
         if t.stride(0) != 1 and t.stride(1) != 1 and t.shape[0] > 1 and t.shape[1] > 1:
             raise ValueError(f"gemm_fp8: {name} has strides {t.stride()}: neither dimension is unit-stride")
     if a.shape[1] > 1 and a.stride(1) != 1:
-        raise ValueError(f"gemm_fp8: a must be K-major (row-major (M, K), unit stride along K), got strides "
-                         f"{a.stride()}")
+        raise ValueError(
+            f"gemm_fp8: a must be K-major (row-major (M, K), unit stride along K), got strides {a.stride()}"
+        )
     mode = scale_mode(tuple(a_scale.shape), tuple(b_scale.shape), m, n, k)
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"gemm_fp8: out must be a torch.Tensor, got {type(out).__name__}")
         if tuple(out.shape) != (m, n) or out.dtype != out_dtype or out.device != a.device:
-            raise ValueError(f"gemm_fp8: out must be ({m}, {n}) {out_dtype} on {a.device}, got "
-                             f"{tuple(out.shape)} {out.dtype} on {out.device}")
+            raise ValueError(
+                f"gemm_fp8: out must be ({m}, {n}) {out_dtype} on {a.device}, got "
+                f"{tuple(out.shape)} {out.dtype} on {out.device}"
+            )
         if n > 1 and m > 1 and out.stride(1) != 1:
             raise ValueError(f"gemm_fp8: out must be row-major (unit stride along N), got strides {out.stride()}")
     return mode
@@ -73,12 +77,17 @@ def scale_mode(sa: tuple, sb: tuple, m: int, n: int, k: int) -> int:
     """The scale mode of scale shapes ``sa`` (of a_scale) and ``sb`` (of b_scale) for an (M, K) @ (K, N) product."""
     kb, nb = _cdiv(k, SCALE_BLOCK), _cdiv(n, SCALE_BLOCK)
     for mode, (want_a, want_b) in enumerate((((), ()), ((m, 1), (1, n)), ((m, kb), (kb, nb)))):
-        if len(sa) == len(want_a) and len(sb) == len(want_b) and all(
-                x == y for x, y in zip(sa + sb, want_a + want_b, strict=True)):  # (== holds for symbolic sizes)
+        if (
+            len(sa) == len(want_a)
+            and len(sb) == len(want_b)
+            and all(x == y for x, y in zip(sa + sb, want_a + want_b, strict=True))
+        ):  # (== holds for symbolic sizes)
             return mode
-    raise ValueError(f"gemm_fp8: scale shapes a_scale {sa}, b_scale {sb} fit no granularity for M={m} N={n} K={k}; "
-                     f"expected per tensor () and (), per row/column ({m}, 1) and (1, {n}), or block "
-                     f"({m}, {kb}) and ({kb}, {nb}) (1x128 blocks of A, 128x128 blocks of B)")
+    raise ValueError(
+        f"gemm_fp8: scale shapes a_scale {sa}, b_scale {sb} fit no granularity for M={m} N={n} K={k}; "
+        f"expected per tensor () and (), per row/column ({m}, 1) and (1, {n}), or block "
+        f"({m}, {kb}) and ({kb}, {nb}) (1x128 blocks of A, 128x128 blocks of B)"
+    )
 
 
 def check_quantize_args(x, granularity: str, block) -> tuple[int, int]:
@@ -93,8 +102,7 @@ def check_quantize_args(x, granularity: str, block) -> tuple[int, int]:
         raise ValueError(f"quantize_fp8: granularity {granularity!r} needs a 2-D x, got shape {tuple(x.shape)}")
     if granularity != "block":
         return (1, 1)
-    if (not isinstance(block, (tuple, list)) or len(block) != 2
-            or not all(type(v) is int and v > 0 for v in block)):
+    if not isinstance(block, (tuple, list)) or len(block) != 2 or not all(type(v) is int and v > 0 for v in block):
         raise ValueError(f"quantize_fp8: block must be two positive integers (rows, cols), got {block!r}")
     return (block[0], block[1])
 

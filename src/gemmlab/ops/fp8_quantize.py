@@ -97,8 +97,9 @@ def _plan(x: torch.Tensor, granularity: str, block) -> QuantPlan:
     m, k = x.shape
     group = k if granularity == "row" else block[1]
     width = min(CHUNK, triton.next_power_of_2(group))
-    slot = kept_launch.Planned(quantize_groups_kernel, (m, -(-k // group), 1), {"BLOCK": width},
-                               {"num_warps": 4 if width >= 512 else 1})
+    slot = kept_launch.Planned(
+        quantize_groups_kernel, (m, -(-k // group), 1), {"BLOCK": width}, {"num_warps": 4 if width >= 512 else 1}
+    )
     return QuantPlan(slot, group, granularity, block, x.stride(-1) != 1)
 
 
@@ -110,8 +111,9 @@ def _quantize_groups(x: torch.Tensor, p: QuantPlan) -> tuple[torch.Tensor, torch
     q = torch.empty((m, k), dtype=FP8, device=x.device)
     scale = torch.empty((m, p.slot.grid[1]), dtype=torch.float32, device=x.device)
     slot = p.slot
-    kept_launch.fire(slot, [x, q, scale, k, x.stride(0), q.stride(0), scale.stride(0), p.group],
-                     kept_launch.usable(slot.kept))
+    kept_launch.fire(
+        slot, [x, q, scale, k, x.stride(0), q.stride(0), scale.stride(0), p.group], kept_launch.usable(slot.kept)
+    )
     return q, scale
 
 

@@ -29,8 +29,15 @@ from gemmlab.ops.packing import PackedB, pack_b
 __all__ = ["GemmConfig", "PackedB", "Plan", "gemm", "gemm_colmajor", "pack_b", "paths", "plan", "run"]
 
 
-def plan(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None,
-         config: GemmConfig | None = None, stage: bool | None = None, path: str | None = None) -> Plan:
+def plan(
+    a: torch.Tensor,
+    b: torch.Tensor | PackedB,
+    *,
+    out: torch.Tensor | None = None,
+    config: GemmConfig | None = None,
+    stage: bool | None = None,
+    path: str | None = None,
+) -> Plan:
     """Which path and config ``gemm(a, b, out=out)`` runs. Pure and cheap: checks, no allocation.
     ``config`` pins a config for the chosen path (the tuner's way in; run the result with ``run``);
     ``stage`` pins whether operands TMA cannot describe are staged (True) or left to the portable kernel
@@ -49,15 +56,22 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     (``torch.ops.gemmlab.gemm``) under torch.compile and autograd, see ``gemmlab.ops.custom``."""
     if isinstance(b, PackedB):
         b = b.view() if b.data.requires_grad or dispatch.compiling() else b.fixed_view()
-    if (a is not None and b is not None and dispatch.direct(a, b, out) and a.dim() == 2 and b.dim() == 2
-            and (out is None or out.dim() == 2)):
+    if (
+        a is not None
+        and b is not None
+        and dispatch.direct(a, b, out)
+        and a.dim() == 2
+        and b.dim() == 2
+        and (out is None or out.dim() == 2)
+    ):
         return launch_gemm(a, b, out)  # the eager hot path: no dispatcher, no autograd wrapper
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"gemm: {name} must be a torch.Tensor or (for b) a PackedB, got {type(t).__name__}")
     if a.dim() < 1 or b.dim() not in (1, 2):
-        raise ValueError(f"gemm: a must be (..., K) and b (K, N) (2-D) or (K,), got a {tuple(a.shape)}, "
-                         f"b {tuple(b.shape)}")
+        raise ValueError(
+            f"gemm: a must be (..., K) and b (K, N) (2-D) or (K,), got a {tuple(a.shape)}, b {tuple(b.shape)}"
+        )
     k, lead = a.shape[-1], tuple(a.shape[:-1])
     b2 = b if b.dim() == 2 else b.unsqueeze(1)
     n = b2.shape[1]
@@ -75,8 +89,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     try:
         out2 = out if out.dim() == 2 and b.dim() == 2 else out.view(a2.shape[0], n)
     except RuntimeError as err:
-        raise ValueError(f"gemm: out (shape {tuple(out.shape)}, strides {out.stride()}) cannot be viewed as the "
-                         f"({a2.shape[0]}, {n}) matrix gemm writes; pass a contiguous out") from err
+        raise ValueError(
+            f"gemm: out (shape {tuple(out.shape)}, strides {out.stride()}) cannot be viewed as the "
+            f"({a2.shape[0]}, {n}) matrix gemm writes; pass a contiguous out"
+        ) from err
     if dispatch.direct(a2, b2, out2):
         launch_gemm(a2, b2, out2)
     else:
@@ -134,13 +150,20 @@ def _colmajor_view(name: str, buf: torch.Tensor, rows: int, cols: int) -> torch.
     """(rows, cols) column-major view of a competition buffer."""
     if not isinstance(buf, torch.Tensor):
         raise TypeError(f"gemm_colmajor: {name} must be a torch.Tensor, got {type(buf).__name__}")
-    if (buf.dim() == 2 and tuple(buf.shape) == (rows, cols) and (buf.stride(0) == 1 or rows <= 1)
-            and (buf.stride(1) >= rows or cols <= 1)):
+    if (
+        buf.dim() == 2
+        and tuple(buf.shape) == (rows, cols)
+        and (buf.stride(0) == 1 or rows <= 1)
+        and (buf.stride(1) >= rows or cols <= 1)
+    ):
         return buf  # already a column-major matrix, leading dimension buf.stride(1)
     if buf.dim() not in (1, 2) or not buf.is_contiguous():
-        raise ValueError(f"gemm_colmajor: {name} must be a 1-D or contiguous buffer, or a ({rows}, {cols}) "
-                         f"column-major matrix; got shape {tuple(buf.shape)}, strides {buf.stride()}")
+        raise ValueError(
+            f"gemm_colmajor: {name} must be a 1-D or contiguous buffer, or a ({rows}, {cols}) "
+            f"column-major matrix; got shape {tuple(buf.shape)}, strides {buf.stride()}"
+        )
     if buf.numel() < rows * cols:
-        raise ValueError(f"gemm_colmajor: {name} holds {buf.numel()} elements; a {rows}x{cols} matrix "
-                         f"needs {rows * cols}")
+        raise ValueError(
+            f"gemm_colmajor: {name} holds {buf.numel()} elements; a {rows}x{cols} matrix needs {rows * cols}"
+        )
     return buf.reshape(-1).as_strided((rows, cols), (1, max(rows, 1)))

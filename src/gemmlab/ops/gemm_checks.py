@@ -37,8 +37,9 @@ def operands(a, b, out, memory: bool = True) -> tuple[torch.Tensor, torch.Tensor
         raise ValueError(f"gemm: inner dimensions differ: a is {m}x{k}, b is {k2}x{n}")
     for name, t, inner in (("a", a, 1), ("b", b, 0)):
         if is_kmajor(t, inner) is None:
-            raise ValueError(f"gemm: {name} has strides {t.stride()}: neither dimension is unit-stride; "
-                             f"pass {name}.contiguous()")
+            raise ValueError(
+                f"gemm: {name} has strides {t.stride()}: neither dimension is unit-stride; pass {name}.contiguous()"
+            )
     swap = False
     if out is not None:
         if not isinstance(out, torch.Tensor):
@@ -62,10 +63,14 @@ def operands(a, b, out, memory: bool = True) -> tuple[torch.Tensor, torch.Tensor
 def check_out(op: str, out: torch.Tensor, **inputs: torch.Tensor) -> None:
     """Every public op's ``out`` check (one place): out's own elements must not share memory (a stride 0 or
     overlapping rows of a 2-D out), and out must not overlap any input."""
-    if out.numel() > 1 and (any(st == 0 and sz > 1 for sz, st in zip(out.shape, out.stride(), strict=True))
-                            or (out.dim() == 2 and is_kmajor(out, 1) is not None and overlaps_itself(out))):
-        raise ValueError(f"{op}: out (shape {tuple(out.shape)}, strides {out.stride()}) has elements that share "
-                         "memory (a stride 0 or overlapping rows); pass a fresh tensor")
+    if out.numel() > 1 and (
+        any(st == 0 and sz > 1 for sz, st in zip(out.shape, out.stride(), strict=True))
+        or (out.dim() == 2 and is_kmajor(out, 1) is not None and overlaps_itself(out))
+    ):
+        raise ValueError(
+            f"{op}: out (shape {tuple(out.shape)}, strides {out.stride()}) has elements that share "
+            "memory (a stride 0 or overlapping rows); pass a fresh tensor"
+        )
     for name, t in inputs.items():
         if overlap(out, t):
             raise ValueError(f"{op}: out overlaps {name} in memory; results would be corrupted")

@@ -21,8 +21,15 @@ from gemmlab.ops.gemm_fp8_launch import Fp8Config, Fp8Plan, constexprs_fp8, exec
 __all__ = ["Fp8Config", "Fp8Plan", "constexprs_fp8", "execute_fp8", "gemm_fp8", "plan_fp8", "quantize_fp8"]
 
 
-def gemm_fp8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
-             out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def gemm_fp8(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """C (M, N) = (A * a_scale) @ (B * b_scale), fp32 accumulation, C in ``out_dtype`` (default: out's dtype if out
     is given, else bf16; a different out_dtype from out's is a ValueError): a (M, K) and b (K, N)
     float8_e4m3fn (b row-major or K-major, e.g. ``q.t()`` of a quantized nn.Linear weight); fp32 scales per tensor
@@ -43,8 +50,9 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: t
     return out
 
 
-def quantize_fp8(x: torch.Tensor, granularity: str = "tensor", block: tuple[int, int] = (1, 128)
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8(
+    x: torch.Tensor, granularity: str = "tensor", block: tuple[int, int] = (1, 128)
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, scale) with x ~= q * scale (scale broadcast over its group): q float8_e4m3fn like x, scale fp32 shaped by
     ``granularity`` ("tensor" (), "row" (M, 1), "col" (1, N), "block" over ``block`` = (rows, cols)); x bf16, fp16
     or fp32 (any shape for "tensor", else 2-D). No autograd. A ``torch.library`` custom op

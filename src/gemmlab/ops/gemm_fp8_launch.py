@@ -61,8 +61,9 @@ class Fp8Config:
     flatten: bool = False
 
     def __post_init__(self) -> None:
-        configs.check_fields(self, pow2=("block_m", "block_n", "block_k", "num_warps"),
-                             positive=("group_m", "num_stages"))
+        configs.check_fields(
+            self, pow2=("block_m", "block_n", "block_k", "num_warps"), positive=("group_m", "num_stages")
+        )
 
     @classmethod
     def from_dict(cls, d: dict) -> Fp8Config:
@@ -84,9 +85,17 @@ class Fp8Plan:
     num_sms: int
 
 
-def plan_fp8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
-             out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
-             config: Fp8Config | None = None, target: Target | None = None) -> Fp8Plan:
+def plan_fp8(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+    config: Fp8Config | None = None,
+    target: Target | None = None,
+) -> Fp8Plan:
     """The plan of ``gemm_fp8(a, b, a_scale, b_scale, out_dtype=..., out=...)``: checks (alignment included), the
     config (pinned, else the table's first matching rule), the layouts. ``target`` overrides the operands' device
     (the inspector plans for an H200 from "meta" tensors). Pure: no allocation."""
@@ -97,43 +106,62 @@ def plan_fp8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: t
         return Fp8Plan(Fp8Config(), f"M={m} N={n} K={k}: nothing to multiply", m, n, k, mode, True, False, 0)
     target = target or target_for(a.device)
     if not target.has_tma:
-        raise ValueError(f"gemm_fp8: needs sm_90 (TMA and e4m3 wgmma); {target.name} is "
-                         f"sm_{target.capability[0]}{target.capability[1]}")
+        raise ValueError(
+            f"gemm_fp8: needs sm_90 (TMA and e4m3 wgmma); {target.name} is "
+            f"sm_{target.capability[0]}{target.capability[1]}"
+        )
     b_kmajor = bool(is_kmajor(b, 0))
     if not tma_ok(a, 1):
-        raise ValueError(f"gemm_fp8: a (M={m}, K={k}, strides {a.stride()}) is not TMA-aligned: needs a 16-byte "
-                         "aligned base and K % 16 == 0 (one byte per e4m3 element); there is no portable FP8 path")
+        raise ValueError(
+            f"gemm_fp8: a (M={m}, K={k}, strides {a.stride()}) is not TMA-aligned: needs a 16-byte "
+            "aligned base and K % 16 == 0 (one byte per e4m3 element); there is no portable FP8 path"
+        )
     if not tma_ok(b, 0 if b_kmajor else 1):
         need = "K % 16 == 0 for a K-major b" if b_kmajor else "N % 16 == 0 for a row-major b (or pass b K-major)"
-        raise ValueError(f"gemm_fp8: b (K={k}, N={n}, strides {b.stride()}) is not TMA-aligned: needs a 16-byte "
-                         f"aligned base and {need}; there is no portable FP8 path")
+        raise ValueError(
+            f"gemm_fp8: b (K={k}, N={n}, strides {b.stride()}) is not TMA-aligned: needs a 16-byte "
+            f"aligned base and {need}; there is no portable FP8 path"
+        )
     if config is None:
-        rule = configs.pick(target.name, "gemm_fp8", "tma", Fp8Config.from_dict, "float8_e4m3fn", m=m, n=n, k=k,
-                            scale=mode)
+        rule = configs.pick(
+            target.name, "gemm_fp8", "tma", Fp8Config.from_dict, "float8_e4m3fn", m=m, n=n, k=k, scale=mode
+        )
         config, source = rule.config, "config " + rule.source
     else:
         source = "config given by the caller"
     if mode == 2 and SCALE_BLOCK % config.block_k:
         raise ValueError(f"gemm_fp8: block scales need block_k dividing {SCALE_BLOCK}, config has {config.block_k}")
     if mode == 2 and config.b_scale_scalar and SCALE_BLOCK % config.block_n:
-        raise ValueError(f"gemm_fp8: b_scale_scalar needs block_n dividing {SCALE_BLOCK}, config has "
-                         f"{config.block_n}")
+        raise ValueError(f"gemm_fp8: b_scale_scalar needs block_n dividing {SCALE_BLOCK}, config has {config.block_n}")
     size = torch.empty((), dtype=out_dtype).element_size()
     c_tma = tma_ok(out, 1) if out is not None else (m == 1 or (n * size) % 16 == 0)
     c_tma = c_tma and not config.warp_specialize  # (Triton 3.6's Hopper warp specialization fails on a TMA store)
     tiles = -(-m // config.block_m) * -(-n // config.block_n)
-    reason = (f"persistent TMA kernel, {SCALES[mode]} scales, B {'K' if b_kmajor else 'N'}-major, C by "
-              f"{'TMA' if c_tma else 'masked pointers'}, {tiles} tiles; {source}")
+    reason = (
+        f"persistent TMA kernel, {SCALES[mode]} scales, B {'K' if b_kmajor else 'N'}-major, C by "
+        f"{'TMA' if c_tma else 'masked pointers'}, {tiles} tiles; {source}"
+    )
     return Fp8Plan(config, reason, m, n, k, mode, b_kmajor, c_tma, target.num_sms)
 
 
 def constexprs_fp8(p: Fp8Plan) -> dict:
     """The compile-time parameters of a plan's kernel (shared with the inspector)."""
     cfg = p.config
-    return dict(SCALE=p.scale, B_KMAJOR=p.b_kmajor, C_TMA=p.c_tma, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_SMS=p.num_sms, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
-                PROMOTE=cfg.promote, SB_SCALAR=p.scale == 2 and cfg.b_scale_scalar, WARP_SPEC=cfg.warp_specialize,
-                FLATTEN=cfg.flatten)
+    return dict(
+        SCALE=p.scale,
+        B_KMAJOR=p.b_kmajor,
+        C_TMA=p.c_tma,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        NUM_SMS=p.num_sms,
+        EPILOGUE_SUBTILE=cfg.epilogue_subtile,
+        PROMOTE=cfg.promote,
+        SB_SCALAR=p.scale == 2 and cfg.b_scale_scalar,
+        WARP_SPEC=cfg.warp_specialize,
+        FLATTEN=cfg.flatten,
+    )
 
 
 def launch_options_fp8(cfg: Fp8Config) -> dict:
@@ -167,9 +195,21 @@ def execute_fp8(p: Fp8Plan, a, b, a_scale, b_scale, c):
     c_arg = _desc(c, 1, (cfg.block_m, cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n)) if p.c_tma else c
     tiles = -(-p.m // cfg.block_m) * -(-p.n // cfg.block_n)
     grid = (min(p.num_sms, tiles),)
-    return gemm_fp8_tma_kernel[grid](a_desc, b_desc, c_arg, a_scale, b_scale, p.m, p.n, p.k, c.stride(0),
-                                     *_scale_strides(a_scale), *_scale_strides(b_scale), **constexprs_fp8(p),
-                                     **launch_options_fp8(cfg))
+    return gemm_fp8_tma_kernel[grid](
+        a_desc,
+        b_desc,
+        c_arg,
+        a_scale,
+        b_scale,
+        p.m,
+        p.n,
+        p.k,
+        c.stride(0),
+        *_scale_strides(a_scale),
+        *_scale_strides(b_scale),
+        **constexprs_fp8(p),
+        **launch_options_fp8(cfg),
+    )
 
 
 # ------------------------------------------------------------------------------- the signature cache
@@ -225,8 +265,11 @@ def _specs(p: Fp8Plan, a, b, c_shape: tuple[int, int], c_strides: tuple[int, int
         return (inner, *descriptor_layout(shape, strides, 1, block, size))
 
     sa = spec(tuple(a.shape), a.stride(), 1, (cfg.block_m, cfg.block_k), 1)
-    sb = (spec(tuple(b.shape), b.stride(), 0, (cfg.block_n, cfg.block_k), 1) if p.b_kmajor
-          else spec(tuple(b.shape), b.stride(), 1, (cfg.block_k, cfg.block_n), 1))
+    sb = (
+        spec(tuple(b.shape), b.stride(), 0, (cfg.block_n, cfg.block_k), 1)
+        if p.b_kmajor
+        else spec(tuple(b.shape), b.stride(), 1, (cfg.block_k, cfg.block_n), 1)
+    )
     block_n = cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n
     sc = spec(c_shape, c_strides, 1, (cfg.block_m, block_n), c_size) if p.c_tma else None
     return sa, sb, sc
@@ -248,11 +291,13 @@ def _admit(a, b, a_scale, b_scale, out_dtype, out, key) -> Fp8Entry:
         c_strides = out.stride() if out is not None else (p.n, 1)
         cfg = p.config
         tiles = -(-p.m // cfg.block_m) * -(-p.n // cfg.block_n)
-        slot = kept_launch.Planned(gemm_fp8_tma_kernel, (min(p.num_sms, tiles), 1, 1), constexprs_fp8(p),
-                                   launch_options_fp8(cfg))
+        slot = kept_launch.Planned(
+            gemm_fp8_tma_kernel, (min(p.num_sms, tiles), 1, 1), constexprs_fp8(p), launch_options_fp8(cfg)
+        )
         ints = (p.m, p.n, p.k, c_strides[0], *_scale_strides(a_scale), *_scale_strides(b_scale))
-        e = Fp8Entry(p, slot, _specs(p, a, b, (p.m, p.n), c_strides, size), ints, (p.m, p.n), out_dtype, a.device,
-                     extents)
+        e = Fp8Entry(
+            p, slot, _specs(p, a, b, (p.m, p.n), c_strides, size), ints, (p.m, p.n), out_dtype, a.device, extents
+        )
     if key is not None:
         PLANS[key] = e
     return e
@@ -262,8 +307,10 @@ def jit_args(e: Fp8Entry, a, b, a_scale, b_scale, c) -> list:
     """The runtime arguments of a JIT launch (the constexprs go as keywords), descriptors as TensorDescriptors."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    ops = [t if s is None else TensorDescriptor(t if s[0] == 1 else t.t(), *s[1:])
-           for t, s in zip((a, b, c), e.descs, strict=True)]
+    ops = [
+        t if s is None else TensorDescriptor(t if s[0] == 1 else t.t(), *s[1:])
+        for t, s in zip((a, b, c), e.descs, strict=True)
+    ]
     return [*ops, a_scale, b_scale, *e.ints]
 
 
@@ -292,8 +339,9 @@ def launch_fp8(e: Fp8Entry, a, b, a_scale, b_scale, c, ptrs: tuple) -> None:
     slot = e.slot
     if kept_launch.usable(slot.kept):
         if e.direct is not None:
-            direct_launch.fire(e.direct, slot.grid, torch._C._cuda_getCurrentRawStream(slot.kept.device),
-                               direct_params(e, ptrs))
+            direct_launch.fire(
+                e.direct, slot.grid, torch._C._cuda_getCurrentRawStream(slot.kept.device), direct_params(e, ptrs)
+            )
         else:
             kept_launch.run(slot.kept, slot.grid, kept_args(e, a, b, a_scale, b_scale, c))
         _LAST["gemm_fp8"] = slot.kept.compiled
@@ -341,5 +389,15 @@ def launch_mode(a, b, a_scale, b_scale, out_dtype=torch.bfloat16, out=None) -> s
     return "jit" if e.slot.kept is None else "direct" if e.direct is not None else "kept"
 
 
-__all__ = ["Fp8Config", "Fp8Entry", "Fp8Plan", "constexprs_fp8", "execute_fp8", "last_kernel", "launch_gemm_fp8",
-           "launch_mode", "launch_options_fp8", "plan_fp8"]
+__all__ = [
+    "Fp8Config",
+    "Fp8Entry",
+    "Fp8Plan",
+    "constexprs_fp8",
+    "execute_fp8",
+    "last_kernel",
+    "launch_gemm_fp8",
+    "launch_mode",
+    "launch_options_fp8",
+    "plan_fp8",
+]

@@ -73,8 +73,18 @@ def prepare(p: Plan, keep: bool = False) -> Launch:
     """The ``Launch`` of a (non-empty) plan: its ``LaunchSpec`` as it is."""
     s: LaunchSpec = p.launch
     descs = tuple(None if d is None else (list(d[0]), list(d[1]), list(d[2])) for d in s.descs)
-    return Launch(p.path, KERNELS[p.path], s.grid, descs, s.ints, dict(s.constexprs), dict(s.options), s.scratch,
-                  s.staged, keep=keep)
+    return Launch(
+        p.path,
+        KERNELS[p.path],
+        s.grid,
+        descs,
+        s.ints,
+        dict(s.constexprs),
+        dict(s.options),
+        s.scratch,
+        s.staged,
+        keep=keep,
+    )
 
 
 # ------------------------------------------------------------------------------------------- staging
@@ -161,8 +171,11 @@ def counters() -> list[torch.Tensor]:
 def direct_args(L: Launch, a, b, c) -> list:
     """The runtime arguments of a kept launch, as the JIT binds them (descriptors as ``HostDesc``)."""
     da, db, dc = L.descs
-    args = [a if da is None else HostDesc(a, da[0], da[1]), b if db is None else HostDesc(b, db[0], db[1]),
-            c if dc is None else HostDesc(c, dc[0], dc[1])]
+    args = [
+        a if da is None else HostDesc(a, da[0], da[1]),
+        b if db is None else HostDesc(b, db[0], db[1]),
+        c if dc is None else HostDesc(c, dc[0], dc[1]),
+    ]
     if L.scratch is not None:
         args += _scratch_args(L.scratch, c)
     args += L.ints
@@ -265,8 +278,23 @@ def signature(a, b, out, ptrs: tuple[int, int, int] | None = None) -> tuple:
     ap, bp, op = ptrs or (a.data_ptr(), b.data_ptr(), 0 if out is None else out.data_ptr())
     if out is None:
         return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device, ap % 16, bp % 16)
-    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device, ap % 16, bp % 16,
-            out.shape, out.stride(), out.dtype, out.device, op % 16)
+    return (
+        a.shape,
+        a.stride(),
+        b.shape,
+        b.stride(),
+        a.dtype,
+        b.dtype,
+        a.device,
+        b.device,
+        ap % 16,
+        bp % 16,
+        out.shape,
+        out.stride(),
+        out.dtype,
+        out.device,
+        op % 16,
+    )
 
 
 def _admit(a, b, out, key) -> Entry | torch.Tensor:

@@ -76,8 +76,12 @@ class GemmConfig:
     tail_split: int = 0  # tma_persistent: data-parallel waves + the partial last wave split in K (< 2: off)
 
     def __post_init__(self) -> None:
-        configs.check_fields(self, pow2=("block_m", "block_n", "block_k", "num_warps"),
-                             positive=("group_m", "num_stages"), nonneg=("split_k", "max_nreg", "tail_split"))
+        configs.check_fields(
+            self,
+            pow2=("block_m", "block_n", "block_k", "num_warps"),
+            positive=("group_m", "num_stages"),
+            nonneg=("split_k", "max_nreg", "tail_split"),
+        )
 
     @classmethod
     def from_dict(cls, d: dict) -> GemmConfig:
@@ -130,8 +134,9 @@ def paths() -> tuple[str, ...]:
 def _pick(target: Target, path: str, m: int, n: int, k: int, dtype: torch.dtype) -> tuple[GemmConfig, str]:
     """The config of the first rule for ``path`` (the user's file, then the bundled one) whose ranges hold
     m, n, k and whose dtype fits, and where it came from."""
-    rule = configs.pick(target.name, "gemm", path, GemmConfig.from_dict, str(dtype).removeprefix("torch."),
-                        m=m, n=n, k=k)
+    rule = configs.pick(
+        target.name, "gemm", path, GemmConfig.from_dict, str(dtype).removeprefix("torch."), m=m, n=n, k=k
+    )
     return rule.config, "config " + rule.source
 
 
@@ -165,13 +170,22 @@ def _stage_c(cfg: GemmConfig, common: dict, c_note: str) -> str:
     if not cfg.stage_c or common["c_tma"]:
         return c_note
     common.update(c_tma=True, staged=(*common.get("staged", ()), "c"))
-    return c_note.replace("C stored with masked pointers (its stride is not 16-byte aligned)",
-                          "C not TMA-aligned: stored by TMA into an aligned copy, then copied into C (stage_c)")
+    return c_note.replace(
+        "C stored with masked pointers (its stride is not 16-byte aligned)",
+        "C not TMA-aligned: stored by TMA into an aligned copy, then copied into C (stage_c)",
+    )
 
 
-def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bool,
-           config: GemmConfig | None = None, target: Target | None = None, stage: bool | None = None,
-           path: str | None = None) -> Plan:
+def choose(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None,
+    swap_ab: bool,
+    config: GemmConfig | None = None,
+    target: Target | None = None,
+    stage: bool | None = None,
+    path: str | None = None,
+) -> Plan:
     """Plan for the kernel-view problem C (M, N) row-major = a (M, K) @ b (K, N); operands validated,
     ``c`` is None when ``gemm`` will allocate a contiguous C. ``config`` pins the config (else the table's);
     ``target`` overrides the operands' device (the inspector plans for an H200 from "meta" tensors);
@@ -179,16 +193,28 @@ def choose(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
     ``path`` pins the kernel path (None: the route rules, then the planner's own choice).
     Steps: (1) the path, config and layout decisions (``decide``), (2) the launch they make (``launch_spec``)."""
     p = decide(a, b, c, swap_ab, config, target, stage, path)
-    if config is not None and p.path in ("portable", "tma_persistent", "tma_splitk") and min(
-            config.block_m, config.block_n, config.block_k) < 16:  # (the GEMV kernel's own rule: gemv_refusal)
-        raise ValueError(f"plan: the {p.path} kernel needs block_m, block_n and block_k >= 16 (tl.dot's smallest "
-                         f"tile), config has {config.block_m}, {config.block_n}, {config.block_k}")
+    if (
+        config is not None
+        and p.path in ("portable", "tma_persistent", "tma_splitk")
+        and min(config.block_m, config.block_n, config.block_k) < 16
+    ):  # (the GEMV kernel's own rule: gemv_refusal)
+        raise ValueError(
+            f"plan: the {p.path} kernel needs block_m, block_n and block_k >= 16 (tl.dot's smallest "
+            f"tile), config has {config.block_m}, {config.block_n}, {config.block_k}"
+        )
     return p if p.path == "empty" else dataclasses.replace(p, launch=launch_spec(p, a, b, c))
 
 
-def decide(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bool,
-           config: GemmConfig | None = None, target: Target | None = None, stage: bool | None = None,
-           path: str | None = None) -> Plan:
+def decide(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None,
+    swap_ab: bool,
+    config: GemmConfig | None = None,
+    target: Target | None = None,
+    stage: bool | None = None,
+    path: str | None = None,
+) -> Plan:
     """``choose``'s step 1: the path, the config and the operand layouts (a Plan without its launch). Steps:
     (1) empty problems; (2) the path wanted: pinned, routed by a rule, or none; (3) the GEMV kernel or the
     portable one when wanted; (4) else TMA: operands it cannot describe staged where the cost rule says so (a
@@ -212,10 +238,14 @@ def decide(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
     else:
         c_tma = tma_ok(c, 1)
     common.update(c_tma=c_tma, num_sms=target.num_sms)
-    unaligned = [(name, t) for name, t, inner in (("a", a, 1 if a_kmajor else 0), ("b", b, 0 if b_kmajor else 1))
-                 if not tma_ok(t, inner)]
-    want, via = (path, "path pinned by the caller") if path else (
-        route(target, m, n, k, a.dtype, not unaligned) or (None, ""))
+    unaligned = [
+        (name, t)
+        for name, t, inner in (("a", a, 1 if a_kmajor else 0), ("b", b, 0 if b_kmajor else 1))
+        if not tma_ok(t, inner)
+    ]
+    want, via = (
+        (path, "path pinned by the caller") if path else (route(target, m, n, k, a.dtype, not unaligned) or (None, ""))
+    )
     if stage and path is None and want in ("gemv", "portable"):  # staging pinned on: a TMA path is wanted
         want, via = None, ""
     if want == "gemv":
@@ -228,8 +258,7 @@ def decide(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
         return Plan("portable", cfg, f"portable kernel, {via}; {source}", **common)
     stage_note = ""
     if unaligned and target.has_tma:
-        go, why_stage = staging_decision(target, m, n, k, a.element_size(), [t.numel() for _, t in unaligned],
-                                         stage)
+        go, why_stage = staging_decision(target, m, n, k, a.element_size(), [t.numel() for _, t in unaligned], stage)
         names = " and ".join(name.upper() for name, _ in unaligned)
         if go:
             common["staged"] = tuple(name for name, _ in unaligned)
@@ -248,8 +277,16 @@ def decide(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, swap_ab: bo
     return Plan("portable", cfg, f"{why}; {source}", **common)
 
 
-def _gemv_plan(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, config: GemmConfig | None,
-               target: Target, common: dict, via: str, pinned: bool) -> Plan | None:
+def _gemv_plan(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None,
+    config: GemmConfig | None,
+    target: Target,
+    common: dict,
+    via: str,
+    pinned: bool,
+) -> Plan | None:
     """The GEMV kernel's plan (C through pointers, nothing staged), or None where it cannot take the operands
     and was only routed (pinned: ValueError)."""
     m, n, k = common["m"], common["n"], common["k"]
@@ -262,12 +299,15 @@ def _gemv_plan(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, config:
     split = gemv_split_for(cfg, m, n, k, target.num_sms)
     cfg = dataclasses.replace(cfg, split_k=split)
     kind = "FFMA, one-row tiles" if cfg.block_m == 1 else f"tensor cores, {cfg.block_m}-row tiles"
-    return Plan("gemv", cfg, f"GEMV kernel ({kind}; pointer loads at any alignment), split-K {split}, {via}; "
-                f"{source}", **dict(common, c_tma=False))
+    return Plan(
+        "gemv",
+        cfg,
+        f"GEMV kernel ({kind}; pointer loads at any alignment), split-K {split}, {via}; {source}",
+        **dict(common, c_tma=False),
+    )
 
 
-def _tma_plan(path: str, config: GemmConfig | None, target: Target, common: dict, stage_note: str,
-              via: str) -> Plan:
+def _tma_plan(path: str, config: GemmConfig | None, target: Target, common: dict, stage_note: str, via: str) -> Plan:
     """A TMA path's plan for operands TMA can describe (as given, or once staged)."""
     m, n, k, c_tma = common["m"], common["n"], common["k"], common["c_tma"]
     c_note = ("" if c_tma else "; C stored with masked pointers (its stride is not 16-byte aligned)") + stage_note
@@ -281,12 +321,15 @@ def _tma_plan(path: str, config: GemmConfig | None, target: Target, common: dict
         return Plan("tma_splitk", cfg, f"{head}: small tiles, split-K {split}{c_note}{via}; {source}", **common)
     cfg, source = (config, PINNED) if config else _pick(target, "tma_persistent", m, n, k, common["dtype"])
     if cfg.warp_specialize and not os.environ.get("GEMMLAB_ALLOW_WS"):
-        raise ValueError("warp_specialize: the persistent kernel with Triton 3.6's Hopper warp "
-                         "specialization hung on the H200 (benchmarks/results/nvidia-h200-ws-probe-timeout.log); "
-                         "set GEMMLAB_ALLOW_WS=1 to try it anyway")
+        raise ValueError(
+            "warp_specialize: the persistent kernel with Triton 3.6's Hopper warp "
+            "specialization hung on the H200 (benchmarks/results/nvidia-h200-ws-probe-timeout.log); "
+            "set GEMMLAB_ALLOW_WS=1 to try it anyway"
+        )
     if cfg.warp_specialize and (cfg.stream_k or cfg.tail_split):
-        raise ValueError("stream_k or tail_split with warp_specialize: not supported (the last wave's part is not "
-                         "specialized)")
+        raise ValueError(
+            "stream_k or tail_split with warp_specialize: not supported (the last wave's part is not specialized)"
+        )
     if cfg.stream_k and cfg.tail_split:
         raise ValueError("stream_k and tail_split: one of them (both share out the partial last wave)")
     if cfg.tail_split:
@@ -312,17 +355,32 @@ def constexprs(p: Plan) -> dict:
     cfg = p.config
     upcast = bool(knobs.runtime.interpret) and p.dtype == torch.bfloat16  # see kernels.gemm.dot
     if p.path == "portable":
-        return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                    DOT_UPCAST=upcast)
+        return dict(
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, DOT_UPCAST=upcast
+        )
     if p.path == "gemv":
-        return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-                    DOT_UPCAST=upcast)
-    common = dict(A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor, C_TMA=p.c_tma, BLOCK_M=cfg.block_m,
-                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
-                  DOT_UPCAST=upcast)
+        return dict(
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, DOT_UPCAST=upcast
+        )
+    common = dict(
+        A_KMAJOR=p.a_kmajor,
+        B_KMAJOR=p.b_kmajor,
+        C_TMA=p.c_tma,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        EPILOGUE_SUBTILE=cfg.epilogue_subtile,
+        DOT_UPCAST=upcast,
+    )
     if p.path == "tma_persistent":
-        return dict(common, GROUP_M=cfg.group_m, NUM_SMS=p.num_sms, WARP_SPECIALIZE=cfg.warp_specialize,
-                    STREAM_K=cfg.stream_k or cfg.tail_split > 0, TAIL_SPLIT=cfg.tail_split)
+        return dict(
+            common,
+            GROUP_M=cfg.group_m,
+            NUM_SMS=p.num_sms,
+            WARP_SPECIALIZE=cfg.warp_specialize,
+            STREAM_K=cfg.stream_k or cfg.tail_split > 0,
+            TAIL_SPLIT=cfg.tail_split,
+        )
     return dict(common, SPLIT_K=cfg.split_k)
 
 
@@ -351,8 +409,9 @@ def launch_spec(p: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | Non
     consts, opts = tuple(constexprs(p).items()), tuple(launch_options(cfg).items())
     inner = {"a": 1 if p.a_kmajor else 0, "b": 0 if p.b_kmajor else 1, "c": 1}
     ops = {"a": a, "b": b, "c": c if c is not None else torch.empty((p.m, p.n), dtype=p.dtype, device="meta")}
-    staged = tuple((name, inner[name], staged_shape(ops[name], inner[name])) for name in ("a", "b", "c")
-                   if name in p.staged)
+    staged = tuple(
+        (name, inner[name], staged_shape(ops[name], inner[name])) for name in ("a", "b", "c") if name in p.staged
+    )
     where = {name: shape for name, _, shape in staged}
     la, lb, lc = (_layout(ops[name], where.get(name), inner[name]) for name in ("a", "b", "c"))
     if p.path == "portable":
@@ -364,12 +423,13 @@ def launch_spec(p: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | Non
         tiles = cdiv(p.m, bm) * cdiv(p.n, bn)
         ints = (p.m, p.n, p.k, *la[1], *lb[1], *lc[1], cdiv(cdiv(p.k, bk), cfg.split_k))
         scratch = (cfg.split_k * tiles * bm * bn, tiles) if cfg.split_k > 1 else (0, 0)
-        return LaunchSpec((cdiv(p.m, bm), cdiv(p.n, bn), cfg.split_k), (None, None, None), ints, consts, opts,
-                          scratch)
+        return LaunchSpec((cdiv(p.m, bm), cdiv(p.n, bn), cfg.split_k), (None, None, None), ints, consts, opts, scratch)
     desc = descriptor_layout  # (shape, strides, inner, block) -> the descriptor's shape, strides, block
-    descs = (desc(*la, 1, (bm, bk)) if p.a_kmajor else desc(*la, 0, (bk, bm)),
-             desc(*lb, 0, (bn, bk)) if p.b_kmajor else desc(*lb, 1, (bk, bn)),
-             desc(*lc, 1, (bm, bn // 2 if cfg.epilogue_subtile else bn)) if p.c_tma else None)
+    descs = (
+        desc(*la, 1, (bm, bk)) if p.a_kmajor else desc(*la, 0, (bk, bm)),
+        desc(*lb, 0, (bn, bk)) if p.b_kmajor else desc(*lb, 1, (bk, bn)),
+        desc(*lc, 1, (bm, bn // 2 if cfg.epilogue_subtile else bn)) if p.c_tma else None,
+    )
     descs = tuple(None if d is None else (tuple(d[0]), tuple(d[1]), tuple(d[2])) for d in descs)
     if p.path == "tma_persistent":
         tiles = cdiv(p.m, bm) * cdiv(p.n, bn)
@@ -384,5 +444,6 @@ def launch_spec(p: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | Non
     grid_n, grid_m = cdiv(p.n, bn), cdiv(p.m, bm)
     per_split = cdiv(cdiv(p.k, bk), cfg.split_k)
     scratch = (cfg.split_k * grid_n * grid_m * bm * bn, grid_n * grid_m) if cfg.split_k > 1 else (0, 0)
-    return LaunchSpec((grid_n, grid_m, cfg.split_k), descs, (p.m, p.n, p.k, lc[1][0], per_split), consts, opts,
-                      scratch, staged)
+    return LaunchSpec(
+        (grid_n, grid_m, cfg.split_k), descs, (p.m, p.n, p.k, lc[1][0], per_split), consts, opts, scratch, staged
+    )

@@ -40,7 +40,7 @@ class Route:
     @classmethod
     def from_dict(cls, d: dict) -> Route:
         if set(d) != {"path"} or d["path"] not in ROUTABLE:
-            raise ValueError(f"a route's config is {{\"path\": one of {list(ROUTABLE)}}}, got {d!r}")
+            raise ValueError(f'a route\'s config is {{"path": one of {list(ROUTABLE)}}}, got {d!r}')
         return cls(d["path"])
 
 
@@ -76,8 +76,14 @@ def gemv_refusal(cfg, a: torch.Tensor, b: torch.Tensor, c_strides: tuple[int, in
         return f"block_m {bm}: the GEMV kernel takes 1 (FFMA) or a power of two >= 16 (tensor cores)"
     if min(bn, bk) < 16 or bn & (bn - 1) or bk & (bk - 1):
         return f"block_n {bn}, block_k {bk}: powers of two >= 16"
-    spans = (bm * abs(a.stride(0)), bk * abs(a.stride(1)), bk * abs(b.stride(0)), bn * abs(b.stride(1)),
-             bm * abs(c_strides[0]), bn * abs(c_strides[1]))
+    spans = (
+        bm * abs(a.stride(0)),
+        bk * abs(a.stride(1)),
+        bk * abs(b.stride(0)),
+        bn * abs(b.stride(1)),
+        bm * abs(c_strides[0]),
+        bn * abs(c_strides[1]),
+    )
     if max(spans) >= 2**31:
         return "a stride times its block passes 2^31 (the GEMV kernel's in-tile offsets are 32-bit)"
     if -(-n // bn) > 65535 or cfg.split_k > 65535:

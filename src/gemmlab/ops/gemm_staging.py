@@ -40,15 +40,21 @@ def _staging(target: str) -> Staging | None:
     missing = {"flops_per_s", "dram_bytes_per_s"} - set(st)
     if missing:
         raise ValueError(f"config {source}: staging lacks {sorted(missing)}")
-    return Staging(float(st["flops_per_s"]), float(st["dram_bytes_per_s"]), float(st.get("copy_fixed_s", 0.0)),
-                   float(st["max_copy_fraction"]), source)
+    return Staging(
+        float(st["flops_per_s"]),
+        float(st["dram_bytes_per_s"]),
+        float(st.get("copy_fixed_s", 0.0)),
+        float(st["max_copy_fraction"]),
+        source,
+    )
 
 
 configs.on_reload(_staging.cache_clear)
 
 
-def staging_decision(target: Target, m: int, n: int, k: int, elt: int, copies: list[int],
-                     stage: bool | None = None) -> tuple[bool, str]:
+def staging_decision(
+    target: Target, m: int, n: int, k: int, elt: int, copies: list[int], stage: bool | None = None
+) -> tuple[bool, str]:
     """Whether to stage, and why. ``copies``: elements of each operand that would be copied. The rule:
 
         t_copy = sum(2 * elements * elt) / dram_bytes_per_s + len(copies) * copy_fixed_s   (read + write)
@@ -65,5 +71,6 @@ def staging_decision(target: Target, m: int, n: int, k: int, elt: int, copies: l
     t_gemm = max(2.0 * m * n * k / st.flops_per_s, (m * k + k * n + m * n) * elt / st.dram_bytes_per_s)
     frac = t_copy / t_gemm
     verdict = "<=" if frac <= st.max_copy_fraction else ">"
-    return frac <= st.max_copy_fraction, (f"copy {frac:.1%} of the GEMM's estimated time {verdict} "
-                                          f"{st.max_copy_fraction:.0%} ({st.source} staging)")
+    return frac <= st.max_copy_fraction, (
+        f"copy {frac:.1%} of the GEMM's estimated time {verdict} {st.max_copy_fraction:.0%} ({st.source} staging)"
+    )

@@ -83,9 +83,19 @@ class GroupedLaunch:
     clip: bool
 
 
-def grouped_spec(mode: Mode, a: torch.Tensor, a_gather: bool, w2d: torch.Tensor, out: torch.Tensor, n: int,
-                 e: int, cfg: MoEConfig, target: Target, rows_bound: int,
-                 pre: torch.Tensor | None = None) -> GroupedLaunch:
+def grouped_spec(
+    mode: Mode,
+    a: torch.Tensor,
+    a_gather: bool,
+    w2d: torch.Tensor,
+    out: torch.Tensor,
+    n: int,
+    e: int,
+    cfg: MoEConfig,
+    target: Target,
+    rows_bound: int,
+    pre: torch.Tensor | None = None,
+) -> GroupedLaunch:
     """The decisions of a grouped launch for operands laid out like these (their shapes, strides, alignment).
     ``pre`` (S, 2N), MODE 1 only: the gate/up pre-activations are stored there too (SAVE_PRE)."""
     k = a.shape[1]
@@ -99,16 +109,34 @@ def grouped_spec(mode: Mode, a: torch.Tensor, a_gather: bool, w2d: torch.Tensor,
     programs = max(1, grid_programs(cfg, target, items_bound))
     upcast = bool(knobs.runtime.interpret) and a.dtype == torch.bfloat16
     slot = kept_launch.Planned(
-        moe_grouped_kernel, (programs, 1, 1),
-        dict(MODE=int(mode), A_TMA=a_tma, A_GATHER=a_gather, W_TMA=w_tma, CLIP=clip, OUT_TMA=out_tma,
-             SAVE_PRE=pre is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_PROGRAMS=programs,
-             LOG2_E=log2_e, DOT_UPCAST=upcast),
-        dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        moe_grouped_kernel,
+        (programs, 1, 1),
+        dict(
+            MODE=int(mode),
+            A_TMA=a_tma,
+            A_GATHER=a_gather,
+            W_TMA=w_tma,
+            CLIP=clip,
+            OUT_TMA=out_tma,
+            SAVE_PRE=pre is not None,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            GROUP_M=cfg.group_m,
+            NUM_PROGRAMS=programs,
+            LOG2_E=log2_e,
+            DOT_UPCAST=upcast,
+        ),
+        dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+    )
     return GroupedLaunch(
-        slot, ((list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma and not clip else None),
+        slot,
+        ((list(a.shape), [a.stride(0), 1], [bm, bk]) if a_tma and not clip else None),
         ((list(w2d.shape), [w2d.stride(0), 1], [bn, bk]) if w_tma else None),
         ((list(out.shape), [out.stride(0), 1], [bm, bn // 2]) if out_tma else None),
-        (n, k, e, a.stride(0), w2d.stride(0), out.stride(0), 0 if pre is None else pre.stride(0)), clip)
+        (n, k, e, a.stride(0), w2d.stride(0), out.stride(0), 0 if pre is None else pre.stride(0)),
+        clip,
+    )
 
 
 def jit_desc(base, shape, strides, block):
@@ -122,9 +150,18 @@ def host_desc(base, shape, strides, block):
 def grouped_args(g: GroupedLaunch, a, a_rows, w, out, scale, offsets, tile_offsets, desc, pre=None) -> list:
     """The runtime arguments of ``g``'s launch: tensors (``desc`` = ``jit_desc``), or for a kept launch device
     addresses and ``host_desc``s."""
-    return [a if g.a_desc is None else desc(a, *g.a_desc), offsets if a_rows is None else a_rows,
-            w if g.w_desc is None else desc(w, *g.w_desc), out, out if g.out_desc is None else desc(out, *g.out_desc),
-            out if scale is None else scale, out if pre is None else pre, offsets, tile_offsets, *g.ints]
+    return [
+        a if g.a_desc is None else desc(a, *g.a_desc),
+        offsets if a_rows is None else a_rows,
+        w if g.w_desc is None else desc(w, *g.w_desc),
+        out,
+        out if g.out_desc is None else desc(out, *g.out_desc),
+        out if scale is None else scale,
+        out if pre is None else pre,
+        offsets,
+        tile_offsets,
+        *g.ints,
+    ]
 
 
 def ensure_allocator(g: GroupedLaunch) -> None:
@@ -132,9 +169,21 @@ def ensure_allocator(g: GroupedLaunch) -> None:
         triton.set_allocator(_scratch)
 
 
-def launch_grouped(mode: Mode, a: torch.Tensor, a_rows: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
-                   scale: torch.Tensor | None, offsets: torch.Tensor, tile_offsets: torch.Tensor, n: int,
-                   cfg: MoEConfig, target: Target, rows_bound: int, pre: torch.Tensor | None = None) -> None:
+def launch_grouped(
+    mode: Mode,
+    a: torch.Tensor,
+    a_rows: torch.Tensor | None,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    scale: torch.Tensor | None,
+    offsets: torch.Tensor,
+    tile_offsets: torch.Tensor,
+    n: int,
+    cfg: MoEConfig,
+    target: Target,
+    rows_bound: int,
+    pre: torch.Tensor | None = None,
+) -> None:
     """One persistent launch of ``moe_grouped_kernel`` over every expert's tiles (``pre``: see ``grouped_spec``)."""
     w_rows = w2d(w)
     g = grouped_spec(mode, a, a_rows is not None, w_rows, out, n, offsets.numel(), cfg, target, rows_bound, pre)
@@ -156,8 +205,14 @@ def last_kernel():
     return k if hasattr(k, "asm") else None
 
 
-def launch_grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor | None,
-                        validate: bool, config: MoEConfig | None = None) -> torch.Tensor:
+def launch_grouped_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offsets: torch.Tensor,
+    out: torch.Tensor | None,
+    validate: bool,
+    config: MoEConfig | None = None,
+) -> torch.Tensor:
     """``grouped_gemm``'s launcher: checks, allocates, launches (no autograd)."""
     s, k, e, n = check_grouped_args(x, w, offsets, out)
     if out is None:
@@ -165,13 +220,22 @@ def launch_grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     if e == 0:
         return out
     target = target_for(x.device) if s else None
-    cfg = (config or moe_config(target, s, e, Mode.GROUPED, x.element_size(), dtype=x.dtype, n=n, k=k)) if s \
+    cfg = (
+        (config or moe_config(target, s, e, Mode.GROUPED, x.element_size(), dtype=x.dtype, n=n, k=k))
+        if s
         else MoEConfig()
+    )
     tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=x.device)
     ok = torch.empty(1, dtype=torch.bool, device=x.device)
     offsets = offsets.contiguous()  # (the schedule kernel reads it densely)
-    kept_launch.start(_KEPT, moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],  # schedule + check
-                      dict(BLOCK_M=cfg.block_m, BLOCK_E=max(16, triton.next_power_of_2(e))), {})
+    kept_launch.start(
+        _KEPT,
+        moe_tiles_kernel,
+        (1,),
+        [offsets, tile_offsets, ok, e, s],  # schedule + check
+        dict(BLOCK_M=cfg.block_m, BLOCK_E=max(16, triton.next_power_of_2(e))),
+        {},
+    )
     if validate:
         device_check(ok[0], f"grouped_gemm: offsets must be non-decreasing cumulative ends within [0, S={s}]")
     if s == 0 or n == 0:

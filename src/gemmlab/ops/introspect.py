@@ -57,7 +57,28 @@ def last_kernel(name: str):
     raise ValueError(f"last_kernel: no launch named {name!r}; one of {list(LAUNCHED)}")
 
 
-__all__ = ["KERNELS", "LAUNCHED", "Fp8Config", "Fp8Plan", "caches", "choose", "constexprs", "constexprs_fp8",
-           "counters", "epilogue_flags", "execute_fp8", "fp8_launch_mode", "grouped_kernel", "last_kernel",
-           "launch_config", "launch_mode", "launch_options", "launch_options_fp8", "moe_config", "padded_k", "plan_fp8",
-           "staging_decision", "stream_k_tiles"]
+__all__ = [
+    "KERNELS",
+    "LAUNCHED",
+    "Fp8Config",
+    "Fp8Plan",
+    "caches",
+    "choose",
+    "constexprs",
+    "constexprs_fp8",
+    "counters",
+    "epilogue_flags",
+    "execute_fp8",
+    "fp8_launch_mode",
+    "grouped_kernel",
+    "last_kernel",
+    "launch_config",
+    "launch_mode",
+    "launch_options",
+    "launch_options_fp8",
+    "moe_config",
+    "padded_k",
+    "plan_fp8",
+    "staging_decision",
+    "stream_k_tiles",
+]

@@ -50,15 +50,20 @@ def constexpr_tail(kernel, runtime_args: int, consts: dict) -> tuple:
     """The constexpr values in the kernel's parameter order; they must all come after the runtime arguments."""
     names = list(inspect.signature(kernel.fn).parameters)[runtime_args:]
     if sorted(names) != sorted(consts):
-        raise AssertionError(f"kernel parameters after the runtime ones {names} are not its constexprs "
-                             f"{sorted(consts)}")
+        raise AssertionError(
+            f"kernel parameters after the runtime ones {names} are not its constexprs {sorted(consts)}"
+        )
     return tuple(consts[n] for n in names)
 
 
 def keep(kernel, compiled, runtime_args: int, consts: dict) -> Kept | None:
     """The Kept of a JIT launch's compiled kernel, or None where launches must stay with the JIT."""
-    if not DIRECT or knobs.runtime.interpret or not isinstance(kernel, JITFunction) \
-            or not hasattr(compiled, "packed_metadata"):
+    if (
+        not DIRECT
+        or knobs.runtime.interpret
+        or not isinstance(kernel, JITFunction)
+        or not hasattr(compiled, "packed_metadata")
+    ):
         return None
     tail = constexpr_tail(kernel, runtime_args, consts)
     run = compiled.run  # (loads the module first)
@@ -71,15 +76,28 @@ def usable(k: Kept | None) -> bool:
     if k is None:
         return False
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    return ((enter is None or (type(enter) is HookChain and not enter.calls))
-            and (leave is None or (type(leave) is HookChain and not leave.calls))
-            and torch._C._cuda_getDevice() == k.device)
+    return (
+        (enter is None or (type(enter) is HookChain and not enter.calls))
+        and (leave is None or (type(leave) is HookChain and not leave.calls))
+        and torch._C._cuda_getDevice() == k.device
+    )
 
 
 def run(k: Kept, grid: tuple[int, int, int], args: list) -> None:
     """Launch a kept kernel on the current stream: ``args`` are the runtime arguments, in order."""
-    k.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(k.device), k.function, k.packed, None, None,
-          None, *args, *k.tail)
+    k.run(
+        grid[0],
+        grid[1],
+        grid[2],
+        torch._C._cuda_getCurrentRawStream(k.device),
+        k.function,
+        k.packed,
+        None,
+        None,
+        None,
+        *args,
+        *k.tail,
+    )
 
 
 def _arg_key(x) -> object:

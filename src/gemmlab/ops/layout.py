@@ -40,8 +40,12 @@ def tma_ok(t: torch.Tensor, inner_dim: int) -> bool:
 def rows_tma_ok(t: torch.Tensor) -> bool:
     """Rows (the last dim unit-stride) a TMA descriptor can cover: 16-byte aligned base and row stride, rows
     that do not overlap (an expanded gradient has row stride 0, which a TMA descriptor cannot describe)."""
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(-2) * t.element_size()) % 16 == 0
-            and t.stride(-2) >= t.shape[-1])
+    return (
+        t.stride(-1) == 1
+        and t.data_ptr() % 16 == 0
+        and (t.stride(-2) * t.element_size()) % 16 == 0
+        and t.stride(-2) >= t.shape[-1]
+    )
 
 
 def padded_k(k: int) -> int:
@@ -63,8 +67,9 @@ def extent(t: torch.Tensor) -> int:
     return hi - lo
 
 
-def descriptor_layout(shape, strides, inner: int, block: tuple[int, int], elem_bytes: int = 2
-                      ) -> tuple[list, list, list]:
+def descriptor_layout(
+    shape, strides, inner: int, block: tuple[int, int], elem_bytes: int = 2
+) -> tuple[list, list, list]:
     """(shape, strides, block) of a TMA descriptor over the 2-D view of a buffer shaped and strided like this whose
     unit-stride dim is ``inner``: shape (outer, inner). A size-1 outer dim gets a canonical stride (its row rounded
     up to 16 bytes of ``elem_bytes``-byte elements)."""

@@ -58,14 +58,39 @@ from gemmlab.ops.moe_routing import Routes, route_kind, sort_routes
 from gemmlab.ops.packing import PackedMoE, pack_moe_weights
 from gemmlab.ops.scores import route_scores
 
-__all__ = ["DTYPES", "MODES", "Mode", "MoEBackwardConfig", "MoEConfig", "PackedMoE", "Routes", "backward_config",
-           "check_tensor", "check_weights", "epilogue_flags", "grid_programs", "grouped_gemm", "last_kernel",
-           "launch_config", "moe_backward", "moe_choice", "moe_config", "moe_forward", "moe_forward_saving",
-           "moe_grouped_kernel", "pack_moe_weights", "route", "route_kind", "sort_routes", "weight_grad"]
+__all__ = [
+    "DTYPES",
+    "MODES",
+    "Mode",
+    "MoEBackwardConfig",
+    "MoEConfig",
+    "PackedMoE",
+    "Routes",
+    "backward_config",
+    "check_tensor",
+    "check_weights",
+    "epilogue_flags",
+    "grid_programs",
+    "grouped_gemm",
+    "last_kernel",
+    "launch_config",
+    "moe_backward",
+    "moe_choice",
+    "moe_config",
+    "moe_forward",
+    "moe_forward_saving",
+    "moe_grouped_kernel",
+    "pack_moe_weights",
+    "route",
+    "route_kind",
+    "sort_routes",
+    "weight_grad",
+]
 
 
-def route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = True,
-          scoring: str = "softmax") -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    router_logits: torch.Tensor, top_k: int, *, renormalize: bool = True, scoring: str = "softmax"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k routing. (T, E) logits -> (T, k) float32 weights and (T, k) int32 expert ids ((..., E) -> (..., k)).
     ``scoring``: "softmax" (probabilities over E, then top-k) or "sigmoid" (DeepSeek-V3: independent sigmoid scores,
     top-k; no group limit). ``renormalize``: the k weights of a token sum to 1. Differentiable w.r.t. the
@@ -83,8 +108,15 @@ def route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = True,
     return weights, ids
 
 
-def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
-                 validate: bool = True, config: MoEConfig | None = None) -> torch.Tensor:
+def grouped_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offsets: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    validate: bool = True,
+    config: MoEConfig | None = None,
+) -> torch.Tensor:
     """out (S, N): rows offsets[e-1]:offsets[e] of x (S, K) times w[e]^T, w (E, N, K) in nn.Linear layout;
     offsets (E,) int32 cumulative group ends, as ``torch._grouped_mm``'s ``offs`` (empty groups allowed,
     any sizes; rows past offsets[-1] are left untouched). One persistent launch over all groups.
@@ -116,10 +148,18 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     return custom.grouped_gemm(x, w, offsets, bool(validate))
 
 
-def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE | PackedMoEFP8, w2: torch.Tensor | None,
-                topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, validate: bool = True, gather: str = "auto",
-                configs: tuple[MoEConfig, MoEConfig] | None = None,
-                save_gate_up: bool | None = None) -> torch.Tensor:
+def moe_forward(
+    x: torch.Tensor,
+    w1: torch.Tensor | PackedMoE | PackedMoEFP8,
+    w2: torch.Tensor | None,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    validate: bool = True,
+    gather: str = "auto",
+    configs: tuple[MoEConfig, MoEConfig] | None = None,
+    save_gate_up: bool | None = None,
+) -> torch.Tensor:
     """The MoE layer body (see the module docstring). ``w1`` may be a ``PackedMoE`` (then ``w2`` is None
     or ignored); a ``PackedMoEFP8`` (``pack_moe_fp8``) runs the FP8 experts (``ops.moe_fp8.moe_forward_fp8``:
     inference only, ``validate`` as here, the other keywords ignored). x (T, H) or (..., H); returns y of x's
@@ -142,11 +182,13 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE | PackedMoEFP8, w2
     if configs is not None:
         if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (x, w1, w2, topk_weights)):
             raise RuntimeError("moe_forward: configs= is the tuner's eager path and has no autograd")
-        if not (isinstance(configs, (tuple, list)) and len(configs) == 2
-                and all(isinstance(c, MoEConfig) for c in configs)):
+        if not (
+            isinstance(configs, (tuple, list)) and len(configs) == 2 and all(isinstance(c, MoEConfig) for c in configs)
+        ):
             raise TypeError(f"moe_forward: configs must be a (MoEConfig, MoEConfig) pair, got {configs!r:.80}")
-        x, w1, w2, topk_weights, topk_ids = (t.resolve_neg() if isinstance(t, torch.Tensor) else t
-                                             for t in (x, w1, w2, topk_weights, topk_ids))
+        x, w1, w2, topk_weights, topk_ids = (
+            t.resolve_neg() if isinstance(t, torch.Tensor) else t for t in (x, w1, w2, topk_weights, topk_ids)
+        )
         return launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, configs)
     lead = None
     if isinstance(x, torch.Tensor) and x.dim() != 2 and x.dim() >= 1:
@@ -162,8 +204,11 @@ def moe_forward(x: torch.Tensor, w1: torch.Tensor | PackedMoE | PackedMoEFP8, w2
     eager = dispatch.eager(x, w1, w2, topk_weights, topk_ids)  # needs autograd only: no dispatcher (host time)
     dims = None if eager else check_moe_args(x, w1, w2, topk_weights, topk_ids)  # errors before the op's fake
     save = bool(save_gate_up)
-    if save_gate_up is None and torch.is_grad_enabled() and any(
-            isinstance(t, torch.Tensor) and t.requires_grad for t in (x, w1, w2, topk_weights)):
+    if (
+        save_gate_up is None
+        and torch.is_grad_enabled()
+        and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, w1, w2, topk_weights))
+    ):
         save = saves_gate_up(x, dims or check_moe_args(x, w1, w2, topk_weights, topk_ids))
     args = (x, w1, w2, topk_weights, topk_ids, bool(validate), gather)
     if eager:
@@ -177,8 +222,15 @@ def _lead(y: torch.Tensor, lead: torch.Size | None) -> torch.Tensor:
     return y if lead is None else y.view(lead)
 
 
-def moe_forward_saving(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                       topk_ids: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
+def moe_forward_saving(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    validate: bool = True,
+) -> torch.Tensor:
     """``moe_forward(..., save_gate_up=True)``: its autograd keeps the gate/up pre-activations for the backward
     whatever the tables say (``torch.ops.gemmlab.moe_forward_saving`` under tracing)."""
     check_moe_args(x, w1, w2, topk_weights, topk_ids)

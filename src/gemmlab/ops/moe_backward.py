@@ -102,32 +102,59 @@ class MoEBackwardConfig:
 
     def __post_init__(self) -> None:
         config_tables.check_fields(
-            self, pow2=("block_m", "dh_block_n", "dh_block_k", "dh_warps", "dx_block_n", "dx_block_k", "dx_warps",
-                        "wg_block_m", "wg_block_n", "wg_block_k", "wg_warps"),
-            positive=("group_m", "dh_stages", "dx_stages", "wg_stages"))
+            self,
+            pow2=(
+                "block_m",
+                "dh_block_n",
+                "dh_block_k",
+                "dh_warps",
+                "dx_block_n",
+                "dx_block_k",
+                "dx_warps",
+                "wg_block_m",
+                "wg_block_n",
+                "wg_block_k",
+                "wg_warps",
+            ),
+            positive=("group_m", "dh_stages", "dx_stages", "wg_stages"),
+        )
 
     @classmethod
     def from_dict(cls, d: dict) -> MoEBackwardConfig:
         known = {f.name for f in fields(cls)}
         if set(d) - known:
             raise ValueError(f"unknown MoEBackwardConfig keys {sorted(set(d) - known)}; known: {sorted(known)}")
-        bad = [k for k, v in d.items() if type(v) is not (bool if k == "save_gate_up" else int)
-               or (k != "save_gate_up" and v < 1)]
+        bad = [
+            k
+            for k, v in d.items()
+            if type(v) is not (bool if k == "save_gate_up" else int) or (k != "save_gate_up" and v < 1)
+        ]
         if bad:
             raise ValueError(f"MoEBackwardConfig: {bad[0]} = {d[bad[0]]!r} (integers >= 1; save_gate_up a bool)")
         return cls(**d)
 
 
-def backward_config(target: Target, rows: int, experts: int, *, dtype: torch.dtype | None = None, n: int = 0,
-                    k: int = 0) -> MoEBackwardConfig:
+def backward_config(
+    target: Target, rows: int, experts: int, *, dtype: torch.dtype | None = None, n: int = 0, k: int = 0
+) -> MoEBackwardConfig:
     """The backward's config for ``rows`` routed rows over ``experts`` experts (``n`` = I, ``k`` = H): the first
     rule of the target's "moe_backward" tables (the user's file, then the bundled one; ``ops.configs``) whose
     ranges hold rows_per_expert = ceil(rows / experts used), rows, experts, n and k (and ``dtype``: rules naming
     one match only it)."""
     used = max(1, min(experts, rows))
     dname = str(dtype).removeprefix("torch.") if dtype is not None else ""
-    return config_tables.pick(target.name, "moe_backward", "fused", MoEBackwardConfig.from_dict, dname,
-                              rows_per_expert=-(-rows // used), rows=rows, experts=experts, n=n, k=k).config
+    return config_tables.pick(
+        target.name,
+        "moe_backward",
+        "fused",
+        MoEBackwardConfig.from_dict,
+        dname,
+        rows_per_expert=-(-rows // used),
+        rows=rows,
+        experts=experts,
+        n=n,
+        k=k,
+    ).config
 
 
 def saves_gate_up(x: torch.Tensor, dims: tuple[int, int, int, int, int]) -> bool:
@@ -149,8 +176,15 @@ def _upcast(t: torch.Tensor) -> bool:
     return bool(knobs.runtime.interpret) and t.dtype == torch.bfloat16
 
 
-def weight_grad(p: torch.Tensor, p_rows: torch.Tensor | None, q: torch.Tensor, q_rows: torch.Tensor | None,
-                offsets: torch.Tensor, out: torch.Tensor, cfg: MoEBackwardConfig | None = None) -> torch.Tensor:
+def weight_grad(
+    p: torch.Tensor,
+    p_rows: torch.Tensor | None,
+    q: torch.Tensor,
+    q_rows: torch.Tensor | None,
+    offsets: torch.Tensor,
+    out: torch.Tensor,
+    cfg: MoEBackwardConfig | None = None,
+) -> torch.Tensor:
     """out[e] (M, N) = sum over routed rows r of group e of p[p_rows[r]]^T q[q_rows[r]] (fp32 sums, rows in
     order): p (rows, M) and q (rows, N) with unit column stride, read in place by the row indices (None:
     row r itself); offsets (E,) int32 cumulative group ends; out (E, M, N) with unit column stride. One
@@ -166,11 +200,33 @@ def weight_grad(p: torch.Tensor, p_rows: torch.Tensor | None, q: torch.Tensor, q
     bm, bn = _block(cfg.wg_block_m, m), _block(cfg.wg_block_n, n)
     rows = p_rows if p_rows is not None else q_rows if q_rows is not None else offsets
     _start(
-        moe_weight_grad_kernel, (triton.cdiv(m, bm) * triton.cdiv(n, bn), e),
-        [p, p_rows if p_rows is not None else rows, q, q_rows if q_rows is not None else rows, out, offsets, m, n,
-         p.stride(0), q.stride(0), out.stride(0), out.stride(1)],
-        dict(P_GATHER=p_rows is not None, Q_GATHER=q_rows is not None, BLOCK_M=bm, BLOCK_N=bn,
-             BLOCK_K=cfg.wg_block_k, DOT_UPCAST=_upcast(p)), cfg.wg_warps, cfg.wg_stages)
+        moe_weight_grad_kernel,
+        (triton.cdiv(m, bm) * triton.cdiv(n, bn), e),
+        [
+            p,
+            p_rows if p_rows is not None else rows,
+            q,
+            q_rows if q_rows is not None else rows,
+            out,
+            offsets,
+            m,
+            n,
+            p.stride(0),
+            q.stride(0),
+            out.stride(0),
+            out.stride(1),
+        ],
+        dict(
+            P_GATHER=p_rows is not None,
+            Q_GATHER=q_rows is not None,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=cfg.wg_block_k,
+            DOT_UPCAST=_upcast(p),
+        ),
+        cfg.wg_warps,
+        cfg.wg_stages,
+    )
     return out
 
 
@@ -179,8 +235,16 @@ def _padded(s: int, n: int, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.empty((s, padded_k(n)), dtype=dtype, device=device)[:, :n]
 
 
-def _launch_dx(a: torch.Tensor, w_rows: torch.Tensor, k: int, out: torch.Tensor, offsets: torch.Tensor,
-               tile_offsets: torch.Tensor, cfg: MoEBackwardConfig, target: Target) -> None:
+def _launch_dx(
+    a: torch.Tensor,
+    w_rows: torch.Tensor,
+    k: int,
+    out: torch.Tensor,
+    offsets: torch.Tensor,
+    tile_offsets: torch.Tensor,
+    cfg: MoEBackwardConfig,
+    target: Target,
+) -> None:
     """out[r] (N) = a[r] (K) @ W_e for the routed rows r of expert e, W_e = rows [e*K, (e+1)*K) of w_rows (E*K, N),
     read in place (row-major (K, N): the layout of W1 (E, 2I, H) for dX, of any w (E, N, K) for dy w_e).
     ``tile_offsets`` must have been made with ``cfg.block_m``."""
@@ -194,10 +258,23 @@ def _launch_dx(a: torch.Tensor, w_rows: torch.Tensor, k: int, out: torch.Tensor,
     items = (triton.cdiv(a.shape[0], bm) + e) * triton.cdiv(n, bn)
     programs = max(1, min(target.num_sms, items))
     _start(
-        moe_bwd_dx_kernel, (programs,),
+        moe_bwd_dx_kernel,
+        (programs,),
         [a_arg, w_arg, out, offsets, tile_offsets, n, k, e, a.stride(0), w_rows.stride(0), out.stride(0)],
-        dict(A_TMA=a_tma, W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
-             NUM_PROGRAMS=programs, LOG2_E=_log2_e(e), DOT_UPCAST=_upcast(a)), cfg.dx_warps, cfg.dx_stages)
+        dict(
+            A_TMA=a_tma,
+            W_TMA=w_tma,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            GROUP_M=cfg.group_m,
+            NUM_PROGRAMS=programs,
+            LOG2_E=_log2_e(e),
+            DOT_UPCAST=_upcast(a),
+        ),
+        cfg.dx_warps,
+        cfg.dx_stages,
+    )
 
 
 def _log2_e(e: int) -> int:
@@ -217,16 +294,31 @@ def grouped_input_grad(dy: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     cfg = backward_config(target, s, e, dtype=dy.dtype, n=k, k=n)
     tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=dy.device)
     ok = torch.empty(1, dtype=torch.bool, device=dy.device)  # the forward checked the offsets
-    kept_launch.start(KEPT, moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],
-                      dict(BLOCK_M=cfg.block_m, BLOCK_E=max(16, triton.next_power_of_2(e))), {})
+    kept_launch.start(
+        KEPT,
+        moe_tiles_kernel,
+        (1,),
+        [offsets, tile_offsets, ok, e, s],
+        dict(BLOCK_M=cfg.block_m, BLOCK_E=max(16, triton.next_power_of_2(e))),
+        {},
+    )
     _launch_dx(dy if dy.stride(1) == 1 else dy.contiguous(), w2d(w), n, dx, offsets, tile_offsets, cfg, target)
     return dx
 
 
-def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                 topk_ids: torch.Tensor, config: MoEBackwardConfig | None = None, *, need_w1: bool = True,
-                 need_w2: bool = True, gate_up: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def moe_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    config: MoEBackwardConfig | None = None,
+    *,
+    need_w1: bool = True,
+    need_w2: bool = True,
+    gate_up: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of ``moe_forward`` (see the module docstring) for checked forward arguments and dy (T, H) in
     x's dtype. Returns dx (T, H), dw1 (E, 2I, H), dw2 (E, H, I) contiguous in x's dtype, and d topk_weights
     (T, k) in topk_weights' dtype. ``need_w1`` / ``need_w2`` False: that weight gradient is not computed (an
@@ -238,8 +330,10 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     i, k = i2 // 2, topk_ids.shape[1]
     s = t * k
     if tuple(dy.shape) != (t, h) or dy.dtype != x.dtype or dy.device != x.device:
-        raise ValueError(f"moe_backward: dy must be a ({t}, {h}) {x.dtype} tensor on {x.device}, got "
-                         f"{tuple(dy.shape)} {dy.dtype} on {dy.device}")
+        raise ValueError(
+            f"moe_backward: dy must be a ({t}, {h}) {x.dtype} tensor on {x.device}, got "
+            f"{tuple(dy.shape)} {dy.dtype} on {dy.device}"
+        )
     dev = x.device
     dx = torch.empty((t, h), dtype=x.dtype, device=dev)
     dw1 = torch.empty((e, i2, h) if need_w1 else (0,), dtype=x.dtype, device=dev)
@@ -264,22 +358,57 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     num_part = triton.cdiv(i, bn)
     dgu, wh = _padded(s, i2, x.dtype, dev), _padded(s, i, x.dtype, dev)
     part = torch.empty((s, num_part), dtype=torch.float32, device=dev)
-    if gate_up is not None and (tuple(gate_up.shape) != (s, i2) or gate_up.dtype != x.dtype or
-                                gate_up.stride(1) != 1):
-        raise ValueError(f"moe_backward: gate_up must be a row-major ({s}, {i2}) {x.dtype} tensor, got "
-                         f"{tuple(gate_up.shape)} {gate_up.dtype}")
+    if gate_up is not None and (tuple(gate_up.shape) != (s, i2) or gate_up.dtype != x.dtype or gate_up.stride(1) != 1):
+        raise ValueError(
+            f"moe_backward: gate_up must be a row-major ({s}, {i2}) {x.dtype} tensor, got "
+            f"{tuple(gate_up.shape)} {gate_up.dtype}"
+        )
     w_tma = target.has_tma and rows_tma_ok(w1_2d) and rows_tma_ok(w2_2d)
     w1_arg = TensorDescriptor(w1_2d, list(w1_2d.shape), [w1_2d.stride(0), 1], [bn, bk]) if w_tma else w1_2d
     w2_arg = TensorDescriptor(w2_2d, list(w2_2d.shape), [w2_2d.stride(0), 1], [bk, bn]) if w_tma else w2_2d
     items = (triton.cdiv(s, bm) + e) * num_part
     programs = max(1, min(target.num_sms, items))
     _start(
-        moe_bwd_dh_kernel, (programs,),
-        [x, dy, r.token, r.scale, w1_arg, w2_arg, dgu, wh, dgu if gate_up is None else gate_up, part, r.offsets,
-         r.tile_offsets, h, i, e, x.stride(0), dy.stride(0), w1_2d.stride(0), w2_2d.stride(0), dgu.stride(0),
-         wh.stride(0), dgu.stride(0) if gate_up is None else gate_up.stride(0)],
-        dict(RECOMPUTE=gate_up is None, W_TMA=w_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
-             NUM_PROGRAMS=programs, LOG2_E=log2_e, DOT_UPCAST=upcast), cfg.dh_warps, cfg.dh_stages)
+        moe_bwd_dh_kernel,
+        (programs,),
+        [
+            x,
+            dy,
+            r.token,
+            r.scale,
+            w1_arg,
+            w2_arg,
+            dgu,
+            wh,
+            dgu if gate_up is None else gate_up,
+            part,
+            r.offsets,
+            r.tile_offsets,
+            h,
+            i,
+            e,
+            x.stride(0),
+            dy.stride(0),
+            w1_2d.stride(0),
+            w2_2d.stride(0),
+            dgu.stride(0),
+            wh.stride(0),
+            dgu.stride(0) if gate_up is None else gate_up.stride(0),
+        ],
+        dict(
+            RECOMPUTE=gate_up is None,
+            W_TMA=w_tma,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            GROUP_M=cfg.group_m,
+            NUM_PROGRAMS=programs,
+            LOG2_E=log2_e,
+            DOT_UPCAST=upcast,
+        ),
+        cfg.dh_warps,
+        cfg.dh_stages,
+    )
 
     # 2. dW2 = dy[token]^T wh; wh is not needed after it
     if need_w2:
@@ -293,9 +422,13 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     # 4. dx[t] = sum_j dxs[inv[t, j]] (j order); d topk_weights from the partials
     block_h = min(1024, triton.next_power_of_2(h))
     kept_launch.start(
-        KEPT, moe_bwd_combine_kernel, (t, triton.cdiv(h, block_h)),
+        KEPT,
+        moe_bwd_combine_kernel,
+        (t, triton.cdiv(h, block_h)),
         [dxs, r.inv, part, dx, dtw, h, num_part, dxs.stride(0), dx.stride(0)],
-        dict(TOP_K=k, BLOCK_H=block_h, BLOCK_P=max(2, triton.next_power_of_2(num_part))), {})
+        dict(TOP_K=k, BLOCK_H=block_h, BLOCK_P=max(2, triton.next_power_of_2(num_part))),
+        {},
+    )
     del dxs
 
     # 5. dW1 = dgu^T x[token]

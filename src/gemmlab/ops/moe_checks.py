@@ -47,8 +47,7 @@ def check_weights(w1, w2) -> tuple[int, int, int]:
     if e != e2:
         raise ValueError(f"moe: w1 has E = {e} experts but w2 has {e2}")
     if i2 != 2 * i or h2 != h:
-        raise ValueError(f"moe: w1 must be (E, 2I, H) and w2 (E, H, I); got w1 {tuple(w1.shape)}, "
-                         f"w2 {tuple(w2.shape)}")
+        raise ValueError(f"moe: w1 must be (E, 2I, H) and w2 (E, H, I); got w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}")
     if w1.dtype != w2.dtype:
         raise TypeError(f"moe: w1 and w2 dtypes differ ({w1.dtype}, {w2.dtype})")
     return e, h, i
@@ -67,8 +66,10 @@ def check_moe_args(x, w1, w2, topk_weights, topk_ids) -> tuple[int, int, int, in
     if hx != h:
         raise ValueError(f"moe: x has H = {hx}, the weights H = {h}")
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != t:
-        raise ValueError(f"moe: topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
-                         f"must both be (T={t}, k)")
+        raise ValueError(
+            f"moe: topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
+            f"must both be (T={t}, k)"
+        )
     k = topk_ids.shape[1]
     if not 1 <= k <= e:
         raise ValueError(f"moe: top-k = {k} must be in [1, E={e}]")
@@ -106,8 +107,10 @@ def check_grouped_args(x, w, offsets, out, memory: bool = True) -> tuple[int, in
 def check_route_args(router_logits: object, top_k: object, scoring: object, nd: bool = True) -> None:
     """``route``'s checks, on (T, E) logits (``nd``: or (..., E))."""
     if not isinstance(router_logits, torch.Tensor) or router_logits.dim() < 2 or (not nd and router_logits.dim() != 2):
-        raise ValueError(f"route: router_logits must be a (T, E) {'(or (..., E)) ' if nd else ''}tensor, got "
-                         f"{getattr(router_logits, 'shape', type(router_logits).__name__)}")
+        raise ValueError(
+            f"route: router_logits must be a (T, E) {'(or (..., E)) ' if nd else ''}tensor, got "
+            f"{getattr(router_logits, 'shape', type(router_logits).__name__)}"
+        )
     if not router_logits.is_floating_point():
         raise TypeError(f"route: router_logits must be floating point, got {router_logits.dtype}")
     e = router_logits.shape[-1]
@@ -122,8 +125,10 @@ def check_grouped_backward_args(dy, x, w, offsets) -> None:
     s, _, _, n = check_grouped_args(x, w, offsets, None)
     check_tensor("dy", dy, 2)
     if tuple(dy.shape) != (s, n) or dy.dtype != x.dtype or dy.device != x.device:
-        raise ValueError(f"grouped_gemm backward: dy must be a ({s}, {n}) {x.dtype} tensor on {x.device}, got "
-                         f"{tuple(dy.shape)} {dy.dtype} on {dy.device}")
+        raise ValueError(
+            f"grouped_gemm backward: dy must be a ({s}, {n}) {x.dtype} tensor on {x.device}, got "
+            f"{tuple(dy.shape)} {dy.dtype} on {dy.device}"
+        )
 
 
 def check_moe_backward_args(dy, x, w1, w2, topk_weights, topk_ids, gate_up) -> None:
@@ -131,13 +136,17 @@ def check_moe_backward_args(dy, x, w1, w2, topk_weights, topk_ids, gate_up) -> N
     t, h, i, e, k = check_moe_args(x, w1, w2, topk_weights, topk_ids)
     check_tensor("dy", dy, 2)
     if tuple(dy.shape) != (t, h) or dy.dtype != x.dtype or dy.device != x.device:
-        raise ValueError(f"moe_backward: dy must be a ({t}, {h}) {x.dtype} tensor on {x.device}, got "
-                         f"{tuple(dy.shape)} {dy.dtype} on {dy.device}")
+        raise ValueError(
+            f"moe_backward: dy must be a ({t}, {h}) {x.dtype} tensor on {x.device}, got "
+            f"{tuple(dy.shape)} {dy.dtype} on {dy.device}"
+        )
     if gate_up is not None:
         check_tensor("gate_up", gate_up, 2)
         if tuple(gate_up.shape) != (t * k, 2 * i) or gate_up.dtype != x.dtype or gate_up.device != x.device:
-            raise ValueError(f"moe_backward: gate_up must be a ({t * k}, {2 * i}) {x.dtype} tensor on {x.device}, "
-                             f"got {tuple(gate_up.shape)} {gate_up.dtype}")
+            raise ValueError(
+                f"moe_backward: gate_up must be a ({t * k}, {2 * i}) {x.dtype} tensor on {x.device}, "
+                f"got {tuple(gate_up.shape)} {gate_up.dtype}"
+            )
 
 
 def device_check(ok: torch.Tensor, message: str) -> None:

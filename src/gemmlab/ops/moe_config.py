@@ -1,8 +1,8 @@
 """The grouped kernel's config: ``MoEConfig``, its ``Mode``s, and the choice from the "moe" config tables.
 
-    moe_choice(target, rows, experts, mode, elt, dtype=, n=, k=, max_group=) -> (MoEConfig, where it came from)
-    moe_config(...)                                                         -> MoEConfig
-    fit_stages(cfg, mode, elt, smem_bytes)     pipeline stages trimmed to fit shared memory
+moe_choice(target, rows, experts, mode, elt, dtype=, n=, k=, max_group=) -> (MoEConfig, where it came from)
+moe_config(...)                                                         -> MoEConfig
+fit_stages(cfg, mode, elt, smem_bytes)     pipeline stages trimmed to fit shared memory
 """
 
 from __future__ import annotations
@@ -49,20 +49,33 @@ class MoEConfig:
     programs_per_sm: int = 1
 
     def __post_init__(self):
-        if isinstance(self.programs_per_sm, bool) or not isinstance(self.programs_per_sm, int) or \
-                self.programs_per_sm < 1:
+        if (
+            isinstance(self.programs_per_sm, bool)
+            or not isinstance(self.programs_per_sm, int)
+            or self.programs_per_sm < 1
+        ):
             raise ValueError(f"MoEConfig: programs_per_sm must be an integer >= 1, got {self.programs_per_sm!r}")
-        configs.check_fields(self, pow2=("block_m", "block_n", "block_k", "num_warps"),
-                             positive=("num_stages", "group_m"))
+        configs.check_fields(
+            self, pow2=("block_m", "block_n", "block_k", "num_warps"), positive=("num_stages", "group_m")
+        )
 
     @classmethod
     def from_dict(cls, d: dict) -> MoEConfig:
         return configs.config_of(cls, d)
 
 
-def moe_choice(target: Target, rows: int, experts: int, mode: int, elt: int = 2, *,
-               dtype: torch.dtype | None = None, n: int = 0, k: int = 0,
-               max_group: int = 0) -> tuple[MoEConfig, str]:
+def moe_choice(
+    target: Target,
+    rows: int,
+    experts: int,
+    mode: int,
+    elt: int = 2,
+    *,
+    dtype: torch.dtype | None = None,
+    n: int = 0,
+    k: int = 0,
+    max_group: int = 0,
+) -> tuple[MoEConfig, str]:
     """The grouped kernel's config for ``rows`` routed rows over ``experts`` experts in ``mode`` (a ``Mode``;
     output width ``n``, reduction ``k``), and which file and rule it came from: the first rule of the target's
     "moe" tables (the user's file, then the bundled one; ``ops.configs``) whose ranges hold rows_per_expert =
@@ -74,8 +87,19 @@ def moe_choice(target: Target, rows: int, experts: int, mode: int, elt: int = 2,
     used = max(1, min(experts, rows))
     dname = str(dtype).removeprefix("torch.") if dtype is not None else ""
     bound = min(rows, max_group) if max_group > 0 else rows
-    rule = configs.pick(target.name, "moe", Mode(mode).table, MoEConfig.from_dict, dname,
-                        rows_per_expert=-(-rows // used), group_bound=bound, rows=rows, experts=experts, n=n, k=k)
+    rule = configs.pick(
+        target.name,
+        "moe",
+        Mode(mode).table,
+        MoEConfig.from_dict,
+        dname,
+        rows_per_expert=-(-rows // used),
+        group_bound=bound,
+        rows=rows,
+        experts=experts,
+        n=n,
+        k=k,
+    )
     return fit_stages(rule.config, mode, elt, target.smem_bytes), "config " + rule.source
 
 
@@ -92,7 +116,17 @@ def fit_stages(cfg: MoEConfig, mode: int, elt: int, smem_bytes: int = SM90_SMEM_
     return replace(cfg, num_stages=stages) if stages != cfg.num_stages else cfg
 
 
-def moe_config(target: Target, rows: int, experts: int, mode: int, elt: int = 2, *,
-               dtype: torch.dtype | None = None, n: int = 0, k: int = 0, max_group: int = 0) -> MoEConfig:
+def moe_config(
+    target: Target,
+    rows: int,
+    experts: int,
+    mode: int,
+    elt: int = 2,
+    *,
+    dtype: torch.dtype | None = None,
+    n: int = 0,
+    k: int = 0,
+    max_group: int = 0,
+) -> MoEConfig:
     """``moe_choice``'s config."""
     return moe_choice(target, rows, experts, mode, elt, dtype=dtype, n=n, k=k, max_group=max_group)[0]

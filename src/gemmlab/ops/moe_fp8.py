@@ -46,8 +46,10 @@ def quantize_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     pairs = [quantize_torch(w[e], "block", (SCALE_BLOCK, SCALE_BLOCK)) for e in range(w.shape[0])]
     if not pairs:
         e, n, k = w.shape
-        return (torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device),
-                torch.ones((0, -(-n // SCALE_BLOCK), -(-k // SCALE_BLOCK)), dtype=torch.float32, device=w.device))
+        return (
+            torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device),
+            torch.ones((0, -(-n // SCALE_BLOCK), -(-k // SCALE_BLOCK)), dtype=torch.float32, device=w.device),
+        )
     return torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])
 
 
@@ -59,8 +61,10 @@ def _one(name: str, w) -> tuple[torch.Tensor, torch.Tensor]:
         check_expert_weight("pack_moe_fp8", name, q, s)
         return q.contiguous(), s.contiguous()
     if not isinstance(w, torch.Tensor) or w.dim() != 3 or w.dtype not in ACT_DTYPES + (torch.float32,):
-        raise TypeError(f"pack_moe_fp8: {name} must be a 3-D bf16/fp16/fp32 tensor or an (e4m3 q, fp32 scale) pair, "
-                        f"got {getattr(w, 'dtype', type(w).__name__)} of shape {tuple(getattr(w, 'shape', ()))}")
+        raise TypeError(
+            f"pack_moe_fp8: {name} must be a 3-D bf16/fp16/fp32 tensor or an (e4m3 q, fp32 scale) pair, "
+            f"got {getattr(w, 'dtype', type(w).__name__)} of shape {tuple(getattr(w, 'shape', ()))}"
+        )
     q, s = quantize_experts(w.detach())
     check_expert_weight("pack_moe_fp8", name, q, s)
     return q, s
@@ -74,16 +78,25 @@ def pack_moe_fp8(w1, w2) -> PackedMoEFP8:
     q2, s2 = _one("w2", w2)
     (e, i2, h), (e2, h2, i) = q1.shape, q2.shape
     if e2 != e or h2 != h or i2 != 2 * i:
-        raise ValueError(f"pack_moe_fp8: w1 must be (E, 2I, H) and w2 (E, H, I); got {tuple(q1.shape)} and "
-                         f"{tuple(q2.shape)}")
+        raise ValueError(
+            f"pack_moe_fp8: w1 must be (E, 2I, H) and w2 (E, H, I); got {tuple(q1.shape)} and {tuple(q2.shape)}"
+        )
     if q1.device != q2.device:
         raise ValueError(f"pack_moe_fp8: w1 and w2 must be on one device, got {q1.device}, {q2.device}")
     return PackedMoEFP8(q1, s1, q2, s2)
 
 
-def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_scale: torch.Tensor | None,
-                     w_scale: torch.Tensor, *, out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
-                     validate: bool = True) -> torch.Tensor:
+def grouped_gemm_fp8(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offsets: torch.Tensor,
+    x_scale: torch.Tensor | None,
+    w_scale: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
     """out (S, N) = rows offsets[e-1]:offsets[e] of (x * x_scale) times (w[e] * w_scale[e])^T, fp32 accumulation,
     in ``out_dtype`` (default: out's dtype if given, else x's for a bf16/fp16 x, else bf16). x (S, K) either e4m3
     with x_scale (S, Kb) (one per 1x128 block) or bf16/fp16 with x_scale None (quantized by the op per 1x128 block,
@@ -98,28 +111,38 @@ def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_
     benchmark swaps the two by name). A ``torch.library`` custom op (``torch.ops.gemmlab.grouped_gemm_fp8``, and
     ``grouped_gemm_fp8_out`` with ``out``) under tracing."""
     refuse_grad("grouped_gemm_fp8", x, w)
-    out_dtype = fp8_out_dtype("grouped_gemm_fp8", out_dtype, out,
-                              x.dtype if getattr(x, "dtype", None) in ACT_DTYPES else torch.bfloat16)
+    out_dtype = fp8_out_dtype(
+        "grouped_gemm_fp8", out_dtype, out, x.dtype if getattr(x, "dtype", None) in ACT_DTYPES else torch.bfloat16
+    )
     dispatch.refuse_neg_out("grouped_gemm_fp8", out)
     dispatch.refuse_neg_fp8("grouped_gemm_fp8", x=x, w=w)
     if dispatch.direct(x, w, offsets, x_scale, w_scale, out):
         return launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate, out)
-    dispatch.need_tensors("grouped_gemm_fp8", x=x, w=w, offsets=offsets, w_scale=w_scale,
-                          **({} if x_scale is None else {"x_scale": x_scale}), **({} if out is None else {"out": out}))
+    dispatch.need_tensors(
+        "grouped_gemm_fp8",
+        x=x,
+        w=w,
+        offsets=offsets,
+        w_scale=w_scale,
+        **({} if x_scale is None else {"x_scale": x_scale}),
+        **({} if out is None else {"out": out}),
+    )
     if out is None:
         return custom_fp8.grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, bool(validate))
     custom_fp8.grouped_gemm_fp8_out(x, w, offsets, x_scale, w_scale, out, bool(validate))
     return out
 
 
-def moe_forward_fp8(x: torch.Tensor, packed: PackedMoEFP8, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-                    validate: bool = True) -> torch.Tensor:
+def moe_forward_fp8(
+    x: torch.Tensor, packed: PackedMoEFP8, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, validate: bool = True
+) -> torch.Tensor:
     """The MoE body with FP8 experts (``moe_forward(x, packed, None, topk_weights, topk_ids)`` comes here): the
     routing, gather and combine of the bf16 path, both GEMMs in e4m3 with block scales (``ops.moe_plan``, its
     FP8 option). x (T, H) or (..., H) bf16/fp16 -> y of x's shape and dtype."""
     if not isinstance(packed, PackedMoEFP8):
-        raise TypeError(f"moe_forward (fp8): expected a PackedMoEFP8 (gemmlab.pack_moe_fp8), got "
-                        f"{type(packed).__name__}")
+        raise TypeError(
+            f"moe_forward (fp8): expected a PackedMoEFP8 (gemmlab.pack_moe_fp8), got {type(packed).__name__}"
+        )
     refuse_grad("moe_forward (fp8)", x, topk_weights)
     dispatch.refuse_neg_fp8("moe_forward (fp8)", w1=packed.w1, w2=packed.w2)
     lead = None
@@ -138,5 +161,4 @@ def moe_forward_fp8(x: torch.Tensor, packed: PackedMoEFP8, topk_weights: torch.T
     return y if lead is None else y.view(lead)
 
 
-__all__ = ["MoEFp8Config", "PackedMoEFP8", "grouped_gemm_fp8", "moe_forward_fp8", "pack_moe_fp8",
-           "quantize_experts"]
+__all__ = ["MoEFp8Config", "PackedMoEFP8", "grouped_gemm_fp8", "moe_forward_fp8", "pack_moe_fp8", "quantize_experts"]

@@ -38,16 +38,41 @@ from gemmlab.ops.moe_plan import launch_moe_forward_fp8
 KEPT = cache.bounded("moe_fp8.kept")  # kept compiled kernels, per specialization (gemmlab.ops.launch.start)
 
 
-def launch_fp8_grouped(mode: Mode, a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-                       out: torch.Tensor, scale: torch.Tensor | None, offsets: torch.Tensor,
-                       tile_offsets: torch.Tensor, n: int, cfg: MoEFp8Config, target: Target, rows_bound: int) -> None:
+def launch_fp8_grouped(
+    mode: Mode,
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    out: torch.Tensor,
+    scale: torch.Tensor | None,
+    offsets: torch.Tensor,
+    tile_offsets: torch.Tensor,
+    n: int,
+    cfg: MoEFp8Config,
+    target: Target,
+    rows_bound: int,
+) -> None:
     """One persistent launch of ``moe_fp8_grouped_kernel`` over every expert's tiles: a (S, K) e4m3 with a_scale
     (S, Kb); w (E, N_w, K) e4m3 with w_scale (E, cdiv(N_w, 128), Kb); out (S, n)."""
     e, k = offsets.numel(), a.shape[1]
     w_rows = w2d(w)
     slot, a_desc, w_desc = fp8_grouped_spec(mode, a, w_rows, e, n, cfg, target, rows_bound)
-    args = [TensorDescriptor(a, *a_desc), a_scale, TensorDescriptor(w_rows, *w_desc), w_scale.contiguous(), out,
-            out if scale is None else scale, offsets, tile_offsets, n, k, e, a_scale.stride(0), out.stride(0)]
+    args = [
+        TensorDescriptor(a, *a_desc),
+        a_scale,
+        TensorDescriptor(w_rows, *w_desc),
+        w_scale.contiguous(),
+        out,
+        out if scale is None else scale,
+        offsets,
+        tile_offsets,
+        n,
+        k,
+        e,
+        a_scale.stride(0),
+        out.stride(0),
+    ]
     kept_launch.start(KEPT, slot.kernel, slot.grid, args, slot.consts, slot.opts)
 
 
@@ -56,8 +81,9 @@ def launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate
     s, k, e, n = check_grouped_fp8_args(x, w, offsets, x_scale, w_scale, out_dtype, out)
     if out is None:
         out = torch.empty((s, n), dtype=out_dtype, device=x.device)
-    elif any(t.numel() and overlap(out, t) for t in (x, w, offsets, w_scale) + ((x_scale,) if x_scale is not None
-                                                                                  else ())):
+    elif any(
+        t.numel() and overlap(out, t) for t in (x, w, offsets, w_scale) + ((x_scale,) if x_scale is not None else ())
+    ):
         raise ValueError("grouped_gemm_fp8: out overlaps an input; pass a fresh out")
     if e == 0 or s == 0 or n == 0:
         return out
@@ -68,15 +94,23 @@ def launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate
     if x.dtype != FP8:
         x, x_scale = launch_quantize_fp8(x, "block", (1, SCALE_BLOCK))  # one scale per 1x128 block, on the fly
     elif k and not tma_ok(x, 1):
-        raise ValueError(f"grouped_gemm_fp8: x (S={s}, K={k}, strides {x.stride()}) is not TMA-aligned: needs a "
-                         "16-byte aligned base, unit K stride and a row stride of a multiple of 16 bytes")
+        raise ValueError(
+            f"grouped_gemm_fp8: x (S={s}, K={k}, strides {x.stride()}) is not TMA-aligned: needs a "
+            "16-byte aligned base, unit K stride and a row stride of a multiple of 16 bytes"
+        )
     else:
         x_scale = x_scale.contiguous()  # (the kernel reads one scale per 1x128 block along a unit-stride row)
     cfg = moe_fp8_config(target, Mode.GROUPED, s, e, n, k)
     tile_offsets = torch.empty(e + 1, dtype=torch.int32, device=x.device)
     ok = torch.empty(1, dtype=torch.bool, device=x.device)
-    kept_launch.start(KEPT, moe_tiles_kernel, (1,), [offsets, tile_offsets, ok, e, s],  # schedule + check
-                      dict(BLOCK_M=cfg.block_m, BLOCK_E=max(16, triton.next_power_of_2(e))), {})
+    kept_launch.start(
+        KEPT,
+        moe_tiles_kernel,
+        (1,),
+        [offsets, tile_offsets, ok, e, s],  # schedule + check
+        dict(BLOCK_M=cfg.block_m, BLOCK_E=max(16, triton.next_power_of_2(e))),
+        {},
+    )
     if validate:
         device_check(ok[0], f"grouped_gemm_fp8: offsets must be non-decreasing cumulative ends within [0, S={s}]")
     if k == 0:

@@ -140,24 +140,38 @@ class MoEPlan:
     kept: bool = False  # every launch kept: later calls launch directly
 
 
-def _layout(t: int, h: int, i: int, e: int, k: int, dtype: torch.dtype, route: str, copy: bool, gemms: bool,
-            fp8: bool) -> tuple[list[Region], int]:
+def _layout(
+    t: int, h: int, i: int, e: int, k: int, dtype: torch.dtype, route: str, copy: bool, gemms: bool, fp8: bool
+) -> tuple[list[Region], int]:
     """The scratch regions of a call and the buffer's size: the routing tables, x's rows in expert order
     (gather "copy"), the intermediate act (S, I) in rows padded to 16 bytes and the routed outputs o (S, H); FP8:
     the e4m3 gathered x and intermediate and their 1x128 block scales."""
     s, elt = t * k, torch.empty((), dtype=dtype).element_size()
     nb = sort_blocks(s)[1] if route == "count" else 0
-    want = [("order", torch.int32, (s,), (1,)), ("inv", torch.int32, (s,), (1,)), ("token", torch.int32, (s,), (1,)),
-            ("offsets", torch.int32, (e,), (1,)), ("tile_offsets", torch.int32, (e + 1,), (1,)),
-            ("scale", torch.float32, (s,), (1,)), ("ok", torch.bool, (1,), (1,)),
-            ("hist", torch.int32, ((e + 1) * nb,), (1,)), ("local", torch.int32, ((e + 1) * nb,), (1,))]
+    want = [
+        ("order", torch.int32, (s,), (1,)),
+        ("inv", torch.int32, (s,), (1,)),
+        ("token", torch.int32, (s,), (1,)),
+        ("offsets", torch.int32, (e,), (1,)),
+        ("tile_offsets", torch.int32, (e + 1,), (1,)),
+        ("scale", torch.float32, (s,), (1,)),
+        ("ok", torch.bool, (1,), (1,)),
+        ("hist", torch.int32, ((e + 1) * nb,), (1,)),
+        ("local", torch.int32, ((e + 1) * nb,), (1,)),
+    ]
     if gemms:
-        want += ([("xg", dtype, (s, h), (h, 1))] if copy else []) + [("act", dtype, (s, i), (padded_k(i), 1)),
-                                                                     ("o", dtype, (s, h), (h, 1))]
+        want += ([("xg", dtype, (s, h), (h, 1))] if copy else []) + [
+            ("act", dtype, (s, i), (padded_k(i), 1)),
+            ("o", dtype, (s, h), (h, 1)),
+        ]
     if gemms and fp8:
         hb, ib = -(-h // SCALE_BLOCK), -(-i // SCALE_BLOCK)
-        want += [("qa", FP8, (s, h), (h, 1)), ("sa", torch.float32, (s, hb), (hb, 1)), ("qh", FP8, (s, i), (i, 1)),
-                 ("sh", torch.float32, (s, ib), (ib, 1))]
+        want += [
+            ("qa", FP8, (s, h), (h, 1)),
+            ("sa", torch.float32, (s, hb), (hb, 1)),
+            ("qh", FP8, (s, i), (i, 1)),
+            ("sh", torch.float32, (s, ib), (ib, 1)),
+        ]
     regions, at = [], 0
     for name, dt, shape, strides in want:
         regions.append(Region(name, dt, shape, strides, at))
@@ -173,25 +187,39 @@ def _views(regions: list[Region], buf: torch.Tensor) -> dict:
     for r in regions:
         size = r.shape[0] * r.strides[0] if r.shape[0] else 0
         esz = torch.empty((), dtype=r.dtype).element_size()
-        flat = raw[r.offset:r.offset + max(size, 1) * esz].view(r.dtype)
+        flat = raw[r.offset : r.offset + max(size, 1) * esz].view(r.dtype)
         out[r.name] = flat.as_strided(r.shape, r.strides)
     return out
 
 
 def _grouped_step(g, a: str, a_rows: str | None, w: str, out: str, scale: str | None, pre: str | None) -> Step:
     """A planned bf16/fp16 grouped launch (``ops.grouped.grouped_spec``) as a Step over named tensors."""
-    return Step(g.slot, [a if g.a_desc is None else Desc(a, *g.a_desc), a_rows or "offsets",
-                         w if g.w_desc is None else Desc(w, *g.w_desc), out,
-                         out if g.out_desc is None else Desc(out, *g.out_desc), scale or out, pre or out, "offsets",
-                         "tile_offsets", *g.ints], shrink=pre is not None)
+    return Step(
+        g.slot,
+        [
+            a if g.a_desc is None else Desc(a, *g.a_desc),
+            a_rows or "offsets",
+            w if g.w_desc is None else Desc(w, *g.w_desc),
+            out,
+            out if g.out_desc is None else Desc(out, *g.out_desc),
+            scale or out,
+            pre or out,
+            "offsets",
+            "tile_offsets",
+            *g.ints,
+        ],
+        shrink=pre is not None,
+    )
 
 
 def _quantize_step(src: str, q: str, sc: str, s: int, n: int, stride: int) -> Step:
     """Rows of ``src`` (S, n) quantized per 1x128 block into ``q`` (e4m3) and ``sc`` (S, nb) fp32, as
     ``quantize_fp8(x, "block", (1, 128))`` does (the same kernel and launch)."""
     nb = -(-n // SCALE_BLOCK)
-    return Step(kept_launch.Planned(quantize_groups_kernel, (s, nb, 1), dict(BLOCK=SCALE_BLOCK), dict(num_warps=1)),
-                [src, q, sc, n, stride, n, nb, SCALE_BLOCK])
+    return Step(
+        kept_launch.Planned(quantize_groups_kernel, (s, nb, 1), dict(BLOCK=SCALE_BLOCK), dict(num_warps=1)),
+        [src, q, sc, n, stride, n, nb, SCALE_BLOCK],
+    )
 
 
 def check(x, w1, w2, tw, ids, gather, scales) -> tuple[int, int, int, int, int]:
@@ -215,12 +243,16 @@ def plan_moe(x, w1, w2, tw, ids, validate, gather, configs, save, scales, dims) 
     target = target_for(x.device)
     elt = x.element_size()
     if fp8:
-        cfg1, cfg2 = (moe_fp8_config(target, Mode.GATE_UP, s, e, 2 * i, h), moe_fp8_config(target, Mode.DOWN, s, e,
-                                                                                            h, i))
+        cfg1, cfg2 = (
+            moe_fp8_config(target, Mode.GATE_UP, s, e, 2 * i, h),
+            moe_fp8_config(target, Mode.DOWN, s, e, h, i),
+        )
         gather = "copy"  # e4m3 rows through TMA
     else:
-        cfg1, cfg2 = configs or (moe_config(target, s, e, Mode.GATE_UP, elt, dtype=x.dtype, n=i, k=h, max_group=t),
-                                 moe_config(target, s, e, Mode.DOWN, elt, dtype=x.dtype, n=h, k=i, max_group=t))
+        cfg1, cfg2 = configs or (
+            moe_config(target, s, e, Mode.GATE_UP, elt, dtype=x.dtype, n=i, k=h, max_group=t),
+            moe_config(target, s, e, Mode.DOWN, elt, dtype=x.dtype, n=h, k=i, max_group=t),
+        )
         if gather == "auto":
             gather = "copy" if target.has_tma and (h * elt) % 16 == 0 else "fused"
     cfg2 = replace(cfg2, block_m=cfg1.block_m)  # one tile schedule for both GEMMs
@@ -229,62 +261,180 @@ def plan_moe(x, w1, w2, tw, ids, validate, gather, configs, save, scales, dims) 
     copy = gather == "copy"
     regions, nbytes = _layout(t, h, i, e, k, x.dtype, route, copy, body is Body.GEMMS, fp8)
     w1k, w2k = w2d(w1), w2d(w2)
-    p = MoEPlan(t=t, h=h, i=i, e=e, k=k, nbytes=nbytes, regions=regions, route=route, block_m=cfg1.block_m,
-                validate=(f"moe_forward (fp8): topk_ids must lie in [0, E={e})" if fp8 else
-                          f"moe: topk_ids must be in [0, E={e})") if validate else None,
-                body=body, save=save, x_copy=x.stride(1) != 1,
-                flat_copy=not (ids.is_contiguous() and tw.is_contiguous()),
-                w_copy=(w1k.data_ptr() != w1.data_ptr(), w2k.data_ptr() != w2.data_ptr()),
-                scale_copy=fp8 and not (scales[0].is_contiguous() and scales[1].is_contiguous()),
-                ok_at=next(r.offset for r in regions if r.name == "ok"))
+    p = MoEPlan(
+        t=t,
+        h=h,
+        i=i,
+        e=e,
+        k=k,
+        nbytes=nbytes,
+        regions=regions,
+        route=route,
+        block_m=cfg1.block_m,
+        validate=(
+            f"moe_forward (fp8): topk_ids must lie in [0, E={e})" if fp8 else f"moe: topk_ids must be in [0, E={e})"
+        )
+        if validate
+        else None,
+        body=body,
+        save=save,
+        x_copy=x.stride(1) != 1,
+        flat_copy=not (ids.is_contiguous() and tw.is_contiguous()),
+        w_copy=(w1k.data_ptr() != w1.data_ptr(), w2k.data_ptr() != w2.data_ptr()),
+        scale_copy=fp8 and not (scales[0].is_contiguous() and scales[1].is_contiguous()),
+        ok_at=next(r.offset for r in regions if r.name == "ok"),
+    )
     if route != "torch":
-        p.routing = [Step(kept_launch.Planned(*spec), args) for spec, args in zip(
-            route_launches(route, s, e, k, cfg1.block_m, True),
-            route_args(route, "ids", "tw", "order", "inv", "token", "offsets", "tile_offsets", "scale", "ok", "hist",
-                       "local", s, e), strict=True)]
+        p.routing = [
+            Step(kept_launch.Planned(*spec), args)
+            for spec, args in zip(
+                route_launches(route, s, e, k, cfg1.block_m, True),
+                route_args(
+                    route,
+                    "ids",
+                    "tw",
+                    "order",
+                    "inv",
+                    "token",
+                    "offsets",
+                    "tile_offsets",
+                    "scale",
+                    "ok",
+                    "hist",
+                    "local",
+                    s,
+                    e,
+                ),
+                strict=True,
+            )
+        ]
     if body is not Body.GEMMS:
         return p
     v = _views(regions, torch.empty(nbytes // elt, dtype=x.dtype, device="meta"))  # layouts only
     xk = x if x.stride(1) == 1 else x.contiguous()
     block_h = min(1024, triton.next_power_of_2(h))
     if copy:
-        p.steps.append(Step(kept_launch.Planned(moe_gather_kernel, (s, triton.cdiv(h, block_h), 1),
-                                                dict(BLOCK_H=block_h), {}), ["x", "token", "xg", h, xk.stride(0), h]))
+        p.steps.append(
+            Step(
+                kept_launch.Planned(moe_gather_kernel, (s, triton.cdiv(h, block_h), 1), dict(BLOCK_H=block_h), {}),
+                ["x", "token", "xg", h, xk.stride(0), h],
+            )
+        )
     if fp8:
         slot1, a1, wd1 = fp8_grouped_spec(Mode.GATE_UP, v["qa"], w1k, e, i, cfg1, target, s)
         slot2, a2, wd2 = fp8_grouped_spec(Mode.DOWN, v["qh"], w2k, e, h, cfg2, target, s)
         act, o = v["act"], v["o"]
-        p.steps += [_quantize_step("xg", "qa", "sa", s, h, h),
-                    Step(slot1, [Desc("qa", *a1), "sa", Desc("w1", *wd1), "w1_scale", "act", "act", "offsets",
-                                 "tile_offsets", i, h, e, v["sa"].stride(0), act.stride(0)]),
-                    _quantize_step("act", "qh", "sh", s, i, act.stride(0)),
-                    Step(slot2, [Desc("qh", *a2), "sh", Desc("w2", *wd2), "w2_scale", "o", "scale", "offsets",
-                                 "tile_offsets", h, i, e, v["sh"].stride(0), o.stride(0)])]
+        p.steps += [
+            _quantize_step("xg", "qa", "sa", s, h, h),
+            Step(
+                slot1,
+                [
+                    Desc("qa", *a1),
+                    "sa",
+                    Desc("w1", *wd1),
+                    "w1_scale",
+                    "act",
+                    "act",
+                    "offsets",
+                    "tile_offsets",
+                    i,
+                    h,
+                    e,
+                    v["sa"].stride(0),
+                    act.stride(0),
+                ],
+            ),
+            _quantize_step("act", "qh", "sh", s, i, act.stride(0)),
+            Step(
+                slot2,
+                [
+                    Desc("qh", *a2),
+                    "sh",
+                    Desc("w2", *wd2),
+                    "w2_scale",
+                    "o",
+                    "scale",
+                    "offsets",
+                    "tile_offsets",
+                    h,
+                    i,
+                    e,
+                    v["sh"].stride(0),
+                    o.stride(0),
+                ],
+            ),
+        ]
     else:
-        pre = torch.empty((s, padded_k(2 * i)), dtype=x.dtype, device="meta")[:, :2 * i] if save else None
+        pre = torch.empty((s, padded_k(2 * i)), dtype=x.dtype, device="meta")[:, : 2 * i] if save else None
         g1 = grouped_spec(Mode.GATE_UP, v["xg"] if copy else xk, not copy, w1k, v["act"], i, e, cfg1, target, s, pre)
         g2 = grouped_spec(Mode.DOWN, v["act"], False, w2k, v["o"], h, e, cfg2, target, s)
         p.clip = g1 if g1.clip else g2 if g2.clip else None
-        p.steps += [_grouped_step(g1, "xg" if copy else "x", None if copy else "token", "w1", "act", None,
-                                  "gate_up" if save else None),
-                    _grouped_step(g2, "act", None, "w2", "o", "scale", None)]
-    p.steps.append(Step(kept_launch.Planned(moe_combine_kernel, (t, triton.cdiv(h, block_h), 1),
-                                            dict(TOP_K=k, BLOCK_H=block_h), {}), ["o", "inv", "y", h, h, h]))
+        p.steps += [
+            _grouped_step(
+                g1, "xg" if copy else "x", None if copy else "token", "w1", "act", None, "gate_up" if save else None
+            ),
+            _grouped_step(g2, "act", None, "w2", "o", "scale", None),
+        ]
+    p.steps.append(
+        Step(
+            kept_launch.Planned(
+                moe_combine_kernel, (t, triton.cdiv(h, block_h), 1), dict(TOP_K=k, BLOCK_H=block_h), {}
+            ),
+            ["o", "inv", "y", h, h, h],
+        )
+    )
     return p
 
 
-def forward(x, w1, w2, tw, ids, validate: bool, gather: str, configs: tuple[MoEConfig, MoEConfig] | None,
-            save: bool = False, scales: tuple[torch.Tensor, torch.Tensor] | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def forward(
+    x,
+    w1,
+    w2,
+    tw,
+    ids,
+    validate: bool,
+    gather: str,
+    configs: tuple[MoEConfig, MoEConfig] | None,
+    save: bool = False,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Every option's launcher on 2-D x (no autograd): y, and gate_up (S, 2I) when ``save``. A new signature is
     checked in full and planned (``PLANS``); a hit allocates one scratch buffer and y and fires the kept launches."""
     try:
-        key = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, w1.shape, w1.stride(), w1.dtype,
-               w1.device, w1.data_ptr() % 16, w2.shape, w2.stride(), w2.dtype, w2.device, w2.data_ptr() % 16,
-               tw.shape, tw.stride(), tw.dtype, tw.device, tw.data_ptr() % 16, ids.shape, ids.stride(), ids.dtype,
-               ids.device, ids.data_ptr() % 16, validate, gather, configs, save,
-               None if scales is None else tuple((c.shape, c.stride(), c.dtype, c.device, c.data_ptr() % 16)
-                                                 for c in scales))
+        key = (
+            x.shape,
+            x.stride(),
+            x.dtype,
+            x.device,
+            x.data_ptr() % 16,
+            w1.shape,
+            w1.stride(),
+            w1.dtype,
+            w1.device,
+            w1.data_ptr() % 16,
+            w2.shape,
+            w2.stride(),
+            w2.dtype,
+            w2.device,
+            w2.data_ptr() % 16,
+            tw.shape,
+            tw.stride(),
+            tw.dtype,
+            tw.device,
+            tw.data_ptr() % 16,
+            ids.shape,
+            ids.stride(),
+            ids.dtype,
+            ids.device,
+            ids.data_ptr() % 16,
+            validate,
+            gather,
+            configs,
+            save,
+            None
+            if scales is None
+            else tuple((c.shape, c.stride(), c.dtype, c.device, c.data_ptr() % 16) for c in scales),
+        )
         p = PLANS.get(key)
     except (AttributeError, TypeError):  # not tensors (or unhashable configs): the checks say what is wrong
         key, p = None, None
@@ -299,14 +449,16 @@ def forward(x, w1, w2, tw, ids, validate: bool, gather: str, configs: tuple[MoEC
     return run_plan(p, x, w1, w2, tw, ids, scales)
 
 
-def launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate: bool, gather: str,
-                       configs: tuple[MoEConfig, MoEConfig] | None) -> torch.Tensor:
+def launch_moe_forward(
+    x, w1, w2, topk_weights, topk_ids, validate: bool, gather: str, configs: tuple[MoEConfig, MoEConfig] | None
+) -> torch.Tensor:
     """``moe_forward``'s plain body: y (T, H)."""
     return forward(x, w1, w2, topk_weights, topk_ids, validate, gather, configs)[0]
 
 
-def launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate: bool, gather: str = "auto"
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+def launch_forward_saving(
+    x, w1, w2, topk_weights, topk_ids, validate: bool, gather: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """y (T, H) as ``moe_forward`` computes it (the same configs, routing and launches: the same values), and the
     pre-activations gate_up (S, 2I) in routed order, kept for the backward (Liger's trade: S*2I more memory held
     from forward to backward, no recompute): the first GEMM stores them beside SiLU(gate) * up (SAVE_PRE)."""
@@ -328,8 +480,9 @@ def _fire(st: Step, env: dict, direct: bool) -> None:
         if not direct:
             args[j] = TensorDescriptor(base, d.shape, d.strides, d.block)
         else:  # a scratch region's address, or a call tensor
-            args[j] = kept_launch.HostDesc(kept_launch.Addr(base) if base.__class__ is int else base, d.shape,
-                                           d.strides)
+            args[j] = kept_launch.HostDesc(
+                kept_launch.Addr(base) if base.__class__ is int else base, d.shape, d.strides
+            )
     while True:
         try:
             kept_launch.fire(st.slot, args, direct)
@@ -352,8 +505,9 @@ def _route(p: MoEPlan, env: dict, direct: bool) -> None:
             p.route, p.routing, p.kept = "torch", [], False
     if p.route == "torch":
         r = sort_routes_torch(env["ids"].view(p.t, p.k), p.e, p.block_m, env["tw"].view(p.t, p.k))
-        env.update(order=r.order, inv=r.inv, token=r.token, offsets=r.offsets, tile_offsets=r.tile_offsets,
-                   scale=r.scale)
+        env.update(
+            order=r.order, inv=r.inv, token=r.token, offsets=r.offsets, tile_offsets=r.tile_offsets, scale=r.scale
+        )
 
 
 def _rows(w: torch.Tensor, copy: bool) -> torch.Tensor:
@@ -367,7 +521,7 @@ def run_plan(p: MoEPlan, x, w1, w2, tw, ids, scales=None) -> tuple[torch.Tensor,
     dev = x.device
     buf = torch.empty(p.nbytes // x.element_size(), dtype=x.dtype, device=dev)
     y = torch.empty((p.t, p.h), dtype=x.dtype, device=dev)
-    gate_up = torch.empty((p.t * p.k, padded_k(2 * p.i)), dtype=x.dtype, device=dev)[:, :2 * p.i] if p.save else None
+    gate_up = torch.empty((p.t * p.k, padded_k(2 * p.i)), dtype=x.dtype, device=dev)[:, : 2 * p.i] if p.save else None
     direct = p.kept and kept_launch.usable((p.routing or p.steps)[0].slot.kept)
     if direct:
         base = buf.data_ptr()
@@ -390,12 +544,16 @@ def run_plan(p: MoEPlan, x, w1, w2, tw, ids, scales=None) -> tuple[torch.Tensor,
             raise ValueError(p.validate)
     if p.body is not Body.GEMMS:
         return (y if p.body is Body.NONE else y.zero_()), (gate_up.zero_() if p.save else None)
-    env.update(x=x.contiguous() if p.x_copy else x,
-               w1=_rows(w1, p.w_copy[0]) if p.w_copy[0] or not direct else w1,
-               w2=_rows(w2, p.w_copy[1]) if p.w_copy[1] or not direct else w2)
+    env.update(
+        x=x.contiguous() if p.x_copy else x,
+        w1=_rows(w1, p.w_copy[0]) if p.w_copy[0] or not direct else w1,
+        w2=_rows(w2, p.w_copy[1]) if p.w_copy[1] or not direct else w2,
+    )
     if scales is not None:
-        env.update(w1_scale=scales[0].contiguous() if p.scale_copy else scales[0],
-                   w2_scale=scales[1].contiguous() if p.scale_copy else scales[1])
+        env.update(
+            w1_scale=scales[0].contiguous() if p.scale_copy else scales[0],
+            w2_scale=scales[1].contiguous() if p.scale_copy else scales[1],
+        )
     if p.clip is not None:
         ensure_allocator(p.clip)
     for st in p.steps:  # steps (2)-(4)

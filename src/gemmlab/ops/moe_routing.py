@@ -83,34 +83,67 @@ def route_launches(kind: str, s: int, e: int, k: int, block_m: int, has_scale: b
     """(kernel, grid, constexprs, options) of each routing launch of ``kind`` ("align" or "count")."""
     if kind == "align":
         block_s = max(16, triton.next_power_of_2(s))
-        return [(moe_align_kernel, (1, 1, 1),
-                 dict(TOP_K=k, BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_E=max(16, triton.next_power_of_2(e + 1)),
-                      HAS_SCALE=has_scale), dict(num_warps=4 if block_s <= 1024 else 8))]
+        return [
+            (
+                moe_align_kernel,
+                (1, 1, 1),
+                dict(
+                    TOP_K=k,
+                    BLOCK_M=block_m,
+                    BLOCK_S=block_s,
+                    BLOCK_E=max(16, triton.next_power_of_2(e + 1)),
+                    HAS_SCALE=has_scale,
+                ),
+                dict(num_warps=4 if block_s <= 1024 else 8),
+            )
+        ]
     block, nb = sort_blocks(s)
     block_e = max(16, triton.next_power_of_2(e + 1))
     warps = 4 if block <= 512 else 8
-    return [(moe_count_kernel, (nb, 1, 1), dict(BLOCK=block, BLOCK_E=block_e), dict(num_warps=warps)),
-            (moe_scan_kernel, (1, 1, 1), dict(BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_B=max(1, 4096 // block_e),
-                                               CHUNK=1024), dict(num_warps=8)),
-            (moe_scatter_kernel, (nb, 1, 1), dict(TOP_K=k, BLOCK=block, HAS_SCALE=has_scale),
-             dict(num_warps=warps))]
+    return [
+        (moe_count_kernel, (nb, 1, 1), dict(BLOCK=block, BLOCK_E=block_e), dict(num_warps=warps)),
+        (
+            moe_scan_kernel,
+            (1, 1, 1),
+            dict(BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_B=max(1, 4096 // block_e), CHUNK=1024),
+            dict(num_warps=8),
+        ),
+        (moe_scatter_kernel, (nb, 1, 1), dict(TOP_K=k, BLOCK=block, HAS_SCALE=has_scale), dict(num_warps=warps)),
+    ]
 
 
-def route_args(kind: str, ids, weights, order, inv, token, offsets, tile_offsets, scale, ok, hist, local,
-               s: int, e: int) -> list[list]:
+def route_args(
+    kind: str, ids, weights, order, inv, token, offsets, tile_offsets, scale, ok, hist, local, s: int, e: int
+) -> list[list]:
     """The runtime arguments of ``route_launches``' launches (tensors, or device addresses for a kept launch);
     ``weights``/``scale`` None: no routed weights."""
     if kind == "align":
-        return [[ids, ids if scale is None else weights, order, inv, token, offsets, tile_offsets,
-                 order if scale is None else scale, ok, s, e]]
+        return [
+            [
+                ids,
+                ids if scale is None else weights,
+                order,
+                inv,
+                token,
+                offsets,
+                tile_offsets,
+                order if scale is None else scale,
+                ok,
+                s,
+                e,
+            ]
+        ]
     nb = sort_blocks(s)[1]
-    return [[ids, hist, local, s, e, nb], [hist, local, offsets, tile_offsets, ok, e, nb],
-            [ids, ids if scale is None else weights, local, order, inv, token, order if scale is None else scale,
-             s, e, nb]]
+    return [
+        [ids, hist, local, s, e, nb],
+        [hist, local, offsets, tile_offsets, ok, e, nb],
+        [ids, ids if scale is None else weights, local, order, inv, token, order if scale is None else scale, s, e, nb],
+    ]
 
 
-def sort_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int,
-                topk_weights: torch.Tensor | None = None) -> Routes:
+def sort_routes(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, topk_weights: torch.Tensor | None = None
+) -> Routes:
     """Group the (token, slot) pairs of ``topk_ids`` (T, k) by expert, stably (token order within an
     expert), on the ids' device, without reading them on the host. Up to ``ALIGN_MAX_S`` pairs in one launch
     (``moe_align_kernel``, which also gathers ``topk_weights`` into routed order and flags bad ids); more by a
@@ -123,21 +156,30 @@ def sort_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int,
         dev = topk_ids.device
         nb = sort_blocks(s)[1] if kind == "count" else 0
         buf = torch.empty(3 * s + 2 * e + 1 + 2 * (e + 1) * nb, dtype=torch.int32, device=dev)
-        order, inv, token = buf[:s], buf[s:2 * s], buf[2 * s:3 * s]
-        offsets, tile_offsets = buf[3 * s:3 * s + e], buf[3 * s + e:3 * s + 2 * e + 1]
-        hist, local = buf[3 * s + 2 * e + 1:3 * s + 2 * e + 1 + (e + 1) * nb], buf[3 * s + 2 * e + 1 + (e + 1) * nb:]
+        order, inv, token = buf[:s], buf[s : 2 * s], buf[2 * s : 3 * s]
+        offsets, tile_offsets = buf[3 * s : 3 * s + e], buf[3 * s + e : 3 * s + 2 * e + 1]
+        hist, local = buf[3 * s + 2 * e + 1 : 3 * s + 2 * e + 1 + (e + 1) * nb], buf[3 * s + 2 * e + 1 + (e + 1) * nb :]
         ok = torch.empty(1, dtype=torch.bool, device=dev)
         scale = None if topk_weights is None else torch.empty(s, dtype=torch.float32, device=dev)
         ids = topk_ids.reshape(-1).contiguous()  # dense: a strided (T, 1) view reshapes to a strided view
         wts = None if topk_weights is None else topk_weights.reshape(-1).contiguous()
         try:
             for (kernel, grid, consts, opts), args in zip(
-                    route_launches(kind, s, e, k, block_m, scale is not None),
-                    route_args(kind, ids, wts, order, inv, token, offsets, tile_offsets, scale, ok, hist, local, s,
-                               e), strict=True):
+                route_launches(kind, s, e, k, block_m, scale is not None),
+                route_args(kind, ids, wts, order, inv, token, offsets, tile_offsets, scale, ok, hist, local, s, e),
+                strict=True,
+            ):
                 kept_launch.start(KEPT, kernel, grid, args, consts, opts)
-            return Routes(order=order, inv=inv, token=token, offsets=offsets, tile_offsets=tile_offsets,
-                          block_m=block_m, scale=scale, ok=ok)
+            return Routes(
+                order=order,
+                inv=inv,
+                token=token,
+                offsets=offsets,
+                tile_offsets=tile_offsets,
+                block_m=block_m,
+                scale=scale,
+                ok=ok,
+            )
         except (triton.CompilationError, OutOfResources) as err:  # cannot build it: say so once, use torch ops
             routing_broken(err)
     return sort_routes_torch(topk_ids, num_experts, block_m, topk_weights)
@@ -145,12 +187,17 @@ def sort_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int,
 
 def routing_broken(err: Exception) -> None:
     _ALIGN_BROKEN.append(str(err))
-    warnings.warn(f"gemmlab: the MoE routing kernel failed to compile; routing with torch ops instead "
-                  f"({type(err).__name__}: {str(err)[:200]})", RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"gemmlab: the MoE routing kernel failed to compile; routing with torch ops instead "
+        f"({type(err).__name__}: {str(err)[:200]})",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
-def sort_routes_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int,
-                       topk_weights: torch.Tensor | None = None) -> Routes:
+def sort_routes_torch(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, topk_weights: torch.Tensor | None = None
+) -> Routes:
     """``sort_routes`` in torch ops (ids must be in [0, E); ``ok`` None)."""
     k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1).to(torch.int64)
@@ -160,6 +207,12 @@ def sort_routes_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int,
     inv = torch.empty_like(order)
     inv[order] = torch.arange(order.numel(), device=order.device)
     scale = None if topk_weights is None else topk_weights.reshape(-1).float()[order]
-    return Routes(order=order.to(torch.int32), inv=inv.to(torch.int32), token=(order // k).to(torch.int32),
-                  offsets=torch.cumsum(counts, 0).to(torch.int32), tile_offsets=_tile_offsets(counts, block_m),
-                  block_m=block_m, scale=scale)
+    return Routes(
+        order=order.to(torch.int32),
+        inv=inv.to(torch.int32),
+        token=(order // k).to(torch.int32),
+        offsets=torch.cumsum(counts, 0).to(torch.int32),
+        tile_offsets=_tile_offsets(counts, block_m),
+        block_m=block_m,
+        scale=scale,
+    )

@@ -15,15 +15,19 @@ from gemmlab.output import Table, plain
 # A number, a range, an interval or a ratio with its unit: one unbreakable cell ("1.012", "[0.823, 0.830]",
 # "0.1882-0.1926", "85.2%", "1980 MHz", "3.1x", "12/52")
 _NUM = r"[-+]?(?:\d[\d,]*)?\.?\d+(?:e[-+]?\d+)?"
-NUMERIC = re.compile(rf"^[\[(]?{_NUM}(?:\s*(?:-|–|,|/)\s*{_NUM})*[\])]?\s?(?:%|x|ms|µs|us|s|MHz|W|GB/s|GiB|MiB|B|"
-                     r"TFLOPS)?$|^\d+(?:x\d+)+$|^-$")  # a shape (8192x8192x16384), "-" (none)
+NUMERIC = re.compile(
+    rf"^[\[(]?{_NUM}(?:\s*(?:-|–|,|/)\s*{_NUM})*[\])]?\s?(?:%|x|ms|µs|us|s|MHz|W|GB/s|GiB|MiB|B|"
+    r"TFLOPS)?$|^\d+(?:x\d+)+$|^-$"
+)  # a shape (8192x8192x16384), "-" (none)
 
 
 BASELINE_FAILED = "[yellow]baseline outside tolerance"
-OK_LEGEND = ("ok column: ok = the backend's output matched the float64 reference before and after timing; WRONG = "
-             "it did not (the backend is wrong there); baseline outside tolerance = the baseline itself (cuBLAS, "
-             "torch.mm) failed the same check on that case, so the case has no baseline and nothing in it is timed "
-             "(its other rows show -).")
+OK_LEGEND = (
+    "ok column: ok = the backend's output matched the float64 reference before and after timing; WRONG = "
+    "it did not (the backend is wrong there); baseline outside tolerance = the baseline itself (cuBLAS, "
+    "torch.mm) failed the same check on that case, so the case has no baseline and nothing in it is timed "
+    "(its other rows show -)."
+)
 
 
 def baseline_checks(t: Table, baseline: str) -> Table:

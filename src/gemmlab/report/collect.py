@@ -36,7 +36,7 @@ LEGACY = {
     "ncu-target": "the kernel a gemmlab profile run pointed ncu at: drawn with its profile-*.json",
     "gemm-rules": "GEMM config rules (data for configs/, not a measurement): no chart for it",
     "dense-ab": "two bench gemm runs of one suite lined up case by case (python -m benchmarks dense-ab): listed; "
-                "both runs' gemm-bench.json are drawn",
+    "both runs' gemm-bench.json are drawn",
     "liger-warm": "Liger's warm-up and compile record (cache paths, seconds): no chart for it",
     "grade-repeat": "repeated grades of one kernel (rows and the grade reports)",
     "observer-tests": "the grader's observer tests on the GPU (test, verdict, detail): no chart for it",
@@ -146,7 +146,6 @@ def kind_of(data: object) -> str:
     return legacy_kind(data)
 
 
-
 def _documents(text: str) -> list:
     """Several JSON documents one after another (a command's output appended twice), possibly ending in one line
     of text (a captured run's "exit 0 : command" line); ValueError if not that."""
@@ -203,7 +202,8 @@ def _index(files: list[Path]) -> dict[Path, str]:
         for e in (data or {}).get("results", []) if isinstance(data, dict) else []:
             if isinstance(e, dict) and isinstance(e.get("path"), str):
                 out[(f.parent / e["path"]).resolve()] = "; ".join(
-                    str(e[k]) for k in ("what", "produced_by") if e.get(k))
+                    str(e[k]) for k in ("what", "produced_by") if e.get(k)
+                )
     return out
 
 
@@ -217,16 +217,21 @@ def _about(f: Path, index: dict[Path, str]) -> str:
 def _classify(f: Path) -> Found:
     name = f.name.lower()
     if not name.endswith(".json"):
-        kind, reason = next(((k, r) for end, k, r in SUFFIXES if name.endswith(end)),
-                            ("file", f"a {f.suffix or 'extensionless'} file: listed, not drawn"))
+        kind, reason = next(
+            ((k, r) for end, k, r in SUFFIXES if name.endswith(end)),
+            ("file", f"a {f.suffix or 'extensionless'} file: listed, not drawn"),
+        )
         return Found(str(f), kind, reason=reason)
     data, error = read_json(f)
     if error:
         return Found(str(f), "unreadable", error=error, reason=f"unreadable: {error}")
     kind = kind_of(data)
     if kind == "unknown":
-        what = (f"keys {', '.join(map(str, list(data)[:8]))}" if isinstance(data, dict) else
-                f"a {type(data).__name__}" + (f" of {len(data)}" if isinstance(data, list) else ""))
+        what = (
+            f"keys {', '.join(map(str, list(data)[:8]))}"
+            if isinstance(data, dict)
+            else f"a {type(data).__name__}" + (f" of {len(data)}" if isinstance(data, list) else "")
+        )
         return Found(str(f), kind, data, reason=f"JSON of no known kind ({what}): no chart for it")
     return Found(str(f), kind, data, reason=LEGACY.get(kind, ""))
 

@@ -66,17 +66,23 @@ LAYOUT_JS = """<script>(function () {
                                     height: document.documentElement.scrollHeight, figures: figures, tables: tables});
   document.body.appendChild(out);
 })();</script>"""
-SECTIONS = (("device", "Device profile and roofline", ("device-profile", "device-health", "roofline")),
-            ("gemm", "GEMM benchmarks", ("gemm-bench", "gemm-vs-cublas")),
-            ("graph", "Eager calls against CUDA graphs", ()),
-            ("moe", "MoE against its peers", ("moe-bench", "moe-liger-bench", "moe-sweep")),
-            ("model", "Whole models: tokens per second", ("whole-model-bench",)),
-            ("table", "MoE GEMM table, stability, checks, host cost", ("table", "stable-bench", "check", "moe-ep-bench",
-                                                                      "clock-order", "host-cost", "grade-gap",
-                                                                      "inspect")),
-            ("profile", "Hardware counters (gemmlab profile, ncu)", ("ncu-profile", "profile-diff")),
-            ("tune", "Tune sessions", ("tune",)), ("grade", "Grades", ("grade", "grade-repeat")),
-            ("ledger", "Ledger history", ("ledger",)), ("other", "Files listed, not drawn", ()))
+SECTIONS = (
+    ("device", "Device profile and roofline", ("device-profile", "device-health", "roofline")),
+    ("gemm", "GEMM benchmarks", ("gemm-bench", "gemm-vs-cublas")),
+    ("graph", "Eager calls against CUDA graphs", ()),
+    ("moe", "MoE against its peers", ("moe-bench", "moe-liger-bench", "moe-sweep")),
+    ("model", "Whole models: tokens per second", ("whole-model-bench",)),
+    (
+        "table",
+        "MoE GEMM table, stability, checks, host cost",
+        ("table", "stable-bench", "check", "moe-ep-bench", "clock-order", "host-cost", "grade-gap", "inspect"),
+    ),
+    ("profile", "Hardware counters (gemmlab profile, ncu)", ("ncu-profile", "profile-diff")),
+    ("tune", "Tune sessions", ("tune",)),
+    ("grade", "Grades", ("grade", "grade-repeat")),
+    ("ledger", "Ledger history", ("ledger",)),
+    ("other", "Files listed, not drawn", ()),
+)
 
 
 def _cell(cell: object) -> str:
@@ -91,23 +97,29 @@ def table_html(t: Table, source: str) -> str:
     head = "".join(f"<th>{escape(plain(c))}</th>" for c in t.columns)
     body = "".join("<tr>" + "".join(a + b + "</td>" for a, b in map(_cell, row)) + "</tr>" for row in t.rows)
     notes = "".join(f'<p class="note{" bad" if "[red]" in n else ""}">{escape(plain(n))}</p>' for n in t.notes)
-    return (f'<table class="data" data-rows="{len(t.rows)}" data-source="{escape(source)}"><caption>'
-            f'{escape(plain(t.title))}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{notes}')
+    return (
+        f'<table class="data" data-rows="{len(t.rows)}" data-source="{escape(source)}"><caption>'
+        f"{escape(plain(t.title))}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{notes}"
+    )
 
 
 def figure(chart: str, name: str, caption: str) -> str:
     if not chart:
         return f'<p class="note">{escape(name)}: no values to plot</p>'
-    return f'<figure class="plot" data-plot="{escape(name)}">{chart}<figcaption class="meta">{escape(caption)}' \
-           f'</figcaption></figure>'
+    return (
+        f'<figure class="plot" data-plot="{escape(name)}">{chart}<figcaption class="meta">{escape(caption)}'
+        f"</figcaption></figure>"
+    )
 
 
 def _meta(env: dict | None) -> str:
     env = env or {}
-    return (f'<p class="meta">{escape(str(env.get("gpu") or env.get("device") or "CPU"))}, '
-            f'{escape(str(env.get("date")))}, torch {escape(str(env.get("torch")))}, '
-            f'triton {escape(str(env.get("triton")))}, '
-            f'{escape(provenance.label(env) if env else "-")}</p>')
+    return (
+        f'<p class="meta">{escape(str(env.get("gpu") or env.get("device") or "CPU"))}, '
+        f"{escape(str(env.get('date')))}, torch {escape(str(env.get('torch')))}, "
+        f"triton {escape(str(env.get('triton')))}, "
+        f"{escape(provenance.label(env) if env else '-')}</p>"
+    )
 
 
 def _gemm(f: Found, _all) -> str:
@@ -116,12 +128,19 @@ def _gemm(f: Found, _all) -> str:
     rep, rows = f.data, gemm.rows(f.data)
     base = (rep.get("args") or {}).get("baseline", gemm.BASELINE)
     shapes = list(dict.fromkeys(r["case"] for r in rows))
-    series = {b: [next((r["ratio_vs_cublas"] for r in rows if r["case"] == s and r["backend"] == b), None)
-                  for s in shapes] for b in dict.fromkeys(r["backend"] for r in rows) if b != base}
-    chart = svg.bars(shapes, series, f"speed ratio to cuBLAS, {gemm_view.mode(rep)} (> 1: faster)",
-                     "cuBLAS time / time")
-    return (_meta(rep["env"]) + figure(chart, f"{f.path} ratio", "per-round ratio, median of rounds")
-            + "".join(table_html(baseline_checks(t, base), f.path) for t in gemm_view.tables(rep)))
+    series = {
+        b: [next((r["ratio_vs_cublas"] for r in rows if r["case"] == s and r["backend"] == b), None) for s in shapes]
+        for b in dict.fromkeys(r["backend"] for r in rows)
+        if b != base
+    }
+    chart = svg.bars(
+        shapes, series, f"speed ratio to cuBLAS, {gemm_view.mode(rep)} (> 1: faster)", "cuBLAS time / time"
+    )
+    return (
+        _meta(rep["env"])
+        + figure(chart, f"{f.path} ratio", "per-round ratio, median of rounds")
+        + "".join(table_html(baseline_checks(t, base), f.path) for t in gemm_view.tables(rep))
+    )
 
 
 def _gemm_reports(found: list[Found]) -> list[Found]:
@@ -153,11 +172,18 @@ def _graph_pairs(found: list[Found]) -> str:
             rows = [r for r in t.rows if r[1] == "gemmlab"]
             if not rows:  # no case in common
                 continue
-            chart = svg.bars([r[0] for r in rows], {"eager vs cuBLAS": [_f(r[5]) for r in rows],
-                                                    "graph vs cuBLAS": [_f(r[6]) for r in rows]},
-                             "gemmlab's ratio to cuBLAS: eager calls and graph replays", "cuBLAS time / time")
-            out.append(f'<h3>{escape(e.path)} + {escape(g.path)}</h3><div class="item">'
-                       + figure(chart, f"{g.path} eager-graph", "") + table_html(t, f"{e.path} + {g.path}") + "</div>")
+            chart = svg.bars(
+                [r[0] for r in rows],
+                {"eager vs cuBLAS": [_f(r[5]) for r in rows], "graph vs cuBLAS": [_f(r[6]) for r in rows]},
+                "gemmlab's ratio to cuBLAS: eager calls and graph replays",
+                "cuBLAS time / time",
+            )
+            out.append(
+                f'<h3>{escape(e.path)} + {escape(g.path)}</h3><div class="item">'
+                + figure(chart, f"{g.path} eager-graph", "")
+                + table_html(t, f"{e.path} + {g.path}")
+                + "</div>"
+            )
     return "".join(out)
 
 
@@ -178,10 +204,17 @@ def _moe(f: Found, _all) -> str:
     series = {"gemmlab vs " + (mine[0]["baseline"] if mine else "baseline"): [r["ratio"] for r in mine]}
     if any(r["ratio_vs_liger"] is not None for r in mine):
         series["gemmlab vs Liger"] = [r["ratio_vs_liger"] for r in mine]
-    chart = svg.bars(cats, series, f"{', '.join(dict.fromkeys(r['model'] for r in mine))}: gemmlab's speed ratio",
-                     "baseline time / gemmlab time")
-    return (_meta(f.data["env"]) + figure(chart, f"{f.path} ratio", "peers: " + ", ".join(peers))
-            + table_html(moe.peer_table(f.data), f.path))
+    chart = svg.bars(
+        cats,
+        series,
+        f"{', '.join(dict.fromkeys(r['model'] for r in mine))}: gemmlab's speed ratio",
+        "baseline time / gemmlab time",
+    )
+    return (
+        _meta(f.data["env"])
+        + figure(chart, f"{f.path} ratio", "peers: " + ", ".join(peers))
+        + table_html(moe.peer_table(f.data), f.path)
+    )
 
 
 def _liger(f: Found, _all) -> str:
@@ -191,15 +224,23 @@ def _liger(f: Found, _all) -> str:
     rows = [r for r in moe_liger_view.report_rows(f.data) if "ratio_vs_liger" in r]
     same = [r for r in rows if same_mode(r)]
     left = len(rows) - len(same)
-    chart = svg.bars([f"{r.get('model')} {r.get('part')} {r.get('mode')} T={r.get('tokens')} {r.get('routing')}"
-                      for r in same], {"gemmlab vs Liger": [r.get("ratio_vs_liger") for r in same]},
-                     "Liger time / gemmlab time, both sides in the same mode (> 1: gemmlab faster)",
-                     "Liger time / gemmlab time")
+    chart = svg.bars(
+        [f"{r.get('model')} {r.get('part')} {r.get('mode')} T={r.get('tokens')} {r.get('routing')}" for r in same],
+        {"gemmlab vs Liger": [r.get("ratio_vs_liger") for r in same]},
+        "Liger time / gemmlab time, both sides in the same mode (> 1: gemmlab faster)",
+        "Liger time / gemmlab time",
+    )
     caption = "each bar: gemmlab and Liger timed in the mode it names" + (
         f"; {left} case(s) left out, where Liger could not run in gemmlab's mode (it ran eager beside gemmlab's "
-        "graph replay: not like with like; they stay in the table)" if left else "")
-    return (_meta(f.data.get("env")) + figure(chart, f"{f.path} vs liger", caption)
-            + "".join(table_html(t, f.path) for t in moe_liger_view.tables(f.data)))
+        "graph replay: not like with like; they stay in the table)"
+        if left
+        else ""
+    )
+    return (
+        _meta(f.data.get("env"))
+        + figure(chart, f"{f.path} vs liger", caption)
+        + "".join(table_html(t, f.path) for t in moe_liger_view.tables(f.data))
+    )
 
 
 def _model(f: Found, _all) -> str:
@@ -207,11 +248,17 @@ def _model(f: Found, _all) -> str:
     from gemmlab.bench import model_layer as model
 
     rows, modes = model.rows(f.data), f.data["args"]["modes"]
-    chart = svg.bars([f"{r['model']} T={r['T']}" for r in rows], {f"{m}": [r.get(f"{m}_ratio") for r in rows]
-                                                                   for m in modes},
-                     "one decoder layer: torch / gemmlab per mode (> 1: gemmlab faster)", "torch time / gemmlab time")
-    return (_meta(f.data["env"]) + figure(chart, f"{f.path} ratio", "eager, CUDA graph and compile side by side")
-            + "".join(table_html(t, f.path) for t in model.tables(f.data)))
+    chart = svg.bars(
+        [f"{r['model']} T={r['T']}" for r in rows],
+        {f"{m}": [r.get(f"{m}_ratio") for r in rows] for m in modes},
+        "one decoder layer: torch / gemmlab per mode (> 1: gemmlab faster)",
+        "torch time / gemmlab time",
+    )
+    return (
+        _meta(f.data["env"])
+        + figure(chart, f"{f.path} ratio", "eager, CUDA graph and compile side by side")
+        + "".join(table_html(t, f.path) for t in model.tables(f.data))
+    )
 
 
 def _whole_model(f: Found, _all) -> str:
@@ -220,11 +267,20 @@ def _whole_model(f: Found, _all) -> str:
 
     rows = model_view.rows(f.data)
     cats = [f"{r['model']} {r['phase']} {r['label']} {r['mode']}" for r in rows]
-    chart = svg.bars(cats, {"gemmlab vs torch": [r["gemmlab_vs_torch"] for r in rows],
-                            "gemmlab vs Liger": [r["gemmlab_vs_liger"] for r in rows]},
-                     "whole models: tokens/s ratio (> 1: gemmlab faster)", "other time / gemmlab time")
-    return (_meta(f.data.get("env")) + figure(chart, f"{f.path} ratio", "prefill, decode, train; per mode")
-            + "".join(table_html(t, f.path) for t in model_view.tables(f.data)))
+    chart = svg.bars(
+        cats,
+        {
+            "gemmlab vs torch": [r["gemmlab_vs_torch"] for r in rows],
+            "gemmlab vs Liger": [r["gemmlab_vs_liger"] for r in rows],
+        },
+        "whole models: tokens/s ratio (> 1: gemmlab faster)",
+        "other time / gemmlab time",
+    )
+    return (
+        _meta(f.data.get("env"))
+        + figure(chart, f"{f.path} ratio", "prefill, decode, train; per mode")
+        + "".join(table_html(t, f.path) for t in model_view.tables(f.data))
+    )
 
 
 def _tables_of(module: str, name: str = "tables"):
@@ -233,6 +289,7 @@ def _tables_of(module: str, name: str = "tables"):
 
         mod = importlib.import_module(module)
         return _meta(f.data.get("env")) + "".join(table_html(t, f.path) for t in getattr(mod, name)(f.data))
+
     return render
 
 
@@ -241,13 +298,20 @@ def _tune(f: Found, _all) -> str:
 
     res = f.data["results"]
     conf = [r["confirm"] for r in res]
-    chart = svg.bars(["x".join(map(str, r["shape"]))[:22] for r in res],
-                     {"default vs baseline": [view.vs_baseline(c, "default").get("ratio") for c in conf],
-                      "tuned vs baseline": [view.vs_baseline(c, "tuned").get("ratio") for c in conf]},
-                     f"tune session {f.data['session']}: default and tuned config against the baseline",
-                     "baseline time / time")
-    return (_meta(f.data.get("env")) + figure(chart, f"{f.path} ratio", "")
-            + "".join(table_html(t, f.path) for t in view.tables(f.data)))
+    chart = svg.bars(
+        ["x".join(map(str, r["shape"]))[:22] for r in res],
+        {
+            "default vs baseline": [view.vs_baseline(c, "default").get("ratio") for c in conf],
+            "tuned vs baseline": [view.vs_baseline(c, "tuned").get("ratio") for c in conf],
+        },
+        f"tune session {f.data['session']}: default and tuned config against the baseline",
+        "baseline time / time",
+    )
+    return (
+        _meta(f.data.get("env"))
+        + figure(chart, f"{f.path} ratio", "")
+        + "".join(table_html(t, f.path) for t in view.tables(f.data))
+    )
 
 
 def _grade(f: Found, _all) -> str:
@@ -255,8 +319,11 @@ def _grade(f: Found, _all) -> str:
 
     rep = f.data
     badge = f'<span class="badge {"pass" if rep["verdict"] == "PASS" else "fail"}">{escape(rep["verdict"])}</span>'
-    return (f"<p>{badge} {escape(view.summary_line(rep))}</p>" + _meta(rep["env"])
-            + "".join(table_html(t, f.path) for t in view.tables(rep)))
+    return (
+        f"<p>{badge} {escape(view.summary_line(rep))}</p>"
+        + _meta(rep["env"])
+        + "".join(table_html(t, f.path) for t in view.tables(rep))
+    )
 
 
 def _profile(f: Found, found: list[Found]) -> str:
@@ -270,7 +337,8 @@ def _profile(f: Found, found: list[Found]) -> str:
         for p in probe.roofline(prof, g.data)["points"]:
             points.setdefault(f"{p['backend']} ({mode(g.data)})", []).append((p["intensity"], p["tflops"]))
     return _roofline_chart(probe.roofline(prof, {"results": []}), points, f.path) + "".join(
-        table_html(t, f.path) for t in probe.tables(prof))
+        table_html(t, f.path) for t in probe.tables(prof)
+    )
 
 
 def _roofline_chart(data: dict, points: dict, path: str) -> str:
@@ -278,10 +346,19 @@ def _roofline_chart(data: dict, points: dict, path: str) -> str:
     xs = [2.0 ** (i / 2) for i in range(0, 29)]
     lines = {f"measured ceiling: {bw:.0f} GB/s, {peak:.0f} TFLOPS": [(x, min(peak, bw * x / 1e3)) for x in xs]}
     if data.get("nominal_tflops"):
-        lines[f"nominal peak {data['nominal_tflops']:.0f} TFLOPS"] = [(xs[0], data["nominal_tflops"]),
-                                                                      (xs[-1], data["nominal_tflops"])]
-    chart = svg.xy(points, f"roofline of {data['gpu']} ({str(data['profile_date'])[:10]})",
-                   "arithmetic intensity (FLOP / byte of A, B, C)", "TFLOPS", logx=True, logy=True, lines=lines)
+        lines[f"nominal peak {data['nominal_tflops']:.0f} TFLOPS"] = [
+            (xs[0], data["nominal_tflops"]),
+            (xs[-1], data["nominal_tflops"]),
+        ]
+    chart = svg.xy(
+        points,
+        f"roofline of {data['gpu']} ({str(data['profile_date'])[:10]})",
+        "arithmetic intensity (FLOP / byte of A, B, C)",
+        "TFLOPS",
+        logx=True,
+        logy=True,
+        lines=lines,
+    )
     return figure(chart, f"{path} roofline", "each (shape, backend) of the bench gemm reports of this GPU")
 
 
@@ -313,38 +390,66 @@ def _ledger(f: Found, _all, curves: int = 2) -> str:
         acc = [(i, e["median_ms"]) for i, e in enumerate(es) if e.get("decision") == "accepted" and e.get("median_ms")]
         rej = [(i, e["median_ms"]) for i, e in enumerate(es) if e.get("decision") != "accepted" and e.get("median_ms")]
         if len(acc) + len(rej) < 2:  # one point is no history: its value, said
-            out.append(f'<p class="note">{escape(key)}: {len(es)} attempt(s), ' + (
-                f"one timed: {(acc or rej)[0][1]:.4g} ms ({'accepted' if acc else 'rejected'}); no history to draw"
-                if acc or rej else "none timed") + "</p>")
+            out.append(
+                f'<p class="note">{escape(key)}: {len(es)} attempt(s), '
+                + (
+                    f"one timed: {(acc or rej)[0][1]:.4g} ms ({'accepted' if acc else 'rejected'}); no history to draw"
+                    if acc or rej
+                    else "none timed"
+                )
+                + "</p>"
+            )
             continue
-        chart = svg.xy({"accepted": acc, "rejected": rej}, f"{key}: accepted versions and rejected attempts",
-                       "attempt (ledger order)", "median latency (ms)", joined=("accepted",))
+        chart = svg.xy(
+            {"accepted": acc, "rejected": rej},
+            f"{key}: accepted versions and rejected attempts",
+            "attempt (ledger order)",
+            "median latency (ms)",
+            joined=("accepted",),
+        )
         out.append(figure(chart, f"{f.path} {key}", f"{len(es)} attempts, {len(acc)} accepted"))
     return "".join(out) + table_html(view.summary_table(entries, f"{len(entries)} entries by shape"), f.path)
 
 
 def _legacy(f: Found, _all) -> str:
     drawn = legacy.DRAW[f.kind](f.data, f.path)
-    return ((_meta(drawn.env) if drawn.env else "") + "".join(figure(c, name, cap) for c, name, cap in drawn.charts)
-            + "".join(table_html(t, f.path) for t in drawn.tables))
+    return (
+        (_meta(drawn.env) if drawn.env else "")
+        + "".join(figure(c, name, cap) for c, name, cap in drawn.charts)
+        + "".join(table_html(t, f.path) for t in drawn.tables)
+    )
 
 
-RENDER = {"gemm-bench": _gemm, "moe-bench": _moe, "moe-liger-bench": _liger, "model-bench": _model,
-          "whole-model-bench": _whole_model, "tune": _tune,
-          "grade": _grade,
-          "device-profile": _profile, "roofline": _roofline, "device-health": _health, "ledger": _ledger,
-          "table": _tables_of("gemmlab.bench.table"), "stable-bench": _tables_of("gemmlab.bench.stable"),
-          "check": _tables_of("gemmlab.bench.check"), "moe-ep-bench": _tables_of("gemmlab.bench.moe_ep"),
-          "ncu-profile": _tables_of("gemmlab.instruments.ncu_view"),
-          "profile-diff": _tables_of("gemmlab.instruments.ncu_view"), **dict.fromkeys(legacy.DRAW, _legacy)}
+RENDER = {
+    "gemm-bench": _gemm,
+    "moe-bench": _moe,
+    "moe-liger-bench": _liger,
+    "model-bench": _model,
+    "whole-model-bench": _whole_model,
+    "tune": _tune,
+    "grade": _grade,
+    "device-profile": _profile,
+    "roofline": _roofline,
+    "device-health": _health,
+    "ledger": _ledger,
+    "table": _tables_of("gemmlab.bench.table"),
+    "stable-bench": _tables_of("gemmlab.bench.stable"),
+    "check": _tables_of("gemmlab.bench.check"),
+    "moe-ep-bench": _tables_of("gemmlab.bench.moe_ep"),
+    "ncu-profile": _tables_of("gemmlab.instruments.ncu_view"),
+    "profile-diff": _tables_of("gemmlab.instruments.ncu_view"),
+    **dict.fromkeys(legacy.DRAW, _legacy),
+}
 
 
 def _render(f: Found, found: list[Found]) -> str:
     try:
         body = RENDER[f.kind](f, found)
     except Exception as e:  # a report of an older or foreign layout: said in its place, the page goes on
-        body = f'<p class="note bad">could not draw this {escape(f.kind)} report: {escape(type(e).__name__)}: ' \
-               f'{escape(str(e))}</p>'
+        body = (
+            f'<p class="note bad">could not draw this {escape(f.kind)} report: {escape(type(e).__name__)}: '
+            f"{escape(str(e))}</p>"
+        )
     return f'<h3 id="{escape(f.path)}">{escape(f.path)}</h3><div class="item">{body}</div>'
 
 
@@ -380,8 +485,10 @@ def build(paths, extra=()) -> tuple[str, list[Found]]:
             nav.append(f'<a href="#{key}">{escape(title)}</a>')
             parts.append(f'<h2 id="{key}">{escape(title)}</h2>{body}')
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>gemmlab report</title>'
-            f'<style>{CSS}</style></head><body><h1>gemmlab report</h1><p class="meta">{len(found)} file(s) from '
-            f'{escape(", ".join(map(str, paths)))}; generated {now} by gemmlab {escape(provenance.version())}</p>'
-            f'<nav>{"".join(nav)}</nav>{"".join(parts)}{LAYOUT_JS}</body></html>')
+    page = (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>gemmlab report</title>'
+        f'<style>{CSS}</style></head><body><h1>gemmlab report</h1><p class="meta">{len(found)} file(s) from '
+        f"{escape(', '.join(map(str, paths)))}; generated {now} by gemmlab {escape(provenance.version())}</p>"
+        f"<nav>{''.join(nav)}</nav>{''.join(parts)}{LAYOUT_JS}</body></html>"
+    )
     return page, found

@@ -16,8 +16,7 @@ import math
 from dataclasses import dataclass
 from html import escape
 
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-          "#17becf")
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 W, PLOT_H, LEFT, RIGHT = 760, 200, 64, 16  # the default box; bars may grow it
 TICK_FONT, SLANT = 9, 45  # bar labels: font size, degrees below the horizontal
 BOLD = 0.75  # em a character of the bold title
@@ -34,7 +33,7 @@ def text_width(s: str, size: float) -> float:
 
 def _ticks(lo: float, hi: float, log: bool) -> list[float]:
     if log:
-        return [10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)]
+        return [10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)]
     step = 10 ** (math.floor(math.log10((hi - lo) or 1.0)) - 1)  # the finest of 1, 2, 5, 10 that gives <= 6 steps
     for mult in (1, 2, 5, 10, 20, 50, 100):
         if (hi - lo) / (step * mult) <= 6:
@@ -54,11 +53,11 @@ def ylabel_lines(label: str, span: float) -> list[str]:
     fits = int(span / text_width("x", 11))
     if not label or len(label) <= fits:
         return [label] if label else []
-    spaces = [i for i, c in enumerate(label) if c == " " and label[i + 1:i + 2] not in ("/", ")", ",", ";")]
+    spaces = [i for i, c in enumerate(label) if c == " " and label[i + 1 : i + 2] not in ("/", ")", ",", ";")]
     if not spaces:
         return [_shorten(label, fits)]
     cut = min(spaces, key=lambda i: abs(i - len(label) / 2))
-    return [_shorten(label[:cut], fits), _shorten(label[cut + 1:], fits)]
+    return [_shorten(label[:cut], fits), _shorten(label[cut + 1 :], fits)]
 
 
 def _left(ylabel: str, span: float) -> float:
@@ -67,7 +66,7 @@ def _left(ylabel: str, span: float) -> float:
 
 
 def _shorten(s: str, n: int = MAX_LABEL) -> str:
-    return s if len(s) <= n else s[: n // 2 - 1] + "…" + s[-(n - n // 2):]
+    return s if len(s) <= n else s[: n // 2 - 1] + "…" + s[-(n - n // 2) :]
 
 
 def short_labels(categories: list[str]) -> tuple[list[str], str]:
@@ -132,44 +131,72 @@ class _Axis:
         return self.a + (v - self.lo) / (self.hi - self.lo) * (self.b - self.a)
 
 
-def _text(cls: str, x: float, y: float, s: str, size: float, anchor: str = "middle", extra: str = "",
-          full: str | None = None) -> str:
+def _text(
+    cls: str, x: float, y: float, s: str, size: float, anchor: str = "middle", extra: str = "", full: str | None = None
+) -> str:
     tip = f"<title>{escape(full)}</title>" if full and full != s else ""
-    return (f'<text class="{cls}" x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}"{extra}>'
-            f'{tip}{escape(s)}</text>')
+    return (
+        f'<text class="{cls}" x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}"{extra}>'
+        f"{tip}{escape(s)}</text>"
+    )
 
 
-def _frame(box: Box, title: str, subtitle: str, ylabel: str, xlabel: str, y: _Axis, yticks: list[float],
-           body: list[str], legend: list[tuple[str, str]]) -> str:
+def _frame(
+    box: Box,
+    title: str,
+    subtitle: str,
+    ylabel: str,
+    xlabel: str,
+    y: _Axis,
+    yticks: list[float],
+    body: list[str],
+    legend: list[tuple[str, str]],
+) -> str:
     mid = (box.top + box.base) / 2
     title_size = max(9.0, min(13.0, (box.w - 20) / (BOLD * max(len(title), 1))))
     shown = _shorten(title, int((box.w - 20) / (BOLD * title_size)))
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{box.w:.0f}" height="{box.h:.0f}" '
-           f'viewBox="0 0 {box.w:.0f} {box.h:.0f}" role="img"><title>{escape(title)}</title>',
-           f'<rect x="0" y="0" width="{box.w:.0f}" height="{box.h:.0f}" fill="#ffffff"/>',
-           _text("title", box.w / 2, 18, shown, round(title_size, 1), extra=' font-weight="bold"', full=title)]
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{box.w:.0f}" height="{box.h:.0f}" '
+        f'viewBox="0 0 {box.w:.0f} {box.h:.0f}" role="img"><title>{escape(title)}</title>',
+        f'<rect x="0" y="0" width="{box.w:.0f}" height="{box.h:.0f}" fill="#ffffff"/>',
+        _text("title", box.w / 2, 18, shown, round(title_size, 1), extra=' font-weight="bold"', full=title),
+    ]
     for i, line in enumerate(ylabel_lines(ylabel, box.base - box.top)):
         x = 14 + i * YLINE
         out.append(_text("ylabel", x, mid, line, 11, extra=f' transform="rotate(-90 {x} {mid:.1f})"', full=ylabel))
     if subtitle:
-        out.append(_text("subtitle", box.w / 2, 33, _shorten("every bar: " + subtitle, int((box.w - 20) / 6.5)),
-                         10, full="every bar: " + subtitle))
+        out.append(
+            _text(
+                "subtitle",
+                box.w / 2,
+                33,
+                _shorten("every bar: " + subtitle, int((box.w - 20) / 6.5)),
+                10,
+                full="every bar: " + subtitle,
+            )
+        )
     if xlabel:
         out.append(_text("xlabel", (box.left + box.right) / 2, box.h - 6, xlabel, 11))
     for t in yticks:
         py = y(t)
         if box.top - 0.5 <= py <= box.base + 0.5:
-            out.append(f'<line x1="{box.left}" x2="{box.right}" y1="{py:.1f}" y2="{py:.1f}" stroke="#e4e4e4"/>'
-                       + _text("ytick", box.left - 4, py + 3.5, _fmt(t), 10, "end"))
+            out.append(
+                f'<line x1="{box.left}" x2="{box.right}" y1="{py:.1f}" y2="{py:.1f}" stroke="#e4e4e4"/>'
+                + _text("ytick", box.left - 4, py + 3.5, _fmt(t), 10, "end")
+            )
     out += body
-    out.append(f'<rect class="frame" x="{box.left}" y="{box.top}" width="{box.right - box.left}" '
-               f'height="{box.base - box.top}" fill="none" stroke="#333"/>')
+    out.append(
+        f'<rect class="frame" x="{box.left}" y="{box.top}" width="{box.right - box.left}" '
+        f'height="{box.base - box.top}" fill="none" stroke="#333"/>'
+    )
     per_row, col = _legend_layout([n for n, _ in legend], box.w, box.left)
     y0 = 26 + (14 if subtitle else 0)
     for i, (name, color) in enumerate(legend):
         lx, ly = box.left + 8 + (i % per_row) * col, y0 + (i // per_row) * 14
-        out.append(f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="{color}"/>'
-                   + _text("legend", lx + 14, ly + 9, name, 10, "start"))
+        out.append(
+            f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="{color}"/>'
+            + _text("legend", lx + 14, ly + 9, name, 10, "start")
+        )
     return "".join(out) + "</svg>"
 
 
@@ -182,8 +209,7 @@ def _bar_box(labels: list[str], legend: list[str], subtitle: bool, ylabel: str =
     left = least = _left(ylabel, PLOT_H)
     for _ in range(2):  # the first labels reach left of the plot: the margin holds them (width depends on it)
         width = max((W - left - RIGHT) / n, pitch)
-        left = max(least, max(ln * cos + 1.2 * TICK_FONT * sin - (i + 0.5) * width + 4
-                              for i, ln in enumerate(lengths)))
+        left = max(least, max(ln * cos + 1.2 * TICK_FONT * sin - (i + 0.5) * width + 4 for i, ln in enumerate(lengths)))
     w = left + RIGHT + width * n
     bottom = 12 + max(lengths) * sin + TICK_FONT * cos + 8
     top = _top(legend, w, left, subtitle)
@@ -212,16 +238,30 @@ def bars(categories: list[str], series: dict[str, list], title: str, ylabel: str
                 continue
             x, top, end = box.left + i * width + 0.1 * width + j * bar, y(max(v, 0.0)), y(min(v, 0.0))
             top = min(top, end - 0.5)  # a zero still shows, standing on the axis
-            body.append(f'<rect class="mark" x="{x:.1f}" y="{top:.1f}" width="{max(bar - 1, 1):.1f}" '
-                        f'height="{end - top:.1f}" fill="{COLORS[j % len(COLORS)]}">'
-                        f'<title>{escape(name)} {escape(str(categories[i]))}: {v:.4g}</title></rect>')
+            body.append(
+                f'<rect class="mark" x="{x:.1f}" y="{top:.1f}" width="{max(bar - 1, 1):.1f}" '
+                f'height="{end - top:.1f}" fill="{COLORS[j % len(COLORS)]}">'
+                f"<title>{escape(name)} {escape(str(categories[i]))}: {v:.4g}</title></rect>"
+            )
     if ref is not None:
-        body.append(f'<line x1="{box.left}" x2="{box.right}" y1="{y(ref):.1f}" y2="{y(ref):.1f}" stroke="#444" '
-                    f'stroke-dasharray="5,4"/>')
+        body.append(
+            f'<line x1="{box.left}" x2="{box.right}" y1="{y(ref):.1f}" y2="{y(ref):.1f}" stroke="#444" '
+            f'stroke-dasharray="5,4"/>'
+        )
     for i, label in enumerate(labels):
         cx, ty = box.left + (i + 0.5) * width, box.base + 12
-        body.append(_text("xtick", cx, ty, label, TICK_FONT, "end", f' transform="rotate(-{SLANT} {cx:.1f} {ty:.1f})"',
-                          full=str(categories[i])))
+        body.append(
+            _text(
+                "xtick",
+                cx,
+                ty,
+                label,
+                TICK_FONT,
+                "end",
+                f' transform="rotate(-{SLANT} {cx:.1f} {ty:.1f})"',
+                full=str(categories[i]),
+            )
+        )
     legend = [(name, COLORS[j % len(COLORS)]) for j, name in enumerate(series)]
     return _frame(box, title, common, ylabel, "", y, _ticks(lo, hi, False), body, legend)
 
@@ -233,8 +273,10 @@ def hbars(categories: list[str], series: dict[str, list], title: str, xlabel: st
     if not vals:
         return ""
     first = next(iter(series.values()))
-    order = sorted(range(len(categories)), key=lambda i: (first[i] is None or not math.isfinite(first[i]),
-                                                          first[i] if first[i] is not None else 0.0))
+    order = sorted(
+        range(len(categories)),
+        key=lambda i: (first[i] is None or not math.isfinite(first[i]), first[i] if first[i] is not None else 0.0),
+    )
     labels, common = short_labels([str(categories[i]) for i in order])
     group = max(TICK_FONT + 5, 5 * len(series) + 6)  # a row: the label's line, or the bars of every series
     left = max(LEFT, max(text_width(s, TICK_FONT) for s in labels) + 10)
@@ -249,8 +291,10 @@ def hbars(categories: list[str], series: dict[str, list], title: str, xlabel: st
     for t in _ticks(lo, hi, False):
         px = x(t)
         if box.left - 0.5 <= px <= box.right + 0.5:
-            body.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{box.top}" y2="{box.base}" stroke="#e4e4e4"/>'
-                        + _text("xtick", px, box.base + 14, _fmt(t), 10))
+            body.append(
+                f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{box.top}" y2="{box.base}" stroke="#e4e4e4"/>'
+                + _text("xtick", px, box.base + 14, _fmt(t), 10)
+            )
     for row, i in enumerate(order):
         for j, (name, vs) in enumerate(series.items()):
             v = vs[i]
@@ -258,30 +302,55 @@ def hbars(categories: list[str], series: dict[str, list], title: str, xlabel: st
                 continue
             y0, start, end = box.top + row * group + 0.1 * group + j * bar, x(min(v, 0.0)), x(max(v, 0.0))
             end = max(end, start + 0.5)  # a zero still shows
-            body.append(f'<rect class="mark" x="{start:.1f}" y="{y0:.1f}" width="{end - start:.1f}" '
-                        f'height="{max(bar - 1, 1):.1f}" fill="{COLORS[j % len(COLORS)]}">'
-                        f'<title>{escape(name)} {escape(str(categories[i]))}: {v:.4g}</title></rect>')
-        body.append(_text("ytick", box.left - 4, box.top + (row + 0.5) * group + 3, labels[row], TICK_FONT, "end",
-                          full=str(categories[i])))
+            body.append(
+                f'<rect class="mark" x="{start:.1f}" y="{y0:.1f}" width="{end - start:.1f}" '
+                f'height="{max(bar - 1, 1):.1f}" fill="{COLORS[j % len(COLORS)]}">'
+                f"<title>{escape(name)} {escape(str(categories[i]))}: {v:.4g}</title></rect>"
+            )
+        body.append(
+            _text(
+                "ytick",
+                box.left - 4,
+                box.top + (row + 0.5) * group + 3,
+                labels[row],
+                TICK_FONT,
+                "end",
+                full=str(categories[i]),
+            )
+        )
     if ref is not None:
-        body.append(f'<line x1="{x(ref):.1f}" x2="{x(ref):.1f}" y1="{box.top}" y2="{box.base}" stroke="#444" '
-                    f'stroke-dasharray="5,4"/>')
+        body.append(
+            f'<line x1="{x(ref):.1f}" x2="{x(ref):.1f}" y1="{box.top}" y2="{box.base}" stroke="#444" '
+            f'stroke-dasharray="5,4"/>'
+        )
     note = f"{xlabel}; rows sorted by {next(iter(series))}, lowest first"
     legend = [(name, COLORS[j % len(COLORS)]) for j, name in enumerate(series)]
     room = int((box.w - box.left + RIGHT - 10) / text_width("x", 11))  # the x label is centred under the plot
     return _frame(box, title, common, "", _shorten(note, room), x, [], body, legend)
 
 
-def xy(series: dict[str, list[tuple[float, float]]], title: str, xlabel: str, ylabel: str, *, logx: bool = False,
-       logy: bool = False, lines: dict[str, list[tuple[float, float]]] | None = None,
-       joined: tuple[str, ...] = ()) -> str:
+def xy(
+    series: dict[str, list[tuple[float, float]]],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    *,
+    logx: bool = False,
+    logy: bool = False,
+    lines: dict[str, list[tuple[float, float]]] | None = None,
+    joined: tuple[str, ...] = (),
+) -> str:
     """Marks per series (``joined`` ones also drawn as a line); ``lines``: reference curves (black, dashed); a log
     axis says so in its label. "" if no series has a point."""
     lines = lines or {}
     if not any(x is not None and y is not None for s in series.values() for x, y in s):
         return ""
-    pts = [(x, y) for s in (*series.values(), *lines.values()) for x, y in s
-           if x is not None and y is not None and (not logx or x > 0) and (not logy or y > 0)]
+    pts = [
+        (x, y)
+        for s in (*series.values(), *lines.values())
+        for x, y in s
+        if x is not None and y is not None and (not logx or x > 0) and (not logy or y > 0)
+    ]
     if not pts:
         pts = [(1.0, 1.0)]
     names = list(series) + list(lines)
@@ -297,23 +366,36 @@ def xy(series: dict[str, list[tuple[float, float]]], title: str, xlabel: str, yl
     for k, (name, curve) in enumerate(lines.items()):
         d = " ".join(f"{xa(x):.1f},{ya(y):.1f}" for x, y in curve)
         style = 'stroke="#000"' if k == 0 else 'stroke="#888" stroke-dasharray="6,4"'
-        body.append(f'<polyline points="{d}" fill="none" {style} stroke-width="1.5"><title>{escape(name)}</title>'
-                    f'</polyline>')
+        body.append(
+            f'<polyline points="{d}" fill="none" {style} stroke-width="1.5"><title>{escape(name)}</title></polyline>'
+        )
     for j, (name, s) in enumerate(series.items()):
         color = COLORS[j % len(COLORS)]
-        good = [(x, y) for x, y in s if x is not None and y is not None and (not logx or x > 0) and
-                (not logy or y > 0)]
+        good = [(x, y) for x, y in s if x is not None and y is not None and (not logx or x > 0) and (not logy or y > 0)]
         if name in joined and len(good) > 1:
-            body.append(f'<polyline points="{" ".join(f"{xa(x):.1f},{ya(y):.1f}" for x, y in good)}" fill="none" '
-                        f'stroke="{color}" stroke-width="1.5"/>')
+            body.append(
+                f'<polyline points="{" ".join(f"{xa(x):.1f},{ya(y):.1f}" for x, y in good)}" fill="none" '
+                f'stroke="{color}" stroke-width="1.5"/>'
+            )
         for x, y in good:
-            body.append(f'<circle class="mark" cx="{xa(x):.1f}" cy="{ya(y):.1f}" r="4" fill="{color}" '
-                        f'fill-opacity="0.85"><title>{escape(name)}: ({x:.4g}, {y:.4g})</title></circle>')
+            body.append(
+                f'<circle class="mark" cx="{xa(x):.1f}" cy="{ya(y):.1f}" r="4" fill="{color}" '
+                f'fill-opacity="0.85"><title>{escape(name)}: ({x:.4g}, {y:.4g})</title></circle>'
+            )
     for t in _ticks(min(xs), max(xs), logx):
         px = xa(t)
         if box.left <= px <= box.right:
             body.append(_text("xtick", px, box.base + 14, _fmt(t), 10))
     legend = [(name, COLORS[j % len(COLORS)]) for j, name in enumerate(series)]
     legend += [(n, "#000" if k == 0 else "#888") for k, n in enumerate(lines)]  # as the curves are drawn
-    return _frame(box, title, "", ylabel + (" (log scale)" if logy else ""), xlabel + (" (log scale)" if logx else ""),
-                  ya, _ticks(ylo, yhi, logy), body, legend)
+    return _frame(
+        box,
+        title,
+        "",
+        ylabel + (" (log scale)" if logy else ""),
+        xlabel + (" (log scale)" if logx else ""),
+        ya,
+        _ticks(ylo, yhi, logy),
+        body,
+        legend,
+    )

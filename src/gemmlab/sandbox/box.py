@@ -97,8 +97,17 @@ class CandidateError(RuntimeError):
 
 
 class Sandbox:
-    def __init__(self, spec: str | None, signature: str, layout: str, timeout: float, interpret: bool,
-                 log_dir: str | None = None, extra_env: dict[str, str] | None = None, name: str = "candidate"):
+    def __init__(
+        self,
+        spec: str | None,
+        signature: str,
+        layout: str,
+        timeout: float,
+        interpret: bool,
+        log_dir: str | None = None,
+        extra_env: dict[str, str] | None = None,
+        name: str = "candidate",
+    ):
         target, sep, fn = (spec or "").rpartition(":")
         if target.endswith(".py"):  # the child runs in its own directory
             spec = f"{Path(target).resolve()}{sep}{fn}"
@@ -155,25 +164,51 @@ class Sandbox:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.scratch.mkdir(exist_ok=True)
         extra = [d for d in os.environ.get("GEMMLAB_SANDBOX_WRITABLE", "").split(os.pathsep) if d]  # for tests
-        env = child_env(self.interpret, {"TMPDIR": str(self.scratch), **(self.extra_env or {}),
-                                         **({"TRITON_CACHE_DIR": self.triton_cache} if self.triton_cache else {}),
-                                         **({"HOME": str(self.scratch)} if self.iso.uid is not None else {})})
+        env = child_env(
+            self.interpret,
+            {
+                "TMPDIR": str(self.scratch),
+                **(self.extra_env or {}),
+                **({"TRITON_CACHE_DIR": self.triton_cache} if self.triton_cache else {}),
+                **({"HOME": str(self.scratch)} if self.iso.uid is not None else {}),
+            },
+        )
         self.iso.grant(self.log_dir, self.scratch, extra, env)
         args = [str(theirs.fileno())] + self.iso.keeper_args(
-            [str(self.scratch), *extra], self.freezer.procs_file if self.freezer else None, appended(env))
+            [str(self.scratch), *extra], self.freezer.procs_file if self.freezer else None, appended(env)
+        )
         # O_NONBLOCK | O_NOFOLLOW: a FIFO or symlink a child planted at the log's name fails the start, never blocks it
-        with open(os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                          | os.O_CLOEXEC, 0o600), "ab") as log:
+        with open(
+            os.open(
+                self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600
+            ),
+            "ab",
+        ) as log:
             self.proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).with_name("keeper.py")), *args], pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.scratch, start_new_session=True, env=env)
+                [sys.executable, str(Path(__file__).with_name("keeper.py")), *args],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=self.scratch,
+                start_new_session=True,
+                env=env,
+            )
         theirs.close()
         _OWN_CHILDREN.add(self.proc.pid)
         _LIVE.add(self)
         self.starts += 1
         self.sock = mine
-        wire.send(mine, {"spec": self.spec, "signature": self.signature, "layout": self.layout,
-                         "interpret": self.interpret, "sys_path": list(sys.path)})
+        wire.send(
+            mine,
+            {
+                "spec": self.spec,
+                "signature": self.signature,
+                "layout": self.layout,
+                "interpret": self.interpret,
+                "sys_path": list(sys.path),
+            },
+        )
         self._hello_by = time.monotonic() + self.timeout
 
     def request(self, op: str, timeout: float | None = None, **req) -> dict:
@@ -191,8 +226,10 @@ class Sandbox:
             self._fail(f"the {self.name}'s process is gone ({type(e).__name__}: {e}){self.log_tail()}")
         reply = self._recv(timeout or self.timeout, op, req, op)
         if self.proc.poll() is not None:  # the keeper died: something in the sandbox killed it
-            self._fail(f"the sandbox's keeper process died (exit status {self.proc.returncode}): the candidate "
-                       "killed its parent")
+            self._fail(
+                f"the sandbox's keeper process died (exit status {self.proc.returncode}): the candidate "
+                "killed its parent"
+            )
         if "error" in reply:
             raise CandidateError(reply["error"])
         return reply
@@ -215,12 +252,14 @@ class Sandbox:
         try:
             raw, _ = wire.recv(self.sock, timeout, MAX_REPLY_BYTES)
         except TimeoutError:
-            self._fail(f"no answer within {timeout:g} s ({what}; time limit); the {self.name}'s processes were "
-                       "killed")
+            self._fail(f"no answer within {timeout:g} s ({what}; time limit); the {self.name}'s processes were killed")
         except (EOFError, OSError) as e:
             code = self.proc.poll()
-            self._fail(f"{self.name} process died (keeper exit status {code}; e.g. an illegal memory access or a "
-                       f"crash){self.log_tail()}", e)
+            self._fail(
+                f"{self.name} process died (keeper exit status {code}; e.g. an illegal memory access or a "
+                f"crash){self.log_tail()}",
+                e,
+            )
         except wire.WireError as e:
             self._fail(f"the {self.name} sent {e} ({what})", e)
         try:
@@ -247,8 +286,11 @@ class Sandbox:
         """Every live process the child started (see the module docstring); empty before start."""
         if self.proc is None:
             return set()
-        return contain.members(self.proc.pid, self.freezer.pids() if self.freezer is not None else set(),
-                               None if self.trusted else _OWN_CHILDREN)
+        return contain.members(
+            self.proc.pid,
+            self.freezer.pids() if self.freezer is not None else set(),
+            None if self.trusted else _OWN_CHILDREN,
+        )
 
     def cpu_ns(self) -> int:
         """CPU time used so far by the sandbox's processes, exited ones included (``hold.cpu_ns``)."""
@@ -266,13 +308,17 @@ class Sandbox:
                 self.freezer = None  # removed under us: signals from here on
         members, loose = hold.stop_all(self.members, self.freezer, time.monotonic() + FREEZE_S)
         if loose:
-            self._fail(f"the {self.name}'s processes could not all be stopped within {FREEZE_S:g} s "
-                       f"({len(loose)} still running: a fork storm?)")
+            self._fail(
+                f"the {self.name}'s processes could not all be stopped within {FREEZE_S:g} s "
+                f"({len(loose)} still running: a fork storm?)"
+            )
         self.frozen = True
         out = hold.outside(self.freezer, self.proc.pid, members)
         if out:
-            self._fail(f"the {self.name}'s processes {out[:5]} left its cgroup: its CPU time and its freeze are not "
-                       "the cgroup's")
+            self._fail(
+                f"the {self.name}'s processes {out[:5]} left its cgroup: its CPU time and its freeze are not "
+                "the cgroup's"
+            )
         contain.reap({p for p in members if contain.state(p) == "Z" and p not in _OWN_CHILDREN}, wait_s=0)
         self._seen = contain.sched_seen(members - {self.proc.pid} if self.proc.poll() is not None else members)
         raised = self.sched.raised(self._seen)
@@ -290,8 +336,10 @@ class Sandbox:
         its processes, when just scanned)."""
         used = hold.cpu_ns(self.freezer, self.members() if members is None else members) - before
         if used > hold.FROZEN_CPU_NS:
-            self._fail(f"the {self.name}'s processes used {used / 1e6:.3g} ms of CPU while frozen, {when}: a process "
-                       "of it escaped the freeze")
+            self._fail(
+                f"the {self.name}'s processes used {used / 1e6:.3g} ms of CPU while frozen, {when}: a process "
+                "of it escaped the freeze"
+            )
 
     def thaw(self, wait_s: float = 1.0) -> None:
         """``ready``, ``wake``, then ``running``: every process woken and none left stopped (outside a timed window)."""
@@ -323,14 +371,19 @@ class Sandbox:
         """Fail where the scheduling of ``now`` changed since the last freeze (never frozen yet: against the
         owner's, autogroup aside: a new session's starts at nice 0 and is restored, not checked), or where a trusted
         sandbox's autogroup is not the owner's; then give ``restore``'s processes the owner's scheduling."""
-        before = self._seen if self._seen is not None else {
-            t: (self.sched.policy, self.sched.nice, self._cgroups, None) for t in now}
+        before = (
+            self._seen
+            if self._seen is not None
+            else {t: (self.sched.policy, self.sched.nice, self._cgroups, None) for t in now}
+        )
         if self._seen is not None:
             self._check_group(now)
         changed = contain.sched_changes(before, now) or (self.sched.restore(restore) if restore else [])
         if changed:
-            self._fail(f"the scheduling of the {self.name}'s processes was changed while it was held "
-                       f"({'; '.join(changed[:3])}): another process reached them")
+            self._fail(
+                f"the scheduling of the {self.name}'s processes was changed while it was held "
+                f"({'; '.join(changed[:3])}): another process reached them"
+            )
 
     def _check_group(self, seen: dict) -> None:
         """A trusted sandbox whose autogroup nice value is not the owner's fails (it never sets its own)."""
@@ -360,8 +413,10 @@ class Sandbox:
             if not stopped and not (self.freezer is not None and self.freezer.frozen()):
                 break
             if time.monotonic() > deadline:
-                self._fail(f"the {self.name}'s processes stay stopped after SIGCONT ({sorted(stopped)[:5]}: traced "
-                           "by another process?)")
+                self._fail(
+                    f"the {self.name}'s processes stay stopped after SIGCONT ({sorted(stopped)[:5]}: traced "
+                    "by another process?)"
+                )
             contain.signal_all(stopped, signal.SIGCONT)
             time.sleep(0.0005)
 

@@ -76,8 +76,11 @@ def scaled_mm_runs(device, per_row: bool, dtype, m: int, n: int) -> bool:
     if key not in _SCALED_MM_RUNS:
         rows, cols = (16 if x % 16 == 0 else 17 for x in (m, n))
         a, b = (torch.ones(r, 16, device=device).to(torch.float8_e4m3fn) for r in (rows, cols))
-        sa, sb = (torch.ones((rows, 1), device=device), torch.ones((1, cols), device=device)) if per_row else \
-            (torch.ones((), device=device), torch.ones((), device=device))
+        sa, sb = (
+            (torch.ones((rows, 1), device=device), torch.ones((1, cols), device=device))
+            if per_row
+            else (torch.ones((), device=device), torch.ones((), device=device))
+        )
         try:
             torch._scaled_mm(a, b.t(), sa, sb, out_dtype=dtype)
             _SCALED_MM_RUNS[key] = True
@@ -144,9 +147,16 @@ def _composite_fp8(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, out):
     out.copy_(moe_composite(x, dw1, dw2, topk_weights, topk_ids))
 
 
-BUILTINS = {"cublas": _cublas_colmajor, "cublas_rowmajor": _cublas_rowmajor, "composite": _composite,
-            "empty": _empty, "scaled_mm": scaled_mm_fp8, "gemmlab_fp8": _gemmlab_fp8,
-            "gemmlab_moe_fp8": _gemmlab_moe_fp8, "composite_fp8": _composite_fp8}
+BUILTINS = {
+    "cublas": _cublas_colmajor,
+    "cublas_rowmajor": _cublas_rowmajor,
+    "composite": _composite,
+    "empty": _empty,
+    "scaled_mm": scaled_mm_fp8,
+    "gemmlab_fp8": _gemmlab_fp8,
+    "gemmlab_moe_fp8": _gemmlab_moe_fp8,
+    "composite_fp8": _composite_fp8,
+}
 
 
 def load_kernel(spec: str | None, signature: str):
@@ -155,8 +165,12 @@ def load_kernel(spec: str | None, signature: str):
     if spec is None:
         import gemmlab
 
-        return {"colmajor": gemmlab.gemm_colmajor, "moe": gemmlab.moe_forward,
-                "fp8": _gemmlab_fp8, "moe_fp8": _gemmlab_moe_fp8}.get(signature, gemmlab.gemm)
+        return {
+            "colmajor": gemmlab.gemm_colmajor,
+            "moe": gemmlab.moe_forward,
+            "fp8": _gemmlab_fp8,
+            "moe_fp8": _gemmlab_moe_fp8,
+        }.get(signature, gemmlab.gemm)
     target, _, name = spec.rpartition(":")
     if not target or not name:
         raise ValueError(f"--kernel {spec!r}: expected FILE.py:FN or package.module:FN")

@@ -26,8 +26,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-POLICIES = {getattr(os, n): n for n in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR")
-            if hasattr(os, n)}
+POLICIES = {
+    getattr(os, n): n for n in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR") if hasattr(os, n)
+}
 RESET_ON_FORK = getattr(os, "SCHED_RESET_ON_FORK", 0x40000000)
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -42,7 +43,7 @@ def procs() -> dict[int, tuple[int, int]]:
             stat = Path(f"/proc/{d}/stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp session ...
         out[int(d)] = (int(fields[1]), int(fields[3]))
     return out
 
@@ -173,7 +174,7 @@ class Freezer:
                 own = _own(kind)
                 if own is None or not own.startswith(root):
                     continue
-                path = Path(point + own[len(root):].rstrip("/"), f"gemmlab-{tag}-{secrets.token_hex(4)}")
+                path = Path(point + own[len(root) :].rstrip("/"), f"gemmlab-{tag}-{secrets.token_hex(4)}")
                 try:
                     path.mkdir()
                 except OSError:
@@ -295,17 +296,23 @@ class Sched:
 
     @classmethod
     def of_owner(cls) -> Sched:
-        return cls(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0), frozenset(os.sched_getaffinity(0)),
-                   autogroup_nice(autogroup("self")))
+        return cls(
+            os.sched_getscheduler(0),
+            os.getpriority(os.PRIO_PROCESS, 0),
+            frozenset(os.sched_getaffinity(0)),
+            autogroup_nice(autogroup("self")),
+        )
 
     def raised(self, seen: dict[int, tuple]) -> list[str]:
         """Threads in ``seen`` that run at a higher priority than the owner (a real-time policy, a lower nice, a lower
         autogroup nice)."""
         rt = {getattr(os, n) for n in ("SCHED_FIFO", "SCHED_RR") if hasattr(os, n)}
-        low = (lambda g: self.group_nice is not None and g is not None and g < self.group_nice)
-        return [f"thread {t}: {_policy(pol)}, nice {nice}, autogroup nice {autogroup_nice(ag)}"
-                for t, (pol, nice, _, ag) in seen.items()
-                if (pol & ~RESET_ON_FORK) in rt or nice < self.nice or low(autogroup_nice(ag))]
+        low = lambda g: self.group_nice is not None and g is not None and g < self.group_nice
+        return [
+            f"thread {t}: {_policy(pol)}, nice {nice}, autogroup nice {autogroup_nice(ag)}"
+            for t, (pol, nice, _, ag) in seen.items()
+            if (pol & ~RESET_ON_FORK) in rt or nice < self.nice or low(autogroup_nice(ag))
+        ]
 
     def regrouped(self, seen: dict[int, tuple]) -> list[str]:
         """Threads in ``seen`` whose process's autogroup nice value is not the owner's: for a trusted sandbox, which
@@ -313,9 +320,11 @@ class Sched:
         hold the write)."""
         if self.group_nice is None:
             return []
-        return [f"thread {t}: autogroup nice {autogroup_nice(ag)} (the owner's: {self.group_nice})"
-                for t, (_, _, _, ag) in seen.items()
-                if autogroup_nice(ag) is not None and autogroup_nice(ag) != self.group_nice]
+        return [
+            f"thread {t}: autogroup nice {autogroup_nice(ag)} (the owner's: {self.group_nice})"
+            for t, (_, _, _, ag) in seen.items()
+            if autogroup_nice(ag) is not None and autogroup_nice(ag) != self.group_nice
+        ]
 
     def restore(self, pids) -> list[str]:
         """Give every thread of ``pids`` this policy, nice value and affinity, and every process the owner's autogroup
@@ -355,8 +364,12 @@ def sched_seen(pids) -> dict[int, tuple[int, int, str | None, str | None]]:
         group = None if zombie else autogroup(p)
         for t in threads(p):
             try:
-                out[t] = (os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t),
-                          None if zombie else Path(f"/proc/{p}/task/{t}/cgroup").read_text(), group)
+                out[t] = (
+                    os.sched_getscheduler(t),
+                    os.getpriority(os.PRIO_PROCESS, t),
+                    None if zombie else Path(f"/proc/{p}/task/{t}/cgroup").read_text(),
+                    group,
+                )
             except (ProcessLookupError, FileNotFoundError, PermissionError):
                 pass
     return out

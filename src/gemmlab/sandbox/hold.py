@@ -34,7 +34,7 @@ def _ticks(stat_path: str, fields: tuple[int, ...]) -> int:
     """The sum of ``fields`` (0: the state letter) of a /proc stat file after its "(comm)"; 0 when unreadable."""
     try:
         text = Path(stat_path).read_text()
-        rest = text[text.rfind(")") + 2:].split()
+        rest = text[text.rfind(")") + 2 :].split()
         return sum(int(rest[i]) for i in fields)
     except (OSError, ValueError, IndexError):
         return 0
@@ -79,8 +79,9 @@ def outside(freezer: contain.Freezer | None, keeper: int, members: set[int]) -> 
     """Live members (not zombies) outside the sandbox's cgroup, where its keeper got in; [] without a cgroup."""
     if freezer is None or not freezer.holds(keeper):
         return []
-    return sorted(p for p in members if contain.state(p, leader=True) not in ("Z", "X", "")
-                  and freezer.holds(p) is False)
+    return sorted(
+        p for p in members if contain.state(p, leader=True) not in ("Z", "X", "") and freezer.holds(p) is False
+    )
 
 
 def stop_all(members, freezer: contain.Freezer | None, deadline: float) -> tuple[set[int], set[int]]:

@@ -53,8 +53,11 @@ def unused_uid() -> int:
     """A uid no process runs as and ``/etc/passwd`` does not name (drawn at random from a range of its own)."""
     taken = set()
     try:
-        taken |= {int(line.split(":")[2]) for line in Path("/etc/passwd").read_text().splitlines()
-                  if line.count(":") >= 3 and line.split(":")[2].isdigit()}
+        taken |= {
+            int(line.split(":")[2])
+            for line in Path("/etc/passwd").read_text().splitlines()
+            if line.count(":") >= 3 and line.split(":")[2].isdigit()
+        }
     except OSError:
         pass
     for d in os.listdir("/proc"):
@@ -90,26 +93,42 @@ class Isolation:
             else:
                 why = "the grader is not root"
         pidns = _mode("GEMMLAB_SANDBOX_PIDNS", "0", interpret)
-        return cls(_mode("GEMMLAB_SANDBOX_LANDLOCK", "cpu", interpret),
-                   _mode("GEMMLAB_SANDBOX_SECCOMP", "cpu", interpret), pidns, uid, why,
-                   _mode("GEMMLAB_SANDBOX_TERMINALS", "cpu", interpret),
-                   Tool(None, why="bubblewrap not used: the kernel observer's channel cannot cross it yet")
-                   if observed and tool_mode() != "none" else Tool.choose(interpret, pidns))
+        return cls(
+            _mode("GEMMLAB_SANDBOX_LANDLOCK", "cpu", interpret),
+            _mode("GEMMLAB_SANDBOX_SECCOMP", "cpu", interpret),
+            pidns,
+            uid,
+            why,
+            _mode("GEMMLAB_SANDBOX_TERMINALS", "cpu", interpret),
+            Tool(None, why="bubblewrap not used: the kernel observer's channel cannot cross it yet")
+            if observed and tool_mode() != "none"
+            else Tool.choose(interpret, pidns),
+        )
 
     def keeper_args(self, writable: list[str], cgroup: str | None, files: list[str] = ()) -> list[str]:
         """The keeper's arguments; ``writable[0]`` is the scratch directory, ``files`` those it appends to (bound
         writable inside bubblewrap)."""
         wrap = self.tool.path is not None
-        return ((["--cgroup", cgroup] if cgroup else [])
-                + (["--wrap", json.dumps(self.tool.argv(*(writable[:1] or [""]), writable[1:], list(files))), "--tool",
-                    self.tool.name] + (["--tool-pidns"] if self.tool.pidns else []) if wrap else
-                   ["--tool-why", self.tool.why])
-                + (["--landlock", *[a for d in writable for a in ("--writable", d)]] if self.landlock else [])
-                + (["--uid", str(self.uid)] if self.uid is not None else [])
-                + (["--uid-why", self.uid_why] if self.uid_why else [])
-                + (["--seccomp", str(os.getpid()), str(os.getpgid(0))] if self.seccomp else [])
-                + (["--pidns"] if self.pidns and not wrap else [])
-                + (["--hide-terminals"] if self.terminals and not wrap else []))
+        return (
+            (["--cgroup", cgroup] if cgroup else [])
+            + (
+                [
+                    "--wrap",
+                    json.dumps(self.tool.argv(*(writable[:1] or [""]), writable[1:], list(files))),
+                    "--tool",
+                    self.tool.name,
+                ]
+                + (["--tool-pidns"] if self.tool.pidns else [])
+                if wrap
+                else ["--tool-why", self.tool.why]
+            )
+            + (["--landlock", *[a for d in writable for a in ("--writable", d)]] if self.landlock else [])
+            + (["--uid", str(self.uid)] if self.uid is not None else [])
+            + (["--uid-why", self.uid_why] if self.uid_why else [])
+            + (["--seccomp", str(os.getpid()), str(os.getpgid(0))] if self.seccomp else [])
+            + (["--pidns"] if self.pidns and not wrap else [])
+            + (["--hide-terminals"] if self.terminals and not wrap else [])
+        )
 
     def grant(self, log_dir: str, scratch: Path, writable: list[str], env: dict[str, str]) -> None:
         """With a uid of its own: the sandbox can reach its scratch directory (the log directory searchable, not

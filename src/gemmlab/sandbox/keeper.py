@@ -45,9 +45,11 @@ SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1, 2
 PR_SET_NO_NEW_PRIVS = 38
 # LANDLOCK_ACCESS_FS_*: every right that changes the file system (reading and executing stay unrestricted)
 WRITE_FILE, TRUNCATE = 1 << 1, 1 << 14
-FS_WRITES = {1: WRITE_FILE | sum(1 << b for b in (4, 5, 6, 7, 8, 9, 10, 11, 12)),  # remove, make (dir, reg, ...)
-             2: 1 << 13,  # REFER (links and renames across directories)
-             3: TRUNCATE}
+FS_WRITES = {
+    1: WRITE_FILE | sum(1 << b for b in (4, 5, 6, 7, 8, 9, 10, 11, 12)),  # remove, make (dir, reg, ...)
+    2: 1 << 13,  # REFER (links and renames across directories)
+    3: TRUNCATE,
+}
 DEVICES = ("/dev/null", "/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*")  # written by path: files only
 
 
@@ -76,19 +78,29 @@ def landlock(writable: list[str]) -> list[str]:
         return [f"no Landlock here ({os.strerror(ctypes.get_errno())})"]
     fs = sum(bits for v, bits in FS_WRITES.items() if abi >= v)
     scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
-    attr = struct.pack("QQQ", fs, 0, scoped)[:24 if abi >= 6 else 16 if abi >= 4 else 8]
-    ruleset = libc.syscall(LANDLOCK_CREATE_RULESET, ctypes.create_string_buffer(attr, len(attr)),
-                           ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    attr = struct.pack("QQQ", fs, 0, scoped)[: 24 if abi >= 6 else 16 if abi >= 4 else 8]
+    ruleset = libc.syscall(
+        LANDLOCK_CREATE_RULESET,
+        ctypes.create_string_buffer(attr, len(attr)),
+        ctypes.c_size_t(len(attr)),
+        ctypes.c_uint32(0),
+    )
     if ruleset < 0:
         return [f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}"]
     missing = [] if scoped else [f"Landlock ABI {abi} here: signals and ptrace not scoped (6 needed: Linux 6.12+)"]
     rules = [(d, fs) for d in [*writable, "/dev/shm"] if os.path.isdir(d)]
-    rules += [(f, fs & (WRITE_FILE | TRUNCATE)) for f in sorted({f for p in DEVICES for f in glob.glob(p)})
-              if not os.path.isdir(f)]
+    rules += [
+        (f, fs & (WRITE_FILE | TRUNCATE))
+        for f in sorted({f for p in DEVICES for f in glob.glob(p)})
+        if not os.path.isdir(f)
+    ]
     # vendor_guard's log and counter files, which a process the candidate starts opens again by path to log into
     # (appending or mapped: no truncation by path)
-    rules += [(f, WRITE_FILE) for f in (os.environ.get(v) for v in ("GEMMLAB_VENDOR_LOG", "GEMMLAB_VENDOR_COUNTS"))
-              if f and os.path.isfile(f)]
+    rules += [
+        (f, WRITE_FILE)
+        for f in (os.environ.get(v) for v in ("GEMMLAB_VENDOR_LOG", "GEMMLAB_VENDOR_COUNTS"))
+        if f and os.path.isfile(f)
+    ]
     try:
         for path, access in rules:
             try:
@@ -132,7 +144,8 @@ def no_terminal() -> str:
     with open("/proc/self/stat") as f:
         tty_nr = int(f.read().rsplit(")", 1)[1].split()[4])
     return ("none" if not closed else f"closed inherited terminal descriptors {closed}") + (
-        "" if tty_nr == 0 else f"; a controlling terminal ({tty_nr}) remains")
+        "" if tty_nr == 0 else f"; a controlling terminal ({tty_nr}) remains"
+    )
 
 
 def namespaces(pidns: bool) -> tuple[str, str]:
@@ -148,8 +161,10 @@ def namespaces(pidns: bool) -> tuple[str, str]:
         why = os.strerror(ctypes.get_errno())
         return f"not hidden (no mount namespace: {why})", f"off (unshare: {why})" if pidns else "off"
     if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:  # else a mount here would reach the host's
-        return f"not hidden (mounts not private: {os.strerror(ctypes.get_errno())})", "off" if not pidns else \
-            "on, but /proc still the grader's"
+        return (
+            f"not hidden (mounts not private: {os.strerror(ctypes.get_errno())})",
+            "off" if not pidns else "on, but /proc still the grader's",
+        )
     hidden = []
     if libc.mount(b"none", b"/dev/pts", b"tmpfs", MS_NOSUID | MS_NOEXEC, b"mode=755,size=4k") == 0:
         hidden.append("/dev/pts")
@@ -189,8 +204,11 @@ def own_uid(uid: int) -> str:
     head = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0), 8)  # _LINUX_CAPABILITY_VERSION_3
     data = ctypes.create_string_buffer(struct.pack("=6I", keep, keep, keep, 0, 0, 0), 24)
     nr = {"x86_64": 126, "aarch64": 91}.get(platform.machine())
-    if nr is None or libc.syscall(nr, head, data) != 0 or libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE,
-                                                                        CAP_DAC_READ_SEARCH, 0, 0) != 0:
+    if (
+        nr is None
+        or libc.syscall(nr, head, data) != 0
+        or libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH, 0, 0) != 0
+    ):
         return f"{uid} (its own; reading files the grader's user alone may read: not kept)"
     return f"{uid} (its own; reads files as the grader can, writes only its own)"
 
@@ -233,7 +251,7 @@ def _without(args: list[str], flag: str) -> list[str]:
     if flag not in args:
         return args
     i = args.index(flag)
-    return args[:i] + args[i + 2:]
+    return args[:i] + args[i + 2 :]
 
 
 def wrap(fd: int, args: list[str]) -> None:
@@ -258,8 +276,11 @@ def main() -> None:
     if "--wrap" in args:
         wrap(fd, args)  # returns only if the exec failed: the owner sees the keeper's start fail
         return
-    isolation["tool"] = (args[args.index("--tool") + 1] if "--tool" in args else
-                         "hand-written" + (f" ({args[args.index('--tool-why') + 1]})" if "--tool-why" in args else ""))
+    isolation["tool"] = (
+        args[args.index("--tool") + 1]
+        if "--tool" in args
+        else "hand-written" + (f" ({args[args.index('--tool-why') + 1]})" if "--tool-why" in args else "")
+    )
     isolation["terminal_fds"] = no_terminal()
     pidns = "--pidns" in args
     if "--tool" in args:  # its session, /dev (its own /dev/pts, no console) and PID namespace are the tool's
@@ -286,8 +307,9 @@ def main() -> None:
         isolation["landlock"] = "on" if not missing else "partial: " + "; ".join(missing)
         if any(m.startswith(("no Landlock", "landlock_create", "no domain")) for m in missing):
             isolation["landlock"] = "off: " + "; ".join(missing)
-    isolation["uid"] = f"{os.getuid()} (the grader's" + (f": {args[args.index('--uid-why') + 1]})" if "--uid-why"
-                                                          in args else ")")
+    isolation["uid"] = f"{os.getuid()} (the grader's" + (
+        f": {args[args.index('--uid-why') + 1]})" if "--uid-why" in args else ")"
+    )
     if "--uid" in args:
         isolation["uid"] = own_uid(int(args[args.index("--uid") + 1]))
     isolation["seccomp"] = "off"

@@ -48,17 +48,26 @@ def _opt(check):
     return lambda v: v is None or test(v), f"null or {what}"
 
 
-_NAMES = (lambda v: isinstance(v, list) and len(v) <= 4096 and all(isinstance(x, str) and len(x) <= 4096 for x in v),
-          "a list of at most 4096 strings")
+_NAMES = (
+    lambda v: isinstance(v, list) and len(v) <= 4096 and all(isinstance(x, str) and len(x) <= 4096 for x in v),
+    "a list of at most 4096 strings",
+)
 _BOOL = (lambda v: isinstance(v, bool), "true or false")
-_WORDS = (lambda v: isinstance(v, dict) and len(v) <= 16 and all(
-    isinstance(k, str) and len(k) <= 64 and isinstance(x, str) and len(x) <= 2000 for k, x in v.items()),
-    "an object of at most 16 strings")
+_WORDS = (
+    lambda v: (
+        isinstance(v, dict)
+        and len(v) <= 16
+        and all(isinstance(k, str) and len(k) <= 64 and isinstance(x, str) and len(x) <= 2000 for k, x in v.items())
+    ),
+    "an object of at most 16 strings",
+)
 
 
 def _number(lo: float, hi: float):
-    return (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi,
-            f"a finite number in [{lo:g}, {hi:g}]")
+    return (
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi,
+        f"a finite number in [{lo:g}, {hi:g}]",
+    )
 
 
 def _times(req: dict):
@@ -74,8 +83,12 @@ REPLIES = {
     "hello": {"ok": _BOOL, "error": _opt(_text(4000))},
     "bind": {},
     "call": {"problem": _opt(_text(2000)), "kernels": _NAMES, "ops": _NAMES, "path": _opt(_text(200))},
-    "run": {"ms": _times, "problem": _opt(_text(2000)), "held_ms": _opt(_number(0, 1e9)),
-            "loop_ms": _opt(_number(0, 1e9))},
+    "run": {
+        "ms": _times,
+        "problem": _opt(_text(2000)),
+        "held_ms": _opt(_number(0, 1e9)),
+        "loop_ms": _opt(_number(0, 1e9)),
+    },
 }
 ERROR = {"error": _text(4000)}
 

@@ -41,19 +41,67 @@ AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0x400000B7}
 X32_SYSCALL_BIT = 0x40000000
 # system call numbers: x86_64, aarch64 (asm-generic)
 NR = {
-    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "ioctl": (16, 29),
-    "prlimit64": (302, 261), "kcmp": (312, 272), "pidfd_getfd": (438, 438), "pidfd_open": (434, 434),
-    "pidfd_send_signal": (424, 424), "perf_event_open": (298, 241), "clone3": (435, 435), "clone": (56, 220),
-    "setns": (308, 268), "unshare": (272, 97), "kill": (62, 129), "tkill": (200, 130), "tgkill": (234, 131),
-    "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240), "mount": (165, 40), "umount2": (166, 39),
-    "pivot_root": (155, 41), "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430),
-    "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442), "bpf": (321, 280),
-    "userfaultfd": (323, 282), "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+    "ptrace": (101, 117),
+    "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271),
+    "ioctl": (16, 29),
+    "prlimit64": (302, 261),
+    "kcmp": (312, 272),
+    "pidfd_getfd": (438, 438),
+    "pidfd_open": (434, 434),
+    "pidfd_send_signal": (424, 424),
+    "perf_event_open": (298, 241),
+    "clone3": (435, 435),
+    "clone": (56, 220),
+    "setns": (308, 268),
+    "unshare": (272, 97),
+    "kill": (62, 129),
+    "tkill": (200, 130),
+    "tgkill": (234, 131),
+    "rt_sigqueueinfo": (129, 138),
+    "rt_tgsigqueueinfo": (297, 240),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "pivot_root": (155, 41),
+    "open_tree": (428, 428),
+    "move_mount": (429, 429),
+    "fsopen": (430, 430),
+    "fsmount": (432, 432),
+    "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+    "bpf": (321, 280),
+    "userfaultfd": (323, 282),
+    "keyctl": (250, 219),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
     "open_by_handle_at": (304, 265),
 }
-DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_open", "pidfd_getfd", "pidfd_send_signal",
-          "setns", "unshare", "mount", "umount2", "pivot_root", "open_tree", "move_mount", "fsopen", "fsmount",
-          "fspick", "mount_setattr", "bpf", "userfaultfd", "keyctl", "add_key", "request_key", "open_by_handle_at")
+DENIED = (
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "pidfd_open",
+    "pidfd_getfd",
+    "pidfd_send_signal",
+    "setns",
+    "unshare",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "bpf",
+    "userfaultfd",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "open_by_handle_at",
+)
 TTY_IOCTLS = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C, "TIOCSCTTY": 0x540E, "TIOCCONS": 0x541D, "TIOCSETD": 0x5423}
 CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000  # NS..NET
 
@@ -98,8 +146,14 @@ def program(arch: str, owner: int, owner_pgid: int, tids=()) -> list[tuple[int, 
     for n, i in pid.items():  # only the caller itself (pid 0)
         code += [("label", n), ("ld", _arg(i)), ("jeq", 0, None, "deny"), ("ret", ALLOW)]
     code += [("label", "clone"), ("ld", _arg(0)), ("jset", CLONE_NEW, "deny", None), ("ret", ALLOW)]
-    code += [("label", "deny"), ("ret", eperm), ("label", "foreign"), ("ret", eperm),
-             ("label", "enosys"), ("ret", ERRNO | errno.ENOSYS)]
+    code += [
+        ("label", "deny"),
+        ("ret", eperm),
+        ("label", "foreign"),
+        ("ret", eperm),
+        ("label", "enosys"),
+        ("ret", ERRNO | errno.ENOSYS),
+    ]
     # last, reached by "ja" alone (no conditional jump passes over it)
     code += [("label", "owner")] + [("jeq", v, "deny_id", None) for v in ids]
     code += [("ret", ALLOW), ("label", "deny_id"), ("ret", eperm)]

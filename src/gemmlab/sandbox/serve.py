@@ -78,8 +78,12 @@ class _Server:
         ms = time_calls(call, len(order), device, flush=flush)
         ran1, t1 = _runnable_ns(), time.monotonic_ns()
         held = None if ran0 is None or ran1 is None else max(0, (t1 - t0) - (ran1 - ran0)) / 1e6
-        return {"ms": ms, "problem": next((p for p in problems if p), None), "held_ms": held,
-                "loop_ms": (t1 - t0) / 1e6}
+        return {
+            "ms": ms,
+            "problem": next((p for p in problems if p), None),
+            "held_ms": held,
+            "loop_ms": (t1 - t0) / 1e6,
+        }
 
     def _plan_path(self, inputs, out):
         if self.spec is not None or self.signature in ("moe", "fp8", "moe_fp8"):

@@ -55,8 +55,11 @@ def pool_segments(device: torch.device) -> list[tuple[int, int]]:
     pool = _POOLS.get(index)
     if pool is None:
         return []
-    return [(s["address"], s["total_size"]) for s in torch.cuda.memory_snapshot()
-            if s.get("device") == index and tuple(s.get("segment_pool_id", ())) == tuple(pool.id)]
+    return [
+        (s["address"], s["total_size"])
+        for s in torch.cuda.memory_snapshot()
+        if s.get("device") == index and tuple(s.get("segment_pool_id", ())) == tuple(pool.id)
+    ]
 
 
 def _storages(slots) -> list[torch.UntypedStorage]:
@@ -71,8 +74,13 @@ def _storages(slots) -> list[torch.UntypedStorage]:
 
 
 def _tensor_meta(t: torch.Tensor, index: dict[int, int]) -> dict:
-    return {"storage": index[t.untyped_storage().data_ptr()], "dtype": str(t.dtype).removeprefix("torch."),
-            "size": list(t.shape), "stride": list(t.stride()), "offset": t.storage_offset()}
+    return {
+        "storage": index[t.untyped_storage().data_ptr()],
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "size": list(t.shape),
+        "stride": list(t.stride()),
+        "offset": t.storage_offset(),
+    }
 
 
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
@@ -108,9 +116,11 @@ def export(slots) -> tuple[dict, list[int]]:
             inside = segments.setdefault(st.device, pool_segments(st.device))
             p = st.data_ptr()
             if not any(a <= p and p + st.nbytes() <= a + n for a, n in inside):
-                raise ValueError("a CUDA tensor shared with the sandbox was not allocated under "
-                                 "gemmlab.sandbox.slot_memory(device): its IPC handle would expose the whole "
-                                 "allocator segment it lives in")
+                raise ValueError(
+                    "a CUDA tensor shared with the sandbox was not allocated under "
+                    "gemmlab.sandbox.slot_memory(device): its IPC handle would expose the whole "
+                    "allocator segment it lives in"
+                )
     metas, fds = [], []
     for st in storages:
         if st.nbytes() == 0:
@@ -121,14 +131,32 @@ def export(slots) -> tuple[dict, list[int]]:
             fds.append(fd)
         elif st.device.type == "cuda":
             dev, handle, size, offset, ref_handle, ref_offset, event, event_sync = st._share_cuda_()
-            metas.append({"kind": "cuda", "device": dev, "handle": handle.hex(), "nbytes": size, "offset": offset,
-                          "ref_handle": ref_handle.hex(), "ref_offset": ref_offset,
-                          "event": event.hex() if event else None, "event_sync": bool(event_sync)})
+            metas.append(
+                {
+                    "kind": "cuda",
+                    "device": dev,
+                    "handle": handle.hex(),
+                    "nbytes": size,
+                    "offset": offset,
+                    "ref_handle": ref_handle.hex(),
+                    "ref_offset": ref_offset,
+                    "event": event.hex() if event else None,
+                    "event_sync": bool(event_sync),
+                }
+            )
         else:
             raise ValueError(f"tensors on {st.device} cannot be shared with the sandbox")
     index = {st.data_ptr(): i for i, st in enumerate(storages)}
-    return ({"storages": metas, "slots": [{"inputs": [_tensor_meta(t, index) for t in inputs],
-                                           "out": _tensor_meta(out, index)} for inputs, out in slots]}, fds)
+    return (
+        {
+            "storages": metas,
+            "slots": [
+                {"inputs": [_tensor_meta(t, index) for t in inputs], "out": _tensor_meta(out, index)}
+                for inputs, out in slots
+            ],
+        },
+        fds,
+    )
 
 
 def _storage(meta: dict, fds: list[int]) -> torch.UntypedStorage:
@@ -139,9 +167,16 @@ def _storage(meta: dict, fds: list[int]) -> torch.UntypedStorage:
         return torch.UntypedStorage._new_shared_fd_cpu(fds[meta["fd"]], meta["nbytes"])
     torch.cuda.init()
     event = bytes.fromhex(meta["event"]) if meta["event"] else None
-    return torch.UntypedStorage._new_shared_cuda(meta["device"], bytes.fromhex(meta["handle"]), meta["nbytes"],
-                                                 meta["offset"], bytes.fromhex(meta["ref_handle"]),
-                                                 meta["ref_offset"], event, meta["event_sync"])
+    return torch.UntypedStorage._new_shared_cuda(
+        meta["device"],
+        bytes.fromhex(meta["handle"]),
+        meta["nbytes"],
+        meta["offset"],
+        bytes.fromhex(meta["ref_handle"]),
+        meta["ref_offset"],
+        event,
+        meta["event_sync"],
+    )
 
 
 def rebuild(meta: dict, fds: list[int]) -> list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]:

@@ -111,8 +111,10 @@ class Tool:
 def _self_test(tool: Tool) -> str | None:
     with tempfile.TemporaryDirectory(prefix="gemmlab-bwrap-") as d:
         probe = os.path.join(d, "probe")
-        check = (f"open({probe!r}, 'w').write('ok'); "  # and no controlling terminal (tty_nr 0)
-                 "assert open('/proc/self/stat').read().rsplit(')')[-1].split()[4] == '0'")
+        check = (
+            f"open({probe!r}, 'w').write('ok'); "  # and no controlling terminal (tty_nr 0)
+            "assert open('/proc/self/stat').read().rsplit(')')[-1].split()[4] == '0'"
+        )
         cmd = tool.argv(d, [], []) + ["--", sys.executable, "-S", "-c", check]
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=SELF_TEST_S, stdin=subprocess.DEVNULL)

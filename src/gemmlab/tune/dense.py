@@ -68,21 +68,42 @@ def _p(cls: str, m: int, n: int, k: int, dtype: str = "bfloat16", layout: str = 
 
 
 EXTRA = [  # off the product: the other layout and dtype, the shapes issue 23 names, operands TMA cannot describe
-    _p("gemv", 1, 6144, 4096, "float16"), _p("gemv", 16, 28672, 4096, "float16"),
-    _p("gemv", 1, 4096, 4096, "float16", "row"), _p("gemv", 16, 4096, 14336, "bfloat16", "row"),
-    _p("small", 64, 4096, 4096, "float16", "row"), _p("small", 256, 4096, 4096, "float16", "row"),
-    _p("large", 3000, 5000, 7000, "float16", "row"), _p("large", 2048, 5120, 5120), _p("large", 2048, 5120, 8192),
-    _p("large", 2048, 576, 7168, "float16"), _p("large", 4096, 28672, 4096, "float16", "row"),
+    _p("gemv", 1, 6144, 4096, "float16"),
+    _p("gemv", 16, 28672, 4096, "float16"),
+    _p("gemv", 1, 4096, 4096, "float16", "row"),
+    _p("gemv", 16, 4096, 14336, "bfloat16", "row"),
+    _p("small", 64, 4096, 4096, "float16", "row"),
+    _p("small", 256, 4096, 4096, "float16", "row"),
+    _p("large", 3000, 5000, 7000, "float16", "row"),
+    _p("large", 2048, 5120, 5120),
+    _p("large", 2048, 5120, 8192),
+    _p("large", 2048, 576, 7168, "float16"),
+    _p("large", 4096, 28672, 4096, "float16", "row"),
     _p("large", 16384, 6144, 4096),
-    _p("odd", 1, 4093, 4099, "float16"), _p("odd", 1, 14336, 4097), _p("odd", 4, 4096, 4095),
-    _p("odd", 16, 12289, 1021), _p("odd", 64, 14336, 4097, "float16"), _p("odd", 127, 4099, 8191, "bfloat16", "row"),
-    _p("odd", 777, 3333, 1024, "float16", "row"), _p("odd", 2048, 6144, 4096, pad=3),
+    _p("odd", 1, 4093, 4099, "float16"),
+    _p("odd", 1, 14336, 4097),
+    _p("odd", 4, 4096, 4095),
+    _p("odd", 16, 12289, 1021),
+    _p("odd", 64, 14336, 4097, "float16"),
+    _p("odd", 127, 4099, 8191, "bfloat16", "row"),
+    _p("odd", 777, 3333, 1024, "float16", "row"),
+    _p("odd", 2048, 6144, 4096, pad=3),
     _p("odd", 8191, 8193, 4097, "float16", "row"),
 ]
-QUICK = [_p("gemv", 1, 4096, 4096), _p("small", 64, 4096, 4096), _p("large", 2048, 5120, 5120),
-         _p("odd", 1, 4093, 4099, "float16"), _p("odd", 777, 3333, 1024, "float16", "row")]
-CPU = [_p("gemv", 1, 40, 72), _p("odd", 4, 37, 71), _p("small", 40, 64, 96), _p("large", 300, 72, 64),
-       _p("odd", 37, 53, 71, "float16", "row")]
+QUICK = [
+    _p("gemv", 1, 4096, 4096),
+    _p("small", 64, 4096, 4096),
+    _p("large", 2048, 5120, 5120),
+    _p("odd", 1, 4093, 4099, "float16"),
+    _p("odd", 777, 3333, 1024, "float16", "row"),
+]
+CPU = [
+    _p("gemv", 1, 40, 72),
+    _p("odd", 4, 37, 71),
+    _p("small", 40, 64, 96),
+    _p("large", 300, 72, 64),
+    _p("odd", 37, 53, 71, "float16", "row"),
+]
 GRIDS = ("full", "quick", "cpu", "dense-suite")
 
 
@@ -132,8 +153,11 @@ SMALL = [  # 16 < M <= 256: split-K tiles, and persistent tiles whose partial la
     C("splitk 128x128x64 w8 s4", "tma_splitk", **T(128, 128, 64, 8, 4, split_k=0)),
     C("persistent 64x128x64 w4 s4 tail8", "tma_persistent", **T(64, 128, 64, 4, 4, tail_split=8)),
     C("persistent 128x128x64 w8 s4 tail8", "tma_persistent", **T(128, 128, 64, 8, 4, tail_split=8)),
-    C("persistent 128x256x64 w8 s3 sub tail8", "tma_persistent",
-      **T(128, 256, 64, 8, 3, epilogue_subtile=True, tail_split=8)),
+    C(
+        "persistent 128x256x64 w8 s3 sub tail8",
+        "tma_persistent",
+        **T(128, 256, 64, 8, 3, epilogue_subtile=True, tail_split=8),
+    ),
 ]
 LARGE = [  # persistent tiles; the split tail first, so a tail that does not split is timed under its name
     C("128x256x64 w8 s3 sub tail8", "tma_persistent", **T(128, 256, 64, 8, 3, epilogue_subtile=True, tail_split=8)),
@@ -142,10 +166,12 @@ LARGE = [  # persistent tiles; the split tail first, so a tail that does not spl
     C("256x128x64 w8 s3 sub tail8", "tma_persistent", **T(256, 128, 64, 8, 3, epilogue_subtile=True, tail_split=8)),
     C("128x64x64 w4 s4 tail8", "tma_persistent", **T(128, 64, 64, 4, 4, tail_split=8)),
     C("128x256x64 w8 s4 sub tail8", "tma_persistent", **T(128, 256, 64, 8, 4, epilogue_subtile=True, tail_split=8)),
-    C("128x256x64 w8 s3 sub g16 tail8", "tma_persistent", **T(128, 256, 64, 8, 3, group_m=16, epilogue_subtile=True,
-                                                                tail_split=8)),
-    C("128x256x64 w8 s3 sub stream-K", "tma_persistent", **T(128, 256, 64, 8, 3, epilogue_subtile=True,
-                                                               stream_k=True)),
+    C(
+        "128x256x64 w8 s3 sub g16 tail8",
+        "tma_persistent",
+        **T(128, 256, 64, 8, 3, group_m=16, epilogue_subtile=True, tail_split=8),
+    ),
+    C("128x256x64 w8 s3 sub stream-K", "tma_persistent", **T(128, 256, 64, 8, 3, epilogue_subtile=True, stream_k=True)),
 ]
 ODD = [  # A or B TMA cannot describe as given
     C("gemv fma 1x32x128 w4", "gemv", **T(1, 32, 128, 4, 1, split_k=0)),
@@ -153,8 +179,12 @@ ODD = [  # A or B TMA cannot describe as given
     C("gemv dot 16x32x128 w4 s3", "gemv", **T(16, 32, 128, 4, 3, split_k=0)),
     C("gemv dot 64x64x64 w4 s3", "gemv", **T(64, 64, 64, 4, 3, split_k=0)),
     C("staged", stage=True),
-    C("staged 128x256 tail8", "tma_persistent", stage=True, **T(128, 256, 64, 8, 3, epilogue_subtile=True,
-                                                               tail_split=8)),
+    C(
+        "staged 128x256 tail8",
+        "tma_persistent",
+        stage=True,
+        **T(128, 256, 64, 8, 3, epilogue_subtile=True, tail_split=8),
+    ),
     C("portable 128x128x64 w8 s3", "portable", stage=False, **T(128, 128, 64, 8, 3)),
     C("portable 16x32x128 w4 s4", "portable", stage=False, **T(16, 32, 128, 4, 4)),
 ]
@@ -181,8 +211,9 @@ def plan_of(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cand: dict):
     fields = dict(cand["fields"])
     if base.path in SPLIT_PATHS and "split_k" not in fields:
         fields["split_k"] = 0
-    return gemm_ops.plan(a, b, out=out, stage=cand["stage"], path=base.path,
-                         config=dataclasses.replace(base.config, **fields))
+    return gemm_ops.plan(
+        a, b, out=out, stage=cand["stage"], path=base.path, config=dataclasses.replace(base.config, **fields)
+    )
 
 
 def plan_key(p) -> tuple:
@@ -214,16 +245,33 @@ def entries(point: GridPoint, a, b, out) -> tuple[list, list[dict]]:
 
 def _head(point: GridPoint, default, env: dict) -> dict:
     c = point.case
-    return {"spec": point.spec, "grid_class": point.cls, "shape": [c.m, c.n, c.k], "dtype": c.dtype,
-            "layout": c.layout, "case": {"layout": c.layout, "pad": c.pad, "offset": c.offset},
-            "default_path": default.path, "default_staged": list(default.staged), "env": env}
+    return {
+        "spec": point.spec,
+        "grid_class": point.cls,
+        "shape": [c.m, c.n, c.k],
+        "dtype": c.dtype,
+        "layout": c.layout,
+        "case": {"layout": c.layout, "pad": c.pad, "offset": c.offset},
+        "default_path": default.path,
+        "default_staged": list(default.staged),
+        "env": env,
+    }
 
 
 def _row(top: dict, name: str, cand: dict | None, plan, aliases: list[str]) -> dict:
-    return {**top, "variant": name, "aliases": aliases, "pin_path": (cand or {}).get("path"),
-            "stage_pin": (cand or {}).get("stage"), "fields": (cand or {}).get("fields"), "path": plan.path,
-            "staged": list(plan.staged), "c_tma": plan.c_tma, "reason": plan.reason,
-            "config": dataclasses.asdict(plan.config) if plan.config else None}
+    return {
+        **top,
+        "variant": name,
+        "aliases": aliases,
+        "pin_path": (cand or {}).get("path"),
+        "stage_pin": (cand or {}).get("stage"),
+        "fields": (cand or {}).get("fields"),
+        "path": plan.path,
+        "staged": list(plan.staged),
+        "c_tma": plan.c_tma,
+        "reason": plan.reason,
+        "config": dataclasses.asdict(plan.config) if plan.config else None,
+    }
 
 
 def _call(a, b, out, cand, plan):
@@ -237,8 +285,9 @@ def _check(out, a, b, ref) -> dict:
     return {key: chk[key] for key in ("ok", "max_abs_err", "worst")}
 
 
-def sweep_point(point: GridPoint, env: dict, *, rounds: int = 5, reps: int = 3, warmup_s: float = 0.05,
-                check_only: bool = False) -> list[dict]:
+def sweep_point(
+    point: GridPoint, env: dict, *, rounds: int = 5, reps: int = 3, warmup_s: float = 0.05, check_only: bool = False
+) -> list[dict]:
     """Every candidate at one point: planned, verified, then (on a GPU, unless ``check_only``) timed; the rows.
     The point's operands, outputs and reference are freed (and the allocator's cache emptied) before it returns."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -248,8 +297,9 @@ def sweep_point(point: GridPoint, env: dict, *, rounds: int = 5, reps: int = 3, 
     return rows
 
 
-def _sweep(point: GridPoint, env: dict, device: torch.device, rounds: int, reps: int, warmup_s: float,
-           check_only: bool) -> list[dict]:
+def _sweep(
+    point: GridPoint, env: dict, device: torch.device, rounds: int, reps: int, warmup_s: float, check_only: bool
+) -> list[dict]:
     a, b = case_operands(point.case, device)
     ref = gemm_ref(a, b)
     c = point.case
@@ -301,13 +351,14 @@ def _time(c: Case, rows: list[dict], fns: dict, rounds: int, reps: int, warmup_s
 
 
 def meta_operands(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
-    """"meta" operands stored as ``problems.case_operands`` stores them (the planner sees the same strides)."""
+    """ "meta" operands stored as ``problems.case_operands`` stores them (the planner sees the same strides)."""
     dtype = getattr(torch, case.dtype)
 
     def stored(rows, cols):
         ld = cols + case.pad
-        return torch.empty(case.offset + rows * ld, dtype=dtype, device="meta").as_strided((rows, cols), (ld, 1),
-                                                                                           case.offset)
+        return torch.empty(case.offset + rows * ld, dtype=dtype, device="meta").as_strided(
+            (rows, cols), (ld, 1), case.offset
+        )
 
     a = stored(case.m, case.k)
     return a, (stored(case.n, case.k).t() if case.layout == "linear" else stored(case.k, case.n))
@@ -317,8 +368,14 @@ def kernel_key(p) -> tuple:
     """What the JIT compiles a plan's kernel for: path, dtype, constexprs, options, which operands go as TMA
     descriptors, and the integer arguments' specialization (equal to 1, divisible by 16)."""
     s = p.launch
-    return (p.path, str(p.dtype), s.constexprs, s.options, tuple(d is None for d in s.descs),
-            tuple((v == 1, v % 16 == 0) for v in s.ints))
+    return (
+        p.path,
+        str(p.dtype),
+        s.constexprs,
+        s.options,
+        tuple(d is None for d in s.descs),
+        tuple((v == 1, v % 16 == 0) for v in s.ints),
+    )
 
 
 def compile_jobs(points: list[GridPoint], target) -> list[tuple[int, str]]:
@@ -333,11 +390,25 @@ def compile_jobs(points: list[GridPoint], target) -> list[tuple[int, str]]:
                 continue
             try:
                 base = introspect.choose(a, b, None, False, target=target, stage=cand["stage"], path=cand["path"])
-                fields = dict(cand["fields"], **({"split_k": 0} if base.path in SPLIT_PATHS and "split_k" not in
-                                                 cand["fields"] else {}))
-                plans.append((cand["name"], introspect.choose(a, b, None, False, target=target, stage=cand["stage"],
-                                                            path=base.path,
-                                                            config=dataclasses.replace(base.config, **fields))))
+                fields = dict(
+                    cand["fields"],
+                    **({"split_k": 0} if base.path in SPLIT_PATHS and "split_k" not in cand["fields"] else {}),
+                )
+                plans.append(
+                    (
+                        cand["name"],
+                        introspect.choose(
+                            a,
+                            b,
+                            None,
+                            False,
+                            target=target,
+                            stage=cand["stage"],
+                            path=base.path,
+                            config=dataclasses.replace(base.config, **fields),
+                        ),
+                    )
+                )
             except ValueError:  # refused: the timed run records why
                 continue
         for name, p in plans:

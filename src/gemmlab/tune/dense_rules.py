@@ -77,9 +77,14 @@ def winner(group: list[dict], keep: float = KEEP) -> dict | None:
         name = named[0]
     else:  # gemmlab's choice, as its plan resolved it
         fields, name = dict(best.get("config") or {}), "gemmlab's former choice"
-    return {"path": best["path"], "config": rule_config(best["path"], fields), "name": name, "row": best,
-            "vs_cublas": (best.get("vs_cublas") or {}).get("ratio"),
-            "vs_default": 1.0 if best is mine else (best.get("vs_gemmlab") or {}).get("ratio")}
+    return {
+        "path": best["path"],
+        "config": rule_config(best["path"], fields),
+        "name": name,
+        "row": best,
+        "vs_cublas": (best.get("vs_cublas") or {}).get("ratio"),
+        "vs_default": 1.0 if best is mine else (best.get("vs_gemmlab") or {}).get("ratio"),
+    }
 
 
 def cells(rows: list[dict], keep: float = KEEP) -> tuple[dict, dict]:
@@ -94,8 +99,16 @@ def cells(rows: list[dict], keep: float = KEEP) -> tuple[dict, dict]:
             continue
         r0 = group[0]
         (m, n, k), axes = r0["shape"], AXES.get(r0["grid_class"])
-        if (axes and r0["layout"] == "linear" and r0["dtype"] == "bfloat16" and not r0["case"].get("pad")
-                and not r0["case"].get("offset") and m in axes[0] and n in axes[1] and k in axes[2]):
+        if (
+            axes
+            and r0["layout"] == "linear"
+            and r0["dtype"] == "bfloat16"
+            and not r0["case"].get("pad")
+            and not r0["case"].get("offset")
+            and m in axes[0]
+            and n in axes[1]
+            and k in axes[2]
+        ):
             grid[(r0["grid_class"], axes[0].index(m), axes[1].index(n), axes[2].index(k))] = w
         else:
             off[spec] = w
@@ -127,36 +140,58 @@ def merge(grid: dict, cls: str) -> list[dict]:
         w = grid.get((cls, i, j, x))
         return None if w is None else _key(w)
 
-    k_layout = {(i, j): tuple(runs([key(i, j, x) for x in range(len(ks))])) for i in range(len(ms))
-                for j in range(len(ns))}
+    k_layout = {
+        (i, j): tuple(runs([key(i, j, x) for x in range(len(ks))])) for i in range(len(ms)) for j in range(len(ns))
+    }
     boxes = []
     for m0, m1, n_layout in runs([tuple(runs([k_layout[(i, j)] for j in range(len(ns))])) for i in range(len(ms))]):
         for n0, n1, k_runs in n_layout:
             for k0, k1, kkey in k_runs:
                 if kkey is None:
                     continue
-                members = [grid[(cls, i, j, x)] for i in range(m0, m1 + 1) for j in range(n0, n1 + 1)
-                           for x in range(k0, k1 + 1)]
-                boxes.append({"m": [bm[m0][0], bm[m1][1]], "n": [bn[n0][0], bn[n1][1]],
-                              "k": [bk[k0][0], bk[k1][1]], "winners": members})
+                members = [
+                    grid[(cls, i, j, x)]
+                    for i in range(m0, m1 + 1)
+                    for j in range(n0, n1 + 1)
+                    for x in range(k0, k1 + 1)
+                ]
+                boxes.append(
+                    {
+                        "m": [bm[m0][0], bm[m1][1]],
+                        "n": [bn[n0][0], bn[n1][1]],
+                        "k": [bk[k0][0], bk[k1][1]],
+                        "winners": members,
+                    }
+                )
     return boxes
 
 
 def tuned(winners: list[dict], sweep: str, entries: dict) -> dict:
     ratios = [w["vs_cublas"] for w in winners if w["vs_cublas"]]
     gains = [w["vs_default"] for w in winners if w["vs_default"]]
-    t = {"sweep": sweep, "points": [w["row"]["spec"] for w in winners],
-         "vs_cublas": [round(min(ratios), 3), round(max(ratios), 3)] if ratios else None,
-         "vs_former_choice": [round(min(gains), 3), round(max(gains), 3)] if gains else None}
-    ids = [entries[(w["row"]["spec"], w["row"]["variant"])] for w in winners
-           if (w["row"]["spec"], w["row"]["variant"]) in entries]
+    t = {
+        "sweep": sweep,
+        "points": [w["row"]["spec"] for w in winners],
+        "vs_cublas": [round(min(ratios), 3), round(max(ratios), 3)] if ratios else None,
+        "vs_former_choice": [round(min(gains), 3), round(max(gains), 3)] if gains else None,
+    }
+    ids = [
+        entries[(w["row"]["spec"], w["row"]["variant"])]
+        for w in winners
+        if (w["row"]["spec"], w["row"]["variant"]) in entries
+    ]
     if ids:
         t["ledger_entries"] = ids
     return t
 
 
-def derive(rows: list[dict], sweep: str, entries: dict | None = None, keep: float = KEEP,
-           classes: tuple[str, ...] | None = None) -> dict:
+def derive(
+    rows: list[dict],
+    sweep: str,
+    entries: dict | None = None,
+    keep: float = KEEP,
+    classes: tuple[str, ...] | None = None,
+) -> dict:
     """The route and config rules the rows measure (see the module docstring), and the off-grid checks.
     ``keep``: the margin a candidate must beat gemmlab's choice by (a noisy sweep needs more than ``KEEP``);
     ``classes``: derive rules for these grid classes only (the others keep the table's rules)."""
@@ -179,13 +214,26 @@ def derive(rows: list[dict], sweep: str, entries: dict | None = None, keep: floa
         if len(paths) == 1 and paths != {"portable"} and not any(w["row"]["staged"] for w in mine):
             path = paths.pop()
             note = f"A or B not TMA-aligned, M {lo}..{hi}: {path} fastest at all {len(mine)} such point(s) (odd)"
-            route.append({"m": [lo, hi], "tma": [0, 0], "config": {"path": path}, "note": note,
-                          "tuned": tuned(mine, sweep, entries)})
+            route.append(
+                {
+                    "m": [lo, hi],
+                    "tma": [0, 0],
+                    "config": {"path": path},
+                    "note": note,
+                    "tuned": tuned(mine, sweep, entries),
+                }
+            )
             by_m = {w["row"]["shape"][0]: w for w in sorted(mine, key=lambda w: w["row"]["shape"][0])}
             for (m0, m1), (_, w) in zip(bounds(tuple(by_m), lo, hi), by_m.items(), strict=True):
                 # after the product's rules: a shape they cover takes theirs; these catch the rest of the bucket
-                by_path.setdefault(path, []).append({"m": [m0, m1], "config": w["config"], "tuned": tuned(
-                    [w], sweep, entries), "note": f"{w['name']}: fastest at {w['row']['spec']} (sweep_dense, odd)"})
+                by_path.setdefault(path, []).append(
+                    {
+                        "m": [m0, m1],
+                        "config": w["config"],
+                        "tuned": tuned([w], sweep, entries),
+                        "note": f"{w['name']}: fastest at {w['row']['spec']} (sweep_dense, odd)",
+                    }
+                )
     table = {"route": {"gemm": route}, "gemm": by_path}
     return {**table, "checks": check_off_grid(table, off)}
 
@@ -195,11 +243,15 @@ def inside(table: dict, m: tuple[int, int], n: tuple[int, int]) -> dict:
     TMA cannot describe have no N range and are kept), so a change can be adopted where it was measured to help."""
 
     def keep(r: dict) -> bool:
-        return r.get("n") is None or (m[0] <= r["m"][0] and r["m"][1] <= m[1] and n[0] <= r["n"][0]
-                                      and r["n"][1] <= n[1])
+        return r.get("n") is None or (
+            m[0] <= r["m"][0] and r["m"][1] <= m[1] and n[0] <= r["n"][0] and r["n"][1] <= n[1]
+        )
 
-    return {**table, "route": {"gemm": [r for r in table["route"]["gemm"] if keep(r)]},
-            "gemm": {p: [r for r in rules if keep(r)] for p, rules in table["gemm"].items()}}
+    return {
+        **table,
+        "route": {"gemm": [r for r in table["route"]["gemm"] if keep(r)]},
+        "gemm": {p: [r for r in rules if keep(r)] for p, rules in table["gemm"].items()},
+    }
 
 
 def lookup(rules: list[dict], m: int, n: int, k: int, tma: int) -> dict | None:
@@ -237,8 +289,10 @@ def write(table: dict, path: Path, base: Path | None = None) -> Path:
     old = configs.read(base) if base and base.exists() else {}
     data = {key: v for key, v in old.items() if key not in ("route", "gemm")}
     data["route"] = {"gemm": table["route"]["gemm"]}
-    data["gemm"] = {p: table["gemm"].get(p, []) + [r for r in old.get("gemm", {}).get(p, []) if not r.get("tuned")]
-                    for p in configs.SECTIONS["gemm"][0]}
+    data["gemm"] = {
+        p: table["gemm"].get(p, []) + [r for r in old.get("gemm", {}).get(p, []) if not r.get("tuned")]
+        for p in configs.SECTIONS["gemm"][0]
+    }
     path.write_text(dump_table(data))
     configs.reload()
     configs.read(path)
@@ -270,10 +324,22 @@ def tensor_cores(row: dict) -> int | None:
 
     try:
         a, b = stored(m, k), (stored(n, k).t() if row["layout"] == "linear" else stored(k, n))
-        p = choose(a, b, None, False, config=GemmConfig(**row["config"]), target=H200, path=row["path"],
-                   stage=bool(set(row.get("staged") or ()) & {"a", "b"}))
-        key = (p.path, json.dumps(sorted(constexprs(p).items())), json.dumps(sorted(launch_options(p.config).items())),
-               json.dumps(sass.signature(p)))
+        p = choose(
+            a,
+            b,
+            None,
+            False,
+            config=GemmConfig(**row["config"]),
+            target=H200,
+            path=row["path"],
+            stage=bool(set(row.get("staged") or ()) & {"a", "b"}),
+        )
+        key = (
+            p.path,
+            json.dumps(sorted(constexprs(p).items())),
+            json.dumps(sorted(launch_options(p.config).items())),
+            json.dumps(sass.signature(p)),
+        )
         if key not in _INSPECTED:
             _INSPECTED[key] = sass.report(p)["tensor_core_ops"]
         return _INSPECTED[key]
@@ -281,9 +347,7 @@ def tensor_cores(row: dict) -> int | None:
         return None
 
 
-
-def record(db, rows: list[dict], sweep: str, note: str,
-           inspect: Callable[[dict], int | None] = tensor_cores) -> dict:
+def record(db, rows: list[dict], sweep: str, note: str, inspect: Callable[[dict], int | None] = tensor_cores) -> dict:
     """Every row but cuBLAS's into the ledger ``db``, kept or dropped: per point gemmlab's choice first (decided
     against the last accepted entry of the same shape, dtype and operand storage), then each candidate against it
     with their paired interval from the same run. Provenance from the rows' env. {(spec, variant): entry id}."""
@@ -298,23 +362,44 @@ def record(db, rows: list[dict], sweep: str, note: str,
             m, n, k = r["shape"]
             ok = "error" not in r and bool((r.get("check") or {}).get("ok")) and r.get("check_after", True) is not False
             vs = r.get("vs_cublas") or {}
-            e = Entry(kind="sweep", op="gemm", shape=f"{m}x{n}x{k}", dtype=r["dtype"], backend="gemmlab",
-                      path=r.get("path"), config=r.get("config"), correct=ok,
-                      error=r.get("error") or (None if ok else f"wrong result: {r.get('check')}"),
-                      note=f"{note}: {spec}" + ("" if r["variant"] == "gemmlab" else f", candidate {r['variant']}"),
-                      command=f"benchmarks/sweep_dense.py ({sweep})", median_ms=r.get("median_ms"),
-                      p20_ms=r.get("p20_ms"), p80_ms=r.get("p80_ms"), tflops=r.get("tflops"), ratio=vs.get("ratio"),
-                      ratio_ci=vs.get("ci95"), per_round=vs.get("per_round"),
-                      sm_clock_mhz=(r.get("clocks") or {}).get("sm_clock_mhz_mean"),
-                      tensor_core_ops=inspect(r) if ok and r.get("config") else None,
-                      report={"case": r["case"], "variant": r["variant"], "spec": spec,
-                              "row": {key: v for key, v in r.items() if key not in ("env", "config")}})
+            e = Entry(
+                kind="sweep",
+                op="gemm",
+                shape=f"{m}x{n}x{k}",
+                dtype=r["dtype"],
+                backend="gemmlab",
+                path=r.get("path"),
+                config=r.get("config"),
+                correct=ok,
+                error=r.get("error") or (None if ok else f"wrong result: {r.get('check')}"),
+                note=f"{note}: {spec}" + ("" if r["variant"] == "gemmlab" else f", candidate {r['variant']}"),
+                command=f"benchmarks/sweep_dense.py ({sweep})",
+                median_ms=r.get("median_ms"),
+                p20_ms=r.get("p20_ms"),
+                p80_ms=r.get("p80_ms"),
+                tflops=r.get("tflops"),
+                ratio=vs.get("ratio"),
+                ratio_ci=vs.get("ci95"),
+                per_round=vs.get("per_round"),
+                sm_clock_mhz=(r.get("clocks") or {}).get("sm_clock_mhz_mean"),
+                tensor_core_ops=inspect(r) if ok and r.get("config") else None,
+                report={
+                    "case": r["case"],
+                    "variant": r["variant"],
+                    "spec": spec,
+                    "row": {key: v for key, v in r.items() if key not in ("env", "config")},
+                },
+            )
             if parent is not None and r.get("vs_gemmlab"):
                 e.vs_parent = dict(r["vs_gemmlab"], parent_median_ms=parent.median_ms)
             _provenance(e, r.get("env"))
             case = r["case"]
-            db.record(e, parent_id=parent.id if parent else None, provenance=False,
-                      same_problem=lambda p, case=case: (p.report.get("case") or {}) == case)
+            db.record(
+                e,
+                parent_id=parent.id if parent else None,
+                provenance=False,
+                same_problem=lambda p, case=case: (p.report.get("case") or {}) == case,
+            )
             if r["variant"] == "gemmlab":
                 parent = e
             ids[(spec, r["variant"])] = e.id
@@ -327,5 +412,9 @@ def _provenance(e, env: dict | None) -> None:
     sha = env.get("git_sha") or ""
     e.created, e.gemmlab_version = env.get("date"), env.get("gemmlab", "unknown")
     e.git_sha, e.dirty = sha.removesuffix("-dirty") or "unknown", sha.endswith("-dirty") if sha else None
-    e.gpu, e.driver, e.torch, e.triton = env.get("gpu") or "unknown", env.get("driver"), env.get("torch"), env.get(
-        "triton")
+    e.gpu, e.driver, e.torch, e.triton = (
+        env.get("gpu") or "unknown",
+        env.get("driver"),
+        env.get("torch"),
+        env.get("triton"),
+    )

@@ -80,10 +80,26 @@ def attempt(run: Run, cfg, inc: dict | None, label: str) -> dict:
     run.evaluated.add(k_)
     if (path, k_) in run.done:  # resumed: already recorded in this session
         e = run.done[(path, k_)]
-        return {"config": cfg, "fn": fn, "path": path, "entry": e, "decision": e.decision, "reason": e.reason,
-                "median_ms": e.median_ms, "resumed": True}
-    entry = Entry(kind="tune", op=pb.op, shape=pb.shape, dtype=run.dname, note=run.note or label,
-                  session=run.session, path=path, config=dataclasses.asdict(cfg))
+        return {
+            "config": cfg,
+            "fn": fn,
+            "path": path,
+            "entry": e,
+            "decision": e.decision,
+            "reason": e.reason,
+            "median_ms": e.median_ms,
+            "resumed": True,
+        }
+    entry = Entry(
+        kind="tune",
+        op=pb.op,
+        shape=pb.shape,
+        dtype=run.dname,
+        note=run.note or label,
+        session=run.session,
+        path=path,
+        config=dataclasses.asdict(cfg),
+    )
     try:
         res = fn()
         if run.device.type == "cuda":
@@ -93,14 +109,23 @@ def attempt(run: Run, cfg, inc: dict | None, label: str) -> dict:
         chk = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
     entry.correct = bool(chk.get("ok"))
     if not entry.correct:
-        entry.error = chk.get("error") or f"wrong result: max |err| {chk.get('max_abs_err')}, " \
-                                          f"{chk.get('worst', 0):.3g}x the tolerance"
+        entry.error = (
+            chk.get("error")
+            or f"wrong result: max |err| {chk.get('max_abs_err')}, {chk.get('worst', 0):.3g}x the tolerance"
+        )
     else:
         entry.tensor_core_ops = pb.tensor_cores(handle)
         timed(run, entry, fn, inc)
     run.db.record(entry, parent_id=inc["entry"].id if inc is not None else None)
-    return {"config": cfg, "fn": fn, "path": path, "entry": entry, "decision": entry.decision,
-            "reason": entry.reason, "median_ms": entry.median_ms}
+    return {
+        "config": cfg,
+        "fn": fn,
+        "path": path,
+        "entry": entry,
+        "decision": entry.decision,
+        "reason": entry.reason,
+        "median_ms": entry.median_ms,
+    }
 
 
 def timed(run: Run, entry: Entry, fn: Callable, inc: dict | None) -> None:
@@ -112,8 +137,18 @@ def timed(run: Run, entry: Entry, fn: Callable, inc: dict | None) -> None:
     if inc is not None:
         fns["incumbent"] = inc["fn"]
     try:
-        r = compare_many(fns, "baseline", check=pb.check, flops=pb.flops, dtype=run.dname, rounds=run.rounds,
-                         reps=run.reps, warmup_s=run.warmup_s, graph=run.graph, device=run.device)
+        r = compare_many(
+            fns,
+            "baseline",
+            check=pb.check,
+            flops=pb.flops,
+            dtype=run.dname,
+            rounds=run.rounds,
+            reps=run.reps,
+            warmup_s=run.warmup_s,
+            graph=run.graph,
+            device=run.device,
+        )
     except Exception as e:  # e.g. a launch that cannot be captured: an attempt, rejected
         r = {"candidates": {"candidate": {"check": {"ok": False, "error": f"timing failed: {e}"}}}}
     c = r["candidates"]["candidate"]
@@ -129,11 +164,19 @@ def timed(run: Run, entry: Entry, fn: Callable, inc: dict | None) -> None:
     if inc is not None and "median_ms" in r["candidates"]["incumbent"]:
         ic = r["candidates"]["incumbent"]
         sp = stats.ratio_summary(c["per_round_ms"], ic["per_round_ms"])
-        entry.vs_parent = {"ratio": sp["ratio"], "ci95": sp["ci95"], "per_round": sp["per_round"],
-                           "parent_median_ms": ic["median_ms"]}
-    entry.report = {"baseline": pb.baseline_name, "clocks": r["clocks"],
-                    "compare": {name: {key: v for key, v in cc.items() if key != "per_round_ms"}
-                                for name, cc in r["candidates"].items()}}
+        entry.vs_parent = {
+            "ratio": sp["ratio"],
+            "ci95": sp["ci95"],
+            "per_round": sp["per_round"],
+            "parent_median_ms": ic["median_ms"],
+        }
+    entry.report = {
+        "baseline": pb.baseline_name,
+        "clocks": r["clocks"],
+        "compare": {
+            name: {key: v for key, v in cc.items() if key != "per_round_ms"} for name, cc in r["candidates"].items()
+        },
+    }
 
 
 def incumbent(run: Run) -> dict:
@@ -149,8 +192,9 @@ def incumbent(run: Run) -> dict:
     return default
 
 
-def search(run: Run, default: dict, deadline: float, smem: int, say: Progress, t_start: float,
-           budget_s: float) -> tuple[dict, list[dict], list[dict]]:
+def search(
+    run: Run, default: dict, deadline: float, smem: int, say: Progress, t_start: float, budget_s: float
+) -> tuple[dict, list[dict], list[dict]]:
     """Step 2: neighbours of the incumbent, then random points, until the queue is empty or ``deadline``
     (perf_counter) passes. Returns (the incumbent, the attempts, the pruned configs with their reasons)."""
     pb, path = run.pb, default["path"]
@@ -163,8 +207,9 @@ def search(run: Run, default: dict, deadline: float, smem: int, say: Progress, t
             queue = [c for c in space.neighbours(inc["config"], path) if space.key(c) not in seen]
             rng.shuffle(queue)
         if not queue:  # a local optimum with budget left: jump to random points of the space
-            queue = [c for c in (space.sample(path, rng, inc["config"]) for _ in range(200))
-                     if space.key(c) not in seen][:1]
+            queue = [
+                c for c in (space.sample(path, rng, inc["config"]) for _ in range(200)) if space.key(c) not in seen
+            ][:1]
             if not queue:
                 break
         if time.perf_counter() > deadline:
@@ -179,8 +224,16 @@ def search(run: Run, default: dict, deadline: float, smem: int, say: Progress, t
         if att.get("duplicate"):
             continue
         tried.append(att)
-        say({"event": "candidate", "shape": pb.shape, "tried": len(tried), "decision": att["decision"],
-             "elapsed": time.perf_counter() - t_start, "budget": budget_s})
+        say(
+            {
+                "event": "candidate",
+                "shape": pb.shape,
+                "tried": len(tried),
+                "decision": att["decision"],
+                "elapsed": time.perf_counter() - t_start,
+                "budget": budget_s,
+            }
+        )
         if att["decision"] == "accepted":
             inc, queue = att, []
     return inc, tried, pruned
@@ -191,49 +244,102 @@ def confirm(run: Run, default: dict, inc: dict, seed: int, rounds: int) -> dict:
     interleaved, ``rounds`` long. Returns the confirmation: both ratios to the baseline, whether every output
     checked, the clocks and the winner's speedup over the default."""
     pb2 = run.pb.fresh(seed)
-    fns = {"default": pb2.runner(default["config"])[0], "tuned": pb2.runner(inc["config"])[0],
-           "baseline": pb2.baseline}
+    fns = {"default": pb2.runner(default["config"])[0], "tuned": pb2.runner(inc["config"])[0], "baseline": pb2.baseline}
     if inc is default:
         fns.pop("tuned")
-    r = compare_many(fns, "baseline", check=lambda c: {"ok": pb2.check(c)["ok"]}, flops=run.pb.flops,
-                     dtype=run.dname, rounds=rounds, reps=5, warmup_s=run.warmup_s, graph=run.graph,
-                     device=run.device)
+    r = compare_many(
+        fns,
+        "baseline",
+        check=lambda c: {"ok": pb2.check(c)["ok"]},
+        flops=run.pb.flops,
+        dtype=run.dname,
+        rounds=rounds,
+        reps=5,
+        warmup_s=run.warmup_s,
+        graph=run.graph,
+        device=run.device,
+    )
     cand = r["candidates"]
-    conf = {"default_vs_baseline": cand["default"].get("vs_baseline"),
-            "tuned_vs_baseline": cand.get("tuned", cand["default"]).get("vs_baseline"),
-            "tuned_ok": all(cc["check"].get("ok") and cc.get("check_after") for cc in cand.values()),
-            "clocks": r["clocks"]}
+    conf = {
+        "default_vs_baseline": cand["default"].get("vs_baseline"),
+        "tuned_vs_baseline": cand.get("tuned", cand["default"]).get("vs_baseline"),
+        "tuned_ok": all(cc["check"].get("ok") and cc.get("check_after") for cc in cand.values()),
+        "clocks": r["clocks"],
+    }
     if "tuned" in cand and "median_ms" in cand["tuned"]:
         conf["speedup"] = stats.ratio_summary(cand["tuned"]["per_round_ms"], cand["default"]["per_round_ms"])
     return conf
 
 
-def tune_problem(pb: Problem, *, budget_s: float = 60.0, ledger: str | None = None, session: str = "tune",
-                 seed: int = 0, rounds: int = 6, reps: int = 3, confirm_rounds: int = 10, warmup_s: float = 0.2,
-                 progress: Progress | None = None, note: str = "", graph: bool | None = None) -> dict:
+def tune_problem(
+    pb: Problem,
+    *,
+    budget_s: float = 60.0,
+    ledger: str | None = None,
+    session: str = "tune",
+    seed: int = 0,
+    rounds: int = 6,
+    reps: int = 3,
+    confirm_rounds: int = 10,
+    warmup_s: float = 0.2,
+    progress: Progress | None = None,
+    note: str = "",
+    graph: bool | None = None,
+) -> dict:
     """Tune one problem (steps 1-4 of the module docstring); returns {"shape", "path", "default", "best",
     "tried", "pruned", "confirm", "confirmed", ...}. ``graph`` (default: on CUDA) times CUDA-graph replays: a
     config changes device time, and Python's launch cost (100+ us per gemmlab call) would swamp small kernels."""
     t_start = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    smem = (getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", space.SMEM_BYTES)
-            if device.type == "cuda" else space.SMEM_BYTES)
+    smem = (
+        getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", space.SMEM_BYTES)
+        if device.type == "cuda"
+        else space.SMEM_BYTES
+    )
     say = progress or (lambda ev: None)
     db = Ledger.open(ledger)
     try:
-        run = Run(pb, db, session, note, device, device.type == "cuda" if graph is None else graph, rounds, reps,
-                  warmup_s, done=recorded(db, pb, session))
+        run = Run(
+            pb,
+            db,
+            session,
+            note,
+            device,
+            device.type == "cuda" if graph is None else graph,
+            rounds,
+            reps,
+            warmup_s,
+            done=recorded(db, pb, session),
+        )
         default = incumbent(run)
         reserve = min(0.25 * budget_s, 20.0)  # for the confirmation
         inc, tried, pruned = search(run, default, t_start + budget_s - reserve, smem, say, t_start, budget_s)
-        result = {"op": pb.op, "section": pb.section, "shape": pb.dims, "dtype": run.dname, "path": default["path"],
-                  "session": session, "graph": run.graph, "baseline": pb.baseline_name, "ranges": pb.ranges,
-                  "default": dataclasses.asdict(default["config"]), "best": dataclasses.asdict(inc["config"]),
-                  "best_entry": inc["entry"].id, "default_entry": default["entry"].id,
-                  "tried": [{"config": dataclasses.asdict(t["config"]) if t.get("config") else None,
-                             "decision": t["decision"], "reason": t["reason"], "median_ms": t.get("median_ms"),
-                             "entry": t["entry"].id if t.get("entry") else None} for t in tried],
-                  "pruned": pruned}
+        result = {
+            "op": pb.op,
+            "section": pb.section,
+            "shape": pb.dims,
+            "dtype": run.dname,
+            "path": default["path"],
+            "session": session,
+            "graph": run.graph,
+            "baseline": pb.baseline_name,
+            "ranges": pb.ranges,
+            "default": dataclasses.asdict(default["config"]),
+            "best": dataclasses.asdict(inc["config"]),
+            "best_entry": inc["entry"].id,
+            "default_entry": default["entry"].id,
+            "tried": [
+                {
+                    "config": dataclasses.asdict(t["config"]) if t.get("config") else None,
+                    "decision": t["decision"],
+                    "reason": t["reason"],
+                    "median_ms": t.get("median_ms"),
+                    "entry": t["entry"].id if t.get("entry") else None,
+                }
+                for t in tried
+            ],
+            "pruned": pruned,
+        }
         result["confirm"] = conf = confirm(run, default, inc, seed + 1, confirm_rounds)
         result["confirmed"] = stats.is_faster(conf.get("speedup")) and conf["tuned_ok"]  # the ledger's own test
         result["elapsed_s"] = time.perf_counter() - t_start

@@ -1,11 +1,11 @@
 """Config spaces as data, and the pruning that rejects a config before anything is compiled.
 
-    SPACE[path] = {field: [values]}                 every config field the tuner may change, per GEMM
-                                                    path and per MoE mode (grouped, gate_up, down)
-    neighbours(config, path) -> [config]            one field changed at a time (the loop's discipline)
-    sample(path, rng, base) -> config               a random point, once no neighbour wins
-    prune(config, path, m, n, k, elt, smem) -> reason or None                    (GemmConfig)
-    prune_moe(config, mode, rows_per_expert, n, k, elt, smem) -> reason or None  (MoEConfig)
+SPACE[path] = {field: [values]}                 every config field the tuner may change, per GEMM
+                                                path and per MoE mode (grouped, gate_up, down)
+neighbours(config, path) -> [config]            one field changed at a time (the loop's discipline)
+sample(path, rng, base) -> config               a random point, once no neighbour wins
+prune(config, path, m, n, k, elt, smem) -> reason or None                    (GemmConfig)
+prune_moe(config, mode, rows_per_expert, n, k, elt, smem) -> reason or None  (MoEConfig)
 """
 
 from __future__ import annotations
@@ -18,26 +18,55 @@ from gemmlab.ops.gemm import GemmConfig
 
 SPACE: dict[str, dict[str, list]] = {
     "tma_persistent": {
-        "block_m": [64, 128, 256], "block_n": [64, 128, 256], "block_k": [32, 64, 128], "group_m": [4, 8, 16],
-        "num_warps": [4, 8], "num_stages": [2, 3, 4, 5], "epilogue_subtile": [False, True],
-        "warp_specialize": [False, True], "max_nreg": [0, 168, 232], "tail_split": [0, 4, 8],
+        "block_m": [64, 128, 256],
+        "block_n": [64, 128, 256],
+        "block_k": [32, 64, 128],
+        "group_m": [4, 8, 16],
+        "num_warps": [4, 8],
+        "num_stages": [2, 3, 4, 5],
+        "epilogue_subtile": [False, True],
+        "warp_specialize": [False, True],
+        "max_nreg": [0, 168, 232],
+        "tail_split": [0, 4, 8],
     },
     "tma_splitk": {
-        "block_m": [16, 64, 128], "block_n": [32, 64, 128, 256], "block_k": [64, 128, 256],
-        "num_warps": [4, 8], "num_stages": [3, 4, 5, 6], "split_k": [0, 1, 2, 4, 8, 16],
-        "epilogue_subtile": [False, True], "max_nreg": [0, 168],
+        "block_m": [16, 64, 128],
+        "block_n": [32, 64, 128, 256],
+        "block_k": [64, 128, 256],
+        "num_warps": [4, 8],
+        "num_stages": [3, 4, 5, 6],
+        "split_k": [0, 1, 2, 4, 8, 16],
+        "epilogue_subtile": [False, True],
+        "max_nreg": [0, 168],
     },
     "gemv": {  # block_m 1: FFMA one-row tiles; 16 and 64: tensor cores
-        "block_m": [1, 16, 64], "block_n": [16, 32, 64, 128], "block_k": [64, 128, 256, 512],
-        "num_warps": [2, 4, 8], "num_stages": [1, 2, 3], "split_k": [0, 1, 2, 4, 8, 16],
+        "block_m": [1, 16, 64],
+        "block_n": [16, 32, 64, 128],
+        "block_k": [64, 128, 256, 512],
+        "num_warps": [2, 4, 8],
+        "num_stages": [1, 2, 3],
+        "split_k": [0, 1, 2, 4, 8, 16],
     },
     "portable": {
-        "block_m": [64, 128], "block_n": [64, 128, 256], "block_k": [32, 64], "group_m": [8],
-        "num_warps": [4, 8], "num_stages": [2, 3, 4], "max_nreg": [0],
+        "block_m": [64, 128],
+        "block_n": [64, 128, 256],
+        "block_k": [32, 64],
+        "group_m": [8],
+        "num_warps": [4, 8],
+        "num_stages": [2, 3, 4],
+        "max_nreg": [0],
     },
 }
-_MOE = {"block_m": [16, 32, 64, 128], "block_n": [64, 128, 256], "block_k": [32, 64, 128], "num_warps": [4, 8],
-        "num_stages": [2, 3, 4, 5], "group_m": [1, 4, 8, 16], "clip": [False, True], "out_tma": [False, True]}
+_MOE = {
+    "block_m": [16, 32, 64, 128],
+    "block_n": [64, 128, 256],
+    "block_k": [32, 64, 128],
+    "num_warps": [4, 8],
+    "num_stages": [2, 3, 4, 5],
+    "group_m": [1, 4, 8, 16],
+    "clip": [False, True],
+    "out_tma": [False, True],
+}
 SPACE["grouped"] = SPACE["gate_up"] = dict(_MOE)
 SPACE["down"] = {key: v for key, v in _MOE.items() if key != "block_m"}  # BLOCK_M is the gate/up GEMM's
 
@@ -112,8 +141,7 @@ def prune(cfg: GemmConfig, path: str, m: int, n: int, k: int, elt: int = 2, smem
     return None
 
 
-def prune_moe(cfg, mode: str, rows_per_expert: int, n: int, k: int, elt: int = 2,
-              smem: int = SMEM_BYTES) -> str | None:
+def prune_moe(cfg, mode: str, rows_per_expert: int, n: int, k: int, elt: int = 2, smem: int = SMEM_BYTES) -> str | None:
     """Why a grouped-kernel config (``ops.moe.MoEConfig``) cannot run, or cannot be worth running, for
     ``mode`` with groups of ``rows_per_expert`` rows on average; None if it may."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -130,8 +158,10 @@ def prune_moe(cfg, mode: str, rows_per_expert: int, n: int, k: int, elt: int = 2
     if acc > MAX_ACC_REGS:
         return f"accumulator needs {acc} registers per thread (> {MAX_ACC_REGS}): it would spill"
     if mode != "down" and bm > 2 * (1 << (max(rows_per_expert, 16) - 1).bit_length()):
-        return (f"block_m {bm} is more than twice the {rows_per_expert} rows an expert gets on average (rounded "
-                "up to a power of two): wasted rows")
+        return (
+            f"block_m {bm} is more than twice the {rows_per_expert} rows an expert gets on average (rounded "
+            "up to a power of two): wasted rows"
+        )
     if n and bn > 2 * max(n, 32):
         return f"block_n {bn} is more than twice N = {n}: wasted columns"
     return None

@@ -72,8 +72,13 @@ def _interpreted() -> bool:
 def _child_count(args: dict) -> int | None:
     """Tensor-core count from a child process without the interpreter (sm_90 SASS compiled on the CPU)."""
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-m", "gemmlab.tune.tuner", "--tensor-cores", json.dumps(args)],
-                       capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "gemmlab.tune.tuner", "--tensor-cores", json.dumps(args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     return int(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
 
 
@@ -88,8 +93,16 @@ def tensor_cores(p: Plan) -> int | None:
     """Tensor-core instruction count in the SASS of the kernel a plan's latest launch ran (call it right
     after running the plan); under the interpreter, of the plan compiled for sm_90 in a child process."""
     if _interpreted():
-        return _child_count({"op": "gemm", "m": p.m, "n": p.n, "k": p.k,
-                             "dtype": str(p.dtype).removeprefix("torch."), "config": dataclasses.asdict(p.config)})
+        return _child_count(
+            {
+                "op": "gemm",
+                "m": p.m,
+                "n": p.n,
+                "k": p.k,
+                "dtype": str(p.dtype).removeprefix("torch."),
+                "config": dataclasses.asdict(p.config),
+            }
+        )
     from gemmlab.instruments.sass import compiled_report, report
     from gemmlab.ops.introspect import last_kernel
 
@@ -102,12 +115,14 @@ def moe_tensor_cores(h: tuple) -> int | None:
     compiled as ``instruments.sass.moe_report`` does (in a child process under the interpreter)."""
     mode, rows, experts, dname, cfg = h
     if _interpreted():
-        return _child_count({"op": "moe", "mode": mode, "rows": rows, "experts": experts, "dtype": dname,
-                             "config": cfg})
+        return _child_count(
+            {"op": "moe", "mode": mode, "rows": rows, "experts": experts, "dtype": dname, "config": cfg}
+        )
     from gemmlab.instruments.sass import moe_report
 
-    return moe_report(mode, rows, experts, getattr(torch, dname), arch=p_arch(),
-                      config=MoEConfig(**cfg))["tensor_core_ops"]
+    return moe_report(mode, rows, experts, getattr(torch, dname), arch=p_arch(), config=MoEConfig(**cfg))[
+        "tensor_core_ops"
+    ]
 
 
 def count_in_child(args: dict) -> int:
@@ -115,8 +130,13 @@ def count_in_child(args: dict) -> int:
     import gemmlab.instruments.sass as sass
 
     if args.get("op", "gemm") == "moe":
-        return sass.moe_report(args["mode"], args["rows"], args["experts"], getattr(torch, args["dtype"]),
-                               config=MoEConfig(**args["config"]))["tensor_core_ops"]
+        return sass.moe_report(
+            args["mode"],
+            args["rows"],
+            args["experts"],
+            getattr(torch, args["dtype"]),
+            config=MoEConfig(**args["config"]),
+        )["tensor_core_ops"]
     base = sass.plan_for(args["m"], args["n"], args["k"], getattr(torch, args["dtype"]))
     p = dataclasses.replace(base, config=GemmConfig(**args["config"]))
     return sass.report(p, 90)["tensor_core_ops"]
@@ -131,9 +151,16 @@ def default_runner(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Gem
     return (lambda: run(p, a, b, out=out)), p
 
 
-def gemm_problem(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, seed: int = 0, *,
-                 make_runner=default_runner, count_tensor_cores: Callable[[Plan], int | None] = tensor_cores
-                 ) -> Problem:
+def gemm_problem(
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype = torch.float16,
+    seed: int = 0,
+    *,
+    make_runner=default_runner,
+    count_tensor_cores: Callable[[Plan], int | None] = tensor_cores,
+) -> Problem:
     """C (m, n) = A (m, k) @ B (k, n): gemmlab's plan against cuBLAS."""
     from gemmlab.instruments import timing
     from gemmlab.problems import gemm_operands
@@ -154,14 +181,23 @@ def gemm_problem(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, see
         r = gemm_check(c, a, b, ref)
         return {key: r[key] for key in ("ok", "max_abs_err", "worst")}
 
-    return Problem(op="gemm", section="gemm", shape=f"{m}x{n}x{k}", dims=[m, n, k], dtype=dtype,
-                   flops=2.0 * m * n * k, runner=runner, check=check, baseline_name="cublas",
-                   baseline=lambda: torch.mm(a, b, out=cub_out),
-                   prune=lambda cfg, path, smem: space.prune(cfg, path, m, n, k, a.element_size(), smem),
-                   tensor_cores=count_tensor_cores, ranges={"m": bucket(m), "n": bucket(n), "k": bucket(k)},
-                   fresh=lambda s: gemm_problem(m, n, k, dtype, s, make_runner=make_runner,
-                                                count_tensor_cores=count_tensor_cores),
-                   rng_seed=seed * 7919 + m * 31 + n * 17 + k)
+    return Problem(
+        op="gemm",
+        section="gemm",
+        shape=f"{m}x{n}x{k}",
+        dims=[m, n, k],
+        dtype=dtype,
+        flops=2.0 * m * n * k,
+        runner=runner,
+        check=check,
+        baseline_name="cublas",
+        baseline=lambda: torch.mm(a, b, out=cub_out),
+        prune=lambda cfg, path, smem: space.prune(cfg, path, m, n, k, a.element_size(), smem),
+        tensor_cores=count_tensor_cores,
+        ranges={"m": bucket(m), "n": bucket(n), "k": bucket(k)},
+        fresh=lambda s: gemm_problem(m, n, k, dtype, s, make_runner=make_runner, count_tensor_cores=count_tensor_cores),
+        rng_seed=seed * 7919 + m * 31 + n * 17 + k,
+    )
 
 
 @dataclass(frozen=True)
@@ -193,16 +229,23 @@ class MoETarget:
 
         c1, c2 = self.resolve(cfg)
         mine = c2 if self.mode is Mode.DOWN else c1
-        handle = (int(self.mode), self.rows, self.experts, str(self.dtype).removeprefix("torch."),
-                  dataclasses.asdict(mine))
+        handle = (
+            int(self.mode),
+            self.rows,
+            self.experts,
+            str(self.dtype).removeprefix("torch."),
+            dataclasses.asdict(mine),
+        )
         v = self.inputs
         if self.mode is Mode.GROUPED:
             out = torch.full((self.rows, self.n), float("nan"), dtype=self.dtype, device=v["xs"].device)
-            fn = functools.partial(gemmlab.grouped_gemm, v["xs"], v["w1"], v["offsets"], out=out, validate=False,
-                                   config=mine)
+            fn = functools.partial(
+                gemmlab.grouped_gemm, v["xs"], v["w1"], v["offsets"], out=out, validate=False, config=mine
+            )
             return fn, out, mine, self.mode.table, handle
-        fn = functools.partial(gemmlab.moe_forward, v["x"], v["packed"], None, v["weights"], v["ids"],
-                               validate=False, configs=(c1, c2))
+        fn = functools.partial(
+            gemmlab.moe_forward, v["x"], v["packed"], None, v["weights"], v["ids"], validate=False, configs=(c1, c2)
+        )
         return fn, None, mine, self.mode.table, handle
 
     def check(self, out: torch.Tensor) -> dict:
@@ -247,15 +290,24 @@ def moe_target(model, tokens: int, mode: Mode, dtype: torch.dtype, seed: int) ->
         cfg = moe_config(target, s, e, mode, elt, dtype=dtype, n=2 * i, k=h)
         inputs = {"xs": xs, "w1": w1, "w1t": w1.transpose(1, 2), "offsets": r.offsets}
         return MoETarget(mode, dtype, s, e, 2 * i, h, (cfg, cfg), inputs, grouped_gemm_ref(xs, w1, r.offsets))
-    defaults = (moe_config(target, s, e, Mode.GATE_UP, elt, dtype=dtype, n=i, k=h),
-                moe_config(target, s, e, Mode.DOWN, elt, dtype=dtype, n=h, k=i))
+    defaults = (
+        moe_config(target, s, e, Mode.GATE_UP, elt, dtype=dtype, n=i, k=h),
+        moe_config(target, s, e, Mode.DOWN, elt, dtype=dtype, n=h, k=i),
+    )
     n, k = (i, h) if mode is Mode.GATE_UP else (h, i)
     inputs = {"x": x, "w1": w1, "w2": w2, "packed": pack_moe_weights(w1, w2), "weights": wts, "ids": ids}
     return MoETarget(mode, dtype, s, e, n, k, defaults, inputs, moe_ref(x, w1, w2, wts, ids))
 
 
-def moe_problem(model, tokens: int, mode: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, *,
-                count_tensor_cores: Callable[[tuple], int | None] = moe_tensor_cores) -> Problem:
+def moe_problem(
+    model,
+    tokens: int,
+    mode: str,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    *,
+    count_tensor_cores: Callable[[tuple], int | None] = moe_tensor_cores,
+) -> Problem:
     """One MoE layer (``problems.MoEModel``: H, I, E, k) at ``tokens`` tokens, uniform routing; ``mode``
     one of ``ops.moe.MODES``: which grouped GEMM's config is tuned (see the module docstring)."""
     from gemmlab.ledger.records import moe_shape
@@ -268,11 +320,20 @@ def moe_problem(model, tokens: int, mode: str, dtype: torch.dtype = torch.bfloat
     s = tokens * top_k
     rpe = -(-s // max(1, min(e, s)))
     flops = 2.0 * s * h * 2 * i + (2.0 * s * i * h if m is not Mode.GROUPED else 0.0)
-    return Problem(op=f"moe_{mode}", section="moe", shape=moe_shape(tokens, h, i, e, top_k),
-                   dims=[tokens, h, i, e, top_k], dtype=dtype, flops=flops, runner=t.runner, check=t.check,
-                   baseline_name="torch._grouped_mm" if m is Mode.GROUPED else "torch composite",
-                   baseline=t.baseline, prune=t.prune, tensor_cores=count_tensor_cores,
-                   ranges={"rows_per_expert": bucket(rpe), "experts": bucket(e), "n": bucket(t.n), "k": bucket(t.k)},
-                   fresh=functools.partial(moe_problem, model, tokens, mode, dtype,
-                                           count_tensor_cores=count_tensor_cores),
-                   rng_seed=seed * 7919 + tokens * 31 + e * 17 + int(m))
+    return Problem(
+        op=f"moe_{mode}",
+        section="moe",
+        shape=moe_shape(tokens, h, i, e, top_k),
+        dims=[tokens, h, i, e, top_k],
+        dtype=dtype,
+        flops=flops,
+        runner=t.runner,
+        check=t.check,
+        baseline_name="torch._grouped_mm" if m is Mode.GROUPED else "torch composite",
+        baseline=t.baseline,
+        prune=t.prune,
+        tensor_cores=count_tensor_cores,
+        ranges={"rows_per_expert": bucket(rpe), "experts": bucket(e), "n": bucket(t.n), "k": bucket(t.k)},
+        fresh=functools.partial(moe_problem, model, tokens, mode, dtype, count_tensor_cores=count_tensor_cores),
+        rng_seed=seed * 7919 + tokens * 31 + e * 17 + int(m),
+    )

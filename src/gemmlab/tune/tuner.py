@@ -38,19 +38,39 @@ from gemmlab.tune.targets import (
 )
 
 
-def tune_shape(m: int, n: int, k: int, dtype: torch.dtype = torch.float16, *, seed: int = 0,
-               make_runner=default_runner, count_tensor_cores: Callable[[Plan], int | None] = tensor_cores,
-               **kw) -> dict:
+def tune_shape(
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype = torch.float16,
+    *,
+    seed: int = 0,
+    make_runner=default_runner,
+    count_tensor_cores: Callable[[Plan], int | None] = tensor_cores,
+    **kw,
+) -> dict:
     """Tune one GEMM shape (``tune_problem`` on ``gemm_problem``)."""
-    return tune_problem(gemm_problem(m, n, k, dtype, seed, make_runner=make_runner,
-                                     count_tensor_cores=count_tensor_cores), seed=seed, **kw)
+    return tune_problem(
+        gemm_problem(m, n, k, dtype, seed, make_runner=make_runner, count_tensor_cores=count_tensor_cores),
+        seed=seed,
+        **kw,
+    )
 
 
-def tune_moe(model: MoEModel, tokens: int, mode: str, dtype: torch.dtype = torch.bfloat16, *, seed: int = 0,
-             count_tensor_cores: Callable[[tuple], int | None] = moe_tensor_cores, **kw) -> dict:
+def tune_moe(
+    model: MoEModel,
+    tokens: int,
+    mode: str,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    seed: int = 0,
+    count_tensor_cores: Callable[[tuple], int | None] = moe_tensor_cores,
+    **kw,
+) -> dict:
     """Tune one MoE grouped GEMM (``mode``: grouped, gate_up or down) of a model at ``tokens`` tokens."""
-    return tune_problem(moe_problem(model, tokens, mode, dtype, seed, count_tensor_cores=count_tensor_cores),
-                        seed=seed, **kw)
+    return tune_problem(
+        moe_problem(model, tokens, mode, dtype, seed, count_tensor_cores=count_tensor_cores), seed=seed, **kw
+    )
 
 
 def write_configs(results: Sequence[dict], target_name: str, configs_dir: str | Path | None = None) -> Path:
@@ -64,9 +84,11 @@ def write_configs(results: Sequence[dict], target_name: str, configs_dir: str | 
     data = configs.read(path) if path.exists() else {}
     import triton
 
-    data = {"about": data.get("about", f"gemmlab tune's rules for {target_name}, tried before the bundled table"),
-            "triton": triton.__version__,  # the rules below were measured with this Triton
-            **{key: {p: list(rules) for p, rules in v.items()} for key, v in data.items() if key in configs.SECTIONS}}
+    data = {
+        "about": data.get("about", f"gemmlab tune's rules for {target_name}, tried before the bundled table"),
+        "triton": triton.__version__,  # the rules below were measured with this Triton
+        **{key: {p: list(rules) for p, rules in v.items()} for key, v in data.items() if key in configs.SECTIONS},
+    }
     from gemmlab.ops.moe import MoEConfig
 
     defaults = {"gemm": GemmConfig(), "moe": MoEConfig()}
@@ -75,18 +97,25 @@ def write_configs(results: Sequence[dict], target_name: str, configs_dir: str | 
             continue
         section = r.get("section", "gemm")
         base = defaults[section]
-        rule = {**r["ranges"], "dtype": r["dtype"],
-                "config": {key: v for key, v in r["best"].items() if v != getattr(base, key)},
-                "tuned": {"shape": "x".join(map(str, r["shape"])), "ledger_entry": r["best_entry"],
-                          "session": r["session"], "speedup_vs_default": round(r["confirm"]["speedup"]["ratio"], 4),
-                          "ci95": [round(x, 4) for x in r["confirm"]["speedup"]["ci95"]]}}
+        rule = {
+            **r["ranges"],
+            "dtype": r["dtype"],
+            "config": {key: v for key, v in r["best"].items() if v != getattr(base, key)},
+            "tuned": {
+                "shape": "x".join(map(str, r["shape"])),
+                "ledger_entry": r["best_entry"],
+                "session": r["session"],
+                "speedup_vs_default": round(r["confirm"]["speedup"]["ratio"], 4),
+                "ci95": [round(x, 4) for x in r["confirm"]["speedup"]["ci95"]],
+            },
+        }
         scope = [*configs.SECTIONS[section][1], "dtype"]
         rules = data.setdefault(section, {}).setdefault(r["path"], [])
         rules[:] = [x for x in rules if not (x.get("tuned") and all(x.get(q) == rule.get(q) for q in scope))]
         rules.insert(0, rule)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # atomic: a process reading the tables mid-write
-    tmp.write_text(dump_table(data))                         # sees the old file or the new one, whole
+    tmp.write_text(dump_table(data))  # sees the old file or the new one, whole
     os.replace(tmp, path)
     configs.reload()
     return path
@@ -139,31 +168,58 @@ def moe_model(name: str | None = None, sizes: str | None = None) -> MoEModel:
     return MOE_MODELS[name or "deepseek-v3"]
 
 
-def moe_items(model: MoEModel, tokens: Sequence[int], modes: Sequence[str] = ("gate_up", "down", "grouped")
-              ) -> list[dict]:
+def moe_items(
+    model: MoEModel, tokens: Sequence[int], modes: Sequence[str] = ("gate_up", "down", "grouped")
+) -> list[dict]:
     """The work items that tune a model's MoE grouped GEMMs at each T."""
     from gemmlab.ops.moe import MODES
 
-    bad = [m for m in modes if m not in MODES] + [t for t in tokens if isinstance(t, bool) or not isinstance(t, int)
-                                                   or t <= 0]
+    bad = [m for m in modes if m not in MODES] + [
+        t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or t <= 0
+    ]
     if bad:
         raise ValueError(f"MoE modes must be among {', '.join(MODES)} and tokens positive integers; got {bad}")
-    return [{"op": "moe", "model": [model.hidden, model.intermediate, model.experts, model.top_k], "tokens": t,
-             "mode": mode} for t in tokens for mode in modes]
+    return [
+        {
+            "op": "moe",
+            "model": [model.hidden, model.intermediate, model.experts, model.top_k],
+            "tokens": t,
+            "mode": mode,
+        }
+        for t in tokens
+        for mode in modes
+    ]
 
 
 def _worker(args: dict) -> None:
     """One GPU's share (``--worker``): tune its items, print progress and results as JSON lines."""
     for item in args["shapes"]:
-        r = _tune_item(item, getattr(torch, args["dtype"]), budget_s=args["budget_s"], ledger=args["ledger"],
-                       session=args["session"], seed=args["seed"], note=args["note"],
-                       progress=lambda ev: print("PROGRESS " + json.dumps(ev), flush=True))
+        r = _tune_item(
+            item,
+            getattr(torch, args["dtype"]),
+            budget_s=args["budget_s"],
+            ledger=args["ledger"],
+            session=args["session"],
+            seed=args["seed"],
+            note=args["note"],
+            progress=lambda ev: print("PROGRESS " + json.dumps(ev), flush=True),
+        )
         print("RESULT " + json.dumps(r, default=str), flush=True)
 
 
-def tune(shapes: Sequence, dtype: torch.dtype = torch.float16, *, budget_minutes: float = 5.0,
-         ledger: str | None = None, session: str | None = None, seed: int = 0, note: str = "",
-         progress: Progress | None = None, workers: int | None = None, **kw) -> dict:
+def tune(
+    shapes: Sequence,
+    dtype: torch.dtype = torch.float16,
+    *,
+    budget_minutes: float = 5.0,
+    ledger: str | None = None,
+    session: str | None = None,
+    seed: int = 0,
+    note: str = "",
+    progress: Progress | None = None,
+    workers: int | None = None,
+    **kw,
+) -> dict:
     """Tune every item (GEMM shapes (M, N, K), MoE items from ``moe_items``) within ``budget_minutes`` in
     all: in this process on one GPU (or the CPU), or one worker process per visible GPU (``workers``
     overrides the count; without GPUs the workers share the CPU interpreter), items dealt round robin.
@@ -174,17 +230,42 @@ def tune(shapes: Sequence, dtype: torch.dtype = torch.float16, *, budget_minutes
     shares = [list(shapes[i::workers]) for i in range(workers)]
     per_shape = 60.0 * budget_minutes / max(len(s) for s in shares)
     if workers == 1:
-        results = [_tune_item(item, dtype, budget_s=per_shape, ledger=ledger, session=session, seed=seed,
-                              note=note, progress=progress, **kw) for item in shapes]
+        results = [
+            _tune_item(
+                item,
+                dtype,
+                budget_s=per_shape,
+                ledger=ledger,
+                session=session,
+                seed=seed,
+                note=note,
+                progress=progress,
+                **kw,
+            )
+            for item in shapes
+        ]
         return {"session": session, "results": results, "workers": 1}
     Ledger.open(ledger).close()  # the file, its WAL journal and schema exist before the workers open it
     procs = []
     for i, share in enumerate(shares):
-        args = {"shapes": share, "dtype": str(dtype).removeprefix("torch."), "budget_s": per_shape,
-                "ledger": str(ledger or ""), "session": session, "seed": seed, "note": note}
+        args = {
+            "shapes": share,
+            "dtype": str(dtype).removeprefix("torch."),
+            "budget_s": per_shape,
+            "ledger": str(ledger or ""),
+            "session": session,
+            "seed": seed,
+            "note": note,
+        }
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i % max(n_gpu, 1))) if n_gpu else dict(os.environ)
-        procs.append(subprocess.Popen([sys.executable, "-m", "gemmlab.tune.tuner", "--worker", json.dumps(args)],
-                                      stdout=subprocess.PIPE, text=True, env=env))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "gemmlab.tune.tuner", "--worker", json.dumps(args)],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        )
     results: list[dict] = []
     lock = threading.Lock()
 
@@ -202,8 +283,12 @@ def tune(shapes: Sequence, dtype: torch.dtype = torch.float16, *, budget_minutes
         t.start()
     for t in readers:
         t.join()
-    return {"session": session, "results": results, "workers": workers,
-            "failed_workers": [i for i, p in enumerate(procs) if p.returncode]}
+    return {
+        "session": session,
+        "results": results,
+        "workers": workers,
+        "failed_workers": [i for i, p in enumerate(procs) if p.returncode],
+    }
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A tune session's report: the table ``gemmlab tune`` prints, tune-report.json / .csv (long format) / .md.
 
-    report(res) -> {"kind": "tune", "env", "session", "results", "workers", ...}  (``tuner.tune``'s result)
+report(res) -> {"kind": "tune", "env", "session", "results", "workers", ...}  (``tuner.tune``'s result)
 """
 
 from __future__ import annotations
@@ -26,19 +26,40 @@ def _shape(r: dict) -> str:
 
 def tables(rep: dict) -> list[Table]:
     """One row per problem: tried, accepted, pruned, default and tuned against the baseline, tuned / default."""
-    t = Table(f"tune session {rep['session']} ({rep['workers']} worker(s))",
-              ("shape", "path", "tried", "accepted", "pruned", "default vs baseline", "tuned vs baseline",
-               "tuned / default [95% CI]", "confirmed"))
+    t = Table(
+        f"tune session {rep['session']} ({rep['workers']} worker(s))",
+        (
+            "shape",
+            "path",
+            "tried",
+            "accepted",
+            "pruned",
+            "default vs baseline",
+            "tuned vs baseline",
+            "tuned / default [95% CI]",
+            "confirmed",
+        ),
+    )
     for r in rep["results"]:
         conf = r["confirm"]
         sp = conf.get("speedup")
         dv, tv = vs_baseline(conf, "default"), vs_baseline(conf, "tuned")
-        t.rows.append([_shape(r), r["path"], str(len(r["tried"])),
-                       str(sum(x["decision"] == "accepted" for x in r["tried"][1:])), str(len(r["pruned"])),
-                       num(dv.get("ratio"), ".3f"), num(tv.get("ratio"), ".3f"),
-                       "-" if not sp else f"{sp['ratio']:.3f} " + (f"[{sp['ci95'][0]:.3f}, {sp['ci95'][1]:.3f}]"
-                                                                  if sp.get("ci95") else "[too few rounds]"),
-                       "[green]yes" if r["confirmed"] else "no"])
+        t.rows.append(
+            [
+                _shape(r),
+                r["path"],
+                str(len(r["tried"])),
+                str(sum(x["decision"] == "accepted" for x in r["tried"][1:])),
+                str(len(r["pruned"])),
+                num(dv.get("ratio"), ".3f"),
+                num(tv.get("ratio"), ".3f"),
+                "-"
+                if not sp
+                else f"{sp['ratio']:.3f} "
+                + (f"[{sp['ci95'][0]:.3f}, {sp['ci95'][1]:.3f}]" if sp.get("ci95") else "[too few rounds]"),
+                "[green]yes" if r["confirmed"] else "no",
+            ]
+        )
     if rep.get("failed_workers"):
         t.notes.append(f"[red]worker(s) {rep['failed_workers']} failed")
     return [t]
@@ -52,12 +73,35 @@ def long_rows(rep: dict) -> list[dict]:
         for provider in ("default", "tuned"):
             v = vs_baseline(conf, provider)
             if v.get("ratio") is not None:
-                out.append(long_row(r["path"], provider, "ratio_vs_baseline", "x", "shape", _shape(r), v["ratio"],
-                                    mode="confirm", ci95=v.get("ci95")))
+                out.append(
+                    long_row(
+                        r["path"],
+                        provider,
+                        "ratio_vs_baseline",
+                        "x",
+                        "shape",
+                        _shape(r),
+                        v["ratio"],
+                        mode="confirm",
+                        ci95=v.get("ci95"),
+                    )
+                )
         sp = conf.get("speedup")
         if sp:
-            out.append(long_row(r["path"], "tuned", "speedup_vs_default", "x", "shape", _shape(r), sp["ratio"],
-                                mode="confirm", ci95=sp.get("ci95"), confirmed=r["confirmed"]))
+            out.append(
+                long_row(
+                    r["path"],
+                    "tuned",
+                    "speedup_vs_default",
+                    "x",
+                    "shape",
+                    _shape(r),
+                    sp["ratio"],
+                    mode="confirm",
+                    ci95=sp.get("ci95"),
+                    confirmed=r["confirmed"],
+                )
+            )
     return out
 
 

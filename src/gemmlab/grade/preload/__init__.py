@@ -92,8 +92,15 @@ def build(cache_dir: str | Path | None = None) -> Path:
     return build_library(SOURCE, FLAGS, LIBS, PREBUILT_ENV, cache_dir)
 
 
-def build_library(source: Path, flags: tuple, libs: tuple, prebuilt_env: str, cache_dir: str | Path | None = None,
-                  includes: tuple = (), key_extra: bytes = b"") -> Path:
+def build_library(
+    source: Path,
+    flags: tuple,
+    libs: tuple,
+    prebuilt_env: str,
+    cache_dir: str | Path | None = None,
+    includes: tuple = (),
+    key_extra: bytes = b"",
+) -> Path:
     """The shared library built from ``source`` (one C file) by cc or gcc (``$CC``), cached under a name keyed by
     the source, the flags, the include directories, ``key_extra`` and the machine; ``$prebuilt_env`` names a
     prebuilt one instead. Built into a temporary name and renamed, so a concurrent build never sees half a library.
@@ -130,9 +137,16 @@ def build_library(source: Path, flags: tuple, libs: tuple, prebuilt_env: str, ca
     return out
 
 
-def child_env(log: str | Path | None, policy: str = "log", *, lib: str | Path | None = None,
-              log_fd: int | None = None, counts: str | Path | None = None, token: str | None = None,
-              env: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(
+    log: str | Path | None,
+    policy: str = "log",
+    *,
+    lib: str | Path | None = None,
+    log_fd: int | None = None,
+    counts: str | Path | None = None,
+    token: str | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, str]:
     """The whole environment to start the candidate's process with: ``env`` (default ``os.environ``) plus
     LD_PRELOAD (``lib`` first, default ``build()``) and the guard's settings. ``log``: a file path. ``log_fd``:
     the write end of the grader's pipe, which must also reach the child (``pass_fds``). ``counts``: the path of
@@ -145,8 +159,12 @@ def child_env(log: str | Path | None, policy: str = "log", *, lib: str | Path | 
     lib = str(lib or build())
     out["LD_PRELOAD"] = ":".join(p for p in (lib, out.get("LD_PRELOAD", "")) if p)
     out["GEMMLAB_VENDOR_POLICY"] = policy
-    for name, value in (("GEMMLAB_VENDOR_LOG", log), ("GEMMLAB_VENDOR_LOG_FD", log_fd),
-                        ("GEMMLAB_VENDOR_COUNTS", counts), ("GEMMLAB_VENDOR_TOKEN", token)):
+    for name, value in (
+        ("GEMMLAB_VENDOR_LOG", log),
+        ("GEMMLAB_VENDOR_LOG_FD", log_fd),
+        ("GEMMLAB_VENDOR_COUNTS", counts),
+        ("GEMMLAB_VENDOR_TOKEN", token),
+    ):
         if value is not None:
             out[name] = str(value)
         else:
@@ -262,7 +280,7 @@ def read_counts(path: str | Path) -> Counts | None:
     names_end = 32 + 48 * nsym
     if len(data) < names_end + 16 * nsym:
         return None
-    names = [data[32 + 48 * i: 32 + 48 * (i + 1)].split(b"\0")[0].decode() for i in range(nsym)]
+    names = [data[32 + 48 * i : 32 + 48 * (i + 1)].split(b"\0")[0].decode() for i in range(nsym)]
     calls = struct.unpack_from(f"<{nsym}Q", data, names_end)
     refused = struct.unpack_from(f"<{nsym}Q", data, names_end + 8 * nsym)
     nonzero = lambda values: {s: n for s, n in zip(names, values, strict=True) if n}
@@ -277,8 +295,10 @@ def assess(obs: Observation, pid: int, token: str | None = None, counts: Counts 
     silenced the log); "clean": loaded, none recorded, exited properly. A log too long to be the library's
     (``oversized``) was rewritten by the child: "vendor", as tampered with."""
     if obs.oversized is not None:
-        return "vendor", (f"vendor_guard's log was tampered with: {obs.oversized} bytes long, not the library's "
-                          "(rewritten by the candidate's process)")
+        return "vendor", (
+            f"vendor_guard's log was tampered with: {obs.oversized} bytes long, not the library's "
+            "(rewritten by the candidate's process)"
+        )
     if obs.replaced:
         return "vendor", f"vendor_guard's log was tampered with: {obs.replaced}"
     if pid not in obs.loaded:
@@ -301,5 +321,14 @@ def assess(obs: Observation, pid: int, token: str | None = None, counts: Counts 
     return "clean", f"no vendor BLAS call recorded in pid {pid}{lost}"
 
 
-__all__ = ["Counts", "Observation", "Unavailable", "assess", "build", "child_env", "parse_log", "read_counts",
-           "read_log"]
+__all__ = [
+    "Counts",
+    "Observation",
+    "Unavailable",
+    "assess",
+    "build",
+    "child_env",
+    "parse_log",
+    "read_counts",
+    "read_log",
+]

@@ -32,10 +32,16 @@ def _rotl(x: int, b: int) -> int:
 
 def _rounds(v: list[int], n: int) -> None:
     for _ in range(n):
-        v[0] = (v[0] + v[1]) & MASK; v[1] = _rotl(v[1], 13) ^ v[0]; v[0] = _rotl(v[0], 32)  # noqa: E702
-        v[2] = (v[2] + v[3]) & MASK; v[3] = _rotl(v[3], 16) ^ v[2]  # noqa: E702
-        v[0] = (v[0] + v[3]) & MASK; v[3] = _rotl(v[3], 21) ^ v[0]  # noqa: E702
-        v[2] = (v[2] + v[1]) & MASK; v[1] = _rotl(v[1], 17) ^ v[2]; v[2] = _rotl(v[2], 32)  # noqa: E702
+        v[0] = (v[0] + v[1]) & MASK
+        v[1] = _rotl(v[1], 13) ^ v[0]
+        v[0] = _rotl(v[0], 32)  # noqa: E702
+        v[2] = (v[2] + v[3]) & MASK
+        v[3] = _rotl(v[3], 16) ^ v[2]  # noqa: E702
+        v[0] = (v[0] + v[3]) & MASK
+        v[3] = _rotl(v[3], 21) ^ v[0]  # noqa: E702
+        v[2] = (v[2] + v[1]) & MASK
+        v[1] = _rotl(v[1], 17) ^ v[2]
+        v[2] = _rotl(v[2], 32)  # noqa: E702
 
 
 def siphash24(key: bytes, data: bytes) -> int:
@@ -72,7 +78,7 @@ class Reader:
                 if len(self.pending) > MAX_PENDING_BYTES:
                     self.failed = "the observer's channel sent a line longer than 64 MiB"
                 break
-            line, self.pending = self.pending[: nl + 1], self.pending[nl + 1:]
+            line, self.pending = self.pending[: nl + 1], self.pending[nl + 1 :]
             if not line.startswith(b"mac "):
                 self.lines.append(line)
                 if sum(map(len, self.lines)) > MAX_PENDING_BYTES:
@@ -82,8 +88,10 @@ class Reader:
             self.lines = []
             want = siphash24(self.key, self.chain.to_bytes(8, "little") + body)
             if line.strip() != f"mac {want:016x}".encode():
-                self.failed = ("records on the observer's channel that the observer did not write (their MAC does "
-                               "not verify): forged or garbled")
+                self.failed = (
+                    "records on the observer's channel that the observer did not write (their MAC does "
+                    "not verify): forged or garbled"
+                )
                 break
             self.chain = want
             blocks.append(body.decode("ascii", "replace").splitlines())
@@ -122,7 +130,7 @@ def _ppid(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat[stat.rfind(")") + 2:].split()[1])
+    return int(stat[stat.rfind(")") + 2 :].split()[1])
 
 
 class Channel:
@@ -142,8 +150,11 @@ class Channel:
 
     def env(self, lib: str | os.PathLike, cupti: str | None) -> dict[str, str]:
         """The child's settings; ``lib`` must also be in its LD_PRELOAD (the caller joins that list)."""
-        out = {"CUDA_INJECTION64_PATH": str(lib), "GEMMLAB_OBSERVER_SOCK": self.path,
-               "GEMMLAB_OBSERVER_TOKEN": self.key.hex()}
+        out = {
+            "CUDA_INJECTION64_PATH": str(lib),
+            "GEMMLAB_OBSERVER_SOCK": self.path,
+            "GEMMLAB_OBSERVER_TOKEN": self.key.hex(),
+        }
         if cupti:
             out["GEMMLAB_OBSERVER_CUPTI"] = cupti
         return out
@@ -241,10 +252,13 @@ class Channel:
             if self.reader.failed:
                 return self._fail(self.reader.failed)
         if self.hello is None:
-            return self._fail(f"the observer never started in the candidate's process (no answer within {timeout:g} s:"
-                              " CUDA_INJECTION64_PATH removed, or CUDA not initialized)")
-        return self._fail(f"the observer did not answer within {timeout:g} s (its thread was stopped or its "
-                          "channel taken over)")
+            return self._fail(
+                f"the observer never started in the candidate's process (no answer within {timeout:g} s:"
+                " CUDA_INJECTION64_PATH removed, or CUDA not initialized)"
+            )
+        return self._fail(
+            f"the observer did not answer within {timeout:g} s (its thread was stopped or its channel taken over)"
+        )
 
 
 __all__ = ["Channel", "Epoch", "Reader", "siphash24"]

@@ -45,13 +45,18 @@ def include_dirs() -> list[Path]:
     explicit = os.environ.get(INCLUDE_ENV)
     candidates = [Path(explicit)] if explicit else []
     for root in _toolkits():
-        candidates += [root / "include", *map(Path, sorted(glob.glob(str(root / "targets" / "*" / "include")))),
-                       root / "extras" / "CUPTI" / "include"]
+        candidates += [
+            root / "include",
+            *map(Path, sorted(glob.glob(str(root / "targets" / "*" / "include")))),
+            root / "extras" / "CUPTI" / "include",
+        ]
     candidates += [d / "include" for d in _wheels()]
     cupti = next((d for d in candidates if (d / "cupti_activity.h").is_file()), None)
     if cupti is None:
-        raise Unavailable("no CUPTI headers (cupti_activity.h) in $GEMMLAB_CUPTI_INCLUDE, $CUDA_HOME, /usr/local/cuda*"
-                          " or the nvidia wheels on sys.path")
+        raise Unavailable(
+            "no CUPTI headers (cupti_activity.h) in $GEMMLAB_CUPTI_INCLUDE, $CUDA_HOME, /usr/local/cuda*"
+            " or the nvidia wheels on sys.path"
+        )
     cuda = cupti if (cupti / "cuda.h").is_file() else next((d for d in candidates if (d / "cuda.h").is_file()), None)
     if cuda is None:
         raise Unavailable(f"CUPTI headers in {cupti}, but no cuda.h to go with them")
