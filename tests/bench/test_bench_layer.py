@@ -51,7 +51,7 @@ def test_bench_layer_tiny_eager_verifies_and_times():
         c = r["candidates"][name]
         assert c["check"]["ok"] and c["check_after"], c["check"]
         assert c["median_ms"] > 0
-    assert rep["layers"]["mixtral"]["patch"]["moe_block"] == ["mlp"]
+    assert rep["layers"]["mixtral"]["patch"]["moe_experts"] == ["mlp.experts"], rep["layers"]["mixtral"]["patch"]
     (row,) = bm.rows(rep)
     assert row["ok"] and row["eager_gemmlab_ok"] and row["eager_ratio"] > 0
     json.dumps(rep, default=str)  # the report is JSON

@@ -117,7 +117,7 @@ def test_every_phase_runs_eager_and_the_others_say_why():
     assert res["check"]["ok"] and 0 < res["check"]["rel_err"] < res["check"]["allowed"]
     info = rep["models"]["mixtral-8x7b"]
     assert info["inference"]["layers"] == 2 and info["inference"]["published_layers"] == 32
-    assert info["train"]["optimizer"] == "adamw" and info["inference"]["variants"]["gemmlab"]["patch"]["moe_block"]
+    assert info["train"]["optimizer"] == "adamw" and info["inference"]["variants"]["gemmlab"]["patch"]["moe_experts"]
     for key in ("date", "torch", "triton", "transformers", "git_sha", "device"):
         assert key in rep["env"]
     json.loads(json.dumps(rep, default=str))
@@ -148,7 +148,7 @@ def _noisy_patch(monkeypatch, rel: float):
 
     def broken(model, **kw):
         patched, summary = real(model, **kw)
-        for path in summary.get("moe_block", []) + summary.get("moe_experts", []):
+        for path in summary["moe_experts"]:
             mod = patched.get_submodule(path)
 
             def forward(*a, _f=mod.forward, **k):

@@ -523,7 +523,9 @@ def test_kept_moe_launches_end_to_end(monkeypatch, device):
         y, gate_up = moe_plan.launch_forward_saving(x, w1, w2, wts, ids, True)  # the plan's save option
         assert moe_check(y, x, w1, w2, wts, ids)["ok"] and bool(torch.isfinite(gate_up).all()), rep
         y = moe_forward(x, packed, None, wts, ids)  # its FP8 option
+        ours = len(direct)
         assert moe_fp8_check(y, x, packed, wts, ids)["ok"], rep
+        del direct[ours:]  # the check's own quantize_fp8 launches (kept too) are not the op's
     kinds = {k.fn.__name__ for k in direct}
     assert kinds == {
         "moe_align_kernel",
