@@ -79,7 +79,9 @@ def grade(
     ] = 0,
     rounds: Annotated[
         int | None,
-        typer.Option(callback=cmd.count, help="interleaved timing rounds, at most (the grader stops once precise)"),
+        typer.Option(
+            callback=cmd.rounds_count, help="interleaved timing rounds, at most (the grader stops once precise)"
+        ),
     ] = None,
     output_dir: Annotated[
         str | None, typer.Option(callback=cmd.out_dir, help="write report.json, report.csv and report.md here")
