@@ -181,15 +181,15 @@ def _put_manifest(dfd: int, out: Path, listed: dict) -> None:
 
 
 def write_files(
-    out_dir: str | Path, files: dict[str, str], owned: Callable[[str], bool] | None = None, record: bool = True
+    out_dir: str | Path, files: dict[str, str | bytes], owned: Callable[[str], bool] | None = None, record: bool = True
 ) -> list[Path]:
-    """Write each ``{name: text}`` into ``out_dir`` (created if missing) whole: into a new file of an unpredictable
-    name (O_CREAT | O_EXCL | O_NOFOLLOW: never an existing file, symlink or FIFO), then renamed over ``name``, so a
-    reader sees the old file or the new one, and a process killed mid-write leaves the last whole one. Raises
-    ReportPathError, naming the path, before writing anything, if ``out_dir`` or an existing ``name`` is a symlink
-    or not a plain file, or is a file that gemmlab did not write (the manifest, or ``owned(text)`` for files
-    gemmlab's by their content). ``record``: list what was written in the manifest (off for files that are owned by
-    their markers and live in a repository: the --docs pages, the README)."""
+    """Write each ``{name: text}`` (a str as UTF-8, or bytes) into ``out_dir`` (created if missing) whole: into a
+    new file of an unpredictable name (O_CREAT | O_EXCL | O_NOFOLLOW: never an existing file, symlink or FIFO), then
+    renamed over ``name``, so a reader sees the old file or the new one, and a process killed mid-write leaves the
+    last whole one. Raises ReportPathError, naming the path, before writing anything, if ``out_dir`` or an existing
+    ``name`` is a symlink or not a plain file, or is a file that gemmlab did not write (the manifest, or
+    ``owned(text)`` for files gemmlab's by their content). ``record``: list what was written in the manifest (off
+    for files that are owned by their markers and live in a repository: the --docs pages, the README)."""
     out = Path(out_dir)
     for name in files:
         _name_ok(name)
@@ -200,7 +200,7 @@ def write_files(
         listed = _manifest(dfd, out)
         for name in files:
             _check(dfd, out, name, listed, owned)
-        data = {name: text.encode("utf-8") for name, text in files.items()}
+        data = {name: text if isinstance(text, bytes) else text.encode("utf-8") for name, text in files.items()}
         sha = {name: hashlib.sha256(b).hexdigest() for name, b in data.items()}
         if record:  # the new text is gemmlab's before it lands, the old until the rename: a kill between is no refusal
             _put_manifest(dfd, out, {**listed, **{n: [*listed.get(n, [])[-1:], sha[n]] for n in files}})

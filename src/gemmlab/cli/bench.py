@@ -110,6 +110,7 @@ def bench_gemm(
         modes = "graph,wall"
     dt = cmd.dtype_of(dtype)
     cmd.fit_shapes(c.shape if hasattr(c, "shape") else c for c in todo)
+    cmd.outputs_ready(output_dir, "gemm-bench", "gemm-bench-rows.csv", "gemm-bench.png")
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     with Steps("bench", len(todo), Console(stderr=True)) as steps:
         try:
@@ -232,6 +233,8 @@ def bench_moe_cmd(
                 f"bench moe --baseline liger: {why}; install it: pip install liger-kernel "
                 "(gemmlab's extra: pip install -e '.[liger]')"
             )
+    if baseline != "liger":  # its report's name comes from its parts and modes
+        cmd.outputs_ready(output_dir, "moe-bench")
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     err = Console(stderr=True)
     small = not torch.cuda.is_available()
@@ -562,6 +565,7 @@ def bench_stable(
     from gemmlab.bench import stable
     from gemmlab.problems import parse_shape
 
+    cmd.outputs_ready(output_dir, "stable-bench")
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     try:
         res = stable.stable_bench(

@@ -90,6 +90,7 @@ def bench_fp8_cmd(
     cuda = torch.cuda.is_available()
     if suite not in SUITES:
         raise cmd.usage_error(f"--suite {suite!r}: one of {', '.join(SUITES)}")
+    cmd.outputs_ready(out, "fp8-bench")
     try:
         dense = _dense_shapes(shapes, quick, cuda) if suite in ("dense", "all") else {}
         for m, n, k in dense.values():

@@ -83,6 +83,7 @@ def table_cmd(
     from gemmlab.bench import table as bt
     from gemmlab.problems import MOE_MODELS, moe_gemm_shape, resolve_moe
 
+    cmd.outputs_ready(output_dir, "table")
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     given = {
         "batch_size": batch_size,

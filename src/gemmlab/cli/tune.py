@@ -140,6 +140,7 @@ def tune_cmd(
         )
     if write:
         configs_ready(configs_dir, target_for(torch.device("cuda" if torch.cuda.is_available() else "cpu")).name)
+    cmd.outputs_ready(output_dir, "tune-report")
     cmd.ledger_ready(ledger)  # every attempt is recorded
     if resume is not None:
         resumable(resume, ledger)
