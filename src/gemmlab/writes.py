@@ -154,8 +154,9 @@ def _lock(dfd: int, out: Path) -> None:
             time.sleep(0.05)
 
 
-def _put(dfd: int, out: Path, name: str, data: bytes) -> None:
-    """``data`` into a new file of an unpredictable name (O_EXCL | O_NOFOLLOW), renamed over ``name``."""
+def _put(dfd: int, out: Path, name: str, data: bytes, shown: str | None = None) -> None:
+    """``data`` into a new file of an unpredictable name (O_EXCL | O_NOFOLLOW), renamed over ``name``; a file that
+    cannot be created is named as ``shown`` (the report asked for, where ``name`` is the manifest)."""
     tmp = f".{name}.{secrets.token_hex(8)}.tmp"
     try:
         fd = os.open(
@@ -165,7 +166,7 @@ def _put(dfd: int, out: Path, name: str, data: bytes) -> None:
             dir_fd=dfd,
         )
     except OSError as e:  # named by the file asked for, not the temporary name (/proc, a read-only mount)
-        raise OSError(e.errno, e.strerror, str(out / name)) from None
+        raise OSError(e.errno, e.strerror, str(out / (shown or name))) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -175,9 +176,10 @@ def _put(dfd: int, out: Path, name: str, data: bytes) -> None:
         raise
 
 
-def _put_manifest(dfd: int, out: Path, listed: dict) -> None:
+def _put_manifest(dfd: int, out: Path, listed: dict, shown: str) -> None:
     doc = {"about": "the files gemmlab wrote here: name -> sha256 of what it wrote (gemmlab replaces only these)"}
-    _put(dfd, out, MANIFEST, (json.dumps({**doc, "files": listed}, indent=1, sort_keys=True) + "\n").encode())
+    text = json.dumps({**doc, "files": listed}, indent=1, sort_keys=True) + "\n"
+    _put(dfd, out, MANIFEST, text.encode(), shown)
 
 
 def write_files(
@@ -202,12 +204,13 @@ def write_files(
             _check(dfd, out, name, listed, owned)
         data = {name: text if isinstance(text, bytes) else text.encode("utf-8") for name, text in files.items()}
         sha = {name: hashlib.sha256(b).hexdigest() for name, b in data.items()}
+        first = next(iter(files), "")
         if record:  # the new text is gemmlab's before it lands, the old until the rename: a kill between is no refusal
-            _put_manifest(dfd, out, {**listed, **{n: [*listed.get(n, [])[-1:], sha[n]] for n in files}})
+            _put_manifest(dfd, out, {**listed, **{n: [*listed.get(n, [])[-1:], sha[n]] for n in files}}, first)
         for name, b in data.items():
             _put(dfd, out, name, b)
         if record:
-            _put_manifest(dfd, out, {**listed, **{n: [sha[n]] for n in files}})
+            _put_manifest(dfd, out, {**listed, **{n: [sha[n]] for n in files}}, first)
     finally:
         os.close(dfd)  # and the lock with it
     return [out / name for name in files]
