@@ -28,6 +28,7 @@ from pathlib import Path
 
 MANIFEST = ".gemmlab-written.json"
 MANIFEST_LIMIT = 8 << 20  # bytes of a manifest read, at most
+HASH_LIMIT = 1 << 30  # bytes of an existing file hashed, at most: a longer one is not taken for gemmlab's
 OWNED_LIMIT = 16 << 20  # bytes of an existing file that ``owned`` sees, at most
 LOCK_WAIT_S = 60.0  # how long a writer waits for another one's lock on the directory
 
@@ -69,14 +70,13 @@ def _open_plain(dfd: int, out: Path, name: str) -> int | None:
     return fd
 
 
-def _digest(fd: int, keep: int) -> tuple[str, bytes]:
-    """(sha256 hex, the first ``keep`` bytes) of an open file, read in chunks, whatever its length."""
-    h, head = hashlib.sha256(), b""
+def _digest(fd: int) -> str:
+    """The sha256 hex of an open file, read in chunks from its start."""
+    h = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
     while chunk := os.read(fd, 1 << 20):
         h.update(chunk)
-        if len(head) < keep:
-            head += chunk[: keep - len(head)]
-    return h.hexdigest(), head
+    return h.hexdigest()
 
 
 def _manifest(dfd: int, out: Path) -> dict[str, list[str]]:
@@ -106,12 +106,12 @@ def _check(dfd: int, out: Path, name: str, listed: dict, owned: Callable[[str], 
     fd = _open_plain(dfd, out, name)
     if fd is None:
         return
-    try:
-        sha, head = _digest(fd, OWNED_LIMIT if owned else 0)
+    try:  # hashed only where listed, and only up to HASH_LIMIT (what a candidate placed may be huge)
+        if name in listed and os.fstat(fd).st_size <= HASH_LIMIT and _digest(fd) in listed[name]:
+            return
+        head = os.pread(fd, OWNED_LIMIT, 0) if owned is not None else b""
     finally:
         os.close(fd)
-    if sha in listed.get(name, ()):
-        return
     if owned is not None and owned(head.decode("utf-8", "replace")):
         return
     how = (
