@@ -118,3 +118,20 @@ def test_docs_pages_and_the_readme_block_are_gemmlabs_by_their_markers(tmp_path)
     with pytest.raises(output.ReportPathError, match="README.md: a symlink"):
         docs.write(RESULTS, pages, readme)
     assert not gemm.exists()
+
+
+def test_a_directory_locked_too_long_is_busy_not_a_hang(tmp_path, monkeypatch):
+    import fcntl
+
+    from gemmlab import writes
+
+    monkeypatch.setattr(writes, "LOCK_WAIT_S", 0.2)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another writer (or a candidate) holding the directory
+        with pytest.raises(output.ReportPathError, match="busy: another process has held its lock"):
+            output.write_files(tmp_path, {"r.json": "{}"})
+        assert not (tmp_path / "r.json").exists()
+    finally:
+        os.close(fd)
+    output.write_files(tmp_path, {"r.json": "{}"})
