@@ -119,7 +119,9 @@ def _check(dfd: int, out: Path, name: str, listed: dict, owned: Callable[[str], 
         if listed or owned
         else f"remove it or choose another path (no {MANIFEST} here: reports of a gemmlab before it are not known)"
     )
-    raise ReportPathError(f"{out / name}: exists and gemmlab did not write it (or it changed since); {how}")
+    raise ReportPathError(
+        f"{out / name}: exists and gemmlab did not write it (or it changed since); refusing to replace it: {how}"
+    )
 
 
 def check_files(out_dir: str | Path, names: Iterable[str], owned: Callable[[str], bool] | None = None) -> None:
