@@ -437,9 +437,7 @@ def write(results: str | Path, out_dir: str | Path, readme: str | Path | None = 
     if changed:  # never through a symlink; over a page only where it carries GENERATED (not a file of the user's)
         write_files(out_dir, changed, owned=_is_page, record=False)
     if readme is not None and _differs(Path(readme), todo[Path(readme)]):
-        write_files(
-            Path(readme).parent, {Path(readme).name: todo[Path(readme)]}, owned=_has_headline, record=False
-        )
+        write_files(Path(readme).parent, {Path(readme).name: todo[Path(readme)]}, owned=_has_headline, record=False)
     return list(todo)
 
 
