@@ -62,7 +62,8 @@ def env(tmp_path):
     (tmp_path / "linkdir").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     mine = tmp_path / "mine"  # files of the user's at the names of the commands' reports
     mine.mkdir()
-    for name in ("check.json", "report.md", "gemm-bench-rows.csv", "tune-report.csv", "table.json", "page.html"):
+    names = "check.json report.md gemm-bench-rows.csv tune-report.csv table.json page.html moe-bench.md"
+    for name in f"{names} stable-bench.csv fp8-bench.json moe-ep-bench.json".split():
         (mine / name).write_text("mine")
     return {
         "MINE": mine,
@@ -123,6 +124,10 @@ ROWS = [  # (argv, words the one line must hold); capitals are the fixture's pat
     (["bench", "gemm", "--shapes", "8,8,8", "--output-dir", "MINE"], ["gemm-bench-rows.csv", "did not write it"]),
     (["tune", "--shapes", "8,8,8", "--ledger", "L", "--output-dir", "MINE"], ["tune-report.csv", "did not write"]),
     (["table", "--output-dir", "MINE"], ["table.json", "gemmlab did not write it"]),
+    (["bench", "moe", "--output-dir", "MINE"], ["moe-bench.md", "gemmlab did not write it"]),
+    (["bench", "stable", "--shape", "8,8,8", "--output-dir", "MINE"], ["stable-bench.csv", "did not write it"]),
+    (["bench", "fp8", "--output-dir", "MINE"], ["fp8-bench.json", "gemmlab did not write it"]),
+    (["bench", "moe-ep", "--output-dir", "MINE"], ["moe-ep-bench.json", "gemmlab did not write it"]),
     (["report", "L", "--output", "MINE_PAGE"], ["page.html", "gemmlab did not write it"]),
     (["ledger", "export", "--ledger", "L", "--output", "MINE_PAGE"], ["page.html", "gemmlab did not write it"]),
     # counts and durations that would run for ever: bounded

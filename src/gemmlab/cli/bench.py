@@ -529,6 +529,7 @@ def bench_moe_ep_cmd(
     holding every expert; verified first. Exit 2 without CUDA or a process group, 1 if an output is wrong."""
     from gemmlab.bench import moe_ep
 
+    cmd.outputs_ready(output_dir, "moe-ep-bench")
     try:
         rank, _ = moe_ep.init_from_env()
         rep = moe_ep.bench_moe_ep(
