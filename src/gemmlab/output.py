@@ -3,7 +3,9 @@
     Table(title, columns, rows, notes)   what a command prints; cells are strings (rich markup allowed: "[green]ok")
     long_row(kernel, provider, metric, unit, x_name, x_value, p50, p20, p80, mode=, **extra)
     write(report, out_dir, stem, tables, rows) -> [stem.json, stem.csv, stem.md]
-    write_files(out_dir, {name: text})   each file whole or not at all, never through a symlink or a FIFO
+    write_files(out_dir, {name: text})   each file whole or not at all, never through a symlink or a FIFO, never over
+                                         a file gemmlab did not write (gemmlab.writes: its manifest)
+    check_files(out_dir, names)          write_files' refusals before a command's work, writing nothing
     write_text(path, text, keep=inputs)  ``--output FILE``: write_files, refusing the command's inputs and ledgers
     read_bounded(path, limit)            a regular file's bytes, never a FIFO's or a device's, never past ``limit``
     emit_json(report)                    ``--json``: exactly one JSON document on stdout
@@ -24,12 +26,15 @@ import errno
 import io
 import json
 import os
-import secrets
 import stat
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gemmlab.writes import MANIFEST as MANIFEST  # re-exported: gemmlab.writes holds the safe writes
+from gemmlab.writes import ReportPathError, write_files
+from gemmlab.writes import check_files as check_files
 
 KINDS = (
     "gemm-bench",
@@ -201,58 +206,11 @@ def write_csv(report: dict, rows: Iterable[dict], path: Path) -> Path:
     return write_files(path.parent, {path.name: csv_text(report, rows)})[0]
 
 
-class ReportPathError(OSError):
-    """A report path that is not a plain file of ours to replace: a symlink, a FIFO, a directory."""
-
-
-def write_files(out_dir: str | Path, files: dict[str, str]) -> list[Path]:
-    """Write each ``{name: text}`` into ``out_dir`` (created if missing) whole: into a new file of an unpredictable
-    name (O_CREAT | O_EXCL | O_NOFOLLOW: never an existing file, symlink or FIFO), then renamed over ``name``, so a
-    reader sees the old file or the new one, and a process killed mid-write leaves the last whole one. Raises
-    ReportPathError, naming the path, if ``out_dir`` or an existing ``name`` is a symlink or not a plain file."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        dfd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        kind = "a symlink" if out.is_symlink() else "not a directory"
-        raise ReportPathError(f"{out}: {kind}; refusing to write reports through it ({e.strerror})") from e
-    try:
-        for name in files:
-            try:
-                mode = os.lstat(name, dir_fd=dfd).st_mode
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(mode):
-                kind = "a symlink" if stat.S_ISLNK(mode) else "not a plain file"
-                raise ReportPathError(f"{out / name}: {kind}; refusing to write the report through it")
-        for name, text in files.items():
-            tmp = f".{name}.{secrets.token_hex(8)}.tmp"
-            try:
-                fd = os.open(
-                    tmp,
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                    0o644,
-                    dir_fd=dfd,
-                )
-            except OSError as e:  # named by the file asked for, not the temporary name (/proc, a read-only mount)
-                raise OSError(e.errno, e.strerror, str(out / name)) from None
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                    f.write(text)
-                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            except BaseException:
-                os.unlink(tmp, dir_fd=dfd)
-                raise
-    finally:
-        os.close(dfd)
-    return [out / name for name in files]
-
-
 def write_text(path: str | Path, text: str, keep: Iterable[str | Path] = ()) -> Path:
     """``--output FILE``: ``text`` written whole through ``write_files`` (a new file renamed over ``path``; never
-    through a symlink, a FIFO or into a directory). Raises ReportPathError, naming the path, where ``path`` is
-    one of ``keep`` (the files the command read: its ledger, its inputs) or an existing SQLite database."""
+    through a symlink, a FIFO or into a directory, never over a file gemmlab did not write). Raises ReportPathError,
+    naming the path, where ``path`` is one of ``keep`` (the files the command read: its ledger, its inputs) or an
+    existing SQLite database."""
     path = Path(path)
     if path.is_file() and not path.is_symlink():
         for k in keep:

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 import gemmlab
 from gemmlab.cli import app
+from gemmlab.output import MANIFEST
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--shapes", "32,48,64", "--rounds", "6", "--reps", "1", "--warmup-s", "0"]
@@ -52,7 +53,7 @@ def test_dense_and_moe_rows_verified_with_ratios_and_intervals(tmp_path):
         assert all(ms > 0 for ms in r["eager_ms"].values()) and set(r["eager_tflops"]) == set(r["eager_ms"])
     assert set(dense[0]["eager_ms"]) == {"scaled_mm", "fp8_tensor", "fp8_block", "bf16"}  # torch 2.13 CPU runs it
     assert not dense[0]["unavailable"]
-    assert {p.name for p in tmp_path.iterdir()} == {"fp8-bench.json", "fp8-bench.csv", "fp8-bench.md"}
+    assert {p.name for p in tmp_path.iterdir()} == {"fp8-bench.json", "fp8-bench.csv", "fp8-bench.md", MANIFEST}
     assert json.loads((tmp_path / "fp8-bench.json").read_text())["rows"][0]["shape"] == "32x48x64"
     assert "fp8_tensor/scaled_mm" in res.stderr and "ok" in res.stderr  # the table, on stderr under --json
 

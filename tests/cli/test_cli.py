@@ -105,7 +105,7 @@ def test_table_command(tmp_path):
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "M=16 N=24 K=32" in res.stdout and "moe grouped, E=8" in res.stdout
-    assert {p.name for p in tmp_path.iterdir()} == {"table.csv", "table.json", "table.md"}
+    assert {p.name for p in tmp_path.iterdir()} == {"table.csv", "table.json", "table.md", ".gemmlab-written.json"}
     assert gemmlab("table", "--model", "llama").returncode == 2
 
 

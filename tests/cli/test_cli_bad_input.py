@@ -60,7 +60,14 @@ def env(tmp_path):
         big = {**case, "correctness": [{"name": "big", "M": size, "N": size, "K": size}]}
         (tmp_path / f"{name}.json").write_text(json.dumps(big))
     (tmp_path / "linkdir").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    mine = tmp_path / "mine"  # files of the user's at the names of the commands' reports
+    mine.mkdir()
+    names = "check.json report.md gemm-bench-rows.csv tune-report.csv table.json page.html moe-bench.md"
+    for name in f"{names} stable-bench.csv fp8-bench.json moe-ep-bench.json".split():
+        (mine / name).write_text("mine")
     return {
+        "MINE": mine,
+        "MINE_PAGE": mine / "page.html",
         "L": ledger,
         "FILE": tmp_path / "file",
         "LINKDIR": tmp_path / "linkdir",
@@ -111,6 +118,29 @@ ROWS = [  # (argv, words the one line must hold); capitals are the fixture's pat
     ([*GRADE, "--cases", "UNTIMED", "--parent", "1", "--ledger", "L"], ["--parent 1", "--record"]),
     ([*GRADE, "--cases", "UNTIMED", "--output-dir", "/proc/x"], ["--output-dir", "/proc/x"]),
     (["bench", "gemm", "--shapes", "8,8,8", "--parent", "999", "--record", "x", "--ledger", "L"], ["--parent 999"]),
+    # a file gemmlab did not write at a report's name: refused before the work (output.check_files)
+    (["check", "--shapes", "8,8,8", "--output-dir", "MINE"], ["check.json", "gemmlab did not write it"]),
+    ([*GRADE, "--cases", "UNTIMED", "--output-dir", "MINE"], ["report.md", "gemmlab did not write it"]),
+    (["bench", "gemm", "--shapes", "8,8,8", "--output-dir", "MINE"], ["gemm-bench-rows.csv", "did not write it"]),
+    (["tune", "--shapes", "8,8,8", "--ledger", "L", "--output-dir", "MINE"], ["tune-report.csv", "did not write"]),
+    (["table", "--output-dir", "MINE"], ["table.json", "gemmlab did not write it"]),
+    (["bench", "moe", "--output-dir", "MINE"], ["moe-bench.md", "gemmlab did not write it"]),
+    (["bench", "stable", "--shape", "8,8,8", "--output-dir", "MINE"], ["stable-bench.csv", "did not write it"]),
+    (["bench", "fp8", "--output-dir", "MINE"], ["fp8-bench.json", "gemmlab did not write it"]),
+    (["bench", "moe-ep", "--output-dir", "MINE"], ["moe-ep-bench.json", "gemmlab did not write it"]),
+    (["report", "L", "--output", "MINE_PAGE"], ["page.html", "gemmlab did not write it"]),
+    (["ledger", "export", "--ledger", "L", "--output", "MINE_PAGE"], ["page.html", "gemmlab did not write it"]),
+    # counts and durations that would run for ever: bounded
+    (["bench", "gemm", "--shapes", "8,8,8", "--rounds", str(10**30)], ["--rounds", "from 1 to 10000"]),
+    (["bench", "gemm", "--shapes", "8,8,8", "--reps", str(10**30)], ["--reps", "from 1 to 1000000"]),
+    (["bench", "gemm", "--shapes", "8,8,8", "--warmup-s", "1e30"], ["--warmup-s", "at most 604800"]),
+    (["bench", "gemm", "--shapes", "8,8,8", "--budget-s", "1e30"], ["--budget-s", "at most 604800"]),
+    (["bench", "moe", "--rounds", str(10**30)], ["--rounds", "from 1 to 10000"]),
+    (["bench", "stable", "--rounds", str(10**30)], ["--rounds"]),
+    (["bench", "fp8", "--reps", str(10**30)], ["--reps"]),
+    (["table", "--repeat", str(10**30)], ["--repeat"]),
+    ([*GRADE, "--cases", "UNTIMED", "--rounds", str(10**30)], ["--rounds", "from 1 to 10000"]),
+    (["tune", "--budget-minutes", "1e30", "--ledger", "L"], ["--budget-minutes", "at most 10080"]),
 ]
 
 
@@ -132,6 +162,30 @@ def test_the_memory_bound_passes_what_fits(monkeypatch, capsys, tmp_path):
     )
     assert status == 0, err
     assert (tmp_path / "new" / "dir" / "check.json").exists()
+
+
+def test_a_foreign_report_is_refused_up_front_left_as_it_is_and_no_work_done(monkeypatch, capsys, tmp_path):
+    """check --output-dir over a file of the user's: refused before the check runs, the file byte-identical and
+    nothing written; once gemmlab wrote the report, a second run replaces it; edited since, it is refused again."""
+    from gemmlab.bench import check as bc
+
+    real = bc.run_check
+    ran = []
+    monkeypatch.setattr(bc, "run_check", lambda *a: ran.append(a) or real(*a))
+    (tmp_path / "check.md").write_bytes(b"my notes\n")
+    status, out, err = cli(["check", "--shapes", "8,8,8", "--output-dir", tmp_path], monkeypatch, capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "check.md" in err and "did not write" in err, err
+    assert not ran and sorted(p.name for p in tmp_path.iterdir()) == ["check.md"]
+    assert (tmp_path / "check.md").read_bytes() == b"my notes\n"
+    (tmp_path / "check.md").unlink()
+    for _ in range(2):  # the first run into an empty directory, the second over its own files
+        status, out, err = cli(["check", "--shapes", "8,8,8", "--output-dir", tmp_path], monkeypatch, capsys)
+        assert status == 0, err
+    assert len(ran) == 2 and {"check.json", "check.csv", "check.md"} <= {p.name for p in tmp_path.iterdir()}
+    with open(tmp_path / "check.csv", "a") as f:
+        f.write("edited\n")
+    status, out, err = cli(["check", "--shapes", "8,8,8", "--output-dir", tmp_path], monkeypatch, capsys)
+    assert status == 2 and "check.csv" in err and "changed since" in err and len(ran) == 2, err
 
 
 def test_a_write_that_fails_late_is_one_line(monkeypatch, capsys, tmp_path):

@@ -268,7 +268,7 @@ def test_export_output_never_destroys_data(tmp_path, monkeypatch, capsys):
     )
     assert status == 0, err
     assert (tmp_path / "e.csv").read_text().startswith("kind,shape")
-    assert listing(tmp_path) == ["dir", "e.csv", "l.db", "link", "other"]  # no temporary file left
+    assert listing(tmp_path) == [".gemmlab-written.json", "dir", "e.csv", "l.db", "link", "other"]  # no temp file
 
 
 def set_cell(path, column: str, text: str) -> None:

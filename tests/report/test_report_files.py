@@ -7,7 +7,7 @@ import os
 import pytest
 
 from gemmlab.ledger import Entry, Ledger
-from gemmlab.output import write_text
+from gemmlab.output import MANIFEST, write_text
 from gemmlab.report import collect
 from tests.cli.test_cli_bad_input import cli  # gemmlab ARGV in-process: (status, out, err)
 
@@ -63,14 +63,14 @@ def test_the_ledger_given_is_neither_overwritten_nor_left_with_wal_files(results
     status, out, err = cli(["report", results, "--ledger", path, "--output", tmp_path / "p.html"], monkeypatch, capsys)
     assert status == 0, err
     assert path.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "l.db", "p.html"]  # no -wal, -shm or temp file
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST, "in", "l.db", "p.html"]  # no -wal, -shm, temp
 
 
-def test_write_text_refuses_a_sqlite_file_and_replaces_a_plain_one(tmp_path):
+def test_write_text_refuses_a_sqlite_file_and_replaces_its_own(tmp_path):
     db = tmp_path / "l.db"
     Ledger.open(db).close()
     with pytest.raises(OSError, match="SQLite"):
         write_text(db, "x")
-    (tmp_path / "t.txt").write_text("old")
-    write_text(tmp_path / "t.txt", "new")
+    write_text(tmp_path / "t.txt", "old")
+    write_text(tmp_path / "t.txt", "new")  # gemmlab wrote it: replaced (a user's file is not: test_output_owner.py)
     assert (tmp_path / "t.txt").read_text() == "new"

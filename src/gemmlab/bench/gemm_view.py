@@ -11,6 +11,7 @@ its ``rows`` and ``summary`` are the report's flat rows and its summary).
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 from gemmlab import output, provenance
@@ -90,9 +91,10 @@ def plot(report: dict, path: Path) -> Path | None:
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
-    return path
+    return output.write_files(path.parent, {path.name: png.getvalue()})[0]  # whole, over gemmlab's own file only
 
 
 def mode(report: dict) -> str:
@@ -210,12 +212,11 @@ def write(report: dict, out_dir: str | Path, stem: str = "gemm-bench") -> list[P
     """``<stem>.json`` (everything), ``<stem>.csv`` (long format), ``<stem>.md`` (the table), ``<stem>-rows.csv``
     (one wide row per case and backend: ``CSV_FIELDS``), ``<stem>.png`` (said on stderr without matplotlib)."""
     written = output.write(report, out_dir, stem, tables(report), long_rows(report))
-    wide = Path(out_dir) / f"{stem}-rows.csv"
-    with wide.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows(report))
-    written.append(wide)
+    f = io.StringIO(newline="")
+    w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows(report))
+    written += output.write_files(out_dir, {f"{stem}-rows.csv": f.getvalue()})  # never through a symlink
     png = plot(report, Path(out_dir) / f"{stem}.png")
     if png is None:
         output.plot_missing(Path(out_dir) / f"{stem}.png")

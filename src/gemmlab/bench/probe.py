@@ -426,6 +426,11 @@ def roofline_png(profile: dict, report: dict, path: str | Path) -> Path | None:
     ax.set_ylabel("TFLOPS")
     ax.set_title(f"{profile['gpu']}: roofline from gemmlab probe ({profile['date'][:10]})", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    import io
+
+    from gemmlab.output import write_files
+
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
-    return Path(path)
+    return write_files(Path(path).parent, {Path(path).name: png.getvalue()})[0]  # whole, over gemmlab's own only

@@ -67,7 +67,7 @@ def bench_gemm(
     ] = 120.0,
     budget_s: Annotated[
         float | None,
-        typer.Option(callback=cmd.seconds, help="start no case after this many seconds (the rest: not_run)"),
+        typer.Option(callback=cmd.budget_seconds, help="start no case after this many seconds (the rest: not_run)"),
     ] = None,
     inductor_search_space: Annotated[
         str,
@@ -110,6 +110,7 @@ def bench_gemm(
         modes = "graph,wall"
     dt = cmd.dtype_of(dtype)
     cmd.fit_shapes(c.shape if hasattr(c, "shape") else c for c in todo)
+    cmd.outputs_ready(output_dir, "gemm-bench", "gemm-bench-rows.csv", "gemm-bench.png")
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     with Steps("bench", len(todo), Console(stderr=True)) as steps:
         try:
@@ -163,16 +164,16 @@ def bench_moe_cmd(
     ] = None,
     dtype: Annotated[str, typer.Option(help="bfloat16 or float16")] = "bfloat16",
     rounds: Annotated[
-        int | None, typer.Option(callback=cmd.count, help="interleaved rounds [default: 10; 3 without CUDA]")
+        int | None, typer.Option(callback=cmd.rounds_count, help="interleaved rounds [default: 10; 3 without CUDA]")
     ] = None,
     reps: Annotated[
         int | None,
-        typer.Option(callback=cmd.count, help="timed calls per candidate per round [default: 5; 2 without CUDA]"),
+        typer.Option(callback=cmd.reps_count, help="timed calls per candidate per round [default: 5; 2 without CUDA]"),
     ] = None,
     warmup_s: Annotated[
         float | None,
         typer.Option(
-            callback=cmd.nonneg_seconds, help="seconds of warm-up (clocks settle) [default: 1; 0 without CUDA]"
+            callback=cmd.warmup_seconds, help="seconds of warm-up (clocks settle) [default: 1; 0 without CUDA]"
         ),
     ] = None,
     graph: Annotated[bool, typer.Option(help="time CUDA-graph replays")] = False,
@@ -199,7 +200,8 @@ def bench_moe_cmd(
     ] = "torch",
     mode: Annotated[list[str] | None, typer.Option(help="--baseline liger: eager or graph (repeatable)")] = None,
     time_limit_s: Annotated[
-        float | None, typer.Option(callback=cmd.seconds, help="--baseline liger: start no case after this many seconds")
+        float | None,
+        typer.Option(callback=cmd.budget_seconds, help="--baseline liger: start no case after this many seconds"),
     ] = None,
     composite: Annotated[bool, typer.Option(help="--baseline liger: time the torch composite too (fwd)")] = True,
     min_bwd_tokens: Annotated[
@@ -231,6 +233,8 @@ def bench_moe_cmd(
                 f"bench moe --baseline liger: {why}; install it: pip install liger-kernel "
                 "(gemmlab's extra: pip install -e '.[liger]')"
             )
+    if baseline != "liger":  # its report's name comes from its parts and modes
+        cmd.outputs_ready(output_dir, "moe-bench")
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     err = Console(stderr=True)
     small = not torch.cuda.is_available()
@@ -396,7 +400,7 @@ def bench_model_cmd(
     seed: Annotated[int, typer.Option(callback=cmd.seed, help="seed of the weights and inputs")] = 0,
     budget_s: Annotated[
         float | None,
-        typer.Option(callback=cmd.seconds, help="start no case after this many seconds (the rest: not_run)"),
+        typer.Option(callback=cmd.budget_seconds, help="start no case after this many seconds (the rest: not_run)"),
     ] = None,
     output_dir: Annotated[
         str | None,
@@ -465,7 +469,7 @@ def bench_layer_cmd(
     modes: Annotated[str, typer.Option(help="eager, graph, compile (comma-separated)")] = "eager,graph,compile",
     rounds: Rounds = 10,
     reps: Reps = 5,
-    warmup_s: Annotated[float, typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up per case")] = 0.5,
+    warmup_s: Annotated[float, typer.Option(callback=cmd.warmup_seconds, help="seconds of warm-up per case")] = 0.5,
     output_dir: Annotated[
         str | None, typer.Option(callback=cmd.out_dir, help="write layer-bench-MODELS-MODES.json, .csv, .md here")
     ] = None,
@@ -525,6 +529,7 @@ def bench_moe_ep_cmd(
     holding every expert; verified first. Exit 2 without CUDA or a process group, 1 if an output is wrong."""
     from gemmlab.bench import moe_ep
 
+    cmd.outputs_ready(output_dir, "moe-ep-bench")
     try:
         rank, _ = moe_ep.init_from_env()
         rep = moe_ep.bench_moe_ep(
@@ -546,9 +551,9 @@ def bench_stable(
     backend: Annotated[
         list[str] | None, typer.Option(callback=cmd.backends, help="as for `bench gemm` (repeatable)")
     ] = None,
-    rounds: Annotated[int, typer.Option(callback=cmd.count, help="interleaved rounds per process")] = 6,
+    rounds: Annotated[int, typer.Option(callback=cmd.rounds_count, help="interleaved rounds per process")] = 6,
     reps: Reps = 5,
-    warmup_s: Annotated[float, typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up per process")] = 1.0,
+    warmup_s: Annotated[float, typer.Option(callback=cmd.warmup_seconds, help="seconds of warm-up per process")] = 1.0,
     output_dir: Annotated[
         str | None, typer.Option(callback=cmd.out_dir, help="write stable-bench.json, .csv and .md here")
     ] = None,
@@ -561,6 +566,7 @@ def bench_stable(
     from gemmlab.bench import stable
     from gemmlab.problems import parse_shape
 
+    cmd.outputs_ready(output_dir, "stable-bench")
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     try:
         res = stable.stable_bench(

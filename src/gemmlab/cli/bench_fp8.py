@@ -55,15 +55,15 @@ def bench_fp8_cmd(
     ] = None,
     quick: Annotated[bool, typer.Option(help="dense 8192^3 and dsv3-o only, MoE T 4096 only")] = False,
     rounds: Annotated[
-        int, typer.Option(callback=cmd.count, help="interleaved rounds (>= 6: the ratios' 95% intervals)")
+        int, typer.Option(callback=cmd.rounds_count, help="interleaved rounds (>= 6: the ratios' 95% intervals)")
     ] = 10,
     reps: Annotated[
         int | None,
-        typer.Option(callback=cmd.count, help="timed calls per candidate per round [default: 5; 1 without CUDA]"),
+        typer.Option(callback=cmd.reps_count, help="timed calls per candidate per round [default: 5; 1 without CUDA]"),
     ] = None,
     warmup_s: Annotated[
         float | None,
-        typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up [default: 0.3; 0 without CUDA]"),
+        typer.Option(callback=cmd.warmup_seconds, help="seconds of warm-up [default: 0.3; 0 without CUDA]"),
     ] = None,
     graph: Annotated[bool, typer.Option(help="also time CUDA-graph replays (eager always; needs CUDA)")] = True,
     out: Annotated[
@@ -90,6 +90,7 @@ def bench_fp8_cmd(
     cuda = torch.cuda.is_available()
     if suite not in SUITES:
         raise cmd.usage_error(f"--suite {suite!r}: one of {', '.join(SUITES)}")
+    cmd.outputs_ready(out, "fp8-bench")
     try:
         dense = _dense_shapes(shapes, quick, cuda) if suite in ("dense", "all") else {}
         for m, n, k in dense.values():

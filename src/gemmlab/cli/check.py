@@ -24,6 +24,8 @@ def check(
     from gemmlab.bench import check as bc
     from gemmlab.problems import parse_shape
 
+    cmd.outputs_ready(output_dir, "check")  # a file there that gemmlab did not write: refused before the work
+
     try:
         todo = [parse_shape(s) for s in shapes] if shapes else bc.default_shapes()
     except ValueError as e:

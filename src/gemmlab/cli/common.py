@@ -52,7 +52,16 @@ def checked(ok, message: str):
     return callback
 
 
-count = checked(lambda v: v >= 1, "is not a count: give a whole number >= 1")  # --rounds, --reps, --processes
+count = checked(lambda v: v >= 1, "is not a count: give a whole number >= 1")  # --processes, --tokens
+MAX_ROUNDS = 10_000  # interleaved rounds: far past what any interval needs, short of running for ever
+MAX_REPS = 1_000_000  # timed calls per candidate per round
+MAX_SECONDS = 7 * 24 * 3600.0  # --warmup-s, --budget-s: a week
+rounds_count = checked(
+    lambda v: 1 <= v <= MAX_ROUNDS, f"is not a count of rounds: give a whole number from 1 to {MAX_ROUNDS}"
+)  # --rounds
+reps_count = checked(
+    lambda v: 1 <= v <= MAX_REPS, f"is not a count of calls: give a whole number from 1 to {MAX_REPS}"
+)  # --reps
 nonneg_count = checked(lambda v: v >= 0, "is negative: give a whole number >= 0")  # --warmup calls
 
 
@@ -101,12 +110,32 @@ def out_dir(value: str | None) -> str | None:
     return value
 
 
+def outputs_ready(output_dir: str | None, stem: str, *extra: str) -> None:
+    """Before any work: the refusals of writing STEM.json, .csv, .md (and ``extra`` names) into ``output_dir`` (a
+    symlink, a FIFO, a file gemmlab did not write or that changed since: ``output.check_files``), one line, exit 2.
+    Writing checks again."""
+    if output_dir is None:
+        return
+    try:
+        output.check_files(output_dir, [f"{stem}.json", f"{stem}.csv", f"{stem}.md", *extra])
+    except OSError as e:
+        raise usage_error(e) from e
+
+
 def out_file(value: str | None) -> str | None:
     """--output FILE, checked before any work: not a symlink, a directory or anything but a plain file where it
     exists (``output.write_text`` writes it whole later, and refuses the command's own inputs then)."""
     if value is not None and (os.path.lexists(value) and (os.path.islink(value) or not os.path.isfile(value))):
         kind = "a symlink" if os.path.islink(value) else "a directory" if os.path.isdir(value) else "not a plain file"
         raise typer.BadParameter(f"{value}: {kind}; refusing to write through it")
+    if value is not None:
+        p = Path(value)
+        try:  # a file gemmlab did not write is refused now, not after the work
+            output.check_files(p.parent, [p.name])
+        except ValueError as e:
+            raise typer.BadParameter(f"{value}: not a file name to write") from e
+        except OSError as e:
+            raise typer.BadParameter(str(e)) from None
     return value
 
 
@@ -142,6 +171,18 @@ def fit_shapes(shapes, what: str = "shape") -> None:
 
 seconds = checked(lambda v: math.isfinite(v) and v > 0, "is not a time limit: give a finite number > 0")
 nonneg_seconds = checked(lambda v: math.isfinite(v) and v >= 0, "is not a duration: give a finite number >= 0")
+budget_seconds = checked(
+    lambda v: math.isfinite(v) and 0 < v <= MAX_SECONDS,
+    f"is not a time budget: give seconds > 0, at most {MAX_SECONDS:.0f}",
+)
+budget_minutes = checked(
+    lambda v: math.isfinite(v) and 0 < v <= MAX_SECONDS / 60,
+    f"is not a time budget: give minutes > 0, at most {MAX_SECONDS / 60:.0f}",
+)
+warmup_seconds = checked(
+    lambda v: math.isfinite(v) and 0 <= v <= MAX_SECONDS,
+    f"is not a warm-up: give seconds >= 0, at most {MAX_SECONDS:.0f}",
+)
 
 
 def backends(values: list[str] | None) -> list[str] | None:
@@ -170,9 +211,9 @@ JsonOpt = Annotated[
 OutOpt = Annotated[
     str | None, typer.Option(callback=out_dir, help="write NAME.json, NAME.csv (long format) and NAME.md here")
 ]
-Rounds = Annotated[int, typer.Option(callback=count, help="interleaved rounds")]
-Reps = Annotated[int, typer.Option(callback=count, help="timed calls per candidate per round")]
-WarmupS = Annotated[float, typer.Option(callback=nonneg_seconds, help="seconds of warm-up (clocks settle)")]
+Rounds = Annotated[int, typer.Option(callback=rounds_count, help="interleaved rounds")]
+Reps = Annotated[int, typer.Option(callback=reps_count, help="timed calls per candidate per round")]
+WarmupS = Annotated[float, typer.Option(callback=warmup_seconds, help="seconds of warm-up (clocks settle)")]
 
 
 def usage_error(message: object) -> typer.Exit:

@@ -79,7 +79,9 @@ def grade(
     ] = 0,
     rounds: Annotated[
         int | None,
-        typer.Option(callback=cmd.count, help="interleaved timing rounds, at most (the grader stops once precise)"),
+        typer.Option(
+            callback=cmd.rounds_count, help="interleaved timing rounds, at most (the grader stops once precise)"
+        ),
     ] = None,
     output_dir: Annotated[
         str | None, typer.Option(callback=cmd.out_dir, help="write report.json, report.csv and report.md here")
@@ -105,6 +107,7 @@ def grade(
         tool.mode()  # the sandbox's settings from the environment: a bad one is a usage error, before anything starts
     except ValueError as e:
         raise cmd.usage_error(e) from None
+    cmd.outputs_ready(output_dir, "report")  # before ``clear`` removes gemmlab's own earlier report there
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     try:
         cf = load_any(cases or default_cases())

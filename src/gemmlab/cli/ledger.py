@@ -251,8 +251,11 @@ def ledger_history(
     if plot:
         from gemmlab.ledger.plot import history_png
 
-        if history_png(entries, key, plot) is not None:
-            con.print(f"wrote {plot}")
+        try:
+            if history_png(entries, key, plot) is not None:
+                con.print(f"wrote {plot}")
+        except OSError as e:  # a file gemmlab did not write there since the up-front check, a full disk
+            raise cmd.usage_error(e if isinstance(e, output.ReportPathError) else f"--plot {plot}: {e}") from e
 
 
 @ledger_app.command("export")

@@ -70,8 +70,11 @@ def probe_cmd(
                 f"{e if isinstance(e, (OSError, ValueError)) else f'{type(e).__name__}: {e}'}"
             ) from e
         con = cmd.show(data, view(pr.roofline_tables, pr.roofline_rows, "roofline"), json_out, output_dir)
-        if pr.roofline_png(prof, bench, plot) is not None:
-            con.print(f"wrote {plot}")
+        try:
+            if pr.roofline_png(prof, bench, plot) is not None:
+                con.print(f"wrote {plot}")
+        except OSError as e:  # a file gemmlab did not write there since the up-front check, a full disk
+            raise cmd.usage_error(e if isinstance(e, output.ReportPathError) else f"--plot {plot}: {e}") from e
         return
     if not torch.cuda.is_available():
         raise cmd.usage_error("gemmlab probe needs a CUDA GPU")

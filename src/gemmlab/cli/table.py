@@ -58,10 +58,10 @@ def table_cmd(
         ),
     ] = None,
     repeat: Annotated[
-        int | None, typer.Option(callback=cmd.count, help="timed calls per row [default: 50; 5 without CUDA]")
+        int | None, typer.Option(callback=cmd.reps_count, help="timed calls per row [default: 50; 5 without CUDA]")
     ] = None,
     warmup_s: Annotated[
-        float | None, typer.Option(callback=cmd.nonneg_seconds, help="seconds of warm-up [default: 1; 0 without CUDA]")
+        float | None, typer.Option(callback=cmd.warmup_seconds, help="seconds of warm-up [default: 1; 0 without CUDA]")
     ] = None,
     inspect: Annotated[bool, typer.Option(help="read tensor-core instructions from the SASS")] = True,
     num_experts: Annotated[
@@ -83,6 +83,7 @@ def table_cmd(
     from gemmlab.bench import table as bt
     from gemmlab.problems import MOE_MODELS, moe_gemm_shape, resolve_moe
 
+    cmd.outputs_ready(output_dir, "table")
     cmd.ledger_ready(ledger, record_note is not None or bool(ledger), parent, record_note is not None)
     given = {
         "batch_size": batch_size,

@@ -59,7 +59,9 @@ def tune_cmd(
     dtype: Annotated[
         str | None, typer.Option(help="float16 or bfloat16 [default: float16; bfloat16 with --op moe]")
     ] = None,
-    budget_minutes: Annotated[float, typer.Option(callback=cmd.seconds, help="time budget for all shapes")] = 5.0,
+    budget_minutes: Annotated[
+        float, typer.Option(callback=cmd.budget_minutes, help="time budget for all shapes")
+    ] = 5.0,
     session: Annotated[str | None, typer.Option(help="session name [default: tune-<date>-<time>]")] = None,
     resume: Annotated[str | None, typer.Option(help="resume a session: skip what the ledger holds for it")] = None,
     op: Annotated[str, typer.Option(help="gemm, or moe (the MoE layer's grouped GEMMs)")] = "gemm",
@@ -138,6 +140,7 @@ def tune_cmd(
         )
     if write:
         configs_ready(configs_dir, target_for(torch.device("cuda" if torch.cuda.is_available() else "cpu")).name)
+    cmd.outputs_ready(output_dir, "tune-report")
     cmd.ledger_ready(ledger)  # every attempt is recorded
     if resume is not None:
         resumable(resume, ledger)

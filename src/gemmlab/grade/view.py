@@ -308,6 +308,7 @@ def write(report: dict, out_dir: str) -> list[Path]:
                 "report.md": markdown(report),
                 "report.csv": output.csv_text(report, long_rows(report)),
             },
+            owned=lambda _: True,  # the names were cleared before the grade: a plain file there now, the candidate's
         )
     except output.ReportPathError:
         try:

@@ -37,6 +37,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from gemmlab import output
 from gemmlab.instruments.ncu_metrics import (
     METRICS,
     launch_summary,
@@ -283,9 +284,8 @@ def profile(
         if keep:  # the query's lines about these metrics (the whole list is megabytes), to check names by
             bases = {x.ncu.split(".")[0] for x in METRICS} | {"stalled", "tensor"}
             lines = listing.splitlines()
-            (keep / "ncu-query-metrics.txt").write_text(
-                "\n".join(lines[:6] + [x for x in lines[6:] if any(b in x for b in bases)]) + "\n"
-            )
+            text = "\n".join(lines[:6] + [x for x in lines[6:] if any(b in x for b in bases)]) + "\n"
+            output.write_files(keep, {"ncu-query-metrics.txt": text})  # never over a file gemmlab did not write
         metrics, lacking = requested(available)
         target_args = ["--shape", f"{m},{n},{k}", "--dtype", dtype, "--layout", layout, "--seed", str(seed)]
         if config:
@@ -327,7 +327,7 @@ def profile(
         gd, cd = g["values"].get("duration"), (c or {}).get("values", {}).get("duration")
         prof["ratio_vs_baseline"] = cd / gd if gd and cd else None  # baseline time / gemmlab time, under ncu
         if keep:
-            (keep / f"{name}.json").write_text(json.dumps(prof, indent=1, default=str))
+            output.write_files(keep, {f"{name}.json": json.dumps(prof, indent=1, default=str)})
             prof["file"] = str(keep / f"{name}.json")
         return prof
     finally:

@@ -41,6 +41,11 @@ def history_png(entries: list, shape: str, path: str | Path) -> Path | None:
     ax.set_ylabel("median latency (ms)")
     ax.set_title(f"{shape}: accepted versions and rejected attempts", fontsize=9)
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    import io
+
+    from gemmlab.output import write_files
+
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
-    return Path(path)
+    return write_files(Path(path).parent, {Path(path).name: png.getvalue()})[0]  # whole, over gemmlab's own only

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gemmlab.output import KINDS, UnreadableFile, nesting, read_bounded
+from gemmlab.output import KINDS, MANIFEST, UnreadableFile, nesting, read_bounded
 
 MAX_BYTES = 64 << 20  # a JSON file larger than this is listed, not read (the committed ones are under 3 MB)
 MAX_DEPTH = 64  # nesting deeper than this is not a report (the committed ones nest 10 deep)
@@ -243,10 +243,11 @@ def shown(path: Path) -> str:
 
 
 def collect(paths) -> list[Found]:
-    """Every file under each path (sorted; a path may be a file), read and classified, with index.json's line."""
+    """Every file under each path (sorted; a path may be a file), read and classified, with index.json's line;
+    not the directories' lists of what gemmlab wrote there (``output.MANIFEST``)."""
     files: list[Path] = []
     for p in map(Path, paths):
-        files += sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
+        files += sorted(x for x in p.rglob("*") if x.is_file() and x.name != MANIFEST) if p.is_dir() else [p]
     files = list(dict.fromkeys(files))
     index = _index(files)
     out = []

@@ -21,7 +21,7 @@ import json
 import re
 from pathlib import Path
 
-from gemmlab.output import Table, load_json, read_bounded
+from gemmlab.output import Table, check_files, load_json, read_bounded, write_files
 from gemmlab.report.pages import TABLES, Section
 
 HEADLINE_BEGIN = (
@@ -430,13 +430,34 @@ def expected(results: str | Path, out_dir: str | Path, readme: str | Path | None
 def write(results: str | Path, out_dir: str | Path, readme: str | Path | None = None) -> list[Path]:
     """Write the pages (and the README's headline block); only files whose text changed are rewritten."""
     todo = expected(results, out_dir, readme)  # everything is generated before anything is written
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    for path, text in todo.items():
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+    pages = {p.name: t for p, t in todo.items() if p.parent == Path(out_dir) and p != (readme and Path(readme))}
+    changed = {name: t for name, t in pages.items() if _differs(Path(out_dir) / name, t)}
+    if readme is not None:  # the README is the user's; its block between the markers is gemmlab's
+        check_files(Path(readme).parent, [Path(readme).name], owned=_has_headline)
+    if changed:  # never through a symlink; over a page only where it carries GENERATED (not a file of the user's)
+        write_files(out_dir, changed, owned=_is_page, record=False)
+    if readme is not None and _differs(Path(readme), todo[Path(readme)]):
+        write_files(Path(readme).parent, {Path(readme).name: todo[Path(readme)]}, owned=_has_headline, record=False)
     return list(todo)
+
+
+def _differs(path: Path, text: str) -> bool:
+    try:
+        return read_bounded(path, 64 << 20, follow=False).decode("utf-8", "replace") != text
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return True  # a symlink or a FIFO there: writing refuses it, naming it
+
+
+def _is_page(head: str) -> bool:
+    return GENERATED in head[:4096]
+
+
+def _has_headline(head: str) -> bool:
+    return HEADLINE_BEGIN in head and HEADLINE_END in head
 
 
 def stale(results: str | Path, out_dir: str | Path, readme: str | Path | None = None) -> list[Path]:
     """The generated files whose text on disk differs from what the data gives (missing ones included)."""
-    return [p for p, text in expected(results, out_dir, readme).items() if not p.exists() or p.read_text() != text]
+    return [p for p, text in expected(results, out_dir, readme).items() if _differs(p, text)]
