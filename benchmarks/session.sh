@@ -41,10 +41,10 @@ for s in "$@"; do
     # JSON's not_run lists the rest: run the step again with GRADE_FIRST_SEED past the last seed that ran).
     grade_self) step grade_self 560 python3 -m benchmarks grade-repeat --cases competition \
       --kernel "builtin:cublas=${GRADE_SELF_RUNS:-10}" --first-seed "${GRADE_FIRST_SEED:-0}" --quick-correctness \
-      --time-limit-s 470 --out "$RES/grade-repeat-h200-self" ;;
+      --time-limit-s "${GRADE_TIME_S:-470}" --out "$RES/grade-repeat-h200-self" ;;
     grade_seed) step grade_seed 560 python3 -m benchmarks grade-repeat --cases competition \
       --kernel "gemmlab=${GRADE_SEED_RUNS:-10}" --first-seed "${GRADE_FIRST_SEED:-0}" --quick-correctness \
-      --time-limit-s 470 --out "$RES/grade-repeat-h200-seed" ;;
+      --time-limit-s "${GRADE_TIME_S:-470}" --out "$RES/grade-repeat-h200-seed" ;;
     # issue 29 item 8: a timed batch fused into one call (tests/bad_kernels/batch_kernels.py) at 64x64x64 fp16, its
     # ratio against cuBLAS without the late calls (the gain before) and its FAIL with them; ratios in the log (-s)
     batch_hole) step batch_hole 560 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
@@ -55,6 +55,9 @@ for s in "$@"; do
       step nan_gpu 60 python3 -m pytest -q -p no:cacheprovider tests/fp8/test_fp8_nan.py
       step grade_competition 200 python3 -m gemmlab grade --cases competition \
         --output-dir "$RES/grade-h200-cli-competition" ;;
+    # issue 29 on the GPU: every gpu-marked grader and sandbox test (the known-bad kernels of each hole), slowest listed
+    gradetests) step gradetests "${GRADETESTS_S:-520}" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
+      --durations=25 tests/grade tests/sandbox ;;
     gputests) step gputests 540 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ ;;
     host) step host 200 python3 -m benchmarks host-cost --quick --out "$RES" ;;
     model) step model 300 python3 -m gemmlab bench layer --model mixtral,qwen3-moe,deepseek-v3 --tokens 4096,1,8,64 \
