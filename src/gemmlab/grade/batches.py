@@ -2,8 +2,9 @@
 
 ``plan_batches`` runs before any candidate process exists: the grader times the baseline's function in its own
 process at the timed shape (back to back over four input sets, so the inputs are mostly cold) and reads the free
-device memory. The calls per batch N are as many as last ``BATCH_MS`` at the baseline's speed (>= 20 ms, so
-that the protocol's own cost per batch, about a millisecond, is a few percent of it), within ``MEMORY_SHARE``
+device memory. The calls per batch N are as many as last ``BATCH_MS`` at the baseline's speed (long enough
+that the protocol's own cost per batch, a few milliseconds on a GPU with the late calls' round trips, stays a small
+share of it), within ``MEMORY_SHARE``
 of the free memory (a slot holds the inputs drawn per call and the output; the grader's private copies are
 regenerated from their seeds, not stored) and ``MAX_CALLS``. Nothing the candidate does moves N.
 
@@ -28,7 +29,7 @@ try:  # the sandbox's own slot memory, where it has one
 except ImportError:
     slot_memory = None
 
-BATCH_MS = {"cuda": 50.0, "cpu": 20.0}  # a batch's length at the baseline's speed
+BATCH_MS = {"cuda": 200.0, "cpu": 20.0}  # a batch's length at the baseline's speed
 MAX_CALLS = {"cuda": 8192, "cpu": 2}  # the CPU's candidates run in Triton's interpreter: seconds a call
 # of the free device memory, for the slots: where memory rather than time bounds N (decode-sized calls, each
 # with its own weights), what the workers and the references need besides is small

@@ -36,7 +36,7 @@ MIN_SAMPLES_TO_COMPARE = 16  # two calls' samples that agree on at least this ma
 HELD_RETRIES = 2  # a baseline batch held off the CPU is run again this often before the run fails (step 3)
 # calls a batch whose inputs are written after the call before them returned: on the CPU every call but the first;
 # on a GPU a secret few (each is a round trip of the worker inside the window, ~0.1 ms, on both sides alike)
-LATE_CALLS = {"cuda": 4, "cpu": 1 << 30}
+LATE_CALLS = {"cuda": 2, "cpu": 1 << 30}
 SPLICED = 64  # elements of a late call's first input changed after the call before it returned
 
 
