@@ -502,3 +502,30 @@ def test_the_watch_turns_answers_into_findings_for_the_rules(libs, tmp_path):
         proc.kill()
         proc.wait()
         w.close()
+
+
+def test_a_pid_namespace_of_the_sandbox_is_followed_to_its_processes():
+    """With a PID namespace of the sandbox's own (GEMMLAB_SANDBOX_PIDNS), the observer's hello names the worker by its
+    number inside the namespace (on the H200: pid 2, the grandchild of the keeper); the channel maps it through the
+    keeper's descendants' NSpid and takes it, and still refuses a pid that is none of them."""
+    import time
+
+    from gemmlab.grade.preload.channel import in_sandbox
+
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) for a PID namespace")
+    keeper = subprocess.Popen(["unshare", "--pid", "--fork", "sh", "-c", "sleep 60 & wait"])
+    try:
+        deadline = time.monotonic() + 30
+        while not in_sandbox(2, keeper.pid) and time.monotonic() < deadline and keeper.poll() is None:
+            time.sleep(0.05)
+        if keeper.poll() is not None:
+            pytest.skip("no PID namespace here (unshare failed)")
+        assert in_sandbox(2, keeper.pid)  # the worker: sh's child, pid 2 inside
+        assert in_sandbox(1, keeper.pid)  # the namespace's first process
+        assert in_sandbox(keeper.pid, keeper.pid)
+        assert not in_sandbox(7, keeper.pid)
+        assert not in_sandbox(os.getpid(), keeper.pid)
+    finally:
+        keeper.kill()
+        keeper.wait()

@@ -299,8 +299,9 @@ def _wait_for(path, timeout=60.0):
 def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypatch, uid, tool):
     """A helper writes itself into the grader's cgroup (root, without a Landlock domain): its CPU time would no
     longer be the sandbox's, nor its freeze the cgroup's. The next freeze fails the sandbox. With a uid of its own
-    the move is refused (the cgroup's files are root's), and inside bubblewrap too, root or not (the cgroup file
-    system is read-only there); the freeze holds."""
+    the move is refused (the cgroup's files are root's), and inside bubblewrap or the keeper's own mount namespace
+    (root: the host read-only, with the terminals hidden, the default) too (the cgroup file system is read-only
+    there); the freeze holds."""
     _need_bwrap(tool)
     monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
     monkeypatch.setenv("GEMMLAB_SANDBOX_UID", uid)
@@ -321,7 +322,8 @@ def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypa
             with pytest.raises(WorkerFailure, match="left its cgroup"):
                 cand.freeze()
         else:
-            refused = moved == "EROFS" if tool == "bwrap" else uid == "1" and moved in ("EACCES", "EPERM")
+            # inside bubblewrap, or the keeper's own read-only mount namespace (root), the cgroup fs is read-only
+            refused = moved == "EROFS" or (tool != "bwrap" and uid == "1" and moved in ("EACCES", "EPERM"))
             assert refused, (uid, tool, moved)
             cand.freeze()
             cand.thaw()
@@ -335,10 +337,10 @@ def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypa
     "switch", [{}, {"GEMMLAB_SANDBOX_UID": "1"}, {"GEMMLAB_SANDBOX_PIDNS": "1"}], ids=["default", "uid", "pidns"]
 )
 def test_isolation_with_cuda(monkeypatch, switch):
-    """With CUDA: the seccomp filter and the hidden terminals (off by default there until this test has passed on
-    a GPU, so turned on here) and each other switch that is off by default there (a uid of its own, a PID
-    namespace) still let both children open the slots' IPC handles, and gemmlab's own kernel passes; the report
-    says what held."""
+    """With CUDA: the seccomp filter and the hidden terminals (on by default there since this test passed on the
+    H200; set here all the same) and each other switch (a uid of its own, which CUDA does not allow: the report says
+    why; a PID namespace) still let both children open the slots' IPC handles, and gemmlab's own kernel passes; the
+    report says what held."""
     monkeypatch.setenv("GEMMLAB_SANDBOX_SECCOMP", "1")
     monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "1")
     from gemmlab.grade import grade
@@ -350,23 +352,34 @@ def test_isolation_with_cuda(monkeypatch, switch):
     assert passed(r), r["failures"]
     iso = r["isolation"]["candidate"]
     assert iso["seccomp"] == "on", iso
-    if "GEMMLAB_SANDBOX_UID" in switch and os.geteuid() == 0:
-        assert "its own" in iso["uid"], iso
+    if "GEMMLAB_SANDBOX_UID" in switch:
+        assert "the grader's" in iso["uid"] and "IPC" in iso["uid"], iso
     if "GEMMLAB_SANDBOX_PIDNS" in switch and os.geteuid() == 0:
         assert iso["pid_namespace"] == "on", iso
 
 
-def test_the_unverified_layers_are_off_by_default_with_cuda_and_each_has_its_switch(monkeypatch):
-    """Without CUDA every layer is on by default; with CUDA the filter, the hidden terminals, the uid and Landlock are
-    off until asked for (none has run on a GPU yet), and each switch turns its layer on or off."""
+def test_the_layers_by_default_with_and_without_cuda_and_each_has_its_switch(monkeypatch):
+    """Without CUDA every layer but the PID namespace is on by default; with CUDA the filter and the hidden terminals
+    are on too (their GPU test passed on the H200), Landlock and the PID namespace are off until asked for, and a uid
+    of its own is never given (CUDA IPC across uids fails: the reason is kept for the report); each switch turns its
+    layer on or off."""
     from gemmlab.sandbox.isolate import Isolation
 
     for var in ("LANDLOCK", "SECCOMP", "TERMINALS", "UID", "PIDNS", "TOOL"):
         monkeypatch.delenv(f"GEMMLAB_SANDBOX_{var}", raising=False)
     cpu, cuda = Isolation.from_env(interpret=True), Isolation.from_env(interpret=False)
     assert cpu.seccomp and cpu.terminals and cpu.landlock and not cpu.pidns
-    assert not (cuda.seccomp or cuda.terminals or cuda.landlock or cuda.pidns or cuda.uid)
-    assert "--seccomp" not in cuda.keeper_args([], None) and "--hide-terminals" not in cuda.keeper_args([], None)
+    assert cuda.seccomp and cuda.terminals and not (cuda.landlock or cuda.pidns or cuda.uid)
+    assert {"--seccomp", "--hide-terminals"} <= set(cuda.keeper_args([], None))
+    assert "IPC" in cuda.uid_why
+    monkeypatch.setenv("GEMMLAB_SANDBOX_UID", "1")
+    assert Isolation.from_env(interpret=False).uid is None
+    monkeypatch.delenv("GEMMLAB_SANDBOX_UID")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_SECCOMP", "0")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "0")
+    cut = Isolation.from_env(interpret=False)
+    assert not (cut.seccomp or cut.terminals)
+    assert "--seccomp" not in cut.keeper_args([], None) and "--hide-terminals" not in cut.keeper_args([], None)
     monkeypatch.setenv("GEMMLAB_SANDBOX_SECCOMP", "1")
     monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "1")
     on = Isolation.from_env(interpret=False)
@@ -375,3 +388,36 @@ def test_the_unverified_layers_are_off_by_default_with_cuda_and_each_has_its_swi
     monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "0")
     off = Isolation.from_env(interpret=True)
     assert not off.seccomp and not off.terminals
+
+
+def test_the_hand_written_mount_namespace_leaves_the_host_read_only(tmp_path, monkeypatch):
+    """As on a GPU by default (no Landlock, no uid of its own, no bubblewrap), with the terminals hidden (the keeper's
+    mount namespace, root only): the candidate writes neither into the grader's log directory nor into a directory on
+    the Python path (every mount read-only but its scratch directory, /dev/shm and the observers' files), it still
+    passes, and the report says so."""
+    from gemmlab.grade import grade
+    from tests.grade.test_grade import TINY
+    from tests.paths import BAD_KERNELS
+
+    if os.geteuid() != 0:
+        pytest.skip("the mount namespace needs root")
+    out, path_dir = tmp_path / "out", tmp_path / "path"
+    out.mkdir()
+    path_dir.mkdir()
+    monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(out))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(out))
+    monkeypatch.setenv("BAD_PATH_DIR", str(path_dir))
+    for var in ("LANDLOCK", "UID"):
+        monkeypatch.setenv(f"GEMMLAB_SANDBOX_{var}", "0")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "1")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_TOOL", "none")
+    r = grade(TINY, kernel=f"{BAD_KERNELS / 'redteam.py'}:reaches_outside_by_files")
+    iso = r["isolation"]["candidate"]
+    if not iso["terminals"].startswith("hidden ("):
+        pytest.skip(f"no mount namespace here: {iso['terminals']}")
+    assert iso["host_files"].startswith("read-only but for"), iso
+    found = json.loads((out / "files.json").read_text())
+    assert {"log_dir", "python_path"} <= set(found) and all(v is not True for v in found.values()), found
+    assert "Read-only" in found["log_dir"] and "Read-only" in found["python_path"], found
+    assert not list(path_dir.iterdir())
+    assert passed(r), r["failures"]

@@ -9,13 +9,17 @@
 The owner's environment (unset: the default):
 - ``GEMMLAB_SANDBOX_LANDLOCK``: a Landlock domain (``keeper.landlock``); unset: on without CUDA only, ``1`` on with
   CUDA too (its ``cudaGetDeviceCount`` fails under it on an H200), ``0`` off.
-- ``GEMMLAB_SANDBOX_SECCOMP``: the seccomp filter (``sandbox.seccomp``); unset: on without CUDA only, ``1`` on
-  with CUDA too (not yet run on a GPU: turned on by default there once its GPU test has passed), ``0`` off.
+- ``GEMMLAB_SANDBOX_SECCOMP``: the seccomp filter (``sandbox.seccomp``); unset or ``1``: on, with CUDA too
+  (tests/sandbox/test_isolation.py's GPU test), ``0`` off.
 - ``GEMMLAB_SANDBOX_TERMINALS``: the terminals hidden in a mount namespace of the keeper's own (root only:
-  ``keeper.namespaces``); unset: on without CUDA only, ``1`` on with CUDA too (likewise), ``0`` off.
-- ``GEMMLAB_SANDBOX_UID``: a uid of the sandbox's own, where the grader runs as root; unset: on without CUDA only,
-  ``1`` on with CUDA too (unverified there), ``0`` off. Each sandbox gets an unused uid (no process runs as it,
-  ``/etc/passwd`` names none), owning its scratch directory and the observers' files it appends to; it keeps
+  ``keeper.namespaces``); unset or ``1``: on, with CUDA too, ``0`` off. In that namespace the host is read-only but
+  for the scratch directory, ``/dev/shm`` and the observers' files (``keeper.read_only_host``): the stand-in for
+  Landlock's file rules where Landlock is off (with CUDA).
+- ``GEMMLAB_SANDBOX_UID``: a uid of the sandbox's own, where the grader runs as root and there is no CUDA (unset or
+  ``1``: on; ``0`` off). With CUDA the sandbox keeps the grader's uid whatever the switch says, and the report says
+  why (``CUDA_UID_WHY``): the seccomp filter and the hidden terminals then stand between it and the grader.
+  Each sandbox gets an unused uid (no process runs as it, ``/etc/passwd`` names none), owning its scratch directory
+  and the observers' files it appends to; it keeps
   ``CAP_DAC_READ_SEARCH`` (read any file, as the grader's root can: the interpreter, torch, the kernel's own
   directory), nothing else: no signal, ptrace, ``prlimit`` or scheduling change reaches a process of another uid,
   no file is written but its own (and world-writable ones), no cgroup is left. A grader that is not root cannot
@@ -42,6 +46,8 @@ from gemmlab.sandbox.tool import Tool
 from gemmlab.sandbox.tool import mode as tool_mode
 
 UID_BASE, UID_SPAN = 0x60000000, 1 << 24  # where a sandbox's own uid is drawn from
+# with CUDA a sandbox keeps the grader's uid: a process of another uid cannot map the slots' CUDA IPC handles
+CUDA_UID_WHY = "with CUDA another uid cannot map the slots' IPC memory (mapping of buffer object failed)"
 
 
 def _mode(var: str, default: str, interpret: bool) -> bool:
@@ -87,19 +93,21 @@ class Isolation:
         """The switches; ``observed``: the kernel observer (CUPTI injection) is loaded into the sandbox, whose
         channel is the keeper's, inherited by fork, so it cannot cross bubblewrap's exec: no tool then."""
         uid, why = None, ""
-        if _mode("GEMMLAB_SANDBOX_UID", "cpu", interpret):
-            if os.geteuid() == 0:
+        if _mode("GEMMLAB_SANDBOX_UID", "1", interpret):
+            if not interpret:
+                why = CUDA_UID_WHY
+            elif os.geteuid() == 0:
                 uid = unused_uid()
             else:
                 why = "the grader is not root"
         pidns = _mode("GEMMLAB_SANDBOX_PIDNS", "0", interpret)
         return cls(
             _mode("GEMMLAB_SANDBOX_LANDLOCK", "cpu", interpret),
-            _mode("GEMMLAB_SANDBOX_SECCOMP", "cpu", interpret),
+            _mode("GEMMLAB_SANDBOX_SECCOMP", "1", interpret),
             pidns,
             uid,
             why,
-            _mode("GEMMLAB_SANDBOX_TERMINALS", "cpu", interpret),
+            _mode("GEMMLAB_SANDBOX_TERMINALS", "1", interpret),
             Tool(None, why="bubblewrap not used: the kernel observer's channel cannot cross it yet")
             if observed and tool_mode() != "none"
             else Tool.choose(interpret, pidns),
@@ -122,7 +130,9 @@ class Isolation:
                 if wrap
                 else ["--tool-why", self.tool.why]
             )
-            + (["--landlock", *[a for d in writable for a in ("--writable", d)]] if self.landlock else [])
+            + ([a for d in writable for a in ("--writable", d)] if self.landlock or self.terminals else [])
+            + (["--landlock"] if self.landlock else [])
+            + (["--read-only", *[a for f in files for a in ("--file", f)]] if self.terminals and not wrap else [])
             + (["--uid", str(self.uid)] if self.uid is not None else [])
             + (["--uid-why", self.uid_why] if self.uid_why else [])
             + (["--seccomp", str(os.getpid()), str(os.getpgid(0))] if self.seccomp else [])

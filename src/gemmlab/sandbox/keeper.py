@@ -1,7 +1,7 @@
 """The sandbox's first process, run by path (``python .../keeper.py FD [--cgroup PROCS_FILE] [--wrap ARGV_JSON
---tool NAME [--tool-pidns] | --tool-why WHY] [--landlock] [--writable DIR]... [--uid UID | --uid-why WHY] [--seccomp
-OWNER PGID] [--pidns] [--hide-terminals]``; ``sandbox.isolate`` builds it) so that nothing is imported before it
-forks (no CUDA, no gemmlab). Before any candidate code exists it, in order,
+--tool NAME [--tool-pidns] | --tool-why WHY] [--writable DIR]... [--read-only [--file FILE]...] [--landlock]
+[--uid UID | --uid-why WHY] [--seccomp OWNER PGID] [--pidns] [--hide-terminals]``; ``sandbox.isolate`` builds it)
+so that nothing is imported before it forks (no CUDA, no gemmlab). Before any candidate code exists it, in order,
 - writes its own pid into PROCS_FILE (the sandbox's freezer cgroup, ``sandbox.contain.Freezer``), so every process
   of the sandbox is born inside;
 - with ``--wrap``, execs bubblewrap (``sandbox.tool``), which runs this file again inside it (``wrap``): the steps
@@ -117,7 +117,8 @@ def landlock(writable: list[str]) -> list[str]:
 TERMINALS = ("/dev/console", "/dev/tty[0-9]*", "/dev/ttyS*", "/dev/vcs*")  # hidden behind /dev/null
 CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
 PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH = 8, 47, 2, 2
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 
 
 def _load(name: str):
@@ -173,6 +174,50 @@ def namespaces(pidns: bool) -> tuple[str, str]:
             hidden.append(path)
     terminals = "hidden (/dev/pts empty, consoles /dev/null)" if "/dev/pts" in hidden else "not hidden"
     return terminals, "on" if pidns else "off"
+
+
+def read_only_host(writable: list[str], files: list[str]) -> str:
+    """In the keeper's own mount namespace (root): every mount read-only but ``writable`` (the scratch directory
+    first), ``/dev/shm`` and ``files`` (the observers' logs it appends to), each bound on itself first. Device nodes
+    still open for writing (a read-only mount refuses writes to files, directories and links only), so the GPU
+    works. Returns what the report says."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    kept = []
+    for path in [*writable, "/dev/shm", *files]:
+        if not path or not os.path.exists(path):
+            continue
+        if libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None) == 0:
+            kept.append(os.path.realpath(path))
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4].replace("\\040", " ") for line in f]
+    except OSError as e:
+        return f"writable (mountinfo: {e.strerror})"
+    left = []
+    for point in points:
+        if any(point == k or point.startswith(k.rstrip("/") + "/") for k in kept):
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | _mount_flags(point)
+        if libc.mount(None, point.encode(), None, flags, None) != 0:
+            left.append(f"{point} ({os.strerror(ctypes.get_errno())})")
+    if left:
+        return "partly read-only: still writable " + ", ".join(left[:4]) + (" ..." if len(left) > 4 else "")
+    return f"read-only but for {len(kept)} paths (the scratch directory, /dev/shm, the observers' files)"
+
+
+def _mount_flags(point: str) -> int:
+    """The nosuid/nodev/noexec flags a mount has (a bind remount must repeat them)."""
+    try:
+        st = os.statvfs(point)
+    except OSError:
+        return 0
+    return (
+        (MS_NOSUID if st.f_flag & os.ST_NOSUID else 0)
+        | (MS_NODEV if st.f_flag & os.ST_NODEV else 0)
+        | (MS_NOEXEC if st.f_flag & os.ST_NOEXEC else 0)
+    )
 
 
 def proc_mount() -> str:
@@ -298,9 +343,15 @@ def main() -> None:
             _, status = os.waitpid(child, 0)
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
         isolation["pid_namespace"] = proc_mount()
+    writable = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--writable"]
+    if "--read-only" in args:  # in the mount namespace above (hidden terminals), after the PID namespace's /proc
+        if isolation["terminals"].startswith("hidden ("):
+            files = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--file"]
+            isolation["host_files"] = read_only_host(writable, files)
+        else:
+            isolation["host_files"] = "writable (no mount namespace of its own)"
     isolation["landlock"] = "off"
     if "--landlock" in args:
-        writable = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--writable"]
         missing = landlock(writable)
         for why in missing:
             print(f"keeper: Landlock: {why}", file=sys.stderr)

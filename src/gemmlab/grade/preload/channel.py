@@ -133,6 +133,51 @@ def _ppid(pid: int) -> int | None:
     return int(stat[stat.rfind(")") + 2 :].split()[1])
 
 
+def _status_ids(pid: int) -> tuple[int | None, list[int]]:
+    """(parent pid, the NSpid chain: its pid in each PID namespace, outermost first) of ``pid`` from /proc."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None, []
+    ppid, chain = None, []
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key == "PPid" and value.strip().isdigit():
+            ppid = int(value)
+        elif key == "NSpid":
+            chain = [int(v) for v in value.split() if v.isdigit()]
+    return ppid, chain
+
+
+def in_sandbox(pid: int, keeper: int) -> bool:
+    """Whether ``pid``, as a process of the sandbox reported it, is the keeper, its child, or (in a PID namespace of
+    the sandbox's own, where getpid() is the namespace's number) a child or grandchild of the keeper whose innermost
+    pid is ``pid``: the namespace's first process and the worker it forks."""
+    if pid == keeper or _ppid(pid) == keeper:
+        return True
+    kids = [int(c) for c in _children(keeper)]
+    for host in kids + [g for k in kids for g in (int(c) for c in _children(k))]:
+        _, chain = _status_ids(host)
+        if len(chain) > 1 and chain[-1] == pid:
+            return True
+    return False
+
+
+def _children(pid: int) -> list[str]:
+    """The child pids of ``pid`` (every thread's), from /proc; [] where that is not readable."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[str] = []
+    for t in tasks:
+        try:
+            out += Path(f"/proc/{pid}/task/{t}/children").read_text().split()
+        except OSError:
+            continue
+    return [c for c in out if c.isdigit()]
+
+
 class Channel:
     def __init__(self, path: str | os.PathLike):
         self.path, self.key = str(path), secrets.token_bytes(16)
@@ -197,7 +242,7 @@ class Channel:
             self.loaded = keeper
         elif head[0] == "hello" and self.hello is None and self.loaded is not None and len(head) > 1:
             pid = int(head[1]) if head[1].isdigit() else -1
-            if pid != keeper and _ppid(pid) != keeper:
+            if not in_sandbox(pid, keeper):
                 self._fail(f"the observer started in pid {pid}, which is not the sandbox's process")
             self.hello = {"pid": pid, **_pairs(head[2:]), "lib": head[-1].partition("lib=")[2]}
         elif head[0] == "epoch" and self.hello is not None and len(head) == 4:
