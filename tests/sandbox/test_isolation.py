@@ -338,11 +338,13 @@ def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypa
 )
 def test_isolation_with_cuda(monkeypatch, switch):
     """With CUDA: the seccomp filter and the hidden terminals (on by default there since this test passed on the
-    H200; set here all the same) and each other switch (a uid of its own, which CUDA does not allow: the report says
+    H200; set here all the same), the read-only host (off by default there until this test has passed with it) and
+    each other switch (a uid of its own, which CUDA does not allow: the report says
     why; a PID namespace) still let both children open the slots' IPC handles, and gemmlab's own kernel passes; the
     report says what held."""
     monkeypatch.setenv("GEMMLAB_SANDBOX_SECCOMP", "1")
     monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "1")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_READONLY", "1")
     from gemmlab.grade import grade
     from tests.grade.test_grade import TINY
 
@@ -352,6 +354,8 @@ def test_isolation_with_cuda(monkeypatch, switch):
     assert passed(r), r["failures"]
     iso = r["isolation"]["candidate"]
     assert iso["seccomp"] == "on", iso
+    if os.geteuid() == 0:
+        assert iso["host_files"].startswith("read-only but for"), iso
     if "GEMMLAB_SANDBOX_UID" in switch:
         assert "the grader's" in iso["uid"] and "IPC" in iso["uid"], iso
     if "GEMMLAB_SANDBOX_PIDNS" in switch and os.geteuid() == 0:
@@ -360,17 +364,22 @@ def test_isolation_with_cuda(monkeypatch, switch):
 
 def test_the_layers_by_default_with_and_without_cuda_and_each_has_its_switch(monkeypatch):
     """Without CUDA every layer but the PID namespace is on by default; with CUDA the filter and the hidden terminals
-    are on too (their GPU test passed on the H200), Landlock and the PID namespace are off until asked for, and a uid
+    are on too (their GPU test passed on the H200), Landlock, the read-only host and the PID namespace are off until
+    asked for, and a uid
     of its own is never given (CUDA IPC across uids fails: the reason is kept for the report); each switch turns its
     layer on or off."""
     from gemmlab.sandbox.isolate import Isolation
 
-    for var in ("LANDLOCK", "SECCOMP", "TERMINALS", "UID", "PIDNS", "TOOL"):
+    for var in ("LANDLOCK", "SECCOMP", "TERMINALS", "UID", "PIDNS", "TOOL", "READONLY"):
         monkeypatch.delenv(f"GEMMLAB_SANDBOX_{var}", raising=False)
     cpu, cuda = Isolation.from_env(interpret=True), Isolation.from_env(interpret=False)
-    assert cpu.seccomp and cpu.terminals and cpu.landlock and not cpu.pidns
-    assert cuda.seccomp and cuda.terminals and not (cuda.landlock or cuda.pidns or cuda.uid)
+    assert cpu.seccomp and cpu.terminals and cpu.landlock and cpu.read_only and not cpu.pidns
+    assert cuda.seccomp and cuda.terminals and not (cuda.landlock or cuda.pidns or cuda.uid or cuda.read_only)
     assert {"--seccomp", "--hide-terminals"} <= set(cuda.keeper_args([], None))
+    assert "--read-only" not in cuda.keeper_args([], None)
+    monkeypatch.setenv("GEMMLAB_SANDBOX_READONLY", "1")
+    assert "--read-only" in Isolation.from_env(interpret=False).keeper_args([], None)
+    monkeypatch.delenv("GEMMLAB_SANDBOX_READONLY")
     assert "IPC" in cuda.uid_why
     monkeypatch.setenv("GEMMLAB_SANDBOX_UID", "1")
     assert Isolation.from_env(interpret=False).uid is None

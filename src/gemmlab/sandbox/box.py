@@ -121,7 +121,7 @@ class Sandbox:
         self.log = str(Path(self.log_dir) / f"{name}.log")
         # the only directory the sandbox may write below, where Landlock is on (its cwd, $TMPDIR, its Triton cache)
         self.scratch = Path(self.log_dir) / f"{name}.scratch"
-        own_cache = self.landlock or self.iso.terminals or self.iso.uid is not None or self.iso.tool.path is not None
+        own_cache = self.landlock or self.iso.read_only or self.iso.uid is not None or self.iso.tool.path is not None
         self.triton_cache = str(self.scratch / "triton-cache") if own_cache else None
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None

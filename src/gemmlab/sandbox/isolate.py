@@ -12,9 +12,11 @@ The owner's environment (unset: the default):
 - ``GEMMLAB_SANDBOX_SECCOMP``: the seccomp filter (``sandbox.seccomp``); unset or ``1``: on, with CUDA too
   (tests/sandbox/test_isolation.py's GPU test), ``0`` off.
 - ``GEMMLAB_SANDBOX_TERMINALS``: the terminals hidden in a mount namespace of the keeper's own (root only:
-  ``keeper.namespaces``); unset or ``1``: on, with CUDA too, ``0`` off. In that namespace the host is read-only but
-  for the scratch directory, ``/dev/shm`` and the observers' files (``keeper.read_only_host``): the stand-in for
-  Landlock's file rules where Landlock is off (with CUDA).
+  ``keeper.namespaces``); unset or ``1``: on, with CUDA too, ``0`` off.
+- ``GEMMLAB_SANDBOX_READONLY``: in that namespace, the host read-only but for the scratch directory, ``/dev/shm``
+  and the observers' files (``keeper.read_only_host``): the stand-in for Landlock's file rules where Landlock is off;
+  unset: on without CUDA only, ``1`` on with CUDA too (not yet run on a GPU: on by default there once
+  tests/sandbox/test_isolation.py's GPU test has passed with it), ``0`` off.
 - ``GEMMLAB_SANDBOX_UID``: a uid of the sandbox's own, where the grader runs as root and there is no CUDA (unset or
   ``1``: on; ``0`` off). With CUDA the sandbox keeps the grader's uid whatever the switch says, and the report says
   why (``CUDA_UID_WHY``): the seccomp filter and the hidden terminals then stand between it and the grader.
@@ -87,6 +89,7 @@ class Isolation:
     uid_why: str = ""  # why it has none though one was asked for
     terminals: bool = True  # hide the terminals (a mount namespace of the keeper's own, where it is root)
     tool: Tool = Tool(None, why="not asked for")  # bubblewrap around the keeper, or none (``tool.why`` says why)
+    read_only: bool = True  # in that namespace, the host read-only but for the sandbox's own paths
 
     @classmethod
     def from_env(cls, interpret: bool, observed: bool = False) -> Isolation:
@@ -111,6 +114,7 @@ class Isolation:
             Tool(None, why="bubblewrap not used: the kernel observer's channel cannot cross it yet")
             if observed and tool_mode() != "none"
             else Tool.choose(interpret, pidns),
+            _mode("GEMMLAB_SANDBOX_READONLY", "cpu", interpret),
         )
 
     def keeper_args(self, writable: list[str], cgroup: str | None, files: list[str] = ()) -> list[str]:
@@ -130,9 +134,9 @@ class Isolation:
                 if wrap
                 else ["--tool-why", self.tool.why]
             )
-            + ([a for d in writable for a in ("--writable", d)] if self.landlock or self.terminals else [])
+            + ([a for d in writable for a in ("--writable", d)] if self.landlock or self.read_only else [])
             + (["--landlock"] if self.landlock else [])
-            + (["--read-only", *[a for f in files for a in ("--file", f)]] if self.terminals and not wrap else [])
+            + (["--read-only", *[a for f in files for a in ("--file", f)]] if self.read_only and not wrap else [])
             + (["--uid", str(self.uid)] if self.uid is not None else [])
             + (["--uid-why", self.uid_why] if self.uid_why else [])
             + (["--seccomp", str(os.getpid()), str(os.getpgid(0))] if self.seccomp else [])

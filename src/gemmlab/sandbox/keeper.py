@@ -345,7 +345,7 @@ def main() -> None:
         isolation["pid_namespace"] = proc_mount()
     writable = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--writable"]
     if "--read-only" in args:  # in the mount namespace above (hidden terminals), after the PID namespace's /proc
-        if isolation["terminals"].startswith("hidden ("):
+        if isolation["terminals"].startswith("hidden (/dev/pts"):
             files = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--file"]
             isolation["host_files"] = read_only_host(writable, files)
         else:
