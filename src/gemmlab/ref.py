@@ -1,498 +1,67 @@
 """References, baselines and tolerances shared by tests, the grader and the benchmarks.
 
 References are slow, obvious and exact-ish (float64 / float32 loops); ``moe_composite`` is the MoE baseline
-the benchmarks, the tuner and the grader time gemmlab against (torch ops on ``torch._grouped_mm``)."""
+the benchmarks, the tuner and the grader time gemmlab against (torch ops on ``torch._grouped_mm``).
+
+The one public reference module; its parts live beside it, by op: ``ref_gemm`` (the dense GEMM), ``ref_moe``
+(grouped GEMM and MoE, the composite baseline) and ``ref_fp8`` (FP8 GEMM and FP8 experts). Import from here."""
 
 from __future__ import annotations
 
-import math
-
-import torch
-
-import gemmlab
-from gemmlab.ops.gemm import PackedB
-
-
-def gemm_ref(a: torch.Tensor, b: torch.Tensor | PackedB) -> torch.Tensor:
-    """C = A @ B computed in float64 on the operands' device (a PackedB is accepted for b).
-    a (M, K), b (K, N) -> (M, N) float64."""
-    if isinstance(b, PackedB):
-        b = b.view()
-    return a.to(torch.float64) @ b.to(torch.float64)
-
-
-def mantissa_bits(dtype: torch.dtype) -> int:
-    return {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}[dtype]
-
-
-def gemm_tolerance(a: torch.Tensor, b: torch.Tensor | PackedB, dtype: torch.dtype) -> tuple[float, float]:
-    """(atol, rtol) for |C - ref| <= atol + rtol * |ref|, derived rather than guessed:
-
-    - rtol = 2^-p, one ulp of the output dtype (p mantissa bits): a correct kernel rounds its fp32 sum
-      once (half an ulp); the other half is slack for the fp32 error near a rounding boundary.
-    - atol covers fp32 accumulation where |ref| is small: K roundings of partial sums of size about
-      sqrt(K) * max|a| * max|b| random-walk to sqrt(K) * 2^-24 * that; we allow 32 times it. A missed or
-      repeated K block changes an element by about sqrt(BLOCK_K) * E|a b|, orders of magnitude more.
-    """
-    k = a.shape[1]
-    if k == 0 or a.numel() == 0 or b.numel() == 0:
-        return 0.0, 0.0
-    if isinstance(b, PackedB):
-        b = b.view()
-    amax = a.abs().max().item() * b.abs().max().item()
-    atol = 32 * 2.0**-24 * k * amax
-    return atol, 2.0 ** -mantissa_bits(dtype)
-
-
-def gemm_check(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ref: torch.Tensor | None = None) -> dict:
-    """Compare a GEMM result with the float64 reference. Returns max_abs_err, the worst ratio of error
-    to allowed error (<= 1 passes; NaN or Inf anywhere fails), and ok."""
-    ref = gemm_ref(a, b) if ref is None else ref
-    atol, rtol = gemm_tolerance(a, b, c.dtype)
-    if c.numel() == 0:
-        return {"max_abs_err": 0.0, "worst": 0.0, "atol": atol, "rtol": rtol, "ok": True}
-    err = (c.to(torch.float64) - ref).abs()
-    allowed = atol + rtol * ref.abs()
-    finite = bool(torch.isfinite(c).all())
-    worst = (err / allowed.clamp_min(1e-300)).max().item() if finite else math.inf
-    max_err = err.max().item() if finite else math.inf
-    return {"max_abs_err": max_err, "worst": worst, "atol": atol, "rtol": rtol, "ok": finite and worst <= 1.0}
-
-
-# ------------------------------------------------------------------------------------------------ FP8
-# Legend: M, N, K as for gemm; Kb = cdiv(K, 128), Nb = cdiv(N, 128).
-
-FP8_SCALE_BLOCK = 128
-# The FP8 tensor cores' own accumulation (``fp8_mma_gamma``): Hopper's e4m3 wgmma adds FP8_MMA_CHUNK products per
-# instruction (k32) into its accumulator with less than fp32's precision; gemmlab's kernel (and the contract) move
-# that sum into an fp32 one at least every FP8_MMA_WINDOW of K. FP8_MMA_UNIT is the error of one such add, relative
-# to the magnitudes it adds (accumulator and products): 2^-15, a placeholder until benchmarks/fp8_variants.py's
-# "mma" measurement on the H200 replaces it (docs/fp8.md, "The tensor cores' accumulation").
-FP8_MMA_CHUNK = 32
-FP8_MMA_WINDOW = 128
-FP8_MMA_UNIT = 2.0**-15
-
-
-def fp8_mma_gamma(k: int) -> float:
-    """The error the FP8 tensor cores may add to one element of an (M, K) @ (K, N) product, relative to D = |A| @
-    |B|: FP8_MMA_UNIT per instruction add of a promotion window, w = cdiv(min(K, FP8_MMA_WINDOW), FP8_MMA_CHUNK) of
-    them. Each add errs by at most FP8_MMA_UNIT times the magnitudes it adds, the accumulator's at most the window's
-    share of D so far, so a window errs by at most w FP8_MMA_UNIT times its share of D; the windows' shares sum to D.
-    The placeholder 2^-15: the H200 made 1.14x the fp32-only bound at 37x53x144 (bf16 C, uniform inputs); a model
-    tensor core that aligns each add's terms to the largest and keeps p bits below it reaches 1.14x there from
-    p = 16 down (tests/fp8/test_fp8_variants.py emulates it), so 2^-15 is one bit below the fewest consistent."""
-    return -(-min(k, FP8_MMA_WINDOW) // FP8_MMA_CHUNK) * FP8_MMA_UNIT if k > 0 else 0.0
-
-
-def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] = (1, 1)) -> torch.Tensor:
-    """q * scale in float64, the scale broadcast over its group: () per tensor, (M, 1) or (1, N) per row or column,
-    else one per ``block`` (rows, cols) block of q (the last blocks may be partial)."""
-    s = scale.to(torch.float64)
-    if s.dim() == 2 and tuple(s.shape) not in ((q.shape[0], 1), (1, q.shape[1])):
-        s = s.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[: q.shape[0], : q.shape[1]]
-    return q.to(torch.float64) * s
-
-
-def gemm_fp8_ref(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
-    """C = (A * a_scale) @ (B * b_scale) in float64 on the dequantized inputs: a (M, K), b (K, N) e4m3; scales per
-    tensor, per row/column, or block (1x128 blocks of A, 128x128 of B), as ``gemm_fp8`` takes them;
-    -> (M, N) float64."""
-    blk = FP8_SCALE_BLOCK
-    return dequantize_fp8(a, a_scale, (1, blk)) @ dequantize_fp8(b, b_scale, (blk, blk))
-
-
-def gemm_fp8_bound(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    a_scale: torch.Tensor,
-    b_scale: torch.Tensor,
-    dtype: torch.dtype,
-    ref: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The largest error ``gemm_fp8`` may make per element of C (M, N) in ``dtype``, against ``gemm_fp8_ref``:
-
-        |C - ref| <= g + u (|ref| + g) + eta,   g = (gamma(n) + fp8_mma_gamma(K)) D,  gamma(n) = n 2^-24 / (1 - n 2^-24)
-
-    - D = |A * a_scale| @ |B * b_scale| (float64, elementwise absolute values). An e4m3 value has 4 significant bits,
-      so a product of two has at most 8 and is exact in fp32: the only errors are the fp32 additions and the scale
-      multiplications, each one rounding of relative size <= 2^-24. Whatever the order of the sum, the error of
-      adding n' terms is at most gamma(n' - 1) times the sum of their magnitudes (Higham, Accuracy and Stability of
-      Numerical Algorithms, 2nd ed., eq. 4.4).
-    - n = K + 2 + cdiv(K, 16): K - 1 additions inside the tensor-core dots, at most 2 scale multiplications per term,
-      and, with block scales, one addition of a scaled partial per BLOCK_K step (BLOCK_K >= 16), one more rounding.
-    - The fp32 result is rounded once into ``dtype``, to nearest on the GPU (half an ulp); Triton 3.6's CPU
-      interpreter truncates to bf16 in its own casts (one ulp; gemmlab's stores round first, a candidate's may not),
-      so the contract allows any faithful rounding: u = 2^-p (p its stored
-      mantissa bits; 2^-7 for bf16, 2^-10 for fp16, 2^-23 for fp32) relative, or eta (its smallest subnormal)
-      absolute near zero.
-    - The tensor cores' own accumulation, ``fp8_mma_gamma(K) * D``: within a promotion window they add in less than
-      fp32 (the H200's FP8 wgmma; the CPU interpreter adds in fp32, inside the bound).
-    Assumes no scaled value under- or overflows fp32 or ``dtype``.
-    A dropped or repeated K step, a wrong scale, or a wrong block index is orders of magnitude above this bound."""
-    k = a.shape[1]
-    blk = FP8_SCALE_BLOCK
-    ref = gemm_fp8_ref(a, b, a_scale, b_scale) if ref is None else ref
-    d = dequantize_fp8(a, a_scale, (1, blk)).abs() @ dequantize_fp8(b, b_scale, (blk, blk)).abs()
-    n = k + 2 + -(-k // 16)
-    gamma = n * 2.0**-24 / (1 - n * 2.0**-24) + fp8_mma_gamma(k)
-    g = gamma * d
-    u = 2.0 ** -mantissa_bits(dtype)
-    eta = torch.finfo(dtype).smallest_normal * 2.0 ** -mantissa_bits(dtype)
-    return g + u * (ref.abs() + g) + eta
-
-
-def gemm_fp8_check(
-    c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor
-) -> dict:
-    """Compare a ``gemm_fp8`` result with the float64 reference under ``gemm_fp8_bound``. Returns max_abs_err, the
-    worst ratio of error to bound (<= 1 passes; NaN or Inf anywhere fails), and ok."""
-    ref = gemm_fp8_ref(a, b, a_scale, b_scale)
-    if c.numel() == 0:
-        return {"max_abs_err": 0.0, "worst": 0.0, "ok": True}
-    bound = gemm_fp8_bound(a, b, a_scale, b_scale, c.dtype, ref)
-    err = (c.to(torch.float64) - ref).abs()
-    finite = bool(torch.isfinite(c).all())
-    worst = (err / bound).max().item() if finite else math.inf
-    return {"max_abs_err": err.max().item() if finite else math.inf, "worst": worst, "ok": finite and worst <= 1.0}
-
-
-# ------------------------------------------------------------------------------------------------ MoE
-# Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k.
-
-
-def grouped_gemm_ref(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """float32 loop over groups: rows offsets[e-1]:offsets[e] of x (S, K) times w[e]^T (w (E, N, K)).
-    Rows past offsets[-1] are zero."""
-    out = torch.zeros((x.shape[0], w.shape[1]), dtype=torch.float32, device=x.device)
-    start = 0
-    for e, end in enumerate(offsets.tolist()):
-        out[start:end] = x[start:end].float() @ w[e].float().t()
-        start = end
-    return out
-
-
-def grouped_gemm_check(out: torch.Tensor, ref: torch.Tensor) -> dict:
-    """|out - grouped_gemm_ref| <= 2 * 2^-mantissa(out's dtype) * max |ref| + 1e-3: the grouped GEMM's tolerance
-    (two roundings of the largest output in out's dtype, and a floor for all-small outputs), the one bench moe
-    and the tuner use. NaN or Inf fails. Returns ok, max_abs_err, allowed and worst (err / allowed)."""
-    allowed = 2 * 2.0 ** -mantissa_bits(out.dtype) * (ref.abs().max().item() if ref.numel() else 0.0) + 1e-3
-    finite = bool(torch.isfinite(out).all())
-    err = ((out.float() - ref).abs().max().item() if out.numel() else 0.0) if finite else math.inf
-    return {"ok": finite and err <= allowed, "max_abs_err": err, "allowed": allowed, "worst": err / allowed}
-
-
-def moe_ref(
-    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
-) -> torch.Tensor:
-    """float32 loop over experts: y (T, H) = sum_j topk_weights[t, j] * (silu(x_t gate_e^T) * (x_t up_e^T))
-    w2_e^T with e = topk_ids[t, j]; w1 (E, 2I, H) holds gate rows [0, I) then up rows [I, 2I); w2 (E, H, I)."""
-    t, h = x.shape
-    i = w2.shape[2]
-    y = torch.zeros((t, h), dtype=torch.float32, device=x.device)
-    xf = x.float()
-    for e in range(w1.shape[0]):
-        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
-        if tok.numel() == 0:
-            continue
-        a = xf[tok]
-        gate = a @ w1[e, :i].float().t()
-        up = a @ w1[e, i:].float().t()
-        act = torch.nn.functional.silu(gate) * up
-        y.index_add_(0, tok, (act @ w2[e].float().t()) * topk_weights[tok, slot].float()[:, None])
-    return y
-
-
-def moe_same_dtype(
-    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
-) -> torch.Tensor:
-    """The same loop with every tensor kept in x's dtype, as PyTorch computes it (fp32 accumulation inside
-    matmuls, rounding between ops): the error scale a correct fp16/bf16 MoE makes."""
-    t, h = x.shape
-    i = w2.shape[2]
-    y = torch.zeros((t, h), dtype=torch.float32, device=x.device)
-    for e in range(w1.shape[0]):
-        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
-        if tok.numel() == 0:
-            continue
-        a = x[tok]
-        act = torch.nn.functional.silu(a @ w1[e, :i].t()) * (a @ w1[e, i:].t())
-        o = (act @ w2[e].t()) * topk_weights[tok, slot].to(x.dtype)[:, None]
-        y.index_add_(0, tok, o.float())
-    return y.to(x.dtype)
-
-
-def moe_layer_ref(
-    x: torch.Tensor,
-    gate_w: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    topk_ids: torch.Tensor,
-    *,
-    scoring: str = "softmax",
-    renormalize: bool = True,
-    same_dtype: bool = False,
-) -> torch.Tensor:
-    """A whole MoE layer (``gemmlab.nn.MoE``: router logits x gate_w^T (E, H), softmax or sigmoid scores, top-k
-    weights, the experts) with the expert choice ``topk_ids`` (T, k) held fixed, as torch.topk's backward holds
-    it: float32 (``moe_ref``), or with ``same_dtype`` in x's dtype as PyTorch computes it (``moe_same_dtype``;
-    the router's scores in float32 as ``route`` makes them). Differentiable in x, gate_w, w1 and w2."""
-    logits = torch.nn.functional.linear(x, gate_w) if same_dtype else x.float() @ gate_w.float().t()
-    scores = torch.softmax(logits.float(), -1) if scoring == "softmax" else torch.sigmoid(logits.float())
-    weights = scores.gather(1, topk_ids.long())
-    if renormalize:
-        weights = weights / weights.sum(-1, keepdim=True)
-    return (moe_same_dtype if same_dtype else moe_ref)(x, w1, w2, weights, topk_ids)
-
-
-def moe_composite(
-    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
-) -> torch.Tensor:
-    """The MoE body from torch ops on ``torch._grouped_mm`` (the forward baseline): sort the (token, slot)
-    pairs by expert, gather, grouped gate/up, SiLU * up, grouped down, weight, index_add back to tokens.
-    x (T, H), w1 (E, 2I, H), w2 (E, H, I), weights (T, k), ids (T, k) -> y (T, H) in x's dtype."""
-    t, k = ids.shape
-    e, i = w1.shape[0], w2.shape[2]
-    flat = ids.reshape(-1).long()
-    _, order = torch.sort(flat, stable=True)
-    counts = torch.zeros(e, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
-    offs = torch.cumsum(counts, 0).to(torch.int32)
-    token = order // k
-    h = torch._grouped_mm(x[token], w1.transpose(1, 2), offs=offs)
-    act = torch.nn.functional.silu(h[:, :i]) * h[:, i:]
-    o = torch._grouped_mm(act, w2.transpose(1, 2), offs=offs) * weights.reshape(-1)[order].to(x.dtype)[:, None]
-    return torch.zeros_like(x, dtype=torch.float32).index_add_(0, token, o.float()).to(x.dtype)
-
-
-def moe_check(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    ref: torch.Tensor | None = None,
-) -> dict:
-    """|y - moe_ref| <= 2 * max |moe_same_dtype - moe_ref| + one ulp of max |moe_ref| (the style guide's
-    derived tolerance: twice what PyTorch itself misses in the same dtype). NaN or Inf fails."""
-    ref = moe_ref(x, w1, w2, topk_weights, topk_ids) if ref is None else ref
-    if y.numel() == 0:
-        return {"ok": True, "max_abs_err": 0.0, "allowed": 0.0}
-    torch_err = (moe_same_dtype(x, w1, w2, topk_weights, topk_ids).float() - ref).abs().max().item()
-    allowed = 2 * torch_err + 2.0 ** -mantissa_bits(y.dtype) * ref.abs().max().item()
-    finite = bool(torch.isfinite(y).all())
-    err = (y.float() - ref).abs().max().item() if finite else math.inf
-    return {"ok": finite and err <= allowed, "max_abs_err": err, "allowed": allowed, "torch_err": torch_err}
-
-
-def _expert_grads(
-    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, dy: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, ...]:
-    """torch.autograd of one expert's part of ``moe_ref`` computed in ``dtype``: rows x (R, H) routed to it,
-    w1 (2I, H), w2 (H, I), their weights (R,), upstream dy (R, H) -> (dx, dw1, dw2, dweights)."""
-    i = w2.shape[1]
-    leaves = [t.detach().to(dtype).requires_grad_() for t in (x, w1, w2, weights)]
-    a, g, d, s = leaves
-    with torch.enable_grad():
-        act = torch.nn.functional.silu(a @ g[:i].t()) * (a @ g[i:].t())
-        o = (act @ d.t()) * s[:, None]
-        return torch.autograd.grad(o, leaves, dy.to(dtype))
-
-
-def moe_grad_check(
-    grads: tuple[torch.Tensor, ...],
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-) -> dict:
-    """Gradients (dx (T, H), dw1 (E, 2I, H), dw2 (E, H, I), d topk_weights (T, k)) of sum(y * dy) checked
-    against torch.autograd of the float32 loop (``moe_ref``), one expert at a time (no float32 copy of the
-    whole weights is ever held). Per tensor, the tolerance of ``moe_check``: |g - ref| <= 2 * max |torch in
-    x's dtype - ref| + one ulp of max |ref|. An expert with no rows must get zero weight gradients."""
-    names = ("dx", "dw1", "dw2", "dweights")
-    if len(grads) != 4 or any(g is None for g in grads):
-        return {"ok": False, "error": f"expected 4 gradients {names}, got {[type(g).__name__ for g in grads]}"}
-    for name, g, like in zip(names, grads, (x, w1, w2, topk_weights), strict=True):
-        if tuple(g.shape) != tuple(like.shape):
-            return {"ok": False, "error": f"{name} has shape {tuple(g.shape)}, expected {tuple(like.shape)}"}
-    t, h = x.shape
-    acc = {n: [0.0, 0.0, 0.0] for n in names}  # max |g - ref|, max |torch same dtype - ref|, max |ref|
-    ref_x, same_x = torch.zeros((t, h), device=x.device), torch.zeros((t, h), device=x.device)
-    ref_w, same_w = torch.zeros(topk_ids.shape, device=x.device), torch.zeros(topk_ids.shape, device=x.device)
-
-    def note(name: str, got: torch.Tensor, ref: torch.Tensor, same: torch.Tensor) -> None:
-        a = acc[name]
-        got = got.float()
-        a[0] = max(a[0], (got - ref).abs().max().item() if bool(torch.isfinite(got).all()) else math.inf)
-        a[1] = max(a[1], (same.float() - ref).abs().max().item())
-        a[2] = max(a[2], ref.abs().max().item())
-
-    for e in range(w1.shape[0]):
-        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
-        if tok.numel() == 0:
-            note("dw1", grads[1][e], torch.zeros_like(w1[e], dtype=torch.float32), w1.new_zeros(w1[e].shape))
-            note("dw2", grads[2][e], torch.zeros_like(w2[e], dtype=torch.float32), w2.new_zeros(w2[e].shape))
-            continue
-        args = (x[tok], w1[e], w2[e], topk_weights[tok, slot], dy[tok])
-        r, s = _expert_grads(*args, torch.float32), _expert_grads(*args, x.dtype)
-        ref_x.index_add_(0, tok, r[0])
-        same_x.index_add_(0, tok, s[0].float())
-        ref_w[tok, slot], same_w[tok, slot] = r[3], s[3].float()
-        note("dw1", grads[1][e], r[1], s[1])
-        note("dw2", grads[2][e], r[2], s[2])
-    note("dx", grads[0], ref_x, same_x.to(x.dtype))
-    note("dweights", grads[3], ref_w, same_w.to(x.dtype))
-    ulp = 2.0 ** -mantissa_bits(x.dtype)
-    out = {n: {"max_abs_err": a[0], "torch_err": a[1], "allowed": 2 * a[1] + ulp * a[2]} for n, a in acc.items()}
-    for c in out.values():  # error / allowed: <= 1 passes (NaN, Inf: inf)
-        err, allowed = c["max_abs_err"], c["allowed"]
-        c["worst"] = err / allowed if allowed > 0 else (0.0 if err == 0 else math.inf)
-    bad = [n for n, c in out.items() if not c["max_abs_err"] <= c["allowed"]]
-    return {
-        "ok": not bad,
-        "max_abs_err": max(c["max_abs_err"] for c in out.values()),
-        "worst": max(c["worst"] for c in out.values()),
-        "grads": out,
-        **({"error": f"gradients off the float32 autograd reference: {', '.join(bad)}"} if bad else {}),
-    }
-
-
-# ------------------------------------------------------------------------------------------------ FP8 experts
-# Legend: S routed rows, E experts, N, K as for grouped_gemm; T, H, I, k as for MoE; Xb = cdiv(X, 128).
-
-
-def _gamma(k: int) -> float:
-    n = k + 2 + -(-k // 16)  # as gemm_fp8_bound: the dot's additions, two scale products, one add per step
-    return n * 2.0**-24 / (1 - n * 2.0**-24)  # (without gemm_fp8_bound's tensor-core term: docs/fp8.md says why)
-
-
-def _act_quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (R, C) bf16/fp16 quantized per 1x128 block by gemmlab's own quantizer (the op's activation contract; equal
-    to the torch rule, ``ops.fp8_quantize.quantize_torch``, bit for bit: tests/fp8)."""
-    return gemmlab.quantize_fp8(x, "block", (1, FP8_SCALE_BLOCK))
-
-
-def grouped_gemm_fp8_check(
-    out: torch.Tensor,
-    x: torch.Tensor,
-    w: torch.Tensor,
-    offsets: torch.Tensor,
-    x_scale: torch.Tensor | None,
-    w_scale: torch.Tensor,
-) -> dict:
-    """``grouped_gemm_fp8`` against ``gemm_fp8_ref`` group by group, under ``gemm_fp8_bound`` (a bf16/fp16 x is
-    first quantized per 1x128 block as the op does). Rows past offsets[-1] are not compared. -> worst, ok."""
-    if x_scale is None:
-        x, x_scale = _act_quantized(x)
-    worst, start, finite = 0.0, 0, True
-    for e, end in enumerate(offsets.tolist()):
-        if end > start:
-            a, sa, b, sb = x[start:end], x_scale[start:end], w[e].t(), w_scale[e].t()
-            ref = gemm_fp8_ref(a, b, sa, sb)
-            c = out[start:end]
-            finite = finite and bool(torch.isfinite(c).all())
-            bound = gemm_fp8_bound(a, b, sa, sb, out.dtype, ref)
-            worst = max(worst, ((c.double() - ref).abs() / bound).max().item())
-        start = end
-    worst = worst if finite else math.inf
-    return {"worst": worst, "ok": worst <= 1.0}
-
-
-def _requantized_spread(lo: torch.Tensor, hi: torch.Tensor, d_ref: torch.Tensor) -> torch.Tensor:
-    """How far the op's dequantized intermediate may be from the reference's ``d_ref``, elementwise, when the op's
-    stored value lies in [lo, hi]: each 1x128 block's scale is its amax / 448, so it lies in [s_lo, s_hi] from the
-    block's amax range; e4m3 rounding is monotone, so the op's q lies between the roundings of the extreme ratios
-    (widened by 2^-20 for fp32 division), and its s * q between the four corners."""
-    rows, cols = lo.shape
-    blk = FP8_SCALE_BLOCK
-    nb = -(-cols // blk)
-
-    def block_max(v):
-        v = torch.nn.functional.pad(v, (0, nb * blk - cols)).view(rows, nb, blk).amax(2)
-        return v.repeat_interleave(blk, 1)[:, :cols]
-
-    fmax = float(torch.finfo(torch.float8_e4m3fn).max)
-    least = torch.where((lo <= 0) & (hi >= 0), torch.zeros_like(lo), torch.minimum(lo.abs(), hi.abs()))
-    s_lo = block_max(least).clamp_min(1e-30) / fmax * (1 - 2.0**-20)
-    s_hi = block_max(torch.maximum(lo.abs(), hi.abs())) / fmax * (1 + 2.0**-20)
-    ratios = torch.stack([lo / s_lo, lo / s_hi, hi / s_lo, hi / s_hi])
-    q_lo, q_hi = ratios.amin(0), ratios.amax(0)
-    q_lo, q_hi = q_lo - 2.0**-20 * q_lo.abs(), q_hi + 2.0**-20 * q_hi.abs()
-
-    def rne(v):
-        return v.clamp(-fmax, fmax).float().to(torch.float8_e4m3fn).double()
-
-    corners = torch.stack([s * q for s in (s_lo, s_hi) for q in (rne(q_lo), rne(q_hi))])
-    return (corners - d_ref).abs().amax(0)
-
-
-def _moe_fp8_expert(xq, xs, packed, e: int, tok, wts, dtype, out_bound: bool):
-    """Reference rows o (R, H) of expert e for routed rows of tokens ``tok`` with weights ``wts`` (float64), and
-    with ``out_bound`` the bound of |o_op - o| (before o's rounding to ``dtype``)."""
-    blk, i = FP8_SCALE_BLOCK, packed.w2.shape[2]
-    a = dequantize_fp8(xq[tok], xs[tok], (1, blk))
-    w1 = dequantize_fp8(packed.w1[e], packed.w1_scale[e], (blk, blk))
-    w2 = dequantize_fp8(packed.w2[e], packed.w2_scale[e], (blk, blk))
-    g, u = a @ w1[:i].t(), a @ w1[i:].t()
-    silu = torch.nn.functional.silu(g)
-    h = silu * u
-    hq, hs = _act_quantized(h.to(dtype))  # the intermediate, as the op stores and quantizes it
-    d = dequantize_fp8(hq, hs, (1, blk))
-    o = (d @ w2.t()) * wts[:, None]
-    if not out_bound:
-        return o, None
-    dg, du = _gamma(a.shape[1]) * (a.abs() @ w1[:i].abs().t()), _gamma(a.shape[1]) * (a.abs() @ w1[i:].abs().t())
-    delta = 1.1 * dg * (u.abs() + du) + (silu.abs() + 1.1 * dg) * du + 2.0**-20 * h.abs()  # 1.1 > max |silu'|
-    eps = _requantized_spread((h - delta).to(dtype).double(), (h + delta).to(dtype).double(), d)  # stored: RNE
-    spread = eps @ w2.abs().t() + _gamma(i) * ((d.abs() + eps) @ w2.abs().t())
-    return o, wts.abs()[:, None] * spread * (1 + 2.0**-22)
-
-
-def moe_fp8_ref(x: torch.Tensor, packed, topk_weights: torch.Tensor, topk_ids: torch.Tensor, bound: bool = False):
-    """The FP8 experts' reference, float64 on the dequantized weights (docs/fp8.md, "MoE experts"): x quantized per
-    1x128 block by gemmlab's quantizer; per expert, act = silu(x w_gate^T) * (x w_up^T) in float64, rounded to x's
-    dtype and quantized per 1x128 block (``quantize_fp8``'s rule), its dequantized value times w2^T, times the
-    top-k weight, summed over the k slots. -> y (T, H) float64; with ``bound`` also the per-element bound of
-    ``moe_fp8_check``."""
-    t, h = x.shape
-    xq, xs = _act_quantized(x)
-    y = torch.zeros((t, h), dtype=torch.float64, device=x.device)
-    slack = torch.zeros_like(y)  # sum over slots of the bound of the op's routed row before and after its rounding
-    mag = torch.zeros_like(y)  # sum over slots of |o|
-    ulp, eta = 2.0 ** -mantissa_bits(x.dtype), torch.finfo(x.dtype).smallest_normal * 2.0 ** -mantissa_bits(x.dtype)
-    for e in range(packed.w1.shape[0]):
-        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
-        if tok.numel() == 0:
-            continue
-        o, b = _moe_fp8_expert(xq, xs, packed, e, tok, topk_weights[tok, slot].double(), x.dtype, bound)
-        y.index_add_(0, tok, o)
-        mag.index_add_(0, tok, o.abs())
-        if bound:
-            slack.index_add_(0, tok, b + 2.0**-23 * o.abs() + ulp * (o.abs() + b) + eta)
-    if not bound:
-        return y
-    k = topk_ids.shape[1]
-    slack = slack + k * 2.0**-24 * (slack + mag)  # the combine's fp32 sum of k rows
-    return y, slack + ulp * (y.abs() + slack) + eta
-
-
-def moe_fp8_check(y: torch.Tensor, x: torch.Tensor, packed, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> dict:
-    """An FP8 ``moe_forward`` result against ``moe_fp8_ref`` under its bound, elementwise. -> max_abs_err, worst
-    (error / bound; <= 1 passes; NaN or Inf anywhere fails), err and bound at that worst element, ok."""
-    if y.numel() == 0:
-        return {"max_abs_err": 0.0, "worst": 0.0, "err": 0.0, "bound": 0.0, "ok": True}
-    ref, bound = moe_fp8_ref(x, packed, topk_weights, topk_ids, bound=True)
-    err = (y.double() - ref).abs()
-    if not bool(torch.isfinite(y).all()):
-        return {"max_abs_err": math.inf, "worst": math.inf, "err": math.inf, "bound": 0.0, "ok": False}
-    at = (err / bound).argmax()
-    worst = (err / bound).flatten()[at].item()
-    return {
-        "max_abs_err": err.max().item(),
-        "worst": worst,
-        "err": err.flatten()[at].item(),
-        "bound": bound.flatten()[at].item(),
-        "ok": worst <= 1.0,
-    }
+from gemmlab.ref_fp8 import (
+    FP8_MMA_CHUNK,
+    FP8_MMA_UNIT,
+    FP8_MMA_WINDOW,
+    FP8_SCALE_BLOCK,
+    dequantize_fp8,
+    fp8_mma_gamma,
+    gemm_fp8_bound,
+    gemm_fp8_check,
+    gemm_fp8_ref,
+    grouped_gemm_fp8_check,
+    moe_fp8_check,
+    moe_fp8_ref,
+)
+from gemmlab.ref_gemm import (
+    gemm_check,
+    gemm_ref,
+    gemm_tolerance,
+    mantissa_bits,
+)
+from gemmlab.ref_moe import (
+    grouped_gemm_check,
+    grouped_gemm_ref,
+    moe_check,
+    moe_composite,
+    moe_grad_check,
+    moe_layer_ref,
+    moe_ref,
+    moe_same_dtype,
+)
+
+__all__ = [
+    "gemm_ref",
+    "mantissa_bits",
+    "gemm_tolerance",
+    "gemm_check",
+    "FP8_SCALE_BLOCK",
+    "FP8_MMA_CHUNK",
+    "FP8_MMA_WINDOW",
+    "FP8_MMA_UNIT",
+    "fp8_mma_gamma",
+    "dequantize_fp8",
+    "gemm_fp8_ref",
+    "gemm_fp8_bound",
+    "gemm_fp8_check",
+    "grouped_gemm_ref",
+    "grouped_gemm_check",
+    "moe_ref",
+    "moe_same_dtype",
+    "moe_layer_ref",
+    "moe_composite",
+    "moe_check",
+    "moe_grad_check",
+    "grouped_gemm_fp8_check",
+    "moe_fp8_ref",
+    "moe_fp8_check",
+]

@@ -23,6 +23,7 @@ Ratios are speeds: per interleaved round the denominator's time / the numerator'
 their median and its 95% interval (``instruments.stats.ratio_summary``; none below 6 rounds); "inconclusive" where
 the interval holds 1. Dense: fp8_tensor/scaled_mm, fp8_block/fp8_tensor, fp8_tensor/bf16; MoE: fp8/bf16.
 ``bench.fp8_view`` prints and writes the report.
+The checks and the timing of the modes: ``bench.fp8_timed``.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 import gemmlab
-from gemmlab.instruments import stats, timing
-from gemmlab.instruments.compare import compare_many
-from gemmlab.ref import dequantize_fp8, gemm_check, gemm_fp8_bound, gemm_fp8_ref, moe_check, moe_fp8_ref, moe_ref
+from gemmlab.bench.fp8_timed import fp8_checker, routed_checks, time_modes
+from gemmlab.instruments import timing
+from gemmlab.ref import dequantize_fp8, gemm_check, moe_check, moe_fp8_ref, moe_ref
 
 DENSE_SHAPES = {  # name: (M, N, K)
     "square-4096": (4096, 4096, 4096),
@@ -85,45 +86,6 @@ def scaled_mm_problem(device: torch.device) -> str | None:
     return None
 
 
-def _fp8_checker(qa, qb, sa, sb, shape) -> Callable[[object], dict]:
-    """A check of outputs of (qa * sa) @ (qb * sb): the float64 reference and bound computed once."""
-    ref = gemm_fp8_ref(qa, qb, sa, sb)
-    bound = gemm_fp8_bound(qa, qb, sa, sb, torch.bfloat16, ref)
-
-    def check(out) -> dict:
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != torch.bfloat16:
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            return {"ok": False, "error": f"returned {got}, expected a {shape} bfloat16 tensor"}
-        finite = bool(torch.isfinite(out).all())
-        worst = (((out.double() - ref).abs() / bound).max().item() if out.numel() else 0.0) if finite else float("inf")
-        return {"ok": finite and worst <= 1.0, "worst": worst}
-
-    return check
-
-
-def _routed(checks: dict[str, Callable[[object], dict]]) -> tuple[Callable[[object], dict], Callable]:
-    """One check for compare_many that routes each output to the check of the candidate that wrote it last
-    (by address), and ``tagged(name, fn)``, the call that records the writer."""
-    owner: dict[int, str] = {}  # output address -> the candidate that wrote it last
-
-    def check(out) -> dict:
-        name = owner.get(out.data_ptr()) if isinstance(out, torch.Tensor) else None
-        if name is None:
-            return {"ok": False, "error": f"an output no candidate wrote ({type(out).__name__})"}
-        return checks[name](out)
-
-    def tagged(name: str, fn: Callable[[], object]) -> Callable[[], object]:
-        def call():
-            y = fn()
-            if isinstance(y, torch.Tensor):
-                owner[y.data_ptr()] = name
-            return y
-
-        return call
-
-    return check, tagged
-
-
 def _dense_candidates(m: int, n: int, k: int, device: torch.device, with_bf16: bool, baseline_problem: str | None):
     """The candidates' calls (each tagged) and one check routing each output to its own operands' reference."""
     g = torch.Generator(device=device.type).manual_seed(m * 31 + n * 7 + k)
@@ -138,11 +100,11 @@ def _dense_candidates(m: int, n: int, k: int, device: torch.device, with_bf16: b
     del x, w
     out_t = torch.empty((m, n), dtype=torch.bfloat16, device=device)
     out_b = torch.empty_like(out_t)
-    tensor_check = _fp8_checker(qa, qb, sa, sw, (m, n))
+    tensor_check = fp8_checker(qa, qb, sa, sw, (m, n))
     checks = {
         "scaled_mm": tensor_check,
         "fp8_tensor": tensor_check,
-        "fp8_block": _fp8_checker(qa_blk, qb_blk, sa_blk, sb_blk, (m, n)),
+        "fp8_block": fp8_checker(qa_blk, qb_blk, sa_blk, sb_blk, (m, n)),
     }
     calls = {
         "fp8_tensor": lambda: gemmlab.gemm_fp8(qa, qb, sa, sw, out=out_t),
@@ -159,60 +121,8 @@ def _dense_candidates(m: int, n: int, k: int, device: torch.device, with_bf16: b
         out16 = torch.empty_like(out_t)
         checks["bf16"] = lambda out: gemm_check(out, a16, b16)
         calls["bf16"] = lambda: gemmlab.gemm(a16, b16, out=out16)
-    check, tagged = _routed(checks)
+    check, tagged = routed_checks(checks)
     return {name: tagged(name, fn) for name, fn in calls.items()}, check
-
-
-def _ratios(res: dict, pairs: dict[str, tuple[str, str]]) -> dict[str, dict | None]:
-    """Each named ratio's summary (ratio, ci95, verdict: "inconclusive" where the interval holds 1 or there is none),
-    None where either side was not timed."""
-    c, out = res["candidates"], {}
-    for label, (cand, base) in pairs.items():
-        if not res.get("timed") or "per_round_ms" not in c.get(cand, {}) or "per_round_ms" not in c.get(base, {}):
-            out[label] = None
-            continue
-        s = stats.ratio_summary(c[cand]["per_round_ms"], c[base]["per_round_ms"])
-        verdict = s["verdict"] if s["verdict"] in ("faster", "slower") else "inconclusive"
-        out[label] = {"ratio": s["ratio"], "ci95": s["ci95"], "verdict": verdict}
-    return out
-
-
-def _timed(
-    row: dict,
-    fns: dict,
-    check,
-    baseline: str,
-    flops: float,
-    pairs: dict,
-    modes: Sequence[str],
-    rounds: int,
-    reps: int,
-    warmup_s: float,
-    progress: Callable[[str], None] | None,
-    what: str,
-) -> None:
-    """Per mode one compare_many run, its TFLOPS, checks and ratios written into ``row`` (``<mode>_*`` fields)."""
-    for mode in modes:
-        if progress:
-            progress(f"{what} {mode}")
-        res = compare_many(
-            fns,
-            baseline,
-            check=check,
-            flops=flops,
-            dtype="float8_e4m3fn",
-            rounds=rounds,
-            reps=reps,
-            warmup_s=warmup_s,
-            graph=mode == "graph",
-        )
-        row[mode] = res
-        row[f"{mode}_ms"] = {c: v["median_ms"] for c, v in res["candidates"].items() if "median_ms" in v}
-        row[f"{mode}_tflops"] = {c: v["tflops"] for c, v in res["candidates"].items() if "tflops" in v}
-        row[f"{mode}_checks"] = {
-            c: bool(v["check"].get("ok") and v.get("check_after", True)) for c, v in res["candidates"].items()
-        }
-        row[f"{mode}_intervals"] = _ratios(res, pairs)
 
 
 def dense_row(
@@ -241,7 +151,7 @@ def dense_row(
         "k": k,
         "unavailable": {} if problem is None else {"scaled_mm": problem},
     }
-    _timed(
+    time_modes(
         row,
         fns,
         check,
@@ -256,7 +166,7 @@ def dense_row(
         name,
     )
     for mode in modes:
-        row[f"{mode}_ratios"] = {label: s and s["ratio"] for label, s in row[f"{mode}_intervals"].items()}
+        row[f"{mode}mode_ratios"] = {label: s and s["ratio"] for label, s in row[f"{mode}_intervals"].items()}
     return row
 
 
@@ -309,7 +219,7 @@ def moe_row(
         worst = ((y.double() - ref8).abs() / bound8).max().item() if finite else float("inf")
         return {"ok": finite and worst <= 1.0, "worst": worst}
 
-    check, tagged = _routed(
+    check, tagged = routed_checks(
         {"fp8": check_fp8, "bf16": lambda y: moe_check(y, x, bf16.w1, bf16.w2, weights, ids, ref=ref16)}
     )
     fns = {
@@ -326,7 +236,7 @@ def moe_row(
         "top_k": top_k,
         "unavailable": {},
     }
-    _timed(
+    time_modes(
         row,
         fns,
         check,

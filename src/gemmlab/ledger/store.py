@@ -16,7 +16,7 @@ one from before that is known by its tables), and any other existing file (anoth
 database, a text file) is refused with one line and left as it was.
 
 The file carries its schema version (``PRAGMA user_version``, ``SCHEMA_VERSION``); opening an older file
-migrates it in one transaction (``_MIGRATIONS``; version 0 is a file from before versions were recorded),
+migrates it in one transaction (``schema.MIGRATIONS``; version 0 is a file from before versions were recorded),
 and a file from a newer gemmlab, a directory or a file that is not a SQLite database raise ``LedgerError``
 with one line. ``check(path)`` (``gemmlab.ledger.ready``) also proves the file takes a write: the CLI calls it
 before any work.
@@ -34,13 +34,15 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemmlab import provenance
-from gemmlab.ledger.cells import CellError, decode, entry_fields
+from gemmlab.ledger.cells import CellError, decode
 from gemmlab.ledger.decide import decide
+from gemmlab.ledger.schema import COLUMNS, JSON_COLUMNS, MIGRATIONS, SCHEMA, SCHEMA_VERSION, Entry, entry_of_row
 from gemmlab.ledger.sqlfile import APPLICATION_ID, busy, connect_reading, peek
+
+__all__ = ["SCHEMA_VERSION", "Entry", "Ledger", "LedgerError", "default_path"]
 
 
 def default_path() -> Path:
@@ -50,83 +52,8 @@ def default_path() -> Path:
     return Path(os.environ.get("GEMMLAB_HOME", Path.home() / ".gemmlab")) / "ledger.db"
 
 
-@dataclass
-class Entry:
-    """One measured attempt at one shape. ``ratio`` is cuBLAS time / this time (interleaved, same run) with
-    ``ratio_ci``; ``per_round`` its per-round ratios; ``vs_parent`` a speedup over the parent measured in
-    the same run when there is one (the tuner's incumbent), as {"ratio", "ci95"}."""
-
-    kind: str  # grade | bench | table | tune
-    shape: str  # "MxNxK"
-    dtype: str
-    op: str = "gemm"
-    note: str = ""  # what changed
-    command: str = ""
-    backend: str = "gemmlab"
-    path: str | None = None
-    config: dict | None = None
-    correct: bool = False
-    error: str | None = None
-    median_ms: float | None = None
-    p20_ms: float | None = None
-    p80_ms: float | None = None
-    tflops: float | None = None
-    ratio: float | None = None
-    ratio_ci: list[float] | None = None
-    per_round: list[float] | None = None
-    vs_parent: dict | None = None
-    sm_clock_mhz: float | None = None
-    tensor_core_ops: int | None = None  # None: not inspected
-    session: str | None = None  # a tune run, for resuming
-    parent_id: int | None = None
-    report: dict = field(default_factory=dict)
-    # filled by record():
-    id: int | None = None
-    created: str | None = None
-    gemmlab_version: str | None = None
-    git_sha: str | None = None  # None unless gemmlab ran from a git checkout of gemmlab
-    dirty: bool | None = None
-    gpu: str | None = None
-    driver: str | None = None
-    torch: str | None = None
-    triton: str | None = None
-    decision: str | None = None
-    reason: str | None = None
-
-
-_JSON = ("config", "ratio_ci", "per_round", "vs_parent", "report")
-_COLUMNS = [f.name for f in dataclasses.fields(Entry)]
-SCHEMA_VERSION = 2
-# Attachments: what an instrument measured about an entry after the fact (``gemmlab profile``'s counters),
-# kept beside the entry rather than in it; ``data`` is JSON, ``path`` where the full artefact was written.
-_ATTACHMENTS = [
-    "CREATE TABLE attachments (id INTEGER PRIMARY KEY AUTOINCREMENT, entry_id INTEGER NOT NULL REFERENCES "
-    "entries (id), kind TEXT NOT NULL, created TEXT, path TEXT, data TEXT)",
-    "CREATE INDEX attachments_entry ON attachments (entry_id, kind)",
-]
-_SCHEMA = [
-    f"CREATE TABLE entries (id INTEGER PRIMARY KEY AUTOINCREMENT, {', '.join(c for c in _COLUMNS if c != 'id')})",
-    "CREATE INDEX entries_shape ON entries (op, shape, dtype, gpu, decision)",
-    "CREATE INDEX entries_session ON entries (session)",
-    *_ATTACHMENTS,
-]
-# _MIGRATIONS[v]: the statements that take a version v-1 file to version v (tests/ledger/test_ledger_schema.py
-# opens a version 0 file and checks that a migrated file has every column and table a new one has).
-_MIGRATIONS = {
-    1: ["ALTER TABLE entries ADD COLUMN gemmlab_version"],
-    2: _ATTACHMENTS,
-}
-
-
 class LedgerError(ValueError):
     """A ledger file that cannot be used: its one-line message names the file and the problem."""
-
-
-def _row(r: sqlite3.Row) -> Entry:
-    fields = entry_fields(r)
-    if unknown := set(fields) - set(_COLUMNS):
-        raise CellError(f"its entries table has columns a ledger does not: {', '.join(sorted(unknown))}")
-    return Entry(**fields)
 
 
 class Ledger:
@@ -167,7 +94,7 @@ class Ledger:
         if not stat.S_ISREG(self.path.stat().st_mode):
             raise LedgerError(f"ledger {self.path} is not a regular file")
         try:
-            why = peek(self.path, set(_COLUMNS))
+            why = peek(self.path, set(COLUMNS))
         except OSError as e:
             raise LedgerError(f"ledger {self.path} cannot be opened: {e}") from None
         if why is None and self.read_only and self.path.stat().st_size == 0:
@@ -244,10 +171,10 @@ class Ledger:
                 return
             if c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'entries'").fetchone():
                 for v in range(version + 1, SCHEMA_VERSION + 1):
-                    for stmt in _MIGRATIONS[v]:
+                    for stmt in MIGRATIONS[v]:
                         c.execute(stmt)
             else:
-                for stmt in _SCHEMA:
+                for stmt in SCHEMA:
                     c.execute(stmt)
             c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -317,12 +244,12 @@ class Ledger:
                 parent = self.last_accepted(e.op, e.shape, e.dtype, e.gpu, same_problem)
             e.parent_id = parent.id if parent else None
             e.decision, e.reason = decide(e, parent)
-            values = [getattr(e, col) for col in _COLUMNS if col != "id"]
+            values = [getattr(e, col) for col in COLUMNS if col != "id"]
             values = [
-                json.dumps(v) if col in _JSON and v is not None else v
-                for col, v in zip([c for c in _COLUMNS if c != "id"], values, strict=True)
+                json.dumps(v) if col in JSON_COLUMNS and v is not None else v
+                for col, v in zip([c for c in COLUMNS if c != "id"], values, strict=True)
             ]
-            cols = [col for col in _COLUMNS if col != "id"]
+            cols = [col for col in COLUMNS if col != "id"]
             cur = c.execute(f"INSERT INTO entries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", values)
             e.id = cur.lastrowid
         return e.id
@@ -377,7 +304,7 @@ class Ledger:
             return None
         with self.reading():
             r = self.conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchone()
-            return _row(r) if r else None
+            return entry_of_row(r) if r else None
 
     def last_accepted(
         self, op: str, shape: str, dtype: str, gpu: str | None, same_problem: Callable[[Entry], bool] | None = None
@@ -388,8 +315,10 @@ class Ledger:
         )
         if same_problem is None:
             r = self.conn.execute(sql + " LIMIT 1", (op, shape, dtype, gpu)).fetchone()
-            return _row(r) if r else None
-        return next((e for e in map(_row, self.conn.execute(sql, (op, shape, dtype, gpu))) if same_problem(e)), None)
+            return entry_of_row(r) if r else None
+        return next(
+            (e for e in map(entry_of_row, self.conn.execute(sql, (op, shape, dtype, gpu))) if same_problem(e)), None
+        )
 
     def list(
         self,
@@ -411,7 +340,7 @@ class Ledger:
             sql = f"SELECT * FROM ({sql} DESC LIMIT ?) ORDER BY id"
             args.append(min(limit, 2**63 - 1))
         with self.reading():
-            return [_row(r) for r in self.conn.execute(sql, args).fetchall()]
+            return [entry_of_row(r) for r in self.conn.execute(sql, args).fetchall()]
 
     def history(self, shape: str, dtype: str | None = None, op: str = "gemm") -> list[Entry]:
         """Every entry for a shape, in order: accepted versions make the latency curve, rejected ones are
@@ -425,8 +354,8 @@ class Ledger:
         if fmt != "csv":
             raise ValueError(f"export format {fmt!r}: json or csv")
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=[c for c in _COLUMNS if c != "report"], extrasaction="ignore")
+        w = csv.DictWriter(buf, fieldnames=[c for c in COLUMNS if c != "report"], extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: json.dumps(v) if k in _JSON and v is not None else v for k, v in r.items()})
+            w.writerow({k: json.dumps(v) if k in JSON_COLUMNS and v is not None else v for k, v in r.items()})
         return buf.getvalue()
