@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab.ops import direct, gemm_launch, launch
-from gemmlab.ops.gemm_plan import choose
+from gemmlab.ops import direct, launch
+from gemmlab.ops.gemm import launch as gemm_launch
+from gemmlab.ops.gemm.planner import choose
 from tests.conftest import rand
 
 pytestmark = pytest.mark.cpu_only("simulates the GPU's launcher on the interpreter")
@@ -246,7 +247,7 @@ def test_host_microseconds_per_hot_call(gpu_stand_in, monkeypatch, capsys, devic
 
 
 def test_launch_mode_says_how_a_signature_launches(gpu_stand_in, monkeypatch):
-    from gemmlab.ops.gemm import launch_mode
+    from gemmlab.ops.introspect import launch_mode
 
     a, b = rand((264, 96)), rand((96, 72))
     gemm_launch.clear_cache()

@@ -11,8 +11,9 @@ import torch
 
 import gemmlab
 from gemmlab.instruments import timing
-from gemmlab.ops import gemm_launch, moe_plan, moe_routing
-from gemmlab.ops.gemm import launch_mode
+from gemmlab.ops import moe_plan, moe_routing
+from gemmlab.ops.gemm import launch as gemm_launch
+from gemmlab.ops.introspect import launch_mode
 from gemmlab.ops.moe import route_kind, sort_routes
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.problems import moe_inputs as problem

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from gemmlab.ops.dispatch import negative_kernel, unit
-from gemmlab.ops.gemm_checks import check_operand, operands
+from gemmlab.ops.gemm.checks import check_operand, operands
 from gemmlab.ops.moe_checks import (
     check_gather,
     check_grouped_args,
@@ -53,7 +53,7 @@ from gemmlab.ops.scores import route_scores
 
 
 def _launch_gemm(a, b, out):
-    from gemmlab.ops.gemm_launch import launch_gemm  # (the first call loads the kernels)
+    from gemmlab.ops.gemm.launch import launch_gemm  # (the first call loads the kernels)
 
     return launch_gemm(a, b, out)
 

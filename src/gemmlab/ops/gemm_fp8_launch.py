@@ -33,7 +33,7 @@ from gemmlab.ops import cache, configs
 from gemmlab.ops import direct as direct_launch
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.fp8_checks import SCALE_BLOCK, check_gemm_fp8_args, fp8_out_dtype
-from gemmlab.ops.gemm_checks import check_out
+from gemmlab.ops.gemm.checks import check_out
 from gemmlab.ops.launch import HostDesc
 from gemmlab.ops.layout import descriptor_layout, extent, is_kmajor, tma_ok
 

@@ -23,9 +23,13 @@ Every op:
 from __future__ import annotations
 
 from gemmlab.kernels.moe import moe_grouped_kernel as grouped_kernel
-from gemmlab.ops import gemm_fp8_launch, gemm_launch, grouped
+from gemmlab.ops import gemm_fp8_launch, grouped
 from gemmlab.ops.cache import caches
-from gemmlab.ops.gemm import launch_mode
+from gemmlab.ops.gemm import launch as gemm_launch
+from gemmlab.ops.gemm.api import launch_mode
+from gemmlab.ops.gemm.launch import KERNELS, counters
+from gemmlab.ops.gemm.planner import choose, constexprs, launch_options, stream_k_tiles
+from gemmlab.ops.gemm.staging import staging_decision
 from gemmlab.ops.gemm_fp8_launch import (
     Fp8Config,
     Fp8Plan,
@@ -35,9 +39,6 @@ from gemmlab.ops.gemm_fp8_launch import (
     plan_fp8,
 )
 from gemmlab.ops.gemm_fp8_launch import launch_mode as fp8_launch_mode
-from gemmlab.ops.gemm_launch import KERNELS, counters
-from gemmlab.ops.gemm_plan import choose, constexprs, launch_options, stream_k_tiles
-from gemmlab.ops.gemm_staging import staging_decision
 from gemmlab.ops.grouped import epilogue_flags, launch_config
 from gemmlab.ops.layout import padded_k
 from gemmlab.ops.moe_config import moe_config

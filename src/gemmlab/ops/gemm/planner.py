@@ -3,7 +3,7 @@
 ``choose`` is pure and cheap (no allocation, no launch): it reads shapes, strides, dtype, device and the
 config table, and returns a frozen ``Plan`` that holds every decision of the call, its launch included
 (``LaunchSpec``: grid, descriptor layouts, integer arguments, constexprs, options, scratch and staging
-sizes). The launcher (``ops.gemm_launch``) only reads it.
+sizes). The launcher (``ops.gemm.launch``) only reads it.
 
 Paths (``paths()``):
     empty           M, N or K is 0: nothing to multiply (C is empty, or zeros when K = 0)
@@ -13,14 +13,14 @@ Paths (``paths()``):
     portable        pointer loads with masks: any alignment, any layout, any GPU, the CPU interpreter
 
 Which path: the one pinned by the caller (``path``), else the first "route" rule of the config tables that holds
-the shape (``ops.gemm_route``: data measured per GPU), else M <= SMALL_M split-K over TMA and the persistent
+the shape (``ops.gemm.route``: data measured per GPU), else M <= SMALL_M split-K over TMA and the persistent
 kernel above, with operands TMA cannot describe staged or sent to the portable kernel as below.
 
 Staging (``Plan.staged``): when A or B cannot be described by TMA (an odd K or N makes the leading stride
 not a multiple of 16 bytes; a misaligned base; a broadcast stride 0) but copying it is cheap next to the
 GEMM, the launcher copies it into a fresh buffer with 16-byte-aligned rows (same values, same layout) and runs
 tma_persistent or tma_splitk on the copy. The descriptor keeps the logical shape, so TMA zero-fills past K
-(or N) and the pad columns are never read (no memset). ``staging_decision`` (``ops.gemm_staging``) is the cost rule; its
+(or N) and the pad columns are never read (no memset). ``staging_decision`` (``ops.gemm.staging``) is the cost rule; its
 constants are data (the "staging" object of the config file). A C that TMA cannot describe is stored through masked
 pointers, or, with ``GemmConfig.stage_c``, by TMA into an aligned scratch C copied out after the kernel.
 
@@ -43,8 +43,8 @@ from triton import knobs
 
 from gemmlab.device import Target, target_for
 from gemmlab.ops import configs
-from gemmlab.ops.gemm_route import ROUTABLE, gemv_refusal, gemv_split_for, route, tail_split_for
-from gemmlab.ops.gemm_staging import staged_shape, staging_decision
+from gemmlab.ops.gemm.route import ROUTABLE, gemv_refusal, gemv_split_for, route, tail_split_for
+from gemmlab.ops.gemm.staging import staged_shape, staging_decision
 from gemmlab.ops.layout import descriptor_layout, is_kmajor, tma_ok
 
 PATHS = ("empty", "tma_persistent", "tma_splitk", "gemv", "portable")

@@ -28,8 +28,8 @@ from gemmlab.kernels.gemv import gemv_kernel
 from gemmlab.ops import cache
 from gemmlab.ops import direct as direct_launch
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.gemm_checks import operands
-from gemmlab.ops.gemm_plan import LaunchSpec, Plan, choose
+from gemmlab.ops.gemm.checks import operands
+from gemmlab.ops.gemm.planner import LaunchSpec, Plan, choose
 from gemmlab.ops.launch import HostDesc, Kept
 from gemmlab.ops.layout import extent
 

@@ -2,8 +2,8 @@
 
     C (M, N) = A (M, K) @ B (K, N)     fp16 or bf16 in, fp32 accumulation, C in the input dtype
 
-Each entry point (1) checks its operands (``ops.gemm_checks``), (2) plans (``ops.gemm_plan``), (3) allocates,
-(4) launches exactly the planned kernel (``ops.gemm_launch``). A column-major C is computed as C^T = B^T A^T,
+Each entry point (1) checks its operands (``ops.gemm.checks``), (2) plans (``ops.gemm.planner``), (3) allocates,
+(4) launches exactly the planned kernel (``ops.gemm.launch``). A column-major C is computed as C^T = B^T A^T,
 so the kernels only ever write a row-major C. Calls that trace, need autograd or run under a dispatch mode go
 through the ``torch.ops.gemmlab`` custom ops (``ops.custom``); a plain eager call goes straight to the launcher.
 
@@ -20,10 +20,11 @@ from dataclasses import replace
 
 import torch
 
-from gemmlab.ops import custom, dispatch, gemm_launch
-from gemmlab.ops.gemm_checks import operands
-from gemmlab.ops.gemm_launch import execute, launch_gemm
-from gemmlab.ops.gemm_plan import GemmConfig, Plan, choose, paths
+from gemmlab.ops import custom, dispatch
+from gemmlab.ops.gemm import launch as gemm_launch
+from gemmlab.ops.gemm.checks import operands
+from gemmlab.ops.gemm.launch import execute, launch_gemm
+from gemmlab.ops.gemm.planner import GemmConfig, Plan, choose, paths
 from gemmlab.ops.packing import PackedB, pack_b
 
 __all__ = ["GemmConfig", "PackedB", "Plan", "gemm", "gemm_colmajor", "pack_b", "paths", "plan", "run"]
@@ -118,7 +119,7 @@ def run(p: Plan, a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tenso
 def launch_mode(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None) -> str:
     """How the next eager ``gemm(a, b, out=out)`` of 2-D operands laid out like these launches: "uncached",
     "empty", "jit", "kept" or "direct" (Triton's C launcher, descriptors kept per buffer: the hot path), with
-    " staged" where operands are copied first (``ops.gemm_launch.launch_mode``)."""
+    " staged" where operands are copied first (``ops.gemm.launch.launch_mode``)."""
     return gemm_launch.launch_mode(a, b.fixed_view() if isinstance(b, PackedB) else b, out)
 
 
