@@ -255,7 +255,7 @@ def test_a_user_table_with_two_block_m_still_shares_one_schedule(tmp_path, monke
     configs.reload()
     try:
         from gemmlab.device import target_for
-        from gemmlab.ops.moe_config import Mode
+        from gemmlab.ops.moe.config import Mode
         from gemmlab.ops.moe_fp8_launch import moe_fp8_config
 
         target = target_for(torch.device(DEVICE))

@@ -1,4 +1,4 @@
-"""The fused MoE backward (gemmlab.ops.moe_backward) against torch.autograd on the float32 loop of gemmlab.ref,
+"""The fused MoE backward (gemmlab.ops.moe.backward) against torch.autograd on the float32 loop of gemmlab.ref,
 with the tolerance rule of the MoE tests (twice what torch's same-dtype loop misses, plus a few ulps of the
 largest reference value). CPU interpreter at tiny sizes (the same tests run on a GPU). Legend: T tokens,
 H hidden, I expert intermediate, E experts, k top-k, S = T*k routed rows."""
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab.ops import moe_backward as bwd
-from gemmlab.ops import moe_plan
+from gemmlab.ops.moe import backward as bwd
 from gemmlab.ops.moe import moe_forward_saving, pack_moe_weights, route, sort_routes
+from gemmlab.ops.moe import plan as moe_plan
 from gemmlab.ref import grouped_gemm_ref, mantissa_bits, moe_check, moe_ref, moe_same_dtype
 from tests.conftest import rand
 

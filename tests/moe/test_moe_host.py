@@ -5,9 +5,10 @@ intermediate, E experts, k top-k."""
 import pytest
 import torch
 
-from gemmlab.ops import cache, dispatch, moe_plan
+from gemmlab.ops import cache, dispatch
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops.moe import moe_forward
+from gemmlab.ops.moe import plan as moe_plan
 from gemmlab.ref import moe_check
 from tests.moe.test_moe import _r, _routing, _weights
 

@@ -15,7 +15,7 @@ import torch
 import gemmlab
 import gemmlab.nn as gnn
 from gemmlab.ops import configs
-from gemmlab.ops import moe_backward as bwd
+from gemmlab.ops.moe import backward as bwd
 from tests.conftest import rand
 
 # Tensor methods that read a value on the host (a device sync on a GPU) or whose output size depends on values
@@ -45,7 +45,7 @@ def _from_gemmlab(t=None) -> str | None:
     name = frame.f_globals.get("__name__", "")
     if (
         (name, frame.f_code.co_name)
-        in (("gemmlab.ops.moe_checks", "device_check"), ("gemmlab.ops.moe_plan", "run_plan"))
+        in (("gemmlab.ops.moe.checks", "device_check"), ("gemmlab.ops.moe.plan", "run_plan"))
         and isinstance(t, torch.Tensor)
         and not t.is_cuda
     ):
@@ -156,12 +156,12 @@ def test_host_read_guard_fires(monkeypatch, device):
     with NoHostReads(monkeypatch):
         exec("t[1:3]", probe)  # a slice is no host read
     if device == "cpu":  # the CPU branch of the device check reads its flag (on a GPU: torch._assert_async) ...
-        from gemmlab.ops.moe_checks import device_check
+        from gemmlab.ops.moe.checks import device_check
 
         with NoHostReads(monkeypatch):
             device_check(torch.ones((), dtype=torch.bool), "")
-        probe = {"__name__": "gemmlab.ops.moe_checks", "t": torch.ones((), dtype=torch.bool)}
-        with NoHostReads(monkeypatch), pytest.raises(AssertionError, match="__bool__ from gemmlab.ops.moe_checks"):
+        probe = {"__name__": "gemmlab.ops.moe.checks", "t": torch.ones((), dtype=torch.bool)}
+        with NoHostReads(monkeypatch), pytest.raises(AssertionError, match="__bool__ from gemmlab.ops.moe.checks"):
             exec("bool(t)", probe)  # ... and only that branch: the same read elsewhere in the module raises
 
 

@@ -12,7 +12,7 @@ import gemmlab
 from gemmlab.nn import Linear, MoE, MoEExperts
 from gemmlab.ops.gemm_fp8_launch import Fp8Config
 from gemmlab.ops.moe import MoEConfig
-from gemmlab.ops.moe_backward import MoEBackwardConfig
+from gemmlab.ops.moe.backward import MoEBackwardConfig
 from gemmlab.ops.moe_fp8_launch import MoEFp8Config
 from tests.conftest import DEVICE
 

@@ -11,10 +11,11 @@ import torch
 
 import gemmlab
 from gemmlab.instruments import timing
-from gemmlab.ops import moe_plan, moe_routing
 from gemmlab.ops.gemm import launch as gemm_launch
 from gemmlab.ops.introspect import launch_mode
+from gemmlab.ops.moe import plan as moe_plan
 from gemmlab.ops.moe import route_kind, sort_routes
+from gemmlab.ops.moe import routing as moe_routing
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.problems import moe_inputs as problem
 from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check

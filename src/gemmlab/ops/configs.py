@@ -16,7 +16,7 @@ A file: ``{"about": "...", "triton": "3.6.0", "staging": {...}, "route": {"gemm"
 rules were tuned with; "staging": the constants of the staging cost rule, ``staging()``, the user's keys over the
 bundled ones; "route": which kernel path a GEMM takes, ``{"config": {"path": ...}}`` per rule, ranged over m, n, k
 and "tma" (1: A and B are TMA-aligned as given, 0: not), ``gemmlab.ops.gemm.route``; "moe_backward": the MoE
-backward's tiles and whether the autograd forward keeps gate/up, ``gemmlab.ops.moe_backward``); a rule:
+backward's tiles and whether the autograd forward keeps gate/up, ``gemmlab.ops.moe.backward``); a rule:
 ``{"m": [lo, hi], ..., "dtype": "bfloat16", "config": {...}, "tuned": {...}, "note": "..."}``. Range keys
 per section are in ``SECTIONS`` (bounds inclusive integers; a key left out matches anything); ``dtype``
 optional; ``config`` the fields of the section's config dataclass that differ from its defaults.
@@ -44,7 +44,7 @@ SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "route": (("gemm",), ("m", "n", "k", "tma")),
     "gemm": (("tma_persistent", "tma_splitk", "gemv", "portable"), ("m", "n", "k")),
     "moe": (("grouped", "gate_up", "down"), ("rows_per_expert", "group_bound", "rows", "experts", "n", "k")),
-    "moe_backward": (("fused",), ("rows_per_expert", "rows", "experts", "n", "k")),  # ops.moe_backward
+    "moe_backward": (("fused",), ("rows_per_expert", "rows", "experts", "n", "k")),  # ops.moe.backward
     "gemm_fp8": (("tma",), ("m", "n", "k", "scale")),  # ops.gemm_fp8; scale: 0 per tensor, 1 row/col, 2 block
     "moe_fp8": (("grouped", "gate_up", "down"), ("rows_per_expert", "rows", "experts", "n", "k")),  # ops.moe_fp8
 }

@@ -27,10 +27,10 @@ the same implementation (``ops.dispatch.direct``), so it does not pay the dispat
 Each op is opaque to the compiler: inside a compiled graph it runs gemmlab's launcher as in eager.
 
 Backward kernels: the dense input gradients (dA, dB) run on gemmlab's gemm on transposed views; the grouped
-input gradient dX on ``ops.moe_backward``'s grouped kernel that reads w in place as the (N, K) operand. The
+input gradient dX on ``ops.moe.backward``'s grouped kernel that reads w in place as the (N, K) operand. The
 per-expert weight gradient dW[e] = dY_e^T X_e reduces over the expert's rows: one launch of
-``ops.moe_backward``'s weight-gradient kernel over all experts (offsets read on the device). moe_forward's
-backward is ``ops.moe_backward.moe_backward`` (fused; no host sync, capturable): after ``moe_forward``, which
+``ops.moe.backward``'s weight-gradient kernel over all experts (offsets read on the device). moe_forward's
+backward is ``ops.moe.backward.moe_backward`` (fused; no host sync, capturable): after ``moe_forward``, which
 recomputes gate/up; after ``moe_forward_saving``, which keeps them (``moe_forward`` under autograd takes one or
 the other as the "moe_backward" config tables say). ``MoEForward`` / ``MoEForwardSaving``: the same formulas as
 autograd.Functions for plain eager calls.
@@ -41,7 +41,7 @@ from torch import Tensor
 
 from gemmlab.ops.dispatch import negative_kernel, unit
 from gemmlab.ops.gemm.checks import check_operand, operands
-from gemmlab.ops.moe_checks import (
+from gemmlab.ops.moe.checks import (
     check_gather,
     check_grouped_args,
     check_grouped_backward_args,
@@ -49,7 +49,7 @@ from gemmlab.ops.moe_checks import (
     check_moe_backward_args,
     check_route_args,
 )
-from gemmlab.ops.scores import route_scores
+from gemmlab.ops.moe.scores import route_scores
 
 
 def _launch_gemm(a, b, out):
@@ -59,13 +59,13 @@ def _launch_gemm(a, b, out):
 
 
 def _launch_grouped_gemm(x, w, offsets, out, validate):
-    from gemmlab.ops.grouped import launch_grouped_gemm
+    from gemmlab.ops.moe.grouped import launch_grouped_gemm
 
     return launch_grouped_gemm(x, w, offsets, out, validate)
 
 
 def _launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather):
-    from gemmlab.ops.moe_plan import launch_moe_forward
+    from gemmlab.ops.moe.plan import launch_moe_forward
 
     check_gather(gather)
     return launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
@@ -159,15 +159,15 @@ negative_kernel("grouped_gemm_out", 3)
 
 def weight_grad(dy: Tensor, x: Tensor, offsets: Tensor, dw: Tensor) -> Tensor:
     """dw[e] (N, K) = dy[rows_e]^T (N, S_e) @ x[rows_e] (S_e, K): one launch over every expert
-    (``ops.moe_backward.weight_grad``; no host sync). An expert with no rows gets zeros."""
-    from gemmlab.ops.moe_backward import weight_grad as launch_weight_grad
+    (``ops.moe.backward.weight_grad``; no host sync). An expert with no rows gets zeros."""
+    from gemmlab.ops.moe.backward import weight_grad as launch_weight_grad
 
     return launch_weight_grad(dy, None, x, None, offsets, dw)
 
 
 @torch.library.custom_op("gemmlab::grouped_gemm_backward", mutates_args=())
 def grouped_gemm_backward(dy: Tensor, x: Tensor, w: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
-    from gemmlab.ops.moe_backward import grouped_input_grad
+    from gemmlab.ops.moe.backward import grouped_input_grad
 
     check_grouped_backward_args(dy, x, w, offsets)
     dy = dy if dy.stride(-1) == 1 else dy.contiguous()
@@ -239,12 +239,12 @@ def moe_backward(
     need_w2: bool = True,
     gate_up: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The fused backward (``gemmlab.ops.moe_backward``): the routes sorted again, the first GEMM recomputed
+    """The fused backward (``gemmlab.ops.moe.backward``): the routes sorted again, the first GEMM recomputed
     from x inside the kernel that computes dy W2 (nothing but the inputs is saved; or, with ``gate_up`` from
     ``moe_forward_saving``, loaded instead), d topk_weights folded into that kernel's epilogue, dX by a grouped
     GEMM on W1 in place and a deterministic combine, dW1 and dW2 by one grouped weight-gradient launch each
     (skipped, and returned as (0,) tensors, when not needed). No host sync, no host loop over experts."""
-    from gemmlab.ops.moe_backward import moe_backward as launch_moe_backward
+    from gemmlab.ops.moe.backward import moe_backward as launch_moe_backward
 
     check_moe_backward_args(dy, x, w1, w2, topk_weights, topk_ids, gate_up)
     return launch_moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1=need_w1, need_w2=need_w2, gate_up=gate_up)
@@ -297,7 +297,7 @@ class MoEForward(torch.autograd.Function):
 
 
 def _launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather):
-    from gemmlab.ops.moe_plan import launch_forward_saving
+    from gemmlab.ops.moe.plan import launch_forward_saving
 
     return launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
 

@@ -23,7 +23,7 @@ Every op:
 from __future__ import annotations
 
 from gemmlab.kernels.moe import moe_grouped_kernel as grouped_kernel
-from gemmlab.ops import gemm_fp8_launch, grouped
+from gemmlab.ops import gemm_fp8_launch
 from gemmlab.ops.cache import caches
 from gemmlab.ops.gemm import launch as gemm_launch
 from gemmlab.ops.gemm.api import launch_mode
@@ -39,9 +39,10 @@ from gemmlab.ops.gemm_fp8_launch import (
     plan_fp8,
 )
 from gemmlab.ops.gemm_fp8_launch import launch_mode as fp8_launch_mode
-from gemmlab.ops.grouped import epilogue_flags, launch_config
 from gemmlab.ops.layout import padded_k
-from gemmlab.ops.moe_config import moe_config
+from gemmlab.ops.moe import grouped
+from gemmlab.ops.moe.config import moe_config
+from gemmlab.ops.moe.grouped import epilogue_flags, launch_config
 
 LAUNCHED = (*KERNELS, "gemm_fp8", "grouped")  # the names ``last_kernel`` knows
 

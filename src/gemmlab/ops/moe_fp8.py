@@ -9,7 +9,7 @@ block of each expert; activations quantized on the fly with one scale per 1x128 
     moe_forward_fp8(x (T, H), packed, topk_weights, topk_ids) -> y (T, H)   (``moe_forward`` dispatches here)
 
 Each call checks its operands, then goes to the launchers (``ops.moe_fp8_launch``; the MoE body is the FP8 option of
-the forward's one plan, ``ops.moe_plan``) directly when eager, or through
+the forward's one plan, ``ops.moe.plan``) directly when eager, or through
 the ``torch.ops.gemmlab`` custom ops (``ops.custom_fp8``) when traced. No autograd: a RuntimeError where a gradient
 would be needed. Alignment: every K (H and I) a multiple of 16 (TMA rows of e4m3), else ValueError.
 """
@@ -23,9 +23,9 @@ import torch
 from gemmlab.ops import custom_fp8, dispatch
 from gemmlab.ops.fp8_checks import SCALE_BLOCK, fp8_out_dtype
 from gemmlab.ops.fp8_quantize import quantize_torch
+from gemmlab.ops.moe.plan import launch_moe_forward_fp8
 from gemmlab.ops.moe_fp8_checks import ACT_DTYPES, check_expert_weight, refuse_grad
 from gemmlab.ops.moe_fp8_launch import MoEFp8Config, launch_grouped_gemm_fp8
-from gemmlab.ops.moe_plan import launch_moe_forward_fp8
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def moe_forward_fp8(
     x: torch.Tensor, packed: PackedMoEFP8, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, validate: bool = True
 ) -> torch.Tensor:
     """The MoE body with FP8 experts (``moe_forward(x, packed, None, topk_weights, topk_ids)`` comes here): the
-    routing, gather and combine of the bf16 path, both GEMMs in e4m3 with block scales (``ops.moe_plan``, its
+    routing, gather and combine of the bf16 path, both GEMMs in e4m3 with block scales (``ops.moe.plan``, its
     FP8 option). x (T, H) or (..., H) bf16/fp16 -> y of x's shape and dtype."""
     if not isinstance(packed, PackedMoEFP8):
         raise TypeError(

@@ -12,7 +12,7 @@ Xb = cdiv(X, 128).
     launch_moe_forward_fp8(x, w1, w1_scale, w2, w2_scale, weights, ids, validate) -> y
 
 Steps of a call: (1) sort the (token, slot) pairs by expert on the device, stably, with no host sync
-(``ops.moe_routing``'s launches), (2) the first grouped GEMM over all experts on x's rows in expert order
+(``ops.moe.routing``'s launches), (2) the first grouped GEMM over all experts on x's rows in expert order
 (gathered once, or read by token index inside the GEMM: ``gather``; FP8: gathered, then quantized), SiLU(gate) * up
 in the epilogue, (3) the second grouped GEMM with each row's top-k weight applied in its epilogue (FP8: on the
 quantized intermediate), (4) a deterministic combine back to token order (each token sums its k rows in slot order).
@@ -40,13 +40,11 @@ from gemmlab.ops import cache
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.fp8_checks import FP8, SCALE_BLOCK
-from gemmlab.ops.grouped import GroupedLaunch, ensure_allocator, grouped_spec, w2d
 from gemmlab.ops.layout import padded_k
-from gemmlab.ops.moe_checks import check_gather, check_moe_args
-from gemmlab.ops.moe_config import Mode, MoEConfig, moe_config
-from gemmlab.ops.moe_fp8_checks import check_moe_fp8_args
-from gemmlab.ops.moe_fp8_config import check_weights_tma, fp8_grouped_spec, moe_fp8_config, need_tma
-from gemmlab.ops.moe_routing import (
+from gemmlab.ops.moe.checks import check_gather, check_moe_args
+from gemmlab.ops.moe.config import Mode, MoEConfig, moe_config
+from gemmlab.ops.moe.grouped import GroupedLaunch, ensure_allocator, grouped_spec, w2d
+from gemmlab.ops.moe.routing import (
     route_args,
     route_kind,
     route_launches,
@@ -54,6 +52,8 @@ from gemmlab.ops.moe_routing import (
     sort_blocks,
     sort_routes_torch,
 )
+from gemmlab.ops.moe_fp8_checks import check_moe_fp8_args
+from gemmlab.ops.moe_fp8_config import check_weights_tma, fp8_grouped_spec, moe_fp8_config, need_tma
 
 # Per signature of a call (shapes, strides, dtypes, devices and 16-byte alignment of its tensors) and its options
 # (validate, gather, configs, save, FP8): its plan and kept kernels. Filled on first use, after the full checks; a hit
@@ -193,7 +193,7 @@ def _views(regions: list[Region], buf: torch.Tensor) -> dict:
 
 
 def _grouped_step(g, a: str, a_rows: str | None, w: str, out: str, scale: str | None, pre: str | None) -> Step:
-    """A planned bf16/fp16 grouped launch (``ops.grouped.grouped_spec``) as a Step over named tensors."""
+    """A planned bf16/fp16 grouped launch (``ops.moe.grouped.grouped_spec``) as a Step over named tensors."""
     return Step(
         g.slot,
         [

@@ -7,7 +7,7 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k r
     weight_grad(p, q, offsets, out (E, M, N)): out[e] = p[rows_e]^T q[rows_e], rows optionally gathered
 
 Saved from the forward: its inputs (x, the weights, the routing as ids and weights) and, after the saving
-forward (the ``save`` option of the forward's plan, ``ops.moe_plan.launch_forward_saving``; Liger's trade, what
+forward (the ``save`` option of the forward's plan, ``ops.moe.plan.launch_forward_saving``; Liger's trade, what
 ``moe_forward`` under autograd runs where the "moe_backward" config tables say ``save_gate_up``: the bundled
 tables say yes everywhere), the gate/up pre-activations gate_up (S, 2I) that its first GEMM stores beside
 SiLU(gate) * up (``SAVE_PRE``). The backward sorts the routes again (one launch up to ``ALIGN_MAX_S`` rows),
@@ -51,9 +51,9 @@ from gemmlab.kernels.moe_backward import (
 from gemmlab.ops import cache
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.grouped import w2d
 from gemmlab.ops.layout import padded_k, rows_tma_ok
-from gemmlab.ops.moe_routing import sort_routes
+from gemmlab.ops.moe.grouped import w2d
+from gemmlab.ops.moe.routing import sort_routes
 
 KEPT = cache.bounded("moe_backward.kept")  # kept compiled kernels of these launches (gemmlab.ops.launch.start)
 # (kernel, constexprs, warps, stages asked) -> the stages that fit in shared memory (one entry per config)

@@ -7,17 +7,17 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k r
     moe_forward(x (T, H), w1 (E, 2I, H), w2 (E, H, I), weights, ids) -> y (T, H)
         y[t] = sum_j weights[t, j] * (silu(x[t] @ gate_e^T) * (x[t] @ up_e^T)) @ w2_e^T,  e = ids[t, j]
 
-moe_forward: (1) sort the (token, slot) pairs by expert on the GPU, stably, with no host sync (``ops.moe_routing``:
+moe_forward: (1) sort the (token, slot) pairs by expert on the GPU, stably, with no host sync (``ops.moe.routing``:
 one launch up to ``ALIGN_MAX_S`` pairs, a counting sort in three launches above), (2) first GEMM over all experts in
 one persistent launch on x's rows in expert order (gathered once, or read by token index inside the GEMM:
 ``gather``), SiLU(gate) * up in the epilogue (the 2I-wide intermediate is never written), (3) second GEMM with each
 row's top-k weight applied in its epilogue, (4) a deterministic combine back to token order (each token sums its k
 rows in slot order). fp16 and bf16, fp32 accumulation. Every decision of a call is planned once per signature of
-its inputs and options (``ops.moe_plan``: one plan whose options are the plain body, the gate/up-saving body that
+its inputs and options (``ops.moe.plan``: one plan whose options are the plain body, the gate/up-saving body that
 autograd runs and the FP8 experts' body, in one bounded cache); later calls allocate one scratch buffer (routing
 tables, gathered x, intermediate, routed outputs) and y, and launch the kept kernels with device addresses
 (``gemmlab.ops.launch``). The path of a repeat eager call: this module, ``ops.dispatch`` (is it eager?),
-``ops.moe_plan`` (the plan and its launches), ``ops.launch`` (the kept kernel's launcher), then the kernels.
+``ops.moe.plan`` (the plan and its launches), ``ops.launch`` (the kept kernel's launcher), then the kernels.
 ``validate=True`` checks ids and offsets against E and S on the device (no host sync: a device-side assert on
 a GPU, so it works in CUDA graphs too); ``validate=False`` skips those few small launches.
 
@@ -34,7 +34,17 @@ from __future__ import annotations
 import torch
 
 from gemmlab.ops import custom, dispatch
-from gemmlab.ops.grouped import (
+from gemmlab.ops.layout import DTYPES
+from gemmlab.ops.moe.backward import (
+    MoEBackwardConfig,
+    backward_config,
+    moe_backward,
+    saves_gate_up,
+    weight_grad,
+)
+from gemmlab.ops.moe.checks import check_gather, check_moe_args, check_route_args, check_tensor, check_weights
+from gemmlab.ops.moe.config import MODES, Mode, MoEConfig, moe_choice, moe_config
+from gemmlab.ops.moe.grouped import (
     epilogue_flags,
     grid_programs,
     last_kernel,
@@ -42,21 +52,11 @@ from gemmlab.ops.grouped import (
     launch_grouped_gemm,
     moe_grouped_kernel,
 )
-from gemmlab.ops.layout import DTYPES
-from gemmlab.ops.moe_backward import (
-    MoEBackwardConfig,
-    backward_config,
-    moe_backward,
-    saves_gate_up,
-    weight_grad,
-)
-from gemmlab.ops.moe_checks import check_gather, check_moe_args, check_route_args, check_tensor, check_weights
-from gemmlab.ops.moe_config import MODES, Mode, MoEConfig, moe_choice, moe_config
+from gemmlab.ops.moe.plan import launch_moe_forward
+from gemmlab.ops.moe.routing import Routes, route_kind, sort_routes
+from gemmlab.ops.moe.scores import route_scores
 from gemmlab.ops.moe_fp8 import PackedMoEFP8, moe_forward_fp8
-from gemmlab.ops.moe_plan import launch_moe_forward
-from gemmlab.ops.moe_routing import Routes, route_kind, sort_routes
 from gemmlab.ops.packing import PackedMoE, pack_moe_weights
-from gemmlab.ops.scores import route_scores
 
 __all__ = [
     "DTYPES",
@@ -174,7 +174,7 @@ def moe_forward(
     takes the first's BLOCK_M (one tile schedule). ``save_gate_up`` (when a gradient is needed): True keeps the
     gate/up pre-activations (S, 2I) from the forward for the backward (``moe_forward_saving``, Liger's trade:
     faster, S*2I more elements held until the backward), False has the backward recompute them; None: as the
-    "moe_backward" config tables say (``ops.moe_backward.backward_config``)."""
+    "moe_backward" config tables say (``ops.moe.backward.backward_config``)."""
     if isinstance(w1, PackedMoEFP8):
         return moe_forward_fp8(x, w1, topk_weights, topk_ids, validate=validate)
     if isinstance(w1, PackedMoE):
