@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from gemmlab._version import __version__ as __version__
 from gemmlab.ops import custom as _ops  # noqa: F401  (registers torch.ops.gemmlab.*; imports no kernel)
-from gemmlab.ops import custom_fp8 as _ops_fp8  # noqa: F401  (registers torch.ops.gemmlab.gemm_fp8, quantize_fp8)
+from gemmlab.ops.fp8 import custom as _ops_fp8  # noqa: F401  (registers torch.ops.gemmlab.gemm_fp8, quantize_fp8)
 from gemmlab.provenance import check_triton
 
 _EXPORTS = {

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab.ops import cache, moe_fp8_launch
+from gemmlab.ops import cache
+from gemmlab.ops.fp8 import moe_launch as moe_fp8_launch
 from gemmlab.ops.moe import backward as moe_backward
 from gemmlab.ops.moe import plan as moe_plan
 from gemmlab.ops.moe import routing as moe_routing

@@ -21,7 +21,7 @@ import torch
 
 import gemmlab
 from gemmlab.ops import cache
-from gemmlab.ops.fp8_quantize import quantize_torch
+from gemmlab.ops.fp8.quantize import quantize_torch
 from gemmlab.ref import gemm_check, gemm_fp8_check
 from tests.conftest import DEVICE, rand
 from tests.paths import REPO
@@ -150,7 +150,8 @@ def test_the_check_sees_a_cache_that_is_not_bounded():
 @pytest.fixture
 def small_caches():
     """Every cache bounded to 2 entries for the test (each made first), its own bound and nothing left after."""
-    from gemmlab.ops import fp8_quantize, gemm_fp8_launch  # noqa: F401  (their caches made)
+    from gemmlab.ops.fp8 import launch as gemm_fp8_launch  # noqa: F401  (their caches made)
+    from gemmlab.ops.fp8 import quantize as fp8_quantize  # noqa: F401  (their caches made)
     from gemmlab.ops.gemm import launch as gemm_launch  # noqa: F401
 
     sizes = {name: c.size for name, c in cache.caches().items()}

@@ -14,8 +14,9 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import gemmlab
-from gemmlab.ops import fp8_quantize, introspect, launch
-from gemmlab.ops import gemm_fp8_launch as fp8
+from gemmlab.ops import introspect, launch
+from gemmlab.ops.fp8 import launch as fp8
+from gemmlab.ops.fp8 import quantize as fp8_quantize
 from gemmlab.ref import gemm_fp8_check
 from tests.conftest import DEVICE
 

@@ -3,9 +3,9 @@
     C (M, N) = (A * a_scale) @ (B * b_scale)     A (M, K), B (K, N) float8_e4m3fn; scales fp32; fp32 accumulation
     (q, scale) = quantize_fp8(x, granularity)    x ~= q * scale; per tensor, row, column or block
 
-Each call checks its operands, then goes to the launchers (``ops.gemm_fp8_launch``: planner, config, kernel launch;
-``ops.fp8_quantize``: the quantizer) directly when eager, or through the ``torch.ops.gemmlab`` custom ops
-(``ops.custom_fp8``) when traced or under a dispatch mode. Scales, layouts and the alignment rule: the launch
+Each call checks its operands, then goes to the launchers (``ops.fp8.launch``: planner, config, kernel launch;
+``ops.fp8.quantize``: the quantizer) directly when eager, or through the ``torch.ops.gemmlab`` custom ops
+(``ops.fp8.custom``) when traced or under a dispatch mode. Scales, layouts and the alignment rule: the launch
 module's docstring and docs/fp8.md.
 """
 
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from gemmlab.ops import custom_fp8, dispatch
-from gemmlab.ops.fp8_checks import fp8_out_dtype
-from gemmlab.ops.fp8_quantize import launch_quantize_fp8
-from gemmlab.ops.gemm_fp8_launch import Fp8Config, Fp8Plan, constexprs_fp8, execute_fp8, launch_gemm_fp8, plan_fp8
+from gemmlab.ops import dispatch
+from gemmlab.ops.fp8 import custom as custom_fp8
+from gemmlab.ops.fp8.checks import fp8_out_dtype
+from gemmlab.ops.fp8.launch import Fp8Config, Fp8Plan, constexprs_fp8, execute_fp8, launch_gemm_fp8, plan_fp8
+from gemmlab.ops.fp8.quantize import launch_quantize_fp8
 
 __all__ = ["Fp8Config", "Fp8Plan", "constexprs_fp8", "execute_fp8", "gemm_fp8", "plan_fp8", "quantize_fp8"]
 
@@ -35,8 +36,8 @@ def gemm_fp8(
     float8_e4m3fn (b row-major or K-major, e.g. ``q.t()`` of a quantized nn.Linear weight); fp32 scales per tensor
     (), per row/column (M, 1) and (1, N), or block (M, cdiv(K, 128)) and (cdiv(K, 128), cdiv(N, 128)). ``out``
     (M, N) row-major in out_dtype, if given, is written and returned. No autograd. Alignment: K % 16 == 0 (and
-    N % 16 == 0 for a row-major b), else ValueError (``ops.gemm_fp8_launch``). A ``torch.library`` custom op
-    (``torch.ops.gemmlab.gemm_fp8``) under torch.compile; see ``gemmlab.ops.custom_fp8``."""
+    N % 16 == 0 for a row-major b), else ValueError (``ops.fp8.launch``). A ``torch.library`` custom op
+    (``torch.ops.gemmlab.gemm_fp8``) under torch.compile; see ``gemmlab.ops.fp8.custom``."""
     out_dtype = fp8_out_dtype("gemm_fp8", out_dtype, out, torch.bfloat16)
     dispatch.refuse_neg_out("gemm_fp8", out)
     dispatch.refuse_neg_fp8("gemm_fp8", a=a, b=b)

@@ -23,14 +23,9 @@ Every op:
 from __future__ import annotations
 
 from gemmlab.kernels.moe import moe_grouped_kernel as grouped_kernel
-from gemmlab.ops import gemm_fp8_launch
 from gemmlab.ops.cache import caches
-from gemmlab.ops.gemm import launch as gemm_launch
-from gemmlab.ops.gemm.api import launch_mode
-from gemmlab.ops.gemm.launch import KERNELS, counters
-from gemmlab.ops.gemm.planner import choose, constexprs, launch_options, stream_k_tiles
-from gemmlab.ops.gemm.staging import staging_decision
-from gemmlab.ops.gemm_fp8_launch import (
+from gemmlab.ops.fp8 import launch as gemm_fp8_launch
+from gemmlab.ops.fp8.launch import (
     Fp8Config,
     Fp8Plan,
     constexprs_fp8,
@@ -38,7 +33,12 @@ from gemmlab.ops.gemm_fp8_launch import (
     launch_options_fp8,
     plan_fp8,
 )
-from gemmlab.ops.gemm_fp8_launch import launch_mode as fp8_launch_mode
+from gemmlab.ops.fp8.launch import launch_mode as fp8_launch_mode
+from gemmlab.ops.gemm import launch as gemm_launch
+from gemmlab.ops.gemm.api import launch_mode
+from gemmlab.ops.gemm.launch import KERNELS, counters
+from gemmlab.ops.gemm.planner import choose, constexprs, launch_options, stream_k_tiles
+from gemmlab.ops.gemm.staging import staging_decision
 from gemmlab.ops.layout import padded_k
 from gemmlab.ops.moe import grouped
 from gemmlab.ops.moe.config import moe_config

@@ -8,9 +8,9 @@ block of each expert; activations quantized on the fly with one scale per 1x128 
     grouped_gemm_fp8(x (S, K), w (E, N, K), offsets, x_scale, w_scale) -> (S, N) bf16/fp16
     moe_forward_fp8(x (T, H), packed, topk_weights, topk_ids) -> y (T, H)   (``moe_forward`` dispatches here)
 
-Each call checks its operands, then goes to the launchers (``ops.moe_fp8_launch``; the MoE body is the FP8 option of
+Each call checks its operands, then goes to the launchers (``ops.fp8.moe_launch``; the MoE body is the FP8 option of
 the forward's one plan, ``ops.moe.plan``) directly when eager, or through
-the ``torch.ops.gemmlab`` custom ops (``ops.custom_fp8``) when traced. No autograd: a RuntimeError where a gradient
+the ``torch.ops.gemmlab`` custom ops (``ops.fp8.custom``) when traced. No autograd: a RuntimeError where a gradient
 would be needed. Alignment: every K (H and I) a multiple of 16 (TMA rows of e4m3), else ValueError.
 """
 
@@ -20,12 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
-from gemmlab.ops import custom_fp8, dispatch
-from gemmlab.ops.fp8_checks import SCALE_BLOCK, fp8_out_dtype
-from gemmlab.ops.fp8_quantize import quantize_torch
+from gemmlab.ops import dispatch
+from gemmlab.ops.fp8 import custom as custom_fp8
+from gemmlab.ops.fp8.checks import SCALE_BLOCK, fp8_out_dtype
+from gemmlab.ops.fp8.moe_checks import ACT_DTYPES, check_expert_weight, refuse_grad
+from gemmlab.ops.fp8.moe_launch import MoEFp8Config, launch_grouped_gemm_fp8
+from gemmlab.ops.fp8.quantize import quantize_torch
 from gemmlab.ops.moe.plan import launch_moe_forward_fp8
-from gemmlab.ops.moe_fp8_checks import ACT_DTYPES, check_expert_weight, refuse_grad
-from gemmlab.ops.moe_fp8_launch import MoEFp8Config, launch_grouped_gemm_fp8
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,9 @@ from gemmlab.kernels.moe import moe_combine_kernel, moe_gather_kernel
 from gemmlab.ops import cache
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.fp8_checks import FP8, SCALE_BLOCK
+from gemmlab.ops.fp8.checks import FP8, SCALE_BLOCK
+from gemmlab.ops.fp8.moe_checks import check_moe_fp8_args
+from gemmlab.ops.fp8.moe_config import check_weights_tma, fp8_grouped_spec, moe_fp8_config, need_tma
 from gemmlab.ops.layout import padded_k
 from gemmlab.ops.moe.checks import check_gather, check_moe_args
 from gemmlab.ops.moe.config import Mode, MoEConfig, moe_config
@@ -52,8 +54,6 @@ from gemmlab.ops.moe.routing import (
     sort_blocks,
     sort_routes_torch,
 )
-from gemmlab.ops.moe_fp8_checks import check_moe_fp8_args
-from gemmlab.ops.moe_fp8_config import check_weights_tma, fp8_grouped_spec, moe_fp8_config, need_tma
 
 # Per signature of a call (shapes, strides, dtypes, devices and 16-byte alignment of its tensors) and its options
 # (validate, gather, configs, save, FP8): its plan and kept kernels. Filled on first use, after the full checks; a hit

@@ -3,7 +3,7 @@
     C (M, N) = (A * a_scale) @ (B * b_scale)     A (M, K), B (K, N) float8_e4m3fn; scales fp32; fp32 accumulation;
                                                  C in out_dtype (bf16, fp16 or fp32)
 
-The scale granularity is read from the scale shapes (``ops.fp8_checks.scale_mode``): per tensor () and (); per row of
+The scale granularity is read from the scale shapes (``ops.fp8.checks.scale_mode``): per tensor () and (); per row of
 A (M, 1) and column of B (1, N); block (M, cdiv(K, 128)) over 1x128 blocks of A and (cdiv(K, 128), cdiv(N, 128))
 over 128x128 blocks of B (DeepSeek-V3's layout). B is (K, N) either way round: row-major, or K-major, i.e. ``w.t()``
 of an nn.Linear weight w (N, K), no copy (quantize w (N, K) and pass ``q.t()``, ``scale.t()``: the scales transpose
@@ -32,7 +32,7 @@ from gemmlab.device import Target, target_for
 from gemmlab.ops import cache, configs
 from gemmlab.ops import direct as direct_launch
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.fp8_checks import SCALE_BLOCK, check_gemm_fp8_args, fp8_out_dtype
+from gemmlab.ops.fp8.checks import SCALE_BLOCK, check_gemm_fp8_args, fp8_out_dtype
 from gemmlab.ops.gemm.checks import check_out
 from gemmlab.ops.launch import HostDesc
 from gemmlab.ops.layout import descriptor_layout, extent, is_kmajor, tma_ok

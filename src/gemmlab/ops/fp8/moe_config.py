@@ -1,4 +1,4 @@
-"""FP8 experts' launch decisions, shared by ``grouped_gemm_fp8`` (``ops.moe_fp8_launch``) and the FP8 option of the
+"""FP8 experts' launch decisions, shared by ``grouped_gemm_fp8`` (``ops.fp8.moe_launch``) and the FP8 option of the
 MoE forward's plan (``ops.moe.plan``): the config tables' choice, the sm_90 and TMA checks, and one grouped launch
 of ``kernels.moe_fp8.moe_fp8_grouped_kernel`` as a ``Planned`` launch with its descriptors' layouts.
 
@@ -17,7 +17,7 @@ from gemmlab.device import Target
 from gemmlab.kernels.moe_fp8 import moe_fp8_grouped_kernel
 from gemmlab.ops import configs
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.fp8_checks import SCALE_BLOCK
+from gemmlab.ops.fp8.checks import SCALE_BLOCK
 from gemmlab.ops.layout import descriptor_layout, tma_ok
 from gemmlab.ops.moe.config import Mode
 from gemmlab.ops.moe.grouped import w2d
