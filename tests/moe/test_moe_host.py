@@ -5,7 +5,7 @@ intermediate, E experts, k top-k."""
 import pytest
 import torch
 
-from gemmlab.ops import cache, dispatch
+from gemmlab.ops import cache, launch
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops.moe import moe_forward
 from gemmlab.ops.moe import plan as moe_plan
@@ -138,7 +138,7 @@ def test_eager_autograd_path_matches_the_custom_op(plans, save, device):
         got.append((y.detach(), x.grad, w1.grad, w2.grad, wts.grad))
     for a, b in zip(*got, strict=True):
         assert torch.equal(a, b)
-    assert dispatch.eager(x0) and not dispatch.eager(torch.nn.Parameter(x0).as_subclass(_Sub))
+    assert launch.eager(x0) and not launch.eager(torch.nn.Parameter(x0).as_subclass(_Sub))
 
 
 class _Sub(torch.Tensor):

@@ -208,7 +208,7 @@ def test_the_direct_launch_hands_the_c_launcher_what_triton_does(fresh, gpu_stan
     import cProfile
     import pstats
 
-    from gemmlab.ops import direct
+    from gemmlab.ops import launch as direct
 
     qa, qb, sa, sb = _operands(5, n, 32)
     out = torch.empty(5, n, dtype=torch.bfloat16, device=DEVICE)
@@ -218,7 +218,7 @@ def test_the_direct_launch_hands_the_c_launcher_what_triton_does(fresh, gpu_stan
     seen = []
     runtime_args = len(fp8.jit_args(e, qa, qb, sa, sb, out))
     e.slot.kept = _fake_launcher(e, runtime_args, seen)
-    e.direct = direct.direct(e.slot.kept, sum(s is not None for s in e.descs))
+    e.direct = direct.direct_launcher(e.slot.kept, sum(s is not None for s in e.descs))
     assert e.direct is not None
     launch.run(e.slot.kept, e.slot.grid, fp8.kept_args(e, qa, qb, sa, sb, out))  # Triton's way
     ptrs = tuple(t.data_ptr() for t in (qa, qb, sa, sb, out))
@@ -240,6 +240,6 @@ def test_the_direct_launch_hands_the_c_launcher_what_triton_does(fresh, gpu_stan
     assert not [
         (f, fn)
         for f, fn in entered
-        if fn in checks or "triton" in f or f.endswith(("gemm_checks.py", "layout.py", "configs.py"))
+        if fn in checks or "triton" in f or f.endswith(("gemm/checks.py", "layout.py", "configs.py"))
     ], entered
     assert introspect.fp8_launch_mode(qa, qb, sa, sb, torch.bfloat16, out) == "direct"

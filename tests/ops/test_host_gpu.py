@@ -58,7 +58,7 @@ def test_direct_launches_keep_descriptors_per_buffer_and_stay_right():
     """The hot path's descriptor cache: the weight's descriptor is encoded once; outputs held alive (a new
     address every call) churn the cache within its bound and every result stays right; two streams launching the
     same split-K GEMM back to back each use their own workspace and counters."""
-    from gemmlab.ops import direct
+    from gemmlab.ops import launch as direct
 
     a, b = rand((16, 4096)), rand((4096, 4096))
     gemm_launch.clear_cache()

@@ -23,7 +23,7 @@ clear error as the Python function.
 
 The public functions (``gemmlab.gemm`` ...) call these ops whenever the call is traced (torch.compile), needs
 autograd, or runs under a dispatch mode or functorch transform; a plain eager call with no grad goes straight to
-the same implementation (``ops.dispatch.direct``), so it does not pay the dispatcher's and autograd wrapper's host cost.
+the same implementation (``ops.launch.direct``), so it does not pay the dispatcher's and autograd wrapper's host cost.
 Each op is opaque to the compiler: inside a compiled graph it runs gemmlab's launcher as in eager.
 
 Backward kernels: the dense input gradients (dA, dB) run on gemmlab's gemm on transposed views; the grouped

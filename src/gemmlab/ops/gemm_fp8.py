@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from gemmlab.ops import dispatch
+from gemmlab.ops import dispatch, launch
 from gemmlab.ops.fp8 import custom as custom_fp8
 from gemmlab.ops.fp8.checks import fp8_out_dtype
 from gemmlab.ops.fp8.launch import Fp8Config, Fp8Plan, constexprs_fp8, execute_fp8, launch_gemm_fp8, plan_fp8
@@ -41,7 +41,7 @@ def gemm_fp8(
     out_dtype = fp8_out_dtype("gemm_fp8", out_dtype, out, torch.bfloat16)
     dispatch.refuse_neg_out("gemm_fp8", out)
     dispatch.refuse_neg_fp8("gemm_fp8", a=a, b=b)
-    if dispatch.direct(a, b, a_scale, b_scale, out):
+    if launch.direct(a, b, a_scale, b_scale, out):
         return launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out)
     dispatch.need_tensors("gemm_fp8", a=a, b=b, a_scale=a_scale, b_scale=b_scale)
     if out is None:
@@ -58,7 +58,7 @@ def quantize_fp8(
     ``granularity`` ("tensor" (), "row" (M, 1), "col" (1, N), "block" over ``block`` = (rows, cols)); x bf16, fp16
     or fp32 (any shape for "tensor", else 2-D). No autograd. A ``torch.library`` custom op
     (``torch.ops.gemmlab.quantize_fp8``) under torch.compile."""
-    if dispatch.direct(x):
+    if launch.direct(x):
         return launch_quantize_fp8(x, granularity, block)
     dispatch.need_tensors("quantize_fp8", x=x)
     return custom_fp8.quantize_fp8(x, granularity, list(block) if isinstance(block, tuple) else block)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gemmlab.ops import dispatch
+from gemmlab.ops import dispatch, launch
 from gemmlab.ops.fp8 import custom as custom_fp8
 from gemmlab.ops.fp8.checks import SCALE_BLOCK, fp8_out_dtype
 from gemmlab.ops.fp8.moe_checks import ACT_DTYPES, check_expert_weight, refuse_grad
@@ -117,7 +117,7 @@ def grouped_gemm_fp8(
     )
     dispatch.refuse_neg_out("grouped_gemm_fp8", out)
     dispatch.refuse_neg_fp8("grouped_gemm_fp8", x=x, w=w)
-    if dispatch.direct(x, w, offsets, x_scale, w_scale, out):
+    if launch.direct(x, w, offsets, x_scale, w_scale, out):
         return launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate, out)
     dispatch.need_tensors(
         "grouped_gemm_fp8",
@@ -154,7 +154,7 @@ def moe_forward_fp8(
         if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() >= 1:
             topk_ids = topk_ids.reshape(x.shape[0], topk_ids.shape[-1])
     args = (x, packed.w1, packed.w1_scale, packed.w2, packed.w2_scale, topk_weights, topk_ids)
-    if dispatch.direct(*args):
+    if launch.direct(*args):
         y = launch_moe_forward_fp8(*args, validate)
     else:
         dispatch.need_tensors("moe_forward (fp8)", x=x, topk_weights=topk_weights, topk_ids=topk_ids)

@@ -30,7 +30,6 @@ import torch
 
 from gemmlab.device import Target, target_for
 from gemmlab.ops import cache, configs
-from gemmlab.ops import direct as direct_launch
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.fp8.checks import SCALE_BLOCK, check_gemm_fp8_args, fp8_out_dtype
 from gemmlab.ops.gemm.checks import check_out
@@ -228,7 +227,7 @@ class Fp8Entry:
     dtype: torch.dtype
     device: torch.device
     extents: tuple | None
-    direct: direct_launch.Direct | None = None  # Triton's C launcher itself, once the kernel is kept
+    direct: kept_launch.Direct | None = None  # Triton's C launcher itself, once the kernel is kept
 
 
 # Per signature (each tensor's shape, strides, dtype, device and 16-byte alignment, out_dtype): the plan and its
@@ -328,7 +327,7 @@ def direct_params(e: Fp8Entry, ptrs: tuple) -> list:
         if s is None:
             params.append(ptr)
         else:
-            params += direct_launch.desc_args(e.direct, i, ptr, s[1], s[2])
+            params += kept_launch.desc_args(e.direct, i, ptr, s[1], s[2])
             i += 1
     return [*params, ptrs[2], ptrs[3], *e.ints]
 
@@ -339,7 +338,7 @@ def launch_fp8(e: Fp8Entry, a, b, a_scale, b_scale, c, ptrs: tuple) -> None:
     slot = e.slot
     if kept_launch.usable(slot.kept):
         if e.direct is not None:
-            direct_launch.fire(
+            kept_launch.fire_launcher(
                 e.direct, slot.grid, torch._C._cuda_getCurrentRawStream(slot.kept.device), direct_params(e, ptrs)
             )
         else:
@@ -347,7 +346,7 @@ def launch_fp8(e: Fp8Entry, a, b, a_scale, b_scale, c, ptrs: tuple) -> None:
         _LAST["gemm_fp8"] = slot.kept.compiled
         return
     _LAST["gemm_fp8"] = kept_launch.fire(slot, jit_args(e, a, b, a_scale, b_scale, c), False)
-    e.direct = direct_launch.direct(slot.kept, sum(s is not None for s in e.descs))
+    e.direct = kept_launch.direct_launcher(slot.kept, sum(s is not None for s in e.descs))
 
 
 def launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out) -> torch.Tensor:

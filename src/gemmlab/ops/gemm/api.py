@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import torch
 
-from gemmlab.ops import custom, dispatch
+from gemmlab.ops import custom, dispatch, launch
 from gemmlab.ops.gemm import launch as gemm_launch
 from gemmlab.ops.gemm.checks import operands
 from gemmlab.ops.gemm.launch import execute, launch_gemm
@@ -60,7 +60,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     if (
         a is not None
         and b is not None
-        and dispatch.direct(a, b, out)
+        and launch.direct(a, b, out)
         and a.dim() == 2
         and b.dim() == 2
         and (out is None or out.dim() == 2)
@@ -79,7 +79,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     a2 = a if a.dim() == 2 else a.reshape(math.prod(lead), k)
     shape = lead + ((n,) if b.dim() == 2 else ())
     if out is None:
-        c = launch_gemm(a2, b2, None) if dispatch.direct(a2, b2) else custom.gemm(a2, b2)
+        c = launch_gemm(a2, b2, None) if launch.direct(a2, b2) else custom.gemm(a2, b2)
         return c if c.dim() == len(shape) and a.dim() == 2 else c.view(shape)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"gemm: out must be a torch.Tensor, got {type(out).__name__}")
@@ -94,7 +94,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
             f"gemm: out (shape {tuple(out.shape)}, strides {out.stride()}) cannot be viewed as the "
             f"({a2.shape[0]}, {n}) matrix gemm writes; pass a contiguous out"
         ) from err
-    if dispatch.direct(a2, b2, out2):
+    if launch.direct(a2, b2, out2):
         launch_gemm(a2, b2, out2)
     else:
         custom.gemm_out(a2, b2, out2)

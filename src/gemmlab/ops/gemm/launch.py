@@ -26,7 +26,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from gemmlab.kernels.gemm import gemm_portable_kernel, gemm_tma_persistent_kernel, gemm_tma_splitk_kernel
 from gemmlab.kernels.gemv import gemv_kernel
 from gemmlab.ops import cache
-from gemmlab.ops import direct as direct_launch
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.gemm.checks import operands
 from gemmlab.ops.gemm.planner import LaunchSpec, Plan, choose
@@ -66,7 +65,7 @@ class Launch:
     staged: tuple = ()  # LaunchSpec.staged
     keep: bool = False  # keep the compiled kernel after the first launch and launch it directly from then on
     kept: Kept | None = None  # the compiled kernel's launcher, once kept (gemmlab.ops.launch)
-    direct: direct_launch.Direct | None = None  # Triton's C launcher itself, once kept (gemmlab.ops.direct)
+    direct: kept_launch.Direct | None = None  # Triton's C launcher itself, once kept (gemmlab.ops.launch)
 
 
 def prepare(p: Plan, keep: bool = False) -> Launch:
@@ -208,7 +207,7 @@ def launch(L: Launch, a, b, c) -> None:
     _LAST[L.path] = compiled
     if L.keep:
         L.kept = kept_launch.keep(L.kernel, compiled, len(args), L.consts)
-        L.direct = direct_launch.direct(L.kept, sum(d is not None for d in L.descs))
+        L.direct = kept_launch.direct_launcher(L.kept, sum(d is not None for d in L.descs))
 
 
 def fire_direct(L: Launch, a, b, c, ptrs: tuple[int, int, int] | None = None) -> None:
@@ -221,12 +220,12 @@ def fire_direct(L: Launch, a, b, c, ptrs: tuple[int, int, int] | None = None) ->
         if spec is None:
             params.append(ptr)
         else:
-            params += direct_launch.desc_args(d, i, ptr, spec[0], spec[1])
+            params += kept_launch.desc_args(d, i, ptr, spec[0], spec[1])
             i += 1
     if L.scratch is not None:
         params += _splitk_scratch(L.scratch, c, (L.kept.device, stream))[2:4] if L.scratch[0] else (ptrs[2], ptrs[2])
     params += L.ints
-    direct_launch.fire(d, L.grid, stream, params)
+    kept_launch.fire_launcher(d, L.grid, stream, params)
     _LAST[L.path] = L.kept.compiled
 
 

@@ -16,8 +16,9 @@ rows in slot order). fp16 and bf16, fp32 accumulation. Every decision of a call 
 its inputs and options (``ops.moe.plan``: one plan whose options are the plain body, the gate/up-saving body that
 autograd runs and the FP8 experts' body, in one bounded cache); later calls allocate one scratch buffer (routing
 tables, gathered x, intermediate, routed outputs) and y, and launch the kept kernels with device addresses
-(``gemmlab.ops.launch``). The path of a repeat eager call: this module, ``ops.dispatch`` (is it eager?),
-``ops.moe.plan`` (the plan and its launches), ``ops.launch`` (the kept kernel's launcher), then the kernels.
+(``gemmlab.ops.launch``). The path of a repeat eager call: this module, ``ops.moe.plan`` (the plan and its
+launches; ``ops.cache`` keeps it), ``ops.launch`` (is the call eager? then the kept kernel's launcher), then the
+kernels.
 ``validate=True`` checks ids and offsets against E and S on the device (no host sync: a device-side assert on
 a GPU, so it works in CUDA graphs too); ``validate=False`` skips those few small launches.
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from gemmlab.ops import custom, dispatch
+from gemmlab.ops import custom, dispatch, launch
 from gemmlab.ops.layout import DTYPES
 from gemmlab.ops.moe.backward import (
     MoEBackwardConfig,
@@ -99,7 +100,7 @@ def route(
     check_route_args(router_logits, top_k, scoring)
     e, lead = router_logits.shape[-1], router_logits.shape[:-1]
     logits = router_logits if router_logits.dim() == 2 else router_logits.reshape(-1, e)
-    if dispatch.direct(logits):
+    if launch.direct(logits):
         weights, ids = route_scores(logits, top_k, renormalize, scoring)
     else:
         weights, ids = custom.route(logits, top_k, bool(renormalize), scoring)
@@ -137,12 +138,12 @@ def grouped_gemm(
         dispatch.refuse_neg_out("grouped_gemm", out)
         if isinstance(out, torch.Tensor):
             dispatch.refuse_grad_out("grouped_gemm", out, *(t for t in (x, w) if isinstance(t, torch.Tensor)))
-        if dispatch.direct(x, w, offsets, out):
+        if launch.direct(x, w, offsets, out):
             return launch_grouped_gemm(x, w, offsets, out, validate)
         dispatch.need_tensors("grouped_gemm", x=x, w=w, offsets=offsets, out=out)
         custom.grouped_gemm_out(x, w, offsets, out, bool(validate))
         return out
-    if dispatch.direct(x, w, offsets):
+    if launch.direct(x, w, offsets):
         return launch_grouped_gemm(x, w, offsets, None, validate)
     dispatch.need_tensors("grouped_gemm", x=x, w=w, offsets=offsets)
     return custom.grouped_gemm(x, w, offsets, bool(validate))
@@ -198,10 +199,10 @@ def moe_forward(
             topk_weights = topk_weights.reshape(x.shape[0], topk_weights.shape[-1])
         if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() >= 1:
             topk_ids = topk_ids.reshape(x.shape[0], topk_ids.shape[-1])
-    if dispatch.direct(x, w1, w2, topk_weights, topk_ids):  # the plan checks a new signature in full (gather too)
+    if launch.direct(x, w1, w2, topk_weights, topk_ids):  # the plan checks a new signature in full (gather too)
         return _lead(launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None), lead)
     check_gather(gather)
-    eager = dispatch.eager(x, w1, w2, topk_weights, topk_ids)  # needs autograd only: no dispatcher (host time)
+    eager = launch.eager(x, w1, w2, topk_weights, topk_ids)  # needs autograd only: no dispatcher (host time)
     dims = None if eager else check_moe_args(x, w1, w2, topk_weights, topk_ids)  # errors before the op's fake
     save = bool(save_gate_up)
     if (
