@@ -10,6 +10,7 @@ import torch
 
 import gemmlab
 from gemmlab.ops.moe import backward as bwd
+from gemmlab.ops.moe import config as moe_cfg
 from gemmlab.ops.moe import moe_forward_saving, pack_moe_weights, route, sort_routes
 from gemmlab.ops.moe import plan as moe_plan
 from gemmlab.ref import grouped_gemm_ref, mantissa_bits, moe_check, moe_ref, moe_same_dtype
@@ -155,7 +156,7 @@ def test_weight_grad_with_gathered_rows(p_gather, q_gather, device):
         r.token if q_gather else None,
         r.offsets,
         out,
-        bwd.MoEBackwardConfig(wg_block_m=16, wg_block_n=16, wg_block_k=16),
+        moe_cfg.MoEBackwardConfig(wg_block_m=16, wg_block_n=16, wg_block_k=16),
     )
     ps = p[r.token.long()] if p_gather else p
     qs = q[r.token.long()] if q_gather else q
@@ -220,7 +221,7 @@ def test_launches_drop_pipeline_stages_that_do_not_fit(monkeypatch, device):
     monkeypatch.setattr(bwd.kept_launch, "start", real)
     assert all(torch.equal(a, b) for a, b in zip(got, bwd.moe_backward(dy, x, w1, w2, tw, ids), strict=True))
     assert 3 in asked and 2 in asked and set(bwd.STAGES.values()) == {2}
-    never = bwd.MoEBackwardConfig(wg_stages=1)
+    never = moe_cfg.MoEBackwardConfig(wg_stages=1)
     monkeypatch.setattr(bwd.kept_launch, "start", lambda *a: (_ for _ in ()).throw(OutOfResources(1, 0, "smem")))
     with pytest.raises(OutOfResources):
         bwd.weight_grad(

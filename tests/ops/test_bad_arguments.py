@@ -13,7 +13,7 @@ from gemmlab.nn import Linear, MoE, MoEExperts
 from gemmlab.ops.fp8.launch import Fp8Config
 from gemmlab.ops.fp8.moe_launch import MoEFp8Config
 from gemmlab.ops.moe import MoEConfig
-from gemmlab.ops.moe.backward import MoEBackwardConfig
+from gemmlab.ops.moe.config import MoEBackwardConfig
 from tests.conftest import DEVICE
 
 F16 = torch.float16

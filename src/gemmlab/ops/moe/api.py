@@ -36,15 +36,18 @@ import torch
 
 from gemmlab.ops import custom, dispatch, launch
 from gemmlab.ops.layout import DTYPES
-from gemmlab.ops.moe.backward import (
-    MoEBackwardConfig,
-    backward_config,
-    moe_backward,
-    saves_gate_up,
-    weight_grad,
-)
+from gemmlab.ops.moe.backward import moe_backward, weight_grad
 from gemmlab.ops.moe.checks import check_gather, check_moe_args, check_route_args, check_tensor, check_weights
-from gemmlab.ops.moe.config import MODES, Mode, MoEConfig, moe_choice, moe_config
+from gemmlab.ops.moe.config import (
+    MODES,
+    Mode,
+    MoEBackwardConfig,
+    MoEConfig,
+    backward_config,
+    moe_choice,
+    moe_config,
+    saves_gate_up,
+)
 from gemmlab.ops.moe.grouped import (
     epilogue_flags,
     grid_programs,
