@@ -37,7 +37,8 @@ from gemmlab.ops.fp8.launch import launch_mode as fp8_launch_mode
 from gemmlab.ops.gemm import launch as gemm_launch
 from gemmlab.ops.gemm.api import launch_mode
 from gemmlab.ops.gemm.launch import KERNELS, counters
-from gemmlab.ops.gemm.planner import choose, constexprs, launch_options, stream_k_tiles
+from gemmlab.ops.gemm.planner import choose
+from gemmlab.ops.gemm.spec import constexprs, launch_options, stream_k_tiles
 from gemmlab.ops.gemm.staging import staging_decision
 from gemmlab.ops.layout import padded_k
 from gemmlab.ops.moe import grouped

@@ -28,7 +28,8 @@ from gemmlab.kernels.gemv import gemv_kernel
 from gemmlab.ops import cache
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.gemm.checks import operands
-from gemmlab.ops.gemm.planner import LaunchSpec, Plan, choose
+from gemmlab.ops.gemm.planner import Plan, choose
+from gemmlab.ops.gemm.spec import LaunchSpec
 from gemmlab.ops.launch import HostDesc, Kept
 from gemmlab.ops.layout import extent
 
