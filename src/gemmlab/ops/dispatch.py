@@ -10,11 +10,11 @@
     unit(t)              a gradient with no unit-stride dim made contiguous for the kernels
 
 Whether a call may skip the dispatcher at all (``direct``, ``eager``) is the first step of the launch path, in
-``ops.launch``; this module is the dispatcher's side: what the custom ops (``ops.custom``) and the public calls
-refuse or fix up before it. A tensor with the negative bit (a lazily negated view, ``torch._neg_view``: its memory
-holds -x) is not plain: the kernels read raw memory, so such inputs go through the dispatcher, whose Negative
-fallback materializes them first (the conjugate bit exists only on complex tensors, which every op refuses by
-dtype). An ``out`` with the negative bit cannot be written
+``ops.launch``; this module is the dispatcher's side: what the custom ops (``ops.gemm.custom``, ``ops.moe.custom``,
+``ops.fp8.custom``) and the public calls refuse or fix up before it. A tensor with the negative bit (a lazily
+negated view, ``torch._neg_view``: its memory holds -x) is not plain: the kernels read raw memory, so such inputs go
+through the dispatcher, whose Negative fallback materializes them first (the conjugate bit exists only on complex
+tensors, which every op refuses by dtype). An ``out`` with the negative bit cannot be written
 through that fallback: the public ops refuse it (``refuse_neg_out``); nor can e4m3 data be (torch implements no
 negation for float8_e4m3fn), so the FP8 ops refuse it with one line before the dispatcher (``refuse_neg_fp8``).
 """

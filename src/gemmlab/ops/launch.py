@@ -15,7 +15,7 @@ Three steps of the one launch path every op takes:
     direct_launcher, desc_args, fire_launcher   Triton's C launcher called directly (below)
 
 A plain eager call with no grad goes straight to the launcher, so it does not pay the dispatcher's and the
-autograd wrapper's host cost; everything else goes through the custom ops (``ops.custom``, with the rest of the
+autograd wrapper's host cost; everything else goes through the custom ops (``ops.*.custom``, with the rest of the
 dispatcher's side in ``ops.dispatch``). A tensor with the negative bit (``torch._neg_view``) is not plain: the
 kernels read raw memory, so such inputs go through the dispatcher, whose Negative fallback materializes them first.
 

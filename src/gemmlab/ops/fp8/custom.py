@@ -8,7 +8,7 @@
     gemmlab::moe_forward_fp8(x (T, H), w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, validate) -> (T, H)
 
 Registered on ``import gemmlab`` (torch and the checks only; each op's body imports its launcher on first call, as
-``ops.custom`` does). Each op checks its arguments in the real implementation and, on metadata, in the fake one.
+``ops.gemm.custom`` does). Each op checks its arguments in the real implementation and, on metadata, in the fake one.
 """
 
 import torch

@@ -4,7 +4,7 @@
     C (M, N) = A (M, K) @ B (K, N)     fp16 or bf16 in, fp32 accumulation, C in the input dtype
 
 The names load on first use from ``api`` (signatures, checks, docstrings), so importing a detail beside it (the
-argument checks ``ops.custom`` registers at ``import gemmlab``) loads no kernel. The details, imported by ``api``
+argument checks ``ops.gemm.custom`` registers at ``import gemmlab``) loads no kernel. The details, imported by ``api``
 only (and by ``ops.introspect`` for the lab):
 
     checks     one clear error per bad operand (torch only, no kernel)

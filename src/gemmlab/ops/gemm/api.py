@@ -5,7 +5,7 @@
 Each entry point (1) checks its operands (``ops.gemm.checks``), (2) plans (``ops.gemm.planner``), (3) allocates,
 (4) launches exactly the planned kernel (``ops.gemm.launch``). A column-major C is computed as C^T = B^T A^T,
 so the kernels only ever write a row-major C. Calls that trace, need autograd or run under a dispatch mode go
-through the ``torch.ops.gemmlab`` custom ops (``ops.custom``); a plain eager call goes straight to the launcher.
+through the ``torch.ops.gemmlab`` custom ops (``ops.gemm.custom``); a plain eager call goes straight to the launcher.
 
 What a user calls is in ``__all__``. The lab's way into the details (plans of kernel-view operands, what a plan's
 kernel is compiled with, the kernels, the compiled kernel a path last ran, how a cached signature launches) is
@@ -20,7 +20,8 @@ from dataclasses import replace
 
 import torch
 
-from gemmlab.ops import custom, dispatch, launch
+from gemmlab.ops import dispatch, launch
+from gemmlab.ops.gemm import custom
 from gemmlab.ops.gemm import launch as gemm_launch
 from gemmlab.ops.gemm.checks import operands
 from gemmlab.ops.gemm.launch import execute, launch_gemm
@@ -54,7 +55,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     bf16 (both the same). Any strides with one unit-stride dim (N-D a is reshaped, a copy only where a view
     cannot be). ``out`` (..., N), if given, is written in place and returned (no autograd through out=).
     Differentiable in a and b (dA = dC B^T, dB = A^T dC on gemmlab's kernels); a ``torch.library`` custom op
-    (``torch.ops.gemmlab.gemm``) under torch.compile and autograd, see ``gemmlab.ops.custom``."""
+    (``torch.ops.gemmlab.gemm``) under torch.compile and autograd, see ``gemmlab.ops.gemm.custom``."""
     if isinstance(b, PackedB):
         b = b.view() if b.data.requires_grad or dispatch.compiling() else b.fixed_view()
     if (

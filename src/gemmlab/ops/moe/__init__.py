@@ -3,7 +3,7 @@
 E experts, k top-k.
 
 The names load on first use from ``api`` (signatures, checks, docstrings), so importing a detail beside it (the
-argument checks and top-k scores ``ops.custom`` registers at ``import gemmlab``) loads no kernel. The details,
+argument checks and top-k scores ``ops.moe.custom`` registers at ``import gemmlab``) loads no kernel. The details,
 imported by ``api`` only (and by ``ops.introspect`` for the lab):
 
     checks     one clear error per bad argument (torch only, no kernel)

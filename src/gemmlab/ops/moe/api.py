@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import torch
 
-from gemmlab.ops import custom, dispatch, launch
+from gemmlab.ops import dispatch, launch
 from gemmlab.ops.layout import DTYPES
+from gemmlab.ops.moe import custom
 from gemmlab.ops.moe.backward import moe_backward, weight_grad
 from gemmlab.ops.moe.checks import check_gather, check_moe_args, check_route_args, check_tensor, check_weights
 from gemmlab.ops.moe.config import (
@@ -127,7 +128,7 @@ def grouped_gemm(
     ``validate``: check the offsets (non-decreasing, within [0, S]) without a host sync: on a GPU by a device-side
     assert (a bad value stops the program at its next synchronization, as a bad index into a torch op does), on the
     CPU at once (ValueError). ``out``: written in place; refused when it overlaps x, w or offsets, or its rows
-    share memory (stride 0). Differentiable in x and w (``gemmlab.ops.custom``; rows past offsets[-1] get zero
+    share memory (stride 0). Differentiable in x and w (``gemmlab.ops.moe.custom``; rows past offsets[-1] get zero
     gradient). ``config``: launch parameters instead of ``moe_config``'s (tuning; eager only, no autograd)."""
     if config is not None:
         if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (x, w)):
@@ -173,7 +174,7 @@ def moe_forward(
     sm_90 those loads are not software-pipelined), "auto" (copy when x's rows are 16-byte aligned on a TMA
     target). ``validate``: check topk_ids in [0, E) without a host sync (a device-side assert on a GPU, a
     ValueError on the CPU; see ``grouped_gemm``). Differentiable in x, w1, w2 and topk_weights
-    (``gemmlab.ops.custom``; topk_ids (T, k) must then be 2-D like topk_weights). ``configs``: (first GEMM,
+    (``gemmlab.ops.moe.custom``; topk_ids (T, k) must then be 2-D like topk_weights). ``configs``: (first GEMM,
     second GEMM) launch parameters instead of ``moe_config``'s (tuning; eager only, no autograd); the second
     takes the first's BLOCK_M (one tile schedule). ``save_gate_up`` (when a gradient is needed): True keeps the
     gate/up pre-activations (S, 2I) from the forward for the backward (``moe_forward_saving``, Liger's trade:
