@@ -146,7 +146,7 @@ def inspect(names: list[str]) -> dict:
 
     from gemmlab.instruments.sass import compiled_report
     from gemmlab.kernels.gemm_fp8 import gemm_fp8_tma_kernel as kernel
-    from gemmlab.ops.fp8.launch import launch_options_fp8
+    from gemmlab.ops.fp8.plan import launch_options_fp8
     from gemmlab.ops.gemm_fp8 import constexprs_fp8
 
     out = {}

@@ -25,7 +25,8 @@ from __future__ import annotations
 from gemmlab.kernels.moe import moe_grouped_kernel as grouped_kernel
 from gemmlab.ops.cache import caches
 from gemmlab.ops.fp8 import launch as gemm_fp8_launch
-from gemmlab.ops.fp8.launch import (
+from gemmlab.ops.fp8.launch import launch_mode as fp8_launch_mode
+from gemmlab.ops.fp8.plan import (
     Fp8Config,
     Fp8Plan,
     constexprs_fp8,
@@ -33,7 +34,6 @@ from gemmlab.ops.fp8.launch import (
     launch_options_fp8,
     plan_fp8,
 )
-from gemmlab.ops.fp8.launch import launch_mode as fp8_launch_mode
 from gemmlab.ops.gemm import launch as gemm_launch
 from gemmlab.ops.gemm.api import launch_mode
 from gemmlab.ops.gemm.launch import KERNELS, counters
