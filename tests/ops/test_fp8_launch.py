@@ -1,6 +1,6 @@
 """gemm_fp8's and quantize_fp8's launch (issue 30): a frozen plan per signature in a bounded cache, every check once
 per signature and only out's overlap after that, the compiled kernel kept after its first launch and launched
-directly (``ops.launch`` / ``ops.direct``), as ``gemm`` does.
+directly (``ops.launch``), as ``gemm`` does.
 
 Under the interpreter nothing is compiled, so launches stay with the JIT; the kept path's arguments are checked
 here by a stand-in ``keep`` whose "compiled kernel" runs the kernel through the JIT with the arguments the kept
@@ -136,7 +136,7 @@ def test_quantize_plans_once_and_bad_arguments_still_fail(fresh, monkeypatch):
 
 @pytest.mark.gpu
 def test_only_a_signatures_first_call_enters_the_jit(fresh, monkeypatch):
-    """On the GPU: the second and later calls of a signature launch the kept kernel (``ops.direct``), never the
+    """On the GPU: the second and later calls of a signature launch the kept kernel (``ops.launch``), never the
     JIT, for gemm_fp8 and quantize_fp8, and their results stay right."""
     from gemmlab.kernels.gemm_fp8 import gemm_fp8_tma_kernel, quantize_groups_kernel
 

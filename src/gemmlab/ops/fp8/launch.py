@@ -151,7 +151,7 @@ def kept_args(e: Fp8Entry, a, b, a_scale, b_scale, c) -> list:
 
 
 def direct_params(e: Fp8Entry, ptrs: tuple) -> list:
-    """The C launcher's parameters (``ops.direct``): ``ptrs`` the addresses of a, b, a_scale, b_scale and C; each
+    """The C launcher's parameters (``ops.launch``): ``ptrs`` the addresses of a, b, a_scale, b_scale and C; each
     descriptor encoded once per base address."""
     params, i = [], 0
     for ptr, s in zip((ptrs[0], ptrs[1], ptrs[4]), e.descs, strict=True):
@@ -165,7 +165,7 @@ def direct_params(e: Fp8Entry, ptrs: tuple) -> list:
 
 def launch_fp8(e: Fp8Entry, a, b, a_scale, b_scale, c, ptrs: tuple) -> None:
     """Launch a cached signature's kernel: through the JIT the first time (and always under the interpreter), then
-    the kept compiled kernel through Triton's C launcher (``ops.direct``), or its ``CompiledKernel.run``."""
+    the kept compiled kernel through Triton's C launcher (``ops.launch``), or its ``CompiledKernel.run``."""
     slot = e.slot
     if kept_launch.usable(slot.kept):
         if e.direct is not None:

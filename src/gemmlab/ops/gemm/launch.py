@@ -1,4 +1,4 @@
-"""The dense GEMM's launcher: runs a ``gemm_plan.Plan`` exactly as planned, reading it only.
+"""The dense GEMM's launcher: runs a ``ops.gemm.planner.Plan`` exactly as planned, reading it only.
 
     launch_gemm(a, b, out)       gemm's 2-D launcher: checks and plans once per signature (``CACHE``), then
                                  allocates C and launches the kept kernel
@@ -8,7 +8,7 @@
 
 A launch (``Launch``) is a plan's ``LaunchSpec`` with its kernel and, once compiled, the kept compiled kernel
 (``ops.launch``): later calls of the signature skip the JIT's binding, specialization and cache lookup, and go
-to Triton's C launcher itself with device addresses and TMA descriptors encoded once per buffer (``ops.direct``).
+to Triton's C launcher itself with device addresses and TMA descriptors encoded once per buffer (``ops.launch``).
 Operands the plan stages are copied into fresh 16-byte-aligned buffers per call; the split-K and stream-K
 workspace and arrival counters are kept per (device, stream), fresh inside a CUDA-graph capture.
 
@@ -212,7 +212,7 @@ def launch(L: Launch, a, b, c) -> None:
 
 
 def fire_direct(L: Launch, a, b, c, ptrs: tuple[int, int, int] | None = None) -> None:
-    """A kept launch through Triton's C launcher (``ops.direct``): addresses for pointers (``ptrs``: those of a,
+    """A kept launch through Triton's C launcher (``ops.launch``): addresses for pointers (``ptrs``: those of a,
     b and c when the caller has them), each descriptor encoded once per base address, the split-K scratch kept
     per stream."""
     d, stream, params, i = L.direct, torch._C._cuda_getCurrentRawStream(L.kept.device), [], 0

@@ -56,7 +56,7 @@ PINNED = "config given by the caller"
 class GemmConfig:
     """Launch parameters of one kernel path. ``split_k = 0`` means "choose from the shape" (tma_splitk, gemv).
     ``tail_split`` (tma_persistent): at most this many K pieces per tile of the partial last wave, the number
-    chosen from the shape (``gemm_route.tail_split_for``; a plan holds the number chosen, 0 for none).
+    chosen from the shape (``ops.gemm.route.tail_split_for``; a plan holds the number chosen, 0 for none).
     ``stage_c`` only acts where C's stride or base rules out a TMA store: C then goes out through TMA into a
     16-byte-aligned scratch C and one copy into the caller's C (M N elements read and written once more),
     instead of masked pointer stores (which spill registers at 128x256 tiles)."""

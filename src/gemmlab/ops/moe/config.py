@@ -138,8 +138,9 @@ def moe_config(
 class MoEBackwardConfig:
     """Launch parameters of the backward kernels (``dh``: kernel 1, ``dx``: kernel 3, ``wg``: 2 and 5; the dh and
     dx kernels share one tile schedule, so one BLOCK_M), and ``save_gate_up``: whether ``moe_forward`` under
-    autograd keeps the gate/up pre-activations (S, 2I) for the backward (``moe_plan.launch_forward_saving``) instead of
-    the backward recomputing them. Chosen per call from the "moe_backward" config tables (``backward_config``)."""
+    autograd keeps the gate/up pre-activations (S, 2I) for the backward (``ops.moe.plan.launch_forward_saving``)
+    instead of the backward recomputing them. Chosen per call from the "moe_backward" config tables
+    (``backward_config``)."""
 
     block_m: int = 128
     group_m: int = 8

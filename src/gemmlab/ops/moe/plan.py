@@ -388,7 +388,7 @@ def run_plan(p: MoEPlan, x, w1, w2, tw, ids, scales=None) -> tuple[torch.Tensor,
             ok = (lo >= 0) & (hi < p.e)
         else:
             ok = buf.view(torch.uint8)[p.ok_at]
-        if ok.is_cuda:  # a device-side assert (as ``moe_checks.device_check``)
+        if ok.is_cuda:  # a device-side assert (as ``ops.moe.checks.device_check``)
             torch._assert_async(ok, p.validate)
         elif not bool(ok):
             raise ValueError(p.validate)
