@@ -146,8 +146,8 @@ def inspect(names: list[str]) -> dict:
 
     from gemmlab.instruments.sass import compiled_report
     from gemmlab.kernels.gemm_fp8 import gemm_fp8_tma_kernel as kernel
+    from gemmlab.ops.fp8.plan import launch_options_fp8
     from gemmlab.ops.gemm_fp8 import constexprs_fp8
-    from gemmlab.ops.gemm_fp8_launch import launch_options_fp8
 
     out = {}
     for name, (modes, _) in VARIANTS.items():

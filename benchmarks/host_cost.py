@@ -8,7 +8,7 @@ For each case and candidate:
                 (no L2 flush between the calls inside the graph)
 Rounds alternate the candidates' order (interleaved); each figure is the median over rounds (p20/p80 kept).
 Cases: gemm vs torch.mm at M in {1, 16, 64, 256, 2048} x (N, K) pairs from 2048..7168 (and how gemmlab's call
-launched: ``gemmlab.ops.gemm.launch_mode``, "direct" on the hot path), plus a compiled pair
+launched: ``gemmlab.ops.introspect.launch_mode``, "direct" on the hot path), plus a compiled pair
 (torch.compile of one call each) at M = 16; grouped_gemm vs torch._grouped_mm and moe_forward (validate on and
 off) vs the torch composite (``gemmlab.ref.moe_composite``) at small T; gemm_fp8 (per-tensor scales, B K-major) vs
 torch._scaled_mm and quantize_fp8 (per row) vs the same torch ops, at M in FP8_M (and how gemm_fp8's call
@@ -36,8 +36,7 @@ import gemmlab
 from gemmlab.device import gpu_slug
 from gemmlab.instruments import timing
 from gemmlab.instruments.stats import quantile
-from gemmlab.ops.gemm import launch_mode
-from gemmlab.ops.introspect import fp8_launch_mode
+from gemmlab.ops.introspect import fp8_launch_mode, launch_mode
 from gemmlab.ops.moe import sort_routes
 from gemmlab.problems import MOE_MODELS, MoEModel, matrix, moe_inputs
 from gemmlab.ref import gemm_check, gemm_fp8_check, grouped_gemm_ref, moe_check, moe_composite

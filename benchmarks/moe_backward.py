@@ -165,7 +165,7 @@ def sweep_variants(d: MoEBackwardConfig) -> dict[str, tuple[str, MoEBackwardConf
 
 
 def run_sweep(model: str, tokens: int, routing: str, dtype: torch.dtype, reps: int) -> list[dict]:
-    """The backward alone (``ops.moe_backward.moe_backward``, on the gate/up the saving forward keeps; and once
+    """The backward alone (``ops.moe.backward.moe_backward``, on the gate/up the saving forward keeps; and once
     recomputing them) under each ``sweep_variants`` config: median ms of ``reps`` L2-flushed calls after a check
     of its gradients (a variant that fails or cannot compile is reported as such). Then, per factor, the fastest
     variant when it beats the default, and the config they make together (to try as a rule of the

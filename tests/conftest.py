@@ -73,7 +73,8 @@ def user_dir(tmp_path, monkeypatch):
 def no_routes(monkeypatch):
     """The planner's own path choices: the config tables' "route" rules (measured data, per GPU) ignored, so a
     test of those choices means the same on every table."""
-    from gemmlab.ops import gemm_launch, gemm_plan
+    from gemmlab.ops.gemm import launch as gemm_launch
+    from gemmlab.ops.gemm import planner as gemm_plan
 
     monkeypatch.setattr(gemm_plan, "route", lambda *args, **kw: None)
     gemm_launch.clear_cache()

@@ -21,13 +21,13 @@ fake implementations and autograd: they trace under torch.compile(fullgraph=True
     patch(model)                       swap a model's nn.Linear and Hugging Face MoE blocks for gemmlab's
     quantize_(model)                   swap Linears and gemmlab's experts for FP8 ones (patch(model, fp8=True): all)
 
-``import gemmlab`` registers the ops (``torch.ops.gemmlab.*``, from ``gemmlab.ops.custom``: torch and the argument
-checks only) and imports no kernel: names load on first use, and each op loads its launcher on its first call.
-Triton decides at a kernel's import whether it runs compiled or under its CPU interpreter (TRITON_INTERPRET=1), so
-the `gemmlab` command can still choose the interpreter on machines without CUDA. Importing it warns once
-(RuntimeWarning) when the running Triton is not the one the shipped GPU configs were tuned with, on a CUDA build
-of torch only (``gemmlab.provenance``). When transformers (>= 5) is already imported, ``import gemmlab`` also
-registers "gemmlab" in its experts interface (``experts_implementation="gemmlab"``; ``gemmlab.nn.hf_experts``),
+``import gemmlab`` registers the ops (``torch.ops.gemmlab.*``, from ``gemmlab.ops.{gemm,moe,fp8}.custom``: torch and
+the argument checks only) and imports no kernel: names load on first use, and each op loads its launcher on its
+first call. Triton decides at a kernel's import whether it runs compiled or under its CPU interpreter
+(TRITON_INTERPRET=1), so the `gemmlab` command can still choose the interpreter on machines without CUDA. Importing
+it warns once (RuntimeWarning) when the running Triton is not the one the shipped GPU configs were tuned with, on a
+CUDA build of torch only (``gemmlab.provenance``). When transformers (>= 5) is already imported, ``import gemmlab``
+also registers "gemmlab" in its experts interface (``experts_implementation="gemmlab"``; ``gemmlab.nn.hf_experts``),
 still importing no kernel; else ``gemmlab.nn.register_transformers()`` does.
 """
 
@@ -38,8 +38,9 @@ import sys
 from typing import TYPE_CHECKING
 
 from gemmlab._version import __version__ as __version__
-from gemmlab.ops import custom as _ops  # noqa: F401  (registers torch.ops.gemmlab.*; imports no kernel)
-from gemmlab.ops import custom_fp8 as _ops_fp8  # noqa: F401  (registers torch.ops.gemmlab.gemm_fp8, quantize_fp8)
+from gemmlab.ops.fp8 import custom as _ops_fp8  # noqa: F401  (registers torch.ops.gemmlab.gemm_fp8, quantize_fp8)
+from gemmlab.ops.gemm import custom as _ops_gemm  # noqa: F401  (registers torch.ops.gemmlab.gemm*; imports no kernel)
+from gemmlab.ops.moe import custom as _ops_moe  # noqa: F401  (registers the MoE ops; imports no kernel)
 from gemmlab.provenance import check_triton
 
 _EXPORTS = {

@@ -124,7 +124,7 @@ def _gamma(k: int) -> float:
 
 def _act_quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (R, C) bf16/fp16 quantized per 1x128 block by gemmlab's own quantizer (the op's activation contract; equal
-    to the torch rule, ``ops.fp8_quantize.quantize_torch``, bit for bit: tests/fp8)."""
+    to the torch rule, ``ops.fp8.quantize.quantize_torch``, bit for bit: tests/fp8)."""
     return gemmlab.quantize_fp8(x, "block", (1, FP8_SCALE_BLOCK))
 
 

@@ -10,7 +10,7 @@ import time
 import torch
 
 import gemmlab
-from gemmlab.ops.fp8_quantize import quantize_torch
+from gemmlab.ops.fp8.quantize import quantize_torch
 
 BLOCK = 128  # the 1x128 / 128x128 scale blocks of the FP8 experts
 

@@ -11,7 +11,7 @@ import triton.language as tl
 
 import gemmlab
 from gemmlab.kernels.gemm_fp8 import e4m3_of
-from gemmlab.ops.fp8_quantize import quantize_torch
+from gemmlab.ops.fp8.quantize import quantize_torch
 from gemmlab.ref import dequantize_fp8, gemm_fp8_bound, gemm_fp8_check, gemm_fp8_ref
 from tests.conftest import DEVICE
 
@@ -238,7 +238,7 @@ def test_bundled_moe_fp8_configs_load_and_share_block_m(target):
     """Every mode has a rule for every size; the two MoE GEMMs of one call (gate/up, down) get one block_m (one
     tile schedule), and block_k divides the 128-wide scale block; the GPU rules say they are untuned."""
     from gemmlab.ops import configs
-    from gemmlab.ops.moe_fp8_launch import MoEFp8Config
+    from gemmlab.ops.fp8.moe_launch import MoEFp8Config
 
     for rpe in (0, 1, 127, 128, 4096):
         picked = {

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab.ops.fp8_quantize import quantize_torch
+from gemmlab.ops.fp8.quantize import quantize_torch
 from gemmlab.ref import gemm_fp8_check
 
 pytestmark = pytest.mark.gpu

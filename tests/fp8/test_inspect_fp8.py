@@ -15,7 +15,7 @@ from triton.compiler import ASTSource
 from gemmlab.device import H200
 from gemmlab.instruments.sass import compiled_report, sass_text
 from gemmlab.kernels.gemm_fp8 import gemm_fp8_tma_kernel
-from gemmlab.ops.gemm_fp8_launch import constexprs_fp8, launch_options_fp8, plan_fp8
+from gemmlab.ops.fp8.plan import constexprs_fp8, launch_options_fp8, plan_fp8
 
 TL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 def meta(shape, dtype=torch.float8_e4m3fn):

@@ -15,9 +15,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from gemmlab.instruments.sass import compiled_report, sass_text
 from gemmlab.kernels.moe_fp8 import moe_fp8_grouped_kernel
-from gemmlab.ops.moe_config import Mode
+from gemmlab.ops.moe.config import Mode
 from gemmlab.ops import configs
-from gemmlab.ops.moe_fp8_launch import MoEFp8Config
+from gemmlab.ops.fp8.moe_launch import MoEFp8Config
 
 out = {}
 for mode in Mode:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import gemmlab
+from gemmlab.ops.fp8.moe_launch import MoEFp8Config
 from gemmlab.ops.moe_fp8 import quantize_experts
-from gemmlab.ops.moe_fp8_launch import MoEFp8Config
 from gemmlab.ref import grouped_gemm_fp8_check, moe_fp8_check
 from tests.conftest import DEVICE
 
@@ -255,8 +255,8 @@ def test_a_user_table_with_two_block_m_still_shares_one_schedule(tmp_path, monke
     configs.reload()
     try:
         from gemmlab.device import target_for
-        from gemmlab.ops.moe_config import Mode
-        from gemmlab.ops.moe_fp8_launch import moe_fp8_config
+        from gemmlab.ops.fp8.moe_launch import moe_fp8_config
+        from gemmlab.ops.moe.config import Mode
 
         target = target_for(torch.device(DEVICE))
         assert moe_fp8_config(target, Mode.DOWN, 10, 3, 128, 128).block_m == 32  # the user's table is read

@@ -7,7 +7,7 @@ import torch
 
 import gemmlab
 from gemmlab.ops import gemm as gemm_ops
-from gemmlab.ops import gemm_launch
+from gemmlab.ops.gemm import launch as gemm_launch
 from gemmlab.ref import gemm_check
 from tests.conftest import rand
 
@@ -68,7 +68,9 @@ def test_gemm_runs_exactly_the_plan(monkeypatch, user_dir, device):
     """gemm launches the path and config plan() reports, for each path (the GEMV kernel through a route rule)."""
     import json
 
-    from gemmlab.ops import configs, gemm_plan, gemm_route
+    from gemmlab.ops import configs
+    from gemmlab.ops.gemm import planner as gemm_plan
+    from gemmlab.ops.gemm import route as gemm_route
 
     monkeypatch.setattr(gemm_plan, "route", gemm_route.route)  # this test's own route rule, over the module's none
     target = "nvidia-h200" if device == "cuda" else "interpreter"

@@ -9,9 +9,9 @@ import torch
 
 import gemmlab
 from gemmlab.ops import gemm as gemm_ops
-from gemmlab.ops import gemm_launch
 from gemmlab.ops.gemm import GemmConfig
-from gemmlab.ops.gemm_route import gemv_split_for
+from gemmlab.ops.gemm import launch as gemm_launch
+from gemmlab.ops.gemm.route import gemv_split_for
 from gemmlab.ref import gemm_check
 from tests.conftest import rand
 

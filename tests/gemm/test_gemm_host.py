@@ -1,4 +1,4 @@
-"""The eager gemm call's host path, on the CPU: the direct launch (ops.direct) hands Triton's C launcher exactly
+"""The eager gemm call's host path, on the CPU: the direct launch (ops.launch) hands Triton's C launcher exactly
 what Triton's own CudaLauncher would, for every path; descriptors are encoded once per buffer; and a hot call
 (signature cached, kernel kept) stays within a bound of Python function calls, entering neither the planner
 nor the checks nor Triton. The GPU half (real launches, timings) is tests/ops/test_host_gpu.py and
@@ -7,15 +7,18 @@ benchmarks/host_cost.py."""
 import cProfile
 import dataclasses
 import inspect
+import os
 import pstats
+import sys
 import time
 
 import pytest
 import torch
 
 import gemmlab
-from gemmlab.ops import direct, gemm_launch, launch
-from gemmlab.ops.gemm_plan import choose
+from gemmlab.ops import launch
+from gemmlab.ops.gemm import launch as gemm_launch
+from gemmlab.ops.gemm.planner import choose
 from tests.conftest import rand
 
 pytestmark = pytest.mark.cpu_only("simulates the GPU's launcher on the interpreter")
@@ -104,7 +107,7 @@ def test_direct_launch_hands_the_c_launcher_what_triton_does(name, gpu_stand_in)
     runtime_args = len(gemm_launch.jit_args(L, a, b, c))
     seen = []
     L.kept = _fake_launcher(L, runtime_args, seen)
-    L.direct = direct.direct(L.kept, sum(d is not None for d in L.descs))
+    L.direct = launch.direct_launcher(L.kept, sum(d is not None for d in L.descs))
     assert L.direct is not None
     launch.run(L.kept, L.grid, gemm_launch.direct_args(L, a, b, c))  # Triton's way
     gemm_launch.fire_direct(L, a, b, c)  # ours
@@ -119,32 +122,33 @@ def test_descriptors_are_encoded_once_per_buffer(gpu_stand_in):
     p, L, a, b, c = _launch("persistent")
     runtime_args = len(gemm_launch.jit_args(L, a, b, c))
     L.kept = _fake_launcher(L, runtime_args, [])
-    L.direct = direct.direct(L.kept, 3)
+    L.direct = launch.direct_launcher(L.kept, 3)
     for _ in range(3):
         gemm_launch.fire_direct(L, a, b, c)
     assert len(encoded) == 3  # a, b and c once each
     c2 = torch.empty_like(c)
     gemm_launch.fire_direct(L, a, b, c2)
     assert len(encoded) == 4  # only the new output's descriptor
-    for _ in range(direct.MAPS_PER_OPERAND + 1):  # a new output each call: the kept maps stay bounded
+    for _ in range(launch.MAPS_PER_OPERAND + 1):  # a new output each call: the kept maps stay bounded
         gemm_launch.fire_direct(L, a, b, torch.empty_like(c))
-    assert all(len(m) <= direct.MAPS_PER_OPERAND for m in L.direct.maps)
+    assert all(len(m) <= launch.MAPS_PER_OPERAND for m in L.direct.maps)
 
 
 def test_direct_steps_aside_for_a_launcher_it_does_not_mirror():
     """Anything but Triton's CudaLauncher as this version builds it keeps the CompiledKernel.run path."""
     from triton.backends.nvidia import driver as nvidia
 
-    assert direct.direct(None, 0) is None
-    assert direct.direct(launch.Kept(lambda *a: None, 1, "p", (), 0, None), 0) is None  # not a CudaLauncher
+    assert launch.direct_launcher(None, 0) is None
+    assert launch.direct_launcher(launch.Kept(lambda *a: None, 1, "p", (), 0, None), 0) is None  # not a CudaLauncher
     run = object.__new__(nvidia.CudaLauncher)
     run.launch, run.num_ctas, run.launch_cooperative_grid, run.launch_pdl = (lambda *a: None), 1, False, False
     run.global_scratch_size, run.profile_scratch_size = 128, 0  # a kernel that needs global scratch
     meta = type("Compiled", (), {"metadata": type("Meta", (), {})()})()
-    assert direct.direct(launch.Kept(run, 1, "p", (), 0, meta), 0) is None
+    assert launch.direct_launcher(launch.Kept(run, 1, "p", (), 0, meta), 0) is None
     run.global_scratch_size = 0
-    assert direct.direct(launch.Kept(run, 1, "p", (), 0, meta), 0) is not None
-    assert direct.direct(launch.Kept(run, 1, "p", (), 0, meta), 2) is None  # descriptors but no wrapper around it
+    assert launch.direct_launcher(launch.Kept(run, 1, "p", (), 0, meta), 0) is not None
+    # descriptors but no wrapper around it
+    assert launch.direct_launcher(launch.Kept(run, 1, "p", (), 0, meta), 2) is None
 
 
 def _hot(monkeypatch, a, b, launched, out=None):
@@ -154,7 +158,7 @@ def _hot(monkeypatch, a, b, launched, out=None):
     L = e.launch
     L.kept = launch.Kept(lambda *x: None, 1234, "packed", tuple(L.consts.values()), 0, None)
     n_desc = sum(d is not None for d in L.descs)
-    L.direct = direct.Direct(
+    L.direct = launch.Direct(
         lambda *args: launched.append(len(args)),
         1234,
         "packed",
@@ -200,11 +204,39 @@ def test_a_hot_call_is_short(name, gpu_stand_in, monkeypatch, device):
         assert len(launched) == calls + 1
         entered = {f for (f, _, _) in stats.stats}
         assert not [
-            f for f in entered if f.endswith(("gemm_plan.py", "gemm_checks.py", "layout.py")) or "triton" in f
+            f
+            for f in entered
+            if f.endswith(("gemm/planner.py", "gemm/checks.py", "gemm/route.py", "gemm/staging.py", "layout.py"))
+            or "triton" in f
         ], entered
         if out is not None:
             per_call = stats.total_calls / calls
             assert per_call <= HOT_CALLS_BOUND, "\n".join([str(per_call)] + _listing(stats))
+
+
+def test_a_repeat_call_passes_through_four_ops_modules(device):
+    """The path of ``gemmlab.gemm(a, b)`` once its signature is planned, counted with ``sys.setprofile`` (gemmlab
+    frames outside ``kernels/``): ops/gemm/api.py (the public call), ops/gemm/launch.py (the signature cache's
+    launcher), ops/cache.py (the lookup) and ops/launch.py (is the call eager? then the kept kernel, or the JIT
+    under the interpreter): at most four modules, none of the checks, the planner or the layout rules."""
+    a, b = rand((37, 53)), rand((53, 29))
+    gemmlab.gemm(a, b)
+    src = os.path.dirname(gemmlab.__file__)
+    entered = set()
+
+    def profile(frame, event, arg):
+        f = frame.f_code.co_filename
+        if event == "call" and f.startswith(src):
+            entered.add(os.path.relpath(f, src).replace(os.sep, "/"))
+
+    sys.setprofile(profile)
+    try:
+        gemmlab.gemm(a, b)
+    finally:
+        sys.setprofile(None)
+    ops = {f for f in entered if not f.startswith("kernels/")}
+    assert ops == {"ops/gemm/api.py", "ops/gemm/launch.py", "ops/cache.py", "ops/launch.py"}, ops
+    assert len(ops) <= 4
 
 
 def _listing(stats) -> list[str]:
@@ -217,8 +249,8 @@ def test_the_call_bound_can_fail(gpu_stand_in, monkeypatch, device):
     a, b = rand((264, 96)), rand((96, 72))
     out = torch.empty(264, 72, dtype=a.dtype, device=device)
     _hot(monkeypatch, a, b, [], out)
-    real = direct.desc_args
-    monkeypatch.setattr(direct, "desc_args", lambda d, i, *args: (d.maps[i].clear(), real(d, i, *args))[1])
+    real = launch.desc_args
+    monkeypatch.setattr(launch, "desc_args", lambda d, i, *args: (d.maps[i].clear(), real(d, i, *args))[1])
     assert _profile(lambda: gemmlab.gemm(a, b, out=out), 20).total_calls / 20 > HOT_CALLS_BOUND
 
 
@@ -246,7 +278,7 @@ def test_host_microseconds_per_hot_call(gpu_stand_in, monkeypatch, capsys, devic
 
 
 def test_launch_mode_says_how_a_signature_launches(gpu_stand_in, monkeypatch):
-    from gemmlab.ops.gemm import launch_mode
+    from gemmlab.ops.introspect import launch_mode
 
     a, b = rand((264, 96)), rand((96, 72))
     gemm_launch.clear_cache()

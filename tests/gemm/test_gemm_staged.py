@@ -11,10 +11,11 @@ import torch
 
 import gemmlab
 from gemmlab.device import Target
-from gemmlab.ops import configs, gemm_launch
+from gemmlab.ops import configs
 from gemmlab.ops import gemm as gemm_ops
-from gemmlab.ops import gemm_staging as plan_mod
-from gemmlab.ops.gemm_staging import staged_shape, staging_decision
+from gemmlab.ops.gemm import launch as gemm_launch
+from gemmlab.ops.gemm import staging as plan_mod
+from gemmlab.ops.gemm.staging import staged_shape, staging_decision
 from gemmlab.ref import gemm_check
 from tests.conftest import rand
 

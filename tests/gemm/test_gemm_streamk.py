@@ -10,7 +10,7 @@ import torch
 
 import gemmlab
 from gemmlab.ops import gemm as gemm_ops
-from gemmlab.ops import gemm_launch
+from gemmlab.ops.gemm import launch as gemm_launch
 from gemmlab.ops.introspect import stream_k_tiles
 from gemmlab.ref import gemm_check
 from tests.conftest import rand
@@ -126,7 +126,7 @@ def test_stream_k_on_the_gpu(m, n, k, dtype, linear, device):
 
 
 def test_tail_split_arithmetic():
-    from gemmlab.ops.gemm_route import tail_split_for
+    from gemmlab.ops.gemm.route import tail_split_for
 
     assert tail_split_for(264, 132, 64, 8) == (0, 0)  # whole waves: no tail
     assert tail_split_for(320, 132, 80, 8) == (56, 2)  # 2048x5120 in 128x256: 56 tiles, 2 pieces in one round
@@ -150,7 +150,7 @@ TAIL_CASES = [
 @pytest.mark.parametrize("m,n,k,bm,bn,split", TAIL_CASES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_tail_split_is_correct_and_deterministic(m, n, k, bm, bn, split, dtype, device):
-    from gemmlab.ops.gemm_route import tail_split_for
+    from gemmlab.ops.gemm.route import tail_split_for
 
     a, b = rand((m, k), dtype), rand((n, k), dtype).t()  # nn.Linear layout
     base = gemmlab.plan(a, b, path="tma_persistent")

@@ -67,7 +67,8 @@ def test_gemm_bf16_outputs_are_correctly_rounded_on_every_path(user_dir, device)
     bit for bit (more than a tenth of C is over 256 and needs 9 or more bits). Under truncation about half of those
     would differ. (3, 29, 263) has K steps enough for the GEMV kernel to split K."""
     from gemmlab.device import target_for
-    from gemmlab.ops import configs, gemm_launch
+    from gemmlab.ops import configs
+    from gemmlab.ops.gemm import launch as gemm_launch
 
     rule = {"m": [0, 4], "tma": [0, 0], "config": {"path": "gemv"}}  # the GEMV path through this test's own rule
     (user_dir / f"{target_for(torch.device(device)).name}.json").write_text(json.dumps({"route": {"gemm": [rule]}}))

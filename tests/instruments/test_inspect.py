@@ -23,7 +23,7 @@ for (m, n, k) in ((300, 37, 64), (37, 53, 71)):  # pointer epilogue (odd N, pack
 # stage_c, through TMA into an aligned copy
 import dataclasses
 from gemmlab.device import H200
-from gemmlab.ops.gemm import choose
+from gemmlab.ops.gemm.planner import choose
 staged = plan_for(8191, 8193, 4097)
 assert staged.staged == ("a", "b"), staged
 out["staged-8191x8193x4097"] = report(staged)
@@ -158,7 +158,7 @@ DENSE_SCRIPT = r"""
 import dataclasses, json, torch
 from gemmlab.device import H200
 from gemmlab.instruments.sass import report
-from gemmlab.ops.gemm import GemmConfig, choose
+from gemmlab.ops.gemm.planner import GemmConfig, choose
 out = {}
 def linear(m, n, k, dtype=torch.float16):
     return (torch.empty((m, k), dtype=dtype, device="meta"), torch.empty((n, k), dtype=dtype, device="meta").t())

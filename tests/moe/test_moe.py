@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab.ops import grouped, moe_plan, moe_routing
 from gemmlab.ops import moe as moe_ops
-from gemmlab.ops.moe import grouped_gemm, moe_forward, pack_moe_weights, route, sort_routes
+from gemmlab.ops.moe import grouped, grouped_gemm, moe_forward, pack_moe_weights, route, sort_routes
+from gemmlab.ops.moe import plan as moe_plan
+from gemmlab.ops.moe import routing as moe_routing
 from gemmlab.problems import MoEModel
 from gemmlab.problems import moe_inputs as problem
 from gemmlab.ref import grouped_gemm_ref, moe_check, moe_fp8_check, moe_ref

@@ -1,4 +1,4 @@
-"""The fused MoE backward (gemmlab.ops.moe_backward) against torch.autograd on the float32 loop of gemmlab.ref,
+"""The fused MoE backward (gemmlab.ops.moe.backward) against torch.autograd on the float32 loop of gemmlab.ref,
 with the tolerance rule of the MoE tests (twice what torch's same-dtype loop misses, plus a few ulps of the
 largest reference value). CPU interpreter at tiny sizes (the same tests run on a GPU). Legend: T tokens,
 H hidden, I expert intermediate, E experts, k top-k, S = T*k routed rows."""
@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab.ops import moe_backward as bwd
-from gemmlab.ops import moe_plan
+from gemmlab.ops.moe import backward as bwd
+from gemmlab.ops.moe import config as moe_cfg
 from gemmlab.ops.moe import moe_forward_saving, pack_moe_weights, route, sort_routes
+from gemmlab.ops.moe import plan as moe_plan
 from gemmlab.ref import grouped_gemm_ref, mantissa_bits, moe_check, moe_ref, moe_same_dtype
 from tests.conftest import rand
 
@@ -155,7 +156,7 @@ def test_weight_grad_with_gathered_rows(p_gather, q_gather, device):
         r.token if q_gather else None,
         r.offsets,
         out,
-        bwd.MoEBackwardConfig(wg_block_m=16, wg_block_n=16, wg_block_k=16),
+        moe_cfg.MoEBackwardConfig(wg_block_m=16, wg_block_n=16, wg_block_k=16),
     )
     ps = p[r.token.long()] if p_gather else p
     qs = q[r.token.long()] if q_gather else q
@@ -220,7 +221,7 @@ def test_launches_drop_pipeline_stages_that_do_not_fit(monkeypatch, device):
     monkeypatch.setattr(bwd.kept_launch, "start", real)
     assert all(torch.equal(a, b) for a, b in zip(got, bwd.moe_backward(dy, x, w1, w2, tw, ids), strict=True))
     assert 3 in asked and 2 in asked and set(bwd.STAGES.values()) == {2}
-    never = bwd.MoEBackwardConfig(wg_stages=1)
+    never = moe_cfg.MoEBackwardConfig(wg_stages=1)
     monkeypatch.setattr(bwd.kept_launch, "start", lambda *a: (_ for _ in ()).throw(OutOfResources(1, 0, "smem")))
     with pytest.raises(OutOfResources):
         bwd.weight_grad(

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab.ops import moe_backward as bwd
-from gemmlab.ops import moe_plan
+from gemmlab.ops.moe import backward as bwd
+from gemmlab.ops.moe import plan as moe_plan
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.problems import moe_inputs as problem
 from gemmlab.ref import mantissa_bits, moe_ref, moe_same_dtype

@@ -5,9 +5,11 @@ intermediate, E experts, k top-k."""
 import pytest
 import torch
 
-from gemmlab.ops import cache, dispatch, moe_plan
+from gemmlab.ops import cache, launch
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops.moe import moe_forward
+from gemmlab.ops.moe import plan as moe_plan
+from gemmlab.ops.moe import steps as moe_steps
 from gemmlab.ref import moe_check
 from tests.moe.test_moe import _r, _routing, _weights
 
@@ -23,8 +25,8 @@ def test_a_hit_skips_the_checks_and_gives_the_same_y(plans, monkeypatch, device)
     w1, w2 = _weights(4, 48, 40, torch.float16, device=device)
     wts, ids = _routing(9, 4, 2, device=device)
     checks = []
-    real = moe_plan.check_moe_args
-    monkeypatch.setattr(moe_plan, "check_moe_args", lambda *a: checks.append(1) or real(*a))
+    real = moe_steps.check_moe_args
+    monkeypatch.setattr(moe_steps, "check_moe_args", lambda *a: checks.append(1) or real(*a))
     first = moe_forward(x, w1, w2, wts, ids)
     assert moe_check(first, x, w1, w2, wts, ids)["ok"] and len(plans) == 1 and len(checks) == 1
     for _ in range(2):
@@ -107,7 +109,7 @@ def test_scratch_regions_are_aligned_and_disjoint(plans, device):
     ends = []
     for r in p.regions:
         size = (r.shape[0] * r.strides[0] if r.shape[0] else 0) * torch.empty((), dtype=r.dtype).element_size()
-        assert r.offset % moe_plan.ALIGN == 0, r
+        assert r.offset % moe_steps.ALIGN == 0, r
         ends.append((r.offset, r.offset + size))
     assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:], strict=False)) and ends[-1][1] <= p.nbytes
     act = next(r for r in p.regions if r.name == "act")
@@ -137,7 +139,7 @@ def test_eager_autograd_path_matches_the_custom_op(plans, save, device):
         got.append((y.detach(), x.grad, w1.grad, w2.grad, wts.grad))
     for a, b in zip(*got, strict=True):
         assert torch.equal(a, b)
-    assert dispatch.eager(x0) and not dispatch.eager(torch.nn.Parameter(x0).as_subclass(_Sub))
+    assert launch.eager(x0) and not launch.eager(torch.nn.Parameter(x0).as_subclass(_Sub))
 
 
 class _Sub(torch.Tensor):

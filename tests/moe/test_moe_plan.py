@@ -1,4 +1,4 @@
-"""The MoE forward's one plan (``ops.moe_plan``): the plain, gate/up-saving and FP8 bodies are options of one plan
+"""The MoE forward's one plan (``ops.moe.plan``): the plain, gate/up-saving and FP8 bodies are options of one plan
 per signature, in one bounded LRU cache. Every option right against ``gemmlab.ref`` with every buffer the launcher
 allocates NaN-poisoned (gather variants, T = 0, H = 0, I = 0 bodies included); one full argument check per new
 signature and option, a cheap ids re-check on hits; the plans bounded over many token counts; the modules a
@@ -12,7 +12,11 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab.ops import cache, moe_backward, moe_fp8_launch, moe_plan, moe_routing
+from gemmlab.ops import cache
+from gemmlab.ops.fp8 import moe_launch as moe_fp8_launch
+from gemmlab.ops.moe import backward as moe_backward
+from gemmlab.ops.moe import plan as moe_plan
+from gemmlab.ops.moe import routing as moe_routing
 from gemmlab.ref import moe_check, moe_fp8_check
 from tests.moe.test_moe import _r, _routing, _weights
 
@@ -169,10 +173,11 @@ def test_plans_stay_bounded_over_many_token_counts(monkeypatch, device):
     assert "moe_forward" in known
 
 
-def test_a_repeat_call_passes_through_four_ops_modules_and_the_cache(plans, device):
-    """The path of ``moe_forward(x)`` once its signature is planned: ops/moe.py (the public call), ops/dispatch.py
-    (is it eager?), ops/cache.py (the plan's lookup), ops/moe_plan.py (its launches) and ops/launch.py (the kept
-    kernel's launcher), then the kernels; no argument check, no routing or grouped-launch module."""
+def test_a_repeat_call_passes_through_four_ops_modules(plans, device):
+    """The path of ``moe_forward(x)`` once its signature is planned: ops/moe/api.py (the public call), ops/cache.py
+    (the plan's lookup), ops/moe/plan.py (its launches) and ops/launch.py (is the call eager? then the kept
+    kernel's launcher), then the kernels: at most four modules; no argument check, no routing or grouped-launch
+    module."""
     x, w1, w2, wts, ids = _bf16_problem(5, 32, 16, 4, 2, device)
     gemmlab.moe_forward(x, w1, w2, wts, ids)
     src = os.path.dirname(gemmlab.__file__)
@@ -189,7 +194,8 @@ def test_a_repeat_call_passes_through_four_ops_modules_and_the_cache(plans, devi
     finally:
         sys.setprofile(None)
     ops = {f for f in entered if not f.startswith("kernels/")}
-    assert ops == {"ops/moe.py", "ops/dispatch.py", "ops/cache.py", "ops/moe_plan.py", "ops/launch.py"}, ops
+    assert ops == {"ops/moe/api.py", "ops/cache.py", "ops/moe/plan.py", "ops/launch.py"}, ops
+    assert len(ops) <= 4
 
 
 def test_fp8_scales_alignment_is_part_of_the_signature(plans, device):

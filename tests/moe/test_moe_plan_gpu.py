@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab.ops import moe_plan
+from gemmlab.ops.moe import plan as moe_plan
 from gemmlab.problems import MOE_MODELS
 from gemmlab.problems import moe_inputs as problem
 from gemmlab.ref import moe_check, moe_fp8_check

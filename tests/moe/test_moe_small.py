@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from gemmlab.device import Target
-from gemmlab.ops import configs, moe_plan
+from gemmlab.ops import configs
 from gemmlab.ops import moe as moe_ops
 from gemmlab.ops.moe import MoEConfig, moe_choice, moe_forward
-from gemmlab.ops.moe_config import fit_stages
+from gemmlab.ops.moe import plan as moe_plan
+from gemmlab.ops.moe.config import fit_stages
 from gemmlab.ref import moe_check, moe_ref
 from tests.child import no_interpreter_env
 

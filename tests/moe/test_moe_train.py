@@ -14,8 +14,9 @@ import torch
 
 import gemmlab
 import gemmlab.nn as gnn
+from gemmlab.device import target_for
 from gemmlab.ops import configs
-from gemmlab.ops import moe_backward as bwd
+from gemmlab.ops.moe import config as moe_cfg
 from tests.conftest import rand
 
 # Tensor methods that read a value on the host (a device sync on a GPU) or whose output size depends on values
@@ -45,7 +46,7 @@ def _from_gemmlab(t=None) -> str | None:
     name = frame.f_globals.get("__name__", "")
     if (
         (name, frame.f_code.co_name)
-        in (("gemmlab.ops.moe_checks", "device_check"), ("gemmlab.ops.moe_plan", "run_plan"))
+        in (("gemmlab.ops.moe.checks", "device_check"), ("gemmlab.ops.moe.plan", "run_plan"))
         and isinstance(t, torch.Tensor)
         and not t.is_cuda
     ):
@@ -116,7 +117,7 @@ def test_a_training_step_reads_nothing_on_the_host(monkeypatch, user_dir, save, 
     """nn.MoE forward + backward + SGD step, with gate/up kept (the default) and recomputed, and the grouped
     GEMM's and route's backward: no gemmlab frame reads a tensor on the host."""
     if not save:
-        (user_dir / f"{bwd.target_for(torch.device(device)).name}.json").write_text(
+        (user_dir / f"{target_for(torch.device(device)).name}.json").write_text(
             json.dumps({"moe_backward": {"fused": [{"config": {"save_gate_up": False}}]}})
         )
         configs.reload()
@@ -156,12 +157,12 @@ def test_host_read_guard_fires(monkeypatch, device):
     with NoHostReads(monkeypatch):
         exec("t[1:3]", probe)  # a slice is no host read
     if device == "cpu":  # the CPU branch of the device check reads its flag (on a GPU: torch._assert_async) ...
-        from gemmlab.ops.moe_checks import device_check
+        from gemmlab.ops.moe.checks import device_check
 
         with NoHostReads(monkeypatch):
             device_check(torch.ones((), dtype=torch.bool), "")
-        probe = {"__name__": "gemmlab.ops.moe_checks", "t": torch.ones((), dtype=torch.bool)}
-        with NoHostReads(monkeypatch), pytest.raises(AssertionError, match="__bool__ from gemmlab.ops.moe_checks"):
+        probe = {"__name__": "gemmlab.ops.moe.checks", "t": torch.ones((), dtype=torch.bool)}
+        with NoHostReads(monkeypatch), pytest.raises(AssertionError, match="__bool__ from gemmlab.ops.moe.checks"):
             exec("bool(t)", probe)  # ... and only that branch: the same read elsewhere in the module raises
 
 
@@ -207,8 +208,8 @@ def test_moe_forward_keeps_gate_up_as_the_tables_say(user_dir, device):
     )
     configs.reload()
     assert kind() == "MoEForwardBackward" and kind(save_gate_up=True) == "MoEForwardSavingBackward"
-    cfg = bwd.backward_config(bwd.target_for(x.device), 12, 4, dtype=x.dtype, n=16, k=32)
-    assert cfg == bwd.MoEBackwardConfig(save_gate_up=False)  # the fields a rule leaves out: the defaults
+    cfg = moe_cfg.backward_config(target_for(x.device), 12, 4, dtype=x.dtype, n=16, k=32)
+    assert cfg == moe_cfg.MoEBackwardConfig(save_gate_up=False)  # the fields a rule leaves out: the defaults
 
 
 @pytest.mark.parametrize(
@@ -224,7 +225,7 @@ def test_a_bad_backward_rule_is_refused_naming_the_file(user_dir, rule, words, d
     (user_dir / "interpreter.json").write_text(json.dumps({"moe_backward": {"fused": [rule]}}))
     configs.reload()
     with pytest.raises(ValueError) as e:
-        bwd.backward_config(bwd.target_for(torch.device(device)), 12, 4)
+        moe_cfg.backward_config(target_for(torch.device(device)), 12, 4)
     assert str(user_dir / "interpreter.json") in str(e.value) and words in str(e.value), str(e.value)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab.ops.scores import route_scores as route_impl
+from gemmlab.ops.moe.scores import route_scores as route_impl
 from gemmlab.ref import gemm_check, gemm_ref, grouped_gemm_ref, mantissa_bits, moe_ref, moe_same_dtype
 from tests.conftest import rand
 

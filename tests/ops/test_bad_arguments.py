@@ -10,10 +10,10 @@ import torch
 
 import gemmlab
 from gemmlab.nn import Linear, MoE, MoEExperts
-from gemmlab.ops.gemm_fp8_launch import Fp8Config
+from gemmlab.ops.fp8.moe_launch import MoEFp8Config
+from gemmlab.ops.fp8.plan import Fp8Config
 from gemmlab.ops.moe import MoEConfig
-from gemmlab.ops.moe_backward import MoEBackwardConfig
-from gemmlab.ops.moe_fp8_launch import MoEFp8Config
+from gemmlab.ops.moe.config import MoEBackwardConfig
 from tests.conftest import DEVICE
 
 F16 = torch.float16

@@ -21,7 +21,7 @@ import torch
 
 import gemmlab
 from gemmlab.ops import cache
-from gemmlab.ops.fp8_quantize import quantize_torch
+from gemmlab.ops.fp8.quantize import quantize_torch
 from gemmlab.ref import gemm_check, gemm_fp8_check
 from tests.conftest import DEVICE, rand
 from tests.paths import REPO
@@ -132,7 +132,9 @@ def test_ten_thousand_signatures_leave_every_cache_within_its_bound():
 def test_the_check_sees_a_cache_that_is_not_bounded():
     """The container scan sees a module-level dict of gemmlab.ops (a cache not made with ``cache.bounded``) past the
     bound, and the bounded caches and functools caches as well."""
-    from gemmlab.ops import gemm_launch, launch, moe_config  # noqa: F401  (loaded, so the scan sees them)
+    from gemmlab.ops import launch  # noqa: F401  (loaded, so the scan sees them)
+    from gemmlab.ops.gemm import launch as gemm_launch  # noqa: F401
+    from gemmlab.ops.moe import config as moe_config  # noqa: F401  (loaded, so the scan sees them)
 
     before = _containers()
     launch.UNBOUNDED_PROBE = {i: i for i in range(BOUND + 1)}
@@ -142,13 +144,15 @@ def test_the_check_sees_a_cache_that_is_not_bounded():
         del launch.UNBOUNDED_PROBE
     name = "gemmlab.ops.launch.UNBOUNDED_PROBE"
     assert name not in before and after[name] > BOUND
-    assert "gemmlab.ops.gemm_launch.CACHE" in after and "gemmlab.ops.moe_config.fit_stages" in after  # (seen too)
+    assert "gemmlab.ops.gemm.launch.CACHE" in after and "gemmlab.ops.moe.config.fit_stages" in after  # (seen too)
 
 
 @pytest.fixture
 def small_caches():
     """Every cache bounded to 2 entries for the test (each made first), its own bound and nothing left after."""
-    from gemmlab.ops import fp8_quantize, gemm_fp8_launch, gemm_launch  # noqa: F401  (their caches made)
+    from gemmlab.ops.fp8 import launch as gemm_fp8_launch  # noqa: F401  (their caches made)
+    from gemmlab.ops.fp8 import quantize as fp8_quantize  # noqa: F401  (their caches made)
+    from gemmlab.ops.gemm import launch as gemm_launch  # noqa: F401
 
     sizes = {name: c.size for name, c in cache.caches().items()}
     cache.set_size(2)

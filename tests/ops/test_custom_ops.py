@@ -344,8 +344,8 @@ def test_direct_launch_arguments_are_the_jit_bindings(shape, path, split, device
     import dataclasses
     import inspect
 
-    from gemmlab.ops import gemm_launch as gemm_ops
-    from gemmlab.ops.gemm_plan import choose
+    from gemmlab.ops.gemm import launch as gemm_ops
+    from gemmlab.ops.gemm.planner import choose
     from gemmlab.ops.launch import HostDesc, constexpr_tail
 
     m, n, k = shape
@@ -381,7 +381,7 @@ def test_cached_direct_launch_path_end_to_end(monkeypatch, device):
 
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from gemmlab.ops import gemm_launch as gemm_ops
+    from gemmlab.ops.gemm import launch as gemm_ops
     from gemmlab.ops.launch import HostDesc, Kept, constexpr_tail
 
     calls = []
@@ -485,7 +485,8 @@ def test_direct_launch_switch(monkeypatch):
 
 
 def test_config_reload_clears_the_signature_cache():
-    from gemmlab.ops import configs, gemm_launch
+    from gemmlab.ops import configs
+    from gemmlab.ops.gemm import launch as gemm_launch
 
     a, b = rand((8, 16)), rand((16, 24))
     gemmlab.gemm(a, b)

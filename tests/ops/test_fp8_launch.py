@@ -1,6 +1,6 @@
 """gemm_fp8's and quantize_fp8's launch (issue 30): a frozen plan per signature in a bounded cache, every check once
 per signature and only out's overlap after that, the compiled kernel kept after its first launch and launched
-directly (``ops.launch`` / ``ops.direct``), as ``gemm`` does.
+directly (``ops.launch``), as ``gemm`` does.
 
 Under the interpreter nothing is compiled, so launches stay with the JIT; the kept path's arguments are checked
 here by a stand-in ``keep`` whose "compiled kernel" runs the kernel through the JIT with the arguments the kept
@@ -14,8 +14,9 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import gemmlab
-from gemmlab.ops import fp8_quantize, introspect, launch
-from gemmlab.ops import gemm_fp8_launch as fp8
+from gemmlab.ops import introspect, launch
+from gemmlab.ops.fp8 import launch as fp8
+from gemmlab.ops.fp8 import quantize as fp8_quantize
 from gemmlab.ref import gemm_fp8_check
 from tests.conftest import DEVICE
 
@@ -135,7 +136,7 @@ def test_quantize_plans_once_and_bad_arguments_still_fail(fresh, monkeypatch):
 
 @pytest.mark.gpu
 def test_only_a_signatures_first_call_enters_the_jit(fresh, monkeypatch):
-    """On the GPU: the second and later calls of a signature launch the kept kernel (``ops.direct``), never the
+    """On the GPU: the second and later calls of a signature launch the kept kernel (``ops.launch``), never the
     JIT, for gemm_fp8 and quantize_fp8, and their results stay right."""
     from gemmlab.kernels.gemm_fp8 import gemm_fp8_tma_kernel, quantize_groups_kernel
 
@@ -207,7 +208,7 @@ def test_the_direct_launch_hands_the_c_launcher_what_triton_does(fresh, gpu_stan
     import cProfile
     import pstats
 
-    from gemmlab.ops import direct
+    from gemmlab.ops import launch as direct
 
     qa, qb, sa, sb = _operands(5, n, 32)
     out = torch.empty(5, n, dtype=torch.bfloat16, device=DEVICE)
@@ -217,7 +218,7 @@ def test_the_direct_launch_hands_the_c_launcher_what_triton_does(fresh, gpu_stan
     seen = []
     runtime_args = len(fp8.jit_args(e, qa, qb, sa, sb, out))
     e.slot.kept = _fake_launcher(e, runtime_args, seen)
-    e.direct = direct.direct(e.slot.kept, sum(s is not None for s in e.descs))
+    e.direct = direct.direct_launcher(e.slot.kept, sum(s is not None for s in e.descs))
     assert e.direct is not None
     launch.run(e.slot.kept, e.slot.grid, fp8.kept_args(e, qa, qb, sa, sb, out))  # Triton's way
     ptrs = tuple(t.data_ptr() for t in (qa, qb, sa, sb, out))
@@ -239,6 +240,6 @@ def test_the_direct_launch_hands_the_c_launcher_what_triton_does(fresh, gpu_stan
     assert not [
         (f, fn)
         for f, fn in entered
-        if fn in checks or "triton" in f or f.endswith(("gemm_checks.py", "layout.py", "configs.py"))
+        if fn in checks or "triton" in f or f.endswith(("gemm/checks.py", "layout.py", "configs.py"))
     ], entered
     assert introspect.fp8_launch_mode(qa, qb, sa, sb, torch.bfloat16, out) == "direct"

@@ -11,9 +11,11 @@ import torch
 
 import gemmlab
 from gemmlab.instruments import timing
-from gemmlab.ops import gemm_launch, moe_plan, moe_routing
-from gemmlab.ops.gemm import launch_mode
+from gemmlab.ops.gemm import launch as gemm_launch
+from gemmlab.ops.introspect import launch_mode
+from gemmlab.ops.moe import plan as moe_plan
 from gemmlab.ops.moe import route_kind, sort_routes
+from gemmlab.ops.moe import routing as moe_routing
 from gemmlab.problems import MOE_MODELS, MoEModel
 from gemmlab.problems import moe_inputs as problem
 from gemmlab.ref import gemm_check, grouped_gemm_ref, moe_check
@@ -56,7 +58,7 @@ def test_direct_launches_keep_descriptors_per_buffer_and_stay_right():
     """The hot path's descriptor cache: the weight's descriptor is encoded once; outputs held alive (a new
     address every call) churn the cache within its bound and every result stays right; two streams launching the
     same split-K GEMM back to back each use their own workspace and counters."""
-    from gemmlab.ops import direct
+    from gemmlab.ops import launch as direct
 
     a, b = rand((16, 4096)), rand((4096, 4096))
     gemm_launch.clear_cache()

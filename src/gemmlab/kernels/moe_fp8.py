@@ -12,7 +12,7 @@ tile and adds it, scaled by sa[row] * sw[n-block], to the fp32 sum; in MODE 1 Si
 the two sums. The rows, tile schedule and walk are those of ``kernels.moe`` (``tile_of_item``): rows of a tile that
 belong to the next group are computed and never stored (masked stores); TMA zero-fills past K and past the last
 row; the stores round to nearest even (``kernels.gemm.narrow``, under the CPU interpreter too).
-Launchers: ``gemmlab.ops.moe_fp8_launch``.
+Launchers: ``gemmlab.ops.fp8.moe_launch``.
 """
 
 import triton

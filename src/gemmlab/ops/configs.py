@@ -15,8 +15,8 @@ A file: ``{"about": "...", "triton": "3.6.0", "staging": {...}, "route": {"gemm"
 [rule, ...]}, "moe": {mode: [rule, ...]}, "moe_backward": {"fused": [rule, ...]}}`` ("triton": the version its
 rules were tuned with; "staging": the constants of the staging cost rule, ``staging()``, the user's keys over the
 bundled ones; "route": which kernel path a GEMM takes, ``{"config": {"path": ...}}`` per rule, ranged over m, n, k
-and "tma" (1: A and B are TMA-aligned as given, 0: not), ``gemmlab.ops.gemm_route``; "moe_backward": the MoE
-backward's tiles and whether the autograd forward keeps gate/up, ``gemmlab.ops.moe_backward``); a rule:
+and "tma" (1: A and B are TMA-aligned as given, 0: not), ``gemmlab.ops.gemm.route``; "moe_backward": the MoE
+backward's tiles and whether the autograd forward keeps gate/up, ``gemmlab.ops.moe.backward``); a rule:
 ``{"m": [lo, hi], ..., "dtype": "bfloat16", "config": {...}, "tuned": {...}, "note": "..."}``. Range keys
 per section are in ``SECTIONS`` (bounds inclusive integers; a key left out matches anything); ``dtype``
 optional; ``config`` the fields of the section's config dataclass that differ from its defaults.
@@ -44,7 +44,7 @@ SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "route": (("gemm",), ("m", "n", "k", "tma")),
     "gemm": (("tma_persistent", "tma_splitk", "gemv", "portable"), ("m", "n", "k")),
     "moe": (("grouped", "gate_up", "down"), ("rows_per_expert", "group_bound", "rows", "experts", "n", "k")),
-    "moe_backward": (("fused",), ("rows_per_expert", "rows", "experts", "n", "k")),  # ops.moe_backward
+    "moe_backward": (("fused",), ("rows_per_expert", "rows", "experts", "n", "k")),  # ops.moe.backward
     "gemm_fp8": (("tma",), ("m", "n", "k", "scale")),  # ops.gemm_fp8; scale: 0 per tensor, 1 row/col, 2 block
     "moe_fp8": (("grouped", "gate_up", "down"), ("rows_per_expert", "rows", "experts", "n", "k")),  # ops.moe_fp8
 }
@@ -52,7 +52,7 @@ DTYPES = ("float16", "bfloat16")
 _META_KEYS = ("config", "dtype", "tuned", "note")
 _TOP_KEYS = ("about", "triton", "staging", *SECTIONS)  # "triton": the version the rules were tuned with
 # "staging": the cost model that decides whether a GEMM whose A or B TMA cannot describe is copied into
-# 16-byte-aligned buffers (``gemmlab.ops.gemm_staging.staging_decision``); every key a number >= 0
+# 16-byte-aligned buffers (``gemmlab.ops.gemm.staging.staging_decision``); every key a number >= 0
 STAGING_KEYS = ("flops_per_s", "dram_bytes_per_s", "copy_fixed_s", "max_copy_fraction", "note")
 
 

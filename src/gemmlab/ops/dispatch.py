@@ -1,7 +1,5 @@
-"""When a public op may skip the ``torch.ops.gemmlab`` dispatcher (torch only, no kernel).
+"""The ``torch.ops.gemmlab`` dispatcher's side of the public ops (torch only, no kernel).
 
-    direct(*tensors)     eager, plain tensors, no dispatch mode or functorch transform, no autograd needed
-    eager(*tensors)      ``direct`` but for the gradient: an autograd.Function may serve the call
     refuse_neg_out(op, out)   an out with the negative bit (``torch._neg_view``) is refused
     refuse_neg_fp8(op, **named)   e4m3 operands with the negative bit are refused (torch has no e4m3 negation)
     need_tensors(op, **named)     one TypeError naming an argument that is not a tensor (before a custom op, whose
@@ -11,11 +9,12 @@
     refuse_grad_out(op, out, *inputs)   out= runs outside autograd: refuse it where a gradient is wanted
     unit(t)              a gradient with no unit-stride dim made contiguous for the kernels
 
-A plain eager call with no grad goes straight to the launcher, so it does not pay the dispatcher's and the
-autograd wrapper's host cost; everything else goes through the custom ops (``ops.custom``). A tensor with the
-negative bit (a lazily negated view, ``torch._neg_view``: its memory holds -x) is not plain: the kernels read raw
-memory, so such inputs go through the dispatcher, whose Negative fallback materializes them first (the conjugate bit
-exists only on complex tensors, which every op refuses by dtype). An ``out`` with the negative bit cannot be written
+Whether a call may skip the dispatcher at all (``direct``, ``eager``) is the first step of the launch path, in
+``ops.launch``; this module is the dispatcher's side: what the custom ops (``ops.gemm.custom``, ``ops.moe.custom``,
+``ops.fp8.custom``) and the public calls refuse or fix up before it. A tensor with the negative bit (a lazily
+negated view, ``torch._neg_view``: its memory holds -x) is not plain: the kernels read raw memory, so such inputs go
+through the dispatcher, whose Negative fallback materializes them first (the conjugate bit exists only on complex
+tensors, which every op refuses by dtype). An ``out`` with the negative bit cannot be written
 through that fallback: the public ops refuse it (``refuse_neg_out``); nor can e4m3 data be (torch implements no
 negation for float8_e4m3fn), so the FP8 ops refuse it with one line before the dispatcher (``refuse_neg_fp8``).
 """
@@ -25,30 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 compiling = torch.compiler.is_compiling
-_dispatch_modes = torch._C._len_torch_dispatch_stack
-_functorch = torch._C._are_functorch_transforms_active
-
-
-def direct(*tensors) -> bool:
-    """True when a call may skip the dispatcher: eager (not traced), plain tensors, no dispatch mode or functorch
-    transform active, and no autograd needed."""
-    if compiling() or _dispatch_modes() or _functorch():
-        return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad) or t.is_neg()):
-            return False
-    return True
-
-
-def eager(*tensors) -> bool:
-    """True when a call that needs autograd may still skip the dispatcher (``direct`` but for the gradient): an
-    autograd.Function with the custom op's formula serves it."""
-    if compiling() or _dispatch_modes() or _functorch():
-        return False
-    return all(t is None or (type(t) in _PLAIN and not t.is_neg()) for t in tensors)
 
 
 def refuse_neg_out(op: str, out: object) -> None:

@@ -3,9 +3,9 @@
     C (M, N) = (A * a_scale) @ (B * b_scale)     A (M, K), B (K, N) float8_e4m3fn; scales fp32; fp32 accumulation
     (q, scale) = quantize_fp8(x, granularity)    x ~= q * scale; per tensor, row, column or block
 
-Each call checks its operands, then goes to the launchers (``ops.gemm_fp8_launch``: planner, config, kernel launch;
-``ops.fp8_quantize``: the quantizer) directly when eager, or through the ``torch.ops.gemmlab`` custom ops
-(``ops.custom_fp8``) when traced or under a dispatch mode. Scales, layouts and the alignment rule: the launch
+Each call checks its operands, then goes to the launchers (``ops.fp8.launch``: planner, config, kernel launch;
+``ops.fp8.quantize``: the quantizer) directly when eager, or through the ``torch.ops.gemmlab`` custom ops
+(``ops.fp8.custom``) when traced or under a dispatch mode. Scales, layouts and the alignment rule: the launch
 module's docstring and docs/fp8.md.
 """
 
@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from gemmlab.ops import custom_fp8, dispatch
-from gemmlab.ops.fp8_checks import fp8_out_dtype
-from gemmlab.ops.fp8_quantize import launch_quantize_fp8
-from gemmlab.ops.gemm_fp8_launch import Fp8Config, Fp8Plan, constexprs_fp8, execute_fp8, launch_gemm_fp8, plan_fp8
+from gemmlab.ops import dispatch, launch
+from gemmlab.ops.fp8 import custom as custom_fp8
+from gemmlab.ops.fp8.checks import fp8_out_dtype
+from gemmlab.ops.fp8.launch import launch_gemm_fp8
+from gemmlab.ops.fp8.plan import Fp8Config, Fp8Plan, constexprs_fp8, execute_fp8, plan_fp8
+from gemmlab.ops.fp8.quantize import launch_quantize_fp8
 
 __all__ = ["Fp8Config", "Fp8Plan", "constexprs_fp8", "execute_fp8", "gemm_fp8", "plan_fp8", "quantize_fp8"]
 
@@ -35,12 +37,12 @@ def gemm_fp8(
     float8_e4m3fn (b row-major or K-major, e.g. ``q.t()`` of a quantized nn.Linear weight); fp32 scales per tensor
     (), per row/column (M, 1) and (1, N), or block (M, cdiv(K, 128)) and (cdiv(K, 128), cdiv(N, 128)). ``out``
     (M, N) row-major in out_dtype, if given, is written and returned. No autograd. Alignment: K % 16 == 0 (and
-    N % 16 == 0 for a row-major b), else ValueError (``ops.gemm_fp8_launch``). A ``torch.library`` custom op
-    (``torch.ops.gemmlab.gemm_fp8``) under torch.compile; see ``gemmlab.ops.custom_fp8``."""
+    N % 16 == 0 for a row-major b), else ValueError (``ops.fp8.launch``). A ``torch.library`` custom op
+    (``torch.ops.gemmlab.gemm_fp8``) under torch.compile; see ``gemmlab.ops.fp8.custom``."""
     out_dtype = fp8_out_dtype("gemm_fp8", out_dtype, out, torch.bfloat16)
     dispatch.refuse_neg_out("gemm_fp8", out)
     dispatch.refuse_neg_fp8("gemm_fp8", a=a, b=b)
-    if dispatch.direct(a, b, a_scale, b_scale, out):
+    if launch.direct(a, b, a_scale, b_scale, out):
         return launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out)
     dispatch.need_tensors("gemm_fp8", a=a, b=b, a_scale=a_scale, b_scale=b_scale)
     if out is None:
@@ -57,7 +59,7 @@ def quantize_fp8(
     ``granularity`` ("tensor" (), "row" (M, 1), "col" (1, N), "block" over ``block`` = (rows, cols)); x bf16, fp16
     or fp32 (any shape for "tensor", else 2-D). No autograd. A ``torch.library`` custom op
     (``torch.ops.gemmlab.quantize_fp8``) under torch.compile."""
-    if dispatch.direct(x):
+    if launch.direct(x):
         return launch_quantize_fp8(x, granularity, block)
     dispatch.need_tensors("quantize_fp8", x=x)
     return custom_fp8.quantize_fp8(x, granularity, list(block) if isinstance(block, tuple) else block)

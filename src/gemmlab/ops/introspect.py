@@ -23,10 +23,10 @@ Every op:
 from __future__ import annotations
 
 from gemmlab.kernels.moe import moe_grouped_kernel as grouped_kernel
-from gemmlab.ops import gemm_fp8_launch, gemm_launch, grouped
 from gemmlab.ops.cache import caches
-from gemmlab.ops.gemm import launch_mode
-from gemmlab.ops.gemm_fp8_launch import (
+from gemmlab.ops.fp8 import launch as gemm_fp8_launch
+from gemmlab.ops.fp8.launch import launch_mode as fp8_launch_mode
+from gemmlab.ops.fp8.plan import (
     Fp8Config,
     Fp8Plan,
     constexprs_fp8,
@@ -34,13 +34,16 @@ from gemmlab.ops.gemm_fp8_launch import (
     launch_options_fp8,
     plan_fp8,
 )
-from gemmlab.ops.gemm_fp8_launch import launch_mode as fp8_launch_mode
-from gemmlab.ops.gemm_launch import KERNELS, counters
-from gemmlab.ops.gemm_plan import choose, constexprs, launch_options, stream_k_tiles
-from gemmlab.ops.gemm_staging import staging_decision
-from gemmlab.ops.grouped import epilogue_flags, launch_config
+from gemmlab.ops.gemm import launch as gemm_launch
+from gemmlab.ops.gemm.api import launch_mode
+from gemmlab.ops.gemm.launch import KERNELS, counters
+from gemmlab.ops.gemm.planner import choose
+from gemmlab.ops.gemm.spec import constexprs, launch_options, stream_k_tiles
+from gemmlab.ops.gemm.staging import staging_decision
 from gemmlab.ops.layout import padded_k
-from gemmlab.ops.moe_config import moe_config
+from gemmlab.ops.moe import grouped
+from gemmlab.ops.moe.config import moe_config
+from gemmlab.ops.moe.grouped import epilogue_flags, launch_config
 
 LAUNCHED = (*KERNELS, "gemm_fp8", "grouped")  # the names ``last_kernel`` knows
 

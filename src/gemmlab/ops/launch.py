@@ -7,6 +7,32 @@ the first launch is kept and later launches call its launcher (``CompiledKernel.
 (grid, stream, function, metadata, hooks) and then every parameter in order, constexprs included (the launcher
 skips them), as the JIT itself does. Under the CPU interpreter, with a launch hook set (profilers), on another
 device than the kernel was loaded on, or with GEMMLAB_DIRECT_LAUNCH=0, every launch goes through the JIT.
+
+Three steps of the one launch path every op takes:
+
+    direct(*tensors), eager(*tensors)   may an eager call skip the ``torch.library`` dispatcher (torch only)
+    keep, usable, run, start, fire      kept compiled kernels, launched through ``CompiledKernel.run``
+    direct_launcher, desc_args, fire_launcher   Triton's C launcher called directly (below)
+
+A plain eager call with no grad goes straight to the launcher, so it does not pay the dispatcher's and the
+autograd wrapper's host cost; everything else goes through the custom ops (``ops.*.custom``, with the rest of the
+dispatcher's side in ``ops.dispatch``). A tensor with the negative bit (``torch._neg_view``) is not plain: the
+kernels read raw memory, so such inputs go through the dispatcher, whose Negative fallback materializes them first.
+
+**The C launcher.** A kept kernel launched through Triton's C launcher itself, its TMA descriptors encoded once per
+buffer. On every call, ``CompiledKernel.run`` (Triton 3.6's ``CudaLauncher``) allocates global and profile scratch
+when the kernel needs some, then its ``wrap_handle_tensordesc`` wrapper walks every argument in Python and encodes
+each host TMA descriptor (``make_tensordesc_arg``: a ``cuTensorMapEncodeTiled`` call), then calls the C launcher,
+which asks the driver about every tensor it is handed as a pointer (``cuPointerGetAttribute``). A ``Direct`` does
+what those layers do for one launch whose argument layout is fixed (the signature cache's key fixes it): pointers go
+as addresses, and each encoded descriptor is kept per base address. A descriptor is a pure function of its base
+address, shape, strides, block, dtype and swizzle, so the one encoded for an address serves every later call on it:
+a weight's always, an activation's or an output's whenever the caching allocator hands the block back.
+
+    direct_launcher(kept, n_desc) -> Direct | None   None (keep ``CompiledKernel.run``) where the compiled kernel
+                                              is not what this mirrors: another launcher, scratch memory, an odd wrapper
+    desc_args(d, i, base, shape, strides)     the launcher's arguments for descriptor ``i`` at address ``base``
+    fire_launcher(d, grid, stream, params)    launch: params are the runtime arguments, descriptors expanded
 """
 
 from __future__ import annotations
@@ -17,11 +43,38 @@ from dataclasses import dataclass
 
 import torch
 from triton import knobs
+from triton.backends.nvidia import driver as nvidia
 from triton.knobs import HookChain
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 DIRECT = os.environ.get("GEMMLAB_DIRECT_LAUNCH", "1") != "0"
+MAPS_PER_OPERAND = 16  # encoded descriptors kept per descriptor argument (then the dict starts over)
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch = torch._C._are_functorch_transforms_active
+
+
+def direct(*tensors) -> bool:
+    """True when a call may skip the dispatcher: eager (not traced), plain tensors, no dispatch mode or functorch
+    transform active, and no autograd needed."""
+    if compiling() or _dispatch_modes() or _functorch():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad) or t.is_neg()):
+            return False
+    return True
+
+
+def eager(*tensors) -> bool:
+    """True when a call that needs autograd may still skip the dispatcher (``direct`` but for the gradient): an
+    autograd.Function with the custom op's formula serves it."""
+    if compiling() or _dispatch_modes() or _functorch():
+        return False
+    return all(t is None or (type(t) in _PLAIN and not t.is_neg()) for t in tensors)
 
 
 class HostDesc:
@@ -162,3 +215,86 @@ def fire(p: Planned, args: list, direct: bool) -> object:
     compiled = p.kernel[p.grid](*args, **p.consts, **p.opts)
     p.kept = keep(p.kernel, compiled, len(args), p.consts)
     return compiled
+
+
+# ----------------------------------------------------------------- Triton's C launcher, called directly
+@dataclass
+class Direct:
+    """What ``CompiledKernel.run`` hands its C launcher besides the runtime arguments, and the encoded
+    descriptors kept so far (per descriptor argument, in parameter order: base address -> arguments)."""
+
+    launch: object  # the C launcher (the compiled module's ``launch``)
+    function: int
+    packed: object  # packed metadata
+    cooperative: bool
+    pdl: bool
+    tail: tuple  # the constexpr values in parameter order (the launcher parses and skips them)
+    metas: tuple  # per descriptor argument: Triton's tensordesc metadata (swizzle, element type, block), or None
+    maps: tuple  # per descriptor argument: {base address: its expanded launcher arguments}
+
+
+def direct_launcher(k: Kept | None, n_desc: int) -> Direct | None:
+    """The ``Direct`` of a kept kernel with ``n_desc`` host TMA descriptor arguments, or None where its launcher
+    is not Triton 3.6's CudaLauncher as this module mirrors it."""
+    run = getattr(k, "run", None)
+    if (
+        type(run) is not nvidia.CudaLauncher
+        or run.global_scratch_size
+        or run.profile_scratch_size
+        or getattr(run, "num_ctas", 1) != 1
+    ):
+        return None
+    metas = getattr(k.compiled.metadata, "tensordesc_meta", None) or [None] * n_desc
+    raw = run.launch
+    if n_desc:  # wrap_handle_tensordesc's inner(): the C launcher is its closure's ``launcher``
+        try:
+            cells = inspect.getclosurevars(raw).nonlocals
+        except TypeError:
+            return None
+        raw = cells.get("launcher")
+        if raw is None or len(metas) != n_desc or len(cells.get("tensordesc_indices", ())) != n_desc:
+            return None
+    return Direct(
+        raw,
+        k.function,
+        k.packed,
+        bool(run.launch_cooperative_grid),
+        bool(run.launch_pdl),
+        k.tail,
+        tuple(metas),
+        tuple({} for _ in range(n_desc)),
+    )
+
+
+def desc_args(d: Direct, i: int, base: int, shape, strides) -> list:
+    """The C launcher's arguments for descriptor argument ``i`` over the memory at ``base`` (Triton's own
+    ``make_tensordesc_arg``, once per address)."""
+    maps = d.maps[i]
+    got = maps.get(base)
+    if got is None:
+        if len(maps) >= MAPS_PER_OPERAND:
+            maps.clear()
+        got = maps[base] = nvidia.make_tensordesc_arg(HostDesc(Addr(base), shape, strides), d.metas[i])
+    return got
+
+
+def fire_launcher(d: Direct, grid: tuple[int, int, int], stream: int, params: list) -> None:
+    """Launch on ``stream``: the header ``CudaLauncher.__call__`` passes (no scratch, no launch metadata, no
+    hooks: callers launch directly only while no hook is set), then the parameters and the constexprs."""
+    d.launch(
+        grid[0],
+        grid[1],
+        grid[2],
+        stream,
+        d.function,
+        d.cooperative,
+        d.pdl,
+        None,
+        None,
+        d.packed,
+        None,
+        None,
+        None,
+        *params,
+        *d.tail,
+    )

@@ -8,9 +8,9 @@ block of each expert; activations quantized on the fly with one scale per 1x128 
     grouped_gemm_fp8(x (S, K), w (E, N, K), offsets, x_scale, w_scale) -> (S, N) bf16/fp16
     moe_forward_fp8(x (T, H), packed, topk_weights, topk_ids) -> y (T, H)   (``moe_forward`` dispatches here)
 
-Each call checks its operands, then goes to the launchers (``ops.moe_fp8_launch``; the MoE body is the FP8 option of
-the forward's one plan, ``ops.moe_plan``) directly when eager, or through
-the ``torch.ops.gemmlab`` custom ops (``ops.custom_fp8``) when traced. No autograd: a RuntimeError where a gradient
+Each call checks its operands, then goes to the launchers (``ops.fp8.moe_launch``; the MoE body is the FP8 option of
+the forward's one plan, ``ops.moe.plan``) directly when eager, or through
+the ``torch.ops.gemmlab`` custom ops (``ops.fp8.custom``) when traced. No autograd: a RuntimeError where a gradient
 would be needed. Alignment: every K (H and I) a multiple of 16 (TMA rows of e4m3), else ValueError.
 """
 
@@ -20,12 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
-from gemmlab.ops import custom_fp8, dispatch
-from gemmlab.ops.fp8_checks import SCALE_BLOCK, fp8_out_dtype
-from gemmlab.ops.fp8_quantize import quantize_torch
-from gemmlab.ops.moe_fp8_checks import ACT_DTYPES, check_expert_weight, refuse_grad
-from gemmlab.ops.moe_fp8_launch import MoEFp8Config, launch_grouped_gemm_fp8
-from gemmlab.ops.moe_plan import launch_moe_forward_fp8
+from gemmlab.ops import dispatch, launch
+from gemmlab.ops.fp8 import custom as custom_fp8
+from gemmlab.ops.fp8.checks import SCALE_BLOCK, fp8_out_dtype
+from gemmlab.ops.fp8.moe_checks import ACT_DTYPES, check_expert_weight, refuse_grad
+from gemmlab.ops.fp8.moe_launch import MoEFp8Config, launch_grouped_gemm_fp8
+from gemmlab.ops.fp8.quantize import quantize_torch
+from gemmlab.ops.moe.plan import launch_moe_forward_fp8
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def grouped_gemm_fp8(
     )
     dispatch.refuse_neg_out("grouped_gemm_fp8", out)
     dispatch.refuse_neg_fp8("grouped_gemm_fp8", x=x, w=w)
-    if dispatch.direct(x, w, offsets, x_scale, w_scale, out):
+    if launch.direct(x, w, offsets, x_scale, w_scale, out):
         return launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate, out)
     dispatch.need_tensors(
         "grouped_gemm_fp8",
@@ -137,7 +138,7 @@ def moe_forward_fp8(
     x: torch.Tensor, packed: PackedMoEFP8, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, validate: bool = True
 ) -> torch.Tensor:
     """The MoE body with FP8 experts (``moe_forward(x, packed, None, topk_weights, topk_ids)`` comes here): the
-    routing, gather and combine of the bf16 path, both GEMMs in e4m3 with block scales (``ops.moe_plan``, its
+    routing, gather and combine of the bf16 path, both GEMMs in e4m3 with block scales (``ops.moe.plan``, its
     FP8 option). x (T, H) or (..., H) bf16/fp16 -> y of x's shape and dtype."""
     if not isinstance(packed, PackedMoEFP8):
         raise TypeError(
@@ -153,7 +154,7 @@ def moe_forward_fp8(
         if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() >= 1:
             topk_ids = topk_ids.reshape(x.shape[0], topk_ids.shape[-1])
     args = (x, packed.w1, packed.w1_scale, packed.w2, packed.w2_scale, topk_weights, topk_ids)
-    if dispatch.direct(*args):
+    if launch.direct(*args):
         y = launch_moe_forward_fp8(*args, validate)
     else:
         dispatch.need_tensors("moe_forward (fp8)", x=x, topk_weights=topk_weights, topk_ids=topk_ids)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gemmlab.ops.gemm_checks import check_operand
+from gemmlab.ops.gemm.checks import check_operand
 from gemmlab.ops.layout import padded_k
-from gemmlab.ops.moe_checks import check_weights
+from gemmlab.ops.moe.checks import check_weights
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ splits where the last wave is partial), and writes what that candidate asked for
 Each point of a class's M x N x K product (``dense.AXES``) stands for a box: on each axis from the geometric
 midpoint with the value below to the one with the value above (the class's M range at the ends; 0 and 2^31 - 1
 for N and K), so a shape off the grid takes its nearest grid point's winner, in log scale; the wave arithmetic
-of the split tail (``ops.gemm_route.tail_split_for``) then fits the winner's tiles to the shape. Boxes with the
+of the split tail (``ops.gemm.route.tail_split_for``) then fits the winner's tiles to the shape. Boxes with the
 same winner merge along K, then N, then M. Per box: a route rule {"m", "n", "k", "tma": [1, 1], "config":
 {"path"}} and a config rule in the winning path's list, each with a ``note`` and ``tuned`` (the sweep file, the
 points, the winner's ratios to cuBLAS and to the former choice; the ledger entries when recorded). Points off the

@@ -7,17 +7,18 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k r
     moe_forward(x (T, H), w1 (E, 2I, H), w2 (E, H, I), weights, ids) -> y (T, H)
         y[t] = sum_j weights[t, j] * (silu(x[t] @ gate_e^T) * (x[t] @ up_e^T)) @ w2_e^T,  e = ids[t, j]
 
-moe_forward: (1) sort the (token, slot) pairs by expert on the GPU, stably, with no host sync (``ops.moe_routing``:
+moe_forward: (1) sort the (token, slot) pairs by expert on the GPU, stably, with no host sync (``ops.moe.routing``:
 one launch up to ``ALIGN_MAX_S`` pairs, a counting sort in three launches above), (2) first GEMM over all experts in
 one persistent launch on x's rows in expert order (gathered once, or read by token index inside the GEMM:
 ``gather``), SiLU(gate) * up in the epilogue (the 2I-wide intermediate is never written), (3) second GEMM with each
 row's top-k weight applied in its epilogue, (4) a deterministic combine back to token order (each token sums its k
 rows in slot order). fp16 and bf16, fp32 accumulation. Every decision of a call is planned once per signature of
-its inputs and options (``ops.moe_plan``: one plan whose options are the plain body, the gate/up-saving body that
+its inputs and options (``ops.moe.plan``: one plan whose options are the plain body, the gate/up-saving body that
 autograd runs and the FP8 experts' body, in one bounded cache); later calls allocate one scratch buffer (routing
 tables, gathered x, intermediate, routed outputs) and y, and launch the kept kernels with device addresses
-(``gemmlab.ops.launch``). The path of a repeat eager call: this module, ``ops.dispatch`` (is it eager?),
-``ops.moe_plan`` (the plan and its launches), ``ops.launch`` (the kept kernel's launcher), then the kernels.
+(``gemmlab.ops.launch``). The path of a repeat eager call: this module, ``ops.moe.plan`` (the plan and its
+launches; ``ops.cache`` keeps it), ``ops.launch`` (is the call eager? then the kept kernel's launcher), then the
+kernels.
 ``validate=True`` checks ids and offsets against E and S on the device (no host sync: a device-side assert on
 a GPU, so it works in CUDA graphs too); ``validate=False`` skips those few small launches.
 
@@ -33,8 +34,22 @@ from __future__ import annotations
 
 import torch
 
-from gemmlab.ops import custom, dispatch
-from gemmlab.ops.grouped import (
+from gemmlab.ops import dispatch, launch
+from gemmlab.ops.layout import DTYPES
+from gemmlab.ops.moe import custom
+from gemmlab.ops.moe.backward import moe_backward, weight_grad
+from gemmlab.ops.moe.checks import check_gather, check_moe_args, check_route_args, check_tensor, check_weights
+from gemmlab.ops.moe.config import (
+    MODES,
+    Mode,
+    MoEBackwardConfig,
+    MoEConfig,
+    backward_config,
+    moe_choice,
+    moe_config,
+    saves_gate_up,
+)
+from gemmlab.ops.moe.grouped import (
     epilogue_flags,
     grid_programs,
     last_kernel,
@@ -42,21 +57,11 @@ from gemmlab.ops.grouped import (
     launch_grouped_gemm,
     moe_grouped_kernel,
 )
-from gemmlab.ops.layout import DTYPES
-from gemmlab.ops.moe_backward import (
-    MoEBackwardConfig,
-    backward_config,
-    moe_backward,
-    saves_gate_up,
-    weight_grad,
-)
-from gemmlab.ops.moe_checks import check_gather, check_moe_args, check_route_args, check_tensor, check_weights
-from gemmlab.ops.moe_config import MODES, Mode, MoEConfig, moe_choice, moe_config
+from gemmlab.ops.moe.plan import launch_moe_forward
+from gemmlab.ops.moe.routing import Routes, route_kind, sort_routes
+from gemmlab.ops.moe.scores import route_scores
 from gemmlab.ops.moe_fp8 import PackedMoEFP8, moe_forward_fp8
-from gemmlab.ops.moe_plan import launch_moe_forward
-from gemmlab.ops.moe_routing import Routes, route_kind, sort_routes
 from gemmlab.ops.packing import PackedMoE, pack_moe_weights
-from gemmlab.ops.scores import route_scores
 
 __all__ = [
     "DTYPES",
@@ -99,7 +104,7 @@ def route(
     check_route_args(router_logits, top_k, scoring)
     e, lead = router_logits.shape[-1], router_logits.shape[:-1]
     logits = router_logits if router_logits.dim() == 2 else router_logits.reshape(-1, e)
-    if dispatch.direct(logits):
+    if launch.direct(logits):
         weights, ids = route_scores(logits, top_k, renormalize, scoring)
     else:
         weights, ids = custom.route(logits, top_k, bool(renormalize), scoring)
@@ -123,7 +128,7 @@ def grouped_gemm(
     ``validate``: check the offsets (non-decreasing, within [0, S]) without a host sync: on a GPU by a device-side
     assert (a bad value stops the program at its next synchronization, as a bad index into a torch op does), on the
     CPU at once (ValueError). ``out``: written in place; refused when it overlaps x, w or offsets, or its rows
-    share memory (stride 0). Differentiable in x and w (``gemmlab.ops.custom``; rows past offsets[-1] get zero
+    share memory (stride 0). Differentiable in x and w (``gemmlab.ops.moe.custom``; rows past offsets[-1] get zero
     gradient). ``config``: launch parameters instead of ``moe_config``'s (tuning; eager only, no autograd)."""
     if config is not None:
         if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (x, w)):
@@ -137,12 +142,12 @@ def grouped_gemm(
         dispatch.refuse_neg_out("grouped_gemm", out)
         if isinstance(out, torch.Tensor):
             dispatch.refuse_grad_out("grouped_gemm", out, *(t for t in (x, w) if isinstance(t, torch.Tensor)))
-        if dispatch.direct(x, w, offsets, out):
+        if launch.direct(x, w, offsets, out):
             return launch_grouped_gemm(x, w, offsets, out, validate)
         dispatch.need_tensors("grouped_gemm", x=x, w=w, offsets=offsets, out=out)
         custom.grouped_gemm_out(x, w, offsets, out, bool(validate))
         return out
-    if dispatch.direct(x, w, offsets):
+    if launch.direct(x, w, offsets):
         return launch_grouped_gemm(x, w, offsets, None, validate)
     dispatch.need_tensors("grouped_gemm", x=x, w=w, offsets=offsets)
     return custom.grouped_gemm(x, w, offsets, bool(validate))
@@ -169,12 +174,12 @@ def moe_forward(
     sm_90 those loads are not software-pipelined), "auto" (copy when x's rows are 16-byte aligned on a TMA
     target). ``validate``: check topk_ids in [0, E) without a host sync (a device-side assert on a GPU, a
     ValueError on the CPU; see ``grouped_gemm``). Differentiable in x, w1, w2 and topk_weights
-    (``gemmlab.ops.custom``; topk_ids (T, k) must then be 2-D like topk_weights). ``configs``: (first GEMM,
+    (``gemmlab.ops.moe.custom``; topk_ids (T, k) must then be 2-D like topk_weights). ``configs``: (first GEMM,
     second GEMM) launch parameters instead of ``moe_config``'s (tuning; eager only, no autograd); the second
     takes the first's BLOCK_M (one tile schedule). ``save_gate_up`` (when a gradient is needed): True keeps the
     gate/up pre-activations (S, 2I) from the forward for the backward (``moe_forward_saving``, Liger's trade:
     faster, S*2I more elements held until the backward), False has the backward recompute them; None: as the
-    "moe_backward" config tables say (``ops.moe_backward.backward_config``)."""
+    "moe_backward" config tables say (``ops.moe.backward.backward_config``)."""
     if isinstance(w1, PackedMoEFP8):
         return moe_forward_fp8(x, w1, topk_weights, topk_ids, validate=validate)
     if isinstance(w1, PackedMoE):
@@ -198,10 +203,10 @@ def moe_forward(
             topk_weights = topk_weights.reshape(x.shape[0], topk_weights.shape[-1])
         if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() >= 1:
             topk_ids = topk_ids.reshape(x.shape[0], topk_ids.shape[-1])
-    if dispatch.direct(x, w1, w2, topk_weights, topk_ids):  # the plan checks a new signature in full (gather too)
+    if launch.direct(x, w1, w2, topk_weights, topk_ids):  # the plan checks a new signature in full (gather too)
         return _lead(launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None), lead)
     check_gather(gather)
-    eager = dispatch.eager(x, w1, w2, topk_weights, topk_ids)  # needs autograd only: no dispatcher (host time)
+    eager = launch.eager(x, w1, w2, topk_weights, topk_ids)  # needs autograd only: no dispatcher (host time)
     dims = None if eager else check_moe_args(x, w1, w2, topk_weights, topk_ids)  # errors before the op's fake
     save = bool(save_gate_up)
     if (

@@ -2,10 +2,10 @@
 
     C (M, N) = A (M, K) @ B (K, N)     fp16 or bf16 in, fp32 accumulation, C in the input dtype
 
-Each entry point (1) checks its operands (``ops.gemm_checks``), (2) plans (``ops.gemm_plan``), (3) allocates,
-(4) launches exactly the planned kernel (``ops.gemm_launch``). A column-major C is computed as C^T = B^T A^T,
+Each entry point (1) checks its operands (``ops.gemm.checks``), (2) plans (``ops.gemm.planner``), (3) allocates,
+(4) launches exactly the planned kernel (``ops.gemm.launch``). A column-major C is computed as C^T = B^T A^T,
 so the kernels only ever write a row-major C. Calls that trace, need autograd or run under a dispatch mode go
-through the ``torch.ops.gemmlab`` custom ops (``ops.custom``); a plain eager call goes straight to the launcher.
+through the ``torch.ops.gemmlab`` custom ops (``ops.gemm.custom``); a plain eager call goes straight to the launcher.
 
 What a user calls is in ``__all__``. The lab's way into the details (plans of kernel-view operands, what a plan's
 kernel is compiled with, the kernels, the compiled kernel a path last ran, how a cached signature launches) is
@@ -20,10 +20,12 @@ from dataclasses import replace
 
 import torch
 
-from gemmlab.ops import custom, dispatch, gemm_launch
-from gemmlab.ops.gemm_checks import operands
-from gemmlab.ops.gemm_launch import execute, launch_gemm
-from gemmlab.ops.gemm_plan import GemmConfig, Plan, choose, paths
+from gemmlab.ops import dispatch, launch
+from gemmlab.ops.gemm import custom
+from gemmlab.ops.gemm import launch as gemm_launch
+from gemmlab.ops.gemm.checks import operands
+from gemmlab.ops.gemm.launch import execute, launch_gemm
+from gemmlab.ops.gemm.planner import GemmConfig, Plan, choose, paths
 from gemmlab.ops.packing import PackedB, pack_b
 
 __all__ = ["GemmConfig", "PackedB", "Plan", "gemm", "gemm_colmajor", "pack_b", "paths", "plan", "run"]
@@ -53,13 +55,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     bf16 (both the same). Any strides with one unit-stride dim (N-D a is reshaped, a copy only where a view
     cannot be). ``out`` (..., N), if given, is written in place and returned (no autograd through out=).
     Differentiable in a and b (dA = dC B^T, dB = A^T dC on gemmlab's kernels); a ``torch.library`` custom op
-    (``torch.ops.gemmlab.gemm``) under torch.compile and autograd, see ``gemmlab.ops.custom``."""
+    (``torch.ops.gemmlab.gemm``) under torch.compile and autograd, see ``gemmlab.ops.gemm.custom``."""
     if isinstance(b, PackedB):
         b = b.view() if b.data.requires_grad or dispatch.compiling() else b.fixed_view()
     if (
         a is not None
         and b is not None
-        and dispatch.direct(a, b, out)
+        and launch.direct(a, b, out)
         and a.dim() == 2
         and b.dim() == 2
         and (out is None or out.dim() == 2)
@@ -78,7 +80,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
     a2 = a if a.dim() == 2 else a.reshape(math.prod(lead), k)
     shape = lead + ((n,) if b.dim() == 2 else ())
     if out is None:
-        c = launch_gemm(a2, b2, None) if dispatch.direct(a2, b2) else custom.gemm(a2, b2)
+        c = launch_gemm(a2, b2, None) if launch.direct(a2, b2) else custom.gemm(a2, b2)
         return c if c.dim() == len(shape) and a.dim() == 2 else c.view(shape)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"gemm: out must be a torch.Tensor, got {type(out).__name__}")
@@ -93,7 +95,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None
             f"gemm: out (shape {tuple(out.shape)}, strides {out.stride()}) cannot be viewed as the "
             f"({a2.shape[0]}, {n}) matrix gemm writes; pass a contiguous out"
         ) from err
-    if dispatch.direct(a2, b2, out2):
+    if launch.direct(a2, b2, out2):
         launch_gemm(a2, b2, out2)
     else:
         custom.gemm_out(a2, b2, out2)
@@ -118,7 +120,7 @@ def run(p: Plan, a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tenso
 def launch_mode(a: torch.Tensor, b: torch.Tensor | PackedB, *, out: torch.Tensor | None = None) -> str:
     """How the next eager ``gemm(a, b, out=out)`` of 2-D operands laid out like these launches: "uncached",
     "empty", "jit", "kept" or "direct" (Triton's C launcher, descriptors kept per buffer: the hot path), with
-    " staged" where operands are copied first (``ops.gemm_launch.launch_mode``)."""
+    " staged" where operands are copied first (``ops.gemm.launch.launch_mode``)."""
     return gemm_launch.launch_mode(a, b.fixed_view() if isinstance(b, PackedB) else b, out)
 
 

@@ -1,9 +1,7 @@
-"""gemmlab's public ops as ``torch.library`` custom ops (``torch.ops.gemmlab.*``): fake (meta) implementations for
+"""gemmlab's MoE ops as ``torch.library`` custom ops (``torch.ops.gemmlab.*``): fake (meta) implementations for
 ``torch.compile`` and autograd formulas. Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k,
 S = T*k routed rows.
 
-    gemmlab::gemm(a (M, K), b (K, N)) -> (M, N)              dA = dC B^T, dB = A^T dC (gemmlab's gemm)
-    gemmlab::gemm_out(a, b, out!)                            out= variant (no autograd)
     gemmlab::grouped_gemm(x (S, K), w (E, N, K), offsets, validate=True) -> (S, N)
     gemmlab::grouped_gemm_out(x, w, offsets, out!, validate=True) out= variant (no autograd)
     gemmlab::grouped_gemm_backward(dy, x, w, offsets) -> (dx (S, K), dw (E, N, K))
@@ -21,27 +19,25 @@ runs compiled or under its CPU interpreter). Every op checks its own arguments, 
 launchers' checks) and, on metadata, in the fake one: a direct ``torch.ops.gemmlab.*`` call gets the same one
 clear error as the Python function.
 
-The public functions (``gemmlab.gemm`` ...) call these ops whenever the call is traced (torch.compile), needs
+The public functions (``gemmlab.moe_forward`` ...) call these ops whenever the call is traced (torch.compile), needs
 autograd, or runs under a dispatch mode or functorch transform; a plain eager call with no grad goes straight to
-the same implementation (``ops.dispatch.direct``), so it does not pay the dispatcher's and autograd wrapper's host cost.
+the same implementation (``ops.launch.direct``), so it does not pay the dispatcher's and autograd wrapper's host cost.
 Each op is opaque to the compiler: inside a compiled graph it runs gemmlab's launcher as in eager.
 
-Backward kernels: the dense input gradients (dA, dB) run on gemmlab's gemm on transposed views; the grouped
-input gradient dX on ``ops.moe_backward``'s grouped kernel that reads w in place as the (N, K) operand. The
-per-expert weight gradient dW[e] = dY_e^T X_e reduces over the expert's rows: one launch of
-``ops.moe_backward``'s weight-gradient kernel over all experts (offsets read on the device). moe_forward's
-backward is ``ops.moe_backward.moe_backward`` (fused; no host sync, capturable): after ``moe_forward``, which
-recomputes gate/up; after ``moe_forward_saving``, which keeps them (``moe_forward`` under autograd takes one or
-the other as the "moe_backward" config tables say). ``MoEForward`` / ``MoEForwardSaving``: the same formulas as
-autograd.Functions for plain eager calls.
+Backward kernels (the dense GEMM's are ``ops.gemm.custom``'s): the grouped input gradient dX on
+``ops.moe.backward``'s grouped kernel that reads w in place as the (N, K) operand. The per-expert weight gradient
+dW[e] = dY_e^T X_e reduces over the expert's rows: one launch of ``ops.moe.backward``'s weight-gradient kernel over
+all experts (offsets read on the device). moe_forward's backward is ``ops.moe.backward.moe_backward`` (fused; no
+host sync, capturable): after ``moe_forward``, which recomputes gate/up; after ``moe_forward_saving``, which keeps
+them (``moe_forward`` under autograd takes one or the other as the "moe_backward" config tables say). ``MoEForward``
+/ ``MoEForwardSaving``: the same formulas as autograd.Functions for plain eager calls.
 """
 
 import torch
 from torch import Tensor
 
 from gemmlab.ops.dispatch import negative_kernel, unit
-from gemmlab.ops.gemm_checks import check_operand, operands
-from gemmlab.ops.moe_checks import (
+from gemmlab.ops.moe.checks import (
     check_gather,
     check_grouped_args,
     check_grouped_backward_args,
@@ -49,84 +45,20 @@ from gemmlab.ops.moe_checks import (
     check_moe_backward_args,
     check_route_args,
 )
-from gemmlab.ops.scores import route_scores
-
-
-def _launch_gemm(a, b, out):
-    from gemmlab.ops.gemm_launch import launch_gemm  # (the first call loads the kernels)
-
-    return launch_gemm(a, b, out)
+from gemmlab.ops.moe.scores import route_scores
 
 
 def _launch_grouped_gemm(x, w, offsets, out, validate):
-    from gemmlab.ops.grouped import launch_grouped_gemm
+    from gemmlab.ops.moe.grouped import launch_grouped_gemm
 
     return launch_grouped_gemm(x, w, offsets, out, validate)
 
 
 def _launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather):
-    from gemmlab.ops.moe_plan import launch_moe_forward
+    from gemmlab.ops.moe.plan import launch_moe_forward
 
     check_gather(gather)
     return launch_moe_forward(x, w1, w2, topk_weights, topk_ids, validate, gather, None)
-
-
-def _fake_gemm_operands(a, b, out=None):
-    check_operand("a", a)
-    check_operand("b", b)
-    if a.dtype != b.dtype:
-        raise TypeError(f"gemm: a and b must have the same dtype, got {a.dtype} and {b.dtype}")
-    torch._check_with(
-        ValueError,
-        a.shape[1] == b.shape[0],
-        lambda: f"gemm: inner dimensions differ: a is {a.shape[0]}x{a.shape[1]}, b is {b.shape[0]}x{b.shape[1]}",
-    )
-    if out is not None:
-        operands(a, b, out, memory=False)
-
-
-# ------------------------------------------------------------------------------------------------ gemm
-
-
-@torch.library.custom_op("gemmlab::gemm", mutates_args=())
-def gemm(a: Tensor, b: Tensor) -> Tensor:
-    return _launch_gemm(a, b, None)
-
-
-@gemm.register_fake
-def _(a, b):
-    _fake_gemm_operands(a, b)
-    return a.new_empty((a.shape[0], b.shape[1]))
-
-
-def _gemm_setup(ctx, inputs, output):
-    a, b = inputs
-    ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
-
-
-def _gemm_backward(ctx, dc):
-    a, b = ctx.saved_tensors
-    dc = unit(dc)
-    da = gemm(dc, b.t()) if ctx.needs_input_grad[0] else None  # (M, N) @ (N, K)
-    db = gemm(a.t(), dc) if ctx.needs_input_grad[1] else None  # (K, M) @ (M, N)
-    return da, db
-
-
-gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup)
-
-
-@torch.library.custom_op("gemmlab::gemm_out", mutates_args=("out",))
-def gemm_out(a: Tensor, b: Tensor, out: Tensor) -> None:
-    _launch_gemm(a, b, out)
-
-
-@gemm_out.register_fake
-def _(a, b, out):
-    _fake_gemm_operands(a, b, out)
-    return None
-
-
-negative_kernel("gemm_out", 2)
 
 
 # ----------------------------------------------------------------------------------------- grouped_gemm
@@ -159,15 +91,15 @@ negative_kernel("grouped_gemm_out", 3)
 
 def weight_grad(dy: Tensor, x: Tensor, offsets: Tensor, dw: Tensor) -> Tensor:
     """dw[e] (N, K) = dy[rows_e]^T (N, S_e) @ x[rows_e] (S_e, K): one launch over every expert
-    (``ops.moe_backward.weight_grad``; no host sync). An expert with no rows gets zeros."""
-    from gemmlab.ops.moe_backward import weight_grad as launch_weight_grad
+    (``ops.moe.backward.weight_grad``; no host sync). An expert with no rows gets zeros."""
+    from gemmlab.ops.moe.backward import weight_grad as launch_weight_grad
 
     return launch_weight_grad(dy, None, x, None, offsets, dw)
 
 
 @torch.library.custom_op("gemmlab::grouped_gemm_backward", mutates_args=())
 def grouped_gemm_backward(dy: Tensor, x: Tensor, w: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
-    from gemmlab.ops.moe_backward import grouped_input_grad
+    from gemmlab.ops.moe.backward import grouped_input_grad
 
     check_grouped_backward_args(dy, x, w, offsets)
     dy = dy if dy.stride(-1) == 1 else dy.contiguous()
@@ -239,12 +171,12 @@ def moe_backward(
     need_w2: bool = True,
     gate_up: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The fused backward (``gemmlab.ops.moe_backward``): the routes sorted again, the first GEMM recomputed
+    """The fused backward (``gemmlab.ops.moe.backward``): the routes sorted again, the first GEMM recomputed
     from x inside the kernel that computes dy W2 (nothing but the inputs is saved; or, with ``gate_up`` from
     ``moe_forward_saving``, loaded instead), d topk_weights folded into that kernel's epilogue, dX by a grouped
     GEMM on W1 in place and a deterministic combine, dW1 and dW2 by one grouped weight-gradient launch each
     (skipped, and returned as (0,) tensors, when not needed). No host sync, no host loop over experts."""
-    from gemmlab.ops.moe_backward import moe_backward as launch_moe_backward
+    from gemmlab.ops.moe.backward import moe_backward as launch_moe_backward
 
     check_moe_backward_args(dy, x, w1, w2, topk_weights, topk_ids, gate_up)
     return launch_moe_backward(dy, x, w1, w2, topk_weights, topk_ids, need_w1=need_w1, need_w2=need_w2, gate_up=gate_up)
@@ -297,7 +229,7 @@ class MoEForward(torch.autograd.Function):
 
 
 def _launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather):
-    from gemmlab.ops.moe_plan import launch_forward_saving
+    from gemmlab.ops.moe.plan import launch_forward_saving
 
     return launch_forward_saving(x, w1, w2, topk_weights, topk_ids, validate, gather)
 

@@ -1,5 +1,5 @@
 """MoE routing tables: the (token, slot) pairs sorted by expert on the device (no host sync). The top-k scores
-themselves are ``ops.scores``'.
+themselves are ``ops.moe.scores``'.
 
 Legend: T tokens, E experts, k top-k, S = T*k routed (token, slot) pairs.
 

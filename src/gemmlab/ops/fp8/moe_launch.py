@@ -1,6 +1,6 @@
 """FP8 experts, the details behind ``ops.moe_fp8``: the grouped launch ``grouped_gemm_fp8`` runs. The MoE body
-with FP8 experts is an option of the MoE forward's one plan (``ops.moe_plan``, option ``scales``); the configs and
-the launch decisions both share are ``ops.moe_fp8_config``'s.
+with FP8 experts is an option of the MoE forward's one plan (``ops.moe.plan``, option ``scales``); the configs and
+the launch decisions both share are ``ops.fp8.moe_config``'s.
 
 Legend: S routed rows, E experts, N output width, K reduction; Xb = cdiv(X, 128).
 
@@ -19,21 +19,21 @@ from gemmlab.device import Target, target_for
 from gemmlab.kernels.moe import moe_tiles_kernel
 from gemmlab.ops import cache
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.fp8_checks import FP8, SCALE_BLOCK
-from gemmlab.ops.fp8_quantize import launch_quantize_fp8
-from gemmlab.ops.grouped import w2d
-from gemmlab.ops.layout import overlap, tma_ok
-from gemmlab.ops.moe_checks import device_check
-from gemmlab.ops.moe_config import Mode
-from gemmlab.ops.moe_fp8_checks import check_grouped_fp8_args
-from gemmlab.ops.moe_fp8_config import (
+from gemmlab.ops.fp8.checks import FP8, SCALE_BLOCK
+from gemmlab.ops.fp8.moe_checks import check_grouped_fp8_args
+from gemmlab.ops.fp8.moe_config import (
     MoEFp8Config,
     check_weights_tma,
     fp8_grouped_spec,
     moe_fp8_config,
     need_tma,
 )
-from gemmlab.ops.moe_plan import launch_moe_forward_fp8
+from gemmlab.ops.fp8.quantize import launch_quantize_fp8
+from gemmlab.ops.layout import overlap, tma_ok
+from gemmlab.ops.moe.checks import device_check
+from gemmlab.ops.moe.config import Mode
+from gemmlab.ops.moe.grouped import w2d
+from gemmlab.ops.moe.plan import launch_moe_forward_fp8
 
 KEPT = cache.bounded("moe_fp8.kept")  # kept compiled kernels, per specialization (gemmlab.ops.launch.start)
 

@@ -26,7 +26,7 @@ from triton import knobs
 
 from gemmlab.ops import cache
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.fp8_checks import FP8, check_quantize_args
+from gemmlab.ops.fp8.checks import FP8, check_quantize_args
 
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 CHUNK = 1024  # the Triton kernel's columns per chunk of a row ("row" granularity)

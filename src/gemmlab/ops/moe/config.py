@@ -3,17 +3,19 @@
 moe_choice(target, rows, experts, mode, elt, dtype=, n=, k=, max_group=) -> (MoEConfig, where it came from)
 moe_config(...)                                                         -> MoEConfig
 fit_stages(cfg, mode, elt, smem_bytes)     pipeline stages trimmed to fit shared memory
+backward_config(target, rows, experts, dtype=, n=, k=) -> MoEBackwardConfig   the fused backward's tiles, and
+saves_gate_up(x, dims)                     whether moe_forward under autograd keeps gate/up for it
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
-from gemmlab.device import SM90_SMEM_BYTES, Target
+from gemmlab.device import SM90_SMEM_BYTES, Target, target_for
 from gemmlab.ops import configs
 
 
@@ -130,3 +132,95 @@ def moe_config(
 ) -> MoEConfig:
     """``moe_choice``'s config."""
     return moe_choice(target, rows, experts, mode, elt, dtype=dtype, n=n, k=k, max_group=max_group)[0]
+
+
+@dataclass(frozen=True)
+class MoEBackwardConfig:
+    """Launch parameters of the backward kernels (``dh``: kernel 1, ``dx``: kernel 3, ``wg``: 2 and 5; the dh and
+    dx kernels share one tile schedule, so one BLOCK_M), and ``save_gate_up``: whether ``moe_forward`` under
+    autograd keeps the gate/up pre-activations (S, 2I) for the backward (``ops.moe.plan.launch_forward_saving``)
+    instead of the backward recomputing them. Chosen per call from the "moe_backward" config tables
+    (``backward_config``)."""
+
+    block_m: int = 128
+    group_m: int = 8
+    dh_block_n: int = 64
+    dh_block_k: int = 64
+    dh_warps: int = 8
+    dh_stages: int = 3
+    dx_block_n: int = 128
+    dx_block_k: int = 64
+    dx_warps: int = 8
+    dx_stages: int = 3
+    wg_block_m: int = 128
+    wg_block_n: int = 128
+    wg_block_k: int = 32
+    wg_warps: int = 8
+    wg_stages: int = 3
+    save_gate_up: bool = True
+
+    def __post_init__(self) -> None:
+        configs.check_fields(
+            self,
+            pow2=(
+                "block_m",
+                "dh_block_n",
+                "dh_block_k",
+                "dh_warps",
+                "dx_block_n",
+                "dx_block_k",
+                "dx_warps",
+                "wg_block_m",
+                "wg_block_n",
+                "wg_block_k",
+                "wg_warps",
+            ),
+            positive=("group_m", "dh_stages", "dx_stages", "wg_stages"),
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MoEBackwardConfig:
+        known = {f.name for f in fields(cls)}
+        if set(d) - known:
+            raise ValueError(f"unknown MoEBackwardConfig keys {sorted(set(d) - known)}; known: {sorted(known)}")
+        bad = [
+            k
+            for k, v in d.items()
+            if type(v) is not (bool if k == "save_gate_up" else int) or (k != "save_gate_up" and v < 1)
+        ]
+        if bad:
+            raise ValueError(f"MoEBackwardConfig: {bad[0]} = {d[bad[0]]!r} (integers >= 1; save_gate_up a bool)")
+        return cls(**d)
+
+
+def backward_config(
+    target: Target, rows: int, experts: int, *, dtype: torch.dtype | None = None, n: int = 0, k: int = 0
+) -> MoEBackwardConfig:
+    """The backward's config for ``rows`` routed rows over ``experts`` experts (``n`` = I, ``k`` = H): the first
+    rule of the target's "moe_backward" tables (the user's file, then the bundled one; ``ops.configs``) whose
+    ranges hold rows_per_expert = ceil(rows / experts used), rows, experts, n and k (and ``dtype``: rules naming
+    one match only it)."""
+    used = max(1, min(experts, rows))
+    dname = str(dtype).removeprefix("torch.") if dtype is not None else ""
+    return configs.pick(
+        target.name,
+        "moe_backward",
+        "fused",
+        MoEBackwardConfig.from_dict,
+        dname,
+        rows_per_expert=-(-rows // used),
+        rows=rows,
+        experts=experts,
+        n=n,
+        k=k,
+    ).config
+
+
+def saves_gate_up(x: torch.Tensor, dims: tuple[int, int, int, int, int]) -> bool:
+    """Whether ``moe_forward`` under autograd keeps gate/up for the backward, per the tables, for checked
+    arguments (``dims`` = check_moe_args' (T, H, I, E, k)) on x's device. While torch.compile traces (sizes may
+    be symbolic; the tables are not traceable): the default config's answer."""
+    if torch.compiler.is_compiling():
+        return MoEBackwardConfig.save_gate_up
+    t, h, i, e, k = dims
+    return backward_config(target_for(x.device), t * k, e, dtype=x.dtype, n=i, k=h).save_gate_up

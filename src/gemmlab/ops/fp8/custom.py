@@ -8,19 +8,19 @@
     gemmlab::moe_forward_fp8(x (T, H), w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, validate) -> (T, H)
 
 Registered on ``import gemmlab`` (torch and the checks only; each op's body imports its launcher on first call, as
-``ops.custom`` does). Each op checks its arguments in the real implementation and, on metadata, in the fake one.
+``ops.gemm.custom`` does). Each op checks its arguments in the real implementation and, on metadata, in the fake one.
 """
 
 import torch
 from torch import Tensor
 
 from gemmlab.ops.dispatch import negative_kernel
-from gemmlab.ops.fp8_checks import FP8, check_gemm_fp8_args, check_quantize_args, quantize_scale_shape
-from gemmlab.ops.moe_fp8_checks import check_grouped_fp8_args, check_moe_fp8_args
+from gemmlab.ops.fp8.checks import FP8, check_gemm_fp8_args, check_quantize_args, quantize_scale_shape
+from gemmlab.ops.fp8.moe_checks import check_grouped_fp8_args, check_moe_fp8_args
 
 
 def _launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out):
-    from gemmlab.ops.gemm_fp8_launch import launch_gemm_fp8  # (the first call loads the kernel)
+    from gemmlab.ops.fp8.launch import launch_gemm_fp8  # (the first call loads the kernel)
 
     return launch_gemm_fp8(a, b, a_scale, b_scale, out_dtype, out)
 
@@ -55,7 +55,7 @@ negative_kernel("gemm_fp8_out", 4)
     schema='(Tensor x, str granularity="tensor", int[2] block=[1, 128]) -> (Tensor, Tensor)',
 )
 def quantize_fp8(x: Tensor, granularity: str = "tensor", block: tuple[int, int] = (1, 128)) -> tuple[Tensor, Tensor]:
-    from gemmlab.ops.fp8_quantize import launch_quantize_fp8
+    from gemmlab.ops.fp8.quantize import launch_quantize_fp8
 
     return launch_quantize_fp8(x, granularity, block)
 
@@ -77,7 +77,7 @@ def grouped_gemm_fp8(
     out_dtype: torch.dtype = torch.bfloat16,
     validate: bool = True,
 ) -> Tensor:
-    from gemmlab.ops.moe_fp8_launch import launch_grouped_gemm_fp8
+    from gemmlab.ops.fp8.moe_launch import launch_grouped_gemm_fp8
 
     return launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out_dtype, validate)
 
@@ -92,7 +92,7 @@ def _(x, w, offsets, x_scale, w_scale, out_dtype=torch.bfloat16, validate=True):
 def grouped_gemm_fp8_out(
     x: Tensor, w: Tensor, offsets: Tensor, x_scale: Tensor | None, w_scale: Tensor, out: Tensor, validate: bool = True
 ) -> None:
-    from gemmlab.ops.moe_fp8_launch import launch_grouped_gemm_fp8
+    from gemmlab.ops.fp8.moe_launch import launch_grouped_gemm_fp8
 
     launch_grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, out.dtype, validate, out)
 
@@ -116,7 +116,7 @@ def moe_forward_fp8(
     topk_ids: Tensor,
     validate: bool = True,
 ) -> Tensor:
-    from gemmlab.ops.moe_fp8_launch import launch_moe_forward_fp8
+    from gemmlab.ops.fp8.moe_launch import launch_moe_forward_fp8
 
     return launch_moe_forward_fp8(x, w1, w1_scale, w2, w2_scale, topk_weights, topk_ids, validate)
 

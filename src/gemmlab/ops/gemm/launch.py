@@ -1,4 +1,4 @@
-"""The dense GEMM's launcher: runs a ``gemm_plan.Plan`` exactly as planned, reading it only.
+"""The dense GEMM's launcher: runs a ``ops.gemm.planner.Plan`` exactly as planned, reading it only.
 
     launch_gemm(a, b, out)       gemm's 2-D launcher: checks and plans once per signature (``CACHE``), then
                                  allocates C and launches the kept kernel
@@ -8,7 +8,7 @@
 
 A launch (``Launch``) is a plan's ``LaunchSpec`` with its kernel and, once compiled, the kept compiled kernel
 (``ops.launch``): later calls of the signature skip the JIT's binding, specialization and cache lookup, and go
-to Triton's C launcher itself with device addresses and TMA descriptors encoded once per buffer (``ops.direct``).
+to Triton's C launcher itself with device addresses and TMA descriptors encoded once per buffer (``ops.launch``).
 Operands the plan stages are copied into fresh 16-byte-aligned buffers per call; the split-K and stream-K
 workspace and arrival counters are kept per (device, stream), fresh inside a CUDA-graph capture.
 
@@ -26,10 +26,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from gemmlab.kernels.gemm import gemm_portable_kernel, gemm_tma_persistent_kernel, gemm_tma_splitk_kernel
 from gemmlab.kernels.gemv import gemv_kernel
 from gemmlab.ops import cache
-from gemmlab.ops import direct as direct_launch
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.gemm_checks import operands
-from gemmlab.ops.gemm_plan import LaunchSpec, Plan, choose
+from gemmlab.ops.gemm.checks import operands
+from gemmlab.ops.gemm.planner import Plan, choose
+from gemmlab.ops.gemm.spec import LaunchSpec
 from gemmlab.ops.launch import HostDesc, Kept
 from gemmlab.ops.layout import extent
 
@@ -66,7 +66,7 @@ class Launch:
     staged: tuple = ()  # LaunchSpec.staged
     keep: bool = False  # keep the compiled kernel after the first launch and launch it directly from then on
     kept: Kept | None = None  # the compiled kernel's launcher, once kept (gemmlab.ops.launch)
-    direct: direct_launch.Direct | None = None  # Triton's C launcher itself, once kept (gemmlab.ops.direct)
+    direct: kept_launch.Direct | None = None  # Triton's C launcher itself, once kept (gemmlab.ops.launch)
 
 
 def prepare(p: Plan, keep: bool = False) -> Launch:
@@ -208,11 +208,11 @@ def launch(L: Launch, a, b, c) -> None:
     _LAST[L.path] = compiled
     if L.keep:
         L.kept = kept_launch.keep(L.kernel, compiled, len(args), L.consts)
-        L.direct = direct_launch.direct(L.kept, sum(d is not None for d in L.descs))
+        L.direct = kept_launch.direct_launcher(L.kept, sum(d is not None for d in L.descs))
 
 
 def fire_direct(L: Launch, a, b, c, ptrs: tuple[int, int, int] | None = None) -> None:
-    """A kept launch through Triton's C launcher (``ops.direct``): addresses for pointers (``ptrs``: those of a,
+    """A kept launch through Triton's C launcher (``ops.launch``): addresses for pointers (``ptrs``: those of a,
     b and c when the caller has them), each descriptor encoded once per base address, the split-K scratch kept
     per stream."""
     d, stream, params, i = L.direct, torch._C._cuda_getCurrentRawStream(L.kept.device), [], 0
@@ -221,12 +221,12 @@ def fire_direct(L: Launch, a, b, c, ptrs: tuple[int, int, int] | None = None) ->
         if spec is None:
             params.append(ptr)
         else:
-            params += direct_launch.desc_args(d, i, ptr, spec[0], spec[1])
+            params += kept_launch.desc_args(d, i, ptr, spec[0], spec[1])
             i += 1
     if L.scratch is not None:
         params += _splitk_scratch(L.scratch, c, (L.kept.device, stream))[2:4] if L.scratch[0] else (ptrs[2], ptrs[2])
     params += L.ints
-    direct_launch.fire(d, L.grid, stream, params)
+    kept_launch.fire_launcher(d, L.grid, stream, params)
     _LAST[L.path] = L.kept.compiled
 
 

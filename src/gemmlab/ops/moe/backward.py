@@ -7,7 +7,7 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k, S = T*k r
     weight_grad(p, q, offsets, out (E, M, N)): out[e] = p[rows_e]^T q[rows_e], rows optionally gathered
 
 Saved from the forward: its inputs (x, the weights, the routing as ids and weights) and, after the saving
-forward (the ``save`` option of the forward's plan, ``ops.moe_plan.launch_forward_saving``; Liger's trade, what
+forward (the ``save`` option of the forward's plan, ``ops.moe.plan.launch_forward_saving``; Liger's trade, what
 ``moe_forward`` under autograd runs where the "moe_backward" config tables say ``save_gate_up``: the bundled
 tables say yes everywhere), the gate/up pre-activations gate_up (S, 2I) that its first GEMM stores beside
 SiLU(gate) * up (``SAVE_PRE``). The backward sorts the routes again (one launch up to ``ALIGN_MAX_S`` rows),
@@ -26,13 +26,12 @@ before dxs is made) and S*cdiv(I, BLOCK_N) fp32 (Liger's backward holds S*(2I + 
 
 Keeping gate/up saves the backward 4*S*H*I flops (22% of forward + backward) and a read of W1, for S*2I more
 elements written by the forward and held until the backward; ``benchmarks/moe_backward.py`` times both trades
-against Liger. The backward's tiles come from the same tables (``backward_config``).
+against Liger. The backward's tiles come from the same tables (``ops.moe.config.backward_config``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
 
 import torch
 import triton
@@ -49,11 +48,11 @@ from gemmlab.kernels.moe_backward import (
     moe_weight_grad_kernel,
 )
 from gemmlab.ops import cache
-from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.grouped import w2d
 from gemmlab.ops.layout import padded_k, rows_tma_ok
-from gemmlab.ops.moe_routing import sort_routes
+from gemmlab.ops.moe.config import MoEBackwardConfig, backward_config
+from gemmlab.ops.moe.grouped import w2d
+from gemmlab.ops.moe.routing import sort_routes
 
 KEPT = cache.bounded("moe_backward.kept")  # kept compiled kernels of these launches (gemmlab.ops.launch.start)
 # (kernel, constexprs, warps, stages asked) -> the stages that fit in shared memory (one entry per config)
@@ -74,97 +73,6 @@ def _start(kernel, grid: tuple, args: list, consts: dict, warps: int, stages: in
                 raise
             fit -= 1
             STAGES[key] = fit
-
-
-@dataclass(frozen=True)
-class MoEBackwardConfig:
-    """Launch parameters of the backward kernels (``dh``: kernel 1, ``dx``: kernel 3, ``wg``: 2 and 5; the dh and
-    dx kernels share one tile schedule, so one BLOCK_M), and ``save_gate_up``: whether ``moe_forward`` under
-    autograd keeps the gate/up pre-activations (S, 2I) for the backward (``moe_plan.launch_forward_saving``) instead of
-    the backward recomputing them. Chosen per call from the "moe_backward" config tables (``backward_config``)."""
-
-    block_m: int = 128
-    group_m: int = 8
-    dh_block_n: int = 64
-    dh_block_k: int = 64
-    dh_warps: int = 8
-    dh_stages: int = 3
-    dx_block_n: int = 128
-    dx_block_k: int = 64
-    dx_warps: int = 8
-    dx_stages: int = 3
-    wg_block_m: int = 128
-    wg_block_n: int = 128
-    wg_block_k: int = 32
-    wg_warps: int = 8
-    wg_stages: int = 3
-    save_gate_up: bool = True
-
-    def __post_init__(self) -> None:
-        config_tables.check_fields(
-            self,
-            pow2=(
-                "block_m",
-                "dh_block_n",
-                "dh_block_k",
-                "dh_warps",
-                "dx_block_n",
-                "dx_block_k",
-                "dx_warps",
-                "wg_block_m",
-                "wg_block_n",
-                "wg_block_k",
-                "wg_warps",
-            ),
-            positive=("group_m", "dh_stages", "dx_stages", "wg_stages"),
-        )
-
-    @classmethod
-    def from_dict(cls, d: dict) -> MoEBackwardConfig:
-        known = {f.name for f in fields(cls)}
-        if set(d) - known:
-            raise ValueError(f"unknown MoEBackwardConfig keys {sorted(set(d) - known)}; known: {sorted(known)}")
-        bad = [
-            k
-            for k, v in d.items()
-            if type(v) is not (bool if k == "save_gate_up" else int) or (k != "save_gate_up" and v < 1)
-        ]
-        if bad:
-            raise ValueError(f"MoEBackwardConfig: {bad[0]} = {d[bad[0]]!r} (integers >= 1; save_gate_up a bool)")
-        return cls(**d)
-
-
-def backward_config(
-    target: Target, rows: int, experts: int, *, dtype: torch.dtype | None = None, n: int = 0, k: int = 0
-) -> MoEBackwardConfig:
-    """The backward's config for ``rows`` routed rows over ``experts`` experts (``n`` = I, ``k`` = H): the first
-    rule of the target's "moe_backward" tables (the user's file, then the bundled one; ``ops.configs``) whose
-    ranges hold rows_per_expert = ceil(rows / experts used), rows, experts, n and k (and ``dtype``: rules naming
-    one match only it)."""
-    used = max(1, min(experts, rows))
-    dname = str(dtype).removeprefix("torch.") if dtype is not None else ""
-    return config_tables.pick(
-        target.name,
-        "moe_backward",
-        "fused",
-        MoEBackwardConfig.from_dict,
-        dname,
-        rows_per_expert=-(-rows // used),
-        rows=rows,
-        experts=experts,
-        n=n,
-        k=k,
-    ).config
-
-
-def saves_gate_up(x: torch.Tensor, dims: tuple[int, int, int, int, int]) -> bool:
-    """Whether ``moe_forward`` under autograd keeps gate/up for the backward, per the tables, for checked
-    arguments (``dims`` = check_moe_args' (T, H, I, E, k)) on x's device. While torch.compile traces (sizes may
-    be symbolic; the tables are not traceable): the default config's answer."""
-    if torch.compiler.is_compiling():
-        return MoEBackwardConfig.save_gate_up
-    t, h, i, e, k = dims
-    return backward_config(target_for(x.device), t * k, e, dtype=x.dtype, n=i, k=h).save_gate_up
 
 
 def _block(want: int, size: int) -> int:

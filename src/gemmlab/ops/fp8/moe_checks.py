@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from gemmlab.ops.fp8_checks import FP8, SCALE_BLOCK
+from gemmlab.ops.fp8.checks import FP8, SCALE_BLOCK
 
 ACT_DTYPES = (torch.bfloat16, torch.float16)  # activations quantized on the fly, and the outputs
 

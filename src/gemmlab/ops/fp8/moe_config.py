@@ -1,5 +1,5 @@
-"""FP8 experts' launch decisions, shared by ``grouped_gemm_fp8`` (``ops.moe_fp8_launch``) and the FP8 option of the
-MoE forward's plan (``ops.moe_plan``): the config tables' choice, the sm_90 and TMA checks, and one grouped launch
+"""FP8 experts' launch decisions, shared by ``grouped_gemm_fp8`` (``ops.fp8.moe_launch``) and the FP8 option of the
+MoE forward's plan (``ops.moe.plan``): the config tables' choice, the sm_90 and TMA checks, and one grouped launch
 of ``kernels.moe_fp8.moe_fp8_grouped_kernel`` as a ``Planned`` launch with its descriptors' layouts.
 
 Legend: S routed rows, E experts, N output width, K reduction; Xb = cdiv(X, 128).
@@ -17,10 +17,10 @@ from gemmlab.device import Target
 from gemmlab.kernels.moe_fp8 import moe_fp8_grouped_kernel
 from gemmlab.ops import configs
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.fp8_checks import SCALE_BLOCK
-from gemmlab.ops.grouped import w2d
+from gemmlab.ops.fp8.checks import SCALE_BLOCK
 from gemmlab.ops.layout import descriptor_layout, tma_ok
-from gemmlab.ops.moe_config import Mode
+from gemmlab.ops.moe.config import Mode
+from gemmlab.ops.moe.grouped import w2d
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class MoEFp8Config:
 def moe_fp8_config(target: Target, mode: Mode, s: int, e: int, n: int, k: int) -> MoEFp8Config:
     """The config of a launch of ``mode`` over S routed rows in E groups, N x K weights: the first rule of the
     target's "moe_fp8" tables (``ops.configs``, path ``mode.table``) whose ranges hold them. The two MoE GEMMs of
-    one call share one tile schedule: the down GEMM takes the gate/up GEMM's block_m (``ops.moe_plan``)."""
+    one call share one tile schedule: the down GEMM takes the gate/up GEMM's block_m (``ops.moe.plan``)."""
     rule = configs.pick(
         target.name,
         "moe_fp8",

@@ -25,8 +25,8 @@ from gemmlab.kernels.moe import moe_grouped_kernel, moe_tiles_kernel
 from gemmlab.ops import cache
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.layout import rows_tma_ok
-from gemmlab.ops.moe_checks import check_grouped_args, device_check
-from gemmlab.ops.moe_config import Mode, MoEConfig, moe_config
+from gemmlab.ops.moe.checks import check_grouped_args, device_check
+from gemmlab.ops.moe.config import Mode, MoEConfig, moe_config
 
 _KEPT = cache.bounded("grouped.kept")  # kept compiled kernels of these launches, per specialization (launch.start)
 _LAST: dict[str, object] = {}  # "grouped" -> its latest launch's compiled kernel (one key: bounded, a plain store)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from gemmlab.ops.gemm_checks import check_out
+from gemmlab.ops.gemm.checks import check_out
 from gemmlab.ops.layout import DTYPES
 
 SCORINGS = ("softmax", "sigmoid")

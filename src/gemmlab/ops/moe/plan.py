@@ -12,7 +12,7 @@ Xb = cdiv(X, 128).
     launch_moe_forward_fp8(x, w1, w1_scale, w2, w2_scale, weights, ids, validate) -> y
 
 Steps of a call: (1) sort the (token, slot) pairs by expert on the device, stably, with no host sync
-(``ops.moe_routing``'s launches), (2) the first grouped GEMM over all experts on x's rows in expert order
+(``ops.moe.routing``'s launches), (2) the first grouped GEMM over all experts on x's rows in expert order
 (gathered once, or read by token index inside the GEMM: ``gather``; FP8: gathered, then quantized), SiLU(gate) * up
 in the epilogue, (3) the second grouped GEMM with each row's top-k weight applied in its epilogue (FP8: on the
 quantized intermediate), (4) a deterministic combine back to token order (each token sums its k rows in slot order).
@@ -25,8 +25,7 @@ fires the steps; after the first call their compiled kernels are kept and launch
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 import triton
@@ -34,150 +33,43 @@ from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.device import target_for
-from gemmlab.kernels.gemm_fp8 import quantize_groups_kernel
 from gemmlab.kernels.moe import moe_combine_kernel, moe_gather_kernel
 from gemmlab.ops import cache
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch
-from gemmlab.ops.fp8_checks import FP8, SCALE_BLOCK
-from gemmlab.ops.grouped import GroupedLaunch, ensure_allocator, grouped_spec, w2d
+from gemmlab.ops.fp8.moe_config import fp8_grouped_spec, moe_fp8_config
 from gemmlab.ops.layout import padded_k
-from gemmlab.ops.moe_checks import check_gather, check_moe_args
-from gemmlab.ops.moe_config import Mode, MoEConfig, moe_config
-from gemmlab.ops.moe_fp8_checks import check_moe_fp8_args
-from gemmlab.ops.moe_fp8_config import check_weights_tma, fp8_grouped_spec, moe_fp8_config, need_tma
-from gemmlab.ops.moe_routing import (
+from gemmlab.ops.moe.config import Mode, MoEConfig, moe_config
+from gemmlab.ops.moe.grouped import ensure_allocator, grouped_spec, w2d
+from gemmlab.ops.moe.routing import (
     route_args,
     route_kind,
     route_launches,
     routing_broken,
-    sort_blocks,
     sort_routes_torch,
+)
+from gemmlab.ops.moe.steps import (
+    Body,
+    Desc,
+    MoEPlan,
+    Region,
+    Step,
+    check,
+    grouped_step,
+    quantize_step,
+    scratch_layout,
 )
 
 # Per signature of a call (shapes, strides, dtypes, devices and 16-byte alignment of its tensors) and its options
 # (validate, gather, configs, save, FP8): its plan and kept kernels. Filled on first use, after the full checks; a hit
 # skips the checks the key proves. configs.reload() clears it.
 PLANS = cache.bounded("moe_forward")
-ALIGN = 128  # bytes: each scratch region starts on this (TMA needs 16)
 
 
 @config_tables.on_reload
 def clear_plans() -> None:
     """Forget every cached moe_forward plan (``configs.reload()`` calls this)."""
     PLANS.clear()
-
-
-class Body(enum.Enum):
-    """What a call computes past the routing."""
-
-    NONE = "none"  # H = 0: y (T, 0) holds nothing
-    ZEROS = "zeros"  # I = 0: y is zero
-    GEMMS = "gemms"  # the two grouped GEMMs and the combine
-
-
-@dataclass
-class Region:
-    name: str
-    dtype: torch.dtype
-    shape: tuple
-    strides: tuple
-    offset: int  # bytes from the scratch buffer's start
-
-
-@dataclass(frozen=True)
-class Desc:
-    """A TMA descriptor over the call's tensor or scratch region ``name``."""
-
-    name: str
-    shape: list
-    strides: list
-    block: list
-
-
-@dataclass
-class Step:
-    """One launch of a plan: the planned kernel and its runtime arguments, each the name of a call tensor (x, ids,
-    tw, w1, w2, w1_scale, w2_scale, y, gate_up) or scratch region, a ``Desc``, or a value. ``shrink``: fewer
-    pipeline stages (not below 2) where the compiled kernel does not fit in shared memory (the gate/up stores)."""
-
-    slot: kept_launch.Planned
-    args: list
-    shrink: bool = False
-    named: tuple = ()  # (position, name) of each argument looked up per call
-    descs: tuple = ()  # (position, Desc) of each descriptor made per call
-
-    def __post_init__(self) -> None:
-        self.named = tuple((j, a) for j, a in enumerate(self.args) if a.__class__ is str)
-        self.descs = tuple((j, a) for j, a in enumerate(self.args) if a.__class__ is Desc)
-
-
-@dataclass
-class MoEPlan:
-    """Every decision of a moe_forward call with inputs laid out like the ones it was made for. ``route`` turns
-    "torch" if a routing kernel cannot build; ``kept`` turns True once every launch has kept its compiled kernel."""
-
-    t: int
-    h: int
-    i: int
-    e: int
-    k: int
-    nbytes: int  # scratch bytes (a multiple of the element size)
-    regions: list[Region]
-    route: str  # route_kind's answer
-    block_m: int
-    validate: str | None  # the message of the ids check, None: no check
-    body: Body
-    save: bool  # gate/up kept for the backward (a (S, 2I) output beside y)
-    x_copy: bool  # x's rows are not unit-stride: copied per call
-    flat_copy: bool  # topk_ids / topk_weights not contiguous: flattened copies per call
-    w_copy: tuple[bool, bool]  # w1 / w2 not in the (E * N_w, K) layout: copied per call (``w2d``)
-    scale_copy: bool  # FP8: a weight scale not contiguous: copied per call
-    ok_at: int  # byte offset of the ok flag
-    routing: list[Step] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)  # the body's launches
-    clip: GroupedLaunch | None = None  # a grouped launch making descriptors on the device (needs Triton's allocator)
-    kept: bool = False  # every launch kept: later calls launch directly
-
-
-def _layout(
-    t: int, h: int, i: int, e: int, k: int, dtype: torch.dtype, route: str, copy: bool, gemms: bool, fp8: bool
-) -> tuple[list[Region], int]:
-    """The scratch regions of a call and the buffer's size: the routing tables, x's rows in expert order
-    (gather "copy"), the intermediate act (S, I) in rows padded to 16 bytes and the routed outputs o (S, H); FP8:
-    the e4m3 gathered x and intermediate and their 1x128 block scales."""
-    s, elt = t * k, torch.empty((), dtype=dtype).element_size()
-    nb = sort_blocks(s)[1] if route == "count" else 0
-    want = [
-        ("order", torch.int32, (s,), (1,)),
-        ("inv", torch.int32, (s,), (1,)),
-        ("token", torch.int32, (s,), (1,)),
-        ("offsets", torch.int32, (e,), (1,)),
-        ("tile_offsets", torch.int32, (e + 1,), (1,)),
-        ("scale", torch.float32, (s,), (1,)),
-        ("ok", torch.bool, (1,), (1,)),
-        ("hist", torch.int32, ((e + 1) * nb,), (1,)),
-        ("local", torch.int32, ((e + 1) * nb,), (1,)),
-    ]
-    if gemms:
-        want += ([("xg", dtype, (s, h), (h, 1))] if copy else []) + [
-            ("act", dtype, (s, i), (padded_k(i), 1)),
-            ("o", dtype, (s, h), (h, 1)),
-        ]
-    if gemms and fp8:
-        hb, ib = -(-h // SCALE_BLOCK), -(-i // SCALE_BLOCK)
-        want += [
-            ("qa", FP8, (s, h), (h, 1)),
-            ("sa", torch.float32, (s, hb), (hb, 1)),
-            ("qh", FP8, (s, i), (i, 1)),
-            ("sh", torch.float32, (s, ib), (ib, 1)),
-        ]
-    regions, at = [], 0
-    for name, dt, shape, strides in want:
-        regions.append(Region(name, dt, shape, strides, at))
-        size = (shape[0] * strides[0] if shape[0] else 0) * torch.empty((), dtype=dt).element_size()
-        at += -(-size // ALIGN) * ALIGN
-    return regions, max(at, elt)
 
 
 def _views(regions: list[Region], buf: torch.Tensor) -> dict:
@@ -190,48 +82,6 @@ def _views(regions: list[Region], buf: torch.Tensor) -> dict:
         flat = raw[r.offset : r.offset + max(size, 1) * esz].view(r.dtype)
         out[r.name] = flat.as_strided(r.shape, r.strides)
     return out
-
-
-def _grouped_step(g, a: str, a_rows: str | None, w: str, out: str, scale: str | None, pre: str | None) -> Step:
-    """A planned bf16/fp16 grouped launch (``ops.grouped.grouped_spec``) as a Step over named tensors."""
-    return Step(
-        g.slot,
-        [
-            a if g.a_desc is None else Desc(a, *g.a_desc),
-            a_rows or "offsets",
-            w if g.w_desc is None else Desc(w, *g.w_desc),
-            out,
-            out if g.out_desc is None else Desc(out, *g.out_desc),
-            scale or out,
-            pre or out,
-            "offsets",
-            "tile_offsets",
-            *g.ints,
-        ],
-        shrink=pre is not None,
-    )
-
-
-def _quantize_step(src: str, q: str, sc: str, s: int, n: int, stride: int) -> Step:
-    """Rows of ``src`` (S, n) quantized per 1x128 block into ``q`` (e4m3) and ``sc`` (S, nb) fp32, as
-    ``quantize_fp8(x, "block", (1, 128))`` does (the same kernel and launch)."""
-    nb = -(-n // SCALE_BLOCK)
-    return Step(
-        kept_launch.Planned(quantize_groups_kernel, (s, nb, 1), dict(BLOCK=SCALE_BLOCK), dict(num_warps=1)),
-        [src, q, sc, n, stride, n, nb, SCALE_BLOCK],
-    )
-
-
-def check(x, w1, w2, tw, ids, gather, scales) -> tuple[int, int, int, int, int]:
-    """The full check of a new signature -> (T, H, I, E, k)."""
-    if scales is None:
-        check_gather(gather)
-        return check_moe_args(x, w1, w2, tw, ids)
-    dims = check_moe_fp8_args(x, w1, scales[0], w2, scales[1], tw, ids)
-    if dims[0] and dims[1] and dims[4]:
-        need_tma("moe_forward (fp8)", target_for(x.device))
-        check_weights_tma("moe_forward (fp8)", w1=w1, w2=w2)
-    return dims
 
 
 def plan_moe(x, w1, w2, tw, ids, validate, gather, configs, save, scales, dims) -> MoEPlan:
@@ -259,7 +109,7 @@ def plan_moe(x, w1, w2, tw, ids, validate, gather, configs, save, scales, dims) 
     route = route_kind(s, e)
     body = Body.NONE if h == 0 else Body.ZEROS if i == 0 else Body.GEMMS
     copy = gather == "copy"
-    regions, nbytes = _layout(t, h, i, e, k, x.dtype, route, copy, body is Body.GEMMS, fp8)
+    regions, nbytes = scratch_layout(t, h, i, e, k, x.dtype, route, copy, body is Body.GEMMS, fp8)
     w1k, w2k = w2d(w1), w2d(w2)
     p = MoEPlan(
         t=t,
@@ -325,7 +175,7 @@ def plan_moe(x, w1, w2, tw, ids, validate, gather, configs, save, scales, dims) 
         slot2, a2, wd2 = fp8_grouped_spec(Mode.DOWN, v["qh"], w2k, e, h, cfg2, target, s)
         act, o = v["act"], v["o"]
         p.steps += [
-            _quantize_step("xg", "qa", "sa", s, h, h),
+            quantize_step("xg", "qa", "sa", s, h, h),
             Step(
                 slot1,
                 [
@@ -344,7 +194,7 @@ def plan_moe(x, w1, w2, tw, ids, validate, gather, configs, save, scales, dims) 
                     act.stride(0),
                 ],
             ),
-            _quantize_step("act", "qh", "sh", s, i, act.stride(0)),
+            quantize_step("act", "qh", "sh", s, i, act.stride(0)),
             Step(
                 slot2,
                 [
@@ -370,10 +220,10 @@ def plan_moe(x, w1, w2, tw, ids, validate, gather, configs, save, scales, dims) 
         g2 = grouped_spec(Mode.DOWN, v["act"], False, w2k, v["o"], h, e, cfg2, target, s)
         p.clip = g1 if g1.clip else g2 if g2.clip else None
         p.steps += [
-            _grouped_step(
+            grouped_step(
                 g1, "xg" if copy else "x", None if copy else "token", "w1", "act", None, "gate_up" if save else None
             ),
-            _grouped_step(g2, "act", None, "w2", "o", "scale", None),
+            grouped_step(g2, "act", None, "w2", "o", "scale", None),
         ]
     p.steps.append(
         Step(
@@ -538,7 +388,7 @@ def run_plan(p: MoEPlan, x, w1, w2, tw, ids, scales=None) -> tuple[torch.Tensor,
             ok = (lo >= 0) & (hi < p.e)
         else:
             ok = buf.view(torch.uint8)[p.ok_at]
-        if ok.is_cuda:  # a device-side assert (as ``moe_checks.device_check``)
+        if ok.is_cuda:  # a device-side assert (as ``ops.moe.checks.device_check``)
             torch._assert_async(ok, p.validate)
         elif not bool(ok):
             raise ValueError(p.validate)

@@ -1,5 +1,5 @@
 """How the dense GEMM's work is routed and cut: the route rules, the GEMV kernel's split and limits, and the
-persistent kernel's split tail. Pure arithmetic over shapes and the config tables; ``gemm_plan`` asks here.
+persistent kernel's split tail. Pure arithmetic over shapes and the config tables; ``ops.gemm.planner`` asks here.
 
     route(target, m, n, k, dtype, tma)        the path a "route" rule names for the shape, and the rule
     gemv_split_for(cfg, m, n, k, num_sms)     the split-K of a GEMV launch

@@ -1,0 +1,207 @@
+"""FP8 dense GEMM's plan (``ops.fp8.launch`` keeps one per signature and launches it): the config, the planner
+``plan_fp8`` and what a plan's kernel is compiled with; ``execute_fp8`` runs a plan through Triton's JIT (the
+tuner's and the inspector's way).
+
+    C (M, N) = (A * a_scale) @ (B * b_scale)     A (M, K), B (K, N) float8_e4m3fn; scales fp32; fp32 accumulation;
+                                                 C in out_dtype (bf16, fp16 or fp32)
+
+The scale granularity is read from the scale shapes (``ops.fp8.checks.scale_mode``); the alignment rules and the
+config tables are as ``ops.fp8.launch`` says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gemmlab.device import Target, target_for
+from gemmlab.ops import configs
+from gemmlab.ops.fp8.checks import SCALE_BLOCK, check_gemm_fp8_args, fp8_out_dtype
+from gemmlab.ops.layout import descriptor_layout, is_kmajor, tma_ok
+
+SCALES = ("tensor", "row/col", "block")  # by scale mode 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    """Launch parameters of the FP8 kernel. ``promote`` (per-tensor and row/col scales): move the tensor cores' sum
+    into the fp32 accumulator every BLOCK_K (the block-scaled path always does). Code variants, the same sums
+    (``kernels.gemm_fp8``): ``b_scale_scalar`` (block scales, block_n dividing 128: B's scale loaded once per step
+    as a scalar), ``warp_specialize`` (Triton's Hopper producer/consumer warp groups; C then goes by masked
+    pointers, which that pass takes), ``flatten`` (tile and K loops pipelined as one)."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 128
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+    epilogue_subtile: bool = False
+    promote: bool = True
+    b_scale_scalar: bool = False
+    warp_specialize: bool = False
+    flatten: bool = False
+
+    def __post_init__(self) -> None:
+        configs.check_fields(
+            self, pow2=("block_m", "block_n", "block_k", "num_warps"), positive=("group_m", "num_stages")
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Fp8Config:
+        return configs.config_of(cls, d)
+
+
+@dataclass(frozen=True)
+class Fp8Plan:
+    """What ``gemm_fp8`` runs: the config, where it came from, the scale mode and the layouts."""
+
+    config: Fp8Config
+    reason: str
+    m: int
+    n: int
+    k: int
+    scale: int  # 0 per tensor, 1 row/col, 2 block
+    b_kmajor: bool
+    c_tma: bool
+    num_sms: int
+
+
+def plan_fp8(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+    config: Fp8Config | None = None,
+    target: Target | None = None,
+) -> Fp8Plan:
+    """The plan of ``gemm_fp8(a, b, a_scale, b_scale, out_dtype=..., out=...)``: checks (alignment included), the
+    config (pinned, else the table's first matching rule), the layouts. ``target`` overrides the operands' device
+    (the inspector plans for an H200 from "meta" tensors). Pure: no allocation."""
+    out_dtype = fp8_out_dtype("gemm_fp8", out_dtype, out, torch.bfloat16)
+    mode = check_gemm_fp8_args(a, b, a_scale, b_scale, out_dtype, out)
+    (m, k), n = a.shape, b.shape[1]
+    if m == 0 or n == 0 or k == 0:
+        return Fp8Plan(Fp8Config(), f"M={m} N={n} K={k}: nothing to multiply", m, n, k, mode, True, False, 0)
+    target = target or target_for(a.device)
+    if not target.has_tma:
+        raise ValueError(
+            f"gemm_fp8: needs sm_90 (TMA and e4m3 wgmma); {target.name} is "
+            f"sm_{target.capability[0]}{target.capability[1]}"
+        )
+    b_kmajor = bool(is_kmajor(b, 0))
+    if not tma_ok(a, 1):
+        raise ValueError(
+            f"gemm_fp8: a (M={m}, K={k}, strides {a.stride()}) is not TMA-aligned: needs a 16-byte "
+            "aligned base and K % 16 == 0 (one byte per e4m3 element); there is no portable FP8 path"
+        )
+    if not tma_ok(b, 0 if b_kmajor else 1):
+        need = "K % 16 == 0 for a K-major b" if b_kmajor else "N % 16 == 0 for a row-major b (or pass b K-major)"
+        raise ValueError(
+            f"gemm_fp8: b (K={k}, N={n}, strides {b.stride()}) is not TMA-aligned: needs a 16-byte "
+            f"aligned base and {need}; there is no portable FP8 path"
+        )
+    if config is None:
+        rule = configs.pick(
+            target.name, "gemm_fp8", "tma", Fp8Config.from_dict, "float8_e4m3fn", m=m, n=n, k=k, scale=mode
+        )
+        config, source = rule.config, "config " + rule.source
+    else:
+        source = "config given by the caller"
+    if mode == 2 and SCALE_BLOCK % config.block_k:
+        raise ValueError(f"gemm_fp8: block scales need block_k dividing {SCALE_BLOCK}, config has {config.block_k}")
+    if mode == 2 and config.b_scale_scalar and SCALE_BLOCK % config.block_n:
+        raise ValueError(f"gemm_fp8: b_scale_scalar needs block_n dividing {SCALE_BLOCK}, config has {config.block_n}")
+    size = torch.empty((), dtype=out_dtype).element_size()
+    c_tma = tma_ok(out, 1) if out is not None else (m == 1 or (n * size) % 16 == 0)
+    c_tma = c_tma and not config.warp_specialize  # (Triton 3.6's Hopper warp specialization fails on a TMA store)
+    tiles = -(-m // config.block_m) * -(-n // config.block_n)
+    reason = (
+        f"persistent TMA kernel, {SCALES[mode]} scales, B {'K' if b_kmajor else 'N'}-major, C by "
+        f"{'TMA' if c_tma else 'masked pointers'}, {tiles} tiles; {source}"
+    )
+    return Fp8Plan(config, reason, m, n, k, mode, b_kmajor, c_tma, target.num_sms)
+
+
+def constexprs_fp8(p: Fp8Plan) -> dict:
+    """The compile-time parameters of a plan's kernel (shared with the inspector)."""
+    cfg = p.config
+    return dict(
+        SCALE=p.scale,
+        B_KMAJOR=p.b_kmajor,
+        C_TMA=p.c_tma,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        NUM_SMS=p.num_sms,
+        EPILOGUE_SUBTILE=cfg.epilogue_subtile,
+        PROMOTE=cfg.promote,
+        SB_SCALAR=p.scale == 2 and cfg.b_scale_scalar,
+        WARP_SPEC=cfg.warp_specialize,
+        FLATTEN=cfg.flatten,
+    )
+
+
+def launch_options_fp8(cfg: Fp8Config) -> dict:
+    return {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
+def _desc(t: torch.Tensor, inner: int, block: tuple[int, int]):
+    """A TMA descriptor over the 2-D view of ``t`` whose unit-stride dim is ``inner`` (shape (outer, inner))."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    view = t if inner == 1 else t.t()
+    return TensorDescriptor(view, *descriptor_layout(view.shape, view.stride(), 1, block, t.element_size()))
+
+
+def scale_strides(s: torch.Tensor) -> tuple[int, int]:
+    return (s.stride(0), s.stride(1)) if s.dim() == 2 else (0, 0)
+
+
+def execute_fp8(p: Fp8Plan, a, b, a_scale, b_scale, c):
+    """Launch a plan on its operands (``c`` (M, N) row-major, allocated); returns Triton's launched kernel (its
+    ``n_regs``, ``n_spills``), None where nothing was launched."""
+    from gemmlab.kernels.gemm_fp8 import gemm_fp8_tma_kernel  # (the first call loads the kernel)
+
+    if p.m == 0 or p.n == 0 or p.k == 0:
+        if c.numel():
+            c.zero_()  # K = 0: a sum over nothing
+        return None
+    cfg = p.config
+    a_desc = _desc(a, 1, (cfg.block_m, cfg.block_k))
+    b_desc = _desc(b, 0, (cfg.block_n, cfg.block_k)) if p.b_kmajor else _desc(b, 1, (cfg.block_k, cfg.block_n))
+    c_arg = _desc(c, 1, (cfg.block_m, cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n)) if p.c_tma else c
+    tiles = -(-p.m // cfg.block_m) * -(-p.n // cfg.block_n)
+    grid = (min(p.num_sms, tiles),)
+    return gemm_fp8_tma_kernel[grid](
+        a_desc,
+        b_desc,
+        c_arg,
+        a_scale,
+        b_scale,
+        p.m,
+        p.n,
+        p.k,
+        c.stride(0),
+        *scale_strides(a_scale),
+        *scale_strides(b_scale),
+        **constexprs_fp8(p),
+        **launch_options_fp8(cfg),
+    )
+
+
+__all__ = [
+    "Fp8Config",
+    "Fp8Plan",
+    "SCALES",
+    "constexprs_fp8",
+    "execute_fp8",
+    "launch_options_fp8",
+    "plan_fp8",
+    "scale_strides",
+]

@@ -1,0 +1,93 @@
+"""Mixture of experts, the public module: what a user calls is its ``__all__`` (``route``, ``grouped_gemm``,
+``moe_forward``, ``pack_moe_weights``, ``moe_backward`` ...). Legend: T tokens, H hidden, I expert intermediate,
+E experts, k top-k.
+
+The names load on first use from ``api`` (signatures, checks, docstrings), so importing a detail beside it (the
+argument checks and top-k scores ``ops.moe.custom`` registers at ``import gemmlab``) loads no kernel. The details,
+imported by ``api`` only (and by ``ops.introspect`` for the lab):
+
+    checks     one clear error per bad argument (torch only, no kernel)
+    scores     the top-k scores (softmax or sigmoid) of ``route``
+    config     MoEConfig and its Modes, from the config tables
+    routing    the sort by expert (offsets, permutation) and its kept kernels
+    grouped    the grouped GEMM launch
+    plan       the MoE forward: one plan per signature (plain, gate/up-saving and FP8 bodies as its options)
+    backward   the fused backward and the grouped weight gradient
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gemmlab.ops.moe.api import (
+        DTYPES,
+        MODES,
+        Mode,
+        MoEBackwardConfig,
+        MoEConfig,
+        PackedMoE,
+        Routes,
+        backward_config,
+        check_tensor,
+        check_weights,
+        epilogue_flags,
+        grid_programs,
+        grouped_gemm,
+        last_kernel,
+        launch_config,
+        moe_backward,
+        moe_choice,
+        moe_config,
+        moe_forward,
+        moe_forward_saving,
+        moe_grouped_kernel,
+        pack_moe_weights,
+        route,
+        route_kind,
+        sort_routes,
+        weight_grad,
+    )
+
+__all__ = [
+    "DTYPES",
+    "MODES",
+    "Mode",
+    "MoEBackwardConfig",
+    "MoEConfig",
+    "PackedMoE",
+    "Routes",
+    "backward_config",
+    "check_tensor",
+    "check_weights",
+    "epilogue_flags",
+    "grid_programs",
+    "grouped_gemm",
+    "last_kernel",
+    "launch_config",
+    "moe_backward",
+    "moe_choice",
+    "moe_config",
+    "moe_forward",
+    "moe_forward_saving",
+    "moe_grouped_kernel",
+    "pack_moe_weights",
+    "route",
+    "route_kind",
+    "sort_routes",
+    "weight_grad",
+]
+
+
+def __getattr__(name: str):
+    """A public name, loaded from ``gemmlab.ops.moe.api`` on first use (kept here after that)."""
+    if name in __all__:
+        value = getattr(importlib.import_module("gemmlab.ops.moe.api"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
