@@ -11,6 +11,8 @@ so that nothing is imported before it forks (no CUDA, no gemmlab). Before any ca
 - where it is root, enters a mount namespace of its own where the terminals are hidden (an empty /dev/pts,
   /dev/null over the consoles: ``namespaces``) and, with ``--pidns``, a PID namespace whose first process mounts a
   /proc of its own (``proc_mount``) and reaps its orphans;
+- with ``--read-only``, in that mount namespace, remounts every mount read-only but the ``--writable`` directories,
+  ``/dev/shm`` and the ``--file`` files (``read_only_host``: Landlock's file rules where there is no Landlock);
 - with ``--landlock``, enters a Landlock domain of its own, root or not:
   - files (ABI 1+, Linux 5.13+): no file can be written, created, removed, renamed, linked or truncated by path but
     below the ``--writable`` directories (the sandbox's scratch directory), ``/dev/shm``, and ``/dev/null`` and the
