@@ -16,7 +16,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.device import Target, target_for
-from gemmlab.kernels.moe import moe_tiles_kernel
+from gemmlab.kernels.moe_route import moe_tiles_kernel
 from gemmlab.ops import cache
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.fp8.checks import FP8, SCALE_BLOCK

@@ -40,13 +40,13 @@ from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.device import Target, target_for
-from gemmlab.kernels.moe import moe_tiles_kernel
 from gemmlab.kernels.moe_backward import (
     moe_bwd_combine_kernel,
     moe_bwd_dh_kernel,
     moe_bwd_dx_kernel,
     moe_weight_grad_kernel,
 )
+from gemmlab.kernels.moe_route import moe_tiles_kernel
 from gemmlab.ops import cache
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.layout import padded_k, rows_tma_ok

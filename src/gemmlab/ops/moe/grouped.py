@@ -21,7 +21,8 @@ from triton.runtime._allocation import NullAllocator, _allocator
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.device import Target, target_for
-from gemmlab.kernels.moe import moe_grouped_kernel, moe_tiles_kernel
+from gemmlab.kernels.moe import moe_grouped_kernel
+from gemmlab.kernels.moe_route import moe_tiles_kernel
 from gemmlab.ops import cache
 from gemmlab.ops import launch as kept_launch
 from gemmlab.ops.layout import rows_tma_ok

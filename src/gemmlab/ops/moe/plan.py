@@ -33,7 +33,8 @@ from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gemmlab.device import target_for
-from gemmlab.kernels.moe import moe_combine_kernel, moe_gather_kernel
+from gemmlab.kernels.moe import moe_combine_kernel
+from gemmlab.kernels.moe_route import moe_gather_kernel
 from gemmlab.ops import cache
 from gemmlab.ops import configs as config_tables
 from gemmlab.ops import launch as kept_launch

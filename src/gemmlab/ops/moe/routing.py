@@ -18,7 +18,7 @@ import triton
 from triton import knobs
 from triton.runtime.errors import OutOfResources
 
-from gemmlab.kernels.moe import (
+from gemmlab.kernels.moe_route import (
     moe_align_kernel,
     moe_count_kernel,
     moe_scan_kernel,
