@@ -82,7 +82,11 @@ def moe_forward_act(
     t, h, i, e, k = dims
     if validate and t * k:
         ok = ((topk_ids >= 0) & (topk_ids < e)).all()
-        device_check(ok, f"moe_forward: topk_ids must be in [0, E={e})")
+        msg = f"moe_forward: topk_ids must be in [0, E={e})"
+        if torch.compiler.is_compiling():  # traced: an assert in the graph (no data-dependent branch)
+            torch._assert_async(ok, msg)
+        else:
+            device_check(ok, msg)
     routes = sort_routes_torch(topk_ids, e, 1)  # block_m: the tile table is unused here
     order, inv, token = routes.order.long(), routes.inv.long(), routes.token.long()
     eid = topk_ids.reshape(-1)[order].long()  # the expert of each routed row
