@@ -7,10 +7,13 @@
         y[t] = sum_j w[t, j] * (act(x[t] @ gate_up_e + b_e) @ down_e + c_e),  e = router_indices[t, j]
         act: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=limit)
 
-fp16/bf16 run ``moe_forward`` on transposed views of the Parameters (``interleaved=True``: nothing is packed or
-copied, so an optimizer step is seen on the next call, and gradients reach every Parameter); other dtypes a torch
-loop over the experts hit (what GptOssExperts computes). ``patch`` swaps a GptOssExperts for one sharing its
-Parameters (``sharing``); ``oai_fit`` says why one cannot be swapped.
+fp16/bf16 run ``moe_forward`` on transposed views of the Parameters (``interleaved=True``; nothing is kept, so an
+optimizer step is seen on the next call, and gradients reach every Parameter). The grouped GEMM reads (E, N, K)
+weights with unit K stride, so each call makes a transposed contiguous copy of both expert weights (and its
+backward again): correct, but a weight-sized copy per call; inference that can hold a second layout packs once
+instead (``pack_moe_weights(gate_up_proj.transpose(1, 2), down_proj.transpose(1, 2), interleaved=True)``). Other
+dtypes run a torch loop over the experts hit (what GptOssExperts computes). ``patch`` swaps a GptOssExperts for
+one sharing its Parameters (``sharing``); ``oai_fit`` says why one cannot be swapped.
 """
 
 from __future__ import annotations
