@@ -64,6 +64,25 @@ def _oai_torch(x, gu, gb, dn, db, weights, ids, alpha, limit) -> torch.Tensor:
     return y
 
 
+def oai_forward(experts: nn.Module, hidden_states, router_indices, routing_weights) -> torch.Tensor:
+    """gemmlab's forward of a gpt-oss experts module (``oai_fit`` passed, fp16/bf16): ``moe_forward`` with
+    activation="swiglu_oai" on transposed views of its Parameters, ids checked on the device."""
+    return ops_moe.moe_forward(
+        hidden_states,
+        experts.gate_up_proj.transpose(1, 2),
+        experts.down_proj.transpose(1, 2),
+        routing_weights,
+        router_indices,
+        validate=True,
+        activation="swiglu_oai",
+        alpha=float(experts.alpha),
+        limit=float(experts.limit),
+        w1_bias=experts.gate_up_proj_bias,
+        w2_bias=experts.down_proj_bias,
+        interleaved=True,
+    )
+
+
 class MoEExpertsOAI(nn.Module):
     """E gpt-oss experts (see the module docstring); forward through ``gemmlab.moe_forward`` (fp16/bf16)."""
 
@@ -104,20 +123,7 @@ class MoEExpertsOAI(nn.Module):
             x2, w2, i2 = hidden_states.reshape(-1, h), routing_weights.reshape(-1, k), router_indices.reshape(-1, k)
             y = _oai_torch(x2, gu, gb, dn, db, w2, i2, self.alpha, self.limit)
             return y.view(hidden_states.shape)
-        return ops_moe.moe_forward(
-            hidden_states,
-            gu.transpose(1, 2),
-            dn.transpose(1, 2),
-            routing_weights,
-            router_indices,
-            validate=True,
-            activation="swiglu_oai",
-            alpha=self.alpha,
-            limit=self.limit,
-            w1_bias=gb,
-            w2_bias=db,
-            interleaved=True,
-        )
+        return oai_forward(self, hidden_states, router_indices, routing_weights)
 
     @classmethod
     def sharing(cls, experts: nn.Module) -> MoEExpertsOAI:
