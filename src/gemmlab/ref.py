@@ -35,8 +35,10 @@ from gemmlab.ref_moe import (
     moe_composite,
     moe_grad_check,
     moe_layer_ref,
+    moe_oai_ref,
     moe_ref,
     moe_same_dtype,
+    swiglu_oai,
 )
 
 __all__ = [
@@ -61,6 +63,8 @@ __all__ = [
     "moe_composite",
     "moe_check",
     "moe_grad_check",
+    "moe_oai_ref",
+    "swiglu_oai",
     "grouped_gemm_fp8_check",
     "moe_fp8_ref",
     "moe_fp8_check",

@@ -210,3 +210,50 @@ def moe_grad_check(
         "grads": out,
         **({"error": f"gradients off the float32 autograd reference: {', '.join(bad)}"} if bad else {}),
     }
+
+
+def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU: gate clamped above at ``limit``, up to [-limit, limit], then
+    (up + 1) * gate * sigmoid(alpha * gate), in the inputs' dtype."""
+    gate = gate.clamp(max=limit)
+    up = up.clamp(-limit, limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def moe_oai_ref(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w1_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    *,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    interleaved: bool = False,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """The gpt-oss MoE body (``moe_forward(..., activation="swiglu_oai")``) as a loop over experts in ``dtype``
+    (float64: the reference; x's dtype: what PyTorch itself makes, as HF's GptOssExperts computes it):
+    y[t] = sum_j weights[t, j] * (swiglu_oai(gate, up) @ w2_e^T + b2_e), [gate | up] = x[t] @ w1_e^T + b1_e.
+    w1 (E, 2I, H): gate rows [0, I) then up rows [I, 2I), or with ``interleaved`` gate rows 0, 2, 4, ... and up
+    rows 1, 3, 5, ... (gpt-oss's layout, transposed); w1_bias (E, 2I) in w1's layout; w2 (E, H, I); w2_bias
+    (E, H). Differentiable in every float input; returns (T, H) in ``dtype``."""
+    t, h = x.shape
+    i = w2.shape[2]
+    y = torch.zeros((t, h), dtype=dtype, device=x.device)
+    xd = x.to(dtype)
+    for e in range(w1.shape[0]):
+        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        g = xd[tok] @ w1[e].to(dtype).t()
+        if w1_bias is not None:
+            g = g + w1_bias[e].to(dtype)
+        gate, up = (g[:, 0::2], g[:, 1::2]) if interleaved else (g[:, :i], g[:, i:])
+        o = swiglu_oai(gate, up, alpha, limit) @ w2[e].to(dtype).t()
+        if w2_bias is not None:
+            o = o + w2_bias[e].to(dtype)
+        y = y.index_add(0, tok, o * topk_weights[tok, slot].to(dtype)[:, None])
+    return y

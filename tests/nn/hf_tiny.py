@@ -37,7 +37,7 @@ _V3ISH = dict(
 )  # DeepSeek-V3-style routing
 
 # family -> (config class, model class, config overrides, what patch must do with its experts:
-#            "experts" (-> MoEExperts), "skip" (left, with the reason))
+#            "experts" (-> MoEExperts), "swiglu_oai" (-> MoEExpertsOAI), "skip" (left, with the reason))
 FAMILIES = {
     "mixtral": (
         "MixtralConfig",
@@ -232,7 +232,7 @@ FAMILIES = {
             sliding_window=8,
             layer_types=["full_attention"],
         ),
-        "skip",
+        "swiglu_oai",
     ),
     "dbrx": (
         "DbrxConfig",

@@ -34,9 +34,10 @@ def _patch(model: nn.Module, name: str):
     expect = FAMILIES[name][3]
     for path in summary["moe_experts"]:  # recognized by its row in gemmlab.nn.families
         assert summary["matched"][path].startswith(f"{name} ("), summary["matched"]
-    if expect == "experts":
+    if expect in ("experts", "swiglu_oai"):
+        cls = gnn.MoEExperts if expect == "experts" else gnn.MoEExpertsOAI
         assert summary["moe_experts"], summary
-        assert all(isinstance(model.get_submodule(p), gnn.MoEExperts) for p in summary["moe_experts"])
+        assert all(isinstance(model.get_submodule(p), cls) for p in summary["moe_experts"])
     else:  # left as it was, named, with the reason, and warned about
         assert not summary["moe_experts"], summary
         note = next(f.note for f in families.FAMILIES if f.name == name)

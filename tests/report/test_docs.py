@@ -16,7 +16,7 @@ FAMILIES_BEGIN = (
     "<!-- families: generated from gemmlab.nn.families.FAMILIES and checked by test_docs.py; do not edit -->"
 )
 FAMILIES_END = "<!-- /families -->"
-SWAP = {"experts": "experts: `nn.MoEExperts`", "none": "left as it is"}
+SWAP = {"experts": "experts: `nn.MoEExperts`", "swiglu_oai": "experts: `nn.MoEExpertsOAI`", "none": "left as it is"}
 COMMANDS = (
     'pip install torch==2.13.0 -e ".[cpu]" && gemmlab grade',
     'pip install torch==2.13.0 -e ".[cpu,test]" && pytest',

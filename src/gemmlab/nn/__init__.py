@@ -10,6 +10,9 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k; M rows, N
     MoEExperts(num_experts, hidden, intermediate)  ``gate_up_proj`` (E, 2I, H), ``down_proj`` (E, H, I), as
         transformers 5 stores them; forward(hidden_states (T, H), top_k_index (T, k), top_k_weights (T, k)) ->
         (T, H) through ``gemmlab.moe_forward`` (SiLU gate; ids outside [0, E) raise, checked on the device).
+    MoEExpertsOAI(num_experts, hidden, intermediate, alpha=1.702, limit=7.0)  gpt-oss's experts in its own layout
+        (``gate_up_proj`` (E, H, 2I) interleaved, biases, ``down_proj`` (E, I, H)) through ``moe_forward``'s
+        ``activation="swiglu_oai"`` (``gemmlab.nn.gpt_oss``); ``patch`` swaps GptOssExperts for it.
     MoE(hidden, intermediate, num_experts, top_k)  ``gate`` (a Linear E x H, no bias) + ``experts``: route
         (``gemmlab.route``: softmax or sigmoid, top-k, renormalized) then experts; x (..., H). ``ep_group=group``:
         expert parallel over a torch.distributed group (``gemmlab.distributed``).
@@ -29,6 +32,7 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, k top-k; M rows, N
 """
 
 from gemmlab.nn.fp8 import Fp8Linear, Fp8MoEExperts
+from gemmlab.nn.gpt_oss import MoEExpertsOAI
 from gemmlab.nn.hf_experts import register_transformers
 from gemmlab.nn.linear import DTYPES, Linear
 from gemmlab.nn.moe import MoE, MoEExperts
@@ -43,6 +47,7 @@ __all__ = [
     "Linear",
     "MoE",
     "MoEExperts",
+    "MoEExpertsOAI",
     "PatchSummary",
     "choices",
     "patch",

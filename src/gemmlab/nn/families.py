@@ -3,6 +3,8 @@
 One row per family: its sparse-MoE block class, its experts class, what ``patch`` swaps and why.
     swap "experts": experts -> gemmlab.nn.MoEExperts; the block's own router (so the same expert ids), shared
                     experts and scaling stay
+    swap "swiglu_oai": experts -> gemmlab.nn.MoEExpertsOAI (gpt-oss: moe_forward's activation="swiglu_oai" with
+                    biases on the interleaved, transposed weights, read in place); the block's own router stays
     swap "none":    left as it is; ``note`` is the reason patch reports
 Families not listed whose experts module uses transformers' experts interface in the (E, 2I, H) SiLU layout are
 swapped as "experts" all the same (``patch`` reports them "by structure").
@@ -18,7 +20,7 @@ class Family:
     name: str
     block: str  # the sparse-MoE block's class name
     experts: str  # its experts module's class name
-    swap: str  # "experts" or "none"
+    swap: str  # "experts", "swiglu_oai" or "none"
     note: str  # the routing and what stays the model's own; for "none", why it is left
 
 
@@ -106,9 +108,9 @@ FAMILIES = (
         "gpt-oss",
         "GptOssMLP",
         "GptOssExperts",
-        "none",
-        "gpt-oss experts interleave gate and up, store them transposed (E, H, 2I) with biases and apply a "
-        "clamped SwiGLU (alpha 1.702, limit 7): moe_forward computes SiLU(gate) * up on (E, 2I, H)",
+        "swiglu_oai",
+        "softmax over the top-k router logits (its biased router kept); interleaved, transposed (E, H, 2I) experts "
+        "with biases and a clamped SwiGLU (alpha 1.702, limit swiglu_limit): moe_forward's swiglu_oai activation",
     ),
     Family(
         "dbrx",

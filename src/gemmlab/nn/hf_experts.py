@@ -22,7 +22,10 @@ What runs, per call:
            (x, both weights and top_k_weights; the ids are not differentiable, as in transformers). Only the
            fit verdict is kept per module (``fit``), read again when its weights' objects, dtypes or shapes, its
            activation or its expert-parallel flag change.
-    fp16/bf16 experts that do not fit (biases, transposed or interleaved weights, another gate, expert parallel)
+    gpt-oss's experts (``gemmlab.nn.gpt_oss.oai_fit``: its four Parameters in one of fp16/bf16)
+        -> ``moe_forward(..., activation="swiglu_oai", interleaved=True)`` on transposed views of its own
+           Parameters, biases included (``gemmlab.nn.gpt_oss.oai_forward``), as ``patch`` runs it.
+    other fp16/bf16 experts that do not fit (biases, transposed or interleaved weights, another gate, expert parallel)
         -> transformers' "grouped_mm", with one warning per experts class naming the reason.
     other dtypes (fp32, fp64), hidden states and weights in two dtypes, or a CPU without the interpreter
         -> the module's own eager forward (what ``experts_implementation="eager"`` runs).
@@ -42,6 +45,8 @@ import weakref
 import torch
 from torch import nn
 
+from gemmlab.nn.families import BY_EXPERTS
+from gemmlab.nn.gpt_oss import oai_fit, oai_forward
 from gemmlab.nn.linear import gemmlab_runs
 from gemmlab.nn.patch import experts_fit
 from gemmlab.ops import moe as ops_moe
@@ -49,6 +54,7 @@ from gemmlab.ops import moe as ops_moe
 NAME = "gemmlab"  # the key in transformers' ExpertsInterface
 MIN_TRANSFORMERS = 5  # the first major version with ExpertsInterface (pyproject's "hf" extra: transformers>=5)
 
+OAI_BIASES = ("gate_up_proj_bias", "down_proj_bias")  # what a gpt-oss verdict also depends on
 _WARNED: set[tuple[str, str]] = set()  # (experts class, reason) already warned about
 # experts module -> (what its verdict depends on, experts_fit's verdict): read once per module, not per call
 _FIT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -113,15 +119,28 @@ def experts_forward(
         if not torch.compiler.is_compiling():  # warned at the eager call (a warning would break a full graph)
             _warn_once(type(self).__name__, why)
         return _grouped_mm(self, hidden_states, top_k_index, top_k_weights)
+    if is_oai(self):
+        return oai_forward(self, hidden_states, top_k_index, top_k_weights)
     w1, w2 = self.gate_up_proj, self.down_proj
     return ops_moe.moe_forward(hidden_states, w1, w2, top_k_weights, top_k_index, validate=True)
+
+
+def is_oai(experts: nn.Module) -> bool:
+    """A family whose experts run gpt-oss's body (``gemmlab.nn.families``: swap "swiglu_oai")."""
+    family = BY_EXPERTS.get(type(experts).__name__)
+    return family is not None and family.swap == "swiglu_oai"
+
+
+def verdict(experts: nn.Module) -> str | None:
+    """Why the experts module cannot run gemmlab's body: ``oai_fit`` for gpt-oss's, ``experts_fit`` otherwise."""
+    return oai_fit(experts) if is_oai(experts) else experts_fit(experts)
 
 
 def fit(experts: nn.Module) -> str | None:
     """``experts_fit(experts)``, kept per module while its weights (objects, dtypes, shapes), its activation and
     its expert-parallel flag stay the same (eager; under compilation it is traced once per graph)."""
     if torch.compiler.is_compiling():
-        return experts_fit(experts)
+        return verdict(experts)
     w1, w2 = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
     key = (
         id(w1),
@@ -131,11 +150,13 @@ def fit(experts: nn.Module) -> str | None:
         getattr(w2, "dtype", None),
         getattr(w2, "shape", None),
         id(getattr(experts, "act_fn", None)),
+        tuple((id(b), getattr(b, "dtype", None)) for b in (getattr(experts, n, None) for n in OAI_BIASES)),
+        (getattr(experts, "alpha", None), getattr(experts, "limit", None)),
         getattr(experts, "_is_expert_parallel", False),
     )
     hit = _FIT.get(experts)
     if hit is None or hit[0] != key:
-        hit = _FIT[experts] = (key, experts_fit(experts))
+        hit = _FIT[experts] = (key, verdict(experts))
     return hit[1]
 
 

@@ -5,6 +5,7 @@ Legend: T tokens, H hidden, I expert intermediate, E experts.
 What is swapped, sharing the model's own Parameter objects (nothing is copied; checkpoints load unchanged):
     nn.Linear (fp16/bf16)          -> gemmlab.nn.Linear (gemmlab's GEMM or torch's, per shape: ``dispatch``)
     an experts module that fits    -> gemmlab.nn.MoEExperts (the block's own router, shared experts, scaling stay)
+    gpt-oss's GptOssExperts        -> gemmlab.nn.MoEExpertsOAI (moe_forward's swiglu_oai, biases; ``oai_fit``)
 The model's own routing stays: every MoE block keeps calling its own router module (router logits, softmax or
 sigmoid, top-k, in the model's ops and dtypes), and a router that is a plain nn.Linear (E outputs, in the
 block beside the experts: Hunyuan's ``gate.wg``, DBRX's ``router.layer``) is not swapped (``router_linears``;
@@ -29,6 +30,7 @@ from torch import nn
 
 from gemmlab.nn import per_shape
 from gemmlab.nn.families import BY_BLOCK, BY_EXPERTS
+from gemmlab.nn.gpt_oss import MoEExpertsOAI, oai_fit
 from gemmlab.nn.linear import DTYPES, Linear, check_policy
 from gemmlab.nn.moe import MoE, MoEExperts
 from gemmlab.nn.quantize import fp8_swaps
@@ -75,7 +77,7 @@ EXPERT_WEIGHTS = ("gate_up_proj", "up_proj", "down_proj", "w1", "w2", "w3")  # 3
 def looks_like_experts(name: str, mod: nn.Module) -> bool:
     """A module patch must either swap or report: a class named *Experts, 3-D expert weights of its own
     (``EXPERT_WEIGHTS``), or a list of per-expert modules named experts."""
-    if isinstance(mod, MoEExperts):
+    if isinstance(mod, (MoEExperts, MoEExpertsOAI)):
         return False
     if isinstance(mod, (nn.ModuleList, nn.ModuleDict)):
         return name.rsplit(".", 1)[-1] == "experts" and len(mod) > 0
@@ -152,7 +154,7 @@ def router_linears(model: nn.Module) -> set[str]:
     model's own)."""
     found: set[str] = set()
     for name, mod in model.named_modules():
-        if not name or not (isinstance(mod, MoEExperts) or looks_like_experts(name, mod)):
+        if not name or not (isinstance(mod, (MoEExperts, MoEExpertsOAI)) or looks_like_experts(name, mod)):
             continue
         e = expert_count(mod)
         parent, _, child = name.rpartition(".")
@@ -237,7 +239,7 @@ def patch(
     if moe not in MOE_MODES:
         raise ValueError(f"patch: moe {moe!r}: auto, experts or none")
     check_policy(dispatch)
-    if isinstance(model, (nn.Linear, MoEExperts, MoE)) or BY_BLOCK.get(type(model).__name__) is not None:
+    if isinstance(model, (nn.Linear, MoEExperts, MoEExpertsOAI, MoE)) or BY_BLOCK.get(type(model).__name__) is not None:
         raise ValueError(
             "patch: the model itself is an nn.Linear or MoE block; patch its parent, or use "
             "gemmlab.nn.Linear.sharing / MoEExperts.sharing"
@@ -279,13 +281,14 @@ def patch(
         cls = type(mod).__name__
         if moe != "none" and not name.startswith(moe_done) and looks_like_experts(name, mod):
             moe_done += (name + ".",)
-            why = experts_fit(mod)
+            oai = BY_EXPERTS.get(cls) is not None and BY_EXPERTS[cls].swap == "swiglu_oai"
+            why = oai_fit(mod) if oai else experts_fit(mod)
             if why is not None:
                 if old_transformers():
                     why = f"gemmlab's MoE swap needs transformers >= 5 (this is {old_transformers()}); {why}"
                 skipped.append((name, cls, why))
                 continue
-            swaps.append((name, MoEExperts.sharing(mod)))
+            swaps.append((name, (MoEExpertsOAI if oai else MoEExperts).sharing(mod)))
             summary["moe_experts"].append(name)
             known = BY_EXPERTS.get(cls)
             summary["matched"][name] = f"{known.name} ({cls})" if known else f"{cls} (by structure)"

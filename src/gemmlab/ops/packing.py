@@ -79,7 +79,20 @@ def _pad_rows(w: torch.Tensor) -> torch.Tensor:
     return buf[:, :, :k]
 
 
-def pack_moe_weights(w1: torch.Tensor, w2: torch.Tensor) -> PackedMoE:
-    """Prepack w1 (E, 2I, H) and w2 (E, H, I) once, outside any timed region (like ``pack_b``)."""
+def deinterleave_gate_up(t: torch.Tensor) -> torch.Tensor:
+    """Gate/up rows interleaved (gate 0, 2, 4, ..., up 1, 3, 5, ...: gpt-oss) -> in halves (gate [0, I), up [I, 2I)),
+    along dim 1 of w1 (E, 2I, H) or w1_bias (E, 2I); a copy. ValueError on an odd or missing dim 1."""
+    if not isinstance(t, torch.Tensor) or t.dim() < 2 or t.shape[1] % 2:
+        raise ValueError(f"deinterleave_gate_up: needs (E, 2I, ...) with an even dim 1, got "
+                         f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}")
+    return torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)
+
+
+def pack_moe_weights(w1: torch.Tensor, w2: torch.Tensor, *, interleaved: bool = False) -> PackedMoE:
+    """Prepack w1 (E, 2I, H) and w2 (E, H, I) once, outside any timed region (like ``pack_b``). ``interleaved``:
+    w1's gate/up rows come interleaved (gpt-oss's gate_up_proj transposed) and are put in halves here, once (its
+    bias: ``deinterleave_gate_up``)."""
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"pack_moe_weights: interleaved must be a bool, got {interleaved!r}")
     check_weights(w1, w2)
-    return PackedMoE(_pad_rows(w1), _pad_rows(w2))
+    return PackedMoE(_pad_rows(deinterleave_gate_up(w1) if interleaved else w1), _pad_rows(w2))

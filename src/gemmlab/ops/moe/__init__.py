@@ -13,6 +13,7 @@ imported by ``api`` only (and by ``ops.introspect`` for the lab):
     grouped    the grouped GEMM launch
     plan       the MoE forward: one plan per signature (plain, gate/up-saving and FP8 bodies as its options)
     backward   the fused backward and the grouped weight gradient
+    activation another activation (gpt-oss's swiglu_oai), expert biases, interleaved gate/up: a composite body
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gemmlab.ops.moe.api import (
+        ACTIVATIONS,
         DTYPES,
         MODES,
         Mode,
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
         backward_config,
         check_tensor,
         check_weights,
+        deinterleave_gate_up,
         epilogue_flags,
         grid_programs,
         grouped_gemm,
@@ -51,6 +54,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "ACTIVATIONS",
     "DTYPES",
     "MODES",
     "Mode",
@@ -61,6 +65,7 @@ __all__ = [
     "backward_config",
     "check_tensor",
     "check_weights",
+    "deinterleave_gate_up",
     "epilogue_flags",
     "grid_programs",
     "grouped_gemm",

@@ -37,6 +37,7 @@ import torch
 from gemmlab.ops import dispatch, launch
 from gemmlab.ops.layout import DTYPES
 from gemmlab.ops.moe import custom
+from gemmlab.ops.moe.activation import ACTIVATIONS, check_act_args, moe_forward_act
 from gemmlab.ops.moe.backward import moe_backward, weight_grad
 from gemmlab.ops.moe.checks import check_gather, check_moe_args, check_route_args, check_tensor, check_weights
 from gemmlab.ops.moe.config import (
@@ -61,9 +62,10 @@ from gemmlab.ops.moe.plan import launch_moe_forward
 from gemmlab.ops.moe.routing import Routes, route_kind, sort_routes
 from gemmlab.ops.moe.scores import route_scores
 from gemmlab.ops.moe_fp8 import PackedMoEFP8, moe_forward_fp8
-from gemmlab.ops.packing import PackedMoE, pack_moe_weights
+from gemmlab.ops.packing import PackedMoE, deinterleave_gate_up, pack_moe_weights
 
 __all__ = [
+    "ACTIVATIONS",
     "DTYPES",
     "MODES",
     "Mode",
@@ -74,6 +76,7 @@ __all__ = [
     "backward_config",
     "check_tensor",
     "check_weights",
+    "deinterleave_gate_up",
     "epilogue_flags",
     "grid_programs",
     "grouped_gemm",
@@ -164,6 +167,12 @@ def moe_forward(
     gather: str = "auto",
     configs: tuple[MoEConfig, MoEConfig] | None = None,
     save_gate_up: bool | None = None,
+    activation: str = "silu",
+    alpha: float | None = None,
+    limit: float | None = None,
+    w1_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    interleaved: bool = False,
 ) -> torch.Tensor:
     """The MoE layer body (see the module docstring). ``w1`` may be a ``PackedMoE`` (then ``w2`` is None
     or ignored); a ``PackedMoEFP8`` (``pack_moe_fp8``) runs the FP8 experts (``ops.moe_fp8.moe_forward_fp8``:
@@ -179,7 +188,22 @@ def moe_forward(
     takes the first's BLOCK_M (one tile schedule). ``save_gate_up`` (when a gradient is needed): True keeps the
     gate/up pre-activations (S, 2I) from the forward for the backward (``moe_forward_saving``, Liger's trade:
     faster, S*2I more elements held until the backward), False has the backward recompute them; None: as the
-    "moe_backward" config tables say (``ops.moe.backward.backward_config``)."""
+    "moe_backward" config tables say (``ops.moe.backward.backward_config``).
+
+    ``activation``: "silu" (SiLU(gate) * up, the fused body above) or "swiglu_oai" (gpt-oss's clamped SwiGLU:
+    (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=limit); ``alpha`` 1.702 and
+    ``limit`` 7.0 unless given; they are refused with "silu"). ``w1_bias`` (E, 2I) and ``w2_bias`` (E, H): expert
+    biases added after each GEMM (w1's dtype). ``interleaved``: w1's 2I rows (and w1_bias) hold gate and up
+    interleaved (gate rows 0, 2, 4, ..., up rows 1, 3, 5, ...: gpt-oss's gate_up_proj transposed), not in halves
+    (``pack_moe_weights(..., interleaved=True)`` de-interleaves once instead). Any of these runs
+    ``ops.moe.activation``'s body: the grouped GEMM twice with the activation in torch ops between (not the
+    fused epilogue), differentiable in x, w1, w2, the biases and topk_weights; ``configs`` and
+    ``save_gate_up`` do not apply to it."""
+    if activation != "silu" or w1_bias is not None or w2_bias is not None or interleaved is not False or (
+        alpha is not None or limit is not None
+    ):
+        return _moe_act(x, w1, w2, topk_weights, topk_ids, validate, gather, configs, activation, alpha, limit,
+                        w1_bias, w2_bias, interleaved)
     if isinstance(w1, PackedMoEFP8):
         return moe_forward_fp8(x, w1, topk_weights, topk_ids, validate=validate)
     if isinstance(w1, PackedMoE):
@@ -220,6 +244,29 @@ def moe_forward(
         y = (custom.MoEForwardSaving if save else custom.MoEForward).apply(*args)
     else:
         y = custom.moe_forward_saving(*args)[0] if save else custom.moe_forward(*args)
+    return _lead(y, lead)
+
+
+def _moe_act(x, w1, w2, tw, ids, validate, gather, configs, activation, alpha, limit, b1, b2, interleaved):
+    """``moe_forward`` with another activation, biases or the interleaved layout (``ops.moe.activation``)."""
+    if isinstance(w1, PackedMoEFP8):
+        raise ValueError("moe_forward: the FP8 experts (PackedMoEFP8) run SiLU(gate) * up without biases only")
+    if configs is not None:
+        raise ValueError("moe_forward: configs= applies to activation='silu' without biases only")
+    if isinstance(w1, PackedMoE):
+        w1, w2 = w1.w1, w1.w2
+    check_gather(gather)
+    lead = None
+    if isinstance(x, torch.Tensor) and x.dim() != 2 and x.dim() >= 1:
+        lead, x = x.shape, x.reshape(-1, x.shape[-1])
+        if isinstance(tw, torch.Tensor) and tw.dim() >= 1:
+            tw = tw.reshape(x.shape[0], tw.shape[-1])
+        if isinstance(ids, torch.Tensor) and ids.dim() >= 1:
+            ids = ids.reshape(x.shape[0], ids.shape[-1])
+    dims = check_moe_args(x, w1, w2, tw, ids)
+    _, h, i, e, _ = dims
+    alpha, limit = check_act_args(activation, alpha, limit, b1, b2, interleaved, e, h, i, w1)
+    y = moe_forward_act(x, w1, w2, tw, ids, b1, b2, activation, alpha, limit, interleaved, bool(validate), dims)
     return _lead(y, lead)
 
 
