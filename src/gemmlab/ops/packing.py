@@ -83,8 +83,10 @@ def deinterleave_gate_up(t: torch.Tensor) -> torch.Tensor:
     """Gate/up rows interleaved (gate 0, 2, 4, ..., up 1, 3, 5, ...: gpt-oss) -> in halves (gate [0, I), up [I, 2I)),
     along dim 1 of w1 (E, 2I, H) or w1_bias (E, 2I); a copy. ValueError on an odd or missing dim 1."""
     if not isinstance(t, torch.Tensor) or t.dim() < 2 or t.shape[1] % 2:
-        raise ValueError(f"deinterleave_gate_up: needs (E, 2I, ...) with an even dim 1, got "
-                         f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}")
+        raise ValueError(
+            f"deinterleave_gate_up: needs (E, 2I, ...) with an even dim 1, got "
+            f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}"
+        )
     return torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)
 
 

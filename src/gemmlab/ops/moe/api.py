@@ -199,11 +199,29 @@ def moe_forward(
     ``ops.moe.activation``'s body: the grouped GEMM twice with the activation in torch ops between (not the
     fused epilogue), differentiable in x, w1, w2, the biases and topk_weights; ``configs`` and
     ``save_gate_up`` do not apply to it."""
-    if activation != "silu" or w1_bias is not None or w2_bias is not None or interleaved is not False or (
-        alpha is not None or limit is not None
+    if (
+        activation != "silu"
+        or w1_bias is not None
+        or w2_bias is not None
+        or interleaved is not False
+        or (alpha is not None or limit is not None)
     ):
-        return _moe_act(x, w1, w2, topk_weights, topk_ids, validate, gather, configs, activation, alpha, limit,
-                        w1_bias, w2_bias, interleaved)
+        return _moe_act(
+            x,
+            w1,
+            w2,
+            topk_weights,
+            topk_ids,
+            validate,
+            gather,
+            configs,
+            activation,
+            alpha,
+            limit,
+            w1_bias,
+            w2_bias,
+            interleaved,
+        )
     if isinstance(w1, PackedMoEFP8):
         return moe_forward_fp8(x, w1, topk_weights, topk_ids, validate=validate)
     if isinstance(w1, PackedMoE):
