@@ -255,6 +255,7 @@ def test_renicing_the_baseline_fails_the_candidate(out_dir, monkeypatch, uid):
     passes: it gained nothing); where it lands (the grader not root, or with CUDA by default), the grade fails."""
     monkeypatch.setenv("GEMMLAB_SANDBOX_UID", uid)
     r = run_box("renices_baseline")
+    assert (out_dir / "reniced").exists(), ("no timed call ran", r["verdict"], r["failures"])
     reniced = max(int(n) for n in (out_dir / "reniced").read_text().split())
     if uid == "1" and r["isolation"]["candidate"]["uid"].split()[0] != "0":
         assert reniced == 0 and r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]
