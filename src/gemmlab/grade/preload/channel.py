@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gemmlab.sandbox import contain
+
 MASK = (1 << 64) - 1
 MAX_PENDING_BYTES = 64 << 20  # a channel that sends this much without closing a block is failed
 
@@ -155,27 +157,13 @@ def in_sandbox(pid: int, keeper: int) -> bool:
     pid is ``pid``: the namespace's first process and the worker it forks."""
     if pid == keeper or _ppid(pid) == keeper:
         return True
-    kids = [int(c) for c in _children(keeper)]
-    for host in kids + [g for k in kids for g in (int(c) for c in _children(k))]:
+    table = contain.procs()
+    kids = [p for p, (ppid, _) in table.items() if ppid == keeper]
+    for host in kids + [p for p, (ppid, _) in table.items() if ppid in kids]:
         _, chain = _status_ids(host)
         if len(chain) > 1 and chain[-1] == pid:
             return True
     return False
-
-
-def _children(pid: int) -> list[str]:
-    """The child pids of ``pid`` (every thread's), from /proc; [] where that is not readable."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-    out: list[str] = []
-    for t in tasks:
-        try:
-            out += Path(f"/proc/{pid}/task/{t}/children").read_text().split()
-        except OSError:
-            continue
-    return [c for c in out if c.isdigit()]
 
 
 class Channel:
