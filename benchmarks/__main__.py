@@ -20,6 +20,7 @@ SCRIPTS = {  # name: (file, one line)
         "the honest-arithmetic rule calibrated on cuBLAS and every gemmlab path, "
         "the cheap-arithmetic kernels, every case file's batch plan (3 minutes)",
     ),
+    "cuda-mounts": ("cuda_mounts.py", "which mounts CUDA needs writable under the sandbox's read-only host (GPU)"),
     "grade-repeat": ("grade_repeat.py", "repeated grades: no false failure over N runs, cuBLAS graded against itself"),
     "host-cost": ("host_cost.py", "host microseconds per call of the public ops against PyTorch's, beside device time"),
     "moe-backward": ("moe_backward.py", "MoE forward + backward against torch's composite and Liger; peak memory"),

@@ -145,7 +145,9 @@ def main() -> int:
                 allow_vendor=k.startswith("builtin:"),
                 seed=i,
                 budget_s=args.budget,
-                progress=lambda m, k=k, i=i: print(f"  [{k} {i}] {m}", file=sys.stderr, flush=True),
+                progress=lambda m, k=k, i=i, t0=t0: print(
+                    f"  [{k} {i} +{time.time() - t0:5.1f}s] {m}", file=sys.stderr, flush=True
+                ),
             )
             rows.append(row(k, i, r, time.time() - t0))
             reports.append({key: v for key, v in r.items() if key != "correctness"})

@@ -201,7 +201,7 @@ def read_only_host(writable: list[str], files: list[str]) -> str:
     for point in points:
         if any(point == k or point.startswith(k.rstrip("/") + "/") for k in kept):
             continue
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | _mount_flags(point)
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | mount_flags(point)
         if libc.mount(None, point.encode(), None, flags, None) != 0:
             left.append(f"{point} ({os.strerror(ctypes.get_errno())})")
     if left:
@@ -209,7 +209,7 @@ def read_only_host(writable: list[str], files: list[str]) -> str:
     return f"read-only but for {len(kept)} paths (the scratch directory, /dev/shm, the observers' files)"
 
 
-def _mount_flags(point: str) -> int:
+def mount_flags(point: str) -> int:
     """The nosuid/nodev/noexec flags a mount has (a bind remount must repeat them)."""
     try:
         st = os.statvfs(point)
@@ -376,4 +376,5 @@ def main() -> None:
     serve_in_child(fd)
 
 
-main()
+if __name__ == "__main__":
+    main()
