@@ -90,6 +90,7 @@ class Isolation:
     terminals: bool = True  # hide the terminals (a mount namespace of the keeper's own, where it is root)
     tool: Tool = Tool(None, why="not asked for")  # bubblewrap around the keeper, or none (``tool.why`` says why)
     read_only: bool = True  # in that namespace, the host read-only but for the sandbox's own paths
+    cuda: bool = False  # the sandbox runs CUDA: /proc stays writable to it (``keeper.PROC_READ_ONLY`` says why)
 
     @classmethod
     def from_env(cls, interpret: bool, observed: bool = False) -> Isolation:
@@ -115,6 +116,7 @@ class Isolation:
             if observed and tool_mode() != "none"
             else Tool.choose(interpret, pidns),
             _mode("GEMMLAB_SANDBOX_READONLY", "cpu", interpret),
+            cuda=not interpret,
         )
 
     def keeper_args(self, writable: list[str], cgroup: str | None, files: list[str] = ()) -> list[str]:
@@ -142,6 +144,7 @@ class Isolation:
             + (["--seccomp", str(os.getpid()), str(os.getpgid(0))] if self.seccomp else [])
             + (["--pidns"] if self.pidns and not wrap else [])
             + (["--hide-terminals"] if self.terminals and not wrap else [])
+            + (["--cuda"] if self.cuda else [])
         )
 
     def grant(self, log_dir: str, scratch: Path, writable: list[str], env: dict[str, str]) -> None:

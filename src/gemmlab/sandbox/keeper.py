@@ -1,6 +1,7 @@
 """The sandbox's first process, run by path (``python .../keeper.py FD [--cgroup PROCS_FILE] [--wrap ARGV_JSON
 --tool NAME [--tool-pidns] | --tool-why WHY] [--writable DIR]... [--read-only [--file FILE]...] [--landlock]
-[--uid UID | --uid-why WHY] [--seccomp OWNER PGID] [--pidns] [--hide-terminals]``; ``sandbox.isolate`` builds it)
+[--uid UID | --uid-why WHY] [--seccomp OWNER PGID] [--pidns] [--hide-terminals] [--cuda]``; ``sandbox.isolate``
+builds it)
 so that nothing is imported before it forks (no CUDA, no gemmlab). Before any candidate code exists it, in order,
 - writes its own pid into PROCS_FILE (the sandbox's freezer cgroup, ``sandbox.contain.Freezer``), so every process
   of the sandbox is born inside;
@@ -12,11 +13,13 @@ so that nothing is imported before it forks (no CUDA, no gemmlab). Before any ca
   /dev/null over the consoles: ``namespaces``) and, with ``--pidns``, a PID namespace whose first process mounts a
   /proc of its own (``proc_mount``) and reaps its orphans;
 - with ``--read-only``, in that mount namespace, remounts every mount read-only but the ``--writable`` directories,
-  ``/dev/shm`` and the ``--file`` files (``read_only_host``: Landlock's file rules where there is no Landlock);
+  ``/dev/shm`` and the ``--file`` files (``read_only_host``: Landlock's file rules where there is no Landlock); with
+  ``--cuda`` /proc stays writable (CUDA writes its threads' names there), its system files not;
 - with ``--landlock``, enters a Landlock domain of its own, root or not:
   - files (ABI 1+, Linux 5.13+): no file can be written, created, removed, renamed, linked or truncated by path but
     below the ``--writable`` directories (the sandbox's scratch directory), ``/dev/shm``, and ``/dev/null`` and the
-    GPU's device files (and appended to vendor_guard's log and counter files, the observer's own evidence). So
+    GPU's device files (and appended to vendor_guard's log and counter files, the observer's own evidence; with
+    ``--cuda`` the files below /proc too, as ``PROC_READ_ONLY`` says). So
     nothing the grader or the baseline reads after the candidate started can be the
     candidate's: not a module, ``.pth``, ``sitecustomize`` or ``.pyc`` of theirs (the baseline's worker starts after
     the candidate's first call), not the preloaded observers' libraries or logs, not the grader's log directory,
@@ -68,9 +71,11 @@ def _rule(libc, ruleset: int, path: str, access: int) -> None:
         os.close(fd)
 
 
-def landlock(writable: list[str]) -> list[str]:
+def landlock(writable: list[str], cuda: bool = False) -> list[str]:
     """Enter a Landlock domain: file writes below ``writable`` (and the devices) only, where the ABI has them (1+);
-    signals and abstract Unix sockets scoped (6+). Returns what could not be had ([] : all of it)."""
+    signals and abstract Unix sockets scoped (6+); with ``cuda`` files below /proc written too (``PROC_READ_ONLY``
+    says why; a process outside the domain is still out of reach there, its ptrace rights being scoped). Returns
+    what could not be had ([] : all of it)."""
     import ctypes
     import struct
 
@@ -103,6 +108,7 @@ def landlock(writable: list[str]) -> list[str]:
         for f in (os.environ.get(v) for v in ("GEMMLAB_VENDOR_LOG", "GEMMLAB_VENDOR_COUNTS"))
         if f and os.path.isfile(f)
     ]
+    rules += [("/proc", fs & (WRITE_FILE | TRUNCATE))] if cuda else []
     try:
         for path, access in rules:
             try:
@@ -116,6 +122,10 @@ def landlock(writable: list[str]) -> list[str]:
     return missing
 
 
+# with CUDA, /proc stays writable: cuInit names its threads by writing /proc/PID/task/TID/comm, and fails with
+# error 304 (CUDA_ERROR_OPERATING_SYSTEM) where it cannot (read-only, or outside a Landlock domain's rules); these
+# stay read-only all the same (a fresh /proc of a PID namespace has no container's masks on them)
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 TERMINALS = ("/dev/console", "/dev/tty[0-9]*", "/dev/ttyS*", "/dev/vcs*")  # hidden behind /dev/null
 CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
 PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH = 8, 47, 2, 2
@@ -178,10 +188,11 @@ def namespaces(pidns: bool) -> tuple[str, str]:
     return terminals, "on" if pidns else "off"
 
 
-def read_only_host(writable: list[str], files: list[str]) -> str:
+def read_only_host(writable: list[str], files: list[str], cuda: bool = False) -> str:
     """In the keeper's own mount namespace (root): every mount read-only but ``writable`` (the scratch directory
-    first), ``/dev/shm`` and ``files`` (the observers' logs it appends to), each bound on itself first. Device nodes
-    still open for writing (a read-only mount refuses writes to files, directories and links only), so the GPU
+    first), ``/dev/shm`` and ``files`` (the observers' logs it appends to), each bound on itself first; with ``cuda``
+    the /proc mount itself stays writable (``proc_system_read_only`` keeps the rest of it read-only). Device
+    nodes still open for writing (a read-only mount refuses writes to files, directories and links only), so the GPU
     works. Returns what the report says."""
     import ctypes
 
@@ -199,14 +210,39 @@ def read_only_host(writable: list[str], files: list[str]) -> str:
         return f"writable (mountinfo: {e.strerror})"
     left = []
     for point in points:
-        if any(point == k or point.startswith(k.rstrip("/") + "/") for k in kept):
+        if any(point == k or point.startswith(k.rstrip("/") + "/") for k in kept) or (cuda and point == "/proc"):
             continue
         flags = MS_REMOUNT | MS_BIND | MS_RDONLY | mount_flags(point)
         if libc.mount(None, point.encode(), None, flags, None) != 0:
             left.append(f"{point} ({os.strerror(ctypes.get_errno())})")
     if left:
         return "partly read-only: still writable " + ", ".join(left[:4]) + (" ..." if len(left) > 4 else "")
-    return f"read-only but for {len(kept)} paths (the scratch directory, /dev/shm, the observers' files)"
+    return f"read-only but for {len(kept)} paths (the scratch directory, /dev/shm, the observers' files)" + (
+        "; /proc as said" if cuda else ""
+    )
+
+
+def proc_system_read_only() -> str:
+    """In the keeper's own mount namespace (root), where /proc stays writable for CUDA: ``PROC_READ_ONLY`` bound on
+    themselves read-only. Returns what the report says."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    left = []
+    for path in PROC_READ_ONLY:
+        if not os.path.exists(path):
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | mount_flags(path)
+        if (
+            libc.mount(path.encode(), path.encode(), None, MS_BIND, None) != 0
+            or libc.mount(None, path.encode(), None, flags, None) != 0
+        ):
+            left.append(f"{path} ({os.strerror(ctypes.get_errno())})")
+    return "writable (CUDA names its threads there), " + (
+        f"but for {', '.join(p.removeprefix('/proc/') for p in PROC_READ_ONLY)}"
+        if not left
+        else f"{', '.join(left)} too"
+    )
 
 
 def mount_flags(point: str) -> int:
@@ -346,15 +382,17 @@ def main() -> None:
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
         isolation["pid_namespace"] = proc_mount()
     writable = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--writable"]
+    if "--cuda" in args and isolation["terminals"].startswith("hidden (/dev/pts"):
+        isolation["proc"] = proc_system_read_only()
     if "--read-only" in args:  # in the mount namespace above (hidden terminals), after the PID namespace's /proc
         if isolation["terminals"].startswith("hidden (/dev/pts"):
             files = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--file"]
-            isolation["host_files"] = read_only_host(writable, files)
+            isolation["host_files"] = read_only_host(writable, files, "--cuda" in args)
         else:
             isolation["host_files"] = "writable (no mount namespace of its own)"
     isolation["landlock"] = "off"
     if "--landlock" in args:
-        missing = landlock(writable)
+        missing = landlock(writable, "--cuda" in args)
         for why in missing:
             print(f"keeper: Landlock: {why}", file=sys.stderr)
         isolation["landlock"] = "on" if not missing else "partial: " + "; ".join(missing)
