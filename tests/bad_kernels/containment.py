@@ -353,10 +353,11 @@ def attacks_the_grader(A, B, C, M, N, K):
     ``tiocsti``: types "pwned" and a newline into the terminal $BAD_TTY (a pty the test holds, as a grader's
     terminal) with ioctl(TIOCSTI); ``tty_write``: writes a forged verdict line onto it; ``ptrace``: attaches to the
     grader and stops it (detached at once where it worked); ``process_vm_readv``: reads the grader's
-    memory; ``prlimit``: sets a resource limit of the grader's (RLIMIT_CORE, to what it is: harmless, and as good as
-    RLIMIT_CPU's SIGXCPU); ``kill``: signal 0 to the grader; ``clone3``: a child born in the grader's cgroup
-    (CLONE_INTO_CGROUP); ``ctty``: opens its controlling terminal (/dev/tty); ``tty_fds``: the descriptors it holds
-    that are terminals. "invisible": the grader is not in this process's view of /proc."""
+    memory; ``proc_mem``: opens the grader's memory file (/proc/PID/mem); ``prlimit``: sets a resource limit of the
+    grader's (RLIMIT_CORE, to what it is: harmless, and as good as RLIMIT_CPU's SIGXCPU); ``kill``: signal 0 to the
+    grader; ``clone3``: a child born in the grader's cgroup (CLONE_INTO_CGROUP); ``ctty``: opens its controlling
+    terminal (/dev/tty); ``tty_fds``: the descriptors it holds that are terminals. "invisible": the grader is not in
+    this process's view of /proc."""
     import ctypes
     import fcntl
     import resource
@@ -386,7 +387,7 @@ def attacks_the_grader(A, B, C, M, N, K):
     found["tty_fds"] = [int(fd) for fd in os.listdir("/proc/self/fd") if _isatty(int(fd))]
     grader = _grader_visible()
     if grader is None:
-        found.update({k: "invisible" for k in ("ptrace", "process_vm_readv", "prlimit", "kill")})
+        found.update({k: "invisible" for k in ("ptrace", "process_vm_readv", "proc_mem", "prlimit", "kill")})
     else:
 
         def attach():  # PTRACE_SEIZE, PTRACE_INTERRUPT: the grader's main thread stops (and no other thread);
@@ -405,6 +406,7 @@ def attacks_the_grader(A, B, C, M, N, K):
 
         _try(found, "ptrace", attach)
         _try(found, "process_vm_readv", read_memory)
+        _try(found, "proc_mem", lambda: os.close(os.open(f"/proc/{grader}/mem", os.O_RDONLY)))
         _try(
             found,
             "prlimit",

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from gemmlab import output
 from gemmlab.grade import cases, grade
@@ -275,3 +276,17 @@ def test_a_log_replaced_by_a_fifo_does_not_hang_the_grader(tmp_path):
     assert r.returncode == 1, r.stderr[-2000:]
     report = json.loads(r.stdout)
     assert report["verdict"] == "FAIL" and "a FIFO, not a regular file" in report["failures"][0]["reason"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_every_value_of_the_graded_dtypes_is_a_tf32_value(dtype):
+    """The competition reference runs on TF32 tensor cores for fp16 and bf16 operands (``inputs.reference``): exact
+    only if every such value, as fp32, has its 13 low mantissa bits clear (TF32 keeps 10) and a TF32 exponent
+    (TF32 has fp32's). Every one of the 65536 bit patterns, NaN and Inf aside."""
+    from gemmlab.grade.inputs import TF32_EXACT
+
+    assert dtype in TF32_EXACT
+    values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype).float()
+    values = values[torch.isfinite(values)]
+    assert values.numel() > 60000
+    assert int((values.view(torch.int32) & 0x1FFF).count_nonzero()) == 0

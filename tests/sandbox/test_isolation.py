@@ -183,20 +183,27 @@ def _need_bwrap(tool: str) -> None:
 @pytest.mark.parametrize("landlock", ["0", "1"])
 def test_a_candidate_reaches_neither_the_grader_nor_its_terminal(out_dir, monkeypatch, landlock, tool, device):
     """Graded, the candidate tries TIOCSTI and a write on a terminal the grader holds, ptrace, process_vm_readv,
-    prlimit and a signal on the grader, and clone3 into the grader's cgroup: every one fails, the terminal got
-    nothing, the honest arithmetic passes, and the report says what was in force. Without Landlock (as with CUDA)
-    the seccomp filter and the keeper's mount namespace alone hold; inside bubblewrap (where installed) its
-    namespaces hold too, and the report names it."""
+    the grader's /proc/PID/mem, prlimit and a signal on the grader, and clone3 into the grader's cgroup: every one
+    fails, the terminal got nothing, the honest arithmetic passes, and the report says what was in force. Without
+    Landlock (as with CUDA) the seccomp filter and the keeper's mount namespace alone hold; inside bubblewrap (where
+    installed) its namespaces hold too, and the report names it."""
     if device == "cuda" and landlock == "1":
         pytest.skip("Landlock with CUDA is open (tests/sandbox/test_sandbox.py::test_landlock_with_cuda)")
     _need_bwrap(tool)
-    r, found, got = _attacks(out_dir, monkeypatch, GEMMLAB_SANDBOX_LANDLOCK=landlock, GEMMLAB_SANDBOX_TOOL=tool)
+    r, found, got = _attacks(
+        out_dir,
+        monkeypatch,
+        GEMMLAB_SANDBOX_LANDLOCK=landlock,
+        GEMMLAB_SANDBOX_TOOL=tool,
+        GEMMLAB_SANDBOX_UNDUMPABLE="1",  # on by default without CUDA; with CUDA this GPU test is what could turn it on
+    )
     assert got == b"", got
     assert set(found) == {
         "tiocsti",
         "tty_write",
         "ptrace",
         "process_vm_readv",
+        "proc_mem",
         "prlimit",
         "kill",
         "clone3",
@@ -226,18 +233,20 @@ def test_in_a_pid_namespace_the_grader_is_not_in_view(out_dir, monkeypatch):
         GEMMLAB_SANDBOX_LANDLOCK="0",
         GEMMLAB_SANDBOX_SECCOMP="0",
         GEMMLAB_SANDBOX_UID="0",
+        GEMMLAB_SANDBOX_UNDUMPABLE="0",
         GEMMLAB_SANDBOX_TOOL="none",
     )
     assert r["isolation"]["candidate"]["pid_namespace"] == "on", r["isolation"]
-    assert got == b"" and all(found[k] == "invisible" for k in ("ptrace", "process_vm_readv", "prlimit", "kill"))
+    attacks = ("ptrace", "process_vm_readv", "proc_mem", "prlimit", "kill")
+    assert got == b"" and all(found[k] == "invisible" for k in attacks), found
     assert passed(r), r["failures"]
 
 
 def test_without_the_filter_the_same_candidate_reaches_the_grader(out_dir, monkeypatch):
-    """The control: with the filter, Landlock and the uid of its own off (as before), the same candidate attaches to
-    the grader, reads its memory, sets its resource limit and signals it (as root, or as the grader's user); so the
-    refusals above are the filter's (or the uid's). The terminal stays out of reach (the keeper's mount namespace
-    hides it, where it is root)."""
+    """The control: with the filter, Landlock, the uid of its own and the undumpable grader off (as before), the same
+    candidate attaches to the grader, reads its memory, sets its resource limit and signals it (as root, or as the
+    grader's user); so the refusals above are the filter's (or the uid's). The terminal stays out of reach (the keeper's
+    mount namespace hides it, where it is root)."""
     if os.geteuid() != 0:
         pytest.skip("the control needs the keeper's mount namespace (root) to keep the terminal out of reach")
     r, found, got = _attacks(
@@ -246,10 +255,11 @@ def test_without_the_filter_the_same_candidate_reaches_the_grader(out_dir, monke
         GEMMLAB_SANDBOX_LANDLOCK="0",
         GEMMLAB_SANDBOX_SECCOMP="0",
         GEMMLAB_SANDBOX_UID="0",
+        GEMMLAB_SANDBOX_UNDUMPABLE="0",
         GEMMLAB_SANDBOX_TOOL="none",
     )
     assert got == b"" and found["tiocsti"] == "ENOENT" and found["tty_write"] == "ENOENT", (got, found)
-    assert all(found[k] is True for k in ("ptrace", "process_vm_readv", "prlimit", "kill")), found
+    assert all(found[k] is True for k in ("ptrace", "process_vm_readv", "proc_mem", "prlimit", "kill")), found
     assert r["isolation"]["candidate"]["seccomp"] == "off"
 
 
@@ -265,10 +275,12 @@ def test_a_uid_of_its_own_alone_keeps_the_grader_out_of_reach(out_dir, monkeypat
         GEMMLAB_SANDBOX_LANDLOCK="0",
         GEMMLAB_SANDBOX_SECCOMP="0",
         GEMMLAB_SANDBOX_UID="1",
+        GEMMLAB_SANDBOX_UNDUMPABLE="0",
         GEMMLAB_SANDBOX_TOOL="none",
     )
     assert got == b"", got
-    assert all(found[k] in ("EPERM", "EACCES") for k in ("ptrace", "process_vm_readv", "prlimit", "kill")), found
+    attacks = ("ptrace", "process_vm_readv", "proc_mem", "prlimit", "kill")
+    assert all(found[k] in ("EPERM", "EACCES") for k in attacks), found
     uid = r["isolation"]["candidate"]["uid"]
     assert "its own" in uid and int(uid.split()[0]) != 0, uid
     assert (out_dir / "attacks.json").stat().st_uid == int(uid.split()[0])
@@ -332,19 +344,28 @@ def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypa
     assert not cand.members()
 
 
+SWITCHES_WITH_CUDA = {  # id: the switch set (each layer that is off by default with CUDA, alone)
+    "default": {},
+    "readonly": {"GEMMLAB_SANDBOX_READONLY": "1"},
+    "undumpable": {"GEMMLAB_SANDBOX_UNDUMPABLE": "1"},
+    "landlock": {"GEMMLAB_SANDBOX_LANDLOCK": "1"},
+    "pidns": {"GEMMLAB_SANDBOX_PIDNS": "1"},
+    "uid": {"GEMMLAB_SANDBOX_UID": "1"},
+}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "switch", [{}, {"GEMMLAB_SANDBOX_UID": "1"}, {"GEMMLAB_SANDBOX_PIDNS": "1"}], ids=["default", "uid", "pidns"]
-)
+@pytest.mark.parametrize("switch", list(SWITCHES_WITH_CUDA.values()), ids=list(SWITCHES_WITH_CUDA))
 def test_isolation_with_cuda(monkeypatch, switch):
     """With CUDA: the seccomp filter and the hidden terminals (on by default there since this test passed on the
-    H200; set here all the same), the read-only host (off by default there until this test has passed with it) and
-    each other switch (a uid of its own, which CUDA does not allow: the report says
-    why; a PID namespace) still let both children open the slots' IPC handles, and gemmlab's own kernel passes; the
-    report says what held."""
+    H200; set here all the same), and each layer that is off by default there (the read-only host, the undumpable
+    grader, Landlock, a PID namespace; until its case here has passed) or never given (a uid of its own, which
+    CUDA does not allow: the report says why) still let both children open the slots' IPC handles, and gemmlab's
+    own kernel passes; the report says what held."""
     monkeypatch.setenv("GEMMLAB_SANDBOX_SECCOMP", "1")
     monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "1")
-    monkeypatch.setenv("GEMMLAB_SANDBOX_READONLY", "1")
+    for var in ("READONLY", "UNDUMPABLE", "LANDLOCK", "PIDNS", "UID"):
+        monkeypatch.setenv(f"GEMMLAB_SANDBOX_{var}", "0")
     from gemmlab.grade import grade
     from tests.grade.test_grade import TINY
 
@@ -354,27 +375,38 @@ def test_isolation_with_cuda(monkeypatch, switch):
     assert passed(r), r["failures"]
     iso = r["isolation"]["candidate"]
     assert iso["seccomp"] == "on", iso
-    if os.geteuid() == 0:
+    root = os.geteuid() == 0
+    if root:
+        assert iso["proc"].startswith("writable (CUDA names its threads there), but for sys"), iso
+    if "GEMMLAB_SANDBOX_READONLY" in switch and root:
         assert iso["host_files"].startswith("read-only but for"), iso
+    if "GEMMLAB_SANDBOX_UNDUMPABLE" in switch:
+        assert iso["ptrace"] == "no CAP_SYS_PTRACE", iso
+        assert r["isolation"]["baseline"]["ptrace"] == "no CAP_SYS_PTRACE; this sandbox undumpable", r["isolation"]
+    if "GEMMLAB_SANDBOX_LANDLOCK" in switch:
+        assert iso["landlock"].startswith(("on", "partial")), iso
     if "GEMMLAB_SANDBOX_UID" in switch:
         assert "the grader's" in iso["uid"] and "IPC" in iso["uid"], iso
-    if "GEMMLAB_SANDBOX_PIDNS" in switch and os.geteuid() == 0:
+    if "GEMMLAB_SANDBOX_PIDNS" in switch and root:
         assert iso["pid_namespace"] == "on", iso
 
 
 def test_the_layers_by_default_with_and_without_cuda_and_each_has_its_switch(monkeypatch):
     """Without CUDA every layer but the PID namespace is on by default; with CUDA the filter and the hidden terminals
-    are on too (their GPU test passed on the H200), Landlock, the read-only host and the PID namespace are off until
-    asked for, and a uid
+    are on too (their GPU test passed on the H200), Landlock, the read-only host, the undumpable grader and the PID
+    namespace are off until asked for, and a uid
     of its own is never given (CUDA IPC across uids fails: the reason is kept for the report); each switch turns its
     layer on or off."""
     from gemmlab.sandbox.isolate import Isolation
 
-    for var in ("LANDLOCK", "SECCOMP", "TERMINALS", "UID", "PIDNS", "TOOL", "READONLY"):
+    for var in ("LANDLOCK", "SECCOMP", "TERMINALS", "UID", "PIDNS", "TOOL", "READONLY", "UNDUMPABLE"):
         monkeypatch.delenv(f"GEMMLAB_SANDBOX_{var}", raising=False)
     cpu, cuda = Isolation.from_env(interpret=True), Isolation.from_env(interpret=False)
-    assert cpu.seccomp and cpu.terminals and cpu.landlock and cpu.read_only and not cpu.pidns
+    assert cpu.seccomp and cpu.terminals and cpu.landlock and cpu.read_only and cpu.undumpable and not cpu.pidns
     assert cuda.seccomp and cuda.terminals and not (cuda.landlock or cuda.pidns or cuda.uid or cuda.read_only)
+    assert not cuda.undumpable and "--no-ptrace" not in cuda.keeper_args([], None)
+    assert "--cuda" in cuda.keeper_args([], None) and "--cuda" not in cpu.keeper_args([], None)
+    assert "--undumpable" in cpu.keeper_args([], None, trusted=True) and "--undumpable" not in cpu.keeper_args([], None)
     assert {"--seccomp", "--hide-terminals"} <= set(cuda.keeper_args([], None))
     assert "--read-only" not in cuda.keeper_args([], None)
     monkeypatch.setenv("GEMMLAB_SANDBOX_READONLY", "1")

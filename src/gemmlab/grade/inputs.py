@@ -46,13 +46,18 @@ def operands(m: int, n: int, k: int, dist: str, seed: int, dtype: torch.dtype, d
     return a, b
 
 
+TF32_EXACT = (torch.float16, torch.bfloat16)  # dtypes whose every value TF32 holds exactly
+
+
 def reference(a: torch.Tensor, b: torch.Tensor, dist: str, dtype: torch.dtype, base: float, ref_k: int) -> dict:
     """What a correct C is compared with, the bound on max |C - C_ref|, and the vendor's C (same dtype)."""
     k = a.shape[1]
     vendor = vendor_product(a, b)
-    if dist == "competition":
+    if dist == "competition":  # the competition's FP32 reference: products exact, sums in fp32
         prev = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
+        # every fp16 and bf16 value is a TF32 value (10 mantissa bits or fewer, within TF32's 8-bit exponent), so
+        # TF32 tensor cores multiply these exactly and sum in fp32, as FP32 cores would, at several times the rate
+        torch.backends.cuda.matmul.allow_tf32 = a.dtype in TF32_EXACT and b.dtype in TF32_EXACT
         try:
             c_ref = a.float() @ b.float()
         finally:

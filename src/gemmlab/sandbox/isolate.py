@@ -8,15 +8,16 @@
 
 The owner's environment (unset: the default):
 - ``GEMMLAB_SANDBOX_LANDLOCK``: a Landlock domain (``keeper.landlock``); unset: on without CUDA only, ``1`` on with
-  CUDA too (its ``cudaGetDeviceCount`` fails under it on an H200), ``0`` off.
+  CUDA too (its ``cudaGetDeviceCount`` failed under it on an H200, which writing below /proc, now allowed with
+  CUDA, should mend: ``keeper.PROC_READ_ONLY``), ``0`` off.
 - ``GEMMLAB_SANDBOX_SECCOMP``: the seccomp filter (``sandbox.seccomp``); unset or ``1``: on, with CUDA too
   (tests/sandbox/test_isolation.py's GPU test), ``0`` off.
 - ``GEMMLAB_SANDBOX_TERMINALS``: the terminals hidden in a mount namespace of the keeper's own (root only:
   ``keeper.namespaces``); unset or ``1``: on, with CUDA too, ``0`` off.
 - ``GEMMLAB_SANDBOX_READONLY``: in that namespace, the host read-only but for the scratch directory, ``/dev/shm``
   and the observers' files (``keeper.read_only_host``): the stand-in for Landlock's file rules where Landlock is off;
-  unset: on without CUDA only, ``1`` on with CUDA too (not yet run on a GPU: on by default there once
-  tests/sandbox/test_isolation.py's GPU test has passed with it), ``0`` off.
+  unset: on without CUDA only, ``1`` on with CUDA too (/proc then stays writable: ``keeper.PROC_READ_ONLY``; on by
+  default there once tests/sandbox/test_isolation.py's GPU test has passed with it), ``0`` off.
 - ``GEMMLAB_SANDBOX_UID``: a uid of the sandbox's own, where the grader runs as root and there is no CUDA (unset or
   ``1``: on; ``0`` off). With CUDA the sandbox keeps the grader's uid whatever the switch says, and the report says
   why (``CUDA_UID_WHY``): the seccomp filter and the hidden terminals then stand between it and the grader.
@@ -28,6 +29,11 @@ The owner's environment (unset: the default):
   give one: the report says "the grader's", and the rest holds.
 - ``GEMMLAB_SANDBOX_PIDNS``: ``1``: a PID namespace of its own (root only), with a /proc of its own in the keeper's
   mount namespace: the grader, the other sandbox and every process outside are not in its view; unset or ``0``: off.
+- ``GEMMLAB_SANDBOX_UNDUMPABLE``: no sandbox holds CAP_SYS_PTRACE, and the grader (while a sandbox lives) and the
+  baseline are undumpable (``keeper.no_ptrace``, ``owner_dumpable``): the candidate cannot ptrace them or reach
+  their memory (``/proc/PID/mem``, ``process_vm_*``), root and of their uid alike; unset: on without CUDA only
+  (not yet run on a GPU, where CUDA IPC might need it: on by default there once tests/sandbox/test_isolation.py's
+  GPU test has passed with it), ``1`` on with CUDA too, ``0`` off.
 - ``GEMMLAB_SANDBOX_TOOL``: ``auto`` (unset), ``bwrap`` or ``none``: the keeper inside bubblewrap where it is
   installed and passes its self-test (``sandbox.tool``; with CUDA only for ``bwrap``), which then gives the new
   session, the hidden terminals (a ``/dev`` of its own) and the PID namespace in place of the keeper's own; the rest
@@ -90,6 +96,7 @@ class Isolation:
     terminals: bool = True  # hide the terminals (a mount namespace of the keeper's own, where it is root)
     tool: Tool = Tool(None, why="not asked for")  # bubblewrap around the keeper, or none (``tool.why`` says why)
     read_only: bool = True  # in that namespace, the host read-only but for the sandbox's own paths
+    undumpable: bool = True  # no CAP_SYS_PTRACE in the sandbox; the grader (and a trusted sandbox) undumpable
     cuda: bool = False  # the sandbox runs CUDA: /proc stays writable to it (``keeper.PROC_READ_ONLY`` says why)
 
     @classmethod
@@ -116,12 +123,15 @@ class Isolation:
             if observed and tool_mode() != "none"
             else Tool.choose(interpret, pidns),
             _mode("GEMMLAB_SANDBOX_READONLY", "cpu", interpret),
+            _mode("GEMMLAB_SANDBOX_UNDUMPABLE", "cpu", interpret),
             cuda=not interpret,
         )
 
-    def keeper_args(self, writable: list[str], cgroup: str | None, files: list[str] = ()) -> list[str]:
+    def keeper_args(
+        self, writable: list[str], cgroup: str | None, files: list[str] = (), trusted: bool = False
+    ) -> list[str]:
         """The keeper's arguments; ``writable[0]`` is the scratch directory, ``files`` those it appends to (bound
-        writable inside bubblewrap)."""
+        writable inside bubblewrap); ``trusted``: the baseline's (undumpable, where that layer is on)."""
         wrap = self.tool.path is not None
         return (
             (["--cgroup", cgroup] if cgroup else [])
@@ -139,6 +149,7 @@ class Isolation:
             + ([a for d in writable for a in ("--writable", d)] if self.landlock or self.read_only else [])
             + (["--landlock"] if self.landlock else [])
             + (["--read-only", *[a for f in files for a in ("--file", f)]] if self.read_only and not wrap else [])
+            + (["--no-ptrace"] + (["--undumpable"] if trusted else []) if self.undumpable else [])
             + (["--uid", str(self.uid)] if self.uid is not None else [])
             + (["--uid-why", self.uid_why] if self.uid_why else [])
             + (["--seccomp", str(os.getpid()), str(os.getpgid(0))] if self.seccomp else [])
@@ -166,6 +177,28 @@ class Isolation:
                 os.chmod(d, 0o1777)
 
 
+_OWNER = {"held": 0, "was": None}  # sandboxes holding the owner undumpable; its dumpable flag before the first
+
+
+def owner_dumpable(hold: bool) -> None:
+    """The owner (the grader's process) undumpable while at least one sandbox of that layer lives (``hold``: one
+    more; else one fewer), its own flag back after the last: no process without CAP_SYS_PTRACE (every such sandbox's)
+    can ptrace it or read its memory (``/proc/PID/mem``, ``process_vm_readv``), its uid whatever it is."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if hold:
+        if _OWNER["held"] == 0:
+            _OWNER["was"] = libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
+            libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        _OWNER["held"] += 1
+    elif _OWNER["held"] > 0:
+        _OWNER["held"] -= 1
+        if _OWNER["held"] == 0 and _OWNER["was"] is not None and _OWNER["was"] >= 0:
+            libc.prctl(PR_SET_DUMPABLE, _OWNER["was"], 0, 0, 0)
+
+
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
 OBSERVER_FILES = ("GEMMLAB_VENDOR_LOG", "GEMMLAB_VENDOR_COUNTS", "GEMMLAB_OBSERVER_SOCK")  # the sandbox writes these
 
 

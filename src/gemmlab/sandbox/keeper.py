@@ -1,7 +1,7 @@
 """The sandbox's first process, run by path (``python .../keeper.py FD [--cgroup PROCS_FILE] [--wrap ARGV_JSON
 --tool NAME [--tool-pidns] | --tool-why WHY] [--writable DIR]... [--read-only [--file FILE]...] [--landlock]
-[--uid UID | --uid-why WHY] [--seccomp OWNER PGID] [--pidns] [--hide-terminals] [--cuda]``; ``sandbox.isolate``
-builds it)
+[--no-ptrace [--undumpable]] [--uid UID | --uid-why WHY] [--seccomp OWNER PGID] [--pidns] [--hide-terminals]
+[--cuda]``; ``sandbox.isolate`` builds it)
 so that nothing is imported before it forks (no CUDA, no gemmlab). Before any candidate code exists it, in order,
 - writes its own pid into PROCS_FILE (the sandbox's freezer cgroup, ``sandbox.contain.Freezer``), so every process
   of the sandbox is born inside;
@@ -29,6 +29,8 @@ so that nothing is imported before it forks (no CUDA, no gemmlab). Before any ca
     no process of the sandbox can signal, ptrace (nor read /proc/PID/mem of) or connect to an abstract socket of
     any process outside the domain (the grader, the other sandbox); inside it (the keeper, the candidate's own
     processes) all of that still works.
+- with ``--no-ptrace``, drops CAP_SYS_PTRACE for good, so no process of it reaches the memory of an undumpable one
+  (the grader while it grades), and with ``--undumpable`` (the baseline) is one itself (``no_ptrace``);
 - with ``--uid``, becomes that uid, keeping only CAP_DAC_READ_SEARCH (``own_uid``);
 - with ``--seccomp``, installs the filter of ``sandbox/seccomp.py`` (loaded by path), naming the owner's pid and
   process group;
@@ -37,6 +39,7 @@ Then it forks: the parent half is the keeper, which only waits (reaping) and exi
 child half serves the candidate (``sandbox.serve``). What it could not do it says on stderr (the sandbox's log) and
 in that message."""
 
+import errno
 import glob
 import os
 import sys
@@ -129,6 +132,7 @@ PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", 
 TERMINALS = ("/dev/console", "/dev/tty[0-9]*", "/dev/ttyS*", "/dev/vcs*")  # hidden behind /dev/null
 CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
 PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH = 8, 47, 2, 2
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, CAP_SYS_PTRACE = 4, 24, 19
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 
@@ -296,6 +300,32 @@ def own_uid(uid: int) -> str:
     return f"{uid} (its own; reads files as the grader can, writes only its own)"
 
 
+def no_ptrace(undumpable: bool) -> str:
+    """Drop CAP_SYS_PTRACE for good (the bounding set, then the effective, permitted and inheritable sets): no process
+    of the sandbox, root or not, can then ptrace, read or write the memory of (``/proc/PID/mem``,
+    ``process_vm_*``) a process that is not dumpable, such as the grader while it grades (``isolate.owner_dumpable``)
+    and, with ``undumpable`` (a trusted sandbox: the baseline), this one. Returns what the report says."""
+    import ctypes
+    import platform
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if undumpable and libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        return f"off (not made undumpable: {os.strerror(ctypes.get_errno())})"
+    if libc.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
+        return f"off (CAP_SYS_PTRACE kept: {os.strerror(ctypes.get_errno())})"
+    nr = {"x86_64": (125, 126), "aarch64": (90, 91)}.get(platform.machine())  # capget, capset
+    head = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0), 8)  # _LINUX_CAPABILITY_VERSION_3
+    data = ctypes.create_string_buffer(24)
+    if nr is None or libc.syscall(nr[0], head, data) != 0:
+        return "off (capabilities not read here)"
+    sets = list(struct.unpack("=6I", data.raw))
+    sets[:3] = [c & ~(1 << CAP_SYS_PTRACE) for c in sets[:3]]  # the low words: effective, permitted, inheritable
+    if libc.syscall(nr[1], head, ctypes.create_string_buffer(struct.pack("=6I", *sets), 24)) != 0:
+        return f"off (capset: {os.strerror(ctypes.get_errno())})"
+    return "no CAP_SYS_PTRACE" + ("; this sandbox undumpable" if undumpable else "")
+
+
 def tell(fd: int, isolation: dict) -> None:
     """The first message on the channel, before any candidate code exists: what isolation is in force (the
     framing of ``sandbox.wire``)."""
@@ -398,6 +428,7 @@ def main() -> None:
         isolation["landlock"] = "on" if not missing else "partial: " + "; ".join(missing)
         if any(m.startswith(("no Landlock", "landlock_create", "no domain")) for m in missing):
             isolation["landlock"] = "off: " + "; ".join(missing)
+    isolation["ptrace"] = no_ptrace("--undumpable" in args) if "--no-ptrace" in args else "off"
     isolation["uid"] = f"{os.getuid()} (the grader's" + (
         f": {args[args.index('--uid-why') + 1]})" if "--uid-why" in args else ")"
     )
