@@ -39,19 +39,21 @@ def test_alone_it_keeps_the_graders_memory_out_of_reach(out_dir, monkeypatch):  
     assert r["isolation"]["candidate"]["ptrace"] == "no CAP_SYS_PTRACE", r["isolation"]
     assert r["isolation"]["baseline"]["ptrace"] == "no CAP_SYS_PTRACE; this sandbox undumpable", r["isolation"]
     assert passed(r), r["failures"]
-    assert dumpable() == before == 1
+    assert dumpable() == before
 
 
 def test_held_while_a_sandbox_lives_and_given_back_after_the_last():
     from gemmlab.sandbox.isolate import owner_dumpable
 
-    assert dumpable() == 1
+    before = dumpable()
+    if before == 0:
+        pytest.skip("this process is not dumpable to begin with (started with other credentials)")
     owner_dumpable(hold=True)
     owner_dumpable(hold=True)
     assert dumpable() == 0
     owner_dumpable(hold=False)
     assert dumpable() == 0  # one sandbox still lives
     owner_dumpable(hold=False)
-    assert dumpable() == 1
+    assert dumpable() == before
     owner_dumpable(hold=False)  # one release too many changes nothing
-    assert dumpable() == 1
+    assert dumpable() == before
