@@ -232,3 +232,51 @@ def _frames(f):
     while f is not None:
         yield f
         f = f.f_back
+
+
+def _grader() -> int | None:
+    """The grader's pid: the keeper's parent (past bubblewrap), None where it is out of view (a PID namespace)."""
+    pid = os.getppid()
+    for _ in range(3):
+        try:
+            pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            if open(f"/proc/{pid}/comm").read().strip() != "bwrap":
+                return pid or None
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def slows_the_grader(A, B, C, M, N, K):
+    """Computes honestly; at its first call slows the grader's own thread, as a candidate of the grader's uid can
+    without ptrace rights (with CUDA by default): SCHED_BATCH and nice 19 (``sched_setscheduler``, ``setpriority``),
+    one CPU (``sched_setaffinity``) and a timer slack of 20 ms (``/proc/PID/timerslack_ns``, root where /proc is
+    writable). A real attack would do it after each of its calls and undo it at the start of the next, so that only
+    the baseline's windows are slowed. Notes in ``slowed`` what it did ({what: "ok" or why not})."""
+    import json
+
+    honest(A, B, C, M, N, K)
+    if _state.get("slowed"):
+        return
+    _state["slowed"] = True
+    grader, did = _grader(), {}
+    if grader is None:
+        did["grader"] = "invisible"
+    else:
+        for what, act in (
+            ("policy", lambda: os.sched_setscheduler(grader, os.SCHED_BATCH, os.sched_param(0))),
+            ("nice", lambda: os.setpriority(os.PRIO_PROCESS, grader, 19)),
+            ("cpus", lambda: os.sched_setaffinity(grader, {min(os.sched_getaffinity(grader))})),
+            ("slack", lambda: _write(f"/proc/{grader}/timerslack_ns", "20000000")),
+        ):
+            try:
+                act()
+                did[what] = "ok"
+            except OSError as e:
+                did[what] = e.strerror
+    _note("slowed", json.dumps(did))

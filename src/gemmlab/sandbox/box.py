@@ -26,7 +26,7 @@ import weakref
 from pathlib import Path
 
 from gemmlab import output
-from gemmlab.sandbox import contain, hold, share, wire
+from gemmlab.sandbox import contain, hold, owner, share, wire
 from gemmlab.sandbox.isolate import Isolation, appended, child_env, owner_dumpable
 from gemmlab.sandbox.replies import checked, log_tail
 
@@ -80,7 +80,7 @@ class Sandbox:
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.freezer: contain.Freezer | None = None
-        self.sched = contain.Sched.of_owner()
+        self.sched, self.slack = contain.Sched.of_owner(), owner.timer_slack()  # the owner's, checked (``owner``)
         self._cgroups: str | None = None  # the keeper's /proc/PID/cgroup: every thread must stay there
         self._hello_by: float | None = None  # loading must be done by then (monotonic clock)
         self._others: dict = {}  # frozen sandboxes -> their CPU ns when this one's window opened
@@ -311,6 +311,7 @@ class Sandbox:
         note the members to wake and the CPU time of the other frozen sandboxes (its window checks they use none)."""
         if self.proc is None:
             return
+        self._check_owner()
         pids = self.members()
         if self.frozen and self._frozen_ns is not None:
             self.check_still(self._frozen_ns, "between its freeze and its wake", pids)
@@ -323,7 +324,14 @@ class Sandbox:
         """The checks of ``ready`` on a held sandbox, nothing restored or woken: after the last window of another
         sandbox, which no later window of this one would check."""
         if self.proc is not None and self.frozen:
+            self._check_owner()
             self._check_sched(contain.sched_seen(self.members()))
+
+    def _check_owner(self) -> None:
+        """Fail where the owner's own thread's scheduling changed since this sandbox was made (``owner.changed``)."""
+        changed = owner.changed(self.sched, self.slack)
+        if changed:
+            self._fail(f"the grader's own scheduling was changed while the {self.name} lived ({'; '.join(changed)})")
 
     def _check_sched(self, now: dict, restore: set[int] | None = None) -> None:
         """Fail where the scheduling of ``now`` changed since the last freeze (never frozen yet: against the

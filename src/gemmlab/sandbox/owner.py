@@ -1,0 +1,61 @@
+"""The owner's own scheduling, kept as it was: a sandbox of the grader's uid (with CUDA by default) reaches the
+grader's thread without ptrace rights: ``setpriority``, ``sched_setscheduler`` and ``sched_setaffinity`` need only
+the same uid (lowering a priority) or CAP_SYS_NICE (root), and root may write ``/proc/PID/timerslack_ns`` and
+``/proc/PID/autogroup`` of any process where /proc is writable to it (with CUDA: ``keeper.PROC_READ_ONLY``). A
+candidate that slows the grader's thread while the baseline is timed (nice 19, SCHED_IDLE, one CPU, a timer slack of
+milliseconds on every sleep of the grader's) and gives it back before its own window would gain. So before every
+window (``Sandbox.ready``, ``check_held``) the grader compares its thread with what it was when the sandbox was made
+(``contain.Sched.of_owner``, ``timer_slack``), fails the sandbox on any change and restores what it can.
+
+    timer_slack()              the calling thread's timer slack (ns)
+    changed(sched, slack)      what differs from ``sched`` and ``slack`` now ([]: nothing), the values restored"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+from gemmlab.sandbox.contain import Sched, autogroup, autogroup_nice
+
+PR_SET_TIMERSLACK, PR_GET_TIMERSLACK = 29, 30
+
+
+def timer_slack() -> int:
+    return ctypes.CDLL(None, use_errno=True).prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0)
+
+
+def changed(sched: Sched, slack: int) -> list[str]:
+    """The calling thread's policy, nice value, affinity and timer slack, and its process's autogroup nice value, where
+    they differ from ``sched`` and ``slack`` (each named with both values); every one of them is set back (best
+    effort: a grader that is not root cannot lower its nice value again, and the sandbox fails all the same)."""
+    now = Sched.of_owner()
+    now_slack = timer_slack()
+    out = [
+        f"{what} {b} (was {a})"
+        for what, a, b in (
+            ("policy", sched.policy, now.policy),
+            ("nice", sched.nice, now.nice),
+            ("CPUs", sorted(sched.affinity), sorted(now.affinity)),
+            ("timer slack ns", slack, now_slack),
+            ("autogroup nice", sched.group_nice, now.group_nice),
+        )
+        if a != b
+    ]
+    if not out:
+        return []
+    libc = ctypes.CDLL(None, use_errno=True)
+    for fix in (
+        lambda: os.sched_setscheduler(0, sched.policy, os.sched_param(0)),
+        lambda: os.setpriority(os.PRIO_PROCESS, 0, sched.nice),
+        lambda: os.sched_setaffinity(0, sched.affinity),
+        lambda: libc.prctl(PR_SET_TIMERSLACK, slack, 0, 0, 0),
+        lambda: sched.group_nice is not None
+        and autogroup_nice(autogroup("self")) != sched.group_nice
+        and Path("/proc/self/autogroup").write_text(str(sched.group_nice)),
+    ):
+        try:
+            fix()
+        except OSError:
+            pass
+    return out

@@ -1,0 +1,68 @@
+"""The grader's own thread, kept as it was (``sandbox.owner``): a candidate of the grader's uid (with CUDA by
+default) reniced, rescheduled, pinned and slackened it without any ptrace right; the grade now fails and the grader's
+thread has its values back."""
+
+import ctypes
+import json
+import os
+
+import pytest
+
+from gemmlab.grade import grade
+from gemmlab.sandbox import owner
+from tests.grade.test_grade import TINY, failed_rules
+from tests.paths import BAD_KERNELS
+
+
+def _mine() -> tuple:
+    return (
+        os.sched_getscheduler(0),
+        os.getpriority(os.PRIO_PROCESS, 0),
+        frozenset(os.sched_getaffinity(0)),
+        owner.timer_slack(),
+    )
+
+
+def _restore(was: tuple) -> None:
+    os.sched_setscheduler(0, was[0], os.sched_param(0))
+    os.setpriority(os.PRIO_PROCESS, 0, was[1])
+    os.sched_setaffinity(0, was[2])
+    ctypes.CDLL(None).prctl(owner.PR_SET_TIMERSLACK, was[3], 0, 0, 0)
+
+
+def test_a_candidate_that_slows_the_graders_thread_fails(tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("shown as root (a grader that is not root could not lower its own nice value again)")
+    monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(tmp_path))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_UID", "0")  # the grader's uid, as with CUDA
+    monkeypatch.setenv("GEMMLAB_SANDBOX_READONLY", "0")  # as with CUDA by default: /proc writable
+    monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
+    was = _mine()
+    try:
+        r = grade(TINY, kernel=f"{BAD_KERNELS / 'redteam.py'}:slows_the_grader")
+        assert _mine() == was  # given back by the grader itself, before the test's own restore below
+    finally:
+        _restore(was)
+    did = json.loads((tmp_path / "slowed").read_text().splitlines()[0])
+    assert did.get("nice") == "ok" and did.get("policy") == "ok", did  # it did reach the grader's thread
+    assert r["verdict"] == "FAIL" and failed_rules(r) == {"isolation"}, r["failures"]
+    reason = r["failures"][0]["reason"]
+    assert "grader's own scheduling was changed" in reason and "nice 19 (was" in reason, reason
+
+
+def test_changed_names_and_restores_each_value():
+    if os.geteuid() != 0:
+        pytest.skip("lowering the nice value again needs root")
+    from gemmlab.sandbox.contain import Sched
+
+    was, sched, slack = _mine(), Sched.of_owner(), owner.timer_slack()
+    assert owner.changed(sched, slack) == []  # nothing changed: nothing said
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, min(19, was[1] + 3))
+        ctypes.CDLL(None).prctl(owner.PR_SET_TIMERSLACK, slack + 12345, 0, 0, 0)
+        said = owner.changed(sched, slack)
+        assert len(said) == 2 and said[0].startswith("nice ") and said[1].startswith("timer slack ns "), said
+        assert _mine() == was and owner.changed(sched, slack) == []
+    finally:
+        _restore(was)
