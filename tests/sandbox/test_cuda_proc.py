@@ -18,7 +18,7 @@ from tests.paths import REPO
 
 PROBE = textwrap.dedent(
     """
-    import ctypes, json, sys, tempfile, threading
+    import ctypes, json, os, sys, tempfile, threading
     from gemmlab.sandbox import keeper
 
     mode, cuda, host_file = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
@@ -40,6 +40,13 @@ PROBE = textwrap.dedent(
         except OSError as e:
             return e.strerror
 
+    def opened(path):
+        try:
+            os.close(os.open(path, os.O_WRONLY))
+            return "ok"
+        except OSError as e:
+            return e.strerror
+
     sysctl = "/proc/sys/kernel/domainname"
     t = threading.Thread(target=__import__("time").sleep, args=(0.3,))
     t.start()
@@ -48,6 +55,7 @@ PROBE = textwrap.dedent(
         "sysctl": write(sysctl, open(sysctl).read().strip()),  # its own value back: nothing changes where it works
         "host": write(host_file, "x"),
         "scratch": write(scratch + "/f", "x"),
+        "mtrr": opened("/proc/mtrr"),  # the memory types of the host's RAM: only opened, never written
     }
     t.join()
     print(json.dumps({"said": said, "found": found}))
@@ -75,6 +83,7 @@ def test_with_cuda_proc_stays_writable_but_its_system_files(tmp_path, mode, cuda
         pytest.skip(f"no Landlock here: {said['landlock']}")
     assert found["scratch"] == "ok" and found["host"] != "ok" and not host_file.exists(), r
     assert found["sysctl"] != "ok", r  # never writable, with CUDA or without
+    assert found["mtrr"] != "ok", r  # nor the host's hardware files (here "No such file..." where it has none)
     assert (found["comm"] == "ok") == cuda, r  # a thread's name: only with CUDA, which needs it
     if cuda:
         assert said["proc"].startswith("writable (CUDA names its threads there), but for sys"), said

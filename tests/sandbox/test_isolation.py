@@ -49,6 +49,11 @@ def test_the_filter_program(arch):
         "umount2",
         "mount",
         "open_by_handle_at",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "kexec_load",
+        "kexec_file_load",
     ):
         assert ret(name) == EPERM, name
     assert ret("ioctl", 1, 0x5412) == EPERM and ret("ioctl", 1, 0x541C) == EPERM and ret("ioctl", 1, 0x540E) == EPERM

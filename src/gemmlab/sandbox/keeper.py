@@ -127,8 +127,12 @@ def landlock(writable: list[str], cuda: bool = False) -> list[str]:
 
 # with CUDA, /proc stays writable: cuInit names its threads by writing /proc/PID/task/TID/comm, and fails with
 # error 304 (CUDA_ERROR_OPERATING_SYSTEM) where it cannot (read-only, or outside a Landlock domain's rules); these
-# stay read-only all the same (a fresh /proc of a PID namespace has no container's masks on them)
-PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+# stay read-only all the same (a fresh /proc of a PID namespace has no container's masks on them), the host's
+# hardware files too (root writes /proc/mtrr's memory types, /proc/scsi/scsi removes a disk, /proc/acpi/wakeup)
+PROC_READ_ONLY = (
+    *("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"),
+    *("/proc/mtrr", "/proc/scsi", "/proc/acpi", "/proc/asound"),
+)
 TERMINALS = ("/dev/console", "/dev/tty[0-9]*", "/dev/ttyS*", "/dev/vcs*")  # hidden behind /dev/null
 CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
 PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH = 8, 47, 2, 2

@@ -23,7 +23,10 @@ Denied with EPERM (x86_64 and aarch64; any other architecture refuses, and the k
   candidate neither leaves nor rearranges its namespaces (e.g. unmounts the PID namespace's /proc);
 - ``open_by_handle_at``: a file by its handle, past the mount namespace (with CAP_DAC_READ_SEARCH, which a sandbox
   of its own uid keeps: ``sandbox.isolate``);
-- ``bpf``, ``userfaultfd``, ``keyctl``/``add_key``/``request_key``: kernel attack surface no kernel needs.
+- ``bpf``, ``userfaultfd``, ``keyctl``/``add_key``/``request_key``: kernel attack surface no kernel needs;
+- ``init_module``, ``finit_module``, ``delete_module``, ``kexec_load``, ``kexec_file_load``: root in the sandbox (the
+  grader's uid, with CUDA by default) would otherwise load a kernel module of its own (any memory, the grader's
+  included) or replace the host's kernel.
 ``clone3`` fails with ENOSYS, so glibc falls back to ``clone``, which has no CLONE_INTO_CGROUP: no process of the
 sandbox is born outside its cgroup. A system call of another ABI (i386 or x32 on x86_64, arm32 on aarch64) fails with
 EPERM, so the numbers above cannot be dodged.
@@ -75,6 +78,11 @@ NR = {
     "add_key": (248, 217),
     "request_key": (249, 218),
     "open_by_handle_at": (304, 265),
+    "init_module": (175, 105),
+    "finit_module": (313, 273),
+    "delete_module": (176, 106),
+    "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294),
 }
 DENIED = (
     "ptrace",
@@ -101,6 +109,11 @@ DENIED = (
     "add_key",
     "request_key",
     "open_by_handle_at",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
 )
 TTY_IOCTLS = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C, "TIOCSCTTY": 0x540E, "TIOCCONS": 0x541D, "TIOCSETD": 0x5423}
 CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000  # NS..NET
