@@ -4,11 +4,16 @@ candidate cannot ptrace them or open their memory, root and of their uid alike: 
 nothing of CUDA's IPC across uids or PID namespaces."""
 
 import ctypes
+import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
 from tests.grade.test_grade import passed
+from tests.paths import REPO
 from tests.sandbox.test_isolation import _attacks, out_dir  # noqa: F401 (a fixture)
 
 PR_GET_DUMPABLE = 3
@@ -36,7 +41,7 @@ def test_alone_it_keeps_the_graders_memory_out_of_reach(out_dir, monkeypatch):  
         GEMMLAB_SANDBOX_TOOL="none",
     )
     assert all(found[k] in ("EPERM", "EACCES") for k in ("ptrace", "process_vm_readv", "proc_mem")), found
-    assert r["isolation"]["candidate"]["ptrace"] == "no CAP_SYS_PTRACE", r["isolation"]
+    assert r["isolation"]["candidate"]["ptrace"].startswith("no CAP_SYS_PTRACE (nor CAP_SYS_MODULE, "), r["isolation"]
     assert r["isolation"]["baseline"]["ptrace"] == "no CAP_SYS_PTRACE; this sandbox undumpable", r["isolation"]
     assert passed(r), r["failures"]
     assert dumpable() == before
@@ -57,3 +62,53 @@ def test_held_while_a_sandbox_lives_and_given_back_after_the_last():
     assert dumpable() == before
     owner_dumpable(hold=False)  # one release too many changes nothing
     assert dumpable() == before
+
+
+HELPER = textwrap.dedent(
+    """
+    import json, os, subprocess, sys
+    from gemmlab.sandbox import keeper
+
+    r, w = os.pipe()
+    base = os.fork()
+    if base == 0:  # the baseline's side: undumpable, then runs a helper by exec (a compiler, Triton's ldconfig)
+        said = keeper.no_ptrace(True)
+        helper = subprocess.Popen(["sleep", "60"])
+        os.write(w, json.dumps([said, helper.pid]).encode())
+        helper.wait()
+        os._exit(0)
+    said, helper = json.loads(os.read(r, 1000))
+    found = {"baseline": said}
+    cand = os.fork()
+    if cand == 0:  # the candidate's side, root as the baseline is
+        found["candidate"] = keeper.no_ptrace(False)
+        for name, flags in (("mem", os.O_RDWR), ("fd/1", os.O_WRONLY)):
+            try:
+                os.close(os.open(f"/proc/{helper}/{name}", flags))
+                found[name] = "opened"
+            except OSError as e:
+                found[name] = e.strerror
+        print(json.dumps(found), flush=True)
+        os._exit(0)
+    os.waitpid(cand, 0)
+    os.kill(helper, 9)
+    os.waitpid(base, 0)
+    """
+)
+
+
+def test_a_helper_the_baseline_execs_is_out_of_reach():
+    """Exec makes a process dumpable again, so a helper the undumpable baseline runs (root, with the baseline's
+    capabilities) was open to the candidate (root, the same capabilities but CAP_SYS_PTRACE, which an undumpable target
+    alone asks for): its memory writable, its descriptors (the baseline's files, past the read-only host) openable.
+    The candidate now also lacks capabilities the helper holds (``keeper.UNTRUSTED_DROPS``), and the kernel lets no
+    process reach one whose capabilities are not all its own too."""
+    if os.geteuid() != 0:
+        pytest.skip("shown as root: a grader that is not root leaves its helpers' memory to its uid (docs/grading.md)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    p = subprocess.run([sys.executable, "-c", HELPER], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    found = json.loads(p.stdout.strip().splitlines()[-1])
+    assert found["baseline"] == "no CAP_SYS_PTRACE; this sandbox undumpable", found
+    assert found["candidate"].startswith("no CAP_SYS_PTRACE (nor CAP_SYS_MODULE, "), found
+    assert found["mem"] == "Permission denied" and found["fd/1"] == "Permission denied", found

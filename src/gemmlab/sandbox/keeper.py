@@ -137,6 +137,9 @@ TERMINALS = ("/dev/console", "/dev/tty[0-9]*", "/dev/ttyS*", "/dev/vcs*")  # hid
 CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
 PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH = 8, 47, 2, 2
 PR_SET_DUMPABLE, PR_CAPBSET_DROP, CAP_SYS_PTRACE = 4, 24, 19
+# dropped by an untrusted sandbox alone (``no_ptrace``): CAP_SYS_MODULE, CAP_SYS_RAWIO (/proc/kcore), CAP_SYSLOG
+UNTRUSTED_DROPS = (16, 17, 34)
+UNTRUSTED_WHY = " (nor CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYSLOG: the trusted sandbox's helpers out of reach)"
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 
@@ -308,7 +311,10 @@ def no_ptrace(undumpable: bool) -> str:
     """Drop CAP_SYS_PTRACE for good (the bounding set, then the effective, permitted and inheritable sets): no process
     of the sandbox, root or not, can then ptrace, read or write the memory of (``/proc/PID/mem``,
     ``process_vm_*``) a process that is not dumpable, such as the grader while it grades (``isolate.owner_dumpable``)
-    and, with ``undumpable`` (a trusted sandbox: the baseline), this one. Returns what the report says."""
+    and, with ``undumpable`` (a trusted sandbox: the baseline), this one. Without it (the candidate's) also
+    ``UNTRUSTED_DROPS``: the kernel lets a process reach another's memory only where its capabilities include all of
+    the other's, so no process the trusted sandbox starts by exec (which makes a process dumpable again: a compiler,
+    Triton's ``ldconfig``), root with those, is within the candidate's reach. Returns what the report says."""
     import ctypes
     import platform
     import struct
@@ -316,18 +322,21 @@ def no_ptrace(undumpable: bool) -> str:
     libc = ctypes.CDLL(None, use_errno=True)
     if undumpable and libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         return f"off (not made undumpable: {os.strerror(ctypes.get_errno())})"
-    if libc.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
-        return f"off (CAP_SYS_PTRACE kept: {os.strerror(ctypes.get_errno())})"
+    drop = [CAP_SYS_PTRACE, *(() if undumpable else UNTRUSTED_DROPS)]
+    for cap in drop:
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
+            return f"off (capability {cap} kept: {os.strerror(ctypes.get_errno())})"
     nr = {"x86_64": (125, 126), "aarch64": (90, 91)}.get(platform.machine())  # capget, capset
     head = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0), 8)  # _LINUX_CAPABILITY_VERSION_3
     data = ctypes.create_string_buffer(24)
     if nr is None or libc.syscall(nr[0], head, data) != 0:
         return "off (capabilities not read here)"
     sets = list(struct.unpack("=6I", data.raw))
-    sets[:3] = [c & ~(1 << CAP_SYS_PTRACE) for c in sets[:3]]  # the low words: effective, permitted, inheritable
+    for cap in drop:  # (effective, permitted, inheritable) of capabilities 0-31, then of 32-63
+        sets = [c & ~(1 << cap % 32) if i // 3 == cap // 32 else c for i, c in enumerate(sets)]
     if libc.syscall(nr[1], head, ctypes.create_string_buffer(struct.pack("=6I", *sets), 24)) != 0:
         return f"off (capset: {os.strerror(ctypes.get_errno())})"
-    return "no CAP_SYS_PTRACE" + ("; this sandbox undumpable" if undumpable else "")
+    return "no CAP_SYS_PTRACE" + ("; this sandbox undumpable" if undumpable else UNTRUSTED_WHY)
 
 
 def tell(fd: int, isolation: dict) -> None:
