@@ -37,6 +37,8 @@ What each guard enforces (Linux; CPU and GPU alike unless said):
   process the owner's autogroup nice value). A trusted sandbox, which never sets its own autogroup, also fails at any
   freeze or ``ready`` (and ``check_held``, after the other side's last window) where its autogroup nice value is not
   the owner's. So a baseline set to SCHED_IDLE or nice 19 by the candidate FAILs the candidate.
+  The owner's own thread too (``owner``): its policy, nice value, affinity, timer slack and autogroup nice value
+  are compared before every window with what they were when the sandbox was made; a change fails the sandbox.
 - Thaw (``thaw`` = ``ready``, ``wake``, ``running``): ``ready`` does every check and restore while the sandbox is
   still frozen; ``wake`` only sends SIGCONT (first: it drops a SIGSTOP queued while frozen) and thaws the cgroup, so
   a timed window opens between the two and holds the whole wake-up (nothing of the sandbox runs before t0: a thread
