@@ -153,6 +153,29 @@ def renices_baseline(A, B, C, M, N, K):
         f.write(f"{done}\n")
 
 
+def slackens_baseline(A, B, C, M, N, K):
+    """Computes honestly; in its timed calls, first reads, then sets to 50 ms the timer slack of every thread of the
+    baseline's server (``/proc/TID/timerslack_ns``: root, CAP_SYS_NICE, no ptrace right; no scheduling check reads
+    it), so that every timed sleep of the baseline's lasts up to 50 ms longer. Notes in ``slack`` one JSON line a
+    call: {"seen": the values it found, "set": how many it set}."""
+    import json
+
+    honest(A, B, C, M, N, K)
+    if not _timed():
+        return
+    seen, done = [], 0
+    for t in _baseline_threads():
+        try:
+            seen.append(int(open(f"/proc/{t}/timerslack_ns").read()))
+            with open(f"/proc/{t}/timerslack_ns", "w") as f:
+                f.write("50000000")
+            done += 1
+        except (OSError, ValueError):
+            pass
+    with open(_out("slack"), "a") as f:
+        f.write(json.dumps({"seen": seen, "set": done}) + "\n")
+
+
 def _ran_ns(tid: int) -> int:
     try:
         return int(open(f"/proc/{tid}/schedstat").read().split()[0])

@@ -66,3 +66,23 @@ def test_changed_names_and_restores_each_value():
         assert _mine() == was and owner.changed(sched, slack) == []
     finally:
         _restore(was)
+
+
+def test_a_baseline_slackened_by_the_candidate_gets_the_owners_slack_back(tmp_path, monkeypatch):
+    """``containment.py:slackens_baseline`` sets the baseline's threads' timer slack to 50 ms in each timed call; the
+    grader gives them its own back before every baseline window, so a later batch's calls find the owner's value
+    again."""
+    if os.geteuid() != 0:
+        pytest.skip("another process's timer slack is root's to write (CAP_SYS_NICE)")
+    monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(tmp_path))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(tmp_path))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_UID", "0")  # the grader's uid, as with CUDA
+    monkeypatch.setenv("GEMMLAB_SANDBOX_READONLY", "0")  # as with CUDA by default: /proc writable
+    monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
+    r = grade(TINY, kernel=f"{BAD_KERNELS / 'containment.py'}:slackens_baseline")
+    assert (tmp_path / "slack").exists(), ("no timed call ran", r["verdict"], r["failures"])
+    calls = [json.loads(line) for line in (tmp_path / "slack").read_text().splitlines()]
+    assert calls[0]["set"] > 0, calls  # it reached the baseline's threads
+    # within one batch a call finds its own 50 ms; the first call after a baseline window, the owner's value again
+    seen = [v for c in calls[1:] for v in c["seen"]]
+    assert set(seen) <= {owner.timer_slack(), 50_000_000} and owner.timer_slack() in seen, calls

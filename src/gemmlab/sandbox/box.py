@@ -317,6 +317,8 @@ class Sandbox:
             self.check_still(self._frozen_ns, "between its freeze and its wake", pids)
             self._frozen_ns = None
         self._check_sched(contain.sched_seen(pids), restore=pids)
+        if self.trusted:  # its timer slack as the owner's (the candidate's own is its own business)
+            owner.restore_slack(pids, self.slack)
         self._waking = pids
         self._others = {box: box.cpu_ns() for box in list(_LIVE) if box is not self and box.frozen}
 

@@ -8,7 +8,9 @@ window (``Sandbox.ready``, ``check_held``) the grader compares its thread with w
 (``contain.Sched.of_owner``, ``timer_slack``), fails the sandbox on any change and restores what it can.
 
     timer_slack()              the calling thread's timer slack (ns)
-    changed(sched, slack)      what differs from ``sched`` and ``slack`` now ([]: nothing), the values restored"""
+    changed(sched, slack)      what differs from ``sched`` and ``slack`` now ([]: nothing), the values restored
+    restore_slack(pids, slack) every thread of ``pids`` given the owner's timer slack back (a trusted sandbox's:
+                               root may write another's ``/proc/PID/timerslack_ns``, which no scheduling check sees)"""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from gemmlab.sandbox.contain import Sched, autogroup, autogroup_nice
+from gemmlab.sandbox.contain import Sched, autogroup, autogroup_nice, threads
 
 PR_SET_TIMERSLACK, PR_GET_TIMERSLACK = 29, 30
 
@@ -59,3 +61,21 @@ def changed(sched: Sched, slack: int) -> list[str]:
         except OSError:
             pass
     return out
+
+
+def restore_slack(pids, slack: int) -> list[int]:
+    """Give every thread of ``pids`` the timer slack ``slack`` (the owner's, which they inherited) where another
+    process changed it: a candidate that is root (with CUDA by default) may write the baseline's threads'
+    ``/proc/TID/timerslack_ns`` (CAP_SYS_NICE, no ptrace right) to put milliseconds on each of their timed
+    sleeps. Returns the threads set back (a grader that is not root can set none, nor can its candidate)."""
+    done = []
+    for p in pids:
+        for t in threads(p):
+            path = Path(f"/proc/{t}/timerslack_ns")  # a thread id names its thread there too (no task/ entry)
+            try:
+                if int(path.read_text()) != slack:
+                    path.write_text(str(slack))
+                    done.append(t)
+            except (OSError, ValueError):
+                pass  # gone meanwhile, or not ours to set
+    return done
