@@ -280,3 +280,24 @@ def slows_the_grader(A, B, C, M, N, K):
             except OSError as e:
                 did[what] = e.strerror
     _note("slowed", json.dumps(did))
+
+
+def talks_to_a_host_socket(A, B, C, M, N, K):
+    """Computes honestly; at its first call connects to the Unix socket at $BAD_SOCK (a host daemon's, as a tmux
+    server's, where ``send-keys`` types into the user's terminal) and sends a line. Notes in ``socket``: "sent" or
+    why not."""
+    import socket
+
+    honest(A, B, C, M, N, K)
+    if _state.get("socket"):
+        return
+    _state["socket"] = True
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(os.environ["BAD_SOCK"])
+        s.sendall(b"send-keys 'pwned' Enter\n")
+        _note("socket", "sent")
+    except OSError as e:
+        _note("socket", e.strerror or str(e))
+    finally:
+        s.close()

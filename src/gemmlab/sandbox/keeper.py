@@ -12,6 +12,7 @@ so that nothing is imported before it forks (no CUDA, no gemmlab). Before any ca
 - where it is root, enters a mount namespace of its own where the terminals are hidden (an empty /dev/pts,
   /dev/null over the consoles: ``namespaces``) and, with ``--pidns``, a PID namespace whose first process mounts a
   /proc of its own (``proc_mount``) and reaps its orphans;
+- in that mount namespace, hides the host's Unix sockets bound to a path (``sandbox/sockets.py``);
 - with ``--read-only``, in that mount namespace, remounts every mount read-only but the ``--writable`` directories,
   ``/dev/shm`` and the ``--file`` files (``read_only_host``: Landlock's file rules where there is no Landlock); with
   ``--cuda`` /proc stays writable (CUDA writes its threads' names there), its system files not;
@@ -425,6 +426,10 @@ def main() -> None:
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
         isolation["pid_namespace"] = proc_mount()
     writable = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--writable"]
+    if isolation["terminals"].startswith("hidden (/dev/pts"):  # the host's Unix sockets: a tmux server's, D-Bus's
+        isolation["host_sockets"] = _load("sockets").hide({os.environ.get("GEMMLAB_OBSERVER_SOCK", "")})
+    elif "--tool" in args:
+        isolation["host_sockets"] = f"hidden ({isolation['tool']}: /dev/null bound over each)"
     if "--cuda" in args and isolation["terminals"].startswith("hidden (/dev/pts"):
         isolation["proc"] = proc_system_read_only()
     if "--read-only" in args:  # in the mount namespace above (hidden terminals), after the PID namespace's /proc

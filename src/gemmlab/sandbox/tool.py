@@ -35,6 +35,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from gemmlab.sandbox.sockets import to_hide
+
 MODES = ("auto", "bwrap", "none")
 GPU_NODES = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")
 SELF_TEST_S = 60.0  # a self-test that takes longer (a loaded machine) counts as failed
@@ -104,6 +106,8 @@ class Tool:
         for f in files:
             if os.path.exists(f) and not os.path.islink(f):
                 args += ["--bind", f, f]
+        for sock in to_hide(files):  # the host's Unix sockets (a tmux server's, D-Bus's): ``sandbox.sockets``
+            args += ["--ro-bind", "/dev/null", sock]
         return args
 
 
