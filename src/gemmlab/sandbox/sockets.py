@@ -1,7 +1,7 @@
 """The host's Unix sockets hidden from the sandbox (standard library only: ``keeper.py`` loads this file by path).
 
 Root in the sandbox (the grader's uid, with CUDA by default) may connect to any socket bound to a path: neither a
-read-only mount nor Landlock (below ABI 9) refuses ``connect``. Such a socket may be a terminal's (tmux's or
+read-only mount nor Landlock's file rules refuse ``connect``. Such a socket may be a terminal's (tmux's or
 screen's server: ``send-keys`` types into the user's terminal), the system bus's (systemd starts a process outside
 every sandbox, root with all its capabilities) or a container daemon's. In the keeper's own mount namespace (root),
 before any candidate code exists, ``/dev/null`` is bound over every socket path the kernel lists as bound
