@@ -28,17 +28,24 @@ def timer_slack() -> int:
 
 
 def changed(sched: Sched, slack: int) -> list[str]:
-    """The calling thread's policy, nice value, affinity and timer slack, and its process's autogroup nice value, where
-    they differ from ``sched`` and ``slack`` (each named with both values); every one of them is set back (best
-    effort: a grader that is not root cannot lower its nice value again, and the sandbox fails all the same)."""
+    """The calling thread's policy, nice value and timer slack, and its process's autogroup nice value, where they
+    differ from ``sched`` and ``slack`` (each named with both values); every one of them is set back (best effort: a
+    grader that is not root cannot lower its nice value again, and the sandbox fails all the same). Its CPU affinity
+    is set back without a failure (OpenMP binds the thread that starts its pool where ``OMP_PROC_BIND`` or
+    ``GOMP_CPU_AFFINITY`` says so: the grader's own doing; the candidate, frozen through the other's window, cannot
+    pin it after this), unless it cannot be."""
     now = Sched.of_owner()
     now_slack = timer_slack()
+    if sorted(now.affinity) != sorted(sched.affinity):
+        try:
+            os.sched_setaffinity(0, sched.affinity)
+        except OSError as e:
+            return [f"CPUs {sorted(now.affinity)} (was {sorted(sched.affinity)}; not set back: {e.strerror})"]
     out = [
         f"{what} {b} (was {a})"
         for what, a, b in (
             ("policy", sched.policy, now.policy),
             ("nice", sched.nice, now.nice),
-            ("CPUs", sorted(sched.affinity), sorted(now.affinity)),
             ("timer slack ns", slack, now_slack),
             ("autogroup nice", sched.group_nice, now.group_nice),
         )
@@ -50,11 +57,12 @@ def changed(sched: Sched, slack: int) -> list[str]:
     for fix in (
         lambda: os.sched_setscheduler(0, sched.policy, os.sched_param(0)),
         lambda: os.setpriority(os.PRIO_PROCESS, 0, sched.nice),
-        lambda: os.sched_setaffinity(0, sched.affinity),
         lambda: libc.prctl(PR_SET_TIMERSLACK, slack, 0, 0, 0),
-        lambda: sched.group_nice is not None
-        and autogroup_nice(autogroup("self")) != sched.group_nice
-        and Path("/proc/self/autogroup").write_text(str(sched.group_nice)),
+        lambda: (
+            sched.group_nice is not None
+            and autogroup_nice(autogroup("self")) != sched.group_nice
+            and Path("/proc/self/autogroup").write_text(str(sched.group_nice))
+        ),
     ):
         try:
             fix()
