@@ -1,4 +1,4 @@
-"""Which mounts CUDA needs writable: the sandbox's read-only host (``keeper.read_only_host``) against ``cuInit``.
+"""Which mounts CUDA needs writable: the sandbox's read-only host (``mounts.read_only_host``) against ``cuInit``.
 
 Each trial is a child process (root, its own mount namespace, mounts private) that changes some mounts, then calls
 the driver's ``cuInit(0)`` and ``cuDeviceGetCount`` through ctypes (no torch) and reports the CUresult (304 is
@@ -50,23 +50,23 @@ def cuda_result() -> str:
 
 def trial(kind: str, points: list[str]) -> str:
     """In this (child) process: a private mount namespace, the trial's mounts changed, then CUDA."""
-    from gemmlab.sandbox import keeper
+    from gemmlab.sandbox import mounts
 
     libc = ctypes.CDLL(None, use_errno=True)
     if kind != "none":
         if libc.unshare(CLONE_NEWNS) != 0:
             return f"unshare: {os.strerror(ctypes.get_errno())}"
-        if libc.mount(None, b"/", None, keeper.MS_REC | keeper.MS_PRIVATE, None) != 0:
+        if libc.mount(None, b"/", None, mounts.MS_REC | mounts.MS_PRIVATE, None) != 0:
             return f"private: {os.strerror(ctypes.get_errno())}"
     scratch = tempfile.mkdtemp(prefix="cuda-mounts-")
     done = ""
     if kind == "only":
         (point,) = points
-        flags = keeper.MS_REMOUNT | keeper.MS_BIND | keeper.MS_RDONLY | keeper.mount_flags(point)
+        flags = mounts.MS_REMOUNT | mounts.MS_BIND | mounts.MS_RDONLY | mounts.mount_flags(point)
         if libc.mount(None, point.encode(), None, flags, None) != 0:
             return f"remount: {os.strerror(ctypes.get_errno())}"
     elif kind in ("all", "all_but", "fix"):
-        done = keeper.read_only_host([scratch, *points], [])
+        done = mounts.read_only_host([scratch, *points], [])
     return cuda_result() + (f" [{done}]" if done else "")
 
 

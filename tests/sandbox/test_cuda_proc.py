@@ -19,16 +19,16 @@ from tests.paths import REPO
 PROBE = textwrap.dedent(
     """
     import ctypes, json, os, sys, tempfile, threading
-    from gemmlab.sandbox import keeper
+    from gemmlab.sandbox import keeper, mounts
 
     mode, cuda, host_file = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
     libc = ctypes.CDLL(None, use_errno=True)
     scratch = tempfile.mkdtemp()
-    assert libc.unshare(keeper.CLONE_NEWNS) == 0
-    assert libc.mount(None, b"/", None, keeper.MS_REC | keeper.MS_PRIVATE, None) == 0
-    said = {"proc": keeper.proc_system_read_only() if cuda else None}
+    assert libc.unshare(mounts.CLONE_NEWNS) == 0
+    assert libc.mount(None, b"/", None, mounts.MS_REC | mounts.MS_PRIVATE, None) == 0
+    said = {"proc": mounts.proc_system_read_only() if cuda else None}
     if mode == "read-only":
-        said["host"] = keeper.read_only_host([scratch], [], cuda)
+        said["host"] = mounts.read_only_host([scratch], [], cuda)
     else:
         said["landlock"] = keeper.landlock([scratch], cuda)
 

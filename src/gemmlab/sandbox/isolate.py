@@ -9,14 +9,14 @@
 The owner's environment (unset: the default):
 - ``GEMMLAB_SANDBOX_LANDLOCK``: a Landlock domain (``keeper.landlock``); unset: on without CUDA only, ``1`` on with
   CUDA too (its ``cudaGetDeviceCount`` failed under it on an H200, which writing below /proc, now allowed with
-  CUDA, should mend: ``keeper.PROC_READ_ONLY``), ``0`` off.
+  CUDA, should mend: ``mounts.PROC_READ_ONLY``), ``0`` off.
 - ``GEMMLAB_SANDBOX_SECCOMP``: the seccomp filter (``sandbox.seccomp``); unset or ``1``: on, with CUDA too
   (tests/sandbox/test_isolation.py's GPU test), ``0`` off.
 - ``GEMMLAB_SANDBOX_TERMINALS``: the terminals hidden in a mount namespace of the keeper's own (root only:
-  ``keeper.namespaces``); unset or ``1``: on, with CUDA too, ``0`` off.
+  ``mounts.namespaces``); unset or ``1``: on, with CUDA too, ``0`` off.
 - ``GEMMLAB_SANDBOX_READONLY``: in that namespace, the host read-only but for the scratch directory, ``/dev/shm``
-  and the observers' files (``keeper.read_only_host``): the stand-in for Landlock's file rules where Landlock is off;
-  unset: on without CUDA only, ``1`` on with CUDA too (/proc then stays writable: ``keeper.PROC_READ_ONLY``; on by
+  and the observers' files (``mounts.read_only_host``): the stand-in for Landlock's file rules where Landlock is off;
+  unset: on without CUDA only, ``1`` on with CUDA too (/proc then stays writable: ``mounts.PROC_READ_ONLY``; on by
   default there once tests/sandbox/test_isolation.py's GPU test has passed with it), ``0`` off.
 - ``GEMMLAB_SANDBOX_UID``: a uid of the sandbox's own, where the grader runs as root and there is no CUDA (unset or
   ``1``: on; ``0`` off). With CUDA the sandbox keeps the grader's uid whatever the switch says, and the report says
@@ -97,7 +97,7 @@ class Isolation:
     tool: Tool = Tool(None, why="not asked for")  # bubblewrap around the keeper, or none (``tool.why`` says why)
     read_only: bool = True  # in that namespace, the host read-only but for the sandbox's own paths
     undumpable: bool = True  # no CAP_SYS_PTRACE in the sandbox; the grader (and a trusted sandbox) undumpable
-    cuda: bool = False  # the sandbox runs CUDA: /proc stays writable to it (``keeper.PROC_READ_ONLY`` says why)
+    cuda: bool = False  # the sandbox runs CUDA: /proc stays writable to it (``mounts.PROC_READ_ONLY`` says why)
 
     @classmethod
     def from_env(cls, interpret: bool, observed: bool = False) -> Isolation:

@@ -10,17 +10,17 @@ so that nothing is imported before it forks (no CUDA, no gemmlab). Before any ca
 - closes any inherited descriptor that is a terminal (``no_terminal``; it has no controlling terminal: the owner
   started it in a session of its own);
 - where it is root, enters a mount namespace of its own where the terminals are hidden (an empty /dev/pts,
-  /dev/null over the consoles: ``namespaces``) and, with ``--pidns``, a PID namespace whose first process mounts a
-  /proc of its own (``proc_mount``) and reaps its orphans;
+  /dev/null over the consoles: ``mounts.namespaces``) and, with ``--pidns``, a PID namespace whose first process mounts
+  a /proc of its own (``mounts.proc_mount``) and reaps its orphans;
 - in that mount namespace, hides the host's Unix sockets bound to a path (``sandbox/sockets.py``);
 - with ``--read-only``, in that mount namespace, remounts every mount read-only but the ``--writable`` directories,
-  ``/dev/shm`` and the ``--file`` files (``read_only_host``: Landlock's file rules where there is no Landlock); with
-  ``--cuda`` /proc stays writable (CUDA writes its threads' names there), its system files not;
+  ``/dev/shm`` and the ``--file`` files (``mounts.read_only_host``: Landlock's file rules where there is no Landlock);
+  with ``--cuda`` /proc stays writable (CUDA writes its threads' names there), its system files not;
 - with ``--landlock``, enters a Landlock domain of its own, root or not:
   - files (ABI 1+, Linux 5.13+): no file can be written, created, removed, renamed, linked or truncated by path but
     below the ``--writable`` directories (the sandbox's scratch directory), ``/dev/shm``, and ``/dev/null`` and the
     GPU's device files (and appended to vendor_guard's log and counter files, the observer's own evidence; with
-    ``--cuda`` the files below /proc too, as ``PROC_READ_ONLY`` says). So
+    ``--cuda`` the files below /proc too, as ``mounts.PROC_READ_ONLY`` says). So
     nothing the grader or the baseline reads after the candidate started can be the
     candidate's: not a module, ``.pth``, ``sitecustomize`` or ``.pyc`` of theirs (the baseline's worker starts after
     the candidate's first call), not the preloaded observers' libraries or logs, not the grader's log directory,
@@ -77,9 +77,9 @@ def _rule(libc, ruleset: int, path: str, access: int) -> None:
 
 def landlock(writable: list[str], cuda: bool = False) -> list[str]:
     """Enter a Landlock domain: file writes below ``writable`` (and the devices) only, where the ABI has them (1+);
-    signals and abstract Unix sockets scoped (6+); with ``cuda`` files below /proc written too (``PROC_READ_ONLY``
-    says why; a process outside the domain is still out of reach there, its ptrace rights being scoped). Returns
-    what could not be had ([] : all of it)."""
+    signals and abstract Unix sockets scoped (6+); with ``cuda`` files below /proc written too
+    (``mounts.PROC_READ_ONLY`` says why; a process outside the domain is still out of reach there, its ptrace rights
+    being scoped). Returns what could not be had ([] : all of it)."""
     import ctypes
     import struct
 
@@ -126,23 +126,11 @@ def landlock(writable: list[str], cuda: bool = False) -> list[str]:
     return missing
 
 
-# with CUDA, /proc stays writable: cuInit names its threads by writing /proc/PID/task/TID/comm, and fails with
-# error 304 (CUDA_ERROR_OPERATING_SYSTEM) where it cannot (read-only, or outside a Landlock domain's rules); these
-# stay read-only all the same (a fresh /proc of a PID namespace has no container's masks on them), the host's
-# hardware files too (root writes /proc/mtrr's memory types, /proc/scsi/scsi removes a disk, /proc/acpi/wakeup)
-PROC_READ_ONLY = (
-    *("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"),
-    *("/proc/mtrr", "/proc/scsi", "/proc/acpi", "/proc/asound"),
-)
-TERMINALS = ("/dev/console", "/dev/tty[0-9]*", "/dev/ttyS*", "/dev/vcs*")  # hidden behind /dev/null
-CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
 PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH = 8, 47, 2, 2
 PR_SET_DUMPABLE, PR_CAPBSET_DROP, CAP_SYS_PTRACE = 4, 24, 19
 # dropped by an untrusted sandbox alone (``no_ptrace``): CAP_SYS_MODULE, CAP_SYS_RAWIO (/proc/kcore), CAP_SYSLOG
 UNTRUSTED_DROPS = (16, 17, 34)
 UNTRUSTED_WHY = " (nor CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYSLOG: the trusted sandbox's helpers out of reach)"
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 
 
 def _load(name: str):
@@ -171,113 +159,6 @@ def no_terminal() -> str:
     return ("none" if not closed else f"closed inherited terminal descriptors {closed}") + (
         "" if tty_nr == 0 else f"; a controlling terminal ({tty_nr}) remains"
     )
-
-
-def namespaces(pidns: bool) -> tuple[str, str]:
-    """A mount namespace of its own (root only) where the terminals are hidden: an empty /dev/pts (no other
-    session's pseudo-terminal can be opened by path) and /dev/null over the consoles; with ``pidns`` a PID namespace
-    too (its /proc is mounted by its first process, ``proc_mount``). Returns (terminals, pid namespace) as said in
-    the report."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    flags = CLONE_NEWNS | (CLONE_NEWPID if pidns else 0)
-    if libc.unshare(flags) != 0:
-        why = os.strerror(ctypes.get_errno())
-        return f"not hidden (no mount namespace: {why})", f"off (unshare: {why})" if pidns else "off"
-    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:  # else a mount here would reach the host's
-        return (
-            f"not hidden (mounts not private: {os.strerror(ctypes.get_errno())})",
-            "off" if not pidns else "on, but /proc still the grader's",
-        )
-    hidden = []
-    if libc.mount(b"none", b"/dev/pts", b"tmpfs", MS_NOSUID | MS_NOEXEC, b"mode=755,size=4k") == 0:
-        hidden.append("/dev/pts")
-    for path in sorted({f for p in TERMINALS for f in glob.glob(p)}):
-        if libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None) == 0:
-            hidden.append(path)
-    terminals = "hidden (/dev/pts empty, consoles /dev/null)" if "/dev/pts" in hidden else "not hidden"
-    return terminals, "on" if pidns else "off"
-
-
-def read_only_host(writable: list[str], files: list[str], cuda: bool = False) -> str:
-    """In the keeper's own mount namespace (root): every mount read-only but ``writable`` (the scratch directory
-    first), ``/dev/shm`` and ``files`` (the observers' logs it appends to), each bound on itself first; with ``cuda``
-    the /proc mount itself stays writable (``proc_system_read_only`` keeps the rest of it read-only). Device
-    nodes still open for writing (a read-only mount refuses writes to files, directories and links only), so the GPU
-    works. Returns what the report says."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    kept = []
-    for path in [*writable, "/dev/shm", *files]:
-        if not path or not os.path.exists(path):
-            continue
-        if libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None) == 0:
-            kept.append(os.path.realpath(path))
-    try:
-        with open("/proc/self/mountinfo") as f:
-            points = [line.split()[4].replace("\\040", " ") for line in f]
-    except OSError as e:
-        return f"writable (mountinfo: {e.strerror})"
-    left = []
-    for point in points:
-        if any(point == k or point.startswith(k.rstrip("/") + "/") for k in kept) or (cuda and point == "/proc"):
-            continue
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | mount_flags(point)
-        if libc.mount(None, point.encode(), None, flags, None) != 0:
-            left.append(f"{point} ({os.strerror(ctypes.get_errno())})")
-    if left:
-        return "partly read-only: still writable " + ", ".join(left[:4]) + (" ..." if len(left) > 4 else "")
-    return f"read-only but for {len(kept)} paths (the scratch directory, /dev/shm, the observers' files)" + (
-        "; /proc as said" if cuda else ""
-    )
-
-
-def proc_system_read_only() -> str:
-    """In the keeper's own mount namespace (root), where /proc stays writable for CUDA: ``PROC_READ_ONLY`` bound on
-    themselves read-only. Returns what the report says."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    left = []
-    for path in PROC_READ_ONLY:
-        if not os.path.exists(path):
-            continue
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | mount_flags(path)
-        if (
-            libc.mount(path.encode(), path.encode(), None, MS_BIND, None) != 0
-            or libc.mount(None, path.encode(), None, flags, None) != 0
-        ):
-            left.append(f"{path} ({os.strerror(ctypes.get_errno())})")
-    return "writable (CUDA names its threads there), " + (
-        f"but for {', '.join(p.removeprefix('/proc/') for p in PROC_READ_ONLY)}"
-        if not left
-        else f"{', '.join(left)} too"
-    )
-
-
-def mount_flags(point: str) -> int:
-    """The nosuid/nodev/noexec flags a mount has (a bind remount must repeat them)."""
-    try:
-        st = os.statvfs(point)
-    except OSError:
-        return 0
-    return (
-        (MS_NOSUID if st.f_flag & os.ST_NOSUID else 0)
-        | (MS_NODEV if st.f_flag & os.ST_NODEV else 0)
-        | (MS_NOEXEC if st.f_flag & os.ST_NOEXEC else 0)
-    )
-
-
-def proc_mount() -> str:
-    """In a new PID namespace's first process: a /proc of that namespace (the grader's processes are not in it)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
-        return f"on, but /proc still the grader's ({os.strerror(ctypes.get_errno())})"
-    return "on"
 
 
 def own_uid(uid: int) -> str:
@@ -392,6 +273,7 @@ def wrap(fd: int, args: list[str]) -> None:
 
 
 def main() -> None:
+    mounts = _load("mounts")
     fd, args = int(sys.argv[1]), sys.argv[2:]
     isolation = {"session": "own (no controlling terminal)"}
     if "--cgroup" in args:
@@ -414,7 +296,7 @@ def main() -> None:
         isolation["terminals"] = f"hidden ({isolation['tool']}: a /dev of its own)"
         isolation["pid_namespace"] = "on" if "--tool-pidns" in args else "off"
     elif "--hide-terminals" in args or pidns:
-        isolation["terminals"], isolation["pid_namespace"] = namespaces(pidns)
+        isolation["terminals"], isolation["pid_namespace"] = mounts.namespaces(pidns)
     else:
         isolation["terminals"], isolation["pid_namespace"] = "not hidden (off: GEMMLAB_SANDBOX_TERMINALS)", "off"
     if isolation["pid_namespace"] == "on" and "--tool" not in args:  # this process stays outside; its first child
@@ -424,18 +306,18 @@ def main() -> None:
             os.close(fd)
             _, status = os.waitpid(child, 0)
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-        isolation["pid_namespace"] = proc_mount()
+        isolation["pid_namespace"] = mounts.proc_mount()
     writable = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--writable"]
     if isolation["terminals"].startswith("hidden (/dev/pts"):  # the host's Unix sockets: a tmux server's, D-Bus's
         isolation["host_sockets"] = _load("sockets").hide({os.environ.get("GEMMLAB_OBSERVER_SOCK", "")})
     elif "--tool" in args:
         isolation["host_sockets"] = f"hidden ({isolation['tool']}: /dev/null bound over each)"
     if "--cuda" in args and isolation["terminals"].startswith("hidden (/dev/pts"):
-        isolation["proc"] = proc_system_read_only()
+        isolation["proc"] = mounts.proc_system_read_only()
     if "--read-only" in args:  # in the mount namespace above (hidden terminals), after the PID namespace's /proc
         if isolation["terminals"].startswith("hidden (/dev/pts"):
             files = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--file"]
-            isolation["host_files"] = read_only_host(writable, files, "--cuda" in args)
+            isolation["host_files"] = mounts.read_only_host(writable, files, "--cuda" in args)
         else:
             isolation["host_files"] = "writable (no mount namespace of its own)"
     isolation["landlock"] = "off"
