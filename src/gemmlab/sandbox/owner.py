@@ -1,7 +1,7 @@
 """The owner's own scheduling, kept as it was: a sandbox of the grader's uid (with CUDA by default) reaches the
 grader's thread without ptrace rights: ``setpriority``, ``sched_setscheduler`` and ``sched_setaffinity`` need only
 the same uid (lowering a priority) or CAP_SYS_NICE (root), and root may write ``/proc/PID/timerslack_ns`` and
-``/proc/PID/autogroup`` of any process where /proc is writable to it (with CUDA: ``keeper.PROC_READ_ONLY``). A
+``/proc/PID/autogroup`` of any process where /proc is writable to it (with CUDA: ``mounts.PROC_READ_ONLY``). A
 candidate that slows the grader's thread while the baseline is timed (nice 19, SCHED_IDLE, one CPU, a timer slack of
 milliseconds on every sleep of the grader's) and gives it back before its own window would gain. So before every
 window (``Sandbox.ready``, ``check_held``) the grader compares its thread with what it was when the sandbox was made
