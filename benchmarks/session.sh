@@ -68,6 +68,12 @@ for s in "$@"; do
       --durations=25 tests/grade tests/sandbox ;;
     gputests) step gputests 540 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ ;;
     host) step host 200 python3 -m benchmarks host-cost --quick --out "$RES" ;;
+    # issue 30: host cost before the ops skeleton (ebfdc86's src, made here with
+    #   mkdir -p .before && git archive ebfdc86 src | tar -x -C .before   and carried: carry [".before"])
+    # and after it, each against torch in its own run
+    host_ab) step host_before 200 env PYTHONPATH=.before/src python3 -m benchmarks host-cost --quick \
+        --out "$RES/host-before"
+      step host_after 200 python3 -m benchmarks host-cost --quick --out "$RES/host-after" ;;
     model) step model 300 python3 -m gemmlab bench layer --model mixtral,qwen3-moe,deepseek-v3 --tokens 4096,1,8,64 \
       --modes eager,graph --output-dir "$RES/nvidia-h200-model" ;;
     compile) step compile 300 python3 -m gemmlab bench layer --model qwen3-moe --tokens 4096,8 --modes compile \
