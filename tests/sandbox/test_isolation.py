@@ -176,6 +176,7 @@ def _attacks(out_dir, monkeypatch, **env):
     finally:
         os.close(master)
         os.close(slave)
+    assert (out_dir / "attacks.json").exists(), ("the candidate never ran its attacks", r["verdict"], r["failures"])
     return r, json.loads((out_dir / "attacks.json").read_text()), got
 
 
