@@ -177,6 +177,7 @@ class Isolation:
                 os.chmod(d, 0o1777)
 
 
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
 _OWNER = {"held": 0, "was": None}  # sandboxes holding the owner undumpable; its dumpable flag before the first
 
 
@@ -198,7 +199,6 @@ def owner_dumpable(hold: bool) -> None:
             libc.prctl(PR_SET_DUMPABLE, _OWNER["was"], 0, 0, 0)
 
 
-PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
 OBSERVER_FILES = ("GEMMLAB_VENDOR_LOG", "GEMMLAB_VENDOR_COUNTS", "GEMMLAB_OBSERVER_SOCK")  # the sandbox writes these
 
 
