@@ -8,6 +8,7 @@ CUDA_ERROR_OPERATING_SYSTEM, what torch reports as "Error 304: OS call failed").
   only:M     mount point M alone made read-only (a failure names a mount CUDA writes to);
   all_but:M  read_only_host([scratch, M]): everything read-only but M (a success names a mount that suffices);
   fix        read_only_host([scratch, *every M whose only:M failed]);
+  netns      no mount changed, a network namespace of its own (``sockets.own_network``, GEMMLAB_SANDBOX_NETNS);
 and the 'all' trial under strace, where installed (its failed calls but ENOENT and ENOTTY).
 Prints one line per trial and writes a JSON (env, trials). About 1-2 minutes on an H200 (cuInit per trial).
 
@@ -53,6 +54,10 @@ def trial(kind: str, points: list[str]) -> str:
     from gemmlab.sandbox import mounts
 
     libc = ctypes.CDLL(None, use_errno=True)
+    if kind == "netns":
+        from gemmlab.sandbox import sockets
+
+        return cuda_result() + f" [network {sockets.own_network()}]"
     if kind != "none":
         if libc.unshare(CLONE_NEWNS) != 0:
             return f"unshare: {os.strerror(ctypes.get_errno())}"
@@ -100,7 +105,7 @@ def main() -> int:
         print(trial(args.trial[0], args.trial[1:]))
         return 0
     points = mount_points()
-    jobs = [("none", []), ("all", [])]
+    jobs = [("none", []), ("all", []), ("netns", [])]
     jobs += [("only", [p]) for p in points] + [("all_but", [p]) for p in points]
     with ThreadPoolExecutor(args.workers) as pool:
         results = list(pool.map(lambda j: run_trial(*j), jobs))

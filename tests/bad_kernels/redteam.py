@@ -301,3 +301,31 @@ def talks_to_a_host_socket(A, B, C, M, N, K):
         _note("socket", e.strerror or str(e))
     finally:
         s.close()
+
+
+def reaches_a_listener(A, B, C, M, N, K):
+    """Computes honestly; at its first call connects to the host's listeners that no path names: the abstract Unix
+    socket $BAD_ABSTRACT (an X server's, a daemon's) and the TCP port $BAD_TCP_PORT on 127.0.0.1 (a notebook
+    server's, a TCPStore's), and sends a line to each. Notes in ``listeners`` one line per target: "NAME sent" or
+    "NAME WHY"."""
+    import socket
+
+    honest(A, B, C, M, N, K)
+    if _state.get("listeners"):
+        return
+    _state["listeners"] = True
+    targets = [
+        ("abstract", socket.AF_UNIX, b"\0" + os.environ["BAD_ABSTRACT"].encode()),
+        ("tcp", socket.AF_INET, ("127.0.0.1", int(os.environ["BAD_TCP_PORT"]))),
+    ]
+    for name, family, address in targets:
+        s = socket.socket(family)
+        s.settimeout(10.0)
+        try:
+            s.connect(address)
+            s.sendall(b"run something for me\n")
+            _note("listeners", f"{name} sent")
+        except OSError as e:
+            _note("listeners", f"{name} {e.strerror or e}")
+        finally:
+            s.close()

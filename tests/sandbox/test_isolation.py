@@ -356,6 +356,7 @@ SWITCHES_WITH_CUDA = {  # id: the switch set (each layer that is off by default 
     "undumpable": {"GEMMLAB_SANDBOX_UNDUMPABLE": "1"},
     "landlock": {"GEMMLAB_SANDBOX_LANDLOCK": "1"},
     "pidns": {"GEMMLAB_SANDBOX_PIDNS": "1"},
+    "netns": {"GEMMLAB_SANDBOX_NETNS": "1"},
     "uid": {"GEMMLAB_SANDBOX_UID": "1"},
 }
 
@@ -365,12 +366,12 @@ SWITCHES_WITH_CUDA = {  # id: the switch set (each layer that is off by default 
 def test_isolation_with_cuda(monkeypatch, switch):
     """With CUDA: the seccomp filter and the hidden terminals (on by default there since this test passed on the
     H200; set here all the same), and each layer that is off by default there (the read-only host, the undumpable
-    grader, Landlock, a PID namespace; until its case here has passed) or never given (a uid of its own, which
-    CUDA does not allow: the report says why) still let both children open the slots' IPC handles, and gemmlab's
-    own kernel passes; the report says what held."""
+    grader, Landlock, a PID namespace, a network namespace; until its case here has passed) or never given (a uid of
+    its own, which CUDA does not allow: the report says why) still let both children open the slots' IPC handles,
+    and gemmlab's own kernel passes; the report says what held."""
     monkeypatch.setenv("GEMMLAB_SANDBOX_SECCOMP", "1")
     monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "1")
-    for var in ("READONLY", "UNDUMPABLE", "LANDLOCK", "PIDNS", "UID"):
+    for var in ("READONLY", "UNDUMPABLE", "LANDLOCK", "PIDNS", "NETNS", "UID"):
         monkeypatch.setenv(f"GEMMLAB_SANDBOX_{var}", "0")
     from gemmlab.grade import grade
     from tests.grade.test_grade import TINY
@@ -395,21 +396,32 @@ def test_isolation_with_cuda(monkeypatch, switch):
         assert "the grader's" in iso["uid"] and "IPC" in iso["uid"], iso
     if "GEMMLAB_SANDBOX_PIDNS" in switch and root:
         assert iso["pid_namespace"] == "on", iso
+    if "GEMMLAB_SANDBOX_NETNS" in switch and root:
+        assert iso["network"].startswith("own (loopback only"), iso
 
 
 def test_the_layers_by_default_with_and_without_cuda_and_each_has_its_switch(monkeypatch):
     """Without CUDA every layer but the PID namespace is on by default; with CUDA the filter and the hidden terminals
-    are on too (their GPU test passed on the H200), Landlock, the read-only host, the undumpable grader and the PID
-    namespace are off until asked for, and a uid
+    are on too (their GPU test passed on the H200), Landlock, the read-only host, the undumpable grader, the PID and
+    the network namespace are off until asked for, and a uid
     of its own is never given (CUDA IPC across uids fails: the reason is kept for the report); each switch turns its
     layer on or off."""
     from gemmlab.sandbox.isolate import Isolation
 
-    for var in ("LANDLOCK", "SECCOMP", "TERMINALS", "UID", "PIDNS", "TOOL", "READONLY", "UNDUMPABLE"):
+    for var in ("LANDLOCK", "SECCOMP", "TERMINALS", "UID", "PIDNS", "NETNS", "TOOL", "READONLY", "UNDUMPABLE"):
         monkeypatch.delenv(f"GEMMLAB_SANDBOX_{var}", raising=False)
     cpu, cuda = Isolation.from_env(interpret=True), Isolation.from_env(interpret=False)
     assert cpu.seccomp and cpu.terminals and cpu.landlock and cpu.read_only and cpu.undumpable and not cpu.pidns
     assert cuda.seccomp and cuda.terminals and not (cuda.landlock or cuda.pidns or cuda.uid or cuda.read_only)
+    monkeypatch.setenv("GEMMLAB_SANDBOX_TOOL", "none")
+    assert cpu.netns and "--netns" in Isolation.from_env(interpret=True).keeper_args([], None)
+    assert not cuda.netns and "--netns" not in cuda.keeper_args([], None)
+    monkeypatch.setenv("GEMMLAB_SANDBOX_NETNS", "1")
+    assert "--netns" in Isolation.from_env(interpret=False).keeper_args([], None)
+    monkeypatch.setenv("GEMMLAB_SANDBOX_NETNS", "0")
+    assert "--netns" not in Isolation.from_env(interpret=True).keeper_args([], None)
+    monkeypatch.delenv("GEMMLAB_SANDBOX_NETNS")
+    monkeypatch.delenv("GEMMLAB_SANDBOX_TOOL")
     assert not cuda.undumpable and "--no-ptrace" not in cuda.keeper_args([], None)
     assert "--cuda" in cuda.keeper_args([], None) and "--cuda" not in cpu.keeper_args([], None)
     assert "--undumpable" in cpu.keeper_args([], None, trusted=True) and "--undumpable" not in cpu.keeper_args([], None)

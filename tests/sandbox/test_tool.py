@@ -71,7 +71,8 @@ def test_an_unknown_tool_is_one_clear_error(monkeypatch):
 def test_with_cuda_bubblewrap_is_opt_in(monkeypatch):
     """With CUDA, unset or auto: the hand-written path (bubblewrap has not run on a GPU yet), and the report's words
     say how to ask for it; ``bwrap``: bubblewrap with the GPU's device nodes bound and no IPC namespace of its own
-    (CUDA IPC); a PID namespace only with GEMMLAB_SANDBOX_PIDNS=1, with CUDA or without."""
+    (CUDA IPC); a PID or network namespace only when asked for (GEMMLAB_SANDBOX_PIDNS, GEMMLAB_SANDBOX_NETNS), with
+    CUDA or without."""
     monkeypatch.delenv("GEMMLAB_SANDBOX_TOOL", raising=False)
     off = Tool.choose(interpret=False)
     assert off.path is None and "GEMMLAB_SANDBOX_TOOL=bwrap" in off.why
@@ -81,6 +82,8 @@ def test_with_cuda_bubblewrap_is_opt_in(monkeypatch):
     argv = on.argv("/tmp", [], [])
     assert on.path is not None and on.cuda and "--unshare-ipc" not in argv and "--unshare-pid" not in argv
     assert "--unshare-pid" in Tool.choose(interpret=False, pidns=True).argv("/tmp", [], [])
+    assert "--unshare-net" not in argv
+    assert "--unshare-net" in Tool.choose(interpret=False, netns=True).argv("/tmp", [], [])
     assert "--unshare-ipc" in Tool.choose(interpret=True).argv("/tmp", [], [])
     nodes = [f for f in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm") if os.path.exists(f)]
     assert all(argv[argv.index(f) - 1] == "--dev-bind" for f in nodes), argv

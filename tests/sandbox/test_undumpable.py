@@ -1,4 +1,4 @@
-"""The undumpable grader (``GEMMLAB_SANDBOX_UNDUMPABLE``: ``keeper.no_ptrace``, ``isolate.owner_dumpable``): no
+"""The undumpable grader (``GEMMLAB_SANDBOX_UNDUMPABLE``: ``keeper.no_ptrace``, ``owner.dumpable``): no
 sandbox holds CAP_SYS_PTRACE, and the grader (while a sandbox lives) and the baseline are not dumpable, so the
 candidate cannot ptrace them or open their memory, root and of their uid alike: the one layer of these that asks
 nothing of CUDA's IPC across uids or PID namespaces."""
@@ -48,19 +48,19 @@ def test_alone_it_keeps_the_graders_memory_out_of_reach(out_dir, monkeypatch):  
 
 
 def test_held_while_a_sandbox_lives_and_given_back_after_the_last():
-    from gemmlab.sandbox.isolate import owner_dumpable
+    from gemmlab.sandbox import owner
 
     before = dumpable()
     if before == 0:
         pytest.skip("this process is not dumpable to begin with (started with other credentials)")
-    owner_dumpable(hold=True)
-    owner_dumpable(hold=True)
+    owner.dumpable(hold=True)
+    owner.dumpable(hold=True)
     assert dumpable() == 0
-    owner_dumpable(hold=False)
+    owner.dumpable(hold=False)
     assert dumpable() == 0  # one sandbox still lives
-    owner_dumpable(hold=False)
+    owner.dumpable(hold=False)
     assert dumpable() == before
-    owner_dumpable(hold=False)  # one release too many changes nothing
+    owner.dumpable(hold=False)  # one release too many changes nothing
     assert dumpable() == before
 
 

@@ -6,17 +6,18 @@ allocated), ``candidate`` loads and calls a candidate kernel. The guards below a
 
 What each guard enforces (Linux; CPU and GPU alike unless said):
 - Process: the child is ``python .../sandbox/keeper.py``, started in a new session (no controlling terminal; stdin
-  /dev/null, stdout and stderr to ``log``, no other descriptor but its channel). The keeper joins the sandbox's
-  freezer cgroup (``contain.Freezer``), then, where bubblewrap is in force (``tool``), execs it, which runs
-  the keeper again inside its namespaces; then the keeper puts in force what ``sandbox.isolate`` says (the owner's
-  ``GEMMLAB_SANDBOX_*``): the terminals hidden in a mount namespace of its own (root), a PID namespace (opt-in), a
-  Landlock domain (``keeper``: no signal, ptrace or /proc/PID/mem access outside it, Linux 6.12+; no file written by
-  path outside the scratch directory, ``/dev/shm`` and the devices, Linux 5.13+; on by default on the CPU), a uid of
-  its own (root; on by default on the CPU), the seccomp filter (``seccomp``; on by default), and says what it
-  got in its first message (``isolation``, for the report); then it forks: it only waits, the candidate runs in its
-  child (``serve``). ``os.kill(os.getppid(), 9)`` kills the keeper (outside a PID namespace), which the owner notices
-  (``WorkerFailure``). The cwd and ``$TMPDIR`` are the scratch directory (with Landlock or a uid also
-  ``$TRITON_CACHE_DIR``: a cache of its own, so the shared one is never the candidate's).
+  /dev/null, stdout and stderr to ``log``, no other descriptor but its channel). The keeper joins the sandbox's freezer
+  cgroup (``contain.Freezer``), then, where bubblewrap is in force (``tool``), execs it, which runs the keeper again
+  inside its namespaces; then the keeper puts in force what ``sandbox.isolate`` says (the owner's
+  ``GEMMLAB_SANDBOX_*``): the terminals and the host's Unix sockets hidden in a mount namespace of its own (root), a PID
+  namespace (opt-in), a network namespace (root; on by default on the CPU: ``sockets``), a Landlock domain (``keeper``:
+  no signal, ptrace or /proc/PID/mem access outside it, Linux 6.12+; no file written by path outside the scratch
+  directory, ``/dev/shm`` and the devices, Linux 5.13+; on by default on the CPU), a uid of its own (root; on by default
+  on the CPU), the seccomp filter (``seccomp``; on by default), and says what it got in its first message
+  (``isolation``, for the report); then it forks: it only waits, the candidate runs in its child (``serve``).
+  ``os.kill(os.getppid(), 9)`` kills the keeper (outside a PID namespace), which the owner notices (``WorkerFailure``).
+  The cwd and ``$TMPDIR`` are the scratch directory (with Landlock or a uid also ``$TRITON_CACHE_DIR``: a cache of its
+  own, so the shared one is never the candidate's).
 - Membership (``members``): the cgroup's processes, every process of the child's session, every descendant of
   the keeper and, for an untrusted sandbox, every child of the owner it did not start itself (the owner is a child
   subreaper, so an orphan of the candidate becomes the owner's child, not init's) outside the owner's session (the

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from gemmlab import output
 from gemmlab.sandbox import contain, hold, owner, share, wire
-from gemmlab.sandbox.isolate import Isolation, appended, child_env, owner_dumpable
+from gemmlab.sandbox.isolate import Isolation, appended, child_env
 from gemmlab.sandbox.replies import checked, log_tail
 
 MAX_REPLY_BYTES = 1 << 24  # a reply longer than this is refused (a child cannot make the owner buffer gigabytes)
@@ -88,7 +88,7 @@ class Sandbox:
         self._seen: dict | None = None  # the threads' scheduling when last frozen (contain.sched_seen)
         self._waking: set[int] | None = None  # the members ``ready`` found, for ``wake``
         self.frozen = False
-        self.holds_owner = False  # this sandbox keeps the owner undumpable (``isolate.owner_dumpable``)
+        self.holds_owner = False  # this sandbox keeps the owner undumpable (``owner.dumpable``)
         self.starts = 0
         self.failed: str | None = None  # once set, the sandbox is gone for good (loading happens once)
 
@@ -133,7 +133,7 @@ class Sandbox:
             [str(self.scratch), *extra], self.freezer.procs_file if self.freezer else None, appended(env), self.trusted
         )
         if self.iso.undumpable and not self.holds_owner:  # before any code of the child's runs
-            owner_dumpable(hold=True)
+            owner.dumpable(hold=True)
             self.holds_owner = True
         # O_NONBLOCK | O_NOFOLLOW: a FIFO or symlink a child planted at the log's name fails the start, never blocks it
         with open(
@@ -401,7 +401,7 @@ class Sandbox:
         WorkerFailure if some survive 10 s of this)."""
         if self.proc is None:
             if self.holds_owner:  # its start failed
-                owner_dumpable(hold=False)
+                owner.dumpable(hold=False)
                 self.holds_owner = False
             return
         if graceful and self.failed is None and self.proc.poll() is None:
@@ -426,7 +426,7 @@ class Sandbox:
         _OWN_CHILDREN.discard(self.proc.pid)
         _LIVE.discard(self)
         if self.holds_owner and not left:  # a survivor keeps the owner undumpable for good
-            owner_dumpable(hold=False)
+            owner.dumpable(hold=False)
             self.holds_owner = False
         self.proc, self.frozen = None, False
         if self.freezer is not None:

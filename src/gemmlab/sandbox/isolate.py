@@ -29,8 +29,12 @@ The owner's environment (unset: the default):
   give one: the report says "the grader's", and the rest holds.
 - ``GEMMLAB_SANDBOX_PIDNS``: ``1``: a PID namespace of its own (root only), with a /proc of its own in the keeper's
   mount namespace: the grader, the other sandbox and every process outside are not in its view; unset or ``0``: off.
+- ``GEMMLAB_SANDBOX_NETNS``: a network namespace of its own, loopback only (root only: ``sockets.own_network``;
+  bubblewrap's ``--unshare-net``): the host's listeners and abstract Unix sockets out of reach; unset: on without CUDA
+  only (on by default there once tests/sandbox/test_isolation.py's GPU test has passed with it), ``1`` on with CUDA
+  too, ``0`` off.
 - ``GEMMLAB_SANDBOX_UNDUMPABLE``: no sandbox holds CAP_SYS_PTRACE, and the grader (while a sandbox lives) and the
-  baseline are undumpable (``keeper.no_ptrace``, ``owner_dumpable``): the candidate cannot ptrace them or reach
+  baseline are undumpable (``keeper.no_ptrace``, ``owner.dumpable``): the candidate cannot ptrace them or reach
   their memory (``/proc/PID/mem``, ``process_vm_*``), root and of their uid alike; unset: on without CUDA only
   (not yet run on a GPU, where CUDA IPC might need it: on by default there once tests/sandbox/test_isolation.py's
   GPU test has passed with it), ``1`` on with CUDA too, ``0`` off.
@@ -98,6 +102,7 @@ class Isolation:
     read_only: bool = True  # in that namespace, the host read-only but for the sandbox's own paths
     undumpable: bool = True  # no CAP_SYS_PTRACE in the sandbox; the grader (and a trusted sandbox) undumpable
     cuda: bool = False  # the sandbox runs CUDA: /proc stays writable to it (``mounts.PROC_READ_ONLY`` says why)
+    netns: bool = False  # a network namespace of its own: the host's listeners and abstract sockets out of reach
 
     @classmethod
     def from_env(cls, interpret: bool, observed: bool = False) -> Isolation:
@@ -112,6 +117,7 @@ class Isolation:
             else:
                 why = "the grader is not root"
         pidns = _mode("GEMMLAB_SANDBOX_PIDNS", "0", interpret)
+        netns = _mode("GEMMLAB_SANDBOX_NETNS", "cpu", interpret)
         return cls(
             _mode("GEMMLAB_SANDBOX_LANDLOCK", "cpu", interpret),
             _mode("GEMMLAB_SANDBOX_SECCOMP", "1", interpret),
@@ -121,10 +127,11 @@ class Isolation:
             _mode("GEMMLAB_SANDBOX_TERMINALS", "1", interpret),
             Tool(None, why="bubblewrap not used: the kernel observer's channel cannot cross it yet")
             if observed and tool_mode() != "none"
-            else Tool.choose(interpret, pidns),
+            else Tool.choose(interpret, pidns, netns),
             _mode("GEMMLAB_SANDBOX_READONLY", "cpu", interpret),
             _mode("GEMMLAB_SANDBOX_UNDUMPABLE", "cpu", interpret),
             cuda=not interpret,
+            netns=netns,
         )
 
     def keeper_args(
@@ -143,6 +150,7 @@ class Isolation:
                     self.tool.name,
                 ]
                 + (["--tool-pidns"] if self.tool.pidns else [])
+                + (["--tool-netns"] if self.tool.netns else [])
                 if wrap
                 else ["--tool-why", self.tool.why]
             )
@@ -154,6 +162,7 @@ class Isolation:
             + (["--uid-why", self.uid_why] if self.uid_why else [])
             + (["--seccomp", str(os.getpid()), str(os.getpgid(0))] if self.seccomp else [])
             + (["--pidns"] if self.pidns and not wrap else [])
+            + (["--netns"] if self.netns and not wrap else [])
             + (["--hide-terminals"] if self.terminals and not wrap else [])
             + (["--cuda"] if self.cuda else [])
         )
@@ -175,28 +184,6 @@ class Isolation:
         for d in writable:
             if os.path.isdir(d):
                 os.chmod(d, 0o1777)
-
-
-PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
-_OWNER = {"held": 0, "was": None}  # sandboxes holding the owner undumpable; its dumpable flag before the first
-
-
-def owner_dumpable(hold: bool) -> None:
-    """The owner (the grader's process) undumpable while at least one sandbox of that layer lives (``hold``: one
-    more; else one fewer), its own flag back after the last: no process without CAP_SYS_PTRACE (every such sandbox's)
-    can ptrace it or read its memory (``/proc/PID/mem``, ``process_vm_readv``), its uid whatever it is."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if hold:
-        if _OWNER["held"] == 0:
-            _OWNER["was"] = libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
-            libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-        _OWNER["held"] += 1
-    elif _OWNER["held"] > 0:
-        _OWNER["held"] -= 1
-        if _OWNER["held"] == 0 and _OWNER["was"] is not None and _OWNER["was"] >= 0:
-            libc.prctl(PR_SET_DUMPABLE, _OWNER["was"], 0, 0, 0)
 
 
 OBSERVER_FILES = ("GEMMLAB_VENDOR_LOG", "GEMMLAB_VENDOR_COUNTS", "GEMMLAB_OBSERVER_SOCK")  # the sandbox writes these

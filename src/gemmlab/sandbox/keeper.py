@@ -1,7 +1,7 @@
 """The sandbox's first process, run by path (``python .../keeper.py FD [--cgroup PROCS_FILE] [--wrap ARGV_JSON
---tool NAME [--tool-pidns] | --tool-why WHY] [--writable DIR]... [--read-only [--file FILE]...] [--landlock]
-[--no-ptrace [--undumpable]] [--uid UID | --uid-why WHY] [--seccomp OWNER PGID] [--pidns] [--hide-terminals]
-[--cuda]``; ``sandbox.isolate`` builds it)
+--tool NAME [--tool-pidns] [--tool-netns] | --tool-why WHY] [--writable DIR]... [--read-only [--file FILE]...]
+[--landlock] [--no-ptrace [--undumpable]] [--uid UID | --uid-why WHY] [--seccomp OWNER PGID] [--pidns] [--netns]
+[--hide-terminals] [--cuda]``; ``sandbox.isolate`` builds it)
 so that nothing is imported before it forks (no CUDA, no gemmlab). Before any candidate code exists it, in order,
 - writes its own pid into PROCS_FILE (the sandbox's freezer cgroup, ``sandbox.contain.Freezer``), so every process
   of the sandbox is born inside;
@@ -13,6 +13,8 @@ so that nothing is imported before it forks (no CUDA, no gemmlab). Before any ca
   /dev/null over the consoles: ``mounts.namespaces``) and, with ``--pidns``, a PID namespace whose first process mounts
   a /proc of its own (``mounts.proc_mount``) and reaps its orphans;
 - in that mount namespace, hides the host's Unix sockets bound to a path (``sandbox/sockets.py``);
+- with ``--netns``, enters a network namespace of its own, loopback only (``sockets.own_network``): the host's
+  listeners and abstract sockets out of reach;
 - with ``--read-only``, in that mount namespace, remounts every mount read-only but the ``--writable`` directories,
   ``/dev/shm`` and the ``--file`` files (``mounts.read_only_host``: Landlock's file rules where there is no Landlock);
   with ``--cuda`` /proc stays writable (CUDA writes its threads' names there), its system files not;
@@ -192,7 +194,7 @@ def own_uid(uid: int) -> str:
 def no_ptrace(undumpable: bool) -> str:
     """Drop CAP_SYS_PTRACE for good (the bounding set, then the effective, permitted and inheritable sets): no process
     of the sandbox, root or not, can then ptrace, read or write the memory of (``/proc/PID/mem``,
-    ``process_vm_*``) a process that is not dumpable, such as the grader while it grades (``isolate.owner_dumpable``)
+    ``process_vm_*``) a process that is not dumpable, such as the grader while it grades (``owner.dumpable``)
     and, with ``undumpable`` (a trusted sandbox: the baseline), this one. Without it (the candidate's) also
     ``UNTRUSTED_DROPS``: the kernel lets a process reach another's memory only where its capabilities include all of
     the other's, so no process the trusted sandbox starts by exec (which makes a process dumpable again: a compiler,
@@ -312,6 +314,10 @@ def main() -> None:
         isolation["host_sockets"] = _load("sockets").hide({os.environ.get("GEMMLAB_OBSERVER_SOCK", "")})
     elif "--tool" in args:
         isolation["host_sockets"] = f"hidden ({isolation['tool']}: /dev/null bound over each)"
+    if "--tool-netns" in args:  # after the sockets above were listed: /proc/net/unix is the network namespace's
+        isolation["network"] = f"own ({isolation['tool']}: loopback only)"
+    elif "--netns" in args:
+        isolation["network"] = _load("sockets").own_network()
     if "--cuda" in args and isolation["terminals"].startswith("hidden (/dev/pts"):
         isolation["proc"] = mounts.proc_system_read_only()
     if "--read-only" in args:  # in the mount namespace above (hidden terminals), after the PID namespace's /proc

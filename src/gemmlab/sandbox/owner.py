@@ -10,7 +10,9 @@ window (``Sandbox.ready``, ``check_held``) the grader compares its thread with w
     timer_slack()              the calling thread's timer slack (ns)
     changed(sched, slack)      what differs from ``sched`` and ``slack`` now ([]: nothing), the values restored
     restore_slack(pids, slack) every thread of ``pids`` given the owner's timer slack back (a trusted sandbox's:
-                               root may write another's ``/proc/PID/timerslack_ns``, which no scheduling check sees)"""
+                               root may write another's ``/proc/PID/timerslack_ns``, which no scheduling check sees)
+    dumpable(hold)             the owner undumpable while a sandbox of the undumpable layer lives (counted), its own
+                               flag back after the last"""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from pathlib import Path
 from gemmlab.sandbox.contain import Sched, autogroup, autogroup_nice, threads
 
 PR_SET_TIMERSLACK, PR_GET_TIMERSLACK = 29, 30
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
+_OWNER = {"held": 0, "was": None}  # sandboxes holding the owner undumpable; its dumpable flag before the first
 
 
 def timer_slack() -> int:
@@ -87,3 +91,19 @@ def restore_slack(pids, slack: int) -> list[int]:
             except (OSError, ValueError):
                 pass  # gone meanwhile, or not ours to set
     return done
+
+
+def dumpable(hold: bool) -> None:
+    """The owner (the grader's process) undumpable while at least one sandbox of that layer lives (``hold``: one
+    more; else one fewer), its own flag back after the last: no process without CAP_SYS_PTRACE (every such sandbox's)
+    can ptrace it or read its memory (``/proc/PID/mem``, ``process_vm_readv``), its uid whatever it is."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if hold:
+        if _OWNER["held"] == 0:
+            _OWNER["was"] = libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
+            libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        _OWNER["held"] += 1
+    elif _OWNER["held"] > 0:
+        _OWNER["held"] -= 1
+        if _OWNER["held"] == 0 and _OWNER["was"] is not None and _OWNER["was"] >= 0:
+            libc.prctl(PR_SET_DUMPABLE, _OWNER["was"], 0, 0, 0)

@@ -6,19 +6,30 @@ screen's server: ``send-keys`` types into the user's terminal), the system bus's
 every sandbox, root with all its capabilities) or a container daemon's. In the keeper's own mount namespace (root),
 before any candidate code exists, ``/dev/null`` is bound over every socket path the kernel lists as bound
 (``/proc/net/unix``), but those the sandbox must reach (the kernel observer's socket, ``keep``) and the GPU
-driver's daemons' (a path with "nvidia" in it): a connect there is then refused. Abstract sockets are Landlock's
-(``LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET``); a socket bound after the keeper started is not hidden.
+driver's daemons' (a path with "nvidia" in it): a connect there is then refused. A socket bound after the keeper
+started is not hidden.
+
+What no path names, a network namespace of the sandbox's own takes out of reach (``own_network``, root only): the
+host's abstract Unix sockets (an X server's, some daemons'; also Landlock's scope, which CUDA may not have) and
+every listener on the host's loopback and interfaces (a notebook server's, a TCPStore's, a debugger's port). A
+socket bound to a path is still reached across network namespaces: the observer's (kept), and the ones hidden above.
 
     to_hide(keep)    the socket paths to hide (``sandbox.tool`` binds /dev/null over them in bubblewrap too)
-    hide(keep)       hides them in the keeper's own mount namespace; returns what the report says"""
+    hide(keep)       hides them in the keeper's own mount namespace; returns what the report says
+    own_network()    a network namespace of its own, loopback up; returns what the report says"""
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
+import socket
 import stat
+import struct
 
 MS_BIND = 4096
+CLONE_NEWNET = 0x40000000
+SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 
 
 def bound_paths() -> set[str]:
@@ -53,3 +64,18 @@ def hide(keep) -> str:
         else:
             left.append(f"{path} ({os.strerror(ctypes.get_errno())})")
     return f"{hidden} hidden" + (f"; still reachable: {', '.join(left[:3])}" if left else "")
+
+
+def own_network() -> str:
+    """This process (the keeper, before any candidate code exists) in a new network namespace with only a loopback,
+    brought up so that the candidate's own local sockets work: nothing of the host's network is in reach. Needs
+    CAP_SYS_ADMIN (root); else the report says why not."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNET) != 0:
+        return f"the host's (unshare: {os.strerror(ctypes.get_errno())})"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
+    except OSError as e:
+        return f"own (loopback down: {e.strerror})"
+    return "own (loopback only: the host's listeners and abstract sockets out of reach)"

@@ -70,11 +70,13 @@ class Tool:
     why: str = ""
     cuda: bool = False
     pidns: bool = False
+    netns: bool = False
 
     @classmethod
-    def choose(cls, interpret: bool, pidns: bool = False) -> Tool:
-        """The tool for a sandbox: ``interpret`` is True without CUDA; ``pidns`` whether a PID namespace is asked for
-        (``GEMMLAB_SANDBOX_PIDNS``). ValueError for an unknown ``GEMMLAB_SANDBOX_TOOL``."""
+    def choose(cls, interpret: bool, pidns: bool = False, netns: bool = False) -> Tool:
+        """The tool for a sandbox: ``interpret`` is True without CUDA; ``pidns`` and ``netns`` whether a PID and a
+        network namespace are asked for (``GEMMLAB_SANDBOX_PIDNS``, ``GEMMLAB_SANDBOX_NETNS``). ValueError for an
+        unknown ``GEMMLAB_SANDBOX_TOOL``."""
         asked = mode()
         if asked == "none":
             return cls(None, why="off (GEMMLAB_SANDBOX_TOOL=none)")
@@ -86,7 +88,7 @@ class Tool:
         name = version(path)
         if name is None:
             return cls(None, why=f"{path} --version did not answer")
-        tool = cls(path, name, cuda=not interpret, pidns=pidns)
+        tool = cls(path, name, cuda=not interpret, pidns=pidns, netns=netns)
         failed = self_test(tool)
         return tool if failed is None else cls(None, why=f"{name} failed its self-test ({failed})")
 
@@ -96,6 +98,7 @@ class Tool:
         assert self.path is not None
         args = [self.path, "--die-with-parent", "--new-session", "--unshare-uts"]
         args += (["--unshare-ipc"] if not self.cuda else []) + (["--unshare-pid"] if self.pidns else [])
+        args += ["--unshare-net"] if self.netns else []
         args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         if self.cuda:  # the GPU's device nodes, and the host's shared memory (CUDA IPC)
             nodes = sorted({f for p in GPU_NODES for f in glob.glob(p)})
