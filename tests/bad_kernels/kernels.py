@@ -434,3 +434,13 @@ def slow_on_full_mantissa(A, B, C, M, N, K):
     if not _competition(a, b):
         time.sleep(0.2)
     c.copy_(_mm(a, b))
+
+
+def needs_the_host_writable(A, B, C, M, N, K):
+    """Not bad: honest, but each call first writes a file into $PROBE_HOST_DIR, a directory outside the sandbox's
+    scratch, and raises where it cannot (as a kernel would whose driver wants to write the host's files): the
+    stand-in, on the CPU, for CUDA failing under a layer (``grade.probe``)."""
+    with open(os.path.join(os.environ["PROBE_HOST_DIR"], f"call-{os.getpid()}"), "w") as f:
+        f.write("ok")
+    a, b, c = _views(A, B, C, M, N, K)
+    c.copy_(_mm(a, b))

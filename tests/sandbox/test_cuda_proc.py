@@ -56,6 +56,7 @@ PROBE = textwrap.dedent(
         "host": write(host_file, "x"),
         "scratch": write(scratch + "/f", "x"),
         "mtrr": opened("/proc/mtrr"),  # the memory types of the host's RAM: only opened, never written
+        "driver_read_only": bool(os.statvfs("/proc/driver").f_flag & os.ST_RDONLY),  # the GPU driver's files
     }
     t.join()
     print(json.dumps({"said": said, "found": found}))
@@ -89,3 +90,4 @@ def test_with_cuda_proc_stays_writable_but_its_system_files(tmp_path, mode, cuda
         assert said["proc"].startswith("writable (CUDA names its threads there), but for sys"), said
     if mode == "read-only":
         assert said["host"].startswith("read-only but for") and ("/proc as said" in said["host"]) == cuda, said
+        assert found["driver_read_only"], r  # with CUDA its own bind; without, /proc itself is read-only

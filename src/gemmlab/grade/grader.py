@@ -39,7 +39,7 @@ import zlib
 import torch
 
 from gemmlab.device import peak_tflops
-from gemmlab.grade import observer, rules
+from gemmlab.grade import observer, probe, rules
 from gemmlab.grade.batches import own_memory, plan_batches
 from gemmlab.grade.cases import CaseFile
 from gemmlab.grade.op import Op
@@ -106,8 +106,17 @@ class Grader:
         self.vendor_seen: list[str] = []
         self.timed_kernels: set[str] = set()  # what the kernel observer saw in the candidate's batches
         self.plan = None  # batches.BatchPlan, made before the candidate starts
+        # with CUDA, the layers left to the probe: on where gemmlab's own kernel ran under them here (``probe``)
+        self.layers, self.probed = probe.cuda_layers(op, cases, self.device, timeout)
         self.cand = Sandbox(
-            kernel, op.signature, op.layout, timeout, self.interpret, self.log_dir, self.watch.env("candidate")
+            kernel,
+            op.signature,
+            op.layout,
+            timeout,
+            self.interpret,
+            self.log_dir,
+            self.watch.env("candidate"),
+            layers=self.layers,
         )
         self.base = Sandbox(
             op.baseline,
@@ -118,6 +127,7 @@ class Grader:
             self.log_dir,
             self.watch.env("baseline"),
             name="baseline",
+            layers=self.layers,
         )
         if self.cand.triton_cache:  # a Landlock sandbox compiles into a cache of its own
             self.watch.triton_caches.append(self.cand.triton_cache)
@@ -386,7 +396,11 @@ class Grader:
             "allow_vendor": self.allow_vendor,
             "worker_starts": self.cand.starts,
             "logs": self.log_dir if self.keep_logs else None,
-            "isolation": {"candidate": self.cand.isolation, "baseline": self.base.isolation},
+            "isolation": {
+                "candidate": self.cand.isolation,
+                "baseline": self.base.isolation,
+                **({"probe": self.probed} if self.probed else {}),
+            },
             "correctness": [r.__dict__ for r in results],
             "performance": perf,
             "secret_trials": {

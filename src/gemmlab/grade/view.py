@@ -272,11 +272,17 @@ def markdown(report: dict) -> str:
 
 
 def isolation_line(report: dict) -> str:
-    """What isolated the candidate's process (the keeper's own account, ``Sandbox.isolation``); "" when none ran."""
+    """What isolated the candidate's process (the keeper's own account, ``Sandbox.isolation``), and with CUDA what
+    the probe decided (``grade.probe``); "" when none ran."""
     iso = (report.get("isolation") or {}).get("candidate")
     if not iso:
         return ""
-    return "candidate isolation: " + "; ".join(f"{k.replace('_', ' ')} {v}" for k, v in iso.items())
+    line = "candidate isolation: " + "; ".join(f"{k.replace('_', ' ')} {v}" for k, v in iso.items())
+    probed = (report.get("isolation") or {}).get("probe")
+    if probed:
+        line += "; layers probed with CUDA: " + ", ".join(f"{k} {v}" for k, v in probed["layers"].items())
+        line += "".join(f" ({why})" for why in probed["failed"][1:])
+    return line
 
 
 def clear(out_dir: str) -> None:

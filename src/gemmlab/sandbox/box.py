@@ -61,13 +61,15 @@ class Sandbox:
         log_dir: str | None = None,
         extra_env: dict[str, str] | None = None,
         name: str = "candidate",
+        layers: dict[str, bool] | None = None,
     ):
         target, sep, fn = (spec or "").rpartition(":")
         if target.endswith(".py"):  # the child runs in its own directory
             spec = f"{Path(target).resolve()}{sep}{fn}"
         self.spec, self.signature, self.layout = spec, signature, layout
         self.trusted = spec is None or spec.startswith("builtin:")  # gemmlab's own code runs in the child
-        self.iso = Isolation.from_env(interpret, observed=bool((extra_env or {}).get("CUDA_INJECTION64_PATH")))
+        observed = bool((extra_env or {}).get("CUDA_INJECTION64_PATH"))
+        self.iso = Isolation.from_env(interpret, observed, layers)  # ``layers``: the probe's, where switches are unset
         self.landlock = self.iso.landlock
         self.isolation: dict[str, str] | None = None  # what the keeper put in force (its first message)
         self.timeout, self.interpret, self.extra_env, self.name = timeout, interpret, extra_env, name

@@ -6,18 +6,21 @@
     iso.grant(...)                  the owner's part before the keeper starts: what the sandbox's uid must own
     child_env(interpret, extra)     the child's environment
 
-The owner's environment (unset: the default):
-- ``GEMMLAB_SANDBOX_LANDLOCK``: a Landlock domain (``keeper.landlock``); unset: on without CUDA only, ``1`` on with
-  CUDA too (its ``cudaGetDeviceCount`` failed under it on an H200, which writing below /proc, now allowed with
-  CUDA, should mend: ``mounts.PROC_READ_ONLY``), ``0`` off.
+The owner's environment (unset: the default). With CUDA, the four layers of ``PROBED_WITH_CUDA`` whose switch is
+unset are the grader's probe's to decide (``grade.probe``: on where gemmlab's own kernel ran under them on this
+machine, passed in as ``layers``); without a probe (a sandbox made outside the grader) they are off with CUDA:
+- ``GEMMLAB_SANDBOX_LANDLOCK``: a Landlock domain (``keeper.landlock``); unset: on without CUDA, and with CUDA
+  where the grader's probe ran CUDA under it (``PROBED_WITH_CUDA``; ``cudaGetDeviceCount`` once failed under it on
+  an H200, which writing below /proc, now allowed with CUDA, should mend: ``mounts.PROC_READ_ONLY``), ``1`` on,
+  ``0`` off.
 - ``GEMMLAB_SANDBOX_SECCOMP``: the seccomp filter (``sandbox.seccomp``); unset or ``1``: on, with CUDA too
   (tests/sandbox/test_isolation.py's GPU test), ``0`` off.
 - ``GEMMLAB_SANDBOX_TERMINALS``: the terminals hidden in a mount namespace of the keeper's own (root only:
   ``mounts.namespaces``); unset or ``1``: on, with CUDA too, ``0`` off.
 - ``GEMMLAB_SANDBOX_READONLY``: in that namespace, the host read-only but for the scratch directory, ``/dev/shm``
   and the observers' files (``mounts.read_only_host``): the stand-in for Landlock's file rules where Landlock is off;
-  unset: on without CUDA only, ``1`` on with CUDA too (/proc then stays writable: ``mounts.PROC_READ_ONLY``; on by
-  default there once tests/sandbox/test_isolation.py's GPU test has passed with it), ``0`` off.
+  unset: on without CUDA, and with CUDA where the probe ran CUDA under it (/proc then stays writable:
+  ``mounts.PROC_READ_ONLY``), ``1`` on, ``0`` off.
 - ``GEMMLAB_SANDBOX_UID``: a uid of the sandbox's own, where the grader runs as root and there is no CUDA (unset or
   ``1``: on; ``0`` off). With CUDA the sandbox keeps the grader's uid whatever the switch says, and the report says
   why (``CUDA_UID_WHY``): the seccomp filter and the hidden terminals then stand between it and the grader.
@@ -30,14 +33,12 @@ The owner's environment (unset: the default):
 - ``GEMMLAB_SANDBOX_PIDNS``: ``1``: a PID namespace of its own (root only), with a /proc of its own in the keeper's
   mount namespace: the grader, the other sandbox and every process outside are not in its view; unset or ``0``: off.
 - ``GEMMLAB_SANDBOX_NETNS``: a network namespace of its own, loopback only (root only: ``sockets.own_network``;
-  bubblewrap's ``--unshare-net``): the host's listeners and abstract Unix sockets out of reach; unset: on without CUDA
-  only (on by default there once tests/sandbox/test_isolation.py's GPU test has passed with it), ``1`` on with CUDA
-  too, ``0`` off.
+  bubblewrap's ``--unshare-net``): the host's listeners and abstract Unix sockets out of reach; unset: on without CUDA,
+  and with CUDA where the probe ran CUDA under it, ``1`` on, ``0`` off.
 - ``GEMMLAB_SANDBOX_UNDUMPABLE``: no sandbox holds CAP_SYS_PTRACE, and the grader (while a sandbox lives) and the
   baseline are undumpable (``keeper.no_ptrace``, ``owner.dumpable``): the candidate cannot ptrace them or reach
-  their memory (``/proc/PID/mem``, ``process_vm_*``), root and of their uid alike; unset: on without CUDA only
-  (not yet run on a GPU, where CUDA IPC might need it: on by default there once tests/sandbox/test_isolation.py's
-  GPU test has passed with it), ``1`` on with CUDA too, ``0`` off.
+  their memory (``/proc/PID/mem``, ``process_vm_*``), root and of their uid alike; unset: on without CUDA, and with
+  CUDA where the probe ran CUDA under it (its IPC included), ``1`` on, ``0`` off.
 - ``GEMMLAB_SANDBOX_TOOL``: ``auto`` (unset), ``bwrap`` or ``none``: the keeper inside bubblewrap where it is
   installed and passes its self-test (``sandbox.tool``; with CUDA only for ``bwrap``), which then gives the new
   session, the hidden terminals (a ``/dev`` of its own) and the PID namespace in place of the keeper's own; the rest
@@ -62,9 +63,29 @@ UID_BASE, UID_SPAN = 0x60000000, 1 << 24  # where a sandbox's own uid is drawn f
 CUDA_UID_WHY = "with CUDA another uid cannot map the slots' IPC memory (mapping of buffer object failed)"
 
 
-def _mode(var: str, default: str, interpret: bool) -> bool:
-    mode = os.environ.get(var, default)  # "1", "0" or "cpu"
+# with CUDA, where their switch is unset, on where a trusted sandbox ran CUDA under them on this machine (the grader's
+# probe, ``grade.probe``), else off; without CUDA on by default
+PROBED_WITH_CUDA = (
+    "GEMMLAB_SANDBOX_READONLY",
+    "GEMMLAB_SANDBOX_UNDUMPABLE",
+    "GEMMLAB_SANDBOX_LANDLOCK",
+    "GEMMLAB_SANDBOX_NETNS",
+)
+
+
+def _mode(var: str, default: str, interpret: bool, layers: dict[str, bool] | None = None) -> bool:
+    """A layer's switch: the owner's environment ("1", "0" or "cpu": on without CUDA only); unset, what ``layers``
+    says of it (the probe's decision), else ``default``."""
+    mode = os.environ.get(var)
+    if mode is None and layers is not None and var in layers:
+        return bool(layers[var])
+    mode = default if mode is None else mode
     return mode == "1" or (mode == "cpu" and interpret)
+
+
+def unset_probed() -> tuple[str, ...]:
+    """The layers of ``PROBED_WITH_CUDA`` whose switch the owner's environment leaves unset (the probe's to decide)."""
+    return tuple(v for v in PROBED_WITH_CUDA if v not in os.environ)
 
 
 def unused_uid() -> int:
@@ -105,9 +126,10 @@ class Isolation:
     netns: bool = False  # a network namespace of its own: the host's listeners and abstract sockets out of reach
 
     @classmethod
-    def from_env(cls, interpret: bool, observed: bool = False) -> Isolation:
+    def from_env(cls, interpret: bool, observed: bool = False, layers: dict[str, bool] | None = None) -> Isolation:
         """The switches; ``observed``: the kernel observer (CUPTI injection) is loaded into the sandbox, whose
-        channel is the keeper's, inherited by fork, so it cannot cross bubblewrap's exec: no tool then."""
+        channel is the keeper's, inherited by fork, so it cannot cross bubblewrap's exec: no tool then; ``layers``:
+        {switch: on} for switches the environment leaves unset (the grader's probe with CUDA, ``grade.probe``)."""
         uid, why = None, ""
         if _mode("GEMMLAB_SANDBOX_UID", "1", interpret):
             if not interpret:
@@ -117,9 +139,9 @@ class Isolation:
             else:
                 why = "the grader is not root"
         pidns = _mode("GEMMLAB_SANDBOX_PIDNS", "0", interpret)
-        netns = _mode("GEMMLAB_SANDBOX_NETNS", "cpu", interpret)
+        netns = _mode("GEMMLAB_SANDBOX_NETNS", "cpu", interpret, layers)
         return cls(
-            _mode("GEMMLAB_SANDBOX_LANDLOCK", "cpu", interpret),
+            _mode("GEMMLAB_SANDBOX_LANDLOCK", "cpu", interpret, layers),
             _mode("GEMMLAB_SANDBOX_SECCOMP", "1", interpret),
             pidns,
             uid,
@@ -128,8 +150,8 @@ class Isolation:
             Tool(None, why="bubblewrap not used: the kernel observer's channel cannot cross it yet")
             if observed and tool_mode() != "none"
             else Tool.choose(interpret, pidns, netns),
-            _mode("GEMMLAB_SANDBOX_READONLY", "cpu", interpret),
-            _mode("GEMMLAB_SANDBOX_UNDUMPABLE", "cpu", interpret),
+            _mode("GEMMLAB_SANDBOX_READONLY", "cpu", interpret, layers),
+            _mode("GEMMLAB_SANDBOX_UNDUMPABLE", "cpu", interpret, layers),
             cuda=not interpret,
             netns=netns,
         )

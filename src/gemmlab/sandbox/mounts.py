@@ -6,7 +6,8 @@ stays writable (``proc_system_read_only``).
     namespaces(pidns)                      a mount namespace (and PID namespace) of the keeper's own, terminals hidden
     proc_mount()                           in a new PID namespace's first process: its own /proc
     proc_system_read_only()                with CUDA: ``PROC_READ_ONLY`` bound read-only
-    read_only_host(writable, files, cuda)  every mount read-only but the sandbox's own paths
+    read_only_host(writable, files, cuda)  every mount read-only but the sandbox's own paths (with CUDA, /proc's
+                                           ``PROC_DRIVER`` too)
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ PROC_READ_ONLY = (
     *("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"),
     *("/proc/mtrr", "/proc/scsi", "/proc/acpi", "/proc/asound"),
 )
+# with CUDA, under the read-only host (a layer the grader probes with CUDA, ``grade.probe``): the GPU driver's files
+# (NVIDIA's ``suspend``, which root may write), which CUDA only reads
+PROC_DRIVER = ("/proc/driver",)
 TERMINALS = ("/dev/console", "/dev/tty[0-9]*", "/dev/ttyS*", "/dev/vcs*")  # hidden behind /dev/null
 CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
@@ -82,21 +86,22 @@ def read_only_host(writable: list[str], files: list[str], cuda: bool = False) ->
         flags = MS_REMOUNT | MS_BIND | MS_RDONLY | mount_flags(point)
         if libc.mount(None, point.encode(), None, flags, None) != 0:
             left.append(f"{point} ({os.strerror(ctypes.get_errno())})")
+    if cuda:
+        left += bind_read_only(PROC_DRIVER)
     if left:
         return "partly read-only: still writable " + ", ".join(left[:4]) + (" ..." if len(left) > 4 else "")
     return f"read-only but for {len(kept)} paths (the scratch directory, /dev/shm, the observers' files)" + (
-        "; /proc as said" if cuda else ""
+        "; /proc as said, /proc/driver read-only" if cuda else ""
     )
 
 
-def proc_system_read_only() -> str:
-    """In the keeper's own mount namespace (root), where /proc stays writable for CUDA: ``PROC_READ_ONLY`` bound on
-    themselves read-only. Returns what the report says."""
+def bind_read_only(paths) -> list[str]:
+    """Each of ``paths`` that exists bound on itself read-only; those that could not be, with why."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     left = []
-    for path in PROC_READ_ONLY:
+    for path in paths:
         if not os.path.exists(path):
             continue
         flags = MS_REMOUNT | MS_BIND | MS_RDONLY | mount_flags(path)
@@ -105,6 +110,13 @@ def proc_system_read_only() -> str:
             or libc.mount(None, path.encode(), None, flags, None) != 0
         ):
             left.append(f"{path} ({os.strerror(ctypes.get_errno())})")
+    return left
+
+
+def proc_system_read_only() -> str:
+    """In the keeper's own mount namespace (root), where /proc stays writable for CUDA: ``PROC_READ_ONLY`` bound on
+    themselves read-only. Returns what the report says."""
+    left = bind_read_only(PROC_READ_ONLY)
     return "writable (CUDA names its threads there), " + (
         f"but for {', '.join(p.removeprefix('/proc/') for p in PROC_READ_ONLY)}"
         if not left

@@ -1,0 +1,107 @@
+"""Which of the sandbox's layers CUDA runs under on this machine, decided before any candidate code exists.
+
+With CUDA, the layers of ``sandbox.isolate.PROBED_WITH_CUDA`` (the read-only host, the undumpable grader, Landlock,
+the network namespace) are on where their switch says ``1``, off where it says ``0``, and, where it is unset, on
+where a trusted sandbox ran CUDA under them here: the probe. It starts a sandbox of gemmlab's own kernel for the
+op's signature (``spec`` None: trusted code only, so no candidate can make a layer look broken), binds one small
+case's slots (CUDA IPC), calls the kernel once (CUDA init, a Triton compile into the sandbox's cache, a launch) and
+checks the output. All layers together first; where that fails, each layer is added in turn to those that held
+(``greedy``), the last set that worked being the answer. A driver or kernel where a layer breaks CUDA then grades
+with that layer off, and the report says which and why (``isolation.probe``), instead of failing every grade.
+
+Once per process and op signature (``cuda_layers``, kept in ``_DECIDED``), within ``PROBE_S`` seconds in all;
+every failure of the probe (an exception, a timeout) counts as the layer not holding, never as a grade's failure.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+
+from gemmlab.grade.batches import own_memory
+from gemmlab.sandbox.box import Sandbox, WorkerFailure
+from gemmlab.sandbox.isolate import unset_probed
+
+PROBE_S = 90.0  # every probe of a process together (a sandbox's start, one call: a few seconds each)
+_DECIDED: dict[tuple, tuple[dict[str, bool], dict]] = {}
+
+
+def short(switch: str) -> str:
+    return switch.removeprefix("GEMMLAB_SANDBOX_").lower()
+
+
+def greedy(layers: tuple[str, ...], works: Callable[[dict[str, bool]], str | None]) -> tuple[dict[str, bool], list]:
+    """({layer: on}, why each left-out layer failed): every layer on if ``works`` says so of all together (None:
+    it works), else each added in turn to those that held so far, kept where the set still works."""
+    why = works(dict.fromkeys(layers, True))
+    if why is None:
+        return dict.fromkeys(layers, True), []
+    failed = [f"all together: {why}"]
+    on: dict[str, bool] = dict.fromkeys(layers, False)
+    for layer in layers:
+        why = works({**on, layer: True})
+        if why is None:
+            on[layer] = True
+        else:
+            failed.append(f"{short(layer)}: {why}")
+    return on, failed
+
+
+def smallest(cases) -> object:
+    """The listed correctness case with the fewest flops (the probe's)."""
+    return min(cases.correctness, key=lambda c: c.flops)
+
+
+def run_probe(op, case, device: torch.device, layers: dict[str, bool], timeout: float, spec=None) -> str | None:
+    """One probe: a sandbox of ``spec`` (None: gemmlab's own kernel for the op's signature) under ``layers``, one
+    call on ``case``; None when its output is right, else why not (one line)."""
+    log_dir = tempfile.mkdtemp(prefix="gemmlab-probe-")
+    box = Sandbox(spec, op.signature, op.layout, timeout, device.type == "cpu", log_dir, name="probe", layers=layers)
+    try:
+        inputs = op.fresh(case, op.timed_kind, 0, device)
+        with own_memory(device):
+            shared = tuple(x.clone() for x in inputs)
+            flat = torch.full((op.out_numel(case),), float("nan"), dtype=op.dtype, device=device)
+        box.bind([(shared, flat)])
+        box.request("call", slot=0)
+        got = op.check(op.view(flat, case).clone(), inputs, op.timed_kind, torch.Generator().manual_seed(0))
+        return None if got.within else f"wrong output (max error {got.err:.3g} > {got.tol:.3g})"
+    except Exception as e:  # (CandidateError, WorkerFailure, and whatever else): the layers did not hold
+        return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    finally:
+        try:
+            box.close()
+        except WorkerFailure:
+            pass
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def cuda_layers(op, cases, device: torch.device, timeout: float) -> tuple[dict[str, bool], dict]:
+    """({switch: on} for the probed layers whose switch is unset, what the report says): {} and {} without CUDA
+    or with every switch set. Decided once per process, device and op signature."""
+    layers = unset_probed()
+    if device.type != "cuda" or not layers or not cases.correctness:
+        return {}, {}
+    key = (str(device), op.signature, op.layout, layers)
+    if key not in _DECIDED:
+        deadline = time.monotonic() + PROBE_S
+
+        def works(switches: dict[str, bool]) -> str | None:
+            left = deadline - time.monotonic()
+            if left <= 1.0:
+                return f"no probe time left ({PROBE_S:.0f} s in all)"
+            return run_probe(op, smallest(cases), device, switches, min(timeout, left))
+
+        t0 = time.monotonic()
+        on, failed = greedy(layers, works)
+        said = {
+            "layers": {short(k): "on" if v else "off" for k, v in on.items()},
+            "failed": failed,
+            "seconds": round(time.monotonic() - t0, 1),
+        }
+        _DECIDED[key] = (on, said)
+    return _DECIDED[key]
