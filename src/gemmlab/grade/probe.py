@@ -60,7 +60,9 @@ def run_probe(op, case, device: torch.device, layers: dict[str, bool], timeout: 
     """One probe: a sandbox of ``spec`` (None: gemmlab's own kernel for the op's signature) under ``layers``, one
     call on ``case``; None when its output is right, else why not (one line)."""
     log_dir = tempfile.mkdtemp(prefix="gemmlab-probe-")
-    box = Sandbox(spec, op.signature, op.layout, timeout, device.type == "cpu", log_dir, name="probe", layers=layers)
+    cache = {"TRITON_CACHE_DIR": f"{log_dir}/probe.scratch/triton-cache"}  # its own under every layer set: nothing
+    # an earlier candidate left in the shared cache decides a probe
+    box = Sandbox(spec, op.signature, op.layout, timeout, device.type == "cpu", log_dir, cache, "probe", layers)
     try:
         inputs = op.fresh(case, op.timed_kind, 0, device)
         with own_memory(device):
