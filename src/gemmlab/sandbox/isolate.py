@@ -179,7 +179,11 @@ class Isolation:
             + ([a for d in writable for a in ("--writable", d)] if self.landlock or self.read_only else [])
             + (["--landlock"] if self.landlock else [])
             + (["--read-only", *[a for f in files for a in ("--file", f)]] if self.read_only and not wrap else [])
-            + (["--no-ptrace"] + (["--undumpable"] if trusted else []) if self.undumpable else [])
+            + (
+                ["--no-ptrace"] + (["--undumpable"] if trusted and self.undumpable else []) + (["--trusted"] * trusted)
+                if self.undumpable or self.read_only or wrap  # a read-only host: /proc/PID/root would bypass it
+                else []
+            )
             + (["--uid", str(self.uid)] if self.uid is not None else [])
             + (["--uid-why", self.uid_why] if self.uid_why else [])
             + (["--seccomp", str(os.getpid()), str(os.getpgid(0))] if self.seccomp else [])

@@ -1,7 +1,7 @@
 """The sandbox's first process, run by path (``python .../keeper.py FD [--cgroup PROCS_FILE] [--wrap ARGV_JSON
 --tool NAME [--tool-pidns] [--tool-netns] | --tool-why WHY] [--writable DIR]... [--read-only [--file FILE]...]
-[--landlock] [--no-ptrace [--undumpable]] [--uid UID | --uid-why WHY] [--seccomp OWNER PGID] [--pidns] [--netns]
-[--hide-terminals] [--cuda]``; ``sandbox.isolate`` builds it)
+[--landlock] [--no-ptrace [--undumpable] [--trusted]] [--uid UID | --uid-why WHY] [--seccomp OWNER PGID] [--pidns]
+[--netns] [--hide-terminals] [--cuda]``; ``sandbox.isolate`` builds it)
 so that nothing is imported before it forks (no CUDA, no gemmlab). Before any candidate code exists it, in order,
 - writes its own pid into PROCS_FILE (the sandbox's freezer cgroup, ``sandbox.contain.Freezer``), so every process
   of the sandbox is born inside;
@@ -14,7 +14,8 @@ so that nothing is imported before it forks (no CUDA, no gemmlab). Before any ca
   a /proc of its own (``mounts.proc_mount``) and reaps its orphans;
 - in that mount namespace, hides the host's Unix sockets bound to a path (``sandbox/sockets.py``);
 - with ``--netns``, enters a network namespace of its own, loopback only (``sockets.own_network``): the host's
-  listeners and abstract sockets out of reach;
+  listeners and abstract sockets out of reach; in a namespace of its own (this or bubblewrap's) it drops
+  CAP_NET_ADMIN, which names any other network namespace by a pid (rtnetlink: a link made in the host's);
 - with ``--read-only``, in that mount namespace, remounts every mount read-only but the ``--writable`` directories,
   ``/dev/shm`` and the ``--file`` files (``mounts.read_only_host``: Landlock's file rules where there is no Landlock);
   with ``--cuda`` /proc stays writable (CUDA writes its threads' names there), its system files not;
@@ -32,8 +33,11 @@ so that nothing is imported before it forks (no CUDA, no gemmlab). Before any ca
     no process of the sandbox can signal, ptrace (nor read /proc/PID/mem of) or connect to an abstract socket of
     any process outside the domain (the grader, the other sandbox); inside it (the keeper, the candidate's own
     processes) all of that still works.
-- with ``--no-ptrace``, drops CAP_SYS_PTRACE for good, so no process of it reaches the memory of an undumpable one
-  (the grader while it grades), and with ``--undumpable`` (the baseline) is one itself (``no_ptrace``);
+- with ``--no-ptrace`` (the undumpable grader, and the read-only host, which ``/proc/PID/root`` of the grader would
+  bypass), drops CAP_SYS_PTRACE for good, so no process of it reaches the memory, root or descriptors of an
+  undumpable one (the grader while it grades) or of one with capabilities it lacks, and with ``--undumpable`` (the
+  baseline) is undumpable itself; without ``--trusted`` (the candidate's) drops ``UNTRUSTED_DROPS`` too
+  (``no_ptrace``);
 - with ``--uid``, becomes that uid, keeping only CAP_DAC_READ_SEARCH (``own_uid``);
 - with ``--seccomp``, installs the filter of ``sandbox/seccomp.py`` (loaded by path), naming the owner's pid and
   process group;
@@ -129,7 +133,7 @@ def landlock(writable: list[str], cuda: bool = False) -> list[str]:
 
 
 PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH = 8, 47, 2, 2
-PR_SET_DUMPABLE, PR_CAPBSET_DROP, CAP_SYS_PTRACE = 4, 24, 19
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, CAP_SYS_PTRACE, CAP_NET_ADMIN = 4, 24, 19, 12
 # dropped by an untrusted sandbox alone (``no_ptrace``): CAP_SYS_MODULE, CAP_SYS_RAWIO (/proc/kcore), CAP_SYSLOG
 UNTRUSTED_DROPS = (16, 17, 34)
 UNTRUSTED_WHY = " (nor CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYSLOG: the trusted sandbox's helpers out of reach)"
@@ -191,36 +195,50 @@ def own_uid(uid: int) -> str:
     return f"{uid} (its own; reads files as the grader can, writes only its own)"
 
 
-def no_ptrace(undumpable: bool) -> str:
-    """Drop CAP_SYS_PTRACE for good (the bounding set, then the effective, permitted and inheritable sets): no process
-    of the sandbox, root or not, can then ptrace, read or write the memory of (``/proc/PID/mem``,
-    ``process_vm_*``) a process that is not dumpable, such as the grader while it grades (``owner.dumpable``)
-    and, with ``undumpable`` (a trusted sandbox: the baseline), this one. Without it (the candidate's) also
-    ``UNTRUSTED_DROPS``: the kernel lets a process reach another's memory only where its capabilities include all of
-    the other's, so no process the trusted sandbox starts by exec (which makes a process dumpable again: a compiler,
-    Triton's ``ldconfig``), root with those, is within the candidate's reach. Returns what the report says."""
+def drop_caps(caps) -> str | None:
+    """Drop ``caps`` for good: the bounding set, then the effective, permitted and inheritable sets. None when done,
+    else why not."""
     import ctypes
     import platform
     import struct
 
     libc = ctypes.CDLL(None, use_errno=True)
-    if undumpable and libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        return f"off (not made undumpable: {os.strerror(ctypes.get_errno())})"
-    drop = [CAP_SYS_PTRACE, *(() if undumpable else UNTRUSTED_DROPS)]
-    for cap in drop:
+    for cap in caps:
         if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
-            return f"off (capability {cap} kept: {os.strerror(ctypes.get_errno())})"
+            return f"capability {cap} kept: {os.strerror(ctypes.get_errno())}"
     nr = {"x86_64": (125, 126), "aarch64": (90, 91)}.get(platform.machine())  # capget, capset
     head = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0), 8)  # _LINUX_CAPABILITY_VERSION_3
     data = ctypes.create_string_buffer(24)
     if nr is None or libc.syscall(nr[0], head, data) != 0:
-        return "off (capabilities not read here)"
+        return "capabilities not read here"
     sets = list(struct.unpack("=6I", data.raw))
-    for cap in drop:  # (effective, permitted, inheritable) of capabilities 0-31, then of 32-63
+    for cap in caps:  # (effective, permitted, inheritable) of capabilities 0-31, then of 32-63
         sets = [c & ~(1 << cap % 32) if i // 3 == cap // 32 else c for i, c in enumerate(sets)]
     if libc.syscall(nr[1], head, ctypes.create_string_buffer(struct.pack("=6I", *sets), 24)) != 0:
-        return f"off (capset: {os.strerror(ctypes.get_errno())})"
-    return "no CAP_SYS_PTRACE" + ("; this sandbox undumpable" if undumpable else UNTRUSTED_WHY)
+        return f"capset: {os.strerror(ctypes.get_errno())}"
+    return None
+
+
+def no_ptrace(undumpable: bool, trusted: bool | None = None) -> str:
+    """Drop CAP_SYS_PTRACE for good: no process of the sandbox, root or not, can then ptrace, read or write the memory
+    of (``/proc/PID/mem``, ``process_vm_*``), or open ``/proc/PID/root``, ``cwd`` or ``fd/`` of, a process that is
+    not dumpable, such as the grader while it grades (``owner.dumpable``), nor a dumpable one of its uid whose
+    capabilities are not all its own (the grader, the host's root processes: the read-only host, which their
+    ``/proc/PID/root`` would bypass, needs this too); with ``undumpable`` (a trusted sandbox: the baseline), this one
+    is not dumpable itself. An untrusted sandbox (``trusted`` False; default: not ``undumpable``) also drops
+    ``UNTRUSTED_DROPS``: the kernel lets a process reach another's memory only where its capabilities include all of
+    the other's, so no process the trusted sandbox starts by exec (which makes a process dumpable again: a compiler,
+    Triton's ``ldconfig``), root with those, is within the candidate's reach. Returns what the report says."""
+    import ctypes
+
+    trusted = undumpable if trusted is None else trusted
+    libc = ctypes.CDLL(None, use_errno=True)
+    if undumpable and libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        return f"off (not made undumpable: {os.strerror(ctypes.get_errno())})"
+    why = drop_caps([CAP_SYS_PTRACE, *(() if trusted else UNTRUSTED_DROPS)])
+    if why is not None:
+        return f"off ({why})"
+    return "no CAP_SYS_PTRACE" + ("; this sandbox undumpable" if undumpable else "" if trusted else UNTRUSTED_WHY)
 
 
 def tell(fd: int, isolation: dict) -> None:
@@ -318,6 +336,9 @@ def main() -> None:
         isolation["network"] = f"own ({isolation['tool']}: loopback only)"
     elif "--netns" in args:
         isolation["network"] = _load("sockets").own_network()
+    if isolation.get("network", "").startswith("own ("):  # CAP_NET_ADMIN reaches every network namespace by pid
+        why = drop_caps([CAP_NET_ADMIN])
+        isolation["network"] += "; no CAP_NET_ADMIN" if why is None else f"; CAP_NET_ADMIN kept ({why})"
     if "--cuda" in args and isolation["terminals"].startswith("hidden (/dev/pts"):
         isolation["proc"] = mounts.proc_system_read_only()
     if "--read-only" in args:  # in the mount namespace above (hidden terminals), after the PID namespace's /proc
@@ -334,7 +355,9 @@ def main() -> None:
         isolation["landlock"] = "on" if not missing else "partial: " + "; ".join(missing)
         if any(m.startswith(("no Landlock", "landlock_create", "no domain")) for m in missing):
             isolation["landlock"] = "off: " + "; ".join(missing)
-    isolation["ptrace"] = no_ptrace("--undumpable" in args) if "--no-ptrace" in args else "off"
+    isolation["ptrace"] = (
+        no_ptrace("--undumpable" in args, "--trusted" in args) if "--no-ptrace" in args else "off"
+    )
     isolation["uid"] = f"{os.getuid()} (the grader's" + (
         f": {args[args.index('--uid-why') + 1]})" if "--uid-why" in args else ")"
     )

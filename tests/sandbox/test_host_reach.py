@@ -1,0 +1,120 @@
+"""Root in the sandbox (the grader's uid, as with CUDA) past the read-only host and the network namespace
+(``tests/bad_kernels/host_reach.py``):
+- ``/proc/GRADER/root`` is the grader's mount namespace, where nothing is read-only: with CAP_SYS_PTRACE (kept where
+  the undumpable grader is off, as the probe may leave it with CUDA) a write there lands on the host whatever the
+  read-only host says. The read-only host drops CAP_SYS_PTRACE from the candidate too (``keeper.no_ptrace``).
+- A network namespace of the sandbox's own is no wall for CAP_NET_ADMIN of the initial user namespace: rtnetlink
+  makes links in any namespace named by a pid (a veth pair with an end in the host's). The keeper drops CAP_NET_ADMIN
+  once the namespace is made (``sockets.own_network``).
+Each with its control, where the same kernel gets through."""
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import threading
+
+import pytest
+
+from gemmlab.grade import grade
+from gemmlab.sandbox.tool import Tool
+from tests.grade.test_grade import TINY, passed
+from tests.paths import BAD_KERNELS
+
+KERNELS = BAD_KERNELS / "host_reach.py"
+
+
+def _root_as_with_cuda(tmp_path, monkeypatch, **env):
+    if os.geteuid() != 0:
+        pytest.skip("root in the sandbox, as with CUDA (mount and network namespaces of the keeper's own)")
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setenv("BAD_KERNEL_OUT_DIR", str(out))
+    monkeypatch.setenv("GEMMLAB_SANDBOX_WRITABLE", str(out))
+    for var, value in {"UID": "0", "LANDLOCK": "0", "TERMINALS": "1", "TOOL": "none", **env}.items():
+        monkeypatch.setenv(f"GEMMLAB_SANDBOX_{var}", value)
+    return out
+
+
+def _noted(out, name) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in (out / name).read_text().splitlines())
+
+
+def _proc_root(tmp_path, monkeypatch, **env):
+    out = _root_as_with_cuda(tmp_path, monkeypatch, **env)
+    host = tmp_path / "host"
+    host.mkdir()
+    monkeypatch.setenv("BAD_HOST_DIR", str(host))
+    r = grade(TINY, kernel=f"{KERNELS}:writes_through_proc_root")
+    return r, _noted(out, "proc_root"), host
+
+
+def test_the_read_only_host_holds_against_the_graders_root_in_proc(tmp_path, monkeypatch):
+    """The read-only host without the undumpable grader (a set the probe may choose with CUDA): neither by its path
+    nor through ``/proc/GRADER/root`` does the candidate write the host's directory, and it still passes."""
+    r, noted, host = _proc_root(tmp_path, monkeypatch, READONLY="1", UNDUMPABLE="0")
+    iso = r["isolation"]["candidate"]
+    if not iso["terminals"].startswith("hidden ("):
+        pytest.skip(f"no mount namespace here: {iso['terminals']}")
+    assert set(noted) == {"direct", "proc_root"}, noted
+    assert "written" not in noted.values(), noted
+    assert iso["host_files"].startswith("read-only but for"), iso
+    assert iso["ptrace"].startswith("no CAP_SYS_PTRACE"), iso
+    assert not list(host.iterdir())
+    assert passed(r), (r["verdict"], r["failures"])
+
+
+def test_without_the_read_only_host_the_same_kernel_writes_the_host(tmp_path, monkeypatch):
+    """The control: with neither the read-only host nor the undumpable grader, both writes land."""
+    r, noted, host = _proc_root(tmp_path, monkeypatch, READONLY="0", UNDUMPABLE="0")
+    assert noted == {"direct": "written", "proc_root": "written"}, noted
+    assert (host / "planted.py").exists()
+
+
+def _veth(tmp_path, monkeypatch, **env):
+    """Grade ``joins_the_host_network`` while watching this (the grader's) network namespace for its link; (report,
+    what the kernel noted, whether the link was seen here)."""
+    out = _root_as_with_cuda(tmp_path, monkeypatch, **env)
+    peer = f"gl{secrets.token_hex(4)}"
+    monkeypatch.setenv("BAD_VETH", peer)
+    seen, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set() and not seen:
+            if any(name == peer for _, name in socket.if_nameindex()):
+                seen.append(peer)
+            done.wait(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        r = grade(TINY, kernel=f"{KERNELS}:joins_the_host_network")
+    finally:
+        done.set()
+        watcher.join(10)
+        if any(name == peer for _, name in socket.if_nameindex()):  # left in the host's namespace: take it away
+            subprocess.run(["ip", "link", "del", peer], capture_output=True, timeout=60)
+    return r, _noted(out, "netlink"), bool(seen)
+
+
+@pytest.mark.parametrize("tool", ["bwrap", "none"])
+def test_the_network_namespace_holds_against_cap_net_admin(tmp_path, monkeypatch, tool):
+    """With a network namespace of its own (keeper or bubblewrap), root in the sandbox cannot make a link in the
+    grader's network namespace; it still passes."""
+    if tool == "bwrap" and Tool.choose(True, netns=True).path is None:
+        pytest.skip("bubblewrap is not usable here")
+    r, noted, seen = _veth(tmp_path, monkeypatch, NETNS="1", TOOL=tool)
+    assert not seen and list(noted) == ["refused"], (noted, seen)
+    assert r["isolation"]["candidate"]["network"].startswith("own ("), r["isolation"]
+    assert "CAP_NET_ADMIN" in r["isolation"]["candidate"]["network"], r["isolation"]
+    assert passed(r), (r["verdict"], r["failures"])
+
+
+def test_without_a_network_namespace_root_makes_links_in_the_hosts(tmp_path, monkeypatch):
+    """The control (and what "What is not enforced" says of a grade without the namespace): the same kernel's link
+    appears in the grader's network namespace."""
+    if shutil.which("ip") is None:
+        pytest.skip("no `ip` to take the control's link away afterwards")
+    r, noted, seen = _veth(tmp_path, monkeypatch, NETNS="0")
+    assert list(noted) == ["made"] and seen, (noted, seen)
