@@ -111,3 +111,44 @@ def joins_the_host_network(A, B, C, M, N, K):
         _note("netlink", f"refused {e.strerror or e}")
         return
     _note("netlink", f"made {peer}" if err == 0 else f"refused {os.strerror(err)}")
+
+
+def writes_a_device(A, B, C, M, N, K):
+    """Computes honestly; at its first call writes a marker onto the block device $BAD_BLOCK_DEV (a loop device the
+    test attached: a stand-in for the host's disk, /dev/vda, under every file a read-only mount protects), three
+    ways: the host's node (a read-only mount refuses writes to files, not to devices), and a node of its own made
+    with mknod (same major and minor) in its scratch directory ($TMPDIR) and in /dev/shm, which it may write below.
+    Notes one line per way in ``device``: "WAY written" or "WAY WHY"."""
+    import stat
+
+    honest(A, B, C, M, N, K)
+    if _state.get("device"):
+        return
+    _state["device"] = True
+    host = os.environ["BAD_BLOCK_DEV"]
+    with open(f"/sys/class/block/{os.path.basename(host)}/dev") as f:  # its numbers, whatever /dev shows
+        rdev = os.makedev(*(int(x) for x in f.read().split(":")))
+    ways = [("host_node", host)]
+    for way, where in (("scratch_node", os.environ.get("TMPDIR", "/tmp")), ("shm_node", "/dev/shm")):
+        node = os.path.join(where, f"blk-{os.getpid()}")
+        try:
+            os.mknod(node, stat.S_IFBLK | 0o600, rdev)
+            ways.append((way, node))
+        except OSError as e:
+            _note("device", f"{way} mknod: {e.strerror}")
+    for way, node in ways:
+        try:
+            fd = os.open(node, os.O_WRONLY)
+            try:
+                os.pwrite(fd, f"planted by the candidate ({way})".encode().ljust(512, b"\0"), 512 * len(way))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _note("device", f"{way} written")
+        except OSError as e:
+            _note("device", f"{way} {e.strerror}")
+        if node != host:
+            try:
+                os.unlink(node)
+            except OSError:
+                pass

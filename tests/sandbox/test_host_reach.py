@@ -118,3 +118,42 @@ def test_without_a_network_namespace_root_makes_links_in_the_hosts(tmp_path, mon
         pytest.skip("no `ip` to take the control's link away afterwards")
     r, noted, seen = _veth(tmp_path, monkeypatch, NETNS="0")
     assert list(noted) == ["made"] and seen, (noted, seen)
+
+
+def _device(tmp_path, monkeypatch, **env):
+    """Grade ``writes_a_device`` against a loop device on a file of the test's; (report, what the kernel noted, what
+    the file holds afterwards)."""
+    out = _root_as_with_cuda(tmp_path, monkeypatch, **env)
+    if shutil.which("losetup") is None:
+        pytest.skip("no losetup to attach a loop device")
+    disk = tmp_path / "disk.img"
+    disk.write_bytes(b"\0" * (1 << 20))
+    attach = subprocess.run(["losetup", "-f", "--show", str(disk)], capture_output=True, text=True, timeout=120)
+    if attach.returncode != 0:
+        pytest.skip(f"no loop device here: {attach.stderr.strip()}")
+    dev = attach.stdout.strip()
+    monkeypatch.setenv("BAD_BLOCK_DEV", dev)
+    try:
+        r = grade(TINY, kernel=f"{KERNELS}:writes_a_device")
+    finally:
+        subprocess.run(["losetup", "-d", dev], capture_output=True, timeout=120)
+    return r, _noted(out, "device"), disk.read_bytes()
+
+
+@pytest.mark.parametrize("layer", ["readonly", "landlock"])
+def test_no_device_is_written_under_the_read_only_host_or_landlock(tmp_path, monkeypatch, layer):
+    """Root in the sandbox (as with CUDA) under the read-only host alone, or Landlock alone: the host's block device
+    is not written, neither by its node (hidden behind /dev/null under the read-only host; not writable by path under
+    Landlock) nor by a node of its own made in its scratch directory or /dev/shm (mounted nodev; Landlock grants no
+    MAKE_BLOCK), and the kernel still passes."""
+    env = {"READONLY": "1", "LANDLOCK": "0"} if layer == "readonly" else {"READONLY": "0", "LANDLOCK": "1"}
+    r, noted, disk = _device(tmp_path, monkeypatch, UNDUMPABLE="0", **env)
+    assert b"planted" not in disk, noted
+    assert noted.get("host_node") and "written" not in noted.values(), noted
+    assert passed(r), (r["verdict"], r["failures"])
+
+
+def test_without_either_layer_the_device_is_written(tmp_path, monkeypatch):
+    """The control: neither the read-only host nor Landlock; the same kernel writes the device."""
+    r, noted, disk = _device(tmp_path, monkeypatch, READONLY="0", LANDLOCK="0", UNDUMPABLE="0")
+    assert noted.get("host_node") == "written" and b"planted by the candidate (host_node)" in disk, noted

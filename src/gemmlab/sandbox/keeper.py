@@ -23,7 +23,8 @@ so that nothing is imported before it forks (no CUDA, no gemmlab). Before any ca
   - files (ABI 1+, Linux 5.13+): no file can be written, created, removed, renamed, linked or truncated by path but
     below the ``--writable`` directories (the sandbox's scratch directory), ``/dev/shm``, and ``/dev/null`` and the
     GPU's device files (and appended to vendor_guard's log and counter files, the observer's own evidence; with
-    ``--cuda`` the files below /proc too, as ``mounts.PROC_READ_ONLY`` says). So
+    ``--cuda`` the files below /proc too, as ``mounts.PROC_READ_ONLY`` says); no device node made anywhere (root's
+    mknod of a disk's numbers in its scratch directory would write the disk). So
     nothing the grader or the baseline reads after the candidate started can be the
     candidate's: not a module, ``.pth``, ``sitecustomize`` or ``.pyc`` of theirs (the baseline's worker starts after
     the candidate's first call), not the preloaded observers' libraries or logs, not the grader's log directory,
@@ -60,6 +61,7 @@ SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1, 2
 PR_SET_NO_NEW_PRIVS = 38
 # LANDLOCK_ACCESS_FS_*: every right that changes the file system (reading and executing stay unrestricted)
 WRITE_FILE, TRUNCATE = 1 << 1, 1 << 14
+MAKE_DEVICE = 1 << 6 | 1 << 11  # MAKE_CHAR, MAKE_BLOCK: handled, granted nowhere (a node of its own opens any device)
 FS_WRITES = {
     1: WRITE_FILE | sum(1 << b for b in (4, 5, 6, 7, 8, 9, 10, 11, 12)),  # remove, make (dir, reg, ...)
     2: 1 << 13,  # REFER (links and renames across directories)
@@ -105,7 +107,7 @@ def landlock(writable: list[str], cuda: bool = False) -> list[str]:
     if ruleset < 0:
         return [f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}"]
     missing = [] if scoped else [f"Landlock ABI {abi} here: signals and ptrace not scoped (6 needed: Linux 6.12+)"]
-    rules = [(d, fs) for d in [*writable, "/dev/shm"] if os.path.isdir(d)]
+    rules = [(d, fs & ~MAKE_DEVICE) for d in [*writable, "/dev/shm"] if os.path.isdir(d)]
     rules += [
         (f, fs & (WRITE_FILE | TRUNCATE))
         for f in sorted({f for p in DEVICES for f in glob.glob(p)})

@@ -26,6 +26,13 @@ PROC_READ_ONLY = (
 # with CUDA, under the read-only host (a layer the grader probes with CUDA, ``grade.probe``): the GPU driver's files
 # (NVIDIA's ``suspend``, which root may write), which CUDA only reads
 PROC_DRIVER = ("/proc/driver",)
+# under the read-only host, the device nodes left as they are: the GPU's and the harmless ones; every other (a disk,
+# /dev/kvm, /dev/uinput, /dev/mem, a loop device) is /dev/null there, since a read-only mount refuses writes to files,
+# directories and links, not to devices; the writable paths are mounted nodev (no node of the candidate's opens)
+DEVICES_KEPT = (
+    *("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx"),
+    *("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*"),
+)
 TERMINALS = ("/dev/console", "/dev/tty[0-9]*", "/dev/ttyS*", "/dev/vcs*")  # hidden behind /dev/null
 CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
@@ -69,17 +76,22 @@ def read_only_host(writable: list[str], files: list[str], cuda: bool = False) ->
 
     libc = ctypes.CDLL(None, use_errno=True)
     kept = []
+    left = []
     for path in [*writable, "/dev/shm", *files]:
         if not path or not os.path.exists(path):
             continue
         if libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None) == 0:
             kept.append(os.path.realpath(path))
+            flags = MS_REMOUNT | MS_BIND | MS_NODEV | mount_flags(path)
+            if libc.mount(None, path.encode(), None, flags, None) != 0:
+                left.append(f"{path} not nodev ({os.strerror(ctypes.get_errno())})")
+    devices = hide_devices()
+    left += devices[1]
     try:
         with open("/proc/self/mountinfo") as f:
             points = [line.split()[4].replace("\\040", " ") for line in f]
     except OSError as e:
         return f"writable (mountinfo: {e.strerror})"
-    left = []
     for point in points:
         if any(point == k or point.startswith(k.rstrip("/") + "/") for k in kept) or (cuda and point == "/proc"):
             continue
@@ -90,9 +102,40 @@ def read_only_host(writable: list[str], files: list[str], cuda: bool = False) ->
         left += bind_read_only(PROC_DRIVER)
     if left:
         return "partly read-only: still writable " + ", ".join(left[:4]) + (" ..." if len(left) > 4 else "")
-    return f"read-only but for {len(kept)} paths (the scratch directory, /dev/shm, the observers' files)" + (
-        "; /proc as said, /proc/driver read-only" if cuda else ""
+    return (
+        f"read-only but for {len(kept)} paths (the scratch directory, /dev/shm, the observers' files; nodev), "
+        f"{devices[0]} device nodes /dev/null" + ("; /proc as said, /proc/driver read-only" if cuda else "")
     )
+
+
+def hide_devices() -> tuple[int, list[str]]:
+    """Every device node below /dev (its own file system: not /dev/shm, /dev/pts) but ``DEVICES_KEPT`` and those
+    hidden already, with /dev/null bound over it; (how many, those that could not be, with why)."""
+    import ctypes
+    import stat
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    kept = {f for p in DEVICES_KEPT for f in glob.glob(p)}
+    try:
+        top, null = os.stat("/dev").st_dev, os.stat("/dev/null").st_rdev
+    except OSError as e:
+        return 0, [f"/dev ({e.strerror})"]
+    hidden, left = 0, []
+    for d, dirs, names in os.walk("/dev"):
+        dirs[:] = [x for x in dirs if os.lstat(os.path.join(d, x)).st_dev == top]
+        for name in names:
+            path = os.path.join(d, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)) or path in kept or st.st_rdev == null:
+                continue
+            if libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None) == 0:
+                hidden += 1
+            else:
+                left.append(f"{path} ({os.strerror(ctypes.get_errno())})")
+    return hidden, left
 
 
 def bind_read_only(paths) -> list[str]:
