@@ -249,10 +249,10 @@ def test_in_a_pid_namespace_the_grader_is_not_in_view(out_dir, monkeypatch):
 
 
 def test_without_the_filter_the_same_candidate_reaches_the_grader(out_dir, monkeypatch):
-    """The control: with the filter, Landlock, the uid of its own and the undumpable grader off (as before), the same
-    candidate attaches to the grader, reads its memory, sets its resource limit and signals it (as root, or as the
-    grader's user); so the refusals above are the filter's (or the uid's). The terminal stays out of reach (the keeper's
-    mount namespace hides it, where it is root)."""
+    """The control: with the filter, Landlock, the uid of its own, the undumpable grader and the read-only host (which
+    drops CAP_SYS_PTRACE too) off, the same candidate attaches to the grader, reads its memory, sets its resource limit
+    and signals it (as root, or as the grader's user); so the refusals above are the filter's (or the uid's). The
+    terminal stays out of reach (the keeper's mount namespace hides it, where it is root)."""
     if os.geteuid() != 0:
         pytest.skip("the control needs the keeper's mount namespace (root) to keep the terminal out of reach")
     r, found, got = _attacks(
@@ -262,6 +262,7 @@ def test_without_the_filter_the_same_candidate_reaches_the_grader(out_dir, monke
         GEMMLAB_SANDBOX_SECCOMP="0",
         GEMMLAB_SANDBOX_UID="0",
         GEMMLAB_SANDBOX_UNDUMPABLE="0",
+        GEMMLAB_SANDBOX_READONLY="0",
         GEMMLAB_SANDBOX_TOOL="none",
     )
     assert got == b"" and found["tiocsti"] == "ENOENT" and found["tty_write"] == "ENOENT", (got, found)
