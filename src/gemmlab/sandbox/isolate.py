@@ -18,7 +18,9 @@ machine, passed in as ``layers``); without a probe (a sandbox made outside the g
 - ``GEMMLAB_SANDBOX_TERMINALS``: the terminals hidden in a mount namespace of the keeper's own (root only:
   ``mounts.namespaces``); unset or ``1``: on, with CUDA too, ``0`` off.
 - ``GEMMLAB_SANDBOX_READONLY``: in that namespace, the host read-only but for the scratch directory, ``/dev/shm``
-  and the observers' files (``mounts.read_only_host``): the stand-in for Landlock's file rules where Landlock is off;
+  and the observers' files (``mounts.read_only_host``: those ``nodev``, every device node but the GPU's and the harmless
+  ones ``/dev/null``), the candidate without CAP_SYS_PTRACE (``/proc/GRADER/root`` would bypass it): the stand-in for
+  Landlock's file rules where Landlock is off;
   unset: on without CUDA, and with CUDA where the probe ran CUDA under it (/proc then stays writable:
   ``mounts.PROC_READ_ONLY``), ``1`` on, ``0`` off.
 - ``GEMMLAB_SANDBOX_UID``: a uid of the sandbox's own, where the grader runs as root and there is no CUDA (unset or
@@ -33,7 +35,8 @@ machine, passed in as ``layers``); without a probe (a sandbox made outside the g
 - ``GEMMLAB_SANDBOX_PIDNS``: ``1``: a PID namespace of its own (root only), with a /proc of its own in the keeper's
   mount namespace: the grader, the other sandbox and every process outside are not in its view; unset or ``0``: off.
 - ``GEMMLAB_SANDBOX_NETNS``: a network namespace of its own, loopback only (root only: ``sockets.own_network``;
-  bubblewrap's ``--unshare-net``): the host's listeners and abstract Unix sockets out of reach; unset: on without CUDA,
+  bubblewrap's ``--unshare-net``; CAP_NET_ADMIN dropped in it): the host's listeners and abstract Unix sockets out of
+  reach; unset: on without CUDA,
   and with CUDA where the probe ran CUDA under it, ``1`` on, ``0`` off.
 - ``GEMMLAB_SANDBOX_UNDUMPABLE``: no sandbox holds CAP_SYS_PTRACE, and the grader (while a sandbox lives) and the
   baseline are undumpable (``keeper.no_ptrace``, ``owner.dumpable``): the candidate cannot ptrace them or reach

@@ -13,6 +13,8 @@ What no path names, a network namespace of the sandbox's own takes out of reach 
 host's abstract Unix sockets (an X server's, some daemons'; also Landlock's scope, which CUDA may not have) and
 every listener on the host's loopback and interfaces (a notebook server's, a TCPStore's, a debugger's port). A
 socket bound to a path is still reached across network namespaces: the observer's (kept), and the ones hidden above.
+Root keeps CAP_NET_ADMIN over every network namespace it can name by a pid (rtnetlink makes a link in the host's), so
+the keeper drops it once in a namespace of its own (``keeper.drop_caps``).
 
     to_hide(keep)    the socket paths to hide (``sandbox.tool`` binds /dev/null over them in bubblewrap too)
     hide(keep)       hides them in the keeper's own mount namespace; returns what the report says
