@@ -152,3 +152,53 @@ def writes_a_device(A, B, C, M, N, K):
                 os.unlink(node)
             except OSError:
                 pass
+
+
+ADJ_TICK, TICK_AT, AUDIT_GET, AUDIT_SET, NETLINK_AUDIT = 0x4000, 88, 1000, 1001, 9  # struct timex: tick's offset
+
+
+def _tick(libc, ctypes, tick: int | None = None) -> int:
+    """The kernel clock's tick length (``adjtimex``), set to ``tick`` where given: -1 and errno where refused."""
+    buf = ctypes.create_string_buffer(256)
+    if tick is not None:
+        struct.pack_into("=I", buf, 0, ADJ_TICK)
+        struct.pack_into("=q", buf, TICK_AT, tick)
+    if libc.adjtimex(buf) < 0:
+        return -1
+    return struct.unpack_from("=q", buf, TICK_AT)[0]
+
+
+def _audit(kind: int, body: bytes) -> int:
+    """One request to the kernel's audit (not network-namespaced: the host's); the answer's errno (0: done)."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_AUDIT) as s:
+        s.settimeout(10.0)
+        s.sendto(struct.pack("=IHHII", 16 + len(body), kind, NLM_F_REQUEST | NLM_F_ACK, 1, 0) + body, (0, 0))
+        answer = s.recv(65536)
+    return -struct.unpack_from("=i", answer, 16)[0] if struct.unpack_from("=H", answer, 4)[0] == NLMSG_ERROR else 0
+
+
+def adjusts_the_clock(A, B, C, M, N, K):
+    """Computes honestly; at its first call tries two host-wide kernel settings that root holds the capabilities for
+    whatever its namespaces: the clock's tick length (``adjtimex(ADJ_TICK)``, CAP_SYS_TIME), which sets how fast
+    CLOCK_MONOTONIC, the grader's ``perf_counter``, runs, by up to 10% either way: slowed only inside its own windows it
+    would be timed up to 10% faster than it is; and the kernel's audit settings (``AUDIT_SET``, CAP_AUDIT_CONTROL:
+    audit off, or a failure mode that panics the host). Both are written with the values they already have, so nothing
+    changes on the machine: the kernel's answer alone says whether the change was in reach. Notes in ``host_admin``
+    "tick set" or "tick WHY", "audit set" or "audit WHY"."""
+    import ctypes
+
+    honest(A, B, C, M, N, K)
+    if _state.get("host_admin"):
+        return
+    _state["host_admin"] = True
+    libc = ctypes.CDLL(None, use_errno=True)
+    tick = _tick(libc, ctypes)
+    if tick < 0 or _tick(libc, ctypes, tick) < 0:
+        _note("host_admin", f"tick {os.strerror(ctypes.get_errno())}")
+    else:
+        _note("host_admin", "tick set")
+    try:
+        err = _audit(AUDIT_SET, b"\0" * 40)  # struct audit_status, mask 0: sets nothing, needs CAP_AUDIT_CONTROL
+        _note("host_admin", "audit set" if err == 0 else f"audit {os.strerror(err)}")
+    except OSError as e:
+        _note("host_admin", f"audit {e.strerror or e}")

@@ -40,8 +40,8 @@ so that nothing is imported before it forks (no CUDA, no gemmlab). Before any ca
   baseline) is undumpable itself; without ``--trusted`` (the candidate's) drops ``UNTRUSTED_DROPS`` too
   (``no_ptrace``);
 - with ``--uid``, becomes that uid, keeping only CAP_DAC_READ_SEARCH (``own_uid``);
-- with ``--seccomp``, installs the filter of ``sandbox/seccomp.py`` (loaded by path), naming the owner's pid and
-  process group;
+- with ``--seccomp``, drops ``HOST_DROPS`` (the host's clock rate, reboot, audit: no namespace covers them) and
+  installs the filter of ``sandbox/seccomp.py`` (loaded by path), naming the owner's pid and process group;
 - sends its first message on the channel: what isolation is in force (``tell``; ``Sandbox.isolation``).
 Then it forks: the parent half is the keeper, which only waits (reaping) and exits with the candidate's status; the
 child half serves the candidate (``sandbox.serve``). What it could not do it says on stderr (the sandbox's log) and
@@ -138,6 +138,11 @@ PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH = 8, 
 PR_SET_DUMPABLE, PR_CAPBSET_DROP, CAP_SYS_PTRACE, CAP_NET_ADMIN = 4, 24, 19, 12
 # dropped by an untrusted sandbox alone (``no_ptrace``): CAP_SYS_MODULE, CAP_SYS_RAWIO (/proc/kcore), CAP_SYSLOG
 UNTRUSTED_DROPS = (16, 17, 34)
+# dropped with the seccomp filter, by every sandbox: host-wide kernel settings that no namespace covers (CAP_SYS_BOOT:
+# reboot; CAP_SYS_TIME: ``adjtimex``'s tick, how fast CLOCK_MONOTONIC, the grader's clock, runs; CAP_AUDIT_*: the
+# kernel's audit, its failure mode a panic; CAP_MAC_*: the security module's policy)
+HOST_DROPS = {"CAP_SYS_BOOT": 22, "CAP_SYS_TIME": 25, "CAP_AUDIT_WRITE": 29, "CAP_AUDIT_CONTROL": 30}
+HOST_DROPS |= {"CAP_MAC_OVERRIDE": 32, "CAP_MAC_ADMIN": 33, "CAP_AUDIT_READ": 37}
 UNTRUSTED_WHY = " (nor CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYSLOG: the trusted sandbox's helpers out of reach)"
 
 
@@ -363,6 +368,9 @@ def main() -> None:
     isolation["uid"] = f"{os.getuid()} (the grader's" + (
         f": {args[args.index('--uid-why') + 1]})" if "--uid-why" in args else ")"
     )
+    if "--seccomp" in args:  # before a uid of its own, which could not drop them from its bounding set
+        why = drop_caps(list(HOST_DROPS.values()))
+        isolation["host_caps"] = "dropped " + ", ".join(HOST_DROPS) if why is None else f"kept ({why})"
     if "--uid" in args:
         isolation["uid"] = own_uid(int(args[args.index("--uid") + 1]))
     isolation["seccomp"] = "off"
