@@ -119,3 +119,23 @@ def test_with_cuda_the_probe_decides_and_the_grade_runs_under_its_layers(monkeyp
         assert iso["ptrace"].startswith("no CAP_SYS_PTRACE"), iso
     if said["layers"]["landlock"] == "on":
         assert iso["landlock"].startswith(("on", "partial")), iso
+
+
+def test_a_decision_is_not_reused_under_other_sandbox_switches(monkeypatch):
+    """The probe's decision is kept per process; a later grade of the same process under other sandbox switches (the
+    terminals, the tool, the PID namespace: the sandbox a layer is probed in) probes again, and the same switches
+    reuse it. ``run_probe`` is a stand-in that counts (the probe itself needs CUDA)."""
+    for var in PROBED_WITH_CUDA:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(probe, "_DECIDED", {})
+    calls = []
+    monkeypatch.setattr(probe, "run_probe", lambda *a, **k: calls.append(a[3]))
+    cf = cases.load(TINY)
+    op, cuda = gemm_op(cf), torch.device("cuda")
+    monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "0")
+    on, said = probe.cuda_layers(op, cf, cuda, 60.0)
+    assert on == dict.fromkeys(PROBED_WITH_CUDA, True) and len(calls) == 1, (on, calls)
+    assert probe.cuda_layers(op, cf, cuda, 60.0) == (on, said) and len(calls) == 1
+    monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "1")
+    probe.cuda_layers(op, cf, cuda, 60.0)
+    assert len(calls) == 2, calls

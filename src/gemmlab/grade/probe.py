@@ -9,12 +9,14 @@ checks the output. All layers together first; where that fails, each layer is ad
 (``greedy``), the last set that worked being the answer. A driver or kernel where a layer breaks CUDA then grades
 with that layer off, and the report says which and why (``isolation.probe``), instead of failing every grade.
 
-Once per process and op signature (``cuda_layers``, kept in ``_DECIDED``), within ``PROBE_S`` seconds in all;
-every failure of the probe (an exception, a timeout) counts as the layer not holding, never as a grade's failure.
+Once per process, op signature and set of ``GEMMLAB_SANDBOX_*`` switches (``cuda_layers``, kept in ``_DECIDED``),
+within ``PROBE_S`` seconds in all; every failure of the probe (an exception, a timeout) counts as the layer not
+holding, never as a grade's failure.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -88,7 +90,11 @@ def cuda_layers(op, cases, device: torch.device, timeout: float) -> tuple[dict[s
     layers = unset_probed()
     if device.type != "cuda" or not layers or not cases.correctness:
         return {}, {}
-    key = (str(device), op.signature, op.layout, layers)
+    # every sandbox switch in the key: the terminals, the tool, the PID namespace, the filter and the uid change the
+    # sandbox a layer is probed in, so a decision made under other switches (an earlier grade in this process) is not
+    # this grade's
+    switches = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("GEMMLAB_SANDBOX_")))
+    key = (str(device), op.signature, op.layout, layers, switches)
     if key not in _DECIDED:
         deadline = time.monotonic() + PROBE_S
 
