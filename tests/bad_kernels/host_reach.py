@@ -178,13 +178,15 @@ def _audit(kind: int, body: bytes) -> int:
 
 
 def adjusts_the_clock(A, B, C, M, N, K):
-    """Computes honestly; at its first call tries two host-wide kernel settings that root holds the capabilities for
+    """Computes honestly; at its first call tries three host-wide kernel settings that root holds the capabilities for
     whatever its namespaces: the clock's tick length (``adjtimex(ADJ_TICK)``, CAP_SYS_TIME), which sets how fast
     CLOCK_MONOTONIC, the grader's ``perf_counter``, runs, by up to 10% either way: slowed only inside its own windows it
-    would be timed up to 10% faster than it is; and the kernel's audit settings (``AUDIT_SET``, CAP_AUDIT_CONTROL:
-    audit off, or a failure mode that panics the host). Both are written with the values they already have, so nothing
-    changes on the machine: the kernel's answer alone says whether the change was in reach. Notes in ``host_admin``
-    "tick set" or "tick WHY", "audit set" or "audit WHY"."""
+    would be timed up to 10% faster than it is; the kernel's audit settings (``AUDIT_SET``, CAP_AUDIT_CONTROL: audit
+    off, or a failure mode that panics the host); and ``reboot`` (CAP_SYS_BOOT). The first two are written with the
+    values they already have and ``reboot`` is asked for a command that does not exist (checked after the capability:
+    EINVAL means in reach), so nothing changes on the machine: the kernel's answer alone says whether the change was in
+    reach. Notes in ``host_admin`` "tick set" or "tick WHY", "audit set" or "audit WHY", "reboot in reach" or
+    "reboot WHY"."""
     import ctypes
 
     honest(A, B, C, M, N, K)
@@ -197,6 +199,11 @@ def adjusts_the_clock(A, B, C, M, N, K):
         _note("host_admin", f"tick {os.strerror(ctypes.get_errno())}")
     else:
         _note("host_admin", "tick set")
+    if libc.syscall(169 if os.uname().machine == "x86_64" else 142, 0xFEE1DEAD, 672274793, 0x7E57, None) == 0:
+        _note("host_admin", "reboot done?")  # (no such command: never)
+    else:
+        err = ctypes.get_errno()
+        _note("host_admin", "reboot in reach" if err == 22 else f"reboot {os.strerror(err)}")  # EINVAL: past the check
     try:
         err = _audit(AUDIT_SET, b"\0" * 40)  # struct audit_status, mask 0: sets nothing, needs CAP_AUDIT_CONTROL
         _note("host_admin", "audit set" if err == 0 else f"audit {os.strerror(err)}")

@@ -168,10 +168,10 @@ def _host_admin(tmp_path, monkeypatch, **env):
 def test_the_hosts_clock_rate_and_audit_are_out_of_reach_under_the_filter(tmp_path, monkeypatch):
     """Every probed layer off (the least a grade with CUDA may have): with the seccomp filter's step (on by default,
     with CUDA too) root in the sandbox holds neither CAP_SYS_TIME (``adjtimex``'s tick sets how fast the grader's
-    ``perf_counter`` runs) nor CAP_AUDIT_CONTROL; the kernel writes each setting with its own value, so the machine is
-    left as it was either way. It still passes."""
+    ``perf_counter`` runs), CAP_SYS_BOOT nor CAP_AUDIT_CONTROL; the kernel writes each setting with its own value and
+    asks ``reboot`` for no command, so the machine is left as it was either way. It still passes."""
     r, noted = _host_admin(tmp_path, monkeypatch)
-    assert noted == {"tick": "Operation not permitted", "audit": "Operation not permitted"}, noted
+    assert noted == dict.fromkeys(("tick", "reboot", "audit"), "Operation not permitted"), noted
     assert r["isolation"]["candidate"]["host_caps"].startswith("dropped CAP_SYS_BOOT, CAP_SYS_TIME"), r["isolation"]
     assert passed(r), (r["verdict"], r["failures"])
 
@@ -179,5 +179,5 @@ def test_the_hosts_clock_rate_and_audit_are_out_of_reach_under_the_filter(tmp_pa
 def test_without_the_filter_root_sets_the_hosts_clock_rate_and_audit(tmp_path, monkeypatch):
     """The control: with ``GEMMLAB_SANDBOX_SECCOMP=0`` the same kernel's writes are taken (by values already there)."""
     r, noted = _host_admin(tmp_path, monkeypatch, SECCOMP="0")
-    assert noted == {"tick": "set", "audit": "set"}, noted
+    assert noted == {"tick": "set", "reboot": "in reach", "audit": "set"}, noted
     assert "host_caps" not in r["isolation"]["candidate"], r["isolation"]
