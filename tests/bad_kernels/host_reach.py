@@ -209,3 +209,21 @@ def adjusts_the_clock(A, B, C, M, N, K):
         _note("host_admin", "audit set" if err == 0 else f"audit {os.strerror(err)}")
     except OSError as e:
         _note("host_admin", f"audit {e.strerror or e}")
+
+
+def renames_the_host(A, B, C, M, N, K):
+    """Computes honestly; at its first call sets the hostname to $BAD_HOSTNAME (CAP_SYS_ADMIN: the host's name, where
+    the sandbox has no UTS namespace of its own). Notes in ``hostname`` "set" or "WHY"."""
+    honest(A, B, C, M, N, K)
+    if _state.get("hostname"):
+        return
+    _state["hostname"] = True
+    try:
+        name = os.environ["BAD_HOSTNAME"].encode()
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        ok = libc.sethostname(name, len(name)) == 0
+        _note("hostname", "set" if ok else os.strerror(ctypes.get_errno()))
+    except OSError as e:
+        _note("hostname", e.strerror or str(e))

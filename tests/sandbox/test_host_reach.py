@@ -181,3 +181,24 @@ def test_without_the_filter_root_sets_the_hosts_clock_rate_and_audit(tmp_path, m
     r, noted = _host_admin(tmp_path, monkeypatch, SECCOMP="0")
     assert noted == {"tick": "set", "reboot": "in reach", "audit": "set"}, noted
     assert "host_caps" not in r["isolation"]["candidate"], r["isolation"]
+
+
+@pytest.mark.parametrize("tool", ["bwrap", "none"])
+def test_root_in_the_sandbox_renames_only_its_own_uts_namespace(tmp_path, monkeypatch, tool):
+    """Every probed layer off, the terminals hidden (the keeper's namespaces: with CUDA too) or bubblewrap: the
+    kernel's ``sethostname`` succeeds in a UTS namespace of the sandbox's own, and the host keeps its name."""
+    if tool == "bwrap" and Tool.choose(True).path is None:
+        pytest.skip("bubblewrap is not usable here")
+    out = _root_as_with_cuda(tmp_path, monkeypatch, READONLY="0", UNDUMPABLE="0", NETNS="0", TOOL=tool)
+    before = socket.gethostname()
+    monkeypatch.setenv("BAD_HOSTNAME", f"gl{secrets.token_hex(4)}")
+    try:
+        r = grade(TINY, kernel=f"{KERNELS}:renames_the_host")
+    finally:
+        after = socket.gethostname()
+        if after != before:  # the hole open: give the machine its name back
+            subprocess.run(["hostname", before], capture_output=True, timeout=60)
+    assert after == before, (before, after)
+    assert (out / "hostname").read_text().split() == ["set"]
+    assert r["isolation"]["candidate"]["hostname"].startswith("own ("), r["isolation"]
+    assert passed(r), (r["verdict"], r["failures"])

@@ -321,9 +321,12 @@ def main() -> None:
     pidns = "--pidns" in args
     if "--tool" in args:  # its session, /dev (its own /dev/pts, no console) and PID namespace are the tool's
         isolation["terminals"] = f"hidden ({isolation['tool']}: a /dev of its own)"
+        isolation["hostname"] = f"own ({isolation['tool']}: UTS namespace)"
         isolation["pid_namespace"] = "on" if "--tool-pidns" in args else "off"
     elif "--hide-terminals" in args or pidns:
+        uts = os.readlink("/proc/self/ns/uts")
         isolation["terminals"], isolation["pid_namespace"] = mounts.namespaces(pidns)
+        isolation["hostname"] = "own (UTS namespace)" if os.readlink("/proc/self/ns/uts") != uts else "the host's"
     else:
         isolation["terminals"], isolation["pid_namespace"] = "not hidden (off: GEMMLAB_SANDBOX_TERMINALS)", "off"
     if isolation["pid_namespace"] == "on" and "--tool" not in args:  # this process stays outside; its first child
