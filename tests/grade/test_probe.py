@@ -139,3 +139,35 @@ def test_a_decision_is_not_reused_under_other_sandbox_switches(monkeypatch):
     monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "1")
     probe.cuda_layers(op, cf, cuda, 60.0)
     assert len(calls) == 2, calls
+
+
+def test_a_probe_that_fails_anywhere_leaves_its_layers_off_and_never_raises(monkeypatch):
+    """A probe's every failure is a layer left off with its reason, never an exception out of the grader: a sandbox
+    that cannot even be made (here a stand-in whose making raises OSError), and one whose close raises."""
+
+    class Unmade:
+        def __init__(self, *a, **k):
+            raise OSError(24, "Too many open files")
+
+    class Unclosable:
+        def __init__(self, *a, **k):
+            pass
+
+        def bind(self, slots):
+            raise RuntimeError("the keeper died")
+
+        def close(self):
+            raise ProcessLookupError(3, "No such process")
+
+    for var in PROBED_WITH_CUDA:
+        monkeypatch.delenv(var, raising=False)
+    cf = cases.load(TINY)
+    op, case = gemm_op(cf), probe.smallest(cf)
+    failing = ((Unmade, "OSError: [Errno 24] Too many open files"), (Unclosable, "RuntimeError: the keeper"))
+    for stand_in, why in failing:
+        monkeypatch.setattr(probe, "Sandbox", stand_in)
+        assert probe.run_probe(op, case, torch.device("cpu"), {}, 60.0).startswith(why)
+        monkeypatch.setattr(probe, "_DECIDED", {})
+        on, said = probe.cuda_layers(op, cf, torch.device("cuda"), 60.0)
+        assert on == dict.fromkeys(PROBED_WITH_CUDA, False), (on, said)
+        assert len(said["failed"]) == 1 + len(PROBED_WITH_CUDA) and all(why in f for f in said["failed"]), said

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from gemmlab.grade.batches import own_memory
-from gemmlab.sandbox.box import Sandbox, WorkerFailure
+from gemmlab.sandbox.box import Sandbox
 from gemmlab.sandbox.isolate import unset_probed
 
 PROBE_S = 90.0  # every probe of a process together (a sandbox's start, one call: a few seconds each)
@@ -61,11 +61,12 @@ def smallest(cases) -> object:
 def run_probe(op, case, device: torch.device, layers: dict[str, bool], timeout: float, spec=None) -> str | None:
     """One probe: a sandbox of ``spec`` (None: gemmlab's own kernel for the op's signature) under ``layers``, one
     call on ``case``; None when its output is right, else why not (one line)."""
-    log_dir = tempfile.mkdtemp(prefix="gemmlab-probe-")
-    cache = {"TRITON_CACHE_DIR": f"{log_dir}/probe.scratch/triton-cache"}  # its own under every layer set: nothing
-    # an earlier candidate left in the shared cache decides a probe
-    box = Sandbox(spec, op.signature, op.layout, timeout, device.type == "cpu", log_dir, cache, "probe", layers)
-    try:
+    log_dir, box = None, None
+    try:  # everything, the sandbox's making included: a probe that fails says why, never raises out of the grader
+        log_dir = tempfile.mkdtemp(prefix="gemmlab-probe-")
+        cache = {"TRITON_CACHE_DIR": f"{log_dir}/probe.scratch/triton-cache"}  # its own under every layer set:
+        # nothing an earlier candidate left in the shared cache decides a probe
+        box = Sandbox(spec, op.signature, op.layout, timeout, device.type == "cpu", log_dir, cache, "probe", layers)
         inputs = op.fresh(case, op.timed_kind, 0, device)
         with own_memory(device):
             shared = tuple(x.clone() for x in inputs)
@@ -77,11 +78,13 @@ def run_probe(op, case, device: torch.device, layers: dict[str, bool], timeout: 
     except Exception as e:  # (CandidateError, WorkerFailure, and whatever else): the layers did not hold
         return " ".join(f"{type(e).__name__}: {e}".split())[:300]
     finally:
-        try:
-            box.close()
-        except WorkerFailure:
-            pass
-        shutil.rmtree(log_dir, ignore_errors=True)
+        if box is not None:
+            try:
+                box.close()
+            except Exception:  # (WorkerFailure, or the processes' own errors): gemmlab's code; the answer stands
+                pass
+        if log_dir is not None:
+            shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def cuda_layers(op, cases, device: torch.device, timeout: float) -> tuple[dict[str, bool], dict]:
