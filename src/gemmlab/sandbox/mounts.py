@@ -31,7 +31,7 @@ PROC_DRIVER = ("/proc/driver",)
 # directories and links, not to devices; the writable paths are mounted nodev (no node of the candidate's opens)
 DEVICES_KEPT = (
     *("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx"),
-    *("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*"),
+    *("/dev/nvidia*", "/dev/nvidia*/*", "/dev/dri/*"),  # nvidia-caps/, nvidia-caps-imex-channels/ too
 )
 TERMINALS = ("/dev/console", "/dev/tty[0-9]*", "/dev/ttyS*", "/dev/vcs*")  # hidden behind /dev/null
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS = 0x00020000, 0x20000000, 0x04000000
