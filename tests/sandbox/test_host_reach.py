@@ -202,3 +202,40 @@ def test_root_in_the_sandbox_renames_only_its_own_uts_namespace(tmp_path, monkey
     assert (out / "hostname").read_text().split() == ["set"]
     assert r["isolation"]["candidate"]["hostname"].startswith("own ("), r["isolation"]
     assert passed(r), (r["verdict"], r["failures"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "kernel, env",
+    [
+        ("writes_through_proc_root", {"GEMMLAB_SANDBOX_READONLY": "1", "GEMMLAB_SANDBOX_UNDUMPABLE": "0"}),
+        ("joins_the_host_network", {"GEMMLAB_SANDBOX_NETNS": "1"}),
+        ("adjusts_the_clock", {}),
+    ],
+)
+def test_with_cuda_root_in_the_sandbox_reaches_none_of_it(tmp_path, monkeypatch, capsys, kernel, env):
+    """On a GPU (the sandbox keeps the grader's uid, root): the layer each kernel meets holds with CUDA running under
+    it, and the grade passes; the other probed switches are left to the probe."""
+    if os.geteuid() != 0:
+        pytest.skip("root in the sandbox, as the grader is on the H200")
+    out, host = tmp_path / "out", tmp_path / "host"
+    out.mkdir()
+    host.mkdir()
+    for var, value in {
+        "BAD_KERNEL_OUT_DIR": str(out),
+        "GEMMLAB_SANDBOX_WRITABLE": str(out),
+        "BAD_HOST_DIR": str(host),
+        "BAD_VETH": f"gl{secrets.token_hex(4)}",
+        **env,
+    }.items():
+        monkeypatch.setenv(var, value)
+    r = grade(TINY, kernel=f"{KERNELS}:{kernel}")
+    noted = {}
+    for name in ("proc_root", "netlink", "host_admin"):
+        noted.update(_noted(out, name) if (out / name).exists() else {})
+    with capsys.disabled():
+        print(f"\n{kernel}: {noted}; isolation {r['isolation']['candidate']}")
+    assert noted and "written" not in noted.values() and "set" not in noted.values(), noted
+    assert "made" not in noted and "in reach" not in noted.values(), noted
+    assert not list(host.iterdir())
+    assert passed(r), (r["verdict"], r["failures"])
