@@ -239,3 +239,46 @@ def test_with_cuda_root_in_the_sandbox_reaches_none_of_it(tmp_path, monkeypatch,
     assert "made" not in noted and "in reach" not in noted.values(), noted
     assert not list(host.iterdir())
     assert passed(r), (r["verdict"], r["failures"])
+
+
+def _fanotify(tmp_path, monkeypatch, **env):
+    """Grade ``denies_the_hosts_opens`` while a thread of the test opens the marked file again and again; (report,
+    what the kernel noted, what the opens got)."""
+    out = _root_as_with_cuda(tmp_path, monkeypatch, READONLY="0", UNDUMPABLE="0", NETNS="0", **env)
+    target = tmp_path / "host-file"
+    target.write_text("the host's\n")
+    monkeypatch.setenv("BAD_DENY_FILE", str(target))
+    got, done = set(), threading.Event()
+
+    def opens():
+        while not done.is_set():
+            try:
+                target.read_text()
+                got.add("read")
+            except OSError as e:
+                got.add(e.strerror)
+            done.wait(0.05)
+
+    opener = threading.Thread(target=opens, daemon=True)
+    opener.start()
+    try:
+        r = grade(TINY, kernel=f"{KERNELS}:denies_the_hosts_opens")
+    finally:
+        done.set()
+        opener.join(60)  # an open still waiting on the kernel's answer is let through when its process is killed
+    return r, (out / "fanotify").read_text().split(), got
+
+
+def test_the_filter_refuses_a_permission_mark_on_the_hosts_files(tmp_path, monkeypatch):
+    """Every probed layer off (as the least a grade with CUDA may have), the filter on: ``fanotify_init`` is refused,
+    every open of the host's file succeeds, and the kernel passes."""
+    r, noted, got = _fanotify(tmp_path, monkeypatch)
+    assert noted == ["Operation", "not", "permitted"], noted
+    assert got == {"read"}, got
+    assert passed(r), (r["verdict"], r["failures"])
+
+
+def test_without_the_filter_the_candidate_denies_the_hosts_opens(tmp_path, monkeypatch):
+    """The control: ``GEMMLAB_SANDBOX_SECCOMP=0``; the test's own opens of its file are denied by the kernel."""
+    r, noted, got = _fanotify(tmp_path, monkeypatch, SECCOMP="0")
+    assert noted[0] == "denied" and "Operation not permitted" in got, (noted, got)

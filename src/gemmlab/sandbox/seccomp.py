@@ -24,6 +24,9 @@ Denied with EPERM (x86_64 and aarch64; any other architecture refuses, and the k
 - ``open_by_handle_at``: a file by its handle, past the mount namespace (with CAP_DAC_READ_SEARCH, which a sandbox
   of its own uid keeps: ``sandbox.isolate``);
 - ``bpf``, ``userfaultfd``, ``keyctl``/``add_key``/``request_key``: kernel attack surface no kernel needs;
+- ``fanotify_init``, ``fanotify_mark``: root's permission marks hold every open of a file (or a whole file system)
+  by any process on the machine, whatever its namespaces, until the mark's owner answers (deny, or never while
+  frozen): the grader's own files and libraries included;
 - ``init_module``, ``finit_module``, ``delete_module``, ``kexec_load``, ``kexec_file_load``: root in the sandbox (the
   grader's uid, with CUDA by default) would otherwise load a kernel module of its own (any memory, the grader's
   included) or replace the host's kernel.
@@ -83,6 +86,8 @@ NR = {
     "delete_module": (176, 106),
     "kexec_load": (246, 104),
     "kexec_file_load": (320, 294),
+    "fanotify_init": (300, 262),
+    "fanotify_mark": (301, 263),
 }
 DENIED = (
     "ptrace",
@@ -114,6 +119,8 @@ DENIED = (
     "delete_module",
     "kexec_load",
     "kexec_file_load",
+    "fanotify_init",
+    "fanotify_mark",
 )
 TTY_IOCTLS = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C, "TIOCSCTTY": 0x540E, "TIOCCONS": 0x541D, "TIOCSETD": 0x5423}
 CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000  # NS..NET
