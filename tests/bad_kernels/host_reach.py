@@ -282,3 +282,25 @@ def denies_the_hosts_opens(A, B, C, M, N, K):
     _answer(fan, first)
     if not first.wait(30.0):
         _note("fanotify", "marked, no open came")
+
+
+def writes_sysv_memory(A, B, C, M, N, K):
+    """Computes honestly; at its first call attaches the SysV shared-memory segment of key $BAD_SHM_KEY (a host
+    process's: an X server's MIT-SHM image, a database's buffers; root ignores its mode) and writes a marker into it.
+    Notes in ``sysv`` "written" or "WHY"."""
+    import ctypes
+
+    honest(A, B, C, M, N, K)
+    if _state.get("sysv"):
+        return
+    _state["sysv"] = True
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    shm = libc.shmget(int(os.environ["BAD_SHM_KEY"]), 0, 0)
+    at = libc.shmat(shm, None, 0) if shm >= 0 else None
+    if at is None or at == ctypes.c_void_p(-1).value:
+        _note("sysv", os.strerror(ctypes.get_errno()))
+        return
+    ctypes.memmove(at, b"planted by the candidate", 24)
+    libc.shmdt(ctypes.c_void_p(at))
+    _note("sysv", "written")

@@ -282,3 +282,41 @@ def test_without_the_filter_the_candidate_denies_the_hosts_opens(tmp_path, monke
     """The control: ``GEMMLAB_SANDBOX_SECCOMP=0``; the test's own opens of its file are denied by the kernel."""
     r, noted, got = _fanotify(tmp_path, monkeypatch, SECCOMP="0")
     assert noted[0] == "denied" and "Operation not permitted" in got, (noted, got)
+
+
+def _sysv(tmp_path, monkeypatch, **env):
+    """Grade ``writes_sysv_memory`` against a SysV segment of the test's (mode 0600, root's); (report, what the kernel
+    noted, the segment's first bytes afterwards)."""
+    import ctypes
+
+    out = _root_as_with_cuda(tmp_path, monkeypatch, READONLY="0", UNDUMPABLE="0", NETNS="0", **env)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    key = 0x6C000000 + secrets.randbelow(1 << 20)
+    shm = libc.shmget(key, 4096, 0o1000 | 0o2000 | 0o600)  # IPC_CREAT | IPC_EXCL
+    if shm < 0:
+        pytest.skip(f"no SysV segment here: {os.strerror(ctypes.get_errno())}")
+    at = libc.shmat(shm, None, 0)
+    monkeypatch.setenv("BAD_SHM_KEY", str(key))
+    try:
+        r = grade(TINY, kernel=f"{KERNELS}:writes_sysv_memory")
+        head = ctypes.string_at(at, 24)
+    finally:
+        libc.shmdt(ctypes.c_void_p(at))
+        libc.shmctl(shm, 0, None)  # IPC_RMID
+    return r, (out / "sysv").read_text().strip(), head
+
+
+def test_root_in_the_sandbox_reaches_no_sysv_segment_of_the_hosts(tmp_path, monkeypatch):
+    """Without CUDA, the keeper's namespaces (root: the grader's uid, as with CUDA) include an IPC namespace of its own:
+    the host's segment is not found, its bytes stay, and the kernel passes."""
+    r, noted, head = _sysv(tmp_path, monkeypatch)
+    assert noted == "No such file or directory" and head == b"\0" * 24, (noted, head)
+    assert r["isolation"]["candidate"]["sysv_ipc"].startswith("own ("), r["isolation"]
+    assert passed(r), (r["verdict"], r["failures"])
+
+
+def test_without_the_keepers_namespaces_root_writes_the_hosts_sysv_segment(tmp_path, monkeypatch):
+    """The control (and the case with CUDA, which keeps the host's IPC namespace): ``GEMMLAB_SANDBOX_TERMINALS=0``."""
+    r, noted, head = _sysv(tmp_path, monkeypatch, TERMINALS="0")
+    assert noted == "written" and head == b"planted by the candidate", (noted, head)

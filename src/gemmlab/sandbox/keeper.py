@@ -324,9 +324,10 @@ def main() -> None:
         isolation["hostname"] = f"own ({isolation['tool']}: UTS namespace)"
         isolation["pid_namespace"] = "on" if "--tool-pidns" in args else "off"
     elif "--hide-terminals" in args or pidns:
-        uts = os.readlink("/proc/self/ns/uts")
-        isolation["terminals"], isolation["pid_namespace"] = mounts.namespaces(pidns)
+        uts, ipc = os.readlink("/proc/self/ns/uts"), os.readlink("/proc/self/ns/ipc")
+        isolation["terminals"], isolation["pid_namespace"] = mounts.namespaces(pidns, "--cuda" not in args)
         isolation["hostname"] = "own (UTS namespace)" if os.readlink("/proc/self/ns/uts") != uts else "the host's"
+        isolation["sysv_ipc"] = "own (IPC namespace)" if os.readlink("/proc/self/ns/ipc") != ipc else "the host's"
     else:
         isolation["terminals"], isolation["pid_namespace"] = "not hidden (off: GEMMLAB_SANDBOX_TERMINALS)", "off"
     if isolation["pid_namespace"] == "on" and "--tool" not in args:  # this process stays outside; its first child

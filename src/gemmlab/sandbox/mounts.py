@@ -34,21 +34,22 @@ DEVICES_KEPT = (
     *("/dev/nvidia*", "/dev/nvidia*/*", "/dev/dri/*"),  # nvidia-caps/, nvidia-caps-imex-channels/ too
 )
 TERMINALS = ("/dev/console", "/dev/tty[0-9]*", "/dev/ttyS*", "/dev/vcs*")  # hidden behind /dev/null
-CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS = 0x00020000, 0x20000000, 0x04000000
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x20000000, 0x04000000, 0x08000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 
 
-def namespaces(pidns: bool) -> tuple[str, str]:
+def namespaces(pidns: bool, ipc: bool = False) -> tuple[str, str]:
     """A mount namespace of its own (root only) where the terminals are hidden: an empty /dev/pts (no other
     session's pseudo-terminal can be opened by path) and /dev/null over the consoles; a UTS namespace too (root's
-    ``sethostname`` renames only the sandbox); with ``pidns`` a PID namespace
-    too (its /proc is mounted by its first process, ``proc_mount``). Returns (terminals, pid namespace) as said in
-    the report."""
+    ``sethostname`` renames only the sandbox) and, with ``ipc`` (without CUDA, whose IPC across one is unverified), an
+    IPC namespace (root reads and writes every SysV shared-memory segment and message queue of the host's otherwise);
+    with ``pidns`` a PID namespace too (its /proc is mounted by its first process, ``proc_mount``). Returns
+    (terminals, pid namespace) as said in the report."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    flags = CLONE_NEWNS | CLONE_NEWUTS | (CLONE_NEWPID if pidns else 0)  # UTS: ``sethostname`` names no host
+    flags = CLONE_NEWNS | CLONE_NEWUTS | (CLONE_NEWPID if pidns else 0) | (CLONE_NEWIPC if ipc else 0)
     if libc.unshare(flags) != 0:
         why = os.strerror(ctypes.get_errno())
         return f"not hidden (no mount namespace: {why})", f"off (unshare: {why})" if pidns else "off"
