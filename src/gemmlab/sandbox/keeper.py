@@ -351,7 +351,7 @@ def main() -> None:
         why = drop_caps([CAP_NET_ADMIN])
         isolation["network"] += "; no CAP_NET_ADMIN" if why is None else f"; CAP_NET_ADMIN kept ({why})"
     if "--cuda" in args and isolation["terminals"].startswith("hidden (/dev/pts"):
-        isolation["proc"] = mounts.proc_system_read_only()
+        isolation["proc"] = mounts.proc_system_read_only("--landlock" in args)
     if "--read-only" in args:  # in the mount namespace above (hidden terminals), after the PID namespace's /proc
         if isolation["terminals"].startswith("hidden (/dev/pts"):
             files = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--file"]

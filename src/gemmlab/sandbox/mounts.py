@@ -5,7 +5,7 @@ stays writable (``proc_system_read_only``).
 
     namespaces(pidns)                      a mount namespace (and PID namespace) of the keeper's own, terminals hidden
     proc_mount()                           in a new PID namespace's first process: its own /proc
-    proc_system_read_only()                with CUDA: ``PROC_READ_ONLY`` bound read-only
+    proc_system_read_only(driver)          with CUDA: ``PROC_READ_ONLY`` (``PROC_DRIVER``) bound read-only
     read_only_host(writable, files, cuda)  every mount read-only but the sandbox's own paths (with CUDA, /proc's
                                            ``PROC_DRIVER`` too)
 """
@@ -158,14 +158,14 @@ def bind_read_only(paths) -> list[str]:
     return left
 
 
-def proc_system_read_only() -> str:
+def proc_system_read_only(driver: bool = False) -> str:
     """In the keeper's own mount namespace (root), where /proc stays writable for CUDA: ``PROC_READ_ONLY`` bound on
-    themselves read-only. Returns what the report says."""
-    left = bind_read_only(PROC_READ_ONLY)
+    themselves read-only, and with ``driver`` (Landlock with CUDA, whose rules let /proc be written: a layer the grader
+    probes, as the read-only host that binds it too) ``PROC_DRIVER``. Returns what the report says."""
+    paths = (*PROC_READ_ONLY, *(PROC_DRIVER if driver else ()))
+    left = bind_read_only(paths)
     return "writable (CUDA names its threads there), " + (
-        f"but for {', '.join(p.removeprefix('/proc/') for p in PROC_READ_ONLY)}"
-        if not left
-        else f"{', '.join(left)} too"
+        f"but for {', '.join(p.removeprefix('/proc/') for p in paths)}" if not left else f"{', '.join(left)} too"
     )
 
 
