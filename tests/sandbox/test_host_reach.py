@@ -50,16 +50,20 @@ def _proc_root(tmp_path, monkeypatch, **env):
     return r, _noted(out, "proc_root"), host
 
 
-def test_the_read_only_host_holds_against_the_graders_root_in_proc(tmp_path, monkeypatch):
-    """The read-only host without the undumpable grader (a set the probe may choose with CUDA): neither by its path
-    nor through ``/proc/GRADER/root`` does the candidate write the host's directory, and it still passes."""
-    r, noted, host = _proc_root(tmp_path, monkeypatch, READONLY="1", UNDUMPABLE="0")
+@pytest.mark.parametrize("tool", ["bwrap", "none"])
+def test_the_read_only_host_holds_against_the_graders_root_in_proc(tmp_path, monkeypatch, tool):
+    """The read-only host (the keeper's, or bubblewrap's whose parent process stays in the grader's mount namespace)
+    without the undumpable grader (a set the probe may choose with CUDA): neither by its path nor through
+    ``/proc/GRADER/root`` does the candidate write the host's directory, and it still passes."""
+    if tool == "bwrap" and Tool.choose(True).path is None:
+        pytest.skip("bubblewrap is not usable here")
+    r, noted, host = _proc_root(tmp_path, monkeypatch, READONLY="1", UNDUMPABLE="0", TOOL=tool)
     iso = r["isolation"]["candidate"]
     if not iso["terminals"].startswith("hidden ("):
         pytest.skip(f"no mount namespace here: {iso['terminals']}")
     assert set(noted) == {"direct", "proc_root"}, noted
     assert "written" not in noted.values(), noted
-    assert iso["host_files"].startswith("read-only but for"), iso
+    assert tool == "bwrap" or iso["host_files"].startswith("read-only but for"), iso
     assert iso["ptrace"].startswith("no CAP_SYS_PTRACE"), iso
     assert not list(host.iterdir())
     assert passed(r), (r["verdict"], r["failures"])
