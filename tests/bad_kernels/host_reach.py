@@ -117,7 +117,8 @@ def writes_a_device(A, B, C, M, N, K):
     """Computes honestly; at its first call writes a marker onto the block device $BAD_BLOCK_DEV (a loop device the
     test attached: a stand-in for the host's disk, /dev/vda, under every file a read-only mount protects), three
     ways: the host's node (a read-only mount refuses writes to files, not to devices), and a node of its own made
-    with mknod (same major and minor) in its scratch directory ($TMPDIR) and in /dev/shm, which it may write below.
+    with mknod (same major and minor) in its scratch directory ($TMPDIR) and in /dev/shm, which it may write below,
+    and $BAD_SHM_NODE where given (a node left in /dev/shm by another process, an earlier grade's candidate).
     Notes one line per way in ``device``: "WAY written" or "WAY WHY"."""
     import stat
 
@@ -129,6 +130,8 @@ def writes_a_device(A, B, C, M, N, K):
     with open(f"/sys/class/block/{os.path.basename(host)}/dev") as f:  # its numbers, whatever /dev shows
         rdev = os.makedev(*(int(x) for x in f.read().split(":")))
     ways = [("host_node", host)]
+    if os.environ.get("BAD_SHM_NODE"):  # a node another process (an earlier grade's candidate) left in /dev/shm
+        ways.append(("left_node", os.environ["BAD_SHM_NODE"]))
     for way, where in (("scratch_node", os.environ.get("TMPDIR", "/tmp")), ("shm_node", "/dev/shm")):
         node = os.path.join(where, f"blk-{os.getpid()}")
         try:
@@ -136,18 +139,18 @@ def writes_a_device(A, B, C, M, N, K):
             ways.append((way, node))
         except OSError as e:
             _note("device", f"{way} mknod: {e.strerror}")
-    for way, node in ways:
+    for i, (way, node) in enumerate(ways):
         try:
             fd = os.open(node, os.O_WRONLY)
             try:
-                os.pwrite(fd, f"planted by the candidate ({way})".encode().ljust(512, b"\0"), 512 * len(way))
+                os.pwrite(fd, f"planted by the candidate ({way})".encode().ljust(512, b"\0"), 512 * (1 + i))
                 os.fsync(fd)
             finally:
                 os.close(fd)
             _note("device", f"{way} written")
         except OSError as e:
             _note("device", f"{way} {e.strerror}")
-        if node != host:
+        if way.endswith("_node") and way not in ("host_node", "left_node"):
             try:
                 os.unlink(node)
             except OSError:

@@ -137,9 +137,13 @@ def _device(tmp_path, monkeypatch, **env):
         pytest.skip(f"no loop device here: {attach.stderr.strip()}")
     dev = attach.stdout.strip()
     monkeypatch.setenv("BAD_BLOCK_DEV", dev)
+    left = f"/dev/shm/gemmlab-test-{secrets.token_hex(6)}"  # as an earlier grade's candidate would leave it
+    os.mknod(left, 0o60600, os.stat(dev).st_rdev)  # S_IFBLK | 0600
+    monkeypatch.setenv("BAD_SHM_NODE", left)
     try:
         r = grade(TINY, kernel=f"{KERNELS}:writes_a_device")
     finally:
+        os.unlink(left)
         subprocess.run(["losetup", "-d", dev], capture_output=True, timeout=120)
     return r, _noted(out, "device"), disk.read_bytes()
 

@@ -343,6 +343,8 @@ def main() -> None:
         isolation["host_sockets"] = _load("sockets").hide({os.environ.get("GEMMLAB_OBSERVER_SOCK", "")})
     elif "--tool" in args:
         isolation["host_sockets"] = f"hidden ({isolation['tool']}: /dev/null bound over each)"
+    if isolation["terminals"].startswith("hidden (/dev/pts"):  # in the keeper's mount namespace, under every layer
+        isolation["shm"] = "nodev" if not (left := mounts.nodev(["/dev/shm"])) else f"devices open ({left[0]})"
     if "--tool-netns" in args:  # after the sockets above were listed: /proc/net/unix is the network namespace's
         isolation["network"] = f"own ({isolation['tool']}: loopback only)"
     elif "--netns" in args:

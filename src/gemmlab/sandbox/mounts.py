@@ -110,6 +110,25 @@ def read_only_host(writable: list[str], files: list[str], cuda: bool = False) ->
     )
 
 
+def nodev(paths) -> list[str]:
+    """Each of ``paths`` that exists bound on itself ``nodev`` (no device node there opens: one another process left
+    in the host's /dev/shm, where the sandbox may write under Landlock too); those that could not be, with why."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    left = []
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_NODEV | mount_flags(path)
+        if (
+            libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None) != 0
+            or libc.mount(None, path.encode(), None, flags, None) != 0
+        ):
+            left.append(f"{path} ({os.strerror(ctypes.get_errno())})")
+    return left
+
+
 def hide_devices() -> tuple[int, list[str]]:
     """Every device node below /dev (its own file system: not /dev/shm, /dev/pts) but ``DEVICES_KEPT`` and those
     hidden already, with /dev/null bound over it; (how many, those that could not be, with why)."""
