@@ -1,13 +1,14 @@
 """Which of the sandbox's layers CUDA runs under on this machine, decided before any candidate code exists.
 
 With CUDA, the layers of ``sandbox.isolate.PROBED_WITH_CUDA`` (the read-only host, the undumpable grader, Landlock,
-the network namespace) are on where their switch says ``1``, off where it says ``0``, and, where it is unset, on
-where a trusted sandbox ran CUDA under them here: the probe. It starts a sandbox of gemmlab's own kernel for the
-op's signature (``spec`` None: trusted code only, so no candidate can make a layer look broken), binds one small
-case's slots (CUDA IPC), calls the kernel once (CUDA init, a Triton compile into the sandbox's cache, a launch) and
-checks the output. All layers together first; where that fails, each layer is added in turn to those that held
-(``greedy``), the last set that worked being the answer. A driver or kernel where a layer breaks CUDA then grades
-with that layer off, and the report says which and why (``isolation.probe``), instead of failing every grade.
+the network namespace) are on where their switch says ``1``, off where it says ``0``, and, where it is unset, on where
+a trusted sandbox ran CUDA under them here: the probe. It starts a sandbox of gemmlab's own kernel for the op's
+signature (``spec`` None: trusted code only, so no candidate can make a layer look broken; on the candidate's side of
+the layers, whose capability drops are the candidate's only), binds one small case's slots (CUDA IPC), calls the
+kernel once (CUDA init, a Triton compile into the sandbox's cache, a launch) and checks the output. All layers
+together first; where that fails, each layer is added in turn to those that held (``greedy``), the last set that
+worked being the answer. A driver or kernel where a layer breaks CUDA then grades with that layer off, and the report
+says which and why (``isolation.probe``), instead of failing every grade.
 
 Once per process and op signature (``cuda_layers``, kept in ``_DECIDED``), within ``PROBE_S`` seconds in all;
 every failure of the probe (an exception, a timeout) counts as the layer not holding, never as a grade's failure.
@@ -63,6 +64,8 @@ def run_probe(op, case, device: torch.device, layers: dict[str, bool], timeout: 
     cache = {"TRITON_CACHE_DIR": f"{log_dir}/probe.scratch/triton-cache"}  # its own under every layer set: nothing
     # an earlier candidate left in the shared cache decides a probe
     box = Sandbox(spec, op.signature, op.layout, timeout, device.type == "cpu", log_dir, cache, "probe", layers)
+    box.trusted = False  # trusted code on the candidate's side of the layers (its extra capability drops): where
+    # those broke CUDA, every candidate would fail to start
     try:
         inputs = op.fresh(case, op.timed_kind, 0, device)
         with own_memory(device):

@@ -33,7 +33,8 @@ so that nothing is imported before it forks (no CUDA, no gemmlab). Before any ca
     any process outside the domain (the grader, the other sandbox); inside it (the keeper, the candidate's own
     processes) all of that still works.
 - with ``--no-ptrace``, drops CAP_SYS_PTRACE for good, so no process of it reaches the memory of an undumpable one
-  (the grader while it grades), and with ``--undumpable`` (the baseline) is one itself (``no_ptrace``);
+  (the grader while it grades), and with ``--undumpable`` (the baseline) is one itself (``no_ptrace``); a candidate
+  without ``--uid`` drops every capability;
 - with ``--uid``, becomes that uid, keeping only CAP_DAC_READ_SEARCH (``own_uid``);
 - with ``--seccomp``, installs the filter of ``sandbox/seccomp.py`` (loaded by path), naming the owner's pid and
   process group;
@@ -133,6 +134,7 @@ PR_SET_DUMPABLE, PR_CAPBSET_DROP, CAP_SYS_PTRACE = 4, 24, 19
 # dropped by an untrusted sandbox alone (``no_ptrace``): CAP_SYS_MODULE, CAP_SYS_RAWIO (/proc/kcore), CAP_SYSLOG
 UNTRUSTED_DROPS = (16, 17, 34)
 UNTRUSTED_WHY = " (nor CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYSLOG: the trusted sandbox's helpers out of reach)"
+EVERY_WHY = " (nor any other capability: root without powers)"
 
 
 def _load(name: str):
@@ -191,14 +193,17 @@ def own_uid(uid: int) -> str:
     return f"{uid} (its own; reads files as the grader can, writes only its own)"
 
 
-def no_ptrace(undumpable: bool) -> str:
+def no_ptrace(undumpable: bool, every: bool = False) -> str:
     """Drop CAP_SYS_PTRACE for good (the bounding set, then the effective, permitted and inheritable sets): no process
     of the sandbox, root or not, can then ptrace, read or write the memory of (``/proc/PID/mem``,
     ``process_vm_*``) a process that is not dumpable, such as the grader while it grades (``owner.dumpable``)
     and, with ``undumpable`` (a trusted sandbox: the baseline), this one. Without it (the candidate's) also
     ``UNTRUSTED_DROPS``: the kernel lets a process reach another's memory only where its capabilities include all of
     the other's, so no process the trusted sandbox starts by exec (which makes a process dumpable again: a compiler,
-    Triton's ``ldconfig``), root with those, is within the candidate's reach. Returns what the report says."""
+    Triton's ``ldconfig``), root with those, is within the candidate's reach. With ``every`` (the candidate's, where it
+    keeps the grader's uid: root with CUDA) every capability goes: root without a uid of its own then has no power
+    over the host (no reboot, clock setting, device node, port I/O, swap, raw socket, module) nor over another
+    process but by uid. Returns what the report says."""
     import ctypes
     import platform
     import struct
@@ -206,7 +211,7 @@ def no_ptrace(undumpable: bool) -> str:
     libc = ctypes.CDLL(None, use_errno=True)
     if undumpable and libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         return f"off (not made undumpable: {os.strerror(ctypes.get_errno())})"
-    drop = [CAP_SYS_PTRACE, *(() if undumpable else UNTRUSTED_DROPS)]
+    drop = [CAP_SYS_PTRACE, *(() if undumpable else range(last_cap() + 1) if every else UNTRUSTED_DROPS)]
     for cap in drop:
         if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
             return f"off (capability {cap} kept: {os.strerror(ctypes.get_errno())})"
@@ -220,7 +225,17 @@ def no_ptrace(undumpable: bool) -> str:
         sets = [c & ~(1 << cap % 32) if i // 3 == cap // 32 else c for i, c in enumerate(sets)]
     if libc.syscall(nr[1], head, ctypes.create_string_buffer(struct.pack("=6I", *sets), 24)) != 0:
         return f"off (capset: {os.strerror(ctypes.get_errno())})"
-    return "no CAP_SYS_PTRACE" + ("; this sandbox undumpable" if undumpable else UNTRUSTED_WHY)
+    return "no CAP_SYS_PTRACE" + ("; this sandbox undumpable" if undumpable else EVERY_WHY if every else UNTRUSTED_WHY)
+
+
+def last_cap() -> int:
+    """The kernel's highest capability number (``/proc/sys/kernel/cap_last_cap``; where it cannot be read, 63: one the
+    kernel does not know is refused as EINVAL by ``PR_CAPBSET_DROP``, which ``no_ptrace`` passes over)."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 63
 
 
 def tell(fd: int, isolation: dict) -> None:
@@ -334,7 +349,10 @@ def main() -> None:
         isolation["landlock"] = "on" if not missing else "partial: " + "; ".join(missing)
         if any(m.startswith(("no Landlock", "landlock_create", "no domain")) for m in missing):
             isolation["landlock"] = "off: " + "; ".join(missing)
-    isolation["ptrace"] = no_ptrace("--undumpable" in args) if "--no-ptrace" in args else "off"
+    isolation["ptrace"] = "off"
+    if "--no-ptrace" in args:  # a candidate of the grader's uid drops every capability (its own uid keeps one)
+        trusted = "--undumpable" in args
+        isolation["ptrace"] = no_ptrace(trusted, every=not trusted and "--uid" not in args)
     isolation["uid"] = f"{os.getuid()} (the grader's" + (
         f": {args[args.index('--uid-why') + 1]})" if "--uid-why" in args else ")"
     )
