@@ -8,7 +8,8 @@ The scale granularity is read from the scale shapes (``ops.fp8.checks.scale_mode
 A (M, 1) and column of B (1, N); block (M, cdiv(K, 128)) over 1x128 blocks of A and (cdiv(K, 128), cdiv(N, 128))
 over 128x128 blocks of B (DeepSeek-V3's layout). B is (K, N) either way round: row-major, or K-major, i.e. ``w.t()``
 of an nn.Linear weight w (N, K), no copy (quantize w (N, K) and pass ``q.t()``, ``scale.t()``: the scales transpose
-with it). One kernel, ``kernels.gemm_fp8.gemm_fp8_tma_kernel`` (persistent, TMA, wgmma on e4m3).
+with it). Two kernels: ``kernels.gemm_fp8.gemm_fp8_tma_kernel`` (persistent, TMA, wgmma on e4m3) and, at small M,
+``kernels.gemv_fp8.gemv_fp8_kernel`` (the decode path, below).
 
 Alignment (TMA needs 16-byte aligned bases and row strides; fp8 is one byte per element): A needs K % 16 == 0, a
 K-major B K % 16 == 0, a row-major B N % 16 == 0, all bases 16-byte aligned. There is no portable path: anything
