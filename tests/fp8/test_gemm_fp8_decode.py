@@ -6,6 +6,7 @@ gives the same bits and leaves the arrival counters zero), NaN and inf reaching 
 choice between the two paths from the bundled tables, and each new check fed a bad case. Legend: M rows of A and C,
 N columns, K the reduction. Small sizes: the CPU interpreter runs them."""
 
+import dataclasses
 import json
 
 import pytest
@@ -154,8 +155,9 @@ def test_nan_and_inf_reach_c_as_on_the_tma_path(block_m):
 @pytest.mark.parametrize("m, path", [(1, "decode"), (8, "decode"), (16, "decode"), (64, "decode"), (65, "tma")])
 @pytest.mark.parametrize("mode", [0, 2])
 def test_h200_table_plans_decode_at_small_m(m, path, mode):
-    """From the bundled H200 table ("meta" operands): the decode path at M <= 64 with enough programs to fill the
-    132 SMs (>= 2 waves), every split keeping a BLOCK_K step; the TMA path above."""
+    """From the bundled H200 table ("meta" operands): the decode path at M <= 64 with a program on every one of the
+    132 SMs, every split keeping a BLOCK_K step and its partials' traffic within the config's share of B's bytes;
+    the TMA path above."""
     n, k = 4096, 7168
     a = torch.empty((m, k), dtype=FP8, device="meta")
     b = torch.empty((n, k), dtype=FP8, device="meta").t()
@@ -170,11 +172,31 @@ def test_h200_table_plans_decode_at_small_m(m, path, mode):
     if path == "decode":
         cfg = p.config
         programs = -(-m // cfg.block_m) * -(-n // cfg.block_n) * cfg.split_k
-        assert programs >= 2 * H200.num_sms and "nvidia-h200.json gemm_fp8.decode" in p.reason, p.reason
+        assert programs >= H200.num_sms and "nvidia-h200.json gemm_fp8.decode" in p.reason, p.reason
         assert -(-k // cfg.block_k) >= cfg.split_k
+        assert 8 * cfg.split_k * -(-m // cfg.block_m) * cfg.block_m <= cfg.scratch_share * k
         assert f"split-K {cfg.split_k}, {programs} programs" in p.reason
     else:
         assert p.reason.startswith("persistent TMA kernel"), p.reason
+
+
+def test_decode_split_stops_at_each_of_its_limits():
+    """``decode_split``: doubles until ``waves`` programs per SM, unless a split would have fewer than ``min_steps``
+    steps or its partials' traffic would pass ``scratch_share`` of B's bytes; trimmed so no split is empty; a
+    pinned split is only trimmed."""
+    from gemmlab.ops.fp8.decode import decode_split
+
+    cfg = Fp8DecodeConfig(block_m=1, block_n=64, block_k=128)
+    assert decode_split(cfg, 1, 4096, 8192, 132) == 16  # 64 tiles: 8 x 64 = 512 < 4 x 132, 16 x 64 >= it
+    assert decode_split(cfg, 1, 4096 * 16, 8192, 132) == 1  # 1024 tiles: already 4 waves
+    assert decode_split(cfg, 1, 4096, 512, 132) == 4  # 4 steps: 4 splits of 1 (min_steps 1)
+    assert decode_split(Fp8DecodeConfig(block_m=1, min_steps=2), 1, 4096, 512, 132) == 2  # 2 splits of 2
+    assert decode_split(cfg, 1, 4096, 7168, 132) == 14  # 56 steps: 16 splits of 3.5 -> 14 of 4
+    big = Fp8DecodeConfig(block_m=64, block_n=64, block_k=128)
+    assert decode_split(big, 64, 4096, 7168, 132) == 4  # 8 * 8 * 64 = 4096 > 0.5 * 7168
+    assert decode_split(dataclasses.replace(big, scratch_share=0.0), 64, 4096, 7168, 132) == 1
+    assert decode_split(dataclasses.replace(big, split_k=5), 64, 4096, 7168, 132) == 5  # 56 steps: 12 each -> 5
+    assert decode_split(dataclasses.replace(big, split_k=100), 64, 4096, 7168, 132) == 56  # no empty split
 
 
 @pytest.mark.parametrize("target", ["nvidia-h200", "default", "interpreter"])
@@ -201,6 +223,10 @@ def test_decode_config_checks_fire():
         Fp8DecodeConfig(waves=0)
     with pytest.raises(ValueError, match="Fp8DecodeConfig: split_k must be >= 0"):
         Fp8DecodeConfig(split_k=-1)
+    with pytest.raises(ValueError, match="Fp8DecodeConfig: scratch_share must be >= 0"):
+        Fp8DecodeConfig(scratch_share=float("nan"))
+    with pytest.raises(TypeError, match="Fp8DecodeConfig: scratch_share must be a number"):
+        Fp8DecodeConfig(scratch_share="0.5")
     with pytest.raises(ValueError, match="unknown Fp8DecodeConfig keys \\['blok_n'\\]"):
         Fp8DecodeConfig.from_dict({"blok_n": 64})
     qa, qb, sa, sb = _operands(2, 48, 272, "block", True, seed=2)

@@ -8,8 +8,11 @@ over m, n, k and scale like the "tma" rules. A call whose shape a decode rule ho
 rule's config; no rule holding it: the persistent TMA kernel. ``plan_fp8(config=Fp8DecodeConfig(...))`` pins it.
 
 Split-K (``split_k = 0``: from the shape): the smallest power of two that puts ``waves`` programs on every SM, kept
-while each split has ``min_steps`` BLOCK_K steps, then trimmed so no split is empty. A decode GEMM streams all of B
-once; its speed is the loads in flight, which are the programs in flight.
+while each split has ``min_steps`` BLOCK_K steps and the split's workspace traffic stays within ``scratch_share`` of
+B's bytes, then trimmed so no split is empty. A decode GEMM streams all of B once; its speed is the loads in flight,
+which are the programs in flight. The workspace traffic is each split's fp32 partial tile written and read back once,
+8 * split * cdiv(M, BLOCK_M) * BLOCK_M * N bytes against B's N * K: nothing at M = 1, as much as B itself at M = 64,
+K = 7168 and 14 splits, so it bounds the split where M is large next to K.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from gemmlab.ops.fp8.checks import SCALE_BLOCK
 class Fp8DecodeConfig:
     """Launch parameters of the FP8 decode kernel: tiles (``block_m`` 1 for FFMA on one row, else a power of two
     >= 16 for tensor cores), ``split_k`` (0: from the shape, aiming at ``waves`` programs per SM while each split
-    keeps ``min_steps`` BLOCK_K steps), warps and software-pipeline stages."""
+    keeps ``min_steps`` BLOCK_K steps and its fp32 partials' traffic at most ``scratch_share`` of B's bytes), warps and
+    software-pipeline stages."""
 
     block_m: int = 16
     block_n: int = 64
@@ -35,6 +39,7 @@ class Fp8DecodeConfig:
     split_k: int = 0
     waves: int = 4
     min_steps: int = 1
+    scratch_share: float = 0.5
     num_warps: int = 4
     num_stages: int = 3
 
@@ -47,6 +52,10 @@ class Fp8DecodeConfig:
         )
         if self.block_m != 1 and self.block_m < 16:
             raise ValueError(f"Fp8DecodeConfig: block_m {self.block_m}: 1 (FFMA) or a power of two >= 16 (tensor core)")
+        if isinstance(self.scratch_share, bool) or not isinstance(self.scratch_share, (int, float)):
+            raise TypeError(f"Fp8DecodeConfig: scratch_share must be a number, got {self.scratch_share!r}")
+        if not self.scratch_share >= 0:
+            raise ValueError(f"Fp8DecodeConfig: scratch_share must be >= 0, got {self.scratch_share}")
         if min(self.block_n, self.block_k) < 16:
             raise ValueError(f"Fp8DecodeConfig: block_n {self.block_n}, block_k {self.block_k}: at least 16")
 
@@ -69,9 +78,14 @@ def decode_split(cfg: Fp8DecodeConfig, m: int, n: int, k: int, num_sms: int) -> 
     k_tiles = -(-k // cfg.block_k)
     split = cfg.split_k
     if not split:
-        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+        rows = -(-m // cfg.block_m)
+        tiles = rows * -(-n // cfg.block_n)
         split = 1
-        while tiles * split < cfg.waves * num_sms and k_tiles >= 2 * split * cfg.min_steps:
+        while (
+            tiles * split < cfg.waves * num_sms
+            and k_tiles >= 2 * split * cfg.min_steps
+            and 8 * 2 * split * rows * cfg.block_m <= cfg.scratch_share * k  # (both sides per column of B)
+        ):
             split *= 2
     per_split = -(-k_tiles // max(split, 1))
     return -(-k_tiles // per_split)
