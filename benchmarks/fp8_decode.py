@@ -9,8 +9,9 @@ Candidates per row: "cublas" (torch._scaled_mm per tensor; block scales through
 torch.nn.functional.scaled_mm(.., BlockWise1x128, .., BlockWise128x128) or torch._scaled_mm, the first that runs,
 as benchmarks/fp8_variants.py calls them), "cublas_fast" (per tensor, use_fast_accum=True: diagnostic), "decode"
 (gemmlab.gemm_fp8 itself: the table's plan, which is the decode path at these M), "tma" (the persistent TMA kernel
-at the table's "tma" rule, pinned: what M <= 64 ran before) and at M = 1 "decode_dot16" (the decode kernel's 16-row
-tensor-core branch pinned, against the table's one-row FFMA). Each output is verified first against
+at the table's "tma" rule, pinned: what M <= 64 ran before) and, at M = 1 and 64, the decode variants of
+``VARIANTS`` (``Fp8DecodeConfig`` fields over the table's rule: the other inner product, narrower tiles, the split
+without its workspace cap), for the table's next rules. Each output is verified first against
 ``ref.gemm_fp8_ref`` under ``ref.gemm_fp8_bound`` (cuBLASLt within 4x: recorded, not graded), then all are timed
 interleaved (``instruments.compare.compare_many``: L2 flushed, CUDA events), once in eager and once in graph replay.
 
@@ -29,6 +30,7 @@ about 5 minutes on an H200 with compilation (--budget-s: no row starts after it;
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -50,6 +52,10 @@ NK = {  # name: (N, K)
 MODES = ("tensor", "block")
 QUICK_MS, QUICK_NK = (1, 64), ("q-4096x7168", "o-7168x2048")
 SCALE = {"tensor": 0, "block": 2}
+VARIANTS = {  # M: {name: Fp8DecodeConfig fields over the table's decode rule (its split chosen again)}
+    1: {"decode_dot16": {"block_m": 16}, "decode_n32": {"block_n": 32}},
+    64: {"decode_m16": {"block_m": 16}, "decode_n32": {"block_n": 32}, "decode_uncapped": {"scratch_share": 64.0}},
+}
 
 
 def moved_bytes(m: int, n: int, k: int, sa: torch.Tensor, sb: torch.Tensor) -> int:
@@ -60,7 +66,7 @@ def row(m: int, nk: str, mode: str, rounds: int, copy_gbps: float, device: torch
     import gemmlab
     from gemmlab.instruments.compare import compare_many
     from gemmlab.ops import configs
-    from gemmlab.ops.gemm_fp8 import Fp8Config, Fp8DecodeConfig, execute_fp8, plan_fp8
+    from gemmlab.ops.gemm_fp8 import Fp8Config, execute_fp8, plan_fp8
 
     n, k = NK[nk]
     qa, qb, sa, sb = operands(m, n, k, mode, device)
@@ -76,8 +82,8 @@ def row(m: int, nk: str, mode: str, rounds: int, copy_gbps: float, device: torch
         tma_rule = configs.pick(slug, "gemm_fp8", "tma", Fp8Config.from_dict, "float8_e4m3fn", m=m, n=n, k=k,
                                 scale=SCALE[mode])
         pinned = {"tma": tma_rule.config}
-        if m == 1:
-            pinned["decode_dot16"] = Fp8DecodeConfig(block_m=16)
+        for name, fields in VARIANTS.get(m, {}).items():
+            pinned[name] = dataclasses.replace(plans["decode"].config, split_k=0, **fields)
         for name, cfg in pinned.items():
             p = plans[name] = plan_fp8(qa, qb, sa, sb, config=cfg)
             out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
@@ -114,7 +120,7 @@ def print_table(rows: list[dict]) -> None:
     print("\nFP8 small M: decode = gemm_fp8 (table), us in graph replay; x = speed vs cuBLASLt (> 1 faster); "
           "HBM = fraction of the copy bandwidth")
     print(f"{'M':>3} {'shape':<14} {'scale':<6} {'decode us':>9} {'cublas us':>9} {'x eager':>7} {'x graph':>7} "
-          f"{'HBM':>5} {'cublas HBM':>10} {'tma x':>6} {'dot16 x':>7} checks")
+          f"{'HBM':>5} {'cublas HBM':>10} {'tma x':>6} checks; variants x graph")
     for r in rows:
         g = r.get("graph", {})
         us, hbm = g.get("us", {}), g.get("hbm_fraction", {})
@@ -122,8 +128,8 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['m']:>3} {r['shape']:<14} {r['mode']:<6} {us.get('decode', math.nan):9.1f} "
               f"{us.get('cublas', math.nan):9.1f} {_ratio(r, 'eager', 'decode'):>7} {_ratio(r, 'graph', 'decode'):>7} "
               f"{hbm.get('decode', math.nan):5.2f} {hbm.get('cublas', math.nan):10.2f} "
-              f"{_ratio(r, 'graph', 'tma'):>6} {_ratio(r, 'graph', 'decode_dot16'):>7} "
-              f"{'ok' if not bad else 'FAILED ' + ','.join(bad)}")
+              f"{_ratio(r, 'graph', 'tma'):>6} {'ok' if not bad else 'FAILED ' + ','.join(bad)}"
+              + "".join(f"; {c} {_ratio(r, 'graph', c)}" for c in VARIANTS.get(r["m"], {})))
 
 
 def main(argv=None) -> int:
