@@ -20,7 +20,9 @@ interleaved (``instruments.compare.compare_many``: L2 flushed, CUDA events), onc
     HBM fraction = (bytes / t) / copy bandwidth, the copy bandwidth a device-to-device copy of 1 GiB measured in
                    the same run (read + write bytes counted: ``gemmlab.bench.probe.hbm_copy_gbps``)
 
-Ratios are speeds against cuBLASLt (> 1: faster), the median over rounds with its 95% interval. Writes
+Ratios are speeds against cuBLASLt (> 1: faster), the median over rounds with its 95% interval. In eager, "decode" is
+the public call (its kept kernel launched directly); "tma" and the variants go through ``execute_fp8`` (Triton's JIT
+launch each call), so their eager times carry the JIT's host cost: compare those in graph replay. Writes
 <out>/<gpu>-fp8-decode.json (GPU, clocks, versions, git SHA) after each row, and prints the table last. Sized for
 about 5 minutes on an H200 with compilation (--budget-s: no row starts after it; --quick: M 1 and 64, two (N, K)).
 
