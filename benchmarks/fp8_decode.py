@@ -81,8 +81,9 @@ def row(m: int, nk: str, mode: str, rounds: int, copy_gbps: float, device: torch
         from gemmlab.device import target_for
 
         slug = target_for(device).name  # the table the GPU's plan reads
-        tma_rule = configs.pick(slug, "gemm_fp8", "tma", Fp8Config.from_dict, "float8_e4m3fn", m=m, n=n, k=k,
-                                scale=SCALE[mode])
+        tma_rule = configs.pick(
+            slug, "gemm_fp8", "tma", Fp8Config.from_dict, "float8_e4m3fn", m=m, n=n, k=k, scale=SCALE[mode]
+        )
         pinned = {"tma": tma_rule.config}
         for name, fields in VARIANTS.get(m, {}).items():
             pinned[name] = dataclasses.replace(plans["decode"].config, split_k=0, **fields)
@@ -95,11 +96,30 @@ def row(m: int, nk: str, mode: str, rounds: int, copy_gbps: float, device: torch
         problems["pinned"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     baseline = "cublas" if "cublas" in fns else "decode"
     nbytes = moved_bytes(m, n, k, sa, sb)
-    out = {"m": m, "n": n, "k": k, "shape": nk, "mode": mode, "baseline": baseline, "bytes": nbytes,
-           "plans": {c: p.reason for c, p in plans.items()}, "unavailable": problems}
+    out = {
+        "m": m,
+        "n": n,
+        "k": k,
+        "shape": nk,
+        "mode": mode,
+        "baseline": baseline,
+        "bytes": nbytes,
+        "plans": {c: p.reason for c, p in plans.items()},
+        "unavailable": problems,
+    }
     for graph in (False, True):
-        res = compare_many(fns, baseline, check=check, flops=2.0 * m * n * k, dtype="float8_e4m3fn", rounds=rounds,
-                           reps=3, warmup_s=0.05, graph=graph, device=device)
+        res = compare_many(
+            fns,
+            baseline,
+            check=check,
+            flops=2.0 * m * n * k,
+            dtype="float8_e4m3fn",
+            rounds=rounds,
+            reps=3,
+            warmup_s=0.05,
+            graph=graph,
+            device=device,
+        )
         cands, key = res["candidates"], "graph" if graph else "eager"
         ms = {c: v["median_ms"] for c, v in cands.items() if "median_ms" in v}
         out[key] = {
@@ -119,19 +139,25 @@ def _ratio(r: dict, mode: str, c: str) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("\nFP8 small M: decode = gemm_fp8 (table), us in graph replay; x = speed vs cuBLASLt (> 1 faster); "
-          "HBM = fraction of the copy bandwidth")
-    print(f"{'M':>3} {'shape':<14} {'scale':<6} {'decode us':>9} {'cublas us':>9} {'x eager':>7} {'x graph':>7} "
-          f"{'HBM':>5} {'cublas HBM':>10} {'tma x':>6} checks; variants x graph")
+    print(
+        "\nFP8 small M: decode = gemm_fp8 (table), us in graph replay; x = speed vs cuBLASLt (> 1 faster); "
+        "HBM = fraction of the copy bandwidth"
+    )
+    print(
+        f"{'M':>3} {'shape':<14} {'scale':<6} {'decode us':>9} {'cublas us':>9} {'x eager':>7} {'x graph':>7} "
+        f"{'HBM':>5} {'cublas HBM':>10} {'tma x':>6} checks; variants x graph"
+    )
     for r in rows:
         g = r.get("graph", {})
         us, hbm = g.get("us", {}), g.get("hbm_fraction", {})
         bad = [c for c, chk in g.get("checks", {}).items() if not (chk or {}).get("ok")]
-        print(f"{r['m']:>3} {r['shape']:<14} {r['mode']:<6} {us.get('decode', math.nan):9.1f} "
-              f"{us.get('cublas', math.nan):9.1f} {_ratio(r, 'eager', 'decode'):>7} {_ratio(r, 'graph', 'decode'):>7} "
-              f"{hbm.get('decode', math.nan):5.2f} {hbm.get('cublas', math.nan):10.2f} "
-              f"{_ratio(r, 'graph', 'tma'):>6} {'ok' if not bad else 'FAILED ' + ','.join(bad)}"
-              + "".join(f"; {c} {_ratio(r, 'graph', c)}" for c in VARIANTS.get(r["m"], {})))
+        print(
+            f"{r['m']:>3} {r['shape']:<14} {r['mode']:<6} {us.get('decode', math.nan):9.1f} "
+            f"{us.get('cublas', math.nan):9.1f} {_ratio(r, 'eager', 'decode'):>7} {_ratio(r, 'graph', 'decode'):>7} "
+            f"{hbm.get('decode', math.nan):5.2f} {hbm.get('cublas', math.nan):10.2f} "
+            f"{_ratio(r, 'graph', 'tma'):>6} {'ok' if not bad else 'FAILED ' + ','.join(bad)}"
+            + "".join(f"; {c} {_ratio(r, 'graph', c)}" for c in VARIANTS.get(r["m"], {}))
+        )
 
 
 def main(argv=None) -> int:
@@ -155,8 +181,12 @@ def main(argv=None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{gpu_slug(torch.cuda.get_device_name())}-fp8-decode{'-quick' if args.quick else ''}.json"
-    jobs = [(m, nk, mode) for nk in (QUICK_NK if args.quick else NK) for mode in MODES
-            for m in (QUICK_MS if args.quick else MS)]
+    jobs = [
+        (m, nk, mode)
+        for nk in (QUICK_NK if args.quick else NK)
+        for mode in MODES
+        for m in (QUICK_MS if args.quick else MS)
+    ]
     for m, nk, mode in jobs:
         if time.perf_counter() - t0 > args.budget_s:
             report["cut"] = f"budget {args.budget_s} s reached before {m} {nk} {mode}"
@@ -169,8 +199,12 @@ def main(argv=None) -> int:
         report["rows"].append(r)
         path.write_text(json.dumps(report, indent=1, default=str))
         g = r.get("graph", {})
-        print(f"{m}x{nk} {mode}: " + (r.get("error") or " ".join(
-            f"{c} {u:.1f}us" for c, u in g.get("us", {}).items())) + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(
+            f"{m}x{nk} {mode}: "
+            + (r.get("error") or " ".join(f"{c} {u:.1f}us" for c, u in g.get("us", {}).items()))
+            + f" ({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
     path.write_text(json.dumps(report, indent=1, default=str))
     print(f"wrote {path} ({time.perf_counter() - t0:.0f} s)")
     print_table([r for r in report["rows"] if "error" not in r])

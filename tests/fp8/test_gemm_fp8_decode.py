@@ -202,7 +202,7 @@ def test_decode_split_stops_at_each_of_its_limits():
 @pytest.mark.parametrize("target", ["nvidia-h200", "default", "interpreter"])
 def test_bundled_decode_rules_load_and_gpu_rules_say_untuned(target):
     """Every table's decode rules load, take block scales (block_k and block_n divide 128) and hold M = 1..64 and
-no M above; the GPU tables' rules say they are not tuned yet."""
+    no M above; the GPU tables' rules say they are not tuned yet."""
     rules = configs.rules(target, "gemm_fp8", "decode", Fp8DecodeConfig.from_dict)
     assert rules and all(128 % r.config.block_k == 0 and 128 % r.config.block_n == 0 for r in rules)
     for m in range(1, 66):

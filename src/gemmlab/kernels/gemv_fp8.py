@@ -141,8 +141,9 @@ def gemv_fp8_kernel(
     c_offs = rows[:, None] * stride_cm + cols[None, :] * stride_cn
     c_mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K == 1:
-        out = epilogue_scale(out, a_scale_ptr, b_scale_ptr, off_m + rows, mask_m, off_n + cols, mask_n, stride_sam,
-                             stride_sbn, SCALE)
+        out = epilogue_scale(
+            out, a_scale_ptr, b_scale_ptr, off_m + rows, mask_m, off_n + cols, mask_n, stride_sam, stride_sbn, SCALE
+        )
         tl.store(c_tile + c_offs, narrow(out, c_ptr.dtype.element_ty), mask=c_mask)
     else:
         tile = pid_n * tl.num_programs(0) + pid_m
@@ -151,14 +152,25 @@ def gemv_fp8_kernel(
         split_stride = (tl.num_programs(0) * tl.num_programs(1)).to(tl.int64) * (BLOCK_M * BLOCK_N)
         if split_arrive(ws_tile + pid_k * split_stride, out, count_ptr + tile, SPLIT_K, ws_offs):
             total = split_sum(ws_tile, split_stride, count_ptr + tile, SPLIT_K, ws_offs, BLOCK_M, BLOCK_N)
-            total = epilogue_scale(total, a_scale_ptr, b_scale_ptr, off_m + rows, mask_m, off_n + cols, mask_n,
-                                   stride_sam, stride_sbn, SCALE)
+            total = epilogue_scale(
+                total,
+                a_scale_ptr,
+                b_scale_ptr,
+                off_m + rows,
+                mask_m,
+                off_n + cols,
+                mask_n,
+                stride_sam,
+                stride_sbn,
+                SCALE,
+            )
             tl.store(c_tile + c_offs, narrow(total, c_ptr.dtype.element_ty), mask=c_mask)
 
 
 @triton.jit
-def epilogue_scale(acc, a_scale_ptr, b_scale_ptr, rows, mask_m, cols, mask_n, stride_sam, stride_sbn,
-                   SCALE: tl.constexpr):
+def epilogue_scale(
+    acc, a_scale_ptr, b_scale_ptr, rows, mask_m, cols, mask_n, stride_sam, stride_sbn, SCALE: tl.constexpr
+):
     """acc [BLOCK_M, BLOCK_N] times the per-tensor (SCALE 0) or row/column (SCALE 1) scales; SCALE 2: acc (its
     steps were scaled in the loop)."""
     if SCALE == 0:

@@ -69,7 +69,7 @@ class Fp8Config:
 @dataclass(frozen=True)
 class Fp8Plan:
     """What ``gemm_fp8`` runs: the path ("tma" or "decode"), its config (``Fp8Config`` or ``Fp8DecodeConfig``,
-the decode one with its split_k resolved), where it came from, the scale mode and the layouts."""
+    the decode one with its split_k resolved), where it came from, the scale mode and the layouts."""
 
     config: Fp8Config | Fp8DecodeConfig
     reason: str
