@@ -52,6 +52,11 @@ SCRIPTS = {  # name: (file, one line)
         "issue 31: FP8 kernel variants vs cuBLASLt (block, per tensor) and the FP8 "
         "tensor cores' accumulation error (under 7 minutes on an H200)",
     ),
+    "fp8-decode": (
+        "fp8_decode.py",
+        "issue 31 small M: gemm_fp8's decode path vs torch._scaled_mm at M 1..64, eager and graph, with the "
+        "fraction of HBM copy bandwidth (about 5 minutes on an H200)",
+    ),
     "fp8-moe": (
         "fp8_moe.py",
         "FP8 experts' moe_forward vs gemmlab bf16 at DeepSeek-V3 (T 4096, 128), eager and graph "

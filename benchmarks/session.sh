@@ -163,6 +163,11 @@ for s in "$@"; do
     # accumulation error (the constant of ref.FP8_MMA_UNIT); then the GPU test the bound's MMA term is for
     fp8_variants) step fp8_variants "${FP8_VARIANTS_S:-400}" python3 benchmarks/fp8_variants.py --out "$RES" \
         ${FP8_VARIANTS_ARGS:-} ;;
+    # issue 31's small M: the decode path against torch._scaled_mm at M 1..64 (eager and graph replay, the fraction of
+    # the HBM copy bandwidth); its GPU tests (a step of its own)
+    fp8_decode) step fp8_decode 400 python3 benchmarks/fp8_decode.py --out "$RES" ${FP8_DECODE_ARGS:-} ;;
+    fp8_decode_tests) step fp8_decode_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/fp8/test_gemm_fp8_decode_gpu.py tests/fp8/test_gemm_fp8_gpu.py tests/ops/test_fp8_launch.py ;;
     fp8_bound) step fp8_bound 180 python3 -m pytest -q -m gpu -p no:cacheprovider \
       tests/grade/test_fp8_grade.py::test_gemmlab_fp8_against_scaled_mm_on_the_gpu tests/fp8/test_fp8_variants.py ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;

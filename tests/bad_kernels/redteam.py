@@ -329,3 +329,39 @@ def reaches_a_listener(A, B, C, M, N, K):
             _note("listeners", f"{name} {e.strerror or e}")
         finally:
             s.close()
+
+
+def uses_root_powers(A, B, C, M, N, K):
+    """Computes honestly; at its first call, as root of the grader's uid (with CUDA), tries what root's capabilities
+    give over the host, each in a way that changes nothing: ``reboot`` with a wrong magic number (EINVAL holding
+    CAP_SYS_BOOT, EPERM without: holding it, a right one powers the host off), ``adjtimex`` with a tick out of range
+    (EINVAL holding CAP_SYS_TIME, EPERM without: holding it, a tick in range runs the grader's monotonic clock up to
+    10% slow or fast), a device node of /dev/null's numbers in its scratch directory (CAP_MKNOD: a disk's numbers
+    would open the host's disk raw). Notes in ``powers``: "cap_eff HEX", then "NAME ok" or "NAME WHY" per try."""
+    import ctypes
+    import stat
+    import tempfile
+
+    honest(A, B, C, M, N, K)
+    if _state.get("powers"):
+        return
+    _state["powers"] = True
+    with open("/proc/self/status") as f:
+        eff = next(line.split()[1] for line in f if line.startswith("CapEff:"))
+    _note("powers", f"cap_eff {eff}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    nr = {"x86_64": 169, "aarch64": 142}[__import__("platform").machine()]  # reboot(2), raw: no magic of glibc's
+    rc = libc.syscall(nr, 0, 0, 0, None)  # magic 0: refused after the capability check, whatever the command
+    _note("powers", "reboot " + ("ok" if rc == 0 else os.strerror(ctypes.get_errno())))
+    timex = ctypes.create_string_buffer(256)  # struct timex: modes first, tick at offset 88 (x86_64, aarch64)
+    ctypes.c_uint.from_buffer(timex, 0).value = 0x4000  # ADJ_TICK
+    ctypes.c_long.from_buffer(timex, 88).value = 1  # far below 900000 / USER_HZ
+    rc = libc.adjtimex(timex)
+    _note("powers", "adjtimex " + ("ok" if rc >= 0 else os.strerror(ctypes.get_errno())))
+    node = os.path.join(tempfile.gettempdir(), "null-twin")
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        _note("powers", "mknod ok")
+        os.unlink(node)
+    except OSError as e:
+        _note("powers", f"mknod {e.strerror}")

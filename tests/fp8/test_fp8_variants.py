@@ -76,13 +76,14 @@ def test_a_table_rule_picks_a_variant_by_scale_mode(monkeypatch, tmp_path):
     monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path))
     configs.reload()
     try:
-        qa, qb, sa, sb = _operands(33, 200, 272, "block", seed=5)
+        # M = 65: above the bundled decode rules (M <= 64), so the "tma" rules decide
+        qa, qb, sa, sb = _operands(65, 200, 272, "block", seed=5)
         p = plan_fp8(qa, qb, sa, sb)
         assert p.config.b_scale_scalar and p.config.warp_specialize and "scale 2..2" in p.reason, p.reason
-        c = torch.full((33, 200), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        c = torch.full((65, 200), float("nan"), dtype=torch.bfloat16, device=DEVICE)
         execute_fp8(p, qa, qb, sa, sb, c)
         assert gemm_fp8_check(c, qa, qb, sa, sb)["ok"]
-        ta, tb, tsa, tsb = _operands(33, 200, 272, "tensor", seed=5)
+        ta, tb, tsa, tsb = _operands(65, 200, 272, "tensor", seed=5)
         assert not plan_fp8(ta, tb, tsa, tsb).config.warp_specialize
         (tmp_path / "interpreter.json").write_text(json.dumps({"gemm_fp8": {"tma": [dict(rule, scale=[2, 1])]}}))
         configs.reload()

@@ -1,8 +1,8 @@
 """The FP8 kernel stays on Hopper's tensor cores with e4m3 operands: build the sm_90 cubin of the kernel the H200
-plans for large and small-M shapes, every scale granularity and both B layouts (no GPU needed: "meta" tensors and
-``triton.compile`` for GPUTarget("cuda", 90, 32)), and read its SASS: wgmma on e4m3 operands (SASS spells it
-QGMMA.<shape>.F32.E4M3.E4M3; HGMMA is the fp16/bf16 form), TMA loads, no spills. Runs in a child process: the
-compiler, not the interpreter the rest of the suite may use."""
+plans for a large shape and for M = 256 (the table's small-tile TMA rule), every scale granularity and both B
+layouts (no GPU needed: "meta" tensors and ``triton.compile`` for GPUTarget("cuda", 90, 32)), and read its SASS:
+wgmma on e4m3 operands (SASS spells it QGMMA.<shape>.F32.E4M3.E4M3; HGMMA is the fp16/bf16 form), TMA loads, no
+spills. Runs in a child process: the compiler, not the interpreter the rest of the suite may use."""
 
 import pytest
 
@@ -21,7 +21,7 @@ TL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 def meta(shape, dtype=torch.float8_e4m3fn):
     return torch.empty(shape, dtype=dtype, device="meta")
 out = {}
-for (m, n, k) in ((8192, 8192, 8192), (64, 7168, 2048)):
+for (m, n, k) in ((8192, 8192, 8192), (256, 7168, 2048)):  # (M <= 64: the decode path, test_inspect_decode_fp8)
     for mode in (0, 1, 2):
         for kmajor in (True, False):
             a = meta((m, k))

@@ -83,14 +83,15 @@ def test_an_out_overlapping_an_input_is_refused_on_a_cached_signature(fresh):
         gemmlab.gemm_fp8(qa, qb, sa, sb, out=clash)
 
 
-def test_the_kept_launch_passes_what_the_jit_launch_does(fresh, monkeypatch):
+@pytest.mark.parametrize("m", [5, 65], ids=["decode", "tma"])
+def test_the_kept_launch_passes_what_the_jit_launch_does(fresh, monkeypatch, m):
     """A stand-in kept kernel that runs the kernel through the JIT on exactly the arguments a kept launch hands it
-    (descriptors as ``HostDesc``, rebuilt with the planned blocks): the second call launches it, not the JIT, and
-    writes the right values into a poisoned out."""
+    (descriptors as ``HostDesc``, rebuilt with the planned blocks; the decode path's pointers and split-K scratch):
+    the second call launches it, not the JIT, and writes the right values into a poisoned out."""
     kept_calls = []
 
     def keep(kernel, compiled, runtime_args, consts):
-        if kernel.fn.__name__ != "gemm_fp8_tma_kernel":
+        if kernel.fn.__name__ not in ("gemm_fp8_tma_kernel", "gemv_fp8_kernel"):
             return None  # (quantize_fp8's launches stay with the JIT here)
 
         def run(g0, g1, g2, stream, function, packed, meta, enter, exit_, *args):
@@ -109,11 +110,13 @@ def test_the_kept_launch_passes_what_the_jit_launch_does(fresh, monkeypatch):
     monkeypatch.setattr(launch, "usable", lambda k: k is not None)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
     for seed, mode in ((0, "uncached"), (1, "kept"), (2, "kept")):
-        qa, qb, sa, sb = _operands(5, 48, 32, seed)
+        qa, qb, sa, sb = _operands(m, 48, 32, seed)
         assert introspect.fp8_launch_mode(qa, qb, sa, sb) == mode
         out = gemmlab.gemm_fp8(qa, qb, sa, sb)
         assert gemm_fp8_check(out, qa, qb, sa, sb)["ok"], seed
     assert len(kept_calls) == 2
+    (e,) = fp8.PLANS.values()
+    assert e.plan.path == ("decode" if m <= 64 else "tma"), e.plan.reason
 
 
 def test_quantize_plans_once_and_bad_arguments_still_fail(fresh, monkeypatch):
@@ -135,13 +138,16 @@ def test_quantize_plans_once_and_bad_arguments_still_fail(fresh, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_only_a_signatures_first_call_enters_the_jit(fresh, monkeypatch):
+@pytest.mark.parametrize("m", [64, 128], ids=["decode", "tma"])
+def test_only_a_signatures_first_call_enters_the_jit(fresh, monkeypatch, m):
     """On the GPU: the second and later calls of a signature launch the kept kernel (``ops.launch``), never the
-    JIT, for gemm_fp8 and quantize_fp8, and their results stay right."""
+    JIT, for gemm_fp8 (its decode and TMA paths) and quantize_fp8, and their results stay right."""
     from gemmlab.kernels.gemm_fp8 import gemm_fp8_tma_kernel, quantize_groups_kernel
+    from gemmlab.kernels.gemv_fp8 import gemv_fp8_kernel
 
     entered = {"gemm_fp8": 0, "quantize": 0}
-    for name, kernel in (("gemm_fp8", gemm_fp8_tma_kernel), ("quantize", quantize_groups_kernel)):
+    gemm_kernel = gemv_fp8_kernel if m <= 64 else gemm_fp8_tma_kernel
+    for name, kernel in (("gemm_fp8", gemm_kernel), ("quantize", quantize_groups_kernel)):
         real = kernel.run
 
         def counted(*args, _name=name, _real=real, **kwargs):
@@ -150,12 +156,12 @@ def test_only_a_signatures_first_call_enters_the_jit(fresh, monkeypatch):
 
         monkeypatch.setattr(kernel, "run", counted)
     for seed in range(4):
-        qa, qb, sa, sb = _operands(64, 256, 512, seed)
-        out = torch.full((64, 256), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        qa, qb, sa, sb = _operands(m, 256, 512, seed)
+        out = torch.full((m, 256), float("nan"), dtype=torch.bfloat16, device=DEVICE)
         gemmlab.gemm_fp8(qa, qb, sa, sb, out=out)
         assert gemm_fp8_check(out, qa, qb, sa, sb)["ok"], seed
     assert entered["gemm_fp8"] == 1, entered
-    assert entered["quantize"] == 2, entered  # (a (64, 512) and a (256, 512): two signatures)
+    assert entered["quantize"] == 2, entered  # (a (m, 512) and a (256, 512): two signatures)
     assert introspect.fp8_launch_mode(qa, qb, sa, sb, torch.bfloat16, out) == "direct"
     assert introspect.last_kernel("gemm_fp8") is not None
 
@@ -199,22 +205,31 @@ def _fake_launcher(e: fp8.Fp8Entry, runtime_args: int, seen: list) -> launch.Kep
     )
 
 
-@pytest.mark.parametrize("n", [48, 20], ids=["c-tma", "c-pointer"])
-def test_the_direct_launch_hands_the_c_launcher_what_triton_does(fresh, gpu_stand_in, n):
+@pytest.mark.parametrize(
+    "m, n, k",
+    [(65, 48, 32), (65, 20, 32), (5, 20, 32), (1, 97, 1040)],
+    ids=["tma-c-tma", "tma-c-pointer", "decode", "decode-split-k"],
+)
+def test_the_direct_launch_hands_the_c_launcher_what_triton_does(fresh, gpu_stand_in, m, n, k):
     """The argument tuple the C launcher gets from gemm_fp8's direct launch equals, position by position, the one
     Triton's CudaLauncher (wrap_handle_tensordesc included) builds from the kept launch's arguments, pointers as
-    addresses; a hot public call then launches it again, entering none of the checks, the planner or Triton, and
-    encodes no descriptor again for the same buffers."""
+    addresses (the decode path's split-K workspace and counters the per-stream ones); a hot public call then
+    launches it again, entering none of the checks, the planner or Triton, and encodes no descriptor again for the
+    same buffers."""
     import cProfile
     import pstats
 
     from gemmlab.ops import launch as direct
 
-    qa, qb, sa, sb = _operands(5, n, 32)
-    out = torch.empty(5, n, dtype=torch.bfloat16, device=DEVICE)
+    qa, qb, sa, sb = _operands(m, n, k)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=DEVICE)
     gemmlab.gemm_fp8(qa, qb, sa, sb, out=out)  # plans, runs once through the JIT (interpreter)
     e = fp8.PLANS[fp8.signature(qa, qb, sa, sb, torch.bfloat16, out)]
-    assert (e.descs[2] is not None) == (n == 48)
+    if m <= 64:
+        assert e.plan.path == "decode" and e.descs == (None, None, None)
+        assert bool(e.scratch[0]) == (k > 32), e.plan.reason  # split-K where K has steps to share
+    else:
+        assert (e.descs[2] is not None) == (n == 48)
     seen = []
     runtime_args = len(fp8.jit_args(e, qa, qb, sa, sb, out))
     e.slot.kept = _fake_launcher(e, runtime_args, seen)

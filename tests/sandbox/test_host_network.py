@@ -16,21 +16,7 @@ from gemmlab.grade import grade
 from gemmlab.sandbox.tool import Tool
 from tests.grade.test_grade import TINY, passed
 from tests.paths import BAD_KERNELS
-
-
-def _serve(srv: socket.socket, got: list, done: threading.Event) -> None:
-    srv.settimeout(1.0)
-    while not done.is_set():
-        try:
-            conn, _ = srv.accept()
-        except OSError:
-            continue
-        conn.settimeout(5.0)
-        try:
-            got.append(conn.recv(100))
-        except OSError:
-            pass
-        conn.close()
+from tests.sandbox.test_host_sockets import serve
 
 
 def _graded(tmp_path, monkeypatch, **env) -> tuple[dict, dict[str, str], bytes]:
@@ -51,7 +37,7 @@ def _graded(tmp_path, monkeypatch, **env) -> tuple[dict, dict[str, str], bytes]:
     threads = []
     for srv in (abstract, tcp):
         srv.listen(4)
-        threads.append(threading.Thread(target=_serve, args=(srv, got, done), daemon=True))
+        threads.append(threading.Thread(target=serve, args=(srv, got, done), daemon=True))
         threads[-1].start()
     monkeypatch.setenv("BAD_ABSTRACT", name)
     monkeypatch.setenv("BAD_TCP_PORT", str(tcp.getsockname()[1]))

@@ -16,6 +16,22 @@ from tests.grade.test_grade import TINY
 from tests.paths import BAD_KERNELS
 
 
+def serve(srv: socket.socket, got: list, done: threading.Event) -> None:
+    """Accept on ``srv`` until ``done``, keeping what each connection sends first in ``got``."""
+    srv.settimeout(1.0)
+    while not done.is_set():
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            continue
+        conn.settimeout(5.0)
+        try:
+            got.append(conn.recv(100))
+        except OSError:
+            pass
+        conn.close()
+
+
 def _graded(tmp_path, monkeypatch, **env) -> tuple[dict, str, bytes]:
     """Grade ``talks_to_a_host_socket`` against a socket the test listens on (root's, mode 0600 in a 0700
     directory, as tmux's); (report, what the kernel noted, what the socket got)."""
@@ -30,24 +46,8 @@ def _graded(tmp_path, monkeypatch, **env) -> tuple[dict, str, bytes]:
     srv.bind(path)
     os.chmod(path, 0o600)
     srv.listen(4)
-    got = []
-
-    def serve():
-        srv.settimeout(1.0)
-        while not done.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            conn.settimeout(5.0)
-            try:
-                got.append(conn.recv(100))
-            except OSError:
-                pass
-            conn.close()
-
-    done = threading.Event()
-    t = threading.Thread(target=serve, daemon=True)
+    got, done = [], threading.Event()
+    t = threading.Thread(target=serve, args=(srv, got, done), daemon=True)
     t.start()
     monkeypatch.setenv("BAD_SOCK", path)
     try:

@@ -249,15 +249,20 @@ def test_a_fork_storm_cannot_hold_the_baseline(out_dir):
     assert (out_dir / "heartbeat").exists()  # the storm did run
 
 
-@pytest.mark.parametrize("uid", ["1", "0"])
-def test_renicing_the_baseline_fails_the_candidate(out_dir, monkeypatch, uid):
-    """SCHED_IDLE and nice 19 for the baseline's threads: refused where each sandbox has a uid of its own (the grade
-    passes: it gained nothing); where it lands (the grader not root, or with CUDA by default), the grade fails."""
+@pytest.mark.parametrize("uid,undumpable", [("1", "1"), ("0", "1"), ("0", "0")])
+def test_renicing_the_baseline_fails_the_candidate(out_dir, monkeypatch, uid, undumpable):
+    """SCHED_IDLE and nice 19 for the baseline's threads: refused where each sandbox has a uid of its own, or root of
+    the grader's uid has no capability (the undumpable layer; the kernel asks CAP_SYS_NICE of a caller whose
+    capabilities do not include the target's): the grade passes, it gained nothing; where it lands (the grader not
+    root, or root's capabilities kept), the grade fails."""
     monkeypatch.setenv("GEMMLAB_SANDBOX_UID", uid)
+    monkeypatch.setenv("GEMMLAB_SANDBOX_UNDUMPABLE", undumpable)
     r = run_box("renices_baseline")
     assert (out_dir / "reniced").exists(), ("no timed call ran", r["verdict"], r["failures"])
     reniced = max(int(n) for n in (out_dir / "reniced").read_text().split())
-    if uid == "1" and r["isolation"]["candidate"]["uid"].split()[0] != "0":
+    own_uid = r["isolation"]["candidate"]["uid"].split()[0] != "0"
+    powerless = "nor any other capability" in r["isolation"]["candidate"]["ptrace"]
+    if (uid == "1" and own_uid) or powerless:
         assert reniced == 0 and r["verdict"] in ("PASS", "INCONCLUSIVE") and not r["failures"], r["failures"]
         return
     assert reniced > 0  # it reached the baseline

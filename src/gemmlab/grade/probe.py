@@ -1,13 +1,15 @@
 """Which of the sandbox's layers CUDA runs under on this machine, decided before any candidate code exists.
 
 With CUDA, the layers of ``sandbox.isolate.PROBED_WITH_CUDA`` (the read-only host, the undumpable grader, Landlock,
-the network namespace) are on where their switch says ``1``, off where it says ``0``, and, where it is unset, on
-where a trusted sandbox ran CUDA under them here: the probe. It starts a sandbox of gemmlab's own kernel for the
-op's signature (``spec`` None: trusted code only, so no candidate can make a layer look broken), binds one small
-case's slots (CUDA IPC), calls the kernel once (CUDA init, a Triton compile into the sandbox's cache, a launch) and
-checks the output. All layers together first; where that fails, each layer is added in turn to those that held
-(``greedy``), the last set that worked being the answer. A driver or kernel where a layer breaks CUDA then grades
-with that layer off, and the report says which and why (``isolation.probe``), instead of failing every grade.
+the network namespace) are on where their switch says ``1``, off where it says ``0``, and, where it is unset, on where
+a trusted sandbox ran CUDA under them here: the probe. It starts a sandbox of gemmlab's own kernel for the op's
+signature (``spec`` None: trusted code only, so no candidate can make a layer look broken; on the candidate's side of
+the layers, whose capability drops are the candidate's only; under the grade's observers), binds one small case's
+slots (CUDA IPC), calls the kernel once (CUDA init, a Triton compile into the sandbox's cache, a launch) and checks
+the output and what the observers said. All layers together first; where that fails, each layer is added in turn to
+those that held (``greedy``), the last set that worked being the answer. A driver or kernel where a layer breaks CUDA
+then grades with that layer off, and the report says which and why (``isolation.probe``), instead of failing every
+grade.
 
 Once per process, op signature and set of ``GEMMLAB_SANDBOX_*`` switches (``cuda_layers``, kept in ``_DECIDED``),
 within ``PROBE_S`` seconds in all; every failure of the probe (an exception, a timeout) counts as the layer not
@@ -24,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from gemmlab.grade import observer
 from gemmlab.grade.batches import own_memory
 from gemmlab.sandbox.box import Sandbox
 from gemmlab.sandbox.isolate import unset_probed
@@ -59,28 +62,39 @@ def smallest(cases) -> object:
 
 
 def run_probe(op, case, device: torch.device, layers: dict[str, bool], timeout: float, spec=None) -> str | None:
-    """One probe: a sandbox of ``spec`` (None: gemmlab's own kernel for the op's signature) under ``layers``, one
-    call on ``case``; None when its output is right, else why not (one line)."""
-    log_dir, box = None, None
+    """One probe: a sandbox of ``spec`` (None: gemmlab's own kernel for the op's signature) under ``layers`` and the
+    grade's observers (a ``Watch`` of its own: vendor_guard, and with CUDA the CUPTI kernel observer, which must
+    report from inside the layers too), one call on ``case``; None when its output is right and the observers raised
+    no problem, else why not (one line)."""
+    log_dir = watch = box = None
     try:  # everything, the sandbox's making included: a probe that fails says why, never raises out of the grader
         log_dir = tempfile.mkdtemp(prefix="gemmlab-probe-")
-        cache = {"TRITON_CACHE_DIR": f"{log_dir}/probe.scratch/triton-cache"}  # its own under every layer set:
-        # nothing an earlier candidate left in the shared cache decides a probe
-        box = Sandbox(spec, op.signature, op.layout, timeout, device.type == "cpu", log_dir, cache, "probe", layers)
+        watch = observer.Watch(log_dir, device.type)
+        cache = f"{log_dir}/probe.scratch/triton-cache"  # its own under every layer set: nothing an earlier
+        # candidate left in the shared cache decides a probe
+        watch.triton_caches.append(cache)
+        env = {**watch.env("candidate"), "TRITON_CACHE_DIR": cache}
+        box = Sandbox(spec, op.signature, op.layout, timeout, device.type == "cpu", log_dir, env, "probe", layers)
+        box.trusted = False  # trusted code on the candidate's side of the layers (its extra capability drops):
+        # where those broke CUDA, every candidate would fail to start
         inputs = op.fresh(case, op.timed_kind, 0, device)
         with own_memory(device):
             shared = tuple(x.clone() for x in inputs)
             flat = torch.full((op.out_numel(case),), float("nan"), dtype=op.dtype, device=device)
         box.bind([(shared, flat)])
         box.request("call", slot=0)
+        watch.answer("candidate", box.proc.pid if box.proc is not None else None, 1)
+        if watch.findings:
+            return "observers: " + " ".join("; ".join(watch.findings).split())[:300]
         got = op.check(op.view(flat, case).clone(), inputs, op.timed_kind, torch.Generator().manual_seed(0))
         return None if got.within else f"wrong output (max error {got.err:.3g} > {got.tol:.3g})"
     except Exception as e:  # (CandidateError, WorkerFailure, and whatever else): the layers did not hold
         return " ".join(f"{type(e).__name__}: {e}".split())[:300]
     finally:
-        if box is not None:
+        for done in (box, watch):
             try:
-                box.close()
+                if done is not None:
+                    done.close()
             except Exception:  # (WorkerFailure, or the processes' own errors): gemmlab's code; the answer stands
                 pass
         if log_dir is not None:

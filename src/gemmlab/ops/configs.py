@@ -45,7 +45,7 @@ SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gemm": (("tma_persistent", "tma_splitk", "gemv", "portable"), ("m", "n", "k")),
     "moe": (("grouped", "gate_up", "down"), ("rows_per_expert", "group_bound", "rows", "experts", "n", "k")),
     "moe_backward": (("fused",), ("rows_per_expert", "rows", "experts", "n", "k")),  # ops.moe.backward
-    "gemm_fp8": (("tma",), ("m", "n", "k", "scale")),  # ops.gemm_fp8; scale: 0 per tensor, 1 row/col, 2 block
+    "gemm_fp8": (("tma", "decode"), ("m", "n", "k", "scale")),  # ops.gemm_fp8; scale 0 tensor, 1 row/col, 2 block
     "moe_fp8": (("grouped", "gate_up", "down"), ("rows_per_expert", "rows", "experts", "n", "k")),  # ops.moe_fp8
 }
 DTYPES = ("float16", "bfloat16")

@@ -17,10 +17,19 @@ from gemmlab.ops import dispatch, launch
 from gemmlab.ops.fp8 import custom as custom_fp8
 from gemmlab.ops.fp8.checks import fp8_out_dtype
 from gemmlab.ops.fp8.launch import launch_gemm_fp8
-from gemmlab.ops.fp8.plan import Fp8Config, Fp8Plan, constexprs_fp8, execute_fp8, plan_fp8
+from gemmlab.ops.fp8.plan import Fp8Config, Fp8DecodeConfig, Fp8Plan, constexprs_fp8, execute_fp8, plan_fp8
 from gemmlab.ops.fp8.quantize import launch_quantize_fp8
 
-__all__ = ["Fp8Config", "Fp8Plan", "constexprs_fp8", "execute_fp8", "gemm_fp8", "plan_fp8", "quantize_fp8"]
+__all__ = [
+    "Fp8Config",
+    "Fp8DecodeConfig",
+    "Fp8Plan",
+    "constexprs_fp8",
+    "execute_fp8",
+    "gemm_fp8",
+    "plan_fp8",
+    "quantize_fp8",
+]
 
 
 def gemm_fp8(

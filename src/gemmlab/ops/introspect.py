@@ -11,6 +11,7 @@ Dense GEMM (``gemmlab.ops.gemm``):
     counters()                                               the split-K arrival counters kept (each left zero)
 FP8 (``gemmlab.ops.gemm_fp8``):
     Fp8Config, Fp8Plan, plan_fp8, constexprs_fp8, launch_options_fp8, execute_fp8 (a plan with a pinned config)
+    Fp8DecodeConfig                                          the small-M decode path's config (pins that path)
     fp8_launch_mode(a, b, a_scale, b_scale, out_dtype, out)  as ``launch_mode``, for gemm_fp8
 Grouped GEMM (``gemmlab.ops.moe``):
     grouped_kernel, launch_config, epilogue_flags, moe_config   the grouped kernel as the ops configure it
@@ -28,6 +29,7 @@ from gemmlab.ops.fp8 import launch as gemm_fp8_launch
 from gemmlab.ops.fp8.launch import launch_mode as fp8_launch_mode
 from gemmlab.ops.fp8.plan import (
     Fp8Config,
+    Fp8DecodeConfig,
     Fp8Plan,
     constexprs_fp8,
     execute_fp8,
@@ -64,6 +66,7 @@ __all__ = [
     "KERNELS",
     "LAUNCHED",
     "Fp8Config",
+    "Fp8DecodeConfig",
     "Fp8Plan",
     "caches",
     "choose",

@@ -40,8 +40,9 @@ machine, passed in as ``layers``); without a probe (a sandbox made outside the g
   and with CUDA where the probe ran CUDA under it, ``1`` on, ``0`` off.
 - ``GEMMLAB_SANDBOX_UNDUMPABLE``: no sandbox holds CAP_SYS_PTRACE, and the grader (while a sandbox lives) and the
   baseline are undumpable (``keeper.no_ptrace``, ``owner.dumpable``): the candidate cannot ptrace them or reach
-  their memory (``/proc/PID/mem``, ``process_vm_*``), root and of their uid alike; unset: on without CUDA, and with
-  CUDA where the probe ran CUDA under it (its IPC included), ``1`` on, ``0`` off.
+  their memory (``/proc/PID/mem``, ``process_vm_*``), root and of their uid alike; a candidate that keeps the
+  grader's uid (with CUDA) also drops every other capability (root without powers over the host); unset: on without
+  CUDA, and with CUDA where the probe ran CUDA under it (its IPC included), ``1`` on, ``0`` off.
 - ``GEMMLAB_SANDBOX_TOOL``: ``auto`` (unset), ``bwrap`` or ``none``: the keeper inside bubblewrap where it is
   installed and passes its self-test (``sandbox.tool``; with CUDA only for ``bwrap``), which then gives the new
   session, the hidden terminals (a ``/dev`` of its own) and the PID namespace in place of the keeper's own; the rest
@@ -183,7 +184,9 @@ class Isolation:
             + (["--landlock"] if self.landlock else [])
             + (["--read-only", *[a for f in files for a in ("--file", f)]] if self.read_only and not wrap else [])
             + (
-                ["--no-ptrace"] + (["--undumpable"] if trusted and self.undumpable else []) + (["--trusted"] * trusted)
+                ["--no-ptrace"]
+                + (["--undumpable"] if trusted and self.undumpable else [])
+                + (["--trusted"] if trusted else ["--every"] if self.undumpable else [])
                 if self.undumpable or self.read_only or wrap  # a read-only host: /proc/PID/root would bypass it
                 else []
             )

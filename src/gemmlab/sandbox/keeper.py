@@ -1,7 +1,7 @@
 """The sandbox's first process, run by path (``python .../keeper.py FD [--cgroup PROCS_FILE] [--wrap ARGV_JSON
 --tool NAME [--tool-pidns] [--tool-netns] | --tool-why WHY] [--writable DIR]... [--read-only [--file FILE]...]
-[--landlock] [--no-ptrace [--undumpable] [--trusted]] [--uid UID | --uid-why WHY] [--seccomp OWNER PGID] [--pidns]
-[--netns] [--hide-terminals] [--cuda]``; ``sandbox.isolate`` builds it)
+[--landlock] [--no-ptrace [--undumpable] [--trusted] [--every]] [--uid UID | --uid-why WHY] [--seccomp OWNER PGID]
+[--pidns] [--netns] [--hide-terminals] [--cuda]``; ``sandbox.isolate`` builds it)
 so that nothing is imported before it forks (no CUDA, no gemmlab). Before any candidate code exists it, in order,
 - writes its own pid into PROCS_FILE (the sandbox's freezer cgroup, ``sandbox.contain.Freezer``), so every process
   of the sandbox is born inside;
@@ -37,8 +37,8 @@ so that nothing is imported before it forks (no CUDA, no gemmlab). Before any ca
 - with ``--no-ptrace`` (the undumpable grader, and the read-only host, which ``/proc/PID/root`` of the grader would
   bypass), drops CAP_SYS_PTRACE for good, so no process of it reaches the memory, root or descriptors of an
   undumpable one (the grader while it grades) or of one with capabilities it lacks, and with ``--undumpable`` (the
-  baseline) is undumpable itself; without ``--trusted`` (the candidate's) drops ``UNTRUSTED_DROPS`` too
-  (``no_ptrace``);
+  baseline) is undumpable itself; without ``--trusted`` (the candidate's) drops ``UNTRUSTED_DROPS`` too, and with
+  ``--every`` (the undumpable layer's candidate) and without ``--uid`` every capability (``no_ptrace``);
 - with ``--uid``, becomes that uid, keeping only CAP_DAC_READ_SEARCH (``own_uid``);
 - with ``--seccomp``, drops ``HOST_DROPS`` (the host's clock rate, reboot, audit: no namespace covers them) and
   installs the filter of ``sandbox/seccomp.py`` (loaded by path), naming the owner's pid and process group;
@@ -135,7 +135,7 @@ def landlock(writable: list[str], cuda: bool = False) -> list[str]:
 
 
 PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH = 8, 47, 2, 2
-PR_SET_DUMPABLE, PR_CAPBSET_DROP, CAP_SYS_PTRACE, CAP_NET_ADMIN = 4, 24, 19, 12
+PR_SET_DUMPABLE, PR_CAPBSET_READ, PR_CAPBSET_DROP, CAP_SYS_PTRACE, CAP_NET_ADMIN = 4, 23, 24, 19, 12
 # dropped by an untrusted sandbox alone (``no_ptrace``): CAP_SYS_MODULE, CAP_SYS_RAWIO (/proc/kcore), CAP_SYSLOG
 UNTRUSTED_DROPS = (16, 17, 34)
 # dropped with the seccomp filter, by every sandbox: host-wide kernel settings that no namespace covers (CAP_SYS_BOOT:
@@ -144,6 +144,7 @@ UNTRUSTED_DROPS = (16, 17, 34)
 HOST_DROPS = {"CAP_SYS_BOOT": 22, "CAP_SYS_TIME": 25, "CAP_AUDIT_WRITE": 29, "CAP_AUDIT_CONTROL": 30}
 HOST_DROPS |= {"CAP_MAC_OVERRIDE": 32, "CAP_MAC_ADMIN": 33, "CAP_AUDIT_READ": 37}
 UNTRUSTED_WHY = " (nor CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYSLOG: the trusted sandbox's helpers out of reach)"
+EVERY_WHY = " (nor any other capability: root without powers)"
 
 
 def _load(name: str):
@@ -203,14 +204,16 @@ def own_uid(uid: int) -> str:
 
 
 def drop_caps(caps) -> str | None:
-    """Drop ``caps`` for good: the bounding set, then the effective, permitted and inheritable sets. None when done,
-    else why not."""
+    """Drop ``caps`` for good: the bounding set (those still in it), then the effective, permitted and inheritable
+    sets. None when done, else why not."""
     import ctypes
     import platform
     import struct
 
     libc = ctypes.CDLL(None, use_errno=True)
     for cap in caps:
+        if libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) != 1:  # gone already (or unknown to this kernel)
+            continue
         if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
             return f"capability {cap} kept: {os.strerror(ctypes.get_errno())}"
     nr = {"x86_64": (125, 126), "aarch64": (90, 91)}.get(platform.machine())  # capget, capset
@@ -226,7 +229,7 @@ def drop_caps(caps) -> str | None:
     return None
 
 
-def no_ptrace(undumpable: bool, trusted: bool | None = None) -> str:
+def no_ptrace(undumpable: bool, trusted: bool | None = None, every: bool = False) -> str:
     """Drop CAP_SYS_PTRACE for good: no process of the sandbox, root or not, can then ptrace, read or write the memory
     of (``/proc/PID/mem``, ``process_vm_*``), or open ``/proc/PID/root``, ``cwd`` or ``fd/`` of, a process that is
     not dumpable, such as the grader while it grades (``owner.dumpable``), nor a dumpable one of its uid whose
@@ -235,17 +238,32 @@ def no_ptrace(undumpable: bool, trusted: bool | None = None) -> str:
     is not dumpable itself. An untrusted sandbox (``trusted`` False; default: not ``undumpable``) also drops
     ``UNTRUSTED_DROPS``: the kernel lets a process reach another's memory only where its capabilities include all of
     the other's, so no process the trusted sandbox starts by exec (which makes a process dumpable again: a compiler,
-    Triton's ``ldconfig``), root with those, is within the candidate's reach. Returns what the report says."""
+    Triton's ``ldconfig``), root with those, is within the candidate's reach. With ``every`` (the candidate's under
+    the undumpable layer, where it keeps the grader's uid: root with CUDA) every capability goes: root without a uid
+    of its own then has no power over the host (no reboot, clock setting, device node, port I/O, swap, raw socket,
+    module) nor over another process but by uid. Returns what the report says."""
     import ctypes
 
     trusted = undumpable if trusted is None else trusted
     libc = ctypes.CDLL(None, use_errno=True)
     if undumpable and libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         return f"off (not made undumpable: {os.strerror(ctypes.get_errno())})"
-    why = drop_caps([CAP_SYS_PTRACE, *(() if trusted else UNTRUSTED_DROPS)])
+    why = drop_caps([CAP_SYS_PTRACE, *(() if trusted else range(last_cap() + 1) if every else UNTRUSTED_DROPS)])
     if why is not None:
         return f"off ({why})"
-    return "no CAP_SYS_PTRACE" + ("; this sandbox undumpable" if undumpable else "" if trusted else UNTRUSTED_WHY)
+    return "no CAP_SYS_PTRACE" + (
+        "; this sandbox undumpable" if undumpable else "" if trusted else EVERY_WHY if every else UNTRUSTED_WHY
+    )
+
+
+def last_cap() -> int:
+    """The kernel's highest capability number (``/proc/sys/kernel/cap_last_cap``; where it cannot be read, 63: one the
+    kernel does not know is refused as EINVAL by ``PR_CAPBSET_DROP``, which ``no_ptrace`` passes over)."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 63
 
 
 def tell(fd: int, isolation: dict) -> None:
@@ -368,9 +386,11 @@ def main() -> None:
         isolation["landlock"] = "on" if not missing else "partial: " + "; ".join(missing)
         if any(m.startswith(("no Landlock", "landlock_create", "no domain")) for m in missing):
             isolation["landlock"] = "off: " + "; ".join(missing)
-    isolation["ptrace"] = (
-        no_ptrace("--undumpable" in args, "--trusted" in args) if "--no-ptrace" in args else "off"
-    )
+    isolation["ptrace"] = "off"
+    if "--no-ptrace" in args:  # the undumpable layer's candidate of the grader's uid drops every capability (its own
+        # uid keeps one)
+        every = "--every" in args and "--uid" not in args
+        isolation["ptrace"] = no_ptrace("--undumpable" in args, "--trusted" in args, every)
     isolation["uid"] = f"{os.getuid()} (the grader's" + (
         f": {args[args.index('--uid-why') + 1]})" if "--uid-why" in args else ")"
     )

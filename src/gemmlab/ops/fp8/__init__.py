@@ -4,6 +4,7 @@
     checks       the FP8 argument checks (torch only, no kernel)
     quantize     the quantizer's plan per signature and its kept launch
     plan         the dense FP8 config, its planner and what a plan's kernel is compiled with
+    decode       the dense FP8 decode path (small M): its config, when it is taken, its split-K and arguments
     launch       the dense FP8 plan per signature (a bounded cache) and its kept launch
     moe_checks   the FP8 experts' argument checks
     moe_config   the FP8 grouped GEMM's config and its TMA rules

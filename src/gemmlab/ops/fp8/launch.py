@@ -8,13 +8,17 @@ The scale granularity is read from the scale shapes (``ops.fp8.checks.scale_mode
 A (M, 1) and column of B (1, N); block (M, cdiv(K, 128)) over 1x128 blocks of A and (cdiv(K, 128), cdiv(N, 128))
 over 128x128 blocks of B (DeepSeek-V3's layout). B is (K, N) either way round: row-major, or K-major, i.e. ``w.t()``
 of an nn.Linear weight w (N, K), no copy (quantize w (N, K) and pass ``q.t()``, ``scale.t()``: the scales transpose
-with it). One kernel, ``kernels.gemm_fp8.gemm_fp8_tma_kernel`` (persistent, TMA, wgmma on e4m3).
+with it). Two kernels: ``kernels.gemm_fp8.gemm_fp8_tma_kernel`` (persistent, TMA, wgmma on e4m3) and, at small M,
+``kernels.gemv_fp8.gemv_fp8_kernel`` (the decode path, below).
 
 Alignment (TMA needs 16-byte aligned bases and row strides; fp8 is one byte per element): A needs K % 16 == 0, a
 K-major B K % 16 == 0, a row-major B N % 16 == 0, all bases 16-byte aligned. There is no portable path: anything
 else is a ValueError that says which operand and why (quantize into fresh tensors with K padded to 16, or pass B
 K-major). C is stored by TMA where its row stride allows, else through masked pointers (any N). Needs sm_90 (or the
-CPU under Triton's interpreter). Configs: the "gemm_fp8" section of the config tables (``ops.configs``).
+CPU under Triton's interpreter). Configs: the "gemm_fp8" section of the config tables (``ops.configs``). Small M: the
+decode kernel (``kernels.gemv_fp8``, pointer loads and split-K) where a "decode" rule of the table holds the shape
+(``ops.fp8.decode``); its split-K workspace and arrival counters are the dense GEMM's, kept per (device, stream)
+(``ops.gemm.launch.splitk_scratch``), fresh inside a CUDA-graph capture.
 
 The launcher (``launch_gemm_fp8``) goes as ``gemm``'s does: a call's signature (each tensor's shape, strides, dtype,
 device and 16-byte alignment; out_dtype) looks up its ``Fp8Entry`` in ``PLANS`` (bounded, ``ops.cache``); a miss runs
@@ -31,6 +35,7 @@ import torch
 
 from gemmlab.ops import cache
 from gemmlab.ops import launch as kept_launch
+from gemmlab.ops.fp8.decode import decode_grid, decode_ints, decode_scratch
 from gemmlab.ops.fp8.plan import (
     Fp8Plan,
     constexprs_fp8,
@@ -39,6 +44,7 @@ from gemmlab.ops.fp8.plan import (
     scale_strides,
 )
 from gemmlab.ops.gemm.checks import check_out
+from gemmlab.ops.gemm.launch import splitk_scratch
 from gemmlab.ops.launch import HostDesc
 from gemmlab.ops.layout import descriptor_layout, extent
 
@@ -53,12 +59,13 @@ class Fp8Entry:
     plan: Fp8Plan
     slot: kept_launch.Planned | None  # None: nothing to launch (M, N or K is 0)
     descs: tuple  # per operand (a, b, c): (inner, shape, strides, block) of its TMA descriptor, or None (a pointer)
-    ints: tuple  # M, N, K, stride_cm and the scales' strides
+    ints: tuple  # the integer arguments: M, N, K, strides (``kernels.gemm_fp8`` or ``kernels.gemv_fp8``)
     shape: tuple[int, int]
     dtype: torch.dtype
     device: torch.device
     extents: tuple | None
     direct: kept_launch.Direct | None = None  # Triton's C launcher itself, once the kernel is kept
+    scratch: tuple | None = None  # decode path: (workspace fp32 elements, counters), (0, 0) without split-K
 
 
 # Per signature (each tensor's shape, strides, dtype, device and 16-byte alignment, out_dtype): the plan and its
@@ -114,6 +121,17 @@ def _admit(a, b, a_scale, b_scale, out_dtype, out, key) -> Fp8Entry:
     extents = None if out is None else tuple(extent(t) for t in (a, b, a_scale, b_scale, out))
     if p.m == 0 or p.n == 0 or p.k == 0:
         e = Fp8Entry(p, None, (), (), (p.m, p.n), out_dtype, a.device, extents)
+    elif p.path == "decode":
+        from gemmlab.kernels.gemv_fp8 import gemv_fp8_kernel  # (the first call loads the kernel)
+
+        c_strides = tuple(out.stride()) if out is not None else (p.n, 1)
+        cfg = p.config
+        slot = kept_launch.Planned(
+            gemv_fp8_kernel, decode_grid(cfg, p.m, p.n), constexprs_fp8(p), launch_options_fp8(cfg)
+        )
+        ints = decode_ints(cfg, a, b, c_strides, scale_strides(a_scale), scale_strides(b_scale))
+        e = Fp8Entry(p, slot, (None, None, None), ints, (p.m, p.n), out_dtype, a.device, extents)
+        e.scratch = decode_scratch(cfg, p.m, p.n)
     else:
         from gemmlab.kernels.gemm_fp8 import gemm_fp8_tma_kernel  # (the first call loads the kernel)
 
@@ -141,18 +159,26 @@ def jit_args(e: Fp8Entry, a, b, a_scale, b_scale, c) -> list:
         t if s is None else TensorDescriptor(t if s[0] == 1 else t.t(), *s[1:])
         for t, s in zip((a, b, c), e.descs, strict=True)
     ]
-    return [*ops, a_scale, b_scale, *e.ints]
+    return [*ops, a_scale, b_scale, *scratch_tensors(e, c), *e.ints]
+
+
+def scratch_tensors(e: Fp8Entry, c) -> list:
+    """The decode path's workspace and arrival counters (C twice without split-K: unused); nothing for TMA."""
+    if e.scratch is None:
+        return []
+    return [c, c] if not e.scratch[0] else list(splitk_scratch(e.scratch, c)[:2])
 
 
 def kept_args(e: Fp8Entry, a, b, a_scale, b_scale, c) -> list:
     """The runtime arguments of a kept launch (``CompiledKernel.run``), descriptors as ``HostDesc``."""
     ops = [t if s is None else HostDesc(t, s[1], s[2]) for t, s in zip((a, b, c), e.descs, strict=True)]
-    return [*ops, a_scale, b_scale, *e.ints]
+    return [*ops, a_scale, b_scale, *scratch_tensors(e, c), *e.ints]
 
 
-def direct_params(e: Fp8Entry, ptrs: tuple) -> list:
+def direct_params(e: Fp8Entry, ptrs: tuple, c=None, stream: int = 0) -> list:
     """The C launcher's parameters (``ops.launch``): ``ptrs`` the addresses of a, b, a_scale, b_scale and C; each
-    descriptor encoded once per base address."""
+    descriptor encoded once per base address; the decode path's workspace and counters kept per (device,
+    ``stream``) (``c``: the output tensor, for its device)."""
     params, i = [], 0
     for ptr, s in zip((ptrs[0], ptrs[1], ptrs[4]), e.descs, strict=True):
         if s is None:
@@ -160,7 +186,13 @@ def direct_params(e: Fp8Entry, ptrs: tuple) -> list:
         else:
             params += kept_launch.desc_args(e.direct, i, ptr, s[1], s[2])
             i += 1
-    return [*params, ptrs[2], ptrs[3], *e.ints]
+    params += [ptrs[2], ptrs[3]]
+    if e.scratch is not None:
+        if e.scratch[0]:
+            params += splitk_scratch(e.scratch, c, (e.slot.kept.device, stream))[2:4]
+        else:
+            params += [ptrs[4], ptrs[4]]
+    return [*params, *e.ints]
 
 
 def launch_fp8(e: Fp8Entry, a, b, a_scale, b_scale, c, ptrs: tuple) -> None:
@@ -169,9 +201,8 @@ def launch_fp8(e: Fp8Entry, a, b, a_scale, b_scale, c, ptrs: tuple) -> None:
     slot = e.slot
     if kept_launch.usable(slot.kept):
         if e.direct is not None:
-            kept_launch.fire_launcher(
-                e.direct, slot.grid, torch._C._cuda_getCurrentRawStream(slot.kept.device), direct_params(e, ptrs)
-            )
+            stream = torch._C._cuda_getCurrentRawStream(slot.kept.device)
+            kept_launch.fire_launcher(e.direct, slot.grid, stream, direct_params(e, ptrs, c, stream))
         else:
             kept_launch.run(slot.kept, slot.grid, kept_args(e, a, b, a_scale, b_scale, c))
         _LAST["gemm_fp8"] = slot.kept.compiled

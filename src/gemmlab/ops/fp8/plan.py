@@ -6,11 +6,14 @@ tuner's and the inspector's way).
                                                  C in out_dtype (bf16, fp16 or fp32)
 
 The scale granularity is read from the scale shapes (``ops.fp8.checks.scale_mode``); the alignment rules and the
-config tables are as ``ops.fp8.launch`` says.
+config tables are as ``ops.fp8.launch`` says. Two paths: "decode" where a "decode" rule of the config table holds
+the shape (small M: ``ops.fp8.decode``, the kernel ``kernels.gemv_fp8``), else "tma" (the persistent TMA kernel,
+``kernels.gemm_fp8``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +21,16 @@ import torch
 from gemmlab.device import Target, target_for
 from gemmlab.ops import configs
 from gemmlab.ops.fp8.checks import SCALE_BLOCK, check_gemm_fp8_args, fp8_out_dtype
+from gemmlab.ops.fp8.decode import (
+    Fp8DecodeConfig,
+    constexprs_decode,
+    decode_grid,
+    decode_ints,
+    decode_refusal,
+    decode_rule,
+    decode_scratch,
+    decode_split,
+)
 from gemmlab.ops.layout import descriptor_layout, is_kmajor, tma_ok
 
 SCALES = ("tensor", "row/col", "block")  # by scale mode 0, 1, 2
@@ -55,9 +68,10 @@ class Fp8Config:
 
 @dataclass(frozen=True)
 class Fp8Plan:
-    """What ``gemm_fp8`` runs: the config, where it came from, the scale mode and the layouts."""
+    """What ``gemm_fp8`` runs: the path ("tma" or "decode"), its config (``Fp8Config`` or ``Fp8DecodeConfig``,
+    the decode one with its split_k resolved), where it came from, the scale mode and the layouts."""
 
-    config: Fp8Config
+    config: Fp8Config | Fp8DecodeConfig
     reason: str
     m: int
     n: int
@@ -66,6 +80,7 @@ class Fp8Plan:
     b_kmajor: bool
     c_tma: bool
     num_sms: int
+    path: str = "tma"
 
 
 def plan_fp8(
@@ -76,12 +91,13 @@ def plan_fp8(
     *,
     out_dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
-    config: Fp8Config | None = None,
+    config: Fp8Config | Fp8DecodeConfig | None = None,
     target: Target | None = None,
 ) -> Fp8Plan:
     """The plan of ``gemm_fp8(a, b, a_scale, b_scale, out_dtype=..., out=...)``: checks (alignment included), the
-    config (pinned, else the table's first matching rule), the layouts. ``target`` overrides the operands' device
-    (the inspector plans for an H200 from "meta" tensors). Pure: no allocation."""
+    path and config (pinned: an ``Fp8Config`` pins the TMA path, an ``Fp8DecodeConfig`` the decode path; else the
+    table's first "decode" rule holding the shape, else its first "tma" one), the layouts. ``target`` overrides the
+    operands' device (the inspector plans for an H200 from "meta" tensors). Pure: no allocation."""
     out_dtype = fp8_out_dtype("gemm_fp8", out_dtype, out, torch.bfloat16)
     mode = check_gemm_fp8_args(a, b, a_scale, b_scale, out_dtype, out)
     (m, k), n = a.shape, b.shape[1]
@@ -105,7 +121,21 @@ def plan_fp8(
             f"gemm_fp8: b (K={k}, N={n}, strides {b.stride()}) is not TMA-aligned: needs a 16-byte "
             f"aligned base and {need}; there is no portable FP8 path"
         )
+    c_strides = tuple(out.stride()) if out is not None else (n, 1)
+    decode_note = ""
+    if isinstance(config, Fp8DecodeConfig):
+        why = decode_refusal(config, mode, a, b, c_strides, n)
+        if why:
+            raise ValueError(f"gemm_fp8: decode config: {why}")
+        return _decode_plan(config, "config given by the caller", m, n, k, mode, b_kmajor, target.num_sms)
     if config is None:
+        drule = decode_rule(target, m, n, k, mode)
+        if drule is not None:
+            why = decode_refusal(drule.config, mode, a, b, c_strides, n)
+            if why is None:
+                source = "config " + drule.source
+                return _decode_plan(drule.config, source, m, n, k, mode, b_kmajor, target.num_sms)
+            decode_note = f"; not the decode path ({drule.source}): {why}"
         rule = configs.pick(
             target.name, "gemm_fp8", "tma", Fp8Config.from_dict, "float8_e4m3fn", m=m, n=n, k=k, scale=mode
         )
@@ -122,14 +152,30 @@ def plan_fp8(
     tiles = -(-m // config.block_m) * -(-n // config.block_n)
     reason = (
         f"persistent TMA kernel, {SCALES[mode]} scales, B {'K' if b_kmajor else 'N'}-major, C by "
-        f"{'TMA' if c_tma else 'masked pointers'}, {tiles} tiles; {source}"
+        f"{'TMA' if c_tma else 'masked pointers'}, {tiles} tiles; {source}{decode_note}"
     )
     return Fp8Plan(config, reason, m, n, k, mode, b_kmajor, c_tma, target.num_sms)
+
+
+def _decode_plan(
+    cfg: Fp8DecodeConfig, source: str, m: int, n: int, k: int, mode: int, b_kmajor: bool, num_sms: int
+) -> Fp8Plan:
+    """The decode path's plan: the config with its split-K resolved (``ops.fp8.decode.decode_split``)."""
+    cfg = dataclasses.replace(cfg, split_k=decode_split(cfg, m, n, k, num_sms))
+    gm, gn, split = decode_grid(cfg, m, n)
+    kind = "FFMA, one-row tiles" if cfg.block_m == 1 else f"tensor cores, {cfg.block_m}-row tiles"
+    reason = (
+        f"decode kernel ({kind}; pointer loads), {SCALES[mode]} scales, B {'K' if b_kmajor else 'N'}-major, "
+        f"split-K {split}, {gm * gn * split} programs; {source}"
+    )
+    return Fp8Plan(cfg, reason, m, n, k, mode, b_kmajor, False, num_sms, "decode")
 
 
 def constexprs_fp8(p: Fp8Plan) -> dict:
     """The compile-time parameters of a plan's kernel (shared with the inspector)."""
     cfg = p.config
+    if p.path == "decode":
+        return constexprs_decode(p.scale, cfg)
     return dict(
         SCALE=p.scale,
         B_KMAJOR=p.b_kmajor,
@@ -147,7 +193,7 @@ def constexprs_fp8(p: Fp8Plan) -> dict:
     )
 
 
-def launch_options_fp8(cfg: Fp8Config) -> dict:
+def launch_options_fp8(cfg: Fp8Config | Fp8DecodeConfig) -> dict:
     return {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
 
@@ -167,12 +213,21 @@ def execute_fp8(p: Fp8Plan, a, b, a_scale, b_scale, c):
     """Launch a plan on its operands (``c`` (M, N) row-major, allocated); returns Triton's launched kernel (its
     ``n_regs``, ``n_spills``), None where nothing was launched."""
     from gemmlab.kernels.gemm_fp8 import gemm_fp8_tma_kernel  # (the first call loads the kernel)
+    from gemmlab.kernels.gemv_fp8 import gemv_fp8_kernel
 
     if p.m == 0 or p.n == 0 or p.k == 0:
         if c.numel():
             c.zero_()  # K = 0: a sum over nothing
         return None
     cfg = p.config
+    if p.path == "decode":  # a fresh workspace and zeroed counters per call (the launcher keeps them per stream)
+        ws_elems, tiles = decode_scratch(cfg, p.m, p.n)
+        ws = torch.empty(max(ws_elems, 1), dtype=torch.float32, device=c.device)
+        cnt = torch.zeros(max(tiles, 1), dtype=torch.int32, device=c.device)
+        ints = decode_ints(cfg, a, b, tuple(c.stride()), scale_strides(a_scale), scale_strides(b_scale))
+        return gemv_fp8_kernel[decode_grid(cfg, p.m, p.n)](
+            a, b, c, a_scale, b_scale, ws, cnt, *ints, **constexprs_fp8(p), **launch_options_fp8(cfg)
+        )
     a_desc = _desc(a, 1, (cfg.block_m, cfg.block_k))
     b_desc = _desc(b, 0, (cfg.block_n, cfg.block_k)) if p.b_kmajor else _desc(b, 1, (cfg.block_k, cfg.block_n))
     c_arg = _desc(c, 1, (cfg.block_m, cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n)) if p.c_tma else c
@@ -197,6 +252,7 @@ def execute_fp8(p: Fp8Plan, a, b, a_scale, b_scale, c):
 
 __all__ = [
     "Fp8Config",
+    "Fp8DecodeConfig",
     "Fp8Plan",
     "SCALES",
     "constexprs_fp8",

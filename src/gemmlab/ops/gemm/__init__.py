@@ -15,8 +15,9 @@ only (and by ``ops.introspect`` for the lab):
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from gemmlab.ops import lazy
 
 if TYPE_CHECKING:
     from gemmlab.ops.gemm.api import (
@@ -44,14 +45,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    """A public name, loaded from ``gemmlab.ops.gemm.api`` on first use (kept here after that)."""
-    if name in __all__:
-        value = getattr(importlib.import_module("gemmlab.ops.gemm.api"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy.names(__name__, "gemmlab.ops.gemm.api", __all__)

@@ -158,6 +158,9 @@ def _splitk_scratch(scratch: tuple, c: torch.Tensor, where: tuple[int, int] | No
     return bufs
 
 
+splitk_scratch = _splitk_scratch  # (the one per-stream workspace and counters, shared with ops.fp8's decode path)
+
+
 def _scratch_args(scratch: tuple, c: torch.Tensor) -> list:
     """The workspace and counters as tensors (JIT and kept launches); SPLIT_K = 1: unused (c twice)."""
     return [c, c] if not scratch[0] else list(_splitk_scratch(scratch, c)[:2])

@@ -18,8 +18,9 @@ imported by ``api`` only (and by ``ops.introspect`` for the lab):
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from gemmlab.ops import lazy
 
 if TYPE_CHECKING:
     from gemmlab.ops.moe.api import (
@@ -85,14 +86,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    """A public name, loaded from ``gemmlab.ops.moe.api`` on first use (kept here after that)."""
-    if name in __all__:
-        value = getattr(importlib.import_module("gemmlab.ops.moe.api"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy.names(__name__, "gemmlab.ops.moe.api", __all__)
