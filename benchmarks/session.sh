@@ -55,17 +55,19 @@ for s in "$@"; do
       step nan_gpu 60 python3 -m pytest -q -p no:cacheprovider tests/fp8/test_fp8_nan.py
       step grade_competition 200 python3 -m gemmlab grade --cases competition \
         --output-dir "$RES/grade-h200-cli-competition" ;;
-    # issue 29, the sandbox's layers with CUDA (about 480 s at worst): which mounts cuInit writes (cuda-mounts, and its
-    # netns trial); each layer that is off without the probe, alone (test_isolation_with_cuda: readonly, undumpable,
-    # landlock, pidns, netns, uid); the probe's own GPU test (it prints what it decided); root in the sandbox against
-    # the host with CUDA (test_host_reach); /proc with CUDA (test_cuda_proc); Landlock's reach test
-    sandbox_cuda) step cuda_mounts 120 python3 -m benchmarks cuda-mounts --out "$RES/cuda-mounts"
-      step isolation_cuda 340 python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE \
-        tests/sandbox/test_isolation.py::test_isolation_with_cuda tests/grade/test_probe.py \
-        tests/sandbox/test_host_reach.py tests/sandbox/test_cuda_proc.py tests/sandbox/test_sandbox.py::test_landlock_with_cuda ;;
-    # then: the TF32 competition reference, bubblewrap with CUDA, and one default grade (the probe decides its layers;
-    # no false FAIL; report.json's isolation.probe)
-    sandbox_cuda2) step cuda_rest 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
+    # issue 29, the sandbox's layers with CUDA (two steps, 500 s at most): each layer the probe decides, the PID
+    # namespace and the uid, alone (test_isolation_with_cuda: every probed switch set, so no probe), /proc with CUDA
+    # (test_cuda_proc), Landlock's reach; then the probe's own GPU test (it prints what it decided) and root in the
+    # sandbox against the host with CUDA (test_host_reach), each switch set probed afresh
+    sandbox_cuda) step isolation_cuda 250 python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE \
+        tests/sandbox/test_isolation.py::test_isolation_with_cuda tests/sandbox/test_cuda_proc.py \
+        tests/sandbox/test_sandbox.py::test_landlock_with_cuda
+      step probe_cuda 250 python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE tests/grade/test_probe.py \
+        tests/sandbox/test_host_reach.py ;;
+    # then: which mounts cuInit writes (cuda-mounts, and its netns trial), the TF32 competition reference, bubblewrap
+    # with CUDA, and one default grade (the probe decides its layers; no false FAIL; report.json's isolation.probe)
+    sandbox_cuda2) step cuda_mounts 120 python3 -m benchmarks cuda-mounts --out "$RES/cuda-mounts"
+      step cuda_rest 180 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
         tests/grade/test_tf32_reference.py tests/sandbox/test_tool.py
       step grade_default 200 python3 -m gemmlab grade --cases competition --output-dir "$RES/grade-h200-default" ;;
     # issue 29 on the GPU: every gpu-marked grader and sandbox test (the known-bad kernels of each hole), slowest listed

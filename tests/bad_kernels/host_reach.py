@@ -183,12 +183,13 @@ def _audit(kind: int, body: bytes) -> int:
 def adjusts_the_clock(A, B, C, M, N, K):
     """Computes honestly; at its first call tries three host-wide kernel settings that root holds the capabilities for
     whatever its namespaces: the clock's tick length (``adjtimex(ADJ_TICK)``, CAP_SYS_TIME), which sets how fast
-    CLOCK_MONOTONIC, the grader's ``perf_counter``, runs, by up to 10% either way: slowed only inside its own windows it
-    would be timed up to 10% faster than it is; the kernel's audit settings (``AUDIT_SET``, CAP_AUDIT_CONTROL: audit
-    off, or a failure mode that panics the host); and ``reboot`` (CAP_SYS_BOOT). The first two are written with the
-    values they already have and ``reboot`` is asked for a command that does not exist (checked after the capability:
-    EINVAL means in reach), so nothing changes on the machine: the kernel's answer alone says whether the change was in
-    reach. Notes in ``host_admin`` "tick set" or "tick WHY", "audit set" or "audit WHY", "reboot in reach" or
+    CLOCK_MONOTONIC, the grader's ``perf_counter``, runs, by up to 10% either way: slowed only inside its own windows
+    it would be timed up to 10% faster than it is; the kernel's audit settings (``AUDIT_SET``, CAP_AUDIT_CONTROL:
+    audit off, or a failure mode that panics the host); and ``reboot`` (CAP_SYS_BOOT). The tick asked for is far out
+    of range and ``reboot`` is asked for a command that does not exist (both checked after the capability: EINVAL
+    means in reach, noted "tick set" and "reboot in reach"), audit is written with a mask of nothing, so nothing
+    changes on the machine (nor races a time daemon's own writes): the kernel's answer alone says whether the change
+    was in reach. Notes in ``host_admin`` "tick set" or "tick WHY", "audit set" or "audit WHY", "reboot in reach" or
     "reboot WHY"."""
     import ctypes
 
@@ -197,11 +198,11 @@ def adjusts_the_clock(A, B, C, M, N, K):
         return
     _state["host_admin"] = True
     libc = ctypes.CDLL(None, use_errno=True)
-    tick = _tick(libc, ctypes)
-    if tick < 0 or _tick(libc, ctypes, tick) < 0:
-        _note("host_admin", f"tick {os.strerror(ctypes.get_errno())}")
+    if _tick(libc, ctypes, 1) >= 0:  # a tick far out of range: refused after the capability check (EINVAL) or at it
+        _note("host_admin", "tick set?")  # (never: out of range)
     else:
-        _note("host_admin", "tick set")
+        err = ctypes.get_errno()
+        _note("host_admin", "tick set" if err == 22 else f"tick {os.strerror(err)}")  # EINVAL: it was in reach
     if libc.syscall(169 if os.uname().machine == "x86_64" else 142, 0xFEE1DEAD, 672274793, 0x7E57, None) == 0:
         _note("host_admin", "reboot done?")  # (no such command: never)
     else:

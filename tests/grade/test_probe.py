@@ -27,12 +27,30 @@ def test_greedy_keeps_every_layer_that_works_with_those_before_it():
             return "these two together break it"
         return "readonly breaks it" if switches[READONLY] and len(calls) > 1 else None
 
-    on, failed = probe.greedy(PROBED_WITH_CUDA, works)
-    assert calls[0] == dict.fromkeys(PROBED_WITH_CUDA, True)
-    assert on == {READONLY: False, UNDUMPABLE: True, LANDLOCK: True, NETNS: True}, (on, calls)
+    on, failed, conclusive = probe.greedy(PROBED_WITH_CUDA, works)
+    assert calls[0] == dict.fromkeys(PROBED_WITH_CUDA, True) and calls[1] == dict.fromkeys(PROBED_WITH_CUDA, False)
+    assert on == {READONLY: False, UNDUMPABLE: True, LANDLOCK: True, NETNS: True} and conclusive, (on, calls)
     assert failed[0].startswith("all together: these two") and failed[1] == "readonly: readonly breaks it"
-    assert len(calls) == 1 + len(PROBED_WITH_CUDA)
-    assert probe.greedy(PROBED_WITH_CUDA, lambda s: None) == (dict.fromkeys(PROBED_WITH_CUDA, True), [])
+    assert len(calls) == 2 + len(PROBED_WITH_CUDA)
+    assert probe.greedy(PROBED_WITH_CUDA, lambda s: None) == (dict.fromkeys(PROBED_WITH_CUDA, True), [], True)
+
+
+def test_a_sandbox_that_fails_with_no_layer_leaves_them_all_on_and_inconclusive():
+    """Where gemmlab's own kernel fails even with every probed layer off (a GPU out of memory, a busy host), no
+    layer is to blame: they all stay on, the answer says inconclusive, and it is not kept for the next grade."""
+    on, failed, conclusive = probe.greedy(PROBED_WITH_CUDA, lambda s: "out of memory")
+    assert on == dict.fromkeys(PROBED_WITH_CUDA, True) and not conclusive, (on, failed)
+    assert failed == ["all together: out of memory", "none of them: out of memory"], failed
+
+
+def test_a_layer_the_keeper_did_not_put_in_force_is_named():
+    asked = dict.fromkeys(PROBED_WITH_CUDA, True)
+    said = {"host_files": "writable (no mount namespace of its own)", "ptrace": "no CAP_SYS_PTRACE", "landlock": "on"}
+    assert probe.not_in_force(asked, said) == [
+        "readonly not in force (writable (no mount namespace of its own))",
+        "netns not in force (not reported)",
+    ]
+    assert probe.not_in_force({**asked, READONLY: False, NETNS: False}, said) == []
 
 
 def test_a_set_switch_is_not_probed_and_the_probes_decision_fills_only_unset_ones(monkeypatch):
@@ -76,8 +94,8 @@ def test_a_layer_that_breaks_the_trusted_kernel_is_left_off_and_the_rest_stay_on
         return probe.run_probe(op, case, torch.device("cpu"), switches, 120.0, spec=spec)
 
     assert works(dict.fromkeys(PROBED_WITH_CUDA, False)) is None
-    on, failed = probe.greedy(PROBED_WITH_CUDA, works)
-    assert on == {READONLY: False, UNDUMPABLE: True, LANDLOCK: False, NETNS: True}, (on, failed)
+    on, failed, conclusive = probe.greedy(PROBED_WITH_CUDA, works)
+    assert on == {READONLY: False, UNDUMPABLE: True, LANDLOCK: False, NETNS: True} and conclusive, (on, failed)
     assert [f.split(":")[0] for f in failed] == ["all together", "readonly", "landlock"], failed
     assert all("Read-only file system" in f or "Permission denied" in f for f in failed), failed
     assert works(on) is None
@@ -109,6 +127,8 @@ def test_with_cuda_the_probe_decides_and_the_grade_runs_under_its_layers(monkeyp
     with capsys.disabled():
         print(f"\nprobe with CUDA: {said}")
     assert set(said["layers"]) == {"readonly", "undumpable", "landlock", "netns"}, said
+    assert "inconclusive" not in said, said  # gemmlab's own kernel runs with none of the layers at least
+    assert not any("no probe time left" in f or "time limit" in f for f in said["failed"]), said  # not by timeouts
     assert passed(r), r["failures"]
     iso, root = r["isolation"]["candidate"], os.geteuid() == 0
     if said["layers"]["readonly"] == "on" and root:
@@ -141,9 +161,10 @@ def test_a_decision_is_not_reused_under_other_sandbox_switches(monkeypatch):
     assert len(calls) == 2, calls
 
 
-def test_a_probe_that_fails_anywhere_leaves_its_layers_off_and_never_raises(monkeypatch):
-    """A probe's every failure is a layer left off with its reason, never an exception out of the grader: a sandbox
-    that cannot even be made (here a stand-in whose making raises OSError), and one whose close raises."""
+def test_a_probe_that_fails_anywhere_says_why_and_never_raises(monkeypatch):
+    """A probe's every failure is a reason, never an exception out of the grader: a sandbox that cannot even be made
+    (here a stand-in whose making raises OSError), and one whose close raises. Failing with no layer as with all of
+    them, the layers stay on, inconclusive, and nothing is kept."""
 
     class Unmade:
         def __init__(self, *a, **k):
@@ -167,7 +188,9 @@ def test_a_probe_that_fails_anywhere_leaves_its_layers_off_and_never_raises(monk
     for stand_in, why in failing:
         monkeypatch.setattr(probe, "Sandbox", stand_in)
         assert probe.run_probe(op, case, torch.device("cpu"), {}, 60.0).startswith(why)
-        monkeypatch.setattr(probe, "_DECIDED", {})
-        on, said = probe.cuda_layers(op, cf, torch.device("cuda"), 60.0)
-        assert on == dict.fromkeys(PROBED_WITH_CUDA, False), (on, said)
-        assert len(said["failed"]) == 1 + len(PROBED_WITH_CUDA), said  # (here no CUDA: the inputs fail first)
+        decided = {}
+        monkeypatch.setattr(probe, "_DECIDED", decided)
+        on, said = probe.cuda_layers(op, cf, torch.device("cuda"), 60.0)  # (here no CUDA: the inputs fail first)
+        assert on == dict.fromkeys(PROBED_WITH_CUDA, True) and "inconclusive" in said, (on, said)
+        assert [f.split(":")[0] for f in said["failed"]] == ["all together", "none of them"], said
+        assert decided == {}, "an inconclusive answer is not kept"

@@ -351,7 +351,7 @@ def test_a_process_moved_out_of_the_cgroup_fails_at_the_freeze(out_dir, monkeypa
     assert not cand.members()
 
 
-SWITCHES_WITH_CUDA = {  # id: the switch set (each layer that is off by default with CUDA, alone)
+SWITCHES_WITH_CUDA = {  # id: the switch set (each layer the probe decides, the PID namespace and the uid, alone)
     "default": {},
     "readonly": {"GEMMLAB_SANDBOX_READONLY": "1"},
     "undumpable": {"GEMMLAB_SANDBOX_UNDUMPABLE": "1"},
@@ -365,11 +365,12 @@ SWITCHES_WITH_CUDA = {  # id: the switch set (each layer that is off by default 
 @pytest.mark.gpu
 @pytest.mark.parametrize("switch", list(SWITCHES_WITH_CUDA.values()), ids=list(SWITCHES_WITH_CUDA))
 def test_isolation_with_cuda(monkeypatch, switch):
-    """With CUDA: the seccomp filter and the hidden terminals (on by default there since this test passed on the
-    H200; set here all the same), and each layer that is off by default there (the read-only host, the undumpable
-    grader, Landlock, a PID namespace, a network namespace; until its case here has passed) or never given (a uid of
-    its own, which CUDA does not allow: the report says why) still let both children open the slots' IPC handles,
-    and gemmlab's own kernel passes; the report says what held."""
+    """With CUDA: the seccomp filter and the hidden terminals (on by default there; set here all the same, with what
+    comes with them and is not probed: the filter's capability drops, the UTS namespace, /dev/shm nodev), and each
+    layer the grader's probe decides (the read-only host, the undumpable grader, Landlock, the network namespace),
+    the PID namespace (opt-in) or one never given (a uid of its own, which CUDA does not allow: the report says why),
+    each alone (every probed switch set, so no probe runs), still let both children open the slots' IPC handles, and
+    gemmlab's own kernel passes; the report says what held."""
     monkeypatch.setenv("GEMMLAB_SANDBOX_SECCOMP", "1")
     monkeypatch.setenv("GEMMLAB_SANDBOX_TERMINALS", "1")
     for var in ("READONLY", "UNDUMPABLE", "LANDLOCK", "PIDNS", "NETNS", "UID"):

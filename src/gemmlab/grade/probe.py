@@ -39,13 +39,20 @@ def short(switch: str) -> str:
     return switch.removeprefix("GEMMLAB_SANDBOX_").lower()
 
 
-def greedy(layers: tuple[str, ...], works: Callable[[dict[str, bool]], str | None]) -> tuple[dict[str, bool], list]:
-    """({layer: on}, why each left-out layer failed): every layer on if ``works`` says so of all together (None:
-    it works), else each added in turn to those that held so far, kept where the set still works."""
+def greedy(
+    layers: tuple[str, ...], works: Callable[[dict[str, bool]], str | None]
+) -> tuple[dict[str, bool], list, bool]:
+    """({layer: on}, why each left-out layer failed, conclusive): every layer on if ``works`` says so of all together
+    (None: it works); else, where the sandbox works with none of them, each added in turn to those that held so far,
+    kept where the set still works; where it does not work even with none, the failure is not the layers' to answer
+    for: every layer stays on, inconclusive (the grade then fails or passes on its own)."""
     why = works(dict.fromkeys(layers, True))
     if why is None:
-        return dict.fromkeys(layers, True), []
+        return dict.fromkeys(layers, True), [], True
     failed = [f"all together: {why}"]
+    why = works(dict.fromkeys(layers, False))
+    if why is not None:
+        return dict.fromkeys(layers, True), [*failed, f"none of them: {why}"], False
     on: dict[str, bool] = dict.fromkeys(layers, False)
     for layer in layers:
         why = works({**on, layer: True})
@@ -53,7 +60,26 @@ def greedy(layers: tuple[str, ...], works: Callable[[dict[str, bool]], str | Non
             on[layer] = True
         else:
             failed.append(f"{short(layer)}: {why}")
-    return on, failed
+    return on, failed, True
+
+
+# a probed layer in force, as the keeper's own account (``Sandbox.isolation``) says: switch -> (key, how it begins)
+IN_FORCE = {
+    "GEMMLAB_SANDBOX_READONLY": ("host_files", ("read-only",)),
+    "GEMMLAB_SANDBOX_UNDUMPABLE": ("ptrace", ("no CAP_SYS_PTRACE",)),
+    "GEMMLAB_SANDBOX_LANDLOCK": ("landlock", ("on", "partial")),
+    "GEMMLAB_SANDBOX_NETNS": ("network", ("own (",)),
+}
+
+
+def not_in_force(layers: dict[str, bool], isolation: dict) -> list[str]:
+    """The layers asked for that the keeper did not put in force (a grader that is not root has no namespace to make,
+    a kernel before 5.13 no Landlock), each with what it said."""
+    return [
+        f"{short(k)} not in force ({isolation.get(IN_FORCE[k][0], 'not reported')})"
+        for k, on in layers.items()
+        if on and k in IN_FORCE and not str(isolation.get(IN_FORCE[k][0], "")).startswith(IN_FORCE[k][1])
+    ]
 
 
 def smallest(cases) -> object:
@@ -83,6 +109,9 @@ def run_probe(op, case, device: torch.device, layers: dict[str, bool], timeout: 
             flat = torch.full((op.out_numel(case),), float("nan"), dtype=op.dtype, device=device)
         box.bind([(shared, flat)])
         box.request("call", slot=0)
+        missing = not_in_force(layers, box.isolation or {})
+        if missing:
+            return "; ".join(missing)
         watch.answer("candidate", box.proc.pid if box.proc is not None else None, 1)
         if watch.findings:
             return "observers: " + " ".join("; ".join(watch.findings).split())[:300]
@@ -123,11 +152,15 @@ def cuda_layers(op, cases, device: torch.device, timeout: float) -> tuple[dict[s
             return run_probe(op, smallest(cases), device, switches, min(timeout, left / 3))
 
         t0 = time.monotonic()
-        on, failed = greedy(layers, works)
+        on, failed, conclusive = greedy(layers, works)
         said = {
             "layers": {short(k): "on" if v else "off" for k, v in on.items()},
             "failed": failed,
             "seconds": round(time.monotonic() - t0, 1),
+            **({} if conclusive else {"inconclusive": "the probe failed with none of the layers too: they stay on"}),
         }
+        timed_out = any("no probe time left" in f or "time limit" in f for f in failed)
+        if not conclusive or timed_out:  # asked again at the next grade, not kept
+            return on, said
         _DECIDED[key] = (on, said)
     return _DECIDED[key]

@@ -41,8 +41,9 @@ machine, passed in as ``layers``); without a probe (a sandbox made outside the g
 - ``GEMMLAB_SANDBOX_UNDUMPABLE``: no sandbox holds CAP_SYS_PTRACE, and the grader (while a sandbox lives) and the
   baseline are undumpable (``keeper.no_ptrace``, ``owner.dumpable``): the candidate cannot ptrace them or reach
   their memory (``/proc/PID/mem``, ``process_vm_*``), root and of their uid alike; a candidate that keeps the
-  grader's uid (with CUDA) also drops every other capability (root without powers over the host); unset: on without
-  CUDA, and with CUDA where the probe ran CUDA under it (its IPC included), ``1`` on, ``0`` off.
+  grader's uid (with CUDA) also drops every other capability but CAP_DAC_READ_SEARCH (root without powers over the
+  host); unset: on without CUDA, and with CUDA where the probe ran CUDA under it (its IPC included), ``1`` on, ``0``
+  off.
 - ``GEMMLAB_SANDBOX_TOOL``: ``auto`` (unset), ``bwrap`` or ``none``: the keeper inside bubblewrap where it is
   installed and passes its self-test (``sandbox.tool``; with CUDA only for ``bwrap``), which then gives the new
   session, the hidden terminals (a ``/dev`` of its own) and the PID namespace in place of the keeper's own; the rest

@@ -144,7 +144,7 @@ UNTRUSTED_DROPS = (16, 17, 34)
 HOST_DROPS = {"CAP_SYS_BOOT": 22, "CAP_SYS_TIME": 25, "CAP_AUDIT_WRITE": 29, "CAP_AUDIT_CONTROL": 30}
 HOST_DROPS |= {"CAP_MAC_OVERRIDE": 32, "CAP_MAC_ADMIN": 33, "CAP_AUDIT_READ": 37}
 UNTRUSTED_WHY = " (nor CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYSLOG: the trusted sandbox's helpers out of reach)"
-EVERY_WHY = " (nor any other capability: root without powers)"
+EVERY_WHY = " (nor any other capability but CAP_DAC_READ_SEARCH: root without powers, reading as the grader can)"
 
 
 def _load(name: str):
@@ -241,14 +241,16 @@ def no_ptrace(undumpable: bool, trusted: bool | None = None, every: bool = False
     Triton's ``ldconfig``), root with those, is within the candidate's reach. With ``every`` (the candidate's under
     the undumpable layer, where it keeps the grader's uid: root with CUDA) every capability goes: root without a uid
     of its own then has no power over the host (no reboot, clock setting, device node, port I/O, swap, raw socket,
-    module) nor over another process but by uid. Returns what the report says."""
+    module) nor over another process but by uid; it keeps CAP_DAC_READ_SEARCH, as a uid of its own does, so it reads
+    what the grader's root can (a kernel in a directory of another user's). Returns what the report says."""
     import ctypes
 
     trusted = undumpable if trusted is None else trusted
     libc = ctypes.CDLL(None, use_errno=True)
     if undumpable and libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         return f"off (not made undumpable: {os.strerror(ctypes.get_errno())})"
-    why = drop_caps([CAP_SYS_PTRACE, *(() if trusted else range(last_cap() + 1) if every else UNTRUSTED_DROPS)])
+    every_cap = [c for c in range(last_cap() + 1) if c != CAP_DAC_READ_SEARCH]  # reading stays (a kernel in 0700)
+    why = drop_caps([CAP_SYS_PTRACE, *(() if trusted else every_cap if every else UNTRUSTED_DROPS)])
     if why is not None:
         return f"off ({why})"
     return "no CAP_SYS_PTRACE" + (

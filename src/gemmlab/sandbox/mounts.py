@@ -49,10 +49,12 @@ def namespaces(pidns: bool, ipc: bool = False) -> tuple[str, str]:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    flags = CLONE_NEWNS | CLONE_NEWUTS | (CLONE_NEWPID if pidns else 0) | (CLONE_NEWIPC if ipc else 0)
-    if libc.unshare(flags) != 0:
+    if libc.unshare(CLONE_NEWNS | (CLONE_NEWPID if pidns else 0)) != 0:
         why = os.strerror(ctypes.get_errno())
         return f"not hidden (no mount namespace: {why})", f"off (unshare: {why})" if pidns else "off"
+    for extra in (CLONE_NEWUTS, CLONE_NEWIPC if ipc else 0):  # each on its own: one refused costs only itself (the
+        if extra:  # report's hostname and sysv_ipc say which held)
+            libc.unshare(extra)
     if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:  # else a mount here would reach the host's
         return (
             f"not hidden (mounts not private: {os.strerror(ctypes.get_errno())})",
@@ -143,7 +145,7 @@ def hide_devices() -> tuple[int, list[str]]:
         return 0, [f"/dev ({e.strerror})"]
     hidden, left = 0, []
     for d, dirs, names in os.walk("/dev"):
-        dirs[:] = [x for x in dirs if os.lstat(os.path.join(d, x)).st_dev == top]
+        dirs[:] = [x for x in dirs if _device_of(os.path.join(d, x)) == top]
         for name in names:
             path = os.path.join(d, name)
             try:
@@ -157,6 +159,14 @@ def hide_devices() -> tuple[int, list[str]]:
             else:
                 left.append(f"{path} ({os.strerror(ctypes.get_errno())})")
     return hidden, left
+
+
+def _device_of(path: str) -> int | None:
+    """The file system ``path`` lies on (lstat), None where it is gone meanwhile."""
+    try:
+        return os.lstat(path).st_dev
+    except OSError:
+        return None
 
 
 def bind_read_only(paths) -> list[str]:
