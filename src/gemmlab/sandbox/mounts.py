@@ -115,20 +115,7 @@ def read_only_host(writable: list[str], files: list[str], cuda: bool = False) ->
 def nodev(paths) -> list[str]:
     """Each of ``paths`` that exists bound on itself ``nodev`` (no device node there opens: one another process left
     in the host's /dev/shm, where the sandbox may write under Landlock too); those that could not be, with why."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    left = []
-    for path in paths:
-        if not os.path.exists(path):
-            continue
-        flags = MS_REMOUNT | MS_BIND | MS_NODEV | mount_flags(path)
-        if (
-            libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None) != 0
-            or libc.mount(None, path.encode(), None, flags, None) != 0
-        ):
-            left.append(f"{path} ({os.strerror(ctypes.get_errno())})")
-    return left
+    return bind_with(paths, MS_NODEV, MS_REC)
 
 
 def hide_devices() -> tuple[int, list[str]]:
@@ -171,6 +158,12 @@ def _device_of(path: str) -> int | None:
 
 def bind_read_only(paths) -> list[str]:
     """Each of ``paths`` that exists bound on itself read-only; those that could not be, with why."""
+    return bind_with(paths, MS_RDONLY)
+
+
+def bind_with(paths, flag: int, rec: int = 0) -> list[str]:
+    """Each of ``paths`` that exists bound on itself (``rec``: MS_REC, its submounts too), then remounted with
+    ``flag`` (MS_RDONLY, MS_NODEV) beside the flags it has; those that could not be, with why."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -178,9 +171,9 @@ def bind_read_only(paths) -> list[str]:
     for path in paths:
         if not os.path.exists(path):
             continue
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | mount_flags(path)
+        flags = MS_REMOUNT | MS_BIND | flag | mount_flags(path)
         if (
-            libc.mount(path.encode(), path.encode(), None, MS_BIND, None) != 0
+            libc.mount(path.encode(), path.encode(), None, MS_BIND | rec, None) != 0
             or libc.mount(None, path.encode(), None, flags, None) != 0
         ):
             left.append(f"{path} ({os.strerror(ctypes.get_errno())})")
