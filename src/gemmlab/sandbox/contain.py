@@ -87,13 +87,18 @@ def threads(pid: int) -> list[int]:
 def members(root: int, caged: set[int], orphans_but: set[int] | None) -> set[int]:
     """Every live process of a sandbox whose keeper is ``root``: its session, the processes of its cgroup
     (``caged``), their descendants and, unless ``orphans_but`` is None (a trusted sandbox), every child of the owner
-    outside the owner's session that is not in ``orphans_but`` (the owner's own keepers); never the owner."""
+    outside the owner's session whose pid and session are not in ``orphans_but`` (the owner's own keepers, whose
+    sessions are its other sandboxes: the orphans of a killed keeper are its own sandbox's); never the owner."""
     table = procs()
     me = os.getpid()
     roots = {p for p, (_, sid) in table.items() if sid == root} | {root} | caged
     if orphans_but is not None:  # orphans it left: no process of the sandbox can join the owner's session
         own_sid = os.getsid(0)
-        roots |= {p for p, (pp, sid) in table.items() if pp == me and sid != own_sid and p not in orphans_but}
+        roots |= {
+            p
+            for p, (pp, sid) in table.items()
+            if pp == me and sid != own_sid and p not in orphans_but and sid not in orphans_but
+        }
     return (descendants(roots, table) & set(table)) - {me}
 
 
