@@ -11,26 +11,17 @@ import gemmlab
 from gemmlab.ops.gemm_fp8 import Fp8DecodeConfig, execute_fp8, plan_fp8
 from gemmlab.ops.introspect import counters, fp8_launch_mode
 from gemmlab.ref import gemm_fp8_check
+from tests.fp8.operands import GRAN, operands
 
 pytestmark = pytest.mark.gpu
-GRAN = {"tensor": ("tensor", "tensor"), "rowcol": ("row", "row"), "block": ("block", "block")}
 SHAPES = [(1, 4096, 7168), (64, 7168, 2048), (8, 2112, 7168)]
-
-
-def _operands(m, n, k, mode, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(m, k, generator=g, device="cuda")
-    w = torch.randn(n, k, generator=g, device="cuda")  # nn.Linear weight (N, K)
-    qa, sa = gemmlab.quantize_fp8(x, GRAN[mode][0], (1, 128))
-    qw, sw = gemmlab.quantize_fp8(w, GRAN[mode][1], (128, 128))
-    return qa, qw.t(), sa, sw.t()
 
 
 @pytest.mark.parametrize("mode", list(GRAN))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_decode_within_bound_same_bits_and_direct(shape, mode):
     m, n, k = shape
-    qa, qb, sa, sb = _operands(m, n, k, mode)
+    qa, qb, sa, sb = operands(m, n, k, mode)
     p = plan_fp8(qa, qb, sa, sb)
     assert p.path == "decode", p.reason
     outs = []
@@ -49,7 +40,7 @@ def test_decode_within_bound_same_bits_and_direct(shape, mode):
 @pytest.mark.parametrize("block_m", [1, 16])
 @pytest.mark.parametrize("mode", list(GRAN))
 def test_both_branches_at_one_row(block_m, mode):
-    qa, qb, sa, sb = _operands(1, 4096, 7168, mode, seed=3)
+    qa, qb, sa, sb = operands(1, 4096, 7168, mode, seed=3)
     p = plan_fp8(qa, qb, sa, sb, out_dtype=torch.float32, config=Fp8DecodeConfig(block_m=block_m))
     c = torch.full((1, 4096), float("nan"), dtype=torch.float32, device="cuda")
     execute_fp8(p, qa, qb, sa, sb, c)
@@ -58,7 +49,7 @@ def test_both_branches_at_one_row(block_m, mode):
 
 
 def test_row_major_b():
-    qa, qb, sa, sb = _operands(16, 4096, 7168, "tensor", seed=4)
+    qa, qb, sa, sb = operands(16, 4096, 7168, "tensor", seed=4)
     qb = qb.contiguous()  # B (K, N) row-major
     assert plan_fp8(qa, qb, sa, sb).path == "decode"
     chk = gemm_fp8_check(gemmlab.gemm_fp8(qa, qb, sa, sb), qa, qb, sa, sb)
@@ -69,7 +60,7 @@ def test_row_major_b():
 def test_decode_in_a_cuda_graph(mode):
     """A split-K decode launch captured with the activation's quantizer, replayed on new activations; eager calls
     of the same signature before and after stay right (the capture's workspace and counters are its own)."""
-    qa, qb, sa, sb = _operands(4, 4096, 7168, mode, seed=2)
+    qa, qb, sa, sb = operands(4, 4096, 7168, mode, seed=2)
     p = plan_fp8(qa, qb, sa, sb)
     assert p.path == "decode" and p.config.split_k > 1, p.reason
     x = torch.randn(4, 7168, device="cuda")

@@ -8,18 +8,9 @@ import torch
 import gemmlab
 from gemmlab.ops.fp8.quantize import quantize_torch
 from gemmlab.ref import gemm_fp8_check
+from tests.fp8.operands import GRAN, operands
 
 pytestmark = pytest.mark.gpu
-GRAN = {"tensor": ("tensor", "tensor"), "rowcol": ("row", "row"), "block": ("block", "block")}
-
-
-def _operands(m, n, k, mode, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(m, k, generator=g, device="cuda")
-    w = torch.randn(n, k, generator=g, device="cuda")  # nn.Linear weight (N, K)
-    qa, sa = gemmlab.quantize_fp8(x, GRAN[mode][0], (1, 128))
-    qw, sw = gemmlab.quantize_fp8(w, GRAN[mode][1], (128, 128))
-    return qa, qw.t(), sa, sw.t()
 
 
 SHAPES = [(4096, 4096, 4096), (8192, 2048, 7168), (64, 7168, 2048), (1, 4096, 7168), (300, 1000, 4112)]
@@ -29,7 +20,7 @@ SHAPES = [(4096, 4096, 4096), (8192, 2048, 7168), (64, 7168, 2048), (1, 4096, 71
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_gemm_fp8_within_bound_at_real_sizes(shape, mode):
     m, n, k = shape
-    qa, qb, sa, sb = _operands(m, n, k, mode)
+    qa, qb, sa, sb = operands(m, n, k, mode)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemmlab.gemm_fp8(qa, qb, sa, sb, out=out)
     chk = gemm_fp8_check(out, qa, qb, sa, sb)
@@ -41,7 +32,7 @@ def test_gemm_fp8_within_bound_at_real_sizes(shape, mode):
 
 
 def test_matches_scaled_mm_within_the_bound():
-    qa, qb, sa, sb = _operands(2048, 2048, 4096, "tensor", seed=1)
+    qa, qb, sa, sb = operands(2048, 2048, 4096, "tensor", seed=1)
     theirs = torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
     ours = gemmlab.gemm_fp8(qa, qb, sa, sb)
     assert gemm_fp8_check(theirs, qa, qb, sa, sb)["ok"] and gemm_fp8_check(ours, qa, qb, sa, sb)["ok"]
@@ -57,7 +48,7 @@ def test_quantize_kernel_exact_on_the_gpu(granularity, block):
 
 @pytest.mark.parametrize("mode", list(GRAN))
 def test_cuda_graph_capture_and_replay(mode):
-    qa, qb, sa, sb = _operands(1024, 2048, 4096, mode, seed=2)
+    qa, qb, sa, sb = operands(1024, 2048, 4096, mode, seed=2)
     x = torch.randn(1024, 4096, device="cuda")
     gemmlab.gemm_fp8(qa, qb, sa, sb)  # compile outside the capture
     gemmlab.quantize_fp8(x, GRAN[mode][0], (1, 128))
