@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: run the named steps in order, each under its own time limit, logs and results under $OUT.
 #   GEMMLAB_GIT_SHA=$(git rev-parse HEAD) python -m benchmarks session STEP...   (or: bash benchmarks/session.sh)
-# Steps: the names of the case statement below, each with a comment where it is not obvious. Prints a one-line
+# Steps: the names of the case statement below, each with a comment where it is not obvious (and of parts()). Prints a one-line
 # summary per step last; results tarred into $OUT/results.tgz.
 # Liger steps: liger_quick (a plumbing check, Liger pinned to one config), liger_warm (compile Liger's kernels in
 # parallel and autotune them into .triton-cache), liger (fwd eager + graph, then fwd+bwd at T >= 1024; after
@@ -29,7 +29,15 @@ step() {
   echo "$name rc=$rc $((SECONDS - t0))s" >>"$SUMMARY"
   tail -n 12 "$OUT/$name.log" | sed "s/^/  $name| /" >>"$SUMMARY"
 }
-for s in "$@"; do
+# a compound name runs its parts in order; each part is a step of its own name too
+parts() {
+  case $1 in
+    sandbox_cuda) echo isolation_cuda probe_cuda ;;
+    sandbox_cuda2) echo cuda_mounts cuda_rest grade_default ;;
+    *) echo "$1" ;;
+  esac
+}
+for s in $(for a in "$@"; do parts "$a"; done); do
   case $s in
     grade) for c in competition moe; do
         step "grade_$c" 200 python3 -m gemmlab grade --cases "$c" --output-dir "$RES/grade-h200-cli-$c" \
@@ -59,17 +67,17 @@ for s in "$@"; do
     # namespace and the uid, alone (test_isolation_with_cuda: every probed switch set, so no probe), /proc with CUDA
     # (test_cuda_proc), Landlock's reach; then the probe's own GPU test (it prints what it decided) and root in the
     # sandbox against the host with CUDA (test_host_reach), each switch set probed afresh
-    sandbox_cuda) step isolation_cuda 250 python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE \
+    isolation_cuda) step isolation_cuda 250 python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE \
         tests/sandbox/test_isolation.py::test_isolation_with_cuda tests/sandbox/test_cuda_proc.py \
-        tests/sandbox/test_sandbox.py::test_landlock_with_cuda
-      step probe_cuda 250 python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE tests/grade/test_probe.py \
+        tests/sandbox/test_sandbox.py::test_landlock_with_cuda ;;
+    probe_cuda) step probe_cuda 250 python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE tests/grade/test_probe.py \
         tests/sandbox/test_host_reach.py ;;
     # then: which mounts cuInit writes (cuda-mounts, and its netns trial), the TF32 competition reference, bubblewrap
     # with CUDA, and one default grade (the probe decides its layers; no false FAIL; report.json's isolation.probe)
-    sandbox_cuda2) step cuda_mounts 120 python3 -m benchmarks cuda-mounts --out "$RES/cuda-mounts"
-      step cuda_rest 180 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
-        tests/grade/test_tf32_reference.py tests/sandbox/test_tool.py
-      step grade_default 200 python3 -m gemmlab grade --cases competition --output-dir "$RES/grade-h200-default" ;;
+    cuda_mounts) step cuda_mounts 120 python3 -m benchmarks cuda-mounts --out "$RES/cuda-mounts" ;;
+    cuda_rest) step cuda_rest 180 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
+        tests/grade/test_tf32_reference.py tests/sandbox/test_tool.py ;;
+    grade_default) step grade_default 200 python3 -m gemmlab grade --cases competition --output-dir "$RES/grade-h200-default" ;;
     # issue 29 on the GPU: every gpu-marked grader and sandbox test (the known-bad kernels of each hole), slowest listed
     gradetests) step gradetests "${GRADETESTS_S:-520}" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
       --durations=25 tests/grade tests/sandbox ;;
