@@ -6,11 +6,13 @@ a module. ``redteam.py:uses_root_powers`` tries the first three in ways that cha
 tick out of range, /dev/null's numbers), where the kernel's answer still tells whether the capability was held; its
 control holds them all."""
 
+import ast
 import os
 
 import pytest
 
 from gemmlab.grade import grade
+from gemmlab.sandbox import keeper
 from gemmlab.sandbox.tool import Tool
 from tests.grade.test_grade import TINY, passed
 from tests.paths import BAD_KERNELS
@@ -58,3 +60,34 @@ def test_without_the_layer_root_holds_those_powers(tmp_path, monkeypatch):
     )
     assert int(tried["cap_eff"], 16) != 0, tried
     assert (tried["reboot"], tried["adjtimex"], tried["mknod"]) == ("Invalid argument", "Invalid argument", "ok"), tried
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becomes another uid: needs root")
+def test_a_grader_that_is_not_root_has_the_layers_too():
+    """A keeper of a grader that is not root holds no capability, and may not clear its bounding set (no
+    CAP_SETPCAP): the drops still hold (nothing held, and no_new_privs: no exec grants one), so the report says so
+    and the undumpable layer stays in force, not "off (capability kept)"."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: become nobody (setuid drops every capability), then drop as the keeper does
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            got = [keeper.drop_caps(list(keeper.HOST_DROPS.values())), keeper.no_ptrace(True, False, every=True)]
+            status = open("/proc/self/status").read()
+            got.append(next(line for line in status.splitlines() if line.startswith("NoNewPrivs")))
+            os.write(write, repr(got).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    out = b""
+    while chunk := os.read(read, 4096):
+        out += chunk
+    os.close(read)
+    os.waitpid(pid, 0)
+    host, ptrace, nnp = ast.literal_eval(out.decode())
+    assert host is None
+    assert ptrace == "no CAP_SYS_PTRACE; this sandbox undumpable"
+    assert nnp.split() == ["NoNewPrivs:", "1"]

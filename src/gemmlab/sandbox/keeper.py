@@ -136,6 +136,7 @@ def landlock(writable: list[str], cuda: bool = False) -> list[str]:
 
 PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH = 8, 47, 2, 2
 PR_SET_DUMPABLE, PR_CAPBSET_READ, PR_CAPBSET_DROP, CAP_SYS_PTRACE, CAP_NET_ADMIN = 4, 23, 24, 19, 12
+PR_SET_NO_NEW_PRIVS = 38
 # dropped by an untrusted sandbox alone (``no_ptrace``): CAP_SYS_MODULE, CAP_SYS_RAWIO (/proc/kcore), CAP_SYSLOG
 UNTRUSTED_DROPS = (16, 17, 34)
 # dropped with the seccomp filter, by every sandbox: host-wide kernel settings that no namespace covers (CAP_SYS_BOOT:
@@ -205,24 +206,29 @@ def own_uid(uid: int) -> str:
 
 def drop_caps(caps) -> str | None:
     """Drop ``caps`` for good: the bounding set (those still in it), then the effective, permitted and inheritable
-    sets. None when done, else why not."""
+    sets. A capability the process does not hold, whose bounding bit it may not clear (a grader that is not root has
+    no CAP_SETPCAP), stays out of reach by no_new_privs (no exec can grant it). None when done, else why not."""
     import ctypes
     import platform
     import struct
 
     libc = ctypes.CDLL(None, use_errno=True)
-    for cap in caps:
-        if libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) != 1:  # gone already (or unknown to this kernel)
-            continue
-        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
-            return f"capability {cap} kept: {os.strerror(ctypes.get_errno())}"
     nr = {"x86_64": (125, 126), "aarch64": (90, 91)}.get(platform.machine())  # capget, capset
     head = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0), 8)  # _LINUX_CAPABILITY_VERSION_3
     data = ctypes.create_string_buffer(24)
     if nr is None or libc.syscall(nr[0], head, data) != 0:
         return "capabilities not read here"
-    sets = list(struct.unpack("=6I", data.raw))
-    for cap in caps:  # (effective, permitted, inheritable) of capabilities 0-31, then of 32-63
+    sets = list(struct.unpack("=6I", data.raw))  # (effective, permitted, inheritable) of 0-31, then of 32-63
+    for cap in caps:
+        if libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) != 1:  # gone already (or unknown to this kernel)
+            continue
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0 or ctypes.get_errno() == errno.EINVAL:
+            continue
+        err = ctypes.get_errno()
+        held = sets[1 + 3 * (cap // 32)] >> (cap % 32) & 1
+        if held or err != errno.EPERM or libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return f"capability {cap} kept: {os.strerror(err)}"
+    for cap in caps:
         sets = [c & ~(1 << cap % 32) if i // 3 == cap // 32 else c for i, c in enumerate(sets)]
     if libc.syscall(nr[1], head, ctypes.create_string_buffer(struct.pack("=6I", *sets), 24)) != 0:
         return f"capset: {os.strerror(ctypes.get_errno())}"
