@@ -30,6 +30,8 @@ def gemm_tolerance(a: torch.Tensor, b: torch.Tensor | PackedB, dtype: torch.dtyp
     - atol covers fp32 accumulation where |ref| is small: K roundings of partial sums of size about
       sqrt(K) * max|a| * max|b| random-walk to sqrt(K) * 2^-24 * that; we allow 32 times it. A missed or
       repeated K block changes an element by about sqrt(BLOCK_K) * E|a b|, orders of magnitude more.
+      Plus one step of the output dtype's subnormals (fp16: 2^-24): below its smallest normal the rounding
+      is absolute, half that step, which no relative term covers (a tiny B makes such outputs common).
     """
     k = a.shape[1]
     if k == 0 or a.numel() == 0 or b.numel() == 0:
@@ -37,7 +39,8 @@ def gemm_tolerance(a: torch.Tensor, b: torch.Tensor | PackedB, dtype: torch.dtyp
     if isinstance(b, PackedB):
         b = b.view()
     amax = a.abs().max().item() * b.abs().max().item()
-    atol = 32 * 2.0**-24 * k * amax
+    subnormal_step = torch.finfo(dtype).smallest_normal * 2.0 ** -mantissa_bits(dtype)
+    atol = 32 * 2.0**-24 * k * amax + subnormal_step
     return atol, 2.0 ** -mantissa_bits(dtype)
 
 

@@ -314,6 +314,20 @@ def test_gemm_check_fires_on_bad_results():
     assert not gemm_check(gemmlab.gemm(a2, b), a, b)["ok"]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_outputs_below_the_smallest_normal_round_within_the_check(dtype):
+    """A tiny B puts C below the output dtype's smallest normal, where its rounding is absolute (fp16: up to 2^-25):
+    a correct result passes, and one a subnormal step or more off at a tiny output still fails."""
+    tiny = torch.finfo(dtype).smallest_normal
+    a = torch.linspace(-1, 1, 97, dtype=torch.float32).to(dtype).reshape(97, 1)  # every output a different rounding
+    b = torch.full((1, 1), tiny * 1.37, dtype=dtype)
+    c = gemmlab.gemm(a, b)
+    assert gemm_check(c, a, b)["ok"], gemm_check(c, a, b)
+    bad = c.clone()
+    bad[48, 0] += 4 * tiny * 2.0 ** -{torch.float16: 10, torch.bfloat16: 7}[dtype]  # a[48] = 0: four steps off
+    assert not gemm_check(bad, a, b)["ok"]
+
+
 def test_warp_specialization_is_refused_until_it_works(monkeypatch):
     """Hopper WS hung on the H200 with Triton 3.6: pinning it is a clear error, not a hang."""
     a, b = operands(300, 64, 64)
