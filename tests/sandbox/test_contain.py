@@ -2,8 +2,13 @@
 subreaper, so both a sandbox's own escapees and the orphans of another sandbox's killed keeper become its children."""
 
 import os
+import signal
+import time
+from pathlib import Path
 
 from gemmlab.sandbox import contain
+from gemmlab.sandbox.box import Sandbox
+from tests.paths import BAD_KERNELS
 
 CANDIDATE, BASELINE = 900001, 900002  # keepers: each leads a session of its own
 
@@ -42,3 +47,47 @@ def test_the_owners_own_session_is_never_an_orphan(monkeypatch):
     me = os.getpid()
     _table(monkeypatch, {CANDIDATE: (me, CANDIDATE), 900060: (me, os.getsid(0))})
     assert contain.members(CANDIDATE, set(), {CANDIDATE}) == {CANDIDATE}
+
+
+def _keeper_and_worker(box) -> tuple[int, int]:
+    """(the keeper, its worker): the sandbox's processes running keeper.py, parent first (bubblewrap aside)."""
+    table = contain.procs()
+    keepers = []
+    for p in box.members():
+        try:
+            if b"sandbox/keeper.py" in Path(f"/proc/{p}/cmdline").read_bytes():
+                keepers.append(p)
+        except OSError:
+            pass
+    keeper = next(p for p in keepers if table[p][0] not in keepers)
+    return keeper, next(p for p in keepers if table[p][0] == keeper)
+
+
+def test_a_killed_keepers_orphans_stay_its_sandboxs(tmp_path, device):
+    """The candidate kills the baseline's keeper, whose worker lingers (held stopped here): the grader, their
+    subreaper, adopts it, in the keeper's session. It is not the candidate's (which would then 'leave its cgroup' or be
+    frozen with it, and the baseline's death be blamed on the wrong sandbox)."""
+    spec = f"{BAD_KERNELS / 'containment.py'}:honest"
+    cand = Sandbox(spec, "colmajor", "colmajor", 60.0, device == "cpu", str(tmp_path))
+    base = Sandbox("builtin:cublas", "colmajor", "colmajor", 60.0, device == "cpu", str(tmp_path), name="baseline")
+    try:
+        cand.start()
+        base.start()
+        keeper, worker = _keeper_and_worker(base)
+        os.kill(worker, signal.SIGSTOP)  # it would notice its keeper's death and exit: held, it lingers
+        os.kill(keeper, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while contain.procs().get(worker, (0, 0))[0] != os.getpid():
+            assert time.monotonic() < deadline, "the worker was not adopted"
+            time.sleep(0.01)
+        assert worker not in cand.members()
+        cand.freeze()  # no member outside its cgroup
+        cand.thaw()
+        assert cand.failed is None, cand.failed
+    finally:
+        cand.close()
+        try:
+            os.kill(worker, signal.SIGKILL)
+        except (ProcessLookupError, UnboundLocalError):
+            pass
+        base.close(graceful=False)

@@ -91,6 +91,7 @@ class Sandbox:
         self._waking: set[int] | None = None  # the members ``ready`` found, for ``wake``
         self.frozen = False
         self.holds_owner = False  # this sandbox keeps the owner undumpable (``owner.dumpable``)
+        self.sessions: set[int] = set()  # its sessions when its keeper reported: their orphans are its own
         self.starts = 0
         self.failed: str | None = None  # once set, the sandbox is gone for good (loading happens once)
 
@@ -104,6 +105,7 @@ class Sandbox:
             deadline, self._hello_by = self._hello_by, None
             told = self._recv(max(0.0, deadline - time.monotonic()), "keeper", {}, "starting")["isolation"]
             self.isolation = {**told, "freeze_accounting": hold.accounting(self.freezer, self.proc.pid)}
+            self.sessions = contain.sessions(self.members())  # its keeper's, before any code of the child's runs
             hello = self._recv(max(0.0, deadline - time.monotonic()), "hello", {}, "loading the kernel")
             if not hello["ok"]:
                 self._fail(f"kernel could not be loaded: {hello['error']}")
@@ -243,13 +245,16 @@ class Sandbox:
     # ------------------------------------------------------------------------------------- containment
 
     def members(self) -> set[int]:
-        """Every live process the child started (see the module docstring); empty before start."""
+        """Every live process the child started (see the module docstring); empty before start. Not an orphan in a
+        session another sandbox's keeper had (the candidate killed that keeper: the orphans are that sandbox's, whose
+        death the grader reports; a session of that id needs the keeper's pid, free only once it died)."""
         if self.proc is None:
             return set()
+        others = set().union(*(box.sessions for box in list(_LIVE) if box is not self))  # its orphans are theirs
         return contain.members(
             self.proc.pid,
             self.freezer.pids() if self.freezer is not None else set(),
-            None if self.trusted else _OWN_CHILDREN,
+            None if self.trusted else _OWN_CHILDREN | others,
         )
 
     def cpu_ns(self) -> int:
@@ -276,8 +281,8 @@ class Sandbox:
         out = hold.outside(self.freezer, self.proc.pid, members)
         if out:
             self._fail(
-                f"the {self.name}'s processes {out[:5]} left its cgroup: its CPU time and its freeze are not "
-                "the cgroup's"
+                f"the {self.name}'s processes {contain.described(out[:5])} left its cgroup: its CPU time and its "
+                "freeze are not the cgroup's"
             )
         contain.reap({p for p in members if contain.state(p) == "Z" and p not in _OWN_CHILDREN}, wait_s=0)
         self._seen = contain.sched_seen(members - {self.proc.pid} if self.proc.poll() is not None else members)

@@ -48,6 +48,25 @@ def procs() -> dict[int, tuple[int, int]]:
     return out
 
 
+def sessions(pids) -> set[int]:
+    """The session ids of ``pids`` (those still listed)."""
+    table = procs()
+    return {table[p][1] for p in pids if p in table}
+
+
+def described(pids) -> str:
+    """``pids`` as a report names them: each with its command name, parent and session ("gone" once it exited)."""
+    table, out = procs(), []
+    for p in pids:
+        try:
+            comm = Path(f"/proc/{p}/comm").read_text().strip()
+        except OSError:
+            comm = "gone"
+        parent, session = table.get(p, ("?", "?"))
+        out.append(f"{p} ({comm}, parent {parent}, session {session})")
+    return "[" + ", ".join(out) + "]"
+
+
 def state(pid: int, leader: bool = False) -> str:
     """The process state letter from /proc (R, S, D, T, t, Z, ...); "" when it is gone. A process whose main thread
     exited while others live reads as a zombie there: its state is then that of its threads (a running one's first,
@@ -87,8 +106,8 @@ def threads(pid: int) -> list[int]:
 def members(root: int, caged: set[int], orphans_but: set[int] | None) -> set[int]:
     """Every live process of a sandbox whose keeper is ``root``: its session, the processes of its cgroup
     (``caged``), their descendants and, unless ``orphans_but`` is None (a trusted sandbox), every child of the owner
-    outside the owner's session whose pid and session are not in ``orphans_but`` (the owner's own keepers, whose
-    sessions are its other sandboxes: the orphans of a killed keeper are its own sandbox's); never the owner."""
+    outside the owner's session whose pid and session are not in ``orphans_but`` (the owner's own keepers, and the
+    sessions of its other sandboxes: the orphans of a killed keeper are its own sandbox's); never the owner."""
     table = procs()
     me = os.getpid()
     roots = {p for p, (_, sid) in table.items() if sid == root} | {root} | caged
