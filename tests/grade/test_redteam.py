@@ -8,7 +8,7 @@ import os
 import pytest
 
 from gemmlab.grade import grade
-from gemmlab.sandbox import contain
+from gemmlab.sandbox import sched
 from tests.grade.test_grade import TINY, failed_rules
 from tests.paths import BAD_KERNELS
 from tests.sandbox.test_sandbox import grade_cli
@@ -160,7 +160,7 @@ def test_an_autogroup_reniced_baseline_fails_the_candidate(out_dir, monkeypatch)
     autogroup: changed while the baseline was held, it fails the candidate."""
     monkeypatch.setenv("GEMMLAB_SANDBOX_LANDLOCK", "0")
     monkeypatch.setenv("GEMMLAB_SANDBOX_UID", "0")
-    if contain.autogroup_nice(contain.autogroup("self")) is None:
+    if sched.autogroup_nice(sched.autogroup("self")) is None:
         pytest.skip("no autogroups here")
     r = grade(TINY, kernel=f"{RED}:reaches_outside_by_files")
     found = json.loads((out_dir / "files.json").read_text())

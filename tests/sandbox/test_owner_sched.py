@@ -68,7 +68,7 @@ def test_a_candidate_that_slows_the_graders_thread_fails(tmp_path, monkeypatch, 
 def test_changed_names_and_restores_each_value():
     if os.geteuid() != 0:
         pytest.skip("lowering the nice value again needs root")
-    from gemmlab.sandbox.contain import Sched
+    from gemmlab.sandbox.sched import Sched
 
     was, sched, slack = _mine(), Sched.of_owner(), owner.timer_slack()
     assert owner.changed(sched, slack) == []  # nothing changed: nothing said

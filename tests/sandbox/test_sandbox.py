@@ -13,7 +13,7 @@ import torch
 
 from gemmlab.grade import grade
 from gemmlab.sandbox import box as sandbox_box
-from gemmlab.sandbox import contain, share
+from gemmlab.sandbox import contain, sched, share
 from gemmlab.sandbox.box import Sandbox
 from gemmlab.sandbox.replies import checked
 from tests.child import no_interpreter_env
@@ -316,7 +316,7 @@ def test_a_reniced_autogroup_of_the_baseline_is_seen(tmp_path, when):
     """The baseline never sets its own autogroup: one whose nice value is not the owner's fails, whenever the write
     landed: during the baseline's own window (so its freeze records it: comparing with that record alone misses
     it) or after its last window (no later ``ready`` would compare: ``check_held``, after the last round)."""
-    if contain.autogroup_nice(contain.autogroup("self")) is None:
+    if sched.autogroup_nice(sched.autogroup("self")) is None:
         pytest.skip("no autogroups here")
     base = Sandbox("builtin:empty", "colmajor", "colmajor", 30.0, True, str(tmp_path), name="baseline")
     a = torch.rand(4, 4, dtype=torch.float16)

@@ -1,8 +1,9 @@
 """The candidate's containment, owned by the grader (and used by ``bench gemm --backend``): ``box`` is the owner's
 side (``Sandbox``), ``serve`` the child's server, ``keeper`` the child's first process, ``contain`` the owner's view
-of the child's processes (cgroup freezer, /proc, scheduling), ``wire`` the JSON channel between them, ``replies``
-what the owner accepts on it, ``share`` the tensors they share (``slot_memory``: where shared CUDA tensors must be
-allocated), ``candidate`` loads and calls a candidate kernel. The guards below are ``Sandbox``'s methods.
+of the child's processes (cgroup freezer, /proc), ``sched`` their threads' scheduling, ``wire`` the JSON channel
+between them, ``replies`` what the owner accepts on it, ``share`` the tensors they share (``slot_memory``: where
+shared CUDA tensors must be allocated), ``candidate`` loads and calls a candidate kernel.
+The guards below are ``Sandbox``'s methods.
 
 What each guard enforces (Linux; CPU and GPU alike unless said):
 - Process: the child is ``python .../sandbox/keeper.py``, started in a new session (no controlling terminal; stdin

@@ -26,7 +26,7 @@ import weakref
 from pathlib import Path
 
 from gemmlab import output
-from gemmlab.sandbox import contain, hold, owner, share, wire
+from gemmlab.sandbox import contain, hold, owner, sched, share, wire
 from gemmlab.sandbox.isolate import Isolation, appended, child_env
 from gemmlab.sandbox.replies import checked, log_tail
 
@@ -82,12 +82,12 @@ class Sandbox:
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.freezer: contain.Freezer | None = None
-        self.sched, self.slack = contain.Sched.of_owner(), owner.timer_slack()  # the owner's, checked (``owner``)
+        self.sched, self.slack = sched.Sched.of_owner(), owner.timer_slack()  # the owner's, checked (``owner``)
         self._cgroups: str | None = None  # the keeper's /proc/PID/cgroup: every thread must stay there
         self._hello_by: float | None = None  # loading must be done by then (monotonic clock)
         self._others: dict = {}  # frozen sandboxes -> their CPU ns when this one's window opened
         self._frozen_ns: int | None = None  # this one's CPU ns when its freeze was done (``ready`` checks it)
-        self._seen: dict | None = None  # the threads' scheduling when last frozen (contain.sched_seen)
+        self._seen: dict | None = None  # the threads' scheduling when last frozen (sched.sched_seen)
         self._waking: set[int] | None = None  # the members ``ready`` found, for ``wake``
         self.frozen = False
         self.holds_owner = False  # this sandbox keeps the owner undumpable (``owner.dumpable``)
@@ -285,7 +285,7 @@ class Sandbox:
                 "freeze are not the cgroup's"
             )
         contain.reap({p for p in members if contain.state(p) == "Z" and p not in _OWN_CHILDREN}, wait_s=0)
-        self._seen = contain.sched_seen(members - {self.proc.pid} if self.proc.poll() is not None else members)
+        self._seen = sched.sched_seen(members - {self.proc.pid} if self.proc.poll() is not None else members)
         raised = self.sched.raised(self._seen)
         if raised:
             self._fail(f"the {self.name} raised the scheduling priority of its own threads ({'; '.join(raised[:3])})")
@@ -323,7 +323,7 @@ class Sandbox:
         if self.frozen and self._frozen_ns is not None:
             self.check_still(self._frozen_ns, "between its freeze and its wake", pids)
             self._frozen_ns = None
-        self._check_sched(contain.sched_seen(pids), restore=pids)
+        self._check_sched(sched.sched_seen(pids), restore=pids)
         if self.trusted:  # its timer slack as the owner's (the candidate's own is its own business)
             owner.restore_slack(pids, self.slack)
         self._waking = pids
@@ -334,7 +334,7 @@ class Sandbox:
         sandbox, which no later window of this one would check."""
         if self.proc is not None and self.frozen:
             self._check_owner()
-            self._check_sched(contain.sched_seen(self.members()))
+            self._check_sched(sched.sched_seen(self.members()))
 
     def _check_owner(self) -> None:
         """Fail where the owner's own thread's scheduling changed since this sandbox was made (``owner.changed``)."""
@@ -353,7 +353,7 @@ class Sandbox:
         )
         if self._seen is not None:
             self._check_group(now)
-        changed = contain.sched_changes(before, now) or (self.sched.restore(restore) if restore else [])
+        changed = sched.sched_changes(before, now) or (self.sched.restore(restore) if restore else [])
         if changed:
             self._fail(
                 f"the scheduling of the {self.name}'s processes was changed while it was held "

@@ -5,7 +5,7 @@ the same uid (lowering a priority) or CAP_SYS_NICE (root), and root may write ``
 candidate that slows the grader's thread while the baseline is timed (nice 19, SCHED_IDLE, one CPU, a timer slack of
 milliseconds on every sleep of the grader's) and gives it back before its own window would gain. So before every
 window (``Sandbox.ready``, ``check_held``) the grader compares its thread with what it was when the sandbox was made
-(``contain.Sched.of_owner``, ``timer_slack``), fails the sandbox on any change and restores what it can.
+(``sched.Sched.of_owner``, ``timer_slack``), fails the sandbox on any change and restores what it can.
 
     timer_slack()              the calling thread's timer slack (ns)
     changed(sched, slack)      what differs from ``sched`` and ``slack`` now ([]: nothing), the values restored
@@ -20,7 +20,8 @@ import ctypes
 import os
 from pathlib import Path
 
-from gemmlab.sandbox.contain import Sched, autogroup, autogroup_nice, threads
+from gemmlab.sandbox.contain import threads
+from gemmlab.sandbox.sched import Sched, autogroup, autogroup_nice
 
 PR_SET_TIMERSLACK, PR_GET_TIMERSLACK = 29, 30
 PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
