@@ -6,6 +6,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from gemmlab.sandbox import contain
 from gemmlab.sandbox.box import Sandbox
 from tests.paths import BAD_KERNELS
@@ -63,10 +65,13 @@ def _keeper_and_worker(box) -> tuple[int, int]:
     return keeper, next(p for p in keepers if table[p][0] == keeper)
 
 
-def test_a_killed_keepers_orphans_stay_its_sandboxs(tmp_path, device):
+@pytest.mark.parametrize("mode", ["cgroup", "signals"])
+def test_a_killed_keepers_orphans_stay_its_sandboxs(tmp_path, monkeypatch, mode, device):
     """The candidate kills the baseline's keeper, whose worker lingers (held stopped here): the grader, their
     subreaper, adopts it, in the keeper's session. It is not the candidate's (which would then 'leave its cgroup' or be
     frozen with it, and the baseline's death be blamed on the wrong sandbox)."""
+    if mode == "signals":  # no cgroup: the orphan is found by its session alone
+        monkeypatch.setattr(contain.Freezer, "make", classmethod(lambda cls, tag: None))
     spec = f"{BAD_KERNELS / 'containment.py'}:honest"
     cand = Sandbox(spec, "colmajor", "colmajor", 60.0, device == "cpu", str(tmp_path))
     base = Sandbox("builtin:cublas", "colmajor", "colmajor", 60.0, device == "cpu", str(tmp_path), name="baseline")
@@ -81,13 +86,11 @@ def test_a_killed_keepers_orphans_stay_its_sandboxs(tmp_path, device):
             assert time.monotonic() < deadline, "the worker was not adopted"
             time.sleep(0.01)
         assert worker not in cand.members()
+        assert worker in base.members()  # its sandbox's still: frozen with it, killed with it
         cand.freeze()  # no member outside its cgroup
         cand.thaw()
         assert cand.failed is None, cand.failed
     finally:
         cand.close()
-        try:
-            os.kill(worker, signal.SIGKILL)
-        except (ProcessLookupError, UnboundLocalError):
-            pass
         base.close(graceful=False)
+    assert not contain.state(worker)  # gone with its sandbox

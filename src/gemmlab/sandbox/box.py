@@ -255,6 +255,7 @@ class Sandbox:
             self.proc.pid,
             self.freezer.pids() if self.freezer is not None else set(),
             None if self.trusted else _OWN_CHILDREN | others,
+            self.sessions,
         )
 
     def cpu_ns(self) -> int:

@@ -98,14 +98,15 @@ def threads(pid: int) -> list[int]:
         return []
 
 
-def members(root: int, caged: set[int], orphans_but: set[int] | None) -> set[int]:
-    """Every live process of a sandbox whose keeper is ``root``: its session, the processes of its cgroup
-    (``caged``), their descendants and, unless ``orphans_but`` is None (a trusted sandbox), every child of the owner
+def members(root: int, caged: set[int], orphans_but: set[int] | None, sessions: set[int] = frozenset()) -> set[int]:
+    """Every live process of a sandbox whose keeper is ``root``: its session and ``sessions`` (those its processes had
+    at its start: a keeper under bubblewrap leads its own), the processes of its cgroup (``caged``), their descendants
+    and, unless ``orphans_but`` is None (a trusted sandbox), every child of the owner
     outside the owner's session whose pid and session are not in ``orphans_but`` (the owner's own keepers, and the
     sessions of its other sandboxes: the orphans of a killed keeper are its own sandbox's); never the owner."""
     table = procs()
     me = os.getpid()
-    roots = {p for p, (_, sid) in table.items() if sid == root} | {root} | caged
+    roots = {p for p, (_, sid) in table.items() if sid == root or sid in sessions} | {root} | caged
     if orphans_but is not None:  # orphans it left: no process of the sandbox can join the owner's session
         own_sid = os.getsid(0)
         roots |= {
