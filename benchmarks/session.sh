@@ -18,13 +18,15 @@ OUT=${OUT:-/tmp/gemmlab-out}
 RES=${RES:-/tmp/gemmlab-results}  # RES=$OUT/res: results come back even if the call is cut short
 mkdir -p "$OUT" "$RES"
 SUMMARY="$OUT/summary.txt"
+WHERE_HUNG="-o faulthandler_timeout=100"  # a test past 100 s prints every thread's stack (and goes on)
 : >"$SUMMARY"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,power.limit,driver_version --format=csv >>"$SUMMARY" 2>&1
 step() {
   local name=$1 limit=$2
   shift 2
   local t0=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  # SIGINT first: pytest then prints where it hung and the failures so far; SIGKILL 20 s later
+  timeout -s INT -k 20 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   echo "$name rc=$rc $((SECONDS - t0))s" >>"$SUMMARY"
   tail -n 12 "$OUT/$name.log" | sed "s/^/  $name| /" >>"$SUMMARY"
@@ -67,10 +69,11 @@ for s in $(for a in "$@"; do parts "$a"; done); do
     # namespace and the uid, alone (test_isolation_with_cuda: every probed switch set, so no probe), /proc with CUDA
     # (test_cuda_proc), Landlock's reach; then the probe's own GPU test (it prints what it decided) and root in the
     # sandbox against the host with CUDA (test_host_reach), each switch set probed afresh
-    isolation_cuda) step isolation_cuda 250 python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE \
+    isolation_cuda) step isolation_cuda 250 python3 -m pytest -v -s -m gpu -p no:cacheprovider -rfE $WHERE_HUNG \
         tests/sandbox/test_isolation.py::test_isolation_with_cuda tests/sandbox/test_cuda_proc.py \
         tests/sandbox/test_sandbox.py::test_landlock_with_cuda ;;
-    probe_cuda) step probe_cuda 250 python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE tests/grade/test_probe.py \
+    probe_cuda) step probe_cuda 250 python3 -m pytest -v -s -m gpu -p no:cacheprovider -rfE $WHERE_HUNG \
+        tests/grade/test_probe.py \
         tests/sandbox/test_host_reach.py ;;
     # then: which mounts cuInit writes (cuda-mounts, and its netns trial), the TF32 competition reference, bubblewrap
     # with CUDA, and one default grade (the probe decides its layers; no false FAIL; report.json's isolation.probe)
@@ -154,7 +157,8 @@ for s in $(for a in "$@"; do parts "$a"; done); do
         --warmup-s 0.2 --budget-s 190 --output-dir "$RES/nvidia-h200-dense" ;;
     # the dense suite under the table in $RULES (a folder holding nvidia-h200.json: `dense-rules --write`), then under
     # the bundled one, each compiled in parallel first; dense-ab lines the two runs up, case by case
-    dense_ab) step dense_after_compile 90 env GEMMLAB_CONFIGS="$RULES" python3 benchmarks/sweep_dense.py \
+    dense_ab) if [ -z "${RULES:-}" ]; then echo "dense_ab rc=2: set RULES to the folder of the table to try" >>"$SUMMARY"; continue; fi
+      step dense_after_compile 90 env GEMMLAB_CONFIGS="$RULES" python3 benchmarks/sweep_dense.py \
         --grid dense-suite --compile-only --out "$RES/dense-ab-compile"
       step dense_after 200 env GEMMLAB_CONFIGS="$RULES" python3 -m gemmlab bench gemm --suite dense --backend gemmlab \
         --rounds 5 --reps 3 --warmup-s 0.2 --budget-s 175 --output-dir "$RES/nvidia-h200-dense-after"

@@ -53,14 +53,18 @@ _NAMES = (
     "a list of at most 4096 strings",
 )
 _BOOL = (lambda v: isinstance(v, bool), "true or false")
-_WORDS = (
-    lambda v: (
-        isinstance(v, dict)
-        and len(v) <= 16
-        and all(isinstance(k, str) and len(k) <= 64 and isinstance(x, str) and len(x) <= 2000 for k, x in v.items())
-    ),
-    "an object of at most 16 strings",
-)
+KEEPER_FIELDS_MOST = 32  # what isolation the keeper reports: a field a layer (each on, with CUDA) adds, with room
+
+
+def _words(most: int):
+    return (
+        lambda v: (
+            isinstance(v, dict)
+            and len(v) <= most
+            and all(isinstance(k, str) and len(k) <= 64 and isinstance(x, str) and len(x) <= 2000 for k, x in v.items())
+        ),
+        f"an object of at most {most} strings (names of at most 64 characters, values of at most 2000)",
+    )
 
 
 def _number(lo: float, hi: float):
@@ -79,7 +83,7 @@ def _times(req: dict):
 # What each reply must hold (field: (test, what it must be), or a function of the request giving one). The owner
 # reads these fields and no others; an error reply is ``ERROR`` instead.
 REPLIES = {
-    "keeper": {"isolation": _WORDS},  # the keeper's first message, before any candidate code exists
+    "keeper": {"isolation": _words(KEEPER_FIELDS_MOST)},  # the keeper's first message, before any candidate code exists
     "hello": {"ok": _BOOL, "error": _opt(_text(4000))},
     "bind": {},
     "call": {"problem": _opt(_text(2000)), "kernels": _NAMES, "ops": _NAMES, "path": _opt(_text(200))},
