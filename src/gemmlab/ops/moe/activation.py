@@ -92,7 +92,7 @@ def moe_forward_act(
     eid = topk_ids.reshape(-1)[order].long()  # the expert of each routed row
     g = _gemm(x[token], w1, routes.offsets).float()  # (S, 2I)
     if w1_bias is not None:
-        g = g + w1_bias[eid].float()
+        g = g + w1_bias.float()[eid]  # gathered in fp32: its gradient is summed over the rows in fp32
     gate, up = (g[:, 0::2], g[:, 1::2]) if interleaved else (g[:, :i], g[:, i:])
     if activation == "swiglu_oai":
         gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
@@ -101,6 +101,6 @@ def moe_forward_act(
         act = torch.nn.functional.silu(gate) * up
     o = _gemm(act.to(x.dtype), w2, routes.offsets).float()  # (S, H)
     if w2_bias is not None:
-        o = o + w2_bias[eid].float()
+        o = o + w2_bias.float()[eid]
     o = o * topk_weights.reshape(-1)[order].float()[:, None]
     return o[inv].view(t, k, h).sum(1).to(x.dtype)  # slot order per token: deterministic
