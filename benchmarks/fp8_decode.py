@@ -55,7 +55,7 @@ MODES = ("tensor", "block")
 QUICK_MS, QUICK_NK = (1, 64), ("q-4096x7168", "o-7168x2048")
 SCALE = {"tensor": 0, "block": 2}
 VARIANTS = {  # M: {name: Fp8DecodeConfig fields over the table's decode rule (its split chosen again)}
-    1: {"decode_dot16": {"block_m": 16}, "decode_n32": {"block_n": 32}},
+    1: {"decode_ffma": {"block_m": 1}, "decode_n32": {"block_n": 32}},
     64: {"decode_m16": {"block_m": 16}, "decode_n32": {"block_n": 32}, "decode_uncapped": {"scratch_share": 64.0}},
 }
 

@@ -59,7 +59,7 @@ QUICK = ("square-8192",)
 # name: (scale modes, Fp8Config fields over the table's rule); the prediction each was written for is in docs/fp8.md
 VARIANTS = {
     "table": (("block", "tensor"), {}),
-    "sbs": (("block",), {"b_scale_scalar": True}),
+    "tile_scale": (("block",), {"b_scale_scalar": False}),  # B's scale as a (1, BLOCK_N) tile, not a scalar
     "sbs_s5": (("block",), {"b_scale_scalar": True, "num_stages": 5}),
     "sbs_s6": (("block",), {"b_scale_scalar": True, "num_stages": 6}),
     "ws": (("block", "tensor"), {"b_scale_scalar": True, "warp_specialize": True, "num_warps": 4}),

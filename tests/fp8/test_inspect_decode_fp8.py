@@ -1,8 +1,9 @@
 """The FP8 decode kernel (small M, ``kernels.gemv_fp8``) as the H200 plans it: build the sm_90 cubin for each decode
-rule of the bundled H200 table (M = 1, 16, 32, 64), every scale granularity and both B layouts (no GPU needed: "meta"
-tensors and ``triton.compile`` for GPUTarget("cuda", 90, 32), with the 16-divisibility the JIT would see on these
-aligned operands), and read its SASS: the tensor-core rows (BLOCK_M >= 16) multiply on the tensor cores, the one-row
-rule (BLOCK_M 1) on FFMA, and no configuration spills. Runs in a child process: the compiler, not the interpreter.
+rule of the bundled H200 table (M = 1, 16, 32, 64), and at M = 1 the one-row config (BLOCK_M 1, pinned), every scale
+granularity and both B layouts (no GPU needed: "meta" tensors and ``triton.compile`` for GPUTarget("cuda", 90, 32),
+with the 16-divisibility the JIT would see on these aligned operands), and read its SASS: the tensor-core rows
+(BLOCK_M >= 16) multiply on the tensor cores, one row on FFMA, and no configuration spills. Runs in a child
+process: the compiler, not the interpreter.
 
 What Triton 3.6 makes of the e4m3 tl.dot on pointer-loaded tiles: at 64 rows wgmma on e4m3 operands (SASS
 QGMMA.64xNx32.F32.E4M3.E4M3); at 16 and 32 rows mma.sync, which has no e4m3 form on sm_90 (QMMA is sm_89 and
@@ -17,7 +18,7 @@ import pytest
 from tests.child import child_json
 
 SCRIPT = r"""
-import json, re, torch, triton
+import dataclasses, json, re, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from gemmlab.device import H200
@@ -29,7 +30,8 @@ from gemmlab.ops.fp8.plan import constexprs_fp8, launch_options_fp8, plan_fp8, s
 def meta(shape, dtype=torch.float8_e4m3fn):
     return torch.empty(shape, dtype=dtype, device="meta")
 out = {}
-for (m, n, k) in ((1, 4096, 7168), (16, 4096, 7168), (32, 7168, 2048), (64, 7168, 2048)):
+for (m, n, k, ffma) in ((1, 4096, 7168, False), (1, 4096, 7168, True), (16, 4096, 7168, False), (32, 7168, 2048, False),
+                        (64, 7168, 2048, False)):
     for mode in (0, 1, 2):
         for kmajor in (True, False):
             a = meta((m, k))
@@ -37,6 +39,8 @@ for (m, n, k) in ((1, 4096, 7168), (16, 4096, 7168), (32, 7168, 2048), (64, 7168
             sa, sb = [((), ()), ((m, 1), (1, n)), ((m, -(-k // 128)), (-(-k // 128), -(-n // 128)))][mode]
             sa, sb = meta(sa, torch.float32), meta(sb, torch.float32)
             p = plan_fp8(a, b, sa, sb, target=H200)
+            if ffma:
+                p = plan_fp8(a, b, sa, sb, config=dataclasses.replace(p.config, block_m=1), target=H200)
             assert p.path == "decode", p.reason
             cfg = p.config
             ptrs = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "a_scale_ptr": "*fp32",
@@ -59,7 +63,7 @@ for (m, n, k) in ((1, 4096, 7168), (16, 4096, 7168), (32, 7168, 2048), (64, 7168
                                      if w.startswith(("QGMMA", "HGMMA", "HMMA"))})
             r["block_m"] = cfg.block_m
             r["reason"] = p.reason
-            out[f"{m}x{n}x{k}-scale{mode}-{'K' if kmajor else 'N'}major"] = r
+            out[f"{m}x{n}x{k}-scale{mode}-{'K' if kmajor else 'N'}major{'-ffma' if ffma else ''}"] = r
 print(json.dumps(out))
 """
 
@@ -70,9 +74,11 @@ def reports():
 
 
 def test_decode_kernel_uses_tensor_cores_from_16_rows_and_never_spills(reports):
-    assert len(reports) == 24
+    assert len(reports) == 30
+    assert {r["block_m"] for name, r in reports.items() if name.endswith("-ffma")} == {1}
+    assert {r["block_m"] for name, r in reports.items() if name.startswith("1x")} == {1, 16}  # the table: 16 at M = 1
     for name, r in reports.items():
-        assert "decode kernel" in r["reason"], (name, r["reason"])
+        assert "decode kernel" in r["reason"] or name.endswith("-ffma"), (name, r["reason"])
         assert r["local_memory_ops"] == 0 and not r["stack_bytes"], (name, r["registers"], r["stack_bytes"])
         if r["block_m"] == 1:
             assert not r["tensor_core"] and r["sass"]["FFMA"] > 0, (name, r["mma_lines"])

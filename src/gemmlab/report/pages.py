@@ -8,7 +8,8 @@ suite's code, so a page changes only when the data does. Ratios are baseline tim
 faster), the median of per-round ratios of an interleaved run, with its bootstrap 95% interval where kept.
 
 The tables live beside this registry, by suite: ``tables_gemm`` (dense GEMM suites), ``tables_moe`` (MoE and model
-suites) and ``tables_lab`` (probe, tune, grade, grade-gap, host-cost); ``section`` holds ``Section`` and the cells.
+suites), ``tables_lab`` (probe, tune, grade, grade-gap, host-cost) and ``tables_fp8`` (fp8-variants, fp8-decode);
+``section`` holds ``Section`` and the cells.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gemmlab.report.section import Section
+from gemmlab.report.tables_fp8 import fp8_decode, fp8_variants
 from gemmlab.report.tables_gemm import (
     BROAD_KEYS,
     CAP,
@@ -43,6 +45,8 @@ __all__ = [
     "broad_summary",
     "clock_order",
     "device_profile",
+    "fp8_decode",
+    "fp8_variants",
     "distribution",
     "gemm_suite",
     "grade",
@@ -74,4 +78,6 @@ TABLES: dict[str, Callable[..., Section]] = {
     "grade": grade,
     "grade-gap": grade_gap,
     "host-cost": host_cost,
+    "fp8-variants": fp8_variants,
+    "fp8-decode": fp8_decode,
 }
