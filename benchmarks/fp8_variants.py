@@ -203,9 +203,12 @@ def compile_child(todo: list[tuple[str, str, str]]) -> None:
 
 def start_compiles(todo: list, workers: int) -> list:
     """Start the compile children, each on every ``workers``-th job (every shape: Triton specializes on the integer
-    arguments' divisibility by 16, which differs between shapes, e.g. B's scale stride K/128)."""
+    arguments' divisibility by 16, which differs between shapes, e.g. B's scale stride K/128); a warp-specialized
+    job gets a child of its own (on the H200 each hung at its first launch, and the jobs after it were lost)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    shares = [todo[i::workers] for i in range(min(workers, len(todo)))]
+    alone = [j for j in todo if VARIANTS[j[2]][1].get("warp_specialize")]
+    rest = [j for j in todo if j not in alone]
+    shares = [rest[i::workers] for i in range(min(workers, len(rest)))] + [[j] for j in alone]
     return [
         (
             subprocess.Popen(
