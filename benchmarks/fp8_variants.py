@@ -65,6 +65,8 @@ VARIANTS = {
     "ws": (("block", "tensor"), {"b_scale_scalar": True, "warp_specialize": True, "num_warps": 4}),
     "ws_s5": (("block", "tensor"), {"b_scale_scalar": True, "warp_specialize": True, "num_warps": 4, "num_stages": 5}),
     "sbs_g16": (("block",), {"b_scale_scalar": True, "group_m": 16}),
+    "m64_2cta": (("block", "tensor"), {"block_m": 64, "num_warps": 4, "ctas_per_sm": 2, "num_stages": 3}),
+    "m64_1cta": (("block", "tensor"), {"block_m": 64, "num_warps": 4, "num_stages": 3}),  # m64_2cta's control
     "flat": (("block", "tensor"), {"b_scale_scalar": True, "flatten": True}),
     "n256": (("tensor",), {"block_n": 256, "num_stages": 3}),
     "unpromoted": (("tensor",), {"promote": False}),

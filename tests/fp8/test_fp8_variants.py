@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab.ops.gemm_fp8 import Fp8Config, execute_fp8, plan_fp8
+from gemmlab.ops.gemm_fp8 import Fp8Config, constexprs_fp8, execute_fp8, plan_fp8
 from gemmlab.problems import fp8_operands
 from gemmlab.ref import FP8_MMA_UNIT, dequantize_fp8, fp8_mma_gamma, gemm_fp8_bound, gemm_fp8_check, gemm_fp8_ref
 from tests.child import child_json, run_child
@@ -23,6 +23,7 @@ VARIANTS = {
     "warp_specialize": {"warp_specialize": True},
     "flatten": {"flatten": True},
     "unpromoted": {"promote": False},
+    "two_per_sm": {"ctas_per_sm": 2},  # 6 programs on the interpreter's 3 "SMs" for 8 tiles: two walk twice
     "all": {"b_scale_scalar": True, "warp_specialize": True, "flatten": True},
 }
 
@@ -50,6 +51,15 @@ def test_variant_within_bound(variant, mode):
     execute_fp8(p, qa, qb, sa, sb, c)
     chk = gemm_fp8_check(c, qa, qb, sa, sb)
     assert chk["ok"], chk
+
+
+def test_two_programs_per_sm_double_the_persistent_grid():
+    qa, qb, sa, sb = _operands(33, 200, 272, "block", seed=1)
+    one, two = (plan_fp8(qa, qb, sa, sb, config=Fp8Config(**SMALL, ctas_per_sm=c)) for c in (1, 2))
+    assert constexprs_fp8(two)["NUM_PROGRAMS"] == 2 * constexprs_fp8(one)["NUM_PROGRAMS"] == 2 * one.num_sms
+    assert "2 programs per SM" in two.reason and "programs per SM" not in one.reason
+    with pytest.raises(ValueError, match="ctas_per_sm"):
+        Fp8Config(ctas_per_sm=0)
 
 
 def test_variant_config_checks_fire():
@@ -134,19 +144,24 @@ SCRIPT = str(REPO / "benchmarks" / "fp8_variants.py")
 
 @pytest.fixture(scope="module")
 def built():
-    return child_json([SCRIPT, "--inspect", "table,tile_scale,ws"], timeout=1800)
+    return child_json([SCRIPT, "--inspect", "table,tile_scale,ws,m64_2cta"], timeout=1800)
 
 
 def test_sm90_builds_do_what_the_variants_claim(built):
     """benchmarks/fp8_variants.py --inspect: the table's scalar B scale (block scales) takes fewer registers than
     B's scale as a tile; warp_specialize is applied (num_warps=4, pointer epilogue) for both scale modes; nothing
-    spills more than a few words; the block-scaled loop waits for all its wgmma once per K step."""
-    assert set(built) == {"block-table", "tensor-table", "block-tile_scale", "block-ws", "tensor-ws"}, built
+    spills more than a few words; the block-scaled loop waits for all its wgmma once per K step; two CTAs of
+    m64_2cta fit an SM's shared memory (227 KiB on sm_90) and registers."""
+    assert {"block-table", "tensor-table", "block-tile_scale", "block-ws", "tensor-ws"} <= set(built), built
+    for mode in ("block", "tensor"):
+        r = built[f"{mode}-m64_2cta"]
+        assert 2 * r["shared"] <= 227 * 1024 and 2 * 128 * r["registers"] <= 65536, r
     assert built["block-table"]["registers"] < built["block-tile_scale"]["registers"], built
     assert built["block-table"]["wgmma_waits"] == built["block-tile_scale"]["wgmma_waits"] == ["0"], built
     for name, r in built.items():
         assert r["tensor_core_ops"] > 0, (name, r)
         assert r["warp_specialized"] == name.endswith("-ws"), (name, r)
+        assert r["registers"] < 255, (name, r)
         assert r["local_memory_ops"] <= 8, (name, r)  # ws on block scales: 4 (Triton 3.6)
 
 
@@ -167,6 +182,7 @@ def test_benchmark_says_it_needs_a_gpu_and_plans_every_variant():
 
 GPU_VARIANTS = [
     {"b_scale_scalar": True, "num_stages": 6},
+    {"block_m": 64, "num_warps": 4, "ctas_per_sm": 2, "num_stages": 3},
     {"b_scale_scalar": True, "warp_specialize": True, "num_warps": 4, "num_stages": 5},
 ]
 

@@ -66,15 +66,15 @@ def gemm_fp8_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
     PROMOTE: tl.constexpr,
     SB_SCALAR: tl.constexpr,
     WARP_SPEC: tl.constexpr,
     FLATTEN: tl.constexpr,
 ):
-    """Persistent TMA kernel, wgmma with e4m3 operands. Grid: (min(NUM_SMS, tiles),); each program walks tiles
-    start, start + NUM_SMS, ... in grouped order. PROMOTE (SCALE 0 and 1): the tensor cores' running sum is moved
+    """Persistent TMA kernel, wgmma with e4m3 operands. Grid: (min(NUM_PROGRAMS, tiles),); each program walks tiles
+    start, start + NUM_PROGRAMS, ... in grouped order. PROMOTE (SCALE 0 and 1): the tensor cores' running sum is moved
     into the fp32 accumulator every BLOCK_K (``max_num_imprecise_acc``), as the block-scaled path does by
     construction; off, the hardware accumulates the whole K in place. Variants (the same sums, other code):
     SB_SCALAR (SCALE 2, BLOCK_N divides 128): B's scale is one scalar per tile and step, not a gathered [BLOCK_N]
@@ -86,7 +86,7 @@ def gemm_fp8_tma_kernel(
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile_id in tl.range(start_pid, num_pid_m * num_pid_n, NUM_SMS, flatten=FLATTEN):
+    for tile_id in tl.range(start_pid, num_pid_m * num_pid_n, NUM_PROGRAMS, flatten=FLATTEN):
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N

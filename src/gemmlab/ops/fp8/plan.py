@@ -42,7 +42,9 @@ class Fp8Config:
     into the fp32 accumulator every BLOCK_K (the block-scaled path always does). Code variants, the same sums
     (``kernels.gemm_fp8``): ``b_scale_scalar`` (block scales, block_n dividing 128: B's scale loaded once per step
     as a scalar), ``warp_specialize`` (Triton's Hopper producer/consumer warp groups; C then goes by masked
-    pointers, which that pass takes), ``flatten`` (tile and K loops pipelined as one)."""
+    pointers, which that pass takes), ``flatten`` (tile and K loops pipelined as one). ``ctas_per_sm``: the
+    persistent grid's programs per SM (2: two CTAs share an SM where registers and shared memory allow, so one's
+    promotion can overlap the other's wgmma)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -55,10 +57,13 @@ class Fp8Config:
     b_scale_scalar: bool = False
     warp_specialize: bool = False
     flatten: bool = False
+    ctas_per_sm: int = 1
 
     def __post_init__(self) -> None:
         configs.check_fields(
-            self, pow2=("block_m", "block_n", "block_k", "num_warps"), positive=("group_m", "num_stages")
+            self,
+            pow2=("block_m", "block_n", "block_k", "num_warps"),
+            positive=("group_m", "num_stages", "ctas_per_sm"),
         )
 
     @classmethod
@@ -152,7 +157,8 @@ def plan_fp8(
     tiles = -(-m // config.block_m) * -(-n // config.block_n)
     reason = (
         f"persistent TMA kernel, {SCALES[mode]} scales, B {'K' if b_kmajor else 'N'}-major, C by "
-        f"{'TMA' if c_tma else 'masked pointers'}, {tiles} tiles; {source}{decode_note}"
+        f"{'TMA' if c_tma else 'masked pointers'}, {tiles} tiles"
+        f"{f', {config.ctas_per_sm} programs per SM' if config.ctas_per_sm > 1 else ''}; {source}{decode_note}"
     )
     return Fp8Plan(config, reason, m, n, k, mode, b_kmajor, c_tma, target.num_sms)
 
@@ -184,13 +190,18 @@ def constexprs_fp8(p: Fp8Plan) -> dict:
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m,
-        NUM_SMS=p.num_sms,
+        NUM_PROGRAMS=programs(p),
         EPILOGUE_SUBTILE=cfg.epilogue_subtile,
         PROMOTE=cfg.promote,
         SB_SCALAR=p.scale == 2 and cfg.b_scale_scalar,
         WARP_SPEC=cfg.warp_specialize,
         FLATTEN=cfg.flatten,
     )
+
+
+def programs(p: Fp8Plan) -> int:
+    """The persistent grid's program count before the tile cap: ``ctas_per_sm`` per SM."""
+    return p.num_sms * p.config.ctas_per_sm
 
 
 def launch_options_fp8(cfg: Fp8Config | Fp8DecodeConfig) -> dict:
@@ -232,7 +243,7 @@ def execute_fp8(p: Fp8Plan, a, b, a_scale, b_scale, c):
     b_desc = _desc(b, 0, (cfg.block_n, cfg.block_k)) if p.b_kmajor else _desc(b, 1, (cfg.block_k, cfg.block_n))
     c_arg = _desc(c, 1, (cfg.block_m, cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n)) if p.c_tma else c
     tiles = -(-p.m // cfg.block_m) * -(-p.n // cfg.block_n)
-    grid = (min(p.num_sms, tiles),)
+    grid = (min(programs(p), tiles),)
     return gemm_fp8_tma_kernel[grid](
         a_desc,
         b_desc,
