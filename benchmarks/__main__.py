@@ -42,6 +42,10 @@ SCRIPTS = {  # name: (file, one line)
         "dense_ab.py",
         "two bench gemm runs of one suite (dispatch table before and after), case by case (CPU)",
     ),
+    "dense-estimate": (
+        "dense_estimate.py",
+        "a candidate dispatch table's effect on a suite, estimated from dense-ab runs already timed (CPU)",
+    ),
     "fp8-dense": (
         "fp8_dense.py",
         "FP8 gemm_fp8 (per-tensor, block) vs torch._scaled_mm and gemmlab bf16, eager and "

@@ -4,7 +4,8 @@ are derived), every row recorded in the ledger first. CPU only, no GPU.
     python -m benchmarks dense-rules SWEEP.jsonl [SWEEP.jsonl ...] [--write FILE] [--ledger DB] [--note "..."]
         [--keep 1.05] [--classes large,odd] [--box M0:M1,N0:N1]
 
-Prints the rules and the off-grid checks. --write FILE: the table with the derived rules (FILE may be the
+Prints the rules and the off-grid checks. Given several sweeps, a candidate replaces gemmlab's choice at a point only
+where every sweep picks it. --write FILE: the table with the derived rules (FILE may be the
 bundled ``src/gemmlab/configs/nvidia-h200.json``: its "route" and "gemm" sections are replaced, the rest kept;
 its untuned gemm rules follow the derived ones as fallbacks). --ledger DB: every row recorded, kept or dropped,
 and the winners' entry ids go into the rules' ``tuned``. Inspecting the SASS of each distinct kernel (sm_90,
@@ -57,7 +58,7 @@ def main() -> None:
                 entries.update(record(db, mine, sweep, args.note))
             finally:
                 db.close()
-        rows += mine
+        rows += [{**r, "sweep": sweep} for r in mine]  # each sweep decides alone first (dense_rules.replicated)
     extra = {"keep": args.keep} if args.keep else {}
     if args.classes:
         extra["classes"] = tuple(args.classes.split(","))

@@ -248,3 +248,65 @@ def test_keep_classes_and_inside_narrow_what_changes():
     boxed = [r for r in kept if r.get("n") is not None]
     assert boxed and all(257 <= r["m"][0] and r["n"][1] <= 1536 for r in boxed)
     assert len(boxed) < len([r for r in large["route"]["gemm"] if r.get("n") is not None])
+
+
+def test_a_win_counts_only_where_every_sweep_repeats_it():
+    """Two sweeps of the same grid: where both pick the split-K candidate it wins, with its worse ratios of the
+    two; where the second sweep's draw favours another candidate, gemmlab's choice stands and the rule says so."""
+    first = [{**r, "sweep": "a.jsonl"} for r in synthetic()]
+    second = []
+    for r in synthetic():
+        r = {**r, "sweep": "b.jsonl"}
+        if r["grid_class"] == "small" and r["shape"][0] == 32 and r["variant"] == "splitk 64x64x128 s5":
+            r = {**r, "median_ms": 1.2, "vs_gemmlab": {"ratio": 1 / 1.2}, "vs_cublas": {"ratio": 1 / 1.2}}
+        elif r["grid_class"] == "small" and r["variant"] == "splitk 64x64x128 s5":
+            r = {**r, "median_ms": 0.95, "vs_gemmlab": {"ratio": 1 / 0.95}, "vs_cublas": {"ratio": 1 / 0.95}}
+        second.append(r)
+    table = dense_rules.derive(first + second, "a.jsonl, b.jsonl")
+    route = table["route"]["gemm"]
+    m32 = dense_rules.lookup(route, 32, 4096, 4096, 1)
+    assert m32["config"] == {"path": "tma_persistent"} and "former choice" in m32["note"], m32
+    assert m32["tuned"]["sweeps_disagree"]
+    m128 = dense_rules.lookup(route, 128, 4096, 4096, 1)
+    assert m128["config"] == {"path": "tma_splitk"}, m128
+    assert m128["tuned"]["vs_cublas"][0] == pytest.approx(1 / 0.95, abs=1e-3)  # the worse of the two sweeps
+    alone = dense_rules.derive(first, "a.jsonl")  # one sweep: as before
+    assert dense_rules.lookup(alone["route"]["gemm"], 32, 4096, 4096, 1)["config"] == {"path": "tma_splitk"}
+
+
+def test_replicated_is_the_single_sweeps_winner_and_none_without_timings():
+    rows = [r for r in synthetic() if r["spec"] == synthetic()[0]["spec"]]
+    assert dense_rules.replicated([rows]) == dense_rules.winner(rows)
+    assert dense_rules.replicated([[r for r in rows if r["variant"] == "cublas"]]) is None
+    assert dense_rules.replicated([]) is None
+
+
+def test_dense_estimate_reads_timed_launches_and_refuses_a_folder_without_a_table(tmp_path):
+    """benchmarks/dense_estimate.py on the committed dense-ab runs: the bundled table as its own candidate changes
+    nothing; a table that routes every small-M case to the portable kernel changes them all, and only the case the
+    portable kernel already ran in a committed run (1x4093x4099, unaligned) has a measured "after"; a folder without
+    a table is one line and exit 2."""
+    import shutil
+
+    from tests.child import run_child
+    from tests.paths import REPO
+
+    script = str(REPO / "benchmarks" / "dense_estimate.py")
+    same = tmp_path / "same"
+    same.mkdir()
+    shutil.copy(REPO / "src" / "gemmlab" / "configs" / "nvidia-h200.json", same / "nvidia-h200.json")
+    res = run_child([script, str(same), "--m-max", "256", "--json", str(tmp_path / "same.json")], timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert ", 0 changed" in res.stdout.splitlines()[-1], res.stdout[-500:]
+    other = tmp_path / "other"
+    other.mkdir()
+    table = json.loads((same / "nvidia-h200.json").read_text())
+    table["route"]["gemm"].insert(0, {"m": [0, 256], "config": {"path": "portable"}})
+    (other / "nvidia-h200.json").write_text(json.dumps(table))
+    res = run_child([script, str(other), "--m-max", "256", "--json", str(tmp_path / "other.json")], timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads((tmp_path / "other.json").read_text())
+    assert out["rows"] and all(r["launch_after"][0] == "portable" and r["before"] for r in out["rows"])
+    assert [r["case"] for r in out["rows"] if r["after"] is not None] == ["1x4093x4099 fp16 linear"]
+    res = run_child([script, str(tmp_path / "none")], timeout=600)
+    assert res.returncode == 2 and "no nvidia-h200.json there" in res.stderr and len(res.stderr.splitlines()) == 1

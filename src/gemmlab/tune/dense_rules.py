@@ -1,15 +1,18 @@
 """Dispatch rules from the dense sweep's rows (``tune.dense``): data in, rules out, no hand-typed tiles.
 
     derive(rows, sweep, keep=KEEP, classes=None) -> {"route": {"gemm": [rule]}, "gemm": {path: [rule]}, "checks": [str]}
+    replicated(groups, keep)         one point's winner over several sweeps: only a win every sweep repeats
     inside(table, (m0, m1), (n0, n1))   only the rules of boxes inside those M and N ranges
     write(table, path, base)         the rules into a config file (the bundled one: its route and gemm replaced)
     record(db, rows, sweep, note)    every row into the ledger; {(spec, variant): entry id}
 
 Per grid point the winner is the fastest correct candidate (device time, interleaved against cuBLAS and gemmlab's
 choice in the same run), unless gemmlab's choice there is within ``KEEP`` (1%): then the choice stands (a rule
-changes only for a measured gain). A plan timed once for several names (the same launch) wins under the first
-of them in ``dense.CANDIDATES`` (so a split tail that did not split at this point still writes the tail rule: it
-splits where the last wave is partial), and writes what that candidate asked for, not its resolution at one shape.
+changes only for a measured gain). Given several sweeps (rows tagged with their ``sweep``), each decides alone and
+a candidate wins only where every sweep picks it, so one run's lucky draw among many candidates changes nothing.
+A plan timed once for several names (the same launch) wins under the first of them in ``dense.CANDIDATES`` (so a
+split tail that did not split at this point still writes the tail rule: it splits where the last wave is
+partial), and writes what that candidate asked for, not its resolution at one shape.
 
 Each point of a class's M x N x K product (``dense.AXES``) stands for a box: on each axis from the geometric
 midpoint with the value below to the one with the value above (the class's M range at the ends; 0 and 2^31 - 1
@@ -49,6 +52,7 @@ __all__ = [
     "lookup",
     "merge",
     "record",
+    "replicated",
     "rule_config",
     "runs",
     "tensor_cores",
@@ -111,16 +115,33 @@ def winner(group: list[dict], keep: float = KEEP) -> dict | None:
     }
 
 
+def replicated(groups: list[list[dict]], keep: float = KEEP) -> dict | None:
+    """One point's winner over several sweeps (``groups``: its rows per sweep, in order): a candidate's win counts
+    only where every sweep that timed the point picks it (the same path and config); where they disagree,
+    gemmlab's choice of the last sweep stands. A winner's ratios are its worst over the sweeps."""
+    wins = [w for w in (winner(g, keep) for g in groups) if w is not None]
+    if len(wins) <= 1:
+        return wins[0] if wins else None
+    if len({_key(w) for w in wins}) == 1:
+        worst = {q: min((w[q] for w in wins if w[q]), default=None) for q in ("vs_cublas", "vs_default")}
+        return {**wins[-1], **worst, "sweeps": len(wins)}
+    last = next(g for g in reversed(groups) if winner(g, keep) is not None)
+    stands = winner(last, math.inf)  # gemmlab's choice, where that sweep timed it
+    return {**stands, "sweeps": len(wins), "disagree": [w["name"] for w in wins]}
+
+
 def cells(rows: list[dict], keep: float = KEEP) -> tuple[dict, dict]:
-    """({(class, i_m, i_n, i_k): winner} of the product points, {spec: winner} of the others)."""
-    by_spec: dict[str, list[dict]] = {}
+    """({(class, i_m, i_n, i_k): winner} of the product points, {spec: winner} of the others). Rows of several
+    sweeps (each row's ``sweep``: its file) are decided per sweep and then together (``replicated``)."""
+    by_spec: dict[str, dict[str, list[dict]]] = {}
     for r in rows:
-        by_spec.setdefault(r["spec"], []).append(r)
+        by_spec.setdefault(r["spec"], {}).setdefault(r.get("sweep", ""), []).append(r)
     grid, off = {}, {}
-    for spec, group in by_spec.items():
-        w = winner(group, keep)
+    for spec, sweeps in by_spec.items():
+        w = replicated(list(sweeps.values()), keep)
         if w is None:
             continue
+        group = next(iter(sweeps.values()))
         r0 = group[0]
         (m, n, k), axes = r0["shape"], AXES.get(r0["grid_class"])
         if (
@@ -199,6 +220,9 @@ def tuned(winners: list[dict], sweep: str, entries: dict) -> dict:
         "vs_cublas": [round(min(ratios), 3), round(max(ratios), 3)] if ratios else None,
         "vs_former_choice": [round(min(gains), 3), round(max(gains), 3)] if gains else None,
     }
+    split = [w["row"]["spec"] for w in winners if w.get("disagree")]
+    if split:  # points where the sweeps picked different candidates: gemmlab's choice stood there
+        t["sweeps_disagree"] = split
     ids = [
         entries[(w["row"]["spec"], w["row"]["variant"])]
         for w in winners
