@@ -12,6 +12,9 @@ call) either wrote those outputs early or computed the late calls from inputs th
 call's output is wrong, and every late call is verified. On the CPU every call but the first is late (a batch has
 at most two calls there), so no call's inputs exist before the call before it returned; on a GPU ``LATE_CALLS``
 secret calls a batch are (each costs a round trip of the worker, on both sides alike).
+
+The slots' copies of each input drawn per call are views of one storage (``stacked_like``), so a batch shares a
+handful of storages with the workers whatever its N.
 """
 
 from __future__ import annotations
@@ -131,6 +134,20 @@ def repeated_samples(sample: torch.Tensor, skip: set[int]) -> list[tuple[int, in
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+SLOT_ALIGN = 512  # bytes: where each slot's input starts, as the caching allocator aligns a tensor of its own
+
+
+def stacked_like(x: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """``n`` tensors of ``x``'s shape, dtype and strides, each starting ``SLOT_ALIGN``-aligned in one storage, none
+    overlapping another: one CUDA IPC handle (and interprocess event) for all the slots' copies of an input, not one
+    each (at tiny shapes a batch has up to ``MAX_CALLS`` calls; torch warned of over 1000 IPC blocks there)."""
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(x.shape, x.stride(), strict=True)) if x.numel() else 0
+    step = max(1, SLOT_ALIGN // x.element_size())
+    span = -(-extent // step) * step
+    whole = torch.empty(n * span, dtype=x.dtype, device=x.device)
+    return [whole.as_strided(x.shape, x.stride(), i * span) for i in range(n)]
+
+
 def bits(x: torch.Tensor) -> torch.Tensor:
     """``x`` viewed as integers of its element size: indexing that every dtype supports on every device (float8
     included), bit for bit."""
@@ -183,9 +200,10 @@ class Slots:
         op, first = self.op, self.op.fresh(self.case, self.kind, 0, self.dev, self.keep)
         with own_memory(self.dev):
             shared_fixed = {j: self.keep[j].clone() for j in op.fixed}
+            drawn = {j: stacked_like(x, self.n) for j, x in enumerate(first) if j not in op.fixed}
             self.slot_in = [
-                tuple(shared_fixed[j] if j in op.fixed else torch.empty_like(x) for j, x in enumerate(first))
-                for _ in range(self.n)
+                tuple(shared_fixed[j] if j in op.fixed else drawn[j][i] for j in range(len(first)))
+                for i in range(self.n)
             ]
             self.outs = torch.full((self.n, op.out_numel(self.case)), float("nan"), dtype=op.dtype, device=self.dev)
         slots = [(self.slot_in[i], self.outs[i]) for i in range(self.n)]
