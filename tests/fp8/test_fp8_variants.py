@@ -204,3 +204,29 @@ def test_variants_on_the_gpu(fields, mode):
     execute_fp8(plan_fp8(qa, qb, sa, sb, config=cfg), qa, qb, sa, sb, c)
     chk = gemm_fp8_check(c, qa, qb, sa, sb)
     assert chk["ok"], chk
+
+
+def test_a_table_rule_with_two_programs_per_sm_runs_through_the_kept_launch(monkeypatch, tmp_path):
+    """gemm_fp8 itself (the kept kernel handle of ``ops.fp8.launch``) under a table rule of ``ctas_per_sm`` 2: the
+    grid it launches has the programs the kernel strides by, so every tile is computed (65 x 200: 3 x 4 tiles of
+    32 x 64 on the interpreter's 3 "SMs": 6 programs, each walking two tiles)."""
+    import json
+
+    from gemmlab.ops import configs
+    from gemmlab.ops.fp8.plan import tma_grid
+
+    rule = {"config": dict(SMALL, ctas_per_sm=2)}
+    (tmp_path / "interpreter.json").write_text(json.dumps({"gemm_fp8": {"tma": [rule]}}))
+    monkeypatch.setenv("GEMMLAB_CONFIGS", str(tmp_path))
+    configs.reload()
+    try:
+        for mode in ("block", "tensor"):
+            qa, qb, sa, sb = _operands(65, 200, 272, mode, seed=6)
+            p = plan_fp8(qa, qb, sa, sb)
+            assert p.config.ctas_per_sm == 2 and tma_grid(p) == (6, 1, 1), (p.reason, tma_grid(p))
+            c = gemmlab.gemm_fp8(qa, qb, sa, sb)
+            chk = gemm_fp8_check(c, qa, qb, sa, sb)
+            assert chk["ok"], (mode, chk)
+    finally:
+        monkeypatch.delenv("GEMMLAB_CONFIGS")
+        configs.reload()

@@ -42,6 +42,7 @@ from gemmlab.ops.fp8.plan import (
     launch_options_fp8,
     plan_fp8,
     scale_strides,
+    tma_grid,
 )
 from gemmlab.ops.gemm.checks import check_out
 from gemmlab.ops.gemm.launch import splitk_scratch
@@ -138,10 +139,7 @@ def _admit(a, b, a_scale, b_scale, out_dtype, out, key) -> Fp8Entry:
         size = torch.empty((), dtype=out_dtype).element_size()
         c_strides = out.stride() if out is not None else (p.n, 1)
         cfg = p.config
-        tiles = -(-p.m // cfg.block_m) * -(-p.n // cfg.block_n)
-        slot = kept_launch.Planned(
-            gemm_fp8_tma_kernel, (min(p.num_sms, tiles), 1, 1), constexprs_fp8(p), launch_options_fp8(cfg)
-        )
+        slot = kept_launch.Planned(gemm_fp8_tma_kernel, tma_grid(p), constexprs_fp8(p), launch_options_fp8(cfg))
         ints = (p.m, p.n, p.k, c_strides[0], *scale_strides(a_scale), *scale_strides(b_scale))
         e = Fp8Entry(
             p, slot, _specs(p, a, b, (p.m, p.n), c_strides, size), ints, (p.m, p.n), out_dtype, a.device, extents

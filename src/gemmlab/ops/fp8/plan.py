@@ -200,8 +200,13 @@ def constexprs_fp8(p: Fp8Plan) -> dict:
 
 
 def programs(p: Fp8Plan) -> int:
-    """The persistent grid's program count before the tile cap: ``ctas_per_sm`` per SM."""
+    """The persistent kernel's tile stride: ``ctas_per_sm`` programs per SM."""
     return p.num_sms * p.config.ctas_per_sm
+
+
+def tma_grid(p: Fp8Plan) -> tuple[int, int, int]:
+    """The persistent kernel's grid: ``programs``, or one program a tile where there are fewer tiles."""
+    return (min(programs(p), -(-p.m // p.config.block_m) * -(-p.n // p.config.block_n)), 1, 1)
 
 
 def launch_options_fp8(cfg: Fp8Config | Fp8DecodeConfig) -> dict:
@@ -242,9 +247,7 @@ def execute_fp8(p: Fp8Plan, a, b, a_scale, b_scale, c):
     a_desc = _desc(a, 1, (cfg.block_m, cfg.block_k))
     b_desc = _desc(b, 0, (cfg.block_n, cfg.block_k)) if p.b_kmajor else _desc(b, 1, (cfg.block_k, cfg.block_n))
     c_arg = _desc(c, 1, (cfg.block_m, cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n)) if p.c_tma else c
-    tiles = -(-p.m // cfg.block_m) * -(-p.n // cfg.block_n)
-    grid = (min(programs(p), tiles),)
-    return gemm_fp8_tma_kernel[grid](
+    return gemm_fp8_tma_kernel[tma_grid(p)](
         a_desc,
         b_desc,
         c_arg,
