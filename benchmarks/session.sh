@@ -186,6 +186,11 @@ for s in $(for a in "$@"; do parts "$a"; done); do
     fp8_decode) step fp8_decode 400 python3 benchmarks/fp8_decode.py --out "$RES" ${FP8_DECODE_ARGS:-} ;;
     fp8_decode_tests) step fp8_decode_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/fp8/test_gemm_fp8_decode_gpu.py tests/fp8/test_gemm_fp8_gpu.py tests/ops/test_fp8_launch.py ;;
+    # the GPU tests of the fixes made after the 2026-12-05 calls: gpt-oss's fp16 bias gradients, the FP8 variants
+    # (two programs per SM among them) and gemm_fp8 under the H200 table (b_scale_scalar, the 16-row decode at M = 1)
+    fix_checks) step fix_checks 300 python3 -m pytest -v -m gpu -p no:cacheprovider -rfE $WHERE_HUNG \
+        tests/moe/test_moe_oai_gpu.py tests/nn/test_nn_gpt_oss.py tests/fp8/test_fp8_variants.py \
+        tests/fp8/test_gemm_fp8_gpu.py tests/fp8/test_gemm_fp8_decode_gpu.py ;;
     fp8_bound) step fp8_bound 180 python3 -m pytest -q -m gpu -p no:cacheprovider \
       tests/grade/test_fp8_grade.py::test_gemmlab_fp8_against_scaled_mm_on_the_gpu tests/fp8/test_fp8_variants.py ;;
     *) echo "unknown step $s" >>"$SUMMARY" ;;
