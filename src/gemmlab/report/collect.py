@@ -41,6 +41,10 @@ LEGACY = {
     "grade-repeat": "repeated grades of one kernel (rows and the grade reports)",
     "observer-tests": "the grader's observer tests on the GPU (test, verdict, detail): no chart for it",
     "results-index": "the index of this results tree (its lines are shown beside each file): listed, not drawn",
+    "fp8-variants": "FP8 kernel variants against cuBLASLt (python -m benchmarks fp8-variants): listed here, its "
+    "table is on docs/results/fp8.md",
+    "fp8-decode": "FP8 small M against cuBLASLt (python -m benchmarks fp8-decode): listed here, its table is on "
+    "docs/results/fp8.md",
 }
 SUFFIXES = (  # (name ending, kind, reason it is listed and not drawn)
     (".ncu.log", "log", "ncu's own output (a log): listed, not drawn"),
@@ -108,6 +112,10 @@ def legacy_kind(data: object) -> str:
         return "liger-warm"
     if {"rows", "reports"} <= set(data) and "verdict" in _first(data, "rows"):
         return "grade-repeat"
+    if {"variants", "rows", "mma", "compile"} <= set(data):
+        return "fp8-variants"
+    if {"copy", "rows"} <= set(data) and {"graph", "eager", "bytes"} <= set(_first(data, "rows")):
+        return "fp8-decode"
     return "unknown"
 
 
