@@ -119,14 +119,14 @@ def replicated(groups: list[list[dict]], keep: float = KEEP) -> dict | None:
     """One point's winner over several sweeps (``groups``: its rows per sweep, in order): a candidate's win counts
     only where every sweep that timed the point picks it (the same path and config); where they disagree,
     gemmlab's choice of the last sweep stands. A winner's ratios are its worst over the sweeps."""
-    wins = [w for w in (winner(g, keep) for g in groups) if w is not None]
+    decided = [(g, w) for g, w in ((g, winner(g, keep)) for g in groups) if w is not None]
+    wins = [w for _, w in decided]
     if len(wins) <= 1:
         return wins[0] if wins else None
     if len({_key(w) for w in wins}) == 1:
         worst = {q: min((w[q] for w in wins if w[q]), default=None) for q in ("vs_cublas", "vs_default")}
         return {**wins[-1], **worst, "sweeps": len(wins)}
-    last = next(g for g in reversed(groups) if winner(g, keep) is not None)
-    stands = winner(last, math.inf)  # gemmlab's choice, where that sweep timed it
+    stands = winner(decided[-1][0], math.inf)  # gemmlab's choice, where the last sweep timed it
     return {**stands, "sweeps": len(wins), "disagree": [w["name"] for w in wins]}
 
 
@@ -141,8 +141,7 @@ def cells(rows: list[dict], keep: float = KEEP) -> tuple[dict, dict]:
         w = replicated(list(sweeps.values()), keep)
         if w is None:
             continue
-        group = next(iter(sweeps.values()))
-        r0 = group[0]
+        r0 = next(iter(sweeps.values()))[0]
         (m, n, k), axes = r0["shape"], AXES.get(r0["grid_class"])
         if (
             axes

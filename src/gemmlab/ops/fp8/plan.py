@@ -154,7 +154,7 @@ def plan_fp8(
     size = torch.empty((), dtype=out_dtype).element_size()
     c_tma = tma_ok(out, 1) if out is not None else (m == 1 or (n * size) % 16 == 0)
     c_tma = c_tma and not config.warp_specialize  # (Triton 3.6's Hopper warp specialization fails on a TMA store)
-    tiles = -(-m // config.block_m) * -(-n // config.block_n)
+    tiles = tma_tiles(m, n, config)
     reason = (
         f"persistent TMA kernel, {SCALES[mode]} scales, B {'K' if b_kmajor else 'N'}-major, C by "
         f"{'TMA' if c_tma else 'masked pointers'}, {tiles} tiles"
@@ -204,9 +204,14 @@ def programs(p: Fp8Plan) -> int:
     return p.num_sms * p.config.ctas_per_sm
 
 
+def tma_tiles(m: int, n: int, cfg: Fp8Config) -> int:
+    """The output tiles of the persistent kernel."""
+    return -(-m // cfg.block_m) * -(-n // cfg.block_n)
+
+
 def tma_grid(p: Fp8Plan) -> tuple[int, int, int]:
     """The persistent kernel's grid: ``programs``, or one program a tile where there are fewer tiles."""
-    return (min(programs(p), -(-p.m // p.config.block_m) * -(-p.n // p.config.block_n)), 1, 1)
+    return (min(programs(p), tma_tiles(p.m, p.n, p.config)), 1, 1)
 
 
 def launch_options_fp8(cfg: Fp8Config | Fp8DecodeConfig) -> dict:
